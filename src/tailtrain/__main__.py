@@ -1,0 +1,3 @@
+from tailtrain.cli import main
+
+raise SystemExit(main())

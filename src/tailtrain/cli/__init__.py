@@ -1,0 +1,54 @@
+"""The `tailtrain` command line. Each subcommand lives in its own module with
+``register(subparsers)`` and ``run(args) -> int``."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+from collections.abc import Sequence
+
+from tailtrain import __version__
+from tailtrain.errors import TailtrainError
+
+SUBCOMMANDS = ("predict", "simulate", "compare")
+
+
+class OneLineErrorParser(argparse.ArgumentParser):
+    """argparse prints usage plus the error; our contract is one line and exit status 2."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = OneLineErrorParser(
+        prog="tailtrain",
+        description="Straggler-tolerant data-parallel training: predict, simulate, compare.",
+    )
+    parser.add_argument("--version", action="version", version=f"tailtrain {__version__}")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log progress details")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=OneLineErrorParser)
+    sub.required = True
+    for name in SUBCOMMANDS:
+        module = importlib.import_module(f"tailtrain.cli.{name}")
+        module.register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO if args.verbose else logging.WARNING,
+        format="%(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        return int(args.run(args) or 0)
+    except TailtrainError as exc:
+        print(f"tailtrain {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("tailtrain: interrupted", file=sys.stderr)
+        return 130
