@@ -1,16 +1,93 @@
-"""`tailtrain compare` (not yet built)."""
+"""`tailtrain compare`: several strategies on the same delay paths, over several seeds."""
 
 from __future__ import annotations
 
 import argparse
+import json
+from pathlib import Path
 
+from rich.console import Console
+from rich.table import Table
+
+from tailtrain.cli.progress import step_progress
+from tailtrain.cli.scenario_args import add_scenario_arguments, scenario_from_args
 from tailtrain.errors import UsageError
+from tailtrain.plots import plot_comparison
+from tailtrain.sim.compare import compare
+from tailtrain.sim.records import clean, prepare_folder
+from tailtrain.strategies.registry import parse_strategies
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("compare", help="compare (not yet available)")
+    p = sub.add_parser(
+        "compare",
+        help="compare strategies on the same sampled delays (common random numbers)",
+        description="Run every strategy on every seed; print mean and spread; plot and save.",
+    )
+    p.add_argument("--strategies", default="sync,k-sync:k=8,k-sync:k=12,b-dbw,dbw",
+                   help="comma-separated strategy specs (default: %(default)s)")
+    add_scenario_arguments(p)
+    p.add_argument("--seeds", default="0,1,2", help="comma-separated seeds (default: 0,1,2)")
+    p.add_argument("--out", type=Path, default=Path("runs/compare"),
+                   help="folder for the plot, summary and run records (default: %(default)s)")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     p.set_defaults(run=run)
 
 
+def parse_seeds(text: str) -> list[int]:
+    try:
+        seeds = [int(s) for s in text.split(",") if s.strip()]
+    except ValueError:
+        raise UsageError(f"--seeds {text!r} must be comma-separated integers, e.g. 0,1,2") from None
+    if not seeds:
+        raise UsageError("--seeds is empty; give e.g. 0,1,2")
+    return seeds
+
+
 def run(args: argparse.Namespace) -> int:
-    raise UsageError("'compare' is not available yet")
+    scenario = scenario_from_args(args)
+    strategies = parse_strategies(args.strategies)
+    seeds = parse_seeds(args.seeds)
+    out = prepare_folder(args.out)
+
+    def on_run(name: str, seed: int):
+        return None
+
+    result = compare(scenario, strategies, seeds, on_run)
+    rows = result.rows()
+    for name, records in result.runs.items():
+        for seed, record in zip(seeds, records, strict=True):
+            record.write(out / "runs" / safe_name(name) / f"seed-{seed}")
+    plot = plot_comparison(result, out / "compare.png")
+    summary = {"scenario": vars(scenario), "seeds": seeds, "results": rows, "plot": str(plot)}
+    (out / "summary.json").write_text(json.dumps(clean(summary), indent=2) + "\n")
+    if args.json:
+        print(json.dumps(clean(summary), indent=2))
+    else:
+        print_table(rows, scenario.target_loss)
+        print(f"plot: {plot}\nsummary: {out / 'summary.json'}")
+    return 0
+
+
+def safe_name(name: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
+
+
+def fmt(row: dict, key: str) -> str:
+    mean, std = row.get(key), row.get(f"{key}_std")
+    if mean is None:
+        return "-"
+    return f"{mean:.4g}" if std is None else f"{mean:.4g} ± {std:.2g}"
+
+
+def print_table(rows: list[dict], target: float | None) -> None:
+    table = Table(title="tailtrain compare (mean ± std over seeds)")
+    for col in ("strategy", f"time to loss {target}" if target else "time to target",
+                "final loss", "final eval", "mean k", "mean iter time"):
+        table.add_column(col)
+    for row in rows:
+        reached = f" ({row['reached_target']}/{row['seeds']})" if target else ""
+        table.add_row(row["strategy"], fmt(row, "time_to_target") + reached, fmt(row, "final_loss"),
+                      fmt(row, "final_eval"), fmt(row, "mean_k"), fmt(row, "mean_iteration_time"))
+    Console().print(table)

@@ -1,0 +1,66 @@
+"""Several strategies on the same scenario and seeds: common random numbers make it fair.
+
+Worker w's j-th job lasts the same time under every strategy for a given seed (see
+``sim.durations``), so differences between rows come from the strategies, not from luck.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from tailtrain.sim.engine import simulate
+from tailtrain.sim.records import RunRecord
+from tailtrain.sim.scenario import Scenario
+from tailtrain.strategies.base import Strategy
+
+METRICS = ("time_to_target", "final_loss", "final_eval", "mean_k", "mean_iteration_time")
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """The runs of every (strategy, seed) pair and their per-strategy aggregate rows."""
+
+    scenario: Scenario
+    seeds: tuple[int, ...]
+    runs: dict[str, list[RunRecord]]
+
+    def rows(self) -> list[dict[str, Any]]:
+        return [aggregate(name, records) for name, records in self.runs.items()]
+
+
+def compare(
+    scenario: Scenario,
+    strategies: Sequence[Strategy],
+    seeds: Sequence[int],
+    on_run: Callable[[str, int], Callable[[int, float], None] | None] | None = None,
+) -> Comparison:
+    runs: dict[str, list[RunRecord]] = {}
+    for strategy in strategies:
+        name = strategy.describe()
+        runs[name] = [
+            simulate(scenario, strategy, seed, on_run(name, seed) if on_run else None)
+            for seed in seeds
+        ]
+    return Comparison(scenario, tuple(seeds), runs)
+
+
+def aggregate(name: str, records: Sequence[RunRecord]) -> dict[str, Any]:
+    """Mean and sample standard deviation over seeds; time to target over the seeds that got there."""
+    row: dict[str, Any] = {"strategy": name, "seeds": len(records)}
+    for metric in METRICS:
+        values = np.array([nan_if_none(r.summary.get(metric)) for r in records], dtype=float)
+        ok = values[np.isfinite(values)]
+        row[metric] = float(ok.mean()) if ok.size else None
+        row[f"{metric}_std"] = float(ok.std(ddof=1)) if ok.size > 1 else None
+        if metric == "time_to_target":
+            row["reached_target"] = int(ok.size)
+    return row
+
+
+def nan_if_none(value: Any) -> float:
+    return math.nan if value is None else float(value)

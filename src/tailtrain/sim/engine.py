@@ -1,0 +1,157 @@
+"""The virtual-clock parameter-server simulator: drives a strategy's rule over simulated workers.
+
+The engine owns the clock (``ServerTimeline``), the model versions (``Trainer``) and the
+records; the strategy only answers ``plan`` / ``select`` / ``adapt``. Which gradients count is
+decided by virtual arrival order, so the optimisation dynamics match the real system (DBW §4:
+"the virtual time has an effect on the optimization dynamics").
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from tailtrain.sim.scenario import Scenario, World
+from tailtrain.sim.records import RunRecord
+from tailtrain.sim.timeline import IDLE, ServerTimeline, StepArrivals
+from tailtrain.sim.trainer import Trainer
+from tailtrain.strategies.base import ArrivalColumns, Plan, Selection, StepStats, Strategy
+
+log = logging.getLogger(__name__)
+
+Progress = Callable[[int, float], None]
+
+
+@dataclass
+class _Run:
+    """Mutable bookkeeping of one run; lives only inside :func:`simulate`."""
+
+    strategy: Strategy
+    state: Any
+    timeline: ServerTimeline
+    trainer: Trainer | None
+    version: int = 0
+    step: int = 0
+
+
+def simulate(
+    scenario: Scenario, strategy: Strategy, seed: int, progress: Progress | None = None
+) -> RunRecord:
+    """Run ``strategy`` on ``scenario`` with ``seed``; the same inputs give the same record."""
+    world = World.build(scenario, seed)
+    run = _Run(
+        strategy=strategy,
+        state=strategy.init(world.context),
+        timeline=ServerTimeline(world.durations, scenario.workers),
+        trainer=world.trainer,
+    )
+    record = RunRecord()
+    evaluate(run, record, world)
+    while not world.finished(run.step, run.timeline.now):
+        one_step(run, record, world)
+        if run.trainer is not None and run.step % scenario.eval_every == 0:
+            evaluate(run, record, world)
+        if progress is not None:
+            progress(run.step, run.timeline.now)
+    if run.trainer is not None and run.step % scenario.eval_every != 0:
+        evaluate(run, record, world)
+    record.summary = world.summarise(strategy, record)
+    return record
+
+
+def one_step(run: _Run, record: RunRecord, world: World) -> None:
+    plan = run.strategy.plan(run.state)
+    run.timeline.begin(run.version, plan.mode)
+    got = run.timeline.collect(plan.k, run.version, plan.mode, plan.accept_stale)
+    candidates, jobs, positions = gather(run, plan, got)
+    selection = run.strategy.select(run.state, candidates)
+    stats = update(run, plan, selection, candidates, jobs)
+    used = tuple(int(positions[i]) for i in sorted(selection.now) if selection.now[i] != 0)
+    everything = ArrivalColumns.concat([got.arrivals, candidates.take(np.flatnonzero(candidates.partial))])
+    run.version += 1
+    step_stats = StepStats(
+        step=run.step,
+        version=run.version,
+        time=got.close,
+        k=plan.k,
+        arrivals=everything,
+        used=used,
+        loss=stats[0],
+        grad_sq_sum=stats[1],
+        mean_grad_sq=stats[2],
+        lr=world.lr * plan.lr_scale,
+    )
+    run.state = run.strategy.adapt(run.state, step_stats)
+    record.add_step(step_row(run, plan, candidates, selection, step_stats))
+    run.step += 1
+    if run.trainer is not None:
+        run.trainer.retain(referenced_versions(run.timeline, run.version))
+
+
+def gather(run: _Run, plan: Plan, got: StepArrivals) -> tuple[ArrivalColumns, np.ndarray, np.ndarray]:
+    """The step's candidates: usable arrivals, then stragglers' partial work (LGC Alg. 1)."""
+    usable = np.flatnonzero(got.usable)
+    fresh = got.arrivals.take(usable)
+    if plan.partial_blocks <= 0:
+        return fresh, got.jobs[usable], usable
+    tl = run.timeline
+    workers, blocks = tl.partial_work(run.version, plan.partial_blocks)
+    if plan.complete_stragglers:
+        blocks = np.full(workers.size, plan.partial_blocks)
+    keep = blocks > 0
+    workers, blocks = workers[keep], blocks[keep]
+    partial = ArrivalColumns(
+        workers,
+        np.full(workers.size, run.version),
+        tl.start[workers],
+        np.minimum(tl.finish[workers], tl.now) if not plan.complete_stragglers else tl.finish[workers],
+        units=blocks / plan.partial_blocks,
+        partial=np.ones(workers.size, dtype=bool),
+    )
+    positions = np.concatenate([usable, len(got.arrivals) + np.arange(workers.size)])
+    jobs = np.concatenate([got.jobs[usable], tl.job[workers]])
+    return ArrivalColumns.concat([fresh, partial]), jobs, positions
+
+
+def update(
+    run: _Run, plan: Plan, selection: Selection, candidates: ArrivalColumns, jobs: np.ndarray
+) -> tuple[float, float, float]:
+    if run.trainer is None:
+        nan = float("nan")
+        return nan, nan, nan
+    s = run.trainer.apply(run.version + 1, run.version, selection, candidates, jobs, plan.lr_scale)
+    return s.loss, s.grad_sq_sum, s.mean_grad_sq
+
+
+def referenced_versions(timeline: ServerTimeline, current: int) -> set[int]:
+    busy = timeline.version[timeline.version != IDLE]
+    return {current, *np.unique(busy).tolist()}
+
+
+def step_row(
+    run: _Run, plan: Plan, candidates: ArrivalColumns, selection: Selection, stats: StepStats
+) -> dict[str, Any]:
+    now = sorted(i for i, w in selection.now.items() if w != 0)
+    idx = np.array(now, dtype=np.int64)
+    return {
+        "step": stats.step,
+        "time": stats.time,
+        "k": plan.k,
+        "lr": stats.lr,
+        "loss": stats.loss,
+        "workers": candidates.worker[idx].tolist(),
+        "staleness": (stats.version - 1 - candidates.version[idx]).tolist(),
+        "partial_workers": candidates.worker[candidates.partial].tolist(),
+        "arrivals": len(stats.arrivals),
+    }
+
+
+def evaluate(run: _Run, record: RunRecord, world: World) -> None:
+    if run.trainer is None:
+        return
+    scores = world.task.evaluate(run.trainer.versions[run.version])
+    record.add_eval({"step": run.step, "time": run.timeline.now, **scores})

@@ -1,0 +1,113 @@
+"""A simulated scenario (what the user asked for) and its world (what a seed makes of it)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from tailtrain.delays import DelayProcess, parse_delay, parse_pattern
+from tailtrain.errors import UsageError
+from tailtrain.sim.durations import JobDurations
+from tailtrain.sim.records import RunRecord
+from tailtrain.sim.trainer import Trainer
+from tailtrain.strategies.base import Context, Strategy
+from tailtrain.tasks import parse_partition, parse_task
+
+DEFAULT_LR = 0.1
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """Everything but the strategy and the seed. Iterations or a virtual-time budget bound it."""
+
+    task: str = "digits-cnn"
+    workers: int = 16
+    delay: str = "shifted-exp:shift=0,scale=1"
+    pattern: str = "iid"
+    partition: str = "iid"
+    data: str | None = None
+    lr: float | None = None
+    iterations: int | None = None
+    time_budget: float | None = None
+    eval_every: int = 10
+    target_loss: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.workers < 1:
+            raise UsageError(f"--workers must be >= 1, got {self.workers}")
+        if (self.iterations is None) == (self.time_budget is None):
+            raise UsageError("give exactly one of --iterations and --time-budget")
+        if self.iterations is not None and self.iterations < 1:
+            raise UsageError(f"--iterations must be >= 1, got {self.iterations}")
+        if self.time_budget is not None and not self.time_budget > 0:
+            raise UsageError(f"--time-budget must be > 0 seconds, got {self.time_budget}")
+        if self.lr is not None and not self.lr > 0:
+            raise UsageError(f"--lr must be > 0, got {self.lr}")
+        if self.eval_every < 1:
+            raise UsageError(f"--eval-every must be >= 1, got {self.eval_every}")
+
+
+@dataclass(frozen=True)
+class World:
+    """The seeded objects a run needs: task, data partition, delay paths, model versions."""
+
+    scenario: Scenario
+    seed: int
+    task: Any
+    durations: JobDurations
+    trainer: Trainer | None
+    context: Context
+    lr: float
+
+    @classmethod
+    def build(cls, scenario: Scenario, seed: int) -> World:
+        task = parse_task(scenario.task, data=scenario.data, seed=seed)
+        n = scenario.workers
+        process = DelayProcess(
+            parse_delay(scenario.delay), parse_pattern(scenario.pattern), seed, n, None
+        )
+        lr = scenario.lr or getattr(task, "default_lr", DEFAULT_LR)
+        trainer = None
+        per_epoch = 1
+        if task.has_model:
+            state = parse_partition(scenario.partition).assign(task, n, np.random.default_rng(seed))
+            trainer = Trainer(task, state, lr, seed)
+            per_epoch = max(1, math.ceil(task.n_train / (n * task.batch_size)))
+        ctx = Context(n_workers=n, lr=lr, iterations_per_epoch=per_epoch, seed=seed)
+        return cls(scenario, seed, task, JobDurations(process, n), trainer, ctx, lr)
+
+    def finished(self, step: int, now: float) -> bool:
+        s = self.scenario
+        if s.iterations is not None:
+            return step >= s.iterations
+        return now >= s.time_budget
+
+    def summarise(self, strategy: Strategy, record: RunRecord) -> dict[str, Any]:
+        times = record.column("time") if record.steps else np.zeros(1)
+        last = record.evals[-1] if record.evals else {}
+        return {
+            "strategy": strategy.describe(),
+            "seed": self.seed,
+            "iterations": len(record.steps),
+            "virtual_time": float(times[-1]),
+            "mean_iteration_time": float(times[-1] / max(1, len(record.steps))),
+            "mean_k": float(record.column("k").mean()) if record.steps else math.nan,
+            "final_loss": last.get("train_loss", math.nan),
+            "final_eval": last.get("eval", math.nan),
+            "eval_metric": getattr(self.task, "metric_name", None),
+            "time_to_target": time_to_target(record, self.scenario.target_loss),
+            "target_loss": self.scenario.target_loss,
+        }
+
+
+def time_to_target(record: RunRecord, target: float | None) -> float | None:
+    """First virtual time at which the evaluated train loss is at or below ``target``."""
+    if target is None:
+        return None
+    for row in record.evals:
+        if row.get("train_loss", math.inf) <= target:
+            return float(row["time"])
+    return None

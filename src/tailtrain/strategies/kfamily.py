@@ -1,0 +1,113 @@
+"""Static K-of-P strategies of the slow-and-stale paper (§II-C) and DBW's static backup workers.
+
+- ``sync``: wait for all P fresh gradients (fully synchronous SGD).
+- ``k-sync``: wait for the first K fresh gradients, cancel the rest (slow-and-stale Eq. 2;
+  DBW Eq. 4 with b = P - K backup workers). ``lr=proportional`` scales η by K/P (DBW §4).
+- ``k-batch-sync``: every worker keeps computing mini-batches at the same version; the first K
+  mini-batches close the step and the rest are cancelled.
+- ``k-async``: wait for the first K gradients, stale ones included, cancel nobody (Eq. 3).
+- ``k-batch-async``: any K mini-batches, whoever computed them; a worker that pushes pulls the
+  current model at once. ``async`` is 1-batch-async.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tailtrain.errors import UsageError
+from tailtrain.spec import Spec
+from tailtrain.strategies.base import Context, Plan, Strategy, SyncMode
+
+LR_RULES = ("fixed", "proportional")
+
+
+@dataclass(frozen=True)
+class StaticState:
+    k: int
+    n_workers: int
+
+
+@dataclass(frozen=True)
+class StaticK(Strategy):
+    """A fixed K with a fixed synchronisation mode; ``k=None`` means K = P."""
+
+    name: str
+    k: int | None
+    mode: SyncMode
+    accept_stale: bool
+    lr_rule: str = "fixed"
+
+    def init(self, ctx: Context) -> StaticState:
+        k = ctx.n_workers if self.k is None else self.k
+        check_k(k, ctx.n_workers, self.name)
+        return StaticState(k=k, n_workers=ctx.n_workers)
+
+    def plan(self, state: StaticState) -> Plan:
+        return Plan(
+            k=state.k,
+            mode=self.mode,
+            accept_stale=self.accept_stale,
+            lr_scale=lr_scale(self.lr_rule, state.k, state.n_workers),
+        )
+
+    def describe(self) -> str:
+        return self.name if self.k is None else f"{self.name}:k={self.k}"
+
+
+def check_k(k: int, n_workers: int, name: str) -> None:
+    if not 1 <= k <= n_workers:
+        raise UsageError(f"{name}: k={k} must be between 1 and the number of workers ({n_workers})")
+
+
+def lr_scale(rule: str, k: int, n_workers: int) -> float:
+    """DBW §4: the `proportional` rule sets η(k) = η·k/n, the `fixed` rule keeps η."""
+    return k / n_workers if rule == "proportional" else 1.0
+
+
+def parse_lr_rule(spec: Spec) -> str:
+    rule = spec.get_str("lr", "fixed")
+    if rule not in LR_RULES:
+        raise UsageError(f"{spec.text!r}: lr={rule!r} is unknown; use one of {', '.join(LR_RULES)}")
+    return rule
+
+
+def build_sync(spec: Spec) -> StaticK:
+    spec.require_known(["mode"])
+    return StaticK("sync", None, SyncMode(spec.get_str("mode", "psi")), accept_stale=False)
+
+
+def build_k_sync(spec: Spec) -> StaticK:
+    spec.require_known(["k", "lr", "mode"])
+    mode = parse_mode(spec, SyncMode.PSI)
+    return StaticK("k-sync", spec.get_int("k", minimum=1), mode, False, parse_lr_rule(spec))
+
+
+def build_k_batch_sync(spec: Spec) -> StaticK:
+    spec.require_known(["k", "lr"])
+    k = spec.get_int("k", minimum=1)
+    return StaticK("k-batch-sync", k, SyncMode.PULL_INTERRUPT, False, parse_lr_rule(spec))
+
+
+def build_k_async(spec: Spec) -> StaticK:
+    spec.require_known(["k", "lr"])
+    return StaticK("k-async", spec.get_int("k", minimum=1), SyncMode.PSW, True, parse_lr_rule(spec))
+
+
+def build_k_batch_async(spec: Spec) -> StaticK:
+    spec.require_known(["k", "lr"])
+    k = spec.get_int("k", minimum=1)
+    return StaticK("k-batch-async", k, SyncMode.PULL, True, parse_lr_rule(spec))
+
+
+def build_async(spec: Spec) -> StaticK:
+    spec.require_known([])
+    return StaticK("async", 1, SyncMode.PULL, True)
+
+
+def parse_mode(spec: Spec, default: SyncMode) -> SyncMode:
+    raw = spec.get_str("mode", default.value)
+    try:
+        return SyncMode(raw)
+    except ValueError:
+        known = ", ".join(m.value for m in SyncMode)
+        raise UsageError(f"{spec.text!r}: mode={raw!r} is unknown; use one of {known}") from None
