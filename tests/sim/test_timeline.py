@@ -50,15 +50,21 @@ def reference(table, n, ks, mode: SyncMode, accept_stale: bool):
         for w in range(n):
             if w not in busy:
                 launch(w, version, now)
-        got, events = 0, []
+        got, events, pending = 0, [], []
         while got < k:
-            t, w = heapq.heappop(heap)
-            v, s, f = busy.pop(w)
+            t, w = heap[0] if heap else (np.inf, -1)
+            if pending and pending[0][1] < t:
+                # follow-ups start once no event of their own instant remains
+                launch(pending[0][0], version, pending.pop(0)[1])
+                continue
+            heapq.heappop(heap)
+            v, _s, f = busy.pop(w)
             usable = accept_stale or v == version
             events.append((w, v, f, usable))
             got += usable
             if mode.refills or v < version:
-                launch(w, version, f)
+                pending.append((w, f))
+        # who finished as the step closed waits for the update (starts on the next version)
         now = events[-1][2]
         out.append(events)
     return out
@@ -71,8 +77,17 @@ def run_timeline(table, n, ks, mode, accept_stale):
         tl.begin(version, mode)
         got = tl.collect(k, version, mode, accept_stale)
         a = got.arrivals
-        out.append(list(zip(a.worker.tolist(), a.version.tolist(), a.finish.tolist(),
-                            got.usable.tolist(), strict=True)))
+        out.append(
+            list(
+                zip(
+                    a.worker.tolist(),
+                    a.version.tolist(),
+                    a.finish.tolist(),
+                    got.usable.tolist(),
+                    strict=True,
+                )
+            )
+        )
     return out
 
 

@@ -13,8 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from tailtrain.sim.engine import simulate
 from tailtrain.sim.records import RunRecord
+from tailtrain.sim.run import simulate
 from tailtrain.sim.scenario import Scenario
 from tailtrain.strategies.base import Strategy
 
@@ -50,7 +50,7 @@ def compare(
 
 
 def aggregate(name: str, records: Sequence[RunRecord]) -> dict[str, Any]:
-    """Mean and sample standard deviation over seeds; time to target over the seeds that got there."""
+    """Mean and sample standard deviation over seeds (time to target: over seeds that got there)."""
     row: dict[str, Any] = {"strategy": name, "seeds": len(records)}
     for metric in METRICS:
         values = np.array([nan_if_none(r.summary.get(metric)) for r in records], dtype=float)

@@ -15,8 +15,9 @@ from typing import Any
 
 import numpy as np
 
-from tailtrain.sim.scenario import Scenario, World
+from tailtrain.sim.durations import DelaySource
 from tailtrain.sim.records import RunRecord
+from tailtrain.sim.scenario import Scenario, World
 from tailtrain.sim.timeline import IDLE, ServerTimeline, StepArrivals
 from tailtrain.sim.trainer import Trainer
 from tailtrain.strategies.base import ArrivalColumns, Plan, Selection, StepStats, Strategy
@@ -38,11 +39,20 @@ class _Run:
     step: int = 0
 
 
-def simulate(
-    scenario: Scenario, strategy: Strategy, seed: int, progress: Progress | None = None
+def simulate_parameter_server(
+    scenario: Scenario,
+    strategy: Strategy,
+    seed: int,
+    progress: Progress | None = None,
+    *,
+    task: Any = None,
+    delays: DelaySource | None = None,
 ) -> RunRecord:
-    """Run ``strategy`` on ``scenario`` with ``seed``; the same inputs give the same record."""
-    world = World.build(scenario, seed)
+    """Run a parameter-server ``strategy``; the same inputs give the same record.
+
+    ``task`` and ``delays`` override the scenario's task and delay process (see ``World``).
+    """
+    world = World.build(scenario, seed, task=task, delays=delays)
     run = _Run(
         strategy=strategy,
         state=strategy.init(world.context),
@@ -71,7 +81,9 @@ def one_step(run: _Run, record: RunRecord, world: World) -> None:
     selection = run.strategy.select(run.state, candidates)
     stats = update(run, plan, selection, candidates, jobs)
     used = tuple(int(positions[i]) for i in sorted(selection.now) if selection.now[i] != 0)
-    everything = ArrivalColumns.concat([got.arrivals, candidates.take(np.flatnonzero(candidates.partial))])
+    everything = ArrivalColumns.concat(
+        [got.arrivals, candidates.take(np.flatnonzero(candidates.partial))]
+    )
     run.version += 1
     step_stats = StepStats(
         step=run.step,
@@ -92,7 +104,9 @@ def one_step(run: _Run, record: RunRecord, world: World) -> None:
         run.trainer.retain(referenced_versions(run.timeline, run.version))
 
 
-def gather(run: _Run, plan: Plan, got: StepArrivals) -> tuple[ArrivalColumns, np.ndarray, np.ndarray]:
+def gather(
+    run: _Run, plan: Plan, got: StepArrivals
+) -> tuple[ArrivalColumns, np.ndarray, np.ndarray]:
     """The step's candidates: usable arrivals, then stragglers' partial work (LGC Alg. 1)."""
     usable = np.flatnonzero(got.usable)
     fresh = got.arrivals.take(usable)
@@ -108,7 +122,9 @@ def gather(run: _Run, plan: Plan, got: StepArrivals) -> tuple[ArrivalColumns, np
         workers,
         np.full(workers.size, run.version),
         tl.start[workers],
-        np.minimum(tl.finish[workers], tl.now) if not plan.complete_stragglers else tl.finish[workers],
+        np.minimum(tl.finish[workers], tl.now)
+        if not plan.complete_stragglers
+        else tl.finish[workers],
         units=blocks / plan.partial_blocks,
         partial=np.ones(workers.size, dtype=bool),
     )

@@ -10,7 +10,7 @@ import numpy as np
 
 from tailtrain.delays import DelayProcess, parse_delay, parse_pattern
 from tailtrain.errors import UsageError
-from tailtrain.sim.durations import JobDurations
+from tailtrain.sim.durations import DelaySource, JobDurations
 from tailtrain.sim.records import RunRecord
 from tailtrain.sim.trainer import Trainer
 from tailtrain.strategies.base import Context, Strategy
@@ -27,6 +27,8 @@ class Scenario:
     workers: int = 16
     delay: str = "shifted-exp:shift=0,scale=1"
     pattern: str = "iid"
+    micro_batches: int | None = None
+    comm_time: str | None = None
     partition: str = "iid"
     data: str | None = None
     lr: float | None = None
@@ -46,6 +48,8 @@ class Scenario:
             raise UsageError(f"--time-budget must be > 0 seconds, got {self.time_budget}")
         if self.lr is not None and not self.lr > 0:
             raise UsageError(f"--lr must be > 0, got {self.lr}")
+        if self.micro_batches is not None and self.micro_batches < 1:
+            raise UsageError(f"--micro-batches must be >= 1, got {self.micro_batches}")
         if self.eval_every < 1:
             raise UsageError(f"--eval-every must be >= 1, got {self.eval_every}")
 
@@ -63,11 +67,24 @@ class World:
     lr: float
 
     @classmethod
-    def build(cls, scenario: Scenario, seed: int) -> World:
-        task = parse_task(scenario.task, data=scenario.data, seed=seed)
+    def build(
+        cls,
+        scenario: Scenario,
+        seed: int,
+        *,
+        task: Any = None,
+        delays: DelaySource | None = None,
+    ) -> World:
+        """Seed everything; ``task`` and ``delays`` replace the scenario's (tests, own models)."""
+        if task is None:
+            task = parse_task(scenario.task, data=scenario.data, seed=seed)
         n = scenario.workers
-        process = DelayProcess(
-            parse_delay(scenario.delay), parse_pattern(scenario.pattern), seed, n, None
+        process = delays or DelayProcess(
+            parse_delay(scenario.delay),
+            parse_pattern(scenario.pattern),
+            seed,
+            n,
+            scenario.micro_batches,
         )
         lr = scenario.lr or getattr(task, "default_lr", DEFAULT_LR)
         trainer = None

@@ -41,6 +41,10 @@ class ServerTimeline:
         self.start = np.zeros(n_workers)
         self.finish = np.full(n_workers, np.inf)
         self.job = np.zeros(n_workers, dtype=np.int64)
+        # workers that finished at the latest instant: they restart only once no other event
+        # of that instant remains, since one of those could close the step first
+        self._waiting = np.empty(0, dtype=np.int64)
+        self._waiting_since = -np.inf
 
     def _launch(self, workers: np.ndarray, version: int, starts: np.ndarray) -> None:
         self._launch_known(workers, version, starts, self.durations.peek(workers, starts))
@@ -55,7 +59,7 @@ class ServerTimeline:
         self.finish[workers] = starts + took
 
     def begin(self, version: int, mode: SyncMode) -> None:
-        """At the update that made ``version``: interrupt if the mode says so, start idle workers."""
+        """At the update making ``version``: interrupt if the mode says so; start idle workers."""
         if mode.interrupts:
             self.cancel(np.flatnonzero(self.version != IDLE))
         idle = np.flatnonzero(self.version == IDLE)
@@ -73,13 +77,25 @@ class ServerTimeline:
         chunks: list[tuple[np.ndarray, ...]] = []
         have = 0
         while have < k:
+            self._release_waiting(version)
             batch, usable = self._next_batch(k - have, version, accept_stale, mode)
-            chunks.append(self._commit(batch, usable, version, mode))
             have += int(usable.sum())
-        worker, ver, start, finish, job, usable = (np.concatenate(c) for c in zip(*chunks))
+            closes = self.finish[batch[-1]] if have >= k else None
+            chunks.append(self._commit(batch, usable, version, mode, closes))
+        cols = (np.concatenate(c) for c in zip(*chunks, strict=True))
+        worker, ver, start, finish, job, usable = cols
         self.now = float(finish[-1])
         arrivals = ArrivalColumns(worker, ver, start, finish)
         return StepArrivals(arrivals, job, usable, self.now)
+
+    def _release_waiting(self, version: int) -> None:
+        if self._waiting.size == 0:
+            return
+        pending = self.finish[self.version != IDLE]
+        if pending.size == 0 or pending.min() > self._waiting_since:
+            starts = np.full(self._waiting.size, self._waiting_since)
+            self._launch(self._waiting, version, starts)
+            self._waiting = np.empty(0, dtype=np.int64)
 
     def _next_batch(
         self, need: int, version: int, accept_stale: bool, mode: SyncMode
@@ -92,6 +108,8 @@ class ServerTimeline:
         count = np.cumsum(usable)
         m = int(np.searchsorted(count, need)) + 1 if count[-1] >= need else order.size
         batch = order[:m]
+        if self._waiting.size:  # finish this instant first, then release who waits on it
+            batch = batch[self.finish[batch] <= self._waiting_since]
         # a job started by an event of this batch may end before the batch's last event;
         # events are ordered by (time, worker) wherever they come from
         while batch.size > 1:
@@ -115,8 +133,15 @@ class ServerTimeline:
         return self.version[batch] < version
 
     def _commit(
-        self, batch: np.ndarray, usable: np.ndarray, version: int, mode: SyncMode
+        self,
+        batch: np.ndarray,
+        usable: np.ndarray,
+        version: int,
+        mode: SyncMode,
+        closes: float | None,
     ) -> tuple[np.ndarray, ...]:
+        """Record the batch and start follow-up jobs; who finishes as the step closes waits
+        for the update, so that it starts from the new version."""
         record = (
             batch.copy(),
             self.version[batch].copy(),
@@ -127,9 +152,14 @@ class ServerTimeline:
         )
         follows = self._follows(batch, version, mode)
         done = self.finish[batch]
-        self.cancel(batch[~follows])
-        again = batch[follows]
-        self._launch(again, version, done[follows])
+        at_last = done == done[-1]
+        self.cancel(batch)
+        self._launch(batch[follows & ~at_last], version, done[follows & ~at_last])
+        if closes is None:
+            self._waiting = np.concatenate([self._waiting, batch[follows & at_last]])
+            self._waiting_since = done[-1]
+        else:
+            self._waiting = np.empty(0, dtype=np.int64)
         return record
 
     def partial_work(self, version: int, blocks: int) -> tuple[np.ndarray, np.ndarray]:

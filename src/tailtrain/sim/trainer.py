@@ -43,14 +43,15 @@ class Trainer:
         self, arrivals: ArrivalColumns, jobs: np.ndarray, index: np.ndarray, blocks: np.ndarray
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Losses and gradients of ``arrivals[index]``, over the first ``blocks`` fraction."""
-        losses = torch.empty(index.size)
-        grads = torch.empty(index.size, self.task.dim)
+        dtype = self.versions[int(arrivals.version[index[0]])].dtype if index.size else None
+        losses = torch.empty(index.size, dtype=dtype)
+        grads = torch.empty(index.size, self.task.dim, dtype=dtype)
         keys = np.stack([arrivals.version[index], blocks], axis=1)
         for key in np.unique(keys, axis=0):
             where = np.flatnonzero((keys == key).all(axis=1))
             rows = index[where]
             batch = np.stack([self.batch(arrivals.worker[i], jobs[i]) for i in rows])
-            size = max(1, int(round(batch.shape[1] * key[1] / BLOCK_SCALE)))
+            size = max(1, round(batch.shape[1] * key[1] / BLOCK_SCALE))
             loss, grad = self.task.grads(self.versions[int(key[0])], batch[:, :size])
             losses[where], grads[where] = loss, grad
         return losses, grads

@@ -1,0 +1,118 @@
+"""Real gradients for allreduce rounds: micro-batch data, local steps and the weighted average.
+
+Worker n's units in round r are micro-batches of ``task.batch_size`` samples drawn from its
+shard with the generator seeded by (seed, 7, n, r), the same stream the parameter-server
+``Trainer`` uses for worker n's r-th job, so with one micro-batch and no drops the two engines
+see the same data. Only completed micro-batches are ever differentiated: those of one local
+step go to one batched ``torch.func`` call (shared parameters at the first local step, each
+worker's own copy after it).
+
+A round with H local steps of M micro-batches (DropCompute Eq. 1 with Algorithm 1; Local-SGD
+as in DropCompute App. B.3), c_{n,h} of worker n's micro-batches done in local step h:
+
+* local model: theta_n <- theta_n - lr * (1/M) * sum of its c_{n,h} micro-batch gradients;
+* worker gradient: G_n = H * A_n / C_n, A_n the sum of all its micro-batch gradients, C_n their
+  number, so that for H = 1 G_n is the mean over its completed micro-batches' samples;
+* update: theta <- theta - lr * sum_n w_n G_n with the rule's weights w (``select``).
+
+With w_n = (C_n / (H M)) / N this is the average of the local models (DropCompute's
+divide-by-M normalisation; plain sync SGD when nothing is dropped).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from tailtrain.strategies.base import Selection
+
+
+@dataclass(frozen=True)
+class RoundWork:
+    """Worker gradients G (N, D), the units done (N,) and the losses of the computed units."""
+
+    grads: torch.Tensor
+    done: np.ndarray
+    losses: torch.Tensor
+
+    def stats(self) -> tuple[float, float, float]:
+        """Loss, sum_n ||G_n||^2 and ||mean_n G_n||^2 over the workers that computed."""
+        active = torch.from_numpy(self.done > 0)
+        if not bool(active.any()):
+            nan = float("nan")
+            return nan, nan, nan
+        g = self.grads[active]
+        return float(self.losses.mean()), float((g * g).sum()), float(g.mean(0).square().sum())
+
+
+class RoundLearner:
+    """Parameters, per-worker data queues and the gradient work of allreduce rounds."""
+
+    def __init__(self, task, partition_state, lr: float, seed: int, n_workers: int) -> None:
+        self.task = task
+        self.partition = partition_state
+        self.lr = lr
+        self.seed = seed
+        self.theta: torch.Tensor = task.init_params(seed)
+        self.queues: list[list[np.ndarray]] = [[] for _ in range(n_workers)]
+
+    def batches(self, round_index: int, units: int) -> np.ndarray:
+        """Sample indices (N, U, B) of every worker's units: re-queued ones first, then fresh."""
+        out = []
+        for worker, queue in enumerate(self.queues):  # one generator per worker and round
+            rng = np.random.default_rng((self.seed, 7, worker, round_index))
+            fresh = self.partition.sample(rng, np.array([worker]), self.task.batch_size, units)
+            fresh = fresh.reshape(units, -1)
+            taken, self.queues[worker] = queue[:units], queue[units:]
+            queued = np.asarray(taken, dtype=fresh.dtype).reshape(-1, fresh.shape[1])
+            out.append(np.concatenate([queued, fresh])[:units])
+        return np.stack(out)
+
+    def requeue(self, batches: np.ndarray, done: np.ndarray) -> None:
+        """Put every dropped micro-batch back at the end of its worker's queue (Sec. 4.5)."""
+        for worker in np.flatnonzero(done < batches.shape[1]):
+            self.queues[worker].extend(batches[worker, done[worker] :])
+
+    def work(
+        self, batches: np.ndarray, done: np.ndarray, micro_batches: int, local_steps: int,
+        lr_scale: float,
+    ) -> RoundWork:
+        """Run the round's local steps over the completed micro-batches only."""
+        n, dim = len(done), self.task.dim
+        total = torch.zeros(n, dim)
+        local: torch.Tensor | None = None
+        losses = []
+        for step in range(local_steps):
+            count = np.clip(done - step * micro_batches, 0, micro_batches)
+            if not count.any():
+                break
+            owner = np.repeat(np.arange(n), count)
+            unit = step * micro_batches + np.arange(owner.size) - np.repeat(np.cumsum(count) - count, count)
+            loss, grads = self._grads(local, owner, batches[owner, unit])
+            summed = torch.zeros(n, dim).index_add_(0, torch.from_numpy(owner), grads)
+            total = total + summed
+            if step + 1 < local_steps:
+                start = self.theta.expand(n, dim) if local is None else local
+                local = start - self.lr * lr_scale * summed / micro_batches
+            losses.append(loss)
+        counts = torch.from_numpy(np.maximum(done, 1).astype(np.float64)).to(total.dtype)
+        grads = torch.where(torch.from_numpy(done > 0)[:, None], local_steps * total / counts[:, None], 0.0)
+        return RoundWork(grads, done, torch.cat(losses) if losses else torch.zeros(0))
+
+    def _grads(
+        self, local: torch.Tensor | None, owner: np.ndarray, indices: np.ndarray
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One batched call: at the shared parameters, or at each owner's local copy."""
+        if local is None:
+            return self.task.grads(self.theta, indices)
+        return self.task.grads_multi(local[torch.from_numpy(owner)], indices)
+
+    def apply(self, selection: Selection, work: RoundWork, lr_scale: float) -> None:
+        """theta <- theta - lr * sum_n w_n G_n (the hivemind-style weighted allreduce)."""
+        weights = torch.tensor(
+            [selection.now.get(i, 0.0) for i in range(len(work.done))], dtype=work.grads.dtype
+        )
+        step = weights @ work.grads
+        self.theta = self.theta - self.lr * lr_scale * step

@@ -1,0 +1,138 @@
+"""Virtual-time model of one synchronous or partial allreduce (eager-SGD §4, Fig. 6).
+
+Given when each process calls the collective, it answers when the collective is activated,
+who is active and when it completes:
+
+- ``allreduce``: activation is the last call; everybody is active.
+- partial collectives: the initiator (first call for solo, the designated rank for majority,
+  the K-th call for quorum) activates at its call; the activation reaches every other process
+  after ⌈log2 P⌉ message hops (§4.1.1: a recursive-doubling broadcast, the union of P binomial
+  trees). A process whose call came no later than that is active and contributes fresh data;
+  the others are activated externally and contribute their send buffer.
+- the allreduce itself runs once every process is activated and takes ``allreduce`` seconds.
+
+Arrays carry any leading batch shape (the microbenchmark resolves all its iterations at once);
+the last axis is the process. ``inf`` marks a process that does not call in this round.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from numpy.typing import ArrayLike, NDArray
+
+from tailtrain.delays import parse_delay
+from tailtrain.errors import UsageError
+from tailtrain.strategies.eager import Collective
+
+FloatArray = NDArray[np.float64]
+
+
+def activation_hops(processes: int) -> int:
+    """⌈log2 P⌉: hops of the activation broadcast to P processes (0 for one process)."""
+    return max(0, int(processes - 1).bit_length())
+
+
+@dataclass(frozen=True)
+class Network:
+    """Latency of one activation message hop and duration of one allreduce, in seconds."""
+
+    hop: float
+    allreduce: ArrayLike = 0.0
+
+    def __post_init__(self) -> None:
+        if not self.hop >= 0 or not np.all(np.asarray(self.allreduce) >= 0):
+            raise UsageError("hop latency and allreduce time must be >= 0 seconds")
+
+
+@dataclass(frozen=True)
+class RoundTiming:
+    """Outcome of one round: activation time, the activation's reach, completion, actives."""
+
+    initiator: NDArray[np.int64]  # the process whose call activated the round
+    activation: FloatArray  # the initiator's call
+    reach: FloatArray  # when the activation has reached every process
+    complete: FloatArray  # when the result is in every receive buffer
+    active: NDArray[np.bool_]  # (..., P): called no later than the activation reached it
+
+    @property
+    def nap(self) -> NDArray[np.int64]:
+        """Number of active processes (eager-SGD §7.1)."""
+        return self.active.sum(axis=-1)
+
+
+def resolve_round(
+    calls: ArrayLike,
+    collective: Collective,
+    network: Network,
+    *,
+    k: int = 1,
+    initiator: ArrayLike | None = None,
+) -> RoundTiming:
+    """When the round of a ``collective`` activates and completes, given the ``calls``."""
+    calls = np.asarray(calls, dtype=np.float64)
+    who = initiator_of(calls, collective, k, initiator)
+    start = np.take_along_axis(calls, who[..., None], axis=-1)[..., 0]
+    if not np.all(np.isfinite(start)):
+        raise UsageError(f"the {collective.value} collective's initiator never calls")
+    hops = 0 if collective is Collective.ALLREDUCE else activation_hops(calls.shape[-1])
+    reach = start + hops * network.hop
+    complete = reach + np.asarray(network.allreduce, dtype=np.float64)
+    active = calls <= reach[..., None]
+    return RoundTiming(who, start, reach, complete, active)
+
+
+def initiator_of(
+    calls: FloatArray, collective: Collective, k: int, initiator: ArrayLike | None
+) -> NDArray[np.int64]:
+    """The process whose call activates the round; ties go to the lowest rank."""
+    order = np.argsort(calls, axis=-1, kind="stable")
+    if collective is Collective.SOLO:
+        return order[..., 0]
+    if collective is Collective.QUORUM:
+        if not 1 <= k <= calls.shape[-1]:
+            raise UsageError(f"quorum k={k} must be between 1 and P={calls.shape[-1]}")
+        return order[..., k - 1]
+    if collective is Collective.MAJORITY:
+        if initiator is None:
+            raise UsageError("the majority collective needs its designated initiator")
+        return np.broadcast_to(np.asarray(initiator, dtype=np.int64), calls.shape[:-1]).copy()
+    return order[..., -1]
+
+
+def latencies(calls: ArrayLike, timing: RoundTiming, overhead: float = 0.0) -> FloatArray:
+    """Time each process spends inside the call (Fig. 8's ``latency_pid``).
+
+    A process that calls after the result is in its receive buffer returns at once; every call
+    also pays ``overhead``, the library's own software cost.
+    """
+    calls = np.asarray(calls, dtype=np.float64)
+    return np.maximum(timing.complete[..., None] - calls, 0.0) + overhead
+
+
+class CommTimes:
+    """Duration of each round's allreduce: none, a constant, or seeded draws of a delay spec.
+
+    ``Scenario.comm_time`` is seconds (``"0.05"``) or a delay spec (``"exp:rate=20"``).
+    """
+
+    def __init__(self, spec: str | None, seed: int) -> None:
+        self._constant: float | None = 0.0 if spec is None else _as_seconds(spec)
+        self._model = None if self._constant is not None else parse_delay(spec)
+        self._rng = np.random.default_rng([seed, 0x636F6D6D])  # "comm": its own stream
+
+    def next(self) -> float:
+        if self._constant is not None:
+            return self._constant
+        return float(max(0.0, self._model.sample(self._rng, 1)[0]))
+
+
+def _as_seconds(text: str) -> float | None:
+    try:
+        value = float(text)
+    except ValueError:
+        return None
+    if not value >= 0 or not np.isfinite(value):
+        raise UsageError(f"--comm-time {text!r} must be a finite number of seconds >= 0")
+    return value

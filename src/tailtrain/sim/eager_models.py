@@ -1,0 +1,88 @@
+"""The processes' model copies in the eager-SGD simulator, shared while they are equal.
+
+Under eager-SGD every process keeps its own model w_t^p (eager-SGD §6.1). Processes that
+adopted the same results from the same model hold equal copies, so a copy is stored once per
+distinct lineage and processes point at it by id. Gradients of the work that shares a model
+come from one batched ``torch.func`` call (``Task.grads``), never from a per-process loop.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from tailtrain.sim.eager_processes import Work
+from tailtrain.sim.trainer import Trainer
+
+
+@dataclass(frozen=True)
+class Gradients:
+    """Per-gradient mean mini-batch losses (n,) and gradients (n, D), in the work's order."""
+
+    losses: torch.Tensor
+    grads: torch.Tensor
+
+
+class ModelStore:
+    """Distinct model copies by id; ``adopt`` applies a round's result to a set of copies."""
+
+    def __init__(self, trainer: Trainer) -> None:
+        self.trainer = trainer
+        self.models: dict[int, torch.Tensor] = {0: trainer.versions[0]}
+        self._next = 1
+
+    def _add(self, theta: torch.Tensor) -> int:
+        key = self._next
+        self.models[key] = theta
+        self._next += 1
+        return key
+
+    def adopt(self, ids: np.ndarray, update: torch.Tensor, scale: float) -> np.ndarray:
+        """w <- w - scale * update for each distinct copy in ``ids``; returns the new ids."""
+        if ids.size == 0:
+            return ids
+        uniq, inverse = np.unique(ids, return_inverse=True)
+        new = np.array([self._add(self.models[int(u)] - scale * update) for u in uniq])
+        return new[inverse]
+
+    def mean(self, ids: np.ndarray) -> torch.Tensor:
+        """The average of the processes' models (what a model synchronisation gives)."""
+        uniq, counts = np.unique(ids, return_counts=True)
+        if uniq.size == 1:
+            return self.models[int(uniq[0])]
+        stacked = torch.stack([self.models[int(u)] for u in uniq])
+        weights = torch.as_tensor(counts / ids.size, dtype=stacked.dtype)
+        return weights @ stacked
+
+    def average(self, ids: np.ndarray) -> np.ndarray:
+        """Synchronise: every process gets the mean model (unchanged if all are equal)."""
+        if np.unique(ids).size == 1:
+            return ids
+        return np.full(ids.size, self._add(self.mean(ids)))
+
+    def retain(self, referenced: np.ndarray) -> None:
+        """Forget copies no process and no send buffer refers to any more."""
+        keep = set(np.unique(referenced).tolist())
+        for key in [k for k in self.models if k not in keep]:
+            del self.models[key]
+
+    def distinct(self, ids: np.ndarray) -> int:
+        return int(np.unique(ids).size)
+
+    def gradients(self, work: Work) -> Gradients:
+        """Losses and gradients of ``work``: one batched call per distinct model."""
+        dim = self.trainer.task.dim
+        if len(work) == 0:
+            return Gradients(torch.zeros(0), torch.zeros(0, dim))
+        rows_of, losses, grads = [], [], []
+        for key in np.unique(work.model):
+            rows = np.flatnonzero(work.model == key)
+            batch = np.stack([self.trainer.batch(int(work.worker[i]), int(work.job[i])) for i in rows])
+            loss, grad = self.trainer.task.grads(self.models[int(key)], batch)
+            rows_of.append(rows)
+            losses.append(loss)
+            grads.append(grad)
+        back = torch.from_numpy(np.argsort(np.concatenate(rows_of), kind="stable"))
+        return Gradients(torch.cat(losses)[back], torch.cat(grads)[back])
