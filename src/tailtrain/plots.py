@@ -7,9 +7,9 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")  # files only: no display on servers and CI
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt
 
-from tailtrain.sim.compare import Comparison  # noqa: E402
+from tailtrain.sim.compare import Comparison
 
 
 def plot_comparison(comparison: Comparison, path: Path) -> Path:
@@ -30,8 +30,10 @@ def plot_comparison(comparison: Comparison, path: Path) -> Path:
     top.set_ylabel("train loss")
     top.set_yscale("log")
     top.legend(fontsize="small")
-    top.set_title(f"{comparison.scenario.task}, {comparison.scenario.workers} workers, "
-                  f"delay {comparison.scenario.delay}")
+    top.set_title(
+        f"{comparison.scenario.task}, {comparison.scenario.workers} workers, "
+        f"delay {comparison.scenario.delay}"
+    )
     bottom.set_ylabel("k_t (first seed)")
     bottom.set_xlabel("virtual time (s)")
     fig.tight_layout()

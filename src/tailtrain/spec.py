@@ -52,9 +52,7 @@ class Spec:
         try:
             value = float(raw)
         except ValueError:
-            raise UsageError(
-                f"parameter {key}={raw!r} in {self.text!r} is not a number"
-            ) from None
+            raise UsageError(f"parameter {key}={raw!r} in {self.text!r} is not a number") from None
         if value != value:
             raise UsageError(f"parameter {key} in {self.text!r} is NaN; give a number")
         if positive and not value > 0:
@@ -95,9 +93,7 @@ def parse_spec(text: str, *, what: str = "spec") -> Spec:
             key, eq, value = item.partition("=")
             key, value = key.strip(), value.strip()
             if not eq or not key or not value:
-                raise UsageError(
-                    f"malformed {what} {text!r}: {item!r} should be key=value"
-                )
+                raise UsageError(f"malformed {what} {text!r}: {item!r} should be key=value")
             if key in params:
                 raise UsageError(f"malformed {what} {text!r}: {key!r} is given twice")
             params[key] = value

@@ -6,10 +6,9 @@ import argparse
 import json
 from pathlib import Path
 
-from rich.console import Console
 from rich.table import Table
 
-from tailtrain.cli.progress import step_progress
+from tailtrain.cli.progress import console, step_progress
 from tailtrain.cli.scenario_args import add_scenario_arguments, scenario_from_args
 from tailtrain.errors import UsageError
 from tailtrain.plots import plot_comparison
@@ -24,12 +23,19 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="compare strategies on the same sampled delays (common random numbers)",
         description="Run every strategy on every seed; print mean and spread; plot and save.",
     )
-    p.add_argument("--strategies", default="sync,k-sync:k=8,k-sync:k=12,b-dbw,dbw",
-                   help="comma-separated strategy specs (default: %(default)s)")
+    p.add_argument(
+        "--strategies",
+        default="sync,k-sync:k=8,k-sync:k=12,b-dbw,dbw",
+        help="comma-separated strategy specs (default: %(default)s)",
+    )
     add_scenario_arguments(p)
     p.add_argument("--seeds", default="0,1,2", help="comma-separated seeds (default: 0,1,2)")
-    p.add_argument("--out", type=Path, default=Path("runs/compare"),
-                   help="folder for the plot, summary and run records (default: %(default)s)")
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=Path("runs/compare"),
+        help="folder for the plot, summary and run records (default: %(default)s)",
+    )
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     p.set_defaults(run=run)
@@ -51,10 +57,12 @@ def run(args: argparse.Namespace) -> int:
     seeds = parse_seeds(args.seeds)
     out = prepare_folder(args.out)
 
-    def on_run(name: str, seed: int):
-        return None
-
-    result = compare(scenario, strategies, seeds, on_run)
+    label = f"{len(strategies)} strategies x {len(seeds)} seeds"
+    runs = len(strategies) * len(seeds)
+    with step_progress(scenario, label, not args.no_progress, runs) as for_run:
+        counter = iter(range(runs))
+        on_run = (lambda _name, _seed: for_run(next(counter))) if for_run else None
+        result = compare(scenario, strategies, seeds, on_run)
     rows = result.rows()
     for name, records in result.runs.items():
         for seed, record in zip(seeds, records, strict=True):
@@ -83,11 +91,23 @@ def fmt(row: dict, key: str) -> str:
 
 def print_table(rows: list[dict], target: float | None) -> None:
     table = Table(title="tailtrain compare (mean ± std over seeds)")
-    for col in ("strategy", f"time to loss {target}" if target else "time to target",
-                "final loss", "final eval", "mean k", "mean iter time"):
+    for col in (
+        "strategy",
+        f"time to loss {target}" if target else "time to target",
+        "final loss",
+        "final eval",
+        "mean k",
+        "mean iter time",
+    ):
         table.add_column(col)
     for row in rows:
         reached = f" ({row['reached_target']}/{row['seeds']})" if target else ""
-        table.add_row(row["strategy"], fmt(row, "time_to_target") + reached, fmt(row, "final_loss"),
-                      fmt(row, "final_eval"), fmt(row, "mean_k"), fmt(row, "mean_iteration_time"))
-    Console().print(table)
+        table.add_row(
+            row["strategy"],
+            fmt(row, "time_to_target") + reached,
+            fmt(row, "final_loss"),
+            fmt(row, "final_eval"),
+            fmt(row, "mean_k"),
+            fmt(row, "mean_iteration_time"),
+        )
+    console().print(table)

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
+from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from tailtrain.sim.engine import Progress as StepCallback
@@ -13,20 +14,38 @@ from tailtrain.sim.scenario import Scenario
 
 
 @contextmanager
-def step_progress(scenario: Scenario, label: str, enabled: bool) -> Iterator[StepCallback | None]:
-    """Yield a ``(step, virtual_time)`` callback that advances a bar, or None when hidden."""
+def step_progress(
+    scenario: Scenario, label: str, enabled: bool, runs: int = 1
+) -> Iterator[Callable[[int], StepCallback] | None]:
+    """Yield ``for_run(i)`` giving run i's ``(step, virtual_time)`` callback, or None if hidden.
+
+    One bar covers ``runs`` consecutive runs of the same scenario.
+    """
     if not enabled or not sys.stderr.isatty():
         yield None
         return
-    total = scenario.iterations or scenario.time_budget
+    per_run = scenario.iterations or scenario.time_budget
+    total = per_run * runs
     with Progress(
-        TextColumn("{task.description}"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
-        TimeElapsedColumn(), transient=True,
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TextColumn("{task.percentage:>3.0f}%"),
+        TimeElapsedColumn(),
+        transient=True,
     ) as bar:
         task = bar.add_task(label, total=total)
         by_steps = scenario.iterations is not None
 
-        def advance(step: int, now: float) -> None:
-            bar.update(task, completed=step if by_steps else min(now, total))
+        def for_run(index: int) -> StepCallback:
+            def advance(step: int, now: float) -> None:
+                done = step if by_steps else min(now, per_run)
+                bar.update(task, completed=index * per_run + done)
 
-        yield advance
+            return advance
+
+        yield for_run
+
+
+def console() -> Console:
+    """Standard output; wide enough for our tables when it is a pipe or a file, not a terminal."""
+    return Console() if sys.stdout.isatty() else Console(width=160)

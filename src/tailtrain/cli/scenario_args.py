@@ -8,24 +8,57 @@ from tailtrain.sim.scenario import Scenario
 
 
 def add_scenario_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--task", default="digits-cnn", help="digits-cnn, digits-mlp, logreg, "
-                   "hyperplane:dim=D, none (timing only), cifar10, mnist (default: %(default)s)")
+    p.add_argument(
+        "--task",
+        default="digits-cnn",
+        help="digits-cnn, digits-mlp, logreg, "
+        "hyperplane:dim=D, none (timing only), cifar10, mnist (default: %(default)s)",
+    )
     p.add_argument("--data", default=None, help="folder with the cifar10 or mnist files")
-    p.add_argument("--partition", default="iid",
-                   help="iid, shared or noniid:classes=C (default: %(default)s)")
+    p.add_argument(
+        "--partition", default="iid", help="iid, shared or noniid:classes=C (default: %(default)s)"
+    )
     p.add_argument("--workers", type=int, default=16, help="simulated workers N (default: 16)")
-    p.add_argument("--delay", default="shifted-exp:shift=0,scale=1",
-                   help="compute-time model of one gradient, e.g. exp:rate=1 (default: %(default)s)")
-    p.add_argument("--pattern", default="iid",
-                   help="which worker is slow when, e.g. persistent:h=10 (default: iid)")
+    p.add_argument(
+        "--delay",
+        default="shifted-exp:shift=0,scale=1",
+        help="compute-time model of one gradient, e.g. exp:rate=1 (default: %(default)s)",
+    )
+    p.add_argument(
+        "--pattern",
+        default="iid",
+        help="which worker is slow when, e.g. persistent:h=10 (default: iid)",
+    )
+    p.add_argument(
+        "--micro-batches",
+        type=int,
+        default=None,
+        metavar="M",
+        help="micro-batches per iteration; the delay model is then per micro-batch",
+    )
+    p.add_argument(
+        "--comm-time",
+        default=None,
+        metavar="SECONDS|SPEC",
+        help="communication time per iteration (allreduce strategies), seconds or a delay spec",
+    )
     budget = p.add_mutually_exclusive_group()
     budget.add_argument("--iterations", type=int, default=None, help="number of updates")
-    budget.add_argument("--time-budget", type=float, default=None, metavar="SECONDS",
-                        help="virtual seconds to simulate")
+    budget.add_argument(
+        "--time-budget",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="virtual seconds to simulate",
+    )
     p.add_argument("--lr", type=float, default=None, help="learning rate (default: the task's)")
     p.add_argument("--eval-every", type=int, default=10, help="evaluate every this many updates")
-    p.add_argument("--target-loss", type=float, default=None,
-                   help="report the virtual time at which the train loss first reaches this")
+    p.add_argument(
+        "--target-loss",
+        type=float,
+        default=None,
+        help="report the virtual time at which the train loss first reaches this",
+    )
 
 
 def scenario_from_args(args: argparse.Namespace, *, default_iterations: int = 200) -> Scenario:
@@ -37,6 +70,8 @@ def scenario_from_args(args: argparse.Namespace, *, default_iterations: int = 20
         workers=args.workers,
         delay=args.delay,
         pattern=args.pattern,
+        micro_batches=args.micro_batches,
+        comm_time=args.comm_time,
         partition=args.partition,
         data=args.data,
         lr=args.lr,

@@ -6,13 +6,13 @@ import argparse
 import json
 from pathlib import Path
 
-from rich.console import Console
 from rich.table import Table
 
-from tailtrain.cli.progress import step_progress
+from tailtrain.cli import collectives
+from tailtrain.cli.progress import console, step_progress
 from tailtrain.cli.scenario_args import add_scenario_arguments, scenario_from_args
-from tailtrain.sim.engine import simulate
 from tailtrain.sim.records import clean
+from tailtrain.sim.run import simulate
 from tailtrain.strategies.registry import parse_strategy
 
 
@@ -22,21 +22,28 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="train a real model on N simulated workers under one strategy (virtual clock)",
         description="Simulate one strategy deterministically and write its run record.",
     )
-    p.add_argument("--strategy", default="sync", help="e.g. sync, k-sync:k=8, dbw, lgc:k=7,blocks=4")
+    p.add_argument(
+        "--strategy", default="sync", help="e.g. sync, k-sync:k=8, dbw, lgc:k=7,blocks=4"
+    )
     add_scenario_arguments(p)
     p.add_argument("--seed", type=int, default=0, help="seed of delays, data and init (default 0)")
-    p.add_argument("--out", type=Path, default=None, help="folder for steps.jsonl, evals.jsonl, "
-                   "summary.json")
+    p.add_argument(
+        "--out", type=Path, default=None, help="folder for steps.jsonl, evals.jsonl, summary.json"
+    )
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     p.set_defaults(run=run)
+    # `tailtrain simulate collectives ...`: the eager-SGD microbenchmark, its own options
+    collectives.register(
+        p.add_subparsers(dest="what", metavar="{collectives}", parser_class=type(p))
+    )
 
 
 def run(args: argparse.Namespace) -> int:
     scenario = scenario_from_args(args)
     strategy = parse_strategy(args.strategy)
-    with step_progress(scenario, strategy.describe(), not args.no_progress) as progress:
-        record = simulate(scenario, strategy, args.seed, progress)
+    with step_progress(scenario, strategy.describe(), not args.no_progress) as for_run:
+        record = simulate(scenario, strategy, args.seed, for_run(0) if for_run else None)
     if args.out is not None:
         record.write(args.out)
     if args.json:
@@ -49,5 +56,8 @@ def run(args: argparse.Namespace) -> int:
 def print_summary(summary: dict) -> None:
     table = Table(title=f"tailtrain simulate: {summary['strategy']}", show_header=False)
     for key, value in summary.items():
-        table.add_row(key, "-" if value is None else f"{value:.4g}" if isinstance(value, float) else str(value))
-    Console().print(table)
+        table.add_row(
+            key,
+            "-" if value is None else f"{value:.4g}" if isinstance(value, float) else str(value),
+        )
+    console().print(table)

@@ -80,7 +80,8 @@ def one_step(run: _Run, record: RunRecord, world: World) -> None:
     candidates, jobs, positions = gather(run, plan, got)
     selection = run.strategy.select(run.state, candidates)
     stats = update(run, plan, selection, candidates, jobs)
-    used = tuple(int(positions[i]) for i in sorted(selection.now) if selection.now[i] != 0)
+    chosen = used_indices(selection)
+    used = tuple(positions[chosen].tolist())
     everything = ArrivalColumns.concat(
         [got.arrivals, candidates.take(np.flatnonzero(candidates.partial))]
     )
@@ -98,7 +99,7 @@ def one_step(run: _Run, record: RunRecord, world: World) -> None:
         lr=world.lr * plan.lr_scale,
     )
     run.state = run.strategy.adapt(run.state, step_stats)
-    record.add_step(step_row(run, plan, candidates, selection, step_stats))
+    record.add_step(step_row(plan, candidates, chosen, step_stats))
     run.step += 1
     if run.trainer is not None:
         run.trainer.retain(referenced_versions(run.timeline, run.version))
@@ -148,11 +149,16 @@ def referenced_versions(timeline: ServerTimeline, current: int) -> set[int]:
     return {current, *np.unique(busy).tolist()}
 
 
+def used_indices(selection: Selection) -> np.ndarray:
+    """Sorted indices of the candidates with a non-zero weight in this update."""
+    keys = np.fromiter(selection.now.keys(), dtype=np.int64, count=len(selection.now))
+    weights = np.fromiter(selection.now.values(), dtype=float, count=len(selection.now))
+    return np.sort(keys[weights != 0])
+
+
 def step_row(
-    run: _Run, plan: Plan, candidates: ArrivalColumns, selection: Selection, stats: StepStats
+    plan: Plan, candidates: ArrivalColumns, idx: np.ndarray, stats: StepStats
 ) -> dict[str, Any]:
-    now = sorted(i for i, w in selection.now.items() if w != 0)
-    idx = np.array(now, dtype=np.int64)
     return {
         "step": stats.step,
         "time": stats.time,

@@ -1,0 +1,96 @@
+"""Simulator benchmarks (issue 3):
+
+(a) timing-only throughput: simulated worker-iterations per second at 2048 workers
+    (one worker-iteration = one worker's gradient computation in one step; goal >= 1e6/s);
+(b) overhead: simulator wall time / time spent computing only the gradients it used, for
+    digits-cnn at 16 workers (goal <= 1.2).
+
+Ratios are measured within one run, so a noisy machine moves both sides together.
+Run: python bench/bench_simulator.py [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import torch
+
+from tailtrain.sim.engine import simulate_parameter_server
+from tailtrain.sim.scenario import Scenario
+from tailtrain.strategies.registry import parse_strategy
+from tailtrain.tasks import parse_task
+
+TIMING_STRATEGIES = ("sync", "k-sync:k=1536", "k-async:k=1024", "k-batch-async:k=1024")
+
+
+def timing_only(workers: int, iterations: int) -> dict[str, float]:
+    out = {}
+    for text in TIMING_STRATEGIES:
+        scenario = Scenario(
+            task="none", workers=workers, delay="shifted-exp:shift=1,scale=1", iterations=iterations
+        )
+        simulate_parameter_server(scenario, parse_strategy(text), 0)  # warm-up: imports, caches
+        start = time.perf_counter()
+        record = simulate_parameter_server(scenario, parse_strategy(text), 1)
+        wall = time.perf_counter() - start
+        out[text] = workers * len(record.steps) / wall
+    return out
+
+
+class TimedTask:
+    """Wraps a task and adds up the wall time of its gradient calls."""
+
+    def __init__(self, task) -> None:
+        self._task = task
+        self.grad_seconds = 0.0
+
+    def __getattr__(self, name):
+        return getattr(self._task, name)
+
+    def grads(self, theta, indices):
+        start = time.perf_counter()
+        out = self._task.grads(theta, indices)
+        self.grad_seconds += time.perf_counter() - start
+        return out
+
+
+def overhead(workers: int, iterations: int, strategy: str) -> dict[str, float]:
+    scenario = Scenario(
+        task="digits-cnn", workers=workers, iterations=iterations, eval_every=iterations
+    )
+    task = TimedTask(parse_task("digits-cnn", seed=0))
+    simulate_parameter_server(scenario, parse_strategy(strategy), 0, task=task)  # warm-up
+    task.grad_seconds = 0.0
+    start = time.perf_counter()
+    simulate_parameter_server(scenario, parse_strategy(strategy), 0, task=task)
+    wall = time.perf_counter() - start
+    return {"wall_s": wall, "grad_s": task.grad_seconds, "ratio": wall / task.grad_seconds}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--workers", type=int, default=2048)
+    p.add_argument("--iterations", type=int, default=300)
+    p.add_argument("--json", action="store_true")
+    args = p.parse_args()
+    torch.set_num_threads(2)
+    result = {
+        "threads": torch.get_num_threads(),
+        "timing_only_worker_iterations_per_s": timing_only(args.workers, args.iterations),
+        "digits_cnn_16_overhead": {s: overhead(16, 100, s) for s in ("sync", "k-sync:k=8")},
+    }
+    if args.json:
+        print(json.dumps(result, indent=2))
+        return
+    print(f"(a) timing-only, {args.workers} workers, {args.iterations} steps (goal >= 1e6/s):")
+    for name, rate in result["timing_only_worker_iterations_per_s"].items():
+        print(f"    {name:22s} {rate:12.3g} worker-iterations/s")
+    print("(b) digits-cnn, 16 workers: simulator wall / gradient time (goal <= 1.2):")
+    for name, r in result["digits_cnn_16_overhead"].items():
+        print(f"    {name:22s} {r['ratio']:.3f}  ({r['wall_s']:.2f} s / {r['grad_s']:.2f} s)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,223 @@
+"""The parameter-server simulator: conformance, determinism, theory and LGC's accounting."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from tailtrain.sim.engine import simulate_parameter_server
+from tailtrain.sim.records import clean
+from tailtrain.sim.scenario import Scenario
+from tailtrain.strategies.registry import BUILDERS, parse_strategy
+
+N = 4
+
+#: a spec of every parameter-server strategy with k = n (or its equivalent)
+K_EQUALS_N = {
+    "sync": "sync",
+    "k-sync": f"k-sync:k={N}",
+    "k-batch-sync": f"k-batch-sync:k={N}",
+    "k-async": f"k-async:k={N}",
+    "k-batch-async": f"k-batch-async:k={N}",
+    "async": None,  # K = 1 by definition; equal to sync only with one worker (tested below)
+    "adasync": f"adasync:base=k-sync,k0={N},interval=1",
+    "dbw": "dbw:window=3",
+    "b-dbw": "b-dbw",
+    "lgc": f"lgc:k={N},blocks=4",
+}
+
+
+def constant_scenario(**kw) -> Scenario:
+    base = dict(task="logreg", workers=N, delay="const:value=1", iterations=12, eval_every=4)
+    return Scenario(**{**base, **kw})
+
+
+def final_params(record_strategy: str, scenario: Scenario, seed: int = 0) -> torch.Tensor:
+    captured = {}
+
+    class Capture:
+        def __init__(self, task):
+            self.task = task
+
+        def __getattr__(self, name):
+            return getattr(self.task, name)
+
+        def evaluate(self, theta):
+            captured["theta"] = theta.clone()
+            return self.task.evaluate(theta)
+
+    from tailtrain.tasks import parse_task
+
+    task = Capture(parse_task(scenario.task, seed=seed))
+    simulate_parameter_server(scenario, parse_strategy(record_strategy), seed, task=task)
+    return captured["theta"]
+
+
+def parameter_server_names() -> list[str]:
+    return [n for n, b in BUILDERS.items() if n in K_EQUALS_N or _engine_of(n) == "parameter-server"]
+
+
+def _engine_of(name: str) -> str:
+    spec = K_EQUALS_N.get(name)
+    return parse_strategy(spec).engine if spec else "parameter-server"
+
+
+def test_every_parameter_server_strategy_is_covered():
+    missing = [n for n in parameter_server_names() if n not in K_EQUALS_N]
+    assert not missing, f"add a k = n spec for {missing}"
+
+
+@pytest.mark.parametrize("name", sorted(n for n, s in K_EQUALS_N.items() if s))
+def test_k_equals_n_with_constant_delays_is_sync_sgd(name):
+    scenario = constant_scenario()
+    expected = final_params("sync", scenario)
+    got = final_params(K_EQUALS_N[name], scenario)
+    torch.testing.assert_close(got, expected, rtol=0, atol=1e-6)
+
+
+def test_async_with_one_worker_is_sync_sgd():
+    scenario = constant_scenario(workers=1)
+    torch.testing.assert_close(
+        final_params("async", scenario), final_params("sync", scenario), rtol=0, atol=1e-6
+    )
+
+
+@pytest.mark.parametrize("strategy", ["k-sync:k=3", "k-async:k=2", "k-batch-async:k=3", "dbw"])
+def test_same_seed_gives_bit_identical_record(strategy, tmp_path):
+    scenario = constant_scenario(delay="exp:rate=1", iterations=15)
+    runs = []
+    for i in range(2):
+        record = simulate_parameter_server(scenario, parse_strategy(strategy), seed=3)
+        record.write(tmp_path / str(i))
+        runs.append([(tmp_path / str(i) / f).read_bytes() for f in ("steps.jsonl", "evals.jsonl")])
+    assert runs[0] == runs[1]
+    other = simulate_parameter_server(scenario, parse_strategy(strategy), seed=4)
+    assert json.dumps(clean(other.steps)) != runs[0][0].decode().replace("\n", "")
+
+
+def timing_only(strategy: str, delay: str, workers: int, iterations: int, seed: int = 1):
+    scenario = Scenario(task="none", workers=workers, delay=delay, iterations=iterations)
+    record = simulate_parameter_server(scenario, parse_strategy(strategy), seed)
+    return np.diff(np.concatenate([[0.0], record.column("time")]))
+
+
+def assert_mean_within(samples: np.ndarray, expected: float, sigmas: float = 4.0) -> None:
+    """The sample mean is within ``sigmas`` standard errors (from the samples) of ``expected``."""
+    se = samples.std(ddof=1) / np.sqrt(samples.size)
+    assert abs(samples.mean() - expected) <= sigmas * se, (samples.mean(), expected, se)
+
+
+@pytest.mark.parametrize(("k", "delay", "shift", "rate"), [
+    (5, "exp:rate=2", 0.0, 2.0),
+    (16, "exp:rate=1", 0.0, 1.0),
+    (10, "shifted-exp:shift=0.5,rate=1.5", 0.5, 1.5),
+])
+def test_k_sync_iteration_time_matches_order_statistic(k, delay, shift, rate):
+    p = 16
+    times = timing_only(f"k-sync:k={k}", delay, p, 4000)
+    exact = shift + sum(1.0 / (i * rate) for i in range(p - k + 1, p + 1))  # E[X_{K:P}]
+    assert_mean_within(times, exact)
+
+
+def test_k_sync_matches_theory_module():
+    from tailtrain.delays import parse_delay
+    from tailtrain.theory import expected_order_statistic
+
+    times = timing_only("k-sync:k=6", "shifted-exp:shift=1,scale=0.5", 12, 4000)
+    assert_mean_within(times, expected_order_statistic(parse_delay("shifted-exp:shift=1,scale=0.5"), 6, 12))
+
+
+def test_k_batch_async_iteration_time_is_k_mean_over_p_for_pareto():
+    # Pareto shape 3 has finite variance; slow-and-stale Lemma 5: E[T] = K E[X] / P
+    p, k, shape, scale = 8, 3, 3.0, 1.0
+    times = timing_only(f"k-batch-async:k={k}", f"pareto:shape={shape},scale={scale}", p, 20000)
+    mean_x = shape * scale / (shape - 1)
+    # successive iteration times are dependent; batch means make the standard error honest
+    batches = times[1000:].reshape(-1, 100).mean(axis=1)
+    assert_mean_within(batches, k * mean_x / p)
+
+
+class LinearTask:
+    """loss_w(theta) = <a_w, theta>: gradients that do not depend on the model (LGC test)."""
+
+    has_model = True
+    batch_size = 4
+    metric_name = "none"
+
+    def __init__(self, vectors: torch.Tensor) -> None:
+        self.vectors = vectors
+        self.n_train, self.dim = vectors.shape
+
+    def init_params(self, seed):
+        return torch.zeros(self.dim, dtype=torch.float64)
+
+    def train_labels(self):
+        return None
+
+    n_classes = None
+
+    def grads(self, theta, indices):
+        # one example per worker (iid shards of n examples for n workers)
+        rows = torch.as_tensor(indices[:, 0], dtype=torch.long)
+        g = self.vectors[rows]
+        return (g * theta).sum(1), g.clone()
+
+    def evaluate(self, theta):
+        return {"train_loss": 0.0, "eval": 0.0, "eval_loss": 0.0}
+
+
+class StragglerDelays:
+    """Worker n-1 takes 3 s, everyone else 1 s, every job."""
+
+    def __init__(self, n):
+        self.n = n
+
+    def next_block(self, iterations):
+        times = np.ones((iterations, self.n))
+        times[:, -1] = 3.0
+        return times
+
+    def time_factor(self, starts, workers):
+        return np.ones(len(workers))
+
+
+def test_lgc_sums_to_full_sync_up_to_the_pending_compensation():
+    n, steps, lr = 5, 9, 0.1
+    vectors = torch.arange(n * 3, dtype=torch.float64).reshape(n, 3) ** 1.5
+    task = LinearTask(vectors)
+    captured = {}
+    orig = task.evaluate
+
+    def evaluate(theta):
+        captured["theta"] = theta.clone()
+        return orig(theta)
+
+    task.evaluate = evaluate
+    scenario = Scenario(task="logreg", workers=n, partition="iid", iterations=steps, lr=lr,
+                        eval_every=1000)
+    from tailtrain.sim import engine
+
+    strategy = parse_strategy(f"lgc:k={n - 1},blocks=4,complete=true")
+    world_trainer = {}
+    real_update = engine.update
+
+    def spy(run, plan, selection, candidates, jobs):
+        world_trainer["trainer"] = run.trainer
+        return real_update(run, plan, selection, candidates, jobs)
+
+    engine.update = spy
+    try:
+        simulate_parameter_server(scenario, strategy, 0, task=task, delays=StragglerDelays(n))
+    finally:
+        engine.update = real_update
+    pending = world_trainer["trainer"].deferred
+    full_sync = vectors.mean(0)
+    expected = -lr * (steps * full_sync - pending)
+    torch.testing.assert_close(captured["theta"], expected)
+    # LGC Eq. (7) for the one straggler s: (1/N) g_s - ((N-K)/N) * mean of the K others
+    candidates = [(vectors[s] - (vectors.sum(0) - vectors[s]) / (n - 1)) / n for s in range(n)]
+    assert any(torch.allclose(pending, c) for c in candidates)
+    assert not torch.allclose(pending, torch.zeros_like(pending))
