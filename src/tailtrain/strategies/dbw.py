@@ -1,0 +1,302 @@
+"""Dynamic Backup Workers (DBW, Xu, Neglia & Sebastianelli 2020) and its blind variant B-DBW.
+
+After the update of ``w_t`` the PS picks how many fresh gradients ``k_t`` to wait for, greedily
+maximising the expected loss decrease per unit of time (DBW Eq. 19)::
+
+    k_t = max(argmax_k G_hat_{k,t} / T_hat_k,
+              (k_{t-1} + 1) * 1{F_hat_{t-1} > beta F_hat_{t-2} and k_{t-1} < n})
+
+- ``G_hat`` is the gain of DBW Eqs. (9)-(16), built from the scalars every step reports
+  (mean loss, sum_i ||g_i||^2, ||mean g||^2) and averaged over the last D iterations; B-DBW
+  uses ``G = k`` instead (DBW §4).
+- ``T_hat_k = E[T_{k,k}]`` comes from the constrained least squares of DBW Eq. (17) over the
+  round-trip samples ``t_{h,i,t}`` (``strategies.time_estimator``), late workers' arrivals of
+  older versions included.
+
+DBW runs in push & wait mode by default ("we refer only to PsW", DBW §2) and drops stale
+gradients. Start: ``k = n`` until every estimate the rule needs exists (the time fit after the
+first update; for DBW also the Lipschitz estimate of Eq. 12, after the second).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from tailtrain.spec import Spec
+from tailtrain.strategies.base import (
+    Arrival,
+    ArrivalColumns,
+    Context,
+    Plan,
+    StepStats,
+    Strategy,
+    SyncMode,
+)
+from tailtrain.strategies.kfamily import lr_scale, parse_lr_rule, parse_mode
+from tailtrain.strategies.time_estimator import RoundTripTimes
+
+DEFAULT_WINDOW = 5  # D = 5 in all of DBW §4's experiments
+DEFAULT_BETA = 1.01  # DBW §3.3
+
+
+# --- gain estimator, DBW Eqs. (10)-(16) -------------------------------------------------------
+
+
+def variance_plus(grad_sq_sum: float, mean_grad_sq: float, k: int) -> float:
+    """DBW Eq. (10): sum over coordinates of the unbiased variance of the k_t gradients.
+
+    sum_l 1/(k-1) sum_j [g_j - g]_l^2 = (sum_j ||g_j||^2 - k ||g||^2) / (k - 1); NaN for k < 2.
+    """
+    if k < 2:
+        return math.nan
+    return max(grad_sq_sum - k * mean_grad_sq, 0.0) / (k - 1)  # max: round-off only
+
+
+def grad_norm_plus(mean_grad_sq: float, variance: float, k: int) -> float:
+    """DBW Eq. (11): ||grad F(w_t)||^2 ~ max(||g_t||^2 - V/k_t, 0)."""
+    return max(mean_grad_sq - variance / k, 0.0)
+
+
+def lipschitz_plus(eta: float, grad_norm: float, variance: float, k: int, decrease: float) -> float:
+    """DBW Eq. (12): L from the observed decrease F_hat_{t-1} - F_hat_t of iteration t-1.
+
+    ``eta``, ``grad_norm``, ``variance`` and ``k`` are iteration t-1's; NaN if undefined.
+    """
+    denominator = eta**2 * (grad_norm + variance / k)
+    if not denominator > 0:
+        return math.nan
+    return 2.0 * (eta * grad_norm - decrease) / denominator
+
+
+def gain(
+    k: np.ndarray, eta: np.ndarray, lipschitz: float, grad_norm: float, variance: float
+) -> np.ndarray:
+    """DBW Eq. (16) (Eq. 9 with the estimates): expected loss decrease when waiting for k."""
+    half = lipschitz * eta**2 / 2.0
+    return (eta - half) * grad_norm - half * variance / k
+
+
+@dataclass(frozen=True)
+class Iterate:
+    """The a-posteriori (+) estimates of one iteration, needed by Eq. (12) one step later."""
+
+    loss: float
+    variance: float
+    grad_norm: float
+    k: int
+    eta: float
+
+
+@dataclass(frozen=True)
+class GainEstimates:
+    """The last D values of Eqs. (10), (11) and (12) (fewer while t <= D)."""
+
+    window: int
+    variances: tuple[float, ...] = ()
+    grad_norms: tuple[float, ...] = ()
+    lipschitz: tuple[float, ...] = ()
+    last: Iterate | None = None
+
+    def observe(
+        self, loss: float, grad_sq_sum: float, mean_grad_sq: float, k: int, eta: float
+    ) -> GainEstimates:
+        """Add iteration t's estimates. With k_t = 1 Eq. (10) is undefined, so Eqs. (11)-(12)
+        use the windowed variance (Eq. 13) in its place; NaN statistics break the chain."""
+        if not all(map(math.isfinite, (loss, grad_sq_sum, mean_grad_sq, eta))):
+            return replace(self, last=None)
+        v_plus = variance_plus(grad_sq_sum, mean_grad_sq, k)
+        variance = v_plus if math.isfinite(v_plus) else self.mean(self.variances)
+        norm = grad_norm_plus(mean_grad_sq, variance, k) if math.isfinite(variance) else math.nan
+        lip = math.nan
+        p = self.last
+        if p is not None and math.isfinite(p.grad_norm):
+            lip = lipschitz_plus(p.eta, p.grad_norm, p.variance, p.k, p.loss - loss)
+        return GainEstimates(
+            self.window,
+            self.push(self.variances, v_plus),
+            self.push(self.grad_norms, norm),
+            self.push(self.lipschitz, lip),
+            Iterate(loss, variance, norm, k, eta),
+        )
+
+    def push(self, values: tuple[float, ...], value: float) -> tuple[float, ...]:
+        return (*values, value)[-self.window :] if math.isfinite(value) else values
+
+    @staticmethod
+    def mean(values: tuple[float, ...]) -> float:
+        return float(np.mean(values)) if values else math.nan
+
+    @property
+    def ready(self) -> bool:
+        return bool(self.variances and self.grad_norms and self.lipschitz)
+
+    def gains(self, k: np.ndarray, eta: np.ndarray) -> np.ndarray:
+        """DBW Eq. (16) with the averages of Eqs. (13)-(15); call only when ``ready``."""
+        variance, norm = self.mean(self.variances), self.mean(self.grad_norms)
+        return gain(k, eta, self.mean(self.lipschitz), norm, variance)
+
+
+# --- choice rule, DBW Eqs. (18)-(19) ----------------------------------------------------------
+
+
+def best_k(gains: np.ndarray, times: np.ndarray) -> int:
+    """DBW Eq. (18): argmax_k G_k / T_k over k = 1..n; k = n when every gain is negative."""
+    n = gains.size
+    if np.all(gains < 0):
+        return n
+    with np.errstate(divide="ignore", invalid="ignore"):
+        rate = gains / times
+    return int(np.argmax(np.where(np.isnan(rate), -np.inf, rate))) + 1
+
+
+def loss_guard(k: int, k_prev: int, n: int, loss: float, prev_loss: float, beta: float) -> int:
+    """DBW Eq. (19): if F_hat grew by more than beta since the last iteration, k_t >= k_{t-1}+1."""
+    if loss > beta * prev_loss and k_prev < n:
+        return max(k, k_prev + 1)
+    return k
+
+
+# --- round-trip samples t_{h,i,t}, DBW §3.2 ---------------------------------------------------
+
+
+@dataclass(frozen=True)
+class OpenVersion:
+    """A model version whose gradients may still arrive: when it was made and with which h."""
+
+    version: int
+    updated: float  # time of the update that produced it; NaN: first arrival's start (w_0)
+    h: int  # k_{t-1}: gradients the PS waited for before this version (n for w_0)
+    received: int = 0
+
+
+def as_columns(arrivals: Sequence[Arrival]) -> ArrivalColumns:
+    """The arrivals as numpy columns (engines already pass ``ArrivalColumns``)."""
+    if isinstance(arrivals, ArrivalColumns):
+        return arrivals
+    cols = [[getattr(a, c) for a in arrivals] for c in ArrivalColumns.__slots__]
+    named = dict(zip(ArrivalColumns.__slots__, cols, strict=True))
+    return ArrivalColumns(**{k: np.asarray(v) for k, v in named.items()})
+
+
+def round_trip_samples(
+    versions: tuple[OpenVersion, ...], arrivals: Sequence[Arrival], n: int
+) -> tuple[tuple[OpenVersion, ...], np.ndarray, np.ndarray, np.ndarray]:
+    """Samples (h, i, t_{h,i}) from whole arrivals of open versions, in order of reception.
+
+    The i-th gradient of a version counts for cell (h, i) whether or not it was used: late
+    workers' arrivals give the samples with i > k (DBW §3.2).
+    """
+    cols = as_columns(arrivals)
+    whole = np.flatnonzero(~cols.partial)
+    whole = whole[np.lexsort((cols.worker[whole], cols.finish[whole]))]
+    by_version = {v.version: v for v in versions}
+    h, i, t = [np.zeros(0, np.int64)], [np.zeros(0, np.int64)], [np.zeros(0)]
+    for version in np.unique(cols.version[whole]).tolist():
+        if version not in by_version:
+            continue  # older than the versions still tracked
+        v = by_version[version]
+        mine = whole[cols.version[whole] == version][: n - v.received]
+        if mine.size == 0:
+            continue
+        updated = v.updated if math.isfinite(v.updated) else float(cols.start[mine].min())
+        h.append(np.full(mine.size, v.h))
+        i.append(v.received + np.arange(1, mine.size + 1))
+        t.append(cols.finish[mine] - updated)
+        by_version[version] = replace(v, updated=updated, received=v.received + mine.size)
+    return tuple(by_version.values()), np.concatenate(h), np.concatenate(i), np.concatenate(t)
+
+
+def open_versions(
+    versions: tuple[OpenVersion, ...], made: OpenVersion, n: int
+) -> tuple[OpenVersion, ...]:
+    """Add the version the update made; forget versions that delivered all n gradients or
+    are more than n updates old (a worker that late is treated as lost)."""
+    keep = tuple(v for v in versions if v.received < n and v.version > made.version - n)
+    return (*keep, made)
+
+
+# --- the strategies -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DbwState:
+    n: int
+    lr: float
+    k: int
+    loss: float  # F_hat of the latest iteration (Eq. 19)
+    gains: GainEstimates
+    times: RoundTripTimes
+    versions: tuple[OpenVersion, ...]
+
+
+@dataclass(frozen=True)
+class Dbw(Strategy):
+    """DBW (``blind=False``) or B-DBW (``blind=True``: gain k, DBW §4)."""
+
+    name: str
+    window: int = DEFAULT_WINDOW
+    beta: float = DEFAULT_BETA
+    mode: SyncMode = SyncMode.PSW
+    lr_rule: str = "fixed"
+    blind: bool = False
+
+    def init(self, ctx: Context) -> DbwState:
+        n = ctx.n_workers
+        first = OpenVersion(0, math.nan, n)
+        times = RoundTripTimes.empty(n)
+        return DbwState(n, ctx.lr, n, math.nan, GainEstimates(self.window), times, (first,))
+
+    def plan(self, state: DbwState) -> Plan:
+        scale = lr_scale(self.lr_rule, state.k, state.n)
+        return Plan(k=state.k, mode=self.mode, accept_stale=False, lr_scale=scale)
+
+    def adapt(self, state: DbwState, stats: StepStats) -> DbwState:
+        versions, h, i, t = round_trip_samples(state.versions, stats.arrivals, state.n)
+        versions = open_versions(versions, OpenVersion(stats.version, stats.time, state.k), state.n)
+        times = state.times.add(h, i, t).solved()
+        gains = state.gains
+        if not self.blind:
+            eta = state.lr * lr_scale(self.lr_rule, stats.k, state.n)
+            gains = gains.observe(stats.loss, stats.grad_sq_sum, stats.mean_grad_sq, stats.k, eta)
+        k = self.choose(state, gains, times)
+        k = loss_guard(k, state.k, state.n, stats.loss, state.loss, self.beta)
+        return DbwState(state.n, state.lr, k, stats.loss, gains, times, versions)
+
+    def choose(self, state: DbwState, gains: GainEstimates, times: RoundTripTimes) -> int:
+        """DBW Eq. (18), or k = n while an estimate it needs is missing."""
+        ks = np.arange(1, state.n + 1)
+        if not times.ready or not (self.blind or gains.ready):
+            return state.n
+        if self.blind:
+            return best_k(ks.astype(float), times.iteration_times())
+        eta = state.lr * np.broadcast_to(lr_scale(self.lr_rule, ks, state.n), ks.shape)
+        return best_k(gains.gains(ks, eta), times.iteration_times())
+
+    def describe(self) -> str:
+        parts = [] if self.blind else [f"window={self.window}"]
+        parts.append(f"beta={self.beta:g}")
+        if self.mode is not SyncMode.PSW:
+            parts.append(f"mode={self.mode.value}")
+        if self.lr_rule != "fixed":
+            parts.append(f"lr={self.lr_rule}")
+        return f"{self.name}:{','.join(parts)}"
+
+
+def build_dbw(spec: Spec) -> Dbw:
+    spec.require_known(["window", "beta", "mode", "lr"])
+    window = spec.get_int("window", DEFAULT_WINDOW, minimum=1)
+    return Dbw("dbw", window, *common_params(spec))
+
+
+def build_b_dbw(spec: Spec) -> Dbw:
+    spec.require_known(["beta", "mode", "lr"])
+    return Dbw("b-dbw", DEFAULT_WINDOW, *common_params(spec), blind=True)
+
+
+def common_params(spec: Spec) -> tuple[float, SyncMode, str]:
+    beta = spec.get_float("beta", DEFAULT_BETA, minimum=1.0)
+    return beta, parse_mode(spec, SyncMode.PSW), parse_lr_rule(spec)

@@ -1,0 +1,329 @@
+"""Round-trip-time estimator of DBW §3.2: the constrained least squares of DBW Eq. (17).
+
+``t_{h,i,t}`` is the time from the update of ``w_t`` to the reception of the i-th gradient of
+``w_t`` when the PS waited for ``h`` gradients at iteration t-1; its samples are pooled per cell
+(h, i). DBW Eq. (17) estimates every ``E[T_{h,k}]`` at once by least squares under three families
+of inequalities::
+
+    x[h,k]   <= x[h,k+1]      more arrivals take longer
+    x[h+1,k] <= x[h,k]        more idle workers at the start make arrivals sooner
+    x[k,k]   <= x[k+1,k+1]    waiting for more workers every time makes iterations longer
+
+Up to a constant the objective is ``sum_c counts_c * (mean_c - x_c)^2``: a weighted isotonic
+regression on the partial order those inequalities generate. Cells without samples carry no
+weight, so the problem is solved over the sampled cells only, under the order the grid induces
+on them (its cover relations, from the closed form in :func:`precedes`). We solve the dual,
+which is a bound-constrained least squares (a non-negative multiplier per cover relation)::
+
+    minimise_{lam >= 0} 1/2 || W^{-1/2} A^T lam - W^{1/2} y ||^2,   x = y - W^{-1} A^T lam
+
+with L-BFGS-B, warm-started from the previous multipliers, over a working set of relations that
+constraint generation grows until none is violated (most relations are slack). Then we polish:
+cells joined by an active relation form a block whose exact value is its weighted mean (the
+standard last step of isotonic regression), kept when the duality gap certifies it. Finally
+every cell of the n x n grid gets the smallest value consistent with the constraints and the
+sampled cells (:func:`lower_fill`), which also makes the result satisfy all three families
+exactly. Unsampled cells thus get optimistic (lowest consistent) times, the benefit the paper
+notes: a k never tried still has an estimate (DBW Fig. 3).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import cache
+
+import numpy as np
+import scipy.sparse as sp
+from numpy.typing import ArrayLike
+from scipy.optimize import Bounds, minimize
+from scipy.sparse.csgraph import connected_components
+from threadpoolctl import ThreadpoolController
+
+#: L-BFGS-B stops when the projected dual gradient is below this fraction of its initial size
+DUAL_GTOL = 1e-9
+#: the polished solution is kept when its duality gap is below this fraction of its objective
+GAP_RTOL = 1e-6
+#: rounds of constraint generation; each adds at least one violated relation
+MAX_ROUNDS = 50
+#: cap on the entries of one pruning tensor (cells x rows x rows booleans)
+PRUNE_CHUNK = 1 << 22
+
+
+def precedes(ha: ArrayLike, ka: ArrayLike, hb: ArrayLike, kb: ArrayLike) -> np.ndarray:
+    """Whether Eq. (17) forces ``x[ha,ka] <= x[hb,kb]`` (1-based indices, numpy-broadcast).
+
+    The three families generate: ``ka <= kb`` and either ``hb <= ha`` (along a row, then up a
+    column) or, when (ha, ka) lies on or below the diagonal and (hb, kb) on or above it, a path
+    through the diagonal chain: up to (ka, ka), along the diagonal to (kb, kb), up to (hb, kb).
+    """
+    ka, kb, ha, hb = map(np.asarray, (ka, kb, ha, hb))
+    return (ka <= kb) & ((hb <= ha) | ((ka <= ha) & (hb <= kb)))
+
+
+@dataclass(frozen=True)
+class CoverGraph:
+    """The order of Eq. (17) restricted to the sampled cells, as cover relations src -> dst."""
+
+    n: int
+    cells: np.ndarray  # sorted flat indices (h-1)*n + (k-1) of the sampled cells
+    src: np.ndarray  # positions in ``cells``: x[cells[src]] <= x[cells[dst]]
+    dst: np.ndarray
+
+    @property
+    def keys(self) -> np.ndarray:
+        """One integer per relation, stable across graphs of the same n (for warm starts)."""
+        return self.cells[self.src] * (self.n * self.n) + self.cells[self.dst]
+
+
+def cover_graph(support: np.ndarray) -> CoverGraph:
+    """Cover relations of the induced order on the cells where ``support`` is true.
+
+    Every cell above a sampled cell is above its first successor in some sampled row (rows are
+    chains), so the candidates are one cell per sampled row; those above another candidate are
+    implied and dropped.
+    """
+    n = support.shape[0]
+    cells = np.flatnonzero(support.ravel())
+    h, k = cells // n + 1, cells % n + 1
+    targets = row_successors(support, cells, h, k)
+    keep = minimal_targets(targets, h, k)
+    src, j = np.nonzero(keep)
+    return CoverGraph(n, cells, src, targets[src, j])
+
+
+def row_successors(
+    support: np.ndarray, cells: np.ndarray, h: np.ndarray, k: np.ndarray
+) -> np.ndarray:
+    """For each sampled cell and sampled row, the first cell of that row above it, or -1."""
+    n = support.shape[0]
+    rows = np.unique(h)
+    targets = np.full((cells.size, rows.size), -1)
+    for j, r in enumerate(rows):
+        columns = np.flatnonzero(support[r - 1]) + 1
+        # smallest column reachable in row r (closed form of ``precedes``); n + 1: none
+        bridge = np.where(k <= h, np.maximum(k, r), n + 1)
+        lo = np.where(r < h, k, np.where(r == h, k + 1, bridge))
+        pos = np.searchsorted(columns, lo)
+        ok = pos < columns.size
+        targets[ok, j] = np.searchsorted(cells, (r - 1) * n + columns[pos[ok]] - 1)
+    return targets
+
+
+def minimal_targets(targets: np.ndarray, h: np.ndarray, k: np.ndarray) -> np.ndarray:
+    """Mask of the candidates that no other candidate of the same cell lies below."""
+    valid = targets >= 0
+    safe = np.maximum(targets, 0)
+    th, tk = np.where(valid, h[safe], 0), np.where(valid, k[safe], 0)
+    rows = targets.shape[1]
+    other = ~np.eye(rows, dtype=bool)
+    keep = valid.copy()
+    step = max(1, PRUNE_CHUNK // max(1, rows * rows))
+    for s in range(0, targets.shape[0], step):
+        a, b, v = th[s : s + step], tk[s : s + step], valid[s : s + step]
+        below = precedes(a[:, :, None], b[:, :, None], a[:, None, :], b[:, None, :])
+        below &= v[:, :, None] & v[:, None, :] & other
+        keep[s : s + step] &= ~below.any(axis=1)
+    return keep
+
+
+@dataclass(frozen=True)
+class Eq17Fit:
+    """A solution of Eq. (17): ``values[h-1, k-1]`` estimates E[T_{h,k}]."""
+
+    values: np.ndarray
+    graph: CoverGraph
+    dual: np.ndarray = field(repr=False)  # multiplier per cover relation, for warm starts
+
+
+def solve_eq17(means: np.ndarray, counts: np.ndarray, warm: Eq17Fit | None = None) -> Eq17Fit:
+    """DBW Eq. (17) for per-cell sample ``means`` and ``counts`` (n x n, counts 0 = no sample)."""
+    graph = reuse_graph(warm, counts > 0)
+    y = means.ravel()[graph.cells]
+    w = counts.ravel()[graph.cells].astype(float)
+    if graph.cells.size == 0:
+        return Eq17Fit(np.full(means.shape, np.nan), graph, np.zeros(0))
+    if np.all(y[graph.src] <= y[graph.dst]):
+        # the empirical means already satisfy every constraint: they are the solution
+        return Eq17Fit(lower_fill(graph, y), graph, np.zeros(graph.src.size))
+    x, dual = isotonic_regression(graph.src, graph.dst, y, w, warm_dual(graph, warm))
+    return Eq17Fit(lower_fill(graph, x), graph, dual)
+
+
+def reuse_graph(warm: Eq17Fit | None, support: np.ndarray) -> CoverGraph:
+    """The previous cover graph when the sampled cells did not change (the usual case)."""
+    same_n = warm is not None and warm.graph.n == support.shape[0]
+    if same_n and np.array_equal(warm.graph.cells, np.flatnonzero(support.ravel())):
+        return warm.graph
+    return cover_graph(support)
+
+
+def warm_dual(graph: CoverGraph, warm: Eq17Fit | None) -> np.ndarray:
+    """The previous multipliers of the relations that still exist, 0 for new ones."""
+    start = np.zeros(graph.src.size)
+    if warm is None or warm.graph.n != graph.n or warm.dual.size == 0:
+        return start
+    old_keys, new_keys = warm.graph.keys, graph.keys
+    order = np.argsort(old_keys)
+    pos = np.minimum(np.searchsorted(old_keys, new_keys, sorter=order), old_keys.size - 1)
+    hit = old_keys[order[pos]] == new_keys
+    start[hit] = warm.dual[order[pos[hit]]]
+    return start
+
+
+def isotonic_regression(
+    src: np.ndarray, dst: np.ndarray, y: np.ndarray, w: np.ndarray, start: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """min sum w (x - y)^2 s.t. x[src] <= x[dst], by constraint generation over the relations.
+
+    Most relations are slack, so each round solves the dual over a working set only: the
+    relations active before (warm start) or violated, then adds those the answer violates. The
+    last answer satisfies every relation and is optimal for a relaxation, hence for the whole.
+    """
+    working = (start > 0) | (y[src] > y[dst])
+    dual = start * working
+    x = y
+    for _ in range(MAX_ROUNDS):
+        idx = np.flatnonzero(working)
+        sub = solve_dual(src[idx], dst[idx], y, w, dual[idx])
+        x = polish(src[idx], dst[idx], y, w, sub)
+        dual = np.zeros(src.size)
+        dual[idx] = sub
+        grown = working | (x[src] > x[dst])
+        if np.array_equal(grown, working):
+            break
+        working = grown
+    return x, dual
+
+
+def solve_dual(
+    src: np.ndarray, dst: np.ndarray, y: np.ndarray, w: np.ndarray, start: np.ndarray
+) -> np.ndarray:
+    """Non-negative multipliers of the relations x[src] <= x[dst] (the dual), by L-BFGS-B.
+
+    Columns are scaled to unit norm (lam = scale * mu), a diagonal preconditioner that keeps
+    the iteration count low when sample counts differ by orders of magnitude.
+    """
+    m = src.size
+    inv = 1.0 / np.sqrt(w)
+    scale = 1.0 / np.sqrt(inv[src] ** 2 + inv[dst] ** 2)
+    vals = np.concatenate([inv[src] * scale, -inv[dst] * scale])
+    cols = np.tile(np.arange(m), 2)
+    mat = sp.csr_matrix((vals, (np.concatenate([src, dst]), cols)), shape=(y.size, m))
+    mat_t = mat.T.tocsr()
+    target = np.sqrt(w) * y
+
+    def objective(mu: np.ndarray) -> tuple[float, np.ndarray]:
+        r = mat @ mu - target
+        return 0.5 * float(r @ r), mat_t @ r
+
+    gtol = DUAL_GTOL * max(float(np.abs(mat_t @ target).max()), np.finfo(float).tiny)
+    # L-BFGS-B runs BLAS on short vectors, where waking BLAS threads costs more than the work
+    with blas_controller().limit(limits=1, user_api="blas"):
+        result = minimize(
+            objective,
+            start / scale,
+            jac=True,
+            method="L-BFGS-B",
+            bounds=Bounds(0.0, np.inf),
+            options={"maxiter": 20 * m + 100, "ftol": 0.0, "gtol": gtol, "maxcor": 20},
+        )
+    return result.x * scale
+
+
+@cache
+def blas_controller() -> ThreadpoolController:
+    """The loaded BLAS libraries; looking them up costs milliseconds, so it is done once."""
+    return ThreadpoolController()
+
+
+def polish(
+    src: np.ndarray, dst: np.ndarray, y: np.ndarray, w: np.ndarray, dual: np.ndarray
+) -> np.ndarray:
+    """Exact values from the active set: cells joined by positive multipliers form blocks whose
+    value is their weighted mean. Kept when feasible and certified by the duality gap;
+    otherwise the primal point of the dual iterate, x = y - W^-1 A^T lam, is returned."""
+    size = y.size
+    flow = np.bincount(src, dual, size) - np.bincount(dst, dual, size)
+    approx = y - flow / w
+    active = dual > 0
+    links = sp.coo_matrix((np.ones(int(active.sum())), (src[active], dst[active])), (size, size))
+    _, labels = connected_components(links, directed=False)
+    x = (np.bincount(labels, w * y) / np.bincount(labels, w))[labels]
+    primal = 0.5 * float(np.sum(w * (x - y) ** 2))
+    lower = float(dual @ (y[src] - y[dst]) - 0.5 * np.sum(flow**2 / w))  # dual objective
+    certified = primal - lower <= GAP_RTOL * max(primal, np.finfo(float).tiny)
+    return x if certified and np.all(x[src] <= x[dst]) else approx
+
+
+def lower_fill(graph: CoverGraph, x: np.ndarray) -> np.ndarray:
+    """Every cell's value: the largest sampled value below it in the order (DBW Eq. 17's
+    constraints), or the smallest sampled value where nothing sampled lies below.
+
+    This is the least extension that satisfies all three families; on sampled cells it returns
+    ``x`` itself when ``x`` is feasible and repairs round-off otherwise. It sweeps the grid in a
+    topological order: columns left to right, each column from h = n up to h = 1.
+    """
+    n = graph.n
+    own = np.full(n * n, -np.inf)
+    own[graph.cells] = x
+    own = own.reshape(n, n)
+    out = np.empty((n, n))
+    for j in range(n):
+        base = own[:, j].copy()
+        if j > 0:
+            np.maximum(base, out[:, j - 1], out=base)  # row:      x[h,k-1] <= x[h,k]
+            base[j] = max(base[j], out[j - 1, j - 1])  # diagonal: x[k-1,k-1] <= x[k,k]
+        out[:, j] = np.maximum.accumulate(base[::-1])[::-1]  # column: x[h+1,k] <= x[h,k]
+    return np.where(np.isfinite(out), out, np.min(x))
+
+
+@dataclass(frozen=True)
+class RoundTripTimes:
+    """Pooled samples of ``t_{h,i}`` and their Eq. (17) fit; immutable, ``add`` returns a copy.
+
+    ``fit`` is refreshed by :meth:`solved` only when samples arrived since the last solve.
+    """
+
+    sums: np.ndarray
+    counts: np.ndarray
+    fit: Eq17Fit | None = None
+    stale: bool = False
+
+    @classmethod
+    def empty(cls, n: int) -> RoundTripTimes:
+        return cls(np.zeros((n, n)), np.zeros((n, n), dtype=np.int64))
+
+    @property
+    def n(self) -> int:
+        return self.sums.shape[0]
+
+    def add(self, h: np.ndarray, i: np.ndarray, t: np.ndarray) -> RoundTripTimes:
+        """Add samples ``t`` of cells (h, i) (1-based arrays)."""
+        if len(t) == 0:
+            return self
+        sums, counts = self.sums.copy(), self.counts.copy()
+        index = (np.asarray(h) - 1, np.asarray(i) - 1)
+        np.add.at(sums, index, np.asarray(t, dtype=float))
+        np.add.at(counts, index, 1)
+        return RoundTripTimes(sums, counts, self.fit, stale=True)
+
+    def solved(self) -> RoundTripTimes:
+        if not self.stale and self.fit is not None:
+            return self
+        means = self.sums / np.maximum(self.counts, 1)
+        fit = solve_eq17(means, self.counts, self.fit)
+        return RoundTripTimes(self.sums, self.counts, fit, stale=False)
+
+    @property
+    def ready(self) -> bool:
+        return self.fit is not None and bool(np.all(np.isfinite(self.fit.values)))
+
+    def expected(self) -> np.ndarray:
+        """``E[T_{h,k}]`` estimates, ``[h-1, k-1]`` indexed; NaN before any sample."""
+        if self.fit is None:
+            return np.full((self.n, self.n), np.nan)
+        return self.fit.values
+
+    def iteration_times(self) -> np.ndarray:
+        """``T_hat_k = E[T_{k,k}]`` for k = 1..n (DBW §3.2, footnote 5)."""
+        return np.diagonal(self.expected()).copy()
