@@ -6,6 +6,8 @@ H, compensation), ``select`` (each worker's weight) and ``adapt`` (calibration, 
 Algorithm 2); the engine owns the clock, the model (``sim.allreduce_learner``) and the
 records. With ``--task none`` it only keeps time, vectorised over workers and micro-batches.
 
+Every worker joins every allreduce (``Plan.k`` is not used); a row's ``k`` counts the workers
+that completed at least one unit and ``workers`` those with a non-zero weight (staleness 0).
 Rows carry the parameter-server engine's keys (step, time, k, lr, loss, workers, staleness)
 plus: threshold, micro_batches (M), local_steps (H), completed (units done per worker),
 drop_rate, s_eff (Algorithm 2's S_i on this round's draws), compute_time, comm_time and
@@ -106,7 +108,6 @@ def finished(world: World, run: _Run, plan: Plan) -> bool:
 
 def one_round(run: _Run, plan: Plan, record: RunRecord, world: World) -> None:
     m = plan.micro_batches or run.micro_batches
-    units = plan.local_steps * m
     times = run.clock.take(plan.local_steps, m, run.now)
     stops = stop_rule(times, plan.threshold, plan.preempt)
     comm = run.clock.next_comm()
@@ -115,19 +116,17 @@ def one_round(run: _Run, plan: Plan, record: RunRecord, world: World) -> None:
         np.full(run.n, run.step),
         np.full(run.n, run.now),
         run.now + stops.compute,
-        units=stops.done / units,
+        units=stops.done / (plan.local_steps * m),
     )
     selection, scalars = learn(run, plan, arrivals, stops.done, m)
-    weights = stops.done if selection is None else np.array([selection.now[i] for i in range(run.n)])
-    used = np.flatnonzero(weights != 0)
-    close = run.now + float(stops.compute.max()) + comm
+    used = contributors(selection, stops.done)
     stats = StepStats(
         step=run.step,
         version=run.step + 1,
-        time=close,
+        time=run.now + float(stops.compute.max()) + comm,
         k=plan.k,
         arrivals=arrivals,
-        used=tuple(used.tolist()),
+        used=tuple(used),
         loss=scalars[0],
         grad_sq_sum=scalars[1],
         mean_grad_sq=scalars[2],
@@ -137,8 +136,15 @@ def one_round(run: _Run, plan: Plan, record: RunRecord, world: World) -> None:
     )
     run.state = run.strategy.adapt(run.state, stats)
     record.add_step(step_row(plan, stats, stops, used, m, comm))
-    run.now = close
+    run.now = stats.time
     run.step += 1
+
+
+def contributors(selection: Selection | None, done: np.ndarray) -> list[int]:
+    """Workers whose weight is not zero (timing only: those that completed something)."""
+    if selection is None:
+        return np.flatnonzero(done).tolist()
+    return [i for i in range(done.size) if selection.now.get(i, 0.0) != 0]
 
 
 def learn(
@@ -158,7 +164,7 @@ def learn(
 
 
 def step_row(
-    plan: Plan, stats: StepStats, stops: Stops, used: np.ndarray, m: int, comm: float
+    plan: Plan, stats: StepStats, stops: Stops, used: list[int], m: int, comm: float
 ) -> dict[str, Any]:
     n, units = stops.done.size, plan.local_steps * m
     share = float(stops.done.sum()) / (n * units)
@@ -169,8 +175,8 @@ def step_row(
         "k": int(np.count_nonzero(stops.done)),
         "lr": stats.lr,
         "loss": stats.loss,
-        "workers": used.tolist(),
-        "staleness": [0] * used.size,
+        "workers": used,
+        "staleness": [0] * len(used),
         "threshold": plan.threshold,
         "micro_batches": m,
         "local_steps": plan.local_steps,
@@ -193,7 +199,9 @@ def summarise(record: RunRecord) -> dict[str, Any]:
     """
     if not record.steps:
         return {"threshold": None, "drop_rate": math.nan, "effective_speedup": math.nan}
-    possible = np.array([len(r["completed"]) * r["micro_batches"] * r["local_steps"] for r in record.steps])
+    possible = np.array(
+        [len(r["completed"]) * r["micro_batches"] * r["local_steps"] for r in record.steps]
+    )
     done = np.array([sum(r["completed"]) for r in record.steps])
     used = record.column("compute_time") + record.column("comm_time")
     share = done.sum() / possible.sum()

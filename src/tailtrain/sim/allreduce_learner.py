@@ -76,7 +76,11 @@ class RoundLearner:
             self.queues[worker].extend(batches[worker, done[worker] :])
 
     def work(
-        self, batches: np.ndarray, done: np.ndarray, micro_batches: int, local_steps: int,
+        self,
+        batches: np.ndarray,
+        done: np.ndarray,
+        micro_batches: int,
+        local_steps: int,
         lr_scale: float,
     ) -> RoundWork:
         """Run the round's local steps over the completed micro-batches only."""
@@ -85,11 +89,9 @@ class RoundLearner:
         local: torch.Tensor | None = None
         losses = []
         for step in range(local_steps):
-            count = np.clip(done - step * micro_batches, 0, micro_batches)
-            if not count.any():
+            owner, unit = completed_rows(done, step, micro_batches)
+            if owner.size == 0:
                 break
-            owner = np.repeat(np.arange(n), count)
-            unit = step * micro_batches + np.arange(owner.size) - np.repeat(np.cumsum(count) - count, count)
             loss, grads = self._grads(local, owner, batches[owner, unit])
             summed = torch.zeros(n, dim).index_add_(0, torch.from_numpy(owner), grads)
             total = total + summed
@@ -97,9 +99,7 @@ class RoundLearner:
                 start = self.theta.expand(n, dim) if local is None else local
                 local = start - self.lr * lr_scale * summed / micro_batches
             losses.append(loss)
-        counts = torch.from_numpy(np.maximum(done, 1).astype(np.float64)).to(total.dtype)
-        grads = torch.where(torch.from_numpy(done > 0)[:, None], local_steps * total / counts[:, None], 0.0)
-        return RoundWork(grads, done, torch.cat(losses) if losses else torch.zeros(0))
+        return RoundWork(worker_grads(total, done, local_steps), done, _cat(losses))
 
     def _grads(
         self, local: torch.Tensor | None, owner: np.ndarray, indices: np.ndarray
@@ -116,3 +116,22 @@ class RoundLearner:
         )
         step = weights @ work.grads
         self.theta = self.theta - self.lr * lr_scale * step
+
+
+def completed_rows(done: np.ndarray, step: int, micro_batches: int) -> tuple[np.ndarray, ...]:
+    """(worker, unit) of every micro-batch completed in local step ``step``, worker-major."""
+    count = np.clip(done - step * micro_batches, 0, micro_batches)
+    owner = np.repeat(np.arange(done.size), count)
+    first = np.repeat(np.cumsum(count) - count, count)
+    return owner, step * micro_batches + np.arange(owner.size) - first
+
+
+def worker_grads(total: torch.Tensor, done: np.ndarray, local_steps: int) -> torch.Tensor:
+    """G_n = H * A_n / C_n, and 0 for a worker that completed nothing."""
+    counts = torch.from_numpy(np.maximum(done, 1).astype(np.float64)).to(total.dtype)
+    active = torch.from_numpy(done > 0)[:, None]
+    return torch.where(active, local_steps * total / counts[:, None], 0.0)
+
+
+def _cat(parts: list[torch.Tensor]) -> torch.Tensor:
+    return torch.cat(parts) if parts else torch.zeros(0)

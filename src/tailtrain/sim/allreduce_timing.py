@@ -58,6 +58,8 @@ def stop_rule(times: np.ndarray, tau: float, preempt: bool) -> Stops:
 
 def measured(times: np.ndarray, done: np.ndarray) -> np.ndarray:
     """What a worker can report: the times of the units it completed, NaN for the rest."""
+    if done.min(initial=times.shape[-1]) == times.shape[-1]:
+        return times
     return np.where(np.arange(times.shape[-1]) < done[..., None], times, np.nan)
 
 
@@ -97,7 +99,8 @@ class RoundClock:
         """Unit times (N, H*M) of the next round, which starts at virtual time ``start``."""
         while self._rows is None or self._rows.shape[0] < local_steps:
             fresh = self._block()
-            self._rows = fresh if self._rows is None else np.concatenate([self._rows, fresh])
+            left = self._rows is not None and self._rows.shape[0] > 0
+            self._rows = np.concatenate([self._rows, fresh]) if left else fresh
         if micro_batches > self._rows.shape[2]:
             raise UsageError(
                 f"a round needs {micro_batches} micro-batches but only "

@@ -16,7 +16,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, overload
+from typing import Any, ClassVar, overload
 
 import numpy as np
 
@@ -145,6 +145,18 @@ class Plan:
     lr_scale: float = 1.0
     partial_blocks: int = 0
     complete_stragglers: bool = False
+    #: allreduce engine: compute threshold tau, seconds per round (DropCompute Alg. 1); inf: none
+    threshold: float = float("inf")
+    #: allreduce engine: True stops a worker at tau (Alg. 1), False lets its micro-batch finish
+    preempt: bool = True
+    #: allreduce engine: micro-batches per local step; None keeps the scenario's M
+    micro_batches: int | None = None
+    #: allreduce engine: local steps between two model averages (Local-SGD period H)
+    local_steps: int = 1
+    #: allreduce engine: run this multiple of the scenario's iterations (DropCompute Sec. 4.5)
+    iteration_scale: float = 1.0
+    #: allreduce engine: dropped micro-batches go back to the worker's queue (Sec. 4.5)
+    requeue_dropped: bool = False
 
 
 @dataclass(frozen=True)
@@ -179,6 +191,10 @@ class StepStats:
     grad_sq_sum: float = float("nan")
     mean_grad_sq: float = float("nan")
     lr: float = float("nan")
+    #: allreduce engine: (N, U) measured seconds of each worker's units, NaN where not computed
+    micro_batch_times: np.ndarray | None = None
+    #: allreduce engine: the round's measured communication time T^c
+    comm_time: float = float("nan")
 
 
 class Strategy(ABC):
@@ -186,6 +202,8 @@ class Strategy(ABC):
 
     #: registry name, e.g. ``"k-sync"``
     name: str
+    #: which simulator drives it: "parameter-server", "allreduce" or "eager"
+    engine: ClassVar[str] = "parameter-server"
 
     @abstractmethod
     def init(self, ctx: Context) -> Any:

@@ -1,0 +1,302 @@
+"""DropCompute (Giladi et al., 2023): stop computing at a threshold tau, then allreduce.
+
+Algorithm 1 on worker n at iteration i: compute micro-batches g_n^(m) while the elapsed compute
+time stays below tau; then join the allreduce with what it has. The engine does the timing
+(``tailtrain.sim.allreduce_timing`` documents the stopping conventions); this rule decides:
+
+* ``plan``: tau for the round (infinite while calibrating), M under larger-batch compensation,
+  how many rounds to run (extra steps), whether dropped micro-batches are re-queued;
+* ``select``: worker n's gradient (the mean over its C_n completed micro-batches) enters with
+  weight (C_n/M)/N, which is Eq. (1) with g_n = (1/M) sum of the computed g_n^(m)
+  (``divide-by=m``), or C_n / sum_k C_k (``divide-by=computed``, App. B.2.2's stochastic
+  correction: the allreduce also carries the counts). A worker with C_n = 0 joins with weight 0;
+* ``adapt``: collects the measured t_{i,n}^(m) and T^c_i of calibration rounds and then runs
+  Algorithm 2 (App. C.1, ``tailtrain.theory.dropcompute.empirical_threshold``) or picks the
+  tau of a requested drop rate. Calibration repeats every ``recalibrate`` rounds if asked.
+  Algorithm 2 models preemption (``stop=preempt``, the default); with ``stop=between`` it
+  still returns the paper's tau*, while ``drop-rate=p`` follows the convention in force.
+
+Compensation for dropped samples (Sec. 4.5), with p the measured drop rate and
+R = M/E[M~] - 1 = p/(1-p): ``extra-steps`` runs R * I_base more rounds (the scenario's
+iterations times 1/(1-p)); ``larger-batch`` computes M' = ceil(M/(1-p)) micro-batches (at most
+2M) with tau unchanged; ``resample`` puts dropped micro-batches back in the worker's queue,
+so they are computed in its next rounds, within the epoch.
+
+Local-SGD (App. B.3) is the same rule with H > 1 local steps per round: the threshold is
+compared with the compute time since the last model average, at each local step (and between
+its micro-batches), and a worker past it skips its remaining local steps.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from typing import ClassVar
+
+import numpy as np
+
+from tailtrain.errors import UsageError
+from tailtrain.spec import Spec
+from tailtrain.strategies.base import (
+    Arrival,
+    ArrivalColumns,
+    Context,
+    Plan,
+    Selection,
+    StepStats,
+    Strategy,
+    SyncMode,
+)
+from tailtrain.theory.dropcompute import empirical_threshold
+
+log = logging.getLogger(__name__)
+
+DIVIDE_BY = ("m", "computed")
+COMPENSATIONS = ("none", "extra-steps", "larger-batch", "resample")
+STOPS = ("preempt", "between")
+#: larger-batch compensation grows M at most by this factor (a drop rate of at most 50%)
+MAX_BATCH_GROWTH = 2
+
+
+@dataclass(frozen=True)
+class DropComputeState:
+    """Threshold in force, current M, calibration samples and the counts behind the drop rate."""
+
+    n_workers: int
+    tau: float
+    step: int = 0
+    micro_batches: int | None = None
+    window_times: tuple[np.ndarray, ...] = ()
+    window_comm: tuple[float, ...] = ()
+    computed: float = 0.0
+    possible: float = 0.0
+
+
+@dataclass(frozen=True)
+class DropCompute(Strategy):
+    """DropCompute over an allreduce; ``period`` > 1 is Local-SGD with H = period local steps.
+
+    Exactly one threshold source: ``threshold`` seconds (``inf`` = never drop), or
+    ``drop_rate`` p (tau from calibration samples), or neither (Algorithm 2's tau*).
+    """
+
+    name: str = "dropcompute"
+    threshold: float | None = None
+    drop_rate: float | None = None
+    calibrate: int = 20
+    recalibrate: int | None = None
+    divide_by: str = "m"
+    compensate: str = "none"
+    preempt: bool = True
+    period: int = 1
+    text: str = field(default="", compare=False)
+    engine: ClassVar[str] = "allreduce"
+
+    # ---- the rule ---------------------------------------------------------------------------
+    def init(self, ctx: Context) -> DropComputeState:
+        tau = math.inf if self.threshold is None else self.threshold
+        return DropComputeState(n_workers=ctx.n_workers, tau=tau)
+
+    def plan(self, state: DropComputeState) -> Plan:
+        """tau (infinite in calibration rounds), M, H and the compensation for the round."""
+        return Plan(
+            k=state.n_workers,
+            mode=SyncMode.PSW,
+            threshold=math.inf if self.measuring(state.step) else state.tau,
+            preempt=self.preempt,
+            micro_batches=state.micro_batches,
+            local_steps=self.period,
+            iteration_scale=self._iteration_scale(state),
+            requeue_dropped=self.compensate == "resample",
+        )
+
+    def select(self, state: DropComputeState, arrivals: Sequence[Arrival]) -> Selection:
+        """Weights (C_n/M)/N (divide-by=m) or C_n / sum C (divide-by=computed)."""
+        if isinstance(arrivals, ArrivalColumns):
+            units = arrivals.units
+        else:
+            units = np.array([a.units for a in arrivals], dtype=float)
+        if self.divide_by == "m":
+            weights = units / state.n_workers
+        else:
+            total = units.sum()
+            weights = units / total if total > 0 else np.zeros_like(units)
+        return Selection(now=dict(enumerate(weights.tolist())))
+
+    def adapt(self, state: DropComputeState, stats: StepStats) -> DropComputeState:
+        """Count computed units; in a calibration round keep t[n, m] and T^c (Algorithm 2)."""
+        times = stats.micro_batch_times
+        done = 0 if times is None else times.size - int(np.count_nonzero(np.isnan(times)))
+        measuring = self.measuring(state.step)
+        state = replace(
+            state,
+            step=state.step + 1,
+            computed=state.computed + done,
+            possible=state.possible + (0 if times is None else times.size),
+        )
+        if not measuring or times is None:
+            return state
+        state = replace(
+            state,
+            window_times=(*state.window_times, times),
+            window_comm=(*state.window_comm, stats.comm_time),
+        )
+        if len(state.window_times) < self.calibrate:
+            return state
+        return self._calibrated(state)
+
+    # ---- calibration (Algorithm 2) ------------------------------------------------------------
+    @property
+    def calibrates(self) -> bool:
+        """Whether rounds must be measured undropped: tau or M' comes from samples."""
+        return self.threshold is None or self.compensate == "larger-batch"
+
+    def measuring(self, step: int) -> bool:
+        """Whether round ``step`` is a calibration round (tau = inf, every unit measured)."""
+        if not self.calibrates:
+            return False
+        if self.recalibrate is None:
+            return step < self.calibrate
+        return step % self.recalibrate < self.calibrate
+
+    def _calibrated(self, state: DropComputeState) -> DropComputeState:
+        t = np.stack(state.window_times)
+        comm = np.nan_to_num(np.array(state.window_comm), nan=0.0)
+        tau = self._choose_tau(t, comm) if self.threshold is None else self.threshold
+        m = state.micro_batches
+        if self.compensate == "larger-batch" and m is None:
+            m = larger_batch(t.shape[2], expected_drop_rate(t, tau, self.preempt))
+        log.info("%s: tau = %.6g s after %d calibration rounds", self.describe(), tau, len(t))
+        return replace(state, tau=tau, micro_batches=m, window_times=(), window_comm=())
+
+    def _choose_tau(self, t: np.ndarray, comm: np.ndarray) -> float:
+        if self.drop_rate is not None:
+            return threshold_for_drop_rate(t, self.drop_rate, self.preempt)
+        return empirical_threshold(t, comm).threshold
+
+    def _iteration_scale(self, state: DropComputeState) -> float:
+        """Sec. 4.5: I_base (1 + R) rounds with R = M / E[M~] - 1, E[M~] as measured so far."""
+        if self.compensate != "extra-steps" or state.computed <= 0:
+            return 1.0
+        return state.possible / state.computed
+
+    # ---- what the engine needs before the first round ---------------------------------------
+    def micro_batch_capacity(self, micro_batches: int | None) -> int | None:
+        """Most micro-batches a local step may need: M, or 2M under larger-batch compensation."""
+        if self.compensate != "larger-batch":
+            return micro_batches
+        if micro_batches is None:
+            raise UsageError(
+                f"{self.describe()!r}: compensate=larger-batch scales the number of "
+                "micro-batches M; give --micro-batches M"
+            )
+        return MAX_BATCH_GROWTH * micro_batches
+
+    def describe(self) -> str:
+        return self.text or self.name
+
+
+def expected_drop_rate(t: np.ndarray, tau: float, preempt: bool) -> float:
+    """1 - E[M~]/M on samples t[i, n, m] under the engine's stopping convention."""
+    return 1.0 - float(counted(np.cumsum(t, axis=-1), tau, preempt).mean())
+
+
+def counted(cumulative: np.ndarray, tau: float, preempt: bool) -> np.ndarray:
+    """Whether each unit counts, from the partial sums T^(u) along the last axis.
+
+    Preempting (Algorithm 1): T^(u) < tau. Checking between units (the reference code):
+    the unit starts before the elapsed time passes tau, T^(u-1) <= tau with T^(0) = 0.
+    """
+    return cumulative < tau if preempt else elapsed_before(cumulative) <= tau
+
+
+def elapsed_before(cumulative: np.ndarray) -> np.ndarray:
+    """T^(u-1) for every unit u, from the same partial sums (so comparisons are exact)."""
+    zeros = np.zeros_like(cumulative[..., :1])
+    return np.concatenate([zeros, cumulative[..., :-1]], axis=-1)
+
+
+def threshold_for_drop_rate(t: np.ndarray, rate: float, preempt: bool) -> float:
+    """The least tau whose empirical drop rate on samples t[i, n, m] is at most ``rate`` < 1.
+
+    The share of counted units is the empirical cdf of the pooled partial sums (T^(u) < tau
+    when preempting, T^(u-1) <= tau otherwise), so tau is one of their order statistics;
+    ``tailtrain.theory`` has no inverse of E[M~](tau), hence this np.partition.
+    """
+    cumulative = np.cumsum(t, axis=-1)
+    pooled = (cumulative if preempt else elapsed_before(cumulative)).ravel()
+    need = max(1, math.ceil((1.0 - rate) * pooled.size - 1e-9))
+    kth = float(np.partition(pooled, need - 1)[need - 1])
+    # preempting counts T^(u) < tau strictly, so tau sits just above the order statistic
+    return float(np.nextafter(kth, math.inf)) if preempt else kth
+
+
+def larger_batch(micro_batches: int, drop_rate: float) -> int:
+    """M' = ceil(M / (1 - p)) (Sec. 4.5), at most ``MAX_BATCH_GROWTH`` M."""
+    cap = MAX_BATCH_GROWTH * micro_batches
+    if drop_rate >= 1 - 1 / MAX_BATCH_GROWTH:
+        log.warning("drop rate %.3f: larger-batch compensation capped at M' = %d", drop_rate, cap)
+        return cap
+    return min(cap, math.ceil(micro_batches / (1.0 - drop_rate) - 1e-9))
+
+
+# ---- builders ---------------------------------------------------------------------------------
+KEYS = ("threshold", "drop-rate", "calibrate", "recalibrate", "divide-by", "compensate", "stop")
+
+
+def build_dropcompute(spec: Spec) -> DropCompute:
+    """``dropcompute[:threshold=SECONDS|auto|inf][,drop-rate=p][,calibrate=I][,recalibrate=R]
+    [,divide-by=m|computed][,compensate=none|extra-steps|larger-batch|resample]
+    [,stop=preempt|between]``; threshold=auto (Algorithm 2) by default."""
+    spec.require_known(KEYS)
+    return DropCompute(name="dropcompute", text=spec.text, **parse_options(spec, default="auto"))
+
+
+def parse_options(spec: Spec, *, default: str) -> dict:
+    """The DropCompute options of ``spec`` as keyword arguments of :class:`DropCompute`."""
+    threshold, drop_rate = _threshold(spec, default)
+    calibrate = spec.get_int("calibrate", 20, minimum=1)
+    recalibrate = spec.get_int("recalibrate", 0, minimum=0) or None
+    if recalibrate is not None and recalibrate <= calibrate:
+        raise UsageError(
+            f"{spec.text!r}: recalibrate={recalibrate} must exceed calibrate={calibrate} "
+            "(each recalibration measures `calibrate` undropped rounds)"
+        )
+    if recalibrate is not None and threshold is not None:
+        raise UsageError(f"{spec.text!r}: recalibrate needs threshold=auto or drop-rate=p")
+    return {
+        "threshold": threshold,
+        "drop_rate": drop_rate,
+        "calibrate": calibrate,
+        "recalibrate": recalibrate,
+        "divide_by": _choice(spec, "divide-by", "m", DIVIDE_BY),
+        "compensate": _choice(spec, "compensate", "none", COMPENSATIONS),
+        "preempt": _choice(spec, "stop", "preempt", STOPS) == "preempt",
+    }
+
+
+def _threshold(spec: Spec, default: str) -> tuple[float | None, float | None]:
+    """(seconds or None for Algorithm 2, drop rate or None) from threshold= and drop-rate=."""
+    if spec.has("drop-rate"):
+        if spec.has("threshold"):
+            raise UsageError(f"{spec.text!r}: give threshold= or drop-rate=, not both")
+        rate = spec.get_float("drop-rate", minimum=0.0)
+        if not rate < 1:
+            raise UsageError(f"{spec.text!r}: drop-rate={rate:g} must be in [0, 1)")
+        return None, rate
+    if spec.get_str("threshold", default) == "auto":
+        return None, None
+    if not spec.has("threshold"):
+        return float(default), None
+    return spec.get_float("threshold", positive=True), None
+
+
+def _choice(spec: Spec, key: str, default: str, allowed: tuple[str, ...]) -> str:
+    value = spec.get_str(key, default)
+    if value not in allowed:
+        raise UsageError(
+            f"{spec.text!r}: {key}={value!r} is unknown; use one of {', '.join(allowed)}"
+        )
+    return value

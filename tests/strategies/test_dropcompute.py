@@ -1,0 +1,196 @@
+"""The DropCompute rule: weights, calibration (Algorithm 2), drop-rate thresholds, parsing."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tailtrain.errors import UsageError
+from tailtrain.sim.allreduce_timing import stop_rule
+from tailtrain.strategies.base import ArrivalColumns, Context, StepStats
+from tailtrain.strategies.dropcompute import (
+    DropCompute,
+    expected_drop_rate,
+    larger_batch,
+    threshold_for_drop_rate,
+)
+from tailtrain.strategies.registry import parse_strategy
+from tailtrain.theory.dropcompute import empirical_threshold
+
+
+def columns(units) -> ArrivalColumns:
+    n = len(units)
+    zeros = np.zeros(n)
+    return ArrivalColumns(np.arange(n), np.zeros(n, int), zeros, zeros, units=np.asarray(units))
+
+
+def stats(step: int, times: np.ndarray, comm: float = 0.1) -> StepStats:
+    done = np.count_nonzero(~np.isnan(times), axis=1)
+    arrivals = columns(done / times.shape[1])
+    return StepStats(
+        step=step,
+        version=step + 1,
+        time=0.0,
+        k=times.shape[0],
+        arrivals=arrivals,
+        used=(),
+        micro_batch_times=times,
+        comm_time=comm,
+    )
+
+
+# ---- select: who counts with which weight -------------------------------------------------
+unit_lists = st.lists(st.sampled_from([0.0, 0.25, 0.5, 0.75, 1.0]), min_size=1, max_size=12)
+
+
+@settings(max_examples=80, deadline=None)
+@given(unit_lists, st.sampled_from(["m", "computed"]), st.randoms(use_true_random=False))
+def test_weights_follow_completed_micro_batches_and_ignore_arrival_order(units, divide_by, rnd):
+    rule = parse_strategy(f"dropcompute:threshold=1,divide-by={divide_by}")
+    state = rule.init(Context(n_workers=len(units)))
+    weights = np.array(list(rule.select(state, columns(units)).now.values()))
+    u = np.array(units)
+    expected = u / len(u) if divide_by == "m" else (u / u.sum() if u.sum() else 0 * u)
+    np.testing.assert_allclose(weights, expected, rtol=1e-12)
+    assert (weights[u == 0] == 0).all()
+    order = list(range(len(units)))
+    rnd.shuffle(order)
+    shuffled = rule.select(state, columns(u[order])).now
+    np.testing.assert_allclose([shuffled[i] for i in range(len(u))], weights[order])
+
+
+def test_sequence_of_arrivals_gives_the_same_weights_as_columns():
+    rule = parse_strategy("dropcompute:threshold=1,divide-by=computed")
+    state = rule.init(Context(n_workers=3))
+    arrivals = columns([1.0, 0.5, 0.0])
+    assert rule.select(state, list(arrivals)).now == rule.select(state, arrivals).now
+
+
+# ---- calibration ----------------------------------------------------------------------------
+def run_rule(rule: DropCompute, rounds: int, rng: np.random.Generator, n=5, m=4):
+    state = rule.init(Context(n_workers=n))
+    plans, samples = [], []
+    for step in range(rounds):
+        plan = rule.plan(state)
+        times = rng.exponential(1.0, (n, m))
+        stops = stop_rule(times, plan.threshold, plan.preempt)
+        observed = np.where(np.arange(m) < stops.done[:, None], times, np.nan)
+        samples.append(observed)
+        plans.append(plan)
+        state = rule.adapt(state, stats(step, observed))
+    return state, plans, samples
+
+
+def test_auto_threshold_is_algorithm_2_on_the_calibration_rounds():
+    rule = parse_strategy("dropcompute:calibrate=6")
+    state, plans, samples = run_rule(rule, 9, np.random.default_rng(0))
+    assert all(math.isinf(p.threshold) for p in plans[:6])
+    tau = empirical_threshold(np.stack(samples[:6]), np.full(6, 0.1)).threshold
+    assert state.tau == tau and [p.threshold for p in plans[6:]] == [tau] * 3
+    assert state.window_times == ()
+
+
+def test_recalibration_replaces_the_threshold_from_new_samples():
+    rule = parse_strategy("dropcompute:calibrate=3,recalibrate=5")
+    state, plans, samples = run_rule(rule, 9, np.random.default_rng(1))
+    assert [math.isinf(p.threshold) for p in plans] == [i % 5 < 3 for i in range(9)]
+    second = empirical_threshold(np.stack(samples[5:8]), np.full(3, 0.1)).threshold
+    assert state.tau == second != plans[3].threshold
+
+
+def test_plan_and_adapt_are_pure():
+    rule = parse_strategy("dropcompute:calibrate=2")
+    state = rule.init(Context(n_workers=2))
+    times = np.ones((2, 3))
+    after = rule.adapt(state, stats(0, times))
+    assert state.step == 0 and state.window_times == () and after.step == 1
+    assert rule.plan(after) == rule.plan(after)
+    again = rule.adapt(state, stats(0, times))
+    assert again.step == after.step and np.array_equal(again.window_times[0], times)
+
+
+def test_extra_steps_scale_is_one_over_the_measured_kept_share():
+    rule = parse_strategy("dropcompute:threshold=1.5,compensate=extra-steps")
+    state = rule.init(Context(n_workers=2))
+    assert rule.plan(state).iteration_scale == 1.0
+    times = np.array([[1.0, np.nan, np.nan], [1.0, 1.0, 1.0]])
+    state = rule.adapt(state, stats(0, times))
+    assert rule.plan(state).iteration_scale == pytest.approx(6 / 4)
+
+
+# ---- thresholds from a drop rate, larger batches --------------------------------------------
+@settings(max_examples=60, deadline=None)
+@given(
+    st.integers(1, 4),
+    st.integers(1, 5),
+    st.integers(1, 6),
+    st.floats(0.0, 0.95),
+    st.booleans(),
+    st.integers(0, 2**31),
+)
+def test_drop_rate_threshold_is_the_least_tau_meeting_the_rate(i, n, m, rate, preempt, seed):
+    t = np.random.default_rng(seed).exponential(1.0, (i, n, m))
+    tau = threshold_for_drop_rate(t, rate, preempt)
+    assert expected_drop_rate(t, tau, preempt) <= rate + 1e-12
+    assert expected_drop_rate(t, np.nextafter(tau, -math.inf), preempt) > rate
+
+
+def test_drop_rate_matches_the_stop_rule():
+    t = np.random.default_rng(3).exponential(1.0, (4, 6, 5))
+    for preempt in (True, False):
+        done = stop_rule(t, 3.0, preempt).done
+        assert expected_drop_rate(t, 3.0, preempt) == pytest.approx(1 - done.mean() / 5)
+
+
+@pytest.mark.parametrize(
+    ("m", "rate", "grown"),
+    [(12, 0.0, 12), (12, 0.1, 14), (10, 0.5, 20), (10, 0.9, 20), (4, 0.2, 5)],
+)
+def test_larger_batch_is_m_over_kept_share_capped_at_twice(m, rate, grown):
+    assert larger_batch(m, rate) == grown
+
+
+def test_larger_batch_needs_micro_batches():
+    rule = parse_strategy("dropcompute:compensate=larger-batch")
+    assert rule.micro_batch_capacity(6) == 12
+    with pytest.raises(UsageError, match="--micro-batches"):
+        rule.micro_batch_capacity(None)
+    assert parse_strategy("dropcompute").micro_batch_capacity(6) == 6
+
+
+# ---- parsing ----------------------------------------------------------------------------------
+def test_defaults_and_options():
+    rule = parse_strategy("dropcompute")
+    assert rule.threshold is None and rule.drop_rate is None and rule.calibrate == 20
+    assert rule.engine == "allreduce" and rule.preempt and rule.divide_by == "m"
+    fixed = parse_strategy("dropcompute:threshold=2.5,stop=between,compensate=resample")
+    assert fixed.threshold == 2.5 and not fixed.preempt and rule.plan(rule.init(Context(2))).k == 2
+    assert fixed.plan(fixed.init(Context(2))).requeue_dropped
+    assert math.isinf(parse_strategy("dropcompute:threshold=inf").threshold)
+    assert replace(fixed, text="").describe() == "dropcompute"
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "dropcompute:threshold=1,drop-rate=0.1",
+        "dropcompute:drop-rate=1",
+        "dropcompute:drop-rate=-0.1",
+        "dropcompute:threshold=0",
+        "dropcompute:threshold=soon",
+        "dropcompute:calibrate=5,recalibrate=5",
+        "dropcompute:threshold=2,recalibrate=50",
+        "dropcompute:divide-by=n",
+        "dropcompute:compensate=more",
+        "dropcompute:stop=never",
+        "dropcompute:period=2",
+    ],
+)
+def test_bad_specs_are_usage_errors(text):
+    with pytest.raises(UsageError):
+        parse_strategy(text)
