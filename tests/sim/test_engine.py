@@ -11,78 +11,14 @@ import torch
 from tailtrain.sim.engine import simulate_parameter_server
 from tailtrain.sim.records import clean
 from tailtrain.sim.scenario import Scenario
-from tailtrain.strategies.registry import BUILDERS, parse_strategy
+from tailtrain.strategies.registry import parse_strategy
 
 N = 4
-
-#: a spec of every parameter-server strategy with k = n (or its equivalent)
-K_EQUALS_N = {
-    "sync": "sync",
-    "k-sync": f"k-sync:k={N}",
-    "k-batch-sync": f"k-batch-sync:k={N}",
-    "k-async": f"k-async:k={N}",
-    "k-batch-async": f"k-batch-async:k={N}",
-    "async": None,  # K = 1 by definition; equal to sync only with one worker (tested below)
-    "adasync": f"adasync:base=k-sync,k0={N},interval=1",
-    "dbw": "dbw:window=3",
-    "b-dbw": "b-dbw",
-    "lgc": f"lgc:k={N},blocks=4",
-}
 
 
 def constant_scenario(**kw) -> Scenario:
     base = dict(task="logreg", workers=N, delay="const:value=1", iterations=12, eval_every=4)
     return Scenario(**{**base, **kw})
-
-
-def final_params(record_strategy: str, scenario: Scenario, seed: int = 0) -> torch.Tensor:
-    captured = {}
-
-    class Capture:
-        def __init__(self, task):
-            self.task = task
-
-        def __getattr__(self, name):
-            return getattr(self.task, name)
-
-        def evaluate(self, theta):
-            captured["theta"] = theta.clone()
-            return self.task.evaluate(theta)
-
-    from tailtrain.tasks import parse_task
-
-    task = Capture(parse_task(scenario.task, seed=seed))
-    simulate_parameter_server(scenario, parse_strategy(record_strategy), seed, task=task)
-    return captured["theta"]
-
-
-def parameter_server_names() -> list[str]:
-    return [n for n, b in BUILDERS.items() if n in K_EQUALS_N or _engine_of(n) == "parameter-server"]
-
-
-def _engine_of(name: str) -> str:
-    spec = K_EQUALS_N.get(name)
-    return parse_strategy(spec).engine if spec else "parameter-server"
-
-
-def test_every_parameter_server_strategy_is_covered():
-    missing = [n for n in parameter_server_names() if n not in K_EQUALS_N]
-    assert not missing, f"add a k = n spec for {missing}"
-
-
-@pytest.mark.parametrize("name", sorted(n for n, s in K_EQUALS_N.items() if s))
-def test_k_equals_n_with_constant_delays_is_sync_sgd(name):
-    scenario = constant_scenario()
-    expected = final_params("sync", scenario)
-    got = final_params(K_EQUALS_N[name], scenario)
-    torch.testing.assert_close(got, expected, rtol=0, atol=1e-6)
-
-
-def test_async_with_one_worker_is_sync_sgd():
-    scenario = constant_scenario(workers=1)
-    torch.testing.assert_close(
-        final_params("async", scenario), final_params("sync", scenario), rtol=0, atol=1e-6
-    )
 
 
 @pytest.mark.parametrize("strategy", ["k-sync:k=3", "k-async:k=2", "k-batch-async:k=3", "dbw"])

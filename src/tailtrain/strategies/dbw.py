@@ -75,8 +75,11 @@ def lipschitz_plus(eta: float, grad_norm: float, variance: float, k: int, decrea
 def gain(
     k: np.ndarray, eta: np.ndarray, lipschitz: float, grad_norm: float, variance: float
 ) -> np.ndarray:
-    """DBW Eq. (16) (Eq. 9 with the estimates): expected loss decrease when waiting for k."""
-    half = lipschitz * eta**2 / 2.0
+    """DBW Eq. (16) (Eq. 9 with the estimates): expected loss decrease when waiting for k.
+
+    A Lipschitz constant is >= 0; a negative estimate is noise and would reward small k.
+    """
+    half = max(lipschitz, 0.0) * eta**2 / 2.0
     return (eta - half) * grad_norm - half * variance / k
 
 
@@ -144,13 +147,17 @@ class GainEstimates:
 
 
 def best_k(gains: np.ndarray, times: np.ndarray) -> int:
-    """DBW Eq. (18): argmax_k G_k / T_k over k = 1..n; k = n when every gain is negative."""
+    """DBW Eq. (18): argmax_k G_k / T_k over k = 1..n; k = n when every gain is negative.
+
+    Ties go to the largest k: at equal rate, more gradients give a less noisy step.
+    """
     n = gains.size
     if np.all(gains < 0):
         return n
     with np.errstate(divide="ignore", invalid="ignore"):
         rate = gains / times
-    return int(np.argmax(np.where(np.isnan(rate), -np.inf, rate))) + 1
+    rate = np.where(np.isnan(rate), -np.inf, rate)
+    return n - int(np.argmax(rate[::-1]))
 
 
 def loss_guard(k: int, k_prev: int, n: int, loss: float, prev_loss: float, beta: float) -> int:
