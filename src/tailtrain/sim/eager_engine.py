@@ -66,8 +66,9 @@ class _Round:
 
     plan: RoundPlan
     timing: RoundTiming
-    contributions: Work
-    waiting: Work
+    contributions: Work  # fresh gradients of the active processes first, then buffers
+    calls: Work  # every call of this round, each gradient once: active, late, waiting
+    used: tuple[int, ...]  # the calls whose gradient entered this round's update
     selection: Selection
     grads: Gradients | None
     nap: int
@@ -142,43 +143,45 @@ def _play(run: _Run, plan: RoundPlan) -> _Round:
         calls, plan.collective, Network(run.hop, comm), k=plan.k, initiator=plan.initiator
     )
     complete, reach = float(timing.complete), float(timing.reach)
-    _arrive_late(run, behind, took, complete)
+    late = _arrive_late(run, behind, took, complete)
     on_time = procs.step == r
     active = np.flatnonzero(on_time & timing.active)
     waiting = np.flatnonzero(on_time & ~timing.active & (procs.ready <= complete))
-    contributions = Work.concat([procs.in_flight(active), run.buffers.pop_until(reach)])
+    fresh = procs.in_flight(active)
+    contributions = Work.concat([fresh, run.buffers.pop_until(reach)])
     selection = run.strategy.select(run.state, _arrivals(contributions))
     grads = _deliver(run, plan, contributions, selection)
-    late_work = procs.in_flight(waiting)
-    run.buffers.put(late_work, procs.ready[waiting])
+    parked = procs.in_flight(waiting)
+    run.buffers.put(parked, procs.ready[waiting])
     _adopt(run, np.concatenate([active, waiting]), complete, plan)
-    return _Round(plan, timing, contributions, late_work, selection, grads, int(active.size))
+    calls = Work.concat([fresh, late, parked])
+    used = (*range(active.size), *(active.size + np.flatnonzero(late.finish <= reach)).tolist())
+    return _Round(plan, timing, contributions, calls, used, selection, grads, int(active.size))
 
 
-def _arrive_late(run: _Run, behind: np.ndarray, took: np.ndarray, complete: float) -> None:
+def _arrive_late(run: _Run, behind: np.ndarray, took: np.ndarray, complete: float) -> Work:
     """Processes that find a newer result than their step: buffer, adopt it, restart."""
     procs = run.procs
     late = procs.ready[behind] < complete
     who = behind[late]
-    run.buffers.put(procs.in_flight(who), procs.ready[who])
+    work = procs.in_flight(who)
+    run.buffers.put(work, procs.ready[who])
     if run.models is not None and run.last_update is not None:
         procs.model[who] = run.models.adopt(procs.model[who], run.last_update, run.last_scale)
     procs.step[who] = run.round
     procs.launch(who, procs.ready[who].copy(), took[late])
+    return work
 
 
-def _deliver(
-    run: _Run, plan: RoundPlan, work: Work, selection: Selection
-) -> Gradients | None:
+def _deliver(run: _Run, plan: RoundPlan, work: Work, selection: Selection) -> Gradients | None:
     """Compute the delivered gradients and the round's result ``sum_i weight_i g_i``."""
     run.last_scale = run.world.lr * plan.lr_scale
     if run.models is None:
         return None
     grads = run.models.gradients(work)
-    weights = torch.zeros(len(work), dtype=grads.grads.dtype)
-    for i, w in selection.now.items():
-        weights[i] = w
-    run.last_update = weights @ grads.grads
+    weights = np.zeros(len(work))
+    weights[list(selection.now)] = list(selection.now.values())
+    run.last_update = torch.as_tensor(weights, dtype=grads.grads.dtype) @ grads.grads
     return grads
 
 
@@ -190,7 +193,7 @@ def _adopt(run: _Run, who: np.ndarray, complete: float, plan: RoundPlan) -> None
         if plan.average_models:
             procs.model[:] = run.models.average(procs.model)
     procs.step[who] = run.round + 1
-    procs.launch(np.sort(who), np.full(who.size, complete))
+    procs.launch(who, np.full(who.size, complete))
 
 
 def _arrivals(work: Work) -> ArrivalColumns:
@@ -199,9 +202,8 @@ def _arrivals(work: Work) -> ArrivalColumns:
 
 
 def _stats(run: _Run, done: _Round) -> StepStats:
-    """The round's scalars over its fresh gradients (DBW's estimators use them)."""
-    observed = Work.concat([done.contributions, done.waiting])
-    used = tuple(sorted(i for i, w in done.selection.now.items() if w != 0))
+    """The round's calls (each gradient once, for DBW's round-trip samples) and scalars over
+    its fresh gradients (DBW's gain estimator)."""
     loss = grad_sq_sum = mean_grad_sq = math.nan
     if done.grads is not None and done.nap > 0:
         fresh = done.grads.grads[: done.nap]
@@ -213,8 +215,8 @@ def _stats(run: _Run, done: _Round) -> StepStats:
         version=run.round + 1,
         time=float(done.timing.complete),
         k=done.plan.k,
-        arrivals=_arrivals(observed),
-        used=used,
+        arrivals=_arrivals(done.calls),
+        used=done.used,
         loss=loss,
         grad_sq_sum=grad_sq_sum,
         mean_grad_sq=mean_grad_sq,

@@ -3,7 +3,8 @@
 Under eager-SGD every process keeps its own model w_t^p (eager-SGD §6.1). Processes that
 adopted the same results from the same model hold equal copies, so a copy is stored once per
 distinct lineage and processes point at it by id. Gradients of the work that shares a model
-come from one batched ``torch.func`` call (``Task.grads``), never from a per-process loop.
+come from one batched ``torch.func`` call (``Task.grads``, or ``Task.grads_multi`` when the
+rows sit on different copies), never from a per-process loop.
 """
 
 from __future__ import annotations
@@ -72,17 +73,15 @@ class ModelStore:
         return int(np.unique(ids).size)
 
     def gradients(self, work: Work) -> Gradients:
-        """Losses and gradients of ``work``: one batched call per distinct model."""
-        dim = self.trainer.task.dim
+        """Losses and gradients of ``work`` in one batched call: at a shared model when all
+        rows share one, else each row at its own copy (``Task.grads_multi``)."""
+        task = self.trainer.task
         if len(work) == 0:
-            return Gradients(torch.zeros(0), torch.zeros(0, dim))
-        rows_of, losses, grads = [], [], []
-        for key in np.unique(work.model):
-            rows = np.flatnonzero(work.model == key)
-            batch = np.stack([self.trainer.batch(int(work.worker[i]), int(work.job[i])) for i in rows])
-            loss, grad = self.trainer.task.grads(self.models[int(key)], batch)
-            rows_of.append(rows)
-            losses.append(loss)
-            grads.append(grad)
-        back = torch.from_numpy(np.argsort(np.concatenate(rows_of), kind="stable"))
-        return Gradients(torch.cat(losses)[back], torch.cat(grads)[back])
+            return Gradients(torch.zeros(0), torch.zeros(0, task.dim))
+        pairs = zip(work.worker, work.job, strict=True)
+        batch = np.stack([self.trainer.batch(w, j) for w, j in pairs])
+        uniq, inverse = np.unique(work.model, return_inverse=True)
+        if uniq.size == 1:
+            return Gradients(*task.grads(self.models[int(uniq[0])], batch))
+        copies = torch.stack([self.models[int(u)] for u in uniq])
+        return Gradients(*task.grads_multi(copies[torch.from_numpy(inverse)], batch))

@@ -60,7 +60,9 @@ class Processes:
         """Durations of the next job of ``workers`` if started at ``starts``; consumes nothing."""
         return self.durations.peek(workers, starts)
 
-    def launch(self, workers: np.ndarray, starts: np.ndarray, took: np.ndarray | None = None) -> None:
+    def launch(
+        self, workers: np.ndarray, starts: np.ndarray, took: np.ndarray | None = None
+    ) -> None:
         """Start the next gradient of each of ``workers`` (distinct) at ``starts``."""
         if took is None:
             took = self.durations.peek(workers, starts)

@@ -6,18 +6,30 @@ from collections.abc import Callable
 
 from tailtrain.errors import UsageError
 from tailtrain.spec import Spec, parse_spec
-from tailtrain.strategies import kfamily
+from tailtrain.strategies import adasync, dbw, kfamily, lgc
 from tailtrain.strategies.base import Strategy
+from tailtrain.strategies.dbw_quorum import build_dbw_quorum
+from tailtrain.strategies.dropcompute import build_dropcompute
+from tailtrain.strategies.eager import build_eager
+from tailtrain.strategies.local_sgd import build_local_sgd
 
 Builder = Callable[[Spec], Strategy]
 
 BUILDERS: dict[str, Builder] = {
     "sync": kfamily.build_sync,
+    "dropcompute": build_dropcompute,
+    "local-sgd": build_local_sgd,
     "k-sync": kfamily.build_k_sync,
     "k-batch-sync": kfamily.build_k_batch_sync,
     "k-async": kfamily.build_k_async,
     "k-batch-async": kfamily.build_k_batch_async,
     "async": kfamily.build_async,
+    "dbw": dbw.build_dbw,
+    "b-dbw": dbw.build_b_dbw,
+    "adasync": adasync.build_adasync,
+    "lgc": lgc.build_lgc,
+    "eager": build_eager,
+    "dbw-quorum": build_dbw_quorum,
 }
 
 

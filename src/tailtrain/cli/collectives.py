@@ -1,0 +1,107 @@
+"""`tailtrain simulate collectives`: eager-SGD's partial-allreduce microbenchmark (Fig. 8/9)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import asdict
+
+from rich.console import Console
+from rich.table import Table
+
+from tailtrain.sim.eager_microbench import CollectiveStats, Microbenchmark, run_microbenchmark
+from tailtrain.strategies.eager import DEFAULT_HOP
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "collectives",
+        help="eager-SGD's collective microbenchmark (Fig. 8) in virtual time",
+        description="Skew P processes before each collective (eager-SGD Fig. 8) and report the "
+        "mean latency per process and the number of active processes (NAP) of the synchronous "
+        "allreduce and of the solo, majority and quorum partial allreduces.",
+    )
+    p.add_argument("--procs", type=int, default=32, help="processes P (default: 32)")
+    p.add_argument(
+        "--skew",
+        default="linear:step=0.001",
+        help="worker pattern applied before each call (default: %(default)s, "
+        "Fig. 8's usleep(pid * 1000))",
+    )
+    p.add_argument("--iterations", type=int, default=64, help="collective calls (default: 64)")
+    p.add_argument(
+        "--quorum",
+        type=int,
+        default=None,
+        metavar="K",
+        help="K of the quorum collective (default: ceil(P/2))",
+    )
+    p.add_argument(
+        "--hop-latency",
+        type=float,
+        default=DEFAULT_HOP,
+        metavar="SECONDS",
+        help="latency of one activation message; activation takes ceil(log2 P) hops "
+        "(default: %(default)g, an Aries-class latency; the paper gives none)",
+    )
+    p.add_argument(
+        "--allreduce-time",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="duration of the allreduce itself (default: ceil(log2 P) hops, "
+        "recursive doubling of a one-element buffer)",
+    )
+    p.add_argument(
+        "--call-overhead",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="software cost every call pays, even when the result is ready (default: 0)",
+    )
+    p.add_argument(
+        "--delay",
+        default="const:value=0",
+        help="compute time before each call, a delay spec (default: none)",
+    )
+    p.add_argument("--seed", type=int, default=0, help="seed of delays and majority's initiators")
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help="print {allreduce, solo, majority, quorum: {latency, nap}} as JSON",
+    )
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    bench = Microbenchmark(
+        procs=args.procs,
+        skew=args.skew,
+        iterations=args.iterations,
+        hop=args.hop_latency,
+        allreduce=args.allreduce_time,
+        quorum=args.quorum,
+        overhead=args.call_overhead,
+        delay=args.delay,
+        seed=args.seed,
+    )
+    results = run_microbenchmark(bench)
+    if args.json:
+        print(json.dumps({name: asdict(stats) for name, stats in results.items()}, indent=2))
+    else:
+        print_table(bench, results)
+    return 0
+
+
+def print_table(bench: Microbenchmark, results: dict[str, CollectiveStats]) -> None:
+    base = results["allreduce"].latency
+    table = Table(
+        title=f"tailtrain simulate collectives: {bench.procs} processes, {bench.skew}, "
+        f"{bench.iterations} iterations"
+    )
+    for column in ("collective", "mean latency", "vs allreduce", "NAP"):
+        table.add_column(column, justify="left" if column == "collective" else "right")
+    for name, stats in results.items():
+        ratio = base / stats.latency if stats.latency > 0 else float("inf")
+        table.add_row(name, f"{stats.latency * 1e3:.4g} ms", f"{ratio:.3g}x", f"{stats.nap:.2f}")
+    Console().print(table)
