@@ -1,16 +1,180 @@
-"""`tailtrain predict` (not yet built)."""
+"""`tailtrain predict`: expected iteration time and throughput of every strategy, from theory."""
 
 from __future__ import annotations
 
 import argparse
+import json
+import math
+import sys
+from typing import Any
 
+from rich.console import Console
+from rich.table import Table
+
+from tailtrain.delays import DelayModel, parse_delay, parse_pattern
 from tailtrain.errors import UsageError
+from tailtrain.predict import ALL_K_UP_TO, Prediction, Row, Scenario, k_grid, predict
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("predict", help="predict (not yet available)")
+    p = sub.add_parser(
+        "predict",
+        help="predict iteration time and speedup of every strategy (no training)",
+        description=(
+            "Expected iteration time, speedup over sync and effective speedup (samples per "
+            "second relative to sync) of sync, K-sync, K-batch-sync, K-async, K-batch-async, "
+            "async and DropCompute, each with the method that produced it: exact, numerical "
+            "integration or seeded Monte Carlo."
+        ),
+    )
+    p.add_argument("--workers", type=int, required=True, metavar="N", help="number of workers N")
+    p.add_argument(
+        "--delay",
+        required=True,
+        metavar="SPEC",
+        help="compute time of one gradient (of one micro-batch with --micro-batches), "
+        "e.g. exp:rate=1 or const:value=0.5+dropcompute-noise:scale=0.5",
+    )
+    p.add_argument(
+        "--pattern",
+        default=None,
+        metavar="P",
+        help="worker pattern, e.g. subset:s=2,delay=1 "
+        "(default: iid; any other pattern is predicted by Monte Carlo)",
+    )
+    p.add_argument(
+        "--micro-batches",
+        type=int,
+        default=None,
+        metavar="M",
+        help="micro-batches per worker per iteration; --delay is then per micro-batch",
+    )
+    p.add_argument(
+        "--comm-time",
+        default="0",
+        metavar="SECONDS|SPEC",
+        help="communication time T^c: once per iteration for synchronous strategies, per "
+        "gradient for asynchronous ones; seconds or a delay spec (default: 0)",
+    )
+    p.add_argument(
+        "--k",
+        default=None,
+        metavar="LIST",
+        help=f"K values to list, e.g. 1,4,16 or 'all' (default: every K for N <= {ALL_K_UP_TO}, "
+        "else a grid of 1, 2, 4, the eighths of N, N-1 and N)",
+    )
+    p.add_argument(
+        "--samples",
+        type=int,
+        default=2000,
+        help="Monte Carlo iterations where no exact method exists (default: %(default)s)",
+    )
+    p.add_argument("--seed", type=int, default=0, help="Monte Carlo seed (default: %(default)s)")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     p.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    raise UsageError("'predict' is not available yet")
+    scenario = Scenario(
+        workers=args.workers,
+        delay=parse_delay(args.delay),
+        pattern=None if args.pattern is None else parse_pattern(args.pattern),
+        micro_batches=args.micro_batches,
+        comm=parse_comm(args.comm_time),
+        ks=parse_ks(args.k, args.workers),
+        samples=args.samples,
+        seed=args.seed,
+    )
+    prediction = predict(scenario)
+    if args.json:
+        ks = scenario.ks or k_grid(scenario.workers)
+        json.dump(_finite(prediction.to_json(ks)), sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        _print_table(prediction, scenario.ks or k_grid(scenario.workers, compact=True))
+    return 0
+
+
+def parse_comm(text: str) -> float | DelayModel:
+    """``--comm-time``: a number of seconds, or a delay spec."""
+    try:
+        value = float(text)
+    except ValueError:
+        return parse_delay(text)
+    if not (math.isfinite(value) and value >= 0):
+        raise UsageError(f"--comm-time {text}: give seconds >= 0 or a delay spec")
+    return value
+
+
+def parse_ks(text: str | None, workers: int) -> tuple[int, ...] | None:
+    """``--k``: ``all`` or comma-separated integers in 1..N."""
+    if workers < 1:
+        raise UsageError(f"--workers must be >= 1, got {workers}")
+    if text is None:
+        return None
+    if text.strip() == "all":
+        return tuple(range(1, max(workers, 1) + 1))
+    try:
+        ks = tuple(sorted({int(part) for part in text.split(",")}))
+    except ValueError:
+        raise UsageError(f"--k {text!r}: give comma-separated integers or 'all'") from None
+    for k in ks:
+        if not 1 <= k <= workers:
+            raise UsageError(f"--k {k} is out of range: K must lie in 1..N={workers}")
+    return ks
+
+
+def _print_table(prediction: Prediction, ks: list[int]) -> None:
+    s = prediction.scenario.describe()
+    title = (
+        f"N={s['workers']}  delay={s['delay']}  pattern={s['pattern']}  "
+        f"M={s['micro_batches'] or '-'}  T^c={s['comm_time']}"
+    )
+    table = Table(title=title, title_justify="left")
+    for name in (
+        "strategy",
+        "K",
+        "tau (s)",
+        "drop",
+        "E[T] (s)",
+        "vs sync",
+        "effective",
+        "best",
+        "method",
+    ):
+        table.add_column(name, justify="left" if name in ("strategy", "method") else "right")
+    for row in prediction.shown(ks):
+        table.add_row(*_cells(row))
+    console = Console(file=sys.stdout, width=140, highlight=False)
+    console.print(table)
+    for note in (f"* {prediction.criterion}", *prediction.notes):
+        console.print(note, soft_wrap=True)
+
+
+def _cells(row: Row) -> list[str]:
+    time = f"{row.iteration_time:.4g}"
+    if row.iteration_time_stderr > 0:
+        time += f" ± {row.iteration_time_stderr:.2g}"
+    dc = row.strategy == "dropcompute"
+    return [
+        row.strategy,
+        str(row.k),
+        f"{row.threshold:.4g}" if dc else "",
+        f"{row.drop_rate:.1%}" if dc else "",
+        time,
+        f"{row.speedup_vs_sync:.3f}",
+        f"{row.effective_speedup:.3f}",
+        "*" if row.best else "",
+        row.method,
+    ]
+
+
+def _finite(value: Any) -> Any:
+    """JSON has no NaN or infinity: they become null."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {key: _finite(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_finite(item) for item in value]
+    return value

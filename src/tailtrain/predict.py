@@ -1,0 +1,570 @@
+"""Predicted iteration time and throughput of every strategy in one scenario.
+
+For each strategy (``sync``, the K-family of slow-and-stale, ``async`` and DropCompute) this
+gives E[T], the speedup over sync E[T_sync]/E[T] and the effective speedup (samples per second
+relative to sync), with the method behind each number. Closed forms are used where they are
+exact; where the papers only bound or approximate (K-batch-sync, K-async, Bailey's E[T] for
+DropCompute), the number comes from numerical integration or a seeded Monte Carlo instead.
+
+Model of an iteration. A job is one worker's gradient: one draw of the delay, or the sum of its
+M micro-batch draws. Synchronous variants (sync, K-sync, K-batch-sync, DropCompute) add the
+communication time T^c once per iteration (a serial AllReduce or update broadcast, DropCompute
+Sec. 4.3); asynchronous variants (K-async, K-batch-async, async) add it to every job, since
+each worker exchanges with the parameter server on its own. Under a worker pattern other than
+iid, every number is simulated in independent runs (each with its own draw of the pattern's
+per-run state) and its standard error comes from the spread of the run means; job j of worker
+n is row j of the pattern's sampled block, as in the simulator.
+
+Best setting. Rows are compared by the effective speedup, the rate at which mini-batch
+gradients (or samples) are applied relative to sync: K E[T_sync] / (N E[T_K]) for the K-family
+and S_eff of DropCompute Eq. (6). Why: with the learning rate scaled with the batch (eta = K
+eta_0) the bound of Lemma 7 after wall-clock time t depends on K only through t K / E[T], so the
+error-runtime trade-off is ordered by this rate; for K-async and K-batch-async Theorem 3 adds a
+factor gamma' whose staleness gamma shrinks as K grows. So within a strategy the best K is the
+largest K whose effective speedup is within two standard errors (or 1e-9) of the highest.
+K-async, when simulated, is evaluated (and searched) on :func:`k_grid` for N > 32; every other
+K-family variant on every K. DropCompute's tau* maximises S_eff (Eq. 6; Algorithm 2 on Monte
+Carlo samples), searched above M mu / 2 (Assumption C.3).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from tailtrain.delays import DelayModel, DelayProcess, WorkerPattern
+from tailtrain.errors import UsageError
+from tailtrain.theory.dropcompute import (
+    analytic_threshold,
+    bailey_iteration_time,
+    empirical_threshold,
+    evaluate_threshold,
+    exact_threshold,
+)
+from tailtrain.theory.estimate import EXACT, NUMERICAL, monte_carlo
+from tailtrain.theory.families import NonNegative, closed_form, exponential_params, nonnegative
+from tailtrain.theory.montecarlo import (
+    equilibrium_residuals,
+    k_async_iteration_time,
+    k_batch_async_iteration_time,
+    k_batch_sync_iteration_times,
+    k_sync_iteration_times,
+    table_draw,
+)
+from tailtrain.theory.order_stats import expected_order_stats
+
+log = logging.getLogger(__name__)
+
+STRATEGIES = ("sync", "k-sync", "k-batch-sync", "k-async", "k-batch-async", "async", "dropcompute")
+K_FAMILY = ("k-sync", "k-batch-sync", "k-async", "k-batch-async")
+ALL_K_UP_TO = 32  #: scenarios with at most this many workers get one row per K = 1..N
+_CHAINS = 16  # independent K-async chains (their spread gives the standard error)
+_JOB_BUDGET = 100_000  # jobs per K-async / K-batch-sync estimate, bounds time and memory
+_RUNS = 16  # independent runs under a worker pattern (their spread gives the standard error)
+
+CRITERION = (
+    "best K per strategy: the largest K whose effective speedup (gradients applied per second "
+    "relative to sync) is within 2 standard errors of the highest, as Lemma 7 / Theorem 3 order "
+    "the error-runtime trade-off by it; DropCompute: tau* maximising S_eff (Eq. 6)"
+)
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """What to predict: N workers, a delay model, optional pattern, micro-batches and T^c."""
+
+    workers: int
+    delay: DelayModel
+    pattern: WorkerPattern | None = None
+    micro_batches: int | None = None
+    comm: float | DelayModel = 0.0
+    ks: tuple[int, ...] | None = None
+    samples: int = 2000
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.workers < 1:
+            raise UsageError(f"--workers must be >= 1, got {self.workers}")
+        if self.micro_batches is not None and self.micro_batches < 1:
+            raise UsageError(f"--micro-batches must be >= 1, got {self.micro_batches}")
+        if self.samples < 100:
+            raise UsageError(f"--samples must be >= 100, got {self.samples}")
+        if isinstance(self.comm, (int, float)) and not (
+            self.comm >= 0 and math.isfinite(self.comm)
+        ):
+            raise UsageError(
+                f"--comm-time must be a finite number of seconds >= 0, got {self.comm}"
+            )
+        bad = [k for k in self.ks or () if not 1 <= k <= self.workers]
+        if bad:
+            raise UsageError(f"--k {bad[0]} is out of range: K must lie in 1..{self.workers}")
+        if not math.isfinite(self.delay.mean) or not math.isfinite(self.comm_mean):
+            raise UsageError(f"delay {self.delay.spec!r} has an infinite mean: E[T] is unbounded")
+        if self.pattern is not None and self.pattern.time_scheduled:
+            raise UsageError(
+                f"pattern {self.pattern.spec!r} changes speed at virtual times, which predict "
+                f"cannot model; use 'tailtrain simulate'"
+            )
+        if not self.delay.mean * (self.micro_batches or 1) + self.comm_mean > 0:
+            raise UsageError(f"delay {self.delay.spec!r} and --comm-time are both always 0")
+
+    @property
+    def comm_mean(self) -> float:
+        return float(self.comm.mean if isinstance(self.comm, DelayModel) else self.comm)
+
+    @property
+    def iid(self) -> bool:
+        return self.pattern is None or getattr(self.pattern, "spec", "iid") == "iid"
+
+    def describe(self) -> dict[str, Any]:
+        comm = self.comm.spec if isinstance(self.comm, DelayModel) else self.comm
+        pattern = "iid" if self.pattern is None else self.pattern.spec
+        return {
+            "workers": self.workers,
+            "delay": self.delay.spec,
+            "pattern": pattern,
+            "micro_batches": self.micro_batches,
+            "comm_time": comm,
+            "samples": self.samples,
+            "seed": self.seed,
+        }
+
+
+@dataclass(frozen=True)
+class Row:
+    """One strategy at one setting. ``*_stderr`` are 0 for exact and quadrature numbers."""
+
+    strategy: str
+    k: int
+    iteration_time: float
+    iteration_time_stderr: float
+    speedup_vs_sync: float
+    effective_speedup: float
+    effective_speedup_stderr: float
+    method: str
+    best: bool = False
+    threshold: float | None = None
+    drop_rate: float | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        if self.strategy != "dropcompute":
+            del out["threshold"], out["drop_rate"]
+        return out
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """All rows of a scenario; ``rows`` holds every K evaluated, see :meth:`shown`."""
+
+    scenario: Scenario
+    rows: tuple[Row, ...]
+    criterion: str = CRITERION
+    notes: tuple[str, ...] = field(default=())
+
+    def shown(self, ks: Sequence[int]) -> list[Row]:
+        """Rows whose K is in ``ks``, plus every best row and the non-K-family rows."""
+        keep = set(ks)
+        return [r for r in self.rows if r.strategy not in K_FAMILY or r.k in keep or r.best]
+
+    def to_json(self, ks: Sequence[int]) -> dict[str, Any]:
+        best = {r.strategy: r.k for r in self.rows if r.best}
+        return {
+            "scenario": self.scenario.describe(),
+            "criterion": self.criterion,
+            "best": best,
+            "notes": list(self.notes),
+            "results": [r.as_dict() for r in self.shown(ks)],
+        }
+
+
+def k_grid(workers: int, *, compact: bool = False) -> list[int]:
+    """The K values listed: every K for N <= 32 (<= 8 when ``compact``), else 1, 2, 4, the
+    eighths of N (quarters when ``compact``) and N-1, N."""
+    if workers <= (8 if compact else ALL_K_UP_TO):
+        return list(range(1, workers + 1))
+    fractions = (0.25, 0.5, 0.75) if compact else tuple(np.arange(1, 8) / 8)
+    ks = {1, workers, workers - 1} | ({1} if compact else {2, 4})
+    ks |= {max(1, round(f * workers)) for f in fractions}
+    return sorted(k for k in ks if 1 <= k <= workers)
+
+
+def predict(scenario: Scenario) -> Prediction:
+    """Every strategy's row for ``scenario`` (see the module docstring for the model)."""
+    ctx = _Context.build(scenario)
+    sync_like = _sync_rows(ctx)
+    rows = [
+        *sync_like,
+        *_k_batch_sync_rows(ctx),
+        *_k_async_rows(ctx),
+        *_k_batch_async_rows(ctx),
+        _dropcompute_row(ctx),
+    ]
+    sync_time = next(r.iteration_time for r in rows if r.strategy == "sync")
+    finished = [_relative(r, sync_time, scenario.workers) for r in rows]
+    if scenario.micro_batches is not None:
+        ctx.notes.append(_paper_note(ctx, sync_time))
+    return Prediction(scenario, tuple(_mark_best(finished)), notes=tuple(ctx.notes))
+
+
+def _paper_note(ctx: _Context, sync_time: float) -> str:
+    """DropCompute's closed forms for comparison; they assume normal sums (App. C.2)."""
+    s, delay = ctx.scenario, ctx.exact_delay
+    mu, sigma = delay.mean, math.sqrt(delay.var)
+    bailey = bailey_iteration_time(mu, sigma, s.workers, ctx.m, s.comm_mean)
+    tau, speedup = analytic_threshold(mu, sigma, s.workers, ctx.m, s.comm_mean)
+    return (
+        f"for comparison, DropCompute's closed forms (Bailey Eq. 7, Eq. 11, normal sums): "
+        f"E[T_sync] ~ {bailey:.4g} s (above: {sync_time:.4g} s), tau* ~ {tau:.4g} s, "
+        f"S_eff ~ {speedup:.4g}"
+    )
+
+
+# ---------------------------------------------------------------- scenario context
+
+
+@dataclass
+class _Context:
+    """Derived laws and samplers shared by the strategies of one prediction."""
+
+    scenario: Scenario
+    exact_delay: DelayModel  # law used by formulas (negatives clipped when they matter)
+    sampled_delay: DelayModel  # law the samplers draw (negatives always clipped)
+    sampled_comm: DelayModel | None
+    job_law: DelayModel | None  # exact law of one job (sum of M micro-batches), if known
+    ks: list[int]
+    notes: list[str]
+    _sync_sample: list[tuple[NDArray[np.float64], NDArray[np.float64]]] | None = None
+
+    @classmethod
+    def build(cls, s: Scenario) -> _Context:
+        exact_delay = nonnegative(s.delay)
+        sampled = NonNegative(s.delay) if s.delay.support[0] < 0 else s.delay
+        comm = s.comm if isinstance(s.comm, DelayModel) else None
+        DelayProcess(sampled, s.pattern, s.seed, s.workers, s.micro_batches)  # validates
+        notes = []
+        if exact_delay is not s.delay:
+            notes.append(f"{s.delay.spec!r} is negative with some probability; clipped at 0")
+        log.info("predict: exact job law %s", "known" if s.iid else "unused (pattern)")
+        return cls(
+            scenario=s,
+            exact_delay=exact_delay,
+            sampled_delay=sampled,
+            sampled_comm=None if comm is None else nonnegative(comm),
+            job_law=_job_law(exact_delay, s.micro_batches) if s.iid else None,
+            ks=sorted(s.ks) if s.ks else list(range(1, s.workers + 1)),
+            notes=notes,
+        )
+
+    @property
+    def m(self) -> int:
+        return self.scenario.micro_batches or 1
+
+    def rng(self, *stream: int) -> np.random.Generator:
+        """Independent seeded stream per (component, K): same seed, same numbers."""
+        return np.random.default_rng([self.scenario.seed, *stream])
+
+    def method(self, n: int) -> str:
+        return monte_carlo(n, self.scenario.seed)
+
+    @property
+    def runs(self) -> int:
+        """Independent runs to sample. A pattern's per-run draws (e.g. heterogeneous speeds)
+        and persistence make the iterations of one run dependent, so under a pattern the
+        standard errors come from the spread of run means."""
+        return 1 if self.scenario.iid else _RUNS
+
+    def run(self, rng: np.random.Generator, iterations: int) -> NDArray[np.float64]:
+        """t[i, n, m] of one run through the worker pattern (i.i.d. when there is none)."""
+        s = self.scenario
+        process = DelayProcess(self.sampled_delay, s.pattern, rng, s.workers, s.micro_batches)
+        t = process.next_block(iterations)
+        return t if t.ndim == 3 else t[:, :, None]
+
+    def blocks(self, rng: np.random.Generator, iterations: int) -> list[NDArray[np.float64]]:
+        """t[i, n, m] of ``iterations`` in total, one block per independent run."""
+        per_run = max(1, iterations // self.runs)
+        return [self.run(child, per_run) for child in rng.spawn(self.runs)]
+
+    def comm_times(self, rng: np.random.Generator, shape: tuple[int, ...]) -> NDArray[np.float64]:
+        if self.sampled_comm is None:
+            return np.full(shape, float(self.scenario.comm))
+        return self.sampled_comm.sample(rng, shape)
+
+    def sync_sample(self) -> list[tuple[NDArray[np.float64], NDArray[np.float64]]]:
+        """Shared Monte Carlo sample: per run, micro-batch times t[i, n, m] and T^c[i]."""
+        if self._sync_sample is None:
+            rng = self.rng(0)
+            blocks = self.blocks(rng, self.iterations_for(self.scenario.samples))
+            self._sync_sample = [(t, self.comm_times(rng, (t.shape[0],))) for t in blocks]
+        return self._sync_sample
+
+    def iterations_for(self, wanted: int) -> int:
+        """At most ``wanted`` iterations and ~8M micro-batch draws, at least 100."""
+        per_iteration = self.scenario.workers * self.m
+        return int(max(100, min(wanted, 8_000_000 // per_iteration)))
+
+
+def _job_law(delay: DelayModel, micro_batches: int | None) -> DelayModel | None:
+    if micro_batches is None:
+        return delay if delay.exact else None
+    form = closed_form(delay)
+    return None if form is None else form.sum_of(micro_batches)
+
+
+# ---------------------------------------------------------------- strategies
+
+
+def _sync_rows(ctx: _Context) -> list[Row]:
+    """sync = K-sync with K = N; K-sync E[T] = E[X_{K:N}] + E[T^c] (Lemma 1)."""
+    n, comm = ctx.scenario.workers, ctx.scenario.comm_mean
+    ks = sorted(set(ctx.ks) | {n})
+    if ctx.job_law is not None:
+        stats = expected_order_stats(ctx.job_law, n, ks)
+        mean, stderr, method = stats.mean + comm, stats.stderr, stats.method
+    else:
+        sample = ctx.sync_sample()
+        mean, stderr = _pooled(
+            [k_sync_iteration_times(t.sum(axis=2) + c[:, None], ks) for t, c in sample]
+        )
+        method = ctx.method(sum(t.shape[0] for t, _ in sample))
+    rows = [_row("k-sync", k, mu, se, method) for k, mu, se in zip(ks, mean, stderr, strict=True)]
+    top = rows[-1]
+    return [replace(top, strategy="sync"), *[r for r in rows if r.k in ctx.ks]]
+
+
+def _k_batch_sync_rows(ctx: _Context) -> list[Row]:
+    """Exact K/(N mu) + E[T^c] for Exp(mu) jobs (Eq. 10), else Monte Carlo of the variant."""
+    n, comm, ks = ctx.scenario.workers, ctx.scenario.comm_mean, ctx.ks
+    rate = _exponential_rate(ctx.job_law)
+    if rate is not None:
+        return [_row("k-batch-sync", k, k / (n * rate) + comm, 0.0, EXACT) for k in ks]
+    cap = 2 + math.ceil(max(ks) / n)
+    while True:
+        iterations = max(100, min(ctx.scenario.samples, _JOB_BUDGET // (n * cap)))
+        estimates = []
+        for jobs in _jobs(ctx, ctx.rng(2, cap), iterations * cap):
+            # consecutive rows are one worker's successive jobs within an iteration
+            jobs = jobs[: jobs.shape[0] // cap * cap].reshape(-1, cap, n).transpose(0, 2, 1)
+            estimates.append(k_batch_sync_iteration_times(jobs, ks))
+        mean, stderr = _pooled([(mu, se) for mu, se, _ in estimates])
+        enough = np.logical_and.reduce([ok for _, _, ok in estimates])
+        if enough.all() or cap >= 64 * (1 + max(ks) // n):
+            break
+        cap *= 2
+    if not enough.all():
+        short = ", ".join(str(k) for k in np.asarray(ks)[~enough])
+        ctx.notes.append(f"k-batch-sync K={short}: workers ran out of sampled jobs; E[T] high")
+    method = ctx.method(iterations)
+    return [
+        _row("k-batch-sync", k, mu + comm, se, method)
+        for k, mu, se in zip(ks, mean, stderr, strict=True)
+    ]
+
+
+def _k_async_rows(ctx: _Context) -> list[Row]:
+    """Exact E[X_{K:N}] for Exp jobs without T^c (Theorem 2's proof) and, for i.i.d. jobs,
+    K = 1, which is async (E[X]/N, Lemma 5); otherwise Monte Carlo of the variant."""
+    n, s = ctx.scenario.workers, ctx.scenario
+    rate = _exponential_rate(ctx.job_law)
+    if rate is not None and s.comm_mean == 0:
+        stats = expected_order_stats(ctx.job_law, n, ctx.ks)
+        return [
+            _row("k-async", k, mu, 0.0, EXACT) for k, mu in zip(stats.k, stats.mean, strict=True)
+        ]
+    grid = ctx.ks if s.ks or n <= ALL_K_UP_TO else k_grid(n)
+    rows = [_k_async_row(ctx, k) for k in grid if k > 1 or not s.iid]
+    if s.iid and 1 in grid:
+        job = ctx.m * ctx.exact_delay.mean + s.comm_mean
+        rows.insert(0, _row("k-async", 1, job / n, 0.0, EXACT))
+    return rows
+
+
+def _k_async_row(ctx: _Context, k: int) -> Row:
+    """Chains start in renewal equilibrium (see ``equilibrium_residuals``) and warm up for
+    about N/K iterations, so every worker restarts about once before measuring."""
+    n, samples = ctx.scenario.workers, ctx.scenario.samples
+    warmup = math.ceil(n / k) + 10
+    measured = int(np.clip(_JOB_BUDGET // (_CHAINS * k) - warmup, 16, 4 * samples // _CHAINS))
+    iterations = warmup + measured
+    rng = ctx.rng(3, k)
+    if ctx.scenario.iid:
+        pool = _iid_jobs(ctx, rng, (max(4096, _CHAINS * n), 1))
+        first = equilibrium_residuals(pool, _CHAINS * n, rng).reshape(_CHAINS, n)
+        draw = lambda workers, index: _iid_jobs(ctx, rng, workers.shape)  # noqa: E731
+    else:  # one independent run per chain; its first jobs start from its own equilibrium
+        runs = [
+            ctx.run(child, iterations + 1).sum(axis=2) + ctx.comm_times(child, (iterations + 1, n))
+            for child in rng.spawn(_CHAINS)
+        ]
+        first = np.concatenate([equilibrium_residuals(jobs, 1, rng) for jobs in runs])
+        draw = table_draw(np.stack(runs))
+    mean, stderr = k_async_iteration_time(first, draw, k, iterations, warmup)
+    return _row("k-async", k, mean, stderr, ctx.method(_CHAINS * measured))
+
+
+def _k_batch_async_rows(ctx: _Context) -> list[Row]:
+    """K (E[X] + E[T^c]) / N for i.i.d. jobs (Lemma 5), else the renewal rate of sampled jobs."""
+    s = ctx.scenario
+    n = s.workers
+    if s.iid:
+        job = ctx.m * ctx.exact_delay.mean + s.comm_mean
+        rows = [_row("k-batch-async", k, k * job / n, 0.0, EXACT) for k in ctx.ks]
+        return [*rows, _row("async", 1, job / n, 0.0, EXACT)]
+    runs = _jobs(ctx, ctx.rng(4), 4 * s.samples, per_job_comm=True)
+    ks = [*ctx.ks, 1]
+    per_run = [np.transpose([k_batch_async_iteration_time(jobs, k) for k in ks]) for jobs in runs]
+    mean, stderr = _pooled([(mu, se) for mu, se in per_run])
+    method = ctx.method(sum(jobs.shape[0] for jobs in runs))
+    rows = [
+        _row("k-batch-async", k, mu, se, method) for k, mu, se in zip(ks, mean, stderr, strict=True)
+    ]
+    return [*rows[:-1], replace(rows[-1], strategy="async")]
+
+
+def _dropcompute_row(ctx: _Context) -> Row:
+    """tau* and S_eff: exact laws of the partial sums when known, else Algorithm 2 on one
+    sample and S_eff(tau*) measured on an independent one."""
+    s = ctx.scenario
+    sums = _partial_sums(ctx)
+    if sums is not None:
+        choice = exact_threshold(sums, s.workers, s.comm_mean)
+        return _row(
+            "dropcompute",
+            s.workers,
+            choice.iteration_time,
+            0.0,
+            NUMERICAL,
+            threshold=choice.threshold,
+            drop_rate=choice.drop_rate,
+            effective=(choice.effective_speedup, 0.0),
+        )
+    rng = ctx.rng(1)
+    # tau* comes from a smooth average curve: a quarter of the samples pins it down
+    t = np.concatenate(ctx.blocks(rng, ctx.iterations_for(max(100, s.samples // 4))))
+    tau = empirical_threshold(t, ctx.comm_times(rng, (t.shape[0],))).threshold
+    sample = ctx.sync_sample()
+    found = [evaluate_threshold(test, comm, tau) for test, comm in sample]
+    time, time_se = _pooled([(f.iteration_time, f.iteration_time_stderr) for f in found])
+    speedup, speedup_se = _pooled([(f.effective_speedup, f.stderr) for f in found])
+    drop_rate, _ = _pooled([(f.drop_rate, 0.0) for f in found])
+    return _row(
+        "dropcompute",
+        s.workers,
+        float(time),
+        float(time_se),
+        ctx.method(sum(test.shape[0] for test, _ in sample)),
+        threshold=tau,
+        drop_rate=float(drop_rate),
+        effective=(float(speedup), float(speedup_se)),
+    )
+
+
+def _partial_sums(ctx: _Context) -> list[DelayModel] | None:
+    if not ctx.scenario.iid or not ctx.exact_delay.exact:
+        return None
+    if ctx.scenario.micro_batches is None:
+        return [ctx.exact_delay]
+    form = closed_form(ctx.exact_delay)
+    return None if form is None else [form.sum_of(j) for j in range(1, ctx.m + 1)]
+
+
+# ---------------------------------------------------------------- helpers
+
+
+def _jobs(
+    ctx: _Context, rng: np.random.Generator, count: int, *, per_job_comm: bool = False
+) -> list[NDArray[np.float64]]:
+    """``count`` rows of N job times in all (job j of every worker in row j), through the
+    pattern, as one array per independent run."""
+    blocks = [t.sum(axis=2) for t in ctx.blocks(rng, count)]
+    if per_job_comm:
+        blocks = [jobs + ctx.comm_times(rng, jobs.shape) for jobs in blocks]
+    return blocks
+
+
+def _pooled(
+    estimates: Sequence[tuple[Any, Any]],
+) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+    """One run: its own (mean, standard error). Several independent runs: the mean of their
+    means and the standard error of that mean from their spread (batch means)."""
+    means = np.asarray([np.asarray(mu, dtype=float) for mu, _ in estimates])
+    if len(estimates) == 1:
+        return means[0], np.asarray(estimates[0][1], dtype=float)
+    return means.mean(axis=0), means.std(axis=0, ddof=1) / np.sqrt(len(estimates))
+
+
+def _iid_jobs(
+    ctx: _Context, rng: np.random.Generator, shape: tuple[int, ...]
+) -> NDArray[np.float64]:
+    """i.i.d. job times (sum of M micro-batches plus T^c) of the given shape."""
+    jobs = ctx.sampled_delay.sample(rng, (*shape, ctx.m)).sum(axis=-1)
+    return jobs + ctx.comm_times(rng, shape)
+
+
+def _exponential_rate(law: DelayModel | None) -> float | None:
+    params = None if law is None else exponential_params(law)
+    return params[1] if params is not None and params[0] == 0.0 else None
+
+
+def _row(
+    strategy: str,
+    k: int,
+    time: float,
+    stderr: float,
+    method: str,
+    *,
+    threshold: float | None = None,
+    drop_rate: float | None = None,
+    effective: tuple[float, float] | None = None,
+) -> Row:
+    value, error = effective if effective is not None else (math.nan, math.nan)
+    return Row(
+        strategy,
+        int(k),
+        float(time),
+        float(stderr),
+        math.nan,
+        value,
+        error,
+        method,
+        threshold=threshold,
+        drop_rate=drop_rate,
+    )
+
+
+def _relative(row: Row, sync_time: float, workers: int) -> Row:
+    """Fill in E[T_sync]/E[T] and, for the K-family, K E[T_sync] / (N E[T])."""
+    speedup = sync_time / row.iteration_time
+    if row.strategy == "dropcompute":
+        return replace(row, speedup_vs_sync=speedup)
+    effective = row.k * speedup / workers
+    error = effective * row.iteration_time_stderr / row.iteration_time
+    return replace(
+        row, speedup_vs_sync=speedup, effective_speedup=effective, effective_speedup_stderr=error
+    )
+
+
+def _mark_best(rows: list[Row]) -> list[Row]:
+    best: dict[str, int] = {}
+    for strategy in (*K_FAMILY, "dropcompute"):
+        group = [r for r in rows if r.strategy == strategy]
+        top = max(group, key=lambda r: r.effective_speedup)
+        slack = [
+            2 * math.hypot(top.effective_speedup_stderr, r.effective_speedup_stderr)
+            + 1e-9 * top.effective_speedup
+            for r in group
+        ]
+        close = [
+            r
+            for r, d in zip(group, slack, strict=True)
+            if r.effective_speedup >= top.effective_speedup - d
+        ]
+        best[strategy] = max(close, key=lambda r: r.k).k
+    return [replace(r, best=best.get(r.strategy) == r.k) for r in rows]
