@@ -11,10 +11,6 @@ from rich.table import Table
 from tailtrain.cli.progress import console, step_progress
 from tailtrain.cli.scenario_args import add_scenario_arguments, scenario_from_args
 from tailtrain.errors import UsageError
-from tailtrain.plots import plot_comparison
-from tailtrain.sim.compare import compare
-from tailtrain.sim.records import clean, prepare_folder
-from tailtrain.strategies.registry import parse_strategies
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -52,6 +48,11 @@ def parse_seeds(text: str) -> list[int]:
 
 
 def run(args: argparse.Namespace) -> int:
+    from tailtrain.plots import plot_comparison
+    from tailtrain.sim.compare import compare
+    from tailtrain.sim.records import clean, prepare_folder
+    from tailtrain.strategies.registry import parse_strategies
+
     scenario = scenario_from_args(args)
     strategies = parse_strategies(args.strategies)
     seeds = parse_seeds(args.seeds)

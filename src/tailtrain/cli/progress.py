@@ -5,12 +5,14 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from tailtrain.sim.engine import Progress as StepCallback
-from tailtrain.sim.scenario import Scenario
+if TYPE_CHECKING:
+    from tailtrain.sim.engine import Progress as StepCallback
+    from tailtrain.sim.scenario import Scenario
 
 
 @contextmanager

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
-from tailtrain.sim.scenario import Scenario
+if TYPE_CHECKING:  # the simulator pulls in torch: import it only when a command runs
+    from tailtrain.sim.scenario import Scenario
 
 
 def add_scenario_arguments(p: argparse.ArgumentParser) -> None:
@@ -62,6 +64,8 @@ def add_scenario_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def scenario_from_args(args: argparse.Namespace, *, default_iterations: int = 200) -> Scenario:
+    from tailtrain.sim.scenario import Scenario
+
     iterations = args.iterations
     if iterations is None and args.time_budget is None:
         iterations = default_iterations

@@ -11,9 +11,6 @@ from rich.table import Table
 from tailtrain.cli import collectives
 from tailtrain.cli.progress import console, step_progress
 from tailtrain.cli.scenario_args import add_scenario_arguments, scenario_from_args
-from tailtrain.sim.records import clean
-from tailtrain.sim.run import simulate
-from tailtrain.strategies.registry import parse_strategy
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -40,6 +37,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from tailtrain.sim.records import clean
+    from tailtrain.sim.run import simulate
+    from tailtrain.strategies.registry import parse_strategy
+
     scenario = scenario_from_args(args)
     strategy = parse_strategy(args.strategy)
     with step_progress(scenario, strategy.describe(), not args.no_progress) as for_run:
