@@ -24,7 +24,10 @@ NO_STRAGGLER_SPECS = {
     "k-async": [f"k-async:k={N}"],
     "k-batch-async": [f"k-batch-async:k={N}"],
     "async": [],  # K = 1 by definition: tested with one worker below
-    "adasync": [f"adasync:base=k-sync,k0={N},interval=1", f"adasync:base=k-async,k0={N},interval=1"],
+    "adasync": [
+        f"adasync:base=k-sync,k0={N},interval=1",
+        f"adasync:base=k-async,k0={N},interval=1",
+    ],
     "dbw": ["dbw:window=3"],
     "b-dbw": ["b-dbw"],
     "lgc": [f"lgc:k={N},blocks=4"],
