@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from tailtrain.errors import UsageError
 from tailtrain.sim.records import RunRecord
 from tailtrain.sim.run import simulate
 from tailtrain.sim.scenario import Scenario
@@ -40,6 +41,10 @@ def compare(
     on_run: Callable[[str, int], Callable[[int, float], None] | None] | None = None,
 ) -> Comparison:
     runs: dict[str, list[RunRecord]] = {}
+    names = [s.describe() for s in strategies]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise UsageError(f"strategy {twice[0]!r} is given twice in --strategies; drop one")
     for strategy in strategies:
         name = strategy.describe()
         runs[name] = [

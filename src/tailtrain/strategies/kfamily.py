@@ -50,8 +50,16 @@ class StaticK(Strategy):
             lr_scale=lr_scale(self.lr_rule, state.k, state.n_workers),
         )
 
+    #: the mode the strategy's definition implies; only a different one is worth naming
+    default_mode: SyncMode | None = None
+
     def describe(self) -> str:
-        return self.name if self.k is None else f"{self.name}:k={self.k}"
+        parts = [] if self.k is None or self.name == "async" else [f"k={self.k}"]
+        if self.lr_rule != "fixed":
+            parts.append(f"lr={self.lr_rule}")
+        if self.default_mode is not None and self.mode != self.default_mode:
+            parts.append(f"mode={self.mode.value}")
+        return self.name + (":" + ",".join(parts) if parts else "")
 
 
 def check_k(k: int, n_workers: int, name: str) -> None:
@@ -73,13 +81,15 @@ def parse_lr_rule(spec: Spec) -> str:
 
 def build_sync(spec: Spec) -> StaticK:
     spec.require_known(["mode"])
-    return StaticK("sync", None, SyncMode(spec.get_str("mode", "psi")), accept_stale=False)
+    mode = parse_mode(spec, SyncMode.PSI)
+    return StaticK("sync", None, mode, accept_stale=False, default_mode=SyncMode.PSI)
 
 
 def build_k_sync(spec: Spec) -> StaticK:
     spec.require_known(["k", "lr", "mode"])
     mode = parse_mode(spec, SyncMode.PSI)
-    return StaticK("k-sync", spec.get_int("k", minimum=1), mode, False, parse_lr_rule(spec))
+    k = spec.get_int("k", minimum=1)
+    return StaticK("k-sync", k, mode, False, parse_lr_rule(spec), default_mode=SyncMode.PSI)
 
 
 def build_k_batch_sync(spec: Spec) -> StaticK:
