@@ -232,9 +232,9 @@ def test_adapt_is_deterministic_and_does_not_mutate_its_input():
     assert (a.k, a.gains) == (b.k, b.gains)
 
 
-def test_plan_is_sync_family_in_psw_by_default():
+def test_plan_is_sync_family_in_psi_by_default():
     plan = parse_strategy("dbw").plan(parse_strategy("dbw").init(Context(n_workers=5)))
-    assert (plan.k, plan.mode, plan.accept_stale, plan.lr_scale) == (5, SyncMode.PSW, False, 1.0)
+    assert (plan.k, plan.mode, plan.accept_stale, plan.lr_scale) == (5, SyncMode.PSI, False, 1.0)
     strategy = parse_strategy("dbw:mode=psi,lr=proportional")
     state = strategy.init(Context(n_workers=4))
     state = strategy.adapt(state, step_stats(1, 4, arrivals_at(0, 0.0, [1, 2, 3, 4]), 1.0, 5, 1))

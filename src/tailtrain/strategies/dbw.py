@@ -247,7 +247,9 @@ class Dbw(Strategy):
     name: str
     window: int = DEFAULT_WINDOW
     beta: float = DEFAULT_BETA
-    mode: SyncMode = SyncMode.PSW
+    #: PsI like every sync-family default here, so `dbw` and `k-sync:k=K` differ only in
+    #: how k is chosen; DBW §4 ran PsW (`mode=psw`) and reports similar results with PsI (§2)
+    mode: SyncMode = SyncMode.PSI
     lr_rule: str = "fixed"
     blind: bool = False
 
@@ -286,7 +288,7 @@ class Dbw(Strategy):
     def describe(self) -> str:
         parts = [] if self.blind else [f"window={self.window}"]
         parts.append(f"beta={self.beta:g}")
-        if self.mode is not SyncMode.PSW:
+        if self.mode is not SyncMode.PSI:
             parts.append(f"mode={self.mode.value}")
         if self.lr_rule != "fixed":
             parts.append(f"lr={self.lr_rule}")
@@ -306,4 +308,4 @@ def build_b_dbw(spec: Spec) -> Dbw:
 
 def common_params(spec: Spec) -> tuple[float, SyncMode, str]:
     beta = spec.get_float("beta", DEFAULT_BETA, minimum=1.0)
-    return beta, parse_mode(spec, SyncMode.PSW), parse_lr_rule(spec)
+    return beta, parse_mode(spec, SyncMode.PSI), parse_lr_rule(spec)
