@@ -32,15 +32,6 @@ from tailtrain.theory.families import ClosedForm
 NOISE = "const:value=0.5+dropcompute-noise:scale=0.5"  # DropCompute App. B.1 with mu = 0.5 s
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_torch_thread():
-    """Tiny tensors: on a busy machine waking torch's thread pool costs more than the maths."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @dataclass(frozen=True)
 class Recording(DropCompute):
     """DropCompute that keeps every StepStats it is given (to see what the rule measured)."""

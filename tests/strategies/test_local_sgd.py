@@ -14,15 +14,6 @@ from tailtrain.strategies.registry import parse_strategy
 from tailtrain.tasks import parse_partition, parse_task
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_torch_thread():
-    """Tiny tensors: on a busy machine waking torch's thread pool costs more than the maths."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def unit_times(delay: str, seed: int, n: int, m: int | None, h: int, rounds: int) -> np.ndarray:
     """The engine's draws: one delay-process iteration per local step, (rounds, N, H*M)."""
     rows = DelayProcess(delay, "iid", seed, n, m).next_block(64)[: rounds * h]
