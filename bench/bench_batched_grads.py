@@ -1,13 +1,14 @@
-"""Benchmark (c): batched per-worker gradients (torch.func.vmap) vs a per-worker autograd loop.
+"""Benchmark (c): batched per-worker gradients vs a per-worker autograd loop.
 
-Both compute the same thing: for each of W simulated workers, the mean loss gradient over
+All compute the same thing: for each of W simulated workers, the mean loss gradient over
 its own mini-batch at one shared model version θ. The batched path is ``Task.grads`` (one
-``vmap(grad_and_value(loss))`` call); the loop runs an ordinary ``nn.Module`` forward and
-``backward`` once per worker, as a plain simulator would. Timings are interleaved (batched,
-loop, batched, …) after warm-up so background load hits both alike; we report the best
-and the median of the repeats.
+forward/backward pass over all W·B samples, :mod:`tailtrain.tasks.shared_grads`); ``vmap``
+is the previous batched path, ``vmap(grad_and_value(loss))``, kept for reference; the loop
+runs an ordinary ``nn.Module`` forward and ``backward`` once per worker, as a plain
+simulator would. Timings are interleaved (batched, vmap, loop, floor, batched, …) after
+warm-up so background load hits all alike; we report the best and the median of the repeats.
 
-    python bench/bench_batched_grads.py [--workers 16] [--batch 32] [--threads 2] [--json]
+    python bench/bench_batched_grads.py [--workers 16] [--batch 32] [--threads 1,2] [--json]
 """
 
 from __future__ import annotations
@@ -86,18 +87,23 @@ def measure(task: Task, workers: int, batch: int, warmup: int, repeats: int) -> 
     idx = task.sample_indices(np.random.default_rng(1), np.arange(workers), state)
     loop = make_loop(task, theta, idx)
     batched = lambda: task.grads(theta, idx)[1]  # noqa: E731
+    vmapped = lambda: task._batched(task._vmap_shared_fn, theta, idx)[1]  # noqa: E731
     err = float((batched() - loop()).abs().max())
-    fns = {"batched": batched, "loop": loop, "floor": make_floor(task, theta, idx)}
+    fns = {"batched": batched, "vmap": vmapped, "loop": loop, "floor": make_floor(task, theta, idx)}
     t = interleaved(fns, warmup, repeats)
     return {
+        "threads": torch.get_num_threads(),
         "workers": workers,
         "batch": batch,
         "max_abs_diff": err,
         "batched": t["batched"],
+        "vmap": t["vmap"],
         "loop": t["loop"],
         "one_batch_floor": t["floor"],
         "speedup_best": t["loop"]["best_s"] / t["batched"]["best_s"],
         "speedup_median": t["loop"]["median_s"] / t["batched"]["median_s"],
+        "vmap_speedup_best": t["loop"]["best_s"] / t["vmap"]["best_s"],
+        "vmap_speedup_median": t["loop"]["median_s"] / t["vmap"]["median_s"],
     }
 
 
@@ -106,29 +112,34 @@ def main() -> None:
     parser.add_argument("--task", default="digits-cnn")
     parser.add_argument("--workers", default="16", help="simulated workers; a comma list sweeps")
     parser.add_argument("--batch", default="32", help="per-worker batch; a comma list sweeps")
-    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--threads", default="1,2", help="torch threads; a comma list sweeps")
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--repeats", type=int, default=30)
     parser.add_argument("--json", action="store_true", help="print one JSON document")
     args = parser.parse_args()
-    torch.set_num_threads(args.threads)
     task = parse_task(args.task)
-    rows = [measure(task, int(w), int(b), args.warmup, args.repeats)
-            for w in args.workers.split(",") for b in args.batch.split(",")]  # fmt: skip
-    meta = {"task": args.task, "dim": task.dim, "threads": torch.get_num_threads(),
-            "torch": torch.__version__, "repeats": args.repeats, "rows": rows}  # fmt: skip
+    rows = []
+    for threads in args.threads.split(","):
+        torch.set_num_threads(int(threads))
+        rows += [measure(task, int(w), int(b), args.warmup, args.repeats)
+                 for w in args.workers.split(",") for b in args.batch.split(",")]  # fmt: skip
+    meta = {"task": args.task, "dim": task.dim, "torch": torch.__version__,
+            "repeats": args.repeats, "rows": rows}  # fmt: skip
     if args.json:
         print(json.dumps(meta, indent=2))
         return
-    print(f"{args.task} (D={task.dim}), torch {torch.__version__}, {meta['threads']} threads, "
-          f"best/median of {args.repeats} interleaved repeats, in ms")  # fmt: skip
+    print(f"{args.task} (D={task.dim}), torch {torch.__version__}, "
+          f"best/median of {args.repeats} interleaved repeats, in ms; "
+          "speed-ups over the loop")  # fmt: skip
     for r in rows:
-        b, lp, fl = r["batched"], r["loop"], r["one_batch_floor"]
-        print(f"W={r['workers']:5d} B={r['batch']:4d}  "
-              f"batched {b['best_s'] * 1e3:8.2f}/{b['median_s'] * 1e3:8.2f}  "
-              f"loop {lp['best_s'] * 1e3:8.2f}/{lp['median_s'] * 1e3:8.2f}  "
-              f"one-batch floor {fl['best_s'] * 1e3:8.2f}  "
-              f"speed-up {r['speedup_best']:5.2f}x/{r['speedup_median']:5.2f}x  "
+        b, v, lp, fl = r["batched"], r["vmap"], r["loop"], r["one_batch_floor"]
+        print(f"threads={r['threads']} W={r['workers']:5d} B={r['batch']:4d}  "
+              f"batched {b['best_s'] * 1e3:7.2f}/{b['median_s'] * 1e3:7.2f}  "
+              f"vmap {v['best_s'] * 1e3:7.2f}/{v['median_s'] * 1e3:7.2f}  "
+              f"loop {lp['best_s'] * 1e3:7.2f}/{lp['median_s'] * 1e3:7.2f}  "
+              f"floor {fl['best_s'] * 1e3:7.2f}  "
+              f"batched {r['speedup_best']:5.2f}x/{r['speedup_median']:5.2f}x  "
+              f"vmap {r['vmap_speedup_best']:5.2f}x/{r['vmap_speedup_median']:5.2f}x  "
               f"max|diff| {r['max_abs_diff']:.1e}")  # fmt: skip
 
 

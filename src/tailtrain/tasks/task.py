@@ -1,8 +1,9 @@
 """A training task: in-memory data, a model over one flat vector θ ∈ R^D, batched gradients.
 
 Every simulated worker's stochastic gradient (LGC Eq. (2): the mean gradient over its
-mini-batch ξ_i) is computed in one ``torch.func.vmap(grad_and_value(loss))`` call for all
-workers that share a model version, never in a per-worker loop.
+mini-batch ξ_i) is computed in one batched call for all workers, never in a per-worker loop:
+at a shared θ by one forward/backward pass (:mod:`tailtrain.tasks.shared_grads`) when the
+model's layers allow, otherwise (and at per-worker θ) by ``torch.func.vmap(grad_and_value)``.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from tailtrain.errors import UsageError
 from tailtrain.tasks.data import Dataset
 from tailtrain.tasks.flat import FlatLayout
 from tailtrain.tasks.partition import PartitionState
+from tailtrain.tasks.shared_grads import SharedGrads, supports
 
 #: input elements per batched call: bounds memory at thousands of workers, and on CPU
 #: digits-cnn ran fastest per sample with 2k-4k samples a call (bench_batched_grads.py)
@@ -47,6 +49,7 @@ class Task:
     layout: FlatLayout | None = field(init=False, repr=False)
     _train_eval: torch.Tensor = field(init=False, repr=False)
     _shared_fn: Any = field(init=False, repr=False)
+    _vmap_shared_fn: Any = field(init=False, repr=False)
     _multi_fn: Any = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -56,7 +59,10 @@ class Task:
         subset = np.sort(rng.choice(n, min(n, TRAIN_EVAL_SIZE), replace=False)) if n else []
         self._train_eval = torch.as_tensor(subset, dtype=torch.int64)
         per_worker = grad_and_value(self._loss_fn)
-        self._shared_fn = vmap(per_worker, in_dims=(None, 0, 0))
+        self._vmap_shared_fn = vmap(per_worker, in_dims=(None, 0, 0))
+        self._shared_fn = self._vmap_shared_fn
+        if supports(self.model):
+            self._shared_fn = SharedGrads(self.model, self.layout, self._per_sample, self.l2)
         self._multi_fn = vmap(per_worker, in_dims=(0, 0, 0))
 
     # ---- description -------------------------------------------------------------------
