@@ -10,6 +10,7 @@ from tailtrain.delays import DelayProcess
 from tailtrain.errors import UsageError
 from tailtrain.sim.allreduce_engine import simulate_allreduce
 from tailtrain.sim.scenario import Scenario
+from tailtrain.sim.trainer import job_batches
 from tailtrain.strategies.registry import parse_strategy
 from tailtrain.tasks import parse_partition, parse_task
 
@@ -31,8 +32,10 @@ def reference_local_sgd(task, scenario, seed, h, m, tau, divide_by):
         done = (np.cumsum(times[r], axis=1) < tau).sum(axis=1)
         moves, total = [], 0
         for w in range(n):
-            rng = np.random.default_rng((seed, 7, w, r))
-            idx = partition.sample(rng, np.array([w]), task.batch_size, h * m).reshape(h * m, -1)
+            # the simulator's per-(worker, round) data stream
+            idx = job_batches(
+                partition, seed, task.batch_size, np.array([w]), np.array([r]), h * m
+            )[0]
             local = theta.clone()
             for step in range(h):
                 count = int(np.clip(done[w] - step * m, 0, m))

@@ -1,9 +1,8 @@
 """Real gradients for allreduce rounds: micro-batch data, local steps and the weighted average.
 
-Worker n's units in round r are micro-batches of ``task.batch_size`` samples drawn from its
-shard with the generator seeded by (seed, 7, n, r), the same stream the parameter-server
-``Trainer`` uses for worker n's r-th job, so with one micro-batch and no drops the two engines
-see the same data. Only completed micro-batches are ever differentiated: those of one local
+Worker n's units in round r are micro-batches of ``task.batch_size`` samples from
+``trainer.job_batches`` keyed by (seed, n, r), the stream the parameter-server ``Trainer`` uses
+for worker n's r-th job, so with one micro-batch and no drops the two engines see the same data. Only completed micro-batches are ever differentiated: those of one local
 step go to one batched ``torch.func`` call (shared parameters at the first local step, each
 worker's own copy after it).
 
@@ -26,6 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from tailtrain.sim.trainer import job_batches
 from tailtrain.strategies.base import Selection
 
 
@@ -60,11 +60,18 @@ class RoundLearner:
 
     def batches(self, round_index: int, units: int) -> np.ndarray:
         """Sample indices (N, U, B) of every worker's units: re-queued ones first, then fresh."""
+        n = len(self.queues)
+        drawn = job_batches(
+            self.partition,
+            self.seed,
+            self.task.batch_size,
+            np.arange(n),
+            np.full(n, round_index),
+            units,
+        )
         out = []
-        for worker, queue in enumerate(self.queues):  # one generator per worker and round
-            rng = np.random.default_rng((self.seed, 7, worker, round_index))
-            fresh = self.partition.sample(rng, np.array([worker]), self.task.batch_size, units)
-            fresh = fresh.reshape(units, -1)
+        for worker, queue in enumerate(self.queues):
+            fresh = drawn[worker]
             taken, self.queues[worker] = queue[:units], queue[units:]
             queued = np.asarray(taken, dtype=fresh.dtype).reshape(-1, fresh.shape[1])
             out.append(np.concatenate([queued, fresh])[:units])

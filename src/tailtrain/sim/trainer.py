@@ -36,25 +36,36 @@ class Trainer:
         self.deferred: torch.Tensor | None = None
 
     def batch(self, worker: int, job: int) -> np.ndarray:
-        rng = np.random.default_rng((self.seed, 7, worker, job))
-        return self.partition.sample(rng, np.array([worker]), self.task.batch_size)[0]
+        """The mini-batch (train indices) of ``worker``'s ``job``-th job."""
+        return self.batches(np.array([worker]), np.array([job]))[0]
+
+    def batches(self, workers: np.ndarray, jobs: np.ndarray) -> np.ndarray:
+        """Mini-batches (R, B) of the jobs ``(workers[r], jobs[r])``."""
+        return job_batches(self.partition, self.seed, self.task.batch_size, workers, jobs)[:, 0]
 
     def _grads(
         self, arrivals: ArrivalColumns, jobs: np.ndarray, index: np.ndarray, blocks: np.ndarray
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Losses and gradients of ``arrivals[index]``, over the first ``blocks`` fraction."""
-        dtype = self.versions[int(arrivals.version[index[0]])].dtype if index.size else None
+        keys = np.stack([arrivals.version[index], blocks], axis=1)
+        groups = np.unique(keys, axis=0)
+        if len(groups) == 1:  # the common case: one version, whole batches; no copy
+            return self._group_grads(arrivals, jobs, index, groups[0])
+        dtype = self.versions[int(arrivals.version[index[0]])].dtype
         losses = torch.empty(index.size, dtype=dtype)
         grads = torch.empty(index.size, self.task.dim, dtype=dtype)
-        keys = np.stack([arrivals.version[index], blocks], axis=1)
-        for key in np.unique(keys, axis=0):
+        for key in groups:
             where = np.flatnonzero((keys == key).all(axis=1))
-            rows = index[where]
-            batch = np.stack([self.batch(arrivals.worker[i], jobs[i]) for i in rows])
-            size = max(1, round(batch.shape[1] * key[1] / BLOCK_SCALE))
-            loss, grad = self.task.grads(self.versions[int(key[0])], batch[:, :size])
-            losses[where], grads[where] = loss, grad
+            losses[where], grads[where] = self._group_grads(arrivals, jobs, index[where], key)
         return losses, grads
+
+    def _group_grads(
+        self, arrivals: ArrivalColumns, jobs: np.ndarray, rows: np.ndarray, key: np.ndarray
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One batched call: jobs that share a model version and a number of blocks."""
+        batch = self.batches(arrivals.worker[rows], jobs[rows])
+        size = max(1, round(batch.shape[1] * key[1] / BLOCK_SCALE))
+        return self.task.grads(self.versions[int(key[0])], batch[:, :size])
 
     def apply(
         self,
@@ -69,12 +80,11 @@ class Trainer:
         index = np.array(sorted(set(selection.now) | set(selection.later)), dtype=np.int64)
         blocks = np.round(arrivals.units[index] * BLOCK_SCALE).astype(np.int64)
         losses, grads = self._grads(arrivals, jobs, index, blocks)
-        now = torch.tensor([selection.now.get(int(i), 0.0) for i in index], dtype=grads.dtype)
-        later = torch.tensor([selection.later.get(int(i), 0.0) for i in index], dtype=grads.dtype)
-        step = now @ grads
+        step = weights(selection.now, index, grads.dtype) @ grads
         if self.deferred is not None:
             step = step + self.deferred
-        self.deferred = later @ grads if selection.later else None
+        later = selection.later
+        self.deferred = weights(later, index, grads.dtype) @ grads if later else None
         self.versions[new_version] = self.versions[base_version] - self.lr * lr_scale * step
         return self._stats(losses, grads, arrivals.partial[index], arrivals.version[index])
 
@@ -83,17 +93,48 @@ class Trainer:
         if not bool(whole.any()):
             nan = float("nan")
             return UpdateStats(nan, nan, nan)
-        g = grads[whole]
+        g = grads if bool(whole.all()) else grads[whole]
+        flat, mean = g.reshape(-1), g.mean(0)
         return UpdateStats(
             loss=float(losses[whole].mean()),
-            grad_sq_sum=float((g * g).sum()),
-            mean_grad_sq=float(g.mean(0).square().sum()),
+            grad_sq_sum=float(flat @ flat),
+            mean_grad_sq=float(mean @ mean),
         )
 
     def retain(self, referenced: set[int]) -> None:
         """Forget model versions that no job in flight and no update needs any more."""
         for v in [v for v in self.versions if v not in referenced]:
             del self.versions[v]
+
+
+def weights(by_index: dict[int, float], index: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
+    """The weights of ``by_index`` laid out along ``index`` (0 where absent)."""
+    get = by_index.get
+    return torch.tensor([get(i, 0.0) for i in index.tolist()], dtype=dtype)
+
+
+def job_batches(
+    partition, seed: int, batch: int, workers: np.ndarray, jobs: np.ndarray, units: int = 1
+) -> np.ndarray:
+    """Train indices (R, units, B) of job ``jobs[r]`` of worker ``workers[r]``.
+
+    Each job has its own stream keyed by (seed, worker, job), so a job sees the same data
+    whatever else the strategy does; draws are uniform with replacement from the worker's
+    shard, in one gather for all jobs.
+    """
+    u = (
+        np.stack(
+            [
+                np.random.default_rng((seed, 7, w, j)).random((units, batch))
+                for w, j in zip(workers, jobs, strict=True)
+            ]
+        )
+        if len(workers)
+        else np.empty((0, units, batch))
+    )
+    sizes = partition.sizes[workers][:, None, None]
+    offsets = np.minimum((u * sizes).astype(np.int64), sizes - 1)  # guard u*size rounding up
+    return partition.pool[partition.starts[workers][:, None, None] + offsets]
 
 
 # units are fractions r/s; this scale turns them into exact integers for grouping
