@@ -2,9 +2,9 @@
 
 Worker n's units in round r are micro-batches of ``task.batch_size`` samples from
 ``trainer.job_batches`` keyed by (seed, n, r), the stream the parameter-server ``Trainer`` uses
-for worker n's r-th job, so with one micro-batch and no drops the two engines see the same data. Only completed micro-batches are ever differentiated: those of one local
-step go to one batched ``torch.func`` call (shared parameters at the first local step, each
-worker's own copy after it).
+for worker n's r-th job, so with one micro-batch and no drops the two engines see the same data.
+Only completed micro-batches are ever differentiated: those of one local step go to one batched
+``torch.func`` call (shared parameters at the first local step, each worker's own copy after it).
 
 A round with H local steps of M micro-batches (DropCompute Eq. 1 with Algorithm 1; Local-SGD
 as in DropCompute App. B.3), c_{n,h} of worker n's micro-batches done in local step h:

@@ -15,8 +15,9 @@ maximising the expected loss decrease per unit of time (DBW Eq. 19)::
 
 DBW drops stale gradients. It runs push & interrupt by default, like every sync-family strategy
 here; ``mode=psw`` gives DBW §4's push & wait ("we refer only to PsW", §2), where late workers'
-arrivals also feed the time estimator. Start: ``k = n`` until every estimate the rule needs exists (the time fit after the
-first update; for DBW also the Lipschitz estimate of Eq. 12, after the second).
+arrivals also feed the time estimator. Start: ``k = n`` until every estimate the rule needs
+exists (the time fit after the first update; for DBW also the Lipschitz estimate of Eq. 12,
+after the second).
 """
 
 from __future__ import annotations
