@@ -95,3 +95,36 @@ def test_dispatcher_runs_every_engine():
     for text in ("sync", "dropcompute:threshold=inf", "eager:mode=solo"):
         record = simulate(scenario, parse_strategy(text), 0)
         assert len(record.steps) == 2
+
+
+@pytest.mark.parametrize("name", sorted(NO_STRAGGLER_SPECS))
+def test_select_does_not_depend_on_arrival_order(name):
+    import numpy as np
+
+    from tailtrain.strategies.base import ArrivalColumns, Context
+
+    text = (NO_STRAGGLER_SPECS[name] or ["async"])[0]
+    strategy = parse_strategy(text)
+    state = strategy.init(Context(n_workers=N, lr=0.1))
+    rng = np.random.default_rng(0)
+    start = rng.random(N)
+    arrivals = ArrivalColumns(
+        worker=np.arange(N),
+        version=np.zeros(N, dtype=np.int64),
+        start=start,
+        finish=start + rng.random(N),
+        units=np.array([1.0, 1.0, 0.5, 1.0]),
+        partial=np.array([False, False, True, False]),
+    )
+    order = np.array([2, 0, 3, 1])
+
+    def by_worker(arr, selection):
+        return {
+            (int(arr.worker[i]), part): round(w, 12)
+            for part, weights in (("now", selection.now), ("later", selection.later))
+            for i, w in weights.items()
+        }
+
+    first = by_worker(arrivals, strategy.select(state, arrivals))
+    shuffled = arrivals.take(order)
+    assert by_worker(shuffled, strategy.select(state, shuffled)) == first
