@@ -541,6 +541,11 @@ def _row(
 
 def _relative(row: Row, sync_time: float, workers: int) -> Row:
     """Fill in E[T_sync]/E[T] and, for the K-family, K E[T_sync] / (N E[T])."""
+    if not row.iteration_time > 0:
+        raise UsageError(
+            f"{row.strategy}'s expected iteration time is {row.iteration_time} s; give delays "
+            "with a positive mean in a representable range (e.g. seconds)"
+        )
     speedup = sync_time / row.iteration_time
     if row.strategy == "dropcompute":
         return replace(row, speedup_vs_sync=speedup)

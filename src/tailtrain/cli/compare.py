@@ -9,7 +9,7 @@ from pathlib import Path
 from rich.table import Table
 
 from tailtrain.cli.progress import console, step_progress
-from tailtrain.cli.scenario_args import add_scenario_arguments, scenario_from_args
+from tailtrain.cli.scenario_args import add_scenario_arguments, scenario_from_args, seed_value
 from tailtrain.errors import UsageError
 
 
@@ -39,9 +39,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def parse_seeds(text: str) -> list[int]:
     try:
-        seeds = [int(s) for s in text.split(",") if s.strip()]
-    except ValueError:
-        raise UsageError(f"--seeds {text!r} must be comma-separated integers, e.g. 0,1,2") from None
+        seeds = [seed_value(s) for s in text.split(",") if s.strip()]
+    except argparse.ArgumentTypeError as exc:
+        raise UsageError(f"--seeds {text!r}: {exc}; give e.g. 0,1,2") from None
     if not seeds:
         raise UsageError("--seeds is empty; give e.g. 0,1,2")
     return seeds
@@ -55,6 +55,8 @@ def run(args: argparse.Namespace) -> int:
 
     scenario = scenario_from_args(args)
     strategies = parse_strategies(args.strategies)
+    if not strategies:
+        raise UsageError("--strategies is empty; give e.g. sync,k-sync:k=8")
     seeds = parse_seeds(args.seeds)
     out = prepare_folder(args.out)
 

@@ -11,7 +11,9 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from tailtrain.cli.scenario_args import seed_value
 from tailtrain.delays import DelayModel, parse_delay, parse_pattern
+from tailtrain.delays.comm import parse_comm_time
 from tailtrain.errors import UsageError
 from tailtrain.predict import ALL_K_UP_TO, Prediction, Row, Scenario, k_grid, predict
 
@@ -69,7 +71,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         default=2000,
         help="Monte Carlo iterations where no exact method exists (default: %(default)s)",
     )
-    p.add_argument("--seed", type=int, default=0, help="Monte Carlo seed (default: %(default)s)")
+    p.add_argument(
+        "--seed", type=seed_value, default=0, help="Monte Carlo seed (default: %(default)s)"
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     p.set_defaults(run=run)
 
@@ -96,14 +100,9 @@ def run(args: argparse.Namespace) -> int:
 
 
 def parse_comm(text: str) -> float | DelayModel:
-    """``--comm-time``: a number of seconds, or a delay spec."""
-    try:
-        value = float(text)
-    except ValueError:
-        return parse_delay(text)
-    if not (math.isfinite(value) and value >= 0):
-        raise UsageError(f"--comm-time {text}: give seconds >= 0 or a delay spec")
-    return value
+    """``--comm-time``: a number of seconds (kept as a float), or a delay spec."""
+    model = parse_comm_time(text)
+    return model.mean if model.var == 0 else model
 
 
 def parse_ks(text: str | None, workers: int) -> tuple[int, ...] | None:

@@ -63,6 +63,20 @@ def add_scenario_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
+MAX_SEED = 2**63 - 1
+
+
+def seed_value(text: str) -> int:
+    """argparse type of a seed: an integer in 0..2^63-1 (numpy and torch both accept those)."""
+    try:
+        seed = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"seed {text!r} is not an integer") from None
+    if not 0 <= seed <= MAX_SEED:
+        raise argparse.ArgumentTypeError(f"seed {seed} must lie in 0..2^63-1")
+    return seed
+
+
 def scenario_from_args(args: argparse.Namespace, *, default_iterations: int = 200) -> Scenario:
     from tailtrain.sim.scenario import Scenario
 

@@ -10,7 +10,7 @@ from rich.table import Table
 
 from tailtrain.cli import collectives
 from tailtrain.cli.progress import console, step_progress
-from tailtrain.cli.scenario_args import add_scenario_arguments, scenario_from_args
+from tailtrain.cli.scenario_args import add_scenario_arguments, scenario_from_args, seed_value
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -23,7 +23,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--strategy", default="sync", help="e.g. sync, k-sync:k=8, dbw, lgc:k=7,blocks=4"
     )
     add_scenario_arguments(p)
-    p.add_argument("--seed", type=int, default=0, help="seed of delays, data and init (default 0)")
+    p.add_argument(
+        "--seed", type=seed_value, default=0, help="seed of delays, data and init (default 0)"
+    )
     p.add_argument(
         "--out", type=Path, default=None, help="folder for steps.jsonl, evals.jsonl, summary.json"
     )

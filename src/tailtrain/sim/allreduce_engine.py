@@ -23,8 +23,9 @@ from typing import Any
 import numpy as np
 
 from tailtrain.delays import DelayProcess, parse_delay, parse_pattern
+from tailtrain.delays.comm import parse_comm_time
 from tailtrain.sim.allreduce_learner import RoundLearner
-from tailtrain.sim.allreduce_timing import RoundClock, Stops, comm_model, measured, stop_rule
+from tailtrain.sim.allreduce_timing import RoundClock, Stops, measured, stop_rule
 from tailtrain.sim.durations import DelaySource
 from tailtrain.sim.engine import Progress
 from tailtrain.sim.records import RunRecord
@@ -64,7 +65,7 @@ def simulate_allreduce(
     run = _Run(
         strategy=strategy,
         state=strategy.init(world.context),
-        clock=RoundClock(process, comm_model(scenario.comm_time), seed),
+        clock=RoundClock(process, parse_comm_time(scenario.comm_time), seed),
         learner=build_learner(world, seed),
         n=scenario.workers,
         micro_batches=scenario.micro_batches or 1,

@@ -22,12 +22,11 @@ Everything is vectorised over workers and units (and over leading axes).
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import numpy as np
 
-from tailtrain.delays import DelayModel, parse_delay
+from tailtrain.delays import DelayModel
 from tailtrain.errors import UsageError
 from tailtrain.sim.durations import DelaySource
 from tailtrain.strategies.dropcompute import counted
@@ -61,19 +60,6 @@ def measured(times: np.ndarray, done: np.ndarray) -> np.ndarray:
     if done.min(initial=times.shape[-1]) == times.shape[-1]:
         return times
     return np.where(np.arange(times.shape[-1]) < done[..., None], times, np.nan)
-
-
-def comm_model(text: str | None) -> DelayModel | None:
-    """``--comm-time``: seconds per round or a delay spec; None means no communication time."""
-    if text is None:
-        return None
-    try:
-        seconds = float(text)
-    except ValueError:
-        return parse_delay(text)
-    if not math.isfinite(seconds) or seconds < 0:
-        raise UsageError(f"--comm-time {text!r} must be finite seconds >= 0 or a delay spec")
-    return parse_delay(f"const:value={seconds!r}")
 
 
 class RoundClock:

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from tailtrain.delays import parse_delay
+from tailtrain.delays.comm import parse_comm_time
 from tailtrain.errors import UsageError
 from tailtrain.strategies.eager import Collective
 
@@ -118,21 +118,10 @@ class CommTimes:
     """
 
     def __init__(self, spec: str | None, seed: int) -> None:
-        self._constant: float | None = 0.0 if spec is None else _as_seconds(spec)
-        self._model = None if self._constant is not None else parse_delay(spec)
+        self._model = parse_comm_time(spec)
         self._rng = np.random.default_rng([seed, 0x636F6D6D])  # "comm": its own stream
 
     def next(self) -> float:
-        if self._constant is not None:
-            return self._constant
+        if self._model is None:
+            return 0.0
         return float(max(0.0, self._model.sample(self._rng, 1)[0]))
-
-
-def _as_seconds(text: str) -> float | None:
-    try:
-        value = float(text)
-    except ValueError:
-        return None
-    if not value >= 0 or not np.isfinite(value):
-        raise UsageError(f"--comm-time {text!r} must be a finite number of seconds >= 0")
-    return value

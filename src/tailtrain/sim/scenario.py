@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from tailtrain.delays import DelayProcess, parse_delay, parse_pattern
+from tailtrain.delays.comm import parse_comm_time
 from tailtrain.errors import UsageError
 from tailtrain.sim.durations import DelaySource, JobDurations
 from tailtrain.sim.records import RunRecord
@@ -44,10 +45,18 @@ class Scenario:
             raise UsageError("give exactly one of --iterations and --time-budget")
         if self.iterations is not None and self.iterations < 1:
             raise UsageError(f"--iterations must be >= 1, got {self.iterations}")
-        if self.time_budget is not None and not self.time_budget > 0:
-            raise UsageError(f"--time-budget must be > 0 seconds, got {self.time_budget}")
-        if self.lr is not None and not self.lr > 0:
-            raise UsageError(f"--lr must be > 0, got {self.lr}")
+        if self.time_budget is not None and not 0 < self.time_budget < math.inf:
+            raise UsageError(f"--time-budget must be finite seconds > 0, got {self.time_budget}")
+        if self.lr is not None and not 0 < self.lr < math.inf:
+            raise UsageError(f"--lr must be finite and > 0, got {self.lr}")
+        if self.target_loss is not None and not math.isfinite(self.target_loss):
+            raise UsageError(f"--target-loss must be a finite number, got {self.target_loss}")
+        parse_comm_time(self.comm_time)
+        if self.time_budget is not None and not parse_delay(self.delay).mean > 0:
+            raise UsageError(
+                f"delay {self.delay!r} takes no time, so the virtual clock never reaches "
+                "--time-budget; give --iterations or a delay with a positive mean"
+            )
         if self.micro_batches is not None and self.micro_batches < 1:
             raise UsageError(f"--micro-batches must be >= 1, got {self.micro_batches}")
         if self.eval_every < 1:
