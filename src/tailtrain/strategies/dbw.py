@@ -266,13 +266,22 @@ class Dbw(Strategy):
         return Plan(k=state.k, mode=self.mode, accept_stale=False, lr_scale=scale)
 
     def adapt(self, state: DbwState, stats: StepStats) -> DbwState:
+        return self.observe(state, stats, used=stats.k, waited_for=state.k)
+
+    def observe(self, state: DbwState, stats: StepStats, used: int, waited_for: int) -> DbwState:
+        """Round-trip samples, the Eq. (17) fit, the gain estimates (Eqs. 10-16) and Eq. (19).
+
+        ``used`` gradients entered the update; the new version's round waited for
+        ``waited_for`` (the h of its samples t_{h,i}).
+        """
         versions, h, i, t = round_trip_samples(state.versions, stats.arrivals, state.n)
-        versions = open_versions(versions, OpenVersion(stats.version, stats.time, state.k), state.n)
+        opened = OpenVersion(stats.version, stats.time, waited_for)
+        versions = open_versions(versions, opened, state.n)
         times = state.times.add(h, i, t).solved()
         gains = state.gains
         if not self.blind:
-            eta = state.lr * lr_scale(self.lr_rule, stats.k, state.n)
-            gains = gains.observe(stats.loss, stats.grad_sq_sum, stats.mean_grad_sq, stats.k, eta)
+            eta = state.lr * lr_scale(self.lr_rule, used, state.n)
+            gains = gains.observe(stats.loss, stats.grad_sq_sum, stats.mean_grad_sq, used, eta)
         k = self.choose(state, gains, times)
         k = loss_guard(k, state.k, state.n, stats.loss, state.loss, self.beta)
         return DbwState(state.n, state.lr, k, stats.loss, gains, times, versions)

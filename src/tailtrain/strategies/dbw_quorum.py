@@ -35,10 +35,6 @@ from tailtrain.strategies.dbw import (
     DEFAULT_WINDOW,
     Dbw,
     DbwState,
-    OpenVersion,
-    loss_guard,
-    open_versions,
-    round_trip_samples,
 )
 from tailtrain.strategies.eager import (
     DEFAULT_HOP,
@@ -52,7 +48,7 @@ from tailtrain.strategies.eager import (
     fresh_mask,
     parse_bounds,
 )
-from tailtrain.strategies.kfamily import lr_scale, parse_lr_rule
+from tailtrain.strategies.kfamily import parse_lr_rule
 
 
 @dataclass(frozen=True)
@@ -102,16 +98,9 @@ class DbwQuorum(Strategy):
         return DbwQuorumState(eager, self.steer(state.dbw, stats))
 
     def steer(self, d: DbwState, stats: StepStats) -> DbwState:
-        """DBW's adapt on a collective round: samples, Eq. (17) fit, gain, Eq. (19)."""
-        versions, h, i, t = round_trip_samples(d.versions, stats.arrivals, d.n)
-        versions = open_versions(versions, OpenVersion(stats.version, stats.time, stats.k), d.n)
-        times = d.times.add(h, i, t).solved()
+        """DBW's own update on a collective round; the gain counts the fresh gradients (NAP)."""
         nap = int(fresh_mask(stats.arrivals, stats.step)[list(stats.used)].sum())
-        eta = d.lr * lr_scale(self.lr_rule, nap, d.n)
-        gains = d.gains.observe(stats.loss, stats.grad_sq_sum, stats.mean_grad_sq, nap, eta)
-        k = self.dbw.choose(d, gains, times)
-        k = loss_guard(k, d.k, d.n, stats.loss, d.loss, self.beta)
-        return DbwState(d.n, d.lr, k, stats.loss, gains, times, versions)
+        return self.dbw.observe(d, stats, used=nap, waited_for=stats.k)
 
     def describe(self) -> str:
         parts = [f"window={self.window}", f"beta={self.beta:g}"]
