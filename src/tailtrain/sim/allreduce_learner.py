@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from tailtrain.errors import TailtrainError
 from tailtrain.sim.trainer import job_batches
 from tailtrain.strategies.base import Selection
 
@@ -118,6 +119,8 @@ class RoundLearner:
 
     def apply(self, selection: Selection, work: RoundWork, lr_scale: float) -> None:
         """theta <- theta - lr * sum_n w_n G_n (the hivemind-style weighted allreduce)."""
+        if selection.later:
+            raise TailtrainError("the allreduce engine applies no deferred (``later``) weights")
         weights = torch.tensor(
             [selection.now.get(i, 0.0) for i in range(len(work.done))], dtype=work.grads.dtype
         )

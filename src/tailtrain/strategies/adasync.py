@@ -20,15 +20,11 @@ from dataclasses import dataclass
 
 from tailtrain.errors import UsageError
 from tailtrain.spec import Spec
-from tailtrain.strategies.base import Context, Plan, StepStats, Strategy, SyncMode
-from tailtrain.strategies.kfamily import check_k, lr_scale, parse_lr_rule
+from tailtrain.strategies.base import Context, Plan, StepStats, Strategy
+from tailtrain.strategies.kfamily import VARIANTS, check_k, lr_scale, parse_lr_rule
 
-#: base variant -> (mode, accept_stale), as in ``kfamily``
-BASES: dict[str, tuple[SyncMode, bool]] = {
-    "k-sync": (SyncMode.PSI, False),
-    "k-async": (SyncMode.PSW, True),
-    "k-batch-async": (SyncMode.PULL, True),
-}
+#: the variants AdaSync adapts (slow-and-stale §VI and App. D give rules for these)
+BASES = {name: VARIANTS[name] for name in ("k-sync", "k-async", "k-batch-async")}
 DEFAULT_WINDOW = 10
 
 

@@ -20,6 +20,14 @@ from tailtrain.strategies.base import Context, Plan, Strategy, SyncMode
 
 LR_RULES = ("fixed", "proportional")
 
+#: variant -> (synchronisation mode, stale gradients accepted), slow-and-stale §II-C
+VARIANTS: dict[str, tuple[SyncMode, bool]] = {
+    "k-sync": (SyncMode.PSI, False),
+    "k-batch-sync": (SyncMode.PULL_INTERRUPT, False),
+    "k-async": (SyncMode.PSW, True),
+    "k-batch-async": (SyncMode.PULL, True),
+}
+
 
 @dataclass(frozen=True)
 class StaticState:
@@ -87,7 +95,7 @@ def build_sync(spec: Spec) -> StaticK:
 
 def build_k_sync(spec: Spec) -> StaticK:
     spec.require_known(["k", "lr", "mode"])
-    mode = parse_mode(spec, SyncMode.PSI)
+    mode = parse_mode(spec, VARIANTS["k-sync"][0])
     k = spec.get_int("k", minimum=1)
     return StaticK("k-sync", k, mode, False, parse_lr_rule(spec), default_mode=SyncMode.PSI)
 
@@ -95,18 +103,19 @@ def build_k_sync(spec: Spec) -> StaticK:
 def build_k_batch_sync(spec: Spec) -> StaticK:
     spec.require_known(["k", "lr"])
     k = spec.get_int("k", minimum=1)
-    return StaticK("k-batch-sync", k, SyncMode.PULL_INTERRUPT, False, parse_lr_rule(spec))
+    return StaticK("k-batch-sync", k, *VARIANTS["k-batch-sync"], parse_lr_rule(spec))
 
 
 def build_k_async(spec: Spec) -> StaticK:
     spec.require_known(["k", "lr"])
-    return StaticK("k-async", spec.get_int("k", minimum=1), SyncMode.PSW, True, parse_lr_rule(spec))
+    k = spec.get_int("k", minimum=1)
+    return StaticK("k-async", k, *VARIANTS["k-async"], parse_lr_rule(spec))
 
 
 def build_k_batch_async(spec: Spec) -> StaticK:
     spec.require_known(["k", "lr"])
     k = spec.get_int("k", minimum=1)
-    return StaticK("k-batch-async", k, SyncMode.PULL, True, parse_lr_rule(spec))
+    return StaticK("k-batch-async", k, *VARIANTS["k-batch-async"], parse_lr_rule(spec))
 
 
 def build_async(spec: Spec) -> StaticK:
