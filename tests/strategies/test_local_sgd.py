@@ -22,14 +22,20 @@ def unit_times(delay: str, seed: int, n: int, m: int | None, h: int, rounds: int
     return rows.reshape(rounds, h, n, -1).transpose(0, 2, 1, 3).reshape(rounds, n, -1)
 
 
+def units_started(times: np.ndarray, tau: float) -> np.ndarray:
+    """App. B.3's check at each unit boundary: unit u runs iff the time before it is <= tau."""
+    before = np.cumsum(times, axis=-1) - times
+    return (before <= tau).sum(axis=-1)
+
+
 def reference_local_sgd(task, scenario, seed, h, m, tau, divide_by):
-    """Each worker: up to H local steps of M micro-batches, the unit stopping at tau; average."""
+    """Each worker: up to H local steps of M micro-batches, checked at tau before each; average."""
     n, lr = scenario.workers, scenario.lr
     partition = parse_partition("iid").assign(task, n, np.random.default_rng(seed))
     times = unit_times(scenario.delay, seed, n, m, h, scenario.iterations)
     theta = task.init_params(seed)
     for r in range(scenario.iterations):
-        done = (np.cumsum(times[r], axis=1) < tau).sum(axis=1)
+        done = units_started(times[r], tau)
         moves, total = [], 0
         for w in range(n):
             # the simulator's per-(worker, round) data stream
@@ -81,15 +87,23 @@ def test_local_sgd_matches_a_per_worker_reference(spec, tau, divide_by):
         assert any(min(r["completed"]) < 6 for r in record.steps)  # something was dropped
 
 
-def test_threshold_is_compared_at_each_local_step():
-    """One unit per local step: a worker does the local steps that end before tau."""
+@pytest.mark.parametrize("stop", ["", ",stop=between", ",stop=preempt"])
+def test_threshold_is_compared_at_each_local_step(stop):
+    """One unit per local step. By default (App. B.3) a worker starts a local step iff its
+    compute time so far is <= tau, and the step in flight finishes; stop=preempt cuts it."""
     scenario = Scenario(task="none", workers=5, delay="exp:rate=1", iterations=6)
-    record = simulate_allreduce(scenario, parse_strategy("local-sgd:period=4,threshold=3"), 2)
+    spec = "local-sgd:period=4,threshold=3" + stop
+    record = simulate_allreduce(scenario, parse_strategy(spec), 2)
     times = unit_times("exp:rate=1", 2, 5, None, 4, 6)
     partial = np.cumsum(times, axis=2)
-    expected = (partial < 3).sum(axis=2)
+    if stop == ",stop=preempt":
+        expected = (partial < 3).sum(axis=2)
+        compute = np.minimum(partial[:, :, -1], 3).max(axis=1)
+    else:
+        expected = units_started(times, 3)
+        ends = np.take_along_axis(partial, np.maximum(expected - 1, 0)[..., None], axis=2)
+        compute = np.where(expected > 0, ends[..., 0], 0).max(axis=1)
     assert [r["completed"] for r in record.steps] == expected.tolist()
-    compute = np.minimum(partial[:, :, -1], 3).max(axis=1)
     np.testing.assert_allclose(record.column("compute_time"), compute, rtol=1e-12)
     assert set(record.column("local_steps")) == {4}
 

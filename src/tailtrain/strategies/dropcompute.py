@@ -254,8 +254,9 @@ def build_dropcompute(spec: Spec) -> DropCompute:
     return DropCompute(name="dropcompute", text=spec.text, **parse_options(spec, default="auto"))
 
 
-def parse_options(spec: Spec, *, default: str) -> dict:
-    """The DropCompute options of ``spec`` as keyword arguments of :class:`DropCompute`."""
+def parse_options(spec: Spec, *, default: str, stop: str = "preempt") -> dict:
+    """The DropCompute options of ``spec`` as keyword arguments of :class:`DropCompute`;
+    ``default`` is the threshold and ``stop`` the stopping convention when none is given."""
     threshold, drop_rate = _threshold(spec, default)
     calibrate = spec.get_int("calibrate", 20, minimum=1)
     recalibrate = spec.get_int("recalibrate", 0, minimum=0) or None
@@ -273,7 +274,7 @@ def parse_options(spec: Spec, *, default: str) -> dict:
         "recalibrate": recalibrate,
         "divide_by": _choice(spec, "divide-by", "m", DIVIDE_BY),
         "compensate": _choice(spec, "compensate", "none", COMPENSATIONS),
-        "preempt": _choice(spec, "stop", "preempt", STOPS) == "preempt",
+        "preempt": _choice(spec, "stop", stop, STOPS) == "preempt",
     }
 
 

@@ -6,9 +6,12 @@ are averaged by an allreduce: theta <- (1/N) sum_n theta_n. One round (one recor
 
 With a threshold (``threshold=SECONDS|auto`` or ``drop-rate=p``, as in ``dropcompute``) the
 compute time since the last average is compared with tau at each local step, "leveraging
-periodic synchronization instead of gradient accumulations" (App. B.3): a worker past tau skips
-its remaining local steps and joins the average with the model it has. Without one
-(the default) nothing is dropped, and H = 1 is synchronous SGD.
+periodic synchronization instead of gradient accumulations" (App. B.3: "comparing the compute
+time with a threshold at each local step"): a worker past tau skips its remaining local steps
+and joins the average with the model it has. So the check runs between units by default
+(``stop=between``: the local step in flight finishes and counts); ``stop=preempt`` stops a
+worker in the middle of a local step, as DropCompute's Algorithm 1 does inside one step.
+Without a threshold (the default) nothing is dropped, and H = 1 is synchronous SGD.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ def build_local_sgd(spec: Spec) -> DropCompute:
     """``local-sgd:period=H[,threshold=...,drop-rate=...,calibrate=...,...]``."""
     spec.require_known(("period", *KEYS))
     period = spec.get_int("period", minimum=1)
-    options = parse_options(spec, default="inf")
+    options = parse_options(spec, default="inf", stop="between")
     if options["compensate"] == "larger-batch":
         raise UsageError(
             f"{spec.text!r}: compensate=larger-batch applies to micro-batches of one step; "
