@@ -54,12 +54,28 @@ def add_scenario_arguments(p: argparse.ArgumentParser) -> None:
         help="virtual seconds to simulate",
     )
     p.add_argument("--lr", type=float, default=None, help="learning rate (default: the task's)")
-    p.add_argument("--eval-every", type=int, default=10, help="evaluate every this many updates")
+    evals = p.add_mutually_exclusive_group()
+    evals.add_argument(
+        "--eval-interval",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="evaluate every this many virtual seconds, the same instants for every strategy "
+        "(default with --time-budget: 1/100 of it)",
+    )
+    evals.add_argument(
+        "--eval-every",
+        type=int,
+        default=None,
+        metavar="UPDATES",
+        help="evaluate every this many updates instead (default with --iterations: 10)",
+    )
     p.add_argument(
         "--target-loss",
         type=float,
         default=None,
-        help="report the virtual time at which the train loss first reaches this",
+        help="report the virtual time at which the train loss first reaches this "
+        "(interpolated between the two evaluations around it)",
     )
 
 
@@ -96,5 +112,6 @@ def scenario_from_args(args: argparse.Namespace, *, default_iterations: int = 20
         iterations=iterations,
         time_budget=args.time_budget,
         eval_every=args.eval_every,
+        eval_interval=args.eval_interval,
         target_loss=args.target_loss,
     )

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -28,6 +29,7 @@ from tailtrain.sim.allreduce_learner import RoundLearner
 from tailtrain.sim.allreduce_timing import RoundClock, Stops, measured, stop_rule
 from tailtrain.sim.durations import DelaySource
 from tailtrain.sim.engine import Progress
+from tailtrain.sim.evaluation import Evaluator
 from tailtrain.sim.records import RunRecord
 from tailtrain.sim.scenario import Scenario, World
 from tailtrain.strategies.base import ArrivalColumns, Plan, Selection, StepStats, Strategy
@@ -71,15 +73,20 @@ def simulate_allreduce(
         micro_batches=scenario.micro_batches or 1,
     )
     record = RunRecord()
-    evaluate(run, record, world)
+    evals = Evaluator(scenario.evaluation, record, run.learner is not None)
+    evals.start(lambda: world.task.evaluate(run.learner.theta))
     while not finished(world, run, plan := strategy.plan(run.state)):
+        before = None if run.learner is None else run.learner.theta
         one_round(run, plan, record, world)
-        if run.step % scenario.eval_every == 0:
-            evaluate(run, record, world)
+        evals.after_step(
+            run.step,
+            run.now,
+            partial(world.task.evaluate, before),
+            lambda: world.task.evaluate(run.learner.theta),
+        )
         if progress is not None:
             progress(run.step, run.now)
-    if run.step % scenario.eval_every != 0:
-        evaluate(run, record, world)
+    evals.finish(run.step, run.now, lambda: world.task.evaluate(run.learner.theta))
     record.summary = {**world.summarise(strategy, record), **summarise(record)}
     return record
 
@@ -214,10 +221,3 @@ def summarise(record: RunRecord) -> dict[str, Any]:
         else 1.0,
         "mean_completed": float(done.sum() / sum(len(r["completed"]) for r in record.steps)),
     }
-
-
-def evaluate(run: _Run, record: RunRecord, world: World) -> None:
-    if run.learner is None:
-        return
-    scores = world.task.evaluate(run.learner.theta)
-    record.add_eval({"step": run.step, "time": run.now, **scores})

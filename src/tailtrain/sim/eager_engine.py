@@ -23,7 +23,9 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -34,6 +36,7 @@ from tailtrain.sim.durations import DelaySource
 from tailtrain.sim.eager_models import Gradients, ModelStore
 from tailtrain.sim.eager_processes import Processes, SendBuffers, Work
 from tailtrain.sim.engine import Progress
+from tailtrain.sim.evaluation import Evaluator
 from tailtrain.sim.records import RunRecord
 from tailtrain.sim.scenario import Scenario, World
 from tailtrain.strategies.base import ArrivalColumns, Selection, StepStats, Strategy
@@ -90,15 +93,20 @@ def simulate_eager(
     world = World.build(scenario, seed, task=task, delays=delays)
     run = _start(world, strategy, seed)
     record = RunRecord()
-    _evaluate(run, record)
+    evals = Evaluator(scenario.evaluation, record, run.models is not None)
+    evals.start(lambda: _scores(run, _average_model(run)))
     while not world.finished(run.round, run.now):
+        before = _average_model(run)
         _one_round(run, record)
-        if run.round % scenario.eval_every == 0:
-            _evaluate(run, record)
+        evals.after_step(
+            run.round,
+            run.now,
+            partial(_scores, run, before),
+            lambda: _scores(run, _average_model(run)),
+        )
         if progress is not None:
             progress(run.round, run.now)
-    if run.round % scenario.eval_every != 0:
-        _evaluate(run, record)
+    evals.finish(run.round, run.now, lambda: _scores(run, _average_model(run)))
     record.summary = {**world.summarise(strategy, record), **_summary(record)}
     return record
 
@@ -244,12 +252,14 @@ def _row(run: _Run, done: _Round, stats: StepStats) -> dict[str, Any]:
     }
 
 
-def _evaluate(run: _Run, record: RunRecord) -> None:
-    """Scores of the processes' average model (the model a synchronisation would give)."""
-    if run.models is None:
-        return
-    scores = run.world.task.evaluate(run.models.mean(run.procs.model))
-    record.add_eval({"step": run.round, "time": run.now, **scores})
+def _average_model(run: _Run) -> Callable[[], torch.Tensor] | None:
+    """The processes' average model (what a synchronisation would give), on demand."""
+    return None if run.models is None else run.models.mean_later(run.procs.model)
+
+
+def _scores(run: _Run, model: Callable[[], torch.Tensor] | None) -> dict[str, Any]:
+    assert model is not None
+    return run.world.task.evaluate(model())
 
 
 def _summary(record: RunRecord) -> dict[str, float]:

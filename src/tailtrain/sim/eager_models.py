@@ -9,6 +9,7 @@ rows sit on different copies), never from a per-process loop.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -50,12 +51,16 @@ class ModelStore:
 
     def mean(self, ids: np.ndarray) -> torch.Tensor:
         """The average of the processes' models (what a model synchronisation gives)."""
+        return self.mean_later(ids)()
+
+    def mean_later(self, ids: np.ndarray) -> Callable[[], torch.Tensor]:
+        """:meth:`mean` of today's models, computed on demand, even after they are dropped."""
         uniq, counts = np.unique(ids, return_counts=True)
-        if uniq.size == 1:
-            return self.models[int(uniq[0])]
-        stacked = torch.stack([self.models[int(u)] for u in uniq])
-        weights = torch.as_tensor(counts / ids.size, dtype=stacked.dtype)
-        return weights @ stacked
+        held = [self.models[int(u)] for u in uniq]
+        if len(held) == 1:
+            return lambda: held[0]
+        weights = counts / ids.size
+        return lambda: torch.as_tensor(weights, dtype=held[0].dtype) @ torch.stack(held)
 
     def average(self, ids: np.ndarray) -> np.ndarray:
         """Synchronise: every process gets the mean model (unchanged if all are equal)."""

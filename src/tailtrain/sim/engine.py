@@ -11,11 +11,13 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import numpy as np
 
 from tailtrain.sim.durations import DelaySource
+from tailtrain.sim.evaluation import Evaluator
 from tailtrain.sim.records import RunRecord
 from tailtrain.sim.scenario import Scenario, World
 from tailtrain.sim.timeline import IDLE, ServerTimeline, StepArrivals
@@ -60,15 +62,20 @@ def simulate_parameter_server(
         trainer=world.trainer,
     )
     record = RunRecord()
-    evaluate(run, record, world)
+    evals = Evaluator(scenario.evaluation, record, run.trainer is not None)
+    evals.start(lambda: scores(world, current_model(run)))
     while not world.finished(run.step, run.timeline.now):
+        before = current_model(run)
         one_step(run, record, world)
-        if run.trainer is not None and run.step % scenario.eval_every == 0:
-            evaluate(run, record, world)
+        evals.after_step(
+            run.step,
+            run.timeline.now,
+            partial(scores, world, before),
+            lambda: scores(world, current_model(run)),
+        )
         if progress is not None:
             progress(run.step, run.timeline.now)
-    if run.trainer is not None and run.step % scenario.eval_every != 0:
-        evaluate(run, record, world)
+    evals.finish(run.step, run.timeline.now, lambda: scores(world, current_model(run)))
     record.summary = world.summarise(strategy, record)
     return record
 
@@ -172,8 +179,10 @@ def step_row(
     }
 
 
-def evaluate(run: _Run, record: RunRecord, world: World) -> None:
-    if run.trainer is None:
-        return
-    scores = world.task.evaluate(run.trainer.versions[run.version])
-    record.add_eval({"step": run.step, "time": run.timeline.now, **scores})
+def current_model(run: _Run) -> Any:
+    """The parameters of the newest version (None when timing only)."""
+    return None if run.trainer is None else run.trainer.versions[run.version]
+
+
+def scores(world: World, theta: Any) -> dict[str, Any]:
+    return world.task.evaluate(theta)

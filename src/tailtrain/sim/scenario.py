@@ -12,6 +12,7 @@ from tailtrain.delays import DelayProcess, parse_delay, parse_pattern
 from tailtrain.delays.comm import parse_comm_time
 from tailtrain.errors import UsageError
 from tailtrain.sim.durations import DelaySource, JobDurations
+from tailtrain.sim.evaluation import EvalSchedule, time_to_target
 from tailtrain.sim.records import RunRecord
 from tailtrain.sim.trainer import Trainer
 from tailtrain.strategies.base import Context, Strategy
@@ -35,7 +36,8 @@ class Scenario:
     lr: float | None = None
     iterations: int | None = None
     time_budget: float | None = None
-    eval_every: int = 10
+    eval_every: int | None = None
+    eval_interval: float | None = None
     target_loss: float | None = None
 
     def __post_init__(self) -> None:
@@ -59,8 +61,23 @@ class Scenario:
             )
         if self.micro_batches is not None and self.micro_batches < 1:
             raise UsageError(f"--micro-batches must be >= 1, got {self.micro_batches}")
-        if self.eval_every < 1:
+        if self.eval_every is not None and self.eval_every < 1:
             raise UsageError(f"--eval-every must be >= 1, got {self.eval_every}")
+        if self.eval_interval is not None and not 0 < self.eval_interval < math.inf:
+            raise UsageError(
+                f"--eval-interval must be finite virtual seconds > 0, got {self.eval_interval}"
+            )
+        if self.eval_every is not None and self.eval_interval is not None:
+            raise UsageError("give one of --eval-every and --eval-interval, not both")
+
+    @property
+    def evaluation(self) -> EvalSchedule:
+        """When the run evaluates its model (``sim.evaluation``)."""
+        return EvalSchedule.of(
+            eval_interval=self.eval_interval,
+            eval_every=self.eval_every,
+            time_budget=self.time_budget,
+        )
 
 
 @dataclass(frozen=True)
@@ -127,13 +144,3 @@ class World:
             "time_to_target": time_to_target(record, self.scenario.target_loss),
             "target_loss": self.scenario.target_loss,
         }
-
-
-def time_to_target(record: RunRecord, target: float | None) -> float | None:
-    """First virtual time at which the evaluated train loss is at or below ``target``."""
-    if target is None:
-        return None
-    for row in record.evals:
-        if row.get("train_loss", math.inf) <= target:
-            return float(row["time"])
-    return None
