@@ -114,10 +114,12 @@ def test_a_late_process_adopts_only_the_latest_result():
     """eager-SGD §5, Fig. 7: P1 (2.5 s) misses rounds 0 and 1 of P0 (1 s); at 2.5 s it buffers
     its gradient, takes round 1's result only and round 2 delivers the stale gradient."""
     task, lr = ConstantTask(2), 0.1
-    scenario = Scenario(task="logreg", workers=2, iterations=3, lr=lr, eval_every=100)
+    scenario = Scenario(
+        task="logreg", workers=2, iterations=3, lr=lr, eval_every=100, network="hop=0"
+    )
     record = simulate_eager(
         scenario,
-        parse_strategy("eager:mode=solo,hop=0"),
+        parse_strategy("eager:mode=solo"),
         0,
         task=task,
         delays=FixedDelays([1.0, 2.5]),
@@ -202,9 +204,14 @@ def test_model_synchronisation_reunites_the_copies():
 
 def test_round_time_is_activation_hops_plus_allreduce():
     scenario = Scenario(
-        task="none", workers=4, delay="const:value=1", comm_time="0.5", iterations=6
+        task="none",
+        workers=4,
+        delay="const:value=1",
+        comm_time="0.5",
+        iterations=6,
+        network="hop=0.01",
     )
-    strategy = parse_strategy("eager:mode=solo,hop=0.01,sync-every=3,staleness-bound=0")
+    strategy = parse_strategy("eager:mode=solo,sync-every=3,staleness-bound=0")
     times = np.diff(simulate_eager(scenario, strategy, 0).column("time"), prepend=0.0)
     partial, model_sync = 1 + 2 * 0.01 + 0.5, 1 + 2 * 0.5  # 2 hops; a sync is 2 allreduces
     expected = [partial, partial, model_sync] * 2
@@ -263,8 +270,15 @@ def test_gradients_on_several_model_copies_match_one_call_per_copy():
 
 def test_quorum_of_every_process_is_sync_sgd_under_random_delays():
     """K = P: everybody is active every round, so even the clock matches sync SGD (hop 0)."""
-    scenario = Scenario(task="logreg", workers=N, delay="exp:rate=1", iterations=8, eval_every=4)
+    scenario = Scenario(
+        task="logreg",
+        workers=N,
+        delay="exp:rate=1",
+        iterations=8,
+        eval_every=4,
+        network="hop=0",
+    )
     expected, reference = run_with(simulate_parameter_server, "sync", scenario, seed=5)
-    got, record = run_with(simulate_eager, f"eager:mode=quorum,k={N},hop=0", scenario, seed=5)
+    got, record = run_with(simulate_eager, f"eager:mode=quorum,k={N}", scenario, seed=5)
     torch.testing.assert_close(got, expected, rtol=0, atol=1e-6)
     np.testing.assert_allclose(record.column("time"), reference.column("time"))

@@ -58,7 +58,7 @@ def final_params(strategy_text: str, scenario: Scenario, seed: int = 0) -> torch
     task = CaptureTask(parse_task(scenario.task, seed=seed))
     from tailtrain.sim import run
 
-    module, _, name = run.ENGINES[strategy.engine].partition(":")
+    module, _, name = run.ENGINES[strategy.topology].partition(":")
     engine = getattr(__import__(module, fromlist=[name]), name)
     engine(scenario, strategy, seed, None, task=task)
     return task.theta

@@ -17,7 +17,7 @@ N = 6
 def test_parse_and_describe():
     rule = parse_strategy("dbw-quorum:window=3,beta=1.05,lr=proportional,sync-every=10")
     assert (rule.window, rule.beta, rule.lr_rule, rule.sync_every) == (3, 1.05, "proportional", 10)
-    assert rule.engine == "eager"
+    assert rule.topology == "partial-collective"
     assert parse_strategy(rule.describe()) == rule
 
 

@@ -167,7 +167,7 @@ def test_larger_batch_needs_micro_batches():
 def test_defaults_and_options():
     rule = parse_strategy("dropcompute")
     assert rule.threshold is None and rule.drop_rate is None and rule.calibrate == 20
-    assert rule.engine == "allreduce" and rule.preempt and rule.divide_by == "m"
+    assert rule.topology == "allreduce" and rule.preempt and rule.divide_by == "m"
     fixed = parse_strategy("dropcompute:threshold=2.5,stop=between,compensate=resample")
     assert fixed.threshold == 2.5 and not fixed.preempt and rule.plan(rule.init(Context(2))).k == 2
     assert fixed.plan(fixed.init(Context(2))).requeue_dropped

@@ -35,10 +35,10 @@ def test_parse_defaults_and_describe():
         0,
         REFERENCE_STALENESS_BOUND,
     )
-    assert rule.engine == "eager"
+    assert rule.topology == "partial-collective"
     for text in (
         "eager:mode=quorum,k=3,sync-every=7",
-        "eager:mode=majority,hop=0,staleness-bound=0",
+        "eager:mode=majority,staleness-bound=0",
     ):
         rule = parse_strategy(text)
         assert parse_strategy(rule.describe()) == rule
@@ -54,8 +54,8 @@ def test_parse_defaults_and_describe():
         "eager:mode=quorum,k=0",
         "eager:sync-every=-1",
         "eager:staleness-bound=x",
-        "eager:hop=-1",
-        "eager:hop=inf",
+        "eager:hop=0",
+        "dbw-quorum:hop=1e-6",
         "eager:speed=2",
     ],
 )
@@ -124,3 +124,8 @@ def test_every_contribution_weighs_one_over_p_in_any_order(order, n):
     selection = rule.select(state, arrivals)
     assert selection.now == dict.fromkeys(range(5), 1 / n)
     assert not selection.later
+
+
+def test_hop_latency_is_a_network_property_not_a_rule_parameter():
+    with pytest.raises(UsageError, match="--network hop=2e-6"):
+        parse_strategy("eager:mode=solo,hop=2e-6")

@@ -9,8 +9,8 @@ from dataclasses import asdict
 from rich.console import Console
 from rich.table import Table
 
+from tailtrain.network import DEFAULT_HOP
 from tailtrain.sim.eager_microbench import CollectiveStats, Microbenchmark, run_microbenchmark
-from tailtrain.strategies.eager import DEFAULT_HOP
 
 
 def register(sub: argparse._SubParsersAction) -> None:

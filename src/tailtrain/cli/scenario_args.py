@@ -44,6 +44,13 @@ def add_scenario_arguments(p: argparse.ArgumentParser) -> None:
         metavar="SECONDS|SPEC",
         help="communication time per iteration (allreduce strategies), seconds or a delay spec",
     )
+    p.add_argument(
+        "--network",
+        default=None,
+        metavar="hop=S,overhead=S",
+        help="interconnect latencies for partial collectives: activation hop and per-call "
+        "overhead in seconds (default: hop=1.5e-6,overhead=0)",
+    )
     budget = p.add_mutually_exclusive_group()
     budget.add_argument("--iterations", type=int, default=None, help="number of updates")
     budget.add_argument(
@@ -106,6 +113,7 @@ def scenario_from_args(args: argparse.Namespace, *, default_iterations: int = 20
         pattern=args.pattern,
         micro_batches=args.micro_batches,
         comm_time=args.comm_time,
+        network=args.network,
         partition=args.partition,
         data=args.data,
         lr=args.lr,

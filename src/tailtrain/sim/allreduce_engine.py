@@ -93,8 +93,7 @@ def simulate_allreduce(
 
 def build_process(scenario: Scenario, strategy: Strategy, seed: int) -> DelayProcess:
     """The seeded delay process, with room for the most micro-batches the strategy may ask."""
-    capacity = getattr(strategy, "micro_batch_capacity", None)
-    m = scenario.micro_batches if capacity is None else capacity(scenario.micro_batches)
+    m = strategy.micro_batch_capacity(scenario.micro_batches)
     delay, pattern = parse_delay(scenario.delay), parse_pattern(scenario.pattern)
     return DelayProcess(delay, pattern, seed, scenario.workers, m)
 

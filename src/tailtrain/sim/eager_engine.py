@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from tailtrain.network import NetworkModel, parse_network
 from tailtrain.sim.collectives import CommTimes, Network, RoundTiming, resolve_round
 from tailtrain.sim.durations import DelaySource
 from tailtrain.sim.eager_models import Gradients, ModelStore
@@ -40,7 +41,7 @@ from tailtrain.sim.evaluation import Evaluator
 from tailtrain.sim.records import RunRecord
 from tailtrain.sim.scenario import Scenario, World
 from tailtrain.strategies.base import ArrivalColumns, Selection, StepStats, Strategy
-from tailtrain.strategies.eager import DEFAULT_HOP, RoundPlan
+from tailtrain.strategies.eager import RoundPlan
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +57,7 @@ class _Run:
     buffers: SendBuffers
     models: ModelStore | None
     comm: CommTimes
-    hop: float
+    network: NetworkModel
     round: int = 0
     now: float = 0.0
     last_update: torch.Tensor | None = None  # the latest result, what a late process adopts
@@ -123,7 +124,7 @@ def _start(world: World, strategy: Strategy, seed: int) -> _Run:
         buffers=SendBuffers(),
         models=None if world.trainer is None else ModelStore(world.trainer),
         comm=CommTimes(world.scenario.comm_time, seed),
-        hop=float(getattr(strategy, "hop", DEFAULT_HOP)),
+        network=parse_network(world.scenario.network),
     )
 
 
@@ -147,9 +148,8 @@ def _play(run: _Run, plan: RoundPlan) -> _Round:
     calls = procs.ready.copy()
     calls[behind] += took
     comm = run.comm.next() * (2 if plan.average_models else 1)  # a model sync is a 2nd allreduce
-    timing = resolve_round(
-        calls, plan.collective, Network(run.hop, comm), k=plan.k, initiator=plan.initiator
-    )
+    network = Network(run.network.hop, comm + run.network.overhead)
+    timing = resolve_round(calls, plan.collective, network, k=plan.k, initiator=plan.initiator)
     complete, reach = float(timing.complete), float(timing.reach)
     late = _arrive_late(run, behind, took, complete)
     on_time = procs.step == r

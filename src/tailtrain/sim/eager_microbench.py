@@ -16,8 +16,9 @@ import numpy as np
 
 from tailtrain.delays import DelayProcess
 from tailtrain.errors import UsageError
+from tailtrain.network import DEFAULT_HOP
 from tailtrain.sim.collectives import Network, activation_hops, latencies, resolve_round
-from tailtrain.strategies.eager import DEFAULT_HOP, Collective, majority_initiator
+from tailtrain.strategies.eager import Collective, majority_initiator
 
 #: the order of the report: the synchronous baseline first
 BENCHMARKED = (Collective.ALLREDUCE, Collective.SOLO, Collective.MAJORITY, Collective.QUORUM)

@@ -1,4 +1,4 @@
-"""Entry point of the simulator: picks the engine a strategy belongs to."""
+"""Entry point of the simulator: picks the engine of a strategy's topology."""
 
 from __future__ import annotations
 
@@ -7,13 +7,13 @@ import importlib
 from tailtrain.sim.engine import Progress
 from tailtrain.sim.records import RunRecord
 from tailtrain.sim.scenario import Scenario
-from tailtrain.strategies.base import Strategy
+from tailtrain.strategies.base import Strategy, Topology
 
-#: engine name -> module exposing ``simulate(scenario, strategy, seed, progress) -> RunRecord``
+#: topology -> the simulator engine ``simulate(scenario, strategy, seed, progress) -> RunRecord``
 ENGINES = {
-    "parameter-server": "tailtrain.sim.engine:simulate_parameter_server",
-    "allreduce": "tailtrain.sim.allreduce_engine:simulate_allreduce",
-    "eager": "tailtrain.sim.eager_engine:simulate_eager",
+    Topology.PARAMETER_SERVER: "tailtrain.sim.engine:simulate_parameter_server",
+    Topology.ALLREDUCE: "tailtrain.sim.allreduce_engine:simulate_allreduce",
+    Topology.PARTIAL_COLLECTIVE: "tailtrain.sim.eager_engine:simulate_eager",
 }
 
 
@@ -21,5 +21,5 @@ def simulate(
     scenario: Scenario, strategy: Strategy, seed: int, progress: Progress | None = None
 ) -> RunRecord:
     """Run ``strategy`` on ``scenario`` with ``seed``; the same inputs give the same record."""
-    module, _, name = ENGINES[strategy.engine].partition(":")
+    module, _, name = ENGINES[strategy.topology].partition(":")
     return getattr(importlib.import_module(module), name)(scenario, strategy, seed, progress)

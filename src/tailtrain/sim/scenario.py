@@ -11,6 +11,7 @@ import numpy as np
 from tailtrain.delays import DelayProcess, parse_delay, parse_pattern
 from tailtrain.delays.comm import parse_comm_time
 from tailtrain.errors import UsageError
+from tailtrain.network import parse_network
 from tailtrain.sim.durations import DelaySource, JobDurations
 from tailtrain.sim.evaluation import EvalSchedule, time_to_target
 from tailtrain.sim.records import RunRecord
@@ -31,6 +32,7 @@ class Scenario:
     pattern: str = "iid"
     micro_batches: int | None = None
     comm_time: str | None = None
+    network: str | None = None
     partition: str = "iid"
     data: str | None = None
     lr: float | None = None
@@ -54,6 +56,7 @@ class Scenario:
         if self.target_loss is not None and not math.isfinite(self.target_loss):
             raise UsageError(f"--target-loss must be a finite number, got {self.target_loss}")
         parse_comm_time(self.comm_time)
+        parse_network(self.network)
         if self.time_budget is not None and not parse_delay(self.delay).mean > 0:
             raise UsageError(
                 f"delay {self.delay!r} takes no time, so the virtual clock never reaches "

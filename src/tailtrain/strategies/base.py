@@ -21,6 +21,17 @@ from typing import Any, ClassVar, overload
 import numpy as np
 
 
+class Topology(StrEnum):
+    """How the workers exchange gradients; each engine family maps it to its own engine."""
+
+    #: a server collects arrivals and broadcasts versions (slow-and-stale, DBW, LGC)
+    PARAMETER_SERVER = "parameter-server"
+    #: every worker joins one allreduce per round (DropCompute, Local-SGD)
+    ALLREDUCE = "allreduce"
+    #: an allreduce that completes without the late processes (eager-SGD)
+    PARTIAL_COLLECTIVE = "partial-collective"
+
+
 class SyncMode(StrEnum):
     """How a parameter server and its workers synchronise (DBW §2)."""
 
@@ -202,8 +213,8 @@ class Strategy(ABC):
 
     #: registry name, e.g. ``"k-sync"``
     name: str
-    #: which simulator drives it: "parameter-server", "allreduce" or "eager"
-    engine: ClassVar[str] = "parameter-server"
+    #: how its workers exchange gradients; the engine family picks its engine from it
+    topology: ClassVar[Topology] = Topology.PARAMETER_SERVER
 
     @abstractmethod
     def init(self, ctx: Context) -> Any:
@@ -222,6 +233,11 @@ class Strategy(ABC):
         """Update the state after a step; static strategies keep it."""
         del stats
         return state
+
+    def micro_batch_capacity(self, micro_batches: int | None) -> int | None:
+        """The most micro-batches a step may ask for, given the scenario's M; engines size
+        their delay draws with it before the first step. Most rules never change M."""
+        return micro_batches
 
     def describe(self) -> str:
         return self.name

@@ -27,9 +27,18 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from typing import ClassVar
 
 from tailtrain.spec import Spec
-from tailtrain.strategies.base import Arrival, Context, Selection, StepStats, Strategy, SyncMode
+from tailtrain.strategies.base import (
+    Arrival,
+    Context,
+    Selection,
+    StepStats,
+    Strategy,
+    SyncMode,
+    Topology,
+)
 from tailtrain.strategies.dbw import (
     DEFAULT_BETA,
     DEFAULT_WINDOW,
@@ -37,7 +46,6 @@ from tailtrain.strategies.dbw import (
     DbwState,
 )
 from tailtrain.strategies.eager import (
-    DEFAULT_HOP,
     EAGER_KEYS,
     REFERENCE_STALENESS_BOUND,
     Collective,
@@ -68,14 +76,13 @@ class DbwQuorum(Strategy):
     lr_rule: str = "fixed"
     sync_every: int = 0
     staleness_bound: int = REFERENCE_STALENESS_BOUND
-    hop: float = DEFAULT_HOP
     name: str = "dbw-quorum"
-    engine = "eager"
+    topology: ClassVar[Topology] = Topology.PARTIAL_COLLECTIVE
 
     @property
     def collective(self) -> EagerSGD:
         """The eager-SGD quorum rule whose K this strategy steers."""
-        return EagerSGD(Collective.QUORUM, None, self.sync_every, self.staleness_bound, self.hop)
+        return EagerSGD(Collective.QUORUM, None, self.sync_every, self.staleness_bound)
 
     @property
     def dbw(self) -> Dbw:
@@ -110,8 +117,9 @@ class DbwQuorum(Strategy):
 
 
 def build_dbw_quorum(spec: Spec) -> DbwQuorum:
-    """``dbw-quorum:window=,beta=,lr=fixed|proportional,sync-every=,staleness-bound=,hop=``."""
+    """``dbw-quorum:window=,beta=,lr=fixed|proportional,sync-every=,staleness-bound=``."""
+    bounds = parse_bounds(spec)
     spec.require_known(("window", "beta", "lr", *EAGER_KEYS))
     window = spec.get_int("window", DEFAULT_WINDOW, minimum=1)
     beta = spec.get_float("beta", DEFAULT_BETA, minimum=1.0)
-    return DbwQuorum(window, beta, parse_lr_rule(spec), **parse_bounds(spec))
+    return DbwQuorum(window, beta, parse_lr_rule(spec), **bounds)

@@ -48,6 +48,7 @@ from tailtrain.strategies.base import (
     StepStats,
     Strategy,
     SyncMode,
+    Topology,
 )
 from tailtrain.theory.dropcompute import empirical_threshold
 
@@ -92,7 +93,7 @@ class DropCompute(Strategy):
     preempt: bool = True
     period: int = 1
     text: str = field(default="", compare=False)
-    engine: ClassVar[str] = "allreduce"
+    topology: ClassVar[Topology] = Topology.ALLREDUCE
 
     # ---- the rule ---------------------------------------------------------------------------
     def init(self, ctx: Context) -> DropComputeState:

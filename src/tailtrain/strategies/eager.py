@@ -18,8 +18,8 @@ allreduce (the reference code's solo limiter, ``LIMITER 32`` partial calls then 
 synchronous call: B = 33), which bounds the staleness τ of Lemma 6.1; ``sync-every=S``
 averages the processes' models every S rounds (§5: "we periodically synchronize the models").
 
-``hop`` is not part of the rule: it is the virtual latency of one activation message, which
-the simulator needs (activation reaches every process in ⌈log2 P⌉ hops, §4.1.1).
+The activation's message latency is not part of the rule: it is a property of the network
+(``tailtrain.network``, ``--network hop=``), which the engines own.
 """
 
 from __future__ import annotations
@@ -27,12 +27,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from enum import StrEnum
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
-from tailtrain.delays.params import duration
 from tailtrain.errors import UsageError
+from tailtrain.network import moved_to_network
 from tailtrain.spec import Spec
 from tailtrain.strategies.base import (
     Arrival,
@@ -43,12 +43,11 @@ from tailtrain.strategies.base import (
     StepStats,
     Strategy,
     SyncMode,
+    Topology,
 )
 
 #: the reference code's solo limiter: 32 partial calls, then one synchronous call
 REFERENCE_STALENESS_BOUND = 33
-#: Aries small-message latency order of magnitude; the paper gives no figure (see report)
-DEFAULT_HOP = 1.5e-6
 #: stream tag that separates the majority initiator draws from every other seeded stream
 _INITIATOR_STREAM = 0x6D616A  # "maj"
 
@@ -138,9 +137,8 @@ class EagerSGD(Strategy):
     k: int | None = None
     sync_every: int = 0
     staleness_bound: int = REFERENCE_STALENESS_BOUND
-    hop: float = DEFAULT_HOP
     name: str = "eager"
-    engine = "eager"
+    topology: ClassVar[Topology] = Topology.PARTIAL_COLLECTIVE
 
     def init(self, ctx: Context) -> EagerState:
         return EagerState(ctx.n_workers, ctx.seed, quorum_size(self.mode, self.k, ctx.n_workers))
@@ -164,14 +162,12 @@ class EagerSGD(Strategy):
 
 
 def bound_params(rule: EagerSGD | Any) -> list[str]:
-    """The non-default synchronisation bounds and hop latency, as spec text."""
+    """The non-default synchronisation bounds, as spec text."""
     parts = []
     if rule.sync_every:
         parts.append(f"sync-every={rule.sync_every}")
     if rule.staleness_bound != REFERENCE_STALENESS_BOUND:
         parts.append(f"staleness-bound={rule.staleness_bound}")
-    if rule.hop != DEFAULT_HOP:
-        parts.append(f"hop={rule.hop!r}")
     return parts
 
 
@@ -194,20 +190,22 @@ def fresh_mask(arrivals: Sequence[Arrival], round_index: int) -> np.ndarray:
     return np.array([a.version == round_index for a in arrivals], dtype=bool)
 
 
-EAGER_KEYS = ("sync-every", "staleness-bound", "hop")
+EAGER_KEYS = ("sync-every", "staleness-bound")
 
 
-def parse_bounds(spec: Spec) -> dict[str, float | int]:
-    """The synchronisation bounds and the hop latency every eager strategy takes."""
+def parse_bounds(spec: Spec) -> dict[str, int]:
+    """The synchronisation bounds every eager strategy takes."""
+    if spec.has("hop"):
+        raise moved_to_network("hop", spec.get_str("hop"), spec.text)
     return {
         "sync_every": spec.get_int("sync-every", 0, minimum=0),
         "staleness_bound": spec.get_int("staleness-bound", REFERENCE_STALENESS_BOUND, minimum=0),
-        "hop": duration(spec, "hop", DEFAULT_HOP),
     }
 
 
 def build_eager(spec: Spec) -> EagerSGD:
-    """``eager:mode=solo|majority|quorum,k=,sync-every=,staleness-bound=,hop=``."""
+    """``eager:mode=solo|majority|quorum,k=,sync-every=,staleness-bound=``."""
+    parse_bounds(spec)  # names a moved key before the generic unknown-key message
     spec.require_known(("mode", "k", *EAGER_KEYS))
     raw = spec.get_str("mode", Collective.SOLO.value)
     if raw not in {m.value for m in PARTIAL_MODES}:

@@ -1,0 +1,69 @@
+"""The scenario's network: properties of the interconnect, never of a strategy's rule.
+
+``--network hop=SECONDS,overhead=SECONDS[,allreduce=SECONDS]``:
+
+- ``hop``: latency of one point-to-point activation message of a partial collective; the
+  activation reaches every process in ⌈log2 P⌉ hops (eager-SGD §4.1.1). Default 1.5 µs, an
+  Aries-class small-message latency (the paper gives none).
+- ``overhead``: the software cost every collective call pays, even when its result is ready
+  (fflib2's per-call cost, which eager-SGD's Fig. 9 ratios imply; default 0).
+- ``allreduce``: duration of one allreduce of the collective microbenchmark's one-element
+  buffer (default: ⌈log2 P⌉ hops, recursive doubling). In training the allreduce of gradients
+  takes ``--comm-time`` instead, which is a per-update communication cost.
+
+``tailtrain bench collectives`` measures these on real processes and writes them in this form.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tailtrain.delays.params import duration
+from tailtrain.errors import UsageError
+from tailtrain.spec import parse_spec
+
+#: Aries small-message latency order of magnitude; eager-SGD gives no figure
+DEFAULT_HOP = 1.5e-6
+KEYS = ("hop", "overhead", "allreduce")
+
+
+@dataclass(frozen=True)
+class NetworkModel:
+    """Latencies of the interconnect, in seconds; ``allreduce`` None means ⌈log2 P⌉ hops."""
+
+    hop: float = DEFAULT_HOP
+    overhead: float = 0.0
+    allreduce: float | None = None
+
+    def spec(self) -> str:
+        """The ``--network`` text that gives this model back."""
+        parts = [f"hop={self.hop!r}", f"overhead={self.overhead!r}"]
+        if self.allreduce is not None:
+            parts.append(f"allreduce={self.allreduce!r}")
+        return ",".join(parts)
+
+
+def parse_network(text: str | None) -> NetworkModel:
+    """``hop=,overhead=,allreduce=`` (any subset, seconds >= 0); None gives the defaults."""
+    if text is None or not text.strip():
+        return NetworkModel()
+    spec = parse_spec(f"network:{text}", what="--network")
+    unknown = sorted(set(spec.params) - set(KEYS))
+    if unknown:
+        raise UsageError(
+            f"--network {text!r}: unknown key {unknown[0]!r}; it takes {', '.join(KEYS)} "
+            "(seconds each), e.g. --network hop=2e-6,overhead=1e-4"
+        )
+    return NetworkModel(
+        hop=duration(spec, "hop", DEFAULT_HOP),
+        overhead=duration(spec, "overhead", 0.0),
+        allreduce=duration(spec, "allreduce") if spec.has("allreduce") else None,
+    )
+
+
+def moved_to_network(key: str, value: str, rule: str) -> UsageError:
+    """The one-line error for a network property still written in a strategy spec."""
+    return UsageError(
+        f"{rule!r}: {key}= is a property of the network, not of the strategy; "
+        f"write --network {key}={value} instead"
+    )
