@@ -20,6 +20,9 @@ from typing import Any, ClassVar, overload
 
 import numpy as np
 
+from tailtrain.errors import UsageError
+from tailtrain.strategies.state import from_state_dict, to_state_dict
+
 
 class Topology(StrEnum):
     """How the workers exchange gradients; each engine family maps it to its own engine."""
@@ -233,6 +236,20 @@ class Strategy(ABC):
         """Update the state after a step; static strategies keep it."""
         del stats
         return state
+
+    def state_dict(self, state: Any) -> dict[str, Any]:
+        """``state`` as plain tensors, numbers, strings, lists and dicts (no process group, no
+        pickle), which ``torch.load(weights_only=True)`` reads back."""
+        return {"strategy": self.describe(), "state": to_state_dict(state)}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> Any:
+        """The state :meth:`state_dict` wrote; refuses a state of another strategy."""
+        if state_dict.get("strategy") != self.describe():
+            raise UsageError(
+                f"the saved strategy state is {state_dict.get('strategy')!r}, not "
+                f"{self.describe()!r}; resume with the strategy that wrote it"
+            )
+        return from_state_dict(state_dict["state"])
 
     def micro_batch_capacity(self, micro_batches: int | None) -> int | None:
         """The most micro-batches a step may ask for, given the scenario's M; engines size
