@@ -156,9 +156,9 @@ class TraceDelay(AtomicDelay):
     @cached_property
     def persistent_differences(self) -> str | None:
         """Why the workers differ persistently (see the module docstring), or None."""
-        slot = np.searchsorted(self.replay.ids, self.trace.worker)
         if self.replay.ids.size < 2 or np.ptp(self.trace.seconds) == 0:
-            return None
+            return None  # nothing to compare (and Kruskal-Wallis refuses all-equal values)
+        slot = np.searchsorted(self.replay.ids, self.trace.worker)
         order = np.argsort(slot, kind="stable")
         groups = np.split(self.trace.seconds[order], np.cumsum(np.bincount(slot))[:-1])
         p_value = float(stats.kruskal(*groups).pvalue)
