@@ -13,7 +13,10 @@ Sec. 4.3); asynchronous variants (K-async, K-batch-async, async) add it to every
 each worker exchanges with the parameter server on its own. Under a worker pattern other than
 iid, every number is simulated in independent runs (each with its own draw of the pattern's
 per-run state) and its standard error comes from the spread of the run means; job j of worker
-n is row j of the pattern's sampled block, as in the simulator.
+n is row j of the pattern's sampled block, as in the simulator. A trace replayed per worker
+(``trace:path=FILE``) is not i.i.d. across workers either, so it is simulated the same way;
+its runs replay consecutive segments of the trace, together covering all of it when the
+sample budget allows, and the output notes how the workers map onto the trace's.
 
 Best setting. Rows are compared by the effective speedup, the rate at which mini-batch
 gradients (or samples) are applied relative to sync: K E[T_sync] / (N E[T_K]) for the K-family
@@ -39,6 +42,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from tailtrain.delays import DelayModel, DelayProcess, WorkerPattern
+from tailtrain.delays.process import trace_notes, trace_terms
 from tailtrain.errors import UsageError
 from tailtrain.theory.dropcompute import (
     analytic_threshold,
@@ -120,7 +124,9 @@ class Scenario:
 
     @property
     def iid(self) -> bool:
-        return self.pattern is None or getattr(self.pattern, "spec", "iid") == "iid"
+        """i.i.d. jobs: no pattern, and no trace replayed per worker."""
+        plain = self.pattern is None or getattr(self.pattern, "spec", "iid") == "iid"
+        return plain and not self.delay.per_worker
 
     def describe(self) -> dict[str, Any]:
         comm = self.comm.spec if isinstance(self.comm, DelayModel) else self.comm
@@ -251,6 +257,9 @@ class _Context:
         notes = []
         if exact_delay is not s.delay:
             notes.append(f"{s.delay.spec!r} is negative with some probability; clipped at 0")
+        for note in trace_notes(s.delay, s.workers).values():
+            log.warning("%s", note)
+            notes.append(note)
         log.info("predict: exact job law %s", "known" if s.iid else "unused (pattern)")
         return cls(
             scenario=s,
@@ -280,17 +289,21 @@ class _Context:
         standard errors come from the spread of run means."""
         return 1 if self.scenario.iid else _RUNS
 
-    def run(self, rng: np.random.Generator, iterations: int) -> NDArray[np.float64]:
-        """t[i, n, m] of one run through the worker pattern (i.i.d. when there is none)."""
+    def run(self, rng: np.random.Generator, iterations: int, part: int = 0) -> NDArray[np.float64]:
+        """t[i, n, m] of one run through the worker pattern (i.i.d. when there is none). A
+        trace replay is deterministic, so run ``part`` replays the part-th segment of it."""
         s = self.scenario
-        process = DelayProcess(self.sampled_delay, s.pattern, rng, s.workers, s.micro_batches)
+        start = part * iterations if s.delay.per_worker else 0
+        process = DelayProcess(
+            self.sampled_delay, s.pattern, rng, s.workers, s.micro_batches, start=start
+        )
         t = process.next_block(iterations)
         return t if t.ndim == 3 else t[:, :, None]
 
     def blocks(self, rng: np.random.Generator, iterations: int) -> list[NDArray[np.float64]]:
         """t[i, n, m] of ``iterations`` in total, one block per independent run."""
         per_run = max(1, iterations // self.runs)
-        return [self.run(child, per_run) for child in rng.spawn(self.runs)]
+        return [self.run(child, per_run, part) for part, child in enumerate(rng.spawn(self.runs))]
 
     def comm_times(self, rng: np.random.Generator, shape: tuple[int, ...]) -> NDArray[np.float64]:
         if self.sampled_comm is None:
@@ -306,8 +319,11 @@ class _Context:
         return self._sync_sample
 
     def iterations_for(self, wanted: int) -> int:
-        """At most ``wanted`` iterations and ~8M micro-batch draws, at least 100."""
+        """At most ``wanted`` iterations (or all of a replayed trace) and ~8M micro-batch
+        draws, at least 100."""
         per_iteration = self.scenario.workers * self.m
+        replayed = [t.replay.lengths.max() for t in trace_terms(self.scenario.delay)]
+        wanted = max(wanted, *replayed) if self.scenario.delay.per_worker else wanted
         return int(max(100, min(wanted, 8_000_000 // per_iteration)))
 
 
@@ -400,8 +416,9 @@ def _k_async_row(ctx: _Context, k: int) -> Row:
         draw = lambda workers, index: _iid_jobs(ctx, rng, workers.shape)  # noqa: E731
     else:  # one independent run per chain; its first jobs start from its own equilibrium
         runs = [
-            ctx.run(child, iterations + 1).sum(axis=2) + ctx.comm_times(child, (iterations + 1, n))
-            for child in rng.spawn(_CHAINS)
+            ctx.run(child, iterations + 1, part).sum(axis=2)
+            + ctx.comm_times(child, (iterations + 1, n))
+            for part, child in enumerate(rng.spawn(_CHAINS))
         ]
         first = np.concatenate([equilibrium_residuals(jobs, 1, rng) for jobs in runs])
         draw = table_draw(np.stack(runs))

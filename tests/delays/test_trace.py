@@ -1,4 +1,5 @@
-"""``trace:path=FILE``: reading, the empirical model, bootstrap sampling and bad files."""
+"""``trace:path=FILE``: reading, the empirical model, per-worker replay, pooled bootstrap
+sampling and its warning, worker mapping and bad files."""
 
 from __future__ import annotations
 
@@ -6,8 +7,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from scipy import stats
 
 from tailtrain.delays import DelayProcess, TraceDelay, parse_delay, read_trace
+from tailtrain.delays.process import trace_notes
 from tailtrain.errors import UsageError
 
 
@@ -40,6 +43,7 @@ def test_empirical_moments_cdf_and_quantile(tmp_path: Path, seconds: np.ndarray)
 
 
 def test_bootstrap_draws_trace_values_with_their_frequencies(tmp_path, seconds, stat) -> None:
+    """``sample`` is the pooled bootstrap of the empirical law, whatever the sampling."""
     model = parse_delay(f"trace:path={per_iteration_trace(tmp_path, seconds)}")
     samples = model.sample(np.random.default_rng(1), 100_000)
     assert np.isin(samples, seconds).all()
@@ -105,3 +109,120 @@ def test_missing_and_unreadable_trace_files(tmp_path: Path) -> None:
     binary.write_bytes(b"\xff\xfe\x00garbage")
     with pytest.raises(UsageError, match="trace file"):
         parse_delay(f"trace:path={binary}")
+
+
+def shuffled_trace(tmp_path: Path, rows: list[tuple], header: str) -> Path:
+    """Rows written in a random order: the replay order must come from the columns."""
+    order = np.random.default_rng(7).permutation(len(rows))
+    lines = [",".join(repr(v) for v in rows[i]) for i in order]
+    return write(tmp_path, header + "\n" + "\n".join(lines) + "\n", "shuffled.csv")
+
+
+def test_replay_follows_each_workers_recorded_order_and_cycles(tmp_path: Path) -> None:
+    rng = np.random.default_rng(3)
+    lengths = {0: 5, 1: 3, 2: 7}  # unequal: each worker cycles on its own
+    rows = [
+        (i, w, round(float(rng.uniform(0.1, 2)), 6)) for w, n in lengths.items() for i in range(n)
+    ]
+    path = shuffled_trace(tmp_path, rows, "iteration,worker,seconds")
+    process = DelayProcess(f"trace:path={path}", None, 0, 3)
+    got = np.concatenate([process.next_block(4), process.next_block(13)])  # across calls
+    for w, n in lengths.items():
+        recorded = [s for i, v, s in sorted(rows) if v == w]
+        np.testing.assert_array_equal(got[:, w], [recorded[j % n] for j in range(17)])
+
+
+def test_replay_with_micro_batches_uses_the_workers_jth_iteration(tmp_path: Path) -> None:
+    rng = np.random.default_rng(4)
+    # iterations 10, 20, 30 (not 0..2) with 3 micro-batches each, 2 workers
+    rows = [
+        (10 * (j + 1), w, m, round(float(rng.uniform(0.1, 1)), 6))
+        for w in range(2)
+        for j in range(3)
+        for m in range(3)
+    ]
+    path = shuffled_trace(tmp_path, rows, "iteration,worker,micro_batch,seconds")
+    got = DelayProcess(f"trace:path={path}", None, 0, 2, 3).next_block(5)
+    for w in range(2):
+        for j in range(5):
+            iteration = 10 * (j % 3 + 1)
+            want = [s for i, v, m, s in sorted(rows) if v == w and i == iteration]
+            np.testing.assert_array_equal(got[j, w], want)
+
+
+def test_more_workers_than_the_trace_map_w_mod_W_and_say_so(tmp_path: Path) -> None:
+    rows = [(i, w, float(1 + w + i / 10)) for i in range(4) for w in range(2)]
+    path = shuffled_trace(tmp_path, rows, "iteration,worker,seconds")
+    process = DelayProcess(f"trace:path={path}", None, 0, 5)
+    block = process.next_block(6)
+    for w in range(5):
+        want = [1 + w % 2 + (j % 4) / 10 for j in range(6)]
+        np.testing.assert_allclose(block[:, w], want, rtol=0, atol=1e-12)
+    assert "worker w replays trace worker w mod 2" in process.notes["trace_mapping"]
+    assert "trace_warning" not in process.notes
+
+
+def test_fewer_workers_than_the_trace_use_the_first_and_say_so(tmp_path: Path) -> None:
+    rows = [(i, w, float(1 + w)) for i in range(3) for w in (3, 5, 8, 9)]  # ids, not 0..3
+    path = shuffled_trace(tmp_path, rows, "iteration,worker,seconds")
+    process = DelayProcess(f"trace:path={path}", None, 0, 2)
+    np.testing.assert_array_equal(process.next_block(3), [[4.0, 6.0]] * 3)
+    assert "the first 2 trace workers (in id order)" in process.notes["trace_mapping"]
+    assert DelayProcess(f"trace:path={path}", None, 0, 4).notes == {}
+
+
+def straggler_trace(tmp_path: Path, iterations: int = 60, workers: int = 4) -> Path:
+    """Worker 0 always takes 5 s, the others U(1, 3) s: a persistent straggler."""
+    rng = np.random.default_rng(11)
+    rows = [
+        (i, w, 5.0 if w == 0 else float(rng.uniform(1, 3)))
+        for i in range(iterations)
+        for w in range(workers)
+    ]
+    return write(
+        tmp_path,
+        "iteration,worker,seconds\n"
+        + "\n".join(",".join(repr(v) for v in row) for row in rows)
+        + "\n",
+        "straggler.csv",
+    )
+
+
+def test_replayed_straggler_keeps_every_sync_iteration_at_5s(tmp_path: Path) -> None:
+    path = straggler_trace(tmp_path)
+    block = DelayProcess(f"trace:path={path}+const:value=0.1", None, 0, 4).next_block(150)
+    np.testing.assert_allclose(block.max(axis=1), 5.1)
+    pooled = DelayProcess(f"trace:path={path},sampling=pooled", None, 0, 4).next_block(150)
+    assert pooled.max(axis=1).mean() < 4.6  # the bootstrap loses the straggler
+
+
+def test_persistent_pattern_holds_the_replayed_iteration(tmp_path: Path) -> None:
+    rows = [(i, w, float(10 * w + i + 1)) for i in range(5) for w in range(2)]
+    path = shuffled_trace(tmp_path, rows, "iteration,worker,seconds")
+    block = DelayProcess(f"trace:path={path}", "persistent:h=2", 0, 2).next_block(7)
+    held = np.arange(7) // 2 % 5  # iteration t holds recorded iteration floor(t / h)
+    np.testing.assert_array_equal(block, np.stack([held + 1, held + 11], axis=1))
+
+
+def test_pooled_sampling_warns_only_on_persistent_differences(tmp_path: Path, seconds) -> None:
+    straggler = parse_delay(f"trace:path={straggler_trace(tmp_path)},sampling=pooled")
+    assert not straggler.per_worker
+    warning = trace_notes(straggler, 4)["trace_warning"]
+    assert "persistent per-worker differences" in warning and "slowest worker 0" in warning
+    assert "\n" not in warning
+    # i.i.d. workers (the gamma fixture dealt round-robin): nothing to warn about
+    iid = parse_delay(f"trace:path={per_iteration_trace(tmp_path, seconds)},sampling=pooled")
+    assert trace_notes(iid, 4) == {}
+    # a tiny but real difference in a big trace is significant, yet too small to matter
+    rng = np.random.default_rng(5)
+    big = rng.gamma(2.0, 0.3, size=(4000, 4)) + np.array([0.05, 0, 0, 0])
+    assert stats.kruskal(*big.T).pvalue < 1e-6  # significant, but 0.05 s is ~0.1 IQR
+    small = parse_delay(f"trace:path={per_iteration_trace(tmp_path, big.ravel())},sampling=pooled")
+    assert trace_notes(small, 4) == {}
+
+
+def test_unknown_sampling_is_a_one_line_usage_error(tmp_path: Path, seconds) -> None:
+    path = per_iteration_trace(tmp_path, seconds)
+    with pytest.raises(UsageError, match="unknown sampling='bootstrap'; use sampling=per-worker"):
+        parse_delay(f"trace:path={path},sampling=bootstrap")
+    assert parse_delay(f"trace:path={path},sampling=per-worker").per_worker

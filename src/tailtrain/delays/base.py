@@ -28,6 +28,19 @@ class DelayModel(ABC):
         """Draw i.i.d. durations of the given shape, vectorised."""
 
     @property
+    def per_worker(self) -> bool:
+        """True when a unit's time depends on its worker and iteration (a trace replayed per
+        worker): draws are then not i.i.d. across workers, and ``draw_block`` differs from
+        ``sample``, which stays the i.i.d. law of the moments and cdf."""
+        return False
+
+    def draw_block(
+        self, rng: np.random.Generator, start: int, shape: tuple[int, int, int]
+    ) -> NDArray[np.float64]:
+        """Durations (I, N, M) of iterations ``start .. start+I-1`` (default: i.i.d. draws)."""
+        return self.sample(rng, shape)
+
+    @property
     @abstractmethod
     def mean(self) -> float: ...
 
@@ -98,8 +111,9 @@ class WorkerPattern(ABC):
         start: int,
         shape: tuple[int, int, int],
     ) -> tuple[FloatArray, Any]:
-        """Base durations for iterations ``start .. start+shape[0]-1`` (default: i.i.d.)."""
-        return model.sample(rng, shape), state
+        """Base durations for iterations ``start .. start+shape[0]-1`` (default: the model's
+        own block, i.i.d. unless it replays a trace per worker)."""
+        return model.draw_block(rng, start, shape), state
 
     def apply(
         self, state: Any, times: FloatArray, start: int, rng: np.random.Generator

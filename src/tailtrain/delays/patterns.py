@@ -89,7 +89,9 @@ class Persistent(WorkerPattern):
         first, last = int(blocks[0]), int(blocks[-1])
         held = [state[1][None]] if state is not None and state[0] == first else []
         fresh = last - first + 1 - len(held)
-        table = np.concatenate([*held, model.sample(rng, (fresh, *shape[1:]))] if fresh else held)
+        # the fresh blocks are last-fresh+1 .. last: a replayed trace gives those iterations
+        drawn = [model.draw_block(rng, last - fresh + 1, (fresh, *shape[1:]))] if fresh else []
+        table = np.concatenate([*held, *drawn])
         return table[blocks - first], (last, table[-1])
 
 

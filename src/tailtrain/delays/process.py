@@ -2,7 +2,8 @@
 
 ``DelayProcess.next_block(I)`` returns durations of shape (I, N) — or (I, N, M) with
 micro-batches — in seconds, continuing the previous block (a persistent draw carries across
-the boundary). Time-scheduled effects (``slowdown``) are not in the block: the engine asks
+the boundary; a trace replayed per worker goes on with each worker's next recorded times).
+Time-scheduled effects (``slowdown``) are not in the block: the engine asks
 ``time_factor(start_times, workers)`` at each unit's virtual start and multiplies.
 
 Randomness: the seed (or Generator) spawns two independent streams, one for the model's
@@ -40,11 +41,26 @@ def _streams(seed_or_rng: SeedLike) -> list[np.random.Generator]:
     return [np.random.default_rng(child) for child in sequence.spawn(2)]
 
 
+def trace_terms(model: DelayModel) -> list[TraceDelay]:
+    """The trace terms of ``model`` (itself, or terms of a sum)."""
+    terms = model.terms if isinstance(model, SumDelay) else (model,)
+    return [term for term in terms if isinstance(term, TraceDelay)]
+
+
+def trace_notes(model: DelayModel, workers: int) -> dict[str, str]:
+    """One-line notes on the traces in ``model`` for ``workers`` workers: ``trace_mapping``
+    (how workers map onto a per-worker trace's, when the counts differ) and ``trace_warning``
+    (pooled sampling of a trace with persistent per-worker differences); absent when moot."""
+    mapping = [term.mapping(workers) for term in trace_terms(model) if term.per_worker]
+    warning = [term.persistent_differences for term in trace_terms(model) if not term.per_worker]
+    notes = {"trace_mapping": mapping, "trace_warning": warning}
+    return {key: "; ".join(filter(None, found)) for key, found in notes.items() if any(found)}
+
+
 def _check_trace_units(model: DelayModel, micro_batches: int | None) -> None:
     """A trace row is one micro-batch or one worker-iteration; it must match the scenario."""
-    terms = model.terms if isinstance(model, SumDelay) else (model,)
-    for term in terms:
-        if isinstance(term, TraceDelay) and term.per_micro_batch != (micro_batches is not None):
+    for term in trace_terms(model):
+        if term.per_micro_batch != (micro_batches is not None):
             has = "has" if term.per_micro_batch else "has no"
             wants = "has no" if micro_batches is None else f"has {micro_batches}"
             raise UsageError(
@@ -73,6 +89,8 @@ class DelayProcess:
         seed_or_rng: SeedLike = 0,
         workers: int = 1,
         micro_batches: int | None = None,
+        *,
+        start: int = 0,
     ) -> None:
         if workers < 1 or (micro_batches is not None and micro_batches < 1):
             raise UsageError(
@@ -84,7 +102,9 @@ class DelayProcess:
         self.workers, self.micro_batches = workers, micro_batches
         self._model_rng, self._pattern_rng = _streams(seed_or_rng)
         self._state = self.pattern.init(self._pattern_rng, workers, micro_batches or 1)
-        self.iteration = 0  #: iterations drawn so far
+        self.iteration = start  #: index of the next iteration (``start``: a later segment)
+        #: one-line notes on trace replay (see :func:`trace_notes`), for the caller to show
+        self.notes = trace_notes(self.model, workers)
         self._clip = self.model.support[0] < 0
         if self._clip:
             log.warning(

@@ -40,6 +40,21 @@ class SumDelay(DelayModel):
         return total
 
     @property
+    def per_worker(self) -> bool:
+        return any(t.per_worker for t in self.terms)
+
+    def draw_block(
+        self, rng: np.random.Generator, start: int, shape: tuple[int, int, int]
+    ) -> FloatArray:
+        """Each term's own block (a trace replays per worker), in ``sample``'s order."""
+        if not self.per_worker:
+            return self.sample(rng, shape)  # the same draws as before blocks existed
+        total = np.full(shape, self.shift)
+        for term in self.varying:
+            total += term.draw_block(rng, start, shape)
+        return total
+
+    @property
     def mean(self) -> float:
         return float(sum(t.mean for t in self.terms))
 

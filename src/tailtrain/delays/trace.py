@@ -1,10 +1,29 @@
-"""Empirical compute times from a measured trace, resampled by bootstrap.
+"""Compute times from a measured trace: replayed per worker, or resampled pooled.
 
 The CSV has a header row with columns ``iteration,worker[,micro_batch],seconds`` (any order).
 Each row is one unit of work: one micro-batch when the ``micro_batch`` column is present,
-otherwise one worker's whole iteration. The model is the empirical distribution of
-``seconds``: sampling draws rows with replacement, cdf is the ECDF, mean and var are those of
-the empirical distribution, and ``exact`` is False.
+otherwise one worker's whole iteration.
+
+``trace:path=FILE`` (``sampling=per-worker``, the default) replays each worker's own times,
+deterministically: worker w's j-th unit takes trace worker w's j-th recorded unit, in the
+trace's order (by iteration, then micro_batch; rows that tie keep the file's order), cycling
+when it runs out. With a ``micro_batch`` column, iteration j of worker w uses the micro-batch
+times of w's j-th recorded iteration (cycling within it if the scenario asks for more
+micro-batches than it recorded, the first ones if fewer). Trace workers are taken in id order:
+with more scenario workers than trace workers W, worker w replays trace worker w mod W; with
+fewer, the first N trace workers are used. A slow worker thus stays slow, as it was measured.
+
+``trace:path=FILE,sampling=pooled`` draws rows with replacement from all workers together (a
+bootstrap), which forgets who was slow. :func:`trace_notes` flags when that matters: the trace
+shows *persistent per-worker differences* when a Kruskal–Wallis test of the workers' seconds
+rejects equal distributions at level ``PERSISTENCE_LEVEL`` (0.001) and the per-worker medians
+span at least ``PERSISTENCE_EFFECT`` (a quarter) of the pooled interquartile range, so a large
+trace with negligible differences is not flagged.
+
+Either way, the model's law is the empirical distribution of ``seconds``: ``sample`` draws
+rows with replacement, cdf is the ECDF, mean and var are those of the empirical distribution,
+and ``exact`` is False. Theory that treats draws as i.i.d. uses that law; a per-worker replay
+is not i.i.d. across workers, so ``per_worker`` is True and callers must use ``draw_block``.
 """
 
 from __future__ import annotations
@@ -12,9 +31,11 @@ from __future__ import annotations
 import csv
 import warnings
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 import numpy as np
+from scipy import stats
 
 from tailtrain.delays.atomic import AtomicDelay
 from tailtrain.delays.base import FloatArray, Shape
@@ -23,6 +44,9 @@ from tailtrain.spec import Spec
 
 REQUIRED = ("iteration", "worker", "seconds")
 OPTIONAL = ("micro_batch",)
+SAMPLING = ("per-worker", "pooled")
+PERSISTENCE_LEVEL = 1e-3  #: Kruskal–Wallis level for persistent per-worker differences
+PERSISTENCE_EFFECT = 0.25  #: least span of per-worker medians, in pooled IQRs
 
 
 @dataclass(frozen=True)
@@ -35,20 +59,121 @@ class Trace:
     seconds: FloatArray
 
 
-class TraceDelay(AtomicDelay):
-    """Bootstrap from the ``seconds`` of a trace (empirical, so ``exact`` is False)."""
+@dataclass(frozen=True)
+class Replay:
+    """Each trace worker's units in replay order, padded into one table.
 
-    def __init__(self, spec: str, trace: Trace) -> None:
+    ``seconds[w, j, c]`` is unit c of the j-th recorded iteration of the w-th trace worker (in
+    id order); ``lengths[w]`` counts w's recorded iterations, ``counts[w, j]`` their units.
+    Without a ``micro_batch`` column every row is its own iteration of one unit.
+    """
+
+    ids: np.ndarray
+    seconds: FloatArray
+    lengths: np.ndarray
+    counts: np.ndarray
+
+    @classmethod
+    def of(cls, trace: Trace) -> Replay:
+        rows = np.arange(trace.seconds.size)
+        within = rows if trace.micro_batch is None else trace.micro_batch
+        order = np.lexsort((rows, within, trace.iteration, trace.worker))
+        ids, slot = np.unique(trace.worker[order], return_inverse=True)
+        new = np.ones(rows.size, dtype=bool)  # a row that opens a recorded iteration
+        if trace.micro_batch is not None:
+            iteration = trace.iteration[order]
+            new[1:] = (slot[1:] != slot[:-1]) | (iteration[1:] != iteration[:-1])
+        group = np.cumsum(new) - 1
+        group_slot = slot[new]  # sorted, as rows are sorted by worker
+        lengths = np.bincount(group_slot, minlength=ids.size)
+        index = np.arange(group_slot.size) - np.searchsorted(group_slot, group_slot)
+        unit = rows - np.flatnonzero(new)[group]
+        sizes = np.bincount(group)
+        seconds = np.zeros((ids.size, lengths.max(), sizes.max()))
+        seconds[slot, index[group], unit] = trace.seconds[order]
+        counts = np.ones((ids.size, lengths.max()), dtype=np.int64)
+        counts[group_slot, index] = sizes
+        return cls(ids, seconds, lengths, counts)
+
+    def block(self, start: int, shape: tuple[int, int, int]) -> FloatArray:
+        """Durations (I, N, M) of iterations ``start..start+I-1``: worker n replays trace
+        worker n mod W, its iteration j mod (its length), micro-batch m mod (units there)."""
+        iterations, workers, micro_batches = shape
+        slot = np.arange(workers) % self.ids.size
+        j = np.arange(start, start + iterations)[:, None] % self.lengths[slot]
+        unit = np.arange(micro_batches) % self.counts[slot, j][:, :, None]
+        return self.seconds[slot[None, :, None], j[:, :, None], unit]
+
+
+class TraceDelay(AtomicDelay):
+    """A measured trace: replayed per worker by ``draw_block`` (unless ``sampling`` is
+    ``pooled``); ``sample`` bootstraps its empirical law (so ``exact`` is False)."""
+
+    def __init__(self, spec: str, trace: Trace, sampling: str = "per-worker") -> None:
         super().__init__(spec, trace.seconds, 1.0)
         self.trace = trace
+        self.sampling = sampling
         self.per_micro_batch = trace.micro_batch is not None
 
     @property
     def exact(self) -> bool:
         return False
 
+    @property
+    def per_worker(self) -> bool:
+        return self.sampling == "per-worker"
+
+    @cached_property
+    def replay(self) -> Replay:
+        return Replay.of(self.trace)
+
     def sample(self, rng: np.random.Generator, shape: Shape) -> FloatArray:
         return self.trace.seconds[rng.integers(0, self.trace.seconds.size, size=shape)]
+
+    def draw_block(
+        self, rng: np.random.Generator, start: int, shape: tuple[int, int, int]
+    ) -> FloatArray:
+        if not self.per_worker:
+            return self.sample(rng, shape)
+        return self.replay.block(start, shape)
+
+    def mapping(self, workers: int) -> str | None:
+        """How ``workers`` scenario workers map onto the trace's, when the counts differ."""
+        count = self.replay.ids.size
+        order = "" if np.array_equal(self.replay.ids, np.arange(count)) else " (in id order)"
+        if workers > count:
+            return (
+                f"trace {self.spec!r} has {count} workers for {workers}: worker w replays "
+                f"trace worker w mod {count}{order}"
+            )
+        if workers < count:
+            return (
+                f"trace {self.spec!r} has {count} workers for {workers}: the first {workers} "
+                f"trace workers{order} are replayed"
+            )
+        return None
+
+    @cached_property
+    def persistent_differences(self) -> str | None:
+        """Why the workers differ persistently (see the module docstring), or None."""
+        if self.replay.ids.size < 2 or np.ptp(self.trace.seconds) == 0:
+            return None  # nothing to compare (and Kruskal-Wallis refuses all-equal values)
+        slot = np.searchsorted(self.replay.ids, self.trace.worker)
+        order = np.argsort(slot, kind="stable")
+        groups = np.split(self.trace.seconds[order], np.cumsum(np.bincount(slot))[:-1])
+        p_value = float(stats.kruskal(*groups).pvalue)
+        medians = np.array([np.median(g) for g in groups])
+        spread = float(np.ptp(medians))
+        iqr = float(np.subtract(*np.percentile(self.trace.seconds, [75, 25])))
+        if p_value >= PERSISTENCE_LEVEL or spread <= 0 or spread < PERSISTENCE_EFFECT * iqr:
+            return None
+        slowest = int(self.replay.ids[np.argmax(medians)])
+        return (
+            f"trace {self.spec!r} has persistent per-worker differences (Kruskal-Wallis "
+            f"p={p_value:.2g}; worker medians {medians.min():.4g}..{medians.max():.4g} s, "
+            f"slowest worker {slowest}) but sampling=pooled forgets who was slow; "
+            f"drop sampling=pooled to replay each worker"
+        )
 
 
 def read_trace(path: str | Path) -> Trace:
@@ -145,6 +270,12 @@ def _check_values(path: Path, table: np.ndarray, columns: dict[str, int]) -> Non
 
 
 def trace(spec: Spec) -> TraceDelay:
-    """``trace:path=FILE``: bootstrap from the measured seconds in FILE."""
-    spec.require_known(("path",))
-    return TraceDelay(spec.text, read_trace(spec.get_str("path")))
+    """``trace:path=FILE[,sampling=per-worker|pooled]``: replay or bootstrap FILE's seconds."""
+    spec.require_known(("path", "sampling"))
+    sampling = spec.get_str("sampling", SAMPLING[0])
+    if sampling not in SAMPLING:
+        raise UsageError(
+            f"{spec.text!r}: unknown sampling={sampling!r}; use sampling=per-worker "
+            f"(replay each worker's times, the default) or sampling=pooled (bootstrap)"
+        )
+    return TraceDelay(spec.text, read_trace(spec.get_str("path")), sampling)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -94,6 +94,8 @@ class World:
     trainer: Trainer | None
     context: Context
     lr: float
+    #: one-line trace notes for the summary (``trace_mapping``, ``trace_warning``), if any
+    notes: dict[str, str] = field(default_factory=dict)
 
     @classmethod
     def build(
@@ -123,7 +125,8 @@ class World:
             trainer = Trainer(task, state, lr, seed)
             per_epoch = max(1, math.ceil(task.n_train / (n * task.batch_size)))
         ctx = Context(n_workers=n, lr=lr, iterations_per_epoch=per_epoch, seed=seed)
-        return cls(scenario, seed, task, JobDurations(process, n), trainer, ctx, lr)
+        notes = getattr(process, "notes", {})
+        return cls(scenario, seed, task, JobDurations(process, n), trainer, ctx, lr, notes)
 
     def finished(self, step: int, now: float) -> bool:
         s = self.scenario
@@ -146,4 +149,5 @@ class World:
             "eval_metric": getattr(self.task, "metric_name", None),
             "time_to_target": time_to_target(record, self.scenario.target_loss),
             "target_loss": self.scenario.target_loss,
+            **self.notes,
         }

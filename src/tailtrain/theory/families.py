@@ -91,6 +91,15 @@ class NonNegative(DelayModel):
         return np.maximum(self.model.sample(rng, shape), 0.0)
 
     @property
+    def per_worker(self) -> bool:
+        return self.model.per_worker
+
+    def draw_block(
+        self, rng: np.random.Generator, start: int, shape: tuple[int, int, int]
+    ) -> NDArray[np.float64]:
+        return np.maximum(self.model.draw_block(rng, start, shape), 0.0)
+
+    @property
     def mean(self) -> float:
         return float(integrate.quad(lambda q: max(float(self.model.quantile(q)), 0.0), 0, 1)[0])
 

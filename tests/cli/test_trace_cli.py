@@ -1,0 +1,74 @@
+"""`predict` and `simulate` on a trace with a persistent straggler: per-worker replay keeps it,
+pooled sampling warns, and a trace with fewer workers than the scenario says how they map."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tailtrain.cli import main
+
+
+def straggler_trace(tmp_path: Path, workers: int = 4) -> Path:
+    """Worker 0 always takes 5 s, the others U(1, 3) s, so every sync iteration takes 5 s."""
+    rng = np.random.default_rng(2)
+    lines = ["iteration,worker,seconds"]
+    for i in range(40):
+        lines += [f"{i},{w},{5.0 if w == 0 else rng.uniform(1, 3)!r}" for w in range(workers)]
+    path = tmp_path / "straggler.csv"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def run_json(argv: list[str], capsys: pytest.CaptureFixture[str]) -> dict:
+    assert main(argv) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def predict(delay: str, workers: int, capsys) -> dict:
+    argv = ["predict", "--workers", str(workers), "--delay", delay, "--k", "1", "--json"]
+    return run_json(argv, capsys)
+
+
+def simulate(delay: str, workers: int, capsys) -> dict:
+    argv = ["simulate", "--task", "none", "--workers", str(workers), "--delay", delay]
+    return run_json([*argv, "--iterations", "100", "--json", "--no-progress"], capsys)
+
+
+def sync_time(prediction: dict) -> float:
+    return next(r["iteration_time"] for r in prediction["results"] if r["strategy"] == "sync")
+
+
+def test_per_worker_replay_keeps_the_straggler(tmp_path, capsys) -> None:
+    delay = f"trace:path={straggler_trace(tmp_path)}"
+    prediction = predict(delay, 4, capsys)
+    assert sync_time(prediction) == pytest.approx(5.0, abs=1e-12)
+    assert prediction["notes"] == []
+    summary = simulate(delay, 4, capsys)
+    assert summary["mean_iteration_time"] == pytest.approx(5.0, abs=1e-12)
+    assert "trace_warning" not in summary and "trace_mapping" not in summary
+
+
+def test_pooled_sampling_warns_that_it_loses_the_straggler(tmp_path, capsys, caplog) -> None:
+    delay = f"trace:path={straggler_trace(tmp_path)},sampling=pooled"
+    prediction = predict(delay, 4, capsys)
+    assert sync_time(prediction) < 4.6  # E[max of 4 pooled draws] is about 4.2 s
+    (note,) = prediction["notes"]
+    assert "persistent per-worker differences" in note and "sampling=pooled" in note
+    assert any("persistent per-worker" in r.getMessage() for r in caplog.records)
+    summary = simulate(delay, 4, capsys)
+    assert summary["mean_iteration_time"] < 4.6
+    assert "persistent per-worker differences" in summary["trace_warning"]
+
+
+def test_more_workers_than_the_trace_say_how_they_map(tmp_path, capsys) -> None:
+    delay = f"trace:path={straggler_trace(tmp_path, workers=2)}"
+    prediction = predict(delay, 6, capsys)  # workers 0, 2, 4 replay the straggler
+    assert sync_time(prediction) == pytest.approx(5.0, abs=1e-12)
+    assert any("worker w replays trace worker w mod 2" in n for n in prediction["notes"])
+    summary = simulate(delay, 6, capsys)
+    assert "worker w replays trace worker w mod 2" in summary["trace_mapping"]
+    assert summary["mean_iteration_time"] == pytest.approx(5.0, abs=1e-12)
