@@ -53,12 +53,35 @@ def test_best_k_follows_the_documented_criterion():
     assert sum(r.best for r in p.rows if r.strategy == "dropcompute") == 1
 
 
-def test_comm_time_is_serial_for_sync_and_per_gradient_for_async():
+def test_comm_time_is_per_round_trip_for_every_parameter_server_family():
+    """Every job takes X + c: K-sync waits for (X + c)_{K:N} = X_{K:N} + c, the renewal rate
+    of K-batch-async and async is N / (1 + c), and K-batch-sync's first arrival is c + X_{1:N}."""
     n, comm = 8, 0.5
     p = predict(Scenario(workers=n, delay=parse_delay("exp:rate=1"), comm=comm))
     assert rows_of(p, "sync")[n].iteration_time == pytest.approx(harmonic(n) + comm)
-    assert rows_of(p, "k-batch-sync")[3].iteration_time == pytest.approx(3 / n + comm)
+    for k in (1, 3):
+        order_stat = harmonic(n) - harmonic(n - k)
+        assert rows_of(p, "k-sync")[k].iteration_time == pytest.approx(order_stat + comm)
     assert rows_of(p, "k-batch-async")[3].iteration_time == pytest.approx(3 * (1 + comm) / n)
+    assert rows_of(p, "async")[1].iteration_time == pytest.approx((1 + comm) / n)
+    assert rows_of(p, "k-async")[1].iteration_time == pytest.approx((1 + comm) / n)
+    first = rows_of(p, "k-batch-sync")[1]
+    assert first.method.startswith("monte-carlo")
+    assert abs(first.iteration_time - (comm + 1 / n)) <= Z * first.iteration_time_stderr
+
+
+def test_random_comm_time_is_convolved_with_each_job():
+    """sync E[T] = E[max_n (X_n + C_n)] with X ~ Exp(1), C ~ Exp(2): an independent sample."""
+    n = 8
+    p = predict(
+        Scenario(workers=n, delay=parse_delay("exp:rate=1"), comm=parse_delay("exp:rate=2"))
+    )
+    rng = np.random.default_rng(7)
+    trips = rng.exponential(1.0, (100_000, n)) + rng.exponential(0.5, (100_000, n))
+    worst = trips.max(axis=1)
+    sync = rows_of(p, "sync")[n]
+    assert sync.method == "numerical-integration"
+    assert abs(sync.iteration_time - worst.mean()) <= Z * worst.std() / np.sqrt(worst.size)
 
 
 def test_monte_carlo_k_async_agrees_with_exact_limits():

@@ -7,13 +7,15 @@ exact; where the papers only bound or approximate (K-batch-sync, K-async, Bailey
 DropCompute), the number comes from numerical integration or a seeded Monte Carlo instead.
 
 Model of an iteration. A job is one worker's gradient: one draw of the delay, or the sum of its
-M micro-batch draws. Synchronous variants (sync, K-sync, K-batch-sync, DropCompute) add the
-communication time T^c once per iteration (a serial AllReduce or update broadcast, DropCompute
-Sec. 4.3); asynchronous variants (K-async, K-batch-async, async) add it to every job, since
-each worker exchanges with the parameter server on its own. Under a worker pattern other than
-iid, every number is simulated in independent runs (each with its own draw of the pattern's
-per-run state) and its standard error comes from the spread of the run means; job j of worker
-n is row j of the pattern's sampled block, as in the simulator. A trace replayed per worker
+M micro-batch draws. The communication time T^c has one meaning per topology, as in the
+simulator. Parameter-server families (sync, K-sync, K-batch-sync, K-async, K-batch-async,
+async) pay it per round trip: every job pulls the model, computes and pushes its gradient, so
+it takes X + C with C a fresh draw of T^c, and e.g. sync E[T] = E[max_n (X_n + C_n)].
+DropCompute's allreduce pays it once per update, after the compute (DropCompute Sec. 4.3):
+E[T] = E[max_n T~_n] + E[T^c]. Under a worker pattern other than iid, every number is
+simulated in independent runs (each with its own draw of the pattern's per-run state) and its
+standard error comes from the spread of the run means; job j of worker n is row j of the
+pattern's sampled block, as in the simulator. A trace replayed per worker
 (``trace:path=FILE``) is not i.i.d. across workers either, so it is simulated the same way;
 its runs replay consecutive segments of the trace, together covering all of it when the
 sample budget allows, and the output notes how the workers map onto the trace's.
@@ -43,6 +45,7 @@ from numpy.typing import NDArray
 
 from tailtrain.delays import DelayModel, DelayProcess, WorkerPattern
 from tailtrain.delays.process import trace_notes, trace_terms
+from tailtrain.delays.sum import SumDelay
 from tailtrain.errors import UsageError
 from tailtrain.theory.dropcompute import (
     analytic_threshold,
@@ -61,7 +64,7 @@ from tailtrain.theory.montecarlo import (
     k_sync_iteration_times,
     table_draw,
 )
-from tailtrain.theory.order_stats import expected_order_stats
+from tailtrain.theory.order_stats import OrderStats, expected_order_stats
 
 log = logging.getLogger(__name__)
 
@@ -338,34 +341,49 @@ def _job_law(delay: DelayModel, micro_batches: int | None) -> DelayModel | None:
 
 
 def _sync_rows(ctx: _Context) -> list[Row]:
-    """sync = K-sync with K = N; K-sync E[T] = E[X_{K:N}] + E[T^c] (Lemma 1)."""
-    n, comm = ctx.scenario.workers, ctx.scenario.comm_mean
+    """sync = K-sync with K = N; K-sync E[T] = E[(X + C)_{K:N}] (Lemma 1 on round trips)."""
+    n = ctx.scenario.workers
     ks = sorted(set(ctx.ks) | {n})
-    if ctx.job_law is not None:
-        stats = expected_order_stats(ctx.job_law, n, ks)
-        mean, stderr, method = stats.mean + comm, stats.stderr, stats.method
+    stats = _round_trip_order_stats(ctx, ks)
+    if stats is not None:
+        mean, stderr, method = stats.mean, stats.stderr, stats.method
     else:
-        sample = ctx.sync_sample()
-        mean, stderr = _pooled(
-            [k_sync_iteration_times(t.sum(axis=2) + c[:, None], ks) for t, c in sample]
-        )
+        sample, rng = ctx.sync_sample(), ctx.rng(5)
+        trips = [t.sum(axis=2) + ctx.comm_times(rng, t.shape[:2]) for t, _ in sample]
+        mean, stderr = _pooled([k_sync_iteration_times(jobs, ks) for jobs in trips])
         method = ctx.method(sum(t.shape[0] for t, _ in sample))
     rows = [_row("k-sync", k, mu, se, method) for k, mu, se in zip(ks, mean, stderr, strict=True)]
     top = rows[-1]
     return [replace(top, strategy="sync"), *[r for r in rows if r.k in ctx.ks]]
 
 
+def _round_trip_order_stats(ctx: _Context, ks: list[int]) -> OrderStats | None:
+    """E[(X + C)_{K:N}] from the law of a round trip, job X plus T^c draw C, when it is known:
+    a constant T^c shifts every order statistic; a random one is convolved with the job."""
+    law, comm = ctx.job_law, ctx.sampled_comm
+    if law is None:
+        return None
+    if comm is None or comm.var == 0:
+        stats = expected_order_stats(law, ctx.scenario.workers, ks)
+        return replace(stats, mean=stats.mean + ctx.scenario.comm_mean)
+    if not comm.exact:
+        return None
+    trip = SumDelay(f"({law.spec}) + ({comm.spec})", [law, comm])
+    return expected_order_stats(trip, ctx.scenario.workers, ks)
+
+
 def _k_batch_sync_rows(ctx: _Context) -> list[Row]:
-    """Exact K/(N mu) + E[T^c] for Exp(mu) jobs (Eq. 10), else Monte Carlo of the variant."""
-    n, comm, ks = ctx.scenario.workers, ctx.scenario.comm_mean, ctx.ks
+    """Exact K/(N mu) for Exp(mu) jobs without T^c (Eq. 10), else Monte Carlo of the variant
+    on round trips (job + T^c)."""
+    n, ks = ctx.scenario.workers, ctx.ks
     rate = _exponential_rate(ctx.job_law)
-    if rate is not None:
-        return [_row("k-batch-sync", k, k / (n * rate) + comm, 0.0, EXACT) for k in ks]
+    if rate is not None and ctx.scenario.comm_mean == 0:
+        return [_row("k-batch-sync", k, k / (n * rate), 0.0, EXACT) for k in ks]
     cap = 2 + math.ceil(max(ks) / n)
     while True:
         iterations = max(100, min(ctx.scenario.samples, _JOB_BUDGET // (n * cap)))
         estimates = []
-        for jobs in _jobs(ctx, ctx.rng(2, cap), iterations * cap):
+        for jobs in _jobs(ctx, ctx.rng(2, cap), iterations * cap, per_job_comm=True):
             # consecutive rows are one worker's successive jobs within an iteration
             jobs = jobs[: jobs.shape[0] // cap * cap].reshape(-1, cap, n).transpose(0, 2, 1)
             estimates.append(k_batch_sync_iteration_times(jobs, ks))
@@ -379,8 +397,7 @@ def _k_batch_sync_rows(ctx: _Context) -> list[Row]:
         ctx.notes.append(f"k-batch-sync K={short}: workers ran out of sampled jobs; E[T] high")
     method = ctx.method(iterations)
     return [
-        _row("k-batch-sync", k, mu + comm, se, method)
-        for k, mu, se in zip(ks, mean, stderr, strict=True)
+        _row("k-batch-sync", k, mu, se, method) for k, mu, se in zip(ks, mean, stderr, strict=True)
     ]
 
 

@@ -55,8 +55,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--comm-time",
         default="0",
         metavar="SECONDS|SPEC",
-        help="communication time T^c: once per iteration for synchronous strategies, per "
-        "gradient for asynchronous ones; seconds or a delay spec (default: 0)",
+        help="communication time T^c: per job (pull, compute, push) for the parameter-server "
+        "families, once per update for DropCompute; seconds or a delay spec (default: 0)",
     )
     p.add_argument(
         "--k",

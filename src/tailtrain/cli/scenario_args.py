@@ -42,7 +42,8 @@ def add_scenario_arguments(p: argparse.ArgumentParser) -> None:
         "--comm-time",
         default=None,
         metavar="SECONDS|SPEC",
-        help="communication time per iteration (allreduce strategies), seconds or a delay spec",
+        help="communication time T^c, seconds or a delay spec: per job (pull, compute, push) "
+        "on a parameter server, per update for allreduce, per collective for eager",
     )
     p.add_argument(
         "--network",

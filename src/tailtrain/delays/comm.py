@@ -1,4 +1,5 @@
-"""``--comm-time``: the communication time of one iteration, as seconds or a delay spec."""
+"""``--comm-time``: T^c as seconds or a delay spec (per job on a parameter server, per update
+for an allreduce, per collective for eager-SGD; README, Specs)."""
 
 from __future__ import annotations
 

@@ -53,8 +53,9 @@ def simulate_parameter_server(
     """Run a parameter-server ``strategy``; the same inputs give the same record.
 
     ``task`` and ``delays`` override the scenario's task and delay process (see ``World``).
+    Each job is a round trip, compute + T^c (``--comm-time``), see ``JobDurations``.
     """
-    world = World.build(scenario, seed, task=task, delays=delays)
+    world = World.build(scenario, seed, task=task, delays=delays, round_trips=True)
     run = _Run(
         strategy=strategy,
         state=strategy.init(world.context),

@@ -105,8 +105,14 @@ class World:
         *,
         task: Any = None,
         delays: DelaySource | None = None,
+        round_trips: bool = False,
     ) -> World:
-        """Seed everything; ``task`` and ``delays`` replace the scenario's (tests, own models)."""
+        """Seed everything; ``task`` and ``delays`` replace the scenario's (tests, own models).
+
+        ``round_trips``: every job is a parameter-server round trip (pull, compute, push) and
+        lasts compute + T^c, T^c drawn per job (``JobDurations``). Engines with collectives
+        leave it off and charge T^c per collective themselves.
+        """
         if task is None:
             task = parse_task(scenario.task, data=scenario.data, seed=seed)
         n = scenario.workers
@@ -126,7 +132,9 @@ class World:
             per_epoch = max(1, math.ceil(task.n_train / (n * task.batch_size)))
         ctx = Context(n_workers=n, lr=lr, iterations_per_epoch=per_epoch, seed=seed)
         notes = getattr(process, "notes", {})
-        return cls(scenario, seed, task, JobDurations(process, n), trainer, ctx, lr, notes)
+        comm = parse_comm_time(scenario.comm_time) if round_trips else None
+        durations = JobDurations(process, n, comm, seed)
+        return cls(scenario, seed, task, durations, trainer, ctx, lr, notes)
 
     def finished(self, step: int, now: float) -> bool:
         s = self.scenario
