@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import heapq
+from collections import deque
 
 import numpy as np
 import pytest
@@ -30,14 +31,28 @@ class TableProcess:
         return np.ones(len(workers))
 
 
-def reference(table, n, ks, mode: SyncMode, accept_stale: bool):
-    """One event at a time with a heap: the obvious, slow semantics the timeline must match."""
+def reference(table, n, ks, mode: SyncMode, accept_stale: bool, drain: bool = False):
+    """One event at a time with a heap: the obvious, slow semantics the timeline must match.
+
+    After delivering, a worker: under push, waits for the update if its gradient counted and
+    takes the current version if it was dropped as stale (K-async counts a worker once per
+    step); under pull, takes a new job at once, at the current version when stale gradients
+    count (K-batch-async), else on the oldest token of DBW's PI queue (n tokens per update),
+    or waits for the update if no token is left. ``drain``: a step also waits for every job
+    of an older version, and a worker that delivers one goes on to the current version.
+    """
+    tokens_used = not mode.interrupts and mode.refills and not accept_stale
     jobs = np.zeros(n, dtype=int)
     busy: dict[int, tuple[int, float, float]] = {}
     heap: list[tuple[float, int]] = []
+    queue: deque[int] = deque()  # one entry per token: its version
     now, out = 0.0, []
 
     def launch(w, v, t):
+        if tokens_used:
+            if not queue:
+                return  # no token: idle until the next update
+            v = queue.popleft()
         d = table[jobs[w] % len(table), w]
         jobs[w] += 1
         busy[w] = (v, t, t + d)
@@ -47,11 +62,12 @@ def reference(table, n, ks, mode: SyncMode, accept_stale: bool):
         if mode.interrupts:
             busy.clear()
             heap.clear()
+        queue.extend([version] * n)
         for w in range(n):
             if w not in busy:
                 launch(w, version, now)
         got, events, pending = 0, [], []
-        while got < k:
+        while got < k or (drain and any(v < version for v, _, _ in busy.values())):
             t, w = heap[0] if heap else (np.inf, -1)
             if pending and pending[0][1] < t:
                 # follow-ups start once no event of their own instant remains
@@ -62,20 +78,23 @@ def reference(table, n, ks, mode: SyncMode, accept_stale: bool):
             usable = accept_stale or v == version
             events.append((w, v, f, usable))
             got += usable
-            if mode.refills or v < version:
+            if mode.refills or not usable:
                 pending.append((w, f))
         # who finished as the step closed waits for the update (starts on the next version)
         now = events[-1][2]
+        if drain:
+            for w, f in pending:
+                launch(w, version, f)
         out.append(events)
     return out
 
 
-def run_timeline(table, n, ks, mode, accept_stale):
+def run_timeline(table, n, ks, mode, accept_stale, drain=False):
     tl = ServerTimeline(JobDurations(TableProcess(table), n), n)
     out = []
     for version, k in enumerate(ks):
-        tl.begin(version, mode)
-        got = tl.collect(k, version, mode, accept_stale)
+        tl.begin(version, mode, accept_stale)
+        got = tl.collect(k, version, mode, accept_stale, drain=drain)
         a = got.arrivals
         out.append(
             list(
@@ -114,6 +133,17 @@ def test_timeline_matches_one_event_at_a_time(mode, accept_stale, data):
     assert run_timeline(table, n, ks, mode, accept_stale) == reference(
         table, n, ks, mode, accept_stale
     )
+
+
+@settings(max_examples=40, deadline=None)
+@given(data=st.data())
+def test_draining_stragglers_matches_one_event_at_a_time(data):
+    n = data.draw(st.integers(1, 6))
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**31)))
+    table = np.round(rng.exponential(1.0, size=(300, n)) + 0.05, 1)
+    ks = data.draw(st.lists(st.integers(1, n), min_size=1, max_size=12))
+    got = run_timeline(table, n, ks, SyncMode.PSW, False, drain=True)
+    assert got == reference(table, n, ks, SyncMode.PSW, False, drain=True)
 
 
 def test_push_and_wait_hand_example():

@@ -51,6 +51,8 @@ class JobDurations:
         self._table = np.empty((0, n_workers))
         self._comm_table = np.zeros((0, n_workers))
         self._offset = 0  # rows below this were used by every worker and are dropped
+        # for jobs made of micro-batches: share of the job's work done after each of them
+        self._progress: np.ndarray | None = None
         self.next_job = np.zeros(n_workers, dtype=np.int64)
 
     def _ensure(self, rows: int) -> None:
@@ -59,15 +61,20 @@ class JobDurations:
         low = int(self.next_job.min())
         blocks = [self._table[low - self._offset :]]
         comms = [self._comm_table[low - self._offset :]]
+        shares = [] if self._progress is None else [self._progress[low - self._offset :]]
         have = self._offset + self._table.shape[0]
         while have < rows:
             block = self._process.next_block(BLOCK)
             # a job made of micro-batches lasts their sum
             blocks.append(block if block.ndim == 2 else block.sum(axis=2))
             comms.append(self._comm_block(blocks[-1].shape))
+            if block.ndim == 3:
+                total = np.maximum(blocks[-1][..., None], np.finfo(float).tiny)
+                shares.append(np.cumsum(block, axis=2) / total)
             have += BLOCK
         self._table = np.concatenate(blocks, axis=0)
         self._comm_table = np.concatenate(comms, axis=0)
+        self._progress = np.concatenate(shares, axis=0) if shares else None
         self._offset = low
 
     def _comm_block(self, shape: tuple[int, ...]) -> np.ndarray:
@@ -84,6 +91,15 @@ class JobDurations:
         rows = idx - self._offset
         compute = self._table[rows, workers] * self._process.time_factor(starts, workers)
         return compute + self._comm_table[rows, workers]
+
+    def peek_progress(self, workers: np.ndarray) -> np.ndarray | None:
+        """(W, M) share of each worker's next job done after each of its M micro-batches
+        (cumulative micro-batch time over the job's time); None if jobs have no micro-batches."""
+        if workers.size:
+            self._ensure(int(self.next_job[workers].max()) + 1)
+        if self._progress is None:
+            return None
+        return self._progress[self.next_job[workers] - self._offset, workers]
 
     def advance(self, workers: np.ndarray) -> None:
         """Mark the next job of each worker (distinct) as started."""

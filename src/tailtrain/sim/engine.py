@@ -83,8 +83,10 @@ def simulate_parameter_server(
 
 def one_step(run: _Run, record: RunRecord, world: World) -> None:
     plan = run.strategy.plan(run.state)
-    run.timeline.begin(run.version, plan.mode)
-    got = run.timeline.collect(plan.k, run.version, plan.mode, plan.accept_stale)
+    run.timeline.begin(run.version, plan.mode, plan.accept_stale)
+    got = run.timeline.collect(
+        plan.k, run.version, plan.mode, plan.accept_stale, drain=plan.complete_stragglers
+    )
     candidates, jobs, positions = gather(run, plan, got)
     selection = run.strategy.select(run.state, candidates)
     stats = update(run, plan, selection, candidates, jobs)

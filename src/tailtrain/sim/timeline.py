@@ -5,6 +5,21 @@ time. A step collects arrivals in time order until ``k`` usable ones have come (
 slow-and-stale paper §II-C). Events are processed in vectorised batches: the earliest events
 are taken together unless a job that one of them starts would finish in between, in which
 case the batch is cut there. That keeps the exact event order at numpy speed.
+
+What a worker does after it delivers depends on the mode (see ``SyncMode``):
+
+- push (PsI, PsW): a worker whose gradient counts waits for the update and then starts on the
+  new version; so under K-async (PsW, stale accepted) a worker counts at most once per step
+  (slow-and-stale §II-C, Fig. 5: "some workers being idle ... until any K finish"). A worker
+  whose gradient is dropped as stale takes the current version at once (DBW §2, PsW).
+- pull with stale gradients accepted (K-batch-async, slow-and-stale §II-C): it fetches the
+  current version at once and may count several times per step.
+- pull with stale gradients dropped (DBW §2's PI): TensorFlow's token queue. Each update
+  enqueues n tokens tagged with the new version; a free worker dequeues the oldest token, and
+  its next gradient carries that token's version, so one whose token is older than the model
+  is computed in vain (DBW footnote 3). With no token left it waits for the next update.
+  Hence at most n jobs of a version are ever started, however fast some workers are.
+- pull & interrupt (K-batch-sync): it computes again at the same version until the update.
 """
 
 from __future__ import annotations
@@ -18,6 +33,11 @@ from tailtrain.sim.durations import JobDurations
 from tailtrain.strategies.base import ArrivalColumns, SyncMode
 
 IDLE = -1
+
+
+def uses_tokens(mode: SyncMode, accept_stale: bool) -> bool:
+    """Pull with stale gradients dropped is DBW §2's PI, which runs on a token queue."""
+    return mode is SyncMode.PULL and not accept_stale
 
 
 @dataclass(frozen=True)
@@ -45,25 +65,69 @@ class ServerTimeline:
         # of that instant remains, since one of those could close the step first
         self._waiting = np.empty(0, dtype=np.int64)
         self._waiting_since = -np.inf
+        # DBW §2 PI: the FIFO token queue as runs [version, count], oldest first
+        self._tokens: list[list[int]] = []
+        # (N, M) share of each running job done after each micro-batch; None without them
+        self.progress: np.ndarray | None = None
 
-    def _launch(self, workers: np.ndarray, version: int, starts: np.ndarray) -> None:
-        self._launch_known(workers, version, starts, self.durations.peek(workers, starts))
-
-    def _launch_known(
-        self, workers: np.ndarray, version: int, starts: np.ndarray, took: np.ndarray
-    ) -> None:
+    def _launch(self, workers: np.ndarray, version: int | np.ndarray, starts: np.ndarray) -> None:
+        took = self.durations.peek(workers, starts)
+        shares = self.durations.peek_progress(workers)
+        if shares is not None:
+            if self.progress is None:
+                self.progress = np.ones((self.n, shares.shape[1]))
+            self.progress[workers] = shares
         self.job[workers] = self.durations.next_job[workers]
         self.durations.advance(workers)
         self.version[workers] = version
         self.start[workers] = starts
         self.finish[workers] = starts + took
 
-    def begin(self, version: int, mode: SyncMode) -> None:
-        """At the update making ``version``: interrupt if the mode says so; start idle workers."""
+    def begin(self, version: int, mode: SyncMode, accept_stale: bool) -> None:
+        """At the update making ``version``: interrupt if the mode says so; start idle workers.
+
+        With tokens the update enqueues n tokens of ``version`` first, and the idle workers,
+        lowest index first, dequeue the oldest ones.
+        """
         if mode.interrupts:
             self.cancel(np.flatnonzero(self.version != IDLE))
         idle = np.flatnonzero(self.version == IDLE)
-        self._launch(idle, version, np.full(idle.size, self.now))
+        if uses_tokens(mode, accept_stale):
+            self._tokens.append([version, self.n])
+        self._start_next(idle, version, np.full(idle.size, self.now), mode, accept_stale)
+
+    def _start_next(
+        self,
+        workers: np.ndarray,
+        version: int,
+        starts: np.ndarray,
+        mode: SyncMode,
+        accept_stale: bool,
+    ) -> None:
+        """Start free ``workers`` (in event order) on ``version``, or on the tokens they get."""
+        if not uses_tokens(mode, accept_stale):
+            self._launch(workers, version, starts)
+            return
+        tags = self._take_tokens(workers.size)
+        self._launch(workers[: tags.size], tags, starts[: tags.size])
+
+    def _take_tokens(self, count: int) -> np.ndarray:
+        """Dequeue up to ``count`` tokens, oldest first; return their versions."""
+        tags = []
+        while count > 0 and self._tokens:
+            run = self._tokens[0]
+            got = min(count, run[1])
+            tags.append(np.full(got, run[0], dtype=np.int64))
+            run[1] -= got
+            count -= got
+            if run[1] == 0:
+                self._tokens.pop(0)
+        return np.concatenate(tags) if tags else np.empty(0, dtype=np.int64)
+
+    def _token_count(self, mode: SyncMode, accept_stale: bool) -> float:
+        if not uses_tokens(mode, accept_stale):
+            return np.inf
+        return float(sum(run[1] for run in self._tokens))
 
     def cancel(self, workers: np.ndarray) -> None:
         self.version[workers] = IDLE
@@ -72,33 +136,50 @@ class ServerTimeline:
     def busy_on(self, version: int) -> np.ndarray:
         return np.flatnonzero(self.version == version)
 
-    def collect(self, k: int, version: int, mode: SyncMode, accept_stale: bool) -> StepArrivals:
-        """Advance the clock until ``k`` usable arrivals; return them and the stale ones between."""
+    def collect(
+        self, k: int, version: int, mode: SyncMode, accept_stale: bool, *, drain: bool = False
+    ) -> StepArrivals:
+        """Advance the clock until ``k`` usable arrivals; return them and the stale ones between.
+
+        ``drain`` also waits until no job of an older version is running (LGC with
+        ``complete=true``: the previous step's stragglers deliver before the next update), and
+        a worker that delivers a stale gradient goes on to the current version even as the step
+        closes, so that every worker computes every version in turn.
+        """
         chunks: list[tuple[np.ndarray, ...]] = []
         have = 0
-        while have < k:
-            self._release_waiting(version)
-            batch, usable = self._next_batch(k - have, version, accept_stale, mode)
+        while have < k or (drain and self._older_running(version).any()):
+            self._release_waiting(version, mode, accept_stale)
+            batch, usable = self._next_batch(k - have, version, accept_stale, mode, drain)
             have += int(usable.sum())
-            closes = self.finish[batch[-1]] if have >= k else None
-            chunks.append(self._commit(batch, usable, version, mode, closes))
+            rest = self._older_running(version) if drain else np.zeros(self.n, dtype=bool)
+            rest[batch] = False
+            closes = have >= k and not rest.any()
+            # a straggler drained as the step closes goes on to this version, not the next
+            carry_on = closes and drain
+            chunks.append(
+                self._commit(batch, usable, version, mode, accept_stale, closes, carry_on)
+            )
         cols = (np.concatenate(c) for c in zip(*chunks, strict=True))
         worker, ver, start, finish, job, usable = cols
         self.now = float(finish[-1])
         arrivals = ArrivalColumns(worker, ver, start, finish)
         return StepArrivals(arrivals, job, usable, self.now)
 
-    def _release_waiting(self, version: int) -> None:
+    def _older_running(self, version: int) -> np.ndarray:
+        return (self.version != IDLE) & (self.version < version)
+
+    def _release_waiting(self, version: int, mode: SyncMode, accept_stale: bool) -> None:
         if self._waiting.size == 0:
             return
         pending = self.finish[self.version != IDLE]
         if pending.size == 0 or pending.min() > self._waiting_since:
             starts = np.full(self._waiting.size, self._waiting_since)
-            self._launch(self._waiting, version, starts)
+            self._start_next(self._waiting, version, starts, mode, accept_stale)
             self._waiting = np.empty(0, dtype=np.int64)
 
     def _next_batch(
-        self, need: int, version: int, accept_stale: bool, mode: SyncMode
+        self, need: int, version: int, accept_stale: bool, mode: SyncMode, drain: bool
     ) -> tuple[np.ndarray, np.ndarray]:
         busy = np.flatnonzero(self.version != IDLE)
         if busy.size == 0:
@@ -107,13 +188,16 @@ class ServerTimeline:
         usable = accept_stale | (self.version[order] == version)
         count = np.cumsum(usable)
         m = int(np.searchsorted(count, need)) + 1 if count[-1] >= need else order.size
+        if drain:  # up to the last older job too
+            older = np.flatnonzero(self.version[order] < version)
+            m = max(m, int(older[-1]) + 1) if older.size else m
         batch = order[:m]
         if self._waiting.size:  # finish this instant first, then release who waits on it
             batch = batch[self.finish[batch] <= self._waiting_since]
         # a job started by an event of this batch may end before the batch's last event;
         # events are ordered by (time, worker) wherever they come from
         while batch.size > 1:
-            follow = batch[self._follows(batch, version, mode)]
+            follow = batch[self._follows(batch, version, mode, accept_stale)]
             if follow.size == 0:
                 break
             ends = self.finish[follow] + self.durations.peek(follow, self.finish[follow])
@@ -126,11 +210,18 @@ class ServerTimeline:
             batch = batch[(times < t) | ((times == t) & (batch < w))]
         return batch, usable[: batch.size]
 
-    def _follows(self, batch: np.ndarray, version: int, mode: SyncMode) -> np.ndarray:
-        """Which finishing workers start a new job at once (pull, or a stale one under push)."""
+    def _follows(
+        self, batch: np.ndarray, version: int, mode: SyncMode, accept_stale: bool
+    ) -> np.ndarray:
+        """Which finishing workers (in event order) start a new job at once.
+
+        Pull: each one, while tokens last. Push: only one whose gradient was dropped as stale
+        (DBW §2, PsW); one whose gradient counts waits for the update (K-async, Fig. 5).
+        """
         if mode.refills:
-            return np.ones(batch.size, dtype=bool)
-        return self.version[batch] < version
+            want = np.ones(batch.size, dtype=bool)
+            return want & (np.cumsum(want) <= self._token_count(mode, accept_stale))
+        return (self.version[batch] < version) & (not accept_stale)
 
     def _commit(
         self,
@@ -138,10 +229,12 @@ class ServerTimeline:
         usable: np.ndarray,
         version: int,
         mode: SyncMode,
-        closes: float | None,
+        accept_stale: bool,
+        closes: bool,
+        carry_on: bool = False,
     ) -> tuple[np.ndarray, ...]:
         """Record the batch and start follow-up jobs; who finishes as the step closes waits
-        for the update, so that it starts from the new version."""
+        for the update, so that it starts from the new version, unless ``carry_on``."""
         record = (
             batch.copy(),
             self.version[batch].copy(),
@@ -150,22 +243,41 @@ class ServerTimeline:
             self.job[batch].copy(),
             usable,
         )
-        follows = self._follows(batch, version, mode)
+        # under pull everyone asks for a next job; tokens, if any, go in event order
+        wants = (
+            np.ones(batch.size, dtype=bool)
+            if mode.refills
+            else self._follows(batch, version, mode, accept_stale)
+        )
         done = self.finish[batch]
         at_last = done == done[-1]
         self.cancel(batch)
-        self._launch(batch[follows & ~at_last], version, done[follows & ~at_last])
-        if closes is None:
-            self._waiting = np.concatenate([self._waiting, batch[follows & at_last]])
+        now = wants if carry_on else wants & ~at_last
+        self._start_next(batch[now], version, done[now], mode, accept_stale)
+        if not closes:
+            self._waiting = np.concatenate([self._waiting, batch[wants & at_last]])
             self._waiting_since = done[-1]
         else:
             self._waiting = np.empty(0, dtype=np.int64)
         return record
 
     def partial_work(self, version: int, blocks: int) -> tuple[np.ndarray, np.ndarray]:
-        """Blocks of s completed by the workers still on ``version`` at ``now`` (LGC Alg. 1)."""
+        """Blocks of s completed by the workers still on ``version`` at ``now`` (LGC Alg. 1).
+
+        LGC Eq. (6)'s r: the mini-batch is split into s blocks of equal work, processed in
+        order. Without micro-batches the work runs at a constant rate, so r = floor(s e / d)
+        for e seconds elapsed of a d-second job. With M micro-batches, c of them completed by
+        ``now`` (from their real cumulative times), block b is done once the micro-batches
+        holding its share of the work are, i.e. once c >= b M / s: r = floor(s c / M).
+        r stays below s, since the job has not finished.
+        """
         busy = self.busy_on(version)
         elapsed = self.now - self.start[busy]
-        total = self.finish[busy] - self.start[busy]
-        done = np.floor(blocks * elapsed / np.maximum(total, np.finfo(float).tiny))
+        total = np.maximum(self.finish[busy] - self.start[busy], np.finfo(float).tiny)
+        if self.progress is None:
+            done = np.floor(blocks * elapsed / total)
+        else:
+            micro = self.progress.shape[1]
+            finished = (self.progress[busy] * total[:, None] <= elapsed[:, None]).sum(axis=1)
+            done = (blocks * finished) // micro
         return busy, np.clip(done, 0, blocks - 1).astype(np.int64)

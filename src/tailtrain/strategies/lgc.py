@@ -13,8 +13,14 @@ whose gradient the engine reports as the mean over its r blocks and whose ``unit
 A straggler with no finished block contributes zero, as in Eq. (6) with r = 0.
 
 The first ``warmup`` epochs run fully synchronously (LGC §III.A: "the first 2 epochs are run in
-Full-SGD fashion as warmup"). ``complete=true`` lets stragglers finish their whole gradient
-before the next iteration, the simplifying assumption of LGC §III.B.
+Full-SGD fashion as warmup").
+
+``complete=true`` is LGC §III's simplifying assumption that "the stragglers can complete all
+computations before the beginning of next iteration", and it is charged its real time: the
+stragglers are not interrupted (push & wait) but compute their whole gradient of version t,
+which enters e_t with r = s; update t+1 waits until every one of them has delivered, and only
+then do they take a new version. So a step lasts at least as long as the slowest straggler of
+the previous one, and the option costs time rather than crediting work never done.
 """
 
 from __future__ import annotations
@@ -75,7 +81,8 @@ class Lgc(Strategy):
             return Plan(k=state.n, mode=SyncMode.PSI)
         return Plan(
             k=state.k,
-            mode=SyncMode.PSI,
+            # complete stragglers keep computing (push & wait); the engine drains them
+            mode=SyncMode.PSW if self.complete else SyncMode.PSI,
             partial_blocks=self.blocks,
             complete_stragglers=self.complete,
         )
