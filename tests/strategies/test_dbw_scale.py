@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import math
 import pickle
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -25,9 +25,10 @@ import pytest
 
 from tailtrain.sim.engine import simulate_parameter_server
 from tailtrain.sim.scenario import Scenario
-from tailtrain.strategies.base import StepStats
+from tailtrain.strategies.base import Context, StepStats
 from tailtrain.strategies.dbw import Dbw, DbwState, best_k, round_trip_samples
-from tailtrain.strategies.time_estimator import RoundTripTimes
+from tailtrain.strategies.registry import parse_strategy
+from tailtrain.strategies.time_estimator import Eq17Fit, RoundTripTimes, solve_eq17
 
 FIXTURE = Path(__file__).parent / "fixtures" / "dbw_estimator_replay.json"
 #: the recorded runs: (name, strategy, task, workers, iterations, delay)
@@ -60,7 +61,10 @@ def record(strategy: str, task: str, workers: int, iterations: int, delay: str) 
 
 
 def regenerate() -> None:
-    runs = {name: {"n": n, "steps": record(s, task, n, it, d)} for name, s, task, n, it, d in RECORDED}
+    runs = {
+        name: {"n": n, "steps": record(strategy, task, n, iterations, delay)}
+        for name, strategy, task, n, iterations, delay in RECORDED
+    }
     FIXTURE.parent.mkdir(exist_ok=True)
     FIXTURE.write_text(json.dumps(runs, separators=(",", ":")) + "\n")
 
@@ -80,6 +84,101 @@ def test_replayed_samples_give_the_recorded_estimates_bit_for_bit(name):
     if name.startswith("b-dbw"):  # no loss in a timing-only run, so Eq. (19) never fires
         recorded = [s["k"] for s in run["steps"]]
         assert ks == recorded[-len(ks) :] and len(set(recorded)) > 2  # k_t did vary
+
+
+# --- simulated runs against a dense reference estimator -----------------------------------
+
+
+@dataclass(frozen=True)
+class DenseTimes:
+    """DBW §3.2's estimator as it was: n x n pooled sums and counts copied on every ``add``,
+    Eq. (17) re-solved on them when samples came, T_hat_k read off the full fill's diagonal."""
+
+    sums: np.ndarray
+    counts: np.ndarray
+    fit: Eq17Fit | None = None
+    stale: bool = False
+
+    def add(self, h: np.ndarray, i: np.ndarray, t: np.ndarray) -> DenseTimes:
+        if len(t) == 0:
+            return self
+        sums, counts = self.sums.copy(), self.counts.copy()
+        np.add.at(sums, (h - 1, i - 1), t)
+        np.add.at(counts, (h - 1, i - 1), 1)
+        return DenseTimes(sums, counts, self.fit, stale=True)
+
+    def solved(self) -> DenseTimes:
+        if not self.stale and self.fit is not None:
+            return self
+        fit = solve_eq17(self.sums / np.maximum(self.counts, 1), self.counts, self.fit)
+        return DenseTimes(self.sums, self.counts, fit)
+
+    @property
+    def ready(self) -> bool:
+        return self.fit is not None and bool(np.all(np.isfinite(self.fit.values)))
+
+    def iteration_times(self) -> np.ndarray:
+        return np.diagonal(self.fit.values).copy()
+
+
+@dataclass(frozen=True)
+class DenseDbw(Dbw):
+    """DBW with the dense reference estimator."""
+
+    def init(self, ctx: Context) -> DbwState:
+        n = ctx.n_workers
+        dense = DenseTimes(np.zeros((n, n)), np.zeros((n, n), dtype=np.int64))
+        return replace(super().init(ctx), times=dense)
+
+
+@pytest.mark.parametrize(
+    ("strategy", "task", "workers", "iterations"),
+    [
+        ("dbw", "none", 16, 40),
+        ("dbw", "none", 64, 30),
+        ("b-dbw", "none", 16, 40),
+        ("b-dbw", "none", 64, 30),
+        ("dbw", "logreg", 16, 30),
+    ],
+)
+def test_seeded_runs_choose_the_same_k_as_the_dense_estimator(strategy, task, workers, iterations):
+    scenario = Scenario(
+        task=task, workers=workers, iterations=iterations, delay="shifted-exp:shift=0.2,scale=1"
+    )
+    new = parse_strategy(strategy)
+    dense = DenseDbw(new.name, new.window, new.beta, new.mode, new.lr_rule, new.blind)
+    for seed in (0, 1):
+        got = simulate_parameter_server(scenario, new, seed).column("k").tolist()
+        want = simulate_parameter_server(scenario, dense, seed).column("k").tolist()
+        assert got == want
+        if strategy == "b-dbw":
+            assert len(set(got)) > 2  # the estimator was exercised with several rows h
+
+
+def test_state_stays_small_picklable_and_unchanged_by_adapt():
+    n, iterations = 512, 12
+    scenario = Scenario(task="none", workers=n, iterations=iterations)
+    states = []
+
+    @dataclass(frozen=True)
+    class Keep(Dbw):
+        def adapt(self, state: DbwState, stats: StepStats) -> DbwState:
+            states.append((state, state.times.iteration_times(), stats))
+            return super().adapt(state, stats)
+
+    simulate_parameter_server(scenario, Keep("b-dbw", blind=True), seed=0)
+    last, _, stats = states[-1]
+    # every old state still gives the estimates it gave when it was current
+    for state, diag, _ in states:
+        np.testing.assert_array_equal(state.times.iteration_times(), diag)
+    blob = pickle.dumps(last)
+    # O(sampled rows x n) bytes: far below one dense n x n float array (2 MiB here)
+    assert len(blob) < n * n * 8 / 4
+    strategy = Keep("b-dbw", blind=True)
+    again = strategy.adapt(pickle.loads(blob), stats)
+    np.testing.assert_array_equal(
+        again.times.iteration_times(), strategy.adapt(last, stats).times.iteration_times()
+    )
 
 
 if __name__ == "__main__":
