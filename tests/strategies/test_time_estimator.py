@@ -129,6 +129,31 @@ def test_means_that_already_satisfy_the_constraints_are_returned_unchanged(probl
     assert np.all(fit.dual == 0)
 
 
+@settings(max_examples=60, deadline=None)
+@given(samples(max_n=8))
+def test_diagonal_closed_form_is_the_diagonal_of_the_full_fill(problem):
+    means, counts = problem
+    fit = solve_eq17(means, counts)
+    assert np.array_equal(fit.diagonal, np.diagonal(fit.values))
+
+
+def test_add_copies_only_the_rows_it_touches_and_never_writes_shared_ones():
+    times = RoundTripTimes.empty(4).add(np.array([2, 3]), np.array([1, 4]), np.array([1.0, 2.0]))
+    row2, row3 = times.rows[2], times.rows[3]
+    later = times.add(np.array([3, 3]), np.array([4, 2]), np.array([5.0, 1.0]))
+    assert later.rows[2] is row2  # shared, not copied
+    assert times.rows[3] is row3 and row3[0].tolist() == [0, 0, 0, 2.0]  # the old state is intact
+    assert later.rows[3][0].tolist() == [0, 1.0, 0, 7.0] and later.rows[3][1].tolist() == [
+        0,
+        1,
+        0,
+        2,
+    ]
+    assert later.grown and not later.rows[3][0].flags.writeable
+    with pytest.raises(ValueError):
+        row2[0][0] = 9.0
+
+
 def test_additive_feasible_means_are_their_own_estimate():
     rng = np.random.default_rng(3)
     n = 7

@@ -25,6 +25,11 @@ every cell of the n x n grid gets the smallest value consistent with the constra
 sampled cells (:func:`lower_fill`), which also makes the result satisfy all three families
 exactly. Unsampled cells thus get optimistic (lowest consistent) times, the benefit the paper
 notes: a k never tried still has an estimate (DBW Fig. 3).
+
+At scale (n in the thousands) nothing here is O(n^2) per step: samples are pooled per sampled
+row, the fit is kept on the sampled cells only, DBW reads the fill's diagonal from its closed
+form (:func:`fill_diagonal`), the cover graph is reused until a cell gets its first sample, and
+a step without samples does not re-solve. The full grid is built only when asked for.
 """
 
 from __future__ import annotations
@@ -76,30 +81,30 @@ class CoverGraph:
 
 
 def cover_graph(support: np.ndarray) -> CoverGraph:
-    """Cover relations of the induced order on the cells where ``support`` is true.
+    """Cover relations of the induced order on the cells where ``support`` (n x n) is true."""
+    return cell_cover_graph(support.shape[0], np.flatnonzero(support.ravel()))
+
+
+def cell_cover_graph(n: int, cells: np.ndarray) -> CoverGraph:
+    """Cover relations of the induced order on ``cells`` (sorted flat indices of an n x n grid).
 
     Every cell above a sampled cell is above its first successor in some sampled row (rows are
     chains), so the candidates are one cell per sampled row; those above another candidate are
     implied and dropped.
     """
-    n = support.shape[0]
-    cells = np.flatnonzero(support.ravel())
     h, k = cells // n + 1, cells % n + 1
-    targets = row_successors(support, cells, h, k)
+    targets = row_successors(n, cells, h, k)
     keep = minimal_targets(targets, h, k)
     src, j = np.nonzero(keep)
     return CoverGraph(n, cells, src, targets[src, j])
 
 
-def row_successors(
-    support: np.ndarray, cells: np.ndarray, h: np.ndarray, k: np.ndarray
-) -> np.ndarray:
+def row_successors(n: int, cells: np.ndarray, h: np.ndarray, k: np.ndarray) -> np.ndarray:
     """For each sampled cell and sampled row, the first cell of that row above it, or -1."""
-    n = support.shape[0]
     rows = np.unique(h)
     targets = np.full((cells.size, rows.size), -1)
     for j, r in enumerate(rows):
-        columns = np.flatnonzero(support[r - 1]) + 1
+        columns = k[h == r]  # ascending: cells are sorted
         # smallest column reachable in row r (closed form of ``precedes``); n + 1: none
         bridge = np.where(k <= h, np.maximum(k, r), n + 1)
         lo = np.where(r < h, k, np.where(r == h, k + 1, bridge))
@@ -128,37 +133,51 @@ def minimal_targets(targets: np.ndarray, h: np.ndarray, k: np.ndarray) -> np.nda
 
 @dataclass(frozen=True)
 class Eq17Fit:
-    """A solution of Eq. (17): ``values[h-1, k-1]`` estimates E[T_{h,k}]."""
+    """A solution of Eq. (17) on the sampled cells, and the diagonal DBW reads from it.
 
-    values: np.ndarray
+    ``x[c]`` estimates E[T] at cell ``graph.cells[c]``; ``diagonal[k-1]`` is T_hat_k = E[T_{k,k}]
+    of the least consistent fill (:func:`fill_diagonal`). The full n x n grid, :attr:`values`,
+    is built only on request: DBW never needs it.
+    """
+
     graph: CoverGraph
+    x: np.ndarray
     dual: np.ndarray = field(repr=False)  # multiplier per cover relation, for warm starts
+    diagonal: np.ndarray = field(repr=False)
+
+    @property
+    def values(self) -> np.ndarray:
+        """``values[h-1, k-1]`` estimates E[T_{h,k}] for every cell (O(n^2): inspection only)."""
+        n = self.graph.n
+        if self.x.size == 0:
+            return np.full((n, n), np.nan)
+        return lower_fill(self.graph, self.x)
 
 
 def solve_eq17(means: np.ndarray, counts: np.ndarray, warm: Eq17Fit | None = None) -> Eq17Fit:
     """DBW Eq. (17) for per-cell sample ``means`` and ``counts`` (n x n, counts 0 = no sample)."""
-    graph = reuse_graph(warm, counts > 0)
-    y = means.ravel()[graph.cells]
-    w = counts.ravel()[graph.cells].astype(float)
+    n = means.shape[0]
+    cells = np.flatnonzero(counts.ravel() > 0)
+    same = warm is not None and warm.graph.n == n and np.array_equal(warm.graph.cells, cells)
+    graph = warm.graph if same else cell_cover_graph(n, cells)
+    return solve_cells(graph, means.ravel()[cells], counts.ravel()[cells].astype(float), warm)
+
+
+def solve_cells(graph: CoverGraph, y: np.ndarray, w: np.ndarray, warm: Eq17Fit | None) -> Eq17Fit:
+    """DBW Eq. (17) on the sampled cells ``graph.cells``: sample means ``y``, counts ``w``."""
     if graph.cells.size == 0:
-        return Eq17Fit(np.full(means.shape, np.nan), graph, np.zeros(0))
+        return Eq17Fit(graph, y, np.zeros(0), np.full(graph.n, np.nan))
     if np.all(y[graph.src] <= y[graph.dst]):
         # the empirical means already satisfy every constraint: they are the solution
-        return Eq17Fit(lower_fill(graph, y), graph, np.zeros(graph.src.size))
+        return Eq17Fit(graph, y, np.zeros(graph.src.size), fill_diagonal(graph, y))
     x, dual = isotonic_regression(graph.src, graph.dst, y, w, warm_dual(graph, warm))
-    return Eq17Fit(lower_fill(graph, x), graph, dual)
-
-
-def reuse_graph(warm: Eq17Fit | None, support: np.ndarray) -> CoverGraph:
-    """The previous cover graph when the sampled cells did not change (the usual case)."""
-    same_n = warm is not None and warm.graph.n == support.shape[0]
-    if same_n and np.array_equal(warm.graph.cells, np.flatnonzero(support.ravel())):
-        return warm.graph
-    return cover_graph(support)
+    return Eq17Fit(graph, x, dual, fill_diagonal(graph, x))
 
 
 def warm_dual(graph: CoverGraph, warm: Eq17Fit | None) -> np.ndarray:
     """The previous multipliers of the relations that still exist, 0 for new ones."""
+    if warm is not None and warm.graph is graph:
+        return warm.dual  # same relations (the usual case); never written to
     start = np.zeros(graph.src.size)
     if warm is None or warm.graph.n != graph.n or warm.dual.size == 0:
         return start
@@ -277,53 +296,111 @@ def lower_fill(graph: CoverGraph, x: np.ndarray) -> np.ndarray:
     return np.where(np.isfinite(out), out, np.min(x))
 
 
+def fill_diagonal(graph: CoverGraph, x: np.ndarray) -> np.ndarray:
+    """The diagonal of :func:`lower_fill` in O(cells + n): T_hat_k = E[T_{k,k}], DBW §3.2.
+
+    By :func:`precedes`, cell (h, j) lies below (k, k) iff j <= min(h, k): the cells on or
+    below the diagonal (j <= h) of columns 1..k. So T_hat_k is the running maximum over
+    columns of each column's largest such value; maxima only, hence bit-identical to the fill.
+    """
+    n = graph.n
+    h, j = graph.cells // n + 1, graph.cells % n + 1
+    below = j <= h
+    column = np.full(n, -np.inf)
+    np.maximum.at(column, j[below] - 1, x[below])
+    out = np.maximum.accumulate(column)
+    return np.where(np.isfinite(out), out, np.min(x))
+
+
 @dataclass(frozen=True)
 class RoundTripTimes:
     """Pooled samples of ``t_{h,i}`` and their Eq. (17) fit; immutable, ``add`` returns a copy.
 
-    ``fit`` is refreshed by :meth:`solved` only when samples arrived since the last solve.
+    Samples of a step fall in one row h = k_{t-1} (plus rows of late versions), so the sums and
+    counts are kept per sampled row: ``rows[h] = (sums, counts)``, two length-n arrays. ``add``
+    copies only the rows it touches and shares the others with the state it came from; shared
+    arrays are read-only, so an old state never changes (a pure rule over explicit state). The
+    state is O(sampled rows x n), not O(n^2). ``fit`` is refreshed by :meth:`solved` only when
+    samples arrived since the last solve; the cover graph is rebuilt only when a cell got its
+    first sample (``grown``).
     """
 
-    sums: np.ndarray
-    counts: np.ndarray
+    n: int
+    rows: dict[int, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
     fit: Eq17Fit | None = None
     stale: bool = False
+    grown: bool = False
 
     @classmethod
     def empty(cls, n: int) -> RoundTripTimes:
-        return cls(np.zeros((n, n)), np.zeros((n, n), dtype=np.int64))
+        return cls(n)
 
-    @property
-    def n(self) -> int:
-        return self.sums.shape[0]
-
-    def add(self, h: np.ndarray, i: np.ndarray, t: np.ndarray) -> RoundTripTimes:
+    def add(self, h: ArrayLike, i: ArrayLike, t: ArrayLike) -> RoundTripTimes:
         """Add samples ``t`` of cells (h, i) (1-based arrays)."""
-        if len(t) == 0:
+        h, col, t = np.asarray(h), np.asarray(i) - 1, np.asarray(t, dtype=float)
+        if t.size == 0:
             return self
-        sums, counts = self.sums.copy(), self.counts.copy()
-        index = (np.asarray(h) - 1, np.asarray(i) - 1)
-        np.add.at(sums, index, np.asarray(t, dtype=float))
-        np.add.at(counts, index, 1)
-        return RoundTripTimes(sums, counts, self.fit, stale=True)
+        rows, grown = dict(self.rows), self.grown
+        for r in np.unique(h).tolist():  # distinct rows of one step: a handful
+            mine = h == r
+            old = rows.get(r)
+            sums = np.zeros(self.n) if old is None else old[0].copy()
+            counts = np.zeros(self.n, dtype=np.int64) if old is None else old[1].copy()
+            grown = grown or bool(np.any(counts[col[mine]] == 0))
+            np.add.at(sums, col[mine], t[mine])
+            np.add.at(counts, col[mine], 1)
+            sums.flags.writeable = counts.flags.writeable = False
+            rows[r] = (sums, counts)
+        return RoundTripTimes(self.n, rows, self.fit, stale=True, grown=grown)
 
     def solved(self) -> RoundTripTimes:
         if not self.stale and self.fit is not None:
             return self
-        means = self.sums / np.maximum(self.counts, 1)
-        fit = solve_eq17(means, self.counts, self.fit)
-        return RoundTripTimes(self.sums, self.counts, fit, stale=False)
+        cells, sums, counts = self.pooled()
+        reuse = self.fit is not None and not self.grown
+        graph = self.fit.graph if reuse else cell_cover_graph(self.n, cells)
+        fit = solve_cells(graph, sums / counts, counts.astype(float), self.fit)
+        return RoundTripTimes(self.n, self.rows, fit, stale=False, grown=False)
+
+    def pooled(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The sampled cells (sorted flat indices (h-1)*n + i-1), their sums and counts."""
+        cells, sums, counts = [np.zeros(0, np.int64)], [np.zeros(0)], [np.zeros(0, np.int64)]
+        for r in sorted(self.rows):
+            row_sums, row_counts = self.rows[r]
+            sampled = np.flatnonzero(row_counts)
+            cells.append((r - 1) * self.n + sampled)
+            sums.append(row_sums[sampled])
+            counts.append(row_counts[sampled])
+        return np.concatenate(cells), np.concatenate(sums), np.concatenate(counts)
 
     @property
     def ready(self) -> bool:
-        return self.fit is not None and bool(np.all(np.isfinite(self.fit.values)))
+        return self.fit is not None and self.fit.x.size > 0 and bool(np.isfinite(self.fit.x.min()))
+
+    @property
+    def sums(self) -> np.ndarray:
+        """Per-cell sums as an n x n array (a fresh copy, for inspection)."""
+        return self.dense(0, float)
+
+    @property
+    def counts(self) -> np.ndarray:
+        """Per-cell sample counts as an n x n array (a fresh copy, for inspection)."""
+        return self.dense(1, np.int64)
+
+    def dense(self, which: int, dtype: type) -> np.ndarray:
+        out = np.zeros((self.n, self.n), dtype=dtype)
+        for r, row in self.rows.items():
+            out[r - 1] = row[which]
+        return out
 
     def expected(self) -> np.ndarray:
-        """``E[T_{h,k}]`` estimates, ``[h-1, k-1]`` indexed; NaN before any sample."""
+        """``E[T_{h,k}]`` estimates, ``[h-1, k-1]`` indexed; NaN before any sample. O(n^2)."""
         if self.fit is None:
             return np.full((self.n, self.n), np.nan)
         return self.fit.values
 
     def iteration_times(self) -> np.ndarray:
-        """``T_hat_k = E[T_{k,k}]`` for k = 1..n (DBW §3.2, footnote 5)."""
-        return np.diagonal(self.expected()).copy()
+        """``T_hat_k = E[T_{k,k}]`` for k = 1..n (DBW §3.2, footnote 5); NaN before a fit."""
+        if self.fit is None:
+            return np.full(self.n, np.nan)
+        return self.fit.diagonal.copy()
