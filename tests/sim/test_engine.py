@@ -81,6 +81,48 @@ def test_k_batch_async_iteration_time_is_k_mean_over_p_for_pareto():
     assert_mean_within(batches, k * mean_x / p)
 
 
+def batch_means(times: np.ndarray, size: int = 100, burn_in: int = 200) -> np.ndarray:
+    """Means of consecutive batches: nearly independent, so their spread gives an honest
+    standard error for dependent iteration times."""
+    kept = times[burn_in:]
+    return kept[: kept.size // size * size].reshape(-1, size).mean(axis=1)
+
+
+def exp_order_stat(k: int, p: int, rate: float) -> float:
+    """E[X_{K:P}] for Exp(rate): sum_{i=P-K+1}^{P} 1/(i rate) (slow-and-stale Thm. 2)."""
+    return sum(1.0 / (i * rate) for i in range(p - k + 1, p + 1))
+
+
+@pytest.mark.parametrize(("k", "rate"), [(4, 1.0), (1, 2.0), (12, 1.0)])
+def test_k_async_iteration_time_equals_k_sync_for_exponential(k, rate):
+    # slow-and-stale Thm. 2 / Remark 2: equality in Lemma 3 for Exp(mu), E[T] = E[X_{K:P}];
+    # a worker counting twice in a step would make it faster
+    p = 16
+    times = timing_only(f"k-async:k={k}", f"exp:rate={rate:g}", p, 4000)
+    assert_mean_within(batch_means(times), exp_order_stat(k, p, rate))
+
+
+@pytest.mark.parametrize("shift", [1.0, 3.0])
+def test_k_async_shifted_exponential_within_lemma_3_and_4_bounds(shift):
+    p, k, rate = 16, 4, 1.0
+    delay = f"shifted-exp:shift={shift:g},rate={rate:g}"
+    batches = batch_means(timing_only(f"k-async:k={k}", delay, p, 4000))
+    se = batches.std(ddof=1) / np.sqrt(batches.size)
+    lemma3 = shift + exp_order_stat(k, p, rate)  # E[T] <= E[X_{K:P}] (Eq. 11)
+    n = p // k  # Lemma 4 (Eq. 12), P = nK: n iterations take <= shift + sum E[X~_{K:P-iK}]
+    lemma4 = (shift + sum(exp_order_stat(k, p - i * k, rate) for i in range(n))) / n
+    assert batches.mean() <= min(lemma3, lemma4) + 4 * se
+    # and no schedule beats P workers' throughput: K gradients need K E[X] / P (Lemma 5)
+    assert batches.mean() >= k * (shift + 1 / rate) / p - 4 * se
+
+
+def test_lgc_complete_stragglers_are_charged_their_time():
+    # stragglers finish their whole gradient before the next update: never k-sync's time
+    lgc = timing_only("lgc:k=4,complete=true", "exp:rate=1", 8, 400)
+    k_sync = timing_only("k-sync:k=4", "exp:rate=1", 8, 400)
+    assert lgc.sum() >= 1.5 * k_sync.sum()
+
+
 class LinearTask:
     """loss_w(theta) = <a_w, theta>: gradients that do not depend on the model (LGC test)."""
 

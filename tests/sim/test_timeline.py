@@ -154,3 +154,89 @@ def test_push_and_wait_hand_example():
     assert steps[1] == [(0, 1, 3.0, True), (1, 1, 4.0, True)]
     # worker 2's stale gradient of version 0 arrives at 5 s, between the fresh ones
     assert steps[2] == [(0, 2, 5.0, True), (2, 0, 5.0, False), (1, 2, 6.0, True)]
+
+
+def drive(table, n, ks, mode, accept_stale, drain=False):
+    """Run the timeline and rebuild every job it ran: (worker, job, start, end, finished)."""
+    tl = ServerTimeline(JobDurations(TableProcess(table), n), n)
+    jobs = []
+
+    def running(finished: bool):
+        busy = np.flatnonzero(tl.version >= 0)
+        end = tl.finish[busy] if finished else np.full(busy.size, tl.now)
+        return list(
+            zip(busy, tl.job[busy], tl.start[busy], end, [finished] * busy.size, strict=True)
+        )
+
+    for version, k in enumerate(ks):
+        if mode.interrupts:
+            jobs += running(False)  # cut short at the update
+        tl.begin(version, mode, accept_stale)
+        got = tl.collect(k, version, mode, accept_stale, drain=drain)
+        a = got.arrivals
+        jobs += list(zip(a.worker, got.jobs, a.start, a.finish, [True] * len(a), strict=True))
+    return jobs + running(True)
+
+
+MODES_AND_DRAIN = [(m, s, False) for m, s in MODES] + [(SyncMode.PSW, False, True)]
+
+
+@pytest.mark.parametrize(("mode", "accept_stale", "drain"), MODES_AND_DRAIN)
+@settings(max_examples=25, deadline=None)
+@given(data=st.data())
+def test_no_worker_ever_runs_two_jobs_at_once(mode, accept_stale, drain, data):
+    n = data.draw(st.integers(1, 8))
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**31)))
+    scale = data.draw(st.sampled_from([0.1, 1.0]))  # coarse rounding makes many ties
+    table = np.round(rng.exponential(1.0, size=(300, n)) + 0.05, 1) * scale
+    ks = data.draw(st.lists(st.integers(1, n), min_size=1, max_size=15))
+    jobs = drive(table, n, ks, mode, accept_stale, drain)
+    for w in range(n):
+        mine = sorted((j for j in jobs if j[0] == w), key=lambda j: (j[2], j[1]))
+        ids = [j[1] for j in mine]
+        assert ids == sorted(set(ids)), "a job ran twice or out of order"
+        for (_, job, start, end, finished), nxt in zip(mine, [*mine[1:], None], strict=True):
+            duration = table[job % len(table), w]
+            assert end <= start + duration + 1e-9
+            if finished:
+                assert end == pytest.approx(start + duration)
+            if nxt is not None:
+                assert nxt[2] >= end - 1e-9, f"worker {w} overlaps: {(start, end)} and {nxt}"
+
+
+@pytest.mark.parametrize("scale", [0.1, 1.0])
+@settings(max_examples=30, deadline=None)
+@given(data=st.data())
+def test_pull_starts_at_most_n_jobs_of_a_version(scale, data):
+    # DBW §2 PI: n tokens per update, so at most n gradients of any one version, in total
+    n = data.draw(st.integers(1, 8))
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**31)))
+    table = np.round(rng.exponential(1.0, size=(300, n)) + 0.05, 1) * scale
+    ks = data.draw(st.lists(st.integers(1, n), min_size=1, max_size=15))
+    jobs = drive(table, n, ks, SyncMode.PULL, False)
+    steps = run_timeline(table, n, ks, SyncMode.PULL, False)
+    versions = [v for step in steps for _, v, _, _ in step]
+    assert max(np.bincount(versions)) <= n
+    assert len(jobs) <= n * len(ks)
+
+
+@settings(max_examples=40, deadline=None)
+@given(data=st.data())
+def test_partial_blocks_count_real_micro_batch_times(data):
+    # LGC Eq. (6) with M micro-batches: block b of s is done once c >= b M / s micro-batches
+    # are, so r = floor(s c / M), counted here from the drawn micro-batch times themselves
+    n = data.draw(st.integers(2, 6))
+    micro = data.draw(st.integers(1, 9))
+    s = data.draw(st.integers(1, 6))
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**31)))
+    table = rng.lognormal(0.0, 1.0, size=(50, n, micro))  # uneven micro-batches
+    tl = ServerTimeline(JobDurations(TableProcess(table), n), n)
+    for version, k in enumerate(data.draw(st.lists(st.integers(1, n - 1), min_size=1))):
+        tl.begin(version, SyncMode.PSI, False)
+        tl.collect(k, version, SyncMode.PSI, False)
+        workers, blocks = tl.partial_work(version, s)
+        for w, r in zip(workers, blocks, strict=True):
+            ends = tl.start[w] + np.cumsum(table[tl.job[w] % len(table), w])
+            done = int((ends <= tl.now).sum())
+            assert r == min(s * done // micro, s - 1)
+        assert set(workers) == {w for w in range(n) if tl.version[w] == version}

@@ -42,7 +42,9 @@ class SyncMode(StrEnum):
     PSW = "psw"
     #: push & interrupt: a new version interrupts every computation in progress
     PSI = "psi"
-    #: pull: an idle worker pulls the newest version at once, even the one it just used
+    #: pull: an idle worker pulls the newest version at once, even the one it just used; where
+    #: stale gradients are dropped this is DBW's PI with its queue of n tokens per update
+    #: (DBW §2, footnote 3), else K-batch-async's unlimited pull (slow-and-stale §II-C)
     PULL = "pull"
     #: pull while the version lasts, interrupted by the update (slow-and-stale K-batch-sync)
     PULL_INTERRUPT = "pull-interrupt"

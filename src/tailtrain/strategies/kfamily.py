@@ -6,6 +6,8 @@
 - ``k-batch-sync``: every worker keeps computing mini-batches at the same version; the first K
   mini-batches close the step and the rest are cancelled.
 - ``k-async``: wait for the first K gradients, stale ones included, cancel nobody (Eq. 3).
+  A worker counts at most once per step: after it pushes it is idle until the update, then
+  starts on the new version (Fig. 5), so for Exp(mu) E[T] = E[X_{K:P}] (Thm. 2).
 - ``k-batch-async``: any K mini-batches, whoever computed them; a worker that pushes pulls the
   current model at once. ``async`` is 1-batch-async.
 """
