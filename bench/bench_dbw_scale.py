@@ -17,7 +17,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from tailtrain.sim.engine import simulate_parameter_server
+from tailtrain.sim.run import simulate
 from tailtrain.sim.scenario import Scenario
 from tailtrain.strategies.base import Arrival, Context, Plan, Selection, StepStats, Strategy
 from tailtrain.strategies.registry import parse_strategy
@@ -57,11 +57,11 @@ class TimedAdapt(Strategy):
 def rate(text: str, workers: int, steps: int) -> tuple[float, TimedAdapt]:
     """Worker-iterations per second of one seeded timing-only run (after a short warm-up)."""
     warm = Scenario(task="none", workers=workers, delay=DELAY, iterations=3)
-    simulate_parameter_server(warm, parse_strategy(text), 0)  # imports, caches
+    simulate(warm, parse_strategy(text), 0)  # imports, caches
     scenario = Scenario(task="none", workers=workers, delay=DELAY, iterations=steps)
     timed = TimedAdapt(parse_strategy(text))
     start = time.perf_counter()
-    record = simulate_parameter_server(scenario, timed, 1)
+    record = simulate(scenario, timed, 1)
     wall = time.perf_counter() - start
     return workers * len(record.steps) / wall, timed
 

@@ -17,7 +17,7 @@ import json
 import platform
 import time
 
-from tailtrain.sim.allreduce_engine import simulate_allreduce
+from tailtrain.sim.run import simulate
 from tailtrain.sim.scenario import Scenario
 from tailtrain.strategies.registry import parse_strategy
 
@@ -43,7 +43,7 @@ def measure(strategy: str, args: argparse.Namespace) -> dict[str, object]:
     best, summary = float("inf"), {}
     for run in range(args.repeat):
         start = time.perf_counter()
-        record = simulate_allreduce(scenario, parse_strategy(strategy), run)
+        record = simulate(scenario, parse_strategy(strategy), run)
         best = min(best, time.perf_counter() - start)
         summary = record.summary
     units = args.iterations * args.workers * args.micro_batches

@@ -17,7 +17,7 @@ import time
 
 import torch
 
-from tailtrain.sim.engine import simulate_parameter_server
+from tailtrain.sim.run import simulate
 from tailtrain.sim.scenario import Scenario
 from tailtrain.strategies.registry import parse_strategy
 from tailtrain.tasks import parse_task
@@ -31,9 +31,9 @@ def timing_only(workers: int, iterations: int) -> dict[str, float]:
         scenario = Scenario(
             task="none", workers=workers, delay="shifted-exp:shift=1,scale=1", iterations=iterations
         )
-        simulate_parameter_server(scenario, parse_strategy(text), 0)  # warm-up: imports, caches
+        simulate(scenario, parse_strategy(text), 0)  # warm-up: imports, caches
         start = time.perf_counter()
-        record = simulate_parameter_server(scenario, parse_strategy(text), 1)
+        record = simulate(scenario, parse_strategy(text), 1)
         wall = time.perf_counter() - start
         out[text] = workers * len(record.steps) / wall
     return out
@@ -61,10 +61,10 @@ def overhead(workers: int, iterations: int, strategy: str) -> dict[str, float]:
         task="digits-cnn", workers=workers, iterations=iterations, eval_every=iterations
     )
     task = TimedTask(parse_task("digits-cnn", seed=0))
-    simulate_parameter_server(scenario, parse_strategy(strategy), 0, task=task)  # warm-up
+    simulate(scenario, parse_strategy(strategy), 0, task=task)  # warm-up
     task.grad_seconds = 0.0
     start = time.perf_counter()
-    simulate_parameter_server(scenario, parse_strategy(strategy), 0, task=task)
+    simulate(scenario, parse_strategy(strategy), 0, task=task)
     wall = time.perf_counter() - start
     return {"wall_s": wall, "grad_s": task.grad_seconds, "ratio": wall / task.grad_seconds}
 

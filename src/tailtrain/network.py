@@ -16,11 +16,11 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
-from tailtrain.delays.params import duration
 from tailtrain.errors import UsageError
-from tailtrain.spec import parse_spec
+from tailtrain.spec import Spec, parse_spec
 
 #: Aries small-message latency order of magnitude; eager-SGD gives no figure
 DEFAULT_HOP = 1.5e-6
@@ -55,10 +55,17 @@ def parse_network(text: str | None) -> NetworkModel:
             "(seconds each), e.g. --network hop=2e-6,overhead=1e-4"
         )
     return NetworkModel(
-        hop=duration(spec, "hop", DEFAULT_HOP),
-        overhead=duration(spec, "overhead", 0.0),
-        allreduce=duration(spec, "allreduce") if spec.has("allreduce") else None,
+        hop=_seconds(spec, "hop", DEFAULT_HOP),
+        overhead=_seconds(spec, "overhead", 0.0),
+        allreduce=_seconds(spec, "allreduce") if spec.has("allreduce") else None,
     )
+
+
+def _seconds(spec: Spec, key: str, default: float | None = None) -> float:
+    value = spec.get_float(key, default, minimum=0.0)
+    if not math.isfinite(value):
+        raise UsageError(f"--network {key}={value}: give finite seconds >= 0")
+    return value
 
 
 def moved_to_network(key: str, value: str, rule: str) -> UsageError:

@@ -12,10 +12,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tailtrain.delays import DelayProcess
-from tailtrain.sim.allreduce_engine import simulate_allreduce
-from tailtrain.sim.allreduce_learner import RoundLearner
-from tailtrain.sim.allreduce_timing import stop_rule
-from tailtrain.sim.engine import simulate_parameter_server
+from tailtrain.sim.allreduce.learner import RoundLearner
+from tailtrain.sim.allreduce.timing import stop_rule
+from tailtrain.sim.run import simulate
 from tailtrain.sim.scenario import Scenario
 from tailtrain.strategies.base import ArrivalColumns, Context
 from tailtrain.strategies.dropcompute import DropCompute, expected_drop_rate, larger_batch
@@ -59,16 +58,16 @@ def same_run(a, b) -> None:
 def test_infinite_threshold_is_parameter_server_sync(task):
     """tau = inf through the allreduce engine gives the PS engine's sync model, bit for bit."""
     scenario = Scenario(task=task, workers=4, delay="const:value=1", iterations=6, eval_every=3)
-    ps = simulate_parameter_server(scenario, parse_strategy("sync"), 3)
-    ar = simulate_allreduce(scenario, parse_strategy("dropcompute:threshold=inf"), 3)
+    ps = simulate(scenario, parse_strategy("sync"), 3)
+    ar = simulate(scenario, parse_strategy("dropcompute:threshold=inf"), 3)
     same_run(ps, ar)
 
 
 def test_infinite_threshold_is_sync_with_random_delays_up_to_summation_order():
     """The PS engine sums gradients in arrival order, so only rounding may differ."""
     scenario = Scenario(task="logreg", workers=4, delay="exp:rate=1", iterations=6, eval_every=3)
-    ps = simulate_parameter_server(scenario, parse_strategy("sync"), 3)
-    ar = simulate_allreduce(scenario, parse_strategy("dropcompute:threshold=inf"), 3)
+    ps = simulate(scenario, parse_strategy("sync"), 3)
+    ar = simulate(scenario, parse_strategy("dropcompute:threshold=inf"), 3)
     assert ps.column("time").tolist() == ar.column("time").tolist()
     np.testing.assert_allclose(ps.column("loss"), ar.column("loss"), rtol=1e-6)
     for a, b in zip(ps.evals, ar.evals, strict=True):
@@ -98,8 +97,8 @@ def test_without_delay_variance_every_strategy_is_sync(text):
         iterations=6,
         eval_every=3,
     )
-    sync = simulate_allreduce(scenario, parse_strategy("dropcompute:threshold=inf"), 1)
-    record = simulate_allreduce(scenario, parse_strategy(text), 1)
+    sync = simulate(scenario, parse_strategy("dropcompute:threshold=inf"), 1)
+    record = simulate(scenario, parse_strategy(text), 1)
     same_run(sync, record)
     assert record.summary["drop_rate"] == 0.0
 
@@ -108,8 +107,8 @@ def test_local_sgd_period_one_is_sync_with_random_delays():
     scenario = Scenario(
         task="hyperplane:dim=8", workers=4, delay="exp:rate=1", micro_batches=2, iterations=5
     )
-    sync = simulate_allreduce(scenario, parse_strategy("dropcompute:threshold=inf"), 2)
-    same_run(sync, simulate_allreduce(scenario, parse_strategy("local-sgd:period=1"), 2))
+    sync = simulate(scenario, parse_strategy("dropcompute:threshold=inf"), 2)
+    same_run(sync, simulate(scenario, parse_strategy("local-sgd:period=1"), 2))
 
 
 # ---- gradients of completed micro-batches only ---------------------------------------------
@@ -149,8 +148,8 @@ def test_update_is_the_weighted_mean_of_completed_micro_batches(divide_by):
     rule = parse_strategy(f"dropcompute:threshold=1,divide-by={divide_by}")
     state = rule.init(Context(n_workers=n))
     zeros = np.zeros(n)
-    arrivals = ArrivalColumns(np.arange(n), np.zeros(n, int), zeros, zeros, units=done / m)
-    learner.apply(rule.select(state, arrivals), work, 1.0)
+    arrivals = ArrivalColumns.of(np.arange(n), np.zeros(n, int), zeros, zeros, units=done / m)
+    learner.apply(rule.select(state, arrivals), arrivals.keys, work, 1.0)
     assert task.calls == [("shared", (int(done.sum()), 4))]
     per = [task.task.grads(theta0, batches[w, : done[w]])[1] for w in range(n) if done[w]]
     sums = [g.sum(0) for g in per]
@@ -221,9 +220,7 @@ def timing_run(tau: float, stop: str):
         comm_time=str(COMM),
         iterations=ROUNDS,
     )
-    record = simulate_allreduce(
-        scenario, parse_strategy(f"dropcompute:threshold={tau},stop={stop}"), 1
-    )
+    record = simulate(scenario, parse_strategy(f"dropcompute:threshold={tau},stop={stop}"), 1)
     completed = np.array([np.mean(r["completed"]) for r in record.steps])
     durations = np.diff(np.concatenate([[0.0], record.column("time")]))
     return record, completed, durations
@@ -270,7 +267,7 @@ def test_automatic_threshold_is_within_two_percent_of_the_best_on_a_fine_grid():
     scenario = Scenario(
         task="none", workers=64, micro_batches=12, delay=NOISE, comm_time="0.2", iterations=32
     )
-    record = simulate_allreduce(scenario, rule, 0)
+    record = simulate(scenario, rule, 0)
     thresholds = record.column("threshold")
     assert np.isinf(thresholds[:30]).all() and np.isfinite(thresholds[30:]).all()
     tau = thresholds[-1]
@@ -288,7 +285,7 @@ def test_automatic_threshold_is_within_two_percent_of_the_best_on_a_fine_grid():
 def test_recalibration_measures_undropped_rounds_every_r_rounds():
     scenario = Scenario(task="none", workers=8, micro_batches=4, delay=NOISE, iterations=14)
     text = "dropcompute:calibrate=2,recalibrate=5"
-    record = simulate_allreduce(scenario, parse_strategy(text), 0)
+    record = simulate(scenario, parse_strategy(text), 0)
     measuring = np.isinf(record.column("threshold"))
     assert measuring.tolist() == [i % 5 < 2 for i in range(14)]
     assert (record.column("drop_rate")[measuring] == 0).all()
@@ -297,7 +294,7 @@ def test_recalibration_measures_undropped_rounds_every_r_rounds():
 def test_drop_rate_threshold_gives_that_rate_on_the_calibration_samples():
     rule = recording("dropcompute:drop-rate=0.1,calibrate=10")
     scenario = Scenario(task="none", workers=16, micro_batches=12, delay=NOISE, iterations=11)
-    record = simulate_allreduce(scenario, rule, 0)
+    record = simulate(scenario, rule, 0)
     t = np.stack([s.micro_batch_times for s in rule.seen[:10]])
     tau = record.steps[-1]["threshold"]
     assert expected_drop_rate(t, tau, True) <= 0.1
@@ -307,9 +304,7 @@ def test_drop_rate_threshold_gives_that_rate_on_the_calibration_samples():
 # ---- compensation (Sec. 4.5) --------------------------------------------------------------
 def test_extra_steps_stretch_the_run_by_the_measured_drop_rate():
     scenario = Scenario(task="none", workers=16, micro_batches=12, delay=NOISE, iterations=40)
-    record = simulate_allreduce(
-        scenario, parse_strategy("dropcompute:threshold=7,compensate=extra-steps"), 0
-    )
+    record = simulate(scenario, parse_strategy("dropcompute:threshold=7,compensate=extra-steps"), 0)
     done = sum(sum(r["completed"]) for r in record.steps)
     possible = len(record.steps) * 16 * 12
     assert record.summary["drop_rate"] > 0.02
@@ -320,7 +315,7 @@ def test_extra_steps_stretch_the_run_by_the_measured_drop_rate():
 def test_larger_batch_grows_m_by_the_calibrated_drop_rate():
     rule = recording("dropcompute:calibrate=5,compensate=larger-batch")
     scenario = Scenario(task="none", workers=16, micro_batches=6, delay=NOISE, iterations=8)
-    record = simulate_allreduce(scenario, rule, 0)
+    record = simulate(scenario, rule, 0)
     t = np.stack([s.micro_batch_times for s in rule.seen[:5]])
     tau = record.steps[-1]["threshold"]
     grown = larger_batch(6, expected_drop_rate(t, tau, True))
@@ -333,8 +328,8 @@ def test_larger_batch_grows_m_by_the_calibrated_drop_rate():
 def test_same_seed_same_record_and_summary_keys():
     scenario = Scenario(task="logreg", workers=4, delay=NOISE, micro_batches=3, time_budget=12.0)
     text = "dropcompute:calibrate=2,compensate=resample"
-    a = simulate_allreduce(scenario, parse_strategy(text), 5)
-    b = simulate_allreduce(scenario, parse_strategy(text), 5)
+    a = simulate(scenario, parse_strategy(text), 5)
+    b = simulate(scenario, parse_strategy(text), 5)
     assert a.steps == b.steps and a.evals == b.evals
     assert a.steps[-2]["time"] < 12.0 <= a.steps[-1]["time"]
     for key in ("threshold", "drop_rate", "effective_speedup", "mean_completed"):
@@ -346,9 +341,7 @@ def test_custom_delays_are_used_as_given():
     """A delay process passed in replaces the scenario's (as in the parameter-server engine)."""
     scenario = Scenario(task="none", workers=3, micro_batches=2, iterations=3)
     process = DelayProcess("const:value=2", None, 0, 3, 2)
-    record = simulate_allreduce(
-        scenario, parse_strategy("dropcompute:threshold=3"), 0, delays=process
-    )
+    record = simulate(scenario, parse_strategy("dropcompute:threshold=3"), 0, delays=process)
     assert record.column("time").tolist() == [3.0, 6.0, 9.0]
     assert [r["completed"] for r in record.steps] == [[1, 1, 1]] * 3
 
@@ -358,9 +351,7 @@ def test_a_worker_with_nothing_done_joins_with_weight_zero():
         task="logreg", workers=2, micro_batches=2, delay="const:value=1", iterations=1
     )
     process = DelayProcess("const:value=1", "linear:step=5", 0, 2, 2)
-    record = simulate_allreduce(
-        scenario, parse_strategy("dropcompute:threshold=2.5"), 0, delays=process
-    )
+    record = simulate(scenario, parse_strategy("dropcompute:threshold=2.5"), 0, delays=process)
     row = record.steps[0]
     assert row["completed"] == [2, 0] and row["workers"] == [0] and row["k"] == 1
     assert math.isfinite(row["loss"])

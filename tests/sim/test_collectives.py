@@ -8,14 +8,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tailtrain.errors import UsageError
-from tailtrain.sim.collectives import (
+from tailtrain.sim.partial.collectives import (
     CommTimes,
     Network,
     activation_hops,
     latencies,
     resolve_round,
 )
-from tailtrain.sim.eager_microbench import Microbenchmark, run_microbenchmark
+from tailtrain.sim.partial.microbench import Microbenchmark, run_microbenchmark
 from tailtrain.strategies.eager import Collective, majority_initiator
 
 NET = Network(hop=1e-3, allreduce=0.25)

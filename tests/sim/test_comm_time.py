@@ -70,18 +70,12 @@ def batch_means(times: np.ndarray, batches: int = 20) -> tuple[float, float]:
     return float(kept.mean()), float(means.std(ddof=1) / np.sqrt(batches))
 
 
-K_ASYNC_TIMELINE = pytest.mark.xfail(
-    strict=True,
-    reason="the timeline lets a K-async worker count more than once per step (tracker issue 8, "
-    "fixed separately); predict follows slow-and-stale Sec. II-B: K distinct workers restart",
-)
-
 N = 8
 FAMILIES = [
     ("sync", ("sync", N)),
     ("k-sync:k=4", ("k-sync", 4)),
     ("k-batch-sync:k=4", ("k-batch-sync", 4)),
-    pytest.param("k-async:k=4", ("k-async", 4), marks=K_ASYNC_TIMELINE),
+    ("k-async:k=4", ("k-async", 4)),
     ("k-batch-async:k=4", ("k-batch-async", 4)),
     ("async", ("async", 1)),
     ("dropcompute", ("dropcompute", N)),

@@ -8,8 +8,6 @@ import numpy as np
 import pytest
 import torch
 
-from tailtrain.sim.eager_engine import simulate_eager
-from tailtrain.sim.engine import simulate_parameter_server
 from tailtrain.sim.records import clean
 from tailtrain.sim.run import simulate
 from tailtrain.sim.scenario import Scenario
@@ -102,8 +100,8 @@ def test_without_delays_every_eager_strategy_is_sync_sgd(strategy):
     scenario = Scenario(
         task="logreg", workers=N, delay="const:value=1", iterations=12, eval_every=4
     )
-    expected, reference = run_with(simulate_parameter_server, "sync", scenario)
-    got, record = run_with(simulate_eager, strategy, scenario)
+    expected, reference = run_with(simulate, "sync", scenario)
+    got, record = run_with(simulate, strategy, scenario)
     assert len(record.steps) == len(reference.steps) == 12
     torch.testing.assert_close(got, expected, rtol=0, atol=1e-6)
     np.testing.assert_allclose(record.column("loss"), reference.column("loss"), rtol=1e-6)
@@ -117,7 +115,7 @@ def test_a_late_process_adopts_only_the_latest_result():
     scenario = Scenario(
         task="logreg", workers=2, iterations=3, lr=lr, eval_every=100, network="hop=0"
     )
-    record = simulate_eager(
+    record = simulate(
         scenario,
         parse_strategy("eager:mode=solo"),
         0,
@@ -140,7 +138,7 @@ def test_only_delivered_gradients_are_computed():
     scenario = Scenario(
         task="logreg", workers=6, delay="exp:rate=1", iterations=80, eval_every=1000
     )
-    record = simulate_eager(scenario, parse_strategy("eager:mode=solo"), 1, task=task)
+    record = simulate(scenario, parse_strategy("eager:mode=solo"), 1, task=task)
     delivered = sum(len(row["workers"]) for row in record.steps)
     assert task.computed == delivered
     assert delivered > len(record.steps)  # some stale gradients did arrive
@@ -152,7 +150,7 @@ def timing(
     scenario = Scenario(
         task="none", workers=workers, delay=delay, pattern=pattern, iterations=iterations
     )
-    return simulate_eager(scenario, parse_strategy(strategy), seed)
+    return simulate(scenario, parse_strategy(strategy), seed)
 
 
 def test_solo_completes_every_round_with_an_active_process():
@@ -195,7 +193,7 @@ def test_model_synchronisation_reunites_the_copies():
         task="logreg", workers=6, delay="exp:rate=1", iterations=60, eval_every=1000
     )
     strategy = parse_strategy("eager:mode=solo,sync-every=6,staleness-bound=0")
-    record = simulate_eager(scenario, strategy, 3, task=task)
+    record = simulate(scenario, strategy, 3, task=task)
     synced = [row for row in record.steps if row["model_sync"]]
     assert [row["step"] for row in synced] == list(range(5, 60, 6))
     assert all(row["models"] == 1 for row in synced)
@@ -212,7 +210,7 @@ def test_round_time_is_activation_hops_plus_allreduce():
         network="hop=0.01",
     )
     strategy = parse_strategy("eager:mode=solo,sync-every=3,staleness-bound=0")
-    times = np.diff(simulate_eager(scenario, strategy, 0).column("time"), prepend=0.0)
+    times = np.diff(simulate(scenario, strategy, 0).column("time"), prepend=0.0)
     partial, model_sync = 1 + 2 * 0.01 + 0.5, 1 + 2 * 0.5  # 2 hops; a sync is 2 allreduces
     expected = [partial, partial, model_sync] * 2
     np.testing.assert_allclose(times, expected)
@@ -222,7 +220,7 @@ def test_dbw_quorum_moves_k_and_keeps_nap_above_it():
     scenario = Scenario(
         task="logreg", workers=6, delay="exp:rate=1", iterations=40, eval_every=1000
     )
-    record = simulate_eager(scenario, parse_strategy("dbw-quorum:staleness-bound=0"), 0)
+    record = simulate(scenario, parse_strategy("dbw-quorum:staleness-bound=0"), 0)
     quorum = record.column("quorum")
     assert len(set(quorum.tolist())) > 1 and quorum.min() >= 1 and quorum.max() <= 6
     assert np.all(record.column("nap") >= quorum)
@@ -250,19 +248,21 @@ def test_time_budget_bounds_the_run():
 
 
 def test_gradients_on_several_model_copies_match_one_call_per_copy():
-    from tailtrain.sim.eager_models import ModelStore
-    from tailtrain.sim.eager_processes import Work
+    from tailtrain.sim.data_stream import job_batches
+    from tailtrain.sim.partial.models import ModelStore
+    from tailtrain.sim.partial.processes import Work
     from tailtrain.sim.scenario import World
 
     world = World.build(Scenario(task="logreg", workers=3, iterations=1), 0)
-    store = ModelStore(world.trainer)
+    store = ModelStore(world.task, world.partition, world.seed)
     store.models[1] = store.models[0] + 0.3
     ints = np.array([0, 1, 2, 0])
     work = Work(ints, np.array([5, 6, 7, 8]), np.array([0, 1, 1, 0]), ints, ints * 0.0, ints * 1.0)
     got = store.gradients(work)
     for model in (0, 1):
         rows = np.flatnonzero(work.model == model)
-        batch = np.stack([world.trainer.batch(work.worker[i], work.job[i]) for i in rows])
+        batch = job_batches(world.partition, 0, world.task.batch_size, work.worker, work.job)
+        batch = batch[rows, 0]
         loss, grad = world.task.grads(store.models[model], batch)
         torch.testing.assert_close(got.grads[rows], grad)
         torch.testing.assert_close(got.losses[rows], loss)
@@ -278,7 +278,7 @@ def test_quorum_of_every_process_is_sync_sgd_under_random_delays():
         eval_every=4,
         network="hop=0",
     )
-    expected, reference = run_with(simulate_parameter_server, "sync", scenario, seed=5)
-    got, record = run_with(simulate_eager, f"eager:mode=quorum,k={N}", scenario, seed=5)
+    expected, reference = run_with(simulate, "sync", scenario, seed=5)
+    got, record = run_with(simulate, f"eager:mode=quorum,k={N}", scenario, seed=5)
     torch.testing.assert_close(got, expected, rtol=0, atol=1e-6)
     np.testing.assert_allclose(record.column("time"), reference.column("time"))

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from tailtrain.sim.engine import simulate_parameter_server
 from tailtrain.sim.records import clean
+from tailtrain.sim.run import simulate
 from tailtrain.sim.scenario import Scenario
 from tailtrain.strategies.registry import parse_strategy
 
@@ -26,17 +26,17 @@ def test_same_seed_gives_bit_identical_record(strategy, tmp_path):
     scenario = constant_scenario(delay="exp:rate=1", iterations=15)
     runs = []
     for i in range(2):
-        record = simulate_parameter_server(scenario, parse_strategy(strategy), seed=3)
+        record = simulate(scenario, parse_strategy(strategy), seed=3)
         record.write(tmp_path / str(i))
         runs.append([(tmp_path / str(i) / f).read_bytes() for f in ("steps.jsonl", "evals.jsonl")])
     assert runs[0] == runs[1]
-    other = simulate_parameter_server(scenario, parse_strategy(strategy), seed=4)
+    other = simulate(scenario, parse_strategy(strategy), seed=4)
     assert json.dumps(clean(other.steps)) != runs[0][0].decode().replace("\n", "")
 
 
 def timing_only(strategy: str, delay: str, workers: int, iterations: int, seed: int = 1):
     scenario = Scenario(task="none", workers=workers, delay=delay, iterations=iterations)
-    record = simulate_parameter_server(scenario, parse_strategy(strategy), seed)
+    record = simulate(scenario, parse_strategy(strategy), seed)
     return np.diff(np.concatenate([[0.0], record.column("time")]))
 
 
@@ -182,22 +182,22 @@ def test_lgc_sums_to_full_sync_up_to_the_pending_compensation():
     scenario = Scenario(
         task="logreg", workers=n, partition="iid", iterations=steps, lr=lr, eval_every=1000
     )
-    from tailtrain.sim import engine
+    from tailtrain.sim.ps.trainer import Trainer
 
     strategy = parse_strategy(f"lgc:k={n - 1},blocks=4,complete=true")
-    world_trainer = {}
-    real_update = engine.update
+    made = []
+    real_of = Trainer.of
 
-    def spy(run, plan, selection, candidates, jobs):
-        world_trainer["trainer"] = run.trainer
-        return real_update(run, plan, selection, candidates, jobs)
+    def spy(world):
+        made.append(real_of(world))
+        return made[-1]
 
-    engine.update = spy
+    Trainer.of = spy
     try:
-        simulate_parameter_server(scenario, strategy, 0, task=task, delays=StragglerDelays(n))
+        simulate(scenario, strategy, 0, task=task, delays=StragglerDelays(n))
     finally:
-        engine.update = real_update
-    pending = world_trainer["trainer"].deferred
+        Trainer.of = real_of
+    pending = made[0].update.deferred
     full_sync = vectors.mean(0)
     expected = -lr * (steps * full_sync - pending)
     torch.testing.assert_close(captured["theta"], expected)

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tailtrain.sim.durations import JobDurations
-from tailtrain.sim.timeline import ServerTimeline
+from tailtrain.sim.ps.timeline import ServerTimeline
 from tailtrain.strategies.base import SyncMode
 
 

@@ -16,7 +16,7 @@ from tailtrain.strategies.registry import parse_strategy
 
 
 def stats(step: int, time: float, loss: float) -> StepStats:
-    return StepStats(step=step, version=step + 1, time=time, k=1, arrivals=(), used=(), loss=loss)
+    return StepStats(step=step, version=step + 1, time=time, k=1, loss=loss)
 
 
 def run(strategy: AdaSync, n: int, times: np.ndarray, losses: np.ndarray) -> list[int]:

@@ -62,11 +62,7 @@ class CaptureTask:
 def final_params(strategy_text: str, scenario: Scenario, seed: int = 0) -> torch.Tensor:
     strategy = parse_strategy(strategy_text)
     task = CaptureTask(parse_task(scenario.task, seed=seed))
-    from tailtrain.sim import run
-
-    module, _, name = run.ENGINES[strategy.topology].partition(":")
-    engine = getattr(__import__(module, fromlist=[name]), name)
-    engine(scenario, strategy, seed, None, task=task)
+    simulate(scenario, strategy, seed, task=task)
     return task.theta
 
 
@@ -116,6 +112,7 @@ def test_select_does_not_depend_on_arrival_order(name):
     start = rng.random(N)
     arrivals = ArrivalColumns(
         worker=np.arange(N),
+        job=np.zeros(N, dtype=np.int64),
         version=np.zeros(N, dtype=np.int64),
         start=start,
         finish=start + rng.random(N),
@@ -126,9 +123,12 @@ def test_select_does_not_depend_on_arrival_order(name):
 
     def by_worker(arr, selection):
         return {
-            (int(arr.worker[i]), part): round(w, 12)
-            for part, weights in (("now", selection.now), ("later", selection.later))
-            for i, w in weights.items()
+            (int(arr.worker[i]), part): round(float(w[i]), 12)
+            for part, w in (
+                ("now", selection.now.over(arr.keys)),
+                ("later", selection.later.over(arr.keys)),
+            )
+            for i in range(len(arr))
         }
 
     first = by_worker(arrivals, strategy.select(state, arrivals))

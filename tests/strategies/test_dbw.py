@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from tailtrain.errors import UsageError
-from tailtrain.strategies.base import Arrival, Context, StepStats, SyncMode
+from tailtrain.strategies.base import Context, StepStats, SyncMode
 from tailtrain.strategies.dbw import (
     Dbw,
     GainEstimates,
@@ -22,33 +22,35 @@ from tailtrain.strategies.dbw import (
     variance_plus,
 )
 from tailtrain.strategies.registry import parse_strategy
+from tailtrain.strategies.testing import Row, arrivals
 
 
 def step_stats(
     version: int,
     k: int,
-    arrivals: list[Arrival],
+    rows: list[Row],
     loss: float = math.nan,
     grad_sq_sum: float = math.nan,
     mean_grad_sq: float = math.nan,
 ) -> StepStats:
     """Stats of the update that made ``version``, closing at the k-th fresh arrival."""
-    fresh = sorted(a.finish for a in arrivals if a.version == version - 1)
+    fresh = sorted(a.finish for a in rows if a.version == version - 1)
+    cols = arrivals(rows)
     return StepStats(
         step=version - 1,
         version=version,
         time=fresh[k - 1],
         k=k,
-        arrivals=tuple(arrivals),
-        used=tuple(range(k)),
+        arrivals=cols,
+        used=cols.keys[:k],
         loss=loss,
         grad_sq_sum=grad_sq_sum,
         mean_grad_sq=mean_grad_sq,
     )
 
 
-def arrivals_at(version: int, start: float, durations: list[float]) -> list[Arrival]:
-    return [Arrival(w, version, start, start + d) for w, d in enumerate(durations)]
+def arrivals_at(version: int, start: float, durations: list[float]) -> list[Row]:
+    return [Row(w, version, start, start + d) for w, d in enumerate(durations)]
 
 
 # --- Eqs. (10)-(16) ------------------------------------------------------------------------
@@ -137,17 +139,19 @@ def test_loss_rise_above_beta_forces_k_above_previous():
 def test_round_trip_samples_count_late_arrivals_of_older_versions():
     n = 3
     versions = (OpenVersion(0, math.nan, n),)
-    step0 = [Arrival(0, 0, 0.0, 1.0), Arrival(1, 0, 0.0, 2.0)]
+    step0 = arrivals([Row(0, 0, 0.0, 1.0), Row(1, 0, 0.0, 2.0)])
     versions, h, i, t = round_trip_samples(versions, step0, n)
     assert (h.tolist(), i.tolist(), t.tolist()) == ([3, 3], [1, 2], [1.0, 2.0])
     versions = (*versions, OpenVersion(1, 2.0, 2))  # the update at t = 2 waited for k_0 = 2
     # worker 2 delivers w_0 late; workers 0 and 1 deliver w_1; a partial arrival is ignored
-    step1 = [
-        Arrival(2, 0, 0.0, 2.5),
-        Arrival(1, 1, 2.0, 3.5),
-        Arrival(0, 1, 2.0, 3.0),
-        Arrival(2, 1, 2.5, 3.6, units=0.5, partial=True),
-    ]
+    step1 = arrivals(
+        [
+            Row(2, 0, 0.0, 2.5),
+            Row(1, 1, 2.0, 3.5),
+            Row(0, 1, 2.0, 3.0),
+            Row(2, 1, 2.5, 3.6, units=0.5, partial=True),
+        ]
+    )
     versions, h, i, t = round_trip_samples(versions, step1, n)
     got = sorted(zip(h.tolist(), i.tolist(), t.tolist(), strict=True))
     assert got == [(2, 1, 1.0), (2, 2, 1.5), (3, 3, 2.5)]

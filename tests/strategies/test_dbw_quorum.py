@@ -6,10 +6,11 @@ import numpy as np
 import pytest
 
 from tailtrain.errors import UsageError
-from tailtrain.strategies.base import Arrival, ArrivalColumns, Context, StepStats
+from tailtrain.strategies.base import ArrivalColumns, Context, StepStats
 from tailtrain.strategies.dbw import Dbw
 from tailtrain.strategies.eager import Collective
 from tailtrain.strategies.registry import parse_strategy
+from tailtrain.strategies.testing import Row, arrivals, weights
 
 N = 6
 
@@ -34,20 +35,22 @@ def test_starts_with_every_process_and_plans_a_quorum():
 
 
 def test_weights_are_the_mean_or_one_over_p():
-    arrivals = [Arrival(w, 0, 0.0, 1.0) for w in range(4)]
+    cols = arrivals([Row(w, 0, 0.0, 1.0) for w in range(4)])
     fixed = parse_strategy("dbw-quorum")
-    assert fixed.select(fixed.init(Context(N)), arrivals).now == dict.fromkeys(range(4), 0.25)
+    now, later = weights(fixed.select(fixed.init(Context(N)), cols), cols)
+    assert now.tolist() == [0.25] * 4 and not later.any()
     prop = parse_strategy("dbw-quorum:lr=proportional")
-    assert prop.select(prop.init(Context(N)), arrivals).now == dict.fromkeys(range(4), 1 / N)
+    now, _ = weights(prop.select(prop.init(Context(N)), cols), cols)
+    assert now.tolist() == [1 / N] * 4
 
 
 def synthetic_round(rng, step: int, k: int, now: float, loss: float) -> StepStats:
     """A parameter-server-like round: the first k of N fresh calls used, the rest late."""
     finish = now + np.sort(rng.exponential(size=N))
-    cols = ArrivalColumns(np.arange(N), np.full(N, step), np.full(N, now), finish)
+    cols = ArrivalColumns.of(np.arange(N), np.full(N, step), np.full(N, now), finish)
     g2, mean2 = rng.uniform(2, 4) * k, rng.uniform(0.1, 0.5)
     return StepStats(
-        step, step + 1, float(finish[k - 1]), k, cols, tuple(range(k)), loss, g2, mean2, 0.1
+        step, step + 1, float(finish[k - 1]), k, cols, cols.keys[:k], loss, g2, mean2, 0.1
     )
 
 

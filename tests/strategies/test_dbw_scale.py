@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tailtrain.sim.engine import simulate_parameter_server
+from tailtrain.sim.run import simulate
 from tailtrain.sim.scenario import Scenario
 from tailtrain.strategies.base import Context, StepStats
 from tailtrain.strategies.dbw import Dbw, DbwState, best_k, round_trip_samples
@@ -56,7 +56,7 @@ class Recording(Dbw):
 def record(strategy: str, task: str, workers: int, iterations: int, delay: str) -> list:
     rec = Recording(strategy, blind=strategy == "b-dbw")
     scenario = Scenario(task=task, workers=workers, iterations=iterations, delay=delay)
-    simulate_parameter_server(scenario, rec, seed=0)
+    simulate(scenario, rec, seed=0)
     return rec.log
 
 
@@ -148,8 +148,8 @@ def test_seeded_runs_choose_the_same_k_as_the_dense_estimator(strategy, task, wo
     new = parse_strategy(strategy)
     dense = DenseDbw(new.name, new.window, new.beta, new.mode, new.lr_rule, new.blind)
     for seed in (0, 1):
-        got = simulate_parameter_server(scenario, new, seed).column("k").tolist()
-        want = simulate_parameter_server(scenario, dense, seed).column("k").tolist()
+        got = simulate(scenario, new, seed).column("k").tolist()
+        want = simulate(scenario, dense, seed).column("k").tolist()
         assert got == want
         if strategy == "b-dbw":
             assert len(set(got)) > 2  # the estimator was exercised with several rows h
@@ -166,7 +166,7 @@ def test_state_stays_small_picklable_and_unchanged_by_adapt():
             states.append((state, state.times.iteration_times(), stats))
             return super().adapt(state, stats)
 
-    simulate_parameter_server(scenario, Keep("b-dbw", blind=True), seed=0)
+    simulate(scenario, Keep("b-dbw", blind=True), seed=0)
     last, _, stats = states[-1]
     # every old state still gives the estimates it gave when it was current
     for state, diag, _ in states:

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tailtrain.errors import UsageError
-from tailtrain.sim.allreduce_timing import stop_rule
+from tailtrain.sim.allreduce.timing import stop_rule
 from tailtrain.strategies.base import ArrivalColumns, Context, StepStats
 from tailtrain.strategies.dropcompute import (
     DropCompute,
@@ -26,7 +26,7 @@ from tailtrain.theory.dropcompute import empirical_threshold
 def columns(units) -> ArrivalColumns:
     n = len(units)
     zeros = np.zeros(n)
-    return ArrivalColumns(np.arange(n), np.zeros(n, int), zeros, zeros, units=np.asarray(units))
+    return ArrivalColumns.of(np.arange(n), np.zeros(n, int), zeros, zeros, units=np.asarray(units))
 
 
 def stats(step: int, times: np.ndarray, comm: float = 0.1) -> StepStats:
@@ -38,7 +38,6 @@ def stats(step: int, times: np.ndarray, comm: float = 0.1) -> StepStats:
         time=0.0,
         k=times.shape[0],
         arrivals=arrivals,
-        used=(),
         micro_batch_times=times,
         comm_time=comm,
     )
@@ -53,22 +52,27 @@ unit_lists = st.lists(st.sampled_from([0.0, 0.25, 0.5, 0.75, 1.0]), min_size=1, 
 def test_weights_follow_completed_micro_batches_and_ignore_arrival_order(units, divide_by, rnd):
     rule = parse_strategy(f"dropcompute:threshold=1,divide-by={divide_by}")
     state = rule.init(Context(n_workers=len(units)))
-    weights = np.array(list(rule.select(state, columns(units)).now.values()))
+    cols = columns(units)
+    weights = rule.select(state, cols).now.over(cols.keys)
     u = np.array(units)
     expected = u / len(u) if divide_by == "m" else (u / u.sum() if u.sum() else 0 * u)
     np.testing.assert_allclose(weights, expected, rtol=1e-12)
     assert (weights[u == 0] == 0).all()
     order = list(range(len(units)))
     rnd.shuffle(order)
-    shuffled = rule.select(state, columns(u[order])).now
-    np.testing.assert_allclose([shuffled[i] for i in range(len(u))], weights[order])
+    cols = columns(u[order])
+    shuffled = rule.select(state, cols).now.over(cols.keys)
+    np.testing.assert_allclose(shuffled, weights[order])
 
 
-def test_sequence_of_arrivals_gives_the_same_weights_as_columns():
-    rule = parse_strategy("dropcompute:threshold=1,divide-by=computed")
-    state = rule.init(Context(n_workers=3))
-    arrivals = columns([1.0, 0.5, 0.0])
-    assert rule.select(state, list(arrivals)).now == rule.select(state, arrivals).now
+def test_weights_are_unnormalised_with_the_divisor_apart():
+    """A runtime reduces [sum_n w_n g_n, sum_n w_n]: divide-by=m fixes the divisor at N,
+    divide-by=computed leaves it to the reduced sum of the weights."""
+    cols = columns([1.0, 0.5, 0.0])
+    for divide_by, total in (("m", 3), ("computed", None)):
+        rule = parse_strategy(f"dropcompute:threshold=1,divide-by={divide_by}")
+        now = rule.select(rule.init(Context(n_workers=3)), cols).now
+        assert now.weight.tolist() == [1.0, 0.5, 0.0] and now.total == total
 
 
 # ---- calibration ----------------------------------------------------------------------------

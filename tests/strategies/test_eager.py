@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tailtrain.errors import UsageError
-from tailtrain.strategies.base import Arrival, Context, StepStats, SyncMode
+from tailtrain.strategies.base import Context, StepStats
 from tailtrain.strategies.eager import (
     REFERENCE_STALENESS_BOUND,
     Collective,
@@ -16,6 +16,7 @@ from tailtrain.strategies.eager import (
     majority_initiator,
 )
 from tailtrain.strategies.registry import parse_strategy
+from tailtrain.strategies.testing import Row, arrivals, weights
 
 
 def rounds(rule: EagerSGD, n: int, count: int, seed: int = 0):
@@ -24,7 +25,7 @@ def rounds(rule: EagerSGD, n: int, count: int, seed: int = 0):
     plans = []
     for r in range(count):
         plans.append(rule.plan(state))
-        state = rule.adapt(state, StepStats(r, r + 1, float(r), plans[-1].k, (), ()))
+        state = rule.adapt(state, StepStats(r, r + 1, float(r), plans[-1].k))
     return plans
 
 
@@ -87,7 +88,6 @@ def test_synchronisation_schedule(bound, every, mode):
         assert plan.synchronous == full
         assert plan.k == (6 if full else 3 if mode == "quorum" else 1)
         assert plan.collective == (Collective.ALLREDUCE if full else Collective(mode))
-        assert plan.mode is SyncMode.PSW and plan.accept_stale
 
 
 def _since_last_full(previous) -> int:
@@ -120,10 +120,10 @@ def test_every_contribution_weighs_one_over_p_in_any_order(order, n):
     """eager-SGD Alg. 2 line 6: the partial allreduce's sum divided by P."""
     rule = parse_strategy("eager:mode=solo")
     state = rule.init(Context(n_workers=n))
-    arrivals = [Arrival(worker=w, version=w % 2, start=0.0, finish=float(w)) for w in order]
-    selection = rule.select(state, arrivals)
-    assert selection.now == dict.fromkeys(range(5), 1 / n)
-    assert not selection.later
+    cols = arrivals([Row(worker=w, version=w % 2, start=0.0, finish=float(w)) for w in order])
+    now, later = weights(rule.select(state, cols), cols)
+    assert now.tolist() == [1 / n] * 5
+    assert not later.any()
 
 
 def test_hop_latency_is_a_network_property_not_a_rule_parameter():

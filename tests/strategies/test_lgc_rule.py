@@ -8,29 +8,36 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tailtrain.errors import UsageError
-from tailtrain.strategies.base import Arrival, ArrivalColumns, Context, StepStats, SyncMode
+from tailtrain.strategies.base import Context, StepStats, SyncMode
 from tailtrain.strategies.lgc import Lgc
 from tailtrain.strategies.registry import parse_strategy
+from tailtrain.strategies.testing import Row, arrivals, weights
 
 
-def step_arrivals(version: int, fresh: list[int], partial: dict[int, float]) -> list[Arrival]:
+def step_arrivals(version: int, fresh: list[int], partial: dict[int, float]):
     """The candidates the engine hands to ``select``: fresh whole gradients, then stragglers'
     partial work (units = r/s)."""
-    out = [Arrival(w, version, 0.0, 1.0 + w) for w in fresh]
-    out += [Arrival(w, version, 0.0, 9.0, units=u, partial=True) for w, u in partial.items()]
-    return out
+    out = [Row(w, version, 0.0, 1.0 + w) for w in fresh]
+    out += [Row(w, version, 0.0, 9.0, units=u, partial=True) for w, u in partial.items()]
+    return arrivals(out)
 
 
 def no_stats(step: int) -> StepStats:
-    return StepStats(step=step, version=step + 1, time=float(step), k=0, arrivals=(), used=())
+    return StepStats(step=step, version=step + 1, time=float(step), k=0)
 
 
-def applied(selection, arrivals, grads, deferred):
+def applied(selection, cols, grads, deferred):
     """The engine's update direction and the new deferred term (base.Selection)."""
-    g = np.stack([grads[a.worker] for a in arrivals])
-    now = sum(w * g[i] for i, w in selection.now.items())
-    later = sum((w * g[i] for i, w in selection.later.items()), np.zeros(g.shape[1]))
-    return now + deferred, later
+    g = grads[cols.worker]
+    now, later = weights(selection, cols)
+    return now @ g + deferred, later @ g
+
+
+def by_worker(selection, cols):
+    """({worker: now weight}, {worker: later weight}) of the non-zero weights."""
+    now, later = weights(selection, cols)
+    pick = lambda w: {int(cols.worker[i]): float(w[i]) for i in np.flatnonzero(w)}  # noqa: E731
+    return pick(now), pick(later)
 
 
 @given(n=st.integers(2, 9), steps=st.integers(1, 30), seed=st.integers(0, 2**31))
@@ -67,9 +74,10 @@ def test_weights_follow_eq7_with_eq6_scaling():
     # fresh 0, 2, 4; worker 1 finished r = 3 of 4 blocks, worker 3 finished 1
     arrivals = step_arrivals(0, [0, 2, 4], {1: 3 / 4, 3: 1 / 4})
     sel = strategy.select(state, arrivals)
-    assert sel.now == pytest.approx({0: 1 / 3, 1: 1 / 3, 2: 1 / 3})
+    now, later = by_worker(sel, arrivals)
+    assert now == pytest.approx({0: 1 / 3, 2: 1 / 3, 4: 1 / 3})
     comp = -(n - k) / (n * k)
-    assert sel.later == pytest.approx({0: comp, 1: comp, 2: comp, 3: 0.75 / n, 4: 0.25 / n})
+    assert later == pytest.approx({0: comp, 2: comp, 4: comp, 1: 0.75 / n, 3: 0.25 / n})
     # e_t of Eq. (7): 1/N (r/s mean-of-r-blocks) - (N-K)/N mean of the fresh
     grads = np.arange(10.0).reshape(5, 2)
     _, e = applied(sel, arrivals, grads, np.zeros(2))
@@ -83,27 +91,10 @@ def test_selection_does_not_depend_on_arrival_order():
     state = strategy.init(Context(n_workers=4))
     arrivals = step_arrivals(0, [3, 1], {0: 0.5, 2: 0.25})
     perm = [2, 0, 3, 1]
-    a = strategy.select(state, arrivals)
-    b = strategy.select(state, [arrivals[i] for i in perm])
-    for field in ("now", "later"):
-        by_worker_a = {arrivals[i].worker: w for i, w in getattr(a, field).items()}
-        by_worker_b = {arrivals[perm[i]].worker: w for i, w in getattr(b, field).items()}
-        assert by_worker_a == pytest.approx(by_worker_b)
-
-
-def test_columns_and_records_give_the_same_selection():
-    strategy = Lgc("lgc", 2, 4)
-    state = strategy.init(Context(n_workers=4))
-    arrivals = step_arrivals(0, [3, 1], {0: 0.5})
-    cols = ArrivalColumns(
-        np.array([a.worker for a in arrivals]),
-        np.zeros(3, dtype=np.int64),
-        np.zeros(3),
-        np.array([a.finish for a in arrivals]),
-        np.array([a.units for a in arrivals]),
-        np.array([a.partial for a in arrivals]),
-    )
-    assert strategy.select(state, cols) == strategy.select(state, arrivals)
+    shuffled = arrivals.take(np.array(perm))
+    a = by_worker(strategy.select(state, arrivals), arrivals)
+    b = by_worker(strategy.select(state, shuffled), shuffled)
+    assert a[0] == pytest.approx(b[0]) and a[1] == pytest.approx(b[1])
 
 
 def test_warmup_epochs_run_fully_synchronous():
@@ -114,8 +105,9 @@ def test_warmup_epochs_run_fully_synchronous():
         plan = strategy.plan(state)
         if step < 6:
             assert (plan.k, plan.partial_blocks) == (n, 0)
-            sel = strategy.select(state, step_arrivals(step, list(range(n)), {}))
-            assert sel.now == pytest.approx(dict.fromkeys(range(n), 1 / n)) and not sel.later
+            cols = step_arrivals(step, list(range(n)), {})
+            now, later = by_worker(strategy.select(state, cols), cols)
+            assert now == pytest.approx(dict.fromkeys(range(n), 1 / n)) and not later
         else:
             assert (plan.k, plan.partial_blocks) == (2, 3)
         state = strategy.adapt(state, no_stats(step))
@@ -124,8 +116,9 @@ def test_warmup_epochs_run_fully_synchronous():
 def test_k_equal_n_is_plain_synchronous_sgd():
     strategy = Lgc("lgc", 3)
     state = strategy.init(Context(n_workers=3))
-    sel = strategy.select(state, step_arrivals(0, [0, 1, 2], {}))
-    assert sel.now == pytest.approx(dict.fromkeys(range(3), 1 / 3)) and sel.later == {}
+    cols = step_arrivals(0, [0, 1, 2], {})
+    now, later = by_worker(strategy.select(state, cols), cols)
+    assert now == pytest.approx(dict.fromkeys(range(3), 1 / 3)) and later == {}
 
 
 def test_spec_round_trip():

@@ -8,9 +8,9 @@ import torch
 
 from tailtrain.delays import DelayProcess
 from tailtrain.errors import UsageError
-from tailtrain.sim.allreduce_engine import simulate_allreduce
+from tailtrain.sim.data_stream import job_batches
+from tailtrain.sim.run import simulate
 from tailtrain.sim.scenario import Scenario
-from tailtrain.sim.trainer import job_batches
 from tailtrain.strategies.registry import parse_strategy
 from tailtrain.tasks import parse_partition, parse_task
 
@@ -77,7 +77,7 @@ def test_local_sgd_matches_a_per_worker_reference(spec, tau, divide_by):
         iterations=4,
         eval_every=4,
     )
-    record = simulate_allreduce(scenario, parse_strategy(spec), 7)
+    record = simulate(scenario, parse_strategy(spec), 7)
     task = parse_task("logreg", seed=7)
     theta = reference_local_sgd(task, scenario, 7, 3, 2, tau, divide_by)
     expected = task.evaluate(theta)
@@ -93,7 +93,7 @@ def test_threshold_is_compared_at_each_local_step(stop):
     compute time so far is <= tau, and the step in flight finishes; stop=preempt cuts it."""
     scenario = Scenario(task="none", workers=5, delay="exp:rate=1", iterations=6)
     spec = "local-sgd:period=4,threshold=3" + stop
-    record = simulate_allreduce(scenario, parse_strategy(spec), 2)
+    record = simulate(scenario, parse_strategy(spec), 2)
     times = unit_times("exp:rate=1", 2, 5, None, 4, 6)
     partial = np.cumsum(times, axis=2)
     if stop == ",stop=preempt":
@@ -110,7 +110,7 @@ def test_threshold_is_compared_at_each_local_step(stop):
 
 def test_plain_local_sgd_never_drops():
     scenario = Scenario(task="none", workers=4, delay="exp:rate=1", iterations=5)
-    record = simulate_allreduce(scenario, parse_strategy("local-sgd:period=2"), 0)
+    record = simulate(scenario, parse_strategy("local-sgd:period=2"), 0)
     assert record.summary["drop_rate"] == 0.0 and record.summary["effective_speedup"] == 1.0
     assert all(r["completed"] == [2] * 4 for r in record.steps)
 

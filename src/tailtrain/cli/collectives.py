@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 from tailtrain.network import DEFAULT_HOP
-from tailtrain.sim.eager_microbench import CollectiveStats, Microbenchmark, run_microbenchmark
+from tailtrain.sim.partial.microbench import CollectiveStats, Microbenchmark, run_microbenchmark
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 if TYPE_CHECKING:
-    from tailtrain.sim.engine import Progress as StepCallback
+    from tailtrain.sim.driver import Progress as StepCallback
     from tailtrain.sim.scenario import Scenario
 
 

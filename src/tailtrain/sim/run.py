@@ -1,25 +1,39 @@
-"""Entry point of the simulator: picks the engine of a strategy's topology."""
+"""Entry point of the simulator: the engine of a strategy's topology, driven by one loop."""
 
 from __future__ import annotations
 
-import importlib
+from typing import Any
 
-from tailtrain.sim.engine import Progress
+from tailtrain.sim.allreduce.engine import AllreduceEngine
+from tailtrain.sim.driver import Progress, drive
+from tailtrain.sim.durations import DelaySource
+from tailtrain.sim.partial.engine import PartialCollectiveEngine
+from tailtrain.sim.ps.engine import ServerEngine
 from tailtrain.sim.records import RunRecord
-from tailtrain.sim.scenario import Scenario
+from tailtrain.sim.scenario import Scenario, World
 from tailtrain.strategies.base import Strategy, Topology
 
-#: topology -> the simulator engine ``simulate(scenario, strategy, seed, progress) -> RunRecord``
+#: topology -> the simulator's engine for it (``sim.driver.Engine``)
 ENGINES = {
-    Topology.PARAMETER_SERVER: "tailtrain.sim.engine:simulate_parameter_server",
-    Topology.ALLREDUCE: "tailtrain.sim.allreduce_engine:simulate_allreduce",
-    Topology.PARTIAL_COLLECTIVE: "tailtrain.sim.eager_engine:simulate_eager",
+    Topology.PARAMETER_SERVER: ServerEngine,
+    Topology.ALLREDUCE: AllreduceEngine,
+    Topology.PARTIAL_COLLECTIVE: PartialCollectiveEngine,
 }
 
 
 def simulate(
-    scenario: Scenario, strategy: Strategy, seed: int, progress: Progress | None = None
+    scenario: Scenario,
+    strategy: Strategy,
+    seed: int,
+    progress: Progress | None = None,
+    *,
+    task: Any = None,
+    delays: DelaySource | None = None,
 ) -> RunRecord:
-    """Run ``strategy`` on ``scenario`` with ``seed``; the same inputs give the same record."""
-    module, _, name = ENGINES[strategy.topology].partition(":")
-    return getattr(importlib.import_module(module), name)(scenario, strategy, seed, progress)
+    """Run ``strategy`` on ``scenario`` with ``seed``; the same inputs give the same record.
+
+    ``task`` and ``delays`` replace the scenario's task and delay process (tests, own models).
+    """
+    capacity = strategy.micro_batch_capacity(scenario.micro_batches)
+    world = World.build(scenario, seed, task=task, delays=delays, micro_batches=capacity)
+    return drive(ENGINES[strategy.topology](world), strategy, world, progress)

@@ -15,7 +15,6 @@ from tailtrain.network import parse_network
 from tailtrain.sim.durations import DelaySource, JobDurations
 from tailtrain.sim.evaluation import EvalSchedule, time_to_target
 from tailtrain.sim.records import RunRecord
-from tailtrain.sim.trainer import Trainer
 from tailtrain.strategies.base import Context, Strategy
 from tailtrain.tasks import parse_partition, parse_task
 
@@ -85,13 +84,15 @@ class Scenario:
 
 @dataclass(frozen=True)
 class World:
-    """The seeded objects a run needs: task, data partition, delay paths, model versions."""
+    """What a seed makes of a scenario, whatever the topology: the task, its data partition,
+    the delay process, the rule's context and the learning rate. Each topology's engine builds
+    its own clock and model store from it, and nothing else."""
 
     scenario: Scenario
     seed: int
     task: Any
-    durations: JobDurations
-    trainer: Trainer | None
+    process: DelaySource
+    partition: Any  # the task's PartitionState; None when timing only
     context: Context
     lr: float
     #: one-line trace notes for the summary (``trace_mapping``, ``trace_warning``), if any
@@ -105,13 +106,12 @@ class World:
         *,
         task: Any = None,
         delays: DelaySource | None = None,
-        round_trips: bool = False,
+        micro_batches: int | None = None,
     ) -> World:
         """Seed everything; ``task`` and ``delays`` replace the scenario's (tests, own models).
 
-        ``round_trips``: every job is a parameter-server round trip (pull, compute, push) and
-        lasts compute + T^c, T^c drawn per job (``JobDurations``). Engines with collectives
-        leave it off and charge T^c per collective themselves.
+        ``micro_batches`` is the most micro-batches a step may use (``Strategy.
+        micro_batch_capacity``); by default the scenario's.
         """
         if task is None:
             task = parse_task(scenario.task, data=scenario.data, seed=seed)
@@ -121,20 +121,25 @@ class World:
             parse_pattern(scenario.pattern),
             seed,
             n,
-            scenario.micro_batches,
+            scenario.micro_batches if micro_batches is None else micro_batches,
         )
         lr = scenario.lr or getattr(task, "default_lr", DEFAULT_LR)
-        trainer = None
+        partition = None
         per_epoch = 1
         if task.has_model:
-            state = parse_partition(scenario.partition).assign(task, n, np.random.default_rng(seed))
-            trainer = Trainer(task, state, lr, seed)
+            rng = np.random.default_rng(seed)
+            partition = parse_partition(scenario.partition).assign(task, n, rng)
             per_epoch = max(1, math.ceil(task.n_train / (n * task.batch_size)))
         ctx = Context(n_workers=n, lr=lr, iterations_per_epoch=per_epoch, seed=seed)
         notes = getattr(process, "notes", {})
-        comm = parse_comm_time(scenario.comm_time) if round_trips else None
-        durations = JobDurations(process, n, comm, seed)
-        return cls(scenario, seed, task, durations, trainer, ctx, lr, notes)
+        return cls(scenario, seed, task, process, partition, ctx, lr, notes)
+
+    def durations(self, *, round_trips: bool) -> JobDurations:
+        """Each worker's successive job durations. ``round_trips``: a job is a parameter-server
+        round trip (pull, compute, push) and lasts compute + T^c, T^c drawn per job; engines
+        with collectives leave it off and charge T^c per collective themselves."""
+        comm = parse_comm_time(self.scenario.comm_time) if round_trips else None
+        return JobDurations(self.process, self.scenario.workers, comm, self.seed)
 
     def finished(self, step: int, now: float) -> bool:
         s = self.scenario

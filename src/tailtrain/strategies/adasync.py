@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from tailtrain.errors import UsageError
 from tailtrain.spec import Spec
-from tailtrain.strategies.base import Context, Plan, StepStats, Strategy
+from tailtrain.strategies.base import Context, ServerPlan, StepStats, Strategy
 from tailtrain.strategies.kfamily import VARIANTS, check_k, lr_scale, parse_lr_rule
 
 #: the variants AdaSync adapts (slow-and-stale §VI and App. D give rules for these)
@@ -78,10 +78,10 @@ class AdaSync(Strategy):
         check_k(self.k0, ctx.n_workers, self.name)
         return AdaSyncState(ctx.n_workers, self.k0, next_change=self.interval)
 
-    def plan(self, state: AdaSyncState) -> Plan:
+    def plan(self, state: AdaSyncState) -> ServerPlan:
         mode, stale = BASES[self.base]
         scale = lr_scale(self.lr_rule, state.k, state.n)
-        return Plan(k=state.k, mode=mode, accept_stale=stale, lr_scale=scale)
+        return ServerPlan(k=state.k, mode=mode, accept_stale=stale, lr_scale=scale)
 
     def adapt(self, state: AdaSyncState, stats: StepStats) -> AdaSyncState:
         first, recent = state.first, state.recent

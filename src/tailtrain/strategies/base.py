@@ -16,7 +16,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, ClassVar, overload
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -59,34 +59,28 @@ class SyncMode(StrEnum):
         return self in (SyncMode.PULL, SyncMode.PULL_INTERRUPT)
 
 
-@dataclass(frozen=True)
-class Arrival:
-    """One delivered piece of work, as the engine observed it.
+#: a job index must stay below 2^JOB_BITS for an arrival key to be unique
+JOB_BITS = 40
 
-    ``units`` is the fraction of a full mini-batch the work covers: 1 for a whole gradient,
-    r/s for LGC's r of s blocks (LGC Eq. 6), completed/M micro-batches for DropCompute.
+
+class ArrivalColumns:
+    """Arrivals as numpy columns: the one arrival type that reaches rules.
+
+    An arrival is a delivered piece of work, keyed by ``(worker, job)``: worker w's j-th job
+    (its j-th gradient, or its j-th round's work). ``version`` is the model step the work
+    started from: the number of updates its model had seen (a parameter-server version, an
+    allreduce round, a partial collective's step). ``units`` is the fraction of a full
+    mini-batch the work covers: 1 for a whole gradient, r/s for LGC's r of s blocks (LGC
+    Eq. 6), completed/M micro-batches for DropCompute; ``partial`` marks a straggler's
+    unfinished work.
     """
 
-    worker: int
-    version: int
-    start: float
-    finish: float
-    units: float = 1.0
-    partial: bool = False
-
-
-class ArrivalColumns(Sequence[Arrival]):
-    """Arrivals stored as numpy columns; a ``Sequence[Arrival]`` that builds records on demand.
-
-    Engines at thousands of workers hand these to rules so that a rule which only needs a
-    count or a column (``.finish``, ``.version``) never pays for per-arrival Python objects.
-    """
-
-    __slots__ = ("finish", "partial", "start", "units", "version", "worker")
+    __slots__ = ("finish", "job", "partial", "start", "units", "version", "worker")
 
     def __init__(
         self,
         worker: np.ndarray,
+        job: np.ndarray,
         version: np.ndarray,
         start: np.ndarray,
         finish: np.ndarray,
@@ -95,34 +89,47 @@ class ArrivalColumns(Sequence[Arrival]):
     ) -> None:
         n = len(worker)
         self.worker = np.asarray(worker, dtype=np.int64)
+        self.job = np.asarray(job, dtype=np.int64)
         self.version = np.asarray(version, dtype=np.int64)
         self.start = np.asarray(start, dtype=np.float64)
         self.finish = np.asarray(finish, dtype=np.float64)
         self.units = np.ones(n) if units is None else np.asarray(units, dtype=np.float64)
         self.partial = np.zeros(n, bool) if partial is None else np.asarray(partial, dtype=bool)
 
+    @classmethod
+    def of(
+        cls,
+        worker: Any,
+        version: Any,
+        start: Any,
+        finish: Any,
+        *,
+        job: Any = None,
+        units: Any = None,
+        partial: Any = None,
+    ) -> ArrivalColumns:
+        """Arrivals from sequences; without ``job``, each arrival is its worker's job number
+        ``position`` (distinct keys for hand-made arrivals)."""
+        job = np.arange(len(worker)) if job is None else job
+        return cls(worker, job, version, start, finish, units, partial)
+
+    @classmethod
+    def empty(cls) -> ArrivalColumns:
+        ints, floats = np.zeros(0, np.int64), np.zeros(0)
+        return cls(ints, ints, ints, floats, floats)
+
     def __len__(self) -> int:
         return len(self.worker)
 
-    @overload
-    def __getitem__(self, i: int) -> Arrival: ...
-    @overload
-    def __getitem__(self, i: slice) -> Sequence[Arrival]: ...
-    def __getitem__(self, i: int | slice) -> Arrival | Sequence[Arrival]:
-        if isinstance(i, slice):
-            return self.take(np.arange(len(self))[i])
-        return Arrival(
-            worker=int(self.worker[i]),
-            version=int(self.version[i]),
-            start=float(self.start[i]),
-            finish=float(self.finish[i]),
-            units=float(self.units[i]),
-            partial=bool(self.partial[i]),
-        )
+    @property
+    def keys(self) -> np.ndarray:
+        """One int64 per arrival, unique per ``(worker, job)``."""
+        return arrival_keys(self.worker, self.job)
 
     def take(self, index: np.ndarray) -> ArrivalColumns:
         return ArrivalColumns(
             self.worker[index],
+            self.job[index],
             self.version[index],
             self.start[index],
             self.finish[index],
@@ -132,8 +139,16 @@ class ArrivalColumns(Sequence[Arrival]):
 
     @staticmethod
     def concat(parts: Sequence[ArrivalColumns]) -> ArrivalColumns:
-        cols = ("worker", "version", "start", "finish", "units", "partial")
-        return ArrivalColumns(*(np.concatenate([getattr(p, c) for p in parts]) for c in cols))
+        return ArrivalColumns(*(np.concatenate([getattr(p, c) for p in parts]) for c in COLUMNS))
+
+
+#: the columns of ``ArrivalColumns``, in constructor order
+COLUMNS = ("worker", "job", "version", "start", "finish", "units", "partial")
+
+
+def arrival_keys(worker: np.ndarray, job: np.ndarray) -> np.ndarray:
+    """The key of ``(worker, job)`` pairs as one int64 each (jobs below 2^JOB_BITS)."""
+    return (np.asarray(worker, dtype=np.int64) << JOB_BITS) | np.asarray(job, dtype=np.int64)
 
 
 @dataclass(frozen=True)
@@ -148,69 +163,152 @@ class Context:
 
 @dataclass(frozen=True)
 class Plan:
-    """The engine's instructions for the next step.
+    """The core of the engine's instructions for the next step, whatever the topology.
 
-    ``k`` usable arrivals close the step. ``accept_stale`` says whether a gradient computed at
-    an older version is usable (K-async family) or dropped (K-sync family). ``partial_blocks``
-    > 0 asks the engine to collect the stragglers' partial work in that many blocks (LGC).
+    ``k`` arrivals close the step (parameter server), or K is the quorum of a partial
+    collective; an allreduce has every worker join (k = n). ``lr_scale`` multiplies the
+    learning rate of the step's update (DBW §4's proportional rule).
     """
 
     k: int
-    mode: SyncMode
-    accept_stale: bool = False
     lr_scale: float = 1.0
+
+
+@dataclass(frozen=True)
+class ServerPlan(Plan):
+    """A parameter-server step: ``k`` usable arrivals close it.
+
+    ``accept_stale`` says whether a gradient computed at an older version is usable (K-async
+    family) or dropped (K-sync family). ``partial_blocks`` > 0 asks the engine to collect the
+    stragglers' partial work in that many blocks (LGC Alg. 1).
+    """
+
+    mode: SyncMode = SyncMode.PSI
+    accept_stale: bool = False
     partial_blocks: int = 0
+    #: stragglers finish their whole gradient (push & wait) and the next update waits for
+    #: them too (LGC §III.B's assumption, charged its real time)
     complete_stragglers: bool = False
-    #: allreduce engine: compute threshold tau, seconds per round (DropCompute Alg. 1); inf: none
+
+
+@dataclass(frozen=True)
+class AllreducePlan(Plan):
+    """An allreduce round (DropCompute Alg. 1; Local-SGD, DropCompute App. B.3)."""
+
+    #: compute threshold tau, seconds per round; inf: none
     threshold: float = float("inf")
-    #: allreduce engine: True stops a worker at tau (Alg. 1), False lets its micro-batch finish
+    #: True stops a worker at tau (Alg. 1), False lets its unit in flight finish
     preempt: bool = True
-    #: allreduce engine: micro-batches per local step; None keeps the scenario's M
+    #: micro-batches per local step; None keeps the scenario's M
     micro_batches: int | None = None
-    #: allreduce engine: local steps between two model averages (Local-SGD period H)
+    #: local steps between two model averages (Local-SGD period H)
     local_steps: int = 1
-    #: allreduce engine: run this multiple of the scenario's iterations (DropCompute Sec. 4.5)
+    #: run this multiple of the scenario's iterations (DropCompute Sec. 4.5)
     iteration_scale: float = 1.0
-    #: allreduce engine: dropped micro-batches go back to the worker's queue (Sec. 4.5)
+    #: dropped micro-batches go back to the worker's queue (Sec. 4.5)
     requeue_dropped: bool = False
+
+
+@dataclass(frozen=True, eq=False)
+class Weighting:
+    """Unnormalised weights of arrivals, by ``(worker, job)`` key, and their divisor.
+
+    The weighted gradient is ``sum_i weight_i g_i / total``, with ``total`` the sum of the
+    weights unless the rule fixes it (DropCompute's divide-by-M has total N, eager-SGD's Alg. 2
+    total P). A runtime thus reduces ``[sum_i w_i g_i, sum_i w_i]`` in one allreduce.
+    """
+
+    keys: np.ndarray
+    weight: np.ndarray
+    total: float | None = None
+
+    @classmethod
+    def of(
+        cls, arrivals: ArrivalColumns, index: np.ndarray, weight: Any, total: float | None = None
+    ) -> Weighting:
+        """Weights ``weight`` (a scalar or one per index) of ``arrivals[index]``."""
+        index = np.asarray(index, dtype=np.int64)
+        values = np.broadcast_to(np.asarray(weight, dtype=np.float64), index.shape).copy()
+        return cls(arrivals.keys[index], values, total)
+
+    @classmethod
+    def none(cls) -> Weighting:
+        return cls(np.zeros(0, np.int64), np.zeros(0))
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    @property
+    def divisor(self) -> float:
+        return float(self.weight.sum()) if self.total is None else self.total
+
+    def normalised(self) -> np.ndarray:
+        """weight_i / total, the coefficient of g_i in the update."""
+        return self.weight / (self.weight.sum() if self.total is None else self.total)
+
+    def over(self, keys: np.ndarray) -> np.ndarray:
+        """The normalised weights laid out along ``keys`` (0 where a key has none)."""
+        out = np.zeros(len(keys))
+        if len(self.keys):
+            order = np.argsort(keys, kind="stable")
+            where = order[np.minimum(np.searchsorted(keys, self.keys, sorter=order), len(keys) - 1)]
+            if not np.array_equal(keys[where], self.keys):
+                raise ValueError("a selection weighs an arrival the engine did not offer")
+            out[where] = self.normalised()
+        return out
 
 
 @dataclass(frozen=True)
 class Selection:
-    """Weights over the step's arrivals: ``now`` enters this update, ``later`` the next one.
+    """Who counts: ``now`` enters this update, ``later`` the next one.
 
-    The update is ``-lr * (sum_i now[i] g_i + deferred)`` where ``deferred`` is the previous
-    step's ``sum_i later[i] g_i``. That expresses mean-of-K, weighted micro-batch averages and
-    LGC's one-step-delayed compensation (LGC Eq. 7) without the rule touching a tensor.
+    The update is ``-lr * (sum_i now_i g_i / now.total + deferred)`` where ``deferred`` is the
+    previous step's ``sum_i later_i g_i / later.total``. That expresses mean-of-K, weighted
+    micro-batch averages and LGC's one-step-delayed compensation (LGC Eq. 7) without the rule
+    touching a tensor.
     """
 
-    now: dict[int, float]
-    later: dict[int, float] = field(default_factory=dict)
+    now: Weighting
+    later: Weighting = field(default_factory=Weighting.none)
+
+    def used(self) -> np.ndarray:
+        """Keys of the arrivals with a non-zero weight in this update."""
+        return self.now.keys[self.now.weight != 0]
 
 
 @dataclass(frozen=True)
 class StepStats:
-    """Scalars about a finished step, all obtainable by an allreduce of per-rank scalars.
+    """What a rule learns after a step, in two kinds a runtime can supply.
 
-    ``arrivals`` holds every arrival since the previous update, late and stale ones included
-    (DBW's time estimator uses them); ``used`` indexes the ones that entered the update.
-    ``grad_sq_sum`` is sum_i ||g_i||^2 and ``mean_grad_sq`` is ||mean_i g_i||^2 over ``used``.
+    Allreduce scalars (``SCALARS``: each rank contributes a number, the engine reduces them):
+    ``loss`` (mean mini-batch loss of the whole fresh gradients used), ``grad_sq_sum``
+    (sum_i ||g_i||^2 over them), ``mean_grad_sq`` (||mean_i g_i||^2) and ``comm_time`` (the
+    round's measured T^c). Per-worker vectors (``GATHERED``: an all-gather, or what a server
+    already holds): ``arrivals`` (every arrival since the previous update, late and stale ones
+    included: DBW's time estimator uses them), ``used`` (keys of the arrivals that entered the
+    update) and ``micro_batch_times`` ((N, U) measured seconds of each worker's units, NaN
+    where not computed). The rest is the engine's own bookkeeping.
     """
+
+    SCALARS: ClassVar[tuple[str, ...]] = ("loss", "grad_sq_sum", "mean_grad_sq", "comm_time")
+    GATHERED: ClassVar[tuple[str, ...]] = ("arrivals", "used", "micro_batch_times")
 
     step: int
     version: int
     time: float
     k: int
-    arrivals: tuple[Arrival, ...]
-    used: tuple[int, ...]
+    arrivals: ArrivalColumns = field(default_factory=ArrivalColumns.empty)
+    used: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     loss: float = float("nan")
     grad_sq_sum: float = float("nan")
     mean_grad_sq: float = float("nan")
     lr: float = float("nan")
-    #: allreduce engine: (N, U) measured seconds of each worker's units, NaN where not computed
     micro_batch_times: np.ndarray | None = None
-    #: allreduce engine: the round's measured communication time T^c
     comm_time: float = float("nan")
+
+    def used_mask(self) -> np.ndarray:
+        """Which of ``arrivals`` entered the update."""
+        return np.isin(self.arrivals.keys, self.used)
 
 
 class Strategy(ABC):
@@ -229,7 +327,7 @@ class Strategy(ABC):
     def plan(self, state: Any) -> Plan:
         """How the next step runs: how many arrivals to wait for, and how."""
 
-    def select(self, state: Any, arrivals: Sequence[Arrival]) -> Selection:
+    def select(self, state: Any, arrivals: ArrivalColumns) -> Selection:
         """Who counts: by default every usable arrival with equal weight (mean of K)."""
         del state
         return equal_weights(arrivals)
@@ -262,10 +360,6 @@ class Strategy(ABC):
         return self.name
 
 
-def equal_weights(arrivals: Sequence[Arrival]) -> Selection:
+def equal_weights(arrivals: ArrivalColumns) -> Selection:
     """Mean of the given whole arrivals (DBW Eq. 4; slow-and-stale Eq. 2)."""
-    if isinstance(arrivals, ArrivalColumns):
-        whole = np.flatnonzero(~arrivals.partial).tolist()
-    else:
-        whole = [i for i, a in enumerate(arrivals) if not a.partial]
-    return Selection(now=dict.fromkeys(whole, 1.0 / len(whole)) if whole else {})
+    return Selection(now=Weighting.of(arrivals, np.flatnonzero(~arrivals.partial), 1.0))

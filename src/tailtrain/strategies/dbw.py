@@ -23,17 +23,15 @@ after the second).
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
 
 from tailtrain.spec import Spec
 from tailtrain.strategies.base import (
-    Arrival,
     ArrivalColumns,
     Context,
-    Plan,
+    ServerPlan,
     StepStats,
     Strategy,
     SyncMode,
@@ -182,24 +180,14 @@ class OpenVersion:
     received: int = 0
 
 
-def as_columns(arrivals: Sequence[Arrival]) -> ArrivalColumns:
-    """The arrivals as numpy columns (engines already pass ``ArrivalColumns``)."""
-    if isinstance(arrivals, ArrivalColumns):
-        return arrivals
-    cols = [[getattr(a, c) for a in arrivals] for c in ArrivalColumns.__slots__]
-    named = dict(zip(ArrivalColumns.__slots__, cols, strict=True))
-    return ArrivalColumns(**{k: np.asarray(v) for k, v in named.items()})
-
-
 def round_trip_samples(
-    versions: tuple[OpenVersion, ...], arrivals: Sequence[Arrival], n: int
+    versions: tuple[OpenVersion, ...], cols: ArrivalColumns, n: int
 ) -> tuple[tuple[OpenVersion, ...], np.ndarray, np.ndarray, np.ndarray]:
     """Samples (h, i, t_{h,i}) from whole arrivals of open versions, in order of reception.
 
     The i-th gradient of a version counts for cell (h, i) whether or not it was used: late
     workers' arrivals give the samples with i > k (DBW §3.2).
     """
-    cols = as_columns(arrivals)
     whole = np.flatnonzero(~cols.partial)
     whole = whole[np.lexsort((cols.worker[whole], cols.finish[whole]))]
     by_version = {v.version: v for v in versions}
@@ -261,9 +249,9 @@ class Dbw(Strategy):
         times = RoundTripTimes.empty(n)
         return DbwState(n, ctx.lr, n, math.nan, GainEstimates(self.window), times, (first,))
 
-    def plan(self, state: DbwState) -> Plan:
+    def plan(self, state: DbwState) -> ServerPlan:
         scale = lr_scale(self.lr_rule, state.k, state.n)
-        return Plan(k=state.k, mode=self.mode, accept_stale=False, lr_scale=scale)
+        return ServerPlan(k=state.k, mode=self.mode, accept_stale=False, lr_scale=scale)
 
     def adapt(self, state: DbwState, stats: StepStats) -> DbwState:
         return self.observe(state, stats, used=stats.k, waited_for=state.k)

@@ -25,19 +25,21 @@ Alg. 2 does, which is DBW §4's proportional rule η·k/n.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import ClassVar
 
+import numpy as np
+
 from tailtrain.spec import Spec
 from tailtrain.strategies.base import (
-    Arrival,
+    ArrivalColumns,
     Context,
     Selection,
     StepStats,
     Strategy,
     SyncMode,
     Topology,
+    Weighting,
 )
 from tailtrain.strategies.dbw import (
     DEFAULT_BETA,
@@ -95,10 +97,11 @@ class DbwQuorum(Strategy):
     def plan(self, state: DbwQuorumState) -> RoundPlan:
         return self.collective.plan(replace(state.eager, k=state.dbw.k))
 
-    def select(self, state: DbwQuorumState, arrivals: Sequence[Arrival]) -> Selection:
+    def select(self, state: DbwQuorumState, arrivals: ArrivalColumns) -> Selection:
         """Mean of the contributions (``fixed``) or their sum over P (``proportional``)."""
         count = state.eager.n_workers if self.lr_rule == "proportional" else len(arrivals)
-        return Selection(now=dict.fromkeys(range(len(arrivals)), 1.0 / max(count, 1)))
+        everyone = np.arange(len(arrivals))
+        return Selection(now=Weighting.of(arrivals, everyone, 1.0, total=max(count, 1)))
 
     def adapt(self, state: DbwQuorumState, stats: StepStats) -> DbwQuorumState:
         eager = self.collective.adapt(state.eager, stats)
@@ -106,7 +109,7 @@ class DbwQuorum(Strategy):
 
     def steer(self, d: DbwState, stats: StepStats) -> DbwState:
         """DBW's own update on a collective round; the gain counts the fresh gradients (NAP)."""
-        nap = int(fresh_mask(stats.arrivals, stats.step)[list(stats.used)].sum())
+        nap = int((fresh_mask(stats.arrivals, stats.step) & stats.used_mask()).sum())
         return self.dbw.observe(d, stats, used=nap, waited_for=stats.k)
 
     def describe(self) -> str:

@@ -2,7 +2,7 @@
 
 Algorithm 1 on worker n at iteration i: compute micro-batches g_n^(m) while the elapsed compute
 time stays below tau; then join the allreduce with what it has. The engine does the timing
-(``tailtrain.sim.allreduce_timing`` documents the stopping conventions); this rule decides:
+(``tailtrain.sim.allreduce.timing`` documents the stopping conventions); this rule decides:
 
 * ``plan``: tau for the round (infinite while calibrating), M under larger-batch compensation,
   how many rounds to run (extra steps), whether dropped micro-batches are re-queued;
@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import ClassVar
 
@@ -40,15 +39,14 @@ import numpy as np
 from tailtrain.errors import UsageError
 from tailtrain.spec import Spec
 from tailtrain.strategies.base import (
-    Arrival,
+    AllreducePlan,
     ArrivalColumns,
     Context,
-    Plan,
     Selection,
     StepStats,
     Strategy,
-    SyncMode,
     Topology,
+    Weighting,
 )
 from tailtrain.theory.dropcompute import empirical_threshold
 
@@ -100,11 +98,10 @@ class DropCompute(Strategy):
         tau = math.inf if self.threshold is None else self.threshold
         return DropComputeState(n_workers=ctx.n_workers, tau=tau)
 
-    def plan(self, state: DropComputeState) -> Plan:
+    def plan(self, state: DropComputeState) -> AllreducePlan:
         """tau (infinite in calibration rounds), M, H and the compensation for the round."""
-        return Plan(
+        return AllreducePlan(
             k=state.n_workers,
-            mode=SyncMode.PSW,
             threshold=math.inf if self.measuring(state.step) else state.tau,
             preempt=self.preempt,
             micro_batches=state.micro_batches,
@@ -113,18 +110,15 @@ class DropCompute(Strategy):
             requeue_dropped=self.compensate == "resample",
         )
 
-    def select(self, state: DropComputeState, arrivals: Sequence[Arrival]) -> Selection:
-        """Weights (C_n/M)/N (divide-by=m) or C_n / sum C (divide-by=computed)."""
-        if isinstance(arrivals, ArrivalColumns):
-            units = arrivals.units
-        else:
-            units = np.array([a.units for a in arrivals], dtype=float)
+    def select(self, state: DropComputeState, arrivals: ArrivalColumns) -> Selection:
+        """Weights C_n/M over N (divide-by=m) or over sum_k C_k/M (divide-by=computed)."""
+        everyone = np.arange(len(arrivals))
+        units = arrivals.units
         if self.divide_by == "m":
-            weights = units / state.n_workers
-        else:
-            total = units.sum()
-            weights = units / total if total > 0 else np.zeros_like(units)
-        return Selection(now=dict(enumerate(weights.tolist())))
+            return Selection(now=Weighting.of(arrivals, everyone, units, total=state.n_workers))
+        # nobody computed anything: every weight is 0, and so is the update
+        total = None if units.sum() > 0 else 1.0
+        return Selection(now=Weighting.of(arrivals, everyone, units, total=total))
 
     def adapt(self, state: DropComputeState, stats: StepStats) -> DropComputeState:
         """Count computed units; in a calibration round keep t[n, m] and T^c (Algorithm 2)."""

@@ -24,7 +24,6 @@ The activation's message latency is not part of the rule: it is a property of th
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import Any, ClassVar
@@ -35,15 +34,14 @@ from tailtrain.errors import UsageError
 from tailtrain.network import moved_to_network
 from tailtrain.spec import Spec
 from tailtrain.strategies.base import (
-    Arrival,
     ArrivalColumns,
     Context,
     Plan,
     Selection,
     StepStats,
     Strategy,
-    SyncMode,
     Topology,
+    Weighting,
 )
 
 #: the reference code's solo limiter: 32 partial calls, then one synchronous call
@@ -66,7 +64,7 @@ PARTIAL_MODES = (Collective.SOLO, Collective.MAJORITY, Collective.QUORUM)
 
 @dataclass(frozen=True)
 class RoundPlan(Plan):
-    """A ``Plan`` for one collective round.
+    """The plan of one partial-collective round.
 
     ``k`` is the quorum K (1 for solo and majority, P for allreduce); ``initiator`` is
     majority's designated rank (-1 otherwise); ``average_models`` asks for a model
@@ -111,11 +109,11 @@ def round_plan(rule: EagerSGD, state: EagerState) -> RoundPlan:
     full = average or (rule.staleness_bound > 0 and state.since_full + 1 >= rule.staleness_bound)
     n = state.n_workers
     if full:
-        return RoundPlan(k=n, mode=SyncMode.PSW, accept_stale=True, average_models=average)
+        return RoundPlan(k=n, average_models=average)
     if rule.mode is Collective.MAJORITY:
         initiator = majority_initiator(state.seed, state.round, n)
-        return RoundPlan(1, SyncMode.PSW, True, collective=rule.mode, initiator=initiator)
-    return RoundPlan(state.k, SyncMode.PSW, True, collective=rule.mode)
+        return RoundPlan(k=1, collective=rule.mode, initiator=initiator)
+    return RoundPlan(k=state.k, collective=rule.mode)
 
 
 def advance(rule: EagerSGD, state: EagerState) -> EagerState:
@@ -146,9 +144,10 @@ class EagerSGD(Strategy):
     def plan(self, state: EagerState) -> RoundPlan:
         return round_plan(self, state)
 
-    def select(self, state: EagerState, arrivals: Sequence[Arrival]) -> Selection:
+    def select(self, state: EagerState, arrivals: ArrivalColumns) -> Selection:
         """Alg. 2 line 6: the sum of every contribution, fresh or stale, divided by P."""
-        return Selection(now=dict.fromkeys(range(len(arrivals)), 1.0 / state.n_workers))
+        everyone = np.arange(len(arrivals))
+        return Selection(now=Weighting.of(arrivals, everyone, 1.0, total=state.n_workers))
 
     def adapt(self, state: EagerState, stats: StepStats) -> EagerState:
         del stats  # the counters depend on the plan alone
@@ -183,11 +182,9 @@ def quorum_size(mode: Collective, k: int | None, n_workers: int) -> int:
     return size
 
 
-def fresh_mask(arrivals: Sequence[Arrival], round_index: int) -> np.ndarray:
+def fresh_mask(arrivals: ArrivalColumns, round_index: int) -> np.ndarray:
     """Which contributions are fresh, i.e. computed at the round's own model step."""
-    if isinstance(arrivals, ArrivalColumns):
-        return arrivals.version == round_index
-    return np.array([a.version == round_index for a in arrivals], dtype=bool)
+    return arrivals.version == round_index
 
 
 EAGER_KEYS = ("sync-every", "staleness-bound")

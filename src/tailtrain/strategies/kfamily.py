@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from tailtrain.errors import UsageError
 from tailtrain.spec import Spec
-from tailtrain.strategies.base import Context, Plan, Strategy, SyncMode
+from tailtrain.strategies.base import Context, ServerPlan, Strategy, SyncMode
 
 LR_RULES = ("fixed", "proportional")
 
@@ -52,8 +52,8 @@ class StaticK(Strategy):
         check_k(k, ctx.n_workers, self.name)
         return StaticState(k=k, n_workers=ctx.n_workers)
 
-    def plan(self, state: StaticState) -> Plan:
-        return Plan(
+    def plan(self, state: StaticState) -> ServerPlan:
+        return ServerPlan(
             k=state.k,
             mode=self.mode,
             accept_stale=self.accept_stale,

@@ -26,7 +26,6 @@ the previous one, and the option costs time rather than crediting work never don
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -34,16 +33,16 @@ import numpy as np
 from tailtrain.errors import UsageError
 from tailtrain.spec import Spec
 from tailtrain.strategies.base import (
-    Arrival,
+    ArrivalColumns,
     Context,
-    Plan,
     Selection,
+    ServerPlan,
     StepStats,
     Strategy,
     SyncMode,
+    Weighting,
     equal_weights,
 )
-from tailtrain.strategies.dbw import as_columns
 from tailtrain.strategies.kfamily import check_k
 
 DEFAULT_BLOCKS = 4  # s = 4 in LGC §III.C
@@ -76,10 +75,10 @@ class Lgc(Strategy):
         steps = math.ceil(self.warmup * ctx.iterations_per_epoch)
         return LgcState(ctx.n_workers, self.k, steps)
 
-    def plan(self, state: LgcState) -> Plan:
+    def plan(self, state: LgcState) -> ServerPlan:
         if state.warming_up:
-            return Plan(k=state.n, mode=SyncMode.PSI)
-        return Plan(
+            return ServerPlan(k=state.n, mode=SyncMode.PSI)
+        return ServerPlan(
             k=state.k,
             # complete stragglers keep computing (push & wait); the engine drains them
             mode=SyncMode.PSW if self.complete else SyncMode.PSI,
@@ -87,11 +86,10 @@ class Lgc(Strategy):
             complete_stragglers=self.complete,
         )
 
-    def select(self, state: LgcState, arrivals: Sequence[Arrival]) -> Selection:
+    def select(self, state: LgcState, arrivals: ArrivalColumns) -> Selection:
         if state.warming_up:
             return equal_weights(arrivals)
-        cols = as_columns(arrivals)
-        return compensated_weights(cols.partial, cols.units, state.n)
+        return compensated_weights(arrivals, state.n)
 
     def adapt(self, state: LgcState, stats: StepStats) -> LgcState:
         del stats
@@ -104,23 +102,23 @@ class Lgc(Strategy):
         return text + (",complete=true" if self.complete else "")
 
 
-def compensated_weights(partial: np.ndarray, units: np.ndarray, n: int) -> Selection:
+def compensated_weights(arrivals: ArrivalColumns, n: int) -> Selection:
     """LGC Algorithm 1 lines 15 and 19 as weights: ``now`` is g'_t, ``later`` is e_t (Eq. 7).
 
     K is the number of whole (fresh) arrivals, so the rule stays exact if an engine delivers
-    more than it planned.
+    more than it planned. ``later`` carries its coefficients already divided (total 1).
     """
-    fresh = np.flatnonzero(~partial)
-    late = np.flatnonzero(partial)
+    fresh = np.flatnonzero(~arrivals.partial)
+    late = np.flatnonzero(arrivals.partial)
     k = fresh.size
     if k == 0:
-        return Selection(now={})
-    now = dict.fromkeys(fresh.tolist(), 1.0 / k)
-    later: dict[int, float] = {}
-    if k < n:
-        later = dict.fromkeys(fresh.tolist(), -(n - k) / (n * k))
-    later.update(zip(late.tolist(), (units[late] / n).tolist(), strict=True))
-    return Selection(now=now, later=later)
+        return Selection(now=Weighting.none())
+    now = Weighting.of(arrivals, fresh, 1.0)
+    both = np.concatenate([fresh, late]) if k < n else late
+    coefficients = np.concatenate(
+        [np.full(k if k < n else 0, -(n - k) / (n * k)), arrivals.units[late] / n]
+    )
+    return Selection(now=now, later=Weighting.of(arrivals, both, coefficients, total=1.0))
 
 
 def build_lgc(spec: Spec) -> Lgc:

@@ -4,7 +4,7 @@ Fig. 8: every iteration, process ``pid`` sleeps ``pid`` ms (``usleep(pid * 1000)
 collective with ``sendbuff = {1}``, records its latency, then all meet at a barrier. The
 allreduce of the ones counts the active processes (NAP). Here the sleep is a worker pattern
 (``linear:step=0.001``) on top of an optional compute-time model, each iteration starts at the
-barrier, and :func:`~tailtrain.sim.collectives.resolve_round` times the collectives on the
+barrier, and :func:`~tailtrain.sim.partial.collectives.resolve_round` times the collectives on the
 same calls. Majority's initiators come from the rule's shared-seed draw.
 """
 
@@ -17,7 +17,7 @@ import numpy as np
 from tailtrain.delays import DelayProcess
 from tailtrain.errors import UsageError
 from tailtrain.network import DEFAULT_HOP
-from tailtrain.sim.collectives import Network, activation_hops, latencies, resolve_round
+from tailtrain.sim.partial.collectives import Network, activation_hops, latencies, resolve_round
 from tailtrain.strategies.eager import Collective, majority_initiator
 
 #: the order of the report: the synchronous baseline first

@@ -163,7 +163,7 @@ class ServerTimeline:
         cols = (np.concatenate(c) for c in zip(*chunks, strict=True))
         worker, ver, start, finish, job, usable = cols
         self.now = float(finish[-1])
-        arrivals = ArrivalColumns(worker, ver, start, finish)
+        arrivals = ArrivalColumns(worker, job, ver, start, finish)
         return StepArrivals(arrivals, job, usable, self.now)
 
     def _older_running(self, version: int) -> np.ndarray:

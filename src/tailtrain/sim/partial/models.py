@@ -15,8 +15,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from tailtrain.sim.eager_processes import Work
-from tailtrain.sim.trainer import Trainer
+from tailtrain.sim.data_stream import job_batches
+from tailtrain.sim.partial.processes import Work
 
 
 @dataclass(frozen=True)
@@ -30,9 +30,11 @@ class Gradients:
 class ModelStore:
     """Distinct model copies by id; ``adopt`` applies a round's result to a set of copies."""
 
-    def __init__(self, trainer: Trainer) -> None:
-        self.trainer = trainer
-        self.models: dict[int, torch.Tensor] = {0: trainer.versions[0]}
+    def __init__(self, task, partition_state, seed: int) -> None:
+        self.task = task
+        self.partition = partition_state
+        self.seed = seed
+        self.models: dict[int, torch.Tensor] = {0: task.init_params(seed)}
         self._next = 1
 
     def _add(self, theta: torch.Tensor) -> int:
@@ -80,11 +82,11 @@ class ModelStore:
     def gradients(self, work: Work) -> Gradients:
         """Losses and gradients of ``work`` in one batched call: at a shared model when all
         rows share one, else each row at its own copy (``Task.grads_multi``)."""
-        task = self.trainer.task
+        task = self.task
         if len(work) == 0:
             return Gradients(torch.zeros(0), torch.zeros(0, task.dim))
-        pairs = zip(work.worker, work.job, strict=True)
-        batch = np.stack([self.trainer.batch(w, j) for w, j in pairs])
+        batch = job_batches(self.partition, self.seed, task.batch_size, work.worker, work.job)
+        batch = batch[:, 0]
         uniq, inverse = np.unique(work.model, return_inverse=True)
         if uniq.size == 1:
             return Gradients(*task.grads(self.models[int(uniq[0])], batch))

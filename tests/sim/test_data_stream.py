@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from tailtrain.sim.trainer import job_batches, keyed_uniform
+from tailtrain.sim.data_stream import job_batches, keyed_uniform
 from tailtrain.tasks import parse_partition, parse_task
 
 

@@ -1,10 +1,11 @@
 """Real gradients for allreduce rounds: micro-batch data, local steps and the weighted average.
 
 Worker n's units in round r are micro-batches of ``task.batch_size`` samples from
-``trainer.job_batches`` keyed by (seed, n, r), the stream the parameter-server ``Trainer`` uses
-for worker n's r-th job, so with one micro-batch and no drops the two engines see the same data.
-Only completed micro-batches are ever differentiated: those of one local step go to one batched
-``torch.func`` call (shared parameters at the first local step, each worker's own copy after it).
+``sim.data_stream.job_batches`` keyed by (seed, n, r), the stream the parameter-server engine
+uses for worker n's r-th job, so with one micro-batch and no drops the two engines see the same
+data. Only completed micro-batches are ever differentiated: those of one local step go to one
+batched ``torch.func`` call (shared parameters at the first local step, each worker's own copy
+after it).
 
 A round with H local steps of M micro-batches (DropCompute Eq. 1 with Algorithm 1; Local-SGD
 as in DropCompute App. B.3), c_{n,h} of worker n's micro-batches done in local step h:
@@ -25,9 +26,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from tailtrain.errors import TailtrainError
-from tailtrain.sim.trainer import job_batches
+from tailtrain.sim.data_stream import job_batches
 from tailtrain.strategies.base import Selection
+from tailtrain.update import GradientStats, WeightedUpdate, gradient_stats
 
 
 @dataclass(frozen=True)
@@ -38,14 +39,13 @@ class RoundWork:
     done: np.ndarray
     losses: torch.Tensor
 
-    def stats(self) -> tuple[float, float, float]:
-        """Loss, sum_n ||G_n||^2 and ||mean_n G_n||^2 over the workers that computed."""
+    def stats(self) -> GradientStats:
+        """Mean loss of the computed units, sum_n ||G_n||^2 and ||mean_n G_n||^2 over the
+        workers that computed."""
         active = torch.from_numpy(self.done > 0)
         if not bool(active.any()):
-            nan = float("nan")
-            return nan, nan, nan
-        g = self.grads[active]
-        return float(self.losses.mean()), float((g * g).sum()), float(g.mean(0).square().sum())
+            return GradientStats()
+        return gradient_stats(self.losses, self.grads[active])
 
 
 class RoundLearner:
@@ -55,6 +55,7 @@ class RoundLearner:
         self.task = task
         self.partition = partition_state
         self.lr = lr
+        self.update = WeightedUpdate(lr)
         self.seed = seed
         self.theta: torch.Tensor = task.init_params(seed)
         self.queues: list[list[np.ndarray]] = [[] for _ in range(n_workers)]
@@ -117,15 +118,12 @@ class RoundLearner:
             return self.task.grads(self.theta, indices)
         return self.task.grads_multi(local[torch.from_numpy(owner)], indices)
 
-    def apply(self, selection: Selection, work: RoundWork, lr_scale: float) -> None:
-        """theta <- theta - lr * sum_n w_n G_n (the hivemind-style weighted allreduce)."""
-        if selection.later:
-            raise TailtrainError("the allreduce engine applies no deferred (``later``) weights")
-        weights = torch.tensor(
-            [selection.now.get(i, 0.0) for i in range(len(work.done))], dtype=work.grads.dtype
-        )
-        step = weights @ work.grads
-        self.theta = self.theta - self.lr * lr_scale * step
+    def apply(
+        self, selection: Selection, keys: np.ndarray, work: RoundWork, lr_scale: float
+    ) -> None:
+        """theta <- theta - lr * sum_n w_n G_n (the hivemind-style weighted allreduce), plus
+        any deferred term (``tailtrain.update``); ``keys`` are the workers' arrival keys."""
+        self.theta = self.update.apply(self.theta, work.grads, keys, selection, lr_scale)
 
 
 def completed_rows(done: np.ndarray, step: int, micro_batches: int) -> tuple[np.ndarray, ...]:

@@ -1,0 +1,169 @@
+"""The virtual-clock simulator of synchronous allreduce training: DropCompute and Local-SGD.
+
+Every round all N workers start together, compute their units under the plan's threshold
+(``sim.allreduce_timing``), then join one allreduce. The strategy answers ``plan`` (tau, M,
+H, compensation), ``select`` (each worker's weight) and ``adapt`` (calibration, DropCompute
+Algorithm 2); the engine owns the clock, the model (``sim.allreduce_learner``) and the
+records. With ``--task none`` it only keeps time, vectorised over workers and micro-batches.
+
+Every worker joins every allreduce (``Plan.k`` is not used); a row's ``k`` counts the workers
+that completed at least one unit and ``workers`` those with a non-zero weight (staleness 0).
+Rows carry the parameter-server engine's keys (step, time, k, lr, loss, workers, staleness)
+plus: threshold, micro_batches (M), local_steps (H), completed (units done per worker),
+drop_rate, s_eff (Algorithm 2's S_i on this round's draws), compute_time, comm_time and
+sync_time (what the round would have taken without a threshold, T_i + T^c_i).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from tailtrain.delays.comm import parse_comm_time
+from tailtrain.sim.allreduce.learner import RoundLearner
+from tailtrain.sim.allreduce.timing import RoundClock, Stops, measured, stop_rule
+from tailtrain.sim.driver import Played, Scorer
+from tailtrain.sim.records import RunRecord
+from tailtrain.sim.scenario import World
+from tailtrain.strategies.base import AllreducePlan, ArrivalColumns, Selection, StepStats
+from tailtrain.update import GradientStats
+
+
+class AllreduceEngine:
+    """Synchronous allreduce rounds on a virtual clock (``sim.driver.Engine``)."""
+
+    def __init__(self, world: World) -> None:
+        scenario = world.scenario
+        self.world = world
+        self.n = scenario.workers
+        self.micro_batches = scenario.micro_batches or 1
+        self.clock = RoundClock(world.process, parse_comm_time(scenario.comm_time), world.seed)
+        self.learner = None
+        if world.partition is not None:
+            self.learner = RoundLearner(world.task, world.partition, world.lr, world.seed, self.n)
+        self.learns = self.learner is not None
+        self.now = 0.0
+        self.step = 0
+        self._closes = 0.0
+
+    def finished(self, plan: AllreducePlan) -> bool:
+        """The scenario's budget; an iteration budget stretched by ``plan.iteration_scale``."""
+        iterations = self.world.scenario.iterations
+        if iterations is None:
+            return self.now >= self.world.scenario.time_budget
+        return self.step >= math.ceil(iterations * plan.iteration_scale - 1e-9)
+
+    def scorer(self) -> Scorer:
+        if self.learner is None:
+            return dict
+        theta = self.learner.theta
+        return lambda: self.world.task.evaluate(theta)
+
+    def play(self, plan: AllreducePlan) -> Played:
+        """Every worker computes its units under the threshold; each is one arrival."""
+        m = plan.micro_batches or self.micro_batches
+        times = self.clock.take(plan.local_steps, m, self.now)
+        stops = stop_rule(times, plan.threshold, plan.preempt)
+        arrivals = ArrivalColumns(
+            np.arange(self.n),
+            np.full(self.n, self.step),  # worker n's r-th round is its r-th job
+            np.full(self.n, self.step),
+            np.full(self.n, self.now),
+            self.now + stops.compute,
+            units=stops.done / (plan.local_steps * m),
+        )
+        return Played(arrivals, (times, stops, m, self.clock.next_comm()))
+
+    def apply(self, plan: AllreducePlan, selection: Selection, played: Played) -> StepStats:
+        times, stops, m, comm = played.detail
+        scalars = GradientStats()
+        if self.learner is not None:
+            batches = self.learner.batches(self.step, plan.local_steps * m)
+            work = self.learner.work(batches, stops.done, m, plan.local_steps, plan.lr_scale)
+            self.learner.apply(selection, played.candidates.keys, work, plan.lr_scale)
+            if plan.requeue_dropped:
+                self.learner.requeue(batches, stops.done)
+            scalars = work.stats()
+        self._closes = self.now + float(stops.compute.max()) + comm
+        return StepStats(
+            step=self.step,
+            version=self.step + 1,
+            time=self._closes,
+            k=plan.k,
+            arrivals=played.candidates,
+            used=selection.used(),
+            loss=scalars.loss,
+            grad_sq_sum=scalars.grad_sq_sum,
+            mean_grad_sq=scalars.mean_grad_sq,
+            lr=self.world.lr * plan.lr_scale,
+            micro_batch_times=measured(times, stops.done),
+            comm_time=comm,
+        )
+
+    def row(
+        self, plan: AllreducePlan, selection: Selection, played: Played, stats: StepStats
+    ) -> dict[str, Any]:
+        _, stops, m, comm = played.detail
+        used = played.candidates.worker[stats.used_mask()].tolist()
+        return step_row(plan, stats, stops, used, m, comm)
+
+    def advance(self) -> None:
+        self.now = self._closes
+        self.step += 1
+
+    def summary(self, record: RunRecord) -> dict[str, Any]:
+        return summarise(record)
+
+
+def step_row(
+    plan: AllreducePlan, stats: StepStats, stops: Stops, used: list[int], m: int, comm: float
+) -> dict[str, Any]:
+    n, units = stops.done.size, plan.local_steps * m
+    share = float(stops.done.sum()) / (n * units)
+    compute, sync = float(stops.compute.max()), float(stops.full.max())
+    return {
+        "step": stats.step,
+        "time": stats.time,
+        "k": int(np.count_nonzero(stops.done)),
+        "lr": stats.lr,
+        "loss": stats.loss,
+        "workers": used,
+        "staleness": [0] * len(used),
+        "threshold": plan.threshold,
+        "micro_batches": m,
+        "local_steps": plan.local_steps,
+        "completed": stops.done.tolist(),
+        "drop_rate": 1.0 - share,
+        # Algorithm 2's S_i: samples per second relative to sync SGD on the same draws
+        "s_eff": share * (sync + comm) / (compute + comm) if compute + comm > 0 else 1.0,
+        "compute_time": compute,
+        "comm_time": comm,
+        "sync_time": sync + comm,
+    }
+
+
+def summarise(record: RunRecord) -> dict[str, Any]:
+    """Run-level DropCompute figures: threshold in force at the end, drop rate and S_eff.
+
+    ``effective_speedup`` is Eq. (6) over the run: the share of micro-batches computed times
+    sum_i (T_i + T^c_i) / sum_i (T~_i + T^c_i), the ratio of throughputs with and without the
+    threshold on the same draws (as ``theory.dropcompute.evaluate_threshold`` estimates it).
+    """
+    if not record.steps:
+        return {"threshold": None, "drop_rate": math.nan, "effective_speedup": math.nan}
+    possible = np.array(
+        [len(r["completed"]) * r["micro_batches"] * r["local_steps"] for r in record.steps]
+    )
+    done = np.array([sum(r["completed"]) for r in record.steps])
+    used = record.column("compute_time") + record.column("comm_time")
+    share = done.sum() / possible.sum()
+    return {
+        "threshold": float(record.steps[-1]["threshold"]),
+        "drop_rate": float(1.0 - share),
+        "effective_speedup": float(share * record.column("sync_time").sum() / used.sum())
+        if used.sum() > 0
+        else 1.0,
+        "mean_completed": float(done.sum() / sum(len(r["completed"]) for r in record.steps)),
+    }

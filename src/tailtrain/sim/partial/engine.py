@@ -1,0 +1,228 @@
+"""The virtual-clock eager-SGD simulator: partial allreduce rounds over P processes.
+
+One round is one collective (eager-SGD §5, Fig. 7; §6.1's ADS(t) objects):
+
+1. Each process calls the round's collective when its gradient is done. A process whose
+   step is behind (a round completed while it computed) is late: it puts its gradient in its
+   send buffer, adopts the latest result only (a process more than one round behind misses
+   the others, §5) and starts its next gradient at once; that next gradient's call is its
+   call of this round.
+2. :func:`~tailtrain.sim.partial.collectives.resolve_round` gives the activation (solo, majority,
+   quorum, or the synchronous allreduce), its reach after ⌈log2 P⌉ hops and the completion.
+3. Processes that called before the activation reached them are active: they contribute
+   their fresh gradient plus their buffer and wait for the result. The others contribute the
+   buffer the activation finds (stale gradients, or nothing). A process that calls after the
+   activation but before completion waits too; its gradient goes to its buffer.
+4. The rule weighs the contributions (``select``); everyone who waited adopts the result,
+   ``w <- w - lr * sum_i weight_i g_i``, and starts its next gradient.
+
+Gradients are computed only when a collective delivers them, grouped by model copy.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from tailtrain.network import parse_network
+from tailtrain.sim.driver import Played, Scorer
+from tailtrain.sim.partial.collectives import CommTimes, Network, RoundTiming, resolve_round
+from tailtrain.sim.partial.models import Gradients, ModelStore
+from tailtrain.sim.partial.processes import Processes, SendBuffers, Work
+from tailtrain.sim.records import RunRecord
+from tailtrain.sim.scenario import World
+from tailtrain.strategies.base import ArrivalColumns, Selection, StepStats
+from tailtrain.strategies.eager import RoundPlan
+from tailtrain.update import GradientStats, WeightedUpdate, gradient_stats
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class _Round:
+    """A round resolved up to the rule's selection."""
+
+    timing: RoundTiming
+    contributions: Work  # fresh gradients of the active processes first, then buffers
+    active: np.ndarray
+    waiting: np.ndarray
+    late: Work  # gradients of processes that found a newer result, each once
+
+
+class PartialCollectiveEngine:
+    """P processes and their partial collectives on a virtual clock (``sim.driver.Engine``)."""
+
+    def __init__(self, world: World) -> None:
+        n = world.scenario.workers
+        self.world = world
+        self.procs = Processes(world.durations(round_trips=False), n)
+        self.procs.launch(np.arange(n), np.zeros(n))
+        self.buffers = SendBuffers()
+        self.models = None
+        if world.partition is not None:
+            self.models = ModelStore(world.task, world.partition, world.seed)
+        self.learns = self.models is not None
+        self.comm = CommTimes(world.scenario.comm_time, world.seed)
+        self.network = parse_network(world.scenario.network)
+        self.update = WeightedUpdate(world.lr)
+        self.last_update: torch.Tensor | None = None  # the latest result, what late ones adopt
+        self.last_scale = 0.0
+        self.step = 0  # rounds done
+        self.now = 0.0
+        self._closes = 0.0
+
+    def finished(self, plan: RoundPlan) -> bool:
+        return self.world.finished(self.step, self.now)
+
+    def scorer(self) -> Scorer:
+        """Scores of the processes' average model (what a synchronisation would give)."""
+        if self.models is None:
+            return dict
+        mean = self.models.mean_later(self.procs.model)
+        return lambda: self.world.task.evaluate(mean())
+
+    def play(self, plan: RoundPlan) -> Played:
+        """Resolve the round's calls; offer the active gradients and the buffers it finds."""
+        procs, r = self.procs, self.step
+        behind = np.flatnonzero(procs.step < r)
+        took = procs.next_durations(behind, procs.ready[behind])
+        calls = procs.ready.copy()
+        calls[behind] += took
+        comm = self.comm.next() * (2 if plan.average_models else 1)  # a model sync: 2 allreduces
+        network = Network(self.network.hop, comm + self.network.overhead)
+        timing = resolve_round(calls, plan.collective, network, k=plan.k, initiator=plan.initiator)
+        complete = float(timing.complete)
+        late = self._arrive_late(behind, took, complete)
+        on_time = procs.step == r
+        active = np.flatnonzero(on_time & timing.active)
+        waiting = np.flatnonzero(on_time & ~timing.active & (procs.ready <= complete))
+        fresh = procs.in_flight(active)
+        contributions = Work.concat([fresh, self.buffers.pop_until(float(timing.reach))])
+        done = _Round(timing, contributions, active, waiting, late)
+        return Played(_arrivals(contributions), done)
+
+    def _arrive_late(self, behind: np.ndarray, took: np.ndarray, complete: float) -> Work:
+        """Processes that find a newer result than their step: buffer, adopt it, restart."""
+        procs = self.procs
+        late = procs.ready[behind] < complete
+        who = behind[late]
+        work = procs.in_flight(who)
+        self.buffers.put(work, procs.ready[who])
+        if self.models is not None and self.last_update is not None:
+            procs.model[who] = self.models.adopt(
+                procs.model[who], self.last_update, self.last_scale
+            )
+        procs.step[who] = self.step
+        procs.launch(who, procs.ready[who].copy(), took[late])
+        return work
+
+    def apply(self, plan: RoundPlan, selection: Selection, played: Played) -> StepStats:
+        """Deliver the contributions' weighted sum; who waited adopts it (Alg. 2)."""
+        done: _Round = played.detail
+        procs = self.procs
+        self.last_scale = self.world.lr * plan.lr_scale
+        scalars = self._deliver(selection, played.candidates, done)
+        parked = procs.in_flight(done.waiting)
+        self.buffers.put(parked, procs.ready[done.waiting])
+        self._adopt(np.concatenate([done.active, done.waiting]), float(done.timing.complete), plan)
+        calls = Work.concat(
+            [done.contributions.take(np.arange(done.active.size)), done.late, parked]
+        )
+        reach = float(done.timing.reach)
+        used = np.concatenate(
+            [
+                np.arange(done.active.size),
+                done.active.size + np.flatnonzero(done.late.finish <= reach),
+            ]
+        )
+        arrivals = _arrivals(calls)
+        self._closes = float(done.timing.complete)
+        return StepStats(
+            step=self.step,
+            version=self.step + 1,
+            time=float(done.timing.complete),
+            k=plan.k,
+            arrivals=arrivals,
+            used=arrivals.keys[used],
+            loss=scalars.loss,
+            grad_sq_sum=scalars.grad_sq_sum,
+            mean_grad_sq=scalars.mean_grad_sq,
+            lr=self.last_scale,
+        )
+
+    def _deliver(
+        self, selection: Selection, offered: ArrivalColumns, done: _Round
+    ) -> GradientStats:
+        """The delivered gradients' weighted sum (the round's result) and the statistics of
+        the fresh ones (DBW's gain estimator, for dbw-quorum)."""
+        if self.models is None:
+            return GradientStats()
+        grads: Gradients = self.models.gradients(done.contributions)
+        self.last_update = self.update.direction(grads.grads, offered.keys, selection)
+        nap = done.active.size
+        if nap == 0:
+            return GradientStats()
+        return gradient_stats(grads.losses[:nap], grads.grads[:nap])
+
+    def _adopt(self, who: np.ndarray, complete: float, plan: RoundPlan) -> None:
+        """Everyone who waited takes the result at ``complete`` and starts the next gradient."""
+        procs = self.procs
+        if self.models is not None:
+            procs.model[who] = self.models.adopt(
+                procs.model[who], self.last_update, self.last_scale
+            )
+            if plan.average_models:
+                procs.model[:] = self.models.average(procs.model)
+        procs.step[who] = self.step + 1
+        procs.launch(who, np.full(who.size, complete))
+
+    def row(
+        self, plan: RoundPlan, selection: Selection, played: Played, stats: StepStats
+    ) -> dict[str, Any]:
+        done: _Round = played.detail
+        work = done.contributions
+        return {
+            "step": stats.step,
+            "time": stats.time,
+            "k": int(done.active.size),
+            "lr": stats.lr,
+            "loss": stats.loss,
+            "workers": work.worker.tolist(),
+            "staleness": (self.step - work.step).tolist(),
+            "nap": int(done.active.size),
+            "quorum": plan.k,
+            "collective": plan.collective.value,
+            "initiator": int(done.timing.initiator),
+            "model_sync": plan.average_models,
+            "models": 1 if self.models is None else self.models.distinct(self.procs.model),
+            "arrivals": len(stats.arrivals),
+        }
+
+    def advance(self) -> None:
+        self.now = self._closes
+        self.step += 1
+        if self.models is not None:
+            self.models.retain(np.concatenate([self.procs.model, self.buffers.models()]))
+
+    def summary(self, record: RunRecord) -> dict[str, Any]:
+        return _summary(record)
+
+
+def _arrivals(work: Work) -> ArrivalColumns:
+    """Gradients as the rule sees them: ``version`` is the step a gradient was made at."""
+    return ArrivalColumns(work.worker, work.job, work.step, work.start, work.finish)
+
+
+def _summary(record: RunRecord) -> dict[str, float]:
+    if not record.steps:
+        return {}
+    stale = [s for row in record.steps for s in row["staleness"]]
+    return {
+        "mean_nap": float(record.column("nap").mean()),
+        "mean_staleness": float(np.mean(stale)) if stale else 0.0,
+        "max_staleness": int(max(stale, default=0)),
+    }

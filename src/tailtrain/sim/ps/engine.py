@@ -1,0 +1,135 @@
+"""The virtual-clock parameter-server simulator: drives a strategy's rule over simulated workers.
+
+The engine owns the clock (``ServerTimeline``), the model versions (``Trainer``) and the
+records; the strategy only answers ``plan`` / ``select`` / ``adapt``. Which gradients count is
+decided by virtual arrival order, so the optimisation dynamics match the real system (DBW §4:
+"the virtual time has an effect on the optimization dynamics").
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from tailtrain.sim.driver import Played, Scorer
+from tailtrain.sim.ps.timeline import IDLE, ServerTimeline, StepArrivals
+from tailtrain.sim.ps.trainer import Trainer
+from tailtrain.sim.records import RunRecord
+from tailtrain.sim.scenario import World
+from tailtrain.strategies.base import (
+    ArrivalColumns,
+    Selection,
+    ServerPlan,
+    StepStats,
+)
+from tailtrain.update import GradientStats
+
+
+class ServerEngine:
+    """A parameter server and its workers on a virtual clock (``sim.driver.Engine``)."""
+
+    def __init__(self, world: World) -> None:
+        self.world = world
+        self.timeline = ServerTimeline(world.durations(round_trips=True), world.scenario.workers)
+        self.trainer = None if world.partition is None else Trainer.of(world)
+        self.learns = self.trainer is not None
+        self.version = 0
+        self.step = 0
+
+    @property
+    def now(self) -> float:
+        return self.timeline.now
+
+    def finished(self, plan: ServerPlan) -> bool:
+        return self.world.finished(self.step, self.now)
+
+    def scorer(self) -> Scorer:
+        if self.trainer is None:
+            return dict
+        theta = self.trainer.versions[self.version]
+        return lambda: self.world.task.evaluate(theta)
+
+    def play(self, plan: ServerPlan) -> Played:
+        """Collect k usable arrivals; offer them and the stragglers' partial work."""
+        tl = self.timeline
+        tl.begin(self.version, plan.mode, plan.accept_stale)
+        got = tl.collect(
+            plan.k, self.version, plan.mode, plan.accept_stale, drain=plan.complete_stragglers
+        )
+        return Played(self._candidates(plan, got), got)
+
+    def _candidates(self, plan: ServerPlan, got: StepArrivals) -> ArrivalColumns:
+        """The usable arrivals, then the stragglers' partial work (LGC Alg. 1)."""
+        fresh = got.arrivals.take(np.flatnonzero(got.usable))
+        if plan.partial_blocks <= 0:
+            return fresh
+        tl = self.timeline
+        workers, blocks = tl.partial_work(self.version, plan.partial_blocks)
+        if plan.complete_stragglers:
+            blocks = np.full(workers.size, plan.partial_blocks)
+        keep = blocks > 0
+        workers, blocks = workers[keep], blocks[keep]
+        ends = (
+            tl.finish[workers]
+            if plan.complete_stragglers
+            else np.minimum(tl.finish[workers], tl.now)
+        )
+        partial = ArrivalColumns(
+            workers,
+            tl.job[workers],
+            np.full(workers.size, self.version),
+            tl.start[workers],
+            ends,
+            units=blocks / plan.partial_blocks,
+            partial=np.ones(workers.size, dtype=bool),
+        )
+        return ArrivalColumns.concat([fresh, partial])
+
+    def apply(self, plan: ServerPlan, selection: Selection, played: Played) -> StepStats:
+        candidates, got = played.candidates, played.detail
+        scalars = GradientStats()
+        if self.trainer is not None:
+            scalars = self.trainer.apply(
+                self.version + 1, self.version, selection, candidates, plan.lr_scale
+            )
+        late = candidates.take(np.flatnonzero(candidates.partial))
+        return StepStats(
+            step=self.step,
+            version=self.version + 1,
+            time=got.close,
+            k=plan.k,
+            arrivals=ArrivalColumns.concat([got.arrivals, late]),
+            used=selection.used(),
+            loss=scalars.loss,
+            grad_sq_sum=scalars.grad_sq_sum,
+            mean_grad_sq=scalars.mean_grad_sq,
+            lr=self.world.lr * plan.lr_scale,
+        )
+
+    def row(
+        self, plan: ServerPlan, selection: Selection, played: Played, stats: StepStats
+    ) -> dict[str, Any]:
+        candidates = played.candidates
+        idx = np.flatnonzero(np.isin(candidates.keys, stats.used))
+        return {
+            "step": stats.step,
+            "time": stats.time,
+            "k": plan.k,
+            "lr": stats.lr,
+            "loss": stats.loss,
+            "workers": candidates.worker[idx].tolist(),
+            "staleness": (stats.version - 1 - candidates.version[idx]).tolist(),
+            "partial_workers": candidates.worker[candidates.partial].tolist(),
+            "arrivals": len(stats.arrivals),
+        }
+
+    def advance(self) -> None:
+        self.version += 1
+        self.step += 1
+        if self.trainer is not None:
+            busy = self.timeline.version[self.timeline.version != IDLE]
+            self.trainer.retain({self.version, *np.unique(busy).tolist()})
+
+    def summary(self, record: RunRecord) -> dict[str, Any]:
+        return {}

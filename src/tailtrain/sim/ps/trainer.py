@@ -1,0 +1,94 @@
+"""Real gradients for the simulator: model versions, mini-batches and weighted updates.
+
+Only gradients that enter an update are computed, and those of workers that share a model
+version come from one batched ``torch.func`` call (``Task.grads``). Worker w's j-th job always
+sees the same mini-batch for a given seed, so strategies compare on the same data too.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from tailtrain.sim.data_stream import job_batches
+from tailtrain.strategies.base import ArrivalColumns, Selection
+from tailtrain.update import GradientStats, WeightedUpdate, gradient_stats, rows_weighed
+
+
+class Trainer:
+    """Holds the model versions still referenced and applies ``Selection``s to them."""
+
+    def __init__(self, task, partition_state, lr: float, seed: int) -> None:
+        self.task = task
+        self.partition = partition_state
+        self.seed = seed
+        self.versions: dict[int, torch.Tensor] = {0: task.init_params(seed)}
+        self.update = WeightedUpdate(lr)
+
+    @classmethod
+    def of(cls, world) -> Trainer:
+        """The trainer of a ``sim.scenario.World`` with a model."""
+        return cls(world.task, world.partition, world.lr, world.seed)
+
+    def batch(self, worker: int, job: int) -> np.ndarray:
+        """The mini-batch (train indices) of ``worker``'s ``job``-th job."""
+        return self.batches(np.array([worker]), np.array([job]))[0]
+
+    def batches(self, workers: np.ndarray, jobs: np.ndarray) -> np.ndarray:
+        """Mini-batches (R, B) of the jobs ``(workers[r], jobs[r])``."""
+        return job_batches(self.partition, self.seed, self.task.batch_size, workers, jobs)[:, 0]
+
+    def _grads(
+        self, arrivals: ArrivalColumns, index: np.ndarray
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Losses and gradients of ``arrivals[index]``, each over its ``units`` of the batch."""
+        blocks = np.round(arrivals.units[index] * BLOCK_SCALE).astype(np.int64)
+        keys = np.stack([arrivals.version[index], blocks], axis=1)
+        groups = np.unique(keys, axis=0)
+        if len(groups) == 1:  # the common case: one version, whole batches; no copy
+            return self._group_grads(arrivals, index, groups[0])
+        dtype = self.versions[int(arrivals.version[index[0]])].dtype
+        losses = torch.empty(index.size, dtype=dtype)
+        grads = torch.empty(index.size, self.task.dim, dtype=dtype)
+        for key in groups:
+            where = np.flatnonzero((keys == key).all(axis=1))
+            losses[where], grads[where] = self._group_grads(arrivals, index[where], key)
+        return losses, grads
+
+    def _group_grads(
+        self, arrivals: ArrivalColumns, rows: np.ndarray, key: np.ndarray
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One batched call: jobs that share a model version and a number of blocks."""
+        batch = self.batches(arrivals.worker[rows], arrivals.job[rows])
+        size = max(1, round(batch.shape[1] * key[1] / BLOCK_SCALE))
+        return self.task.grads(self.versions[int(key[0])], batch[:, :size])
+
+    def apply(
+        self,
+        new_version: int,
+        base_version: int,
+        selection: Selection,
+        arrivals: ArrivalColumns,
+        lr_scale: float,
+    ) -> GradientStats:
+        """theta_{v+1} = theta_v - lr * lr_scale * d_t (``tailtrain.update``); the statistics
+        cover the whole gradients computed (partial work excluded)."""
+        index = rows_weighed(arrivals.keys, selection)
+        losses, grads = self._grads(arrivals, index)
+        theta = self.versions[base_version]
+        keys = arrivals.keys[index]
+        self.versions[new_version] = self.update.apply(theta, grads, keys, selection, lr_scale)
+        whole = ~arrivals.partial[index]
+        if whole.all():
+            return gradient_stats(losses, grads)
+        mask = torch.from_numpy(whole)
+        return gradient_stats(losses[mask], grads[mask])
+
+    def retain(self, referenced: set[int]) -> None:
+        """Forget model versions that no job in flight and no update needs any more."""
+        for v in [v for v in self.versions if v not in referenced]:
+            del self.versions[v]
+
+
+# units are fractions r/s; this scale turns them into exact integers for grouping
+BLOCK_SCALE = 720720
