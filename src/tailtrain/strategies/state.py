@@ -3,7 +3,8 @@
 Checkpoints and the runtime's ranks carry rule states this way, so that
 ``torch.load(path, weights_only=True)`` reads them back: no pickle of our classes. States are
 frozen dataclasses of numbers, tuples, numpy arrays, enums and nested states; each is written
-with a ``"__kind__"`` tag, and arrays become tensors (exactly, bit for bit). Only classes of
+with a ``"__kind__"`` tag, and arrays become flat lists with their dtype and shape (exactly,
+bit for bit: a Python float holds a float64). Only classes of
 the ``tailtrain`` package are rebuilt on load, and only dataclasses and enums among them.
 
 Hand-written because ``dataclasses.asdict`` loses the types needed to rebuild a state and
@@ -18,7 +19,6 @@ from enum import Enum
 from typing import Any
 
 import numpy as np
-import torch
 
 from tailtrain.errors import UsageError
 
@@ -33,7 +33,9 @@ def to_state_dict(value: Any) -> Any:
     if isinstance(value, np.generic):
         return value.item()
     if isinstance(value, np.ndarray):
-        return {KIND: "ndarray", "data": torch.from_numpy(np.array(value, copy=True))}
+        # Python floats and ints hold float64 / int64 values exactly; no torch in rules
+        data = value.ravel().tolist()
+        return {KIND: "ndarray", "dtype": value.dtype.str, "shape": list(value.shape), "data": data}
     if isinstance(value, Enum):
         return {KIND: "enum", "type": _name(type(value)), "value": value.value}
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
@@ -57,7 +59,8 @@ def from_state_dict(data: Any) -> Any:
         return data
     kind = data.get(KIND)
     if kind == "ndarray":
-        return data["data"].numpy().copy()
+        array = np.array(data["data"], dtype=np.dtype(data["dtype"]))
+        return array.reshape(data["shape"])
     if kind == "tuple":
         return tuple(from_state_dict(v) for v in data["items"])
     if kind == "dict":
