@@ -6,9 +6,10 @@ frames. This generator gives a small, download-free stand-in for that workload.
 
 Lengths are a clipped, floored Pareto law, L = min(max_len, ⌊min_len · U^(-1/shape)⌋) with
 U ~ U(0, 1], so that P(L ≥ x) = (min_len / x)^shape for every integer min_len ≤ x ≤ max_len
-and L never exceeds max_len (the defaults, 8 to 256 with shape 1.5, put the median near 13
-and give a 32-sequence batch a median longest sequence near 100). The defaults are not
-fitted to UCF101, whose lengths are less skewed (mean 187, std 97 frames).
+and L never exceeds max_len. The defaults, 8 to 256 with shape 1.5, put the median at 12
+and the mean near 20; the longest sequence of a 32-sequence batch has its median near 100,
+and one batch in six holds a sequence clipped to 256. They are not fitted to UCF101, whose
+lengths are less skewed (mean 187, std 97 frames).
 
 Sequence i with class c_i has frames x_t = signal · μ_{c_i} + ε_t for t < L_i, where the
 class means μ_c are random unit vectors and ε_t ~ N(0, I): the class is recoverable by
