@@ -13,8 +13,9 @@ def add_scenario_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--task",
         default="digits-cnn",
-        help="digits-cnn, digits-mlp, logreg, "
-        "hyperplane:dim=D, none (timing only), cifar10, mnist (default: %(default)s)",
+        help="digits-cnn, digits-mlp, logreg, hyperplane:dim=D, seq-lstm (heavy-tailed "
+        "sequence lengths: classes=,features=,hidden=,min-len=,max-len=,shape=,n=,test=,signal=), "
+        "none (timing only), cifar10, mnist (default: %(default)s)",
     )
     p.add_argument("--data", default=None, help="folder with the cifar10 or mnist files")
     p.add_argument(

@@ -39,6 +39,11 @@ class Dataset:
         """Class labels of the train split as numpy (for partitioning), None for regression."""
         return None if self.n_classes is None else self.y_train.numpy()
 
+    def trim(self, x: torch.Tensor) -> torch.Tensor:
+        """Inputs as a model call should see them: unchanged here; sequence data drops the
+        steps that are padding everywhere (:class:`tailtrain.tasks.sequences.SequenceDataset`)."""
+        return x
+
 
 def classification(
     x_train: np.ndarray, y_train: np.ndarray, x_test: np.ndarray, y_test: np.ndarray, n: int

@@ -7,6 +7,7 @@ so a vmapped per-worker call means exactly what a per-worker loop means.
 
 from __future__ import annotations
 
+import torch
 from torch import nn
 
 from tailtrain.errors import UsageError
@@ -57,3 +58,30 @@ def linear(inputs: int, outputs: int) -> nn.Sequential:
     """An affine map: softmax regression with cross-entropy, or eager-SGD §7.2.1's
     one-layer MLP (d weights + 1 bias) with MSE."""
     return _on_meta(nn.Linear(inputs, outputs))
+
+
+class LstmClassifier(nn.Module):
+    """A one-layer LSTM over a sequence's frames, then a linear layer on the last valid
+    step's hidden state (eager-SGD §2.1's video model, without the CNN feature extractor).
+
+    The input is (..., T, features + 1): zero-padded frames and a last channel that is 1
+    on the valid steps, a prefix. The LSTM is causal, so padding after step L - 1 leaves
+    h_{L-1} unchanged, and selecting it with the weights m_t - m_{t+1} (1 at t = L - 1,
+    exactly 0 elsewhere) gives padding exactly zero gradient, in a form ``vmap`` takes.
+    """
+
+    def __init__(self, features: int, hidden: int, classes: int) -> None:
+        super().__init__()
+        self.lstm = nn.LSTM(features, hidden, batch_first=True)
+        self.head = nn.Linear(hidden, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        frames, mask = x[..., :-1], x[..., -1]
+        out, _ = self.lstm(frames)
+        last = mask - torch.cat([mask[..., 1:], torch.zeros_like(mask[..., :1])], -1)
+        return self.head((out * last.unsqueeze(-1)).sum(-2))
+
+
+def lstm_classifier(features: int, hidden: int, classes: int) -> LstmClassifier:
+    """:class:`LstmClassifier` on the ``meta`` device, like the other built-in networks."""
+    return LstmClassifier(features, hidden, classes).to("meta")

@@ -2,7 +2,8 @@
 
 Defaults follow the papers where they say: hyperplane d = 8,192 with 32,768 points and
 2,048/8 = 256 per worker (eager-SGD Table 1), MNIST B = 500 (DBW §5), CIFAR-10 B = 32
-(LGC §III-A); the digits tasks use 32.
+(LGC §III-A); the digits tasks and ``seq-lstm`` use 32 (eager-SGD's UCF101 LSTM uses 128/8
+= 16 per process, Table 1).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from tailtrain.tasks import models
 from tailtrain.tasks.cifar10 import load_cifar10
 from tailtrain.tasks.data import load_digits_data, make_hyperplane
 from tailtrain.tasks.mnist import load_mnist
+from tailtrain.tasks.sequences import SequenceSpec, make_sequences
 from tailtrain.tasks.task import Task
 
 DataPath = str | Path | None
@@ -76,6 +78,32 @@ def _hyperplane(spec: Spec, data: DataPath, seed: int) -> Task:
     return Task(data=dataset, model=models.linear(dim, 1), objective="mse", **opts)
 
 
+def _seq_lstm(spec: Spec, data: DataPath, seed: int) -> Task:
+    """An LSTM classifier over heavy-tailed variable-length sequences (eager-SGD §2.1)."""
+    keys = ("classes", "features", "hidden", "min-len", "max-len", "shape", "n", "test")
+    opts = _model_task(spec, seed, 32, (*keys, "signal"))
+    d = SequenceSpec()
+    min_len = spec.get_int("min-len", d.min_len, minimum=1)
+    seq = SequenceSpec(
+        classes=spec.get_int("classes", d.classes, minimum=2),
+        features=spec.get_int("features", d.features, minimum=1),
+        min_len=min_len,
+        max_len=spec.get_int("max-len", max(d.max_len, min_len), minimum=min_len),
+        shape=spec.get_float("shape", d.shape, positive=True),
+        n_train=spec.get_int("n", d.n_train, minimum=1),
+        n_test=spec.get_int("test", d.n_test, minimum=1),
+        signal=spec.get_float("signal", d.signal, minimum=0.0),
+    )
+    hidden = spec.get_int("hidden", 32, minimum=1)
+    return Task(
+        data=make_sequences(seq, seed),
+        model=models.lstm_classifier(seq.features, hidden, seq.classes),
+        objective="cross_entropy",
+        per_worker_loop=True,
+        **opts,
+    )
+
+
 def _mnist(spec: Spec, data: DataPath, seed: int) -> Task:
     opts = _model_task(spec, seed, 500)
     dataset = load_mnist(data)
@@ -109,6 +137,7 @@ _BUILDERS: dict[str, Callable[[Spec, DataPath, int], Task]] = {
     "digits-mlp": _digits_mlp,
     "logreg": _logreg,
     "hyperplane": _hyperplane,
+    "seq-lstm": _seq_lstm,
     "none": _none,
     "mnist": _mnist,
     "cifar10": _cifar10,

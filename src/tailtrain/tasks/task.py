@@ -4,6 +4,8 @@ Every simulated worker's stochastic gradient (LGC Eq. (2): the mean gradient ove
 mini-batch ξ_i) is computed in one batched call for all workers, never in a per-worker loop:
 at a shared θ by one forward/backward pass (:mod:`tailtrain.tasks.shared_grads`) when the
 model's layers allow, otherwise (and at per-worker θ) by ``torch.func.vmap(grad_and_value)``.
+The exception is a model that ``torch.func`` runs slower than a loop (``seq-lstm``'s LSTM):
+it is computed worker by worker (``per_worker_loop``).
 """
 
 from __future__ import annotations
@@ -36,6 +38,8 @@ class Task:
     """One task. ``objective`` is ``"cross_entropy"``, ``"mse"`` or ``"none"`` (timing only).
 
     ``l2`` adds (l2/2)·‖θ‖² to every loss, which makes ``logreg`` strongly convex.
+    ``per_worker_loop`` computes gradients worker by worker with plain autograd instead
+    (see :meth:`_loop_grads`), for models that ``torch.func`` would slow down.
     """
 
     name: str
@@ -46,6 +50,7 @@ class Task:
     l2: float = 0.0
     seed: int = 0
     text: str = ""
+    per_worker_loop: bool = False
     layout: FlatLayout | None = field(init=False, repr=False)
     _train_eval: torch.Tensor = field(init=False, repr=False)
     _shared_fn: Any = field(init=False, repr=False)
@@ -64,6 +69,8 @@ class Task:
         if supports(self.model):
             self._shared_fn = SharedGrads(self.model, self.layout, self._per_sample, self.l2)
         self._multi_fn = vmap(per_worker, in_dims=(0, 0, 0))
+        if self.per_worker_loop:
+            self._shared_fn = self._multi_fn = self._loop_grads
 
     # ---- description -------------------------------------------------------------------
     @property
@@ -137,10 +144,31 @@ class Task:
         losses, grads = [], []
         for part in self._chunks(idx.shape[0], idx.shape[1]):
             th = theta[part] if per_worker_theta else theta
-            g, v = fn(th, self.data.x_train[idx[part]], self.data.y_train[idx[part]])
+            x = self.data.trim(self.data.x_train[idx[part]])
+            g, v = fn(th, x, self.data.y_train[idx[part]])
             grads.append(g)
             losses.append(v)
         return _cat(losses), _cat(grads)
+
+    def _loop_grads(
+        self, theta: torch.Tensor, x: torch.Tensor, y: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The contract of the vmapped functions, worker by worker with plain autograd.
+
+        For ``nn.LSTM``: under ``torch.func`` its fused CPU kernel has no batching rule and
+        its backward runs unfused: 8-13x slower than this loop at batch 32. Each worker's input
+        is trimmed to its own longest sequence, so its cost follows its own data, as on a
+        real rank. ``theta`` is shared (D,) or per worker (W, D).
+        """
+        grads = torch.empty(len(y), self.dim, dtype=theta.dtype, device=theta.device)
+        losses = torch.empty(len(y), dtype=theta.dtype, device=theta.device)
+        for w in range(len(y)):
+            th = (theta if theta.ndim == 1 else theta[w]).detach().requires_grad_()
+            with torch.enable_grad():  # like torch.func.grad, work under an outer no_grad too
+                loss = self._loss_fn(th, self.data.trim(x[w]), y[w])
+            (grads[w],) = torch.autograd.grad(loss, th)
+            losses[w] = loss.detach()
+        return grads, losses
 
     def _loss_fn(self, theta: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         out = functional_call(self.model, self.layout.unflatten(theta), (x,))
@@ -182,7 +210,8 @@ class Task:
 
     def _forward(self, theta: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         params = self.layout.unflatten(theta)
-        parts = [functional_call(self.model, params, (x[p],)) for p in self._chunks(len(x), 1)]
+        chunks = self._chunks(len(x), 1)
+        parts = [functional_call(self.model, params, (self.data.trim(x[p]),)) for p in chunks]
         return _cat(parts)
 
     def _per_sample(self, out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
