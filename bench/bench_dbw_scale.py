@@ -14,12 +14,11 @@ import json
 import pickle
 import statistics
 import time
-from collections.abc import Sequence
 from typing import Any
 
 from tailtrain.sim.run import simulate
 from tailtrain.sim.scenario import Scenario
-from tailtrain.strategies.base import Arrival, Context, Plan, Selection, StepStats, Strategy
+from tailtrain.strategies.base import ArrivalColumns, Context, Plan, Selection, StepStats, Strategy
 from tailtrain.strategies.registry import parse_strategy
 
 DELAY = "shifted-exp:shift=1,scale=1"
@@ -41,7 +40,7 @@ class TimedAdapt(Strategy):
     def plan(self, state: Any) -> Plan:
         return self.inner.plan(state)
 
-    def select(self, state: Any, arrivals: Sequence[Arrival]) -> Selection:
+    def select(self, state: Any, arrivals: ArrivalColumns) -> Selection:
         return self.inner.select(state, arrivals)
 
     def adapt(self, state: Any, stats: StepStats) -> Any:
