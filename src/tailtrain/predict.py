@@ -41,7 +41,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import numpy as np
-from numpy.typing import NDArray
+from numpy.typing import ArrayLike, NDArray
 
 from tailtrain.delays import DelayModel, DelayProcess, WorkerPattern
 from tailtrain.delays.process import trace_notes, trace_terms
@@ -160,11 +160,14 @@ class Row:
     best: bool = False
     threshold: float | None = None
     drop_rate: float | None = None
+    spec: str | None = None  #: the setting as a strategy spec, where K does not say it
 
     def as_dict(self) -> dict[str, Any]:
         out = asdict(self)
         if self.strategy != "dropcompute":
             del out["threshold"], out["drop_rate"]
+        if self.spec is None:
+            del out["spec"]
         return out
 
 
@@ -205,7 +208,12 @@ def k_grid(workers: int, *, compact: bool = False) -> list[int]:
 
 
 def predict(scenario: Scenario) -> Prediction:
-    """Every strategy's row for ``scenario`` (see the module docstring for the model)."""
+    """Every strategy's row for ``scenario`` (see the module docstring for the model).
+
+    Every K is evaluated (as arrays) and searched for the best, but only the listed K
+    (``Scenario.ks``, else :func:`k_grid`) and each family's best K become rows: 4 N row
+    objects would dominate the run time at N = 10^6.
+    """
     ctx = _Context.build(scenario)
     sync_like = _sync_rows(ctx)
     rows = [
@@ -215,7 +223,7 @@ def predict(scenario: Scenario) -> Prediction:
         *_k_batch_async_rows(ctx),
         _dropcompute_row(ctx),
     ]
-    sync_time = next(r.iteration_time for r in rows if r.strategy == "sync")
+    sync_time = ctx.sync_time
     finished = [_relative(r, sync_time, scenario.workers) for r in rows]
     if scenario.micro_batches is not None:
         ctx.notes.append(_paper_note(ctx, sync_time))
@@ -248,7 +256,9 @@ class _Context:
     sampled_comm: DelayModel | None
     job_law: DelayModel | None  # exact law of one job (sum of M micro-batches), if known
     ks: list[int]
+    listed: NDArray[np.int64]  # the K that become rows (every K is still evaluated)
     notes: list[str]
+    sync_time: float = math.nan  # E[T_sync], set by the sync rows (needed to pick best K)
     _sync_sample: list[tuple[NDArray[np.float64], NDArray[np.float64]]] | None = None
 
     @classmethod
@@ -271,6 +281,7 @@ class _Context:
             sampled_comm=None if comm is None else nonnegative(comm),
             job_law=_job_law(exact_delay, s.micro_batches) if s.iid else None,
             ks=sorted(s.ks) if s.ks else list(range(1, s.workers + 1)),
+            listed=np.asarray(s.ks or k_grid(s.workers), dtype=np.int64),
             notes=notes,
         )
 
@@ -352,9 +363,11 @@ def _sync_rows(ctx: _Context) -> list[Row]:
         trips = [t.sum(axis=2) + ctx.comm_times(rng, t.shape[:2]) for t, _ in sample]
         mean, stderr = _pooled([k_sync_iteration_times(jobs, ks) for jobs in trips])
         method = ctx.method(sum(t.shape[0] for t, _ in sample))
-    rows = [_row("k-sync", k, mu, se, method) for k, mu, se in zip(ks, mean, stderr, strict=True)]
-    top = rows[-1]
-    return [replace(top, strategy="sync"), *[r for r in rows if r.k in ctx.ks]]
+    ctx.sync_time = float(mean[-1])
+    sync = _row("sync", n, mean[-1], stderr[-1], method)
+    chosen = np.isin(ks, ctx.ks) if len(ctx.ks) < n else np.ones(len(ks), dtype=bool)
+    rows = _family_rows(ctx, "k-sync", np.asarray(ks)[chosen], mean[chosen], stderr[chosen], method)
+    return [sync, *rows]
 
 
 def _round_trip_order_stats(ctx: _Context, ks: list[int]) -> OrderStats | None:
@@ -378,7 +391,8 @@ def _k_batch_sync_rows(ctx: _Context) -> list[Row]:
     n, ks = ctx.scenario.workers, ctx.ks
     rate = _exponential_rate(ctx.job_law)
     if rate is not None and ctx.scenario.comm_mean == 0:
-        return [_row("k-batch-sync", k, k / (n * rate), 0.0, EXACT) for k in ks]
+        k = np.asarray(ks, dtype=float)
+        return _family_rows(ctx, "k-batch-sync", ks, k / (n * rate), np.zeros(k.size), EXACT)
     cap = 2 + math.ceil(max(ks) / n)
     while True:
         iterations = max(100, min(ctx.scenario.samples, _JOB_BUDGET // (n * cap)))
@@ -395,10 +409,7 @@ def _k_batch_sync_rows(ctx: _Context) -> list[Row]:
     if not enough.all():
         short = ", ".join(str(k) for k in np.asarray(ks)[~enough])
         ctx.notes.append(f"k-batch-sync K={short}: workers ran out of sampled jobs; E[T] high")
-    method = ctx.method(iterations)
-    return [
-        _row("k-batch-sync", k, mu, se, method) for k, mu, se in zip(ks, mean, stderr, strict=True)
-    ]
+    return _family_rows(ctx, "k-batch-sync", ks, mean, stderr, ctx.method(iterations))
 
 
 def _k_async_rows(ctx: _Context) -> list[Row]:
@@ -408,15 +419,13 @@ def _k_async_rows(ctx: _Context) -> list[Row]:
     rate = _exponential_rate(ctx.job_law)
     if rate is not None and s.comm_mean == 0:
         stats = expected_order_stats(ctx.job_law, n, ctx.ks)
-        return [
-            _row("k-async", k, mu, 0.0, EXACT) for k, mu in zip(stats.k, stats.mean, strict=True)
-        ]
+        return _family_rows(ctx, "k-async", stats.k, stats.mean, stats.stderr, EXACT)
     grid = ctx.ks if s.ks or n <= ALL_K_UP_TO else k_grid(n)
     rows = [_k_async_row(ctx, k) for k in grid if k > 1 or not s.iid]
     if s.iid and 1 in grid:
         job = ctx.m * ctx.exact_delay.mean + s.comm_mean
         rows.insert(0, _row("k-async", 1, job / n, 0.0, EXACT))
-    return rows
+    return _mark_family(ctx, rows)
 
 
 def _k_async_row(ctx: _Context, k: int) -> Row:
@@ -449,17 +458,16 @@ def _k_batch_async_rows(ctx: _Context) -> list[Row]:
     n = s.workers
     if s.iid:
         job = ctx.m * ctx.exact_delay.mean + s.comm_mean
-        rows = [_row("k-batch-async", k, k * job / n, 0.0, EXACT) for k in ctx.ks]
+        ks = np.asarray(ctx.ks, dtype=np.int64)
+        rows = _family_rows(ctx, "k-batch-async", ks, ks * job / n, np.zeros(ks.size), EXACT)
         return [*rows, _row("async", 1, job / n, 0.0, EXACT)]
     runs = _jobs(ctx, ctx.rng(4), 4 * s.samples, per_job_comm=True)
     ks = [*ctx.ks, 1]
     per_run = [np.transpose([k_batch_async_iteration_time(jobs, k) for k in ks]) for jobs in runs]
     mean, stderr = _pooled([(mu, se) for mu, se in per_run])
     method = ctx.method(sum(jobs.shape[0] for jobs in runs))
-    rows = [
-        _row("k-batch-async", k, mu, se, method) for k, mu, se in zip(ks, mean, stderr, strict=True)
-    ]
-    return [*rows[:-1], replace(rows[-1], strategy="async")]
+    rows = _family_rows(ctx, "k-batch-async", ks[:-1], mean[:-1], stderr[:-1], method)
+    return [*rows, _row("async", 1, mean[-1], stderr[-1], method)]
 
 
 def _dropcompute_row(ctx: _Context) -> Row:
@@ -591,19 +599,49 @@ def _relative(row: Row, sync_time: float, workers: int) -> Row:
 
 
 def _mark_best(rows: list[Row]) -> list[Row]:
-    best: dict[str, int] = {}
-    for strategy in (*K_FAMILY, "dropcompute"):
-        group = [r for r in rows if r.strategy == strategy]
-        top = max(group, key=lambda r: r.effective_speedup)
-        slack = [
-            2 * math.hypot(top.effective_speedup_stderr, r.effective_speedup_stderr)
-            + 1e-9 * top.effective_speedup
-            for r in group
-        ]
-        close = [
-            r
-            for r, d in zip(group, slack, strict=True)
-            if r.effective_speedup >= top.effective_speedup - d
-        ]
-        best[strategy] = max(close, key=lambda r: r.k).k
-    return [replace(r, best=best.get(r.strategy) == r.k) for r in rows]
+    """DropCompute has one row: its tau* is the best setting (the K-family is marked by
+    :func:`_family_rows`)."""
+    return [replace(r, best=True) if r.strategy == "dropcompute" else r for r in rows]
+
+
+def best_k(ks: ArrayLike, effective: ArrayLike, stderr: ArrayLike) -> tuple[int, NDArray[np.bool_]]:
+    """The largest K whose effective speedup is within 2 standard errors (or 1e-9) of the
+    highest (the module's criterion), vectorised; also the mask of K within that slack."""
+    ks, value, error = (np.asarray(a) for a in (ks, effective, stderr))
+    top = int(np.argmax(value))
+    slack = 2 * np.hypot(error[top], error) + 1e-9 * value[top]
+    close = value >= value[top] - slack
+    return int(ks[close].max()), close
+
+
+def _family_rows(
+    ctx: _Context,
+    strategy: str,
+    ks: ArrayLike,
+    mean: ArrayLike,
+    stderr: ArrayLike,
+    method: str,
+) -> list[Row]:
+    """Rows of one K-family strategy evaluated at every K in ``ks``: its best K is found on
+    all of them (effective speedup K E[T_sync] / (N E[T_K])), but only the listed K and the
+    best become rows."""
+    ks = np.asarray(ks, dtype=np.int64)
+    mean, stderr = np.asarray(mean, dtype=float), np.asarray(stderr, dtype=float)
+    with np.errstate(divide="ignore", invalid="ignore"):  # E[T] = 0 is refused later
+        effective = ks * ctx.sync_time / (ctx.scenario.workers * mean)
+    best, _ = best_k(ks, effective, effective * stderr / mean)
+    keep = np.flatnonzero(np.isin(ks, ctx.listed) | (ks == best))
+    return [
+        replace(_row(strategy, ks[i], mean[i], stderr[i], method), best=bool(ks[i] == best))
+        for i in keep
+    ]
+
+
+def _mark_family(ctx: _Context, rows: list[Row]) -> list[Row]:
+    """:func:`_family_rows` for rows already built (K-async's per-K simulations)."""
+    ks = [r.k for r in rows]
+    mean = [r.iteration_time for r in rows]
+    stderr = [r.iteration_time_stderr for r in rows]
+    method = {r.k: r.method for r in rows}
+    found = _family_rows(ctx, rows[0].strategy, ks, mean, stderr, "")
+    return [replace(r, method=method[r.k]) for r in found]

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 
 from tailtrain.cli import main
 
-STRATEGIES = {"sync", "k-sync", "k-batch-sync", "k-async", "k-batch-async", "async", "dropcompute"}
+THEORY = {"sync", "k-sync", "k-batch-sync", "k-async", "k-batch-async", "async", "dropcompute"}
+FAMILIES = {"local-sgd", "eager-solo", "eager-majority", "eager-quorum", "dbw"}
+STRATEGIES = THEORY | FAMILIES
 ROW_KEYS = {"strategy", "k", "iteration_time", "speedup_vs_sync", "method"}
 
 
@@ -68,7 +71,7 @@ def test_example_dropcompute_200_workers(capsys):
 def test_human_table(capsys):
     code, out, _ = run(["predict", "--workers", "6", "--delay", "uniform:low=1,high=2"], capsys)
     assert code == 0
-    for strategy in STRATEGIES:
+    for strategy in THEORY | {"local-sgd:period=", "eager:mode=quorum,k=", "dbw"}:
         assert strategy in out
     assert "*" in out and "numerical-integration" in out
 
@@ -100,3 +103,36 @@ def test_bad_input_is_one_line_and_exit_2(args, needle, capsys):
     assert code == 2 and out == ""
     assert len(err.strip().splitlines()) == 1
     assert needle in err and "Traceback" not in err
+
+
+def test_family_rows_name_their_method_and_parse(capsys):
+    """Local-SGD on Exp(1) has a closed form: a round of H steps is the max of N Gamma(H, 1)
+    sums; eager rows are simulated; every extra row's spec parses."""
+    from scipy import integrate, stats
+
+    from tailtrain.strategies.registry import parse_strategy
+
+    code, out, _ = run(["predict", "--workers", "4", "--delay", "exp:rate=1", "--json"], capsys)
+    rows = json.loads(out)["results"]
+    assert code == 0
+    for row in rows:
+        if row["strategy"] in FAMILIES:
+            parse_strategy(row["spec"])
+    local = {r["spec"]: r for r in rows if r["strategy"] == "local-sgd"}
+    law = stats.gamma(4)  # H = 4
+    expected = integrate.quad(lambda x: 1 - law.cdf(x) ** 4, 0, np.inf)[0]
+    assert local["local-sgd:period=4"]["iteration_time"] == pytest.approx(expected, rel=1e-7)
+    assert sum(r["best"] for r in local.values()) == 1
+    eager = [r for r in rows if r["strategy"].startswith("eager")]
+    assert eager and all(r["method"].startswith("simulated(") for r in eager)
+
+
+@pytest.mark.timeout(120)
+def test_predict_answers_for_a_million_workers(capsys):
+    argv = ["predict", "--workers", str(10**6), "--delay", "exp:rate=1", "--json"]
+    code, out, _ = run(argv, capsys)
+    rows = json.loads(out)["results"]
+    assert code == 0 and sum(r["best"] for r in rows if r["strategy"] == "k-sync") == 1
+    sync = next(r for r in rows if r["strategy"] == "sync")
+    harmonic = float(np.log(10**6) + np.euler_gamma + 1 / (2 * 10**6))
+    assert sync["iteration_time"] == pytest.approx(harmonic, rel=1e-9)

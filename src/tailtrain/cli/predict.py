@@ -16,6 +16,7 @@ from tailtrain.delays import DelayModel, parse_delay, parse_pattern
 from tailtrain.delays.comm import parse_comm_time
 from tailtrain.errors import UsageError
 from tailtrain.predict import ALL_K_UP_TO, Prediction, Row, Scenario, k_grid, predict
+from tailtrain.predict_families import SIM_MAX_WORKERS, with_families
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -25,8 +26,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         description=(
             "Expected iteration time, speedup over sync and effective speedup (samples per "
             "second relative to sync) of sync, K-sync, K-batch-sync, K-async, K-batch-async, "
-            "async and DropCompute, each with the method that produced it: exact, numerical "
-            "integration or seeded Monte Carlo."
+            "async, DropCompute, Local-SGD, eager-SGD's partial collectives and DBW, each with "
+            "the method that produced it: exact, numerical integration, seeded Monte Carlo or "
+            f"a seeded timing-only simulation (up to N={SIM_MAX_WORKERS})."
         ),
     )
     p.add_argument("--workers", type=int, required=True, metavar="N", help="number of workers N")
@@ -89,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
         samples=args.samples,
         seed=args.seed,
     )
-    prediction = predict(scenario)
+    prediction = with_families(predict(scenario))
     if args.json:
         ks = scenario.ks or k_grid(scenario.workers)
         json.dump(_finite(prediction.to_json(ks)), sys.stdout, indent=2)
@@ -156,7 +158,7 @@ def _cells(row: Row) -> list[str]:
         time += f" ± {row.iteration_time_stderr:.2g}"
     dc = row.strategy == "dropcompute"
     return [
-        row.strategy,
+        row.spec or row.strategy,
         str(row.k),
         f"{row.threshold:.4g}" if dc else "",
         f"{row.drop_rate:.1%}" if dc else "",

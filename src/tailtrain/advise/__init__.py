@@ -1,0 +1,113 @@
+"""``tailtrain advise``: who is slow in a trace, what it costs, and what to do.
+
+* :mod:`~tailtrain.advise.stragglers` — robust per-worker scores and verdicts
+* :mod:`~tailtrain.advise.cost` — sync E[T] on the replayed trace against the mean worker time
+* :mod:`~tailtrain.advise.recommend` — every strategy at its best setting, ranked, and one pick
+* :mod:`~tailtrain.advise.heatmap` — the trace as an iterations x workers picture
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tailtrain.advise.cost import Cost, sync_cost
+from tailtrain.advise.recommend import Ranked, rank, reason, recommend
+from tailtrain.advise.stragglers import MIN_ITERATIONS, WorkerScore, iteration_times, score_workers
+from tailtrain.delays.parse import parse_delay
+from tailtrain.delays.trace import TraceDelay
+from tailtrain.errors import UsageError
+from tailtrain.predict_families import row_spec
+
+
+@dataclass(frozen=True)
+class Advice:
+    """Everything ``advise`` found; ``to_json`` is the ``--json`` contract."""
+
+    trace: str
+    workers: int
+    times: np.ndarray  # t[i, w] of the trace workers
+    stragglers: list[WorkerScore]
+    cost: Cost
+    without_persistent: Cost | None
+    ranked: list[Ranked]
+    choice: Ranked
+    reason: str
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def persistent(self) -> list[int]:
+        return [s.worker for s in self.stragglers if s.verdict == "persistent"]
+
+    @property
+    def recommendation(self) -> str:
+        return row_spec(self.choice.row)
+
+    def to_json(self) -> dict[str, Any]:
+        iterations, trace_workers = self.times.shape
+        return {
+            "trace": self.trace,
+            "workers": self.workers,
+            "trace_workers": trace_workers,
+            "iterations": iterations,
+            "recommendation": self.recommendation,
+            "reason": self.reason,
+            "stragglers": [s.as_dict() for s in self.stragglers],
+            "cost": self.cost.as_dict(),
+            "cost_without_persistent": (
+                None if self.without_persistent is None else self.without_persistent.as_dict()
+            ),
+            "results": [r.as_dict() for r in self.ranked],
+            "notes": self.notes,
+        }
+
+
+def advise(
+    path: str | Path,
+    *,
+    workers: int | None = None,
+    micro_batches: int | None = None,
+    seed: int = 0,
+    samples: int = 2000,
+) -> Advice:
+    """Score the workers of the trace at ``path``, cost them, and rank the strategies for
+    ``workers`` workers (default: the trace's), worker n replaying trace worker n mod W."""
+    if workers is not None and workers < 1:
+        raise UsageError(f"--workers must be >= 1, got {workers}")
+    model = parse_delay(f"trace:path={path}")
+    assert isinstance(model, TraceDelay)
+    replay = model.replay
+    n = int(replay.ids.size) if workers is None else workers
+    m = micro_batches or (int(replay.counts.max()) if model.per_micro_batch else None)
+    times, notes = iteration_times(replay)
+    scores = score_workers(times, replay.ids)
+    notes += _trust_notes(times, scores, n)
+    cost = sync_cost(times, replay.ids, n)
+    persistent = [s.worker for s in scores if s.verdict == "persistent"]
+    without = sync_cost(times, replay.ids, n, exclude=persistent) if persistent else None
+    ranked, more = rank(model, times, n, m, seed, samples)
+    choice = recommend(ranked)
+    text = reason(choice, cost, without, persistent)
+    return Advice(str(path), n, times, scores, cost, without, ranked, choice, text, notes + more)
+
+
+def _trust_notes(times: np.ndarray, scores: list[WorkerScore], workers: int) -> list[str]:
+    iterations, trace_workers = times.shape
+    notes = []
+    if iterations < MIN_ITERATIONS:
+        notes.append(
+            f"trace too short to trust: {iterations} iterations per worker (< {MIN_ITERATIONS}); "
+            "record more before acting on the verdicts"
+        )
+    weak = [s.worker for s in scores if s.verdict == "persistent" and s.slower_share < 0.95]
+    if weak:
+        notes.append(f"low confidence in the persistent verdict of worker(s) {weak}")
+    if workers > trace_workers:
+        notes.append(
+            f"extrapolated from {trace_workers} trace workers to {workers}: worker n replays "
+            f"trace worker n mod {trace_workers}, so each trace worker's slowness is copied"
+        )
+    return notes

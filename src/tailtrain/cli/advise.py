@@ -1,0 +1,109 @@
+"""`tailtrain advise`: who is slow in a trace, what it costs, and which strategy to run."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from tailtrain.advise import Advice, advise
+from tailtrain.advise.heatmap import plot_heatmap
+from tailtrain.cli.predict import _finite
+from tailtrain.cli.scenario_args import seed_value
+from tailtrain.sim.records import prepare_folder
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "advise",
+        help="score the workers of a trace, cost the stragglers and recommend a strategy",
+        description=(
+            "Reads a trace (iteration,worker[,micro_batch],seconds), scores every worker "
+            "(persistent straggler, intermittent or healthy), prices sync's wait for the "
+            "slowest, ranks every strategy at its best setting by theory and by a timing-only "
+            "simulation replaying the trace, and recommends one."
+        ),
+    )
+    p.add_argument("--trace", required=True, metavar="FILE", help="trace CSV")
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=None,
+        metavar="N",
+        help="workers to advise for (default: the trace's; worker n replays n mod W)",
+    )
+    p.add_argument("--micro-batches", type=int, default=None, metavar="M")
+    p.add_argument("--seed", type=seed_value, default=0)
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="write advice.json and heatmap.png there",
+    )
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    found = advise(
+        args.trace, workers=args.workers, micro_batches=args.micro_batches, seed=args.seed
+    )
+    payload = _finite(found.to_json())
+    if args.out is not None:
+        folder = prepare_folder(args.out)
+        (folder / "advice.json").write_text(json.dumps(payload, indent=2) + "\n")
+        ids = [s.worker for s in found.stragglers]
+        import numpy as np
+
+        plot_heatmap(found.times, np.asarray(ids), found.persistent, folder / "heatmap.png")
+    if args.json:
+        json.dump(payload, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        _print(found)
+    return 0
+
+
+def _print(found: Advice) -> None:
+    console = Console(file=sys.stdout, width=140, highlight=False)
+    slow = [s for s in found.stragglers if s.verdict != "healthy"]
+    console.print(
+        f"{found.trace}: {found.times.shape[1]} trace workers, {found.times.shape[0]} "
+        f"iterations, advising for N={found.workers}"
+    )
+    for s in slow or []:
+        console.print(
+            f"  worker {s.worker}: {s.verdict}, score {s.score:.2f}, {s.slowdown:.2f}x the "
+            f"median worker, slower in {s.slower_share:.0%} of iterations (p={s.p_value:.2g})"
+        )
+    if not slow:
+        console.print("  no straggler: every worker is healthy")
+    c = found.cost
+    console.print(
+        f"sync E[T] {c.iteration_time:.4g} s vs mean worker time {c.mean_worker_time:.4g} s: "
+        f"{c.overhead:.4g} s per step ({c.overhead_share:.0%}) waiting for the slowest"
+    )
+    table = Table(title_justify="left")
+    for name in ("rank", "strategy", "E[T] (s)", "effective", "simulated", "method"):
+        table.add_column(name, justify="left" if name in ("strategy", "method") else "right")
+    for i, r in enumerate(found.ranked, start=1):
+        sim = "" if r.simulated is None else f"{r.simulated.effective_speedup:.3f}"
+        spec = r.as_dict()["spec"]
+        table.add_row(
+            str(i),
+            spec,
+            f"{r.row.iteration_time:.4g}",
+            f"{r.row.effective_speedup:.3f}",
+            sim,
+            r.row.method,
+        )
+    console.print(table)
+    console.print(f"recommendation: {found.recommendation}", soft_wrap=True)
+    console.print(found.reason, soft_wrap=True)
+    for note in found.notes:
+        console.print(f"note: {note}", soft_wrap=True)

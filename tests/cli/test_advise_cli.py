@@ -1,0 +1,63 @@
+"""`tailtrain advise`: the --json contract, --out files and one-line errors."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from tailtrain.cli import main
+from tailtrain.strategies.registry import parse_strategy
+
+
+def write_trace(path, times):
+    rows = [f"{i},{w},{t:.9f}" for (i, w), t in np.ndenumerate(times)]
+    path.write_text("iteration,worker,seconds\n" + "\n".join(rows) + "\n")
+    return path
+
+
+def run(argv, capsys):
+    try:
+        code = main(argv)
+    except SystemExit as exc:
+        code = exc.code
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_json_contract_and_out_folder(tmp_path, capsys):
+    times = np.random.default_rng(7).lognormal(0.0, 0.5, (40, 6))
+    times[:, 1] *= 3
+    path = write_trace(tmp_path / "t.csv", times)
+    code, out, err = run(
+        ["advise", "--trace", str(path), "--json", "--out", str(tmp_path / "o")], capsys
+    )
+    assert code == 0, err
+    payload = json.loads(out)
+    assert {"recommendation", "stragglers", "results"} <= set(payload)
+    parse_strategy(payload["recommendation"])
+    assert [s["worker"] for s in payload["stragglers"] if s["verdict"] == "persistent"] == [1]
+    assert all({"worker", "score", "verdict"} <= set(s) for s in payload["stragglers"])
+    for row in payload["results"]:
+        assert {"strategy", "k", "iteration_time", "speedup_vs_sync", "method", "spec"} <= set(row)
+        parse_strategy(row["spec"])
+    assert json.loads((tmp_path / "o" / "advice.json").read_text()) == payload
+    assert (tmp_path / "o" / "heatmap.png").stat().st_size > 0
+
+
+@pytest.mark.parametrize(
+    ("content", "extra", "message"),
+    [
+        (None, [], "cannot read trace file"),
+        ("iteration,worker,seconds\n0,0,abc\n", [], "not a number"),
+        ("iteration,worker,seconds\n0,0,1\n0,1,1\n", ["--workers", "0"], "--workers must be >= 1"),
+    ],
+)
+def test_bad_input_gets_one_line_and_status_2(tmp_path, capsys, content, extra, message):
+    path = tmp_path / "t.csv"
+    if content is not None:
+        path.write_text(content)
+    code, out, err = run(["advise", "--trace", str(path), *extra], capsys)
+    assert code == 2 and out == ""
+    assert message in err and err.count("\n") == 1
