@@ -190,6 +190,29 @@ def test_a_rank_that_computed_nothing_joins_with_weight_zero(results):
         assert row["workers"] == [n for n, c in enumerate(row["completed"]) if c > 0]
 
 
+def dropcompute_sgd(s: Scenario, completed: list[list[int]]) -> torch.Tensor:
+    """DropCompute Eq. (1): theta -= lr * (1/N) sum_n (1/M) sum of n's completed micro-batch
+    gradients, with each round's completed counts as the run recorded them."""
+    task, partition = world_data(s)
+    theta, m = task.init_params(SEED), s.micro_batches
+    for r, counts in enumerate(completed):
+        batches = job_batches(partition, SEED, task.batch_size, np.arange(N), np.full(N, r), m)
+        step = torch.zeros_like(theta)
+        for n, c in enumerate(counts):
+            for u in range(c):
+                step += batch_gradient(task, theta, batches[n, u]) / (m * N)
+        theta = theta - 0.1 * step
+    return theta
+
+
+@pytest.mark.timeout(120)
+def test_dropped_micro_batches_leave_the_average_as_in_eq_1(results):
+    result = results["preempt"][0]
+    completed = [row["completed"] for row in result.record.steps]
+    expected = dropcompute_sgd(CASES["preempt"][0], completed).numpy()
+    np.testing.assert_allclose(result.theta, expected, rtol=1e-5, atol=1e-6)
+
+
 # ---- (c) Algorithm 2 on gathered measurements ------------------------------------------------
 @pytest.mark.timeout(120)
 def test_every_rank_computes_the_same_tau_star(results):

@@ -16,9 +16,8 @@ virtual clock and the same rule object deciding (``runtime.control``):
    Under Local-SGD each finished local step updates the rank's local copy,
    theta_n <- theta_n - lr (1/M) sum of its micro-batch gradients.
 3. A small all-gather of [C_n, T~_n, injected seconds, t_n^(1..U)]: every rank builds
-   identical arrivals, so
-   every rank's ``select`` returns identical weights (the future protocol may fold this into
-   the weighted allreduce; see ``runtime.control``).
+   identical arrivals, so every rank's ``select`` returns identical weights (the coming
+   protocol may fold this into the weighted allreduce; see ``runtime.control``).
 4. One weighted allreduce (``runtime.reduce``) of [w_n G_n, w_n, loss sum, units,
    ||G_n||^2] with G_n = H A_n / C_n (``sim.allreduce_learner.worker_grads``); every rank
    applies theta <- theta - lr * lr_scale * sum_n w_n G_n / denominator. With w_n =
@@ -149,7 +148,7 @@ def start(config: TrainConfig, comm: Collectives) -> _Rank:
         learner=learner,
         injector=Injector(scenario, strategy, config.seed, comm.rank, config.inject),
         comm=comm,
-        log=RankLog(comm.rank),
+        log=RankLog(),
         trace=TraceRows(comm.rank, scenario.micro_batches is not None),
         record=RunRecord(),
     )
@@ -284,6 +283,7 @@ def account(run: _Rank, plan: Plan, ex: Exchange, timers: tuple, m: int) -> None
 
 def evaluate(run: _Rank) -> None:
     """Rank 0 evaluates (every rank holds the same theta); the others wait at a barrier."""
+    run.log.step = run.step
     if run.comm.rank == 0:
         scores = run.world.task.evaluate(run.learner.theta)
         run.record.add_eval({"step": run.step, "time": run.now, **scores})

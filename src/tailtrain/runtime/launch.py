@@ -49,8 +49,6 @@ from tailtrain.sim.allreduce_engine import build_process
 from tailtrain.sim.scenario import World
 from tailtrain.strategies.registry import parse_strategy
 
-log = logging.getLogger(__name__)
-
 MAX_LOCAL_WORKERS = 64
 WORKERS_PER_CORE = 8
 TORCHRUN_VARIABLES = ("RANK", "WORLD_SIZE", "MASTER_ADDR")
@@ -96,7 +94,12 @@ def train(config: TrainConfig, endpoint: str = "127.0.0.1:0") -> RankResult:
     local = not in_torchrun()
     validate(config, local=local)
     if not local:
-        return rank_entry([config], own_launcher=False)[0]
+        try:
+            return rank_entry([config], own_launcher=False)[0]
+        except UsageError:
+            raise
+        except Exception as exc:  # torchrun reports the job; this line says which rank and why
+            raise JobFailed(f"rank {os.environ['RANK']} failed: {one_line(exc)}") from exc
     return launch([config], reserve(parse_endpoint(endpoint)))[0][0]
 
 
@@ -136,21 +139,20 @@ def rank_entry(configs: list[TrainConfig], own_launcher: bool) -> list[RankResul
     gc.freeze()
     first = configs[0]
     torch.set_num_threads(first.threads)
-    if not logging.getLogger().handlers:  # spawned: nothing inherited
-        logging.basicConfig(
-            level=logging.INFO if first.verbose else logging.WARNING,
-            format="%(levelname)s %(name)s: %(message)s",
-        )
     comm = join(first)
-    try:
-        results = [train_allreduce(config, comm) for config in configs]
-    except Exception as exc:
-        # our launcher reports the failed rank itself; under torchrun this line is the report
-        level = logging.INFO if own_launcher else logging.ERROR
-        log.log(level, "rank %d failed: %s", comm.rank, one_line(exc))
-        raise
-    dist.destroy_process_group()
+    tag_logs(comm.rank, first.verbose)
+    results = [train_allreduce(config, comm) for config in configs]
+    dist.destroy_process_group()  # only on success: after a failure the launcher stops us
     return results
+
+
+def tag_logs(rank: int, verbose: bool) -> None:
+    """Every log line of this process names its rank (the rules' lines included)."""
+    root = logging.getLogger()
+    if not root.handlers:  # spawned: nothing inherited
+        logging.basicConfig(level=logging.INFO if verbose else logging.WARNING)
+    for handler in root.handlers:
+        handler.setFormatter(logging.Formatter(f"%(levelname)s rank {rank} %(name)s: %(message)s"))
 
 
 def join(config: TrainConfig) -> Collectives:

@@ -7,6 +7,7 @@
   ``sync_time`` and ``s_eff`` need the time of micro-batches that were never computed, so they
   are null in rounds that dropped work.
 * ``summary.json`` has simulate's keys, ``wall_time`` in place of ``virtual_time``.
+* Log lines name their rank (``launch.tag_logs``) and, from the runtime, their step.
 * ``trace-rank{r}.csv`` (per rank) and ``trace.csv`` (rank 0, all ranks) hold every counted
   unit's measured seconds in the format ``trace:path=`` reads
   (``iteration,worker[,micro_batch],seconds``; one iteration per local step), so a real run
@@ -54,15 +55,14 @@ def phase(name: str) -> Iterator[Timer]:
 
 
 class RankLog(logging.LoggerAdapter):
-    """Log lines tagged ``rank R step S``."""
+    """Log lines tagged ``step S`` (``launch.tag_logs`` puts the rank on every line)."""
 
-    def __init__(self, rank: int) -> None:
+    def __init__(self) -> None:
         super().__init__(logging.getLogger("tailtrain.runtime"), {})
-        self.rank = rank
         self.step = 0
 
     def process(self, msg: Any, kwargs: Any) -> tuple[Any, Any]:
-        return f"rank {self.rank} step {self.step}: {msg}", kwargs
+        return f"step {self.step}: {msg}", kwargs
 
 
 @dataclass(frozen=True)
