@@ -121,3 +121,16 @@ def test_a_port_in_use_is_one_line_and_exit_2(busy_port, capfd):
 def test_nccl_without_cuda_is_one_line_and_exit_2(capfd):
     code, _, err = run(["train", "--task", "logreg", "--workers", "2", "--backend", "nccl"], capfd)
     assert code == 2 and len(err.strip().splitlines()) == 1 and "CUDA" in err, err
+
+
+@pytest.mark.timeout(60)
+def test_an_unreachable_rendezvous_under_torchrun_is_one_line_and_exit_2(monkeypatch, capfd):
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    env = {"RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    code, out, err = run(["train", "--task", "logreg", "--timeout", "0.5"], capfd)
+    assert code == 2 and out == ""
+    assert len(err.strip().splitlines()) == 1 and "cannot reach the rendezvous" in err, err

@@ -10,6 +10,7 @@ from tailtrain.cli.train import workers
 from tailtrain.errors import UsageError
 from tailtrain.runtime.launch import (
     Endpoint,
+    check_rendezvous,
     in_torchrun,
     max_local_workers,
     parse_endpoint,
@@ -46,3 +47,23 @@ def test_workers_default_locally_and_follow_torchrun():
     with pytest.raises(UsageError, match="torchrun started 4"):
         workers(2, {"WORLD_SIZE": "4"})
     assert 1 <= max_local_workers() <= 64
+
+
+def closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_an_unreachable_torchrun_rendezvous_is_refused_in_one_line():
+    env = {"RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1"}
+    with pytest.raises(UsageError, match="cannot reach the rendezvous") as err:
+        check_rendezvous({**env, "MASTER_PORT": str(closed_port())}, timeout=0.3)
+    assert "\n" not in str(err.value)
+    with pytest.raises(UsageError, match="does not resolve"):
+        check_rendezvous({**env, "MASTER_ADDR": "no-such-host.invalid"}, timeout=0.3)
+
+
+def test_a_rank_0_outside_torchrun_hosts_the_store_itself():
+    env = {"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1"}
+    check_rendezvous({**env, "MASTER_PORT": str(closed_port())}, timeout=0.3)

@@ -32,6 +32,7 @@ import signal
 import socket
 import tempfile
 import threading
+import time
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -94,6 +95,7 @@ def train(config: TrainConfig, endpoint: str = "127.0.0.1:0") -> RankResult:
     local = not in_torchrun()
     validate(config, local=local)
     if not local:
+        check_rendezvous(os.environ, config.timeout)
         try:
             return rank_entry([config], own_launcher=False)[0]
         except UsageError:
@@ -203,6 +205,30 @@ def check_cuda(gpus: int) -> None:
             f"--backend nccl runs one rank per GPU: {gpus} ranks but "
             f"{torch.cuda.device_count()} GPUs; use fewer --workers or gloo"
         )
+
+
+def check_rendezvous(env: Mapping[str, str], timeout: float) -> None:
+    """Under torchrun: the store at MASTER_ADDR:MASTER_PORT resolves and answers (a rank 0
+    outside torchrun hosts it itself, so only the name is checked there)."""
+    host, port = env["MASTER_ADDR"], int(env.get("MASTER_PORT", "29500"))
+    try:
+        socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except (socket.gaierror, UnicodeError):
+        raise UsageError(f"the rendezvous host MASTER_ADDR={host!r} does not resolve") from None
+    if env["RANK"] == "0" and env.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            socket.create_connection((host, port), timeout=min(1.0, timeout)).close()
+            return
+        except OSError:
+            if time.monotonic() >= deadline:
+                raise UsageError(
+                    f"cannot reach the rendezvous at {host}:{port} within --timeout "
+                    f"{timeout:g}s; check MASTER_ADDR/MASTER_PORT"
+                ) from None
+            time.sleep(0.2)
 
 
 def parse_endpoint(text: str) -> Endpoint:
