@@ -29,6 +29,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--strategy", default="sync", help="sync, dropcompute[:...], local-sgd:period=H")
     add_scenario_arguments(p)
     p.set_defaults(workers=None)
+    for action in p._actions:  # the shared help speaks of simulated workers
+        if action.dest == "workers":
+            action.help = "local ranks N (default: 16; under torchrun, its WORLD_SIZE)"
+        if action.dest == "delay":
+            action.help = "seconds injected per unit of work, e.g. exp:rate=10 (default: none)"
     p.add_argument(
         "--seed", type=seed_value, default=0, help="seed of delays, data and init (default 0)"
     )
