@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from tailtrain import __version__
 from tailtrain.errors import TailtrainError
 
-SUBCOMMANDS = ("predict", "advise", "simulate", "compare")
+SUBCOMMANDS = ("predict", "advise", "simulate", "compare", "train")
 
 
 class OneLineErrorParser(argparse.ArgumentParser):
@@ -26,7 +26,7 @@ class OneLineErrorParser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     parser = OneLineErrorParser(
         prog="tailtrain",
-        description="Straggler-tolerant data-parallel training: predict, simulate, compare.",
+        description="Straggler-tolerant data-parallel training: predict, simulate, compare, train.",
     )
     parser.add_argument("--version", action="version", version=f"tailtrain {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="log progress details")
@@ -55,8 +55,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.threads < 1:
         parser.error(f"--threads must be >= 1, got {args.threads}")
     try:
-        if args.command in ("simulate", "compare", "advise"):
-            import torch  # only the simulator needs it; predict stays light
+        if args.command in ("simulate", "compare", "advise", "train"):
+            import torch  # only the simulator and the runtime need it; predict stays light
 
             torch.set_num_threads(args.threads)
         return int(args.run(args) or 0)

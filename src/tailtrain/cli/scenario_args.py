@@ -1,4 +1,4 @@
-"""Command-line flags shared by `simulate` and `compare`, and their conversion to a Scenario."""
+"""Command-line flags of `simulate`, `compare` and `train`, and their conversion to a Scenario."""
 
 from __future__ import annotations
 
@@ -7,6 +7,11 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # the simulator pulls in torch: import it only when a command runs
     from tailtrain.sim.scenario import Scenario
+
+
+#: the delay model when --delay is not given (None in the parsed args, so that `train` can
+#: tell "not given", which for it means: inject nothing)
+DEFAULT_DELAY = "shifted-exp:shift=0,scale=1"
 
 
 def add_scenario_arguments(p: argparse.ArgumentParser) -> None:
@@ -24,8 +29,8 @@ def add_scenario_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workers", type=int, default=16, help="simulated workers N (default: 16)")
     p.add_argument(
         "--delay",
-        default="shifted-exp:shift=0,scale=1",
-        help="compute-time model of one gradient, e.g. exp:rate=1 (default: %(default)s)",
+        default=None,
+        help=f"compute-time model of one gradient, e.g. exp:rate=1 (default: {DEFAULT_DELAY})",
     )
     p.add_argument(
         "--pattern",
@@ -111,7 +116,7 @@ def scenario_from_args(args: argparse.Namespace, *, default_iterations: int = 20
     return Scenario(
         task=args.task,
         workers=args.workers,
-        delay=args.delay,
+        delay=DEFAULT_DELAY if args.delay is None else args.delay,
         pattern=args.pattern,
         micro_batches=args.micro_batches,
         comm_time=args.comm_time,

@@ -56,8 +56,8 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def print_summary(summary: dict) -> None:
-    table = Table(title=f"tailtrain simulate: {summary['strategy']}", show_header=False)
+def print_summary(summary: dict, command: str = "simulate") -> None:
+    table = Table(title=f"tailtrain {command}: {summary['strategy']}", show_header=False)
     for key, value in summary.items():
         table.add_row(
             key,

@@ -1,0 +1,304 @@
+"""The allreduce topology of `tailtrain train`: sync, DropCompute and Local-SGD on real ranks.
+
+Rank n runs round r exactly like worker n of ``sim.allreduce_engine``, with wall time for the
+virtual clock and the same rule object deciding (``runtime.control``):
+
+1. ``plan``: tau, M, H (identical on every rank: same state).
+2. Compute (DropCompute Algorithm 1; Local-SGD App. B.3): the micro-batches of
+   ``sim.trainer.job_batches`` keyed by (seed, n, r), as in the simulator, one at a time with
+   the task's flat-parameter gradients; each unit then sleeps its injected seconds
+   (``runtime.inject``). The elapsed wall time of the round is compared with tau *between*
+   micro-batches: a device cannot abandon a micro-batch halfway. With ``stop=between`` this
+   is the simulator's convention exactly (unit u starts iff T^(u-1) <= tau), so parity runs
+   use ``stop=between``. With ``stop=preempt`` (the default) a unit counts iff it ends before
+   tau, T^(u) < tau, as in the simulator, and its injected sleep is cut at tau; but its real
+   compute cannot be cut, so the rank may leave after tau by up to one micro-batch.
+   Under Local-SGD each finished local step updates the rank's local copy,
+   theta_n <- theta_n - lr (1/M) sum of its micro-batch gradients.
+3. A small all-gather of [C_n, T~_n, injected seconds, t_n^(1..U)]: every rank builds
+   identical arrivals, so every rank's ``select`` returns identical weights (the coming
+   protocol may fold this into the weighted allreduce; see ``runtime.control``).
+4. One weighted allreduce (``runtime.reduce``) of [w_n G_n, w_n, loss sum, units,
+   ||G_n||^2] with G_n = H A_n / C_n (``sim.allreduce_learner.worker_grads``); every rank
+   applies theta <- theta - lr * lr_scale * sum_n w_n G_n / denominator. With w_n =
+   (C_n/(H M))/N this is the average of the local models.
+5. An all-gather of [wait, comm, round seconds]: T^c = the slowest rank's allreduce time and
+   the round's wall time = the slowest rank's, the same on every rank; then ``adapt`` with
+   the gathered unit times (Algorithm 2 for threshold=auto) and T^c.
+
+``time`` is the sum of the rounds' wall seconds (evaluation and bookkeeping excluded, as the
+simulator excludes them from virtual time). ``StepStats.mean_grad_sq`` would need a second
+D-vector in the allreduce and no allreduce rule reads it, so it is NaN here.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from tailtrain.errors import UsageError
+from tailtrain.runtime.config import TrainConfig
+from tailtrain.runtime.control import RuleDriver, Weighting, check_agreement
+from tailtrain.runtime.inject import InjectedFault, Injector, sleep
+from tailtrain.runtime.reduce import Collectives
+from tailtrain.runtime.telemetry import (
+    RankLog,
+    RoundTimes,
+    TraceRows,
+    phase,
+    round_row,
+    run_summary,
+    write_outputs,
+)
+from tailtrain.sim.allreduce_engine import build_learner, finished
+from tailtrain.sim.allreduce_learner import RoundLearner, worker_grads
+from tailtrain.sim.records import RunRecord
+from tailtrain.sim.scenario import World
+from tailtrain.strategies.base import ArrivalColumns, Plan, StepStats
+from tailtrain.strategies.registry import parse_strategy
+
+#: column of the first unit time in a gathered row [C_n, T~_n, injected, t_n^(1..U)]
+TIMES = 3
+
+
+@dataclass(frozen=True)
+class RankResult:
+    """What a rank hands back to the launcher: the run record (rank 0's has evals and the
+    summary) and the final parameters."""
+
+    rank: int
+    record: RunRecord
+    theta: np.ndarray
+
+
+@dataclass(frozen=True)
+class Work:
+    """This rank's round: units counted, compute seconds, of which injected, unit seconds
+    (NaN: not counted), G_n and the sum of the counted units' losses."""
+
+    done: int
+    compute: float
+    injected: float
+    times: np.ndarray
+    grad: torch.Tensor
+    loss_sum: float
+
+
+@dataclass(frozen=True)
+class Exchange:
+    """What the collectives of a round gave: gathered rows [C_n, T~_n, injected, t_n^(1..U)], the
+    arrivals built from them, the rule's weighting and the reduced [loss sum, units,
+    sum ||G_n||^2]."""
+
+    rows: np.ndarray
+    arrivals: ArrivalColumns
+    weighting: Weighting
+    extras: np.ndarray
+
+
+@dataclass
+class _Rank:
+    """Mutable state of one rank's run; lives only inside :func:`train_allreduce`."""
+
+    config: TrainConfig
+    world: World
+    rule: RuleDriver
+    learner: RoundLearner
+    injector: Injector
+    comm: Collectives
+    log: RankLog
+    trace: TraceRows
+    record: RunRecord
+    now: float = 0.0
+    step: int = 0
+
+
+def train_allreduce(config: TrainConfig, comm: Collectives) -> RankResult:
+    """Run ``config`` as rank ``comm.rank`` of ``comm.world_size``; returns this rank's result."""
+    run = start(config, comm)
+    evaluate(run)
+    while not finished(run.world, run, plan := run.rule.plan()):
+        one_round(run, plan)
+        if run.step % run.world.scenario.eval_every == 0:
+            evaluate(run)
+    if run.step % run.world.scenario.eval_every != 0:
+        evaluate(run)
+    return finish(run)
+
+
+def start(config: TrainConfig, comm: Collectives) -> _Rank:
+    scenario = config.scenario
+    if comm.world_size != scenario.workers:
+        raise UsageError(f"--workers {scenario.workers} but the job has {comm.world_size} ranks")
+    world = World.build(scenario, config.seed)
+    learner = build_learner(world, config.seed)
+    if learner is None:
+        raise UsageError(f"task {scenario.task!r} has no model to train; choose e.g. logreg")
+    strategy = parse_strategy(config.strategy)
+    # the first gradient call builds torch.func machinery: keep that out of round 0's time
+    world.task.grads(learner.theta, learner.batches(0, 1)[comm.rank])
+    return _Rank(
+        config=config,
+        world=world,
+        rule=RuleDriver(strategy, world.context),
+        learner=learner,
+        injector=Injector(scenario, strategy, config.seed, comm.rank, config.inject),
+        comm=comm,
+        log=RankLog(),
+        trace=TraceRows(comm.rank, scenario.micro_batches is not None),
+        record=RunRecord(),
+    )
+
+
+def one_round(run: _Rank, plan: Plan) -> None:
+    m = plan.micro_batches or run.world.scenario.micro_batches or 1
+    units = plan.local_steps * m
+    run.log.step = run.step
+    batches = run.learner.batches(run.step, units)
+    injected = run.injector.unit_times(plan.local_steps, m, run.now)
+    fault = run.config.fault
+    if fault is not None and (fault.rank, fault.step) == (run.comm.rank, run.step):
+        raise InjectedFault(f"rank {fault.rank} fails at step {fault.step} (--fail-at)")
+    started = time.perf_counter()
+    lr = run.world.lr * plan.lr_scale
+    with phase("compute"):
+        work = compute(run, plan, batches[run.comm.rank], injected, m, lr)
+    with phase("wait") as wait:
+        rows = run.comm.gather(
+            np.concatenate([[work.done, work.compute, work.injected], work.times])
+        )
+    arrivals = arrivals_of(run, rows, units)
+    weighting = run.rule.weights(arrivals, run.comm.rank)
+    with phase("reduce") as reduce:
+        extras = reduce_and_apply(run, work, weighting, lr)
+    if plan.requeue_dropped:
+        run.learner.requeue(batches, rows[:, 0].astype(np.int64))
+    account(run, plan, Exchange(rows, arrivals, weighting, extras), (wait, reduce, started), m)
+    run.trace.add(run.step, m, plan.local_steps, work.times)
+    run.step += 1
+
+
+def compute(
+    run: _Rank, plan: Plan, batches: np.ndarray, injected: np.ndarray, m: int, lr: float
+) -> Work:
+    """This rank's units in order, the threshold checked between them (module docstring)."""
+    task, tau, preempt = run.world.task, plan.threshold, plan.preempt
+    local = run.learner.theta
+    total, step_sum = torch.zeros_like(local), torch.zeros_like(local)
+    times = np.full(len(batches), np.nan)
+    loss_sum, slept, start = 0.0, 0.0, time.perf_counter()
+    for u, batch in enumerate(batches):
+        if not may_start(time.perf_counter() - start, tau, preempt):
+            break
+        began = time.perf_counter()
+        loss, grad = task.grads(local, batch[None])
+        counts, seconds = sleep_injected(time.perf_counter() - start, injected[u], tau, preempt)
+        slept += seconds
+        if not counts:
+            break
+        times[u] = time.perf_counter() - began
+        total += grad[0]
+        step_sum += grad[0]
+        loss_sum += float(loss[0])
+        if (u + 1) % m == 0 and u + 1 < len(batches):  # a local step ends (Local-SGD)
+            local = local - lr * step_sum / m
+            step_sum.zero_()
+    done = int(np.count_nonzero(~np.isnan(times)))
+    grad = worker_grads(total[None], np.array([done]), plan.local_steps)[0]
+    return Work(done, time.perf_counter() - start, slept, times, grad, loss_sum)
+
+
+def may_start(elapsed: float, tau: float, preempt: bool) -> bool:
+    """Between units: start one iff it can still count (allreduce_timing's conventions)."""
+    return elapsed < tau if preempt else elapsed <= tau
+
+
+def sleep_injected(
+    elapsed: float, injected: float, tau: float, preempt: bool
+) -> tuple[bool, float]:
+    """Sleep a unit's injected seconds: (whether the unit counts, seconds slept). Preempting,
+    a unit that would end at tau or later sleeps only up to tau and does not count
+    (Algorithm 1)."""
+    if preempt and elapsed + injected >= tau:
+        seconds = max(0.0, tau - elapsed)
+        sleep(seconds)
+        return False, seconds
+    sleep(injected)
+    return True, float(injected)
+
+
+def arrivals_of(run: _Rank, rows: np.ndarray, units: int) -> ArrivalColumns:
+    """The round's arrivals, built from gathered rows: identical on every rank."""
+    n = len(rows)
+    return ArrivalColumns(
+        np.arange(n),
+        np.full(n, run.step),
+        np.full(n, run.now),
+        run.now + rows[:, 1],
+        units=rows[:, 0] / units,
+    )
+
+
+def reduce_and_apply(run: _Rank, work: Work, weighting: Weighting, lr: float) -> np.ndarray:
+    """The weighted allreduce and the update; returns [loss sum, units, sum ||G_n||^2]."""
+    active = work.done > 0
+    gsq = float(work.grad @ work.grad) if active else 0.0
+    reduced = run.comm.weighted_sum(work.grad, weighting.weight, (work.loss_sum, work.done, gsq))
+    sleep(run.injector.comm_time())
+    check_agreement(weighting.total, reduced.total)
+    run.learner.theta = run.learner.theta - lr * reduced.numerator / weighting.denominator
+    return reduced.extras
+
+
+def account(run: _Rank, plan: Plan, ex: Exchange, timers: tuple, m: int) -> None:
+    """Agree on the round's wall time and T^c, then ``adapt`` and record the row."""
+    wait, reduce, started = timers
+    spent = time.perf_counter() - started
+    timing = run.comm.gather(np.array([wait.seconds, reduce.seconds, spent]))
+    comm, elapsed = float(timing[:, 1].max()), float(timing[:, 2].max())
+    loss_sum, units_done, gsq = ex.extras
+    stats = StepStats(
+        step=run.step,
+        version=run.step + 1,
+        time=run.now + elapsed,
+        k=plan.k,
+        arrivals=ex.arrivals,
+        used=tuple(ex.weighting.used),
+        loss=loss_sum / units_done if units_done > 0 else math.nan,
+        grad_sq_sum=gsq if units_done > 0 else math.nan,
+        lr=run.world.lr * plan.lr_scale,
+        micro_batch_times=ex.rows[:, TIMES:],
+        comm_time=comm,
+    )
+    run.rule.adapt(stats)
+    done = ex.rows[:, 0].astype(np.int64)
+    times = RoundTimes(done, ex.rows[:, 1], ex.rows[:, 2], timing[:, 0], timing[:, 1])
+    run.record.add_step(round_row(plan, stats, times, ex.weighting.used, m))
+    run.now = stats.time
+
+
+def evaluate(run: _Rank) -> None:
+    """Rank 0 evaluates (every rank holds the same theta); the others wait at a barrier."""
+    run.log.step = run.step
+    if run.comm.rank == 0:
+        scores = run.world.task.evaluate(run.learner.theta)
+        run.record.add_eval({"step": run.step, "time": run.now, **scores})
+        run.log.info("train loss %.4f at %.3fs", scores["train_loss"], run.now)
+    run.comm.barrier()
+
+
+def finish(run: _Rank) -> RankResult:
+    """Gather the traces on rank 0, write the outputs, summarise."""
+    table = run.trace.table()
+    tables = run.comm.gather_objects(table) if run.config.out is not None else None
+    if run.comm.rank == 0:
+        run.record.summary = run_summary(run.world, run.rule.strategy, run.record)
+    if run.config.out is not None:
+        lead = run.comm.rank == 0
+        trace = np.concatenate(tables) if lead and tables else None
+        write_outputs(run.config.out, run.record if lead else None, trace, run.trace)
+    return RankResult(run.comm.rank, run.record, run.learner.theta.numpy().copy())

@@ -1,0 +1,56 @@
+"""Injected delays and faults: the simulator's seeded delay process, slept for real.
+
+Every rank builds the simulator's own sampler, ``DelayProcess(delay, pattern, seed, N, M)``
+read round by round through ``sim.allreduce_timing.RoundClock`` (one delay-process iteration
+per local step, the first M columns of each), and keeps column ``rank``. So worker w's j-th
+unit sleeps exactly the seconds the simulator charges it, on top of its real compute, and a
+measured unit time is compute + injected. ``--comm-time`` draws come from the clock's own
+stream and are slept after the allreduce. Without ``--delay`` nothing is injected.
+
+Time-scheduled patterns (``slowdown``) are evaluated at the round's start on the run's agreed
+wall clock, and at each unit's start with the injected seconds before it, as the simulator
+does with virtual time.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from tailtrain.delays.comm import parse_comm_time
+from tailtrain.sim.allreduce_engine import build_process
+from tailtrain.sim.allreduce_timing import RoundClock
+from tailtrain.sim.scenario import Scenario
+from tailtrain.strategies.base import Strategy
+
+
+class InjectedFault(RuntimeError):
+    """Raised on purpose by fault injection (``--fail-at RANK:STEP``)."""
+
+
+class Injector:
+    """This rank's injected unit seconds and the shared communication draws."""
+
+    def __init__(
+        self, scenario: Scenario, strategy: Strategy, seed: int, rank: int, delays: bool
+    ) -> None:
+        process = build_process(scenario, strategy, seed)
+        self.rank = rank
+        self.delays = delays
+        self.clock = RoundClock(process, parse_comm_time(scenario.comm_time), seed)
+
+    def unit_times(self, local_steps: int, micro_batches: int, start: float) -> np.ndarray:
+        """Injected seconds (H*M,) of this rank's units in the round starting at ``start``."""
+        if not self.delays:
+            return np.zeros(local_steps * micro_batches)
+        return self.clock.take(local_steps, micro_batches, start)[self.rank]
+
+    def comm_time(self) -> float:
+        """Injected communication seconds of this round (the same draw on every rank)."""
+        return self.clock.next_comm()
+
+
+def sleep(seconds: float) -> None:
+    if seconds > 0:
+        time.sleep(seconds)

@@ -1,0 +1,308 @@
+"""Starting `tailtrain train`, the PyTorch way: one rank under torchrun, or N local ranks.
+
+* Under ``torchrun`` (``RANK``, ``WORLD_SIZE`` and ``MASTER_ADDR`` in the environment) this
+  process is one rank of that job: it joins the process group by ``env://``.
+* Otherwise ``--workers N`` starts N local processes with torch's elastic launcher
+  (``torch.distributed.launcher.api.elastic_launch``), a static rendezvous hosted on
+  ``--rdzv-endpoint`` (127.0.0.1 and a free port by default), no restarts. Gloo ranks are
+  forked, which shares the parent's imported torch (spawning re-imports it: seconds per rank
+  on a small machine); NCCL ranks are spawned, as CUDA cannot be used after a fork.
+
+Everything that can be checked is checked before anything starts: the strategy's topology,
+the scenario, task and delays (by building them once), the number of local ranks (at most
+``MAX_LOCAL_WORKERS`` and ``WORKERS_PER_CORE`` per CPU core: each rank is a whole Python
+process with its own copy of the data), the backend, CUDA for nccl, and that the rendezvous
+address is this machine's and its port is free. Those errors are one-line ``UsageError``\\ s.
+
+A rank that fails stops the job: the launcher kills the other ranks (they take SIGTERM's
+default action, even inside a collective) and :class:`JobFailed` names the failed rank in one
+line. Ranks that only saw a collective fail wait a moment first (``runtime.reduce``), so the
+rank named is the one that failed first. A hung rank makes the others' collectives time out
+after ``--timeout`` seconds.
+"""
+
+from __future__ import annotations
+
+import datetime
+import errno
+import gc
+import logging
+import os
+import signal
+import socket
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from tailtrain.errors import TailtrainError, UsageError
+from tailtrain.runtime.allreduce import RankResult, train_allreduce
+from tailtrain.runtime.config import TrainConfig
+from tailtrain.runtime.control import check_topology
+from tailtrain.runtime.reduce import Collectives
+from tailtrain.sim.allreduce_engine import build_process
+from tailtrain.sim.scenario import World
+from tailtrain.strategies.registry import parse_strategy
+
+MAX_LOCAL_WORKERS = 64
+WORKERS_PER_CORE = 8
+TORCHRUN_VARIABLES = ("RANK", "WORLD_SIZE", "MASTER_ADDR")
+#: torch loggers that narrate the launch; quiet unless --verbose (we report failures ourselves)
+LAUNCH_LOGGERS = (
+    "torch.distributed.elastic",
+    "torch.distributed.launcher",
+    "torch.multiprocessing",
+)
+#: signals the elastic agent handles in the launching process (and does not restore)
+AGENT_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
+
+
+class JobFailed(TailtrainError):
+    """A rank failed; the message names it in one line."""
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    host: str
+    port: int
+
+    def __str__(self) -> str:
+        return f"{self.host}:{self.port}"
+
+
+# ---- what runs where ---------------------------------------------------------------------------
+def in_torchrun(env: Mapping[str, str] = os.environ) -> bool:
+    """Whether this process is a rank of a job someone else launched (torchrun, env://)."""
+    return all(name in env for name in TORCHRUN_VARIABLES)
+
+
+def default_backend() -> str:
+    return "nccl" if torch.cuda.is_available() else "gloo"
+
+
+def max_local_workers() -> int:
+    return min(MAX_LOCAL_WORKERS, (os.cpu_count() or 1) * WORKERS_PER_CORE)
+
+
+def train(config: TrainConfig, endpoint: str = "127.0.0.1:0") -> RankResult:
+    """Run ``config``; returns rank 0's result (this rank's under torchrun)."""
+    local = not in_torchrun()
+    validate(config, local=local)
+    if not local:
+        check_rendezvous(os.environ, config.timeout)
+        try:
+            return rank_entry([config], own_launcher=False)[0]
+        except UsageError:
+            raise
+        except Exception as exc:  # torchrun reports the job; this line says which rank and why
+            raise JobFailed(f"rank {os.environ['RANK']} failed: {one_line(exc)}") from exc
+    return launch([config], reserve(parse_endpoint(endpoint)))[0][0]
+
+
+def launch(configs: Sequence[TrainConfig], endpoint: Endpoint) -> dict[int, list[RankResult]]:
+    """Run ``configs`` one after the other in one local job; every rank's results by rank."""
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    first = configs[0]
+    with tempfile.TemporaryDirectory(prefix="tailtrain-") as logs, quiet(first.verbose):
+        spec = LaunchConfig(
+            min_nodes=1,
+            max_nodes=1,
+            nproc_per_node=first.scenario.workers,
+            run_id=f"tailtrain-{uuid.uuid4().hex[:12]}",
+            rdzv_backend="static",
+            rdzv_endpoint=str(endpoint),
+            rdzv_configs={"rank": 0, "timeout": max(1, round(first.timeout))},
+            max_restarts=0,
+            monitor_interval=0.1,
+            start_method="spawn" if first.backend == "nccl" else "fork",
+            logs_specs=DefaultLogsSpecs(log_dir=logs),
+        )
+        try:
+            return elastic_launch(spec, rank_entry)(list(configs), True)
+        except ChildFailedError as exc:
+            raise JobFailed(describe_failure(exc)) from None
+
+
+def rank_entry(configs: list[TrainConfig], own_launcher: bool) -> list[RankResult]:
+    """One rank: join the process group, run every config in turn, leave."""
+    if own_launcher:  # die at once when our launcher stops the job, even inside a collective
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    # a forked rank's first full collection would touch, and so copy, the parent's whole heap
+    # (hundreds of ms, in the middle of a timed round); the inherited objects are not garbage
+    gc.freeze()
+    first = configs[0]
+    torch.set_num_threads(first.threads)
+    comm = join(first)
+    tag_logs(comm.rank, first.verbose)
+    results = [train_allreduce(config, comm) for config in configs]
+    dist.destroy_process_group()  # only on success: after a failure the launcher stops us
+    return results
+
+
+def tag_logs(rank: int, verbose: bool) -> None:
+    """Every log line of this process names its rank (the rules' lines included)."""
+    root = logging.getLogger()
+    if not root.handlers:  # spawned: nothing inherited
+        logging.basicConfig(level=logging.INFO if verbose else logging.WARNING)
+    for handler in root.handlers:
+        handler.setFormatter(logging.Formatter(f"%(levelname)s rank {rank} %(name)s: %(message)s"))
+
+
+def join(config: TrainConfig) -> Collectives:
+    """init_process_group by env://, with ``--timeout`` on the rendezvous and collectives."""
+    device = torch.device("cpu")
+    if config.backend == "nccl":
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        torch.cuda.set_device(device)
+    where = f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}"
+    try:
+        dist.init_process_group(
+            config.backend,
+            init_method="env://",
+            timeout=datetime.timedelta(seconds=config.timeout),
+        )
+    except (RuntimeError, ValueError, TimeoutError) as exc:
+        raise UsageError(
+            f"cannot join the rendezvous at {where} within {config.timeout:g}s: {one_line(exc)}"
+        ) from None
+    return Collectives(dist.get_rank(), dist.get_world_size(), device)
+
+
+# ---- checks before anything starts -------------------------------------------------------------
+def validate(config: TrainConfig, *, local: bool) -> None:
+    """Every check that needs no other process (module docstring)."""
+    scenario = config.scenario
+    strategy = parse_strategy(config.strategy)
+    check_topology(strategy)
+    if local and scenario.workers > max_local_workers():
+        raise UsageError(
+            f"--workers {scenario.workers} local processes is too many: at most "
+            f"{max_local_workers()} here ({WORKERS_PER_CORE} per CPU core, "
+            f"{MAX_LOCAL_WORKERS} in all); use torchrun across machines for more"
+        )
+    if config.backend == "nccl":
+        check_cuda(scenario.workers if local else 1)
+    world = World.build(scenario, config.seed)  # loads the task and reads trace files
+    if not world.task.has_model:
+        raise UsageError(f"task {scenario.task!r} has no model to train; choose e.g. logreg")
+    build_process(scenario, strategy, config.seed)
+
+
+def check_cuda(gpus: int) -> None:
+    if not torch.cuda.is_available():
+        raise UsageError("--backend nccl needs CUDA GPUs and none is available; use gloo")
+    if torch.cuda.device_count() < gpus:
+        raise UsageError(
+            f"--backend nccl runs one rank per GPU: {gpus} ranks but "
+            f"{torch.cuda.device_count()} GPUs; use fewer --workers or gloo"
+        )
+
+
+def check_rendezvous(env: Mapping[str, str], timeout: float) -> None:
+    """Under torchrun: the store at MASTER_ADDR:MASTER_PORT resolves and answers (a rank 0
+    outside torchrun hosts it itself, so only the name is checked there)."""
+    host, port = env["MASTER_ADDR"], int(env.get("MASTER_PORT", "29500"))
+    try:
+        socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except (socket.gaierror, UnicodeError):
+        raise UsageError(f"the rendezvous host MASTER_ADDR={host!r} does not resolve") from None
+    if env["RANK"] == "0" and env.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            socket.create_connection((host, port), timeout=min(1.0, timeout)).close()
+            return
+        except OSError:
+            if time.monotonic() >= deadline:
+                raise UsageError(
+                    f"cannot reach the rendezvous at {host}:{port} within --timeout "
+                    f"{timeout:g}s; check MASTER_ADDR/MASTER_PORT"
+                ) from None
+            time.sleep(0.2)
+
+
+def parse_endpoint(text: str) -> Endpoint:
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise UsageError(f"--rdzv-endpoint {text!r} must be HOST:PORT with PORT in 0..65535")
+    return Endpoint(host.strip("[]"), int(port))
+
+
+def reserve(endpoint: Endpoint) -> Endpoint:
+    """Check that the local launcher can host the rendezvous there; port 0 picks a free one.
+
+    The port is released again before the launcher binds it (as PyTorch's own tests do).
+    """
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(
+            endpoint.host, endpoint.port, type=socket.SOCK_STREAM
+        )[0]
+    except (socket.gaierror, UnicodeError):
+        raise UsageError(f"--rdzv-endpoint host {endpoint.host!r} does not resolve") from None
+    with socket.socket(family, kind, proto) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(address)
+        except OSError as exc:
+            raise UsageError(unusable(endpoint, exc)) from None
+        return Endpoint(endpoint.host, sock.getsockname()[1])
+
+
+def unusable(endpoint: Endpoint, exc: OSError) -> str:
+    if exc.errno == errno.EADDRINUSE:
+        return f"--rdzv-endpoint port {endpoint.port} is in use; choose another, or 0 (a free one)"
+    if exc.errno == errno.EADDRNOTAVAIL:
+        return (
+            f"--rdzv-endpoint {endpoint} is unreachable: {endpoint.host} is not an address of "
+            "this machine, and a local launch hosts the rendezvous itself (use torchrun "
+            "across machines)"
+        )
+    return f"--rdzv-endpoint {endpoint} cannot be used: {exc.strerror}"
+
+
+# ---- failures ----------------------------------------------------------------------------------
+def describe_failure(exc: Exception) -> str:
+    """One line naming the first rank that failed and why (from torch elastic's error file)."""
+    rank, failure = exc.get_first_failure()  # type: ignore[attr-defined]
+    message = failure.message
+    if isinstance(message, dict):
+        message = message.get("message", "")
+    text = one_line(str(message)) if message else f"exit code {failure.exitcode}"
+    return f"rank {rank} failed: {text}"
+
+
+def one_line(exc: BaseException | str) -> str:
+    text = str(exc).strip()
+    if isinstance(exc, BaseException):
+        text = f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+    return text.splitlines()[0] if text else "no message"
+
+
+@contextmanager
+def quiet(verbose: bool) -> Iterator[None]:
+    """Silence torch's launch narration (it logs a traceback per failure) unless verbose,
+    and give back the signal handlers the elastic agent installs in this process."""
+    loggers = [logging.getLogger(name) for name in LAUNCH_LOGGERS]
+    levels = [logger.level for logger in loggers]
+    handlers = {sig: signal.getsignal(sig) for sig in AGENT_SIGNALS}
+    if not verbose:
+        for logger in loggers:
+            logger.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        for logger, level in zip(loggers, levels, strict=True):
+            logger.setLevel(level)
+        if threading.current_thread() is threading.main_thread():
+            for sig, handler in handlers.items():
+                signal.signal(sig, handler)

@@ -1,0 +1,96 @@
+"""Collectives of the runtime: the weighted allreduce and the small all-gathers around it.
+
+* :meth:`Collectives.weighted_sum` is the hivemind-style weighted allreduce: one
+  ``all_reduce(SUM)`` of the flat buffer ``[w_n g_n (D values), w_n, extras...]`` gives
+  ``sum_n w_n g_n`` and ``sum_n w_n`` (and sums of per-rank scalars such as losses) on every
+  rank. It serves every weighting: sync (w = 1/N), DropCompute (w = C_n/(M N) or
+  C_n/sum C), Local-SGD's model average. A rank that computed nothing joins with w_n = 0, so
+  nobody waits for a collective that never comes.
+* :meth:`Collectives.gather` all-gathers one small float64 row per rank (counts, times), so
+  that every rank feeds the rule identical arrivals.
+
+A collective that fails because a peer died raises :class:`PeerFailure` on the survivors only
+after ``grace`` seconds: the launcher, which stops the job at the first failed rank, then
+names the rank that failed first instead of one that merely lost its partner.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any, NamedTuple
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+log = logging.getLogger(__name__)
+
+#: seconds a rank whose collective failed waits before it fails too (see the module docstring)
+GRACE = 2.0
+
+
+class PeerFailure(RuntimeError):
+    """A collective failed, most likely because another rank died or timed out."""
+
+
+class WeightedSum(NamedTuple):
+    """``numerator`` = sum_n w_n g_n, ``total`` = sum_n w_n, ``extras`` summed over ranks."""
+
+    numerator: torch.Tensor
+    total: float
+    extras: np.ndarray
+
+
+class Collectives:
+    """The process group's collectives on ``device`` (CPU for gloo, this rank's GPU for nccl)."""
+
+    def __init__(self, rank: int, world_size: int, device: torch.device, grace: float = GRACE):
+        self.rank = rank
+        self.world_size = world_size
+        self.device = device
+        self.grace = grace
+
+    def gather(self, row: np.ndarray) -> np.ndarray:
+        """All ranks' rows, (N, len(row)) float64, identical on every rank."""
+        mine = torch.as_tensor(np.asarray(row, dtype=np.float64), device=self.device)
+        parts = [torch.empty_like(mine) for _ in range(self.world_size)]
+        with self._guard("all_gather"):
+            dist.all_gather(parts, mine)
+        return torch.stack(parts).cpu().numpy()
+
+    def weighted_sum(
+        self, grad: torch.Tensor, weight: float, extras: Sequence[float] = ()
+    ) -> WeightedSum:
+        """sum_n w_n g_n and sum_n w_n in one all_reduce, plus the sums of ``extras``."""
+        tail = torch.tensor([weight, *extras], dtype=grad.dtype)
+        buffer = torch.cat([weight * grad, tail]).to(self.device)
+        with self._guard("all_reduce"):
+            dist.all_reduce(buffer, op=dist.ReduceOp.SUM)
+        buffer = buffer.cpu()
+        dim = grad.numel()
+        return WeightedSum(buffer[:dim], float(buffer[dim]), buffer[dim + 1 :].double().numpy())
+
+    def barrier(self) -> None:
+        """A one-element allreduce: works on every backend without device ids."""
+        with self._guard("barrier"):
+            dist.all_reduce(torch.zeros(1, device=self.device))
+
+    def gather_objects(self, obj: Any) -> list[Any] | None:
+        """Every rank's ``obj`` on rank 0 (None elsewhere)."""
+        out = [None] * self.world_size if self.rank == 0 else None
+        with self._guard("gather_object"):
+            dist.gather_object(obj, out, dst=0)
+        return out
+
+    @contextmanager
+    def _guard(self, name: str) -> Iterator[None]:
+        try:
+            yield
+        except Exception as exc:  # gloo and nccl raise plain RuntimeErrors
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            log.info("rank %d: %s failed (%s); waiting %gs", self.rank, name, first, self.grace)
+            time.sleep(self.grace)
+            raise PeerFailure(f"{name} failed, a peer may have died: {first}") from exc

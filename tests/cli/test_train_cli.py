@@ -1,0 +1,136 @@
+"""`tailtrain train` from the command line: simulate's flags, its outputs, one-line errors."""
+
+from __future__ import annotations
+
+import json
+import socket
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from tailtrain.cli import main
+from tailtrain.delays.trace import read_trace
+
+DELAY = "const:value=0.06"
+PATTERN = "rotating:low=0,high=0.12"  # partial sums >= 30 ms from tau = 0.15
+FLAGS = [
+    "--task", "logreg",
+    "--workers", "3",
+    "--micro-batches", "2",
+    "--delay", DELAY,
+    "--pattern", PATTERN,
+    "--strategy", "dropcompute:threshold=0.15,stop=between",
+    "--iterations", "20",
+    "--eval-every", "10",
+    "--seed", "3",
+]  # fmt: skip
+
+
+def run(argv, capfd):
+    try:
+        code = main(argv)
+    except SystemExit as exc:  # argparse errors
+        code = exc.code
+    out, err = capfd.readouterr()
+    return code, out, err
+
+
+@pytest.mark.timeout(120)
+def test_train_with_simulates_flags_makes_its_decisions_and_records(tmp_path, capfd):
+    code, out, err = run(["train", *FLAGS, "--out", str(tmp_path / "train"), "--json"], capfd)
+    assert code == 0, err
+    trained = json.loads(out)
+    code, out, _ = run(
+        ["simulate", *FLAGS, "--out", str(tmp_path / "sim"), "--json", "--no-progress"], capfd
+    )
+    simulated = json.loads(out)
+    assert set(trained) == (set(simulated) - {"virtual_time"}) | {"wall_time"}
+    steps = pd.read_json(tmp_path / "train" / "steps.jsonl", lines=True)
+    sim_steps = pd.read_json(tmp_path / "sim" / "steps.jsonl", lines=True)
+    extra = {"rank_compute", "rank_injected", "rank_wait", "rank_comm"}
+    assert set(sim_steps.columns) | extra == set(steps.columns)
+    # rounds where a rank spent >= 30 ms outside its injected sleeps (a stalled machine) do
+    # not test the rule: there the real time, not the injected, decides
+    real = np.array(steps["rank_compute"].tolist()) - np.array(steps["rank_injected"].tolist())
+    keep = real.max(axis=1) < 0.03
+    assert keep.mean() >= 0.75
+    pairs = zip(steps["completed"][keep], sim_steps["completed"][keep], strict=True)
+    assert np.mean([a == b for a, b in pairs]) >= 0.95
+    evals = pd.read_json(tmp_path / "train" / "evals.jsonl", lines=True)
+    assert evals["step"].tolist() == [0, 10, 20]
+    trace = read_trace(tmp_path / "train" / "trace.csv")
+    assert trace.micro_batch is not None
+    assert trace.seconds.size == sum(map(sum, steps["completed"]))
+    assert sorted(set(trace.worker.tolist())) == [0, 1, 2]
+    for rank in range(3):
+        assert read_trace(tmp_path / "train" / f"trace-rank{rank}.csv").seconds.size > 0
+
+
+@pytest.mark.timeout(60)
+def test_a_crashing_rank_fails_the_job_naming_the_rank(capfd):
+    argv = ["train", "--task", "logreg", "--workers", "3", "--iterations", "6"]
+    code, out, err = run([*argv, "--fail-at", "1:2", "--timeout", "30"], capfd)
+    assert code != 0 and out == ""
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "rank 1 failed" in lines[0] and "step 2" in lines[0], err
+
+
+@pytest.fixture
+def busy_port():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        yield sock.getsockname()[1]
+
+
+BAD = {
+    "no workers": (["--workers", "0"], "--workers"),
+    "too many workers": (["--workers", "100000"], "too many"),
+    "unknown backend": (["--backend", "mpi"], "--backend"),
+    "zero timeout": (["--timeout", "0"], "--timeout"),
+    "not allreduce": (["--strategy", "k-sync:k=2"], "topology"),
+    "pattern without delay": (["--pattern", "persistent:h=2"], "--delay"),
+    "no model": (["--task", "none"], "no model"),
+    "bad fault": (["--fail-at", "one"], "RANK:STEP"),
+    "bad endpoint": (["--rdzv-endpoint", "localhost"], "HOST:PORT"),
+    "remote endpoint": (["--rdzv-endpoint", "192.0.2.1:29500"], "unreachable"),
+}
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("name", BAD)
+def test_bad_input_is_one_line_and_exit_2(name, capfd):
+    flags, needle = BAD[name]
+    code, out, err = run(["train", "--task", "logreg", "--workers", "2", *flags], capfd)
+    assert code == 2 and out == ""
+    assert len(err.strip().splitlines()) == 1 and needle in err, err
+
+
+@pytest.mark.timeout(60)
+def test_a_port_in_use_is_one_line_and_exit_2(busy_port, capfd):
+    flags = ["--task", "logreg", "--workers", "2", "--rdzv-endpoint", f"127.0.0.1:{busy_port}"]
+    code, out, err = run(["train", *flags], capfd)
+    assert out == ""
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "in use" in err, err
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message without CUDA")
+def test_nccl_without_cuda_is_one_line_and_exit_2(capfd):
+    code, _, err = run(["train", "--task", "logreg", "--workers", "2", "--backend", "nccl"], capfd)
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "CUDA" in err, err
+
+
+@pytest.mark.timeout(60)
+def test_an_unreachable_rendezvous_under_torchrun_is_one_line_and_exit_2(monkeypatch, capfd):
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    env = {"RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    code, out, err = run(["train", "--task", "logreg", "--timeout", "0.5"], capfd)
+    assert code == 2 and out == ""
+    assert len(err.strip().splitlines()) == 1 and "cannot reach the rendezvous" in err, err

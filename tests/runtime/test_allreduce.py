@@ -1,0 +1,223 @@
+"""The allreduce topology on real gloo ranks: SGD equivalence, decisions as simulated, tau*.
+
+One local job of three ranks runs every configuration in turn (a launch costs seconds here),
+and the tests read its per-rank results. The references are written from the definitions:
+synchronous SGD on the concatenated mini-batches, and Local-SGD's average of local models.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from tailtrain.runtime.config import TrainConfig
+from tailtrain.runtime.launch import Endpoint, launch, reserve
+from tailtrain.sim.allreduce_engine import simulate_allreduce
+from tailtrain.sim.scenario import Scenario
+from tailtrain.sim.trainer import job_batches
+from tailtrain.strategies.registry import parse_strategy
+from tailtrain.tasks import parse_partition, parse_task
+
+N = 3
+SEED = 5
+#: injected unit seconds: 0.06 each, plus 0, 0.06 or 0.12 on an iteration's first unit,
+#: rotating over the ranks; with tau = 0.15 every partial sum lies >= MARGIN from tau
+DELAY = "const:value=0.06"
+PATTERN = "rotating:low=0,high=0.12"
+TAU = 0.15
+MARGIN = 0.03
+PARITY_ROUNDS = 20
+
+
+def scenario(**kw) -> Scenario:
+    base = {"task": "logreg", "workers": N, "iterations": 3, "eval_every": 100}
+    return Scenario(**{**base, **kw})
+
+
+CASES = {
+    "sync": (scenario(), "sync", False),
+    "dropcompute-inf": (scenario(micro_batches=2), "dropcompute:threshold=inf", False),
+    "local-sgd-1": (scenario(micro_batches=2), "local-sgd:period=1", False),
+    "local-sgd-2": (scenario(iterations=2), "local-sgd:period=2", False),
+    "between": (
+        scenario(delay=DELAY, pattern=PATTERN, micro_batches=2, iterations=PARITY_ROUNDS),
+        f"dropcompute:threshold={TAU},stop=between",
+        True,
+    ),
+    "preempt": (
+        scenario(delay=DELAY, pattern=PATTERN, micro_batches=2, iterations=PARITY_ROUNDS),
+        f"dropcompute:threshold={TAU}",
+        True,
+    ),
+    "local-sgd-between": (
+        scenario(delay=DELAY, pattern=PATTERN, iterations=PARITY_ROUNDS),
+        f"local-sgd:period=2,threshold={TAU},stop=between",
+        True,
+    ),
+    "auto": (
+        scenario(
+            delay="const:value=0.02",
+            pattern="rotating:low=0,high=0.06",
+            micro_batches=2,
+            iterations=5,
+        ),
+        "dropcompute:calibrate=3",
+        True,
+    ),
+}
+NAMES = list(CASES)
+
+
+@pytest.fixture(scope="module")
+def results():
+    configs = [
+        TrainConfig(scenario=s, strategy=text, seed=SEED, inject=inject, timeout=60)
+        for s, text, inject in CASES.values()
+    ]
+    by_rank = launch(configs, reserve(Endpoint("127.0.0.1", 0)))
+    assert sorted(by_rank) == list(range(N))
+    return {name: [by_rank[r][i] for r in range(N)] for i, name in enumerate(NAMES)}
+
+
+# ---- independent references --------------------------------------------------------------------
+def batch_gradient(task, theta: torch.Tensor, indices: np.ndarray) -> torch.Tensor:
+    """Gradient of the mean cross-entropy over ``indices`` by plain autograd on an nn.Module."""
+    assert task.l2 == 0
+    model = task.module_at(theta)
+    x, y = task.data.x_train[indices], task.data.y_train[indices]
+    loss = F.cross_entropy(model(x), y)
+    return torch.cat([g.reshape(-1) for g in torch.autograd.grad(loss, list(model.parameters()))])
+
+
+def world_data(s: Scenario):
+    task = parse_task(s.task, seed=SEED)
+    partition = parse_partition(s.partition).assign(task, N, np.random.default_rng(SEED))
+    return task, partition
+
+
+def sgd_on_concatenated_batches(s: Scenario) -> torch.Tensor:
+    task, partition = world_data(s)
+    theta, units = task.init_params(SEED), s.micro_batches or 1
+    for r in range(s.iterations):
+        batches = job_batches(partition, SEED, task.batch_size, np.arange(N), np.full(N, r), units)
+        theta = theta - 0.1 * batch_gradient(task, theta, batches.reshape(-1))
+    return theta
+
+
+def local_sgd(s: Scenario, period: int) -> torch.Tensor:
+    """Each worker takes ``period`` SGD steps on its own batches; then the models are averaged."""
+    task, partition = world_data(s)
+    theta = task.init_params(SEED)
+    for r in range(s.iterations):
+        batches = job_batches(partition, SEED, task.batch_size, np.arange(N), np.full(N, r), period)
+        local = []
+        for n in range(N):
+            mine = theta
+            for h in range(period):
+                mine = mine - 0.1 * batch_gradient(task, mine, batches[n, h])
+            local.append(mine)
+        theta = torch.stack(local).mean(0)
+    return theta
+
+
+# ---- (a) no delay: every strategy is synchronous SGD --------------------------------------------
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("name", ["sync", "dropcompute-inf", "local-sgd-1"])
+def test_without_delays_every_strategy_is_sgd_on_the_concatenated_batches(results, name):
+    s = CASES[name][0]
+    expected = sgd_on_concatenated_batches(s).numpy()
+    for result in results[name]:
+        np.testing.assert_allclose(result.theta, expected, rtol=1e-5, atol=1e-6)
+        assert [row["completed"] for row in result.record.steps] == [[s.micro_batches or 1] * N] * 3
+
+
+@pytest.mark.timeout(120)
+def test_local_sgd_averages_the_local_models(results):
+    expected = local_sgd(CASES["local-sgd-2"][0], period=2).numpy()
+    for result in results["local-sgd-2"]:
+        np.testing.assert_allclose(result.theta, expected, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("name", NAMES)
+def test_every_rank_ends_with_the_same_parameters_and_records(results, name):
+    first = results[name][0]
+    for other in results[name][1:]:
+        assert np.array_equal(other.theta, first.theta)
+        for a, b in zip(first.record.steps, other.record.steps, strict=True):
+            assert (a["completed"], a["threshold"]) == (b["completed"], b["threshold"])
+
+
+# ---- (b) decisions as the simulator makes them -----------------------------------------------
+def undisturbed(steps) -> list[bool]:
+    """Rounds in which no rank spent MARGIN or more outside its injected sleeps. There every
+    elapsed time is within MARGIN of its injected partial sum, so the injected times alone fix
+    the decisions; a shared machine that stalls a process longer voids that premise."""
+    return [
+        max(c - i for c, i in zip(row["rank_compute"], row["rank_injected"], strict=True)) < MARGIN
+        for row in steps
+    ]
+
+
+def same_decisions(trained, simulated, keep) -> bool:
+    """>= 95% of the undisturbed rounds agree, and at least 3/4 of the rounds are undisturbed."""
+    pairs = [(a, b) for a, b, k in zip(trained, simulated, keep, strict=True) if k]
+    assert len(pairs) >= 0.75 * len(trained), keep
+    return np.mean([a == b for a, b in pairs]) >= 0.95
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("name", ["between", "preempt", "local-sgd-between"])
+def test_injected_delays_give_the_simulators_decisions(results, name):
+    s, text, _ = CASES[name]
+    simulated = simulate_allreduce(s, parse_strategy(text), SEED).column("completed").tolist()
+    steps = results[name][0].record.steps
+    assert same_decisions([row["completed"] for row in steps], simulated, undisturbed(steps))
+    assert len({tuple(c) for c in simulated}) > 1  # the rotating skew changes who drops
+
+
+@pytest.mark.timeout(120)
+def test_a_rank_that_computed_nothing_joins_with_weight_zero(results):
+    """Preempting at tau, the rank with the largest skew completes no unit in some rounds."""
+    steps = results["preempt"][0].record.steps
+    idle = [row for row in steps if 0 in row["completed"]]
+    assert idle
+    for row in idle:
+        assert row["workers"] == [n for n, c in enumerate(row["completed"]) if c > 0]
+
+
+def dropcompute_sgd(s: Scenario, completed: list[list[int]]) -> torch.Tensor:
+    """DropCompute Eq. (1): theta -= lr * (1/N) sum_n (1/M) sum of n's completed micro-batch
+    gradients, with each round's completed counts as the run recorded them."""
+    task, partition = world_data(s)
+    theta, m = task.init_params(SEED), s.micro_batches
+    for r, counts in enumerate(completed):
+        batches = job_batches(partition, SEED, task.batch_size, np.arange(N), np.full(N, r), m)
+        step = torch.zeros_like(theta)
+        for n, c in enumerate(counts):
+            for u in range(c):
+                step += batch_gradient(task, theta, batches[n, u]) / (m * N)
+        theta = theta - 0.1 * step
+    return theta
+
+
+@pytest.mark.timeout(120)
+def test_dropped_micro_batches_leave_the_average_as_in_eq_1(results):
+    result = results["preempt"][0]
+    completed = [row["completed"] for row in result.record.steps]
+    expected = dropcompute_sgd(CASES["preempt"][0], completed).numpy()
+    np.testing.assert_allclose(result.theta, expected, rtol=1e-5, atol=1e-6)
+
+
+# ---- (c) Algorithm 2 on gathered measurements ------------------------------------------------
+@pytest.mark.timeout(120)
+def test_every_rank_computes_the_same_tau_star(results):
+    thresholds = [[row["threshold"] for row in r.record.steps] for r in results["auto"]]
+    assert all(t == thresholds[0] for t in thresholds)
+    calibrating, calibrated = thresholds[0][:3], thresholds[0][3:]
+    assert all(t is None or math.isinf(t) for t in calibrating)
+    assert len(set(calibrated)) == 1 and 0 < calibrated[0] < math.inf

@@ -1,0 +1,62 @@
+"""The runtime's one contact with a rule: weights from a Selection, topology checks."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tailtrain.errors import TailtrainError, UsageError
+from tailtrain.runtime.control import RuleDriver, check_agreement, check_topology, weighting
+from tailtrain.strategies.base import ArrivalColumns, Context, Selection
+from tailtrain.strategies.registry import parse_strategy
+
+
+def arrivals(units) -> ArrivalColumns:
+    n = len(units)
+    return ArrivalColumns(np.arange(n), np.zeros(n), np.zeros(n), np.ones(n), np.array(units))
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        # DropCompute Eq. (1) with g_n the mean of M: w_n = (C_n / M) / N
+        ("dropcompute:threshold=1", [1 / 3, 0.5 / 3, 0.0]),
+        # App. B.2.2: w_n = C_n / sum_k C_k
+        ("dropcompute:threshold=1,divide-by=computed", [1 / 1.5, 0.5 / 1.5, 0.0]),
+    ],
+)
+def test_each_rank_gets_its_weight_of_the_rules_selection(text, expected):
+    driver = RuleDriver(parse_strategy(text), Context(n_workers=3))
+    for rank in range(3):
+        w = driver.weights(arrivals([1.0, 0.5, 0.0]), rank)
+        assert w.weight == pytest.approx(expected[rank])
+        assert w.total == pytest.approx(sum(expected)) and w.denominator == 1.0
+        assert w.used == [0, 1]
+
+
+def test_sync_weighs_every_rank_equally():
+    driver = RuleDriver(parse_strategy("sync"), Context(n_workers=4))
+    assert [driver.weights(arrivals([1.0] * 4), r).weight for r in range(4)] == [0.25] * 4
+
+
+def test_deferred_weights_have_no_place_in_an_allreduce():
+    with pytest.raises(TailtrainError, match="deferred"):
+        weighting(Selection(now={0: 1.0}, later={1: 0.5}), 0, 2)
+
+
+def test_disagreeing_ranks_are_caught_by_the_reduced_weight_sum():
+    check_agreement(0.5, 0.5 + 1e-7)
+    with pytest.raises(TailtrainError, match="disagree"):
+        check_agreement(0.5, 2 / 3)
+
+
+@pytest.mark.parametrize("text", ["sync", "dropcompute", "local-sgd:period=2"])
+def test_allreduce_strategies_run(text):
+    check_topology(parse_strategy(text))
+
+
+@pytest.mark.parametrize("text", ["k-sync:k=2", "dbw", "lgc:k=3,blocks=2", "eager:mode=solo"])
+def test_other_topologies_are_refused_in_one_line(text):
+    with pytest.raises(UsageError, match="topology") as err:
+        check_topology(parse_strategy(text))
+    assert "\n" not in str(err.value)

@@ -1,0 +1,69 @@
+"""Checks before launching: endpoints, torchrun detection, worker counts."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+
+from tailtrain.cli.train import workers
+from tailtrain.errors import UsageError
+from tailtrain.runtime.launch import (
+    Endpoint,
+    check_rendezvous,
+    in_torchrun,
+    max_local_workers,
+    parse_endpoint,
+    reserve,
+)
+
+
+def test_endpoints_parse():
+    assert parse_endpoint("127.0.0.1:0") == Endpoint("127.0.0.1", 0)
+    assert parse_endpoint("[::1]:29500") == Endpoint("::1", 29500)
+    for bad in ("localhost", ":80", "host:port", "host:70000"):
+        with pytest.raises(UsageError, match="HOST:PORT"):
+            parse_endpoint(bad)
+
+
+def test_port_zero_reserves_a_free_port_and_a_busy_one_is_refused():
+    free = reserve(Endpoint("127.0.0.1", 0))
+    assert free.port > 0
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        with pytest.raises(UsageError, match="in use"):
+            reserve(Endpoint("127.0.0.1", sock.getsockname()[1]))
+
+
+def test_torchrun_is_recognised_by_its_environment():
+    assert in_torchrun({"RANK": "1", "WORLD_SIZE": "4", "MASTER_ADDR": "h"})
+    assert not in_torchrun({"RANK": "1", "WORLD_SIZE": "4"})
+
+
+def test_workers_default_locally_and_follow_torchrun():
+    assert workers(None, None) == 16 and workers(3, None) == 3
+    assert workers(None, {"WORLD_SIZE": "4"}) == 4 and workers(4, {"WORLD_SIZE": "4"}) == 4
+    with pytest.raises(UsageError, match="torchrun started 4"):
+        workers(2, {"WORLD_SIZE": "4"})
+    assert 1 <= max_local_workers() <= 64
+
+
+def closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_an_unreachable_torchrun_rendezvous_is_refused_in_one_line():
+    env = {"RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1"}
+    with pytest.raises(UsageError, match="cannot reach the rendezvous") as err:
+        check_rendezvous({**env, "MASTER_PORT": str(closed_port())}, timeout=0.3)
+    assert "\n" not in str(err.value)
+    with pytest.raises(UsageError, match="does not resolve"):
+        check_rendezvous({**env, "MASTER_ADDR": "no-such-host.invalid"}, timeout=0.3)
+
+
+def test_a_rank_0_outside_torchrun_hosts_the_store_itself():
+    env = {"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1"}
+    check_rendezvous({**env, "MASTER_PORT": str(closed_port())}, timeout=0.3)
