@@ -70,6 +70,17 @@ class WeightedUpdate:
         """theta - lr * lr_scale * d_t."""
         return theta - self.lr * lr_scale * self.direction(grads, keys, selection)
 
+    def apply_reduced(
+        self, theta: torch.Tensor, weighted_sum: torch.Tensor, divisor: float, lr_scale: float
+    ) -> torch.Tensor:
+        """The same step when the weighted gradients arrive already summed, sum_i w_i g_i, by
+        an allreduce (the runtime's form): theta - lr * lr_scale * (sum / divisor + e)."""
+        step = weighted_sum / divisor
+        if self.deferred is not None:
+            step = step + self.deferred
+            self.deferred = None
+        return theta - self.lr * lr_scale * step
+
     def state_dict(self) -> dict[str, Any]:
         return {"lr": self.lr, "deferred": self.deferred}
 

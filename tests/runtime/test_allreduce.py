@@ -16,9 +16,9 @@ import torch.nn.functional as F
 
 from tailtrain.runtime.config import TrainConfig
 from tailtrain.runtime.launch import Endpoint, launch, reserve
-from tailtrain.sim.allreduce_engine import simulate_allreduce
+from tailtrain.sim.data_stream import job_batches
+from tailtrain.sim.run import simulate
 from tailtrain.sim.scenario import Scenario
-from tailtrain.sim.trainer import job_batches
 from tailtrain.strategies.registry import parse_strategy
 from tailtrain.tasks import parse_partition, parse_task
 
@@ -174,7 +174,7 @@ def same_decisions(trained, simulated, keep) -> bool:
 @pytest.mark.parametrize("name", ["between", "preempt", "local-sgd-between"])
 def test_injected_delays_give_the_simulators_decisions(results, name):
     s, text, _ = CASES[name]
-    simulated = simulate_allreduce(s, parse_strategy(text), SEED).column("completed").tolist()
+    simulated = simulate(s, parse_strategy(text), SEED).column("completed").tolist()
     steps = results[name][0].record.steps
     assert same_decisions([row["completed"] for row in steps], simulated, undisturbed(steps))
     assert len({tuple(c) for c in simulated}) > 1  # the rotating skew changes who drops

@@ -7,41 +7,44 @@ import pytest
 
 from tailtrain.errors import TailtrainError, UsageError
 from tailtrain.runtime.control import RuleDriver, check_agreement, check_topology, weighting
-from tailtrain.strategies.base import ArrivalColumns, Context, Selection
+from tailtrain.strategies.base import ArrivalColumns, Context, Selection, Weighting
 from tailtrain.strategies.registry import parse_strategy
 
 
 def arrivals(units) -> ArrivalColumns:
     n = len(units)
-    return ArrivalColumns(np.arange(n), np.zeros(n), np.zeros(n), np.ones(n), np.array(units))
+    return ArrivalColumns.of(np.arange(n), np.zeros(n), np.zeros(n), np.ones(n), units=units)
 
 
 @pytest.mark.parametrize(
     ("text", "expected"),
     [
-        # DropCompute Eq. (1) with g_n the mean of M: w_n = (C_n / M) / N
-        ("dropcompute:threshold=1", [1 / 3, 0.5 / 3, 0.0]),
-        # App. B.2.2: w_n = C_n / sum_k C_k
-        ("dropcompute:threshold=1,divide-by=computed", [1 / 1.5, 0.5 / 1.5, 0.0]),
+        # DropCompute Eq. (1) with g_n the mean of M: w_n = C_n / M, divided by N
+        ("dropcompute:threshold=1", 3.0),
+        # App. B.2.2: w_n = C_n / M, divided by the reduced sum of the weights
+        ("dropcompute:threshold=1,divide-by=computed", None),
     ],
 )
-def test_each_rank_gets_its_weight_of_the_rules_selection(text, expected):
+def test_each_rank_gets_its_unnormalised_weight_and_the_divisor(text, expected):
     driver = RuleDriver(parse_strategy(text), Context(n_workers=3))
-    for rank in range(3):
-        w = driver.weights(arrivals([1.0, 0.5, 0.0]), rank)
-        assert w.weight == pytest.approx(expected[rank])
-        assert w.total == pytest.approx(sum(expected)) and w.denominator == 1.0
-        assert w.used == [0, 1]
+    cols = arrivals([1.0, 0.5, 0.0])
+    for rank, weight in enumerate([1.0, 0.5, 0.0]):
+        w = driver.weights(cols, rank)
+        assert w.weight == weight and w.total == 1.5 and w.divisor == expected
+        assert cols.worker[np.isin(cols.keys, w.used)].tolist() == [0, 1]
 
 
 def test_sync_weighs_every_rank_equally():
     driver = RuleDriver(parse_strategy("sync"), Context(n_workers=4))
-    assert [driver.weights(arrivals([1.0] * 4), r).weight for r in range(4)] == [0.25] * 4
+    weights = [driver.weights(arrivals([1.0] * 4), r) for r in range(4)]
+    assert [w.weight for w in weights] == [1.0] * 4 and weights[0].divisor is None
 
 
 def test_deferred_weights_have_no_place_in_an_allreduce():
     with pytest.raises(TailtrainError, match="deferred"):
-        weighting(Selection(now={0: 1.0}, later={1: 0.5}), 0, 2)
+        cols = arrivals([1.0, 1.0])
+        later = Weighting.of(cols, np.array([1]), 0.5)
+        weighting(Selection(now=Weighting.of(cols, np.array([0]), 1.0), later=later), cols, 0)
 
 
 def test_disagreeing_ranks_are_caught_by_the_reduced_weight_sum():

@@ -41,7 +41,7 @@ import numpy as np
 import torch
 
 from tailtrain.errors import UsageError
-from tailtrain.runtime.config import TrainConfig
+from tailtrain.runtime.config import TrainConfig, build_world
 from tailtrain.runtime.control import RuleDriver, Weighting, check_agreement
 from tailtrain.runtime.inject import InjectedFault, Injector, sleep
 from tailtrain.runtime.reduce import Collectives
@@ -54,12 +54,14 @@ from tailtrain.runtime.telemetry import (
     run_summary,
     write_outputs,
 )
-from tailtrain.sim.allreduce_engine import build_learner, finished
-from tailtrain.sim.allreduce_learner import RoundLearner, worker_grads
+from tailtrain.sim.allreduce.engine import budget_spent
+from tailtrain.sim.allreduce.learner import RoundLearner, worker_grads
+from tailtrain.sim.evaluation import Evaluator
 from tailtrain.sim.records import RunRecord
 from tailtrain.sim.scenario import World
-from tailtrain.strategies.base import ArrivalColumns, Plan, StepStats
-from tailtrain.strategies.registry import parse_strategy
+from tailtrain.strategies.base import AllreducePlan as Plan
+from tailtrain.strategies.base import ArrivalColumns, StepStats
+from tailtrain.update import WeightedUpdate
 
 #: column of the first unit time in a gathered row [C_n, T~_n, injected, t_n^(1..U)]
 TIMES = 3
@@ -113,32 +115,50 @@ class _Rank:
     log: RankLog
     trace: TraceRows
     record: RunRecord
+    evals: Evaluator
+    update: WeightedUpdate
     now: float = 0.0
     step: int = 0
 
 
 def train_allreduce(config: TrainConfig, comm: Collectives) -> RankResult:
-    """Run ``config`` as rank ``comm.rank`` of ``comm.world_size``; returns this rank's result."""
+    """Run ``config`` as rank ``comm.rank`` of ``comm.world_size``; returns this rank's result.
+
+    Evaluations follow the simulator's schedule (``sim.evaluation``) on the wall clock of the
+    rounds; rank 0 scores (every rank holds the same parameters) while the others wait.
+    """
     run = start(config, comm)
-    evaluate(run)
-    while not finished(run.world, run, plan := run.rule.plan()):
+    scenario = run.world.scenario
+    run.evals.start(scorer(run))
+    while not budget_spent(scenario, run.step, run.now, plan := run.rule.plan()):
+        before = scorer(run)
         one_round(run, plan)
-        if run.step % run.world.scenario.eval_every == 0:
-            evaluate(run)
-    if run.step % run.world.scenario.eval_every != 0:
-        evaluate(run)
+        run.evals.after_step(run.step, run.now, before, scorer(run))
+        run.comm.barrier()
+    run.evals.finish(run.step, run.now, scorer(run))
     return finish(run)
+
+
+def scorer(run: _Rank):
+    """Scores of today's parameters when called (rank 0 logs them)."""
+    theta = run.learner.theta
+
+    def scores() -> dict:
+        values = run.world.task.evaluate(theta)
+        run.log.info("train loss %.4f at %.3fs", values["train_loss"], run.now)
+        return values
+
+    return scores
 
 
 def start(config: TrainConfig, comm: Collectives) -> _Rank:
     scenario = config.scenario
     if comm.world_size != scenario.workers:
         raise UsageError(f"--workers {scenario.workers} but the job has {comm.world_size} ranks")
-    world = World.build(scenario, config.seed)
-    learner = build_learner(world, config.seed)
-    if learner is None:
+    world, strategy = build_world(config)
+    if world.partition is None:
         raise UsageError(f"task {scenario.task!r} has no model to train; choose e.g. logreg")
-    strategy = parse_strategy(config.strategy)
+    learner = RoundLearner(world.task, world.partition, world.lr, config.seed, scenario.workers)
     # the first gradient call builds torch.func machinery: keep that out of round 0's time
     world.task.grads(learner.theta, learner.batches(0, 1)[comm.rank])
     return _Rank(
@@ -146,11 +166,13 @@ def start(config: TrainConfig, comm: Collectives) -> _Rank:
         world=world,
         rule=RuleDriver(strategy, world.context),
         learner=learner,
-        injector=Injector(scenario, strategy, config.seed, comm.rank, config.inject),
+        injector=Injector(world, comm.rank, config.inject),
         comm=comm,
         log=RankLog(),
         trace=TraceRows(comm.rank, scenario.micro_batches is not None),
-        record=RunRecord(),
+        record=(record := RunRecord()),
+        evals=Evaluator(scenario.evaluation, record, enabled=comm.rank == 0),
+        update=WeightedUpdate(world.lr),
     )
 
 
@@ -174,7 +196,7 @@ def one_round(run: _Rank, plan: Plan) -> None:
     arrivals = arrivals_of(run, rows, units)
     weighting = run.rule.weights(arrivals, run.comm.rank)
     with phase("reduce") as reduce:
-        extras = reduce_and_apply(run, work, weighting, lr)
+        extras = reduce_and_apply(run, work, weighting, plan.lr_scale)
     if plan.requeue_dropped:
         run.learner.requeue(batches, rows[:, 0].astype(np.int64))
     account(run, plan, Exchange(rows, arrivals, weighting, extras), (wait, reduce, started), m)
@@ -236,6 +258,7 @@ def arrivals_of(run: _Rank, rows: np.ndarray, units: int) -> ArrivalColumns:
     n = len(rows)
     return ArrivalColumns(
         np.arange(n),
+        np.full(n, run.step),  # rank n's r-th round is its r-th job
         np.full(n, run.step),
         np.full(n, run.now),
         run.now + rows[:, 1],
@@ -243,14 +266,18 @@ def arrivals_of(run: _Rank, rows: np.ndarray, units: int) -> ArrivalColumns:
     )
 
 
-def reduce_and_apply(run: _Rank, work: Work, weighting: Weighting, lr: float) -> np.ndarray:
+def reduce_and_apply(run: _Rank, work: Work, weighting: Weighting, lr_scale: float) -> np.ndarray:
     """The weighted allreduce and the update; returns [loss sum, units, sum ||G_n||^2]."""
     active = work.done > 0
     gsq = float(work.grad @ work.grad) if active else 0.0
     reduced = run.comm.weighted_sum(work.grad, weighting.weight, (work.loss_sum, work.done, gsq))
     sleep(run.injector.comm_time())
     check_agreement(weighting.total, reduced.total)
-    run.learner.theta = run.learner.theta - lr * reduced.numerator / weighting.denominator
+    divisor = reduced.total if weighting.divisor is None else weighting.divisor
+    # nobody computed anything: every weight and the weighted sum are 0, and so is the step
+    divisor = divisor if divisor != 0 else 1.0
+    theta = run.learner.theta
+    run.learner.theta = run.update.apply_reduced(theta, reduced.numerator, divisor, lr_scale)
     return reduced.extras
 
 
@@ -267,7 +294,7 @@ def account(run: _Rank, plan: Plan, ex: Exchange, timers: tuple, m: int) -> None
         time=run.now + elapsed,
         k=plan.k,
         arrivals=ex.arrivals,
-        used=tuple(ex.weighting.used),
+        used=ex.weighting.used,
         loss=loss_sum / units_done if units_done > 0 else math.nan,
         grad_sq_sum=gsq if units_done > 0 else math.nan,
         lr=run.world.lr * plan.lr_scale,
@@ -277,18 +304,9 @@ def account(run: _Rank, plan: Plan, ex: Exchange, timers: tuple, m: int) -> None
     run.rule.adapt(stats)
     done = ex.rows[:, 0].astype(np.int64)
     times = RoundTimes(done, ex.rows[:, 1], ex.rows[:, 2], timing[:, 0], timing[:, 1])
-    run.record.add_step(round_row(plan, stats, times, ex.weighting.used, m))
+    used = ex.arrivals.worker[stats.used_mask()].tolist()
+    run.record.add_step(round_row(plan, stats, times, used, m))
     run.now = stats.time
-
-
-def evaluate(run: _Rank) -> None:
-    """Rank 0 evaluates (every rank holds the same theta); the others wait at a barrier."""
-    run.log.step = run.step
-    if run.comm.rank == 0:
-        scores = run.world.task.evaluate(run.learner.theta)
-        run.record.add_eval({"step": run.step, "time": run.now, **scores})
-        run.log.info("train loss %.4f at %.3fs", scores["train_loss"], run.now)
-    run.comm.barrier()
 
 
 def finish(run: _Rank) -> RankResult:

@@ -12,7 +12,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tailtrain.errors import UsageError
-from tailtrain.sim.scenario import Scenario
+from tailtrain.sim.scenario import Scenario, World
+from tailtrain.strategies.base import Strategy
+from tailtrain.strategies.registry import parse_strategy
 
 BACKENDS = ("gloo", "nccl")
 
@@ -52,3 +54,12 @@ class TrainConfig:
             raise UsageError(f"--timeout must be finite seconds > 0, got {self.timeout}")
         if self.threads < 1:
             raise UsageError(f"--threads must be >= 1, got {self.threads}")
+
+
+def build_world(config: TrainConfig) -> tuple[World, Strategy]:
+    """The rule and the world every rank rebuilds from the seed, as ``simulate`` builds them:
+    same task, data partition and delay process (with room for the rule's micro-batches)."""
+    strategy = parse_strategy(config.strategy)
+    scenario = config.scenario
+    capacity = strategy.micro_batch_capacity(scenario.micro_batches)
+    return World.build(scenario, config.seed, micro_batches=capacity), strategy

@@ -5,44 +5,57 @@ Every rank holds its own copy of the rule's state and calls the rule with identi
 decision without a broadcast; the reduced sum of the weights checks that they did.
 
 ``weighting`` is the only function that reads a :class:`~tailtrain.strategies.base.Selection`.
-Today ``select`` returns weights already normalised (the update is ``sum_i now[i] g_i``), so
-the denominator is 1; when ``select`` returns unnormalised weights the denominator becomes the
-reduced ``sum_i w_i`` and only this function changes.
+``select`` returns unnormalised weights w_i and, where the rule fixes it, their divisor (N for
+DropCompute's divide-by-M); otherwise the divisor is the reduced sum_i w_i. One allreduce of
+``[w_n G_n, w_n]`` therefore serves every weighting.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from typing import Any, NamedTuple
 
+import numpy as np
+
 from tailtrain.errors import TailtrainError, UsageError
-from tailtrain.strategies.base import Arrival, Context, Plan, Selection, StepStats, Strategy
+from tailtrain.strategies.base import (
+    AllreducePlan,
+    ArrivalColumns,
+    Context,
+    Plan,
+    Selection,
+    ServerPlan,
+    StepStats,
+    Strategy,
+    Topology,
+)
 
 #: relative tolerance of the check that every rank used the same weights
 WEIGHT_RTOL = 1e-4
 
 
 class Weighting(NamedTuple):
-    """This rank's weight, the sum of all weights and the divisor of the reduced gradient."""
+    """This rank's weight w_n, the sum of all weights, the divisor the rule fixed (None: the
+    reduced sum of the weights) and the keys of the arrivals used."""
 
     weight: float
     total: float
-    denominator: float
-    used: list[int]
+    divisor: float | None
+    used: np.ndarray
 
 
-def weighting(selection: Selection, rank: int, n_workers: int) -> Weighting:
-    """Turn the rule's selection into this rank's weight w_n and the update's denominator.
+def weighting(selection: Selection, arrivals: ArrivalColumns, rank: int) -> Weighting:
+    """Turn the rule's selection into this rank's unnormalised weight and the divisor.
 
-    The allreduce topology applies the update at once, so deferred (``later``) weights, such
-    as LGC's compensation, have no place here.
+    The allreduce topology applies each round's update at once: no allreduce rule defers
+    weights, and one that did would need a second reduction, so it is refused.
     """
-    if selection.later:
+    if len(selection.later):
         raise TailtrainError("the allreduce topology applies no deferred (``later``) weights")
     now = selection.now
-    used = [i for i in range(n_workers) if now.get(i, 0.0) != 0]
-    return Weighting(now.get(rank, 0.0), float(sum(now.values())), 1.0, used)
+    mine = arrivals.keys[arrivals.worker == rank]
+    weight = float(now.weight[np.isin(now.keys, mine)].sum())
+    return Weighting(weight, float(now.weight.sum()), now.total, selection.used())
 
 
 def check_agreement(expected_total: float, reduced_total: float) -> None:
@@ -56,15 +69,29 @@ def check_agreement(expected_total: float, reduced_total: float) -> None:
 
 def runs_on_allreduce(strategy: Strategy) -> bool:
     """Whether the allreduce topology can run ``strategy``: an allreduce rule, or plain sync."""
-    return strategy.engine == "allreduce" or strategy.name == "sync"
+    return strategy.topology is Topology.ALLREDUCE or strategy.name == "sync"
 
 
 def check_topology(strategy: Strategy) -> None:
     if not runs_on_allreduce(strategy):
         raise UsageError(
-            f"strategy {strategy.describe()!r} needs the {strategy.engine} topology, which "
+            f"strategy {strategy.describe()!r} needs the {strategy.topology} topology, which "
             "`train` does not have yet; train runs sync, dropcompute and local-sgd"
         )
+
+
+def as_allreduce(plan: Plan, n: int) -> AllreducePlan:
+    """An allreduce rule's plan as it is; sync's server plan (k = n, fresh only, nothing
+    partial) is the same round on an allreduce: every rank's whole gradient, averaged."""
+    if isinstance(plan, AllreducePlan):
+        return plan
+    if isinstance(plan, ServerPlan) and (plan.k, plan.accept_stale, plan.partial_blocks) == (
+        n,
+        False,
+        0,
+    ):
+        return AllreducePlan(k=n, lr_scale=plan.lr_scale)
+    raise TailtrainError(f"a plan {plan!r} needs a topology other than allreduce")
 
 
 class RuleDriver:
@@ -76,19 +103,11 @@ class RuleDriver:
         self.n = ctx.n_workers
         self.state: Any = strategy.init(ctx)
 
-    def plan(self) -> Plan:
-        plan = self.strategy.plan(self.state)
-        waits_for_fewer = plan.k != self.n or plan.accept_stale or plan.partial_blocks > 0
-        # an allreduce rule's k is not used (every rank joins every allreduce), as in the sim
-        if waits_for_fewer and self.strategy.engine != "allreduce":
-            raise TailtrainError(
-                f"{self.strategy.describe()}: a plan with k={plan.k} of {self.n}, stale or "
-                "partial gradients needs a topology other than allreduce"
-            )
-        return plan
+    def plan(self) -> AllreducePlan:
+        return as_allreduce(self.strategy.plan(self.state), self.n)
 
-    def weights(self, arrivals: Sequence[Arrival], rank: int) -> Weighting:
-        return weighting(self.strategy.select(self.state, arrivals), rank, self.n)
+    def weights(self, arrivals: ArrivalColumns, rank: int) -> Weighting:
+        return weighting(self.strategy.select(self.state, arrivals), arrivals, rank)
 
     def adapt(self, stats: StepStats) -> None:
         self.state = self.strategy.adapt(self.state, stats)

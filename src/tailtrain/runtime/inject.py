@@ -19,10 +19,8 @@ import time
 import numpy as np
 
 from tailtrain.delays.comm import parse_comm_time
-from tailtrain.sim.allreduce_engine import build_process
-from tailtrain.sim.allreduce_timing import RoundClock
-from tailtrain.sim.scenario import Scenario
-from tailtrain.strategies.base import Strategy
+from tailtrain.sim.allreduce.timing import RoundClock
+from tailtrain.sim.scenario import World
 
 
 class InjectedFault(RuntimeError):
@@ -32,13 +30,12 @@ class InjectedFault(RuntimeError):
 class Injector:
     """This rank's injected unit seconds and the shared communication draws."""
 
-    def __init__(
-        self, scenario: Scenario, strategy: Strategy, seed: int, rank: int, delays: bool
-    ) -> None:
-        process = build_process(scenario, strategy, seed)
+    def __init__(self, world: World, rank: int, delays: bool) -> None:
+        """``world.process`` is the simulator's seeded delay process of the same flags."""
         self.rank = rank
         self.delays = delays
-        self.clock = RoundClock(process, parse_comm_time(scenario.comm_time), seed)
+        comm = parse_comm_time(world.scenario.comm_time)
+        self.clock = RoundClock(world.process, comm, world.seed)
 
     def unit_times(self, local_steps: int, micro_batches: int, start: float) -> np.ndarray:
         """Injected seconds (H*M,) of this rank's units in the round starting at ``start``."""

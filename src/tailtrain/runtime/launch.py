@@ -43,11 +43,9 @@ import torch.distributed as dist
 
 from tailtrain.errors import TailtrainError, UsageError
 from tailtrain.runtime.allreduce import RankResult, train_allreduce
-from tailtrain.runtime.config import TrainConfig
+from tailtrain.runtime.config import TrainConfig, build_world
 from tailtrain.runtime.control import check_topology
 from tailtrain.runtime.reduce import Collectives
-from tailtrain.sim.allreduce_engine import build_process
-from tailtrain.sim.scenario import World
 from tailtrain.strategies.registry import parse_strategy
 
 MAX_LOCAL_WORKERS = 64
@@ -181,8 +179,7 @@ def join(config: TrainConfig) -> Collectives:
 def validate(config: TrainConfig, *, local: bool) -> None:
     """Every check that needs no other process (module docstring)."""
     scenario = config.scenario
-    strategy = parse_strategy(config.strategy)
-    check_topology(strategy)
+    check_topology(parse_strategy(config.strategy))
     if local and scenario.workers > max_local_workers():
         raise UsageError(
             f"--workers {scenario.workers} local processes is too many: at most "
@@ -191,10 +188,9 @@ def validate(config: TrainConfig, *, local: bool) -> None:
         )
     if config.backend == "nccl":
         check_cuda(scenario.workers if local else 1)
-    world = World.build(scenario, config.seed)  # loads the task and reads trace files
+    world, _ = build_world(config)  # loads the task and reads trace files
     if not world.task.has_model:
         raise UsageError(f"task {scenario.task!r} has no model to train; choose e.g. logreg")
-    build_process(scenario, strategy, config.seed)
 
 
 def check_cuda(gpus: int) -> None:

@@ -30,8 +30,8 @@ from typing import Any
 import numpy as np
 from torch.profiler import record_function
 
-from tailtrain.sim.allreduce_engine import step_row, summarise
-from tailtrain.sim.allreduce_timing import Stops
+from tailtrain.sim.allreduce.engine import step_row, summarise
+from tailtrain.sim.allreduce.timing import Stops
 from tailtrain.sim.records import RunRecord, prepare_folder
 from tailtrain.sim.scenario import World
 from tailtrain.strategies.base import Plan, StepStats, Strategy

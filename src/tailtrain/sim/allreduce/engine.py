@@ -26,7 +26,7 @@ from tailtrain.sim.allreduce.learner import RoundLearner
 from tailtrain.sim.allreduce.timing import RoundClock, Stops, measured, stop_rule
 from tailtrain.sim.driver import Played, Scorer
 from tailtrain.sim.records import RunRecord
-from tailtrain.sim.scenario import World
+from tailtrain.sim.scenario import Scenario, World
 from tailtrain.strategies.base import AllreducePlan, ArrivalColumns, Selection, StepStats
 from tailtrain.update import GradientStats
 
@@ -49,11 +49,7 @@ class AllreduceEngine:
         self._closes = 0.0
 
     def finished(self, plan: AllreducePlan) -> bool:
-        """The scenario's budget; an iteration budget stretched by ``plan.iteration_scale``."""
-        iterations = self.world.scenario.iterations
-        if iterations is None:
-            return self.now >= self.world.scenario.time_budget
-        return self.step >= math.ceil(iterations * plan.iteration_scale - 1e-9)
+        return budget_spent(self.world.scenario, self.step, self.now, plan)
 
     def scorer(self) -> Scorer:
         if self.learner is None:
@@ -115,6 +111,14 @@ class AllreduceEngine:
 
     def summary(self, record: RunRecord) -> dict[str, Any]:
         return summarise(record)
+
+
+def budget_spent(scenario: Scenario, step: int, now: float, plan: AllreducePlan) -> bool:
+    """The scenario's budget; an iteration budget stretched by ``plan.iteration_scale``
+    (DropCompute Sec. 4.5's extra steps)."""
+    if scenario.iterations is None:
+        return now >= scenario.time_budget
+    return step >= math.ceil(scenario.iterations * plan.iteration_scale - 1e-9)
 
 
 def step_row(
