@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from tailtrain.errors import TailtrainError, UsageError
-from tailtrain.runtime.control import RuleDriver, check_agreement, check_topology, weighting
+from tailtrain.runtime.control import RuleDriver, check_agreement, weighting
+from tailtrain.runtime.topologies import check_topology
 from tailtrain.strategies.base import ArrivalColumns, Context, Selection, Weighting
 from tailtrain.strategies.registry import parse_strategy
 

@@ -17,7 +17,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from tailtrain.errors import TailtrainError, UsageError
+from tailtrain.errors import TailtrainError
 from tailtrain.strategies.base import (
     AllreducePlan,
     ArrivalColumns,
@@ -27,7 +27,6 @@ from tailtrain.strategies.base import (
     ServerPlan,
     StepStats,
     Strategy,
-    Topology,
 )
 
 #: relative tolerance of the check that every rank used the same weights
@@ -67,19 +66,6 @@ def check_agreement(expected_total: float, reduced_total: float) -> None:
         )
 
 
-def runs_on_allreduce(strategy: Strategy) -> bool:
-    """Whether the allreduce topology can run ``strategy``: an allreduce rule, or plain sync."""
-    return strategy.topology is Topology.ALLREDUCE or strategy.name == "sync"
-
-
-def check_topology(strategy: Strategy) -> None:
-    if not runs_on_allreduce(strategy):
-        raise UsageError(
-            f"strategy {strategy.describe()!r} needs the {strategy.topology} topology, which "
-            "`train` does not have yet; train runs sync, dropcompute and local-sgd"
-        )
-
-
 def as_allreduce(plan: Plan, n: int) -> AllreducePlan:
     """An allreduce rule's plan as it is; sync's server plan (k = n, fresh only, nothing
     partial) is the same round on an allreduce: every rank's whole gradient, averaged."""
@@ -98,7 +84,6 @@ class RuleDriver:
     """A strategy and its state on one rank."""
 
     def __init__(self, strategy: Strategy, ctx: Context) -> None:
-        check_topology(strategy)
         self.strategy = strategy
         self.n = ctx.n_workers
         self.state: Any = strategy.init(ctx)

@@ -42,10 +42,10 @@ import torch
 import torch.distributed as dist
 
 from tailtrain.errors import TailtrainError, UsageError
-from tailtrain.runtime.allreduce import RankResult, train_allreduce
+from tailtrain.runtime.allreduce import RankResult
 from tailtrain.runtime.config import TrainConfig, build_world
-from tailtrain.runtime.control import check_topology
 from tailtrain.runtime.reduce import Collectives
+from tailtrain.runtime.topologies import check_topology, processes, rank_entry_of
 from tailtrain.strategies.registry import parse_strategy
 
 MAX_LOCAL_WORKERS = 64
@@ -114,7 +114,7 @@ def launch(configs: Sequence[TrainConfig], endpoint: Endpoint) -> dict[int, list
         spec = LaunchConfig(
             min_nodes=1,
             max_nodes=1,
-            nproc_per_node=first.scenario.workers,
+            nproc_per_node=processes(parse_strategy(first.strategy), first.scenario.workers),
             run_id=f"tailtrain-{uuid.uuid4().hex[:12]}",
             rdzv_backend="static",
             rdzv_endpoint=str(endpoint),
@@ -141,7 +141,7 @@ def rank_entry(configs: list[TrainConfig], own_launcher: bool) -> list[RankResul
     torch.set_num_threads(first.threads)
     comm = join(first)
     tag_logs(comm.rank, first.verbose)
-    results = [train_allreduce(config, comm) for config in configs]
+    results = [rank_entry_of(parse_strategy(c.strategy))(c, comm) for c in configs]
     dist.destroy_process_group()  # only on success: after a failure the launcher stops us
     return results
 

@@ -1,0 +1,47 @@
+"""Which runtime topology runs a strategy, and how many processes it needs.
+
+Each topology is a rank entry ``(config, collectives) -> RankResult``. The simulator maps the
+same ``Strategy.topology`` to its engines (``sim.run.ENGINES``); a rule never names either.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from tailtrain.errors import UsageError
+from tailtrain.runtime.allreduce import RankResult, train_allreduce
+from tailtrain.runtime.config import TrainConfig
+from tailtrain.runtime.reduce import Collectives
+from tailtrain.strategies.base import Strategy, Topology
+
+RankEntry = Callable[[TrainConfig, Collectives], RankResult]
+
+#: topology -> the function every rank of a job of that topology runs
+TOPOLOGIES: dict[Topology, RankEntry] = {Topology.ALLREDUCE: train_allreduce}
+
+
+def topology_of(strategy: Strategy) -> Topology:
+    """The runtime topology of ``strategy``; plain ``sync`` runs as an allreduce."""
+    if strategy.name == "sync" and Topology.ALLREDUCE in TOPOLOGIES:
+        return Topology.ALLREDUCE
+    return strategy.topology
+
+
+def check_topology(strategy: Strategy) -> None:
+    """A one-line error when ``train`` cannot run ``strategy`` yet."""
+    if topology_of(strategy) not in TOPOLOGIES:
+        have = ", ".join(sorted(TOPOLOGIES))
+        raise UsageError(
+            f"strategy {strategy.describe()!r} needs the {strategy.topology} topology, which "
+            f"`train` does not have yet; it has: {have}"
+        )
+
+
+def rank_entry_of(strategy: Strategy) -> RankEntry:
+    check_topology(strategy)
+    return TOPOLOGIES[topology_of(strategy)]
+
+
+def processes(strategy: Strategy, workers: int) -> int:
+    """Processes a job of ``workers`` workers needs (a parameter server adds one)."""
+    return workers + (topology_of(strategy) is Topology.PARAMETER_SERVER)
