@@ -8,6 +8,10 @@ For a step whose gradients are the rows g_i of ``grads`` (keyed by ``(worker, jo
 ``e`` is LGC's one-step-delayed compensation (LGC Eq. 7); other rules give no ``later``
 weights, so ``e`` stays empty. This module touches tensors and never a clock: the simulator's
 engines and the torch.distributed runtime apply a Selection through the same code.
+
+A gradient with a NaN or an infinity is screened out before the update (``on_nonfinite``
+``skip``): its weights are dropped from the Selection, as if it had not arrived, and the
+rest are normalised as the rule says; ``raise`` stops instead (:class:`NonFiniteGradient`).
 """
 
 from __future__ import annotations
@@ -18,7 +22,46 @@ from typing import Any
 import numpy as np
 import torch
 
-from tailtrain.strategies.base import Selection
+from tailtrain.errors import TailtrainError
+from tailtrain.strategies.base import JOB_BITS, Selection, Weighting
+
+#: what to do with a gradient that holds a NaN or an infinity
+ON_NONFINITE = ("skip", "raise")
+
+
+class NonFiniteGradient(TailtrainError):
+    """A gradient with a NaN or an infinity, under ``on_nonfinite="raise"``; ``step`` is the
+    update it was meant for, when the caller knows it. The CLI exits with status 3: the input
+    was fine, the training went wrong."""
+
+    exit_code = 3
+
+    def __init__(self, workers: Any, step: int | None = None) -> None:
+        self.workers = [int(w) for w in workers]
+        self.step = step
+        at = "" if step is None else f" at update {step}"
+        super().__init__(
+            f"non-finite gradient (NaN or inf) from worker {self.workers[0]}{at}; "
+            "--on-nonfinite skip drops such gradients instead of stopping"
+        )
+
+
+def finite_rows(grads: torch.Tensor) -> np.ndarray:
+    """Which rows (gradients) hold only finite numbers."""
+    return torch.isfinite(grads.reshape(grads.shape[0], -1)).all(dim=1).numpy()
+
+
+def key_workers(keys: np.ndarray) -> np.ndarray:
+    """The worker of each arrival key (``strategies.base.arrival_keys``)."""
+    return np.asarray(keys, dtype=np.int64) >> JOB_BITS
+
+
+def without(weighting: Weighting, keys: np.ndarray) -> Weighting:
+    """``weighting`` with the given arrivals dropped; a rule's fixed divisor stays."""
+    keep = ~np.isin(weighting.keys, keys)
+    if keep.all():
+        return weighting
+    return Weighting(weighting.keys[keep], weighting.weight[keep], weighting.total)
 
 
 @dataclass(frozen=True)
@@ -31,7 +74,15 @@ class GradientStats:
 
 
 def gradient_stats(losses: torch.Tensor, grads: torch.Tensor) -> GradientStats:
-    """Mean loss, sum_i ||g_i||^2 and ||mean_i g_i||^2 over the rows given (DBW Eqs. 10-11)."""
+    """Mean loss, sum_i ||g_i||^2 and ||mean_i g_i||^2 over the rows given (DBW Eqs. 10-11);
+    rows with a non-finite gradient or loss are left out, as the update leaves them out."""
+    ok = finite_rows(grads) if grads.shape[0] else np.ones(0, dtype=bool)
+    if not ok.all():
+        if losses.shape[:1] == grads.shape[:1]:  # one loss per gradient: drop it with it
+            losses = losses[torch.from_numpy(ok)]
+        grads = grads[torch.from_numpy(ok)]
+    if not bool(torch.isfinite(losses).all()):
+        losses = losses[torch.isfinite(losses)]
     if grads.shape[0] == 0:
         return GradientStats()
     flat, mean = grads.reshape(-1), grads.mean(0)
@@ -41,14 +92,22 @@ def gradient_stats(losses: torch.Tensor, grads: torch.Tensor) -> GradientStats:
 class WeightedUpdate:
     """Applies Selections step after step and carries the deferred term ``e`` between them."""
 
-    def __init__(self, lr: float) -> None:
+    def __init__(self, lr: float, on_nonfinite: str = "skip") -> None:
         self.lr = lr
         self.deferred: torch.Tensor | None = None
+        self.on_nonfinite = on_nonfinite
+        #: keys of the gradients the last ``direction`` dropped as non-finite
+        self.dropped = np.zeros(0, dtype=np.int64)
+        #: (workers, values): the next ``direction`` sets those workers' weighed gradients to
+        #: their values (a fault drill: ``tailtrain.faults``); consumed by that call
+        self.inject: tuple[np.ndarray, np.ndarray] | None = None
 
     def direction(
         self, grads: torch.Tensor, keys: np.ndarray, selection: Selection
     ) -> torch.Tensor:
         """d_t for gradients ``grads`` whose rows have arrival keys ``keys``."""
+        self._inject(grads, keys, selection)
+        grads, selection = self.screen(grads, keys, selection)
         now = torch.as_tensor(selection.now.over(keys), dtype=grads.dtype)
         step = now @ grads
         if self.deferred is not None:
@@ -58,6 +117,37 @@ class WeightedUpdate:
             later = torch.as_tensor(selection.later.over(keys), dtype=grads.dtype)
             self.deferred = later @ grads
         return step
+
+    def screen(
+        self, grads: torch.Tensor, keys: np.ndarray, selection: Selection
+    ) -> tuple[torch.Tensor, Selection]:
+        """Drop the rows with a NaN or an infinity from ``selection`` (and zero them, since
+        0 * NaN is NaN); remember their keys in ``dropped``. ``raise`` stops instead."""
+        ok = finite_rows(grads) if grads.shape[0] else np.ones(0, dtype=bool)
+        self.dropped = np.asarray(keys, dtype=np.int64)[~ok]
+        if ok.all():
+            return grads, selection
+        if self.on_nonfinite == "raise":
+            raise NonFiniteGradient(key_workers(self.dropped))
+        grads = torch.where(torch.from_numpy(ok)[:, None], grads, 0.0)
+        dropped = Selection(
+            without(selection.now, self.dropped), without(selection.later, self.dropped)
+        )
+        return grads, dropped
+
+    def _inject(self, grads: torch.Tensor, keys: np.ndarray, selection: Selection) -> None:
+        """Poison, in place, the weighed gradients of the workers a fault drill names, so the
+        value reaches the engine's statistics as a real one would."""
+        if self.inject is None:
+            return
+        workers, values = self.inject
+        self.inject = None
+        weighed = np.concatenate([w.keys[w.weight != 0] for w in (selection.now, selection.later)])
+        owner = key_workers(keys)
+        rows = np.flatnonzero(np.isin(owner, workers) & np.isin(keys, weighed))
+        if rows.size:
+            value = values[np.searchsorted(workers, owner[rows])]
+            grads[torch.from_numpy(rows)] = torch.as_tensor(value, dtype=grads.dtype)[:, None]
 
     def apply(
         self,

@@ -45,9 +45,85 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+#: options of `tailtrain` itself, before the command
+TOP_OPTIONS = ("-h", "--help", "--version", "-v", "--verbose", "--threads")
+
+
+def misplaced_option(parser: argparse.ArgumentParser, argv: Sequence[str]) -> str | None:
+    """A one-line error for an option given where it does not belong: a command's option
+    before the command, or an option of another command after it; else None."""
+    subs = dict(_subparsers(parser))
+    command = None
+    for token in argv:
+        if token == "--":
+            return None
+        flag = token.split("=", 1)[0]
+        if command is None:
+            if token in SUBCOMMANDS:
+                command = token
+            elif token.startswith("-") and not _takes(TOP_OPTIONS, flag):
+                owners = commands_with(parser, flag)
+                if not owners:
+                    return None
+                return (
+                    f"{flag} is an option of {', '.join(owners)}, not of tailtrain itself: "
+                    f"put it after the command, e.g. tailtrain {owners[0]} {flag} ..."
+                )
+            continue
+        if f"{command} {token}" in subs:
+            command = f"{command} {token}"
+        elif token.startswith("--"):
+            known = [o for a in subs[command]._actions for o in a.option_strings]
+            if not _takes(known, flag):
+                return unknown_option_message(parser, command, [flag])
+    return None
+
+
+def _takes(options: Sequence[str], flag: str) -> bool:
+    """Whether ``flag`` is one of ``options`` or an abbreviation argparse accepts."""
+    return any(option.startswith(flag) for option in options) if len(flag) > 1 else False
+
+
+def commands_with(parser: argparse.ArgumentParser, flag: str) -> list[str]:
+    """The commands (and `simulate collectives`) that take option ``flag``."""
+    found = []
+    for name, sub in _subparsers(parser):
+        if any(flag in action.option_strings for action in sub._actions):
+            found.append(name)
+    return found
+
+
+def _subparsers(parser: argparse.ArgumentParser, prefix: str = ""):
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield prefix + name, sub
+                yield from _subparsers(sub, prefix + name + " ")
+
+
+def unknown_option_message(
+    parser: argparse.ArgumentParser, command: str, extras: Sequence[str]
+) -> str:
+    """One line for arguments the command does not take, naming who takes an option."""
+    flag = next((e.split("=", 1)[0] for e in extras if e.startswith("-")), None)
+    if flag is None:
+        return f"unrecognized arguments: {' '.join(extras)}"
+    owners = [name for name in commands_with(parser, flag) if name != command]
+    if not owners:
+        return f"{command} has no option {flag}"
+    return f"{flag} is an option of {', '.join(owners)}, not of {command}"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    wrong = misplaced_option(parser, argv)
+    if wrong is not None:
+        parser.error(wrong)
+    args, extras = parser.parse_known_args(argv)
+    if extras:
+        command = " ".join(filter(None, (args.command, getattr(args, "what", None))))
+        parser.error(unknown_option_message(parser, command, extras))
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.WARNING,
         format="%(levelname)s %(name)s: %(message)s",
@@ -62,7 +138,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(args.run(args) or 0)
     except TailtrainError as exc:
         print(f"tailtrain {args.command}: error: {exc}", file=sys.stderr)
-        return 2
+        return int(getattr(exc, "exit_code", 2))
     except KeyboardInterrupt:
         print("tailtrain: interrupted", file=sys.stderr)
         return 130

@@ -74,6 +74,11 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from tailtrain.sim.capacity import check_memory
+
+    if args.procs >= 1 and args.iterations >= 1:  # the skew and delay draws, a few copies
+        need = 8 * 4 * args.procs * args.iterations
+        check_memory(need, f"--procs {args.procs} x --iterations {args.iterations}", "draws")
     bench = Microbenchmark(
         procs=args.procs,
         skew=args.skew,

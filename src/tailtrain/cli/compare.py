@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 from rich.table import Table
@@ -32,9 +33,14 @@ def register(sub: argparse._SubParsersAction) -> None:
         default=Path("runs/compare"),
         help="folder for the plot, summary and run records (default: %(default)s)",
     )
+    p.add_argument("--overwrite", action="store_true", help="replace the comparison --out holds")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     p.set_defaults(run=run)
+
+
+#: what a comparison writes in --out; a folder holding any of them is not written over
+COMPARE_FILES = ("summary.json", "compare.png", "runs")
 
 
 def parse_seeds(text: str) -> list[int]:
@@ -44,13 +50,16 @@ def parse_seeds(text: str) -> list[int]:
         raise UsageError(f"--seeds {text!r}: {exc}; give e.g. 0,1,2") from None
     if not seeds:
         raise UsageError("--seeds is empty; give e.g. 0,1,2")
+    again = sorted({s for s in seeds if seeds.count(s) > 1})
+    if again:
+        raise UsageError(f"--seeds {text!r} gives seed {again[0]} twice; each seed runs once")
     return seeds
 
 
 def run(args: argparse.Namespace) -> int:
     from tailtrain.plots import plot_comparison
-    from tailtrain.sim.compare import compare
-    from tailtrain.sim.records import clean, prepare_folder
+    from tailtrain.sim.compare import CompareInterrupted, compare
+    from tailtrain.sim.records import claim_folder, clean, clear_run, write_json
     from tailtrain.strategies.registry import parse_strategies
 
     scenario = scenario_from_args(args)
@@ -58,21 +67,46 @@ def run(args: argparse.Namespace) -> int:
     if not strategies:
         raise UsageError("--strategies is empty; give e.g. sync,k-sync:k=8")
     seeds = parse_seeds(args.seeds)
-    out = prepare_folder(args.out)
+    out = claim_folder(args.out, COMPARE_FILES, overwrite=args.overwrite, resume_hint=False)
+    kept: list[tuple[str, int]] = []
+
+    def keep(name: str, seed: int, record) -> None:
+        """Write each run as it finishes; the first one clears what --overwrite replaces."""
+        if not kept:
+            clear_run(out, COMPARE_FILES)
+        record.write(out / "runs" / safe_name(name) / f"seed-{seed}")
+        kept.append((name, seed))
 
     label = f"{len(strategies)} strategies x {len(seeds)} seeds"
     runs = len(strategies) * len(seeds)
-    with step_progress(scenario, label, not args.no_progress, runs) as for_run:
-        counter = iter(range(runs))
-        on_run = (lambda _name, _seed: for_run(next(counter))) if for_run else None
-        result = compare(scenario, strategies, seeds, on_run)
+    try:
+        with step_progress(scenario, label, not args.no_progress, runs) as for_run:
+            counter = iter(range(runs))
+            on_run = (lambda _name, _seed: for_run(next(counter))) if for_run else None
+            result = compare(scenario, strategies, seeds, on_run, keep)
+    except CompareInterrupted as exc:
+        if not kept:
+            clear_run(out, COMPARE_FILES)
+        partial = {
+            "scenario": vars(scenario),
+            "seeds": seeds,
+            "results": exc.comparison.rows(),
+            "plot": None,
+            "partial": True,
+            "finished_runs": [{"strategy": name, "seed": seed} for name, seed in kept],
+            "interrupted": {"strategy": exc.strategy, "seed": exc.seed},
+        }
+        write_json(out / "summary.json", partial)
+        print(
+            f"tailtrain compare: interrupted during {exc.strategy} seed {exc.seed}; "
+            f"{len(kept)} finished run(s) and a partial summary are in {out}",
+            file=sys.stderr,
+        )
+        return 130
     rows = result.rows()
-    for name, records in result.runs.items():
-        for seed, record in zip(seeds, records, strict=True):
-            record.write(out / "runs" / safe_name(name) / f"seed-{seed}")
     plot = plot_comparison(result, out / "compare.png")
     summary = {"scenario": vars(scenario), "seeds": seeds, "results": rows, "plot": str(plot)}
-    (out / "summary.json").write_text(json.dumps(clean(summary), indent=2) + "\n")
+    write_json(out / "summary.json", summary)
     if args.json:
         print(json.dumps(clean(summary), indent=2))
     else:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
+from tailtrain.errors import UsageError
+
 if TYPE_CHECKING:  # the simulator pulls in torch: import it only when a command runs
     from tailtrain.sim.scenario import Scenario
 
@@ -94,6 +96,8 @@ def add_scenario_arguments(p: argparse.ArgumentParser) -> None:
 
 
 MAX_SEED = 2**63 - 1
+#: evaluations a time grid may ask for; each one scores the model on the data set
+MAX_EVALS = 1e6
 
 
 def seed_value(text: str) -> int:
@@ -110,6 +114,23 @@ def seed_value(text: str) -> int:
 def scenario_from_args(args: argparse.Namespace, *, default_iterations: int = 200) -> Scenario:
     from tailtrain.sim.scenario import Scenario
 
+    if args.target_loss is not None and args.target_loss < 0:
+        # a library task may have a negative loss; no built-in task has
+        raise UsageError(
+            f"--target-loss {args.target_loss:g} is never reached: every built-in task's "
+            "loss is >= 0; give a target >= 0"
+        )
+    budget, interval = args.time_budget, args.eval_interval
+    if (
+        budget is not None
+        and interval is not None
+        and interval > 0
+        and budget / interval > MAX_EVALS
+    ):
+        raise UsageError(
+            f"--eval-interval {interval:g} asks for {budget / interval:.3g} evaluations within "
+            f"--time-budget {budget:g}; at most {MAX_EVALS:g}: give a larger interval"
+        )
     iterations = args.iterations
     if iterations is None and args.time_budget is None:
         iterations = default_iterations

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 from rich.table import Table
 
 from tailtrain.cli import collectives
 from tailtrain.cli.progress import console, step_progress
-from tailtrain.cli.scenario_args import add_scenario_arguments, scenario_from_args, seed_value
+from tailtrain.cli.run_folder import add_run_arguments
+from tailtrain.cli.scenario_args import add_scenario_arguments, seed_value
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -29,9 +31,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--out", type=Path, default=None, help="folder for steps.jsonl, evals.jsonl, summary.json"
     )
+    add_run_arguments(p)
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     p.set_defaults(run=run)
+    p.set_defaults(defaults={a.dest: a.default for a in p._actions if a.dest != "help"})
     # `tailtrain simulate collectives ...`: the eager-SGD microbenchmark, its own options
     collectives.register(
         p.add_subparsers(dest="what", metavar="{collectives}", parser_class=type(p))
@@ -39,16 +43,20 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from tailtrain.cli.run_folder import prepare_run, resume_run
+    from tailtrain.sim.driver import RunInterrupted
     from tailtrain.sim.records import clean
     from tailtrain.sim.run import simulate
-    from tailtrain.strategies.registry import parse_strategy
 
-    scenario = scenario_from_args(args)
-    strategy = parse_strategy(args.strategy)
-    with step_progress(scenario, strategy.describe(), not args.no_progress) as for_run:
-        record = simulate(scenario, strategy, args.seed, for_run(0) if for_run else None)
-    if args.out is not None:
-        record.write(args.out)
+    job = resume_run(args) if args.resume is not None else prepare_run(args)
+    scenario, strategy = job.scenario, job.strategy
+    try:
+        with step_progress(scenario, strategy.describe(), not args.no_progress) as for_run:
+            progress = for_run(0) if for_run else None
+            record = simulate(scenario, strategy, job.seed, progress, control=job.control)
+    except RunInterrupted as exc:
+        print(f"tailtrain simulate: interrupted at update {exc.step}{job.kept()}", file=sys.stderr)
+        return 130
     if args.json:
         print(json.dumps(clean(record.summary), indent=2))
     else:

@@ -34,23 +34,44 @@ class Comparison:
         return [aggregate(name, records) for name, records in self.runs.items()]
 
 
+class CompareInterrupted(KeyboardInterrupt):
+    """Ctrl-C during a comparison: ``comparison`` holds the runs that finished, and
+    ``strategy`` / ``seed`` name the run that was cut short."""
+
+    def __init__(self, comparison: Comparison, strategy: str, seed: int) -> None:
+        super().__init__(f"interrupted during {strategy} seed {seed}")
+        self.comparison = comparison
+        self.strategy = strategy
+        self.seed = seed
+
+
 def compare(
     scenario: Scenario,
     strategies: Sequence[Strategy],
     seeds: Sequence[int],
     on_run: Callable[[str, int], Callable[[int, float], None] | None] | None = None,
+    on_done: Callable[[str, int, RunRecord], None] | None = None,
 ) -> Comparison:
+    """Every strategy on every seed. ``on_done`` sees each run as it finishes (to keep it
+    at once); Ctrl-C raises :class:`CompareInterrupted` with the runs that finished."""
     runs: dict[str, list[RunRecord]] = {}
     names = [s.describe() for s in strategies]
     twice = sorted({n for n in names if names.count(n) > 1})
     if twice:
         raise UsageError(f"strategy {twice[0]!r} is given twice in --strategies; drop one")
-    for strategy in strategies:
-        name = strategy.describe()
-        runs[name] = [
-            simulate(scenario, strategy, seed, on_run(name, seed) if on_run else None)
-            for seed in seeds
-        ]
+    again = sorted({s for s in seeds if list(seeds).count(s) > 1})
+    if again:
+        raise UsageError(f"seed {again[0]} is given twice in --seeds; each seed runs once")
+    for strategy, name in zip(strategies, names, strict=True):
+        for seed in seeds:
+            try:
+                record = simulate(scenario, strategy, seed, on_run(name, seed) if on_run else None)
+            except KeyboardInterrupt:
+                done = Comparison(scenario, tuple(seeds), runs)
+                raise CompareInterrupted(done, name, seed) from None
+            runs.setdefault(name, []).append(record)
+            if on_done is not None:
+                on_done(name, seed, record)
     return Comparison(scenario, tuple(seeds), runs)
 
 

@@ -8,19 +8,29 @@ path (``tailtrain.update``) and reports ``StepStats``, and the rule adapts::
          -> engine.apply(plan, selection) -> rule.adapt(state, stats)
 
 Engines (``sim.ps``, ``sim.allreduce``, ``sim.partial``) own time, processes and tensors; the
-driver owns the loop, the record and the evaluations (``sim.evaluation``).
+driver owns the loop, the record and the evaluations (``sim.evaluation``), and how a run is
+kept (:class:`RunControl`): rows streamed to a folder, checkpoints every U updates and a
+resume from one (``sim.checkpoint``), fault drills and what a non-finite gradient does.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol
 
+import numpy as np
+
+from tailtrain.errors import UsageError
+from tailtrain.faults import FaultPlan
+from tailtrain.sim import checkpoint
 from tailtrain.sim.evaluation import Evaluator
-from tailtrain.sim.records import RunRecord
+from tailtrain.sim.records import RUN_FILES, RecordSink, RunRecord, clear_run, write_json
 from tailtrain.sim.scenario import World
 from tailtrain.strategies.base import ArrivalColumns, Plan, Selection, StepStats, Strategy
+from tailtrain.update import NonFiniteGradient, WeightedUpdate
 
 Progress = Callable[[int, float], None]
 Scorer = Callable[[], dict[str, Any]]
@@ -63,26 +73,175 @@ class Engine(Protocol):
 
     def summary(self, record: RunRecord) -> dict[str, Any]: ...
 
+    #: the update path (deferred term, non-finite screening, fault drills); None: no model
+    @property
+    def weighted_update(self) -> WeightedUpdate | None: ...
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
+@dataclass(frozen=True)
+class RunControl:
+    """How a run is kept. ``folder``: stream the record there (and checkpoints, every
+    ``checkpoint_every`` updates), replacing any run it held; ``resume``: a loaded
+    checkpoint to go on from; ``faults``: fault drills; ``on_nonfinite``: ``skip`` drops a
+    gradient with a NaN or an infinity from its update, ``raise`` stops the run
+    (``tailtrain.update``)."""
+
+    folder: Path | None = None
+    checkpoint_every: int | None = None
+    resume: dict[str, Any] | None = None
+    faults: FaultPlan = field(default_factory=FaultPlan)
+    on_nonfinite: str = "skip"
+    #: what started the run (``run.json``), written as a fresh run starts in ``folder``
+    run_info: dict[str, Any] | None = None
+
+    def checkpoint_due(self, step: int) -> bool:
+        every = self.checkpoint_every
+        return self.folder is not None and every is not None and step % every == 0
+
+
+class RunInterrupted(KeyboardInterrupt):
+    """Ctrl-C during a run; ``record`` holds what finished, its summary marked partial."""
+
+    def __init__(self, record: RunRecord, step: int) -> None:
+        super().__init__(f"interrupted at update {step}")
+        self.record = record
+        self.step = step
+
 
 def drive(
-    engine: Engine, strategy: Strategy, world: World, progress: Progress | None = None
+    engine: Engine,
+    strategy: Strategy,
+    world: World,
+    progress: Progress | None = None,
+    control: RunControl | None = None,
 ) -> RunRecord:
     """Run ``strategy`` on ``engine`` until the scenario's budget; return the run record."""
-    state = strategy.init(world.context)
-    record = RunRecord()
-    evals = Evaluator(world.scenario.evaluation, record, engine.learns)
-    evals.start(engine.scorer())
-    while not engine.finished(plan := strategy.plan(state)):
-        before = engine.scorer()
-        played = engine.play(plan)
-        selection = strategy.select(state, played.candidates)
-        stats = engine.apply(plan, selection, played)
-        state = strategy.adapt(state, stats)
-        record.add_step(engine.row(plan, selection, played, stats))
-        engine.advance()
-        evals.after_step(engine.step, engine.now, before, engine.scorer())
-        if progress is not None:
-            progress(engine.step, engine.now)
-    evals.finish(engine.step, engine.now, engine.scorer())
-    record.summary = {**world.summarise(strategy, record), **engine.summary(record)}
-    return record
+    control = control or RunControl()
+    run = _Run(engine, strategy, world, control)
+    try:
+        run.loop(progress)
+    except KeyboardInterrupt:
+        run.close(partial=True)
+        raise RunInterrupted(run.record, engine.step) from None
+    except NonFiniteGradient as exc:
+        run.close(partial=True)
+        raise NonFiniteGradient(exc.workers, step=engine.step) from None
+    run.close(partial=False)
+    return run.record
+
+
+class _Run:
+    """One run's loop, record, evaluations and checkpoints."""
+
+    def __init__(self, engine: Engine, strategy: Strategy, world: World, control: RunControl):
+        self.engine, self.strategy, self.world, self.control = engine, strategy, world, control
+        self.update = engine.weighted_update
+        if self.update is not None:
+            self.update.on_nonfinite = control.on_nonfinite
+        self.record = RunRecord()
+        self.evals = Evaluator(world.scenario.evaluation, self.record, engine.learns)
+        self.state = strategy.init(world.context)
+        self.nonfinite = 0
+        offsets = None
+        if control.resume is not None:
+            offsets = self._resume(control.resume)
+        if control.folder is not None:
+            if offsets is None:  # a fresh start: nothing of an earlier run stays
+                clear_run(control.folder, RUN_FILES)
+                if control.run_info is not None:
+                    write_json(control.folder / "run.json", control.run_info)
+            self.record.sink = RecordSink(control.folder, offsets)
+        if control.resume is None:
+            self.evals.start(engine.scorer())
+
+    def loop(self, progress: Progress | None) -> None:
+        engine, strategy, state = self.engine, self.strategy, self.state
+        while not engine.finished(plan := strategy.plan(state)):
+            before = engine.scorer()
+            played = engine.play(plan)
+            selection = strategy.select(state, played.candidates)
+            if self.update is not None:
+                self.update.inject = self.control.faults.at(engine.step)
+            stats = engine.apply(plan, selection, played)
+            dropped = self._dropped()
+            if dropped.size:  # a gradient screened out did not enter the update
+                stats = dataclasses.replace(stats, used=stats.used[~np.isin(stats.used, dropped)])
+            state = self.state = strategy.adapt(state, stats)
+            row = engine.row(plan, selection, played, stats)
+            if dropped.size:
+                row["nonfinite"] = int(dropped.size)
+                self.nonfinite += int(dropped.size)
+            self.record.add_step(row)
+            engine.advance()
+            self.evals.after_step(engine.step, engine.now, before, engine.scorer())
+            if progress is not None:
+                progress(engine.step, engine.now)
+            if self.control.checkpoint_due(engine.step):
+                self._save()
+        self.evals.finish(engine.step, engine.now, engine.scorer())
+
+    def _dropped(self) -> np.ndarray:
+        if self.update is None:
+            return np.zeros(0, dtype=np.int64)
+        dropped, self.update.dropped = self.update.dropped, np.zeros(0, dtype=np.int64)
+        return dropped
+
+    def close(self, *, partial: bool) -> None:
+        """The summary (marked partial after an interrupt); written if the run streams."""
+        record, engine = self.record, self.engine
+        record.summary = {
+            **self.world.summarise(self.strategy, record),
+            **engine.summary(record),
+            "nonfinite": self.nonfinite,
+        }
+        if self.control.faults.faults:
+            record.summary["injected_faults"] = self.control.faults.describe()
+        if partial:
+            record.summary["partial"] = True
+        folder = self.control.folder
+        if folder is None:
+            return
+        if record.sink is not None:
+            record.sink.close()
+            record.sink = None
+        write_json(folder / "summary.json", record.summary)
+        if not partial:  # a finished run needs no checkpoint
+            (folder / checkpoint.FILENAME).unlink(missing_ok=True)
+
+    def _identity(self) -> dict[str, Any]:
+        scenario = dataclasses.asdict(self.world.scenario)
+        return {"strategy": self.strategy.describe(), "seed": self.world.seed, "scenario": scenario}
+
+    def _save(self) -> None:
+        assert self.control.folder is not None and self.record.sink is not None
+        data = {
+            **self._identity(),
+            "step": self.engine.step,
+            "engine": self.engine.state_dict(),
+            "strategy_state": self.strategy.state_dict(self.state),
+            "evaluator": checkpoint.capture(self.evals, ("schedule", "record", "enabled")),
+            "record": checkpoint.pack({"steps": self.record.steps, "evals": self.record.evals}),
+            "offsets": self.record.sink.offsets(),
+            "nonfinite": self.nonfinite,
+        }
+        checkpoint.save(self.control.folder / checkpoint.FILENAME, data)
+
+    def _resume(self, saved: dict[str, Any]) -> dict[str, int]:
+        """Restore everything a checkpoint holds; return the record files' offsets."""
+        for key, value in self._identity().items():
+            if saved.get(key) != value:
+                raise UsageError(
+                    f"the checkpoint is of another run ({key} {saved.get(key)!r}, not "
+                    f"{value!r}); resume with the flags in the run's run.json"
+                )
+        self.engine.load_state_dict(saved["engine"])
+        self.state = self.strategy.load_state_dict(saved["strategy_state"])
+        checkpoint.restore(self.evals, saved["evaluator"])
+        rows = checkpoint.unpack(saved["record"])
+        self.record.steps, self.record.evals = rows["steps"], rows["evals"]
+        self.nonfinite = int(saved["nonfinite"])
+        return dict(saved["offsets"])

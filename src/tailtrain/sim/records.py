@@ -3,15 +3,22 @@
 ``steps.jsonl`` has one row per update: virtual time, k_t, mini-batch loss, the workers whose
 gradients entered it and their staleness. ``evals.jsonl`` has the periodic evaluations and
 ``summary.json`` the run's summary.
+
+A run streaming to a folder (:class:`RecordSink`) appends each row as it comes and flushes it,
+so a crash loses at most the step in flight; ``summary.json`` is replaced atomically. A folder
+that already holds a run is never written over silently (:func:`claim_folder`).
 """
 
 from __future__ import annotations
 
 import json
 import math
+import os
+import shutil
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import numpy as np
 
@@ -25,12 +32,18 @@ class RunRecord:
     steps: list[dict[str, Any]] = field(default_factory=list)
     evals: list[dict[str, Any]] = field(default_factory=list)
     summary: dict[str, Any] = field(default_factory=dict)
+    #: where rows go as they come (a run streaming to its folder); None: memory only
+    sink: RecordSink | None = field(default=None, repr=False, compare=False)
 
     def add_step(self, row: dict[str, Any]) -> None:
         self.steps.append(row)
+        if self.sink is not None:
+            self.sink.write("steps", row)
 
     def add_eval(self, row: dict[str, Any]) -> None:
         self.evals.append(row)
+        if self.sink is not None:
+            self.sink.write("evals", row)
 
     def column(self, name: str) -> np.ndarray:
         return np.array([row[name] for row in self.steps])
@@ -39,7 +52,98 @@ class RunRecord:
         folder = prepare_folder(folder)
         write_jsonl(folder / "steps.jsonl", self.steps)
         write_jsonl(folder / "evals.jsonl", self.evals)
-        (folder / "summary.json").write_text(json.dumps(clean(self.summary), indent=2) + "\n")
+        write_json(folder / "summary.json", self.summary)
+
+
+#: the files of one run's record, and what else a simulate run keeps in its folder
+RECORD_FILES = ("steps.jsonl", "evals.jsonl", "summary.json")
+RUN_FILES = (*RECORD_FILES, "run.json", "checkpoint.pt")
+
+
+class RecordSink:
+    """Appends rows to ``steps.jsonl`` and ``evals.jsonl`` as a run makes them, flushed.
+
+    ``offsets`` (bytes per file, from :meth:`offsets`) continues a record: each file is cut
+    back to what it held then, so rows written after a checkpoint are not written twice.
+    """
+
+    NAMES = ("steps", "evals")
+
+    def __init__(self, folder: Path, offsets: dict[str, int] | None = None) -> None:
+        self.folder = Path(folder)
+        self._files: dict[str, IO[str]] = {}
+        for name in self.NAMES:
+            path = self.folder / f"{name}.jsonl"
+            if offsets is None:
+                self._files[name] = path.open("w")
+                continue
+            size = path.stat().st_size if path.exists() else -1
+            if size < offsets[name]:
+                raise UsageError(
+                    f"{path} holds less than its checkpoint says ({max(size, 0)} < "
+                    f"{offsets[name]} bytes): it was changed; start the run again with --overwrite"
+                )
+            os.truncate(path, offsets[name])
+            self._files[name] = path.open("a")
+
+    def write(self, name: str, row: dict[str, Any]) -> None:
+        fh = self._files[name]
+        fh.write(json.dumps(clean(row)) + "\n")
+        fh.flush()
+
+    def offsets(self) -> dict[str, int]:
+        """Bytes written to each file so far (everything is flushed)."""
+        return {name: fh.tell() for name, fh in self._files.items()}
+
+    def close(self) -> None:
+        for fh in self._files.values():
+            fh.close()
+
+
+def write_json(path: Path, value: Any) -> None:
+    """Write ``value`` as indented JSON, atomically: a reader sees the old file or the new."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as fh:
+            fh.write(json.dumps(clean(value), indent=2) + "\n")
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def held_run(folder: Path, names: tuple[str, ...]) -> list[str]:
+    """The entries of ``names`` that ``folder`` holds."""
+    folder = Path(folder)
+    return [name for name in names if (folder / name).exists()] if folder.is_dir() else []
+
+
+def claim_folder(
+    folder: Path, names: tuple[str, ...], *, overwrite: bool, resume_hint: bool
+) -> Path:
+    """``folder``, created, for a new run: refused if it holds one (``names``) unless
+    ``overwrite``. Nothing is removed here: the run clears the old one as it starts
+    (:func:`clear_run`), once its input has been checked."""
+    folder = prepare_folder(folder)
+    held = held_run(folder, names)
+    if held and not overwrite:
+        how = f"continue it with --resume {folder}, " if resume_hint else ""
+        raise UsageError(
+            f"--out {folder} already holds a run ({held[0]}); {how}give a new folder, "
+            "or add --overwrite to replace it"
+        )
+    return folder
+
+
+def clear_run(folder: Path, names: tuple[str, ...]) -> None:
+    """Remove a run's entries ``names`` from ``folder`` (never anything else there)."""
+    for name in held_run(folder, names):
+        path = folder / name
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        else:
+            path.unlink()
 
 
 def prepare_folder(folder: Path) -> Path:

@@ -5,7 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from tailtrain.sim.allreduce.engine import AllreduceEngine
-from tailtrain.sim.driver import Progress, drive
+from tailtrain.sim.capacity import check_fits
+from tailtrain.sim.driver import Progress, RunControl, drive
 from tailtrain.sim.durations import DelaySource
 from tailtrain.sim.partial.engine import PartialCollectiveEngine
 from tailtrain.sim.ps.engine import ServerEngine
@@ -29,11 +30,17 @@ def simulate(
     *,
     task: Any = None,
     delays: DelaySource | None = None,
+    control: RunControl | None = None,
 ) -> RunRecord:
     """Run ``strategy`` on ``scenario`` with ``seed``; the same inputs give the same record.
 
-    ``task`` and ``delays`` replace the scenario's task and delay process (tests, own models).
+    ``task`` and ``delays`` replace the scenario's task and delay process (tests, own models);
+    ``control`` streams the record, checkpoints, resumes and drills faults (``sim.driver``).
+    A run too large for this machine's memory is refused before it starts (``sim.capacity``).
     """
     capacity = strategy.micro_batch_capacity(scenario.micro_batches)
+    check_fits(scenario.workers, capacity)
     world = World.build(scenario, seed, task=task, delays=delays, micro_batches=capacity)
-    return drive(ENGINES[strategy.topology](world), strategy, world, progress)
+    if world.task.has_model:
+        check_fits(scenario.workers, capacity, int(world.task.dim))
+    return drive(ENGINES[strategy.topology](world), strategy, world, progress, control)

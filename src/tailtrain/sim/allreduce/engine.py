@@ -22,13 +22,14 @@ from typing import Any
 import numpy as np
 
 from tailtrain.delays.comm import parse_comm_time
+from tailtrain.sim import checkpoint
 from tailtrain.sim.allreduce.learner import RoundLearner
 from tailtrain.sim.allreduce.timing import RoundClock, Stops, measured, stop_rule
 from tailtrain.sim.driver import Played, Scorer
 from tailtrain.sim.records import RunRecord
 from tailtrain.sim.scenario import Scenario, World
 from tailtrain.strategies.base import AllreducePlan, ArrivalColumns, Selection, StepStats
-from tailtrain.update import GradientStats
+from tailtrain.update import GradientStats, WeightedUpdate
 
 
 class AllreduceEngine:
@@ -111,6 +112,31 @@ class AllreduceEngine:
 
     def summary(self, record: RunRecord) -> dict[str, Any]:
         return summarise(record)
+
+    @property
+    def weighted_update(self) -> WeightedUpdate | None:
+        """The update path's state (deferred term, non-finite screening); None: no model."""
+        return None if self.learner is None else self.learner.update
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything a resumed run needs to go on bit for bit (``sim.checkpoint``)."""
+        return {
+            "engine": checkpoint.capture(self, ("world", "clock", "learner")),
+            "clock": checkpoint.capture(self.clock, ("process", "comm")),
+            "delays": checkpoint.delay_state(self.world.process),
+            "learner": None
+            if self.learner is None
+            else checkpoint.capture(self.learner, checkpoint.MODEL_STATIC),
+            "update": None if self.learner is None else self.learner.update.state_dict(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        checkpoint.restore(self, state["engine"])
+        checkpoint.restore(self.clock, state["clock"])
+        checkpoint.restore(self.world.process, state["delays"])
+        if self.learner is not None:
+            checkpoint.restore(self.learner, state["learner"])
+            self.learner.update.load_state_dict(state["update"])
 
 
 def budget_spent(scenario: Scenario, step: int, now: float, plan: AllreducePlan) -> bool:

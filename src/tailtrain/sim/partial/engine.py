@@ -29,6 +29,7 @@ import numpy as np
 import torch
 
 from tailtrain.network import parse_network
+from tailtrain.sim import checkpoint
 from tailtrain.sim.driver import Played, Scorer
 from tailtrain.sim.partial.collectives import CommTimes, Network, RoundTiming, resolve_round
 from tailtrain.sim.partial.models import Gradients, ModelStore
@@ -210,6 +211,38 @@ class PartialCollectiveEngine:
 
     def summary(self, record: RunRecord) -> dict[str, Any]:
         return _summary(record)
+
+    @property
+    def weighted_update(self) -> WeightedUpdate | None:
+        """The update path's state (deferred term, non-finite screening); None: no model."""
+        return None if self.models is None else self.update
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything a resumed run needs to go on bit for bit (``sim.checkpoint``)."""
+        parts = ("world", "procs", "buffers", "models", "comm", "network", "update")
+        return {
+            "engine": checkpoint.capture(self, parts),
+            "procs": checkpoint.capture(self.procs, ("durations",)),
+            "durations": checkpoint.capture(self.procs.durations, checkpoint.DURATIONS_STATIC),
+            "delays": checkpoint.delay_state(self.world.process),
+            "buffers": checkpoint.capture(self.buffers),
+            "comm": checkpoint.capture(self.comm, ("_model",)),
+            "models": None
+            if self.models is None
+            else checkpoint.capture(self.models, checkpoint.MODEL_STATIC),
+            "update": self.update.state_dict(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        checkpoint.restore(self, state["engine"])
+        checkpoint.restore(self.procs, state["procs"])
+        checkpoint.restore(self.procs.durations, state["durations"])
+        checkpoint.restore(self.world.process, state["delays"])
+        checkpoint.restore(self.buffers, state["buffers"])
+        checkpoint.restore(self.comm, state["comm"])
+        if self.models is not None:
+            checkpoint.restore(self.models, state["models"])
+        self.update.load_state_dict(state["update"])
 
 
 def _arrivals(work: Work) -> ArrivalColumns:

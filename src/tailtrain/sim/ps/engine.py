@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from tailtrain.sim import checkpoint
 from tailtrain.sim.driver import Played, Scorer
 from tailtrain.sim.ps.timeline import IDLE, ServerTimeline, StepArrivals
 from tailtrain.sim.ps.trainer import Trainer
@@ -23,7 +24,7 @@ from tailtrain.strategies.base import (
     ServerPlan,
     StepStats,
 )
-from tailtrain.update import GradientStats
+from tailtrain.update import GradientStats, WeightedUpdate
 
 
 class ServerEngine:
@@ -133,3 +134,31 @@ class ServerEngine:
 
     def summary(self, record: RunRecord) -> dict[str, Any]:
         return {}
+
+    @property
+    def weighted_update(self) -> WeightedUpdate | None:
+        """The update path's state (deferred term, non-finite screening); None: no model."""
+        return None if self.trainer is None else self.trainer.update
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything a resumed run needs to go on bit for bit (``sim.checkpoint``)."""
+        tl = self.timeline
+        return {
+            "engine": checkpoint.capture(self, ("world", "timeline", "trainer")),
+            "timeline": checkpoint.capture(tl, ("durations",)),
+            "durations": checkpoint.capture(tl.durations, checkpoint.DURATIONS_STATIC),
+            "delays": checkpoint.delay_state(self.world.process),
+            "trainer": None
+            if self.trainer is None
+            else checkpoint.capture(self.trainer, checkpoint.MODEL_STATIC),
+            "update": None if self.trainer is None else self.trainer.update.state_dict(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        checkpoint.restore(self, state["engine"])
+        checkpoint.restore(self.timeline, state["timeline"])
+        checkpoint.restore(self.timeline.durations, state["durations"])
+        checkpoint.restore(self.world.process, state["delays"])
+        if self.trainer is not None:
+            checkpoint.restore(self.trainer, state["trainer"])
+            self.trainer.update.load_state_dict(state["update"])
