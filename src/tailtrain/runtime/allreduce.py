@@ -267,18 +267,28 @@ def arrivals_of(run: _Rank, rows: np.ndarray, units: int) -> ArrivalColumns:
 
 
 def reduce_and_apply(run: _Rank, work: Work, weighting: Weighting, lr_scale: float) -> np.ndarray:
-    """The weighted allreduce and the update; returns [loss sum, units, sum ||G_n||^2]."""
-    active = work.done > 0
-    gsq = float(work.grad @ work.grad) if active else 0.0
-    reduced = run.comm.weighted_sum(work.grad, weighting.weight, (work.loss_sum, work.done, gsq))
+    """The weighted allreduce and the update; returns [loss sum, units, sum ||G_n||^2,
+    non-finite gradients]. A rank whose gradient holds a NaN or an infinity joins with weight
+    0 and a zero gradient, as the simulator's update path screens it (``tailtrain.update``)."""
+    grad, weight, loss_sum, done = work.grad, weighting.weight, work.loss_sum, work.done
+    bad = not bool(torch.isfinite(grad).all()) or not math.isfinite(loss_sum)
+    if bad:
+        run.log.warning("non-finite gradient: this rank joins the round with weight 0")
+        grad, excluded, loss_sum, done = torch.zeros_like(grad), weight, 0.0, 0
+        weight = 0.0
+    else:
+        excluded = 0.0
+    gsq = float(grad @ grad) if done > 0 else 0.0
+    extras = (loss_sum, done, gsq, float(bad), excluded)
+    reduced = run.comm.weighted_sum(grad, weight, extras)
     sleep(run.injector.comm_time())
-    check_agreement(weighting.total, reduced.total)
+    check_agreement(weighting.total, reduced.total + reduced.extras[4])
     divisor = reduced.total if weighting.divisor is None else weighting.divisor
     # nobody computed anything: every weight and the weighted sum are 0, and so is the step
     divisor = divisor if divisor != 0 else 1.0
     theta = run.learner.theta
     run.learner.theta = run.update.apply_reduced(theta, reduced.numerator, divisor, lr_scale)
-    return reduced.extras
+    return reduced.extras[:4]
 
 
 def account(run: _Rank, plan: Plan, ex: Exchange, timers: tuple, m: int) -> None:
@@ -287,7 +297,7 @@ def account(run: _Rank, plan: Plan, ex: Exchange, timers: tuple, m: int) -> None
     spent = time.perf_counter() - started
     timing = run.comm.gather(np.array([wait.seconds, reduce.seconds, spent]))
     comm, elapsed = float(timing[:, 1].max()), float(timing[:, 2].max())
-    loss_sum, units_done, gsq = ex.extras
+    loss_sum, units_done, gsq, nonfinite = ex.extras
     stats = StepStats(
         step=run.step,
         version=run.step + 1,
@@ -305,7 +315,10 @@ def account(run: _Rank, plan: Plan, ex: Exchange, timers: tuple, m: int) -> None
     done = ex.rows[:, 0].astype(np.int64)
     times = RoundTimes(done, ex.rows[:, 1], ex.rows[:, 2], timing[:, 0], timing[:, 1])
     used = ex.arrivals.worker[stats.used_mask()].tolist()
-    run.record.add_step(round_row(plan, stats, times, used, m))
+    row = round_row(plan, stats, times, used, m)
+    if nonfinite:
+        row["nonfinite"] = int(nonfinite)
+    run.record.add_step(row)
     run.now = stats.time
 
 

@@ -95,6 +95,7 @@ def round_row(
 def run_summary(world: World, strategy: Strategy, record: RunRecord) -> dict[str, Any]:
     """simulate's summary keys, measured: ``wall_time`` in place of ``virtual_time``."""
     summary = {**world.summarise(strategy, record), **summarise(record)}
+    summary["nonfinite"] = int(sum(row.get("nonfinite", 0) for row in record.steps))
     return {("wall_time" if k == "virtual_time" else k): v for k, v in summary.items()}
 
 
