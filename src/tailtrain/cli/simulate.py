@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 from rich.table import Table
@@ -11,6 +12,9 @@ from rich.table import Table
 from tailtrain.cli import collectives
 from tailtrain.cli.progress import console, step_progress
 from tailtrain.cli.scenario_args import add_scenario_arguments, scenario_from_args, seed_value
+
+#: the figure ``--out`` gets: loss and k_t (or τ, or NAP) against virtual time
+FIGURE = "simulate.png"
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -27,7 +31,18 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--seed", type=seed_value, default=0, help="seed of delays, data and init (default 0)"
     )
     p.add_argument(
-        "--out", type=Path, default=None, help="folder for steps.jsonl, evals.jsonl, summary.json"
+        "--out",
+        type=Path,
+        default=None,
+        help="folder for steps.jsonl, evals.jsonl, summary.json and the figure simulate.png",
+    )
+    p.add_argument(
+        "--tensorboard",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="also log the run's scalars for TensorBoard into DIR (step = updates applied, "
+        "wall time = virtual time); needs pip install tailtrain[tensorboard]",
     )
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
@@ -45,19 +60,46 @@ def run(args: argparse.Namespace) -> int:
 
     scenario = scenario_from_args(args)
     strategy = parse_strategy(args.strategy)
+    if args.tensorboard is not None:  # a missing package fails before the run, not after
+        from tailtrain.tensorboard import check_tensorboard
+
+        check_tensorboard(args.tensorboard)
     with step_progress(scenario, strategy.describe(), not args.no_progress) as for_run:
         record = simulate(scenario, strategy, args.seed, for_run(0) if for_run else None)
+    plot = None
     if args.out is not None:
+        from tailtrain.plots import plot_runs
+
         record.write(args.out)
+        plot = plot_runs({strategy.describe(): [record]}, scenario, [args.seed], args.out / FIGURE)
+    if args.tensorboard is not None:
+        from tailtrain.tensorboard import TensorBoardLog
+
+        with TensorBoardLog(args.tensorboard, record.summary.get("eval_metric", "eval")) as board:
+            board.add_record(record.steps, record.evals)
     if args.json:
         print(json.dumps(clean(record.summary), indent=2))
     else:
         print_summary(record.summary)
+    # with --json, standard output is the JSON alone: say where files went on standard error
+    where = sys.stderr if args.json else sys.stdout
+    if plot is not None:
+        print(f"records: {args.out}/steps.jsonl, evals.jsonl, summary.json", file=where)
+        print(f"plot: {plot}", file=where)
+    if args.tensorboard is not None:
+        print(
+            f"tensorboard: {args.tensorboard} (view: tensorboard --logdir {args.tensorboard})",
+            file=where,
+        )
     return 0
 
 
 def print_summary(summary: dict) -> None:
-    table = Table(title=f"tailtrain simulate: {summary['strategy']}", show_header=False)
+    table = Table(
+        title=f"tailtrain simulate: {summary['strategy']}",
+        caption="Times are virtual seconds of the simulated clock.",
+        show_header=False,
+    )
     for key, value in summary.items():
         table.add_row(
             key,
