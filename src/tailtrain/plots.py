@@ -83,9 +83,14 @@ def figure(runs: Runs, scenario: Scenario, seeds: Sequence[int]) -> plt.Figure:
     ax["k"].yaxis.set_major_locator(MaxNLocator(integer=True))
     if thresholds:
         ax["tau"].set_ylabel("threshold τ (s)")
+    for name in ("k", "tau")[: 1 + thresholds]:
+        # from zero: sizes compare at a glance, and a constant line shows no rounding jitter
+        top = ax[name].dataLim.y1
+        ax[name].set_ylim(0.0, 1.08 * top if np.isfinite(top) and top > 0 else 1.0)
+        ax[name].ticklabel_format(axis="y", useOffset=False)
     axes[-1, 0].set_xlabel("virtual time (s)")
     axes[-1, 0].set_xlim(0.0, end)
-    fig.suptitle(title(scenario))
+    axes[0, 0].set_title(title(scenario), fontsize="medium")  # over the panels, not the legend
     _legend(fig, axes[0, 0])
     fig.supxlabel(caption(seeds, end / BINS, learns), fontsize="small", x=0.01, ha="left")
     fig.get_layout_engine().set(h_pad=0.08)
@@ -93,14 +98,14 @@ def figure(runs: Runs, scenario: Scenario, seeds: Sequence[int]) -> plt.Figure:
 
 
 def title(scenario: Scenario) -> str:
-    """Two lines naming everything that sets the scenario apart: task, workers, data, delays."""
+    """Three lines naming what sets the scenario apart: task and data, delays, worker pattern."""
     first = f"{scenario.task}, {scenario.workers} workers, partition {scenario.partition}"
-    second = [f"delay {scenario.delay}", f"pattern {scenario.pattern}"]
+    second = [f"delay {scenario.delay}"]
     if scenario.micro_batches is not None:
         second.append(f"{scenario.micro_batches} micro-batches")
     if scenario.comm_time is not None:
-        second.append(f"comm {scenario.comm_time}")
-    return f"{first}\n{', '.join(second)}"
+        second.append(f"comm time {scenario.comm_time}")
+    return f"{first}\n{', '.join(second)}\npattern {scenario.pattern}"
 
 
 def caption(seeds: Sequence[int], bin_width: float, learns: bool) -> str:
@@ -189,7 +194,7 @@ def _decorate_loss(ax: Axes, target: float | None) -> None:
     if target is not None:
         ax.axhline(target, color="grey", linestyle=":", label=f"target loss {target:g}")
     low, high = ax.get_ylim()
-    if low > 0 and high / low > 10:  # log only when the losses span more than a decade
+    if low > 0 and high / low > 30:  # log only when the losses span well over a decade
         ax.set_yscale("log")
     ax.set_ylabel("train loss")
 
