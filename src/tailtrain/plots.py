@@ -54,18 +54,7 @@ def figure(runs: Runs, scenario: Scenario, seeds: Sequence[int]) -> plt.Figure:
     some strategy has a threshold."""
     learns = any(_losses(r)[0].size for records in runs.values() for r in records)
     thresholds = any(np.isfinite(_threshold(r)).any() for rs in runs.values() for r in rs)
-    panels = ["loss"] * learns + ["k"] + ["tau"] * thresholds
-    heights = {"loss": 3.0, "k": 2.0, "tau": 1.5}
-    fig, axes = plt.subplots(
-        len(panels),
-        1,
-        figsize=(11, 1.6 + sum(heights[p] for p in panels)),
-        sharex=True,
-        height_ratios=[heights[p] for p in panels],
-        layout="constrained",
-        squeeze=False,
-    )
-    ax = dict(zip(panels, axes[:, 0], strict=True))
+    fig, ax = _panels(["loss"] * learns + ["k"] + ["tau"] * thresholds)
     end = scenario.time_budget or max(
         (r.steps[-1]["time"] for rs in runs.values() for r in rs if r.steps), default=1.0
     )
@@ -79,22 +68,43 @@ def figure(runs: Runs, scenario: Scenario, seeds: Sequence[int]) -> plt.Figure:
             _draw_binned(ax["tau"], records, edges, "threshold", style, name)
     if learns:
         _decorate_loss(ax["loss"], scenario.target_loss)
-    ax["k"].set_ylabel("k_t: gradients per\nupdate (NAP for eager)")
-    ax["k"].yaxis.set_major_locator(MaxNLocator(integer=True))
-    if thresholds:
-        ax["tau"].set_ylabel("threshold τ (s)")
-    for name in ("k", "tau")[: 1 + thresholds]:
-        # from zero: sizes compare at a glance, and a constant line shows no rounding jitter
-        top = ax[name].dataLim.y1
-        ax[name].set_ylim(0.0, 1.08 * top if np.isfinite(top) and top > 0 else 1.0)
-        ax[name].ticklabel_format(axis="y", useOffset=False)
-    axes[-1, 0].set_xlabel("virtual time (s)")
-    axes[-1, 0].set_xlim(0.0, end)
-    axes[0, 0].set_title(title(scenario), fontsize="medium")  # over the panels, not the legend
-    _legend(fig, axes[0, 0])
+    _label_decisions(ax)
+    bottom, top = fig.axes[-1], fig.axes[0]
+    bottom.set_xlabel("virtual time (s)")
+    bottom.set_xlim(0.0, end)
+    top.set_title(title(scenario), fontsize="medium")  # over the panels, not the legend
+    _legend(fig, top)
     fig.supxlabel(caption(seeds, end / BINS, learns), fontsize="small", x=0.01, ha="left")
     fig.get_layout_engine().set(h_pad=0.08)
     return fig
+
+
+def _panels(panels: list[str]) -> tuple[plt.Figure, dict[str, Axes]]:
+    heights = {"loss": 3.0, "k": 2.0, "tau": 1.5}
+    fig, axes = plt.subplots(
+        len(panels),
+        1,
+        figsize=(11, 1.6 + sum(heights[p] for p in panels)),
+        sharex=True,
+        height_ratios=[heights[p] for p in panels],
+        layout="constrained",
+        squeeze=False,
+    )
+    return fig, dict(zip(panels, axes[:, 0], strict=True))
+
+
+def _label_decisions(ax: dict[str, Axes]) -> None:
+    """k_t on integer ticks; k_t and τ from zero, so sizes compare at a glance and a constant
+    line shows no rounding jitter."""
+    ax["k"].set_ylabel("k_t: gradients per\nupdate (NAP for eager)")
+    ax["k"].yaxis.set_major_locator(MaxNLocator(integer=True))
+    if "tau" in ax:
+        ax["tau"].set_ylabel("threshold τ (s)")
+    for name in ("k", "tau"):
+        if name in ax:
+            top = ax[name].dataLim.y1
+            ax[name].set_ylim(0.0, 1.08 * top if np.isfinite(top) and top > 0 else 1.0)
+            ax[name].ticklabel_format(axis="y", useOffset=False)
 
 
 def title(scenario: Scenario) -> str:
