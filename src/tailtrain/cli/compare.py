@@ -6,12 +6,16 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rich.table import Table
 
 from tailtrain.cli.progress import console, step_progress
 from tailtrain.cli.scenario_args import add_scenario_arguments, scenario_from_args, seed_value
 from tailtrain.errors import UsageError
+
+if TYPE_CHECKING:
+    from tailtrain.sim.compare import Comparison
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -110,41 +114,81 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(clean(summary), indent=2))
     else:
-        print_table(rows, scenario.target_loss)
+        print_table(rows, scenario.target_loss, eval_metric(result))
         print(f"plot: {plot}\nsummary: {out / 'summary.json'}")
     return 0
+
+
+def eval_metric(result: Comparison) -> str | None:
+    """What the runs' "final_eval" measures (``accuracy``, ``mse``, ``none``)."""
+    return next((r.summary.get("eval_metric") for rs in result.runs.values() for r in rs), None)
 
 
 def safe_name(name: str) -> str:
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
 
 
-def fmt(row: dict, key: str) -> str:
+#: characters per line of a strategy spec wrapped for a narrow terminal
+NAME_WIDTH = 16
+#: what ``summary["eval_metric"]`` measures, as a column header
+METRIC_NAMES = {"accuracy": "final test accuracy", "mse": "final test MSE"}
+
+
+def fmt(row: dict, key: str, sep: str = " ± ") -> str:
     mean, std = row.get(key), row.get(f"{key}_std")
     if mean is None:
         return "-"
-    return f"{mean:.4g}" if std is None else f"{mean:.4g} ± {std:.2g}"
+    return f"{mean:.4g}" if std is None else f"{mean:.4g}{sep}{std:.2g}"
 
 
-def print_table(rows: list[dict], target: float | None) -> None:
-    table = Table(title="tailtrain compare (mean ± std over seeds)")
-    for col in (
-        "strategy",
-        f"time to loss {target}" if target else "time to target",
-        "final loss",
-        "final eval",
+def print_table(rows: list[dict], target: float | None, metric: str | None = None) -> None:
+    """Mean ± std over seeds, one line per strategy when the terminal is wide enough; else the
+    spread goes below the mean and a long strategy spec wraps after its commas."""
+    from rich.measure import Measurement
+
+    out = console()
+    table = results_table(rows, target, metric, narrow=False)
+    if Measurement.get(out, out.options.update(max_width=10**4), table).maximum > out.width:
+        table = results_table(rows, target, metric, narrow=True)
+    out.print(table)
+
+
+def results_table(
+    rows: list[dict], target: float | None, metric: str | None, narrow: bool
+) -> Table:
+    from tailtrain.plots import wrap_spec
+
+    sep = "\n± " if narrow else " ± "
+    seeds = max((row["seeds"] for row in rows), default=0)
+    table = Table(
+        title=f"tailtrain compare: mean ± std over {seeds} seed{'s' * (seeds != 1)}",
+        caption="Times are virtual seconds of the simulated clock."
+        + (
+            " (r/n): seeds that reached the target; time averaged over those."
+            if target is not None
+            else ""
+        ),
+    )
+    names = [wrap_spec(row["strategy"], NAME_WIDTH if narrow else 10**6) for row in rows]
+    table.add_column("strategy", no_wrap=True)
+    headers = (
+        *([f"time to train loss {target:g} (s)"] if target is not None else []),
+        "final train loss",
+        METRIC_NAMES.get(metric or "", "final eval"),
         "mean k",
-        "mean iter time",
-    ):
-        table.add_column(col)
-    for row in rows:
-        reached = f" ({row['reached_target']}/{row['seeds']})" if target else ""
+        "iteration time (s)",
+    )
+    for header in headers:
+        table.add_column(header, overflow="fold")
+    for row, name in zip(rows, names, strict=True):
+        reached = f"({row['reached_target']}/{row['seeds']})"
+        to_target = [f"{fmt(row, 'time_to_target', sep)}{sep[0]}{reached}"]
         table.add_row(
-            row["strategy"],
-            fmt(row, "time_to_target") + reached,
-            fmt(row, "final_loss"),
-            fmt(row, "final_eval"),
-            fmt(row, "mean_k"),
-            fmt(row, "mean_iteration_time"),
+            "\n".join(name),
+            *(to_target if target is not None else []),
+            fmt(row, "final_loss", sep),
+            fmt(row, "final_eval", sep),
+            fmt(row, "mean_k", sep),
+            fmt(row, "mean_iteration_time", sep),
         )
-    console().print(table)
+    return table

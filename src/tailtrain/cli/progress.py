@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -49,5 +50,7 @@ def step_progress(
 
 
 def console() -> Console:
-    """Standard output; wide enough for our tables when it is a pipe or a file, not a terminal."""
-    return Console() if sys.stdout.isatty() else Console(width=160)
+    """Standard output, as wide as the terminal or $COLUMNS; 160 columns for a pipe or a file."""
+    if sys.stdout.isatty() or os.environ.get("COLUMNS", "").isdigit():
+        return Console()
+    return Console(width=160)

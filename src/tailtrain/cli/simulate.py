@@ -14,6 +14,9 @@ from tailtrain.cli.progress import console, step_progress
 from tailtrain.cli.run_folder import add_run_arguments
 from tailtrain.cli.scenario_args import add_scenario_arguments, seed_value
 
+#: the figure ``--out`` gets: loss and k_t (or τ, or NAP) against virtual time
+FIGURE = "simulate.png"
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
@@ -29,7 +32,18 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--seed", type=seed_value, default=0, help="seed of delays, data and init (default 0)"
     )
     p.add_argument(
-        "--out", type=Path, default=None, help="folder for steps.jsonl, evals.jsonl, summary.json"
+        "--out",
+        type=Path,
+        default=None,
+        help="folder for steps.jsonl, evals.jsonl, summary.json and the figure simulate.png",
+    )
+    p.add_argument(
+        "--tensorboard",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="also log the run's scalars for TensorBoard into DIR (step = updates applied, "
+        "wall time = virtual time); needs pip install tailtrain[tensorboard]",
     )
     add_run_arguments(p)
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
@@ -50,6 +64,10 @@ def run(args: argparse.Namespace) -> int:
 
     job = resume_run(args) if args.resume is not None else prepare_run(args)
     scenario, strategy = job.scenario, job.strategy
+    if args.tensorboard is not None:  # a missing package fails before the run, not after
+        from tailtrain.tensorboard import check_tensorboard
+
+        check_tensorboard(args.tensorboard)
     try:
         with step_progress(scenario, strategy.describe(), not args.no_progress) as for_run:
             progress = for_run(0) if for_run else None
@@ -57,15 +75,40 @@ def run(args: argparse.Namespace) -> int:
     except RunInterrupted as exc:
         print(f"tailtrain simulate: interrupted at update {exc.step}{job.kept()}", file=sys.stderr)
         return 130
+    folder, plot = job.control.folder, None
+    if folder is not None:
+        from tailtrain.plots import plot_runs
+
+        plot = plot_runs({strategy.describe(): [record]}, scenario, [job.seed], folder / FIGURE)
+    if args.tensorboard is not None:
+        from tailtrain.tensorboard import TensorBoardLog
+
+        with TensorBoardLog(args.tensorboard, record.summary.get("eval_metric", "eval")) as board:
+            board.add_record(record.steps, record.evals)
     if args.json:
         print(json.dumps(clean(record.summary), indent=2))
     else:
         print_summary(record.summary)
+    # with --json, standard output is the JSON alone: say where files went on standard error
+    where = sys.stderr if args.json else sys.stdout
+    if plot is not None:
+        print(f"records: {folder}/steps.jsonl, evals.jsonl, summary.json", file=where)
+        print(f"plot: {plot}", file=where)
+    if args.tensorboard is not None:
+        print(
+            f"tensorboard: {args.tensorboard} (view: tensorboard --logdir {args.tensorboard})",
+            file=where,
+        )
     return 0
 
 
 def print_summary(summary: dict, command: str = "simulate") -> None:
-    table = Table(title=f"tailtrain {command}: {summary['strategy']}", show_header=False)
+    clock = "virtual seconds of the simulated clock" if command == "simulate" else "wall seconds"
+    table = Table(
+        title=f"tailtrain {command}: {summary['strategy']}",
+        caption=f"Times are {clock}.",
+        show_header=False,
+    )
     for key, value in summary.items():
         table.add_row(
             key,

@@ -1,0 +1,48 @@
+"""The documentation's commands stay valid: every example parses, every strategy has a page."""
+
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+
+from tailtrain.cli import build_parser
+from tailtrain.strategies.registry import BUILDERS, parse_strategies, parse_strategy
+
+DOCS = Path(__file__).resolve().parents[1] / "docs"
+PAGES = sorted(DOCS.rglob("*.md"))
+
+
+def commands(page: Path) -> list[list[str]]:
+    """The `tailtrain ...` commands of a page's bash blocks, continuation lines joined."""
+    blocks = re.findall(r"```bash\n(.*?)```", page.read_text(), flags=re.S)
+    text = "\n".join(blocks).replace("\\\n", " ")
+    return [shlex.split(line)[1:] for line in text.splitlines() if line.startswith("tailtrain ")]
+
+
+def test_every_strategy_has_a_page():
+    assert {p.stem for p in (DOCS / "strategies").glob("*.md")} == set(BUILDERS)
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+def test_example_commands_parse(page):
+    found = commands(page)
+    if page.parent.name == "strategies":
+        assert any(argv[0] == "simulate" for argv in found), "a strategy page needs an example"
+    for argv in found:
+        args = build_parser().parse_args(argv)
+        if getattr(args, "strategy", None):
+            assert parse_strategy(args.strategy).name == page.stem or page.stem not in BUILDERS
+        if getattr(args, "strategies", None):
+            assert parse_strategies(args.strategies)
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+def test_docs_point_only_inside_the_repository(page):
+    text = page.read_text()
+    assert "shared/papers" not in text and "/work/" not in text
+    for target in re.findall(r"\]\(([^)#]+)\)", text):
+        if not target.startswith("http"):
+            assert (page.parent / target).exists(), target
