@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from tailtrain import __version__
 from tailtrain.errors import TailtrainError
 
-SUBCOMMANDS = ("predict", "simulate", "compare")
+SUBCOMMANDS = ("predict", "simulate", "compare", "reproduce")
 
 
 class OneLineErrorParser(argparse.ArgumentParser):
@@ -55,7 +55,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.threads < 1:
         parser.error(f"--threads must be >= 1, got {args.threads}")
     try:
-        if args.command in ("simulate", "compare"):
+        if args.command in ("simulate", "compare", "reproduce"):
             import torch  # only the simulator needs it; predict stays light
 
             torch.set_num_threads(args.threads)
