@@ -13,7 +13,9 @@ from collections.abc import Sequence
 from tailtrain import __version__
 from tailtrain.errors import TailtrainError
 
-SUBCOMMANDS = ("predict", "advise", "simulate", "compare", "train")
+SUBCOMMANDS = ("predict", "advise", "simulate", "compare", "reproduce", "train")
+#: commands that run torch: they get --threads torch threads
+TORCH_COMMANDS = ("simulate", "compare", "advise", "reproduce", "train")
 
 
 class OneLineErrorParser(argparse.ArgumentParser):
@@ -131,7 +133,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.threads < 1:
         parser.error(f"--threads must be >= 1, got {args.threads}")
     try:
-        if args.command in ("simulate", "compare", "advise", "train"):
+        if args.command in TORCH_COMMANDS:
             import torch  # only the simulator and the runtime need it; predict stays light
 
             torch.set_num_threads(args.threads)
