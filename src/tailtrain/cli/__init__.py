@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from tailtrain import __version__
 from tailtrain.errors import TailtrainError
 
-SUBCOMMANDS = ("predict", "advise", "simulate", "compare", "train")
+SUBCOMMANDS = ("predict", "advise", "simulate", "compare", "train", "bench")
 
 
 class OneLineErrorParser(argparse.ArgumentParser):
