@@ -13,9 +13,9 @@ from collections.abc import Sequence
 from tailtrain import __version__
 from tailtrain.errors import TailtrainError
 
-SUBCOMMANDS = ("predict", "advise", "simulate", "compare", "reproduce", "train")
+SUBCOMMANDS = ("predict", "advise", "simulate", "compare", "reproduce", "train", "bench")
 #: commands that run torch: they get --threads torch threads
-TORCH_COMMANDS = ("simulate", "compare", "advise", "reproduce", "train")
+TORCH_COMMANDS = ("simulate", "compare", "advise", "reproduce", "train", "bench")
 
 
 class OneLineErrorParser(argparse.ArgumentParser):

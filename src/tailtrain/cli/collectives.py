@@ -9,7 +9,8 @@ from dataclasses import asdict
 from rich.console import Console
 from rich.table import Table
 
-from tailtrain.network import DEFAULT_HOP
+from tailtrain.errors import UsageError
+from tailtrain.network import DEFAULT_HOP, NetworkModel, parse_network
 from tailtrain.sim.partial.microbench import CollectiveStats, Microbenchmark, run_microbenchmark
 
 
@@ -39,10 +40,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--hop-latency",
         type=float,
-        default=DEFAULT_HOP,
+        default=None,
         metavar="SECONDS",
         help="latency of one activation message; activation takes ceil(log2 P) hops "
-        "(default: %(default)g, an Aries-class latency; the paper gives none)",
+        f"(default: {DEFAULT_HOP:g}, an Aries-class latency; the paper gives none)",
     )
     p.add_argument(
         "--allreduce-time",
@@ -55,9 +56,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--call-overhead",
         type=float,
-        default=0.0,
+        default=None,
         metavar="SECONDS",
         help="software cost every call pays, even when the result is ready (default: 0)",
+    )
+    p.add_argument(
+        "--network",
+        default=None,
+        metavar="hop=,overhead=,allreduce=",
+        help="the three above as one spec, e.g. what `tailtrain bench collectives` measured "
+        "(--network-out); give either this or the separate flags",
     )
     p.add_argument(
         "--delay",
@@ -79,14 +87,15 @@ def run(args: argparse.Namespace) -> int:
     if args.procs >= 1 and args.iterations >= 1:  # the skew and delay draws, a few copies
         need = 8 * 4 * args.procs * args.iterations
         check_memory(need, f"--procs {args.procs} x --iterations {args.iterations}", "draws")
+    network = network_of(args)
     bench = Microbenchmark(
         procs=args.procs,
         skew=args.skew,
         iterations=args.iterations,
-        hop=args.hop_latency,
-        allreduce=args.allreduce_time,
+        hop=network.hop,
+        allreduce=network.allreduce,
         quorum=args.quorum,
-        overhead=args.call_overhead,
+        overhead=network.overhead,
         delay=args.delay,
         seed=args.seed,
     )
@@ -98,10 +107,28 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def print_table(bench: Microbenchmark, results: dict[str, CollectiveStats]) -> None:
+def network_of(args: argparse.Namespace) -> NetworkModel:
+    """--network, or the separate flags (not both); unset values keep the defaults."""
+    flags = {"--hop-latency": args.hop_latency, "--call-overhead": args.call_overhead}
+    flags["--allreduce-time"] = args.allreduce_time
+    given = [name for name, value in flags.items() if value is not None]
+    if args.network is not None:
+        if given:
+            raise UsageError(f"give --network or {given[0]}, not both")
+        return parse_network(args.network)
+    return NetworkModel(
+        hop=DEFAULT_HOP if args.hop_latency is None else args.hop_latency,
+        overhead=0.0 if args.call_overhead is None else args.call_overhead,
+        allreduce=args.allreduce_time,
+    )
+
+
+def print_table(
+    bench, results: dict[str, CollectiveStats], command: str = "simulate collectives"
+) -> None:
     base = results["allreduce"].latency
     table = Table(
-        title=f"tailtrain simulate collectives: {bench.procs} processes, {bench.skew}, "
+        title=f"tailtrain {command}: {bench.procs} processes, {bench.skew}, "
         f"{bench.iterations} iterations"
     )
     for column in ("collective", "mean latency", "vs allreduce", "NAP"):

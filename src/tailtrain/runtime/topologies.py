@@ -11,6 +11,7 @@ from collections.abc import Callable
 from tailtrain.errors import UsageError
 from tailtrain.runtime.allreduce import RankResult, train_allreduce
 from tailtrain.runtime.config import TrainConfig
+from tailtrain.runtime.eager import train_partial
 from tailtrain.runtime.reduce import Collectives
 from tailtrain.strategies.base import Strategy, Topology
 
@@ -18,6 +19,7 @@ RankEntry = Callable[[TrainConfig, Collectives], RankResult]
 
 #: topology -> the function every rank of a job of that topology runs
 TOPOLOGIES: dict[Topology, RankEntry] = {Topology.ALLREDUCE: train_allreduce}
+TOPOLOGIES[Topology.PARTIAL_COLLECTIVE] = train_partial
 
 
 def topology_of(strategy: Strategy) -> Topology:

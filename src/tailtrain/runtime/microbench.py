@@ -1,0 +1,201 @@
+"""eager-SGD's collective microbenchmark (§7.1, Fig. 8) on real processes, and what it measures
+of the network.
+
+P local processes (gloo) run the four collectives in turn through one
+:class:`~tailtrain.runtime.partial.PartialCollective`, ``iterations`` rounds each: every
+iteration they meet at a barrier, process p sleeps its skew (the worker pattern's delay, drawn
+as ``sim.partial.microbench`` draws it: the same seconds), calls the collective with
+``sendbuff = {1}`` and records the seconds inside the call. NAP is the number of processes that
+contributed a gradient of the round's own step. Majority's initiators and quorum's K are the
+simulator's.
+
+It also measures the three numbers of ``tailtrain.network.NetworkModel``:
+
+- ``hop``: (the activation's reach - the initiator's activation) / ⌈log2 P⌉, over the partial
+  rounds, from the activation times every process writes into its slot;
+- ``overhead``: the mean seconds of a call whose round had already completed (it returns at
+  once: the library's own per-call cost);
+- ``allreduce``: the mean seconds from the reach to this rank's allreduce returning.
+
+A first block of ``WARMUP`` synchronous rounds without skew is not counted (connections, caches).
+"""
+
+from __future__ import annotations
+
+import datetime
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from tailtrain.delays import DelayProcess
+from tailtrain.errors import UsageError
+from tailtrain.network import NetworkModel
+from tailtrain.runtime.launch import (
+    Endpoint,
+    JobFailed,
+    describe_failure,
+    max_local_workers,
+    quiet,
+    reserve,
+)
+from tailtrain.runtime.partial import PartialCollective, RoundResult, row
+from tailtrain.sim.partial.collectives import activation_hops
+from tailtrain.sim.partial.microbench import BENCHMARKED, CollectiveStats
+from tailtrain.strategies.eager import Collective, RoundPlan, majority_initiator
+
+WARMUP = 4
+
+
+@dataclass(frozen=True)
+class RealBench:
+    """The setup; ``quorum`` None means ⌈P/2⌉ (as the simulator's)."""
+
+    procs: int = 8
+    skew: str = "linear:step=0.005"
+    iterations: int = 64
+    quorum: int | None = None
+    delay: str = "const:value=0"
+    seed: int = 0
+    timeout: float = 120.0
+
+    def __post_init__(self) -> None:
+        if not 2 <= self.procs <= max_local_workers():
+            raise UsageError(f"--procs must be between 2 and {max_local_workers()} here")
+        if self.iterations < 1:
+            raise UsageError(f"--iterations must be >= 1, got {self.iterations}")
+        if not 1 <= self.quorum_size <= self.procs:
+            raise UsageError(f"--quorum {self.quorum} must be between 1 and --procs {self.procs}")
+
+    @property
+    def quorum_size(self) -> int:
+        return -(-self.procs // 2) if self.quorum is None else self.quorum
+
+    def plan(self, r: int) -> RoundPlan | None:
+        """Round r: WARMUP synchronous rounds, then ``iterations`` of each collective."""
+        if r < WARMUP:
+            return RoundPlan(k=self.procs)
+        phase, i = divmod(r - WARMUP, self.iterations)
+        if phase >= len(BENCHMARKED):
+            return None
+        c = BENCHMARKED[phase]
+        if c is Collective.ALLREDUCE:
+            return RoundPlan(k=self.procs)
+        if c is Collective.MAJORITY:
+            return RoundPlan(
+                k=1, collective=c, initiator=majority_initiator(self.seed, i, self.procs)
+            )
+        return RoundPlan(k=self.quorum_size if c is Collective.QUORUM else 1, collective=c)
+
+    def skews(self) -> np.ndarray:
+        """(iterations, P) seconds each process sleeps before its call, as simulated."""
+        process = DelayProcess(self.delay, self.skew, self.seed, self.procs)
+        return process.next_block(self.iterations)
+
+
+@dataclass(frozen=True)
+class RealResults:
+    stats: dict[str, CollectiveStats]
+    network: NetworkModel
+
+
+def run_real_microbenchmark(bench: RealBench) -> RealResults:
+    """Launch ``bench.procs`` local processes, run the benchmark, summarise rank 0's view."""
+    by_rank = run_local(bench_rank, bench, bench.procs, bench.timeout)
+    return summarise(bench, [by_rank[r] for r in range(bench.procs)])
+
+
+def run_local(entry, arg, procs: int, timeout: float) -> dict[int, Any]:
+    """Run ``entry(arg)`` on ``procs`` forked local processes (a static rendezvous on a free
+    port, no restarts); each joins the gloo group itself. Results by rank."""
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    endpoint = reserve(Endpoint("127.0.0.1", 0))
+    with tempfile.TemporaryDirectory(prefix="tailtrain-bench-") as logs, quiet(False):
+        spec = LaunchConfig(
+            min_nodes=1,
+            max_nodes=1,
+            nproc_per_node=procs,
+            run_id=f"tailtrain-bench-{uuid.uuid4().hex[:12]}",
+            rdzv_backend="static",
+            rdzv_endpoint=str(endpoint),
+            rdzv_configs={"rank": 0, "timeout": max(1, round(timeout))},
+            max_restarts=0,
+            monitor_interval=0.1,
+            start_method="fork",
+            logs_specs=DefaultLogsSpecs(log_dir=logs),
+        )
+        try:
+            return elastic_launch(spec, entry)(arg)
+        except ChildFailedError as exc:
+            raise JobFailed(describe_failure(exc)) from None
+
+
+def join_gloo(timeout: float) -> tuple[int, int]:
+    """init_process_group (gloo, env://) with one torch thread; (rank, world size)."""
+    torch.set_num_threads(1)
+    span = datetime.timedelta(seconds=timeout)
+    dist.init_process_group("gloo", init_method="env://", timeout=span)
+    return dist.get_rank(), dist.get_world_size()
+
+
+def bench_rank(bench: RealBench) -> dict:
+    """One process of the benchmark: its latencies and outcomes, and its rounds' timings."""
+    rank, procs = join_gloo(bench.timeout)
+    rounds: list[tuple] = []
+
+    def after_round(result: RoundResult) -> RoundPlan | None:
+        rounds.append(round_summary(result))
+        return bench.plan(result.index + 1)
+
+    coll = PartialCollective(rank, procs, 1, bench.plan(0), after_round, timeout=bench.timeout)
+    skews = np.vstack([np.zeros((WARMUP, procs)), np.tile(bench.skews(), (len(BENCHMARKED), 1))])
+    calls: list[tuple[int, float, str]] = []
+    one = torch.ones(1, dtype=torch.float64)
+    r = 0
+    while coll.plan(r) is not None:
+        dist.barrier()
+        time.sleep(float(skews[r, rank]))
+        out = coll.call(r, one, row(r, r, coll.now(), coll.now(), 0.0, 1.0))
+        calls.append((r, out.latency, out.kind))
+        r += 1
+    coll.close()
+    dist.destroy_process_group()
+    return {"calls": calls, "rounds": rounds}
+
+
+def round_summary(result: RoundResult) -> tuple:
+    """(round, NAP, activation, reach, this rank's allreduce done)."""
+    nap = len(result.active)
+    return result.index, nap, result.activation, result.reach, result.done
+
+
+def summarise(bench: RealBench, ranks: list[dict]) -> RealResults:
+    """Mean latency per process and call and mean NAP of each collective; the network."""
+    calls = np.array([(r, lat, kind == "late") for d in ranks for r, lat, kind in d["calls"]])
+    rounds = np.array(ranks[0]["rounds"])  # identical on every rank but ``done``
+    done = np.array([[row[4] for row in d["rounds"]] for d in ranks])  # (P, rounds)
+    stats = {}
+    for phase, c in enumerate(BENCHMARKED):
+        low = WARMUP + phase * bench.iterations
+        mine = (calls[:, 0] >= low) & (calls[:, 0] < low + bench.iterations)
+        sel = slice(low, low + bench.iterations)
+        stats[c.value] = CollectiveStats(float(calls[mine, 1].mean()), float(rounds[sel, 1].mean()))
+    partial = slice(WARMUP + bench.iterations, WARMUP + len(BENCHMARKED) * bench.iterations)
+    spread = rounds[partial, 3] - rounds[partial, 2]
+    counted = calls[:, 0] >= WARMUP
+    late = calls[counted & (calls[:, 2] > 0), 1]
+    reduce = done[:, WARMUP:] - rounds[None, WARMUP:, 3]
+    network = NetworkModel(
+        hop=float(spread.mean() / max(1, activation_hops(bench.procs))),
+        overhead=float(late.mean()) if late.size else 0.0,
+        allreduce=float(reduce.mean()),
+    )
+    return RealResults(stats, network)

@@ -1,0 +1,444 @@
+"""Partial collectives on torch.distributed: eager-SGD's solo, majority and quorum allreduce.
+
+eager-SGD (Li et al., §4–§5, Fig. 6–7; its library fflib2) completes an allreduce without
+waiting for the slow processes: an *initiator* activates the round and the activation spreads
+to every process, who then joins the allreduce with whatever its send buffer holds.
+
+Threads and groups (per process)::
+
+    main thread ── call(step, g) ──► send buffer ──┐        (computes; blocks only to wait
+         ▲                                          │         for a round it called in time)
+         │ result of the latest round               ▼
+    reducer thread: wait for activation of round r ─► all_reduce(buffer) on REDUCE group
+    receiver thread: recv(any source) on ACTIVATION group ─► activate r, forward, count calls
+
+Both groups are ``dist.new_group`` groups of their own (activation: gloo; reduce: the job's
+backend), so a round progresses while the main thread computes, sleeps or waits elsewhere.
+
+**Messages** (activation group, three int64 ``[kind, a, sender]``, point to point):
+
+- ``ACT r``: round r is activated. A process activated for the first time for round r (by its
+  own call or by a message) sends ``ACT r`` to its ⌈log2 P⌉ partners ``(rank + 2^j) mod P``;
+  later ``ACT r`` are ignored, so several simultaneous initiators execute the round once
+  (fflib2's consumable operations). From any initiator, everyone is reached within ⌈log2 P⌉
+  hops for any P (dissemination pattern: after hop j every offset < 2^(j+1) holds it).
+- ``CALL r``: a quorum call, sent to the round's counter rank ``r mod P`` (the counter rotates so
+  no rank carries every round); the counter counts its own call without a message and
+  activates round r at the K-th call. The K-th caller initiates by one hop to the counter.
+- ``STOP n``: at the end, to every other rank: "I sent you n messages"; a receiver leaves once
+  every peer's STOP came and all announced messages arrived, so nothing is left unreceived.
+
+**States of a round r on one process**: planned (its plan is known: every rank computes it
+from the previous round's result with the rule, identically) → activated (own call or ``ACT``)
+→ reduced (the reducer's allreduce of round r returned) → adopted (the main thread took it).
+
+**Who may initiate** (``RoundPlan.collective``): solo: any process at its call; majority: only
+the designated rank (``strategies.eager.majority_initiator``, from the shared seed); quorum: the
+counter at the K-th call; allreduce (synchronous rounds: the staleness bound, model averages):
+every process activates itself at its own call and no message is sent, so the allreduce
+completes at the last call.
+
+**A process calls round s** (``call``) with its gradient of step s:
+
+- *late* (a round >= s already completed while it computed): the gradient goes to the send
+  buffer, the process adopts the latest result only (eager-SGD §5) and goes on at once;
+- *waiting* (round s was activated before its call): the gradient is parked in the buffer for
+  the next round and the process waits for round s's result;
+- *active* (its call came first): the gradient joins round s's contribution; it may initiate,
+  then waits for the result.
+
+A round contributes each process's send buffer (fresh and stale gradients; a late process
+contributes what its buffer holds), at most ``capacity`` gradients per process per round, the
+oldest first (the rest wait for the next round). The allreduce buffer is
+``[sum g (D), sum of fresh g (D), slots (P, 4 + 6 capacity)]``: every process writes its slot
+(initiated, activation time, snapshot time, rows; rows of ``job, version, start, finish, loss,
+||g||^2``) and zeros elsewhere, so one SUM gives every rank the same arrivals.
+
+Every wait is bounded by ``timeout`` (a ``datetime.timedelta`` on the groups, a deadline on
+the condition waits); threads are daemons and are joined by :meth:`PartialCollective.close`.
+Times are seconds on each rank's monotonic clock since the start barrier (one machine shares
+it; across machines their skew is the barrier's).
+"""
+
+from __future__ import annotations
+
+import datetime
+import sys
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from tailtrain.errors import TailtrainError
+from tailtrain.sim.partial.collectives import activation_hops
+from tailtrain.strategies.base import ArrivalColumns
+from tailtrain.strategies.eager import Collective, RoundPlan
+
+ACT, CALL, STOP = 1, 2, 3
+#: columns of one contributed gradient's row
+ROW = ("job", "version", "start", "finish", "loss", "gsq")
+HEAD = ("initiated", "activated", "snapshot", "rows")
+#: gradients one process contributes per round at most (the rest wait a round)
+CAPACITY = 4
+#: the GIL's switch interval while a collective runs: its threads must answer promptly
+SWITCH_INTERVAL = 5e-4
+#: completed rounds each rank keeps
+KEEP = 64
+
+
+class CollectiveTimeout(TailtrainError):
+    """A wait of the partial collective exceeded its timeout (a peer is gone or hung)."""
+
+
+def partners(rank: int, procs: int) -> list[int]:
+    """Where this rank forwards an activation: ``(rank + 2^j) mod P``, j < ⌈log2 P⌉."""
+    return [(rank + (1 << j)) % procs for j in range(activation_hops(procs))]
+
+
+def counter_of(round_index: int, procs: int) -> int:
+    """The rank that counts the calls of quorum round ``round_index``."""
+    return round_index % procs
+
+
+@dataclass(frozen=True)
+class RoundResult:
+    """What every rank knows after round ``index``: the summed gradients and the slots."""
+
+    index: int
+    plan: RoundPlan
+    total: torch.Tensor  # sum of every contributed gradient
+    fresh: torch.Tensor  # sum of the fresh (this round's step) gradients
+    slots: np.ndarray  # (P, len(HEAD) + capacity * len(ROW))
+    done: float  # when this rank's allreduce returned
+
+    @property
+    def rows(self) -> np.ndarray:
+        """(n, 1 + len(ROW)) contributed gradients: worker, then the ROW columns."""
+        p, cap = len(self.slots), (self.slots.shape[1] - len(HEAD)) // len(ROW)
+        table = self.slots[:, len(HEAD) :].reshape(p, cap, len(ROW))
+        have = np.arange(cap)[None, :] < self.slots[:, 3, None]
+        worker = np.broadcast_to(np.arange(p)[:, None], (p, cap))[have]
+        return np.column_stack([worker, table[have]])
+
+    def arrivals(self) -> ArrivalColumns:
+        rows = self.rows
+        return ArrivalColumns(rows[:, 0], rows[:, 1], rows[:, 2], rows[:, 3], rows[:, 4])
+
+    @property
+    def initiators(self) -> np.ndarray:
+        return np.flatnonzero(self.slots[:, 0] > 0)
+
+    @property
+    def active(self) -> np.ndarray:
+        """Ranks that contributed a gradient of this round's step (NAP = their number)."""
+        rows = self.rows
+        return np.unique(rows[rows[:, 2] == self.index, 0].astype(np.int64))
+
+    @property
+    def reach(self) -> float:
+        """When the activation had reached every process."""
+        return float(self.slots[:, 1].max())
+
+    @property
+    def activation(self) -> float:
+        return float(self.slots[:, 1].min())
+
+    @property
+    def closed(self) -> float:
+        """The round's time, identical on every rank: the last snapshot of a send buffer."""
+        return float(self.slots[:, 2].max())
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What a call gave back: how it met its round (late, waiting, active), the round it
+    called, the result it adopts (the latest) and the seconds spent inside the call."""
+
+    kind: str
+    called: int
+    result: RoundResult
+    latency: float
+
+
+@dataclass
+class _Entry:
+    row: np.ndarray
+    grad: torch.Tensor
+    not_before: int  # the first round that may take it
+
+
+@dataclass
+class _Shared:
+    """State shared by the three threads, under ``PartialCollective.cond``."""
+
+    plans: dict[int, RoundPlan | None] = field(default_factory=dict)
+    activated: dict[int, float] = field(default_factory=dict)
+    initiated: set[int] = field(default_factory=set)
+    calls: dict[int, int] = field(default_factory=dict)
+    results: dict[int, RoundResult] = field(default_factory=dict)
+    latest: int = -1
+    buffer: list[_Entry] = field(default_factory=list)
+    closing: bool = False
+    error: BaseException | None = None
+
+
+AfterRound = Callable[[RoundResult], RoundPlan | None]
+
+
+class PartialCollective:
+    """One process's end of the partial collective (module docstring).
+
+    ``after_round`` runs on the reducer thread after each round's allreduce, identically on
+    every rank (same result): it returns the next round's plan, or None after the last round.
+    """
+
+    def __init__(
+        self,
+        rank: int,
+        procs: int,
+        dim: int,
+        first: RoundPlan,
+        after_round: AfterRound,
+        *,
+        backend: str = "gloo",
+        device: torch.device | None = None,
+        timeout: float = 300.0,
+        hop_delay: float = 0.0,
+        capacity: int = CAPACITY,
+    ) -> None:
+        self.rank, self.procs, self.dim, self.capacity = rank, procs, dim, capacity
+        self.device = device or torch.device("cpu")
+        self.timeout = timeout
+        self.hop_delay = hop_delay  # emulated extra latency per activation hop (tests)
+        self.after_round = after_round
+        span = datetime.timedelta(seconds=timeout)
+        self.act_group = dist.new_group(backend="gloo", timeout=span)
+        self.red_group = dist.new_group(backend=backend, timeout=span)
+        self.cond = threading.Condition()
+        self.send_lock = threading.Lock()
+        self.state = _Shared(plans={0: first})
+        self.sent = np.zeros(procs, dtype=np.int64)
+        self.pending: deque = deque()
+        self.width = len(HEAD) + capacity * len(ROW)
+        self._switch = sys.getswitchinterval()
+        sys.setswitchinterval(min(self._switch, SWITCH_INTERVAL))
+        dist.barrier(group=self.act_group)
+        self.t0 = time.perf_counter()
+        self.threads = [
+            threading.Thread(target=self._guarded, args=(f, n), name=n, daemon=True)
+            for f, n in ((self._receive, "tailtrain-receiver"), (self._reduce, "tailtrain-reducer"))
+        ]
+        for thread in self.threads:
+            thread.start()
+
+    def now(self) -> float:
+        return time.perf_counter() - self.t0
+
+    # ---- the main thread ------------------------------------------------------------------
+    def plan(self, step: int) -> RoundPlan | None:
+        """The plan of round ``step`` (None: the run is over); known once ``step - 1`` is."""
+        with self.cond:
+            self._wait(lambda: step in self.state.plans, f"the plan of round {step}")
+            return self.state.plans[step]
+
+    def call(self, step: int, grad: torch.Tensor, row: np.ndarray) -> Outcome:
+        """Call round ``step`` with this step's gradient (module docstring)."""
+        began = self.now()
+        with self.cond:
+            s = self.state
+            if s.latest >= step:
+                s.buffer.append(_Entry(row, grad, s.latest + 1))
+                return Outcome("late", step, s.results[s.latest], self.now() - began)
+            plan = s.plans[step]
+            if step in s.activated:
+                kind = "waiting"
+                s.buffer.append(_Entry(row, grad, step + 1))
+            else:
+                kind = "active"
+                s.buffer.append(_Entry(row, grad, step))
+                self._internal(step, plan)
+            self._wait(lambda: s.latest >= step, f"round {step}")
+            return Outcome(kind, step, s.results[s.latest], self.now() - began)
+
+    def _internal(self, step: int, plan: RoundPlan) -> None:
+        """This process's own call of round ``step`` may activate it (who may initiate)."""
+        c = plan.collective
+        if c in (Collective.ALLREDUCE, Collective.SOLO) or (
+            c is Collective.MAJORITY and plan.initiator == self.rank
+        ):
+            self._activate(step, internal=True)
+        elif c is Collective.QUORUM:
+            counter = counter_of(step, self.procs)
+            if counter == self.rank:
+                self._count(step)
+            else:
+                self._send(counter, CALL, step)
+
+    def close(self) -> None:
+        """Leave after the last round: join the reducer, announce the messages sent, wait for
+        every announced one, join the receiver."""
+        with self.cond:
+            self.state.closing = True
+            self.cond.notify_all()
+        receiver, reducer = self.threads
+        reducer.join(self.timeout)
+        if self.state.error is None:  # every rank is past its last round and its last send
+            dist.all_reduce(torch.zeros(1, device=self.device), group=self.red_group)
+            for peer in range(self.procs):
+                if peer != self.rank:
+                    self._send(peer, STOP, int(self.sent[peer]) + 1)
+            receiver.join(self.timeout)
+            self._drain(everything=True)
+        sys.setswitchinterval(self._switch)
+        if self.state.error is not None:
+            raise TailtrainError(f"rank {self.rank}: the collective failed") from self.state.error
+        if any(t.is_alive() for t in self.threads):
+            raise CollectiveTimeout(f"rank {self.rank}: the collective's threads did not stop")
+
+    # ---- activation, counting, messages (any thread, under ``cond``) -----------------------
+    def _activate(self, r: int, internal: bool) -> None:
+        s = self.state
+        if r in s.activated:
+            return
+        s.activated[r] = self.now()
+        if internal:
+            s.initiated.add(r)
+        plan = s.plans.get(r)
+        if plan is None or not plan.synchronous:  # a synchronous round sends no activation
+            for peer in partners(self.rank, self.procs):
+                self._send(peer, ACT, r)
+        self.cond.notify_all()
+
+    def _count(self, r: int) -> None:
+        s = self.state
+        s.calls[r] = s.calls.get(r, 0) + 1
+        self._maybe_quorum(r)
+
+    def _maybe_quorum(self, r: int) -> None:
+        """The counter activates quorum round r at its K-th call (once its plan is known)."""
+        s = self.state
+        plan = s.plans.get(r)
+        if plan is None or plan.collective is not Collective.QUORUM:
+            return
+        if s.calls.get(r, 0) >= plan.k and counter_of(r, self.procs) == self.rank:
+            self._activate(r, internal=True)
+
+    def _send(self, peer: int, kind: int, value: int) -> None:
+        if peer == self.rank:
+            return
+        message = torch.tensor([kind, value, self.rank], dtype=torch.int64)
+        with self.send_lock:
+            work = dist.isend(message, peer, group=self.act_group)
+            self.sent[peer] += 1
+            self.pending.append((work, message))
+
+    def _drain(self, everything: bool = False) -> None:
+        """Complete finished sends (all of them at the end), bounded by the group timeout."""
+        with self.send_lock:
+            keep = 0 if everything else 4 * self.procs
+            while len(self.pending) > keep:
+                work, _ = self.pending.popleft()
+                work.wait()
+
+    # ---- the receiver thread -------------------------------------------------------------
+    def _receive(self) -> None:
+        got = np.zeros(self.procs, dtype=np.int64)
+        announced = np.full(self.procs, -1, dtype=np.int64)
+        announced[self.rank] = 0
+        message = torch.zeros(3, dtype=torch.int64)
+        while not np.all(got == announced):
+            dist.recv(message, group=self.act_group)
+            kind, value, sender = (int(v) for v in message)
+            got[sender] += 1
+            if kind == STOP:
+                announced[sender] = value
+                continue
+            if kind == ACT and self.hop_delay > 0:
+                time.sleep(self.hop_delay)
+            with self.cond:
+                if kind == ACT:
+                    self._activate(value, internal=False)
+                else:
+                    self._count(value)
+
+    # ---- the reducer thread --------------------------------------------------------------
+    def _reduce(self) -> None:
+        r = 0
+        while True:
+            with self.cond:
+                s = self.state
+                self._wait(lambda r=r, s=s: r in s.activated or s.closing, f"activation {r}")
+                if r not in s.activated:
+                    return
+                plan, payload = s.plans[r], self._snapshot(r)
+            dist.all_reduce(payload, group=self.red_group)
+            result = self._result(r, plan, payload.cpu())
+            following = self.after_round(result)
+            with self.cond:
+                s.results[r], s.plans[r + 1], s.latest = result, following, r
+                s.results.pop(r - KEEP, None)
+                self._maybe_quorum(r + 1)
+                self.cond.notify_all()
+            self._drain()
+            if following is None:
+                return
+            r += 1
+
+    def _snapshot(self, r: int) -> torch.Tensor:
+        """This rank's contribution to round r: its buffer's oldest takeable gradients."""
+        s, d = self.state, self.dim
+        payload = torch.zeros(2 * d + self.procs * self.width, dtype=torch.float64)
+        taken = [e for e in s.buffer if e.not_before <= r][: self.capacity]
+        s.buffer = [e for e in s.buffer if not any(e is t for t in taken)]
+        for e in taken:
+            payload[:d] += e.grad.double()
+            if int(e.row[1]) == r:
+                payload[d : 2 * d] += e.grad.double()
+        head = [float(r in s.initiated), s.activated[r], self.now(), len(taken)]
+        rows = np.concatenate([e.row for e in taken]) if taken else np.zeros(0)
+        at = 2 * d + self.rank * self.width
+        payload[at : at + len(HEAD)] = torch.tensor(head, dtype=torch.float64)
+        payload[at + len(HEAD) : at + len(HEAD) + rows.size] = torch.from_numpy(rows)
+        return payload.to(self.device)
+
+    def _result(self, r: int, plan: RoundPlan, payload: torch.Tensor) -> RoundResult:
+        d = self.dim
+        slots = payload[2 * d :].numpy().reshape(self.procs, self.width).copy()
+        return RoundResult(
+            r, plan, payload[:d].clone(), payload[d : 2 * d].clone(), slots, self.now()
+        )
+
+    # ---- helpers -------------------------------------------------------------------------
+    def _wait(self, ready: Callable[[], bool], what: str) -> None:
+        """Wait on ``cond`` (held) until ``ready``, at most ``timeout`` seconds."""
+        deadline = time.monotonic() + self.timeout
+        while not ready():
+            if self.state.error is not None:
+                raise TailtrainError(
+                    f"rank {self.rank}: the collective failed"
+                ) from self.state.error
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise CollectiveTimeout(
+                    f"rank {self.rank}: waited {self.timeout:g}s for {what}; a peer may be gone"
+                )
+            self.cond.wait(min(left, 1.0))
+
+    def _guarded(self, target: Callable[[], None], name: str) -> None:
+        try:
+            target()
+        except BaseException as exc:
+            with self.cond:
+                if self.state.error is None:
+                    self.state.error = exc
+                self.cond.notify_all()
+
+
+def row(job: int, version: int, start: float, finish: float, loss: float, gsq: float) -> np.ndarray:
+    """One contributed gradient's row (``ROW``)."""
+    return np.array([job, version, start, finish, loss, gsq], dtype=np.float64)

@@ -1,0 +1,201 @@
+"""Partial collectives on real gloo processes (``runtime.partial``) and the eager topology.
+
+Each launch costs about a second here, so one launch runs several rounds with hand-made plans
+and sleeps. The references are written from eager-SGD's definitions: a round where everybody
+is active is a plain allreduce (``dist.all_reduce``); a solo round is started by the first
+caller; a process that misses a round contributes its gradient through its send buffer later.
+Sleeps only order events (a sleeper's call comes long after a round); nothing asserts a time.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+import torch
+import torch.distributed as dist
+
+from tailtrain.runtime.config import TrainConfig
+from tailtrain.runtime.launch import Endpoint, launch, reserve
+from tailtrain.runtime.microbench import join_gloo, run_local
+from tailtrain.runtime.partial import PartialCollective, partners, row
+from tailtrain.sim.partial.collectives import activation_hops
+from tailtrain.sim.run import simulate
+from tailtrain.sim.scenario import Scenario
+from tailtrain.strategies.eager import Collective, RoundPlan, majority_initiator
+from tailtrain.strategies.registry import parse_strategy
+
+pytestmark = pytest.mark.timeout(90)
+SLEEP = 1.0  # a sleeper's call comes this long after the fast processes' round
+TIMEOUT = 30.0
+
+
+def grad_of(rank: int, r: int) -> torch.Tensor:
+    """Distinct, exactly summable gradients: rank p's gradient of round r."""
+    return torch.tensor([100.0 * rank + r + 1, 1.0], dtype=torch.float64)
+
+
+def run_plans(plans, sleeps, hop_delay=0.0):
+    """Every rank calls rounds 0..R-1 with ``plans``; rank p sleeps ``sleeps[r][p]`` first.
+    Returns per rank: outcomes (kind, called, adopted round), every round's result, a plain
+    allreduce of round 0's gradients."""
+    rank, procs = join_gloo(TIMEOUT)
+    results = {}
+
+    def after(result):
+        results[result.index] = (
+            result.total.tolist(),
+            result.rows.tolist(),
+            result.initiators.tolist(),
+        )
+        return plans[result.index + 1] if result.index + 1 < len(plans) else None
+
+    coll = PartialCollective(rank, procs, 2, plans[0], after, timeout=TIMEOUT, hop_delay=hop_delay)
+    plain = grad_of(rank, 0).clone()
+    dist.all_reduce(plain)
+    outcomes, step = [], 0
+    while coll.plan(step) is not None:
+        time.sleep(sleeps[step][rank] if step < len(sleeps) else 0.0)
+        out = coll.call(step, grad_of(rank, step), row(step, step, 0.0, 0.0, 0.0, 0.0))
+        outcomes.append((out.kind, out.called, out.result.index))
+        step = out.result.index + 1
+    coll.close()
+    dist.destroy_process_group()
+    return outcomes, results, plain.tolist()
+
+
+def launch_plans(procs, plans, sleeps, hop_delay=0.0):
+    return run_local(_entry, (plans, sleeps, hop_delay), procs, TIMEOUT)
+
+
+def _entry(arg):
+    return run_plans(*arg)
+
+
+def total_of(rows, rounds_grad=grad_of):
+    """The sum a round must give: each contributed (worker, version) gradient once."""
+    return sum(rounds_grad(int(w), int(v)) for w, _, v, *_ in rows).tolist()
+
+
+# ---- the collective ------------------------------------------------------------------------
+def test_activation_reaches_everyone_within_log2_hops():
+    """The dissemination pattern from any initiator, for any P (an independent BFS)."""
+    for procs in range(1, 20):
+        for start in range(procs):
+            seen, frontier, hops = {start}, {start}, 0
+            while len(seen) < procs:
+                frontier = {q for p in frontier for q in partners(p, procs)} - seen
+                seen |= frontier
+                hops += 1
+            assert hops <= activation_hops(procs)
+
+
+def test_all_active_equals_allreduce_and_a_solo_round_leaves_sleepers_behind():
+    p = 4
+    everyone = RoundPlan(k=p, collective=Collective.QUORUM)  # K = P: all are active
+    solo = RoundPlan(k=1, collective=Collective.SOLO)
+    sync = RoundPlan(k=p)
+    plans = [everyone, solo, sync]
+    sleeps = [[0.0] * p, [0.0] + [SLEEP] * (p - 1), [0.0] * p]
+    by_rank = launch_plans(p, plans, sleeps)
+    _, results, plain = by_rank[0]
+    # round 0: everybody active, the sum of all gradients: a plain allreduce
+    total, rows, _ = results[0]
+    assert total == pytest.approx(plain)
+    assert sorted(int(r[0]) for r in rows) == list(range(p))
+    # round 1: rank 0 alone; it returned while the others slept, so they came late
+    total, rows, initiators = results[1]
+    assert list(initiators) == [0]
+    assert [(int(w), int(v)) for w, _, v, *_ in rows] == [(0, 1)]
+    assert total == grad_of(0, 1).tolist()
+    for rank in range(1, p):
+        assert by_rank[rank][0][1] == ("late", 1, 1)
+    # round 2 (synchronous): the sleepers' round-1 gradients arrive through their buffers
+    total, rows, _ = results[2]
+    assert sorted((int(w), int(v)) for w, _, v, *_ in rows) == sorted(
+        [(w, 2) for w in range(p)] + [(w, 1) for w in range(1, p)]
+    )
+    assert total == pytest.approx(total_of(rows))
+    for rank in range(p):
+        assert by_rank[rank][1] == by_rank[0][1]  # every rank saw the same rounds
+
+
+def test_two_simultaneous_initiators_run_one_round():
+    """Ranks 0 and 2 call at once; each activation hop waits 0.3 s, so both initiate before
+    either hears the other; the round runs once and counts each gradient once."""
+    p = 4
+    solo = RoundPlan(k=1, collective=Collective.SOLO)
+    sleeps = [[0.0, SLEEP * 2, 0.0, SLEEP * 2], [0.0] * p]
+    by_rank = launch_plans(p, [solo, RoundPlan(k=p)], sleeps, hop_delay=0.3)
+    _, results, _ = by_rank[0]
+    assert sorted(results) == [0, 1]
+    total, rows, initiators = results[0]
+    assert list(initiators) == [0, 2]
+    assert sorted(int(r[0]) for r in rows) == [0, 2]
+    assert total == pytest.approx((grad_of(0, 0) + grad_of(2, 0)).tolist())
+    assert [o[:2] for o in by_rank[1][0]] == [("late", 0), ("active", 1)]
+
+
+@pytest.mark.parametrize("procs", [3, 5, 6])
+def test_any_number_of_processes(procs):
+    plans = [
+        RoundPlan(k=1, collective=Collective.SOLO),
+        RoundPlan(k=1, collective=Collective.MAJORITY, initiator=majority_initiator(0, 1, procs)),
+        RoundPlan(k=2, collective=Collective.QUORUM),
+        RoundPlan(k=procs),
+    ]
+    rng = np.random.default_rng(procs)
+    sleeps = (rng.random((len(plans), procs)) * 0.05).tolist()
+    by_rank = launch_plans(procs, plans, sleeps)
+    _, results, _ = by_rank[0]
+    assert sorted(results) == list(range(len(plans)))
+    for r, (total, rows, _) in results.items():
+        assert total == pytest.approx(total_of(rows))
+        for rank in range(procs):
+            assert by_rank[rank][1][r][0] == total
+    # after the synchronous round nothing is left in any buffer: every gradient arrived once
+    made = {(rank, int(v)) for rank in range(procs) for _, v, _ in by_rank[rank][0]}
+    got = [(int(w), int(v)) for _, rows, _ in results.values() for w, _, v, *_ in rows]
+    assert sorted(got) == sorted(made)
+
+
+# ---- the training topology -----------------------------------------------------------------
+P = 4
+SEED = 3
+
+
+@pytest.fixture(scope="module")
+def trained():
+    base = {"task": "logreg", "workers": P, "eval_every": 100}
+    bound = Scenario(**base, iterations=6)
+    parity = Scenario(**base, iterations=24, delay="const:value=0.02", pattern="linear:step=0.045")
+    configs = [
+        TrainConfig(bound, "eager:mode=solo,staleness-bound=3", seed=SEED, timeout=60),
+        TrainConfig(parity, "eager:mode=majority", seed=SEED, inject=True, timeout=60),
+    ]
+    by_rank = launch(configs, reserve(Endpoint("127.0.0.1", 0)))
+    return by_rank[0], (parity, "eager:mode=majority")
+
+
+def test_the_staleness_bound_forces_a_synchronous_round(trained):
+    rows = trained[0][0].record.steps
+    assert [r["collective"] for r in rows] == ["solo", "solo", "allreduce"] * 2
+    assert all(r["nap"] == P for r in rows if r["collective"] == "allreduce")
+
+
+def test_majority_decides_as_simulated(trained):
+    """With injected delays 45 ms apart, the initiator and the active set of every round are
+    the simulator's (>= 95% of rounds)."""
+    results, (scenario, text) = trained
+    real = results[1].record.steps
+    sim = simulate(scenario, parse_strategy(text), SEED).steps
+
+    def decision(row, active):
+        return row["initiator"], sorted(active)
+
+    agree = 0
+    for a, b in zip(real, sim, strict=True):
+        fresh = [w for w, s in zip(b["workers"], b["staleness"], strict=True) if s == 0]
+        agree += decision(a, a["active"]) == decision(b, fresh)
+    assert agree >= 0.95 * len(sim)
