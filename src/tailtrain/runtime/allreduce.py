@@ -42,7 +42,7 @@ import torch
 
 from tailtrain.errors import UsageError
 from tailtrain.runtime.config import TrainConfig, build_world
-from tailtrain.runtime.control import RuleDriver, Weighting, check_agreement
+from tailtrain.runtime.control import RuleDriver, Weighting, check_agreement, round_arrivals
 from tailtrain.runtime.inject import InjectedFault, Injector, sleep
 from tailtrain.runtime.reduce import Collectives
 from tailtrain.runtime.telemetry import (
@@ -255,15 +255,7 @@ def sleep_injected(
 
 def arrivals_of(run: _Rank, rows: np.ndarray, units: int) -> ArrivalColumns:
     """The round's arrivals, built from gathered rows: identical on every rank."""
-    n = len(rows)
-    return ArrivalColumns(
-        np.arange(n),
-        np.full(n, run.step),  # rank n's r-th round is its r-th job
-        np.full(n, run.step),
-        np.full(n, run.now),
-        run.now + rows[:, 1],
-        units=rows[:, 0] / units,
-    )
+    return round_arrivals(run.step, run.now, rows[:, 0], rows[:, 1], units)
 
 
 def reduce_and_apply(run: _Rank, work: Work, weighting: Weighting, lr_scale: float) -> np.ndarray:
