@@ -121,7 +121,7 @@ class ModuleGrads:
             out = self.module(data.trim(data.x_train[index]))
             loss = task._per_sample(out, data.y_train[index]).mean()
             grads = torch.autograd.grad(loss, self.params)
-        grad = torch.cat([g.reshape(-1) for g in grads])
+        grad, loss = torch.cat([g.reshape(-1) for g in grads]), loss.detach()
         if task.l2:  # (l2/2) ||theta||^2, as Task's loss adds it
             return float(loss) + float(task._penalty(theta)), grad + task.l2 * theta
         return float(loss), grad
