@@ -4,10 +4,10 @@
     python bench/bench_runtime.py --json     # one JSON object
 
 * ``overhead``: wall time of the allreduce runtime running ``sync`` over a bare
-  ``DistributedDataParallel`` loop, same task (digits-cnn), ranks, steps and data, no injected
-  delay (goal <= 1.03). Both run in the same forked job after a warm-up, interleaved; each
-  side's time is the difference between a long and a short run, so start-up, the first and
-  last evaluations and process start cancel, leaving the training loop itself.
+  ``DistributedDataParallel`` loop, same task (digits-cnn, batch 256), ranks, steps and data,
+  no injected delay (goal <= 1.03). Both run in the same forked job after a warm-up,
+  interleaved; each side's time is the difference between a long and a short run, so
+  start-up, the first and last evaluations and process start cancel, leaving the loop itself.
 * ``dropcompute_real_speedup`` / ``dropcompute_sim_speedup``: mean iteration time of ``sync``
   over ``dropcompute:threshold=auto`` (after its calibration rounds) with 8 ranks, M = 12 and
   injected ``const:value=0.02+dropcompute-noise:scale=0.02``, measured by ``train`` and
