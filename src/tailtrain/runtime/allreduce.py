@@ -42,7 +42,7 @@ import torch
 
 from tailtrain.errors import UsageError
 from tailtrain.runtime.config import TrainConfig, build_world
-from tailtrain.runtime.control import RuleDriver, Weighting, check_agreement
+from tailtrain.runtime.control import RuleDriver, Weighting, check_agreement, round_arrivals
 from tailtrain.runtime.inject import InjectedFault, Injector, sleep
 from tailtrain.runtime.reduce import Collectives
 from tailtrain.runtime.telemetry import (
@@ -102,6 +102,31 @@ class Exchange:
     extras: np.ndarray
 
 
+class ModuleGrads:
+    """One rank's mini-batch loss and flat gradient by plain autograd on an ``nn.Module``, as
+    DDP computes them. The task's batched ``torch.func`` gradients serve many simulated
+    workers at once; for one worker they cost a rank 10-20% more (bench_runtime.py)."""
+
+    def __init__(self, task) -> None:
+        self.task = task
+        self.module = task.module_at(task.init_params(0))
+        self.params = list(self.module.parameters())
+
+    def __call__(self, theta: torch.Tensor, indices: np.ndarray) -> tuple[float, torch.Tensor]:
+        """Mean loss and gradient at ``theta`` over the samples ``indices`` (B,)."""
+        task, data = self.task, self.task.data
+        torch.nn.utils.vector_to_parameters(theta, self.params)
+        index = torch.as_tensor(indices)
+        with torch.enable_grad():
+            out = self.module(data.trim(data.x_train[index]))
+            loss = task._per_sample(out, data.y_train[index]).mean()
+            grads = torch.autograd.grad(loss, self.params)
+        grad, loss = torch.cat([g.reshape(-1) for g in grads]), loss.detach()
+        if task.l2:  # (l2/2) ||theta||^2, as Task's loss adds it
+            return float(loss) + float(task._penalty(theta)), grad + task.l2 * theta
+        return float(loss), grad
+
+
 @dataclass
 class _Rank:
     """Mutable state of one rank's run; lives only inside :func:`train_allreduce`."""
@@ -117,6 +142,7 @@ class _Rank:
     record: RunRecord
     evals: Evaluator
     update: WeightedUpdate
+    grads: ModuleGrads
     now: float = 0.0
     step: int = 0
 
@@ -125,23 +151,28 @@ def train_allreduce(config: TrainConfig, comm: Collectives) -> RankResult:
     """Run ``config`` as rank ``comm.rank`` of ``comm.world_size``; returns this rank's result.
 
     Evaluations follow the simulator's schedule (``sim.evaluation``) on the wall clock of the
-    rounds; rank 0 scores (every rank holds the same parameters) while the others wait.
+    rounds; rank 0 scores (every rank holds the same parameters) while the others wait. Every
+    rank follows the schedule (the others into a record of their own, without scoring), so
+    all know when rank 0 scored and wait for it at a barrier only then.
     """
     run = start(config, comm)
     scenario = run.world.scenario
     run.evals.start(scorer(run))
     while not budget_spent(scenario, run.step, run.now, plan := run.rule.plan()):
-        before = scorer(run)
+        before, evaluated = scorer(run), len(run.evals.record.evals)
         one_round(run, plan)
         run.evals.after_step(run.step, run.now, before, scorer(run))
-        run.comm.barrier()
+        if len(run.evals.record.evals) != evaluated:
+            run.comm.barrier()
     run.evals.finish(run.step, run.now, scorer(run))
     return finish(run)
 
 
 def scorer(run: _Rank):
-    """Scores of today's parameters when called (rank 0 logs them)."""
+    """Scores of today's parameters when called (rank 0 logs them; the others score none)."""
     theta = run.learner.theta
+    if run.comm.rank != 0:
+        return dict
 
     def scores() -> dict:
         values = run.world.task.evaluate(theta)
@@ -159,8 +190,8 @@ def start(config: TrainConfig, comm: Collectives) -> _Rank:
     if world.partition is None:
         raise UsageError(f"task {scenario.task!r} has no model to train; choose e.g. logreg")
     learner = RoundLearner(world.task, world.partition, world.lr, config.seed, scenario.workers)
-    # the first gradient call builds torch.func machinery: keep that out of round 0's time
-    world.task.grads(learner.theta, learner.batches(0, 1)[comm.rank])
+    grads = ModuleGrads(world.task)
+    grads(learner.theta, learner.batches(0, 1)[comm.rank, 0])  # warm-up, out of round 0's time
     return _Rank(
         config=config,
         world=world,
@@ -171,8 +202,9 @@ def start(config: TrainConfig, comm: Collectives) -> _Rank:
         log=RankLog(),
         trace=TraceRows(comm.rank, scenario.micro_batches is not None),
         record=(record := RunRecord()),
-        evals=Evaluator(scenario.evaluation, record, enabled=comm.rank == 0),
+        evals=Evaluator(scenario.evaluation, record if comm.rank == 0 else RunRecord(), True),
         update=WeightedUpdate(world.lr),
+        grads=grads,
     )
 
 
@@ -208,7 +240,7 @@ def compute(
     run: _Rank, plan: Plan, batches: np.ndarray, injected: np.ndarray, m: int, lr: float
 ) -> Work:
     """This rank's units in order, the threshold checked between them (module docstring)."""
-    task, tau, preempt = run.world.task, plan.threshold, plan.preempt
+    task, tau, preempt = run.grads, plan.threshold, plan.preempt
     local = run.learner.theta
     total, step_sum = torch.zeros_like(local), torch.zeros_like(local)
     times = np.full(len(batches), np.nan)
@@ -217,15 +249,15 @@ def compute(
         if not may_start(time.perf_counter() - start, tau, preempt):
             break
         began = time.perf_counter()
-        loss, grad = task.grads(local, batch[None])
+        loss, grad = task(local, batch)
         counts, seconds = sleep_injected(time.perf_counter() - start, injected[u], tau, preempt)
         slept += seconds
         if not counts:
             break
         times[u] = time.perf_counter() - began
-        total += grad[0]
-        step_sum += grad[0]
-        loss_sum += float(loss[0])
+        total += grad
+        step_sum += grad
+        loss_sum += float(loss)
         if (u + 1) % m == 0 and u + 1 < len(batches):  # a local step ends (Local-SGD)
             local = local - lr * step_sum / m
             step_sum.zero_()
@@ -255,15 +287,7 @@ def sleep_injected(
 
 def arrivals_of(run: _Rank, rows: np.ndarray, units: int) -> ArrivalColumns:
     """The round's arrivals, built from gathered rows: identical on every rank."""
-    n = len(rows)
-    return ArrivalColumns(
-        np.arange(n),
-        np.full(n, run.step),  # rank n's r-th round is its r-th job
-        np.full(n, run.step),
-        np.full(n, run.now),
-        run.now + rows[:, 1],
-        units=rows[:, 0] / units,
-    )
+    return round_arrivals(run.step, run.now, rows[:, 0], rows[:, 1], units)
 
 
 def reduce_and_apply(run: _Rank, work: Work, weighting: Weighting, lr_scale: float) -> np.ndarray:

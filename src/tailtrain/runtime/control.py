@@ -66,6 +66,23 @@ def check_agreement(expected_total: float, reduced_total: float) -> None:
         )
 
 
+def round_arrivals(
+    step: int, now: float, done: np.ndarray, compute: np.ndarray, units: int
+) -> ArrivalColumns:
+    """An allreduce round's arrivals from gathered per-rank counts C_n and compute seconds
+    T~_n: rank n's r-th round is its r-th job, a fraction C_n / units of a full one. Built
+    from gathered rows, they are identical on every rank."""
+    n = len(done)
+    return ArrivalColumns(
+        np.arange(n),
+        np.full(n, step),
+        np.full(n, step),
+        np.full(n, now),
+        now + np.asarray(compute, dtype=np.float64),
+        units=np.asarray(done, dtype=np.float64) / units,
+    )
+
+
 def as_allreduce(plan: Plan, n: int) -> AllreducePlan:
     """An allreduce rule's plan as it is; sync's server plan (k = n, fresh only, nothing
     partial) is the same round on an allreduce: every rank's whole gradient, averaged."""
@@ -91,8 +108,11 @@ class RuleDriver:
     def plan(self) -> AllreducePlan:
         return as_allreduce(self.strategy.plan(self.state), self.n)
 
+    def select(self, arrivals: ArrivalColumns) -> Selection:
+        return self.strategy.select(self.state, arrivals)
+
     def weights(self, arrivals: ArrivalColumns, rank: int) -> Weighting:
-        return weighting(self.strategy.select(self.state, arrivals), arrivals, rank)
+        return weighting(self.select(arrivals), arrivals, rank)
 
     def adapt(self, stats: StepStats) -> None:
         self.state = self.strategy.adapt(self.state, stats)

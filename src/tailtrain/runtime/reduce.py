@@ -9,6 +9,9 @@
 * :meth:`Collectives.gather` all-gathers one small float64 row per rank (counts, times), so
   that every rank feeds the rule identical arrivals.
 
+Every collective runs on ``group`` (None: the default process group) and, given ``timeout``,
+waits at most that long for its result (``Work.wait``); otherwise the group's own timeout holds.
+
 A collective that fails because a peer died raises :class:`PeerFailure` on the survivors only
 after ``grace`` seconds: the launcher, which stops the job at the first failed rank, then
 names the rank that failed first instead of one that merely lost its partner.
@@ -16,6 +19,7 @@ names the rank that failed first instead of one that merely lost its partner.
 
 from __future__ import annotations
 
+import datetime
 import logging
 import time
 from collections.abc import Iterator, Sequence
@@ -45,44 +49,88 @@ class WeightedSum(NamedTuple):
 
 
 class Collectives:
-    """The process group's collectives on ``device`` (CPU for gloo, this rank's GPU for nccl)."""
+    """The process group's collectives on ``device`` (CPU for gloo, this rank's GPU for nccl);
+    ``rank`` and ``world_size`` are those within ``group``."""
 
-    def __init__(self, rank: int, world_size: int, device: torch.device, grace: float = GRACE):
+    def __init__(
+        self,
+        rank: int,
+        world_size: int,
+        device: torch.device,
+        grace: float = GRACE,
+        group: dist.ProcessGroup | None = None,
+        timeout: datetime.timedelta | None = None,
+    ):
         self.rank = rank
         self.world_size = world_size
         self.device = device
         self.grace = grace
+        self.group = group
+        self.timeout = timeout
+
+    @classmethod
+    def of_group(
+        cls,
+        group: dist.ProcessGroup | None,
+        device: torch.device,
+        timeout: datetime.timedelta | None = None,
+    ) -> Collectives:
+        """This process's view of ``group`` (None: the default group), already initialised."""
+        rank, size = dist.get_rank(group), dist.get_world_size(group)
+        return cls(rank, size, device, group=group, timeout=timeout)
+
+    def _wait(self, work: dist.Work | None) -> None:
+        if work is None:
+            return
+        if self.timeout is None:
+            work.wait()
+        else:
+            work.wait(self.timeout)
 
     def gather(self, row: np.ndarray) -> np.ndarray:
-        """All ranks' rows, (N, len(row)) float64, identical on every rank."""
+        """All ranks' rows, (N, len(row)) float64, identical on every rank.
+
+        A gather to the group's first rank and a broadcast back: two hops instead of a ring
+        all-gather's N - 1, for rows so small that only latency counts (8 gloo ranks on a
+        loaded 2-core machine: 3.5 ms against 14 ms per call)."""
         mine = torch.as_tensor(np.asarray(row, dtype=np.float64), device=self.device)
-        parts = [torch.empty_like(mine) for _ in range(self.world_size)]
+        parts = [torch.empty_like(mine) for _ in range(self.world_size)] if self.rank == 0 else None
         with self._guard("all_gather"):
-            dist.all_gather(parts, mine)
-        return torch.stack(parts).cpu().numpy()
+            self._wait(dist.gather(mine, parts, group=self.group, group_dst=0, async_op=True))
+            rows = (
+                torch.stack(parts)
+                if parts is not None
+                else mine.new_empty(self.world_size, len(mine))
+            )
+            self._wait(dist.broadcast(rows, group=self.group, group_src=0, async_op=True))
+        return rows.cpu().numpy()
 
     def weighted_sum(
         self, grad: torch.Tensor, weight: float, extras: Sequence[float] = ()
     ) -> WeightedSum:
         """sum_n w_n g_n and sum_n w_n in one all_reduce, plus the sums of ``extras``."""
-        tail = torch.tensor([weight, *extras], dtype=grad.dtype)
+        tail = torch.tensor([weight, *extras], dtype=grad.dtype, device=grad.device)
         buffer = torch.cat([weight * grad, tail]).to(self.device)
         with self._guard("all_reduce"):
-            dist.all_reduce(buffer, op=dist.ReduceOp.SUM)
-        buffer = buffer.cpu()
+            self._wait(
+                dist.all_reduce(buffer, op=dist.ReduceOp.SUM, group=self.group, async_op=True)
+            )
         dim = grad.numel()
-        return WeightedSum(buffer[:dim], float(buffer[dim]), buffer[dim + 1 :].double().numpy())
+        tail = buffer[dim:].double().cpu().numpy()  # the sums stay on the gradient's device
+        return WeightedSum(buffer[:dim].to(grad.device), float(tail[0]), tail[1:])
 
     def barrier(self) -> None:
         """A one-element allreduce: works on every backend without device ids."""
         with self._guard("barrier"):
-            dist.all_reduce(torch.zeros(1, device=self.device))
+            self._wait(
+                dist.all_reduce(torch.zeros(1, device=self.device), group=self.group, async_op=True)
+            )
 
     def gather_objects(self, obj: Any) -> list[Any] | None:
         """Every rank's ``obj`` on rank 0 (None elsewhere)."""
         out = [None] * self.world_size if self.rank == 0 else None
         with self._guard("gather_object"):
-            dist.gather_object(obj, out, dst=0)
+            dist.gather_object(obj, out, group=self.group, group_dst=0)
         return out
 
     @contextmanager

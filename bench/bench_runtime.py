@@ -1,0 +1,357 @@
+"""The runtime (`tailtrain train`) against PyTorch's own loops, and against the simulator.
+
+    python bench/bench_runtime.py            # human-readable lines
+    python bench/bench_runtime.py --json     # one JSON object
+
+* ``overhead``: wall time of the allreduce runtime running ``sync`` over a bare
+  ``DistributedDataParallel`` loop, same task (digits-cnn, batch 256), ranks, steps and data,
+  no injected delay (goal <= 1.03). Both run in the same forked job after a warm-up,
+  interleaved; each side's time is the difference between a long and a short run, so
+  start-up, the first and last evaluations and process start cancel, leaving the loop itself.
+* ``dropcompute_real_speedup`` / ``dropcompute_sim_speedup``: mean iteration time of ``sync``
+  over ``dropcompute:threshold=auto`` (after its calibration rounds) with 8 ranks, M = 12 and
+  injected ``const:value=0.02+dropcompute-noise:scale=0.02``, measured by ``train`` and
+  predicted by ``simulate`` for the same flags and seed (goal: real >= 0.9 x simulated).
+* ``parity_iteration_time_error``: |real - simulated| / real mean iteration time of the same
+  run, the larger over those two runs (goal <= 5%).
+* ``vs_post_local_sgd``: time to a target train loss of the best of tailtrain's candidates
+  over PyTorch's ``PostLocalSGDOptimizer`` + ``post_localSGD_hook`` at its best period in
+  {2, 4, 8}: same task, ranks, micro-batches, data stream and injected delays (the runtime's
+  ``Injector``: the simulator's seeded delay process, slept), evaluation excluded from both
+  clocks, the time interpolated between evaluations (``sim.evaluation.time_to_target``).
+
+A shared, loaded machine skews every wall-clock figure here; the bench says how many CPUs it had.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import gc
+import json
+import os
+import platform
+import socket
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from tailtrain.runtime.allreduce import train_allreduce
+from tailtrain.runtime.config import TrainConfig, build_world
+from tailtrain.runtime.inject import Injector
+from tailtrain.runtime.launch import Endpoint, launch, reserve
+from tailtrain.runtime.reduce import Collectives
+from tailtrain.sim.data_stream import job_batches
+from tailtrain.sim.evaluation import time_to_target
+from tailtrain.sim.records import RunRecord
+from tailtrain.sim.run import simulate
+from tailtrain.sim.scenario import Scenario
+from tailtrain.strategies.registry import parse_strategy
+
+SEED = 0
+OVERHEAD_TASK = "digits-cnn:batch=256"
+DC_DELAY = "const:value=0.02+dropcompute-noise:scale=0.02"
+DC_STRATEGY = "dropcompute:threshold=auto,calibrate=10"
+PLS_DELAY = "const:value=0.01+dropcompute-noise:scale=0.01"
+PLS_PERIODS = (2, 4, 8)
+PLS_LR, PLS_TARGET = 0.5, 0.7
+
+
+# ---- running functions on forked ranks ------------------------------------------------------
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _rank(rank: int, fn: Callable, size: int, port: int, folder: str, args: tuple) -> None:
+    torch.set_num_threads(1)
+    gc.freeze()
+    dist.init_process_group(
+        "gloo",
+        f"tcp://127.0.0.1:{port}",
+        rank=rank,
+        world_size=size,
+        timeout=datetime.timedelta(seconds=120),
+    )
+    result = fn(rank, size, *args)
+    torch.save(result, Path(folder) / f"rank{rank}.pt")
+    dist.destroy_process_group()
+
+
+def on_ranks(fn: Callable, size: int, *args) -> list:
+    """Every rank's return value of ``fn(rank, size, *args)`` in a forked gloo job."""
+    with tempfile.TemporaryDirectory() as folder:
+        mp.start_processes(
+            _rank, (fn, size, free_port(), folder, args), nprocs=size, start_method="fork"
+        )
+        return [torch.load(Path(folder) / f"rank{r}.pt", weights_only=False) for r in range(size)]
+
+
+def mean_iteration(record: RunRecord, skip: int) -> float:
+    """Mean seconds per round after the first ``skip`` rounds (from the cumulative times)."""
+    times = np.concatenate([[0.0], record.column("time")])
+    return float(np.diff(times)[skip:].mean())
+
+
+# ---- 1. overhead: train's sync over bare DDP --------------------------------------------------
+def ddp_loop(rank: int, config: TrainConfig) -> float:
+    """A bare DDP loop on the same task, data stream and learning rate; its wall seconds."""
+    world, _ = build_world(config)
+    task, steps = world.task, config.scenario.iterations
+    model = DDP(task.module_at(task.init_params(config.seed)))
+    optimizer = torch.optim.SGD(model.parameters(), lr=world.lr)
+    rounds = np.arange(steps)
+    index = job_batches(world.partition, config.seed, task.batch_size, [rank] * steps, rounds)
+    xs, ys = task.data.x_train[index[:, 0]], task.data.y_train[index[:, 0]]
+    dist.barrier()
+    start = time.perf_counter()
+    for x, y in zip(xs, ys, strict=True):
+        optimizer.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+        optimizer.step()
+    dist.barrier()
+    return time.perf_counter() - start
+
+
+def train_loop(rank: int, config: TrainConfig) -> float:
+    """``tailtrain train``'s rank entry on the same job; its wall seconds."""
+    comm = Collectives(rank, dist.get_world_size(), torch.device("cpu"))
+    dist.barrier()
+    start = time.perf_counter()
+    train_allreduce(config, comm)
+    dist.barrier()
+    return time.perf_counter() - start
+
+
+def overhead_job(rank: int, size: int, short: int, long: int, repeats: int) -> dict:
+    def config(steps: int) -> TrainConfig:
+        s = Scenario(task=OVERHEAD_TASK, workers=size, iterations=steps, eval_every=steps)
+        return TrainConfig(scenario=s, strategy="sync", seed=SEED, timeout=120)
+
+    ddp_loop(rank, config(short)), train_loop(rank, config(short))  # warm-up
+    times: dict[str, list[float]] = {"ddp": [], "train": []}
+    for _ in range(repeats):
+        for name, loop in (("ddp", ddp_loop), ("train", train_loop)):
+            times[name].append(loop(rank, config(long)) - loop(rank, config(short)))
+    return times
+
+
+def overhead(workers: int, short: int, long: int, repeats: int) -> dict:
+    times = on_ranks(overhead_job, workers, short, long, repeats)[0]
+    ddp, train = min(times["ddp"]), min(times["train"])
+    return {
+        "overhead": train / ddp,
+        "overhead_detail": {
+            "task": OVERHEAD_TASK,
+            "workers": workers,
+            "steps": long - short,
+            "ddp_seconds": ddp,
+            "train_seconds": train,
+            "repeats": repeats,
+        },
+    }
+
+
+# ---- 2. DropCompute: real and simulated speed-up, parity ------------------------------------
+def dropcompute(workers: int, iterations: int) -> dict:
+    scenario = Scenario(
+        task="logreg",
+        workers=workers,
+        micro_batches=12,
+        delay=DC_DELAY,
+        iterations=iterations,
+        eval_every=iterations,
+    )
+    texts = ("sync", DC_STRATEGY)
+    configs = [
+        TrainConfig(scenario=scenario, strategy=t, seed=SEED, inject=True, timeout=120)
+        for t in texts
+    ]
+    real = [r.record for r in launch(configs, reserve(Endpoint("127.0.0.1", 0)))[0]]
+    sim = [simulate(scenario, parse_strategy(t), SEED) for t in texts]
+    skip = parse_strategy(DC_STRATEGY).calibrate
+    real_t = [mean_iteration(r, skip) for r in real]
+    sim_t = [mean_iteration(r, skip) for r in sim]
+    errors = [abs(r - s) / r for r, s in zip(real_t, sim_t, strict=True)]
+    # the same prediction told the communication time the real sync run measured (T^c)
+    comm = float(real[0].column("comm_time")[skip:].mean())
+    told = replace(scenario, comm_time=f"{comm:.6f}")
+    told_t = [mean_iteration(simulate(told, parse_strategy(t), SEED), skip) for t in texts]
+    return {
+        "dropcompute_real_speedup": real_t[0] / real_t[1],
+        "dropcompute_sim_speedup": sim_t[0] / sim_t[1],
+        "dropcompute_real_over_sim": (real_t[0] / real_t[1]) / (sim_t[0] / sim_t[1]),
+        "parity_iteration_time_error": max(errors),
+        "dropcompute_detail": {
+            "workers": workers,
+            "micro_batches": 12,
+            "delay": DC_DELAY,
+            "strategy": DC_STRATEGY,
+            "iterations": iterations,
+            "rounds_measured": iterations - skip,
+            "real_iteration": dict(zip(texts, real_t, strict=True)),
+            "sim_iteration": dict(zip(texts, sim_t, strict=True)),
+            "parity_error": dict(zip(texts, errors, strict=True)),
+            "measured_comm_time": comm,
+            "sim_with_measured_comm": {
+                "iteration": dict(zip(texts, told_t, strict=True)),
+                "speedup": told_t[0] / told_t[1],
+                "parity_error": {
+                    t: abs(r - m) / r for t, r, m in zip(texts, real_t, told_t, strict=True)
+                },
+            },
+            "real_threshold": real[1].summary["threshold"],
+            "sim_threshold": sim[1].summary["threshold"],
+        },
+    }
+
+
+# ---- 3. time to target: tailtrain's best against PostLocalSGD -------------------------------
+def post_local_sgd_job(rank: int, size: int, config: TrainConfig, period: int, warmup: int):
+    """PyTorch's recipe: DDP + post_localSGD_hook (global allreduce for ``warmup`` steps, then
+    within one-rank subgroups) + PostLocalSGDOptimizer averaging every ``period`` steps."""
+    from torch.distributed.algorithms.ddp_comm_hooks.post_localSGD_hook import (
+        PostLocalSGDState,
+        post_localSGD_hook,
+    )
+    from torch.distributed.algorithms.model_averaging.averagers import PeriodicModelAverager
+    from torch.distributed.optim import PostLocalSGDOptimizer
+
+    world, _ = build_world(config)
+    task, s = world.task, config.scenario
+    m, every = s.micro_batches, s.eval_every
+    model = DDP(task.module_at(task.init_params(config.seed)))
+    solo, _ = dist.new_subgroups(group_size=1)
+    model.register_comm_hook(PostLocalSGDState(None, solo, warmup), post_localSGD_hook)
+    optimizer = PostLocalSGDOptimizer(
+        torch.optim.SGD(model.parameters(), lr=world.lr), PeriodicModelAverager(period, warmup)
+    )
+    injector = Injector(world, rank, True)
+    evals, clock = [], 0.0
+    for step in range(s.iterations + 1):
+        if step % every == 0 or step == s.iterations:
+            evals.append({"time": clock, **evaluate(task, model, rank)})
+        if step == s.iterations:
+            break
+        started = time.perf_counter()
+        index = job_batches(world.partition, config.seed, task.batch_size, [rank], [step], m)[0]
+        sleeps = injector.unit_times(1, m, clock)
+        for u in range(m):
+            sync = model.no_sync() if u < m - 1 else _Null()
+            with sync:
+                x, y = task.data.x_train[index[u]], task.data.y_train[index[u]]
+                (F.cross_entropy(model(x), y) / m).backward()
+            time.sleep(sleeps[u])
+        optimizer.step()
+        optimizer.zero_grad()
+        clock += time.perf_counter() - started
+    return evals
+
+
+class _Null:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def evaluate(task, model: DDP, rank: int) -> dict:
+    """Rank 0 scores the average model as the runtime does; the others wait."""
+    theta = torch.nn.utils.parameters_to_vector(model.module.parameters()).detach()
+    averaged = theta.clone()
+    dist.all_reduce(averaged)
+    averaged /= dist.get_world_size()
+    scores = task.evaluate(averaged) if rank == 0 else {}
+    dist.barrier()
+    return scores
+
+
+def versus_post_local_sgd(
+    workers: int, iterations: int, every: int, target: float, candidates: list[str]
+) -> dict:
+    def scenario(rounds: int, eval_every: int) -> Scenario:
+        return Scenario(
+            task="logreg",
+            lr=PLS_LR,
+            workers=workers,
+            micro_batches=4,
+            delay=PLS_DELAY,
+            iterations=rounds,
+            eval_every=eval_every,
+            target_loss=target,
+        )
+
+    configs = []
+    for text in candidates:  # a round of H local steps is H iterations of the others
+        h = parse_strategy(text).period
+        s = scenario(iterations // h, max(1, every // h))
+        configs.append(TrainConfig(scenario=s, strategy=text, seed=SEED, inject=True, timeout=120))
+    records = [r.record for r in launch(configs, reserve(Endpoint("127.0.0.1", 0)))[0]]
+    ours = {t: r.summary["time_to_target"] for t, r in zip(candidates, records, strict=True)}
+    base = TrainConfig(scenario=scenario(iterations, every), strategy="sync", seed=SEED)
+    theirs = {}
+    for period in PLS_PERIODS:
+        record = RunRecord()
+        record.evals = on_ranks(post_local_sgd_job, workers, base, period, 2)[0]
+        theirs[period] = time_to_target(record, target)
+    best_ours = min(((v, k) for k, v in ours.items() if v is not None), default=(None, None))
+    best_theirs = min(((v, k) for k, v in theirs.items() if v is not None), default=(None, None))
+    reached = best_ours[0] is not None and best_theirs[0] is not None
+    return {
+        "vs_post_local_sgd": best_ours[0] / best_theirs[0] if reached else None,
+        "post_local_sgd_detail": {
+            "task": "logreg",
+            "lr": PLS_LR,
+            "workers": workers,
+            "micro_batches": 4,
+            "delay": PLS_DELAY,
+            "target_loss": target,
+            "iterations": iterations,
+            "tailtrain_seconds": ours,
+            "tailtrain_best": best_ours[1],
+            "post_local_sgd_seconds": theirs,
+            "post_local_sgd_best_period": best_theirs[1],
+            "warmup_steps": 2,
+        },
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--overhead-steps", type=int, default=300)
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--dc-iterations", type=int, default=30)
+    parser.add_argument("--pls-iterations", type=int, default=64)
+    args = parser.parse_args()
+    started = time.perf_counter()
+    out: dict = {
+        "cpus": os.cpu_count(),
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+    }
+    out.update(overhead(2, 50, 50 + args.overhead_steps, args.repeats))
+    out.update(dropcompute(8, args.dc_iterations))
+    candidates = [DC_STRATEGY, "local-sgd:period=4", "local-sgd:period=8"]
+    out.update(versus_post_local_sgd(4, args.pls_iterations, 4, PLS_TARGET, candidates))
+    out["bench_seconds"] = time.perf_counter() - started
+    if args.json:
+        print(json.dumps(out, indent=2, default=str))
+        return
+    for key, value in out.items():
+        print(f"{key}: {value}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,16 @@
+"""Adopt a tailtrain strategy in your own PyTorch training loop.
+
+* :class:`StragglerStep`: a training-loop step that owns the micro-batch loop, the threshold,
+  the weighted allreduce and the rule (``sync``, ``dropcompute``, ``local-sgd``).
+* :class:`StragglerHookState` and :func:`weighted_allreduce_hook`: DropCompute for a job that
+  keeps ``DistributedDataParallel`` (a comm hook, ``no_sync`` accumulation).
+
+Both drive the simulator's own rule objects (``tailtrain.runtime.control``) and return a
+:class:`StepRecord` per round: who took part, with which weight, under which threshold.
+"""
+
+from tailtrain.integrate.ddp import StragglerHookState, weighted_allreduce_hook
+from tailtrain.integrate.rounds import StepRecord
+from tailtrain.integrate.step import StragglerStep
+
+__all__ = ["StepRecord", "StragglerHookState", "StragglerStep", "weighted_allreduce_hook"]

@@ -1,0 +1,172 @@
+"""DropCompute for a job that keeps ``DistributedDataParallel``: a comm hook and its state.
+
+    state = StragglerHookState("dropcompute:threshold=auto")
+    ddp_model.register_comm_hook(state, weighted_allreduce_hook)
+    for micro_batches in loader:
+        for x, y in state.micro_batches(ddp_model, micro_batches):   # no_sync + threshold
+            F.cross_entropy(ddp_model(x), y).backward()
+        optimizer.step(); optimizer.zero_grad()
+
+:meth:`StragglerHookState.micro_batches` runs a round of ``tailtrain.integrate.rounds``: it
+yields micro-batches inside ``ddp_model.no_sync()`` (gradients accumulate locally) while the
+threshold allows, all-gathers the counts and times and takes the rule's weights, and then lets
+DDP reduce. DDP reduces only in a backward that its forward armed, and which micro-batch is a
+rank's last is known only after it ran; so the round ends with DDP's own pre- and post-forward
+(the calls ``DistributedDataParallel.forward`` makes around the module) around a zero loss
+that touches every parameter, and its backward fires the hook on every bucket with the
+accumulated gradients. That backward computes nothing but zeros.
+
+:func:`weighted_allreduce_hook` reduces ``[w_n G_n, w_n, withheld, non-finite]`` per bucket,
+G_n = (bucket) / C_n the mean over the rank's counted micro-batches, and returns
+``lr_scale * sum_n w_n G_n / divisor`` (DropCompute Eq. (1) under its weights). It is
+asynchronous (``torch.futures``), hence its own small allreduce rather than
+``runtime.reduce.Collectives.weighted_sum``. Local-SGD averages models, not gradients, so it
+has no hook: use :class:`tailtrain.integrate.StragglerStep`.
+"""
+
+# no ``from __future__ import annotations``: DDP checks the hook's annotations as objects
+import datetime
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+from tailtrain.errors import UsageError
+from tailtrain.integrate.rounds import Rounds, StepRecord, Work
+from tailtrain.runtime.control import Weighting, check_agreement
+from tailtrain.runtime.reduce import Collectives
+from tailtrain.strategies.base import Strategy
+
+#: tail of a bucket's allreduce: [w_n, weight withheld, non-finite flag]
+TAIL = 3
+
+
+@dataclass
+class _Pending:
+    """What the hook needs in the round's final backward: this rank's weight, 1/C_n, lr_scale."""
+
+    mine: Weighting
+    scale: float
+    lr_scale: float
+    nonfinite: int = 0
+
+
+class StragglerHookState:
+    """The state of :func:`weighted_allreduce_hook`: the rule, its state, the last round.
+
+    ``process_group`` should be the DDP model's (None: the default group); ``timeout`` bounds
+    the small gathers around the hook. Pickling and :meth:`state_dict` leave the process group
+    out (as ``torch.distributed.algorithms``' hook states do); an unpickled state uses the
+    default group.
+    """
+
+    def __init__(
+        self,
+        strategy: str | Strategy = "dropcompute",
+        process_group: dist.ProcessGroup | None = None,
+        timeout: datetime.timedelta | None = None,
+        device: torch.device | None = None,
+    ) -> None:
+        self.process_group = process_group
+        self.timeout = timeout
+        device = device or torch.device("cpu")
+        comm = Collectives.of_group(process_group, device, timeout)
+        self.rounds = Rounds(strategy, comm)
+        self.last: StepRecord | None = None
+        self._pending: _Pending | None = None
+
+    def micro_batches(
+        self, ddp_model: DistributedDataParallel, micro_batches: Sequence[Any]
+    ) -> Iterator[Any]:
+        """Yield the round's micro-batches while the threshold allows; then reduce."""
+        batches = list(micro_batches)
+        plan, _ = self.rounds.plan(len(batches))
+        if plan.local_steps > 1:
+            raise UsageError(
+                f"{self.rounds.strategy.describe()!r} averages models every {plan.local_steps} "
+                "local steps, which a DDP comm hook cannot do; use tailtrain.integrate."
+                "StragglerStep (or torch's PostLocalSGDOptimizer)"
+            )
+        work = Work(np.empty(0))
+        for batch in self.rounds.units(batches, plan, work):
+            with ddp_model.no_sync():
+                yield batch
+        agreed = self.rounds.agree(work)
+        self._pending = _Pending(agreed.mine, 1.0 / max(work.done, 1), plan.lr_scale)
+        began = self.rounds.clock()
+        try:
+            flush(ddp_model)
+        finally:
+            pending, self._pending = self._pending, None
+        reduce = self.rounds.clock() - began
+        self.last = self.rounds.close(plan, work, agreed, reduce, pending.nonfinite)
+
+    # ---- checkpoints ----------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """The rule's state (``strategy.state_dict``) and the round count, no process group."""
+        return self.rounds.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.rounds.load_state_dict(state)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {
+            "strategy": self.rounds.strategy,
+            "timeout": self.timeout,
+            "device": self.rounds.comm.device,
+            "rounds": self.rounds.state_dict(),
+        }
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["strategy"], None, state["timeout"], state["device"])
+        self.rounds.load_state_dict(state["rounds"])
+
+
+def weighted_allreduce_hook(
+    state: StragglerHookState, bucket: dist.GradBucket
+) -> torch.futures.Future[torch.Tensor]:
+    """DDP comm hook: ``lr_scale * sum_n w_n G_n / divisor`` of the bucket's gradients."""
+    pending = state._pending
+    if pending is None:
+        raise UsageError(
+            "weighted_allreduce_hook reduces at the end of a round: iterate "
+            "state.micro_batches(ddp_model, micro_batches) and backward inside that loop"
+        )
+    buffer, mine = bucket.buffer(), pending.mine
+    bad = not bool(torch.isfinite(buffer).all())
+    weight, withheld = (0.0, mine.weight) if bad else (mine.weight, 0.0)
+    head = torch.zeros_like(buffer) if bad else buffer * (weight * pending.scale)
+    tail = torch.tensor([weight, withheld, float(bad)], dtype=buffer.dtype, device=buffer.device)
+    work = dist.all_reduce(torch.cat([head, tail]), group=state.process_group, async_op=True)
+
+    def divide(future: torch.futures.Future[list[torch.Tensor]]) -> torch.Tensor:
+        reduced = future.value()[0]
+        total, withheld_sum, nonfinite = reduced[-TAIL:].double().cpu().tolist()
+        check_agreement(mine.total, total + withheld_sum)
+        pending.nonfinite = max(pending.nonfinite, int(nonfinite))
+        divisor = mine.divisor if mine.divisor is not None else total
+        return reduced[:-TAIL].mul_(pending.lr_scale / (divisor if divisor else 1.0))
+
+    return work.get_future().then(divide)
+
+
+def flush(ddp_model: DistributedDataParallel) -> None:
+    """A backward armed as DDP's forward arms it, of a zero loss touching every parameter: the
+    hook fires on every bucket with the gradients accumulated under ``no_sync``.
+
+    DDP's other collectives that would run in the next round's first forward (the one-time
+    bucket rebuild, the buffer broadcast) run here instead, in the reduce phase, so that no
+    rank's measured compute includes a wait for the others."""
+    params = [p for p in ddp_model.module.parameters() if p.requires_grad]
+    ddp_model._pre_forward()
+    zero = torch.stack([(p.reshape(-1)[:1] * 0).sum() for p in params]).sum()
+    ddp_model._post_forward(zero).backward()
+    if ddp_model.reducer._rebuild_buckets():
+        ddp_model._has_rebuilt_buckets = True
+    if ddp_model._check_sync_bufs_pre_fwd():
+        ddp_model._sync_buffers()
+    ddp_model.require_forward_param_sync = False

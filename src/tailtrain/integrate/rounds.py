@@ -1,0 +1,228 @@
+"""One allreduce round of a user's own training loop, decided by the simulator's rule objects.
+
+The same protocol as ``tailtrain.runtime.allreduce`` (which documents it step by step), with
+the user's model doing the compute and the wall clock deciding:
+
+1. ``plan`` (``runtime.control.RuleDriver``): tau, H, the stopping convention.
+2. :meth:`Rounds.units` yields the round's micro-batches one at a time; between two of them it
+   compares the round's elapsed compute time with tau (DropCompute Algorithm 1; a unit in
+   flight is never cut, so ``stop=preempt`` and ``stop=between`` differ only in ``<`` against
+   ``<=``: ``runtime.allreduce.may_start``). The seconds between a yield and the next request
+   are that unit's measured time t_n^(u).
+3. :meth:`Rounds.agree` all-gathers ``[C_n, T~_n, loss sum, t_n^(1..U)]`` so that every rank
+   builds the same arrivals (``runtime.control.round_arrivals``), the rule's ``select`` gives
+   every rank the same weights, and Algorithm 2's measured times are the same everywhere.
+4. The caller reduces ``[sum_n w_n G_n, sum_n w_n]`` (``runtime.reduce.Collectives`` or a DDP
+   comm hook) and applies it.
+5. :meth:`Rounds.close` all-gathers ``[reduce seconds, round seconds]`` (T^c and the round's
+   time are the slowest rank's), calls ``adapt`` (Algorithm 2 for ``threshold=auto``) and
+   returns the round's :class:`StepRecord`.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any, NamedTuple
+
+import numpy as np
+import torch
+
+from tailtrain.errors import UsageError
+from tailtrain.runtime.allreduce import may_start
+from tailtrain.runtime.control import RuleDriver, Weighting, round_arrivals, weighting
+from tailtrain.runtime.reduce import Collectives
+from tailtrain.runtime.topologies import topology_of
+from tailtrain.strategies.base import (
+    AllreducePlan,
+    ArrivalColumns,
+    Context,
+    Selection,
+    StepStats,
+    Strategy,
+    Topology,
+)
+from tailtrain.strategies.registry import parse_strategy
+
+#: column of the first unit time in a gathered row [C_n, T~_n, loss sum, t_n^(1..U)]
+TIMES = 3
+#: strategy options that need the data loader's cooperation, which a wrapper does not have
+LOADER_COMPENSATIONS = ("larger-batch", "resample")
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """Who took part in one round, as every rank agreed on it.
+
+    ``completed[n]`` micro-batches of rank n counted, with coefficient ``weights[n]`` in the
+    update (its normalised weight; 0: it did not take part); ``ranks`` are those with a
+    non-zero weight. ``threshold`` is tau in force (inf: none, e.g. while calibrating),
+    ``time`` the round's wall seconds (slowest rank), ``compute_time`` the slowest rank's
+    compute seconds and ``comm_time`` its reduce seconds (T^c). ``loss`` is the mean loss of
+    the counted micro-batches over all ranks (NaN where the loop does not report losses).
+    """
+
+    step: int
+    threshold: float
+    micro_batches: int
+    local_steps: int
+    completed: list[int]
+    weights: list[float]
+    ranks: list[int]
+    loss: float
+    drop_rate: float
+    compute_time: float
+    comm_time: float
+    time: float
+    nonfinite: int = 0
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class Work:
+    """This rank's round so far: unit seconds (NaN: not computed), compute seconds, loss sum."""
+
+    times: np.ndarray
+    compute: float = 0.0
+    loss_sum: float = 0.0
+    started: float = field(default_factory=time.perf_counter)
+
+    @property
+    def done(self) -> int:
+        return int(np.count_nonzero(~np.isnan(self.times)))
+
+
+class Agreement(NamedTuple):
+    """What every rank knows after the gather: rows, arrivals, the rule's selection, and this
+    rank's weight and divisor."""
+
+    rows: np.ndarray
+    arrivals: ArrivalColumns
+    selection: Selection
+    mine: Weighting
+
+
+def as_strategy(strategy: str | Strategy) -> Strategy:
+    """A strategy spec (``"dropcompute:threshold=auto"``) or object, checked for a loop."""
+    rule = parse_strategy(strategy) if isinstance(strategy, str) else strategy
+    if topology_of(rule) is not Topology.ALLREDUCE:
+        raise UsageError(
+            f"strategy {rule.describe()!r} needs the {rule.topology} topology; a training loop "
+            "adopts allreduce strategies: sync, dropcompute, local-sgd"
+        )
+    if getattr(rule, "compensate", "none") in LOADER_COMPENSATIONS:
+        raise UsageError(
+            f"{rule.describe()!r}: compensate={rule.compensate} changes which micro-batches a "
+            "round gets, which your data loader decides; use compensate=extra-steps or none"
+        )
+    return rule
+
+
+class Rounds:
+    """The rule, its state and the round protocol on one rank of ``comm``'s group."""
+
+    def __init__(self, strategy: str | Strategy, comm: Collectives, lr: float = 0.1) -> None:
+        self.comm = comm
+        self.lr = lr
+        self.rule = RuleDriver(as_strategy(strategy), Context(n_workers=comm.world_size, lr=lr))
+        self.step = 0
+        self.now = 0.0
+        self.sync = torch.cuda.synchronize if comm.device.type == "cuda" else None
+
+    @property
+    def strategy(self) -> Strategy:
+        return self.rule.strategy
+
+    def plan(self, units: int) -> tuple[AllreducePlan, int]:
+        """The round's plan and its micro-batches per local step M, for ``units`` given."""
+        plan = self.rule.plan()
+        h = plan.local_steps
+        if units < 1 or units % h:
+            raise UsageError(
+                f"{self.strategy.describe()!r} runs {h} local step(s) per round: give a "
+                f"multiple of {h} micro-batches per call, got {units}"
+            )
+        return plan, units // h
+
+    def clock(self) -> float:
+        """Wall seconds; on a GPU after the queued kernels finish (a unit's real time)."""
+        if self.sync is not None:
+            self.sync(self.comm.device)
+        return time.perf_counter()
+
+    def units(self, batches: Sequence[Any], plan: AllreducePlan, work: Work) -> Iterator[Any]:
+        """Yield micro-batches while tau allows; fill ``work`` with their measured times."""
+        work.times = np.full(len(batches), np.nan)
+        start = work.started = self.clock()
+        for u, batch in enumerate(batches):
+            if not may_start(self.clock() - start, plan.threshold, plan.preempt):
+                break
+            began = self.clock()
+            yield batch
+            work.times[u] = self.clock() - began
+        work.compute = self.clock() - start
+
+    def agree(self, work: Work) -> Agreement:
+        """All-gather every rank's counts and times; the rule's selection on them."""
+        row = np.concatenate([[work.done, work.compute, work.loss_sum], work.times])
+        rows = self.comm.gather(row)
+        arrivals = round_arrivals(self.step, self.now, rows[:, 0], rows[:, 1], len(work.times))
+        selection = self.rule.select(arrivals)
+        return Agreement(rows, arrivals, selection, weighting(selection, arrivals, self.comm.rank))
+
+    def close(
+        self, plan: AllreducePlan, work: Work, agreed: Agreement, reduce: float, nonfinite: int
+    ) -> StepRecord:
+        """Agree on T^c and the round's time, ``adapt``, and record the round."""
+        timing = self.comm.gather(np.array([reduce, self.clock() - work.started]))
+        comm, elapsed = float(timing[:, 0].max()), float(timing[:, 1].max())
+        rows, arrivals = agreed.rows, agreed.arrivals
+        done = rows[:, 0].astype(np.int64)
+        loss = float(rows[:, 2].sum() / done.sum()) if done.sum() > 0 else math.nan
+        stats = StepStats(
+            step=self.step,
+            version=self.step + 1,
+            time=self.now + elapsed,
+            k=plan.k,
+            arrivals=arrivals,
+            used=agreed.selection.used(),
+            loss=loss,
+            lr=self.lr * plan.lr_scale,
+            micro_batch_times=rows[:, TIMES:],
+            comm_time=comm,
+        )
+        self.rule.adapt(stats)
+        coefficients = agreed.selection.now.over(arrivals.keys)
+        record = StepRecord(
+            step=self.step,
+            threshold=plan.threshold,
+            micro_batches=len(work.times) // plan.local_steps,
+            local_steps=plan.local_steps,
+            completed=done.tolist(),
+            weights=coefficients.tolist(),
+            ranks=np.flatnonzero(coefficients != 0).tolist(),
+            loss=loss,
+            drop_rate=1.0 - float(done.sum()) / (len(done) * len(work.times)),
+            compute_time=float(rows[:, 1].max()),
+            comm_time=comm,
+            time=elapsed,
+            nonfinite=nonfinite,
+        )
+        self.step, self.now = self.step + 1, stats.time
+        return record
+
+    # ---- checkpoints: the rule's state and the round count; never the process group --------
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "strategy": self.strategy.state_dict(self.rule.state),
+            "step": self.step,
+            "time": self.now,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.rule.state = self.strategy.load_state_dict(state["strategy"])
+        self.step, self.now = int(state["step"]), float(state["time"])

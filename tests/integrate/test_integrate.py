@@ -1,0 +1,232 @@
+"""The integration API on two real gloo ranks: StragglerStep and the DDP comm hook.
+
+One forked job of two ranks runs every case in turn and saves its results; the tests compare
+them with references written from the definitions: SGD on the concatenated mini-batches,
+DropCompute Eq. (1) (each rank's mean over its counted micro-batches, weighted C_n/M over N)
+and Local-SGD's average of local models. Drops are forced by a 1 s sleep against tau = 0.5 s
+(the other units take milliseconds), so the decisions do not depend on the machine's speed.
+"""
+
+from __future__ import annotations
+
+import datetime
+import math
+import pickle
+import socket
+import time
+
+import numpy as np
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+import torch.nn.functional as F
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from tailtrain.errors import UsageError
+from tailtrain.integrate import StragglerHookState, StragglerStep, weighted_allreduce_hook
+from tailtrain.strategies.registry import parse_strategy
+
+N, B, LR, D, C = 2, 4, 0.1, 8, 3
+X = torch.randn(64, D, generator=torch.Generator().manual_seed(0))
+Y = torch.randint(0, C, (64,), generator=torch.Generator().manual_seed(1))
+TAU, SLOW = 0.5, 1.0
+DROP = f"dropcompute:threshold={TAU},stop=between"
+
+
+def model() -> nn.Module:
+    torch.manual_seed(3)
+    return nn.Linear(D, C)
+
+
+def batch(rank: int, step: int, unit: int, units: int) -> tuple[torch.Tensor, torch.Tensor]:
+    start = ((step * N + rank) * units + unit) * B
+    idx = torch.arange(start, start + B) % len(X)
+    return X[idx], Y[idx]
+
+
+def flat(m: nn.Module) -> torch.Tensor:
+    return torch.cat([p.detach().reshape(-1) for p in m.parameters()])
+
+
+# ---- what each rank runs ------------------------------------------------------------------------
+def run_step(rank, strategy, rounds, units, slow=False, nan_at=None):
+    net = model()
+    step = StragglerStep(net, torch.optim.SGD(net.parameters(), lr=LR), strategy)
+
+    def loss_fn(xy):
+        loss = F.cross_entropy(net(xy[0]), xy[1])
+        if slow and rank == 1 and xy[0] is first[0]:
+            time.sleep(SLOW)
+        return loss * math.nan if nan_at == (rank, len(records)) else loss
+
+    records = []
+    for r in range(rounds):
+        batches = [batch(rank, r, u, units) for u in range(units)]
+        first = batches[0]
+        records.append(step(batches, loss_fn).as_dict())
+    return flat(net), records, step.state_dict()
+
+
+def run_ddp(rank, strategy, rounds, units):
+    ddp = DistributedDataParallel(model())
+    state = StragglerHookState(strategy)
+    ddp.register_comm_hook(state, weighted_allreduce_hook)
+    optimizer = torch.optim.SGD(ddp.parameters(), lr=LR)
+    records = []
+    for r in range(rounds):
+        for u, (x, y) in enumerate(
+            state.micro_batches(ddp, [batch(rank, r, u, units) for u in range(units)])
+        ):
+            if rank == 1 and u == 0:
+                time.sleep(SLOW)
+            F.cross_entropy(ddp(x), y).backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        records.append(state.last.as_dict())
+    return flat(ddp.module), records, pickle.loads(pickle.dumps(state)).state_dict()
+
+
+def refused(strategy) -> str:
+    try:
+        StragglerHookState(strategy).micro_batches(None, [1, 2]).__next__()
+    except UsageError as exc:
+        return str(exc)
+    return ""
+
+
+def rank_main(rank: int, port: int, folder: str) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group(
+        "gloo", f"tcp://127.0.0.1:{port}", rank=rank, world_size=N,
+        timeout=datetime.timedelta(seconds=60),
+    )  # fmt: skip
+    out = {
+        "sync": run_step(rank, "sync", 3, 2),
+        "drop": run_step(rank, DROP, 2, 3, slow=True),
+        "ddp-drop": run_ddp(rank, DROP, 2, 3),
+        "local-sgd": run_step(rank, "local-sgd:period=2", 2, 2),
+        "auto": run_step(rank, "dropcompute:calibrate=2", 4, 2),
+        "nan": run_step(rank, "sync", 1, 2, nan_at=(1, 0)),
+        "refused": refused("local-sgd:period=2"),
+    }
+    torch.save(out, f"{folder}/rank{rank}.pt")
+    dist.destroy_process_group()
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("integrate")
+    mp.start_processes(rank_main, (free_port(), str(folder)), nprocs=N, start_method="fork")
+    return [torch.load(folder / f"rank{r}.pt", weights_only=False) for r in range(N)]
+
+
+# ---- independent references -----------------------------------------------------------------
+def grad(net: nn.Module, xy) -> list[torch.Tensor]:
+    loss = F.cross_entropy(net(xy[0]), xy[1])
+    return torch.autograd.grad(loss, list(net.parameters()))
+
+
+def weighted_sgd(rounds: int, units: int, completed: list[int], ranks=range(N)) -> torch.Tensor:
+    """theta -= lr * (1/|ranks|) sum_n (1/M) sum_{u < C_n} g_n^(u) (Eq. (1); SGD when all)."""
+    net = model()
+    for r in range(rounds):
+        step = [torch.zeros_like(p) for p in net.parameters()]
+        for n in ranks:
+            for u in range(completed[n]):
+                for s, g in zip(step, grad(net, batch(n, r, u, units)), strict=True):
+                    s += g / (units * len(ranks))
+        with torch.no_grad():
+            for p, s in zip(net.parameters(), step, strict=True):
+                p -= LR * s
+    return flat(net)
+
+
+def local_sgd(rounds: int, period: int) -> torch.Tensor:
+    theta = model()
+    for r in range(rounds):
+        local = []
+        for n in range(N):
+            net = model()
+            net.load_state_dict(theta.state_dict())
+            for h in range(period):
+                grads = grad(net, batch(n, r, h, period))
+                with torch.no_grad():
+                    for p, g in zip(net.parameters(), grads, strict=True):
+                        p -= LR * g
+            local.append(flat(net))
+        torch.nn.utils.vector_to_parameters(torch.stack(local).mean(0), theta.parameters())
+    return flat(theta)
+
+
+# ---- tests ----------------------------------------------------------------------------------
+@pytest.mark.timeout(120)
+def test_sync_is_sgd_on_the_concatenated_batches(results):
+    expected = weighted_sgd(3, 2, [2, 2])
+    for theta, records, _ in (r["sync"] for r in results):
+        torch.testing.assert_close(theta, expected)
+        assert [rec["completed"] for rec in records] == [[2, 2]] * 3
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("case", ["drop", "ddp-drop"])
+def test_a_dropped_micro_batch_leaves_the_average_of_eq_1(results, case):
+    expected = weighted_sgd(2, 3, [3, 1])
+    for theta, records, _ in (r[case] for r in results):
+        torch.testing.assert_close(theta, expected)
+        for rec in records:
+            assert rec["completed"] == [3, 1] and rec["ranks"] == [0, 1]
+            np.testing.assert_allclose(rec["weights"], [1 / 2, 1 / 6])
+            assert rec["threshold"] == TAU and rec["drop_rate"] == pytest.approx(1 / 3)
+
+
+@pytest.mark.timeout(120)
+def test_local_sgd_averages_the_local_models(results):
+    expected = local_sgd(2, 2)
+    for theta, _, _ in (r["local-sgd"] for r in results):
+        torch.testing.assert_close(theta, expected)
+
+
+@pytest.mark.timeout(120)
+def test_every_rank_computes_the_same_tau_star_and_checkpoints_it(results):
+    thresholds = [[rec["threshold"] for rec in r["auto"][1]] for r in results]
+    assert thresholds[0] == thresholds[1]
+    assert all(math.isinf(t) for t in thresholds[0][:2])
+    assert 0 < thresholds[0][2] == thresholds[0][3] < math.inf
+    state = results[0]["auto"][2]
+    rule = parse_strategy("dropcompute:calibrate=2").load_state_dict(state["strategy"])
+    assert state["step"] == 4 and rule.tau == thresholds[0][3]
+
+
+@pytest.mark.timeout(120)
+def test_states_reload_without_pickle_and_without_the_process_group(results, tmp_path):
+    state = results[0]["auto"][2]
+    torch.save(state, tmp_path / "state.pt")
+    loaded = torch.load(tmp_path / "state.pt", weights_only=True)
+    assert loaded == state
+    assert results[0]["ddp-drop"][2]["step"] == 2  # the hook state survived pickling
+
+
+@pytest.mark.timeout(120)
+def test_a_non_finite_gradient_joins_with_weight_zero(results):
+    expected = weighted_sgd(1, 2, [2, 0], ranks=[0])
+    for theta, records, _ in (r["nan"] for r in results):
+        torch.testing.assert_close(theta, expected)
+        assert records[0]["nonfinite"] == 1
+
+
+def test_local_sgd_has_no_comm_hook(results):
+    assert "local steps" in results[0]["refused"]
+
+
+def test_a_parameter_server_strategy_is_refused_in_one_line():
+    with pytest.raises(UsageError, match="allreduce strategies") as err:
+        StragglerStep(model(), torch.optim.SGD(model().parameters(), lr=LR), "k-sync:k=1")
+    assert "\n" not in str(err.value)
