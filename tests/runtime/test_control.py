@@ -7,8 +7,8 @@ import pytest
 
 from tailtrain.errors import TailtrainError, UsageError
 from tailtrain.runtime.control import RuleDriver, check_agreement, weighting
-from tailtrain.runtime.topologies import check_topology
-from tailtrain.strategies.base import ArrivalColumns, Context, Selection, Weighting
+from tailtrain.runtime.topologies import TOPOLOGIES, check_topology
+from tailtrain.strategies.base import ArrivalColumns, Context, Selection, Topology, Weighting
 from tailtrain.strategies.registry import parse_strategy
 
 
@@ -59,8 +59,12 @@ def test_allreduce_strategies_run(text):
     check_topology(parse_strategy(text))
 
 
-@pytest.mark.parametrize("text", ["k-sync:k=2", "dbw", "lgc:k=3,blocks=2", "eager:mode=solo"])
-def test_other_topologies_are_refused_in_one_line(text):
+@pytest.mark.parametrize(
+    ("text", "topology"),
+    [("dbw", Topology.PARAMETER_SERVER), ("eager:mode=solo", Topology.PARTIAL_COLLECTIVE)],
+)
+def test_a_topology_train_lacks_is_refused_in_one_line(text, topology, monkeypatch):
+    monkeypatch.delitem(TOPOLOGIES, topology, raising=False)
     with pytest.raises(UsageError, match="topology") as err:
         check_topology(parse_strategy(text))
     assert "\n" not in str(err.value)
