@@ -19,7 +19,8 @@ ALL_K_UP_TO = 32  #: scenarios with at most this many workers get one row per K 
 CRITERION = (
     "best K per strategy: the largest K whose effective speedup (gradients applied per second "
     "relative to sync) is within 2 standard errors of the highest, as Lemma 7 / Theorem 3 order "
-    "the error-runtime trade-off by it; DropCompute: tau* maximising S_eff (Eq. 6)"
+    "the error-runtime trade-off by it; DropCompute: tau* maximising S_eff (Eq. 6); Local-SGD: "
+    "the smallest period H within 5% of the best rate (fewer local steps, less model drift)"
 )
 
 

@@ -26,12 +26,18 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="train on N real processes (torch.distributed) under one strategy",
         description="Train with real ranks; the flags are simulate's, delays are injected.",
     )
-    p.add_argument("--strategy", default="sync", help="sync, dropcompute[:...], local-sgd:period=H")
+    p.add_argument(
+        "--strategy",
+        default="sync",
+        help="sync, dropcompute[:...], local-sgd:period=H, eager:mode=..., dbw-quorum",
+    )
     add_scenario_arguments(p)
     p.set_defaults(workers=None)
     for action in p._actions:  # the shared help speaks of simulated workers
         if action.dest == "workers":
             action.help = "local ranks N (default: 16; under torchrun, its WORLD_SIZE)"
+        if action.dest == "time_budget":
+            action.help = "wall-clock seconds to train"
         if action.dest == "delay":
             action.help = "seconds injected per unit of work, e.g. exp:rate=10 (default: none)"
     p.add_argument(
