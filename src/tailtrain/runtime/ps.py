@@ -60,6 +60,7 @@ trace.csv (every worker's measured unit seconds, readable by ``trace:``).
 
 from __future__ import annotations
 
+import sys
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -100,6 +101,8 @@ from tailtrain.strategies.registry import parse_strategy
 from tailtrain.update import WeightedUpdate, gradient_stats, rows_weighed
 
 IDLE = -1
+#: seconds between GIL hand-overs in the ranks (``sys.setswitchinterval``)
+SWITCH_INTERVAL = 0.0005
 
 
 @dataclass
@@ -155,7 +158,7 @@ class Server:
         self.record = RunRecord()
         self.evals = Evaluator(world.scenario.evaluation, self.record, enabled=True)
         self.snapshots: list[torch.Tensor] = []
-        self.outbox = Outbox(self.dim, self.dtype)
+        self.outbox = Outbox(self.dim, self.dtype, config.timeout)
         n = self.n
         self.busy = np.full(n, IDLE, dtype=np.int64)
         self.job = np.full(n, -1, dtype=np.int64)
@@ -362,9 +365,17 @@ class Server:
             "grad_sq_sum": stats.grad_sq_sum,
             "mean_grad_sq": stats.mean_grad_sq,
             # every arrival fed to ``adapt``: worker, job, version, start, finish (server clock)
-            "arrived": np.column_stack(
-                [arrived.worker, arrived.job, arrived.version, arrived.start, arrived.finish]
-            ).tolist(),
+            "arrived": [
+                [int(w), int(j), int(v), float(s), float(f)]
+                for w, j, v, s, f in zip(
+                    arrived.worker,
+                    arrived.job,
+                    arrived.version,
+                    arrived.start,
+                    arrived.finish,
+                    strict=True,
+                )
+            ],
             "lag": self.lag,
         }
         if nonfinite:
@@ -483,21 +494,38 @@ def train_parameter_server(config: TrainConfig, comm: Collectives, task: Any = N
     world, strategy = build_world(config) if task is None else own_world(config, task)
     if world.partition is None:
         raise UsageError(f"task {scenario.task!r} has no model to train; choose e.g. logreg")
-    if comm.rank == 0:
-        server = Server(config, world, strategy)
-        comm.barrier()
-        record = server.run()
-        gathered = comm.gather_objects(None)
-        assert gathered is not None
-        parts = [g for g in gathered[1:] if g is not None]
-        record.summary = server.summary([stats for _, stats in parts])
-        if config.out is not None:
-            folder = prepare_folder(config.out)
-            record.write(folder)
-            table = np.concatenate([t for t, _ in parts]) if parts else np.empty((0, 3))
-            write_trace(folder / "trace.csv", table, scenario.micro_batches is not None)
-        theta = server.versions[server.version]
-        return RankResult(0, record, theta.numpy().copy())
+    # threads hand over the GIL every 5 ms by default: a message's receiving thread would
+    # wait that long to stamp it while the main thread works; 0.5 ms keeps stamps honest
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(SWITCH_INTERVAL)
+    try:
+        if comm.rank == 0:
+            return serve(config, world, strategy, comm)
+        return work(config, world, comm)
+    finally:
+        sys.setswitchinterval(interval)
+
+
+def serve(config: TrainConfig, world: World, strategy: Strategy, comm: Collectives) -> RankResult:
+    """Rank 0: run the server, then gather the workers' traces and counts."""
+    server = Server(config, world, strategy)
+    comm.barrier()
+    record = server.run()
+    gathered = comm.gather_objects(None)
+    assert gathered is not None
+    parts = [g for g in gathered[1:] if g is not None]
+    record.summary = server.summary([stats for _, stats in parts])
+    if config.out is not None:
+        folder = prepare_folder(config.out)
+        record.write(folder)
+        table = np.concatenate([t for t, _ in parts]) if parts else np.empty((0, 3))
+        write_trace(folder / "trace.csv", table, config.scenario.micro_batches is not None)
+    theta = server.versions[server.version]
+    return RankResult(0, record, theta.numpy().copy())
+
+
+def work(config: TrainConfig, world: World, comm: Collectives) -> RankResult:
+    """Rank w + 1: worker w."""
     worker = Worker(world, comm.rank - 1, config.inject, config.timeout)
     worker.warm_up()
     comm.barrier()

@@ -106,7 +106,7 @@ class Worker:
         task = world.task
         self.dim, self.dtype = task.dim, task.init_params(world.seed).dtype
         self.clock = JobClock(world, index, inject)
-        self.outbox = Outbox(self.dim, self.dtype)
+        self.outbox = Outbox(self.dim, self.dtype, self.timeout)
         self.log = RankLog()
         self.trace = TraceRows(index, world.scenario.micro_batches is not None)
         self.stats = WorkerStats()
