@@ -59,7 +59,7 @@ def test_allreduce_strategies_run(text):
     check_topology(parse_strategy(text))
 
 
-@pytest.mark.parametrize("text", ["k-sync:k=2", "dbw", "lgc:k=3,blocks=2", "eager:mode=solo"])
+@pytest.mark.parametrize("text", ["eager:mode=solo"])
 def test_other_topologies_are_refused_in_one_line(text):
     with pytest.raises(UsageError, match="topology") as err:
         check_topology(parse_strategy(text))

@@ -19,9 +19,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tailtrain.runtime.config import TrainConfig
-from tailtrain.runtime.launch import Endpoint, launch, reserve
+from tailtrain.cli.train import workers
+from tailtrain.errors import UsageError
+from tailtrain.runtime.config import Fault, TrainConfig
+from tailtrain.runtime.launch import Endpoint, JobFailed, launch, reserve
 from tailtrain.runtime.ps import train_parameter_server
+from tailtrain.runtime.topologies import check_topology, processes
 from tailtrain.sim.data_stream import job_batches
 from tailtrain.sim.run import simulate
 from tailtrain.sim.scenario import Scenario, World
@@ -267,3 +270,28 @@ def test_the_own_model_example_runs():
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert "5 updates" in done.stdout
+
+
+# ---- launching and failing ---------------------------------------------------------------------
+def test_the_server_is_one_more_rank_locally_and_under_torchrun():
+    for text in ("k-sync:k=2", "dbw", "lgc:k=3,blocks=2", "adasync:base=k-async,k0=2,interval=1"):
+        check_topology(parse_strategy(text))  # the parameter-server topology runs them
+    assert processes(parse_strategy("dbw"), 8) == 9
+    assert workers(None, {"WORLD_SIZE": "9"}, extra=1) == 8
+    with pytest.raises(UsageError, match="1 of them the server's"):
+        workers(9, {"WORLD_SIZE": "9"}, extra=1)
+    with pytest.raises(UsageError, match="needs 2 or more"):
+        workers(None, {"WORLD_SIZE": "1"}, extra=1)
+
+
+@pytest.mark.timeout(60)
+def test_a_worker_that_fails_stops_the_job_in_one_line():
+    config = TrainConfig(
+        scenario=scenario(iterations=50, **DELAYED),
+        strategy="k-sync:k=2",
+        inject=True,
+        timeout=20,
+        fault=Fault(rank=2, step=3),
+    )
+    with pytest.raises(JobFailed, match="rank 2 failed: InjectedFault"):
+        launch([config], reserve(Endpoint("127.0.0.1", 0)))

@@ -72,6 +72,7 @@ import torch
 from tailtrain.errors import TailtrainError, UsageError
 from tailtrain.runtime.allreduce import RankResult
 from tailtrain.runtime.config import TrainConfig, build_world
+from tailtrain.runtime.inject import InjectedFault
 from tailtrain.runtime.ps_wire import (
     DOWN,
     HEADER,
@@ -184,6 +185,9 @@ class Server:
             plan = self.strategy.plan(self.state)
             if not isinstance(plan, ServerPlan):
                 raise TailtrainError(f"{self.strategy.describe()} gave no parameter-server plan")
+            fault = self.config.fault
+            if fault is not None and (fault.rank, fault.step) == (0, self.step):
+                raise InjectedFault(f"rank 0 fails at step {fault.step} (--fail-at)")
             before = self.scorer()
             self.begin(plan)
             self.lag = self.clock() - self.now
@@ -526,7 +530,7 @@ def serve(config: TrainConfig, world: World, strategy: Strategy, comm: Collectiv
 
 def work(config: TrainConfig, world: World, comm: Collectives) -> RankResult:
     """Rank w + 1: worker w."""
-    worker = Worker(world, comm.rank - 1, config.inject, config.timeout)
+    worker = Worker(world, comm.rank - 1, config.inject, config.timeout, config.fault)
     worker.warm_up()
     comm.barrier()
     stats = vars(worker.run())

@@ -11,7 +11,9 @@ arrival with this process's ``time.perf_counter()``, so stamps do not wait for t
 thread; the main thread reads them in order with bounded waits. gloo's ``irecv`` never reports
 ``is_completed()`` before ``wait()`` (torch 2.x), so a receiving thread, rather than polling,
 is what makes an arrival visible at once. A blocking receive is bounded by the process
-group's timeout (``--timeout``); any failure is handed to the main thread, which raises it.
+group's timeout (``--timeout``); a failure (most likely a peer that died) is handed to the
+main thread after ``runtime.reduce.GRACE`` seconds, so that the launcher names the rank that
+failed first.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import torch
 import torch.distributed as dist
 
 from tailtrain.errors import TailtrainError
+from tailtrain.runtime.reduce import GRACE
 
 #: tags of the two directions, and of the clock handshake
 UP, DOWN, CLOCK = 11, 12, 13
@@ -179,6 +182,8 @@ class Mailbox:
                 if last(message):
                     return
         except BaseException as exc:  # handed to the main thread, which raises it
+            # most likely a peer died: let the launcher name it first (``runtime.reduce``)
+            time.sleep(GRACE)
             with self._ready:
                 self._error = exc
                 self._ready.notify_all()
@@ -244,6 +249,7 @@ class Outbox:
             try:
                 dist.send(item[0], dst=item[1], tag=item[2])
             except BaseException as exc:  # raised by the caller's next send or flush
+                time.sleep(GRACE)  # as in ``Mailbox._run``
                 with self._ready:
                     self._error = exc
                     self._ready.notify_all()

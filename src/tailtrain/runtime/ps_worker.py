@@ -35,6 +35,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from tailtrain.runtime.config import Fault
+from tailtrain.runtime.inject import InjectedFault
 from tailtrain.runtime.ps_wire import (
     DOWN,
     HEADER,
@@ -101,8 +103,11 @@ class WorkerStats:
 class Worker:
     """Worker ``index`` (rank index + 1) of a parameter-server job."""
 
-    def __init__(self, world: World, index: int, inject: bool, timeout: float) -> None:
+    def __init__(
+        self, world: World, index: int, inject: bool, timeout: float, fault: Fault | None = None
+    ) -> None:
         self.world, self.index, self.timeout = world, index, timeout
+        self.fault = fault
         task = world.task
         self.dim, self.dtype = task.dim, task.init_params(world.seed).dtype
         self.clock = JobClock(world, index, inject)
@@ -139,6 +144,9 @@ class Worker:
     def follow(self, message: Message) -> Message:
         """Run the job ``message`` gives; return the next message to act on."""
         assert self.mailbox is not None
+        fault = self.fault
+        if fault is not None and fault.rank == self.index + 1 and message.version >= fault.step:
+            raise InjectedFault(f"rank {fault.rank} fails at step {fault.step} (--fail-at)")
         if asks_blocks(message):
             self.report(message)
         job = Job(
