@@ -90,7 +90,6 @@ BAD = {
     "too many workers": (["--workers", "100000"], "too many"),
     "unknown backend": (["--backend", "mpi"], "--backend"),
     "zero timeout": (["--timeout", "0"], "--timeout"),
-    "not allreduce": (["--strategy", "k-sync:k=2"], "topology"),
     "pattern without delay": (["--pattern", "persistent:h=2"], "--delay"),
     "no model": (["--task", "none"], "no model"),
     "bad fault": (["--fail-at", "one"], "RANK:STEP"),

@@ -29,13 +29,18 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--strategy",
         default="sync",
-        help="sync, dropcompute[:...], local-sgd:period=H, eager:mode=..., dbw-quorum",
+        help="sync, dropcompute[:...], local-sgd:period=H, eager:mode=..., dbw-quorum, or a "
+        "parameter-server strategy (k-sync:k=K, k-async:k=K, dbw, lgc:k=K, ...; one extra rank "
+        "serves)",
     )
     add_scenario_arguments(p)
     p.set_defaults(workers=None)
     for action in p._actions:  # the shared help speaks of simulated workers
         if action.dest == "workers":
-            action.help = "local ranks N (default: 16; under torchrun, its WORLD_SIZE)"
+            action.help = (
+                "workers N (default: 16; under torchrun, its WORLD_SIZE, less one for a "
+                "parameter server, which runs as an extra rank)"
+            )
         if action.dest == "time_budget":
             action.help = "wall-clock seconds to train"
         if action.dest == "delay":
@@ -91,7 +96,11 @@ def run(args: argparse.Namespace) -> int:
 
     if args.delay is None and args.pattern != "iid":
         raise UsageError("--pattern shapes injected delays; give --delay too")
-    args.workers = workers(args.workers, os.environ if in_torchrun() else None)
+    from tailtrain.runtime.topologies import processes
+    from tailtrain.strategies.registry import parse_strategy
+
+    extra = processes(parse_strategy(args.strategy), 0)  # a parameter server's own rank
+    args.workers = workers(args.workers, os.environ if in_torchrun() else None, extra)
     config = TrainConfig(
         scenario=scenario_from_args(args),
         strategy=args.strategy,
@@ -118,11 +127,18 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def workers(given: int | None, torchrun_env) -> int:
-    """--workers, or under torchrun the job's WORLD_SIZE (which --workers must then match)."""
+def workers(given: int | None, torchrun_env, extra: int = 0) -> int:
+    """--workers, or under torchrun the job's WORLD_SIZE less ``extra`` ranks that are no
+    workers (a parameter server's), which --workers must then match."""
     if torchrun_env is None:
         return DEFAULT_WORKERS if given is None else given
     world = int(torchrun_env["WORLD_SIZE"])
-    if given is not None and given != world:
-        raise UsageError(f"--workers {given} but torchrun started {world} ranks; drop --workers")
-    return world
+    if world - extra < 1:
+        raise UsageError(f"torchrun started {world} ranks; this strategy needs {extra + 1} or more")
+    if given is not None and given != world - extra:
+        raise UsageError(
+            f"--workers {given} but torchrun started {world} ranks"
+            + (f" ({extra} of them the server's)" if extra else "")
+            + "; drop --workers"
+        )
+    return world - extra

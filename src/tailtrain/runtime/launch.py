@@ -45,7 +45,7 @@ from tailtrain.errors import TailtrainError, UsageError
 from tailtrain.runtime.allreduce import RankResult
 from tailtrain.runtime.config import TrainConfig, build_world
 from tailtrain.runtime.reduce import Collectives
-from tailtrain.runtime.topologies import check_topology, processes, rank_entry_of
+from tailtrain.runtime.topologies import RankEntry, check_topology, processes, rank_entry_of
 from tailtrain.strategies.registry import parse_strategy
 
 MAX_LOCAL_WORKERS = 64
@@ -103,8 +103,13 @@ def train(config: TrainConfig, endpoint: str = "127.0.0.1:0") -> RankResult:
     return launch([config], reserve(parse_endpoint(endpoint)))[0][0]
 
 
-def launch(configs: Sequence[TrainConfig], endpoint: Endpoint) -> dict[int, list[RankResult]]:
-    """Run ``configs`` one after the other in one local job; every rank's results by rank."""
+def launch(
+    configs: Sequence[TrainConfig], endpoint: Endpoint, entry: RankEntry | None = None
+) -> dict[int, list[RankResult]]:
+    """Run ``configs`` one after the other in one local job; every rank's results by rank.
+
+    ``entry`` replaces the strategy's topology entry on every rank (own models,
+    ``runtime.ps_runner``); forked ranks inherit it, spawned ones need it picklable."""
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
@@ -125,13 +130,16 @@ def launch(configs: Sequence[TrainConfig], endpoint: Endpoint) -> dict[int, list
             logs_specs=DefaultLogsSpecs(log_dir=logs),
         )
         try:
-            return elastic_launch(spec, rank_entry)(list(configs), True)
+            return elastic_launch(spec, rank_entry)(list(configs), True, entry)
         except ChildFailedError as exc:
             raise JobFailed(describe_failure(exc)) from None
 
 
-def rank_entry(configs: list[TrainConfig], own_launcher: bool) -> list[RankResult]:
-    """One rank: join the process group, run every config in turn, leave."""
+def rank_entry(
+    configs: list[TrainConfig], own_launcher: bool, entry: RankEntry | None = None
+) -> list[RankResult]:
+    """One rank: join the process group, run every config in turn (with ``entry``, or the
+    strategy's topology entry), leave."""
     if own_launcher:  # die at once when our launcher stops the job, even inside a collective
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
     # a forked rank's first full collection would touch, and so copy, the parent's whole heap
@@ -141,7 +149,7 @@ def rank_entry(configs: list[TrainConfig], own_launcher: bool) -> list[RankResul
     torch.set_num_threads(first.threads)
     comm = join(first)
     tag_logs(comm.rank, first.verbose)
-    results = [rank_entry_of(parse_strategy(c.strategy))(c, comm) for c in configs]
+    results = [(entry or rank_entry_of(parse_strategy(c.strategy)))(c, comm) for c in configs]
     dist.destroy_process_group()  # only on success: after a failure the launcher stops us
     return results
 

@@ -12,14 +12,18 @@ from tailtrain.errors import UsageError
 from tailtrain.runtime.allreduce import RankResult, train_allreduce
 from tailtrain.runtime.config import TrainConfig
 from tailtrain.runtime.eager import train_partial
+from tailtrain.runtime.ps import train_parameter_server
 from tailtrain.runtime.reduce import Collectives
 from tailtrain.strategies.base import Strategy, Topology
 
 RankEntry = Callable[[TrainConfig, Collectives], RankResult]
 
 #: topology -> the function every rank of a job of that topology runs
-TOPOLOGIES: dict[Topology, RankEntry] = {Topology.ALLREDUCE: train_allreduce}
-TOPOLOGIES[Topology.PARTIAL_COLLECTIVE] = train_partial
+TOPOLOGIES: dict[Topology, RankEntry] = {
+    Topology.ALLREDUCE: train_allreduce,
+    Topology.PARTIAL_COLLECTIVE: train_partial,
+    Topology.PARAMETER_SERVER: train_parameter_server,
+}
 
 
 def topology_of(strategy: Strategy) -> Topology:

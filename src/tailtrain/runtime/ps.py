@@ -1,0 +1,550 @@
+"""The parameter-server topology of `tailtrain train`: one server, N workers, real processes.
+
+Rank 0 serves; rank w + 1 is worker w (``--workers N`` starts N + 1 processes). The server
+plays the simulator's ``sim.ps.timeline`` on its own wall clock, event by event, and calls the
+same rule objects (``plan`` / ``select`` / ``adapt``) with ``ArrivalColumns`` keyed
+(worker, job) that it builds from what arrived; it applies the Selection through the shared
+update path (``tailtrain.update.WeightedUpdate``, which carries LGC's deferred term).
+
+Protocol (``runtime.ps_wire``: fixed-size messages, tag UP to the server, DOWN to workers)
+------------------------------------------------------------------------------------------
+Messages: JOB(worker, job, version, units, blocks, cancels, start; model) and STOP, server
+to worker; GRAD(job, version, loss, seconds; gradient), PARTIAL(job, version, r, s, loss;
+mean gradient over r blocks) and BYE, worker to server.
+
+Server states per worker: IDLE, or BUSY(version, job, start). The server alone starts jobs:
+job numbers count each worker's starts, so worker w's j-th job has the simulator's data
+(``job_batches``) and delay draw. Every time is the server's ``perf_counter`` since the run
+started: a job's start is when its JOB left, an arrival's finish when its message came (the
+receiving thread stamps it), so DBW's round trips never mix two hosts' clocks.
+
+A step (``SyncMode``; ``sim.ps.timeline`` has the same rules in virtual time):
+
+1. begin(version v): under an interrupting mode (PsI, pull & interrupt) every BUSY worker
+   gets a JOB at v naming the job it cancels (an interrupt); under pull with stale gradients
+   dropped, n tokens of v join the FIFO token queue (DBW §2 footnote 3); IDLE workers, lowest
+   index first, get a JOB at v (or at their token's version).
+2. collect: GRAD from a BUSY worker's current job is an arrival (worker, job, version, start,
+   finish); it is usable if fresh (version v) or if the plan accepts stale gradients, whose
+   version travels with them (K-async family). A GRAD of a job the server cancelled crossed
+   the interrupt on the wire and is ignored (counted as ``ghosts``; the simulator cancels at
+   once, so it never sees one). After an arrival the worker: under pull, gets its next job at
+   once (at v, or at the oldest token; none left: IDLE until the update); under push, gets v
+   at once if its gradient was stale and dropped (PsW: late workers deliver and report their
+   round trip, DBW §3.2), else stays IDLE until the update (K-async counts a worker once per
+   step, slow-and-stale Fig. 5). The k-th usable arrival closes the step; its worker waits
+   for the update. ``complete_stragglers`` (LGC complete=true) also waits until no job of an
+   older version runs, and the last straggler goes on at v at once.
+3. close: ``select`` on the usable arrivals, the update, ``adapt`` with every arrival of the
+   step (late workers' stale ones included, for DBW's estimator), the record row.
+
+LGC (``partial_blocks`` s > 0): the workers BUSY at v when the step closes are its
+stragglers. Their interrupt asks for blocks: a worker answers every such JOB with one PARTIAL,
+r = the blocks it finished before the JOB arrived (``ps_worker``). The update of step t uses
+``now`` alone (LGC's g'_t depends only on the fresh gradients), so it leaves at once; when
+the reports are in, the rule is called again on fresh + partial arrivals (its ``now`` must be
+the same: checked) and its ``later`` weights set e_t in the update path, which the update of
+step t + 1 adds (Eqs. 6-7). Step t + 1 does not close before that. With complete=true the
+stragglers' whole gradients (GRADs of version t, r = s) are the reports.
+
+End: the server sends STOP to every worker and reads until every worker's BYE has come (a
+worker sends BYE when STOP reaches it, interrupting any job), so no receive is left posted.
+Every wait is bounded by ``--timeout``.
+
+Evaluations follow ``sim.evaluation`` on the server's clock, on snapshots of the model in
+force, scored after the run so that the clock never pauses for them. Telemetry: steps.jsonl
+(the simulator's parameter-server columns, plus the jobs and weights of the contributors),
+summary.json (simulate's keys, ``wall_time`` for ``virtual_time``), trace-rank{r}.csv and
+trace.csv (every worker's measured unit seconds, readable by ``trace:``).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from tailtrain.errors import TailtrainError, UsageError
+from tailtrain.runtime.allreduce import RankResult
+from tailtrain.runtime.config import TrainConfig, build_world
+from tailtrain.runtime.inject import InjectedFault
+from tailtrain.runtime.ps_wire import (
+    DOWN,
+    HEADER,
+    UP,
+    Kind,
+    Mailbox,
+    Message,
+    Outbox,
+    clock_server,
+)
+from tailtrain.runtime.ps_worker import Worker
+from tailtrain.runtime.reduce import Collectives
+from tailtrain.runtime.telemetry import write_trace
+from tailtrain.sim.evaluation import Evaluator
+from tailtrain.sim.ps.timeline import uses_tokens
+from tailtrain.sim.records import RunRecord, prepare_folder
+from tailtrain.sim.scenario import World
+from tailtrain.strategies.base import (
+    ArrivalColumns,
+    Selection,
+    ServerPlan,
+    StepStats,
+    Strategy,
+    Weighting,
+)
+from tailtrain.strategies.registry import parse_strategy
+from tailtrain.update import WeightedUpdate, gradient_stats, rows_weighed
+
+IDLE = -1
+#: seconds between GIL hand-overs in the ranks (``sys.setswitchinterval``)
+SWITCH_INTERVAL = 0.0005
+
+
+@dataclass
+class Arrival:
+    """One delivered piece of work and its gradient (whole, or r/s of it: ``units``)."""
+
+    worker: int
+    job: int
+    version: int
+    start: float
+    finish: float
+    grad: torch.Tensor
+    loss: float
+    units: float = 1.0
+    partial: bool = False
+
+
+def columns(arrivals: list[Arrival]) -> ArrivalColumns:
+    if not arrivals:
+        return ArrivalColumns.empty()
+    get = lambda name: np.array([getattr(a, name) for a in arrivals])  # noqa: E731
+    fields = ("worker", "job", "version", "start", "finish", "units", "partial")
+    return ArrivalColumns(*(get(name) for name in fields))
+
+
+@dataclass
+class Pending:
+    """LGC: step t's stragglers (worker -> (job, start)) whose blocks make e_t."""
+
+    state: Any
+    fresh: list[Arrival]
+    now: Weighting
+    waiting: dict[int, tuple[int, float]]
+    version: int
+    close: float
+    row: dict[str, Any]
+    complete: bool
+    blocks: int
+    reports: list[Arrival] = field(default_factory=list)
+
+
+class Server:
+    """Rank 0: the rule, the model versions, the workers' states and the clock."""
+
+    def __init__(self, config: TrainConfig, world: World, strategy: Strategy) -> None:
+        self.config, self.world, self.strategy = config, world, strategy
+        self.n = world.scenario.workers
+        theta = world.task.init_params(world.seed)
+        self.dim, self.dtype = theta.numel(), theta.dtype
+        self.versions = {0: theta}
+        self.update = WeightedUpdate(world.lr)
+        self.state = strategy.init(world.context)
+        self.record = RunRecord()
+        self.evals = Evaluator(world.scenario.evaluation, self.record, enabled=True)
+        self.snapshots: list[torch.Tensor] = []
+        self.outbox = Outbox(self.dim, self.dtype, config.timeout)
+        n = self.n
+        self.busy = np.full(n, IDLE, dtype=np.int64)
+        self.job = np.full(n, -1, dtype=np.int64)
+        self.start = np.zeros(n)
+        self.next_job = np.zeros(n, dtype=np.int64)
+        self.tokens: deque[list[int]] = deque()
+        self.backlog: deque[Message] = deque()
+        self.pending: Pending | None = None
+        self.version = self.step = self.ghosts = self.byes = 0
+        self.now = 0.0
+        #: seconds from the previous close until this step's jobs were sent (server's work)
+        self.lag = 0.0
+        self.units = world.scenario.micro_batches or 1
+        self.t0 = time.perf_counter()
+        self.mailbox: Mailbox | None = None
+
+    # ---- the loop ------------------------------------------------------------------------
+    def run(self) -> RunRecord:
+        self.t0 = clock_server(self.n)  # also opens every worker's connection before t = 0
+        self.mailbox = Mailbox(None, UP, HEADER + self.dim, self.dtype, self._last)
+        self.evals.start(self.scorer())
+        while not self.world.finished(self.step, self.now):
+            plan = self.strategy.plan(self.state)
+            if not isinstance(plan, ServerPlan):
+                raise TailtrainError(f"{self.strategy.describe()} gave no parameter-server plan")
+            fault = self.config.fault
+            if fault is not None and (fault.rank, fault.step) == (0, self.step):
+                raise InjectedFault(f"rank 0 fails at step {fault.step} (--fail-at)")
+            before = self.scorer()
+            self.begin(plan)
+            self.lag = self.clock() - self.now
+            arrivals, fresh = self.collect(plan)
+            self.close(plan, arrivals, fresh)
+            self.evals.after_step(self.step, self.now, before, self.scorer())
+        self.evals.finish(self.step, self.now, self.scorer())
+        self.stop()
+        self.score_snapshots()
+        return self.record
+
+    def clock(self) -> float:
+        return time.perf_counter() - self.t0
+
+    def _last(self, message: Message) -> bool:
+        """Runs in the receiving thread: the n-th BYE is the last message."""
+        self.byes += message.kind is Kind.BYE
+        return self.byes >= self.n
+
+    # ---- begin: interrupts, tokens, idle workers -------------------------------------------
+    def begin(self, plan: ServerPlan) -> None:
+        v = self.version
+        self.units = self.world.scenario.micro_batches or max(1, plan.partial_blocks)
+        waiting = {} if self.pending is None else self.pending.waiting
+        if plan.mode.interrupts:
+            for w in np.flatnonzero(self.busy != IDLE).tolist():
+                blocks = self.pending.blocks if self.pending and w in waiting else 0
+                self.start_job(w, v, self.now, cancels=int(self.job[w]), blocks=blocks)
+        if uses_tokens(plan.mode, plan.accept_stale):
+            self.tokens.append([v, self.n])
+        for w in np.flatnonzero(self.busy == IDLE).tolist():
+            self.refill(w, plan, self.now)
+
+    def refill(self, w: int, plan: ServerPlan, start: float) -> None:
+        """Start worker ``w`` at the current version, or at its token's (pull, DBW §2)."""
+        if not uses_tokens(plan.mode, plan.accept_stale):
+            self.start_job(w, self.version, start)
+        elif self.tokens:
+            run = self.tokens[0]
+            run[1] -= 1
+            if run[1] == 0:
+                self.tokens.popleft()
+            self.start_job(w, run[0], start)
+
+    def start_job(
+        self, w: int, version: int, start: float, cancels: int = -1, blocks: int = 0
+    ) -> None:
+        """Send worker ``w`` its next job. ``start`` is the instant the server decided it (the
+        close, or the arrival it follows), as the simulator starts it; the worker aims its
+        injected round trip from there (``ps_worker``), so the broadcast counts towards it."""
+        job = int(self.next_job[w])
+        self.next_job[w] += 1
+        self.busy[w], self.job[w], self.start[w] = version, job, start
+        theta = self.versions[version]
+        message = Message(Kind.JOB, w, job, version, self.units, blocks, cancels, start, theta)
+        self.outbox.send(message, w + 1, DOWN)
+
+    # ---- collect: arrivals until the step closes -------------------------------------------
+    def collect(self, plan: ServerPlan) -> tuple[list[Arrival], list[Arrival]]:
+        arrivals: list[Arrival] = []
+        fresh: list[Arrival] = []
+        closed = False
+        while not closed or self.pending is not None:
+            message = self.next_message(closed)
+            if message.kind is Kind.PARTIAL:
+                self.partial(message)
+            elif message.kind is Kind.GRAD and closed:
+                self.backlog.append(message)  # after the close: the next step's
+            elif message.kind is Kind.GRAD:
+                closed = self.arrival(message, plan, arrivals, fresh)
+        return arrivals, fresh
+
+    def next_message(self, closed: bool) -> Message:
+        assert self.mailbox is not None
+        if self.backlog and not closed:
+            return self.backlog.popleft()
+        if not closed and not (self.busy != IDLE).any():
+            raise TailtrainError("no worker is computing: the step can never collect k arrivals")
+        return self.mailbox.take(self.config.timeout)
+
+    def arrival(
+        self, m: Message, plan: ServerPlan, arrivals: list[Arrival], fresh: list[Arrival]
+    ) -> bool:
+        """Take GRAD ``m``; whether it closes the step. Follow-up jobs as in the docstring."""
+        w = m.worker
+        if self.busy[w] == IDLE or self.job[w] != m.job:
+            self.ghosts += 1
+            return False
+        a = Arrival(w, m.job, m.version, self.start[w], m.stamp - self.t0, m.payload, m.loss)
+        self.busy[w] = IDLE
+        arrivals.append(a)
+        usable = plan.accept_stale or m.version == self.version
+        if usable:
+            fresh.append(a)
+        p = self.pending
+        if p is not None and p.complete and p.waiting.get(w, (None,))[0] == m.job:
+            self.report(p, w, a)
+        drain = plan.complete_stragglers
+        older = (self.busy != IDLE) & (self.busy < self.version)
+        closes = len(fresh) >= plan.k and not (drain and older.any())
+        if closes:
+            self.now = a.finish
+        if not closes or drain:  # the closing worker waits for the update (unless drained)
+            if plan.mode.refills:
+                self.refill(w, plan, a.finish)
+            elif m.version < self.version and not plan.accept_stale:
+                self.start_job(w, self.version, a.finish)
+        return closes
+
+    # ---- close: select, update, adapt, record ----------------------------------------------
+    def close(self, plan: ServerPlan, arrivals: list[Arrival], fresh: list[Arrival]) -> None:
+        cands = columns(fresh)
+        selection = self.strategy.select(self.state, cands)
+        applied = selection
+        if plan.partial_blocks > 0:  # LGC: e_t comes with the stragglers' reports
+            applied = Selection(now=selection.now)
+        index = rows_weighed(cands.keys, selection)
+        grads = torch.stack([fresh[i].grad for i in index]) if index.size else None
+        theta = self.versions[self.version]
+        if grads is not None:
+            keys = cands.keys[index]
+            theta = self.update.apply(theta, grads, keys, applied, plan.lr_scale)
+        dropped = self.update.dropped
+        used = selection.used()
+        used = used[~np.isin(used, dropped)]
+        losses = torch.tensor([fresh[i].loss for i in index], dtype=self.dtype)
+        whole = grads if grads is not None else torch.zeros(0, self.dim)
+        scalars = gradient_stats(losses, whole)
+        stats = StepStats(
+            step=self.step,
+            version=self.version + 1,
+            time=self.now,
+            k=plan.k,
+            arrivals=columns(arrivals),
+            used=used,
+            loss=scalars.loss,
+            grad_sq_sum=scalars.grad_sq_sum,
+            mean_grad_sq=scalars.mean_grad_sq,
+            lr=self.world.lr * plan.lr_scale,
+        )
+        state_before = self.state
+        self.state = self.strategy.adapt(self.state, stats)
+        row = self.row(plan, cands, selection, stats, len(dropped))
+        self.record.add_step(row)
+        if plan.partial_blocks > 0:
+            self.defer(plan, state_before, fresh, selection.now, row)
+        self.version += 1
+        self.step += 1
+        self.versions[self.version] = theta
+        keep = {self.version, *(run[0] for run in self.tokens)}
+        for v in [v for v in self.versions if v not in keep]:
+            del self.versions[v]
+
+    def row(
+        self,
+        plan: ServerPlan,
+        cands: ArrivalColumns,
+        selection: Selection,
+        stats: StepStats,
+        nonfinite: int,
+    ) -> dict[str, Any]:
+        idx = np.flatnonzero(np.isin(cands.keys, stats.used))
+        arrived = stats.arrivals
+        weights = selection.now.over(cands.keys)[idx] if len(selection.now) else np.zeros(0)
+        row = {
+            "step": stats.step,
+            "time": stats.time,
+            "k": plan.k,
+            "lr": stats.lr,
+            "loss": stats.loss,
+            "workers": cands.worker[idx].tolist(),
+            "staleness": (stats.version - 1 - cands.version[idx]).tolist(),
+            "partial_workers": [],
+            "partial_units": [],
+            "partial_jobs": [],
+            "arrivals": len(stats.arrivals),
+            "jobs": cands.job[idx].tolist(),
+            "weights": weights.tolist(),
+            "grad_sq_sum": stats.grad_sq_sum,
+            "mean_grad_sq": stats.mean_grad_sq,
+            # every arrival fed to ``adapt``: worker, job, version, start, finish (server clock)
+            "arrived": [
+                [int(w), int(j), int(v), float(s), float(f)]
+                for w, j, v, s, f in zip(
+                    arrived.worker,
+                    arrived.job,
+                    arrived.version,
+                    arrived.start,
+                    arrived.finish,
+                    strict=True,
+                )
+            ],
+            "lag": self.lag,
+        }
+        if nonfinite:
+            row["nonfinite"] = nonfinite
+        return row
+
+    # ---- LGC: the stragglers' blocks -------------------------------------------------------
+    def defer(
+        self, plan: ServerPlan, state: Any, fresh: list[Arrival], now: Weighting, row: dict
+    ) -> None:
+        stragglers = np.flatnonzero(self.busy == self.version).tolist()
+        waiting = {w: (int(self.job[w]), float(self.start[w])) for w in stragglers}
+        self.pending = Pending(
+            state,
+            fresh,
+            now,
+            waiting,
+            self.version,
+            self.now,
+            row,
+            plan.complete_stragglers,
+            plan.partial_blocks,
+        )
+        if not waiting:
+            self.resolve(self.pending)
+
+    def partial(self, m: Message) -> None:
+        p = self.pending
+        if p is None or p.complete or p.waiting.get(m.worker, (None,))[0] != m.job:
+            raise TailtrainError(f"worker {m.worker} reported blocks of job {m.job} unasked")
+        units = m.units / m.blocks
+        start = p.waiting[m.worker][1]
+        a = Arrival(m.worker, m.job, p.version, start, p.close, m.payload, m.loss, units, True)
+        self.report(p, m.worker, a)
+
+    def report(self, p: Pending, w: int, a: Arrival) -> None:
+        a.partial, a.version = True, p.version
+        p.reports.append(a)
+        del p.waiting[w]
+        if not p.waiting:
+            self.resolve(p)
+
+    def resolve(self, p: Pending) -> None:
+        """e_t from the rule's ``later`` weights over fresh + partial work (LGC Eq. 7)."""
+        late = [a for a in p.reports if a.units > 0]  # r = 0: nothing to offer (as simulated)
+        offered = p.fresh + late
+        cands = columns(offered)
+        selection = self.strategy.select(p.state, cands)
+        now = selection.now
+        same = np.array_equal(now.keys, p.now.keys) and np.allclose(now.weight, p.now.weight)
+        if not same or now.total != p.now.total:
+            raise TailtrainError(
+                f"{self.strategy.describe()}: its fresh weights changed with the partial work; "
+                "the parameter-server runtime needs them independent of it"
+            )
+        index = rows_weighed(cands.keys, Selection(now=Weighting.none(), later=selection.later))
+        if index.size:
+            grads = torch.stack([offered[i].grad for i in index])
+            later = Selection(now=Weighting.none(), later=selection.later)
+            self.update.direction(grads, cands.keys[index], later)
+        p.row["partial_workers"] = [a.worker for a in late]
+        p.row["partial_units"] = [a.units for a in late]
+        p.row["partial_jobs"] = [a.job for a in late]
+        self.pending = None
+
+    # ---- end ---------------------------------------------------------------------------------
+    def stop(self) -> None:
+        assert self.mailbox is not None
+        for w in range(self.n):
+            self.outbox.send(Message(Kind.STOP, w), w + 1, DOWN)
+        self.outbox.flush()
+        while self.byes < self.n or self.mailbox.wait(0.0):
+            self.mailbox.take(self.config.timeout)
+        self.mailbox.join(self.config.timeout)
+
+    def scorer(self):
+        """A snapshot of the model in force; scored after the run (module docstring)."""
+        theta = self.versions[self.version]
+
+        def scores() -> dict[str, Any]:
+            self.snapshots.append(theta)
+            return {"_snapshot": len(self.snapshots) - 1}
+
+        return scores
+
+    def score_snapshots(self) -> None:
+        done: dict[int, dict[str, Any]] = {}
+        for row in self.record.evals:
+            theta = self.snapshots[row.pop("_snapshot")]
+            if id(theta) not in done:
+                done[id(theta)] = self.world.task.evaluate(theta)
+            row.update(done[id(theta)])
+
+    def summary(self, worker_stats: list[dict[str, int]]) -> dict[str, Any]:
+        """simulate's keys, ``wall_time`` for ``virtual_time``, and the run's own counts."""
+        nonfinite = int(sum(row.get("nonfinite", 0) for row in self.record.steps))
+        summary = {**self.world.summarise(self.strategy, self.record), "nonfinite": nonfinite}
+        summary = {("wall_time" if k == "virtual_time" else k): v for k, v in summary.items()}
+        summary["topology"] = "parameter-server"
+        summary["ghosts"] = self.ghosts
+        for key in ("jobs", "interrupted", "units_computed", "partial_reports"):
+            summary[f"worker_{key}"] = [s[key] for s in worker_stats]
+        return summary
+
+
+# ---- the rank entry ----------------------------------------------------------------------------
+def train_parameter_server(config: TrainConfig, comm: Collectives, task: Any = None) -> RankResult:
+    """Rank 0 serves, rank w + 1 is worker w. ``task`` replaces the scenario's (own models,
+    ``runtime.ps_runner``)."""
+    scenario = config.scenario
+    if comm.world_size != scenario.workers + 1:
+        raise UsageError(
+            f"--workers {scenario.workers} needs {scenario.workers + 1} ranks (a parameter "
+            f"server and the workers) but the job has {comm.world_size}"
+        )
+    world, strategy = build_world(config) if task is None else own_world(config, task)
+    if world.partition is None:
+        raise UsageError(f"task {scenario.task!r} has no model to train; choose e.g. logreg")
+    # threads hand over the GIL every 5 ms by default: a message's receiving thread would
+    # wait that long to stamp it while the main thread works; 0.5 ms keeps stamps honest
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(SWITCH_INTERVAL)
+    try:
+        if comm.rank == 0:
+            return serve(config, world, strategy, comm)
+        return work(config, world, comm)
+    finally:
+        sys.setswitchinterval(interval)
+
+
+def serve(config: TrainConfig, world: World, strategy: Strategy, comm: Collectives) -> RankResult:
+    """Rank 0: run the server, then gather the workers' traces and counts."""
+    server = Server(config, world, strategy)
+    comm.barrier()
+    record = server.run()
+    gathered = comm.gather_objects(None)
+    assert gathered is not None
+    parts = [g for g in gathered[1:] if g is not None]
+    record.summary = server.summary([stats for _, stats in parts])
+    if config.out is not None:
+        folder = prepare_folder(config.out)
+        record.write(folder)
+        table = np.concatenate([t for t, _ in parts]) if parts else np.empty((0, 3))
+        write_trace(folder / "trace.csv", table, config.scenario.micro_batches is not None)
+    theta = server.versions[server.version]
+    return RankResult(0, record, theta.numpy().copy())
+
+
+def work(config: TrainConfig, world: World, comm: Collectives) -> RankResult:
+    """Rank w + 1: worker w."""
+    worker = Worker(world, comm.rank - 1, config.inject, config.timeout, config.fault)
+    worker.warm_up()
+    comm.barrier()
+    stats = vars(worker.run())
+    comm.gather_objects((worker.trace.table(), stats))
+    if config.out is not None:
+        folder = prepare_folder(config.out)
+        per_mb = worker.trace.per_micro_batch
+        write_trace(folder / f"trace-rank{comm.rank}.csv", worker.trace.table(), per_mb)
+    return RankResult(comm.rank, RunRecord(summary=stats), np.zeros(0))
+
+
+def own_world(config: TrainConfig, task: Any) -> tuple[World, Strategy]:
+    """``build_world`` with the caller's task in place of the scenario's."""
+    strategy = parse_strategy(config.strategy)
+    capacity = strategy.micro_batch_capacity(config.scenario.micro_batches)
+    world = World.build(config.scenario, config.seed, task=task, micro_batches=capacity)
+    return world, strategy

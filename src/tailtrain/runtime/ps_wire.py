@@ -1,0 +1,277 @@
+"""The parameter server's wire: fixed-size point-to-point messages and their mailboxes.
+
+Every message is one flat tensor in the model's dtype, ``[header (HEADER values), payload (D
+values)]``, sent with ``torch.distributed.send`` on one tag per direction (``UP``: worker to
+server, ``DOWN``: server to workers). A fixed size lets the server post one any-source
+receive at a time, so it hears every worker through one thread. Integers (jobs, versions)
+travel exactly below 2^24 in float32 (``MAX_INDEX``).
+
+A :class:`Mailbox` is a thread that receives messages one after the other and stamps each on
+arrival with this process's ``time.perf_counter()``, so stamps do not wait for the main
+thread; the main thread reads them in order with bounded waits. gloo's ``irecv`` never reports
+``is_completed()`` before ``wait()`` (torch 2.x), so a receiving thread, rather than polling,
+is what makes an arrival visible at once. A blocking receive is bounded by the process
+group's timeout (``--timeout``); a failure (most likely a peer that died) is handed to the
+main thread after ``runtime.reduce.GRACE`` seconds, so that the launcher names the rank that
+failed first.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import IntEnum
+
+import torch
+import torch.distributed as dist
+
+from tailtrain.errors import TailtrainError
+from tailtrain.runtime.reduce import GRACE
+
+#: tags of the two directions, and of the clock handshake
+UP, DOWN, CLOCK = 11, 12, 13
+#: round trips per worker to estimate its clock's offset from the server's
+PINGS = 5
+#: header values before the payload
+HEADER = 8
+#: integers in a float32 header are exact below this
+MAX_INDEX = 1 << 24
+
+
+class Kind(IntEnum):
+    """What a message says (header field ``KIND``)."""
+
+    #: server -> worker: compute job ``job`` at ``version`` (payload: that version's model);
+    #: a worker busy with another job drops it (an interrupt), and if ``blocks`` > 0 reports
+    #: the blocks of job ``cancels`` it finished before this message arrived (LGC)
+    JOB = 1
+    #: server -> worker: stop now (payload unused)
+    STOP = 2
+    #: worker -> server: the whole gradient of ``job`` (payload), computed at ``version``
+    GRAD = 3
+    #: worker -> server: ``done`` of ``blocks`` blocks of ``job`` and the mean gradient
+    #: over them (LGC Eq. 6); sent once for every JOB with ``blocks`` > 0 and ``cancels``
+    PARTIAL = 4
+    #: worker -> server: this worker has stopped and will send nothing more
+    BYE = 5
+
+
+@dataclass(frozen=True)
+class Message:
+    """One decoded message. Fields a kind does not use are 0 (``cancels``: -1)."""
+
+    kind: Kind
+    worker: int = 0
+    job: int = 0
+    version: int = 0
+    #: JOB: units (micro-batches or blocks) to split the job into; GRAD/PARTIAL: units done
+    units: int = 0
+    #: JOB: blocks s to report on an interrupt (0: none); PARTIAL: s
+    blocks: int = 0
+    #: JOB: the job this one interrupts (-1: none); GRAD/PARTIAL: the mean loss
+    aux: float = -1.0
+    #: JOB: its start on the server's clock (for time-scheduled delays); GRAD: compute seconds
+    seconds: float = 0.0
+    payload: torch.Tensor | None = None
+    #: when the receiving process got it (its own perf_counter)
+    stamp: float = 0.0
+
+    @property
+    def cancels(self) -> int:
+        return int(self.aux)
+
+    @property
+    def loss(self) -> float:
+        return float(self.aux)
+
+
+def encode(message: Message, dim: int, dtype: torch.dtype) -> torch.Tensor:
+    """The flat tensor of ``message`` (a zero payload when it has none)."""
+    for value in (message.job, message.version):
+        if not -1 <= value < MAX_INDEX:
+            raise TailtrainError(f"job or version {value} is beyond the wire's {MAX_INDEX}")
+    head = torch.tensor(
+        [
+            message.kind,
+            message.worker,
+            message.job,
+            message.version,
+            message.units,
+            message.blocks,
+            message.aux,
+            message.seconds,
+        ],
+        dtype=dtype,
+    )
+    body = torch.zeros(dim, dtype=dtype) if message.payload is None else message.payload
+    return torch.cat([head, body.reshape(-1).to(dtype)])
+
+
+def decode(buffer: torch.Tensor, stamp: float) -> Message:
+    head = buffer[:HEADER].tolist()
+    kind, worker, job, version, units, blocks, aux, seconds = head
+    ints = (int(worker), int(job), int(version), int(units), int(blocks))
+    return Message(Kind(int(kind)), *ints, aux, seconds, buffer[HEADER:], stamp)
+
+
+def clock_server(workers: int) -> float:
+    """The server's half of the handshake: answer every worker's pings with its clock, then
+    tell each the run's time zero (this clock, returned). float64 messages, before any
+    mailbox starts; every receive is bounded by the process group's timeout."""
+    ping, now = torch.zeros(1, dtype=torch.float64), torch.zeros(1, dtype=torch.float64)
+    for rank in range(1, workers + 1):
+        for _ in range(PINGS):
+            dist.recv(ping, src=rank, tag=CLOCK)
+            now[0] = time.perf_counter()
+            dist.send(now, dst=rank, tag=CLOCK)
+    zero = time.perf_counter()
+    for rank in range(1, workers + 1):
+        dist.send(torch.tensor([zero], dtype=torch.float64), dst=rank, tag=CLOCK)
+    return zero
+
+
+def clock_worker() -> float:
+    """A worker's half: the server's time zero on this worker's clock, with the offset of
+    the shortest of ``PINGS`` round trips (Cristian's algorithm). Used only to aim injected
+    delays; every measured time is the server's own."""
+    best, offset = float("inf"), 0.0
+    reply = torch.zeros(1, dtype=torch.float64)
+    for _ in range(PINGS):
+        sent = time.perf_counter()
+        dist.send(torch.tensor([sent], dtype=torch.float64), dst=0, tag=CLOCK)
+        dist.recv(reply, src=0, tag=CLOCK)
+        back = time.perf_counter()
+        if back - sent < best:
+            best, offset = back - sent, float(reply[0]) - (sent + back) / 2
+    dist.recv(reply, src=0, tag=CLOCK)
+    return float(reply[0]) - offset
+
+
+class Mailbox:
+    """Messages from ``src`` (None: any rank) on ``tag``, received by a thread until
+    ``last(message)`` says that one was the last."""
+
+    def __init__(
+        self,
+        src: int | None,
+        tag: int,
+        size: int,
+        dtype: torch.dtype,
+        last: Callable[[Message], bool],
+    ) -> None:
+        self._items: collections.deque[Message] = collections.deque()
+        self._ready = threading.Condition()
+        self._error: BaseException | None = None
+        self._args = (src, tag, size, dtype, last)
+        self._thread = threading.Thread(target=self._run, name="tailtrain-mailbox", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        src, tag, size, dtype, last = self._args
+        try:
+            while True:
+                buffer = torch.empty(size, dtype=dtype)
+                dist.recv(buffer, src=src, tag=tag)
+                message = decode(buffer, time.perf_counter())
+                with self._ready:
+                    self._items.append(message)
+                    self._ready.notify_all()
+                if last(message):
+                    return
+        except BaseException as exc:  # handed to the main thread, which raises it
+            # most likely a peer died: let the launcher name it first (``runtime.reduce``)
+            time.sleep(GRACE)
+            with self._ready:
+                self._error = exc
+                self._ready.notify_all()
+
+    def wait(self, seconds: float) -> bool:
+        """Wait up to ``seconds`` for a message; whether one is there (not taken)."""
+        with self._ready:
+            if not self._items and self._error is None and seconds > 0:
+                self._ready.wait(seconds)
+            self._raise()
+            return bool(self._items)
+
+    def take(self, timeout: float) -> Message:
+        """The next message, waiting at most ``timeout`` seconds for it."""
+        deadline = time.monotonic() + timeout
+        with self._ready:
+            while not self._items:
+                self._raise()
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TailtrainError(f"no message came within --timeout {timeout:g}s")
+                self._ready.wait(left)
+            return self._items.popleft()
+
+    def _raise(self) -> None:
+        if self._error is not None and not self._items:
+            raise TailtrainError(f"receiving failed: {self._error}") from self._error
+
+    def join(self, timeout: float) -> None:
+        self._thread.join(timeout)
+
+
+class Outbox:
+    """Sends on a thread of their own, in order, so that the caller never waits for the wire
+    (a gloo send of a model costs about a millisecond here); :meth:`flush` waits until all
+    have gone, bounded by ``timeout``. A failed send is raised by the next call."""
+
+    def __init__(self, dim: int, dtype: torch.dtype, timeout: float) -> None:
+        self.dim, self.dtype, self.timeout = dim, dtype, timeout
+        self._queue: collections.deque[tuple[torch.Tensor, int, int] | None] = collections.deque()
+        self._ready = threading.Condition()
+        self._busy = 0
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="tailtrain-outbox", daemon=True)
+        self._thread.start()
+
+    def send(self, message: Message, dst: int, tag: int) -> None:
+        buffer = encode(message, self.dim, self.dtype)
+        with self._ready:
+            self._check()
+            self._queue.append((buffer, dst, tag))
+            self._busy += 1
+            self._ready.notify_all()
+
+    def _run(self) -> None:
+        while True:
+            with self._ready:
+                while not self._queue:
+                    self._ready.wait()
+                item = self._queue.popleft()
+            if item is None:
+                return
+            try:
+                dist.send(item[0], dst=item[1], tag=item[2])
+            except BaseException as exc:  # raised by the caller's next send or flush
+                time.sleep(GRACE)  # as in ``Mailbox._run``
+                with self._ready:
+                    self._error = exc
+                    self._ready.notify_all()
+                return
+            with self._ready:
+                self._busy -= 1
+                self._ready.notify_all()
+
+    def flush(self) -> None:
+        """Wait until every message has gone; then stop the thread."""
+        deadline = time.monotonic() + self.timeout
+        with self._ready:
+            while self._busy and self._error is None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TailtrainError(f"sends still pending after --timeout {self.timeout:g}s")
+                self._ready.wait(left)
+            self._check()
+            self._queue.append(None)
+            self._ready.notify_all()
+        self._thread.join(self.timeout)
+
+    def _check(self) -> None:
+        if self._error is not None:
+            raise TailtrainError(f"sending failed: {self._error}") from self._error
