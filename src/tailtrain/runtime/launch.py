@@ -27,6 +27,7 @@ import datetime
 import errno
 import gc
 import logging
+import multiprocessing
 import os
 import signal
 import socket
@@ -126,13 +127,28 @@ def launch(
             rdzv_configs={"rank": 0, "timeout": max(1, round(first.timeout))},
             max_restarts=0,
             monitor_interval=0.1,
-            start_method="spawn" if first.backend == "nccl" else "fork",
+            start_method=start_method(first.backend, own_entry=entry is not None),
             logs_specs=DefaultLogsSpecs(log_dir=logs),
         )
         try:
             return elastic_launch(spec, rank_entry)(list(configs), True, entry)
         except ChildFailedError as exc:
             raise JobFailed(describe_failure(exc)) from None
+
+
+def start_method(backend: str, *, own_entry: bool) -> str:
+    """How local ranks start. NCCL ranks are spawned (CUDA cannot be used after a fork).
+    Gloo ranks fork from a fork server: a clean process that imported torch and tailtrain
+    once, so every launch after the first starts in about a second, and no rank inherits the
+    launching process's state: forked straight from a process that had already launched jobs,
+    a rank sometimes never joined the process group. A user's own ``entry`` (closures over
+    their model) is not picklable, so those ranks fork from the launching process."""
+    if backend == "nccl":
+        return "spawn"
+    if own_entry:
+        return "fork"
+    multiprocessing.set_forkserver_preload(["torch", "tailtrain.runtime.launch"])
+    return "forkserver"
 
 
 def rank_entry(
