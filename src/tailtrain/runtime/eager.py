@@ -44,7 +44,7 @@ from tailtrain.runtime.reduce import Collectives
 from tailtrain.sim.data_stream import job_batches
 from tailtrain.sim.evaluation import Evaluator
 from tailtrain.sim.partial.collectives import CommTimes
-from tailtrain.sim.partial.engine import _summary as partial_summary
+from tailtrain.sim.partial.engine import summarise as partial_summary
 from tailtrain.sim.records import RunRecord, prepare_folder
 from tailtrain.sim.scenario import World
 from tailtrain.strategies.base import Selection, StepStats, Strategy

@@ -210,7 +210,7 @@ class PartialCollectiveEngine:
             self.models.retain(np.concatenate([self.procs.model, self.buffers.models()]))
 
     def summary(self, record: RunRecord) -> dict[str, Any]:
-        return _summary(record)
+        return summarise(record)
 
     @property
     def weighted_update(self) -> WeightedUpdate | None:
@@ -250,7 +250,8 @@ def _arrivals(work: Work) -> ArrivalColumns:
     return ArrivalColumns(work.worker, work.job, work.step, work.start, work.finish)
 
 
-def _summary(record: RunRecord) -> dict[str, float]:
+def summarise(record: RunRecord) -> dict[str, float]:
+    """Run-level NAP and staleness of partial-collective rounds (the runtime's too)."""
     if not record.steps:
         return {}
     stale = [s for row in record.steps for s in row["staleness"]]
