@@ -1,10 +1,18 @@
-"""Fault drills: bad numbers injected on purpose, to check that a run survives them.
+"""Fault drills: faults injected on purpose, to check that a run survives them.
 
-``--inject-fault nan:worker=W,step=S`` makes worker W's gradient NaN at update S (``inf``
-gives +infinity). The value enters through the shared update path
-(``tailtrain.update.WeightedUpdate.inject``), where the non-finite screening drops it, so the
-simulator and the runtime exercise the same code. A fault whose worker contributes no
-gradient to update S injects nothing.
+``--inject-fault`` takes, repeatably:
+
+* ``nan:worker=W,step=S`` (``inf:`` gives +infinity): worker W's gradient becomes NaN at
+  update S. The value enters through the shared update path (``tailtrain.update``), where the
+  non-finite screening drops it, so the simulator and the runtime exercise the same code. A
+  fault whose worker contributes no gradient to update S injects nothing.
+* ``kill:worker=W,step=S`` (``train`` only): worker W's process is killed (SIGKILL, no
+  clean-up) when it starts work for update S.
+* ``freeze:worker=W,step=S,seconds=X`` (``train`` only): worker W's process hangs for X
+  seconds when it starts work for update S, then goes on.
+
+"Update S" is the step the worker's work is for: the round of an allreduce or a partial
+collective, the model version of a parameter-server job.
 """
 
 from __future__ import annotations
@@ -20,33 +28,54 @@ from tailtrain.spec import parse_spec
 
 #: fault name -> the value it puts in the gradient
 VALUES = {"nan": math.nan, "inf": math.inf}
+#: faults of a worker's process: they need real processes (`tailtrain train`)
+PROCESS_FAULTS = ("kill", "freeze")
+KINDS = (*VALUES, *PROCESS_FAULTS)
+USAGE = "nan:worker=W,step=S, inf:..., kill:worker=W,step=S or freeze:worker=W,step=S,seconds=X"
 
 
 @dataclass(frozen=True)
 class Fault:
-    """Worker ``worker``'s gradient becomes ``value`` at update ``step``."""
+    """One drill: ``kind`` hits worker ``worker`` at update ``step`` (``seconds``: freeze)."""
 
     kind: str
     worker: int
     step: int
+    seconds: float = 0.0
 
     @property
     def value(self) -> float:
+        """The value a numeric fault puts in the gradient."""
         return VALUES[self.kind]
 
+    @property
+    def numeric(self) -> bool:
+        return self.kind in VALUES
+
     def describe(self) -> str:
-        return f"{self.kind}:worker={self.worker},step={self.step}"
+        text = f"{self.kind}:worker={self.worker},step={self.step}"
+        return text + (f",seconds={self.seconds:g}" if self.kind == "freeze" else "")
 
 
-def parse_fault(text: str) -> Fault:
-    """``nan:worker=W,step=S`` or ``inf:worker=W,step=S``."""
+def parse_fault(text: str, kinds: Sequence[str] = KINDS) -> Fault:
+    """One ``--inject-fault`` value; ``kinds`` are the faults the command can drill."""
     spec = parse_spec(text, what="fault")
-    if spec.name not in VALUES:
+    if spec.name not in KINDS:
+        raise UsageError(f"unknown fault {spec.name!r} in {text!r}; give {USAGE}")
+    if spec.name not in kinds:
         raise UsageError(
-            f"unknown fault {spec.name!r} in {text!r}; give nan:worker=W,step=S or inf:..."
+            f"--inject-fault {text}: {spec.name} needs real processes; drill it with "
+            f"`tailtrain train` (here: {', '.join(kinds)})"
         )
-    spec.require_known(("worker", "step"))
-    return Fault(spec.name, spec.get_int("worker", minimum=0), spec.get_int("step", minimum=0))
+    freeze = spec.name == "freeze"
+    spec.require_known(("worker", "step", "seconds") if freeze else ("worker", "step"))
+    seconds = 0.0
+    if freeze:
+        seconds = spec.get_float("seconds", positive=True)  # missing: says "add seconds=..."
+        if not seconds < math.inf:
+            raise UsageError(f"--inject-fault {text}: seconds must be finite and > 0")
+    worker, step = spec.get_int("worker", minimum=0), spec.get_int("step", minimum=0)
+    return Fault(spec.name, worker, step, seconds)
 
 
 @dataclass(frozen=True)
@@ -56,9 +85,11 @@ class FaultPlan:
     faults: tuple[Fault, ...] = ()
 
     @classmethod
-    def parse(cls, texts: Sequence[str] | None, workers: int) -> FaultPlan:
+    def parse(
+        cls, texts: Sequence[str] | None, workers: int, kinds: Sequence[str] = KINDS
+    ) -> FaultPlan:
         """The faults ``texts`` give, each checked against the scenario's ``workers``."""
-        faults = tuple(parse_fault(t) for t in texts or ())
+        faults = tuple(parse_fault(t, kinds) for t in texts or ())
         for fault in faults:
             if fault.worker >= workers:
                 raise UsageError(
@@ -68,13 +99,26 @@ class FaultPlan:
         return cls(faults)
 
     def at(self, step: int) -> tuple[np.ndarray, np.ndarray] | None:
-        """(workers, values) to inject at update ``step``, or None; a worker named twice
-        gets the last value given."""
-        here = {f.worker: f.value for f in self.faults if f.step == step}
+        """(workers, values) of the numeric faults at update ``step``, or None; a worker named
+        twice gets the last value given."""
+        here = {f.worker: f.value for f in self.faults if f.numeric and f.step == step}
         if not here:
             return None
         workers = np.array(sorted(here), dtype=np.int64)
         return workers, np.array([here[w] for w in workers.tolist()])
+
+    def value(self, worker: int, step: int) -> float | None:
+        """The value worker ``worker``'s gradient of update ``step`` becomes, or None."""
+        hit = self.at(step)
+        if hit is None or worker not in hit[0]:
+            return None
+        return float(hit[1][np.searchsorted(hit[0], worker)])
+
+    def process_fault(self, worker: int, step: int) -> Fault | None:
+        """The kill or freeze that hits ``worker`` when it starts work for ``step``; a kill
+        wins over a freeze of the same step."""
+        hits = [f for f in self.faults if not f.numeric and (f.worker, f.step) == (worker, step)]
+        return min(hits, key=lambda f: f.kind != "kill", default=None)
 
     def describe(self) -> list[str]:
         return [f.describe() for f in self.faults]

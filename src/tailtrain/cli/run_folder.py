@@ -30,6 +30,8 @@ log = logging.getLogger(__name__)
 #: flags that define a run, kept in run.json; `--resume` takes them from there
 RUN_FLAGS = ("strategy", "seed", "inject_fault", "on_nonfinite")
 RUN_JSON = "run.json"
+#: the fault drills a simulated run can play (kill and freeze need real processes)
+SIMULATED_FAULTS = ("nan", "inf")
 
 
 def add_run_arguments(p: argparse.ArgumentParser) -> None:
@@ -95,7 +97,7 @@ def prepare_run(args: argparse.Namespace) -> Job:
 
     scenario = scenario_from_args(args)
     strategy = parse_strategy(args.strategy)
-    faults = FaultPlan.parse(args.inject_fault, scenario.workers)
+    faults = FaultPlan.parse(args.inject_fault, scenario.workers, SIMULATED_FAULTS)
     _check_faults(faults, scenario)
     every = _checkpoint_every(args.checkpoint_every)
     if args.out is None:
@@ -137,7 +139,7 @@ def resume_run(args: argparse.Namespace) -> Job:
             f"{folder / RUN_JSON}: its scenario is not one this tailtrain knows ({exc})"
         ) from None
     strategy = parse_strategy(info["strategy"])
-    faults = FaultPlan.parse(info["inject_fault"], scenario.workers)
+    faults = FaultPlan.parse(info["inject_fault"], scenario.workers, SIMULATED_FAULTS)
     every = _checkpoint_every(args.checkpoint_every) or info["checkpoint_every"]
     saved = None
     if (folder / checkpoint.FILENAME).exists():

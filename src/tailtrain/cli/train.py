@@ -76,6 +76,22 @@ def register(sub: argparse._SubParsersAction) -> None:
         metavar="RANK:STEP",
         help="fault injection: RANK raises at the start of STEP (to test failure handling)",
     )
+    p.add_argument(
+        "--inject-fault",
+        action="append",
+        default=None,
+        metavar="KIND:worker=W,step=S",
+        help="fault drill, repeatable: nan:/inf: (worker W's gradient of update S), "
+        "kill: (worker W's process is killed when it starts update S) or "
+        "freeze:...,seconds=X (it hangs X seconds there)",
+    )
+    p.add_argument(
+        "--on-nonfinite",
+        choices=("skip", "raise"),
+        default="skip",
+        help="a gradient with NaN or inf: skip drops it from its update and counts it "
+        "(column nonfinite); raise stops the run (default: skip)",
+    )
     p.set_defaults(run=run)
 
 
@@ -101,6 +117,9 @@ def run(args: argparse.Namespace) -> int:
 
     extra = processes(parse_strategy(args.strategy), 0)  # a parameter server's own rank
     args.workers = workers(args.workers, os.environ if in_torchrun() else None, extra)
+    from tailtrain.faults import FaultPlan
+
+    faults = FaultPlan.parse(args.inject_fault, args.workers)
     config = TrainConfig(
         scenario=scenario_from_args(args),
         strategy=args.strategy,
@@ -112,6 +131,8 @@ def run(args: argparse.Namespace) -> int:
         threads=args.threads,
         verbose=args.verbose,
         fault=args.fail_at,
+        faults=faults,
+        on_nonfinite=args.on_nonfinite,
     )
     try:
         result = train(config, args.rdzv_endpoint)

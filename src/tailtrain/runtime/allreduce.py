@@ -43,7 +43,7 @@ import torch
 from tailtrain.errors import UsageError
 from tailtrain.runtime.config import TrainConfig, build_world
 from tailtrain.runtime.control import RuleDriver, Weighting, check_agreement, round_arrivals
-from tailtrain.runtime.inject import InjectedFault, Injector, sleep
+from tailtrain.runtime.inject import FaultDrill, InjectedFault, Injector, sleep
 from tailtrain.runtime.reduce import Collectives
 from tailtrain.runtime.telemetry import (
     RankLog,
@@ -61,7 +61,7 @@ from tailtrain.sim.records import RunRecord
 from tailtrain.sim.scenario import World
 from tailtrain.strategies.base import AllreducePlan as Plan
 from tailtrain.strategies.base import ArrivalColumns, StepStats
-from tailtrain.update import WeightedUpdate
+from tailtrain.update import NonFiniteGradient, WeightedUpdate
 
 #: column of the first unit time in a gathered row [C_n, T~_n, injected, t_n^(1..U)]
 TIMES = 3
@@ -143,6 +143,7 @@ class _Rank:
     evals: Evaluator
     update: WeightedUpdate
     grads: ModuleGrads
+    drill: FaultDrill
     now: float = 0.0
     step: int = 0
 
@@ -203,8 +204,9 @@ def start(config: TrainConfig, comm: Collectives) -> _Rank:
         trace=TraceRows(comm.rank, scenario.micro_batches is not None),
         record=(record := RunRecord()),
         evals=Evaluator(scenario.evaluation, record if comm.rank == 0 else RunRecord(), True),
-        update=WeightedUpdate(world.lr),
+        update=WeightedUpdate(world.lr, config.on_nonfinite),
         grads=grads,
+        drill=FaultDrill(config.faults, comm.rank),
     )
 
 
@@ -217,10 +219,13 @@ def one_round(run: _Rank, plan: Plan) -> None:
     fault = run.config.fault
     if fault is not None and (fault.rank, fault.step) == (run.comm.rank, run.step):
         raise InjectedFault(f"rank {fault.rank} fails at step {fault.step} (--fail-at)")
+    run.drill.before(run.step)
     started = time.perf_counter()
     lr = run.world.lr * plan.lr_scale
     with phase("compute"):
         work = compute(run, plan, batches[run.comm.rank], injected, m, lr)
+    if work.done:
+        run.drill.poison(run.step, work.grad)
     with phase("wait") as wait:
         rows = run.comm.gather(
             np.concatenate([[work.done, work.compute, work.injected], work.times])
@@ -296,6 +301,8 @@ def reduce_and_apply(run: _Rank, work: Work, weighting: Weighting, lr_scale: flo
     0 and a zero gradient, as the simulator's update path screens it (``tailtrain.update``)."""
     grad, weight, loss_sum, done = work.grad, weighting.weight, work.loss_sum, work.done
     bad = not bool(torch.isfinite(grad).all()) or not math.isfinite(loss_sum)
+    if bad and run.update.on_nonfinite == "raise":  # the job fails, naming this rank
+        raise NonFiniteGradient([run.comm.rank], run.step)
     if bad:
         run.log.warning("non-finite gradient: this rank joins the round with weight 0")
         grad, excluded, loss_sum, done = torch.zeros_like(grad), weight, 0.0, 0

@@ -8,10 +8,11 @@ with the seed, exactly as the simulator does (``sim.scenario.World.build``).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from tailtrain.errors import UsageError
+from tailtrain.faults import FaultPlan
 from tailtrain.sim.scenario import Scenario, World
 from tailtrain.strategies.base import Strategy
 from tailtrain.strategies.registry import parse_strategy
@@ -31,6 +32,9 @@ class Fault:
 class TrainConfig:
     """One training job. ``inject`` says whether ``scenario.delay``/``pattern`` are injected.
 
+    ``fault`` (``--fail-at``) makes a rank raise; ``faults`` are ``--inject-fault`` drills
+    (``tailtrain.faults``: NaN gradients, killed and frozen workers); ``on_nonfinite`` is
+    ``skip`` or ``raise``, as in ``tailtrain.update``.
     ``timeout`` (seconds) bounds every collective and the rendezvous. ``out`` receives rank 0's
     run record and ``trace.csv``; each rank also writes its own ``trace-rank{r}.csv`` there.
     """
@@ -45,6 +49,8 @@ class TrainConfig:
     threads: int = 1
     verbose: bool = False
     fault: Fault | None = None
+    faults: FaultPlan = field(default_factory=FaultPlan)
+    on_nonfinite: str = "skip"
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
@@ -52,6 +58,8 @@ class TrainConfig:
             raise UsageError(f"unknown --backend {self.backend!r}; use one of {known}")
         if not 0 < self.timeout < math.inf:
             raise UsageError(f"--timeout must be finite seconds > 0, got {self.timeout}")
+        if self.on_nonfinite not in ("skip", "raise"):
+            raise UsageError(f"--on-nonfinite must be skip or raise, got {self.on_nonfinite!r}")
         if self.threads < 1:
             raise UsageError(f"--threads must be >= 1, got {self.threads}")
 

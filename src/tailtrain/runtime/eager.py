@@ -39,6 +39,7 @@ import torch
 from tailtrain.errors import TailtrainError, UsageError
 from tailtrain.runtime.allreduce import RankResult
 from tailtrain.runtime.config import TrainConfig, build_world
+from tailtrain.runtime.inject import FaultDrill
 from tailtrain.runtime.partial import PartialCollective, RoundResult, row
 from tailtrain.runtime.reduce import Collectives
 from tailtrain.sim.data_stream import job_batches
@@ -49,7 +50,7 @@ from tailtrain.sim.records import RunRecord, prepare_folder
 from tailtrain.sim.scenario import World
 from tailtrain.strategies.base import Selection, StepStats, Strategy
 from tailtrain.strategies.eager import RoundPlan
-from tailtrain.update import WeightedUpdate
+from tailtrain.update import NonFiniteGradient, WeightedUpdate
 
 #: rounds whose step a rank can still adopt (a rank that slept through more adopts a later one)
 KEEP = 64
@@ -210,7 +211,9 @@ def run_rounds(config, world, coll, rule: Rule, comm: Collectives, theta):
     me = np.array([rank])
     update = WeightedUpdate(world.lr)
     step, job, averaged = 0, 0, 0
+    drill = FaultDrill(config.faults, rank)
     while coll.plan(step) is not None:
+        drill.before(step)
         start = coll.now()
         loss, grad = world.task.grads(theta, batch(world, rank, job))
         loss, grad = float(loss[0]), grad[0]
@@ -218,7 +221,10 @@ def run_rounds(config, world, coll, rule: Rule, comm: Collectives, theta):
             seconds = float(durations.peek(me, np.array([start]))[0])
             durations.advance(me)
             time.sleep(seconds)
+        drill.poison(step, grad)
         if not (torch.isfinite(grad).all() and math.isfinite(loss)):
+            if config.on_nonfinite == "raise":
+                raise NonFiniteGradient([rank], step)
             grad, loss = torch.zeros_like(grad), math.nan  # joins with nothing (update.py)
         out = coll.call(step, grad, row(job, step, start, coll.now(), loss, float(grad @ grad)))
         done = out.result.index

@@ -14,13 +14,21 @@ does with virtual time.
 
 from __future__ import annotations
 
+import logging
+import os
+import signal
+import sys
 import time
 
 import numpy as np
+import torch
 
 from tailtrain.delays.comm import parse_comm_time
+from tailtrain.faults import FaultPlan
 from tailtrain.sim.allreduce.timing import RoundClock
 from tailtrain.sim.scenario import World
+
+log = logging.getLogger(__name__)
 
 
 class InjectedFault(RuntimeError):
@@ -51,3 +59,32 @@ class Injector:
 def sleep(seconds: float) -> None:
     if seconds > 0:
         time.sleep(seconds)
+
+
+class FaultDrill:
+    """Worker ``worker``'s part of the ``--inject-fault`` drills (``tailtrain.faults``)."""
+
+    def __init__(self, plan: FaultPlan, worker: int) -> None:
+        self.plan, self.worker = plan, worker
+
+    def before(self, step: int) -> None:
+        """At the start of this worker's work for update ``step``: die or hang if told to.
+
+        A kill is SIGKILL to this process, so nothing is cleaned up, as when a node dies;
+        a freeze sleeps the process's main thread, as when it hangs."""
+        fault = self.plan.process_fault(self.worker, step)
+        if fault is None:
+            return
+        log.warning("fault drill %s", fault.describe())
+        if fault.kind == "kill":
+            for stream in (sys.stdout, sys.stderr):
+                stream.flush()
+            os.kill(os.getpid(), signal.SIGKILL)
+        sleep(fault.seconds)
+
+    def poison(self, step: int, grad: torch.Tensor) -> None:
+        """Fill ``grad`` in place with a numeric drill's value for update ``step``, if any."""
+        value = self.plan.value(self.worker, step)
+        if value is not None:
+            log.warning("fault drill: gradient of update %d set to %s", step, value)
+            grad.fill_(value)

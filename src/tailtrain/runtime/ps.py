@@ -72,7 +72,7 @@ import torch
 from tailtrain.errors import TailtrainError, UsageError
 from tailtrain.runtime.allreduce import RankResult
 from tailtrain.runtime.config import TrainConfig, build_world
-from tailtrain.runtime.inject import InjectedFault
+from tailtrain.runtime.inject import FaultDrill, InjectedFault
 from tailtrain.runtime.ps_wire import (
     DOWN,
     HEADER,
@@ -154,7 +154,7 @@ class Server:
         theta = world.task.init_params(world.seed)
         self.dim, self.dtype = theta.numel(), theta.dtype
         self.versions = {0: theta}
-        self.update = WeightedUpdate(world.lr)
+        self.update = WeightedUpdate(world.lr, self.config.on_nonfinite)
         self.state = strategy.init(world.context)
         self.record = RunRecord()
         self.evals = Evaluator(world.scenario.evaluation, self.record, enabled=True)
@@ -309,6 +309,7 @@ class Server:
         theta = self.versions[self.version]
         if grads is not None:
             keys = cands.keys[index]
+            self.update.inject = self.config.faults.at(self.step)  # NaN drills, as simulate
             theta = self.update.apply(theta, grads, keys, applied, plan.lr_scale)
         dropped = self.update.dropped
         used = selection.used()
@@ -530,7 +531,9 @@ def serve(config: TrainConfig, world: World, strategy: Strategy, comm: Collectiv
 
 def work(config: TrainConfig, world: World, comm: Collectives) -> RankResult:
     """Rank w + 1: worker w."""
-    worker = Worker(world, comm.rank - 1, config.inject, config.timeout, config.fault)
+    index = comm.rank - 1
+    drill = FaultDrill(config.faults, index)
+    worker = Worker(world, index, config.inject, config.timeout, config.fault, drill)
     worker.warm_up()
     comm.barrier()
     stats = vars(worker.run())

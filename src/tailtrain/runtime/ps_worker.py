@@ -35,8 +35,9 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from tailtrain.faults import FaultPlan
 from tailtrain.runtime.config import Fault
-from tailtrain.runtime.inject import InjectedFault
+from tailtrain.runtime.inject import FaultDrill, InjectedFault
 from tailtrain.runtime.ps_wire import (
     DOWN,
     HEADER,
@@ -104,10 +105,17 @@ class Worker:
     """Worker ``index`` (rank index + 1) of a parameter-server job."""
 
     def __init__(
-        self, world: World, index: int, inject: bool, timeout: float, fault: Fault | None = None
+        self,
+        world: World,
+        index: int,
+        inject: bool,
+        timeout: float,
+        fault: Fault | None = None,
+        drill: FaultDrill | None = None,
     ) -> None:
         self.world, self.index, self.timeout = world, index, timeout
         self.fault = fault
+        self.drill = drill or FaultDrill(FaultPlan(), index)
         task = world.task
         self.dim, self.dtype = task.dim, task.init_params(world.seed).dtype
         self.clock = JobClock(world, index, inject)
@@ -147,6 +155,7 @@ class Worker:
         fault = self.fault
         if fault is not None and fault.rank == self.index + 1 and message.version >= fault.step:
             raise InjectedFault(f"rank {fault.rank} fails at step {fault.step} (--fail-at)")
+        self.drill.before(message.version)
         if asks_blocks(message):
             self.report(message)
         job = Job(

@@ -1,0 +1,59 @@
+"""Fault drill specs (tailtrain.faults): parsing, checks, and who is hit when."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from tailtrain.errors import UsageError
+from tailtrain.faults import Fault, FaultPlan, parse_fault
+
+
+def test_each_kind_parses_and_describes_itself_back():
+    texts = ["nan:worker=1,step=2", "inf:worker=0,step=0", "kill:worker=3,step=5"]
+    texts.append("freeze:worker=2,step=4,seconds=1.5")
+    plan = FaultPlan.parse(texts, workers=4)
+    assert plan.describe() == texts
+    assert FaultPlan.parse(plan.describe(), workers=4) == plan
+
+
+def test_numeric_faults_reach_the_update_and_process_faults_do_not():
+    plan = FaultPlan.parse(["nan:worker=1,step=2", "kill:worker=1,step=2"], workers=4)
+    workers, values = plan.at(2)
+    assert workers.tolist() == [1] and math.isnan(values[0])
+    assert plan.at(3) is None
+    assert math.isnan(plan.value(1, 2)) and plan.value(0, 2) is None
+    assert plan.process_fault(1, 2) == Fault("kill", 1, 2)
+    assert plan.process_fault(1, 3) is None
+
+
+def test_a_kill_wins_over_a_freeze_of_the_same_step():
+    plan = FaultPlan.parse(["freeze:worker=0,step=1,seconds=2", "kill:worker=0,step=1"], 2)
+    assert plan.process_fault(0, 1).kind == "kill"
+
+
+@pytest.mark.parametrize(
+    ("texts", "kinds", "message"),
+    [
+        (["boom:worker=0,step=0"], None, "unknown fault 'boom'"),
+        (["kill:worker=0,step=0"], ("nan", "inf"), "needs real processes"),
+        (["freeze:worker=0,step=0"], None, "missing parameter 'seconds'"),
+        (["freeze:worker=0,step=0,seconds=0"], None, "must be > 0"),
+        (["freeze:worker=0,step=0,seconds=inf"], None, "finite"),
+        (["kill:worker=0,step=0,seconds=1"], None, "does not take parameter 'seconds'"),
+        (["kill:worker=4,step=0"], None, "workers are 0..3"),
+        (["nan:worker=0,step=-1"], None, "must be >= 0"),
+    ],
+)
+def test_bad_faults_are_refused_in_one_line(texts, kinds, message):
+    with pytest.raises(UsageError, match=message) as err:
+        if kinds is None:
+            FaultPlan.parse(texts, workers=4)
+        else:
+            FaultPlan.parse(texts, workers=4, kinds=kinds)
+    assert "\n" not in str(err.value)
+
+
+def test_parse_fault_default_accepts_every_kind():
+    assert parse_fault("freeze:worker=0,step=0,seconds=3").seconds == 3.0
