@@ -163,7 +163,9 @@ def _checkpoint_every(every: int | None) -> int | None:
     return every
 
 
-def _check_resume_flags(args: argparse.Namespace, folder: Path) -> None:
+def _check_resume_flags(
+    args: argparse.Namespace, folder: Path, flags: tuple[str, ...] = RUN_FLAGS
+) -> None:
     """`--resume DIR` takes the run's flags from DIR; refuse any given that would differ."""
     from tailtrain.sim.scenario import Scenario
 
@@ -174,7 +176,7 @@ def _check_resume_flags(args: argparse.Namespace, folder: Path) -> None:
     if args.out is not None and Path(args.out).resolve() != folder.resolve():
         raise UsageError(f"--resume writes into {folder} itself; drop --out {args.out}")
     defaults = args.defaults
-    for dest in (*(f.name for f in dataclasses.fields(Scenario)), *RUN_FLAGS):
+    for dest in (*(f.name for f in dataclasses.fields(Scenario)), *flags):
         if getattr(args, dest) != defaults[dest]:
             flag = "--" + dest.replace("_", "-")
             raise UsageError(
@@ -201,29 +203,90 @@ _RUN_JSON_TYPES: dict[str, tuple[type, ...]] = {
     "on_nonfinite": (str,),
     "inject_fault": (list,),
 }
+#: train's run.json adds the runtime's flags (``train_info``)
+_TRAIN_JSON_TYPES = {**_RUN_JSON_TYPES, "runtime": (dict,)}
 
 
-def read_run_json(folder: Path) -> dict[str, Any]:
+def read_run_json(folder: Path, command: str = "simulate") -> dict[str, Any]:
     """run.json, parsed strictly: every key present, of its type, nothing else."""
     path = folder / RUN_JSON
     try:
         info = json.loads(path.read_text())
     except FileNotFoundError:
         raise UsageError(
-            f"{folder} holds no {RUN_JSON}; it is not a simulate --out folder"
+            f"{folder} holds no {RUN_JSON}; it is not a {command} --out folder"
         ) from None
     except (OSError, UnicodeDecodeError, ValueError) as exc:
         raise UsageError(f"{path} is not readable JSON: {str(exc)[:120]}") from None
-    if not isinstance(info, dict) or set(info) != set(_RUN_JSON_TYPES):
+    if isinstance(info, dict) and info.get("command") not in (None, command):
+        raise UsageError(f"{path} is a {info['command']} run; continue it with that command")
+    expected = _TRAIN_JSON_TYPES if command == "train" else _RUN_JSON_TYPES
+    if not isinstance(info, dict) or set(info) != set(expected):
         raise UsageError(f"{path} is not a tailtrain run.json; its keys differ")
-    for key, types in _RUN_JSON_TYPES.items():
+    for key, types in expected.items():
         value = info[key]
         if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
             raise UsageError(f"{path}: {key} has the wrong type ({type(value).__name__})")
-    if info["command"] != "simulate" or info["on_nonfinite"] not in ("skip", "raise"):
-        raise UsageError(f"{path} is not a simulate run.json (command, on_nonfinite)")
+    if info["command"] != command or info["on_nonfinite"] not in ("skip", "raise"):
+        raise UsageError(f"{path} is not a {command} run.json (command, on_nonfinite)")
     if not 0 <= info["seed"] <= MAX_SEED:
         raise UsageError(f"{path}: seed {info['seed']} must lie in 0..2^63-1")
     if not all(isinstance(f, str) for f in info["inject_fault"]):
         raise UsageError(f"{path}: inject_fault must be a list of fault specs")
     return info
+
+
+# ---- train's run folder ------------------------------------------------------------------------
+#: flags of `train` that define its run besides simulate's; `--resume` refuses them
+TRAIN_FLAGS = (*RUN_FLAGS, "backend", "fail_at")
+#: what a fresh train run clears from its folder besides simulate's run files
+TRAIN_EXTRA = ("drills.jsonl", "trace.csv")
+
+
+def train_info(args: argparse.Namespace, scenario: Scenario, faults: Any) -> dict[str, Any]:
+    """train's run.json: simulate's keys and ``runtime`` (injection, backend, limits)."""
+    fail_at = None if args.fail_at is None else [args.fail_at.rank, args.fail_at.step]
+    return {
+        "tailtrain": __version__,
+        "command": "train",
+        "strategy": args.strategy,
+        "seed": args.seed,
+        "scenario": dataclasses.asdict(scenario),
+        "checkpoint_every": args.checkpoint_every,
+        "on_nonfinite": args.on_nonfinite,
+        "inject_fault": faults.describe(),
+        "runtime": {
+            "inject": args.delay is not None,
+            "backend": args.backend,
+            "timeout": args.timeout,
+            "max_restarts": args.max_restarts,
+            "fail_at": fail_at,
+        },
+    }
+
+
+def resume_train(args: argparse.Namespace) -> tuple[dict[str, Any], Scenario]:
+    """The run in ``train --resume DIR``: its run.json and scenario. ``--checkpoint-every``,
+    ``--max-restarts`` and ``--timeout`` may be given anew; the flags that define the run not."""
+    from tailtrain.sim import checkpoint
+    from tailtrain.sim.scenario import Scenario
+
+    folder = Path(args.resume)
+    _check_resume_flags(args, folder, TRAIN_FLAGS)
+    info = read_run_json(folder, "train")
+    runtime = info["runtime"]
+    kinds = {"inject": bool, "backend": (str, type(None)), "timeout": (int, float)}
+    kinds |= {"max_restarts": int, "fail_at": (list, type(None))}
+    if set(runtime) != set(kinds) or not all(isinstance(runtime[k], t) for k, t in kinds.items()):
+        raise UsageError(f"{folder / RUN_JSON}: runtime is not train's (keys or types differ)")
+    try:
+        scenario = Scenario(**info["scenario"])
+    except TypeError as exc:
+        raise UsageError(
+            f"{folder / RUN_JSON}: its scenario is not one this tailtrain knows ({exc})"
+        ) from None
+    if not (folder / checkpoint.FILENAME).exists():
+        if _finished(folder):
+            raise UsageError(f"the run in {folder} is finished; there is nothing to resume")
+        log.warning("%s holds no checkpoint; the run starts again from step 0", folder)
+    return info, scenario

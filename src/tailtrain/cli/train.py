@@ -4,6 +4,16 @@
 compute, drawn from the simulator's seeded delay process; without ``--delay`` nothing is
 injected. Under torchrun this process is one rank of that job; otherwise ``--workers N``
 starts N local ranks (``tailtrain.runtime.launch``).
+
+``--out DIR`` is the run folder (as simulate's, ``cli.run_folder``): ``run.json`` holds the
+flags, rank 0 appends each round's row to ``steps.jsonl`` and flushes it, ``--checkpoint-every
+U`` checkpoints every U rounds, and when a rank dies or hangs a survivor checkpoints the last
+completed round (``runtime.keep``). ``--resume DIR`` goes on with the flags in DIR;
+``--max-restarts R`` lets the launcher restart a failed group, which goes on from the folder's
+last checkpoint by itself. A restart needs no periodic checkpoint (the survivors write one),
+so ``--max-restarts`` needs only ``--out``; ``--checkpoint-every`` bounds what is played again
+when no rank survives to write it. Under torchrun, give torchrun's own ``--max-restarts``: a
+restarted rank (``TORCHELASTIC_RESTART_COUNT`` > 0) continues the run in ``--out``.
 """
 
 from __future__ import annotations
@@ -48,7 +58,37 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--seed", type=seed_value, default=0, help="seed of delays, data and init (default 0)"
     )
-    p.add_argument("--out", type=Path, default=None, help="folder for the run record and trace.csv")
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="run folder: run.json, steps.jsonl (appended every round), evals.jsonl, "
+        "summary.json, trace.csv and checkpoints",
+    )
+    p.add_argument(
+        "--checkpoint-every",
+        type=int,
+        default=None,
+        metavar="U",
+        help="checkpoint in --out every U rounds (allreduce strategies; default: only when a "
+        "rank fails, of the last completed round)",
+    )
+    p.add_argument(
+        "--resume",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="go on with the run in DIR from its checkpoint, with the flags it was started with",
+    )
+    p.add_argument(
+        "--max-restarts",
+        type=int,
+        default=0,
+        metavar="R",
+        help="restart a failed group up to R times; it goes on from the last checkpoint in "
+        "--out (needs --out; under torchrun give torchrun's own --max-restarts)",
+    )
+    p.add_argument("--overwrite", action="store_true", help="replace the run --out already holds")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.add_argument(
         "--backend",
@@ -83,7 +123,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         metavar="KIND:worker=W,step=S",
         help="fault drill, repeatable: nan:/inf: (worker W's gradient of update S), "
         "kill: (worker W's process is killed when it starts update S) or "
-        "freeze:...,seconds=X (it hangs X seconds there)",
+        "freeze:...,seconds=X (it hangs X seconds there); a kill or freeze fires once per "
+        "run, not again after a resume or restart",
     )
     p.add_argument(
         "--on-nonfinite",
@@ -93,6 +134,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "(column nonfinite); raise stops the run (default: skip)",
     )
     p.set_defaults(run=run)
+    p.set_defaults(defaults={a.dest: a.default for a in p._actions if a.dest != "help"})
 
 
 def fault_value(text: str):
@@ -106,36 +148,12 @@ def fault_value(text: str):
 
 def run(args: argparse.Namespace) -> int:
     from tailtrain.cli.simulate import print_summary
-    from tailtrain.runtime.config import TrainConfig
-    from tailtrain.runtime.launch import JobFailed, default_backend, in_torchrun, train
+    from tailtrain.runtime.launch import JobFailed, train
     from tailtrain.sim.records import clean
 
-    if args.delay is None and args.pattern != "iid":
-        raise UsageError("--pattern shapes injected delays; give --delay too")
-    from tailtrain.runtime.topologies import processes
-    from tailtrain.strategies.registry import parse_strategy
-
-    extra = processes(parse_strategy(args.strategy), 0)  # a parameter server's own rank
-    args.workers = workers(args.workers, os.environ if in_torchrun() else None, extra)
-    from tailtrain.faults import FaultPlan
-
-    faults = FaultPlan.parse(args.inject_fault, args.workers)
-    config = TrainConfig(
-        scenario=scenario_from_args(args),
-        strategy=args.strategy,
-        seed=args.seed,
-        inject=args.delay is not None,
-        backend=args.backend or default_backend(),
-        timeout=args.timeout,
-        out=args.out,
-        threads=args.threads,
-        verbose=args.verbose,
-        fault=args.fail_at,
-        faults=faults,
-        on_nonfinite=args.on_nonfinite,
-    )
+    config, prepare = resumed(args) if args.resume is not None else fresh(args)
     try:
-        result = train(config, args.rdzv_endpoint)
+        result = train(config, args.rdzv_endpoint, prepare)
     except JobFailed as exc:
         print(f"tailtrain train: {exc}", file=sys.stderr)
         return 1
@@ -146,6 +164,91 @@ def run(args: argparse.Namespace) -> int:
     else:
         print_summary(result.record.summary, command="train")
     return 0
+
+
+def fresh(args: argparse.Namespace):
+    """A run from the flags, and what claims its --out folder once the input is checked."""
+    from tailtrain.cli.run_folder import TRAIN_EXTRA, train_info
+    from tailtrain.faults import FaultPlan
+    from tailtrain.runtime.config import TrainConfig
+    from tailtrain.runtime.keep import restarts
+    from tailtrain.runtime.launch import default_backend, in_torchrun
+    from tailtrain.runtime.topologies import processes
+    from tailtrain.sim.records import RUN_FILES, claim_folder, clear_run, write_json
+    from tailtrain.strategies.registry import parse_strategy
+
+    if args.delay is None and args.pattern != "iid":
+        raise UsageError("--pattern shapes injected delays; give --delay too")
+    if args.overwrite and args.out is None:
+        raise UsageError("--overwrite needs --out DIR, the folder the run is kept in")
+    extra = processes(parse_strategy(args.strategy), 0)  # a parameter server's own rank
+    torchrun = in_torchrun()
+    args.workers = workers(args.workers, os.environ if torchrun else None, extra)
+    faults = FaultPlan.parse(args.inject_fault, args.workers)
+    args.backend = args.backend or default_backend()
+    config = TrainConfig(
+        scenario=scenario_from_args(args),
+        strategy=args.strategy,
+        seed=args.seed,
+        inject=args.delay is not None,
+        backend=args.backend,
+        timeout=args.timeout,
+        out=args.out,
+        threads=args.threads,
+        verbose=args.verbose,
+        fault=args.fail_at,
+        faults=faults,
+        on_nonfinite=args.on_nonfinite,
+        checkpoint_every=args.checkpoint_every,
+        max_restarts=args.max_restarts,
+    )
+    folder = args.out
+    # under torchrun, rank 0 claims the folder; a restarted rank continues the run in it
+    if folder is None or (torchrun and (os.environ["RANK"] != "0" or restarts() > 0)):
+        return config, None
+    names = (*RUN_FILES, *TRAIN_EXTRA)
+    claim_folder(folder, names, overwrite=args.overwrite, resume_hint=True)
+    info = train_info(args, config.scenario, faults)
+
+    def prepare() -> None:
+        clear_run(folder, names)
+        write_json(folder / "run.json", info)
+
+    return config, prepare
+
+
+def resumed(args: argparse.Namespace):
+    """The run in ``--resume DIR``, with the flags it was started with (run.json)."""
+    from tailtrain.cli.run_folder import resume_train
+    from tailtrain.faults import FaultPlan
+    from tailtrain.runtime.config import Fault, TrainConfig
+    from tailtrain.runtime.launch import default_backend, in_torchrun
+    from tailtrain.runtime.topologies import processes
+    from tailtrain.strategies.registry import parse_strategy
+
+    info, scenario = resume_train(args)
+    runtime = info["runtime"]
+    extra = processes(parse_strategy(info["strategy"]), 0)
+    workers(scenario.workers, os.environ if in_torchrun() else None, extra)
+    fail_at = runtime["fail_at"]
+    every = args.checkpoint_every if args.checkpoint_every is not None else info["checkpoint_every"]
+    config = TrainConfig(
+        scenario=scenario,
+        strategy=info["strategy"],
+        seed=info["seed"],
+        inject=runtime["inject"],
+        backend=runtime["backend"] or default_backend(),
+        timeout=args.timeout if args.timeout != args.defaults["timeout"] else runtime["timeout"],
+        out=args.resume,
+        threads=args.threads,
+        verbose=args.verbose,
+        fault=None if fail_at is None else Fault(*map(int, fail_at)),
+        faults=FaultPlan.parse(info["inject_fault"], scenario.workers),
+        on_nonfinite=info["on_nonfinite"],
+        checkpoint_every=every,
+        max_restarts=args.max_restarts or runtime["max_restarts"],
+    )
+    return config, None
 
 
 def workers(given: int | None, torchrun_env, extra: int = 0) -> int:

@@ -27,15 +27,26 @@ virtual clock and the same rule object deciding (``runtime.control``):
    the gathered unit times (Algorithm 2 for threshold=auto) and T^c.
 
 ``time`` is the sum of the rounds' wall seconds (evaluation and bookkeeping excluded, as the
-simulator excludes them from virtual time). ``StepStats.mean_grad_sq`` would need a second
+simulator excludes them from virtual time).
+
+Checkpoints (``runtime.keep``, with ``--out``): a round ends with the weighted allreduce, so
+after it every rank holds the same parameters, rule state, delay clock, data queues and
+evaluation schedule (Local-SGD's local copies live only inside a round, whose end is its
+synchronisation). Any rank's state after a round is thus the run's: rank 0 writes it every
+``--checkpoint-every`` rounds, and after a failure the surviving rank that completed the most
+rounds writes it. The data position is the round index (``job_batches`` is keyed by it) plus
+the re-queued micro-batches. ``StepStats.mean_grad_sq`` would need a second
 D-vector in the allreduce and no allreduce rule reads it, so it is NaN here.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import os
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -44,6 +55,7 @@ from tailtrain.errors import UsageError
 from tailtrain.runtime.config import TrainConfig, build_world
 from tailtrain.runtime.control import RuleDriver, Weighting, check_agreement, round_arrivals
 from tailtrain.runtime.inject import FaultDrill, InjectedFault, Injector, sleep
+from tailtrain.runtime.keep import Keeper, Stopped, reopen_records, stop_on_sigterm
 from tailtrain.runtime.reduce import Collectives
 from tailtrain.runtime.telemetry import (
     RankLog,
@@ -54,6 +66,7 @@ from tailtrain.runtime.telemetry import (
     run_summary,
     write_outputs,
 )
+from tailtrain.sim import checkpoint
 from tailtrain.sim.allreduce.engine import budget_spent
 from tailtrain.sim.allreduce.learner import RoundLearner, worker_grads
 from tailtrain.sim.evaluation import Evaluator
@@ -144,6 +157,7 @@ class _Rank:
     update: WeightedUpdate
     grads: ModuleGrads
     drill: FaultDrill
+    keeper: Keeper
     now: float = 0.0
     step: int = 0
 
@@ -155,18 +169,37 @@ def train_allreduce(config: TrainConfig, comm: Collectives) -> RankResult:
     rounds; rank 0 scores (every rank holds the same parameters) while the others wait. Every
     rank follows the schedule (the others into a record of their own, without scoring), so
     all know when rank 0 scored and wait for it at a barrier only then.
+
+    When the group fails (a peer died or hung, or the launcher stops it), this rank takes
+    part in the survivors' census and checkpoint (``runtime.keep.Keeper.failed``).
     """
+    stop_on_sigterm()
     run = start(config, comm)
+    try:
+        rounds(run)
+    except BaseException as exc:
+        end = run.keeper.failed(run.step, exc, config.timeout)
+        if isinstance(exc, Stopped):  # the launcher is stopping the group: leave at once
+            os._exit(143)
+        if end is exc:
+            raise
+        raise end from exc
+    return finish(run)
+
+
+def rounds(run: _Rank) -> None:
+    """The rounds until the budget is spent, each followed by its evaluations and snapshot."""
     scenario = run.world.scenario
-    run.evals.start(scorer(run))
+    if run.keeper.saved is None:
+        run.evals.start(scorer(run))
     while not budget_spent(scenario, run.step, run.now, plan := run.rule.plan()):
         before, evaluated = scorer(run), len(run.evals.record.evals)
         one_round(run, plan)
         run.evals.after_step(run.step, run.now, before, scorer(run))
         if len(run.evals.record.evals) != evaluated:
             run.comm.barrier()
+        run.keeper.completed(run.step, lambda: state_of(run))
     run.evals.finish(run.step, run.now, scorer(run))
-    return finish(run)
 
 
 def scorer(run: _Rank):
@@ -193,7 +226,15 @@ def start(config: TrainConfig, comm: Collectives) -> _Rank:
     learner = RoundLearner(world.task, world.partition, world.lr, config.seed, scenario.workers)
     grads = ModuleGrads(world.task)
     grads(learner.theta, learner.batches(0, 1)[comm.rank, 0])  # warm-up, out of round 0's time
-    return _Rank(
+    identity = {
+        "strategy": strategy.describe(),
+        "seed": config.seed,
+        "scenario": dataclasses.asdict(scenario),
+    }
+    keeper = Keeper(
+        config.out, config.checkpoint_every, comm.rank, comm.world_size, identity, config.report
+    )
+    run = _Rank(
         config=config,
         world=world,
         rule=RuleDriver(strategy, world.context),
@@ -206,8 +247,54 @@ def start(config: TrainConfig, comm: Collectives) -> _Rank:
         evals=Evaluator(scenario.evaluation, record if comm.rank == 0 else RunRecord(), True),
         update=WeightedUpdate(world.lr, config.on_nonfinite),
         grads=grads,
-        drill=FaultDrill(config.faults, comm.rank),
+        drill=FaultDrill(config.faults, comm.rank, config.out),
+        keeper=keeper,
     )
+    if keeper.saved is not None:
+        resume(run, keeper.saved)
+    elif config.out is not None and comm.rank == 0:
+        run.record.sink = reopen_records(config.out, None, None)[0]
+    return run
+
+
+def state_of(run: _Rank) -> dict[str, Any]:
+    """This rank's state after a round: the run's, as every rank holds the same (module
+    docstring). The parameters by reference (an update replaces them), the rest copied."""
+    steps, evals = run.record.steps, run.evals.record.evals
+    return {
+        "now": run.now,
+        "learner": checkpoint.capture(run.learner, checkpoint.MODEL_STATIC),
+        "update": run.update.state_dict(),
+        "rule": run.rule.strategy.state_dict(run.rule.state),
+        "clock": checkpoint.capture(run.injector.clock, ("process", "comm")),
+        "delays": checkpoint.delay_state(run.world.process),
+        "evaluator": checkpoint.capture(run.evals, ("schedule", "record", "enabled")),
+        "rows": {"steps": len(steps), "evals": len(evals)},
+        "last_step": checkpoint.pack(steps[-1]) if steps else None,
+        "last_eval": checkpoint.pack(evals[-1]) if evals else None,
+        "torch_rng": torch.get_rng_state(),
+    }
+
+
+def resume(run: _Rank, saved: dict[str, Any]) -> None:
+    """Go on from a checkpoint :func:`state_of` made. Rank 0 continues the record in the
+    folder; the others keep only the number of rows before it and the last of them."""
+    run.step, run.now = int(saved["step"]), float(saved["now"])
+    checkpoint.restore(run.learner, saved["learner"])
+    run.update.load_state_dict(saved["update"])
+    run.rule.state = run.rule.strategy.load_state_dict(saved["rule"])
+    checkpoint.restore(run.injector.clock, saved["clock"])
+    checkpoint.restore(run.world.process, saved["delays"])
+    checkpoint.restore(run.evals, saved["evaluator"])
+    torch.set_rng_state(saved["torch_rng"])
+    last_step, counts = checkpoint.unpack(saved["last_step"]), dict(saved["rows"])
+    if run.comm.rank == 0:
+        run.record.sink, rows = reopen_records(run.config.out, counts, last_step)
+        run.record.steps, run.record.evals = rows["steps"], rows["evals"]
+    else:
+        run.record.steps = [last_step] * counts["steps"]
+        run.evals.record.evals = [checkpoint.unpack(saved["last_eval"])] * counts["evals"]
+    run.keeper.completed(run.step, lambda: state_of(run), save=False)
 
 
 def one_round(run: _Rank, plan: Plan) -> None:
@@ -217,7 +304,8 @@ def one_round(run: _Rank, plan: Plan) -> None:
     batches = run.learner.batches(run.step, units)
     injected = run.injector.unit_times(plan.local_steps, m, run.now)
     fault = run.config.fault
-    if fault is not None and (fault.rank, fault.step) == (run.comm.rank, run.step):
+    mine = fault is not None and (fault.rank, fault.step) == (run.comm.rank, run.step)
+    if mine and run.drill.once(f"fail-at:{fault.rank}:{fault.step}", run.step):
         raise InjectedFault(f"rank {fault.rank} fails at step {fault.step} (--fail-at)")
     run.drill.before(run.step)
     started = time.perf_counter()
@@ -362,5 +450,7 @@ def finish(run: _Rank) -> RankResult:
     if run.config.out is not None:
         lead = run.comm.rank == 0
         trace = np.concatenate(tables) if lead and tables else None
-        write_outputs(run.config.out, run.record if lead else None, trace, run.trace)
+        write_outputs(run.config.out, None, trace, run.trace)
+        if lead:
+            run.keeper.finish(run.record)
     return RankResult(run.comm.rank, run.record, run.learner.theta.numpy().copy())

@@ -37,6 +37,11 @@ class TrainConfig:
     ``skip`` or ``raise``, as in ``tailtrain.update``.
     ``timeout`` (seconds) bounds every collective and the rendezvous. ``out`` receives rank 0's
     run record and ``trace.csv``; each rank also writes its own ``trace-rank{r}.csv`` there.
+    ``out`` is also the run folder (``runtime.keep``): rank 0 checkpoints there every
+    ``checkpoint_every`` rounds, the survivors of a failure checkpoint the last completed round,
+    and ranks that find a checkpoint there go on from it. ``max_restarts``: how often the local
+    launcher's elastic agent restarts a failed group. ``report``: where the survivors of a
+    failure leave their note for the launcher (set by ``launch``).
     """
 
     scenario: Scenario
@@ -51,6 +56,9 @@ class TrainConfig:
     fault: Fault | None = None
     faults: FaultPlan = field(default_factory=FaultPlan)
     on_nonfinite: str = "skip"
+    checkpoint_every: int | None = None
+    max_restarts: int = 0
+    report: Path | None = None
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
@@ -62,6 +70,13 @@ class TrainConfig:
             raise UsageError(f"--on-nonfinite must be skip or raise, got {self.on_nonfinite!r}")
         if self.threads < 1:
             raise UsageError(f"--threads must be >= 1, got {self.threads}")
+        if self.checkpoint_every is not None and self.checkpoint_every < 1:
+            raise UsageError(f"--checkpoint-every must be >= 1 rounds, got {self.checkpoint_every}")
+        if self.max_restarts < 0:
+            raise UsageError(f"--max-restarts must be >= 0, got {self.max_restarts}")
+        if self.out is None and (self.checkpoint_every or self.max_restarts):
+            flag = "--checkpoint-every" if self.checkpoint_every else "--max-restarts"
+            raise UsageError(f"{flag} needs --out DIR, the folder the run is kept in")
 
 
 def build_world(config: TrainConfig) -> tuple[World, Strategy]:

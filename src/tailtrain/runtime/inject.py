@@ -19,6 +19,7 @@ import os
 import signal
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -62,10 +63,18 @@ def sleep(seconds: float) -> None:
 
 
 class FaultDrill:
-    """Worker ``worker``'s part of the ``--inject-fault`` drills (``tailtrain.faults``)."""
+    """Worker ``worker``'s part of the ``--inject-fault`` drills (``tailtrain.faults``).
 
-    def __init__(self, plan: FaultPlan, worker: int) -> None:
-        self.plan, self.worker = plan, worker
+    With a run ``folder`` a kill or freeze fires once per run: it is noted there before it
+    fires (``runtime.keep.note_drill``), and a rank resumed or restarted in that folder skips
+    the drills noted. Numeric drills fire again when their update is played again, as the
+    uninterrupted run played it."""
+
+    def __init__(self, plan: FaultPlan, worker: int, folder: Path | None = None) -> None:
+        from tailtrain.runtime.keep import fired_drills
+
+        self.plan, self.worker, self.folder = plan, worker, folder
+        self.fired = fired_drills(folder)
 
     def before(self, step: int) -> None:
         """At the start of this worker's work for update ``step``: die or hang if told to.
@@ -73,7 +82,7 @@ class FaultDrill:
         A kill is SIGKILL to this process, so nothing is cleaned up, as when a node dies;
         a freeze sleeps the process's main thread, as when it hangs."""
         fault = self.plan.process_fault(self.worker, step)
-        if fault is None:
+        if fault is None or not self.once(fault.describe(), step):
             return
         log.warning("fault drill %s", fault.describe())
         if fault.kind == "kill":
@@ -81,6 +90,17 @@ class FaultDrill:
                 stream.flush()
             os.kill(os.getpid(), signal.SIGKILL)
         sleep(fault.seconds)
+
+    def once(self, drill: str, step: int) -> bool:
+        """Whether ``drill`` fires now: not if it fired before in this run; noted if it does."""
+        if drill in self.fired:
+            return False
+        self.fired.add(drill)
+        if self.folder is not None:
+            from tailtrain.runtime.keep import note_drill
+
+            note_drill(self.folder, drill, step)
+        return True
 
     def poison(self, step: int, grad: torch.Tensor) -> None:
         """Fill ``grad`` in place with a numeric drill's value for update ``step``, if any."""

@@ -4,7 +4,9 @@
   process is one rank of that job: it joins the process group by ``env://``.
 * Otherwise ``--workers N`` starts N local processes with torch's elastic launcher
   (``torch.distributed.launcher.api.elastic_launch``), a static rendezvous hosted on
-  ``--rdzv-endpoint`` (127.0.0.1 and a free port by default), no restarts. Gloo ranks are
+  ``--rdzv-endpoint`` (127.0.0.1 and a free port by default), restarting a failed group up
+  to ``--max-restarts`` times (the new ranks go on from the run folder's checkpoint,
+  ``runtime.keep``). Gloo ranks are
   forked, which shares the parent's imported torch (spawning re-imports it: seconds per rank
   on a small machine); NCCL ranks are spawned, as CUDA cannot be used after a fork.
 
@@ -15,14 +17,16 @@ process with its own copy of the data), the backend, CUDA for nccl, and that the
 address is this machine's and its port is free. Those errors are one-line ``UsageError``\\ s.
 
 A rank that fails stops the job: the launcher kills the other ranks (they take SIGTERM's
-default action, even inside a collective) and :class:`JobFailed` names the failed rank in one
-line. Ranks that only saw a collective fail wait a moment first (``runtime.reduce``), so the
-rank named is the one that failed first. A hung rank makes the others' collectives time out
-after ``--timeout`` seconds.
+default action, even inside a collective; the allreduce topology's ranks first take a census
+and checkpoint, ``runtime.keep``) and :class:`JobFailed` names the failed rank in one line,
+with the step and the checkpoint when the survivors left a note. Ranks that only saw a
+collective fail wait a moment first (``runtime.reduce``), so the rank named is the one that
+failed first. A hung rank makes the others' collectives time out after ``--timeout`` seconds.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import errno
 import gc
@@ -35,9 +39,10 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -45,6 +50,7 @@ import torch.distributed as dist
 from tailtrain.errors import TailtrainError, UsageError
 from tailtrain.runtime.allreduce import RankResult
 from tailtrain.runtime.config import TrainConfig, build_world
+from tailtrain.runtime.keep import describe, read_note
 from tailtrain.runtime.reduce import Collectives
 from tailtrain.runtime.topologies import RankEntry, check_topology, processes, rank_entry_of
 from tailtrain.strategies.registry import parse_strategy
@@ -89,10 +95,15 @@ def max_local_workers() -> int:
     return min(MAX_LOCAL_WORKERS, (os.cpu_count() or 1) * WORKERS_PER_CORE)
 
 
-def train(config: TrainConfig, endpoint: str = "127.0.0.1:0") -> RankResult:
-    """Run ``config``; returns rank 0's result (this rank's under torchrun)."""
+def train(
+    config: TrainConfig, endpoint: str = "127.0.0.1:0", prepare: Callable[[], None] | None = None
+) -> RankResult:
+    """Run ``config``; returns rank 0's result (this rank's under torchrun). ``prepare`` runs
+    once the input is checked, before any rank starts (the CLI claims the run folder there)."""
     local = not in_torchrun()
     validate(config, local=local)
+    if prepare is not None:
+        prepare()
     if not local:
         check_rendezvous(os.environ, config.timeout)
         try:
@@ -117,6 +128,8 @@ def launch(
 
     first = configs[0]
     with tempfile.TemporaryDirectory(prefix="tailtrain-") as logs, quiet(first.verbose):
+        note = Path(logs) / "failure.json"  # what the survivors of a failure saw (runtime.keep)
+        configs = [dataclasses.replace(c, report=note) for c in configs]
         spec = LaunchConfig(
             min_nodes=1,
             max_nodes=1,
@@ -125,7 +138,7 @@ def launch(
             rdzv_backend="static",
             rdzv_endpoint=str(endpoint),
             rdzv_configs={"rank": 0, "timeout": max(1, round(first.timeout))},
-            max_restarts=0,
+            max_restarts=first.max_restarts,
             monitor_interval=0.1,
             start_method=start_method(first.backend, own_entry=entry is not None),
             logs_specs=DefaultLogsSpecs(log_dir=logs),
@@ -133,7 +146,7 @@ def launch(
         try:
             return elastic_launch(spec, rank_entry)(list(configs), True, entry)
         except ChildFailedError as exc:
-            raise JobFailed(describe_failure(exc)) from None
+            raise JobFailed(describe_failure(exc, read_note(note))) from None
 
 
 def start_method(backend: str, *, own_entry: bool) -> str:
@@ -291,14 +304,17 @@ def unusable(endpoint: Endpoint, exc: OSError) -> str:
 
 
 # ---- failures ----------------------------------------------------------------------------------
-def describe_failure(exc: Exception) -> str:
-    """One line naming the first rank that failed and why (from torch elastic's error file)."""
+def describe_failure(exc: Exception, note: dict | None = None) -> str:
+    """One line naming the first rank that failed and why (from torch elastic's error file);
+    with the survivors' ``note`` (``runtime.keep``), also the step, a rank that hung, and the
+    checkpoint to resume from."""
     rank, failure = exc.get_first_failure()  # type: ignore[attr-defined]
     message = failure.message
     if isinstance(message, dict):
         message = message.get("message", "")
     text = one_line(str(message)) if message else f"exit code {failure.exitcode}"
-    return f"rank {rank} failed: {text}"
+    signal_name = failure.signal_name() if failure.exitcode < 0 else None
+    return describe(rank, text, signal_name, note)
 
 
 def one_line(exc: BaseException | str) -> str:

@@ -1,0 +1,314 @@
+"""How a `tailtrain train` run is kept: its folder, checkpoints, and what a failed group leaves.
+
+The run folder is simulate's (``cli.run_folder``, ``sim.records``, ``sim.checkpoint``):
+``run.json`` (the flags), ``steps.jsonl`` and ``evals.jsonl`` (rank 0 appends each row as it
+comes and flushes it, so a crash loses at most the round in flight), ``summary.json`` at the
+end and ``checkpoint.pt``, written atomically (a temporary file, then a rename) and read with
+``weights_only=True``. Train adds ``drills.jsonl``: the kill and freeze drills that fired,
+each noted before it fires, so that a drill fires once per run and not again after a restart.
+
+**Checkpoints.** A rank keeps a snapshot of its state after every completed round (its
+``state`` callable: references to the parameters, which an update replaces and never changes
+in place, and copies of the small rest). Rank 0 writes it every ``--checkpoint-every`` rounds.
+When the group fails, the survivors take a census in the rendezvous store (each checks in
+with the round it completed last, then waits :data:`CENSUS_WAIT` seconds); the ranks that did
+not check in are the missing ones, and the lowest surviving rank among those that completed
+the most rounds writes its snapshot: a checkpoint of the last completed round, whichever rank
+died. It also leaves a note for the launcher (``config.report``): the round in flight, the
+missing ranks and the checkpoint, from which ``launch`` writes its one line.
+
+A rank that starts with a checkpoint in ``--out`` goes on from it: a ``--resume``, a restart by
+the elastic agent (``--max-restarts``) or by torchrun. Its records are cut back to the rows the
+checkpoint counts (rows of rounds after it are played again) and appended to.
+
+**Stopping.** The launcher stops a failed group with SIGTERM; :func:`stop_on_sigterm` turns it
+into :class:`Stopped`, raised in the main thread, so a rank takes its census and saves before it
+exits (the agent waits 30 s for that before SIGKILL). A rank blocked inside a collective sees it
+when the collective returns, which is at once when a peer died, since its sockets close.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch.distributed as dist
+
+from tailtrain.errors import TailtrainError, UsageError
+from tailtrain.sim import checkpoint
+from tailtrain.sim.records import RecordSink, RunRecord, write_json
+
+log = logging.getLogger(__name__)
+
+DRILLS = "drills.jsonl"
+#: seconds the survivors of a failure wait for each other to check in
+CENSUS_WAIT = 4.0
+#: how a restarted group's ranks know which incarnation they are (torch elastic sets it)
+RESTART_COUNT = "TORCHELASTIC_RESTART_COUNT"
+
+
+class Stopped(BaseException):
+    """The launcher stopped this rank (SIGTERM): the group is being stopped or restarted."""
+
+
+class MissingRanks(TailtrainError):
+    """Peers stopped answering; the message names them and the round in flight."""
+
+
+def stop_on_sigterm() -> None:
+    """SIGTERM raises :class:`Stopped` in the main thread (module docstring)."""
+
+    def stopped(signum: int, frame: Any) -> None:
+        raise Stopped("stopped by the launcher (SIGTERM)")
+
+    signal.signal(signal.SIGTERM, stopped)
+
+
+def restarts(env: Any = os.environ) -> int:
+    return int(env.get(RESTART_COUNT, "0") or 0)
+
+
+# ---- fault drills: once per run ----------------------------------------------------------------
+def fired_drills(folder: Path | None) -> set[str]:
+    """The drills (``Fault.describe()``) noted in ``folder`` as fired."""
+    if folder is None:
+        return set()
+    try:
+        lines = (Path(folder) / DRILLS).read_text().splitlines()
+    except FileNotFoundError:
+        return set()
+    fired = set()
+    for line in lines:
+        try:
+            fired.add(str(json.loads(line)["fault"]))
+        except (ValueError, KeyError, TypeError):  # a row torn by the kill it announced
+            continue
+    return fired
+
+
+def note_drill(folder: Path, fault: str, step: int) -> None:
+    """Note on disk (flushed, fsync'ed) that ``fault`` fires now, before it fires."""
+    with (Path(folder) / DRILLS).open("a") as fh:
+        fh.write(json.dumps({"fault": fault, "step": step}) + "\n")
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
+# ---- the record, continued ---------------------------------------------------------------------
+def head(path: Path, count: int) -> tuple[list[dict[str, Any]], int]:
+    """The first ``count`` rows of a JSON Lines file (fewer if it holds fewer) and the byte
+    offset after them. Nulls are read back as NaN, as the rows held them in memory."""
+    rows: list[dict[str, Any]] = []
+    offset = 0
+    if not path.exists():
+        return rows, 0
+    with path.open("rb") as fh:
+        for line in fh:
+            if len(rows) == count or not line.endswith(b"\n"):
+                break
+            rows.append(_nan(json.loads(line)))
+            offset += len(line)
+    return rows, offset
+
+
+def _nan(value: Any) -> Any:
+    if value is None:
+        return math.nan
+    if isinstance(value, list):
+        return [_nan(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _nan(v) for k, v in value.items()}
+    return value
+
+
+def reopen_records(
+    folder: Path, counts: dict[str, int] | None, last_step: dict[str, Any] | None
+) -> tuple[RecordSink, dict[str, list[dict[str, Any]]]]:
+    """Rank 0's sink: a fresh record (``counts`` None), or the folder's cut back to the rows a
+    checkpoint counts; also the rows kept. The last step row travels in the checkpoint: the
+    rank that wrote it may have outlived rank 0 by that row."""
+    if counts is None:
+        return RecordSink(folder), {name: [] for name in RecordSink.NAMES}
+    rows, offsets = {}, {}
+    for name in RecordSink.NAMES:
+        rows[name], offsets[name] = head(folder / f"{name}.jsonl", counts[name])
+    missing = {name: counts[name] - len(rows[name]) for name in RecordSink.NAMES}
+    if missing["evals"] or missing["steps"] > (last_step is not None):
+        raise UsageError(
+            f"{folder}: steps.jsonl or evals.jsonl holds fewer rows than its checkpoint counts "
+            f"({counts}); it was changed: start the run again with --overwrite"
+        )
+    sink = RecordSink(folder, offsets)
+    if missing["steps"]:
+        assert last_step is not None
+        sink.write("steps", last_step)
+        rows["steps"].append(last_step)
+    return sink, rows
+
+
+# ---- checkpoints and the failure census --------------------------------------------------------
+@dataclass
+class Snapshot:
+    """A rank's state after ``step`` completed rounds (``sim.checkpoint`` containers)."""
+
+    step: int
+    data: dict[str, Any]
+
+
+class Keeper:
+    """One rank's part in keeping the run (module docstring). ``identity``: what a checkpoint
+    must match (strategy, seed, scenario); ``report``: the launcher's note file."""
+
+    def __init__(
+        self,
+        folder: Path | None,
+        every: int | None,
+        rank: int,
+        world: int,
+        identity: dict[str, Any],
+        report: Path | None = None,
+    ) -> None:
+        self.folder, self.every, self.rank, self.world = folder, every, rank, world
+        self.identity, self.report = identity, report
+        self.snapshot: Snapshot | None = None
+        self.saved = self._load()
+
+    @property
+    def path(self) -> Path | None:
+        return None if self.folder is None else Path(self.folder) / checkpoint.FILENAME
+
+    def _load(self) -> dict[str, Any] | None:
+        path = self.path
+        if path is None or not path.exists():
+            return None
+        saved = checkpoint.load(path)
+        for key, value in self.identity.items():
+            if saved.get(key) != value:
+                raise UsageError(
+                    f"the checkpoint in {self.folder} is of another run ({key} "
+                    f"{saved.get(key)!r}, not {value!r}); resume with the flags in its run.json"
+                )
+        if self.rank == 0:
+            log.warning("going on from %s at step %d", path, saved["step"])
+        return saved
+
+    def completed(self, step: int, state: Callable[[], dict[str, Any]], save: bool = True) -> None:
+        """``step`` rounds are done: keep the snapshot, and write it when one is due."""
+        if self.folder is None:
+            return
+        self.snapshot = Snapshot(step, state())
+        if save and self.rank == 0 and self.every is not None and step % self.every == 0:
+            self._save(self.snapshot)
+
+    def finish(self, record: RunRecord) -> None:
+        """The run is complete (rank 0): its summary, and no checkpoint left to resume from."""
+        assert self.folder is not None and self.path is not None
+        if record.sink is not None:
+            record.sink.close()
+            record.sink = None
+        write_json(Path(self.folder) / "summary.json", record.summary)
+        self.path.unlink(missing_ok=True)
+
+    def _save(self, snapshot: Snapshot) -> None:
+        assert self.path is not None
+        checkpoint.save(self.path, {**self.identity, "step": snapshot.step, **snapshot.data})
+
+    def failed(self, in_flight: int, exc: BaseException, timeout: float) -> BaseException:
+        """The group failed during round ``in_flight``: census, checkpoint, note; returns the
+        exception this rank should end with."""
+        done = self.snapshot.step if self.snapshot is not None else 0
+        alive = census(done, self.rank, self.world, CENSUS_WAIT)
+        if alive is None:  # a late rank (the census is closed) or no store: nothing to add
+            return exc
+        missing = sorted(set(range(self.world)) - set(alive))
+        best = max(alive.values())
+        writer = min(r for r, s in alive.items() if s == best) == self.rank
+        if writer:
+            saved = None
+            if self.snapshot is not None and self.snapshot.step > 0:
+                self._save(self.snapshot)
+                saved = self.snapshot.step
+            note = {"step": in_flight, "missing": missing, "checkpoint": saved}
+            note |= {"folder": None if self.folder is None else str(self.folder)}
+            note |= {"timeout": timeout}
+            if self.report is not None:
+                write_json(self.report, note)
+        if missing and not isinstance(exc, Stopped) and _peer_failure(exc):
+            who = ", ".join(map(str, missing))
+            return MissingRanks(
+                f"rank {who} did not answer at step {in_flight} within --timeout {timeout:g}s"
+            )
+        return exc
+
+
+def _peer_failure(exc: BaseException) -> bool:
+    from tailtrain.runtime.reduce import PeerFailure
+
+    return isinstance(exc, PeerFailure) or "timed out" in str(exc).lower()
+
+
+def census(step: int, rank: int, world: int, wait: float) -> dict[int, int] | None:
+    """Which ranks are alive, each with the rounds it completed: every rank that fails checks
+    in to the rendezvous store and waits ``wait`` seconds for the others. None for a rank that
+    comes after the census closed, or when the store cannot be reached."""
+    try:
+        store = dist.distributed_c10d._get_default_store()
+        prefix = f"tailtrain/census/{restarts()}"
+        if store.check([f"{prefix}/closed"]):
+            return None
+        store.set(f"{prefix}/{rank}", str(step))
+        keys = [f"{prefix}/{r}" for r in range(world)]
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline and not store.check(keys):
+            time.sleep(0.05)
+        alive = {r: int(store.get(k)) for r, k in enumerate(keys) if store.check([k])}
+        store.set(f"{prefix}/closed", "1")
+        return alive
+    except Exception as exc:  # the store went with the rank that hosted it
+        log.warning("no census of the ranks: %s", exc)
+        return None
+
+
+def read_note(path: Path | None) -> dict[str, Any] | None:
+    """The survivors' note (:meth:`Keeper.failed`), or None."""
+    if path is None:
+        return None
+    try:
+        note = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return None
+    return note if isinstance(note, dict) else None
+
+
+def describe(rank: int, text: str, signal_name: str | None, note: dict[str, Any] | None) -> str:
+    """The launcher's one line for a failed job: who, at which step, and how to go on.
+
+    ``rank``/``text``/``signal_name``: the first failure torch elastic saw; ``note``: what the
+    survivors found (a rank that hung is not a failure to the agent: a survivor that timed out
+    is, and names the missing rank in ``text``)."""
+    if note is None:
+        return f"rank {rank} failed: {text}"
+    step, missing = note.get("step"), note.get("missing") or []
+    if signal_name is not None:
+        line = f"rank {rank} died at step {step} ({signal_name})"
+    elif "MissingRanks" in text and missing:
+        who = ", ".join(map(str, missing))
+        timeout = note.get("timeout")
+        line = f"rank {who} hung at step {step}: no answer within --timeout {timeout:g}s"
+    else:
+        line = f"rank {rank} failed at step {step}: {text}"
+    folder, saved = note.get("folder"), note.get("checkpoint")
+    if folder is None:
+        return line
+    resume = f"continue with `tailtrain train --resume {folder}`"
+    if saved is None:
+        return f"{line}; no step completed: {resume}"
+    return f"{line}; checkpoint of step {saved - 1} in {folder}: {resume}"
