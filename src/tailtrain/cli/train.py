@@ -173,15 +173,22 @@ def fresh(args: argparse.Namespace):
     from tailtrain.runtime.config import TrainConfig
     from tailtrain.runtime.keep import restarts
     from tailtrain.runtime.launch import default_backend, in_torchrun
-    from tailtrain.runtime.topologies import processes
+    from tailtrain.runtime.topologies import processes, topology_of
     from tailtrain.sim.records import RUN_FILES, claim_folder, clear_run, write_json
+    from tailtrain.strategies.base import Topology
     from tailtrain.strategies.registry import parse_strategy
 
     if args.delay is None and args.pattern != "iid":
         raise UsageError("--pattern shapes injected delays; give --delay too")
     if args.overwrite and args.out is None:
         raise UsageError("--overwrite needs --out DIR, the folder the run is kept in")
-    extra = processes(parse_strategy(args.strategy), 0)  # a parameter server's own rank
+    strategy = parse_strategy(args.strategy)
+    extra = processes(strategy, 0)  # a parameter server's own rank
+    if args.checkpoint_every is not None and topology_of(strategy) is not Topology.ALLREDUCE:
+        raise UsageError(
+            f"--checkpoint-every: {strategy.describe()} runs on the {topology_of(strategy)} "
+            "topology, which keeps no checkpoints yet (allreduce strategies do)"
+        )
     torchrun = in_torchrun()
     args.workers = workers(args.workers, os.environ if torchrun else None, extra)
     faults = FaultPlan.parse(args.inject_fault, args.workers)

@@ -94,6 +94,7 @@ class Rule:
         fresh = rows[rows[:, 2] == r]
         nap = len(fresh)
         mean = result.fresh / max(nap, 1)
+        fresh = fresh[np.isfinite(fresh[:, 5])]  # a screened-out gradient joined with nothing
         return StepStats(
             step=r,
             version=r + 1,
@@ -101,8 +102,8 @@ class Rule:
             k=result.plan.k,
             arrivals=arrivals,
             used=arrivals.keys,
-            loss=float(fresh[:, 5].mean()) if nap else math.nan,
-            grad_sq_sum=float(fresh[:, 6].sum()) if nap else math.nan,
+            loss=float(fresh[:, 5].mean()) if len(fresh) else math.nan,
+            grad_sq_sum=float(fresh[:, 6].sum()) if len(fresh) else math.nan,
             mean_grad_sq=float(mean @ mean) if nap else math.nan,
             lr=self.world.lr * result.plan.lr_scale,
         )
@@ -124,6 +125,8 @@ def round_row(result: RoundResult, stats: StepStats) -> dict[str, Any]:
     rows, r, plan = result.rows, result.index, result.plan
     active = result.active
     initiators = result.initiators
+    nonfinite = int(np.count_nonzero(~np.isfinite(rows[:, 5])))  # screened out (run_rounds)
+    extra = {"nonfinite": nonfinite} if nonfinite else {}
     return {
         "step": r,
         "time": result.closed,
@@ -141,6 +144,7 @@ def round_row(result: RoundResult, stats: StepStats) -> dict[str, Any]:
         "model_sync": plan.average_models,
         "arrivals": len(stats.arrivals),
         "reach": result.reach - result.activation,
+        **extra,
     }
 
 
@@ -178,6 +182,7 @@ def train_partial(config: TrainConfig, comm: Collectives) -> RankResult:
     evals.finish(step, rule.now, final)
     if rank == 0:
         summary = {**world.summarise(strategy, record), **partial_summary(record)}
+        summary["nonfinite"] = int(sum(r.get("nonfinite", 0) for r in record.steps))
         record.summary = {
             ("wall_time" if k == "virtual_time" else k): v for k, v in summary.items()
         }
@@ -211,7 +216,7 @@ def run_rounds(config, world, coll, rule: Rule, comm: Collectives, theta):
     me = np.array([rank])
     update = WeightedUpdate(world.lr)
     step, job, averaged = 0, 0, 0
-    drill = FaultDrill(config.faults, rank)
+    drill = FaultDrill(config.faults, rank, config.out)  # a kill fires once, not after a restart
     while coll.plan(step) is not None:
         drill.before(step)
         start = coll.now()

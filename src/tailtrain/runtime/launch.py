@@ -50,7 +50,7 @@ import torch.distributed as dist
 from tailtrain.errors import TailtrainError, UsageError
 from tailtrain.runtime.allreduce import RankResult
 from tailtrain.runtime.config import TrainConfig, build_world
-from tailtrain.runtime.keep import describe, read_note
+from tailtrain.runtime.keep import describe, read_note, restarts
 from tailtrain.runtime.reduce import Collectives
 from tailtrain.runtime.topologies import RankEntry, check_topology, processes, rank_entry_of
 from tailtrain.strategies.registry import parse_strategy
@@ -199,17 +199,33 @@ def join(config: TrainConfig) -> Collectives:
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
         torch.cuda.set_device(device)
     where = f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}"
+    timeout = datetime.timedelta(seconds=config.timeout)
     try:
-        dist.init_process_group(
-            config.backend,
-            init_method="env://",
-            timeout=datetime.timedelta(seconds=config.timeout),
-        )
+        store = restarted_store(os.environ, timeout)
+        if store is None:
+            dist.init_process_group(config.backend, init_method="env://", timeout=timeout)
+        else:
+            rank, size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+            dist.init_process_group(
+                config.backend, store=store, rank=rank, world_size=size, timeout=timeout
+            )
     except (RuntimeError, ValueError, TimeoutError) as exc:
         raise UsageError(
             f"cannot join the rendezvous at {where} within {config.timeout:g}s: {one_line(exc)}"
         ) from None
     return Collectives(dist.get_rank(), dist.get_world_size(), device)
+
+
+def restarted_store(env: Mapping[str, str], timeout: datetime.timedelta) -> dist.Store | None:
+    """A restarted group's store: the agent's, under a prefix of this restart. A static
+    rendezvous hands every restart the same agent store, whose keys still hold the last
+    group's addresses (env:// would connect to them); None for a first start."""
+    attempt = restarts(env)
+    if attempt == 0 or env.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return None
+    host, port, size = env["MASTER_ADDR"], int(env["MASTER_PORT"]), int(env["WORLD_SIZE"])
+    base = dist.TCPStore(host, port, size, is_master=False, timeout=timeout)
+    return dist.PrefixStore(f"tailtrain/attempt_{attempt}", base)
 
 
 # ---- checks before anything starts -------------------------------------------------------------
