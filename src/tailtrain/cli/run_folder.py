@@ -277,7 +277,15 @@ def resume_train(args: argparse.Namespace) -> tuple[dict[str, Any], Scenario]:
     runtime = info["runtime"]
     kinds = {"inject": bool, "backend": (str, type(None)), "timeout": (int, float)}
     kinds |= {"max_restarts": int, "fail_at": (list, type(None))}
-    if set(runtime) != set(kinds) or not all(isinstance(runtime[k], t) for k, t in kinds.items()):
+    fail_at = runtime.get("fail_at")
+    bad_fail_at = fail_at is not None and (
+        len(fail_at) != 2 or not all(type(v) is int and v >= 0 for v in fail_at)
+    )
+    if (
+        set(runtime) != set(kinds)
+        or not all(isinstance(runtime[k], t) for k, t in kinds.items())
+        or bad_fail_at
+    ):
         raise UsageError(f"{folder / RUN_JSON}: runtime is not train's (keys or types differ)")
     try:
         scenario = Scenario(**info["scenario"])
