@@ -64,6 +64,15 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="bound on the rendezvous and on every collective (default: %(default)s)",
     )
     p.add_argument(
+        "--worker-timeout",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="parameter server: a worker silent this long in a job is suspected hung and k is "
+        "capped at the live workers until it delivers again (default: 10 times the longest "
+        "round trip seen, at least 2 s, at most --timeout)",
+    )
+    p.add_argument(
         "--rdzv-endpoint",
         default="127.0.0.1:0",
         metavar="HOST:PORT",
@@ -133,6 +142,7 @@ def run(args: argparse.Namespace) -> int:
         fault=args.fail_at,
         faults=faults,
         on_nonfinite=args.on_nonfinite,
+        worker_timeout=args.worker_timeout,
     )
     try:
         result = train(config, args.rdzv_endpoint)

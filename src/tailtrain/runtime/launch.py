@@ -18,7 +18,9 @@ A rank that fails stops the job: the launcher kills the other ranks (they take S
 default action, even inside a collective) and :class:`JobFailed` names the failed rank in one
 line. Ranks that only saw a collective fail wait a moment first (``runtime.reduce``), so the
 rank named is the one that failed first. A hung rank makes the others' collectives time out
-after ``--timeout`` seconds.
+after ``--timeout`` seconds. Except a parameter server's workers in a local launch: each runs
+shielded (``runtime.expendable``), so its death is logged and the server goes on without it
+(under torchrun, torchrun's agent stops the job).
 """
 
 from __future__ import annotations
@@ -45,8 +47,15 @@ import torch.distributed as dist
 from tailtrain.errors import TailtrainError, UsageError
 from tailtrain.runtime.allreduce import RankResult
 from tailtrain.runtime.config import TrainConfig, build_world
+from tailtrain.runtime.expendable import shielded
 from tailtrain.runtime.reduce import Collectives
-from tailtrain.runtime.topologies import RankEntry, check_topology, processes, rank_entry_of
+from tailtrain.runtime.topologies import (
+    RankEntry,
+    check_topology,
+    expendable_workers,
+    processes,
+    rank_entry_of,
+)
 from tailtrain.strategies.registry import parse_strategy
 
 MAX_LOCAL_WORKERS = 64
@@ -161,6 +170,13 @@ def rank_entry(
     # a forked rank's first full collection would touch, and so copy, the parent's whole heap
     # (hundreds of ms, in the middle of a timed round); the inherited objects are not garbage
     gc.freeze()
+    rank = int(os.environ.get("RANK", "0"))
+    if own_launcher and rank > 0 and expendable_workers(parse_strategy(configs[0].strategy)):
+        return shielded(lambda: run_rank(configs, entry), rank, len(configs))
+    return run_rank(configs, entry)
+
+
+def run_rank(configs: list[TrainConfig], entry: RankEntry | None) -> list[RankResult]:
     first = configs[0]
     torch.set_num_threads(first.threads)
     comm = join(first)
