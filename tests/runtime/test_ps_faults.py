@@ -20,8 +20,8 @@ ROOT = Path(__file__).resolve().parents[2]
 N = 4
 
 
-def train(out: Path, strategy: str, *flags: str) -> tuple[dict, list[dict]]:
-    """Run `tailtrain train`; its summary and step rows (exit status 0 required)."""
+def train(out: Path, strategy: str, *flags: str) -> tuple[dict, list[dict], str]:
+    """Run `tailtrain train`; its summary, step rows and stderr (exit status 0 required)."""
     args = ["train", "--workers", str(N), "--task", "logreg", "--strategy", strategy]
     args += ["--worker-timeout", "0.5", "--timeout", "30", "--out", str(out), "--json", *flags]
     done = subprocess.run(
@@ -33,7 +33,7 @@ def train(out: Path, strategy: str, *flags: str) -> tuple[dict, list[dict]]:
     )
     assert done.returncode == 0, done.stderr[-3000:]
     rows = [json.loads(line) for line in (out / "steps.jsonl").read_text().splitlines()]
-    return json.loads(done.stdout), rows
+    return json.loads(done.stdout), rows, done.stderr
 
 
 def first(rows: list[dict], column: str, worker: int) -> int:
@@ -46,7 +46,7 @@ def first(rows: list[dict], column: str, worker: int) -> int:
 def test_a_killed_worker_is_found_dead_and_the_run_finishes_without_it(tmp_path, strategy):
     """k-async: 2 of the 3 left; k-sync with k = n: k is capped at the 3 live workers, so
     the steps close again once the dead worker is found (without the cap, never)."""
-    summary, rows = train(
+    summary, rows, _ = train(
         tmp_path,
         strategy,
         *("--iterations", "60", "--delay", "const:value=0.03"),
@@ -68,7 +68,7 @@ def test_a_killed_worker_is_found_dead_and_the_run_finishes_without_it(tmp_path,
 
 @pytest.mark.timeout(180)
 def test_a_frozen_worker_is_suspected_then_rejoins_and_its_gradients_count_again(tmp_path):
-    summary, rows = train(
+    summary, rows, _ = train(
         tmp_path,
         "k-async:k=2",
         *("--time-budget", "5", "--delay", "const:value=0.03"),
@@ -89,7 +89,7 @@ def test_a_frozen_worker_is_suspected_then_rejoins_and_its_gradients_count_again
 
 @pytest.mark.timeout(180)
 def test_a_nan_gradient_is_left_out_of_its_update_and_counted(tmp_path):
-    summary, rows = train(
+    summary, rows, _ = train(
         tmp_path,
         "k-sync:k=4",
         *("--iterations", "8", "--inject-fault", "nan:worker=2,step=3"),
@@ -98,3 +98,14 @@ def test_a_nan_gradient_is_left_out_of_its_update_and_counted(tmp_path):
     assert rows[3]["nonfinite"] == 1 and sorted(rows[3]["workers"]) == [0, 1, 3]
     assert all("nonfinite" not in r and len(r["workers"]) == N for r in rows if r["step"] != 3)
     assert all(math.isfinite(r["loss"]) for r in rows) and math.isfinite(summary["final_loss"])
+
+
+@pytest.mark.timeout(180)
+def test_a_worker_that_raises_is_named_and_left_out(tmp_path):
+    summary, rows, stderr = train(
+        tmp_path,
+        "k-sync:k=2",
+        *("--iterations", "40", "--delay", "const:value=0.02", "--fail-at", "2:3"),
+    )
+    assert "rank 2 died (InjectedFault: rank 2 fails at step 3 (--fail-at))" in stderr
+    assert summary["dead_workers"] == [1] and len(rows) == 40

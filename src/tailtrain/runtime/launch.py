@@ -14,13 +14,15 @@ the scenario, task and delays (by building them once), the number of local ranks
 process with its own copy of the data), the backend, CUDA for nccl, and that the rendezvous
 address is this machine's and its port is free. Those errors are one-line ``UsageError``\\ s.
 
+A parameter server's workers are the exception to what follows: in a local launch each runs
+shielded (``runtime.expendable``), so its death is logged and the server goes on without it
+(``runtime.ps_liveness``); under torchrun, torchrun's agent stops the job as for any rank.
+
 A rank that fails stops the job: the launcher kills the other ranks (they take SIGTERM's
 default action, even inside a collective) and :class:`JobFailed` names the failed rank in one
 line. Ranks that only saw a collective fail wait a moment first (``runtime.reduce``), so the
 rank named is the one that failed first. A hung rank makes the others' collectives time out
-after ``--timeout`` seconds. Except a parameter server's workers in a local launch: each runs
-shielded (``runtime.expendable``), so its death is logged and the server goes on without it
-(under torchrun, torchrun's agent stops the job).
+after ``--timeout`` seconds.
 """
 
 from __future__ import annotations
