@@ -76,11 +76,8 @@ def run(strategy: str, out: Path, args: argparse.Namespace, extra: list[str]) ->
     done = tailtrain(*flags, timeout=3 * budget + 300)
     wall = time.perf_counter() - began
     steps_file = out / "steps.jsonl"
-    rows = (
-        [json.loads(line) for line in steps_file.read_text().splitlines()]
-        if (steps_file.exists())
-        else []
-    )
+    lines = steps_file.read_text().splitlines() if steps_file.exists() else []
+    rows = [json.loads(line) for line in lines]
     counts = Counter(int(r["step"]) for r in rows)
     summary: dict[str, Any] = {}
     if done.returncode == 0:

@@ -213,9 +213,11 @@ class Server:
     def clock(self) -> float:
         return time.perf_counter() - self.t0
 
-    def checked(self, message: Message | None, plan: ServerPlan, fresh: list[Arrival]) -> bool:
+    def checked(
+        self, message: Message | None, plan: ServerPlan, fresh: list[Arrival], closed: bool
+    ) -> bool:
         """After a liveness event (a LOST message, or None: a check was due): whether the
-        step closes now, k being capped at the workers still live."""
+        step is closed, now that k is capped at the workers still live."""
         if message is not None and self.liveness.lost(message.worker):
             self.busy[message.worker] = IDLE  # its job will never come
         p = self.pending
@@ -224,6 +226,8 @@ class Server:
                 del p.waiting[w]
             if not p.waiting:
                 self.resolve(p)
+        if closed:
+            return True
         older = (self.busy != IDLE) & (self.busy < self.version) & self.liveness.alive
         drained = not (plan.complete_stragglers and older.any())
         closes = bool(fresh) and len(fresh) >= self.liveness.cap(plan.k) and drained
@@ -277,7 +281,7 @@ class Server:
         while not closed or self.pending is not None:
             message = self.next_message(closed)
             if message is None or message.kind is Kind.LOST:
-                closed = self.checked(message, plan, fresh) or closed
+                closed = self.checked(message, plan, fresh, closed)
                 continue
             self.liveness.heard(message.worker)
             if message.kind is Kind.PARTIAL:
