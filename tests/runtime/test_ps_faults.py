@@ -78,9 +78,6 @@ def test_a_frozen_worker_is_suspected_then_rejoins_and_its_gradients_count_again
     assert summary["rejoins"] == 1
     suspected, rejoined = first(rows, "suspect", 1), first(rows, "rejoined", 1)
     assert 5 <= suspected < rejoined
-    # 2.5 s frozen: suspected after 0.5 s of silence, back some 2 s of steps later
-    gone = rows[suspected]["time"], rows[rejoined]["time"]
-    assert 1.0 < gone[1] - gone[0] < 2.6
     assert all(1 not in r["workers"] for r in rows[suspected + 1 : rejoined])
     later = [r for r in rows[rejoined + 1 :] if 1 in r["workers"]]
     assert len(later) >= 5  # its gradients are used again, as any worker's
