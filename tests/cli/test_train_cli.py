@@ -90,6 +90,7 @@ BAD = {
     "too many workers": (["--workers", "100000"], "too many"),
     "unknown backend": (["--backend", "mpi"], "--backend"),
     "zero timeout": (["--timeout", "0"], "--timeout"),
+    "zero worker timeout": (["--worker-timeout", "0"], "--worker-timeout"),
     "pattern without delay": (["--pattern", "persistent:h=2"], "--delay"),
     "no model": (["--task", "none"], "no model"),
     "bad fault": (["--fail-at", "one"], "RANK:STEP"),

@@ -104,6 +104,15 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="bound on the rendezvous and on every collective (default: %(default)s)",
     )
     p.add_argument(
+        "--worker-timeout",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="parameter server: a worker silent this long in a job is suspected hung and k is "
+        "capped at the live workers until it delivers again (default: 10 times the longest "
+        "round trip seen, at least 2 s, at most --timeout)",
+    )
+    p.add_argument(
         "--rdzv-endpoint",
         default="127.0.0.1:0",
         metavar="HOST:PORT",
@@ -208,6 +217,7 @@ def fresh(args: argparse.Namespace):
         on_nonfinite=args.on_nonfinite,
         checkpoint_every=args.checkpoint_every,
         max_restarts=args.max_restarts,
+        worker_timeout=args.worker_timeout,
     )
     folder = args.out
     # under torchrun, rank 0 claims the folder; a restarted rank continues the run in it
@@ -254,6 +264,7 @@ def resumed(args: argparse.Namespace):
         on_nonfinite=info["on_nonfinite"],
         checkpoint_every=every,
         max_restarts=args.max_restarts or runtime["max_restarts"],
+        worker_timeout=runtime["worker_timeout"],
     )
     return config, None
 
