@@ -114,7 +114,9 @@ def sample_order_stats(
 def _check_ks(n: int, ks: ArrayLike | None) -> NDArray[np.int64]:
     if int(n) != n or n < 1:
         raise UsageError(f"number of draws n={n} must be a positive integer")
-    k = np.arange(1, n + 1) if ks is None else np.unique(np.asarray(ks, dtype=np.int64))
+    k = np.arange(1, n + 1) if ks is None else np.asarray(ks, dtype=np.int64).ravel()
+    if k.size > 1 and not np.all(k[1:] > k[:-1]):  # already sorted and unique: skip the sort
+        k = np.unique(k)
     if k.size == 0 or k.min() < 1 or k.max() > n:
         raise UsageError(f"order statistic ranks must lie in 1..{n}, got {np.asarray(ks).tolist()}")
     return k
