@@ -51,6 +51,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", type=Path, default=None, help="folder for the run record and trace.csv")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.add_argument(
+        "--tensorboard",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="rank 0 logs each step's and evaluation's scalars for TensorBoard into DIR as it "
+        "trains (step = updates applied, wall time = training seconds); needs pip install "
+        "tailtrain[tensorboard]",
+    )
+    p.add_argument(
         "--backend",
         choices=("gloo", "nccl"),
         default=None,
@@ -96,6 +105,10 @@ def run(args: argparse.Namespace) -> int:
 
     if args.delay is None and args.pattern != "iid":
         raise UsageError("--pattern shapes injected delays; give --delay too")
+    if args.tensorboard is not None:  # a missing package fails before the ranks start
+        from tailtrain.tensorboard import check_tensorboard
+
+        check_tensorboard(args.tensorboard)
     from tailtrain.runtime.topologies import processes
     from tailtrain.strategies.registry import parse_strategy
 
@@ -112,6 +125,7 @@ def run(args: argparse.Namespace) -> int:
         threads=args.threads,
         verbose=args.verbose,
         fault=args.fail_at,
+        tensorboard=args.tensorboard,
     )
     try:
         result = train(config, args.rdzv_endpoint)
@@ -124,6 +138,9 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(clean(result.record.summary), indent=2))
     else:
         print_summary(result.record.summary, command="train")
+        if args.tensorboard is not None:
+            board = args.tensorboard
+            print(f"tensorboard: {board} (view: tensorboard --logdir {board})")
     return 0
 
 

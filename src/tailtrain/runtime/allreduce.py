@@ -51,6 +51,7 @@ from tailtrain.runtime.telemetry import (
     TraceRows,
     phase,
     round_row,
+    run_record,
     run_summary,
     write_outputs,
 )
@@ -201,7 +202,7 @@ def start(config: TrainConfig, comm: Collectives) -> _Rank:
         comm=comm,
         log=RankLog(),
         trace=TraceRows(comm.rank, scenario.micro_batches is not None),
-        record=(record := RunRecord()),
+        record=(record := run_record(config, world, comm.rank == 0)),
         evals=Evaluator(scenario.evaluation, record if comm.rank == 0 else RunRecord(), True),
         update=WeightedUpdate(world.lr),
         grads=grads,

@@ -33,6 +33,8 @@ class TrainConfig:
 
     ``timeout`` (seconds) bounds every collective and the rendezvous. ``out`` receives rank 0's
     run record and ``trace.csv``; each rank also writes its own ``trace-rank{r}.csv`` there.
+    ``tensorboard`` receives rank 0's step and evaluation scalars as they are recorded
+    (``telemetry.run_record``).
     """
 
     scenario: Scenario
@@ -45,6 +47,7 @@ class TrainConfig:
     threads: int = 1
     verbose: bool = False
     fault: Fault | None = None
+    tensorboard: Path | None = None
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:

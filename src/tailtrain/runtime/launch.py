@@ -46,6 +46,7 @@ from tailtrain.errors import TailtrainError, UsageError
 from tailtrain.runtime.allreduce import RankResult
 from tailtrain.runtime.config import TrainConfig, build_world
 from tailtrain.runtime.reduce import Collectives
+from tailtrain.runtime.telemetry import close_record
 from tailtrain.runtime.topologies import RankEntry, check_topology, processes, rank_entry_of
 from tailtrain.strategies.registry import parse_strategy
 
@@ -166,6 +167,8 @@ def rank_entry(
     comm = join(first)
     tag_logs(comm.rank, first.verbose)
     results = [(entry or rank_entry_of(parse_strategy(c.strategy)))(c, comm) for c in configs]
+    for result in results:  # flush TensorBoard; a sink does not go back by pickle
+        close_record(result.record)
     dist.destroy_process_group()  # only on success: after a failure the launcher stops us
     return results
 
