@@ -44,6 +44,8 @@ class TrainConfig:
     and ranks that find a checkpoint there go on from it. ``max_restarts``: how often the local
     launcher's elastic agent restarts a failed group. ``report``: where the survivors of a
     failure leave their note for the launcher (set by ``launch``).
+    ``tensorboard`` receives rank 0's step and evaluation scalars as they are recorded
+    (``telemetry.run_record``).
     """
 
     scenario: Scenario
@@ -62,6 +64,7 @@ class TrainConfig:
     max_restarts: int = 0
     report: Path | None = None
     worker_timeout: float | None = None
+    tensorboard: Path | None = None
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:

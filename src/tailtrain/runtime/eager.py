@@ -42,6 +42,7 @@ from tailtrain.runtime.config import TrainConfig, build_world
 from tailtrain.runtime.inject import FaultDrill
 from tailtrain.runtime.partial import PartialCollective, RoundResult, row
 from tailtrain.runtime.reduce import Collectives
+from tailtrain.runtime.telemetry import stream_to_board
 from tailtrain.sim.data_stream import job_batches
 from tailtrain.sim.evaluation import Evaluator
 from tailtrain.sim.partial.collectives import CommTimes
@@ -160,7 +161,7 @@ def train_partial(config: TrainConfig, comm: Collectives) -> RankResult:
     theta = task.init_params(world.seed)
     task.grads(theta, batch(world, rank, 0))  # build torch.func machinery before the clock
     rule = Rule(world, strategy, rank, record=rank == 0)
-    record = rule.record or RunRecord()
+    record = stream_to_board(rule.record or RunRecord(), config, world, rank == 0)
     evals = Evaluator(scenario.evaluation, record, enabled=rank == 0)
     evals.start(lambda: task.evaluate(theta))
     coll = PartialCollective(

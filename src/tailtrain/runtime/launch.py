@@ -57,6 +57,7 @@ from tailtrain.runtime.config import TrainConfig, build_world
 from tailtrain.runtime.expendable import shielded
 from tailtrain.runtime.keep import describe, read_note, restarts
 from tailtrain.runtime.reduce import Collectives
+from tailtrain.runtime.telemetry import close_record
 from tailtrain.runtime.topologies import (
     RankEntry,
     check_topology,
@@ -197,6 +198,8 @@ def run_rank(configs: list[TrainConfig], entry: RankEntry | None) -> list[RankRe
     comm = join(first)
     tag_logs(comm.rank, first.verbose)
     results = [(entry or rank_entry_of(parse_strategy(c.strategy)))(c, comm) for c in configs]
+    for result in results:  # flush TensorBoard; a sink does not go back by pickle
+        close_record(result.record)
     dist.destroy_process_group()  # only on success: after a failure the launcher stops us
     return results
 

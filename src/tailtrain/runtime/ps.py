@@ -94,7 +94,7 @@ from tailtrain.runtime.ps_wire import (
 )
 from tailtrain.runtime.ps_worker import Worker
 from tailtrain.runtime.reduce import Collectives
-from tailtrain.runtime.telemetry import write_trace
+from tailtrain.runtime.telemetry import run_record, write_trace
 from tailtrain.sim.evaluation import Evaluator
 from tailtrain.sim.ps.timeline import uses_tokens
 from tailtrain.sim.records import RunRecord, prepare_folder
@@ -165,7 +165,7 @@ class Server:
         self.versions = {0: theta}
         self.update = WeightedUpdate(world.lr, self.config.on_nonfinite)
         self.state = strategy.init(world.context)
-        self.record = RunRecord()
+        self.record = run_record(config, world, lead=True)
         self.evals = Evaluator(world.scenario.evaluation, self.record, enabled=True)
         self.snapshots: list[torch.Tensor] = []
         n = self.n
