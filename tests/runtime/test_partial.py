@@ -19,7 +19,7 @@ import torch.distributed as dist
 from tailtrain.runtime.config import TrainConfig
 from tailtrain.runtime.launch import Endpoint, launch, reserve
 from tailtrain.runtime.microbench import join_gloo, run_local
-from tailtrain.runtime.partial import PartialCollective, partners, row
+from tailtrain.runtime.partial import DIRECT_ACTIVATION, PartialCollective, partners, row
 from tailtrain.sim.partial.collectives import activation_hops
 from tailtrain.sim.run import simulate
 from tailtrain.sim.scenario import Scenario
@@ -80,15 +80,19 @@ def total_of(rows, rounds_grad=grad_of):
 
 # ---- the collective ------------------------------------------------------------------------
 def test_activation_reaches_everyone_within_log2_hops():
-    """The dissemination pattern from any initiator, for any P (an independent BFS)."""
+    """From any initiator, for any P (an independent BFS): the initiator sends to its partners,
+    every process it reaches forwards to its own."""
     for procs in range(1, 20):
         for start in range(procs):
             seen, frontier, hops = {start}, {start}, 0
             while len(seen) < procs:
-                frontier = {q for p in frontier for q in partners(p, procs)} - seen
+                first = hops == 0
+                frontier = {q for p in frontier for q in partners(p, procs, first)} - seen
                 seen |= frontier
                 hops += 1
             assert hops <= activation_hops(procs)
+            if 1 < procs <= DIRECT_ACTIVATION:
+                assert hops == 1
 
 
 def test_all_active_equals_allreduce_and_a_solo_round_leaves_sleepers_behind():

@@ -56,19 +56,23 @@ oldest first (the rest wait for the next round). The allreduce buffer is
 
 Every wait is bounded by ``timeout`` (a ``datetime.timedelta`` on the groups, a deadline on
 the condition waits); threads are daemons and are joined by :meth:`PartialCollective.close`.
-Times are seconds on each rank's monotonic clock since the start barrier (one machine shares
-it; across machines their skew is the barrier's).
+Times are seconds on the monotonic clock since rank 0 left the start barrier, on rank 0's machine
+(its ranks share the clock, so activation times compare across them); a rank on another machine
+counts from its own exit of that barrier (the barrier's skew).
 """
 
 from __future__ import annotations
 
 import datetime
+import socket
 import sys
 import threading
 import time
+import zlib
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -89,14 +93,23 @@ CAPACITY = 4
 SWITCH_INTERVAL = 5e-4
 #: completed rounds each rank keeps
 KEEP = 64
+#: up to this many processes an initiator activates everyone itself: one hop of P - 1 messages
+#: instead of ⌈log2 P⌉ sequential hops and P ⌈log2 P⌉ messages, each a thread wake-up
+DIRECT_ACTIVATION = 8
+#: buffers up to this size are summed by recursive doubling (latency-bound), larger by gloo's ring
+RECURSIVE_DOUBLING_BYTES = 1 << 18
 
 
 class CollectiveTimeout(TailtrainError):
     """A wait of the partial collective exceeded its timeout (a peer is gone or hung)."""
 
 
-def partners(rank: int, procs: int) -> list[int]:
-    """Where this rank forwards an activation: ``(rank + 2^j) mod P``, j < ⌈log2 P⌉."""
+def partners(rank: int, procs: int, initiator: bool = True) -> list[int]:
+    """Where this rank sends an activation: up to ``DIRECT_ACTIVATION`` processes an initiator
+    sends it to every other process and nobody forwards; beyond, everyone activated sends it
+    to ``(rank + 2^j) mod P``, j < ⌈log2 P⌉ (dissemination)."""
+    if procs <= DIRECT_ACTIVATION:
+        return [p for p in range(procs) if p != rank] if initiator else []
     return [(rank + (1 << j)) % procs for j in range(activation_hops(procs))]
 
 
@@ -228,7 +241,7 @@ class PartialCollective:
         self._switch = sys.getswitchinterval()
         sys.setswitchinterval(min(self._switch, SWITCH_INTERVAL))
         dist.barrier(group=self.act_group)
-        self.t0 = time.perf_counter()
+        self.t0 = shared_origin(self.act_group)
         self.threads = [
             threading.Thread(target=self._guarded, args=(f, n), name=n, daemon=True)
             for f, n in ((self._receive, "tailtrain-receiver"), (self._reduce, "tailtrain-reducer"))
@@ -277,7 +290,7 @@ class PartialCollective:
             if counter == self.rank:
                 self._count(step)
             else:
-                self._send(counter, CALL, step)
+                self._send([counter], CALL, step)
 
     def close(self) -> None:
         """Leave after the last round: join the reducer, announce the messages sent, wait for
@@ -290,8 +303,7 @@ class PartialCollective:
         if self.state.error is None:  # every rank is past its last round and its last send
             dist.all_reduce(torch.zeros(1, device=self.device), group=self.red_group)
             for peer in range(self.procs):
-                if peer != self.rank:
-                    self._send(peer, STOP, int(self.sent[peer]) + 1)
+                self._send([peer], STOP, int(self.sent[peer]) + 1)
             receiver.join(self.timeout)
             self._drain(everything=True)
         sys.setswitchinterval(self._switch)
@@ -310,8 +322,7 @@ class PartialCollective:
             s.initiated.add(r)
         plan = s.plans.get(r)
         if plan is None or not plan.synchronous:  # a synchronous round sends no activation
-            for peer in partners(self.rank, self.procs):
-                self._send(peer, ACT, r)
+            self._send(partners(self.rank, self.procs, internal), ACT, r)
         self.cond.notify_all()
 
     def _count(self, r: int) -> None:
@@ -328,14 +339,17 @@ class PartialCollective:
         if s.calls.get(r, 0) >= plan.k and counter_of(r, self.procs) == self.rank:
             self._activate(r, internal=True)
 
-    def _send(self, peer: int, kind: int, value: int) -> None:
-        if peer == self.rank:
+    def _send(self, peers: list[int], kind: int, value: int) -> None:
+        """One message to each of ``peers``, without waiting. The group's own ``send``:
+        ``dist.isend``'s checks cost four times as much, and an activation sends P - 1."""
+        peers = [p for p in peers if p != self.rank]
+        if not peers:
             return
         message = torch.tensor([kind, value, self.rank], dtype=torch.int64)
         with self.send_lock:
-            work = dist.isend(message, peer, group=self.act_group)
-            self.sent[peer] += 1
-            self.pending.append((work, message))
+            for peer in peers:  # every group holds every rank: group rank = rank
+                self.pending.append((self.act_group.send([message], peer, 0), message))
+                self.sent[peer] += 1
 
     def _drain(self, everything: bool = False) -> None:
         """Complete finished sends (all of them at the end), bounded by the group timeout."""
@@ -352,7 +366,7 @@ class PartialCollective:
         announced[self.rank] = 0
         message = torch.zeros(3, dtype=torch.int64)
         while not np.all(got == announced):
-            dist.recv(message, group=self.act_group)
+            self.act_group.recv_anysource([message], 0).wait()
             kind, value, sender = (int(v) for v in message)
             got[sender] += 1
             if kind == STOP:
@@ -376,7 +390,7 @@ class PartialCollective:
                 if r not in s.activated:
                     return
                 plan, payload = s.plans[r], self._snapshot(r)
-            dist.all_reduce(payload, group=self.red_group)
+            payload = self._allreduce(payload)
             result = self._result(r, plan, payload.cpu())
             following = self.after_round(result)
             with self.cond:
@@ -388,6 +402,15 @@ class PartialCollective:
             if following is None:
                 return
             r += 1
+
+    def _allreduce(self, payload: torch.Tensor) -> torch.Tensor:
+        """The round's SUM: gloo's ring takes 2(P-1) latency-bound steps, so a small CPU buffer
+        goes by recursive doubling instead (``recursive_doubling``)."""
+        small = payload.numel() * payload.element_size() <= RECURSIVE_DOUBLING_BYTES
+        if payload.device.type == "cpu" and small and self.procs > 1:
+            return recursive_doubling(payload, self.rank, self.procs, self.red_group)
+        dist.all_reduce(payload, group=self.red_group)
+        return payload
 
     def _snapshot(self, r: int) -> torch.Tensor:
         """This rank's contribution to round r: its buffer's oldest takeable gradients."""
@@ -437,6 +460,55 @@ class PartialCollective:
                 if self.state.error is None:
                     self.state.error = exc
                 self.cond.notify_all()
+
+
+def machine_id() -> int:
+    """Which monotonic clock this process reads: the host and, on Linux, the boot (32 bits)."""
+    try:
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text()
+    except OSError:
+        boot = ""
+    return zlib.crc32(f"{socket.gethostname()}/{boot}".encode())
+
+
+def shared_origin(group) -> float:
+    """The time origin of this rank's clock: rank 0's reading after the start barrier where
+    this rank reads the same monotonic clock (``perf_counter``: CLOCK_MONOTONIC on Linux, one
+    per machine), so activation times compare across ranks; else its own reading."""
+    mine = time.perf_counter()
+    stamp = torch.tensor([mine, float(machine_id())], dtype=torch.float64)
+    dist.broadcast(stamp, 0, group=group)
+    return float(stamp[0]) if int(stamp[1]) == machine_id() else mine
+
+
+def recursive_doubling(x: torch.Tensor, rank: int, procs: int, group) -> torch.Tensor:
+    """SUM-allreduce of ``x`` over ``group`` (every rank of the job) in ⌈log2 P⌉ exchanges
+    (Thakur et al., recursive doubling; the first 2(P - 2^m) ranks fold in pairs first, so any
+    P costs two more hops). Both partners of an exchange add the same two values, so every
+    rank ends with bitwise the same sum."""
+    p2 = 1 << (procs.bit_length() - 1)
+    extra = procs - p2
+    other = torch.empty_like(x)
+    if rank < 2 * extra and rank % 2 == 0:  # folds into rank + 1, gets the sum back
+        group.send([x], rank + 1, 0).wait()
+        group.recv([x], rank + 1, 0).wait()
+        return x
+    if rank < 2 * extra:
+        group.recv([other], rank - 1, 0).wait()
+        x.add_(other)
+    me = rank // 2 if rank < 2 * extra else rank - extra
+    mask = 1
+    while mask < p2:
+        peer_index = me ^ mask
+        peer = 2 * peer_index + 1 if peer_index < extra else peer_index + extra
+        sending = group.send([x], peer, 0)
+        group.recv([other], peer, 0).wait()
+        sending.wait()
+        x.add_(other)
+        mask <<= 1
+    if rank < 2 * extra:
+        group.send([x], rank - 1, 0).wait()
+    return x
 
 
 def row(job: int, version: int, start: float, finish: float, loss: float, gsq: float) -> np.ndarray:
