@@ -12,7 +12,10 @@ simulator's.
 It also measures the three numbers of ``tailtrain.network.NetworkModel``:
 
 - ``hop``: (the activation's reach - the initiator's activation) / ⌈log2 P⌉, over the partial
-  rounds, from the activation times every process writes into its slot;
+  rounds, from the activation times every process writes into its slot (one clock origin on
+  one machine: ``runtime.partial.shared_origin``). Up to ``DIRECT_ACTIVATION`` processes the
+  runtime activates in one hop of P - 1 messages; dividing its reach by the simulator's
+  ⌈log2 P⌉ hops makes the simulator's reach the measured one;
 - ``overhead``: the mean seconds of a call whose round had already completed (it returns at
   once: the library's own per-call cost);
 - ``allreduce``: the mean seconds from the reach to this rank's allreduce returning.
