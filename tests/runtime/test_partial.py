@@ -169,37 +169,38 @@ P = 4
 SEED = 3
 
 
-@pytest.fixture(scope="module")
-def trained():
-    base = {"task": "logreg", "workers": P, "eval_every": 100}
-    bound = Scenario(**base, iterations=6)
-    parity = Scenario(**base, iterations=24, delay="const:value=0.02", pattern="linear:step=0.045")
-    configs = [
-        TrainConfig(bound, "eager:mode=solo,staleness-bound=3", seed=SEED, timeout=60),
-        TrainConfig(parity, "eager:mode=majority", seed=SEED, inject=True, timeout=60),
-    ]
-    by_rank = launch(configs, reserve(Endpoint("127.0.0.1", 0)))
-    return by_rank[0], (parity, "eager:mode=majority")
-
-
-def test_the_staleness_bound_forces_a_synchronous_round(trained):
-    rows = trained[0][0].record.steps
+def test_the_staleness_bound_forces_a_synchronous_round():
+    bound = Scenario(task="logreg", workers=P, eval_every=100, iterations=6)
+    config = TrainConfig(bound, "eager:mode=solo,staleness-bound=3", seed=SEED, timeout=60)
+    rows = launch([config], reserve(Endpoint("127.0.0.1", 0)))[0][0].record.steps
     assert [r["collective"] for r in rows] == ["solo", "solo", "allreduce"] * 2
     assert all(r["nap"] == P for r in rows if r["collective"] == "allreduce")
 
 
-def test_majority_decides_as_simulated(trained):
-    """With injected delays 45 ms apart, the initiator and the active set of every round are
-    the simulator's (>= 95% of rounds)."""
-    results, (scenario, text) = trained
-    real = results[1].record.steps
+@pytest.mark.timeout(240)
+def test_majority_decides_as_simulated_at_8_workers():
+    """Injected delays 30 ms apart (20 + 30 p ms) and a 0.25 s allreduce, longer than their
+    spread: everyone calls before the round completes and restarts at its result, so every
+    call is >= 30 ms from the activation, more than the real collective's jitter on a busy
+    machine (an activation hop is ms, a late process's phase would drift by them). The
+    initiator and the active set of >= 95% of rounds are the simulator's; the decisions vary
+    (NAP follows the drawn initiator), so a wrong initiator or active rule fails."""
+    scenario = Scenario(
+        task="logreg",
+        workers=8,
+        eval_every=100,
+        iterations=48,
+        delay="const:value=0.02",
+        pattern="linear:step=0.03",
+        comm_time="0.25",
+    )
+    text = "eager:mode=majority"
+    config = TrainConfig(scenario, text, seed=SEED, inject=True, timeout=60)
+    real = launch([config], reserve(Endpoint("127.0.0.1", 0)))[0][0].record.steps
     sim = simulate(scenario, parse_strategy(text), SEED).steps
-
-    def decision(row, active):
-        return row["initiator"], sorted(active)
-
-    agree = 0
+    decisions = []
     for a, b in zip(real, sim, strict=True):
-        fresh = [w for w, s in zip(b["workers"], b["staleness"], strict=True) if s == 0]
-        agree += decision(a, a["active"]) == decision(b, fresh)
-    assert agree >= 0.95 * len(sim)
+        fresh = sorted(w for w, s in zip(b["workers"], b["staleness"], strict=True) if s == 0)
+        decisions.append(((a["initiator"], sorted(a["active"])), (b["initiator"], fresh)))
+    assert sum(x == y for x, y in decisions) >= 0.95 * len(sim)
+    assert len({len(y[1]) for _, y in decisions}) >= 4

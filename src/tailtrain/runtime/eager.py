@@ -123,6 +123,8 @@ def round_row(result: RoundResult, stats: StepStats) -> dict[str, Any]:
     rows, r, plan = result.rows, result.index, result.plan
     active = result.active
     initiators = result.initiators
+    if plan.synchronous:  # everyone activates itself; the last call completes it (the sim's)
+        initiators = np.array([int(np.argmax(result.slots[:, 1]))])
     return {
         "step": r,
         "time": result.closed,
