@@ -17,7 +17,8 @@ import torch
 import torch.distributed as dist
 
 from tailtrain.runtime.config import TrainConfig
-from tailtrain.runtime.launch import Endpoint, launch, reserve
+from tailtrain.runtime.hang import HangDrill, run_hang_drill
+from tailtrain.runtime.launch import Endpoint, JobFailed, launch, reserve
 from tailtrain.runtime.microbench import join_gloo, run_local
 from tailtrain.runtime.partial import DIRECT_ACTIVATION, PartialCollective, partners, row
 from tailtrain.sim.partial.collectives import activation_hops
@@ -204,3 +205,21 @@ def test_majority_decides_as_simulated_at_8_workers():
         decisions.append(((a["initiator"], sorted(a["active"])), (b["initiator"], fresh)))
     assert sum(x == y for x, y in decisions) >= 0.95 * len(sim)
     assert len({len(y[1]) for _, y in decisions}) >= 4
+
+
+# ---- a hung process (issue 14) ----------------------------------------------------------------
+def test_a_hung_main_thread_stalls_no_solo_round_but_the_synchronous_one():
+    """Solo: the hung rank's progress threads contribute its buffer, so the others' rounds go
+    on while it hangs and it comes back late; a synchronous round waits for its call."""
+    solo = run_hang_drill(HangDrill(procs=4, collective=Collective.SOLO, seconds=2.0, rounds=60))
+    assert solo["rounds_while_hung"] >= 5
+    assert solo["returned"]["kind"] == "late" and solo["returned"]["adopted"] > 5
+    sync = run_hang_drill(HangDrill(procs=3, collective=Collective.ALLREDUCE, seconds=1.0))
+    assert sync["rounds_while_hung"] == 0
+    assert sync["returned"] == {"kind": "active", "called": 5, "adopted": 5}
+
+
+def test_a_wait_past_the_timeout_fails_in_one_line_naming_the_rank():
+    drill = HangDrill(procs=3, collective=Collective.ALLREDUCE, seconds=3.0, timeout=1.0)
+    with pytest.raises(JobFailed, match=r"rank \d failed: CollectiveTimeout: rank \d: waited 1s"):
+        run_hang_drill(drill)

@@ -46,6 +46,7 @@ from tailtrain.runtime.launch import (
     max_local_workers,
     quiet,
     reserve,
+    start_method,
 )
 from tailtrain.runtime.partial import PartialCollective, RoundResult, row
 from tailtrain.sim.partial.collectives import activation_hops
@@ -114,8 +115,9 @@ def run_real_microbenchmark(bench: RealBench) -> RealResults:
 
 
 def run_local(entry, arg, procs: int, timeout: float) -> dict[int, Any]:
-    """Run ``entry(arg)`` on ``procs`` forked local processes (a static rendezvous on a free
-    port, no restarts); each joins the gloo group itself. Results by rank."""
+    """Run ``entry(arg)`` on ``procs`` local processes forked from the fork server
+    (``launch.start_method``: ``entry`` and ``arg`` must pickle), a static rendezvous on a free
+    port, no restarts; each joins the gloo group itself. Results by rank."""
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
@@ -132,7 +134,7 @@ def run_local(entry, arg, procs: int, timeout: float) -> dict[int, Any]:
             rdzv_configs={"rank": 0, "timeout": max(1, round(timeout))},
             max_restarts=0,
             monitor_interval=0.1,
-            start_method="fork",
+            start_method=start_method("gloo", own_entry=False),
             logs_specs=DefaultLogsSpecs(log_dir=logs),
         )
         try:

@@ -99,6 +99,8 @@ HEAD = ("initiated", "activated", "snapshot", "rows")
 CAPACITY = 4
 #: the GIL's switch interval while a collective runs: its threads must answer promptly
 SWITCH_INTERVAL = 5e-4
+#: how long the receiver waits for the next message: without limit, in effect
+IDLE = datetime.timedelta(days=365)
 #: completed rounds each rank keeps
 KEEP = 64
 #: up to this many processes an initiator activates everyone itself: one hop of P - 1 messages
@@ -316,7 +318,7 @@ class PartialCollective:
             self._drain(everything=True)
         sys.setswitchinterval(self._switch)
         if self.state.error is not None:
-            raise TailtrainError(f"rank {self.rank}: the collective failed") from self.state.error
+            raise self._failed()
         if any(t.is_alive() for t in self.threads):
             raise CollectiveTimeout(f"rank {self.rank}: the collective's threads did not stop")
 
@@ -374,7 +376,9 @@ class PartialCollective:
         announced[self.rank] = 0
         message = torch.zeros(3, dtype=torch.int64)
         while not np.all(got == announced):
-            self.act_group.recv_anysource([message], 0).wait()
+            # idle until a message comes, however long: no message is owed to it (a run of
+            # synchronous rounds sends none); the waits that expect one are bounded
+            self.act_group.recv_anysource([message], 0).wait(IDLE)
             kind, value, sender = (int(v) for v in message)
             got[sender] += 1
             if kind == STOP:
@@ -450,15 +454,23 @@ class PartialCollective:
         deadline = time.monotonic() + self.timeout
         while not ready():
             if self.state.error is not None:
-                raise TailtrainError(
-                    f"rank {self.rank}: the collective failed"
-                ) from self.state.error
+                raise self._failed()
             left = deadline - time.monotonic()
             if left <= 0:
                 raise CollectiveTimeout(
                     f"rank {self.rank}: waited {self.timeout:g}s for {what}; a peer may be gone"
                 )
             self.cond.wait(min(left, 1.0))
+
+    def _failed(self) -> TailtrainError:
+        """The error of a failed progress thread, in one line that names its cause."""
+        cause = self.state.error
+        first = str(cause).strip().splitlines()[0] if str(cause).strip() else ""
+        error = TailtrainError(
+            f"rank {self.rank}: the collective failed: {type(cause).__name__}: {first[:200]}"
+        )
+        error.__cause__ = cause
+        return error
 
     def _guarded(self, target: Callable[[], None], name: str) -> None:
         try:
