@@ -16,10 +16,11 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from tailtrain.network import parse_network
 from tailtrain.runtime.config import TrainConfig
 from tailtrain.runtime.hang import HangDrill, run_hang_drill
 from tailtrain.runtime.launch import Endpoint, JobFailed, launch, reserve
-from tailtrain.runtime.microbench import join_gloo, run_local
+from tailtrain.runtime.microbench import RealBench, join_gloo, run_local, run_real_microbenchmark
 from tailtrain.runtime.partial import DIRECT_ACTIVATION, PartialCollective, partners, row
 from tailtrain.sim.partial.collectives import activation_hops
 from tailtrain.sim.run import simulate
@@ -163,6 +164,20 @@ def test_any_number_of_processes(procs):
     made = {(rank, int(v)) for rank in range(procs) for _, v, _ in by_rank[rank][0]}
     got = [(int(w), int(v)) for _, rows, _ in results.values() for w, _, v, *_ in rows]
     assert sorted(got) == sorted(made)
+
+
+def test_the_benchmark_reports_every_collective_and_a_network_simulate_accepts():
+    """A short real run of `bench collectives`: NAP follows each collective's definition
+    (the allreduce counts everyone, solo its first caller at least; majority and quorum lie
+    between), and the network spec it writes parses back to the same figures."""
+    bench = RealBench(procs=3, iterations=3, skew="linear:step=0.05")
+    results = run_real_microbenchmark(bench)
+    naps = {name: s.nap for name, s in results.stats.items()}
+    assert naps["allreduce"] == 3
+    assert 1 <= naps["solo"] <= naps["quorum"] <= 3 and 1 <= naps["majority"] <= 3
+    assert naps["quorum"] >= bench.quorum_size
+    assert parse_network(results.network.spec()) == results.network
+    assert results.network.hop >= 0 and results.network.allreduce > 0
 
 
 # ---- the training topology -----------------------------------------------------------------
