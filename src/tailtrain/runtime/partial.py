@@ -62,8 +62,12 @@ oldest first (the rest wait for the next round). The allreduce buffer is
 (initiated, activation time, snapshot time, rows; rows of ``job, version, start, finish, loss,
 ||g||^2``) and zeros elsewhere, so one SUM gives every rank the same arrivals.
 
-Every wait is bounded by ``timeout`` (a ``datetime.timedelta`` on the groups, a deadline on
-the condition waits); threads are daemons and are joined by :meth:`PartialCollective.close`.
+Every wait for something owed is bounded by ``timeout`` (a ``datetime.timedelta`` on the
+groups, a deadline on the condition waits) and ends in a one-line error naming the rank; only
+the receiver's wait for the next message is not (none is owed: synchronous rounds send none).
+Threads are daemons and are joined by :meth:`PartialCollective.close`. A hung main thread
+stalls only the rounds that need its call (``runtime.hang`` measures it): its progress
+threads contribute its buffer; a stopped process stalls every round's data phase.
 Times are seconds on the monotonic clock since rank 0 left the start barrier, on rank 0's machine
 (its ranks share the clock, so activation times compare across them); a rank on another machine
 counts from its own exit of that barrier (the barrier's skew).
