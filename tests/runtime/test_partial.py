@@ -195,10 +195,10 @@ def test_the_staleness_bound_forces_a_synchronous_round():
 
 @pytest.mark.timeout(240)
 def test_majority_decides_as_simulated_at_8_workers():
-    """Injected delays 30 ms apart (20 + 30 p ms) and a 0.25 s allreduce, longer than their
-    spread: everyone calls before the round completes and restarts at its result, so every
-    call is >= 30 ms from the activation, more than the real collective's jitter on a busy
-    machine (an activation hop is ms, a late process's phase would drift by them). The
+    """Injected delays 40 ms apart (20 + 40 p ms) and a 0.35 s allreduce, 70 ms longer than
+    their spread: everyone calls before the round completes and restarts at its result, so
+    every call is >= 40 ms from the activation, more than the real collective's jitter on a
+    busy machine (an activation hop is ms; a late process's phase would drift by them). The
     initiator and the active set of >= 95% of rounds are the simulator's; the decisions vary
     (NAP follows the drawn initiator), so a wrong initiator or active rule fails."""
     scenario = Scenario(
@@ -207,8 +207,8 @@ def test_majority_decides_as_simulated_at_8_workers():
         eval_every=100,
         iterations=48,
         delay="const:value=0.02",
-        pattern="linear:step=0.03",
-        comm_time="0.25",
+        pattern="linear:step=0.04",
+        comm_time="0.35",
     )
     text = "eager:mode=majority"
     config = TrainConfig(scenario, text, seed=SEED, inject=True, timeout=60)
