@@ -128,6 +128,8 @@ def round_row(result: RoundResult, stats: StepStats) -> dict[str, Any]:
     initiators = result.initiators
     nonfinite = int(np.count_nonzero(~np.isfinite(rows[:, 5])))  # screened out (run_rounds)
     extra = {"nonfinite": nonfinite} if nonfinite else {}
+    if plan.synchronous:  # everyone activates itself; the last call completes it (the sim's)
+        initiators = np.array([int(np.argmax(result.slots[:, 1]))])
     return {
         "step": r,
         "time": result.closed,
