@@ -12,10 +12,12 @@
   over ``dropcompute:threshold=auto`` (after its calibration rounds) with 8 ranks, M = 12 and
   injected ``const:value=0.02+dropcompute-noise:scale=0.02``, measured by ``train`` and
   predicted by ``simulate`` for the same flags and seed (goal: real >= 0.9 x simulated).
-  A real round also communicates; the injected delays do not say for how long, so each
-  ``simulate`` run is told ``--comm-time const:value=T^c`` with T^c the mean ``comm_time``
-  (steps.jsonl) of its real run over the same rounds: like is compared with like. The
-  prediction without communication time stays in the detail (``sim_without_comm``).
+  A real round also computes and communicates, which the injected delays do not describe,
+  so each ``simulate`` run is told what its real run measured over the same rounds:
+  ``--comm-time const:value=T^c`` with T^c the mean ``comm_time`` of steps.jsonl, and
+  ``+const:value=c`` on ``--delay`` with c the mean real (not injected) seconds per
+  micro-batch (``rank_compute - rank_injected``). Like is compared with like; the predictions
+  told T^c only, and nothing, stay in the detail (``sim_told_comm_only``, ``sim_told_nothing``).
 * ``parity_iteration_time_error``: |real - simulated| / real mean iteration time of the same
   run (simulated with its measured T^c), the larger over those two runs (goal <= 5%).
 * ``vs_post_local_sgd``: time to a target train loss of the best of tailtrain's candidates
@@ -172,6 +174,24 @@ def measured_comm(record: RunRecord, skip: int) -> float:
     return float(record.column("comm_time")[skip:].mean())
 
 
+def measured_compute(record: RunRecord, skip: int) -> float:
+    """Mean real (not injected) seconds per micro-batch after the first ``skip`` rounds: a
+    rank's compute seconds less its injected ones, over the units it started (those counted,
+    plus the one cut at tau when it dropped any)."""
+    steps = record.steps[skip:]
+    compute = np.array([r["rank_compute"] for r in steps]) - [r["rank_injected"] for r in steps]
+    done = np.array([r["completed"] for r in steps])
+    units = np.array([[r["micro_batches"] * r["local_steps"]] for r in steps])
+    return float(compute.sum() / (done + (done < units)).sum())
+
+
+def simulated(scenario: Scenario, text: str, comm: float, compute: float = 0.0) -> RunRecord:
+    """``simulate`` told a real run's T^c and, if given, its real seconds per micro-batch."""
+    delay = scenario.delay if compute == 0 else f"{scenario.delay}+const:value={compute!r}"
+    told = replace(scenario, delay=delay, comm_time=f"const:value={comm!r}")
+    return simulate(told, parse_strategy(text), SEED)
+
+
 def dropcompute(workers: int, iterations: int) -> dict:
     scenario = Scenario(
         task="logreg",
@@ -188,20 +208,33 @@ def dropcompute(workers: int, iterations: int) -> dict:
     ]
     real = [r.record for r in launch(configs, reserve(Endpoint("127.0.0.1", 0)))[0]]
     skip = parse_strategy(DC_STRATEGY).calibrate
-    # each prediction is told the T^c its real run measured: like with like
+    # each prediction is told what its real run measured beyond the injected delays: like
+    # with like (the module docstring)
     comm = [measured_comm(r, skip) for r in real]
-    told = [replace(scenario, comm_time=f"const:value={c!r}") for c in comm]
-    sim = [simulate(s, parse_strategy(t), SEED) for s, t in zip(told, texts, strict=True)]
-    bare = [simulate(scenario, parse_strategy(t), SEED) for t in texts]
+    compute = [measured_compute(r, skip) for r in real]
+    runs = {
+        "told": [simulated(scenario, *a) for a in zip(texts, comm, compute, strict=True)],
+        "comm_only": [simulated(scenario, *a) for a in zip(texts, comm, strict=True)],
+        "bare": [simulate(scenario, parse_strategy(t), SEED) for t in texts],
+    }
     real_t = [mean_iteration(r, skip) for r in real]
-    sim_t = [mean_iteration(r, skip) for r in sim]
-    bare_t = [mean_iteration(r, skip) for r in bare]
-    errors = [abs(r - s) / r for r, s in zip(real_t, sim_t, strict=True)]
+    sim_t = {k: [mean_iteration(r, skip) for r in v] for k, v in runs.items()}
+    errors = {k: [abs(r - s) / r for r, s in zip(real_t, v, strict=True)] for k, v in sim_t.items()}
+
+    def variant(key: str) -> dict:
+        iteration = sim_t[key]
+        return {
+            "iteration": dict(zip(texts, iteration, strict=True)),
+            "speedup": iteration[0] / iteration[1],
+            "parity_error": dict(zip(texts, errors[key], strict=True)),
+        }
+
+    told = sim_t["told"]
     return {
         "dropcompute_real_speedup": real_t[0] / real_t[1],
-        "dropcompute_sim_speedup": sim_t[0] / sim_t[1],
-        "dropcompute_real_over_sim": (real_t[0] / real_t[1]) / (sim_t[0] / sim_t[1]),
-        "parity_iteration_time_error": max(errors),
+        "dropcompute_sim_speedup": told[0] / told[1],
+        "dropcompute_real_over_sim": (real_t[0] / real_t[1]) / (told[0] / told[1]),
+        "parity_iteration_time_error": max(errors["told"]),
         "dropcompute_detail": {
             "workers": workers,
             "micro_batches": 12,
@@ -209,17 +242,17 @@ def dropcompute(workers: int, iterations: int) -> dict:
             "strategy": DC_STRATEGY,
             "iterations": iterations,
             "rounds_measured": iterations - skip,
-            "sim_comm_time": "each strategy's measured T^c (real run, same rounds)",
+            "sim_told": "each run's measured T^c (--comm-time const) and real seconds per "
+            "micro-batch (+const on --delay), over the measured rounds",
             "measured_comm_time": dict(zip(texts, comm, strict=True)),
+            "measured_compute_per_micro_batch": dict(zip(texts, compute, strict=True)),
             "real_iteration": dict(zip(texts, real_t, strict=True)),
-            "sim_iteration": dict(zip(texts, sim_t, strict=True)),
-            "parity_error": dict(zip(texts, errors, strict=True)),
-            "sim_without_comm": {
-                "iteration": dict(zip(texts, bare_t, strict=True)),
-                "speedup": bare_t[0] / bare_t[1],
-            },
+            "sim_iteration": dict(zip(texts, told, strict=True)),
+            "parity_error": dict(zip(texts, errors["told"], strict=True)),
+            "sim_told_comm_only": variant("comm_only"),
+            "sim_told_nothing": variant("bare"),
             "real_threshold": real[1].summary["threshold"],
-            "sim_threshold": sim[1].summary["threshold"],
+            "sim_threshold": runs["told"][1].summary["threshold"],
         },
     }
 

@@ -194,6 +194,7 @@ def train_allreduce(config: TrainConfig, comm: Collectives) -> RankResult:
     run = start(config, comm)
     scenario = run.world.scenario
     run.evals.start(scorer(run))
+    run.comm.barrier()  # round 0 starts together, as the simulator's workers all start at 0
     while not budget_spent(scenario, run.step, run.now, plan := run.rule.plan()):
         before, evaluated = scorer(run), len(run.evals.record.evals)
         one_round(run, plan)

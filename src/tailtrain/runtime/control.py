@@ -59,7 +59,8 @@ def weighting(selection: Selection, arrivals: ArrivalColumns, rank: int) -> Weig
         raise TailtrainError("the allreduce topology applies no deferred (``later``) weights")
     now = selection.now
     mine = arrivals.keys[arrivals.worker == rank]
-    weight = float(now.weight[np.isin(now.keys, mine)].sum())
+    # a handful of keys: a broadcast comparison is several times cheaper than np.isin
+    weight = float(now.weight[(now.keys[:, None] == mine).any(axis=1)].sum())
     return Weighting(weight, float(now.weight.sum()), now.total, selection.used())
 
 
@@ -140,7 +141,10 @@ class RuleDriver:
 
     def own_weight(self, arrival: ArrivalColumns, rank: int) -> float:
         """w_n from this rank's arrival alone (:func:`own_arrival`; module docstring)."""
-        return self.weights(arrival, rank).weight
+        selection = self.select(arrival)
+        if len(selection.later):
+            raise TailtrainError("the allreduce topology applies no deferred (``later``) weights")
+        return float(selection.now.weight.sum())  # the only arrival offered is this rank's
 
     def adapt(self, stats: StepStats) -> None:
         self.state = self.strategy.adapt(self.state, stats)
