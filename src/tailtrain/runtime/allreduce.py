@@ -285,7 +285,8 @@ def compute(
     """This rank's units in order, the threshold checked between them (module docstring)."""
     task, tau, preempt = run.grads, plan.threshold, plan.preempt
     local = run.learner.theta
-    total, step_sum = torch.zeros_like(local), torch.zeros_like(local)
+    total = torch.zeros_like(local)
+    step_sum = torch.zeros_like(local) if plan.local_steps > 1 else None  # Local-SGD only
     times = np.full(len(batches), np.nan)
     loss_sum, slept, start = 0.0, 0.0, time.perf_counter()
     for u, batch in enumerate(batches):
@@ -299,8 +300,10 @@ def compute(
             break
         times[u] = time.perf_counter() - began
         total += grad
-        step_sum += grad
         loss_sum += float(loss)
+        if step_sum is None:
+            continue
+        step_sum += grad
         if (u + 1) % m == 0 and u + 1 < len(batches):  # a local step ends (Local-SGD)
             local = local - lr * step_sum / m
             step_sum.zero_()
