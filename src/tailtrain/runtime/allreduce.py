@@ -27,13 +27,14 @@ virtual clock and the same rule object deciding (``runtime.control``):
 4. ``adapt`` with the gathered unit times (Algorithm 2 for threshold=auto: every rank sees
    the same t_n^(u), so every rank computes the same tau*) and the latest agreed T^c, the
    previous round's (a round's own T^c is known only when the next allreduce brings it;
-   none in round 0).
+   round 0 has none, and Algorithm 2 counts the window's mean for it).
 5. The round's record row waits for its timings: T^c = the smallest allreduce seconds over
    the ranks (the last rank to arrive waits for nobody: the collective's own time, injected
    ``--comm-time`` included) and the round's wall time = the slowest rank's. Until then the
-   agreed clock counts the round as max_n T~_n + the latest T^c (the same on every rank); the
+   agreed clock counts the round as max_n T~_n + the latest T^c (the same on every rank, it
+   drives the time budget, the evaluation schedule and time-scheduled delay patterns); the
    row enters the record with its measured time. After the last round one small all-gather
-   settles it.
+   settles it. Round 0 starts after a barrier, on every rank together.
 
 ``time`` is the sum of the rounds' wall seconds (evaluation and bookkeeping excluded, as the
 simulator excludes them from virtual time). ``StepStats.mean_grad_sq`` would need a second

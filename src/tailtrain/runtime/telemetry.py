@@ -3,7 +3,9 @@
 * ``steps.jsonl`` has the allreduce simulator's columns (``sim.allreduce_engine.step_row``)
   with wall seconds in ``time``, plus ``rank_compute``, ``rank_injected``, ``rank_wait`` and
   ``rank_comm``: each rank's compute seconds, the injected seconds slept within them, its wait
-  (for the slowest rank, in the all-gather) and its allreduce seconds.
+  for the slowest rank's compute (max_k T~_k - T~_n, spent inside the allreduce) and the rest
+  of its allreduce seconds. ``comm_time`` (T^c) is the smallest allreduce seconds over the
+  ranks: the collective's own time, without waiting (``runtime.allreduce``).
   ``sync_time`` and ``s_eff`` need the time of micro-batches that were never computed, so they
   are null in rounds that dropped work.
 * ``summary.json`` has simulate's keys, ``wall_time`` in place of ``virtual_time``.
