@@ -6,7 +6,14 @@ import numpy as np
 import pytest
 
 from tailtrain.errors import TailtrainError, UsageError
-from tailtrain.runtime.control import RuleDriver, check_agreement, weighting
+from tailtrain.runtime.control import (
+    RuleDriver,
+    check_agreement,
+    check_own_weight,
+    own_arrival,
+    round_arrivals,
+    weighting,
+)
 from tailtrain.runtime.topologies import TOPOLOGIES, check_topology
 from tailtrain.strategies.base import ArrivalColumns, Context, Selection, Topology, Weighting
 from tailtrain.strategies.registry import parse_strategy
@@ -39,6 +46,34 @@ def test_sync_weighs_every_rank_equally():
     driver = RuleDriver(parse_strategy("sync"), Context(n_workers=4))
     weights = [driver.weights(arrivals([1.0] * 4), r) for r in range(4)]
     assert [w.weight for w in weights] == [1.0] * 4 and weights[0].divisor is None
+
+
+@pytest.mark.parametrize(
+    ("text", "units", "done", "expected"),
+    [
+        ("sync", 1, [1, 1, 1], [1.0, 1.0, 1.0]),
+        # DropCompute Eq. (1): w_n = C_n / M, whatever the other ranks computed
+        ("dropcompute:threshold=1", 4, [4, 2, 0], [1.0, 0.5, 0.0]),
+        ("dropcompute:threshold=1,divide-by=computed", 4, [3, 0, 1], [0.75, 0.0, 0.25]),
+        # Local-SGD: C_n / (H M) with H = 2 local steps of M = 2
+        ("local-sgd:period=2,threshold=1", 4, [4, 1, 2], [1.0, 0.25, 0.5]),
+    ],
+)
+def test_a_ranks_own_arrival_gives_its_weight_before_anything_is_exchanged(
+    text, units, done, expected
+):
+    driver = RuleDriver(parse_strategy(text), Context(n_workers=3))
+    compute = np.array([0.3, 0.1, 0.2])
+    everyone = round_arrivals(7, 1.0, np.array(done), compute, units)
+    for rank, weight in enumerate(expected):
+        mine = own_arrival(7, 1.0, rank, done[rank], compute[rank], units)
+        assert driver.own_weight(mine, rank) == pytest.approx(weight)
+        check_own_weight(weight, driver.weights(everyone, rank).weight)
+
+
+def test_a_weight_that_depends_on_other_ranks_is_refused():
+    with pytest.raises(TailtrainError, match="own arrival"):
+        check_own_weight(1.0, 1 / 3)
 
 
 def test_deferred_weights_have_no_place_in_an_allreduce():

@@ -26,6 +26,16 @@ def test_weighted_sum_carries_the_weight_and_the_extras(one_rank):
 
 
 @pytest.mark.timeout(60)
+def test_rows_ride_on_the_weighted_sum_in_this_ranks_line(one_rank):
+    grad = torch.tensor([1.0, 2.0])
+    reduced = one_rank.weighted_sum(grad, 0.5, (7.0,), (np.array([3.0, np.nan]), np.zeros(3)))
+    counts, zeros = reduced.rows
+    assert counts.shape == (1, 2) and counts[0, 0] == 3.0 and np.isnan(counts[0, 1])
+    assert zeros.tolist() == [[0.0, 0.0, 0.0]]
+    assert reduced.numerator.tolist() == [0.5, 1.0] and reduced.extras.tolist() == [7.0]
+
+
+@pytest.mark.timeout(60)
 def test_gather_returns_one_row_per_rank(one_rank):
     rows = one_rank.gather(np.array([2.0, 0.5, np.nan]))
     assert rows.shape == (1, 3) and rows[0, 0] == 2.0 and np.isnan(rows[0, 2])

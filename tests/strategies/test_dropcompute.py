@@ -99,6 +99,17 @@ def test_auto_threshold_is_algorithm_2_on_the_calibration_rounds():
     assert state.window_times == ()
 
 
+def test_a_round_without_a_known_comm_time_counts_the_windows_mean():
+    """A runtime learns a round's T^c one round late: its first round has none (NaN)."""
+    rule = parse_strategy("dropcompute:calibrate=3")
+    state = rule.init(Context(n_workers=5))
+    samples = [np.random.default_rng(s).exponential(1.0, (5, 4)) for s in range(3)]
+    for step, (t, comm) in enumerate(zip(samples, [math.nan, 0.2, 0.4], strict=True)):
+        state = rule.adapt(state, stats(step, t, comm))
+    expected = empirical_threshold(np.stack(samples), np.array([0.3, 0.2, 0.4])).threshold
+    assert state.tau == expected
+
+
 def test_recalibration_replaces_the_threshold_from_new_samples():
     rule = parse_strategy("dropcompute:calibrate=3,recalibrate=5")
     state, plans, samples = run_rule(rule, 9, np.random.default_rng(1))

@@ -15,16 +15,26 @@ virtual clock and the same rule object deciding (``runtime.control``):
    compute cannot be cut, so the rank may leave after tau by up to one micro-batch.
    Under Local-SGD each finished local step updates the rank's local copy,
    theta_n <- theta_n - lr (1/M) sum of its micro-batch gradients.
-3. A small all-gather of [C_n, T~_n, injected seconds, t_n^(1..U)]: every rank builds
-   identical arrivals, so every rank's ``select`` returns identical weights (the coming
-   protocol may fold this into the weighted allreduce; see ``runtime.control``).
-4. One weighted allreduce (``runtime.reduce``) of [w_n G_n, w_n, loss sum, units,
-   ||G_n||^2] with G_n = H A_n / C_n (``sim.allreduce_learner.worker_grads``); every rank
-   applies theta <- theta - lr * lr_scale * sum_n w_n G_n / denominator. With w_n =
-   (C_n/(H M))/N this is the average of the local models.
-5. An all-gather of [wait, comm, round seconds]: T^c = the slowest rank's allreduce time and
-   the round's wall time = the slowest rank's, the same on every rank; then ``adapt`` with
-   the gathered unit times (Algorithm 2 for threshold=auto) and T^c.
+3. One weighted allreduce (``runtime.reduce``) of [w_n G_n, w_n, loss sum, units,
+   ||G_n||^2, ..., rows] with G_n = H A_n / C_n (``sim.allreduce_learner.worker_grads``). Its
+   rows are the round's [C_n, T~_n, injected seconds, t_n^(1..U)] of every rank (laid out
+   block-diagonally: an all-gather for free) and each rank's [allreduce, round seconds] of the
+   *previous* round. w_n depends on rank n's own arrival only (``runtime.control``), so it is
+   known before the allreduce; afterwards every rank builds identical arrivals from the rows,
+   the rule's ``select`` over all of them checks the weights, and every rank applies
+   theta <- theta - lr * lr_scale * sum_n w_n G_n / denominator. With w_n = (C_n/(H M))/N
+   this is the average of the local models. That is the round's only collective, as DDP's.
+4. ``adapt`` with the gathered unit times (Algorithm 2 for threshold=auto: every rank sees
+   the same t_n^(u), so every rank computes the same tau*) and the latest agreed T^c, the
+   previous round's (a round's own T^c is known only when the next allreduce brings it;
+   round 0 has none, and Algorithm 2 counts the window's mean for it).
+5. The round's record row waits for its timings: T^c = the smallest allreduce seconds over
+   the ranks (the last rank to arrive waits for nobody: the collective's own time, injected
+   ``--comm-time`` included) and the round's wall time = the slowest rank's. Until then the
+   agreed clock counts the round as max_n T~_n + the latest T^c (the same on every rank, it
+   drives the time budget, the evaluation schedule and time-scheduled delay patterns); the
+   row enters the record with its measured time. After the last round one small all-gather
+   settles it. Round 0 starts after a barrier, on every rank together.
 
 ``time`` is the sum of the rounds' wall seconds (evaluation and bookkeeping excluded, as the
 simulator excludes them from virtual time).
@@ -45,7 +55,7 @@ import dataclasses
 import math
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -53,10 +63,17 @@ import torch
 
 from tailtrain.errors import UsageError
 from tailtrain.runtime.config import TrainConfig, build_world
-from tailtrain.runtime.control import RuleDriver, Weighting, check_agreement, round_arrivals
+from tailtrain.runtime.control import (
+    RuleDriver,
+    Weighting,
+    check_agreement,
+    check_own_weight,
+    own_arrival,
+    round_arrivals,
+)
 from tailtrain.runtime.inject import FaultDrill, InjectedFault, Injector, sleep
 from tailtrain.runtime.keep import Keeper, Stopped, reopen_records, stop_on_sigterm
-from tailtrain.runtime.reduce import Collectives
+from tailtrain.runtime.reduce import Collectives, WeightedSum
 from tailtrain.runtime.telemetry import (
     RankLog,
     RoundTimes,
@@ -107,14 +124,26 @@ class Work:
 
 @dataclass(frozen=True)
 class Exchange:
-    """What the collectives of a round gave: gathered rows [C_n, T~_n, injected, t_n^(1..U)], the
+    """What a round's allreduce gave: gathered rows [C_n, T~_n, injected, t_n^(1..U)], the
     arrivals built from them, the rule's weighting and the reduced [loss sum, units,
-    sum ||G_n||^2]."""
+    sum ||G_n||^2, non-finite gradients]."""
 
     rows: np.ndarray
     arrivals: ArrivalColumns
     weighting: Weighting
     extras: np.ndarray
+
+
+@dataclass(frozen=True)
+class Unsettled:
+    """A round whose record row waits for its timings (the next allreduce brings them)."""
+
+    plan: Plan
+    stats: StepStats
+    rows: np.ndarray
+    used: list[int]
+    m: int
+    nonfinite: int
 
 
 class ModuleGrads:
@@ -160,8 +189,16 @@ class _Rank:
     grads: ModuleGrads
     drill: FaultDrill
     keeper: Keeper
+    #: the agreed clock: settled rounds' wall seconds plus the latest round's estimate
     now: float = 0.0
+    #: wall seconds of the settled rounds
+    settled: float = 0.0
+    #: the latest agreed T^c (NaN before any round settled)
+    comm_time: float = math.nan
     step: int = 0
+    #: this rank's [allreduce, round seconds] of the latest round, sent with the next one
+    timing: np.ndarray = field(default_factory=lambda: np.full(2, np.nan))
+    unsettled: Unsettled | None = None
 
 
 def train_allreduce(config: TrainConfig, comm: Collectives) -> RankResult:
@@ -180,6 +217,9 @@ def train_allreduce(config: TrainConfig, comm: Collectives) -> RankResult:
     try:
         rounds(run)
     except BaseException as exc:
+        pending = estimated_row(run) if comm.rank == 0 else None
+        if pending is not None:  # a completed round's row is on disk, as its checkpoint has it
+            run.record.add_step(pending)
         end = run.keeper.failed(run.step, exc, config.timeout)
         if isinstance(exc, Stopped):  # the launcher is stopping the group: leave at once
             os._exit(143)
@@ -194,6 +234,7 @@ def rounds(run: _Rank) -> None:
     scenario = run.world.scenario
     if run.keeper.saved is None:
         run.evals.start(scorer(run))
+    run.comm.barrier()  # round 0 starts together, as the simulator's workers all start at 0
     while not budget_spent(scenario, run.step, run.now, plan := run.rule.plan()):
         before, evaluated = scorer(run), len(run.evals.record.evals)
         one_round(run, plan)
@@ -201,6 +242,7 @@ def rounds(run: _Rank) -> None:
         if len(run.evals.record.evals) != evaluated:
             run.comm.barrier()
         run.keeper.completed(run.step, lambda: state_of(run))
+    settle_last(run)
     run.evals.finish(run.step, run.now, scorer(run))
 
 
@@ -263,8 +305,12 @@ def state_of(run: _Rank) -> dict[str, Any]:
     """This rank's state after a round: the run's, as every rank holds the same (module
     docstring). The parameters by reference (an update replaces them), the rest copied."""
     steps, evals = run.record.steps, run.evals.record.evals
+    pending = estimated_row(run)
     return {
-        "now": run.now,
+        "now": float(run.now),
+        "settled": float(run.settled),
+        "comm_time": float(run.comm_time),
+        "pending": None if pending is None else checkpoint.pack(pending),
         "learner": checkpoint.capture(run.learner, checkpoint.MODEL_STATIC),
         "update": run.update.state_dict(),
         "rule": run.rule.strategy.state_dict(run.rule.state),
@@ -297,7 +343,28 @@ def resume(run: _Rank, saved: dict[str, Any]) -> None:
     else:
         run.record.steps = [last_step] * counts["steps"]
         run.evals.record.evals = [checkpoint.unpack(saved["last_eval"])] * counts["evals"]
+    pending = saved["pending"]
+    run.settled, run.comm_time = float(saved["settled"]), float(saved["comm_time"])
+    if pending is not None:  # its timings were to come with the next round: keep the estimate
+        run.record.add_step(checkpoint.unpack(pending))
+        run.settled = run.now
     run.keeper.completed(run.step, lambda: state_of(run), save=False)
+
+
+def estimated_row(run: _Rank) -> dict[str, Any] | None:
+    """The unsettled round's row as this rank knows it before its timings come: its time the
+    agreed estimate, its allreduce seconds unknown. A checkpoint keeps it in that form."""
+    done = run.unsettled
+    if done is None:
+        return None
+    compute = done.rows[:, 1]
+    wait = compute.max() - compute
+    unknown = np.full(len(compute), np.nan)
+    times = RoundTimes(done.rows[:, 0].astype(np.int64), compute, done.rows[:, 2], wait, unknown)
+    row = round_row(done.plan, done.stats, times, done.used, done.m)
+    if done.nonfinite:
+        row["nonfinite"] = done.nonfinite
+    return row
 
 
 def one_round(run: _Rank, plan: Plan) -> None:
@@ -317,19 +384,24 @@ def one_round(run: _Rank, plan: Plan) -> None:
         work = compute(run, plan, batches[run.comm.rank], injected, m, lr)
     if work.done:
         run.drill.poison(run.step, work.grad)
-    with phase("wait") as wait:
-        rows = run.comm.gather(
-            np.concatenate([[work.done, work.compute, work.injected], work.times])
-        )
+    own = own_arrival(run.step, run.now, run.comm.rank, work.done, work.compute, units)
+    weight = run.rule.own_weight(own, run.comm.rank)
+    with phase("reduce") as reducing:
+        reduced, excluded = reduce(run, work, weight)
+    rows, timing = reduced.rows
     arrivals = arrivals_of(run, rows, units)
     weighting = run.rule.weights(arrivals, run.comm.rank)
-    with phase("reduce") as reduce:
-        extras = reduce_and_apply(run, work, weighting, plan.lr_scale)
+    check_own_weight(weight, weighting.weight)
+    check_agreement(weighting.total, reduced.total + excluded)
+    apply(run, reduced, weighting, plan.lr_scale)
     if plan.requeue_dropped:
         run.learner.requeue(batches, rows[:, 0].astype(np.int64))
-    account(run, plan, Exchange(rows, arrivals, weighting, extras), (wait, reduce, started), m)
+    if run.unsettled is not None:
+        settle(run, timing)
+    account(run, plan, Exchange(rows, arrivals, weighting, reduced.extras[:4]), m)
     run.trace.add(run.step, m, plan.local_steps, work.times)
     run.step += 1
+    run.timing = np.array([reducing.seconds, time.perf_counter() - started])
 
 
 def compute(
@@ -338,7 +410,8 @@ def compute(
     """This rank's units in order, the threshold checked between them (module docstring)."""
     task, tau, preempt = run.grads, plan.threshold, plan.preempt
     local = run.learner.theta
-    total, step_sum = torch.zeros_like(local), torch.zeros_like(local)
+    total = torch.zeros_like(local)
+    step_sum = torch.zeros_like(local) if plan.local_steps > 1 else None  # Local-SGD only
     times = np.full(len(batches), np.nan)
     loss_sum, slept, start = 0.0, 0.0, time.perf_counter()
     for u, batch in enumerate(batches):
@@ -352,8 +425,10 @@ def compute(
             break
         times[u] = time.perf_counter() - began
         total += grad
-        step_sum += grad
         loss_sum += float(loss)
+        if step_sum is None:
+            continue
+        step_sum += grad
         if (u + 1) % m == 0 and u + 1 < len(batches):  # a local step ends (Local-SGD)
             local = local - lr * step_sum / m
             step_sum.zero_()
@@ -386,11 +461,12 @@ def arrivals_of(run: _Rank, rows: np.ndarray, units: int) -> ArrivalColumns:
     return round_arrivals(run.step, run.now, rows[:, 0], rows[:, 1], units)
 
 
-def reduce_and_apply(run: _Rank, work: Work, weighting: Weighting, lr_scale: float) -> np.ndarray:
-    """The weighted allreduce and the update; returns [loss sum, units, sum ||G_n||^2,
-    non-finite gradients]. A rank whose gradient holds a NaN or an infinity joins with weight
-    0 and a zero gradient, as the simulator's update path screens it (``tailtrain.update``)."""
-    grad, weight, loss_sum, done = work.grad, weighting.weight, work.loss_sum, work.done
+def reduce(run: _Rank, work: Work, weight: float) -> tuple[WeightedSum, float]:
+    """The round's one allreduce (module docstring, 3.) and the injected T^c; returns it and
+    the weight this rank withheld. A rank whose gradient holds a NaN or an infinity joins with
+    weight 0 and a zero gradient, as the simulator's update path screens it
+    (``tailtrain.update``)."""
+    grad, loss_sum, done = work.grad, work.loss_sum, work.done
     bad = not bool(torch.isfinite(grad).all()) or not math.isfinite(loss_sum)
     if bad and run.update.on_nonfinite == "raise":  # the job fails, naming this rank
         raise NonFiniteGradient([run.comm.rank], run.step)
@@ -402,28 +478,29 @@ def reduce_and_apply(run: _Rank, work: Work, weighting: Weighting, lr_scale: flo
         excluded = 0.0
     gsq = float(grad @ grad) if done > 0 else 0.0
     extras = (loss_sum, done, gsq, float(bad), excluded)
-    reduced = run.comm.weighted_sum(grad, weight, extras)
+    row = np.concatenate([[work.done, work.compute, work.injected], work.times])
+    reduced = run.comm.weighted_sum(grad, weight, extras, (row, run.timing))
     sleep(run.injector.comm_time())
-    check_agreement(weighting.total, reduced.total + reduced.extras[4])
+    return reduced, float(reduced.extras[4])
+
+
+def apply(run: _Rank, reduced: WeightedSum, weighting: Weighting, lr_scale: float) -> None:
+    """theta <- theta - lr * lr_scale * sum_n w_n G_n / denominator."""
     divisor = reduced.total if weighting.divisor is None else weighting.divisor
     # nobody computed anything: every weight and the weighted sum are 0, and so is the step
     divisor = divisor if divisor != 0 else 1.0
     theta = run.learner.theta
     run.learner.theta = run.update.apply_reduced(theta, reduced.numerator, divisor, lr_scale)
-    return reduced.extras[:4]
 
 
-def account(run: _Rank, plan: Plan, ex: Exchange, timers: tuple, m: int) -> None:
-    """Agree on the round's wall time and T^c, then ``adapt`` and record the row."""
-    wait, reduce, started = timers
-    spent = time.perf_counter() - started
-    timing = run.comm.gather(np.array([wait.seconds, reduce.seconds, spent]))
-    comm, elapsed = float(timing[:, 1].max()), float(timing[:, 2].max())
+def account(run: _Rank, plan: Plan, ex: Exchange, m: int) -> None:
+    """``adapt`` with the latest agreed T^c; the round's row waits for its own timings."""
     loss_sum, units_done, gsq, nonfinite = ex.extras
+    estimate = float(ex.rows[:, 1].max() + np.nan_to_num(run.comm_time))
     stats = StepStats(
         step=run.step,
         version=run.step + 1,
-        time=run.now + elapsed,
+        time=run.settled + estimate,
         k=plan.k,
         arrivals=ex.arrivals,
         used=ex.weighting.used,
@@ -431,17 +508,36 @@ def account(run: _Rank, plan: Plan, ex: Exchange, timers: tuple, m: int) -> None
         grad_sq_sum=gsq if units_done > 0 else math.nan,
         lr=run.world.lr * plan.lr_scale,
         micro_batch_times=ex.rows[:, TIMES:],
-        comm_time=comm,
+        comm_time=run.comm_time,
     )
     run.rule.adapt(stats)
-    done = ex.rows[:, 0].astype(np.int64)
-    times = RoundTimes(done, ex.rows[:, 1], ex.rows[:, 2], timing[:, 0], timing[:, 1])
     used = ex.arrivals.worker[stats.used_mask()].tolist()
-    row = round_row(plan, stats, times, used, m)
-    if nonfinite:
-        row["nonfinite"] = int(nonfinite)
-    run.record.add_step(row)
+    run.unsettled = Unsettled(plan, stats, ex.rows, used, m, int(nonfinite))
     run.now = stats.time
+
+
+def settle(run: _Rank, timing: np.ndarray) -> None:
+    """Record the unsettled round with its gathered [allreduce, round seconds] (N, 2)."""
+    done, run.unsettled = run.unsettled, None
+    run.comm_time = float(timing[:, 0].min())
+    run.settled += float(timing[:, 1].max())
+    run.now = run.settled
+    stats = replace(done.stats, time=run.settled, comm_time=run.comm_time)
+    compute = done.rows[:, 1]
+    wait = compute.max() - compute  # for the slowest rank's compute, inside the allreduce
+    times = RoundTimes(
+        done.rows[:, 0].astype(np.int64), compute, done.rows[:, 2], wait, timing[:, 0] - wait
+    )
+    row = round_row(done.plan, stats, times, done.used, done.m)
+    if done.nonfinite:
+        row["nonfinite"] = done.nonfinite
+    run.record.add_step(row)
+
+
+def settle_last(run: _Rank) -> None:
+    """The last round's timings, by a small all-gather (no next allreduce brings them)."""
+    if run.unsettled is not None:
+        settle(run, run.comm.gather(run.timing))
 
 
 def finish(run: _Rank) -> RankResult:

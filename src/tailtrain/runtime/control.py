@@ -8,6 +8,12 @@ decision without a broadcast; the reduced sum of the weights checks that they di
 ``select`` returns unnormalised weights w_i and, where the rule fixes it, their divisor (N for
 DropCompute's divide-by-M); otherwise the divisor is the reduced sum_i w_i. One allreduce of
 ``[w_n G_n, w_n]`` therefore serves every weighting.
+
+A rank must know its own weight before that allreduce, but the arrivals of the others only
+after it: :meth:`RuleDriver.own_weight` asks the rule about this rank's arrival alone
+(:func:`own_arrival`). That is exact for every allreduce rule, whose weight of an arrival
+depends on that arrival only (sync: 1; DropCompute and Local-SGD: C_n / (H M)), and
+:func:`check_own_weight` confirms it once the allreduce has brought every rank's counts.
 """
 
 from __future__ import annotations
@@ -53,7 +59,8 @@ def weighting(selection: Selection, arrivals: ArrivalColumns, rank: int) -> Weig
         raise TailtrainError("the allreduce topology applies no deferred (``later``) weights")
     now = selection.now
     mine = arrivals.keys[arrivals.worker == rank]
-    weight = float(now.weight[np.isin(now.keys, mine)].sum())
+    # a handful of keys: a broadcast comparison is several times cheaper than np.isin
+    weight = float(now.weight[(now.keys[:, None] == mine).any(axis=1)].sum())
     return Weighting(weight, float(now.weight.sum()), now.total, selection.used())
 
 
@@ -81,6 +88,24 @@ def round_arrivals(
         now + np.asarray(compute, dtype=np.float64),
         units=np.asarray(done, dtype=np.float64) / units,
     )
+
+
+def own_arrival(
+    step: int, now: float, rank: int, done: int, compute: float, units: int
+) -> ArrivalColumns:
+    """This rank's row of :func:`round_arrivals`, known before anything is exchanged."""
+    arrivals = round_arrivals(step, now, np.array([done]), np.array([compute]), units)
+    arrivals.worker[:] = rank
+    return arrivals
+
+
+def check_own_weight(used: float, selected: float) -> None:
+    """The weight this rank reduced with equals its weight in the selection over all ranks."""
+    if not math.isclose(used, selected, rel_tol=WEIGHT_RTOL, abs_tol=1e-9):
+        raise TailtrainError(
+            f"the rule weighs this rank {selected:.6g} among all ranks but {used:.6g} alone: "
+            "the one-allreduce protocol needs weights that depend on a rank's own arrival"
+        )
 
 
 def as_allreduce(plan: Plan, n: int) -> AllreducePlan:
@@ -113,6 +138,13 @@ class RuleDriver:
 
     def weights(self, arrivals: ArrivalColumns, rank: int) -> Weighting:
         return weighting(self.select(arrivals), arrivals, rank)
+
+    def own_weight(self, arrival: ArrivalColumns, rank: int) -> float:
+        """w_n from this rank's arrival alone (:func:`own_arrival`; module docstring)."""
+        selection = self.select(arrival)
+        if len(selection.later):
+            raise TailtrainError("the allreduce topology applies no deferred (``later``) weights")
+        return float(selection.now.weight.sum())  # the only arrival offered is this rank's
 
     def adapt(self, stats: StepStats) -> None:
         self.state = self.strategy.adapt(self.state, stats)

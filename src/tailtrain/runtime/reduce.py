@@ -1,13 +1,14 @@
 """Collectives of the runtime: the weighted allreduce and the small all-gathers around it.
 
 * :meth:`Collectives.weighted_sum` is the hivemind-style weighted allreduce: one
-  ``all_reduce(SUM)`` of the flat buffer ``[w_n g_n (D values), w_n, extras...]`` gives
-  ``sum_n w_n g_n`` and ``sum_n w_n`` (and sums of per-rank scalars such as losses) on every
-  rank. It serves every weighting: sync (w = 1/N), DropCompute (w = C_n/(M N) or
-  C_n/sum C), Local-SGD's model average. A rank that computed nothing joins with w_n = 0, so
-  nobody waits for a collective that never comes.
+  ``all_reduce(SUM)`` of the flat buffer ``[w_n g_n (D values), w_n, extras..., rows...]``
+  gives ``sum_n w_n g_n`` and ``sum_n w_n`` (and sums of per-rank scalars such as losses) on
+  every rank, and every rank's small rows (counts, times) laid out block-diagonally. It
+  serves every weighting: sync (w = 1/N), DropCompute (w = C_n/(M N) or C_n/sum C),
+  Local-SGD's model average. A rank that computed nothing joins with w_n = 0, so nobody waits
+  for a collective that never comes.
 * :meth:`Collectives.gather` all-gathers one small float64 row per rank (counts, times), so
-  that every rank feeds the rule identical arrivals.
+  that every rank feeds the rule identical arrivals, where no allreduce can carry them.
 
 Every collective runs on ``group`` (None: the default process group) and, given ``timeout``,
 waits at most that long for its result (``Work.wait``); otherwise the group's own timeout holds.
@@ -46,6 +47,7 @@ class WeightedSum(NamedTuple):
     numerator: torch.Tensor
     total: float
     extras: np.ndarray
+    rows: tuple[np.ndarray, ...] = ()
 
 
 class Collectives:
@@ -106,18 +108,40 @@ class Collectives:
         return rows.cpu().numpy()
 
     def weighted_sum(
-        self, grad: torch.Tensor, weight: float, extras: Sequence[float] = ()
+        self,
+        grad: torch.Tensor,
+        weight: float,
+        extras: Sequence[float] = (),
+        rows: Sequence[np.ndarray] = (),
     ) -> WeightedSum:
-        """sum_n w_n g_n and sum_n w_n in one all_reduce, plus the sums of ``extras``."""
-        tail = torch.tensor([weight, *extras], dtype=grad.dtype, device=grad.device)
-        buffer = torch.cat([weight * grad, tail]).to(self.device)
+        """sum_n w_n g_n and sum_n w_n in one all_reduce, plus the sums of ``extras``.
+
+        Each of ``rows`` rides along as an (N, len(row)) block holding this rank's row in line
+        ``rank`` and zeros elsewhere, so the sum is every rank's row: an all-gather without a
+        collective of its own (x + 0 is exact, and a NaN stays in its own line). The rows come
+        back in ``grad``'s dtype (float32: times to about 1e-7 relative, counts exact).
+        """
+        dim, n, widths = grad.numel(), self.world_size, [len(row) for row in rows]
+        tail = np.zeros(1 + len(extras) + n * sum(widths))
+        tail[0], tail[1 : 1 + len(extras)] = weight, extras
+        start = 1 + len(extras)
+        for row, width in zip(rows, widths, strict=True):
+            tail[start + self.rank * width : start + (self.rank + 1) * width] = row
+            start += n * width
+        buffer = torch.empty(dim + tail.size, dtype=grad.dtype, device=self.device)
+        torch.mul(grad.to(self.device), weight, out=buffer[:dim])
+        buffer[dim:].copy_(torch.from_numpy(tail))
         with self._guard("all_reduce"):
             self._wait(
                 dist.all_reduce(buffer, op=dist.ReduceOp.SUM, group=self.group, async_op=True)
             )
-        dim = grad.numel()
-        tail = buffer[dim:].double().cpu().numpy()  # the sums stay on the gradient's device
-        return WeightedSum(buffer[:dim].to(grad.device), float(tail[0]), tail[1:])
+        summed = buffer[dim:].double().cpu().numpy()  # the sums stay on the gradient's device
+        start, gathered = 1 + len(extras), []
+        for width in widths:
+            gathered.append(summed[start : start + n * width].reshape(n, width))
+            start += n * width
+        numerator, sums = buffer[:dim].to(grad.device), summed[1 : 1 + len(extras)]
+        return WeightedSum(numerator, float(summed[0]), sums, tuple(gathered))
 
     def barrier(self) -> None:
         """A one-element allreduce: works on every backend without device ids."""

@@ -3,7 +3,9 @@
 * ``steps.jsonl`` has the allreduce simulator's columns (``sim.allreduce_engine.step_row``)
   with wall seconds in ``time``, plus ``rank_compute``, ``rank_injected``, ``rank_wait`` and
   ``rank_comm``: each rank's compute seconds, the injected seconds slept within them, its wait
-  (for the slowest rank, in the all-gather) and its allreduce seconds.
+  for the slowest rank's compute (max_k T~_k - T~_n, spent inside the allreduce) and the rest
+  of its allreduce seconds. ``comm_time`` (T^c) is the smallest allreduce seconds over the
+  ranks: the collective's own time, without waiting (``runtime.allreduce``).
   ``sync_time`` and ``s_eff`` need the time of micro-batches that were never computed, so they
   are null in rounds that dropped work.
 * ``summary.json`` has simulate's keys, ``wall_time`` in place of ``virtual_time``.
@@ -25,12 +27,13 @@ import csv
 import logging
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from torch.autograd import _profiler_enabled
 from torch.profiler import record_function
 
 from tailtrain.runtime.config import TrainConfig
@@ -48,10 +51,13 @@ class Timer:
 
 @contextmanager
 def phase(name: str) -> Iterator[Timer]:
-    """Wall seconds of a section, also a profiler range ``tailtrain.<name>``."""
+    """Wall seconds of a section, also a profiler range ``tailtrain.<name>`` while a profiler
+    runs."""
     timer = Timer()
+    # a range costs ~30 us even with no profiler running: a few % of a small model's round
+    ranged = record_function(f"tailtrain.{name}") if _profiler_enabled() else nullcontext()
     start = time.perf_counter()
-    with record_function(f"tailtrain.{name}"):
+    with ranged:
         try:
             yield timer
         finally:

@@ -158,7 +158,10 @@ class DropCompute(Strategy):
 
     def _calibrated(self, state: DropComputeState) -> DropComputeState:
         t = np.stack(state.window_times)
-        comm = np.nan_to_num(np.array(state.window_comm), nan=0.0)
+        comm = np.array(state.window_comm, dtype=np.float64)
+        # a round whose T^c is not known yet (a runtime's first) counts the window's mean
+        known = comm[~np.isnan(comm)]
+        comm = np.where(np.isnan(comm), known.mean() if known.size else 0.0, comm)
         tau = self._choose_tau(t, comm) if self.threshold is None else self.threshold
         m = state.micro_batches
         if self.compensate == "larger-batch" and m is None:
