@@ -77,10 +77,10 @@ from tailtrain.runtime.ps_wire import (
     DOWN,
     HEADER,
     UP,
+    DirectOutbox,
     Kind,
     Mailbox,
     Message,
-    Outbox,
     clock_server,
 )
 from tailtrain.runtime.ps_worker import Worker
@@ -159,7 +159,7 @@ class Server:
         self.record = RunRecord()
         self.evals = Evaluator(world.scenario.evaluation, self.record, enabled=True)
         self.snapshots: list[torch.Tensor] = []
-        self.outbox = Outbox(self.dim, self.dtype, config.timeout)
+        self.outbox = DirectOutbox(self.dim, self.dtype, config.timeout)
         n = self.n
         self.busy = np.full(n, IDLE, dtype=np.int64)
         self.job = np.full(n, -1, dtype=np.int64)

@@ -41,7 +41,7 @@ PINGS = 16
 HEADER = 8
 #: integers in a float32 header are exact below this
 MAX_INDEX = 1 << 24
-#: sends in flight before ``Outbox.send`` waits for the oldest (each holds a message)
+#: sends in flight before ``DirectOutbox.send`` waits for the oldest (each holds a message)
 PENDING = 32
 
 
@@ -221,13 +221,77 @@ class Mailbox:
 
 
 class Outbox:
-    """Sends that never wait for the wire: each message leaves at once with ``isend`` from the
-    caller's thread (gloo writes it from its own I/O thread), and its buffer is kept until the
-    send completes. No thread of ours hands it over, so a message leaves without a thread
-    switch (on a loaded machine each costs up to a scheduler tick) and a worker's gradient
-    leaves the moment its injected time ends. Completed sends are reaped as new ones go out;
-    beyond ``PENDING`` in flight the oldest is waited for. :meth:`flush` waits for all, each
-    bounded by ``timeout``; a failed send is raised there or by a later :meth:`send`."""
+    """Sends on a thread of their own, in order, so that the caller never waits for the wire
+    (a gloo send of a model costs about a millisecond here); :meth:`flush` waits until all
+    have gone, bounded by ``timeout``. A failed send is raised by the next call."""
+
+    def __init__(self, dim: int, dtype: torch.dtype, timeout: float) -> None:
+        self.dim, self.dtype, self.timeout = dim, dtype, timeout
+        self._queue: collections.deque[tuple[torch.Tensor, int, int] | None] = collections.deque()
+        self._ready = threading.Condition()
+        self._busy = 0
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="tailtrain-outbox", daemon=True)
+        self._thread.start()
+
+    def send(self, message: Message, dst: int, tag: int) -> None:
+        buffer = encode(message, self.dim, self.dtype)
+        with self._ready:
+            self._check()
+            self._queue.append((buffer, dst, tag))
+            self._busy += 1
+            self._ready.notify_all()
+
+    def _run(self) -> None:
+        while True:
+            with self._ready:
+                while not self._queue:
+                    self._ready.wait()
+                item = self._queue.popleft()
+            if item is None:
+                return
+            try:
+                dist.send(item[0], dst=item[1], tag=item[2])
+            except BaseException as exc:  # raised by the caller's next send or flush
+                time.sleep(GRACE)  # as in ``Mailbox._run``
+                with self._ready:
+                    self._error = exc
+                    self._ready.notify_all()
+                return
+            with self._ready:
+                self._busy -= 1
+                self._ready.notify_all()
+
+    def flush(self) -> None:
+        """Wait until every message has gone; then stop the thread."""
+        deadline = time.monotonic() + self.timeout
+        with self._ready:
+            while self._busy and self._error is None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TailtrainError(f"sends still pending after --timeout {self.timeout:g}s")
+                self._ready.wait(left)
+            self._check()
+            self._queue.append(None)
+            self._ready.notify_all()
+        self._thread.join(self.timeout)
+
+    def _check(self) -> None:
+        if self._error is not None:
+            raise TailtrainError(f"sending failed: {self._error}") from self._error
+
+
+class DirectOutbox:
+    """:class:`Outbox`'s interface without its thread, for the server: each message leaves at
+    once with ``isend`` from the caller's thread (gloo writes it from its own I/O thread), and
+    its buffer is kept until the send completes; beyond ``PENDING`` in flight the oldest is
+    waited for. :meth:`flush` waits for all, each bounded by ``timeout``; a failed send is
+    raised there or by a later :meth:`send`.
+
+    The server's main thread is the one the workers wait on, and a hand-over to a sending
+    thread costs it a thread switch per message (up to a scheduler tick on a loaded machine):
+    ``bench/bench_ps_throughput.py`` gains with it on the server, and loses with it on the
+    workers, whose main thread computes while the sending thread waits for the wire."""
 
     def __init__(self, dim: int, dtype: torch.dtype, timeout: float) -> None:
         self.dim, self.dtype, self.timeout = dim, dtype, timeout
