@@ -77,10 +77,10 @@ from tailtrain.runtime.ps_wire import (
     DOWN,
     HEADER,
     UP,
-    DirectOutbox,
     Kind,
     Mailbox,
     Message,
+    Outbox,
     clock_server,
 )
 from tailtrain.runtime.ps_worker import Worker
@@ -159,7 +159,7 @@ class Server:
         self.record = RunRecord()
         self.evals = Evaluator(world.scenario.evaluation, self.record, enabled=True)
         self.snapshots: list[torch.Tensor] = []
-        self.outbox = DirectOutbox(self.dim, self.dtype, config.timeout)
+        self.outbox = Outbox(self.dim, self.dtype, config.timeout)
         n = self.n
         self.busy = np.full(n, IDLE, dtype=np.int64)
         self.job = np.full(n, -1, dtype=np.int64)
@@ -319,7 +319,8 @@ class Server:
         used = used[~np.isin(used, dropped)]
         losses = torch.tensor([fresh[i].loss for i in index], dtype=self.dtype)
         whole = grads if grads is not None else torch.zeros(0, self.dim)
-        scalars = gradient_stats(losses, whole)
+        finite = None if grads is None else ~np.isin(cands.keys[index], dropped)  # just screened
+        scalars = gradient_stats(losses, whole, finite)
         stats = StepStats(
             step=self.step,
             version=self.version + 1,

@@ -23,7 +23,6 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import timedelta
 from enum import IntEnum
 
 import torch
@@ -41,8 +40,6 @@ PINGS = 16
 HEADER = 8
 #: integers in a float32 header are exact below this
 MAX_INDEX = 1 << 24
-#: sends in flight before ``DirectOutbox.send`` waits for the oldest (each holds a message)
-PENDING = 32
 
 
 class Kind(IntEnum):
@@ -279,40 +276,3 @@ class Outbox:
     def _check(self) -> None:
         if self._error is not None:
             raise TailtrainError(f"sending failed: {self._error}") from self._error
-
-
-class DirectOutbox:
-    """:class:`Outbox`'s interface without its thread, for the server: each message leaves at
-    once with ``isend`` from the caller's thread (gloo writes it from its own I/O thread), and
-    its buffer is kept until the send completes; beyond ``PENDING`` in flight the oldest is
-    waited for. :meth:`flush` waits for all, each bounded by ``timeout``; a failed send is
-    raised there or by a later :meth:`send`.
-
-    The server's main thread is the one the workers wait on, and a hand-over to a sending
-    thread costs it a thread switch per message (up to a scheduler tick on a loaded machine):
-    ``bench/bench_ps_throughput.py`` gains with it on the server, and loses with it on the
-    workers, whose main thread computes while the sending thread waits for the wire."""
-
-    def __init__(self, dim: int, dtype: torch.dtype, timeout: float) -> None:
-        self.dim, self.dtype, self.timeout = dim, dtype, timeout
-        self._pending: collections.deque[tuple[dist.Work, torch.Tensor]] = collections.deque()
-
-    def send(self, message: Message, dst: int, tag: int) -> None:
-        buffer = encode(message, self.dim, self.dtype)
-        self._pending.append((dist.isend(buffer, dst=dst, tag=tag), buffer))
-        while self._pending and (
-            len(self._pending) > PENDING or self._pending[0][0].is_completed()
-        ):
-            self._wait(self._pending.popleft()[0])
-
-    def _wait(self, work: dist.Work) -> None:
-        try:
-            work.wait(timedelta(seconds=self.timeout))
-        except BaseException as exc:
-            time.sleep(GRACE)  # as in ``Mailbox._run``: let the launcher name a dead peer
-            raise TailtrainError(f"sending failed: {exc}") from exc
-
-    def flush(self) -> None:
-        """Wait until every message has gone."""
-        while self._pending:
-            self._wait(self._pending.popleft()[0])
