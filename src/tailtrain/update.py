@@ -73,10 +73,15 @@ class GradientStats:
     mean_grad_sq: float = float("nan")
 
 
-def gradient_stats(losses: torch.Tensor, grads: torch.Tensor) -> GradientStats:
+def gradient_stats(
+    losses: torch.Tensor, grads: torch.Tensor, finite: np.ndarray | None = None
+) -> GradientStats:
     """Mean loss, sum_i ||g_i||^2 and ||mean_i g_i||^2 over the rows given (DBW Eqs. 10-11);
-    rows with a non-finite gradient or loss are left out, as the update leaves them out."""
-    ok = finite_rows(grads) if grads.shape[0] else np.ones(0, dtype=bool)
+    rows with a non-finite gradient or loss are left out, as the update leaves them out.
+    ``finite``: which rows are finite, when the caller knows it (the update just checked)."""
+    if finite is None:
+        finite = finite_rows(grads) if grads.shape[0] else np.ones(0, dtype=bool)
+    ok = finite
     if not ok.all():
         if losses.shape[:1] == grads.shape[:1]:  # one loss per gradient: drop it with it
             losses = losses[torch.from_numpy(ok)]

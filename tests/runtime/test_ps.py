@@ -37,6 +37,9 @@ SEED = 5
 LR = 0.1
 #: worker w's job lasts 40 + 30 w ms: arrivals 30 ms apart, in the order 0, 1, 2
 DELAYED = {"delay": "const:value=0.04", "pattern": "linear:step=0.03"}
+#: worker w's job lasts 60 + 30 w ms: under 2-async the k-th and (k+1)-th arrivals of every
+#: step are >= 30 ms apart (40 + 30 w would bring them within 10 ms), far above the jitter
+PARITY = {"delay": "const:value=0.06", "pattern": "linear:step=0.03"}
 #: 4 micro-batches of 10 ms; worker w's first one takes 30 w ms more
 MICRO = {"delay": "const:value=0.01", "pattern": "linear:step=0.03", "micro_batches": 4}
 
@@ -72,6 +75,8 @@ CASES = {
     **{name: (scenario(iterations=12, **DELAYED), name, True) for name in REPLAYED},
     "interrupt": (scenario(iterations=6, **MICRO), "k-sync:k=1", True),
     "wait": (scenario(iterations=6, **MICRO), "k-sync:k=1,mode=psw", True),
+    "k-async parity": (scenario(iterations=20, **PARITY), "k-async:k=2", True),
+    "dbw parity": (scenario(iterations=20, **PARITY), "dbw", True),
 }
 NAMES = list(CASES)
 
@@ -246,15 +251,24 @@ def test_a_rule_fed_the_recorded_arrivals_makes_the_servers_decisions(results, n
 
 
 # ---- parity with the simulator on well-separated delays ------------------------------------------
+PARITY_CASES = ["k-sync:k=2,mode=psw", "lgc:k=2,blocks=5", "k-batch-sync:k=2"]
+
+
 @pytest.mark.timeout(200)
-@pytest.mark.parametrize("name", ["k-sync:k=2,mode=psw", "lgc:k=2,blocks=5", "k-batch-sync:k=2"])
+@pytest.mark.parametrize("name", [*PARITY_CASES, "k-async parity", "dbw parity"])
 def test_train_and_simulate_choose_the_same_contributors(results, name):
     s, text, _ = CASES[name]
     sim = simulate(s, parse_strategy(text), seed=SEED).steps
     real = results[name].record.steps
+    assert [r["k"] for r in real] == [r["k"] for r in sim]
     assert [sorted(r["workers"]) for r in real] == [sorted(r["workers"]) for r in sim]
     assert [r["partial_workers"] for r in real[:-1]] == [r["partial_workers"] for r in sim[:-1]]
     assert math.isclose(real[-1]["time"], sim[-1]["time"], rel_tol=0.1)
+    if name == "k-async parity":  # stale gradients and a changing set: not a trivial schedule
+        assert max(s for r in sim for s in r["staleness"]) >= 1
+        assert len({tuple(sorted(r["workers"])) for r in sim}) > 1
+    if name == "dbw parity":  # the estimator moved k, and train followed it
+        assert len({r["k"] for r in sim}) > 1
 
 
 # ---- users' own models ---------------------------------------------------------------------------

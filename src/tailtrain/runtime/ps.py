@@ -343,7 +343,11 @@ class Server:
         if plan.partial_blocks > 0:  # LGC: e_t comes with the stragglers' reports
             applied = Selection(now=selection.now)
         index = rows_weighed(cands.keys, selection)
-        grads = torch.stack([fresh[i].grad for i in index]) if index.size else None
+        grads = None
+        if index.size == 1 and self.update.inject is None:  # async: a view (no fault drill
+            grads = fresh[index[0]].grad[None]  # poisons rows in place)
+        elif index.size:
+            grads = torch.stack([fresh[i].grad for i in index])
         theta = self.versions[self.version]
         if grads is not None:
             keys = cands.keys[index]
@@ -354,13 +358,14 @@ class Server:
         used = used[~np.isin(used, dropped)]
         losses = torch.tensor([fresh[i].loss for i in index], dtype=self.dtype)
         whole = grads if grads is not None else torch.zeros(0, self.dim)
-        scalars = gradient_stats(losses, whole)
+        finite = None if grads is None else ~np.isin(cands.keys[index], dropped)  # just screened
+        scalars = gradient_stats(losses, whole, finite)
         stats = StepStats(
             step=self.step,
             version=self.version + 1,
             time=self.now,
             k=plan.k,
-            arrivals=columns(arrivals),
+            arrivals=cands if len(arrivals) == len(fresh) else columns(arrivals),
             used=used,
             loss=scalars.loss,
             grad_sq_sum=scalars.grad_sq_sum,

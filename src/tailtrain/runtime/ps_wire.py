@@ -34,8 +34,9 @@ from tailtrain.runtime.reduce import GRACE
 
 #: tags of the two directions, and of the clock handshake
 UP, DOWN, CLOCK = 11, 12, 13
-#: round trips per worker to estimate its clock's offset from the server's
-PINGS = 5
+#: round trips per worker to estimate its clock's offset from the server's (the shortest counts:
+#: on a loaded machine a few are late by milliseconds)
+PINGS = 16
 #: header values before the payload
 HEADER = 8
 #: integers in a float32 header are exact below this

@@ -165,7 +165,7 @@ class Worker:
         job = Job(
             message.job,
             message.version,
-            message.payload.clone(),
+            message.payload,  # a view of the buffer the mailbox received it in, used once
             self.batch(message.job),
             max(1, message.units),
         )
