@@ -300,6 +300,19 @@ class PartialCollective:
         if any(t.is_alive() for t in self.threads):
             raise CollectiveTimeout(f"rank {self.rank}: the collective's threads did not stop")
 
+    def abort(self, wait: float) -> bool:
+        """After a failure: ask the threads to stop and join them for at most ``wait`` seconds
+        in all; whether both stopped. A thread inside a collective with a dead peer leaves
+        when the broken connection reaches it (at the latest after ``timeout``)."""
+        with self.cond:
+            self.state.closing = True
+            self.cond.notify_all()
+        deadline = time.monotonic() + wait
+        for thread in self.threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+        sys.setswitchinterval(self._switch)
+        return not any(t.is_alive() for t in self.threads)
+
     # ---- activation, counting, messages (any thread, under ``cond``) -----------------------
     def _activate(self, r: int, internal: bool) -> None:
         s = self.state
