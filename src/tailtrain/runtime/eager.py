@@ -56,11 +56,13 @@ model drift of late ranks and the buffered gradients at the checkpoint (a round 
 rank was on time, with empty buffers, resumes exactly).
 
 **Failure.** A rank that sees the group fail (its collective raised, or the launcher's
-SIGTERM) stops the partial collective's threads (``PartialCollective.abort``: a thread in a
-collective with a dead peer leaves when the broken connection reaches it; the census waits at
-most :data:`ABORT_WAIT` seconds for them), takes part in the census with the rounds its
-reducer completed, and leaves; the launcher's line names the dead rank and the round in
-flight. A rank that only hangs is no failure here: the others go on without it (it is late).
+SIGTERM) freezes its snapshot (the reducer takes no more), stops the partial collective
+(``PartialCollective.abort``: the reducer leaves its wait, and every surviving peer's receiver
+leaves on this rank's ``ABORT``), takes part in the census with the rounds its reducer
+completed, and leaves; the launcher's line names the dead rank and the round in flight. A
+thread blocked inside a collective leaves once a peer exits; the census does not need it, and
+a rank waits at most :data:`ABORT_WAIT` seconds for it. A rank that only hangs is no failure
+here: the others go on without it (it is late).
 """
 
 from __future__ import annotations
@@ -100,8 +102,8 @@ log = logging.getLogger(__name__)
 
 #: rounds whose step a rank can still adopt (a rank that slept through more adopts a later one)
 KEEP = 64
-#: seconds a failed rank waits for the collective's threads before its census
-ABORT_WAIT = 2.0
+#: seconds a failed rank waits, after its census, for the collective's threads to leave
+ABORT_WAIT = 1.0
 
 
 class Rule:
@@ -196,6 +198,8 @@ class Rule:
             return
         total, divisor, lr_scale = step
         with self.lock:
+            if self.keeper is None:  # frozen by a failure
+                return
             self.agreed = self._apply(self.agreed, total, divisor, lr_scale)
             if average:
                 self.pending = self.latest
@@ -212,6 +216,11 @@ class Rule:
             for later in range(r + 1, self.latest + 1):
                 model = self._apply(model, *self.steps[later])
             self.agreed, self.pending = model, None
+
+    def freeze(self) -> None:
+        """The group failed: no more snapshots, so the census writes the one it counted."""
+        with self.lock:
+            self.keeper = None
 
     def _apply(self, theta: torch.Tensor, total: torch.Tensor, divisor: float, scale: float):
         return self.update.apply_reduced(theta, total.to(theta.dtype), divisor, scale)
@@ -382,12 +391,15 @@ def rounds(run: _Run) -> int:
 
 
 def failed(run: _Run, exc: BaseException) -> BaseException:
-    """The group failed: stop the collective's threads, census, checkpoint; the exception to
-    end with. A rank the launcher stopped leaves at once after the census."""
+    """The group failed: freeze the snapshot, stop the collective, census and checkpoint; the
+    exception to end with. A rank the launcher stopped leaves at once after the census."""
     signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the census runs to its end
-    if run.coll is not None and not run.coll.abort(ABORT_WAIT):
-        log.warning("the collective's threads did not stop within %gs", ABORT_WAIT)
+    run.rule.freeze()
+    if run.coll is not None:
+        run.coll.abort()
     end = run.keeper.failed(run.rule.done, exc, run.config.timeout)
+    if run.coll is not None and not run.coll.abort(ABORT_WAIT):
+        log.info("the collective's threads are still in a collective; they end with this rank")
     if isinstance(exc, Stopped):
         os._exit(143)
     return end
