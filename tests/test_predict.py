@@ -185,3 +185,37 @@ def test_heterogeneous_workers_k_async_with_k_1_is_async():
     assert one.method.startswith("monte-carlo") and plain.method.startswith("monte-carlo")
     gap = abs(one.iteration_time - plain.iteration_time)
     assert gap <= Z * np.hypot(one.iteration_time_stderr, plain.iteration_time_stderr)
+
+
+def test_large_n_best_k_sync_is_the_argmax_over_every_k():
+    """Above LARGE_N K-sync is searched on a grid and refined; for 1 + Exp(2) the effective
+    speedup K / E[X_{K:N}] of every K is a closed form, and its argmax is the best row."""
+    n = 100_000
+    p = predict(Scenario(workers=n, delay=parse_delay("shifted-exp:shift=1,rate=2")))
+    k = np.arange(1, n + 1)
+    cumulative = np.concatenate([[0.0], np.cumsum(1.0 / np.arange(1, n + 1))])
+    rate = k / (1 + (cumulative[n] - cumulative[n - k]) / 2)
+    best = int(k[rate >= rate.max() * (1 - 1e-9)].max())  # the criterion's 1e-9 slack
+    assert [r.k for r in p.rows if r.strategy == "k-sync" and r.best] == [best]
+
+
+def test_large_n_rows_name_their_method_and_match_closed_forms():
+    n = 100_000
+    p = predict(Scenario(workers=n, delay=parse_delay("uniform:low=0.5,high=1.5")))
+    for k, row in rows_of(p, "k-sync").items():
+        assert row.iteration_time == pytest.approx(0.5 + k / (n + 1), rel=1e-8)
+    k_async = rows_of(p, "k-async")
+    assert (
+        k_async[1].method == "exact"
+        and k_async[n].iteration_time == rows_of(p, "sync")[n].iteration_time
+    )
+    assert k_async[n // 2].method.startswith("mean-field(") and k_async[n - 1].method.startswith(
+        "monte-carlo("
+    )
+    # far from K = N, K-async lies in the renewal-reward bracket [K E[X] / N, K E[X] / (N - K)]
+    assert n // 2 / n <= k_async[n // 2].iteration_time <= n // 2 / (n - n // 2)
+    batch_sync = rows_of(p, "k-batch-sync")
+    assert batch_sync[2].method.startswith("k-sync's numerical-integration")
+    assert batch_sync[2].iteration_time == rows_of(p, "k-sync")[2].iteration_time
+    assert batch_sync[n].method.startswith("mean-field(")
+    assert sum(r.best for r in p.rows if r.strategy == "k-async") == 1

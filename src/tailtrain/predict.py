@@ -47,6 +47,12 @@ from tailtrain.delays import DelayModel, DelayProcess
 from tailtrain.delays.process import trace_notes, trace_terms
 from tailtrain.delays.sum import SumDelay
 from tailtrain.errors import UsageError
+from tailtrain.predict_large import (
+    LARGE_N,
+    k_async_estimates,
+    k_batch_sync_estimates,
+    search,
+)
 from tailtrain.predict_scenario import (  # noqa: F401  (the public names of predict)
     ALL_K_UP_TO,
     CRITERION,
@@ -131,10 +137,11 @@ class _Context:
     sampled_delay: DelayModel  # law the samplers draw (negatives always clipped)
     sampled_comm: DelayModel | None
     job_law: DelayModel | None  # exact law of one job (sum of M micro-batches), if known
-    ks: list[int]
+    ks: list[int] | NDArray[np.int64]  # every K evaluated where all are (1..N without --k)
     listed: NDArray[np.int64]  # the K that become rows (every K is still evaluated)
     notes: list[str]
     sync_time: float = math.nan  # E[T_sync], set by the sync rows (needed to pick best K)
+    k_sync: tuple[Any, ...] = ()  # (K, E[T], stderr, method) of K-sync, set by the sync rows
     _sync_sample: list[tuple[NDArray[np.float64], NDArray[np.float64]]] | None = None
 
     @classmethod
@@ -156,7 +163,7 @@ class _Context:
             sampled_delay=sampled,
             sampled_comm=None if comm is None else nonnegative(comm),
             job_law=_job_law(exact_delay, s.micro_batches) if s.iid else None,
-            ks=sorted(s.ks) if s.ks else list(range(1, s.workers + 1)),
+            ks=sorted(s.ks) if s.ks else np.arange(1, s.workers + 1),
             listed=np.asarray(s.ks or k_grid(s.workers), dtype=np.int64),
             notes=notes,
         )
@@ -200,6 +207,11 @@ class _Context:
             return np.full(shape, float(self.scenario.comm))
         return self.sampled_comm.sample(rng, shape)
 
+    def iid_jobs(self, rng: np.random.Generator, shape: tuple[int, ...]) -> NDArray[np.float64]:
+        """i.i.d. job times (sum of M micro-batches plus T^c) of the given shape."""
+        jobs = self.sampled_delay.sample(rng, (*shape, self.m)).sum(axis=-1)
+        return jobs + self.comm_times(rng, shape)
+
     def sync_sample(self) -> list[tuple[NDArray[np.float64], NDArray[np.float64]]]:
         """Shared Monte Carlo sample: per run, micro-batch times t[i, n, m] and T^c[i]."""
         if self._sync_sample is None:
@@ -228,25 +240,37 @@ def _job_law(delay: DelayModel, micro_batches: int | None) -> DelayModel | None:
 
 
 def _sync_rows(ctx: _Context) -> list[Row]:
-    """sync = K-sync with K = N; K-sync E[T] = E[(X + C)_{K:N}] (Lemma 1 on round trips)."""
+    """sync = K-sync with K = N; K-sync E[T] = E[(X + C)_{K:N}] (Lemma 1 on round trips).
+    Above ``LARGE_N`` workers without ``--k``, K is searched on a grid and refined
+    (``predict_large``)."""
     n = ctx.scenario.workers
-    ks = sorted(set(ctx.ks) | {n})
-    stats = _round_trip_order_stats(ctx, ks)
-    if stats is not None:
-        mean, stderr, method = stats.mean, stats.stderr, stats.method
+    if ctx.scenario.ks is None and n > LARGE_N:
+        ks, mean, stderr, method = search(lambda ks: _k_sync_stats(ctx, ks), n, ctx.listed)
     else:
-        sample, rng = ctx.sync_sample(), ctx.rng(5)
-        trips = [t.sum(axis=2) + ctx.comm_times(rng, t.shape[:2]) for t, _ in sample]
-        mean, stderr = _pooled([k_sync_iteration_times(jobs, ks) for jobs in trips])
-        method = ctx.method(sum(t.shape[0] for t, _ in sample))
+        ks = np.asarray(sorted(set(ctx.ks) | {n}))
+        mean, stderr, method = _k_sync_stats(ctx, ks)
     ctx.sync_time = float(mean[-1])
+    ctx.k_sync = (ks, mean, stderr, method)
     sync = _row("sync", n, mean[-1], stderr[-1], method)
     chosen = np.isin(ks, ctx.ks) if len(ctx.ks) < n else np.ones(len(ks), dtype=bool)
-    rows = _family_rows(ctx, "k-sync", np.asarray(ks)[chosen], mean[chosen], stderr[chosen], method)
+    rows = _family_rows(ctx, "k-sync", ks[chosen], mean[chosen], stderr[chosen], method)
     return [sync, *rows]
 
 
-def _round_trip_order_stats(ctx: _Context, ks: list[int]) -> OrderStats | None:
+def _k_sync_stats(
+    ctx: _Context, ks: NDArray[np.int64]
+) -> tuple[NDArray[np.float64], NDArray[np.float64], str]:
+    """E[(X + C)_{K:N}] for each K in ``ks``: from the round trip's law, else Monte Carlo."""
+    stats = _round_trip_order_stats(ctx, ks)
+    if stats is not None:
+        return stats.mean, stats.stderr, stats.method
+    sample, rng = ctx.sync_sample(), ctx.rng(5)
+    trips = [t.sum(axis=2) + ctx.comm_times(rng, t.shape[:2]) for t, _ in sample]
+    mean, stderr = _pooled([k_sync_iteration_times(jobs, ks) for jobs in trips])
+    return mean, stderr, ctx.method(sum(t.shape[0] for t, _ in sample))
+
+
+def _round_trip_order_stats(ctx: _Context, ks: ArrayLike) -> OrderStats | None:
     """E[(X + C)_{K:N}] from the law of a round trip, job X plus T^c draw C, when it is known:
     a constant T^c shifts every order statistic; a random one is convolved with the job."""
     law, comm = ctx.job_law, ctx.sampled_comm
@@ -269,6 +293,11 @@ def _k_batch_sync_rows(ctx: _Context) -> list[Row]:
     if rate is not None and ctx.scenario.comm_mean == 0:
         k = np.asarray(ks, dtype=float)
         return _family_rows(ctx, "k-batch-sync", ks, k / (n * rate), np.zeros(k.size), EXACT)
+    if ctx.scenario.iid and n > LARGE_N:
+        grid = np.asarray(ctx.scenario.ks or ctx.listed, dtype=np.int64)
+        found, notes = k_batch_sync_estimates(ctx, grid, ctx.k_sync)
+        ctx.notes.extend(notes)
+        return _mark_family(ctx, [_row("k-batch-sync", *estimate) for estimate in found])
     cap = 2 + math.ceil(max(ks) / n)
     while True:
         iterations = max(100, min(ctx.scenario.samples, _JOB_BUDGET // (n * cap)))
@@ -297,7 +326,15 @@ def _k_async_rows(ctx: _Context) -> list[Row]:
         stats = expected_order_stats(ctx.job_law, n, ctx.ks)
         return _family_rows(ctx, "k-async", stats.k, stats.mean, stats.stderr, EXACT)
     grid = ctx.ks if s.ks or n <= ALL_K_UP_TO else k_grid(n)
-    rows = [_k_async_row(ctx, k) for k in grid if k > 1 or not s.iid]
+    if s.iid and n > LARGE_N:
+        sync = (ctx.sync_time, float(ctx.k_sync[2][-1]), ctx.k_sync[3])
+        found = k_async_estimates(ctx, [k for k in grid if k > 1], sync)
+        rows = [
+            _row("k-async", *estimate) if estimate[3] else _k_async_row(ctx, estimate[0])
+            for estimate in found
+        ]
+    else:
+        rows = [_k_async_row(ctx, k) for k in grid if k > 1 or not s.iid]
     if s.iid and 1 in grid:
         job = ctx.m * ctx.exact_delay.mean + s.comm_mean
         rows.insert(0, _row("k-async", 1, job / n, 0.0, EXACT))
@@ -308,24 +345,25 @@ def _k_async_row(ctx: _Context, k: int) -> Row:
     """Chains start in renewal equilibrium (see ``equilibrium_residuals``) and warm up for
     about N/K iterations, so every worker restarts about once before measuring."""
     n, samples = ctx.scenario.workers, ctx.scenario.samples
+    chains = int(np.clip(2**21 // n, 2, _CHAINS))  # the job budget per iteration at large N
     warmup = math.ceil(n / k) + 10
-    measured = int(np.clip(_JOB_BUDGET // (_CHAINS * k) - warmup, 16, 4 * samples // _CHAINS))
+    measured = int(np.clip(_JOB_BUDGET // (chains * k) - warmup, 16, 4 * samples // chains))
     iterations = warmup + measured
     rng = ctx.rng(3, k)
     if ctx.scenario.iid:
-        pool = _iid_jobs(ctx, rng, (max(4096, _CHAINS * n), 1))
-        first = equilibrium_residuals(pool, _CHAINS * n, rng).reshape(_CHAINS, n)
-        draw = lambda workers, index: _iid_jobs(ctx, rng, workers.shape)  # noqa: E731
+        pool = ctx.iid_jobs(rng, (max(4096, chains * n), 1))
+        first = equilibrium_residuals(pool, chains * n, rng).reshape(chains, n)
+        draw = lambda workers, index: ctx.iid_jobs(rng, workers.shape)  # noqa: E731
     else:  # one independent run per chain; its first jobs start from its own equilibrium
         runs = [
             ctx.run(child, iterations + 1, part).sum(axis=2)
             + ctx.comm_times(child, (iterations + 1, n))
-            for part, child in enumerate(rng.spawn(_CHAINS))
+            for part, child in enumerate(rng.spawn(chains))
         ]
         first = np.concatenate([equilibrium_residuals(jobs, 1, rng) for jobs in runs])
         draw = table_draw(np.stack(runs))
     mean, stderr = k_async_iteration_time(first, draw, k, iterations, warmup)
-    return _row("k-async", k, mean, stderr, ctx.method(_CHAINS * measured))
+    return _row("k-async", k, mean, stderr, ctx.method(chains * measured))
 
 
 def _k_batch_async_rows(ctx: _Context) -> list[Row]:
@@ -416,14 +454,6 @@ def _pooled(
     if len(estimates) == 1:
         return means[0], np.asarray(estimates[0][1], dtype=float)
     return means.mean(axis=0), means.std(axis=0, ddof=1) / np.sqrt(len(estimates))
-
-
-def _iid_jobs(
-    ctx: _Context, rng: np.random.Generator, shape: tuple[int, ...]
-) -> NDArray[np.float64]:
-    """i.i.d. job times (sum of M micro-batches plus T^c) of the given shape."""
-    jobs = ctx.sampled_delay.sample(rng, (*shape, ctx.m)).sum(axis=-1)
-    return jobs + ctx.comm_times(rng, shape)
 
 
 def _exponential_rate(law: DelayModel | None) -> float | None:

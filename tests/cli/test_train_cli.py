@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import socket
+import sys
 
 import numpy as np
 import pandas as pd
@@ -90,6 +91,7 @@ BAD = {
     "too many workers": (["--workers", "100000"], "too many"),
     "unknown backend": (["--backend", "mpi"], "--backend"),
     "zero timeout": (["--timeout", "0"], "--timeout"),
+    "zero worker timeout": (["--worker-timeout", "0"], "--worker-timeout"),
     "pattern without delay": (["--pattern", "persistent:h=2"], "--delay"),
     "no model": (["--task", "none"], "no model"),
     "bad fault": (["--fail-at", "one"], "RANK:STEP"),
@@ -133,3 +135,47 @@ def test_an_unreachable_rendezvous_under_torchrun_is_one_line_and_exit_2(monkeyp
     code, out, err = run(["train", "--task", "logreg", "--timeout", "0.5"], capfd)
     assert code == 2 and out == ""
     assert len(err.strip().splitlines()) == 1 and "cannot reach the rendezvous" in err, err
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize(
+    "strategy", ["dropcompute:threshold=0.15", "k-sync:k=1", "eager:mode=solo"]
+)  # one per topology: allreduce, parameter server, partial collectives
+def test_tensorboard_events_hold_rank_0s_rows(strategy, tmp_path, capfd):
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    board, out = tmp_path / "tb", tmp_path / "run"
+    argv = ["train", "--task", "logreg", "--workers", "2", "--iterations", "8"]
+    argv += ["--eval-every", "4", "--strategy", strategy, "--seed", "1"]
+    code, printed, err = run([*argv, "--out", str(out), "--tensorboard", str(board)], capfd)
+    assert code == 0, err
+    assert f"tensorboard: {board}" in printed
+    steps = [json.loads(line) for line in (out / "steps.jsonl").open()]
+    evals = [json.loads(line) for line in (out / "evals.jsonl").open()]
+    events = EventAccumulator(str(board))
+    events.Reload()
+    loss = events.Scalars("train/minibatch_loss")
+    assert [e.step for e in loss] == [row["step"] + 1 for row in steps]
+    assert [e.value for e in loss] == pytest.approx([row["loss"] for row in steps], rel=1e-6)
+    assert [e.wall_time for e in loss] == pytest.approx([row["time"] for row in steps])
+    gaps = np.diff([0.0, *(row["time"] for row in steps)])
+    assert [e.value for e in events.Scalars("time/iteration")] == pytest.approx(gaps, rel=1e-6)
+    if "k" in steps[0]:
+        assert [e.value for e in events.Scalars("strategy/k")] == [row["k"] for row in steps]
+    if "drop_rate" in steps[0]:
+        drops = [e.value for e in events.Scalars("strategy/drop_rate")]
+        assert drops == pytest.approx([row["drop_rate"] for row in steps], rel=1e-6)
+    accuracy = events.Scalars("eval/test_accuracy")
+    assert [(e.step, e.value) for e in accuracy] == [
+        (row["step"], pytest.approx(row["eval"], rel=1e-6)) for row in evals
+    ]
+
+
+def test_tensorboard_missing_is_one_line_and_exit_2(tmp_path, capfd, monkeypatch):
+    monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)  # import fails
+    argv = ["train", "--task", "logreg", "--workers", "2", "--tensorboard", str(tmp_path / "tb")]
+    code, out, err = run(argv, capfd)
+    assert code == 2 and out == ""
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "pip install tailtrain[tensorboard]" in lines[0]

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from scipy import special
+from scipy import special, stats
 
 from tailtrain.delays import parse_delay
 from tailtrain.delays.atomic import AtomicDelay
@@ -111,3 +111,25 @@ def test_nondecreasing_in_k_and_nonincreasing_in_n(spec, n):
     assert np.all(np.diff(here) >= -slack)
     # the k-th smallest of n + 1 draws is no larger than the k-th smallest of n
     assert np.all(more[:-1] <= here + slack)
+
+
+@pytest.mark.parametrize("n", [10**5, 10**6])
+def test_large_n_windows_match_closed_forms(n):
+    """Above WINDOWED_ABOVE each k has its own window: uniform E = a + (b-a) k/(n+1), Pareto's
+    Gamma ratio, and a two-point law's binomial tail, including k near its jump."""
+    k = np.unique(np.concatenate([[1, 2, 3], np.geomspace(1, n, 200).astype(int), [n - 1, n]]))
+    uniform = expected_order_stats(parse_delay("uniform:low=0.5,high=2"), n, k)
+    assert uniform.method == NUMERICAL
+    np.testing.assert_allclose(uniform.mean, 0.5 + 1.5 * k / (n + 1), rtol=1e-8)
+    a = 2.5
+    log_exact = (
+        special.gammaln(n + 1)
+        + special.gammaln(n - k + 1 - 1 / a)
+        - special.gammaln(n - k + 1)
+        - special.gammaln(n + 1 - 1 / a)
+    )
+    pareto = expected_order_stats(parse_delay(f"pareto:shape={a},scale=1"), n, k)
+    np.testing.assert_allclose(pareto.mean, np.exp(log_exact), rtol=1e-5)
+    jump = np.arange(int(0.7 * n) - 300, int(0.7 * n) + 300, 7)
+    two_point = expected_order_stats(parse_delay("bernoulli:p=0.3,value=2"), n, jump)
+    np.testing.assert_allclose(two_point.mean, 2 * stats.binom.sf(n - jump, n, 0.3), atol=1e-8)

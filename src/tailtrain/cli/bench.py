@@ -14,6 +14,8 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
+from tailtrain.strategies.eager import Collective
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
@@ -21,7 +23,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="measure on real processes (torch.distributed, gloo)",
         description="Benchmarks on local processes.",
     )
-    what = p.add_subparsers(dest="what", metavar="{collectives}", parser_class=type(p))
+    what = p.add_subparsers(dest="what", metavar="{collectives,hang}", parser_class=type(p))
     what.required = True
     c = what.add_parser(
         "collectives",
@@ -56,6 +58,58 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     c.add_argument("--json", action="store_true", help="print the results as JSON")
     c.set_defaults(run=run)
+    register_hang(what)
+
+
+def register_hang(what: argparse._SubParsersAction) -> None:
+    h = what.add_parser(
+        "hang",
+        help="how long a partial collective's rounds wait for a hung process",
+        description="P local processes call one collective round after round; one rank hangs "
+        "(its main thread, or with --whole the whole process) for --seconds at its --at-th "
+        "call. Prints, as JSON, the others' longest and mean wait per call, the rounds that "
+        "completed while it hung and how it came back (tailtrain.runtime.hang).",
+    )
+    h.add_argument("--procs", type=int, default=4, help="local processes P (default: 4)")
+    h.add_argument(
+        "--collective",
+        choices=[c.value for c in Collective],
+        default="solo",
+        help="the collective of every round; quorum's K is P - 1 (default: solo)",
+    )
+    h.add_argument("--rank", type=int, default=1, help="the rank that hangs (default: 1)")
+    h.add_argument("--at", type=int, default=5, help="at its N-th call (default: 5)")
+    h.add_argument("--seconds", type=float, default=2.0, help="for this long (default: 2)")
+    h.add_argument("--rounds", type=int, default=120, help="rounds in all (default: 120)")
+    h.add_argument("--compute", type=float, default=0.01, help="seconds per step (0.01)")
+    h.add_argument("--whole", action="store_true", help="stop the whole process (SIGSTOP)")
+    h.add_argument(
+        "--timeout", type=float, default=60.0, metavar="SECONDS", help="bound on every wait"
+    )
+    h.set_defaults(run=run_hang)
+
+
+def run_hang(args: argparse.Namespace) -> int:
+    from tailtrain.runtime.hang import HangDrill, run_hang_drill
+    from tailtrain.runtime.launch import JobFailed
+
+    drill = HangDrill(
+        procs=args.procs,
+        collective=Collective(args.collective),
+        rank=args.rank,
+        at=args.at,
+        seconds=args.seconds,
+        rounds=args.rounds,
+        compute=args.compute,
+        whole=args.whole,
+        timeout=args.timeout,
+    )
+    try:
+        print(json.dumps(run_hang_drill(drill), indent=2))
+    except JobFailed as exc:
+        print(f"tailtrain bench hang: {exc}", file=sys.stderr)
+        return 1
+    return 0
 
 
 def run(args: argparse.Namespace) -> int:

@@ -238,7 +238,7 @@ def read_run_json(folder: Path, command: str = "simulate") -> dict[str, Any]:
 
 # ---- train's run folder ------------------------------------------------------------------------
 #: flags of `train` that define its run besides simulate's; `--resume` refuses them
-TRAIN_FLAGS = (*RUN_FLAGS, "backend", "fail_at")
+TRAIN_FLAGS = (*RUN_FLAGS, "backend", "fail_at", "worker_timeout")
 #: what a fresh train run clears from its folder besides simulate's run files
 TRAIN_EXTRA = ("drills.jsonl", "trace.csv")
 
@@ -261,6 +261,7 @@ def train_info(args: argparse.Namespace, scenario: Scenario, faults: Any) -> dic
             "timeout": args.timeout,
             "max_restarts": args.max_restarts,
             "fail_at": fail_at,
+            "worker_timeout": args.worker_timeout,
         },
     }
 
@@ -277,6 +278,7 @@ def resume_train(args: argparse.Namespace) -> tuple[dict[str, Any], Scenario]:
     runtime = info["runtime"]
     kinds = {"inject": bool, "backend": (str, type(None)), "timeout": (int, float)}
     kinds |= {"max_restarts": int, "fail_at": (list, type(None))}
+    kinds |= {"worker_timeout": (int, float, type(None))}
     fail_at = runtime.get("fail_at")
     bad_fail_at = fail_at is not None and (
         len(fail_at) != 2 or not all(type(v) is int and v >= 0 for v in fail_at)

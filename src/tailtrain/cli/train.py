@@ -91,6 +91,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--overwrite", action="store_true", help="replace the run --out already holds")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.add_argument(
+        "--tensorboard",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="rank 0 logs each step's and evaluation's scalars for TensorBoard into DIR as it "
+        "trains (step = updates applied, wall time = training seconds); needs pip install "
+        "tailtrain[tensorboard]",
+    )
+    p.add_argument(
         "--backend",
         choices=("gloo", "nccl"),
         default=None,
@@ -102,6 +111,15 @@ def register(sub: argparse._SubParsersAction) -> None:
         default=300.0,
         metavar="SECONDS",
         help="bound on the rendezvous and on every collective (default: %(default)s)",
+    )
+    p.add_argument(
+        "--worker-timeout",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="parameter server: a worker silent this long in a job is suspected hung and k is "
+        "capped at the live workers until it delivers again (default: 10 times the longest "
+        "round trip seen, at least 2 s, at most --timeout)",
     )
     p.add_argument(
         "--rdzv-endpoint",
@@ -151,6 +169,10 @@ def run(args: argparse.Namespace) -> int:
     from tailtrain.runtime.launch import JobFailed, train
     from tailtrain.sim.records import clean
 
+    if args.tensorboard is not None:  # a missing package fails before the ranks start
+        from tailtrain.tensorboard import check_tensorboard
+
+        check_tensorboard(args.tensorboard)
     config, prepare = resumed(args) if args.resume is not None else fresh(args)
     try:
         result = train(config, args.rdzv_endpoint, prepare)
@@ -163,6 +185,9 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(clean(result.record.summary), indent=2))
     else:
         print_summary(result.record.summary, command="train")
+        if args.tensorboard is not None:
+            board = args.tensorboard
+            print(f"tensorboard: {board} (view: tensorboard --logdir {board})")
     return 0
 
 
@@ -208,6 +233,8 @@ def fresh(args: argparse.Namespace):
         on_nonfinite=args.on_nonfinite,
         checkpoint_every=args.checkpoint_every,
         max_restarts=args.max_restarts,
+        worker_timeout=args.worker_timeout,
+        tensorboard=args.tensorboard,
     )
     folder = args.out
     # under torchrun, rank 0 claims the folder; a restarted rank continues the run in it
@@ -254,6 +281,8 @@ def resumed(args: argparse.Namespace):
         on_nonfinite=info["on_nonfinite"],
         checkpoint_every=every,
         max_restarts=args.max_restarts or runtime["max_restarts"],
+        worker_timeout=runtime["worker_timeout"],
+        tensorboard=args.tensorboard,
     )
     return config, None
 

@@ -61,8 +61,10 @@ from tailtrain.runtime.telemetry import (
     RankLog,
     RoundTimes,
     TraceRows,
+    attach,
     phase,
     round_row,
+    run_record,
     run_summary,
     write_outputs,
 )
@@ -243,7 +245,7 @@ def start(config: TrainConfig, comm: Collectives) -> _Rank:
         comm=comm,
         log=RankLog(),
         trace=TraceRows(comm.rank, scenario.micro_batches is not None),
-        record=(record := RunRecord()),
+        record=(record := run_record(config, world, comm.rank == 0)),
         evals=Evaluator(scenario.evaluation, record if comm.rank == 0 else RunRecord(), True),
         update=WeightedUpdate(world.lr, config.on_nonfinite),
         grads=grads,
@@ -253,7 +255,7 @@ def start(config: TrainConfig, comm: Collectives) -> _Rank:
     if keeper.saved is not None:
         resume(run, keeper.saved)
     elif config.out is not None and comm.rank == 0:
-        run.record.sink = reopen_records(config.out, None, None)[0]
+        attach(run.record, reopen_records(config.out, None, None)[0])
     return run
 
 
@@ -289,7 +291,8 @@ def resume(run: _Rank, saved: dict[str, Any]) -> None:
     torch.set_rng_state(saved["torch_rng"])
     last_step, counts = checkpoint.unpack(saved["last_step"]), dict(saved["rows"])
     if run.comm.rank == 0:
-        run.record.sink, rows = reopen_records(run.config.out, counts, last_step)
+        sink, rows = reopen_records(run.config.out, counts, last_step)
+        attach(run.record, sink)
         run.record.steps, run.record.evals = rows["steps"], rows["evals"]
     else:
         run.record.steps = [last_step] * counts["steps"]

@@ -35,13 +35,17 @@ class TrainConfig:
     ``fault`` (``--fail-at``) makes a rank raise; ``faults`` are ``--inject-fault`` drills
     (``tailtrain.faults``: NaN gradients, killed and frozen workers); ``on_nonfinite`` is
     ``skip`` or ``raise``, as in ``tailtrain.update``.
-    ``timeout`` (seconds) bounds every collective and the rendezvous. ``out`` receives rank 0's
+    ``timeout`` (seconds) bounds every collective and the rendezvous; ``worker_timeout``
+    (seconds, None: automatic) is how long a parameter server waits on a silent worker before
+    it suspects it hung (``runtime.ps_liveness``). ``out`` receives rank 0's
     run record and ``trace.csv``; each rank also writes its own ``trace-rank{r}.csv`` there.
     ``out`` is also the run folder (``runtime.keep``): rank 0 checkpoints there every
     ``checkpoint_every`` rounds, the survivors of a failure checkpoint the last completed round,
     and ranks that find a checkpoint there go on from it. ``max_restarts``: how often the local
     launcher's elastic agent restarts a failed group. ``report``: where the survivors of a
     failure leave their note for the launcher (set by ``launch``).
+    ``tensorboard`` receives rank 0's step and evaluation scalars as they are recorded
+    (``telemetry.run_record``).
     """
 
     scenario: Scenario
@@ -59,6 +63,8 @@ class TrainConfig:
     checkpoint_every: int | None = None
     max_restarts: int = 0
     report: Path | None = None
+    worker_timeout: float | None = None
+    tensorboard: Path | None = None
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
@@ -66,6 +72,10 @@ class TrainConfig:
             raise UsageError(f"unknown --backend {self.backend!r}; use one of {known}")
         if not 0 < self.timeout < math.inf:
             raise UsageError(f"--timeout must be finite seconds > 0, got {self.timeout}")
+        if self.worker_timeout is not None and not 0 < self.worker_timeout < math.inf:
+            raise UsageError(
+                f"--worker-timeout must be finite seconds > 0, got {self.worker_timeout}"
+            )
         if self.on_nonfinite not in ("skip", "raise"):
             raise UsageError(f"--on-nonfinite must be skip or raise, got {self.on_nonfinite!r}")
         if self.threads < 1:

@@ -87,6 +87,7 @@ from tailtrain.runtime.inject import FaultDrill
 from tailtrain.runtime.keep import Keeper, Snapshot, Stopped, reopen_records, stop_on_sigterm
 from tailtrain.runtime.partial import PartialCollective, RoundResult, row
 from tailtrain.runtime.reduce import Collectives
+from tailtrain.runtime.telemetry import attach, stream_to_board
 from tailtrain.sim import checkpoint
 from tailtrain.sim.data_stream import job_batches
 from tailtrain.sim.evaluation import Evaluator
@@ -272,6 +273,8 @@ def round_row(result: RoundResult, stats: StepStats) -> dict[str, Any]:
     initiators = result.initiators
     nonfinite = int(np.count_nonzero(~np.isfinite(rows[:, 5])))  # screened out (run_rounds)
     extra = {"nonfinite": nonfinite} if nonfinite else {}
+    if plan.synchronous:  # everyone activates itself; the last call completes it (the sim's)
+        initiators = np.array([int(np.argmax(result.slots[:, 1]))])
     return {
         "step": stats.step,
         "time": stats.time,
@@ -344,6 +347,8 @@ def start(config: TrainConfig, comm: Collectives) -> _Run:
     keeper = Keeper(config.out, config.checkpoint_every, rank, n, identity, config.report)
     kept = keeper if config.out is not None else None
     rule = Rule(world, strategy, rank, rank == 0, theta, kept)
+    if rule.record is not None:
+        stream_to_board(rule.record, config, world, True)
     # every rank follows the schedule, the others into a record of their own, without scoring
     rule.evals = evals = Evaluator(scenario.evaluation, rule.record or RunRecord(), True)
     run = _Run(config, world, strategy, comm, rule, evals, keeper, theta)
@@ -351,7 +356,7 @@ def start(config: TrainConfig, comm: Collectives) -> _Run:
         resume(run, keeper.saved)
     else:
         if config.out is not None and rank == 0:
-            rule.record.sink = reopen_records(config.out, None, None)[0]
+            attach(rule.record, reopen_records(config.out, None, None)[0])
         evals.start((lambda: task.evaluate(theta)) if rank == 0 else dict)
     return run
 
@@ -363,7 +368,8 @@ def resume(run: _Run, saved: dict[str, Any]) -> None:
     run.theta, run.job = rule.agreed, rule.base
     counts = dict(saved["rows"])
     if run.comm.rank == 0:
-        rule.record.sink, rows = reopen_records(run.config.out, counts, rule.last_row)
+        sink, rows = reopen_records(run.config.out, counts, rule.last_row)
+        attach(rule.record, sink)
         rule.record.steps, rule.record.evals = rows["steps"], rows["evals"]
     else:  # the others keep the number of evaluations before it and the last of them
         run.evals.record.evals = [checkpoint.unpack(saved["last_eval"])] * counts["evals"]

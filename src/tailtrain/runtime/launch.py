@@ -16,6 +16,10 @@ the scenario, task and delays (by building them once), the number of local ranks
 process with its own copy of the data), the backend, CUDA for nccl, and that the rendezvous
 address is this machine's and its port is free. Those errors are one-line ``UsageError``\\ s.
 
+A parameter server's workers are the exception to what follows: in a local launch each runs
+shielded (``runtime.expendable``), so its death is logged and the server goes on without it
+(``runtime.ps_liveness``); under torchrun, torchrun's agent stops the job as for any rank.
+
 A rank that fails stops the job: the launcher kills the other ranks (they take SIGTERM's
 default action, even inside a collective; the allreduce topology's ranks first take a census
 and checkpoint, ``runtime.keep``) and :class:`JobFailed` names the failed rank in one line,
@@ -50,9 +54,17 @@ import torch.distributed as dist
 from tailtrain.errors import TailtrainError, UsageError
 from tailtrain.runtime.allreduce import RankResult
 from tailtrain.runtime.config import TrainConfig, build_world
+from tailtrain.runtime.expendable import shielded
 from tailtrain.runtime.keep import describe, read_note, restarts
 from tailtrain.runtime.reduce import Collectives
-from tailtrain.runtime.topologies import RankEntry, check_topology, processes, rank_entry_of
+from tailtrain.runtime.telemetry import close_record
+from tailtrain.runtime.topologies import (
+    RankEntry,
+    check_topology,
+    expendable_workers,
+    processes,
+    rank_entry_of,
+)
 from tailtrain.strategies.registry import parse_strategy
 
 MAX_LOCAL_WORKERS = 64
@@ -174,11 +186,20 @@ def rank_entry(
     # a forked rank's first full collection would touch, and so copy, the parent's whole heap
     # (hundreds of ms, in the middle of a timed round); the inherited objects are not garbage
     gc.freeze()
+    rank = int(os.environ.get("RANK", "0"))
+    if own_launcher and rank > 0 and expendable_workers(parse_strategy(configs[0].strategy)):
+        return shielded(lambda: run_rank(configs, entry), rank, len(configs))
+    return run_rank(configs, entry)
+
+
+def run_rank(configs: list[TrainConfig], entry: RankEntry | None) -> list[RankResult]:
     first = configs[0]
     torch.set_num_threads(first.threads)
     comm = join(first)
     tag_logs(comm.rank, first.verbose)
     results = [(entry or rank_entry_of(parse_strategy(c.strategy)))(c, comm) for c in configs]
+    for result in results:  # flush TensorBoard; a sink does not go back by pickle
+        close_record(result.record)
     dist.destroy_process_group()  # only on success: after a failure the launcher stops us
     return results
 

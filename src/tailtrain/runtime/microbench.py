@@ -12,10 +12,15 @@ simulator's.
 It also measures the three numbers of ``tailtrain.network.NetworkModel``:
 
 - ``hop``: (the activation's reach - the initiator's activation) / ⌈log2 P⌉, over the partial
-  rounds, from the activation times every process writes into its slot;
+  rounds, from the activation times every process writes into its slot (one clock origin on
+  one machine: ``runtime.partial.shared_origin``). Up to ``DIRECT_ACTIVATION`` processes the
+  runtime activates in one hop of P - 1 messages; dividing its reach by the simulator's
+  ⌈log2 P⌉ hops makes the simulator's reach the measured one;
 - ``overhead``: the mean seconds of a call whose round had already completed (it returns at
   once: the library's own per-call cost);
-- ``allreduce``: the mean seconds from the reach to this rank's allreduce returning.
+- ``allreduce``: the mean over rounds of the seconds from the reach to the return of the calls
+  that waited for the round (the allreduce, the round's bookkeeping and the hand-off to the
+  caller: what the simulator's one completion per round stands for).
 
 A first block of ``WARMUP`` synchronous rounds without skew is not counted (connections, caches).
 """
@@ -43,6 +48,7 @@ from tailtrain.runtime.launch import (
     max_local_workers,
     quiet,
     reserve,
+    start_method,
 )
 from tailtrain.runtime.partial import PartialCollective, RoundResult, row
 from tailtrain.sim.partial.collectives import activation_hops
@@ -111,8 +117,9 @@ def run_real_microbenchmark(bench: RealBench) -> RealResults:
 
 
 def run_local(entry, arg, procs: int, timeout: float) -> dict[int, Any]:
-    """Run ``entry(arg)`` on ``procs`` forked local processes (a static rendezvous on a free
-    port, no restarts); each joins the gloo group itself. Results by rank."""
+    """Run ``entry(arg)`` on ``procs`` local processes forked from the fork server
+    (``launch.start_method``: ``entry`` and ``arg`` must pickle), a static rendezvous on a free
+    port, no restarts; each joins the gloo group itself. Results by rank."""
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
@@ -129,7 +136,7 @@ def run_local(entry, arg, procs: int, timeout: float) -> dict[int, Any]:
             rdzv_configs={"rank": 0, "timeout": max(1, round(timeout))},
             max_restarts=0,
             monitor_interval=0.1,
-            start_method="fork",
+            start_method=start_method("gloo", own_entry=False),
             logs_specs=DefaultLogsSpecs(log_dir=logs),
         )
         try:
@@ -157,14 +164,14 @@ def bench_rank(bench: RealBench) -> dict:
 
     coll = PartialCollective(rank, procs, 1, bench.plan(0), after_round, timeout=bench.timeout)
     skews = np.vstack([np.zeros((WARMUP, procs)), np.tile(bench.skews(), (len(BENCHMARKED), 1))])
-    calls: list[tuple[int, float, str]] = []
+    calls: list[tuple[int, float, str, float]] = []
     one = torch.ones(1, dtype=torch.float64)
     r = 0
     while coll.plan(r) is not None:
         dist.barrier()
         time.sleep(float(skews[r, rank]))
         out = coll.call(r, one, row(r, r, coll.now(), coll.now(), 0.0, 1.0))
-        calls.append((r, out.latency, out.kind))
+        calls.append((r, out.latency, out.kind, coll.now()))
         r += 1
     coll.close()
     dist.destroy_process_group()
@@ -179,9 +186,10 @@ def round_summary(result: RoundResult) -> tuple:
 
 def summarise(bench: RealBench, ranks: list[dict]) -> RealResults:
     """Mean latency per process and call and mean NAP of each collective; the network."""
-    calls = np.array([(r, lat, kind == "late") for d in ranks for r, lat, kind in d["calls"]])
+    calls = np.array(
+        [(r, lat, kind == "late", back) for d in ranks for r, lat, kind, back in d["calls"]]
+    )
     rounds = np.array(ranks[0]["rounds"])  # identical on every rank but ``done``
-    done = np.array([[row[4] for row in d["rounds"]] for d in ranks])  # (P, rounds)
     stats = {}
     for phase, c in enumerate(BENCHMARKED):
         low = WARMUP + phase * bench.iterations
@@ -192,7 +200,11 @@ def summarise(bench: RealBench, ranks: list[dict]) -> RealResults:
     spread = rounds[partial, 3] - rounds[partial, 2]
     counted = calls[:, 0] >= WARMUP
     late = calls[counted & (calls[:, 2] > 0), 1]
-    reduce = done[:, WARMUP:] - rounds[None, WARMUP:, 3]
+    waited = calls[counted & (calls[:, 2] == 0)]
+    index = waited[:, 0].astype(int)
+    back = np.bincount(index, waited[:, 3]) / np.maximum(np.bincount(index), 1)
+    held = np.unique(index)  # every round's waiting calls' mean return, each round once
+    reduce = back[held] - rounds[held, 3]
     network = NetworkModel(
         hop=float(spread.mean() / max(1, activation_hops(bench.procs))),
         overhead=float(late.mean()) if late.size else 0.0,

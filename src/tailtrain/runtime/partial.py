@@ -9,8 +9,12 @@ Threads and groups (per process)::
     main thread ── call(step, g) ──► send buffer ──┐        (computes; blocks only to wait
          ▲                                          │         for a round it called in time)
          │ result of the latest round               ▼
-    reducer thread: wait for activation of round r ─► all_reduce(buffer) on REDUCE group
+    reducer thread: wait for activation of round r ─► SUM(buffer) on REDUCE group
     receiver thread: recv(any source) on ACTIVATION group ─► activate r, forward, count calls
+
+The SUM is the backend's allreduce, except a small CPU buffer (``RECURSIVE_DOUBLING_BYTES``):
+gloo's ring takes 2(P - 1) latency-bound steps, recursive doubling ⌈log2 P⌉ (+2 for P not a
+power of two); at P = 8 on two cores that is 19 ms against 4 ms, more than the activation.
 
 Both groups are ``dist.new_group`` groups of their own (activation: gloo; reduce: the job's
 backend), so a round progresses while the main thread computes, sleeps or waits elsewhere.
@@ -18,10 +22,14 @@ backend), so a round progresses while the main thread computes, sleeps or waits 
 **Messages** (activation group, three int64 ``[kind, a, sender]``, point to point):
 
 - ``ACT r``: round r is activated. A process activated for the first time for round r (by its
-  own call or by a message) sends ``ACT r`` to its ⌈log2 P⌉ partners ``(rank + 2^j) mod P``;
-  later ``ACT r`` are ignored, so several simultaneous initiators execute the round once
-  (fflib2's consumable operations). From any initiator, everyone is reached within ⌈log2 P⌉
-  hops for any P (dissemination pattern: after hop j every offset < 2^(j+1) holds it).
+  own call or by a message) sends ``ACT r`` to its partners (``partners``): up to
+  ``DIRECT_ACTIVATION`` processes an initiator sends it to everyone and nobody forwards (one
+  hop; each hop is a thread wake-up on every receiver, so on a few cores three hops of P log2 P
+  messages cost more than P - 1 messages); beyond, every activated process sends it to its
+  ⌈log2 P⌉ partners ``(rank + 2^j) mod P`` (dissemination: after hop j every offset
+  < 2^(j+1) holds it, so everyone is reached within ⌈log2 P⌉ hops for any P). Later ``ACT r``
+  are ignored, so several simultaneous initiators execute the round once (fflib2's consumable
+  operations).
 - ``CALL r``: a quorum call, sent to the round's counter rank ``r mod P`` (the counter rotates so
   no rank carries every round); the counter counts its own call without a message and
   activates round r at the K-th call. The K-th caller initiates by one hop to the counter.
@@ -56,22 +64,30 @@ oldest first (the rest wait for the next round). The allreduce buffer is
 (initiated, activation time, snapshot time, rows; rows of ``job, version, start, finish, loss,
 ||g||^2``) and zeros elsewhere, so one SUM gives every rank the same arrivals.
 
-Every wait is bounded by ``timeout`` (a ``datetime.timedelta`` on the groups, a deadline on
-the condition waits); threads are daemons and are joined by :meth:`PartialCollective.close`.
-Times are seconds on each rank's monotonic clock since the start barrier (one machine shares
-it; across machines their skew is the barrier's).
+Every wait for something owed is bounded by ``timeout`` (a ``datetime.timedelta`` on the
+groups, a deadline on the condition waits) and ends in a one-line error naming the rank; only
+the receiver's wait for the next message is not (none is owed: synchronous rounds send none).
+Threads are daemons and are joined by :meth:`PartialCollective.close`. A hung main thread
+stalls only the rounds that need its call (``runtime.hang`` measures it): its progress
+threads contribute its buffer; a stopped process stalls every round's data phase.
+Times are seconds on the monotonic clock since rank 0 left the start barrier, on rank 0's machine
+(its ranks share the clock, so activation times compare across them); a rank on another machine
+counts from its own exit of that barrier (the barrier's skew).
 """
 
 from __future__ import annotations
 
 import contextlib
 import datetime
+import socket
 import sys
 import threading
 import time
+import zlib
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -90,16 +106,27 @@ HEAD = ("initiated", "activated", "snapshot", "rows")
 CAPACITY = 4
 #: the GIL's switch interval while a collective runs: its threads must answer promptly
 SWITCH_INTERVAL = 5e-4
+#: how long the receiver waits for the next message: without limit, in effect
+IDLE = datetime.timedelta(days=365)
 #: completed rounds each rank keeps
 KEEP = 64
+#: up to this many processes an initiator activates everyone itself: one hop of P - 1 messages
+#: instead of ⌈log2 P⌉ sequential hops and P ⌈log2 P⌉ messages, each a thread wake-up
+DIRECT_ACTIVATION = 8
+#: buffers up to this size are summed by recursive doubling (latency-bound), larger by gloo's ring
+RECURSIVE_DOUBLING_BYTES = 1 << 18
 
 
 class CollectiveTimeout(TailtrainError):
     """A wait of the partial collective exceeded its timeout (a peer is gone or hung)."""
 
 
-def partners(rank: int, procs: int) -> list[int]:
-    """Where this rank forwards an activation: ``(rank + 2^j) mod P``, j < ⌈log2 P⌉."""
+def partners(rank: int, procs: int, initiator: bool = True) -> list[int]:
+    """Where this rank sends an activation: up to ``DIRECT_ACTIVATION`` processes an initiator
+    sends it to every other process and nobody forwards; beyond, everyone activated sends it
+    to ``(rank + 2^j) mod P``, j < ⌈log2 P⌉ (dissemination)."""
+    if procs <= DIRECT_ACTIVATION:
+        return [p for p in range(procs) if p != rank] if initiator else []
     return [(rank + (1 << j)) % procs for j in range(activation_hops(procs))]
 
 
@@ -231,7 +258,7 @@ class PartialCollective:
         self._switch = sys.getswitchinterval()
         sys.setswitchinterval(min(self._switch, SWITCH_INTERVAL))
         dist.barrier(group=self.act_group)
-        self.t0 = time.perf_counter()
+        self.t0 = shared_origin(self.act_group)
         self.threads = [
             threading.Thread(target=self._guarded, args=(f, n), name=n, daemon=True)
             for f, n in ((self._receive, "tailtrain-receiver"), (self._reduce, "tailtrain-reducer"))
@@ -280,7 +307,7 @@ class PartialCollective:
             if counter == self.rank:
                 self._count(step)
             else:
-                self._send(counter, CALL, step)
+                self._send([counter], CALL, step)
 
     def close(self) -> None:
         """Leave after the last round: join the reducer, announce the messages sent, wait for
@@ -293,13 +320,12 @@ class PartialCollective:
         if self.state.error is None:  # every rank is past its last round and its last send
             dist.all_reduce(torch.zeros(1, device=self.device), group=self.red_group)
             for peer in range(self.procs):
-                if peer != self.rank:
-                    self._send(peer, STOP, int(self.sent[peer]) + 1)
+                self._send([peer], STOP, int(self.sent[peer]) + 1)
             receiver.join(self.timeout)
             self._drain(everything=True)
         sys.setswitchinterval(self._switch)
         if self.state.error is not None:
-            raise TailtrainError(f"rank {self.rank}: the collective failed") from self.state.error
+            raise self._failed()
         if any(t.is_alive() for t in self.threads):
             raise CollectiveTimeout(f"rank {self.rank}: the collective's threads did not stop")
 
@@ -330,8 +356,7 @@ class PartialCollective:
             s.initiated.add(r)
         plan = s.plans.get(r)
         if plan is None or not plan.synchronous:  # a synchronous round sends no activation
-            for peer in partners(self.rank, self.procs):
-                self._send(peer, ACT, r)
+            self._send(partners(self.rank, self.procs, internal), ACT, r)
         self.cond.notify_all()
 
     def _count(self, r: int) -> None:
@@ -348,14 +373,17 @@ class PartialCollective:
         if s.calls.get(r, 0) >= plan.k and counter_of(r, self.procs) == self.rank:
             self._activate(r, internal=True)
 
-    def _send(self, peer: int, kind: int, value: int) -> None:
-        if peer == self.rank:
+    def _send(self, peers: list[int], kind: int, value: int) -> None:
+        """One message to each of ``peers``, without waiting. The group's own ``send``:
+        ``dist.isend``'s checks cost four times as much, and an activation sends P - 1."""
+        peers = [p for p in peers if p != self.rank]
+        if not peers:
             return
         message = torch.tensor([kind, value, self.rank], dtype=torch.int64)
         with self.send_lock:
-            work = dist.isend(message, peer, group=self.act_group)
-            self.sent[peer] += 1
-            self.pending.append((work, message))
+            for peer in peers:  # every group holds every rank: group rank = rank
+                self.pending.append((self.act_group.send([message], peer, 0), message))
+                self.sent[peer] += 1
 
     def _drain(self, everything: bool = False) -> None:
         """Complete finished sends (all of them at the end), bounded by the group timeout."""
@@ -372,7 +400,9 @@ class PartialCollective:
         announced[self.rank] = 0
         message = torch.zeros(3, dtype=torch.int64)
         while not np.all(got == announced):
-            dist.recv(message, group=self.act_group)
+            # idle until a message comes, however long: no message is owed to it (a run of
+            # synchronous rounds sends none); the waits that expect one are bounded
+            self.act_group.recv_anysource([message], 0).wait(IDLE)
             kind, value, sender = (int(v) for v in message)
             got[sender] += 1
             if kind == ABORT:
@@ -398,7 +428,7 @@ class PartialCollective:
                 if r not in s.activated:
                     return
                 plan, payload = s.plans[r], self._snapshot(r)
-            dist.all_reduce(payload, group=self.red_group)
+            payload = self._allreduce(payload)
             result = self._result(r, plan, payload.cpu())
             following = self.after_round(result)
             with self.cond:
@@ -410,6 +440,15 @@ class PartialCollective:
             if following is None:
                 return
             r += 1
+
+    def _allreduce(self, payload: torch.Tensor) -> torch.Tensor:
+        """The round's SUM: gloo's ring takes 2(P-1) latency-bound steps, so a small CPU buffer
+        goes by recursive doubling instead (``recursive_doubling``)."""
+        small = payload.numel() * payload.element_size() <= RECURSIVE_DOUBLING_BYTES
+        if payload.device.type == "cpu" and small and self.procs > 1:
+            return recursive_doubling(payload, self.rank, self.procs, self.red_group)
+        dist.all_reduce(payload, group=self.red_group)
+        return payload
 
     def _snapshot(self, r: int) -> torch.Tensor:
         """This rank's contribution to round r: its buffer's oldest takeable gradients."""
@@ -441,15 +480,23 @@ class PartialCollective:
         deadline = time.monotonic() + self.timeout
         while not ready():
             if self.state.error is not None:
-                raise TailtrainError(
-                    f"rank {self.rank}: the collective failed"
-                ) from self.state.error
+                raise self._failed()
             left = deadline - time.monotonic()
             if left <= 0:
                 raise CollectiveTimeout(
                     f"rank {self.rank}: waited {self.timeout:g}s for {what}; a peer may be gone"
                 )
             self.cond.wait(min(left, 1.0))
+
+    def _failed(self) -> TailtrainError:
+        """The error of a failed progress thread, in one line that names its cause."""
+        cause = self.state.error
+        first = str(cause).strip().splitlines()[0] if str(cause).strip() else ""
+        error = TailtrainError(
+            f"rank {self.rank}: the collective failed: {type(cause).__name__}: {first[:200]}"
+        )
+        error.__cause__ = cause
+        return error
 
     def _guarded(self, target: Callable[[], None], name: str) -> None:
         try:
@@ -459,6 +506,55 @@ class PartialCollective:
                 if self.state.error is None:
                     self.state.error = exc
                 self.cond.notify_all()
+
+
+def machine_id() -> int:
+    """Which monotonic clock this process reads: the host and, on Linux, the boot (32 bits)."""
+    try:
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text()
+    except OSError:
+        boot = ""
+    return zlib.crc32(f"{socket.gethostname()}/{boot}".encode())
+
+
+def shared_origin(group) -> float:
+    """The time origin of this rank's clock: rank 0's reading after the start barrier where
+    this rank reads the same monotonic clock (``perf_counter``: CLOCK_MONOTONIC on Linux, one
+    per machine), so activation times compare across ranks; else its own reading."""
+    mine = time.perf_counter()
+    stamp = torch.tensor([mine, float(machine_id())], dtype=torch.float64)
+    dist.broadcast(stamp, 0, group=group)
+    return float(stamp[0]) if int(stamp[1]) == machine_id() else mine
+
+
+def recursive_doubling(x: torch.Tensor, rank: int, procs: int, group) -> torch.Tensor:
+    """SUM-allreduce of ``x`` over ``group`` (every rank of the job) in ⌈log2 P⌉ exchanges
+    (Thakur et al., recursive doubling; the first 2(P - 2^m) ranks fold in pairs first, so any
+    P costs two more hops). Both partners of an exchange add the same two values, so every
+    rank ends with bitwise the same sum."""
+    p2 = 1 << (procs.bit_length() - 1)
+    extra = procs - p2
+    other = torch.empty_like(x)
+    if rank < 2 * extra and rank % 2 == 0:  # folds into rank + 1, gets the sum back
+        group.send([x], rank + 1, 0).wait()
+        group.recv([x], rank + 1, 0).wait()
+        return x
+    if rank < 2 * extra:
+        group.recv([other], rank - 1, 0).wait()
+        x.add_(other)
+    me = rank // 2 if rank < 2 * extra else rank - extra
+    mask = 1
+    while mask < p2:
+        peer_index = me ^ mask
+        peer = 2 * peer_index + 1 if peer_index < extra else peer_index + extra
+        sending = group.send([x], peer, 0)
+        group.recv([other], peer, 0).wait()
+        sending.wait()
+        x.add_(other)
+        mask <<= 1
+    if rank < 2 * extra:
+        group.send([x], rank - 1, 0).wait()
+    return x
 
 
 def row(job: int, version: int, start: float, finish: float, loss: float, gsq: float) -> np.ndarray:

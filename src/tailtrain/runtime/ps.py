@@ -48,8 +48,15 @@ step t + 1 adds (Eqs. 6-7). Step t + 1 does not close before that. With complete
 stragglers' whole gradients (GRADs of version t, r = s) are the reports.
 
 End: the server sends STOP to every worker and reads until every worker's BYE has come (a
-worker sends BYE when STOP reaches it, interrupting any job), so no receive is left posted.
+worker sends BYE when STOP reaches it, interrupting any job), so no receive is left posted;
+then each worker that said BYE sends its trace and counts, point to point.
 Every wait is bounded by ``--timeout``.
+
+Dead and hung workers (``runtime.ps_liveness``): a worker whose connection fails is dead, one
+silent past ``--worker-timeout`` is suspected hung; a step closes with min(k, live workers)
+usable arrivals, the step row records the events (``suspect``, ``rejoined``, ``dead``,
+``live``) and the summary ``dead_workers``; a suspect that delivers again rejoins. The end
+waits one bound for the BYE of a worker still missing, then gives it up (dead).
 
 Evaluations follow ``sim.evaluation`` on the server's clock, on snapshots of the model in
 force, scored after the run so that the clock never pauses for them. Telemetry: steps.jsonl
@@ -73,6 +80,7 @@ from tailtrain.errors import TailtrainError, UsageError
 from tailtrain.runtime.allreduce import RankResult
 from tailtrain.runtime.config import TrainConfig, build_world
 from tailtrain.runtime.inject import FaultDrill, InjectedFault
+from tailtrain.runtime.ps_liveness import Liveness
 from tailtrain.runtime.ps_wire import (
     DOWN,
     HEADER,
@@ -82,10 +90,11 @@ from tailtrain.runtime.ps_wire import (
     Message,
     Outbox,
     clock_server,
+    send_report,
 )
 from tailtrain.runtime.ps_worker import Worker
 from tailtrain.runtime.reduce import Collectives
-from tailtrain.runtime.telemetry import write_trace
+from tailtrain.runtime.telemetry import run_record, write_trace
 from tailtrain.sim.evaluation import Evaluator
 from tailtrain.sim.ps.timeline import uses_tokens
 from tailtrain.sim.records import RunRecord, prepare_folder
@@ -156,11 +165,12 @@ class Server:
         self.versions = {0: theta}
         self.update = WeightedUpdate(world.lr, self.config.on_nonfinite)
         self.state = strategy.init(world.context)
-        self.record = RunRecord()
+        self.record = run_record(config, world, lead=True)
         self.evals = Evaluator(world.scenario.evaluation, self.record, enabled=True)
         self.snapshots: list[torch.Tensor] = []
-        self.outbox = Outbox(self.dim, self.dtype, config.timeout)
         n = self.n
+        self.liveness = Liveness(n, config.timeout, config.worker_timeout)
+        self.outbox = Outbox(self.dim, self.dtype, config.timeout, self.liveness.failed)
         self.busy = np.full(n, IDLE, dtype=np.int64)
         self.job = np.full(n, -1, dtype=np.int64)
         self.start = np.zeros(n)
@@ -168,7 +178,7 @@ class Server:
         self.tokens: deque[list[int]] = deque()
         self.backlog: deque[Message] = deque()
         self.pending: Pending | None = None
-        self.version = self.step = self.ghosts = self.byes = 0
+        self.version = self.step = self.ghosts = 0
         self.now = 0.0
         #: seconds from the previous close until this step's jobs were sent (server's work)
         self.lag = 0.0
@@ -179,7 +189,8 @@ class Server:
     # ---- the loop ------------------------------------------------------------------------
     def run(self) -> RunRecord:
         self.t0 = clock_server(self.n)  # also opens every worker's connection before t = 0
-        self.mailbox = Mailbox(None, UP, HEADER + self.dim, self.dtype, self._last)
+        self.mailbox = Mailbox(None, UP, HEADER + self.dim, self.dtype, self.liveness.last)
+        self.liveness.connect(self.outbox, self.mailbox)
         self.evals.start(self.scorer())
         while not self.world.finished(self.step, self.now):
             plan = self.strategy.plan(self.state)
@@ -195,17 +206,34 @@ class Server:
             self.close(plan, arrivals, fresh)
             self.evals.after_step(self.step, self.now, before, self.scorer())
         self.evals.finish(self.step, self.now, self.scorer())
-        self.stop()
+        self.liveness.stop(self.clock)
         self.score_snapshots()
         return self.record
 
     def clock(self) -> float:
         return time.perf_counter() - self.t0
 
-    def _last(self, message: Message) -> bool:
-        """Runs in the receiving thread: the n-th BYE is the last message."""
-        self.byes += message.kind is Kind.BYE
-        return self.byes >= self.n
+    def checked(
+        self, message: Message | None, plan: ServerPlan, fresh: list[Arrival], closed: bool
+    ) -> bool:
+        """After a liveness event (a LOST message, or None: a check was due): whether the
+        step is closed, now that k is capped at the workers still live."""
+        if message is not None and self.liveness.lost(message.worker):
+            self.busy[message.worker] = IDLE  # its job will never come
+        p = self.pending
+        if p is not None and p.waiting:  # LGC: a lost straggler reports nothing
+            for w in [w for w in p.waiting if not self.liveness.alive[w]]:
+                del p.waiting[w]
+            if not p.waiting:
+                self.resolve(p)
+        if closed:
+            return True
+        older = (self.busy != IDLE) & (self.busy < self.version) & self.liveness.alive
+        drained = not (plan.complete_stragglers and older.any())
+        closes = bool(fresh) and len(fresh) >= self.liveness.cap(plan.k) and drained
+        if closes:
+            self.now = self.clock()
+        return closes
 
     # ---- begin: interrupts, tokens, idle workers -------------------------------------------
     def begin(self, plan: ServerPlan) -> None:
@@ -217,8 +245,8 @@ class Server:
                 blocks = self.pending.blocks if self.pending and w in waiting else 0
                 self.start_job(w, v, self.now, cancels=int(self.job[w]), blocks=blocks)
         if uses_tokens(plan.mode, plan.accept_stale):
-            self.tokens.append([v, self.n])
-        for w in np.flatnonzero(self.busy == IDLE).tolist():
+            self.tokens.append([v, self.n - int(self.liveness.dead.sum())])
+        for w in np.flatnonzero((self.busy == IDLE) & ~self.liveness.dead).tolist():
             self.refill(w, plan, self.now)
 
     def refill(self, w: int, plan: ServerPlan, start: float) -> None:
@@ -252,6 +280,10 @@ class Server:
         closed = False
         while not closed or self.pending is not None:
             message = self.next_message(closed)
+            if message is None or message.kind is Kind.LOST:
+                closed = self.checked(message, plan, fresh, closed)
+                continue
+            self.liveness.heard(message.worker)
             if message.kind is Kind.PARTIAL:
                 self.partial(message)
             elif message.kind is Kind.GRAD and closed:
@@ -260,13 +292,18 @@ class Server:
                 closed = self.arrival(message, plan, arrivals, fresh)
         return arrivals, fresh
 
-    def next_message(self, closed: bool) -> Message:
+    def next_message(self, closed: bool) -> Message | None:
+        """The next message, or None when a liveness check is due (``ps_liveness``)."""
         assert self.mailbox is not None
         if self.backlog and not closed:
             return self.backlog.popleft()
-        if not closed and not (self.busy != IDLE).any():
+        if self.liveness.dead.all():
+            raise TailtrainError("every worker is dead: the run cannot go on")
+        busy = self.busy != IDLE
+        if not closed and not busy.any():
             raise TailtrainError("no worker is computing: the step can never collect k arrivals")
-        return self.mailbox.take(self.config.timeout)
+        left = self.liveness.watch(busy, self.start, self.clock())
+        return self.mailbox.take(0.0) if self.mailbox.wait(max(left, 1e-4)) else None
 
     def arrival(
         self, m: Message, plan: ServerPlan, arrivals: list[Arrival], fresh: list[Arrival]
@@ -278,6 +315,7 @@ class Server:
             return False
         a = Arrival(w, m.job, m.version, self.start[w], m.stamp - self.t0, m.payload, m.loss)
         self.busy[w] = IDLE
+        self.liveness.delivered(w, a.finish - a.start)
         arrivals.append(a)
         usable = plan.accept_stale or m.version == self.version
         if usable:
@@ -286,8 +324,8 @@ class Server:
         if p is not None and p.complete and p.waiting.get(w, (None,))[0] == m.job:
             self.report(p, w, a)
         drain = plan.complete_stragglers
-        older = (self.busy != IDLE) & (self.busy < self.version)
-        closes = len(fresh) >= plan.k and not (drain and older.any())
+        older = (self.busy != IDLE) & (self.busy < self.version) & self.liveness.alive
+        closes = len(fresh) >= self.liveness.cap(plan.k) and not (drain and older.any())
         if closes:
             self.now = a.finish
         if not closes or drain:  # the closing worker waits for the update (unless drained)
@@ -332,6 +370,7 @@ class Server:
         state_before = self.state
         self.state = self.strategy.adapt(self.state, stats)
         row = self.row(plan, cands, selection, stats, len(dropped))
+        row.update(self.liveness.take_events())
         self.record.add_step(row)
         if plan.partial_blocks > 0:
             self.defer(plan, state_before, fresh, selection.now, row)
@@ -409,6 +448,9 @@ class Server:
 
     def partial(self, m: Message) -> None:
         p = self.pending
+        if m.worker in self.liveness.hung and (p is None or m.worker not in p.waiting):
+            self.ghosts += 1  # a report given up on while its worker was suspected
+            return
         if p is None or p.complete or p.waiting.get(m.worker, (None,))[0] != m.job:
             raise TailtrainError(f"worker {m.worker} reported blocks of job {m.job} unasked")
         units = m.units / m.blocks
@@ -447,15 +489,6 @@ class Server:
         self.pending = None
 
     # ---- end ---------------------------------------------------------------------------------
-    def stop(self) -> None:
-        assert self.mailbox is not None
-        for w in range(self.n):
-            self.outbox.send(Message(Kind.STOP, w), w + 1, DOWN)
-        self.outbox.flush()
-        while self.byes < self.n or self.mailbox.wait(0.0):
-            self.mailbox.take(self.config.timeout)
-        self.mailbox.join(self.config.timeout)
-
     def scorer(self):
         """A snapshot of the model in force; scored after the run (module docstring)."""
         theta = self.versions[self.version]
@@ -474,16 +507,17 @@ class Server:
                 done[id(theta)] = self.world.task.evaluate(theta)
             row.update(done[id(theta)])
 
-    def summary(self, worker_stats: list[dict[str, int]]) -> dict[str, Any]:
-        """simulate's keys, ``wall_time`` for ``virtual_time``, and the run's own counts."""
+    def summary(self, worker_stats: list[dict[str, int] | None]) -> dict[str, Any]:
+        """simulate's keys, ``wall_time`` for ``virtual_time``, and the run's own counts
+        (None for a worker that died)."""
         nonfinite = int(sum(row.get("nonfinite", 0) for row in self.record.steps))
         summary = {**self.world.summarise(self.strategy, self.record), "nonfinite": nonfinite}
         summary = {("wall_time" if k == "virtual_time" else k): v for k, v in summary.items()}
         summary["topology"] = "parameter-server"
         summary["ghosts"] = self.ghosts
         for key in ("jobs", "interrupted", "units_computed", "partial_reports"):
-            summary[f"worker_{key}"] = [s[key] for s in worker_stats]
-        return summary
+            summary[f"worker_{key}"] = [None if s is None else s[key] for s in worker_stats]
+        return {**summary, **self.liveness.summary()}
 
 
 # ---- the rank entry ----------------------------------------------------------------------------
@@ -516,10 +550,9 @@ def serve(config: TrainConfig, world: World, strategy: Strategy, comm: Collectiv
     server = Server(config, world, strategy)
     comm.barrier()
     record = server.run()
-    gathered = comm.gather_objects(None)
-    assert gathered is not None
-    parts = [g for g in gathered[1:] if g is not None]
-    record.summary = server.summary([stats for _, stats in parts])
+    reports = server.liveness.reports()
+    parts = [r for r in reports if r is not None]
+    record.summary = server.summary([None if r is None else r[1] for r in reports])
     if config.out is not None:
         folder = prepare_folder(config.out)
         record.write(folder)
@@ -537,7 +570,7 @@ def work(config: TrainConfig, world: World, comm: Collectives) -> RankResult:
     worker.warm_up()
     comm.barrier()
     stats = vars(worker.run())
-    comm.gather_objects((worker.trace.table(), stats))
+    send_report((worker.trace.table(), stats))
     if config.out is not None:
         folder = prepare_folder(config.out)
         per_mb = worker.trace.per_micro_batch

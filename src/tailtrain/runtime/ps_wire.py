@@ -24,6 +24,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import IntEnum
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -57,6 +58,11 @@ class Kind(IntEnum):
     PARTIAL = 4
     #: worker -> server: this worker has stopped and will send nothing more
     BYE = 5
+    #: server -> worker: are you there? (the receiving thread drops it; a send that fails
+    #: tells the server that the worker is gone, ``runtime.ps_liveness``)
+    PING = 6
+    #: never on the wire: put in the server's own mailbox when a send to ``worker`` failed
+    LOST = 7
 
 
 @dataclass(frozen=True)
@@ -150,6 +156,19 @@ def clock_worker() -> float:
     return float(reply[0]) - offset
 
 
+def send_report(report: Any) -> None:
+    """A worker's last words to the server (its trace and counts), point to point: a
+    collective would need the dead workers too."""
+    dist.send_object_list([report], dst=0)
+
+
+def receive_report(rank: int) -> Any:
+    """Rank ``rank``'s :func:`send_report`; fails at once if that rank is dead."""
+    box: list[Any] = [None]
+    dist.recv_object_list(box, src=rank)
+    return box[0]
+
+
 class Mailbox:
     """Messages from ``src`` (None: any rank) on ``tag``, received by a thread until
     ``last(message)`` says that one was the last."""
@@ -176,6 +195,8 @@ class Mailbox:
                 buffer = torch.empty(size, dtype=dtype)
                 dist.recv(buffer, src=src, tag=tag)
                 message = decode(buffer, time.perf_counter())
+                if message.kind is Kind.PING:
+                    continue  # a liveness probe: that it arrived is all it says
                 with self._ready:
                     self._items.append(message)
                     self._ready.notify_all()
@@ -187,6 +208,12 @@ class Mailbox:
             with self._ready:
                 self._error = exc
                 self._ready.notify_all()
+
+    def put(self, message: Message) -> None:
+        """Queue a message of this process's own (``Kind.LOST``)."""
+        with self._ready:
+            self._items.append(message)
+            self._ready.notify_all()
 
     def wait(self, seconds: float) -> bool:
         """Wait up to ``seconds`` for a message; whether one is there (not taken)."""
@@ -219,10 +246,19 @@ class Mailbox:
 class Outbox:
     """Sends on a thread of their own, in order, so that the caller never waits for the wire
     (a gloo send of a model costs about a millisecond here); :meth:`flush` waits until all
-    have gone, bounded by ``timeout``. A failed send is raised by the next call."""
+    have gone, bounded by ``timeout``. A failed send is raised by the next call; with
+    ``on_error`` it is handed to ``on_error(dst, exc)`` instead and the other sends go on (the
+    server: one dead worker must not silence the rest)."""
 
-    def __init__(self, dim: int, dtype: torch.dtype, timeout: float) -> None:
+    def __init__(
+        self,
+        dim: int,
+        dtype: torch.dtype,
+        timeout: float,
+        on_error: Callable[[int, BaseException], None] | None = None,
+    ) -> None:
         self.dim, self.dtype, self.timeout = dim, dtype, timeout
+        self._on_error = on_error
         self._queue: collections.deque[tuple[torch.Tensor, int, int] | None] = collections.deque()
         self._ready = threading.Condition()
         self._busy = 0
@@ -249,6 +285,12 @@ class Outbox:
             try:
                 dist.send(item[0], dst=item[1], tag=item[2])
             except BaseException as exc:  # raised by the caller's next send or flush
+                if self._on_error is not None:
+                    self._on_error(item[1], exc)
+                    with self._ready:
+                        self._busy -= 1
+                        self._ready.notify_all()
+                    continue
                 time.sleep(GRACE)  # as in ``Mailbox._run``
                 with self._ready:
                     self._error = exc

@@ -12,6 +12,9 @@
   unit's measured seconds in the format ``trace:path=`` reads
   (``iteration,worker[,micro_batch],seconds``; one iteration per local step), so a real run
   can drive ``predict`` and ``simulate``.
+* :func:`run_record` makes a topology's run record; rank 0's also streams its step and
+  evaluation rows to TensorBoard (``--tensorboard``, the scalars of ``simulate``'s
+  ``tailtrain.tensorboard``) as they are recorded, until :func:`close_record`.
 * :func:`phase` times a section and marks it as a ``torch.profiler.record_function`` range
   (``tailtrain.compute``, ``tailtrain.wait``, ``tailtrain.reduce``, ``tailtrain.comm``).
 """
@@ -30,6 +33,7 @@ from typing import Any
 import numpy as np
 from torch.profiler import record_function
 
+from tailtrain.runtime.config import TrainConfig
 from tailtrain.sim.allreduce.engine import step_row, summarise
 from tailtrain.sim.allreduce.timing import Stops
 from tailtrain.sim.records import RunRecord, prepare_folder
@@ -63,6 +67,71 @@ class RankLog(logging.LoggerAdapter):
 
     def process(self, msg: Any, kwargs: Any) -> tuple[Any, Any]:
         return f"step {self.step}: {msg}", kwargs
+
+
+class BoardSink:
+    """A :class:`RunRecord` sink that logs each row to TensorBoard as it is added. The
+    parameter server scores its evaluation snapshots after the run (``ps.Server.scorer``):
+    those rows are logged when the sink closes, by then filled in (the same row objects)."""
+
+    def __init__(self, folder: Path, metric: str) -> None:
+        from tailtrain.tensorboard import TensorBoardLog
+
+        self.board = TensorBoardLog(folder, metric)
+        self.unscored: list[dict[str, Any]] = []
+
+    def write(self, name: str, row: dict[str, Any]) -> None:
+        if name == "steps":
+            self.board.add_step(row)
+        elif "_snapshot" in row:
+            self.unscored.append(row)
+        else:
+            self.board.add_eval(row)
+
+    def close(self) -> None:
+        for row in self.unscored:
+            self.board.add_eval(row)
+        self.board.close()
+
+
+class Tee:
+    """Several sinks as one: a run folder's files and TensorBoard both follow a record."""
+
+    def __init__(self, *sinks: Any) -> None:
+        self.sinks = sinks
+
+    def write(self, name: str, row: dict[str, Any]) -> None:
+        for sink in self.sinks:
+            sink.write(name, row)
+
+    def close(self) -> None:
+        for sink in self.sinks:
+            sink.close()
+
+
+def attach(record: RunRecord, sink: Any) -> None:
+    """Make ``sink`` follow ``record`` too, beside any sink it has."""
+    record.sink = sink if record.sink is None else Tee(record.sink, sink)
+
+
+def run_record(config: TrainConfig, world: World, lead: bool) -> RunRecord:
+    """A topology's run record; the lead rank's streams to ``config.tensorboard`` when set."""
+    return stream_to_board(RunRecord(), config, world, lead)
+
+
+def stream_to_board(record: RunRecord, config: TrainConfig, world: World, lead: bool) -> RunRecord:
+    """``record``, whose rows also go to ``config.tensorboard`` from now on on the lead rank."""
+    if lead and config.tensorboard is not None:
+        metric = getattr(world.task, "metric_name", None) or "eval"
+        attach(record, BoardSink(config.tensorboard, metric))
+    return record
+
+
+def close_record(record: RunRecord) -> None:
+    """Flush and detach a record's sink: a finished record goes back to the launcher by pickle."""
+    if record.sink is not None:
+        record.sink.close()
+        record.sink = None
 
 
 @dataclass(frozen=True)

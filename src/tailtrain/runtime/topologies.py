@@ -48,6 +48,15 @@ def rank_entry_of(strategy: Strategy) -> RankEntry:
     return TOPOLOGIES[topology_of(strategy)]
 
 
+#: topologies whose ranks other than 0 may die without ending the job (``runtime.expendable``)
+EXPENDABLE_WORKERS = {Topology.PARAMETER_SERVER}
+
+
+def expendable_workers(strategy: Strategy) -> bool:
+    """Whether a local job of ``strategy`` goes on when a rank other than 0 dies."""
+    return topology_of(strategy) in EXPENDABLE_WORKERS
+
+
 def processes(strategy: Strategy, workers: int) -> int:
     """Processes a job of ``workers`` workers needs (a parameter server adds one)."""
     return workers + (topology_of(strategy) is Topology.PARAMETER_SERVER)

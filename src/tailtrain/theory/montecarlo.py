@@ -8,7 +8,8 @@ definitions in slow-and-stale Sec. II-B:
 * K-batch-sync: every worker computes jobs back to back at the same parameters; the update
   comes with the K-th finished job overall and cancels everything in flight.
 * K-async: the K first finishers wait for the update, then restart; the others keep going
-  (nothing is cancelled), so each iteration restarts exactly K workers.
+  (nothing is cancelled), so each iteration restarts exactly K workers. For K near N,
+  :func:`k_async_tail_iteration_time` follows only the N - K busy workers.
 * K-batch-async: every worker computes back to back; every K finished jobs are an update. Its
   long-run E[T] is K / sum_n 1/E[X_n] by the elementary renewal theorem (Lemma 5's proof).
 """
@@ -78,6 +79,39 @@ def k_async_iteration_time(
         times[:, j], now = end - now, end
         finish[rows, done] = end[:, None] + draw(done, used[rows, done])
         used[rows, done] += 1
+    means = times[:, warmup:].mean(axis=1)
+    return float(means.mean()), float(means.std(ddof=1) / np.sqrt(chains))
+
+
+def k_async_tail_iteration_time(
+    quantile: Callable[[NDArray[np.float64]], NDArray[np.float64]],
+    workers: int,
+    k: int,
+    rng: np.random.Generator,
+    *,
+    chains: int = 16,
+    iterations: int = 2000,
+    warmup: int = 200,
+) -> tuple[float, float]:
+    """Long-run K-async E[T] for K close to N, in O(N - K) per iteration (exact chain).
+
+    After each update N - K workers are still busy; with their residual times R the next
+    update is the (N-K+1)-th largest of R and the K fresh jobs, so only the top N - K + 1 of
+    the fresh jobs matter. Those are drawn directly: the top order statistics of K uniforms
+    by the Renyi representation, U_(K-j) = U_(K-j+1) V_j^(1/(K-j)), through ``quantile``.
+    Chains start with every worker fresh; ``warmup`` iterations are dropped.
+    """
+    busy = workers - k
+    if not 1 <= k <= workers or not 0 <= warmup < iterations or chains < 2:
+        raise UsageError(f"need 1 <= K <= N, warmup < iterations and 2+ chains; got K={k}")
+    exponents = 1.0 / (k - np.arange(busy + 1))
+    log_u = np.cumsum(np.log(rng.random((iterations, chains, busy + 1))) * exponents, axis=2)
+    fresh = quantile(np.exp(log_u))  # descending along the last axis
+    residual, times = np.zeros((chains, busy)), np.empty((chains, iterations))
+    for j in range(iterations):  # iterations are sequential; each step is vectorised
+        top = -np.sort(-np.concatenate([residual, fresh[j]], axis=1), axis=1)
+        times[:, j] = top[:, busy]
+        residual = top[:, :busy] - top[:, busy, None]
     means = times[:, warmup:].mean(axis=1)
     return float(means.mean()), float(means.std(ddof=1) / np.sqrt(chains))
 

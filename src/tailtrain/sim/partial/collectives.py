@@ -5,7 +5,9 @@ who is active and when it completes:
 
 - ``allreduce``: activation is the last call; everybody is active.
 - partial collectives: the initiator (first call for solo, the designated rank for majority,
-  the K-th call for quorum) activates at its call; the activation reaches every other process
+  the K-th call for quorum) activates at its call; a quorum round one hop later, when the K-th
+  caller's message reaches the round's counter (``runtime.partial``: the counter activates, as
+  no caller knows it is the K-th); the activation reaches every other process
   after ⌈log2 P⌉ message hops (§4.1.1: a recursive-doubling broadcast, the union of P binomial
   trees). A process whose call came no later than that is active and contributes fresh data;
   the others are activated externally and contribute their send buffer.
@@ -51,7 +53,7 @@ class RoundTiming:
     """Outcome of one round: activation time, the activation's reach, completion, actives."""
 
     initiator: NDArray[np.int64]  # the process whose call activated the round
-    activation: FloatArray  # the initiator's call
+    activation: FloatArray  # the initiator's call (quorum: the counter's count of K calls)
     reach: FloatArray  # when the activation has reached every process
     complete: FloatArray  # when the result is in every receive buffer
     active: NDArray[np.bool_]  # (..., P): called no later than the activation reached it
@@ -76,6 +78,8 @@ def resolve_round(
     start = np.take_along_axis(calls, who[..., None], axis=-1)[..., 0]
     if not np.all(np.isfinite(start)):
         raise UsageError(f"the {collective.value} collective's initiator never calls")
+    if collective is Collective.QUORUM:
+        start = start + network.hop  # the K-th call's message to the counter
     hops = 0 if collective is Collective.ALLREDUCE else activation_hops(calls.shape[-1])
     reach = start + hops * network.hop
     complete = reach + np.asarray(network.allreduce, dtype=np.float64)

@@ -1,0 +1,108 @@
+"""Local ranks whose death the job survives: the workers of a parameter server.
+
+torch's elastic agent (``max_restarts=0``) stops the whole job when any rank exits non-zero,
+and ``torch.multiprocessing`` terminates the other ranks as soon as one fails. A parameter
+server goes on without a dead worker (``runtime.ps_liveness``), so in a local launch each of
+its worker ranks runs in a child of the process the launcher started: that process forks the
+child, waits for it and hands back its results; if the child died (a SIGKILL included, which
+no process can catch) or raised, it logs one line naming the rank and why, and returns
+placeholder results with status 0, so the agent sees a rank that finished. The server (rank 0)
+is not shielded: its failure stops the job as before.
+
+The child dies with its parent (``PR_SET_PDEATHSIG`` on Linux, and a SIGTERM handler), so the
+launcher stopping the job stops it too. Under torchrun nothing is shielded: torchrun's agent
+stops the job when any rank dies (its policy), so there a dead worker ends the job.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import logging
+import os
+import pickle
+import signal
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from tailtrain.runtime.allreduce import RankResult
+from tailtrain.sim.records import RunRecord
+
+log = logging.getLogger(__name__)
+
+#: prctl(2) option: the signal a process gets when its parent dies
+PR_SET_PDEATHSIG = 1
+
+
+def shielded(body: Callable[[], list[RankResult]], rank: int, count: int) -> list[RankResult]:
+    """``body()`` (rank ``rank``'s ``count`` results) in a child process; its death is
+    logged and answered with placeholders whose summary says ``dead``, not raised."""
+    read, write = os.pipe()
+    parent = os.getpid()
+    pid = os.fork()
+    if pid == 0:  # the child: the rank itself
+        os.close(read)
+        die_with(parent)
+        run_child(body, write)
+    os.close(write)
+    previous = signal.signal(signal.SIGTERM, lambda *_: stop_child(pid))
+    try:
+        with os.fdopen(read, "rb") as pipe:
+            data = pipe.read()  # until the child exits: its results, pickled by ourselves
+        _, status = os.waitpid(pid, 0)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    outcome = pickle.loads(data) if data else None
+    if os.waitstatus_to_exitcode(status) == 0 and outcome is not None and outcome[0] == "ok":
+        return outcome[1]
+    why = outcome[1] if outcome is not None else exit_reason(status)
+    log.warning("rank %d died (%s); the job goes on without it", rank, why)
+    dead = RunRecord(summary={"dead": why})
+    return [RankResult(rank, dead, np.zeros(0)) for _ in range(count)]
+
+
+def run_child(body: Callable[[], Any], fd: int) -> None:
+    """Run the rank, write ("ok", results) or ("failed", why) to ``fd``, and exit."""
+    code = 1
+    try:
+        outcome: tuple[str, Any] = ("ok", body())
+        code = 0
+    except BaseException as exc:  # handed to the parent, which reports it
+        text = str(exc).strip().splitlines()
+        outcome = ("failed", f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__)
+    try:
+        with os.fdopen(fd, "wb") as pipe:
+            pickle.dump(outcome, pipe)
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            stream.flush()
+        os._exit(code)
+
+
+def die_with(parent: int) -> None:
+    """Be killed when ``parent`` dies (Linux); elsewhere the parent's SIGTERM handler is all."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent:  # the parent died before prctl took effect
+        os._exit(1)
+
+
+def stop_child(pid: int) -> None:
+    """SIGTERM from the launcher: kill the rank, then take the default action ourselves."""
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
+def exit_reason(status: int) -> str:
+    code = os.waitstatus_to_exitcode(status)
+    if code < 0:
+        return f"killed by {signal.Signals(-code).name}"
+    return f"exit status {code}"

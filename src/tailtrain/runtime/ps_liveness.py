@@ -1,0 +1,223 @@
+"""Dead and hung workers on the parameter server: who can still deliver, and k capped at that.
+
+A killed or frozen worker must not stop a parameter-server run (issue 14). The server keeps
+one state per worker:
+
+* ALIVE. A BUSY, ALIVE worker that has sent nothing for longer than the bound since its job
+  started becomes SUSPECT (hung): logged, recorded in the step's ``suspect`` column, and sent
+  a PING at once and every bound after (its receiving thread drops it).
+* DEAD: a send to the worker failed (a JOB, a PING, STOP), so its connection is closed and its
+  process is gone (column ``dead``). gloo (tcp transport, torch 2.x) was checked for this: an
+  any-source receive goes on hearing the other peers when one dies, while a send to or a
+  receive from the dead peer fails at once. So the server keeps its one receiving thread and
+  learns of a death from its sends, the PING making one when nothing else would: a killed
+  worker is found dead about one bound after it last started a job.
+* Any message from a SUSPECT worker makes it ALIVE again (column ``rejoined``): its gradient
+  is an arrival like any other, used if the version rules allow (K-async takes it, stale;
+  K-sync drops it), and its next job follows as usual.
+
+The bound is ``--worker-timeout`` seconds or, by default, ``FACTOR`` times the longest round
+trip a never-suspected worker has delivered, at least ``MIN_BOUND`` seconds; never more than
+``--timeout``.
+
+The cap: a step closes with min(k, ALIVE workers) usable arrivals (at least one). The rule is
+not told: its plan and k stay its own (the row's ``k``), only the server closes earlier, so
+every rule keeps one implementation, and a run in which every worker stays ALIVE closes its
+steps exactly as ``sim.ps.timeline`` does. (A worker silent past the bound without any fault,
+a straggler 10 times slower than any round trip seen, is suspected too; it rejoins when it
+delivers.)
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from tailtrain.runtime.ps_wire import DOWN, Kind, Mailbox, Message, Outbox, receive_report
+
+log = logging.getLogger(__name__)
+
+ALIVE, SUSPECT, DEAD = 0, 1, 2
+#: the default bound: this many times the longest round trip delivered so far ...
+FACTOR = 10.0
+#: ... and at least this many seconds
+MIN_BOUND = 2.0
+#: the step row's columns of liveness events (present only on a step that had one)
+COLUMNS = ("suspect", "rejoined", "dead")
+
+
+class Liveness:
+    """The server's view of which of ``workers`` workers can still deliver, and the end of
+    the run that waits only for those (STOP, BYE, each worker's report).
+
+    :meth:`failed` is the server's ``Outbox`` error handler (the sending thread) and
+    :meth:`last` its ``Mailbox``'s last-message test (the receiving thread); every other
+    method runs on the server's main thread, after :meth:`connect`."""
+
+    def __init__(self, workers: int, timeout: float, worker_timeout: float | None) -> None:
+        self.state = np.full(workers, ALIVE, dtype=np.int8)
+        self.timeout, self.worker_timeout = timeout, worker_timeout
+        self.said_bye = np.zeros(workers, dtype=bool)
+        self.outbox: Outbox | None = None
+        self.mailbox: Mailbox | None = None
+        self.longest = 0.0
+        self.pinged = np.full(workers, -np.inf)
+        self.events: dict[str, list[int]] = {c: [] for c in COLUMNS}
+        self.hung: set[int] = set()
+        self.rejoins = 0
+        #: why each dead worker is dead (the failed send's first line)
+        self.reasons: dict[int, str] = {}
+
+    def connect(self, outbox: Outbox, mailbox: Mailbox) -> None:
+        self.outbox, self.mailbox = outbox, mailbox
+
+    def last(self, message: Message) -> bool:
+        """The receiving thread's test: the BYE of the last worker not dead ends it."""
+        if message.kind is Kind.BYE:
+            self.said_bye[message.worker] = True
+        return bool((self.said_bye | self.dead).all())
+
+    def failed(self, dst: int, exc: BaseException) -> None:
+        """A send to rank ``dst`` failed (the sending thread): worker dst - 1 is LOST."""
+        assert self.mailbox is not None
+        self.reasons.setdefault(dst - 1, reason(exc))
+        self.mailbox.put(Message(Kind.LOST, dst - 1))
+
+    def ping(self, worker: int) -> None:
+        assert self.outbox is not None
+        self.outbox.send(Message(Kind.PING, worker), worker + 1, DOWN)
+
+    @property
+    def bound(self) -> float:
+        """Seconds of silence after which a busy worker is suspected (module docstring)."""
+        if self.worker_timeout is not None:
+            return min(self.worker_timeout, self.timeout)
+        return min(self.timeout, max(MIN_BOUND, FACTOR * self.longest))
+
+    @property
+    def alive(self) -> np.ndarray:
+        return self.state == ALIVE
+
+    @property
+    def dead(self) -> np.ndarray:
+        return self.state == DEAD
+
+    def cap(self, k: int) -> int:
+        """The usable arrivals that close a step: the rule's k, at most the ALIVE workers."""
+        return min(k, max(1, int(self.alive.sum())))
+
+    def delivered(self, worker: int, round_trip: float) -> None:
+        """A job's round trip, for the default bound (a once-hung worker's do not count)."""
+        if worker not in self.hung:
+            self.longest = max(self.longest, round_trip)
+
+    def heard(self, worker: int) -> None:
+        """A message from ``worker``: a suspect rejoins."""
+        if self.state[worker] == SUSPECT:
+            self.state[worker] = ALIVE
+            self.events["rejoined"].append(worker)
+            self.rejoins += 1
+            log.warning("worker %d rejoined; %d workers live", worker, self.alive.sum())
+
+    def watch(self, busy: np.ndarray, start: np.ndarray, now: float) -> float:
+        """Suspect the busy workers silent past the bound since ``start`` (the server's clock),
+        ping the suspects that are due; the seconds until the next check is due."""
+        bound = self.bound
+        for w in np.flatnonzero(self.alive & busy & (now - start > bound)).tolist():
+            self.state[w] = SUSPECT
+            self.events["suspect"].append(w)
+            self.hung.add(w)
+            self.pinged[w] = -np.inf
+            log.warning(
+                "worker %d sent nothing for %.2fs (bound %.2fs): suspected hung; k capped at "
+                "%d live workers",
+                w,
+                now - start[w],
+                bound,
+                self.alive.sum(),
+            )
+        suspects = self.state == SUSPECT
+        for w in np.flatnonzero(suspects & (now - self.pinged >= bound)).tolist():
+            self.pinged[w] = now
+            self.ping(w)
+        due = np.concatenate([start[self.alive & busy], self.pinged[suspects]])
+        return float(due.min() + bound - now) if due.size else bound
+
+    def lost(self, worker: int, reason: str = "") -> bool:
+        """``worker``'s connection failed: it is dead. Whether that is news."""
+        if self.state[worker] == DEAD:
+            return False
+        self.state[worker] = DEAD
+        self.events["dead"].append(worker)
+        self.reasons.setdefault(worker, reason or "gone")
+        log.warning(
+            "worker %d is dead (%s); %d workers live",
+            worker,
+            self.reasons[worker],
+            self.alive.sum(),
+        )
+        return True
+
+    def stop(self, clock: Callable[[], float]) -> None:
+        """STOP to every worker not dead, then their BYEs (and any message still coming);
+        a worker without a BYE one bound after the STOP is given up: dead."""
+        assert self.outbox is not None and self.mailbox is not None
+        for w in np.flatnonzero(~self.dead).tolist():
+            self.outbox.send(Message(Kind.STOP, w), w + 1, DOWN)
+        self.outbox.flush()
+        sent = clock()
+        since = np.full(len(self.state), sent)
+        while True:
+            missing = ~(self.said_bye | self.dead)
+            left = self.watch(missing, since, clock())
+            if not missing.any() and not self.mailbox.wait(0.0):
+                break
+            if self.mailbox.wait(max(left, 1e-4)):
+                message = self.mailbox.take(0.0)
+                if message.kind is Kind.LOST:
+                    self.lost(message.worker)
+                else:
+                    self.heard(message.worker)
+            elif clock() - sent > self.bound:
+                for w in np.flatnonzero(missing).tolist():
+                    self.lost(w, "no BYE within the bound after STOP")
+        if self.said_bye.all():  # else the receiving thread may stay posted: it is a daemon
+            self.mailbox.join(self.timeout)
+
+    def reports(self) -> list[Any]:
+        """Each worker's report (``ps_wire.send_report``), sent after its BYE; None for a
+        worker that is dead."""
+        parts: list[Any] = [None] * len(self.state)
+        for w in np.flatnonzero(self.said_bye & ~self.dead).tolist():
+            try:
+                parts[w] = receive_report(w + 1)
+            except Exception as exc:  # it died after its BYE
+                self.lost(w, reason(exc))
+        return parts
+
+    def take_events(self) -> dict[str, Any]:
+        """The step row's liveness columns, then a clean slate: the events of the step, and
+        ``live`` (ALIVE workers at the close) while any worker is missing."""
+        row: dict[str, Any] = {c: v for c, v in self.events.items() if v}
+        if row or not self.alive.all():
+            row["live"] = int(self.alive.sum())
+        self.events = {c: [] for c in COLUMNS}
+        return row
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "dead_workers": np.flatnonzero(self.dead).tolist(),
+            "hung_workers": sorted(self.hung),
+            "rejoins": self.rejoins,
+        }
+
+
+def reason(exc: BaseException) -> str:
+    """A failed send's first sentence, without gloo's source location:
+    ``[.../pair.cc:553] Connection closed by peer [127.0.0.1]:1234. This is...``."""
+    text = re.sub(r"^\[[^\]]*\]\s*", "", str(exc).strip())
+    return text.split(". ")[0].splitlines()[0] if text else type(exc).__name__

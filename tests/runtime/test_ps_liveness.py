@@ -1,0 +1,76 @@
+"""The parameter server's liveness bookkeeping, without processes: suspicion, death, rejoin,
+the cap on k and the step row's columns (``runtime.ps_liveness``)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tailtrain.runtime.ps_liveness import MIN_BOUND, Liveness, reason
+
+
+class Pings:
+    def __init__(self) -> None:
+        self.sent: list[int] = []
+
+
+def liveness(n: int = 4, timeout: float = 30.0, worker_timeout: float | None = 1.0):
+    pings = Pings()
+    live = Liveness(n, timeout, worker_timeout)
+    live.ping = pings.sent.append  # the outbox's PING, recorded
+    return live, pings
+
+
+def test_a_silent_busy_worker_is_suspected_pinged_every_bound_and_k_is_capped():
+    live, pings = liveness()
+    busy = np.array([True, True, False, True])
+    start = np.array([0.0, 0.2, 0.0, 1.5])
+    assert live.watch(busy, start, 0.9) == pytest.approx(0.1)  # worker 0's bound ends at 1.0
+    assert live.cap(4) == 4 and pings.sent == []
+    assert live.watch(busy, start, 1.1) == pytest.approx(0.1)  # worker 1's at 1.2
+    assert live.state.tolist() == [1, 0, 0, 0] and pings.sent == [0]
+    assert live.cap(4) == 3 and live.cap(2) == 2
+    live.watch(busy, start, 1.5)  # worker 1 suspected; worker 0's next PING is due at 2.1
+    assert pings.sent == [0, 1]
+    live.watch(busy, start, 2.15)
+    assert pings.sent == [0, 1, 0]
+    assert live.take_events() == {"suspect": [0, 1], "live": 2}
+    assert live.take_events() == {"live": 2}  # a clean slate, still two missing
+
+
+def test_a_suspect_that_speaks_rejoins_and_a_lost_one_is_dead_once():
+    live, _ = liveness()
+    live.watch(np.ones(4, bool), np.zeros(4), 1.5)
+    assert live.cap(4) == 1  # every worker suspected: the next arrival closes the step
+    live.heard(2)
+    assert live.lost(3, "Connection closed by peer") and not live.lost(3, "again")
+    live.heard(3)  # the dead stay dead
+    assert live.take_events() == {"suspect": [0, 1, 2, 3], "rejoined": [2], "dead": [3], "live": 1}
+    assert live.summary() == {"dead_workers": [3], "hung_workers": [0, 1, 2, 3], "rejoins": 1}
+    assert live.reasons == {3: "Connection closed by peer"}
+
+
+def test_the_default_bound_follows_the_longest_round_trip_within_its_limits():
+    live, _ = liveness(timeout=5.0, worker_timeout=None)
+    assert live.bound == MIN_BOUND
+    live.delivered(0, 0.35)
+    assert live.bound == pytest.approx(3.5)
+    live.delivered(1, 0.9)
+    assert live.bound == 5.0  # never more than --timeout
+    live.hung.add(2)
+    live.delivered(2, 100.0)  # a rejoining worker's round trip includes its hang: not counted
+    assert live.longest == 0.9
+    assert liveness(timeout=5.0, worker_timeout=9.0)[0].bound == 5.0
+
+
+def test_without_events_a_row_gets_no_liveness_columns():
+    live, _ = liveness()
+    live.watch(np.ones(4, bool), np.zeros(4), 0.5)
+    live.delivered(1, 0.5)
+    assert live.take_events() == {}
+
+
+def test_a_failed_sends_reason_is_its_first_sentence_without_gloos_source_location():
+    text = "[/x/gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:1. This is"
+    assert reason(RuntimeError(text)) == "Connection closed by peer [127.0.0.1]:1"
+    assert reason(RuntimeError("")) == "RuntimeError"
