@@ -339,7 +339,7 @@ class PartialCollective:
             self.cond.notify_all()
         for peer in range(self.procs) if first else ():
             with contextlib.suppress(Exception):  # a dead peer's connection is gone
-                self._send(peer, ABORT, 0)
+                self._send([peer], ABORT, 0)
         deadline = time.monotonic() + wait
         for thread in self.threads:
             thread.join(max(0.0, deadline - time.monotonic()))
