@@ -70,8 +70,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         type=int,
         default=None,
         metavar="U",
-        help="checkpoint in --out every U rounds (allreduce strategies; default: only when a "
-        "rank fails, of the last completed round)",
+        help="checkpoint in --out every U rounds (allreduce and partial-collective strategies; "
+        "default: only when a rank fails, of the last completed round)",
     )
     p.add_argument(
         "--resume",
@@ -209,10 +209,10 @@ def fresh(args: argparse.Namespace):
         raise UsageError("--overwrite needs --out DIR, the folder the run is kept in")
     strategy = parse_strategy(args.strategy)
     extra = processes(strategy, 0)  # a parameter server's own rank
-    if args.checkpoint_every is not None and topology_of(strategy) is not Topology.ALLREDUCE:
+    if args.checkpoint_every is not None and topology_of(strategy) is Topology.PARAMETER_SERVER:
         raise UsageError(
             f"--checkpoint-every: {strategy.describe()} runs on the {topology_of(strategy)} "
-            "topology, which keeps no checkpoints yet (allreduce strategies do)"
+            "topology, which keeps no checkpoints yet (allreduce and eager strategies do)"
         )
     torchrun = in_torchrun()
     args.workers = workers(args.workers, os.environ if torchrun else None, extra)

@@ -24,13 +24,57 @@ round they finished in), so DBW's time estimator sees them one round later.
 
 Evaluations: rank 0 scores the initial model, and the final one after a last average of the
 models; scoring in between would stall rank 0 and make it the straggler. ``time`` is the
-round's close on the run's clock (``RoundResult.closed``).
+round's close on the run's clock (``RoundResult.closed``, plus the seconds of the launches
+before a resume).
+
+**Checkpoints** (``runtime.keep``, with ``--out``). Every rank adopts the same round results,
+but a rank's own model is private: a late rank skips rounds, and only a model average makes
+the models equal again. What every rank agrees on after round r is the *agreed model*: the
+model of a rank that adopted every round, theta_r = theta_(r-1) - lr * lr_scale * sum_i w g_i
+/ divisor from the start (or from the last model average, which every rank took after the same
+round). Each rank's reducer thread keeps it (one more D-vector and one update per round) and
+takes a snapshot after every round of what the run needs to go on: the agreed model, the
+rule's state (``Strategy.state_dict``; the rule is replicated, so it is every rank's), the
+round index, the run's clock, the injected communication draws' generator, the update path's
+state and the evaluator's position, and the last row of the record. So a checkpoint of round r
+is the same whichever rank writes it: rank 0's main thread writes the latest snapshot every
+``--checkpoint-every`` rounds (a slow main thread is what a partial collective tolerates; its
+reducer thread, which every round waits for, never writes), and after a failure the survivors'
+census (``Keeper.failed``) writes the last round every reducer completed. A round that ends
+with a model average is snapshotted once the average is known (on the main thread, after the
+round): until then the latest snapshot is the round before.
+
+**Resume.** Every rank loads the agreed model as its own (a resume is also a model average),
+the rule's state, clock and generator; the next round is the checkpoint's round, and every
+rank's job counter starts there too (job j of rank p is still the mini-batch keyed (seed, p,
+j) and its injected delay the simulator's j-th): a rank that had been late skips the keys it
+had not reached, and the rounds after the checkpoint are played again with the keys they used.
+The send buffers start empty: a gradient buffered when the group failed, stale or waiting for
+its round, is lost, as is the round in flight — that is what a restart may lose. A resumed
+run therefore ends close to, not equal to, an uninterrupted one: the two differ by the private
+model drift of late ranks and the buffered gradients at the checkpoint (a round whose every
+rank was on time, with empty buffers, resumes exactly).
+
+**Failure.** A rank that sees the group fail (its collective raised, or the launcher's
+SIGTERM) freezes its snapshot (the reducer takes no more), stops the partial collective
+(``PartialCollective.abort``: the reducer leaves its wait, and every surviving peer's receiver
+leaves on this rank's ``ABORT``), takes part in the census with the rounds its reducer
+completed, and leaves; the launcher's line names the dead rank and the round in flight. A
+thread blocked inside a collective leaves once a peer exits; the census does not need it, and
+a rank waits at most :data:`ABORT_WAIT` seconds for it. A rank that only hangs is no failure
+here: the others go on without it (it is late).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 import math
+import os
+import signal
+import threading
 import time
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -40,27 +84,45 @@ from tailtrain.errors import TailtrainError, UsageError
 from tailtrain.runtime.allreduce import RankResult
 from tailtrain.runtime.config import TrainConfig, build_world
 from tailtrain.runtime.inject import FaultDrill
+from tailtrain.runtime.keep import Keeper, Snapshot, Stopped, reopen_records, stop_on_sigterm
 from tailtrain.runtime.partial import PartialCollective, RoundResult, row
 from tailtrain.runtime.reduce import Collectives
-from tailtrain.runtime.telemetry import stream_to_board
+from tailtrain.runtime.telemetry import attach, stream_to_board
+from tailtrain.sim import checkpoint
 from tailtrain.sim.data_stream import job_batches
 from tailtrain.sim.evaluation import Evaluator
 from tailtrain.sim.partial.collectives import CommTimes
 from tailtrain.sim.partial.engine import summarise as partial_summary
-from tailtrain.sim.records import RunRecord, prepare_folder
+from tailtrain.sim.records import RunRecord
 from tailtrain.sim.scenario import World
-from tailtrain.strategies.base import Selection, StepStats, Strategy
+from tailtrain.strategies.base import ArrivalColumns, Selection, StepStats, Strategy
 from tailtrain.strategies.eager import RoundPlan
 from tailtrain.update import NonFiniteGradient, WeightedUpdate
 
+log = logging.getLogger(__name__)
+
 #: rounds whose step a rank can still adopt (a rank that slept through more adopts a later one)
 KEEP = 64
+#: seconds a failed rank waits, after its census, for the collective's threads to leave
+ABORT_WAIT = 1.0
 
 
 class Rule:
-    """The strategy and its state, driven on the reducer thread (same inputs on every rank)."""
+    """The strategy and its state, driven on the reducer thread (same inputs on every rank).
 
-    def __init__(self, world: World, strategy: Strategy, rank: int, record: bool) -> None:
+    Rounds are counted from 0 in each launch by the collective (``result.index``, the keys of
+    ``steps`` and ``averages``); ``base`` rounds and ``origin`` seconds came before it (a
+    resumed run's checkpoint). Records, the rule and checkpoints see the run's rounds."""
+
+    def __init__(
+        self,
+        world: World,
+        strategy: Strategy,
+        rank: int,
+        record: bool,
+        theta: torch.Tensor,
+        keeper: Keeper | None = None,
+    ) -> None:
         self.world, self.strategy, self.rank = world, strategy, rank
         self.state: Any = strategy.init(world.context)
         self.comm = CommTimes(world.scenario.comm_time, world.seed)
@@ -68,27 +130,48 @@ class Rule:
         self.averages: list[int] = []
         self.record = RunRecord() if record else None
         self.now = 0.0
+        self.base, self.origin = 0, 0.0
+        self.done = 0  # the run's rounds completed
+        self.latest = -1  # this launch's last round
+        self.keeper, self.evals = keeper, None  # evals: the Evaluator, for the snapshots
+        self.agreed = theta  # the model a rank that adopted every round holds (docstring)
+        self.update = WeightedUpdate(world.lr)
+        self.lock = threading.Lock()  # the agreed model: reducer thread and main thread
+        self.pending: int | None = None  # a round whose model average is not known yet
+        self.last_row: dict[str, Any] | None = None
 
     def first(self) -> RoundPlan:
         return self.strategy.plan(self.state)
 
     def after_round(self, result: RoundResult) -> RoundPlan | None:
         """select -> the round's step, StepStats -> adapt; the next plan (None: done)."""
-        arrivals, plan, r = result.arrivals(), result.plan, result.index
+        arrivals, plan, r = self.arrivals(result), result.plan, result.index
         weight, divisor = uniform(self.strategy.select(self.state, arrivals), arrivals.keys)
-        self.steps[r] = (weight * result.total, divisor, plan.lr_scale)
+        step = (weight * result.total, divisor, plan.lr_scale)
+        self.steps[r] = step
         self.steps.pop(r - KEEP, None)
         if plan.average_models:
             self.averages.append(r)
         stats = self.stats(result, arrivals)
         self.state = self.strategy.adapt(self.state, stats)
         time.sleep(self.comm.next() * (2 if plan.average_models else 1))
-        self.now = result.closed
+        self.now = stats.time
+        self.last_row = round_row(result, stats)
         if self.record is not None:
-            self.record.add_step(round_row(result, stats))
-        if self.world.finished(r + 1, self.now):
+            self.record.add_step(self.last_row)
+        self.done, self.latest = self.base + r + 1, r
+        self.keep(step, plan.average_models)
+        if self.world.finished(self.done, self.now):
             return None
         return self.strategy.plan(self.state)
+
+    def arrivals(self, result: RoundResult) -> ArrivalColumns:
+        """The round's arrivals in the run's rounds and clock."""
+        a = result.arrivals()
+        shift = self.origin
+        return ArrivalColumns(
+            a.worker, a.job, a.version + self.base, a.start + shift, a.finish + shift
+        )
 
     def stats(self, result: RoundResult, arrivals) -> StepStats:
         rows, r = result.rows, result.index
@@ -97,9 +180,9 @@ class Rule:
         mean = result.fresh / max(nap, 1)
         fresh = fresh[np.isfinite(fresh[:, 5])]  # a screened-out gradient joined with nothing
         return StepStats(
-            step=r,
-            version=r + 1,
-            time=result.closed,
+            step=self.base + r,
+            version=self.base + r + 1,
+            time=self.origin + result.closed,
             k=result.plan.k,
             arrivals=arrivals,
             used=arrivals.keys,
@@ -108,6 +191,68 @@ class Rule:
             mean_grad_sq=float(mean @ mean) if nap else math.nan,
             lr=self.world.lr * result.plan.lr_scale,
         )
+
+    # ---- the agreed model and the snapshots (module docstring) ----------------------------
+    def keep(self, step: tuple[torch.Tensor, float, float], average: bool) -> None:
+        """The round's step on the agreed model; the snapshot unless an average is pending."""
+        if self.keeper is None:
+            return
+        total, divisor, lr_scale = step
+        with self.lock:
+            if self.keeper is None:  # frozen by a failure
+                return
+            self.agreed = self._apply(self.agreed, total, divisor, lr_scale)
+            if average:
+                self.pending = self.latest
+            if self.pending is None:
+                self.keeper.completed(self.done, self.state_dict, save=False)
+
+    def rebase(self, r: int, theta: torch.Tensor) -> None:
+        """Round ``r``'s model average is ``theta`` (main thread): the agreed model from it on,
+        with the rounds the reducer completed since."""
+        if self.keeper is None:
+            return
+        with self.lock:
+            model = theta
+            for later in range(r + 1, self.latest + 1):
+                model = self._apply(model, *self.steps[later])
+            self.agreed, self.pending = model, None
+
+    def freeze(self) -> None:
+        """The group failed: no more snapshots, so the census writes the one it counted."""
+        with self.lock:
+            self.keeper = None
+
+    def _apply(self, theta: torch.Tensor, total: torch.Tensor, divisor: float, scale: float):
+        return self.update.apply_reduced(theta, total.to(theta.dtype), divisor, scale)
+
+    def state_dict(self) -> dict[str, Any]:
+        """What goes on after the last completed round (module docstring); the model by
+        reference (an update replaces it), the rest copied."""
+        last, evals = self.last_row, self.evals.record.evals
+        return {
+            "now": self.now,
+            "theta": self.agreed,
+            "rule": self.strategy.state_dict(self.state),
+            "comm": checkpoint.capture(self.comm, ("_model",)),
+            "update": self.update.state_dict(),
+            "evaluator": checkpoint.capture(self.evals, ("schedule", "record", "enabled")),
+            "rows": {"steps": self.done, "evals": len(evals)},
+            "last_step": None if last is None else checkpoint.pack(last),
+            "last_eval": checkpoint.pack(evals[-1]) if evals else None,
+            "torch_rng": torch.get_rng_state(),
+        }
+
+    def load_state_dict(self, saved: dict[str, Any]) -> None:
+        self.base = self.done = int(saved["step"])
+        self.now = self.origin = float(saved["now"])
+        self.agreed = saved["theta"]
+        self.state = self.strategy.load_state_dict(saved["rule"])
+        checkpoint.restore(self.comm, saved["comm"])
+        self.update.load_state_dict(saved["update"])
+        checkpoint.restore(self.evals, saved["evaluator"])
+        torch.set_rng_state(saved["torch_rng"])
+        self.last_row = checkpoint.unpack(saved["last_step"])
 
 
 def uniform(selection: Selection, keys: np.ndarray) -> tuple[float, float]:
@@ -131,8 +276,8 @@ def round_row(result: RoundResult, stats: StepStats) -> dict[str, Any]:
     if plan.synchronous:  # everyone activates itself; the last call completes it (the sim's)
         initiators = np.array([int(np.argmax(result.slots[:, 1]))])
     return {
-        "step": r,
-        "time": result.closed,
+        "step": stats.step,
+        "time": stats.time,
         "k": int(active.size),
         "lr": stats.lr,
         "loss": stats.loss,
@@ -151,8 +296,40 @@ def round_row(result: RoundResult, stats: StepStats) -> dict[str, Any]:
     }
 
 
+@dataclass
+class _Run:
+    """One rank's run; lives only inside :func:`train_partial`."""
+
+    config: TrainConfig
+    world: World
+    strategy: Strategy
+    comm: Collectives
+    rule: Rule
+    evals: Evaluator
+    keeper: Keeper
+    theta: torch.Tensor
+    job: int = 0  # this rank's next job (module docstring: Resume)
+    coll: PartialCollective | None = field(default=None, repr=False)
+
+
 def train_partial(config: TrainConfig, comm: Collectives) -> RankResult:
-    """Run ``config`` as rank ``comm.rank`` under a partial-collective rule (module docstring)."""
+    """Run ``config`` as rank ``comm.rank`` under a partial-collective rule (module docstring).
+
+    When the group fails this rank stops the collective, takes part in the survivors' census
+    and checkpoint (``runtime.keep.Keeper.failed``) and leaves."""
+    stop_on_sigterm()
+    run = start(config, comm)
+    try:
+        step = rounds(run)
+    except BaseException as exc:
+        end = failed(run, exc)
+        if end is exc:
+            raise
+        raise end from exc
+    return finish(run, step)
+
+
+def start(config: TrainConfig, comm: Collectives) -> _Run:
     world, strategy = build_world(config)
     scenario, rank, n = world.scenario, comm.rank, comm.world_size
     if n != scenario.workers:
@@ -162,36 +339,95 @@ def train_partial(config: TrainConfig, comm: Collectives) -> RankResult:
     task = world.task
     theta = task.init_params(world.seed)
     task.grads(theta, batch(world, rank, 0))  # build torch.func machinery before the clock
-    rule = Rule(world, strategy, rank, record=rank == 0)
-    record = stream_to_board(rule.record or RunRecord(), config, world, rank == 0)
-    evals = Evaluator(scenario.evaluation, record, enabled=rank == 0)
-    evals.start(lambda: task.evaluate(theta))
-    coll = PartialCollective(
-        rank,
-        n,
-        int(task.dim),
-        rule.first(),
-        rule.after_round,
-        backend=config.backend,
-        device=comm.device,
-        timeout=config.timeout,
-    )
-    theta, step = run_rounds(config, world, coll, rule, comm, theta)
-    coll.close()
-    theta = comm.weighted_sum(theta, 1.0 / n).numerator  # the final synchronisation
-    final = evaluate_once(task, theta)
-    if not scenario.evaluation.on_time_grid:  # the every-U-updates schedule's last point
+    identity = {
+        "strategy": strategy.describe(),
+        "seed": config.seed,
+        "scenario": dataclasses.asdict(scenario),
+    }
+    keeper = Keeper(config.out, config.checkpoint_every, rank, n, identity, config.report)
+    kept = keeper if config.out is not None else None
+    rule = Rule(world, strategy, rank, rank == 0, theta, kept)
+    if rule.record is not None:
+        stream_to_board(rule.record, config, world, True)
+    # every rank follows the schedule, the others into a record of their own, without scoring
+    rule.evals = evals = Evaluator(scenario.evaluation, rule.record or RunRecord(), True)
+    run = _Run(config, world, strategy, comm, rule, evals, keeper, theta)
+    if keeper.saved is not None:
+        resume(run, keeper.saved)
+    else:
+        if config.out is not None and rank == 0:
+            attach(rule.record, reopen_records(config.out, None, None)[0])
+        evals.start((lambda: task.evaluate(theta)) if rank == 0 else dict)
+    return run
+
+
+def resume(run: _Run, saved: dict[str, Any]) -> None:
+    """Go on from a checkpoint :meth:`Rule.state_dict` made (module docstring: Resume)."""
+    rule = run.rule
+    rule.load_state_dict(saved)
+    run.theta, run.job = rule.agreed, rule.base
+    counts = dict(saved["rows"])
+    if run.comm.rank == 0:
+        sink, rows = reopen_records(run.config.out, counts, rule.last_row)
+        attach(rule.record, sink)
+        rule.record.steps, rule.record.evals = rows["steps"], rows["evals"]
+    else:  # the others keep the number of evaluations before it and the last of them
+        run.evals.record.evals = [checkpoint.unpack(saved["last_eval"])] * counts["evals"]
+    run.keeper.completed(rule.done, rule.state_dict, save=False)
+
+
+def rounds(run: _Run) -> int:
+    """Every round until the plan ends, then the final model average; the run's round count."""
+    config, world, rule, comm = run.config, run.world, run.rule, run.comm
+    if not world.finished(rule.done, rule.now):
+        run.coll = PartialCollective(
+            comm.rank,
+            comm.world_size,
+            int(world.task.dim),
+            rule.first(),
+            rule.after_round,
+            backend=config.backend,
+            device=comm.device,
+            timeout=config.timeout,
+        )
+        run_rounds(run)
+        run.coll.close()
+    run.theta = comm.weighted_sum(run.theta, 1.0 / comm.world_size).numerator  # the final sync
+    return rule.done
+
+
+def failed(run: _Run, exc: BaseException) -> BaseException:
+    """The group failed: freeze the snapshot, stop the collective, census and checkpoint; the
+    exception to end with. A rank the launcher stopped leaves at once after the census."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the census runs to its end
+    run.rule.freeze()
+    if run.coll is not None:
+        run.coll.abort()
+    end = run.keeper.failed(run.rule.done, exc, run.config.timeout)
+    if run.coll is not None and not run.coll.abort(ABORT_WAIT):
+        log.info("the collective's threads are still in a collective; they end with this rank")
+    if isinstance(exc, Stopped):
+        os._exit(143)
+    return end
+
+
+def finish(run: _Run, step: int) -> RankResult:
+    """Score the final model, summarise, close the run folder (rank 0)."""
+    world, rule, evals, rank = run.world, run.rule, run.evals, run.comm.rank
+    final = evaluate_once(world.task, run.theta) if rank == 0 else dict
+    if not world.scenario.evaluation.on_time_grid:  # the every-U-updates schedule's last point
         evals.after_step(step, rule.now, final, final)
     evals.finish(step, rule.now, final)
+    record = rule.record or RunRecord()
     if rank == 0:
-        summary = {**world.summarise(strategy, record), **partial_summary(record)}
+        summary = {**world.summarise(run.strategy, record), **partial_summary(record)}
         summary["nonfinite"] = int(sum(r.get("nonfinite", 0) for r in record.steps))
         record.summary = {
             ("wall_time" if k == "virtual_time" else k): v for k, v in summary.items()
         }
-        if config.out is not None:
-            record.write(prepare_folder(config.out))
-    return RankResult(rank, record, theta.numpy().copy())
+        if run.config.out is not None:
+            run.keeper.finish(record)
+    return RankResult(rank, record, run.theta.numpy().copy())
 
 
 def evaluate_once(task, theta: torch.Tensor):
@@ -212,34 +448,53 @@ def batch(world: World, rank: int, job: int) -> np.ndarray:
     return b[:, 0]
 
 
-def run_rounds(config, world, coll, rule: Rule, comm: Collectives, theta):
-    """The main thread: compute, (sleep the injected delay), call, adopt; until the plan ends."""
+def run_rounds(run: _Run) -> None:
+    """The main thread: compute, (sleep the injected delay), call, adopt; until the plan ends.
+    ``step`` counts this launch's rounds (the collective's), ``rule.base + step`` the run's."""
+    config, world, coll, rule, comm = run.config, run.world, run.coll, run.rule, run.comm
+    assert coll is not None
     rank, n = comm.rank, comm.world_size
     durations = world.durations(round_trips=False)
+    durations.next_job[rank] = run.job  # the j-th job sleeps the simulator's j-th delay
     me = np.array([rank])
     update = WeightedUpdate(world.lr)
-    step, job, averaged = 0, 0, 0
+    step, averaged, written = 0, 0, rule.done
     drill = FaultDrill(config.faults, rank, config.out)  # a kill fires once, not after a restart
     while coll.plan(step) is not None:
-        drill.before(step)
+        drill.before(rule.base + step)
         start = coll.now()
-        loss, grad = world.task.grads(theta, batch(world, rank, job))
+        loss, grad = world.task.grads(run.theta, batch(world, rank, run.job))
         loss, grad = float(loss[0]), grad[0]
         if config.inject:
-            seconds = float(durations.peek(me, np.array([start]))[0])
+            seconds = float(durations.peek(me, np.array([rule.origin + start]))[0])
             durations.advance(me)
             time.sleep(seconds)
-        drill.poison(step, grad)
+        drill.poison(rule.base + step, grad)
         if not (torch.isfinite(grad).all() and math.isfinite(loss)):
             if config.on_nonfinite == "raise":
-                raise NonFiniteGradient([rank], step)
+                raise NonFiniteGradient([rank], rule.base + step)
             grad, loss = torch.zeros_like(grad), math.nan  # joins with nothing (update.py)
-        out = coll.call(step, grad, row(job, step, start, coll.now(), loss, float(grad @ grad)))
+        gsq = float(grad @ grad)
+        out = coll.call(step, grad, row(run.job, step, start, coll.now(), loss, gsq))
         done = out.result.index
         total, divisor, lr_scale = rule.steps[done]
-        theta = update.apply_reduced(theta, total.to(theta.dtype), divisor, lr_scale)
+        run.theta = update.apply_reduced(run.theta, total.to(run.theta.dtype), divisor, lr_scale)
         while averaged < len(rule.averages) and rule.averages[averaged] <= done:
-            theta = comm.weighted_sum(theta, 1.0 / n).numerator
+            run.theta = comm.weighted_sum(run.theta, 1.0 / n).numerator
+            rule.rebase(rule.averages[averaged], run.theta)
             averaged += 1
-        step, job = done + 1, job + 1
-    return theta, step
+        written = save_due(run.keeper, written)
+        step, run.job = done + 1, run.job + 1
+
+
+def save_due(keeper: Keeper, written: int) -> int:
+    """Rank 0 writes the latest snapshot once it passed a multiple of ``--checkpoint-every``
+    since the last write; returns the rounds the checkpoint on disk holds."""
+    snapshot: Snapshot | None = keeper.snapshot
+    every = keeper.every
+    if keeper.rank != 0 or every is None or snapshot is None:
+        return written
+    if snapshot.step // every <= written // every:
+        return written
+    keeper.save(snapshot)
+    return snapshot.step

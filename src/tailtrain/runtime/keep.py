@@ -208,6 +208,11 @@ class Keeper:
         if save and self.rank == 0 and self.every is not None and step % self.every == 0:
             self._save(self.snapshot)
 
+    def save(self, snapshot: Snapshot) -> None:
+        """Write ``snapshot`` now: a topology that snapshots off its main thread writes the
+        due ones from there (``runtime.eager``)."""
+        self._save(snapshot)
+
     def finish(self, record: RunRecord) -> None:
         """The run is complete (rank 0): its summary, and no checkpoint left to resume from."""
         assert self.folder is not None and self.path is not None

@@ -35,6 +35,8 @@ backend), so a round progresses while the main thread computes, sleeps or waits 
   activates round r at the K-th call. The K-th caller initiates by one hop to the counter.
 - ``STOP n``: at the end, to every other rank: "I sent you n messages"; a receiver leaves once
   every peer's STOP came and all announced messages arrived, so nothing is left unreceived.
+- ``ABORT``: the group failed and the sender leaves (:meth:`PartialCollective.abort`); the
+  receiver leaves too, as a dead peer never sends its STOP.
 
 **States of a round r on one process**: planned (its plan is known: every rank computes it
 from the previous round's result with the rule, identically) → activated (own call or ``ACT``)
@@ -75,6 +77,7 @@ counts from its own exit of that barrier (the barrier's skew).
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import socket
 import sys
@@ -95,7 +98,7 @@ from tailtrain.sim.partial.collectives import activation_hops
 from tailtrain.strategies.base import ArrivalColumns
 from tailtrain.strategies.eager import Collective, RoundPlan
 
-ACT, CALL, STOP = 1, 2, 3
+ACT, CALL, STOP, ABORT = 1, 2, 3, 4
 #: columns of one contributed gradient's row
 ROW = ("job", "version", "start", "finish", "loss", "gsq")
 HEAD = ("initiated", "activated", "snapshot", "rows")
@@ -326,6 +329,23 @@ class PartialCollective:
         if any(t.is_alive() for t in self.threads):
             raise CollectiveTimeout(f"rank {self.rank}: the collective's threads did not stop")
 
+    def abort(self, wait: float = 0.0) -> bool:
+        """After a failure: stop the reducer, send ``ABORT`` to the peers (a surviving peer's
+        receiver leaves on it, and ours on theirs; only the first call sends), and join both
+        threads for at most ``wait`` seconds in all; whether both stopped. A thread blocked
+        in a collective leaves once a peer of it exits (at the latest after ``timeout``)."""
+        with self.cond:
+            first, self.state.closing = not self.state.closing, True
+            self.cond.notify_all()
+        for peer in range(self.procs) if first else ():
+            with contextlib.suppress(Exception):  # a dead peer's connection is gone
+                self._send([peer], ABORT, 0)
+        deadline = time.monotonic() + wait
+        for thread in self.threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+        sys.setswitchinterval(self._switch)
+        return not any(t.is_alive() for t in self.threads)
+
     # ---- activation, counting, messages (any thread, under ``cond``) -----------------------
     def _activate(self, r: int, internal: bool) -> None:
         s = self.state
@@ -385,6 +405,8 @@ class PartialCollective:
             self.act_group.recv_anysource([message], 0).wait(IDLE)
             kind, value, sender = (int(v) for v in message)
             got[sender] += 1
+            if kind == ABORT:
+                return
             if kind == STOP:
                 announced[sender] = value
                 continue
