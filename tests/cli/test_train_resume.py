@@ -111,7 +111,11 @@ def test_a_nan_gradient_is_excluded_and_counted(tmp_path, capfd, strategy):
     assert code == 0, err
     assert json.loads(out)["nonfinite"] == 1
     steps, evals = records(folder)
-    assert steps["nonfinite"].fillna(0).tolist() == [0, 1, 0, 0]
+    counted = steps["nonfinite"].fillna(0).astype(int).tolist()
+    if strategy == "sync":
+        assert counted == [0, 1, 0, 0]
+    else:  # a late rank's gradient of its step 1 is reduced in the round it reaches: 1 or 2
+        assert sum(counted) == 1 and counted.index(1) in (1, 2), counted
     assert np.isfinite(evals["train_loss"]).all()  # the NaN never reached the model
 
 
