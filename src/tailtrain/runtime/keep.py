@@ -5,7 +5,10 @@ The run folder is simulate's (``cli.run_folder``, ``sim.records``, ``sim.checkpo
 comes and flushes it, so a crash loses at most the round in flight), ``summary.json`` at the
 end and ``checkpoint.pt``, written atomically (a temporary file, then a rename) and read with
 ``weights_only=True``. Train adds ``drills.jsonl``: the kill and freeze drills that fired,
-each noted before it fires, so that a drill fires once per run and not again after a restart.
+each noted before it fires, so that a drill fires once per run and not again after a restart;
+and ``failures.jsonl``: each failure of the group as the survivors saw it (the round in
+flight, the missing ranks, the round the checkpoint holds, the restart count), so the rounds a
+failure cost, in flight minus checkpointed, can be counted afterwards.
 
 **Checkpoints.** A rank keeps a snapshot of its state after every completed round (its
 ``state`` callable: references to the parameters, which an update replaces and never changes
@@ -49,6 +52,8 @@ from tailtrain.sim.records import RecordSink, RunRecord, write_json
 log = logging.getLogger(__name__)
 
 DRILLS = "drills.jsonl"
+#: one line per failure of the group: the round in flight, the missing ranks, the checkpoint
+FAILURES = "failures.jsonl"
 #: seconds the survivors of a failure wait for each other to check in
 CENSUS_WAIT = 4.0
 #: how a restarted group's ranks know which incarnation they are (torch elastic sets it)
@@ -246,6 +251,9 @@ class Keeper:
             note |= {"timeout": timeout}
             if self.report is not None:
                 write_json(self.report, note)
+            if self.folder is not None:  # the run's own account of its failures, kept
+                with open(Path(self.folder) / FAILURES, "a") as file:
+                    file.write(json.dumps({**note, "restart": restarts()}) + "\n")
         if missing and not isinstance(exc, Stopped) and _peer_failure(exc):
             who = ", ".join(map(str, missing))
             return MissingRanks(
