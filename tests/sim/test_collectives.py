@@ -262,3 +262,13 @@ def test_the_microbenchmark_under_direct_activation_matches_the_closed_form():
         complete = told[k - 1] + hop + (p - 1) * send + ar
         quorum += [max(complete - r * step, 0.0) for r in range(p)]
     assert direct["quorum"].latency == pytest.approx(np.mean(quorum))
+
+
+def test_direct_activation_reaches_the_ranks_in_ascending_order():
+    """Initiator 2 of 5, hop 2 ms, 1 ms a send: ranks 0, 1, 3, 4 hear at 3, 4, 5, 6 ms. Rank 0
+    calls at 3.5 ms, after its message: waiting; rank 4 at 5.5 ms, before its own: active."""
+    calls = [3.5e-3, 9e-3, 0.0, 9e-3, 5.5e-3]
+    net = Network(hop=2e-3, allreduce=0.01, direct=5, send=1e-3)
+    timing = resolve_round(calls, Collective.MAJORITY, net, initiator=2)
+    assert timing.active.tolist() == [False, False, True, False, True]
+    assert float(timing.reach) == pytest.approx(6e-3)
