@@ -157,3 +157,118 @@ def test_microbenchmark_is_deterministic_and_seeded():
 def test_microbenchmark_rejects_bad_setups(kwargs):
     with pytest.raises(UsageError):
         Microbenchmark(**kwargs)
+
+
+# --- direct activation (runtime.partial's DIRECT_ACTIVATION) ---------------------------------
+
+
+def sends_before(source: int, dest: int, procs: int) -> int:
+    """1-based place of ``dest`` among the initiator's messages: it writes to every other rank
+    in ascending order, itself skipped."""
+    return len([p for p in range(procs) if p != source and p <= dest])
+
+
+def direct_expectation(calls, source, start, hop, send):
+    """Each rank's activation: the initiator at ``start``, the m-th addressee m sends and a
+    hop later; active = called no later than its activation."""
+    p = len(calls)
+    arrival = [
+        start if q == source else start + hop + sends_before(source, q, p) * send for q in range(p)
+    ]
+    return arrival, [c <= a for c, a in zip(calls, arrival, strict=True)]
+
+
+DIRECT = Network(hop=2e-3, allreduce=0.01, direct=8, send=1e-4)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.floats(0, 0.05, allow_nan=False), min_size=1, max_size=8))
+def test_direct_solo_reaches_everyone_after_a_hop_and_the_initiators_sends(calls):
+    timing = resolve_round(calls, Collective.SOLO, DIRECT)
+    first = int(np.argmin(calls))
+    arrival, active = direct_expectation(calls, first, min(calls), 2e-3, 1e-4)
+    p = len(calls)
+    reach = min(calls) + (2e-3 + (p - 1) * 1e-4 if p > 1 else 0.0)
+    assert int(timing.initiator) == first
+    assert float(timing.reach) == pytest.approx(reach) == pytest.approx(max(arrival))
+    assert float(timing.complete) == pytest.approx(reach + 0.01)
+    assert timing.active.tolist() == active
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.floats(0, 0.05, allow_nan=False), min_size=2, max_size=8), st.data())
+def test_direct_majority_sends_from_the_designated_rank(calls, data):
+    rank = data.draw(st.integers(0, len(calls) - 1))
+    timing = resolve_round(calls, Collective.MAJORITY, DIRECT, initiator=rank)
+    _, active = direct_expectation(calls, rank, calls[rank], 2e-3, 1e-4)
+    assert float(timing.reach) == pytest.approx(calls[rank] + 2e-3 + (len(calls) - 1) * 1e-4)
+    assert timing.active.tolist() == active
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.floats(0, 0.05, allow_nan=False), min_size=2, max_size=8), st.data())
+def test_direct_quorum_activates_at_the_counter_after_k_calls_reached_it(calls, data):
+    p = len(calls)
+    k = data.draw(st.integers(1, p))
+    r = data.draw(st.integers(0, 100))
+    counter = r % p
+    # every caller but the counter sends one message (a send and a hop) to the counter
+    told = sorted(c if q == counter else c + 1e-4 + 2e-3 for q, c in enumerate(calls))
+    start = told[k - 1]
+    timing = resolve_round(calls, Collective.QUORUM, DIRECT, k=k, counter=r)
+    _, active = direct_expectation(calls, counter, start, 2e-3, 1e-4)
+    assert int(timing.initiator) == counter
+    assert float(timing.activation) == pytest.approx(start)
+    assert float(timing.reach) == pytest.approx(start + 2e-3 + (p - 1) * 1e-4)
+    assert timing.active.tolist() == active
+    assert timing.nap >= min(k, sum(c <= start for c in calls))
+
+
+def test_direct_activation_stops_above_its_process_count_and_spares_the_allreduce():
+    calls = np.arange(9) * 1e-3
+    tree = resolve_round(calls, Collective.SOLO, Network(hop=2e-3, allreduce=0.01))
+    assert float(resolve_round(calls, Collective.SOLO, DIRECT).reach) == float(tree.reach)
+    assert float(tree.reach) == pytest.approx(4 * 2e-3)  # ceil(log2 9) hops
+    sync = resolve_round(calls[:8], Collective.ALLREDUCE, DIRECT)
+    assert float(sync.complete) == pytest.approx(7e-3 + 0.01)
+
+
+def test_direct_rounds_resolve_in_batches_like_one_by_one():
+    rng = np.random.default_rng(1)
+    calls = rng.exponential(0.01, size=(40, 6))
+    rounds = np.arange(40)
+    batched = resolve_round(calls, Collective.QUORUM, DIRECT, k=3, counter=rounds)
+    for i in range(40):
+        single = resolve_round(calls[i], Collective.QUORUM, DIRECT, k=3, counter=i)
+        assert single.complete == batched.complete[i]
+        assert single.active.tolist() == batched.active[i].tolist()
+
+
+def test_the_microbenchmark_under_direct_activation_matches_the_closed_form():
+    """Linear skew 5 ms, hop 2 ms, send 0.1 ms: solo's rank 1 (5 ms) calls after the message
+    reached it (2.1 ms); it is active under ceil(log2 8) = 3 hops (6 ms)."""
+    p, step, hop, send, ar = 8, 5e-3, 2e-3, 1e-4, 0.01
+    kw = dict(procs=p, skew=f"linear:step={step}", hop=hop, allreduce=ar, iterations=8)
+    direct = run_microbenchmark(Microbenchmark(**kw, direct=8, send=send))
+    assert run_microbenchmark(Microbenchmark(**kw))["solo"].nap == 2
+    assert direct["solo"].nap == 1
+    solo = hop + (p - 1) * send + ar  # rank 0's wait; the others wait for what is left
+    waits = [max(solo - r * step, 0.0) for r in range(p)]
+    assert direct["solo"].latency == pytest.approx(np.mean(waits))
+    # quorum K = 4 over 8 iterations: the counter is each rank once
+    k, quorum = 4, []
+    for counter in range(p):
+        told = sorted(r * step if r == counter else r * step + send + hop for r in range(p))
+        complete = told[k - 1] + hop + (p - 1) * send + ar
+        quorum += [max(complete - r * step, 0.0) for r in range(p)]
+    assert direct["quorum"].latency == pytest.approx(np.mean(quorum))
+
+
+def test_direct_activation_reaches_the_ranks_in_ascending_order():
+    """Initiator 2 of 5, hop 2 ms, 1 ms a send: ranks 0, 1, 3, 4 hear at 3, 4, 5, 6 ms. Rank 0
+    calls at 3.5 ms, after its message: waiting; rank 4 at 5.5 ms, before its own: active."""
+    calls = [3.5e-3, 9e-3, 0.0, 9e-3, 5.5e-3]
+    net = Network(hop=2e-3, allreduce=0.01, direct=5, send=1e-3)
+    timing = resolve_round(calls, Collective.MAJORITY, net, initiator=2)
+    assert timing.active.tolist() == [False, False, True, False, True]
+    assert float(timing.reach) == pytest.approx(6e-3)

@@ -2,8 +2,8 @@
 
 The real-process twin of `tailtrain simulate collectives` (same flags where they mean the same,
 same JSON: ``{allreduce, solo, majority, quorum: {latency, nap}}``, plus ``network``: the hop
-latency, per-call overhead and allreduce time it measured, as the ``--network`` spec that
-calibrates the simulator).
+latency, per-message send cost, per-call overhead and allreduce time it measured and the
+runtime's direct activation, as the ``--network`` spec that calibrates the simulator).
 """
 
 from __future__ import annotations
@@ -31,8 +31,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Skew P local processes before each call (eager-SGD Fig. 8) and measure "
         "the mean latency per process and call and the NAP of the synchronous allreduce and "
         "of the solo, majority and quorum partial allreduces (tailtrain.runtime.partial); "
-        "also the per-hop latency, per-call overhead and allreduce time, as a --network spec "
-        "for `tailtrain simulate collectives`.",
+        "also the per-hop latency, per-message send cost, per-call overhead, allreduce time "
+        "and the runtime's direct activation, as a --network spec for `tailtrain simulate "
+        "collectives`.",
     )
     c.add_argument("--procs", type=int, default=8, help="local processes P (default: 8)")
     c.add_argument(

@@ -63,9 +63,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--network",
         default=None,
-        metavar="hop=,overhead=,allreduce=",
+        metavar="hop=,overhead=,allreduce=,direct=,send=",
         help="the three above as one spec, e.g. what `tailtrain bench collectives` measured "
-        "(--network-out); give either this or the separate flags",
+        "(--network-out); give either this or the separate flags. direct=D: up to D processes "
+        "the initiator activates everyone itself, one message after another, each costing "
+        "send= seconds (the runtime's direct activation; default 0: ceil(log2 P) hops)",
     )
     p.add_argument(
         "--delay",
@@ -98,6 +100,8 @@ def run(args: argparse.Namespace) -> int:
         overhead=network.overhead,
         delay=args.delay,
         seed=args.seed,
+        direct=network.direct,
+        send=network.send,
     )
     results = run_microbenchmark(bench)
     if args.json:

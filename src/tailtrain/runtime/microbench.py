@@ -9,18 +9,25 @@ as ``sim.partial.microbench`` draws it: the same seconds), calls the collective 
 contributed a gradient of the round's own step. Majority's initiators and quorum's K are the
 simulator's.
 
-It also measures the three numbers of ``tailtrain.network.NetworkModel``:
+It also measures the numbers of ``tailtrain.network.NetworkModel``, and writes ``direct`` as
+the runtime's ``DIRECT_ACTIVATION`` (up to that many processes an initiator activates everyone
+itself, one message after another in ``partners`` order; beyond, ⌈log2 P⌉ hops):
 
-- ``hop``: (the activation's reach - the initiator's activation) / ⌈log2 P⌉, over the partial
-  rounds, from the activation times every process writes into its slot (one clock origin on
-  one machine: ``runtime.partial.shared_origin``). Up to ``DIRECT_ACTIVATION`` processes the
-  runtime activates in one hop of P - 1 messages; dividing its reach by the simulator's
-  ⌈log2 P⌉ hops makes the simulator's reach the measured one;
+- ``hop`` and ``send``: from the activation times every process writes into its slot (one
+  clock origin on one machine: ``runtime.partial.shared_origin``), over the partial rounds with
+  one initiator. Under direct activation a least-squares line through (m, activation of the
+  initiator's m-th addressee - the initiator's activation): ``hop`` is its intercept, a one-way
+  message latency (with the receiver's wake-up), ``send`` its slope, the cost of one more send;
+  beyond, ``hop`` is the activation's reach / ⌈log2 P⌉ and ``send`` 0;
 - ``overhead``: the mean seconds of a call whose round had already completed (it returns at
   once: the library's own per-call cost);
-- ``allreduce``: the mean over rounds of the seconds from the reach to the return of the calls
-  that waited for the round (the allreduce, the round's bookkeeping and the hand-off to the
-  caller: what the simulator's one completion per round stands for).
+- ``allreduce``: the mean over rounds of the seconds from the simulator's reach to the return
+  of the calls that waited for the round (the allreduce, the round's bookkeeping and the
+  hand-off to the caller: what the simulator's one completion per round stands for). The
+  simulator's reach is the last call in a synchronous round and, in a partial round, the
+  activation + ``hop`` + (P - 1) ``send`` (beyond ``direct``: ⌈log2 P⌉ ``hop``): the latest of
+  P - 1 noisy arrivals comes later than the fitted line's last point, and what the line
+  leaves out is charged here, so the simulated completion is the measured one on average.
 
 A first block of ``WARMUP`` synchronous rounds without skew is not counted (connections, caches).
 """
@@ -50,7 +57,13 @@ from tailtrain.runtime.launch import (
     reserve,
     start_method,
 )
-from tailtrain.runtime.partial import PartialCollective, RoundResult, row
+from tailtrain.runtime.partial import (
+    DIRECT_ACTIVATION,
+    PartialCollective,
+    RoundResult,
+    partners,
+    row,
+)
 from tailtrain.sim.partial.collectives import activation_hops
 from tailtrain.sim.partial.microbench import BENCHMARKED, CollectiveStats
 from tailtrain.strategies.eager import Collective, RoundPlan, majority_initiator
@@ -179,9 +192,11 @@ def bench_rank(bench: RealBench) -> dict:
 
 
 def round_summary(result: RoundResult) -> tuple:
-    """(round, NAP, activation, reach, this rank's allreduce done)."""
+    """(round, NAP, activation, reach, this rank's allreduce done, then per rank: initiated
+    (P), activated (P))."""
     nap = len(result.active)
-    return result.index, nap, result.activation, result.reach, result.done
+    head = (result.index, nap, result.activation, result.reach, result.done)
+    return head + tuple(result.slots[:, 0]) + tuple(result.slots[:, 1])
 
 
 def summarise(bench: RealBench, ranks: list[dict]) -> RealResults:
@@ -197,17 +212,61 @@ def summarise(bench: RealBench, ranks: list[dict]) -> RealResults:
         sel = slice(low, low + bench.iterations)
         stats[c.value] = CollectiveStats(float(calls[mine, 1].mean()), float(rounds[sel, 1].mean()))
     partial = slice(WARMUP + bench.iterations, WARMUP + len(BENCHMARKED) * bench.iterations)
-    spread = rounds[partial, 3] - rounds[partial, 2]
+    hop, send = activation_latency(rounds[partial], bench.procs)
     counted = calls[:, 0] >= WARMUP
     late = calls[counted & (calls[:, 2] > 0), 1]
     waited = calls[counted & (calls[:, 2] == 0)]
-    index = waited[:, 0].astype(int)
-    back = np.bincount(index, waited[:, 3]) / np.maximum(np.bincount(index), 1)
-    held = np.unique(index)  # every round's waiting calls' mean return, each round once
-    reduce = back[held] - rounds[held, 3]
+    reduce = completion_after_reach(bench, rounds, waited, hop, send)
     network = NetworkModel(
-        hop=float(spread.mean() / max(1, activation_hops(bench.procs))),
+        hop=hop,
         overhead=float(late.mean()) if late.size else 0.0,
-        allreduce=float(reduce.mean()),
+        allreduce=reduce,
+        direct=DIRECT_ACTIVATION,
+        send=send,
     )
     return RealResults(stats, network)
+
+
+def completion_after_reach(
+    bench: RealBench, rounds: np.ndarray, waited: np.ndarray, hop: float, send: float
+) -> float:
+    """Mean seconds from the simulator's reach to the waiting calls' return (module
+    docstring), each round once."""
+    index = waited[:, 0].astype(int)
+    back = np.bincount(index, waited[:, 3]) / np.maximum(np.bincount(index), 1)
+    held = np.unique(index)
+    if bench.procs <= DIRECT_ACTIVATION:
+        spread = hop + (bench.procs - 1) * send
+    else:
+        spread = hop * activation_hops(bench.procs)
+    messages = held >= WARMUP + bench.iterations  # partial rounds; synchronous: the last call
+    reach = np.where(messages, rounds[held, 2] + spread, rounds[held, 3])
+    return float((back[held] - reach).mean())
+
+
+def activation_latency(rounds: np.ndarray, procs: int) -> tuple[float, float]:
+    """(hop, send) of the partial ``rounds`` (``round_summary`` rows; module docstring)."""
+    if procs > DIRECT_ACTIVATION:
+        spread = rounds[:, 3] - rounds[:, 2]
+        return float(spread.mean() / activation_hops(procs)), 0.0
+    initiated, activated = rounds[:, 5 : 5 + procs] > 0, rounds[:, 5 + procs :]
+    one = initiated.sum(axis=1) == 1  # several solo initiators: whose message came first?
+    places, delays = [], []
+    for flags, times in zip(initiated[one], activated[one], strict=True):
+        source = int(np.flatnonzero(flags)[0])
+        for m, q in enumerate(partners(source, procs), start=1):
+            places.append(m)
+            delays.append(times[q] - times[source])
+    return fit_line(np.array(places, dtype=np.float64), np.array(delays))
+
+
+def fit_line(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
+    """(intercept, slope) >= 0 of the least-squares line through (x, y); (0, 0) without data."""
+    if y.size == 0:
+        return 0.0, 0.0
+    slope = float(np.polyfit(x, y, 1)[0]) if np.ptp(x) > 0 else 0.0
+    slope = max(slope, 0.0)
+    intercept = float(np.mean(y - slope * x))
+    if intercept < 0:  # through the origin instead
+        return 0.0, max(0.0, float(x @ y / (x @ x)))
+    return intercept, slope

@@ -94,7 +94,7 @@ import torch
 import torch.distributed as dist
 
 from tailtrain.errors import TailtrainError
-from tailtrain.sim.partial.collectives import activation_hops
+from tailtrain.sim.partial.collectives import activation_hops, counter_of
 from tailtrain.strategies.base import ArrivalColumns
 from tailtrain.strategies.eager import Collective, RoundPlan
 
@@ -128,11 +128,6 @@ def partners(rank: int, procs: int, initiator: bool = True) -> list[int]:
     if procs <= DIRECT_ACTIVATION:
         return [p for p in range(procs) if p != rank] if initiator else []
     return [(rank + (1 << j)) % procs for j in range(activation_hops(procs))]
-
-
-def counter_of(round_index: int, procs: int) -> int:
-    """The rank that counts the calls of quorum round ``round_index``."""
-    return round_index % procs
 
 
 @dataclass(frozen=True)

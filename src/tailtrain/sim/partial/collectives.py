@@ -11,6 +11,14 @@ who is active and when it completes:
   after ⌈log2 P⌉ message hops (§4.1.1: a recursive-doubling broadcast, the union of P binomial
   trees). A process whose call came no later than that is active and contributes fresh data;
   the others are activated externally and contribute their send buffer.
+- direct activation (``Network.direct``: P <= direct, the runtime's ``DIRECT_ACTIVATION``):
+  the initiator (quorum: the counter) sends the activation to every other process itself, one
+  message after another in ascending rank order; the m-th arrives ``m * send + hop`` after the
+  activation, and each process is active if its call came no later than its own arrival. A
+  quorum round activates at the K-th arrival at the counter of the calls' messages (``send +
+  hop`` each; the counter's own call needs none). Solo's later callers that call before the
+  message reaches them initiate too in the runtime; the model keeps the first caller's messages
+  only (the others' matter only when calls are less than a hop apart).
 - the allreduce itself runs once every process is activated and takes ``allreduce`` seconds.
 
 Arrays carry any leading batch shape (the microbenchmark resolves all its iterations at once);
@@ -36,16 +44,31 @@ def activation_hops(processes: int) -> int:
     return max(0, int(processes - 1).bit_length())
 
 
+def counter_of(round_index: int, processes: int) -> int:
+    """The rank that counts the calls of quorum round ``round_index`` (it rotates, so no rank
+    carries every round; ``runtime.partial``); rounds may be an integer array."""
+    return round_index % processes
+
+
 @dataclass(frozen=True)
 class Network:
-    """Latency of one activation message hop and duration of one allreduce, in seconds."""
+    """Latency of one activation message hop and duration of one allreduce, in seconds; up to
+    ``direct`` processes the initiator activates everyone itself, ``send`` seconds a message."""
 
     hop: float
     allreduce: ArrayLike = 0.0
+    direct: int = 0
+    send: float = 0.0
 
     def __post_init__(self) -> None:
         if not self.hop >= 0 or not np.all(np.asarray(self.allreduce) >= 0):
             raise UsageError("hop latency and allreduce time must be >= 0 seconds")
+        if not self.send >= 0 or self.direct < 0:
+            raise UsageError("send cost must be >= 0 seconds and direct >= 0 processes")
+
+    def is_direct(self, processes: int) -> bool:
+        """Whether P processes are activated in one hop from the initiator."""
+        return processes <= self.direct
 
 
 @dataclass(frozen=True)
@@ -71,9 +94,13 @@ def resolve_round(
     *,
     k: int = 1,
     initiator: ArrayLike | None = None,
+    counter: ArrayLike = 0,
 ) -> RoundTiming:
-    """When the round of a ``collective`` activates and completes, given the ``calls``."""
+    """When the round of a ``collective`` activates and completes, given the ``calls``;
+    ``counter`` is the rank that counts a quorum round's calls under direct activation."""
     calls = np.asarray(calls, dtype=np.float64)
+    if collective is not Collective.ALLREDUCE and network.is_direct(calls.shape[-1]):
+        return _direct_round(calls, collective, network, k, initiator, counter)
     who = initiator_of(calls, collective, k, initiator)
     start = np.take_along_axis(calls, who[..., None], axis=-1)[..., 0]
     if not np.all(np.isfinite(start)):
@@ -85,6 +112,37 @@ def resolve_round(
     complete = reach + np.asarray(network.allreduce, dtype=np.float64)
     active = calls <= reach[..., None]
     return RoundTiming(who, start, reach, complete, active)
+
+
+def _direct_round(
+    calls: FloatArray,
+    collective: Collective,
+    network: Network,
+    k: int,
+    initiator: ArrayLike | None,
+    counter: ArrayLike,
+) -> RoundTiming:
+    """A partial round whose initiator sends the activation to everyone (module docstring)."""
+    procs = calls.shape[-1]
+    ranks = np.arange(procs)
+    if collective is Collective.QUORUM:
+        initiator_of(calls, collective, k, None)  # checks k
+        rank = counter_of(np.asarray(counter, dtype=np.int64), procs)
+        who = np.broadcast_to(rank, calls.shape[:-1]).copy()
+        own = ranks == who[..., None]
+        told = np.where(own, calls, calls + network.send + network.hop)
+        start = np.sort(told, axis=-1)[..., k - 1]
+    else:
+        who = initiator_of(calls, collective, k, initiator)
+        start = np.take_along_axis(calls, who[..., None], axis=-1)[..., 0]
+    if not np.all(np.isfinite(start)):
+        raise UsageError(f"the {collective.value} collective's initiator never calls")
+    nth = ranks + (ranks < who[..., None])  # 1-based place in the ascending sends, self skipped
+    arrival = start[..., None] + network.hop + nth * network.send
+    arrival = np.where(ranks == who[..., None], start[..., None], arrival)
+    reach = arrival.max(axis=-1)
+    complete = reach + np.asarray(network.allreduce, dtype=np.float64)
+    return RoundTiming(who, start, reach, complete, calls <= arrival)
 
 
 def initiator_of(

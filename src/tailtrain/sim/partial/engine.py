@@ -94,8 +94,11 @@ class PartialCollectiveEngine:
         calls = procs.ready.copy()
         calls[behind] += took
         comm = self.comm.next() * (2 if plan.average_models else 1)  # a model sync: 2 allreduces
-        network = Network(self.network.hop, comm + self.network.overhead)
-        timing = resolve_round(calls, plan.collective, network, k=plan.k, initiator=plan.initiator)
+        net = self.network
+        network = Network(net.hop, comm + net.overhead, direct=net.direct, send=net.send)
+        timing = resolve_round(
+            calls, plan.collective, network, k=plan.k, initiator=plan.initiator, counter=r
+        )
         complete = float(timing.complete)
         late = self._arrive_late(behind, took, complete)
         on_time = procs.step == r

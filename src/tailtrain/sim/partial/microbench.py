@@ -5,7 +5,8 @@ collective with ``sendbuff = {1}``, records its latency, then all meet at a barr
 allreduce of the ones counts the active processes (NAP). Here the sleep is a worker pattern
 (``linear:step=0.001``) on top of an optional compute-time model, each iteration starts at the
 barrier, and :func:`~tailtrain.sim.partial.collectives.resolve_round` times the collectives on the
-same calls. Majority's initiators come from the rule's shared-seed draw.
+same calls. Majority's initiators come from the rule's shared-seed draw; under direct
+activation quorum's counter rotates with the iteration (``counter_of``).
 """
 
 from __future__ import annotations
@@ -35,7 +36,8 @@ class CollectiveStats:
 @dataclass(frozen=True)
 class Microbenchmark:
     """The setup of Fig. 8; ``allreduce`` None means ⌈log2 P⌉ hops (recursive doubling of a
-    one-element buffer, latency-bound), ``quorum`` None means ⌈P/2⌉."""
+    one-element buffer, latency-bound), ``quorum`` None means ⌈P/2⌉; ``direct`` and ``send``
+    as in ``tailtrain.network``."""
 
     procs: int = 32
     skew: str = "linear:step=0.001"
@@ -46,6 +48,8 @@ class Microbenchmark:
     overhead: float = 0.0
     delay: str = "const:value=0"
     seed: int = 0
+    direct: int = 0
+    send: float = 0.0
 
     def __post_init__(self) -> None:
         if self.procs < 1 or self.iterations < 1:
@@ -58,6 +62,7 @@ class Microbenchmark:
             ("--hop-latency", self.hop),
             ("--allreduce-time", self.allreduce),
             ("--call-overhead", self.overhead),
+            ("--network send=", self.send),
         ):
             if value is not None and not (np.isfinite(value) and value >= 0):
                 raise UsageError(f"{name} must be a finite number of seconds >= 0, got {value}")
@@ -69,7 +74,7 @@ class Microbenchmark:
     @property
     def network(self) -> Network:
         cost = activation_hops(self.procs) * self.hop if self.allreduce is None else self.allreduce
-        return Network(self.hop, cost)
+        return Network(self.hop, cost, direct=self.direct, send=self.send)
 
 
 def run_microbenchmark(bench: Microbenchmark) -> dict[str, CollectiveStats]:
@@ -83,7 +88,12 @@ def run_microbenchmark(bench: Microbenchmark) -> dict[str, CollectiveStats]:
     out = {}
     for collective in BENCHMARKED:
         timing = resolve_round(
-            calls, collective, bench.network, k=bench.quorum_size, initiator=initiators
+            calls,
+            collective,
+            bench.network,
+            k=bench.quorum_size,
+            initiator=initiators,
+            counter=np.arange(bench.iterations),
         )
         waited = latencies(calls, timing, bench.overhead)
         out[collective.value] = CollectiveStats(float(waited.mean()), float(timing.nap.mean()))
