@@ -169,6 +169,11 @@ def show(report: dict[str, Any]) -> None:
             )
             if r["error"]:
                 print(f"         {r['error']}")
+            for note in r["failures"]:
+                print(
+                    f"         failure: round {note['step']} in flight, ranks {note['missing']} "
+                    f"missing, checkpoint of round {note['checkpoint']}"
+                )
         if entry["ratio"] is not None and math.isfinite(entry["ratio"]):
             print(f"  final loss, chaos / calm: {entry['ratio']:.3f}")
         for line in entry["chaos"]["log"]:
