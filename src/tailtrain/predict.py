@@ -118,6 +118,8 @@ def _paper_note(ctx: _Context, sync_time: float) -> str:
     """DropCompute's closed forms for comparison; they assume normal sums (App. C.2)."""
     s, delay = ctx.scenario, ctx.exact_delay
     mu, sigma = delay.mean, math.sqrt(delay.var)
+    if not math.isfinite(sigma):  # e.g. Pareto with shape <= 2: no normal approximation
+        return "DropCompute's closed forms (normal sums, App. C.2) need a finite variance"
     bailey = bailey_iteration_time(mu, sigma, s.workers, ctx.m, s.comm_mean)
     tau, speedup = analytic_threshold(mu, sigma, s.workers, ctx.m, s.comm_mean)
     return (
