@@ -31,8 +31,9 @@ P(S_j > x) <= j P(X > x/j) puts below 1e-24 mass, and its quantile inverts the t
 Accuracy (tests/theory/test_sums.py, against gamma and normal sums with M = 4 and 12): P(S > x)
 within 0.2% relative down to 1e-18 and upper quantiles within 1e-5; in the body the linear
 interpolation of the tables leaves quantiles up to 0.6% high for M = 12 (0.1% at the median),
-so E[S_{1:N}] at N = 10^6 is 0.3% high, E[S_{N/2:N}] 0.13% and E[S_{N:N}] within 1e-5. Order statistics agree
-with a Monte Carlo of the definition at N = 1000 within 4 standard errors.
+so E[S_{1:N}] at N = 10^6 is 0.3% high, E[S_{N/2:N}] 0.13% and E[S_{N:N}] within 1e-5.
+Order statistics agree with a Monte Carlo of the definition at N = 1000 within 4 standard
+errors.
 """
 
 from __future__ import annotations
