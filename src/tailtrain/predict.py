@@ -63,6 +63,7 @@ from tailtrain.predict_scenario import (  # noqa: F401  (the public names of pre
     Scenario,
     k_grid,
 )
+from tailtrain.sim.capacity import check_memory
 from tailtrain.theory.dropcompute import (
     analytic_threshold,
     bailey_iteration_time,
@@ -71,7 +72,7 @@ from tailtrain.theory.dropcompute import (
     exact_threshold,
 )
 from tailtrain.theory.estimate import EXACT, NUMERICAL, monte_carlo
-from tailtrain.theory.families import NonNegative, closed_form, exponential_params, nonnegative
+from tailtrain.theory.families import NonNegative, exponential_params, nonnegative
 from tailtrain.theory.montecarlo import (
     equilibrium_residuals,
     k_async_iteration_time,
@@ -81,6 +82,7 @@ from tailtrain.theory.montecarlo import (
     table_draw,
 )
 from tailtrain.theory.order_stats import OrderStats, expected_order_stats
+from tailtrain.theory.sums import partial_sum_laws, sum_method
 
 log = logging.getLogger(__name__)
 
@@ -116,6 +118,8 @@ def _paper_note(ctx: _Context, sync_time: float) -> str:
     """DropCompute's closed forms for comparison; they assume normal sums (App. C.2)."""
     s, delay = ctx.scenario, ctx.exact_delay
     mu, sigma = delay.mean, math.sqrt(delay.var)
+    if not math.isfinite(sigma):  # e.g. Pareto with shape <= 2: no normal approximation
+        return "DropCompute's closed forms (normal sums, App. C.2) need a finite variance"
     bailey = bailey_iteration_time(mu, sigma, s.workers, ctx.m, s.comm_mean)
     tau, speedup = analytic_threshold(mu, sigma, s.workers, ctx.m, s.comm_mean)
     return (
@@ -137,6 +141,7 @@ class _Context:
     sampled_delay: DelayModel  # law the samplers draw (negatives always clipped)
     sampled_comm: DelayModel | None
     job_law: DelayModel | None  # exact law of one job (sum of M micro-batches), if known
+    partial_sums: list[DelayModel] | None  # laws of the sums of 1..M micro-batches, if known
     ks: list[int] | NDArray[np.int64]  # every K evaluated where all are (1..N without --k)
     listed: NDArray[np.int64]  # the K that become rows (every K is still evaluated)
     notes: list[str]
@@ -157,12 +162,14 @@ class _Context:
             log.warning("%s", note)
             notes.append(note)
         log.info("predict: exact job law %s", "known" if s.iid else "unused (pattern)")
+        sums = partial_sum_laws(exact_delay, s.micro_batches or 1) if s.iid else None
         return cls(
             scenario=s,
             exact_delay=exact_delay,
             sampled_delay=sampled,
             sampled_comm=None if comm is None else nonnegative(comm),
-            job_law=_job_law(exact_delay, s.micro_batches) if s.iid else None,
+            job_law=None if sums is None else sums[-1],
+            partial_sums=sums,
             ks=sorted(s.ks) if s.ks else np.arange(1, s.workers + 1),
             listed=np.asarray(s.ks or k_grid(s.workers), dtype=np.int64),
             notes=notes,
@@ -216,7 +223,10 @@ class _Context:
         """Shared Monte Carlo sample: per run, micro-batch times t[i, n, m] and T^c[i]."""
         if self._sync_sample is None:
             rng = self.rng(0)
-            blocks = self.blocks(rng, self.iterations_for(self.scenario.samples))
+            iterations = self.iterations_for(self.scenario.samples)
+            need = 8 * iterations * self.scenario.workers * self.m * 4
+            check_memory(need, f"--workers {self.scenario.workers}", "Monte Carlo draws")
+            blocks = self.blocks(rng, iterations)
             self._sync_sample = [(t, self.comm_times(rng, (t.shape[0],))) for t in blocks]
         return self._sync_sample
 
@@ -227,13 +237,6 @@ class _Context:
         replayed = [t.replay.lengths.max() for t in trace_terms(self.scenario.delay)]
         wanted = max(wanted, *replayed) if self.scenario.delay.per_worker else wanted
         return int(max(100, min(wanted, 8_000_000 // per_iteration)))
-
-
-def _job_law(delay: DelayModel, micro_batches: int | None) -> DelayModel | None:
-    if micro_batches is None:
-        return delay if delay.exact else None
-    form = closed_form(delay)
-    return None if form is None else form.sum_of(micro_batches)
 
 
 # ---------------------------------------------------------------- strategies
@@ -263,7 +266,7 @@ def _k_sync_stats(
     """E[(X + C)_{K:N}] for each K in ``ks``: from the round trip's law, else Monte Carlo."""
     stats = _round_trip_order_stats(ctx, ks)
     if stats is not None:
-        return stats.mean, stats.stderr, stats.method
+        return stats.mean, stats.stderr, _law_method(ctx, stats.method)
     sample, rng = ctx.sync_sample(), ctx.rng(5)
     trips = [t.sum(axis=2) + ctx.comm_times(rng, t.shape[:2]) for t, _ in sample]
     mean, stderr = _pooled([k_sync_iteration_times(jobs, ks) for jobs in trips])
@@ -388,7 +391,7 @@ def _dropcompute_row(ctx: _Context) -> Row:
     """tau* and S_eff: exact laws of the partial sums when known, else Algorithm 2 on one
     sample and S_eff(tau*) measured on an independent one."""
     s = ctx.scenario
-    sums = _partial_sums(ctx)
+    sums = ctx.partial_sums
     if sums is not None:
         choice = exact_threshold(sums, s.workers, s.comm_mean)
         return _row(
@@ -396,7 +399,7 @@ def _dropcompute_row(ctx: _Context) -> Row:
             s.workers,
             choice.iteration_time,
             0.0,
-            NUMERICAL,
+            _law_method(ctx, NUMERICAL),
             threshold=choice.threshold,
             drop_rate=choice.drop_rate,
             effective=(choice.effective_speedup, 0.0),
@@ -422,13 +425,10 @@ def _dropcompute_row(ctx: _Context) -> Row:
     )
 
 
-def _partial_sums(ctx: _Context) -> list[DelayModel] | None:
-    if not ctx.scenario.iid or not ctx.exact_delay.exact:
-        return None
-    if ctx.scenario.micro_batches is None:
-        return [ctx.exact_delay]
-    form = closed_form(ctx.exact_delay)
-    return None if form is None else [form.sum_of(j) for j in range(1, ctx.m + 1)]
+def _law_method(ctx: _Context, method: str) -> str:
+    """``method`` naming how the job law was found when it is numerical (a sum of M)."""
+    how = sum_method(ctx.job_law)
+    return method if how is None else f"{how}+{method}"
 
 
 # ---------------------------------------------------------------- helpers

@@ -80,17 +80,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(run=run)
 
 
-#: Monte Carlo keeps at least this many iterations of N x M draws (``tailtrain.predict``)
-MIN_ITERATIONS = 100
-
-
 def run(args: argparse.Namespace) -> int:
     from tailtrain.sim.capacity import check_memory
 
-    if args.workers >= 1:  # draws of at least 100 iterations, a few copies; one K per worker
-        m = args.micro_batches if args.micro_batches and args.micro_batches > 0 else 1
-        need = 8 * MIN_ITERATIONS * args.workers * m * 4 + 64 * args.workers
-        check_memory(need, f"--workers {args.workers}", "Monte Carlo draws")
+    if args.workers >= 1:  # arrays of one number per K (predict checks its Monte Carlo draws)
+        check_memory(64 * args.workers, f"--workers {args.workers}", "per-K arrays")
     scenario = Scenario(
         workers=args.workers,
         delay=parse_delay(args.delay),

@@ -283,7 +283,10 @@ def exact_threshold(partial_sums: Sequence[DelayModel], n: int, comm: float = 0.
     full = partial_sums[-1]
     mean_max = expected_order_stat(full, n, n).value
     lowest = max(float(full.quantile(1e-3)), full.mean / 2)
-    grid = np.linspace(lowest, float(full.quantile((1 - 1e-9) ** (1 / n))), 512)
+    top = float(full.quantile((1 - 1e-9) ** (1 / n)))
+    # half evenly, half geometrically spaced: a heavy tail puts top far above tau*
+    spaced = lowest + np.geomspace(1e-6 * (top - lowest), top - lowest, 256)
+    grid = np.unique(np.concatenate([np.linspace(lowest, top, 256), spaced]))
     for _ in range(2):
         curve = _speedup_curve(partial_sums, n, grid, comm, mean_max)
         best = _last_argmax(curve)
