@@ -232,6 +232,7 @@ def test_majority_decides_as_simulated_at_8_workers():
         delay="const:value=0.02",
         pattern="linear:step=0.04",
         comm_time="0.35",
+        network=f"direct={DIRECT_ACTIVATION}",  # the runtime's activation (simulate: a tree)
     )
     text = "eager:mode=majority"
     config = TrainConfig(scenario, text, seed=SEED, inject=True, timeout=60)
