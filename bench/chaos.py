@@ -102,7 +102,7 @@ def run(strategy: str, out: Path, args: argparse.Namespace, extra: list[str]) ->
         "final_eval": summary.get("final_eval"),
         "dead_workers": summary.get("dead_workers"),
         "hung_workers": summary.get("hung_workers"),
-        "restarts": summary.get("restarts"),
+        "restarts": len(notes),  # each failure the survivors recorded restarted the group
         "error": done.stderr.strip().splitlines()[-1] if done.returncode else None,
         "log": [line for line in done.stderr.splitlines() if "worker" in line or "rank" in line],
     }

@@ -232,6 +232,7 @@ def test_majority_decides_as_simulated_at_8_workers():
         delay="const:value=0.02",
         pattern="linear:step=0.04",
         comm_time="0.35",
+        network=f"direct={DIRECT_ACTIVATION}",  # the runtime's activation (simulate: a tree)
     )
     text = "eager:mode=majority"
     config = TrainConfig(scenario, text, seed=SEED, inject=True, timeout=60)
@@ -261,3 +262,17 @@ def test_a_wait_past_the_timeout_fails_in_one_line_naming_the_rank():
     drill = HangDrill(procs=3, collective=Collective.ALLREDUCE, seconds=3.0, timeout=1.0)
     with pytest.raises(JobFailed, match=r"rank \d failed: CollectiveTimeout: rank \d: waited 1s"):
         run_hang_drill(drill)
+
+
+@pytest.mark.parametrize(
+    "flag, value",
+    [("--seconds", "-1"), ("--compute", "-0.5"), ("--compute", "nan"), ("--timeout", "0")],
+)
+def test_bench_hang_refuses_a_negative_or_endless_duration_before_any_rank_starts(
+    flag, value, capsys
+):
+    from tailtrain.cli import main
+
+    assert main(["bench", "hang", flag, value]) == 2
+    err = capsys.readouterr().err
+    assert flag in err and "Traceback" not in err

@@ -3,9 +3,15 @@ the cap on k and the step row's columns (``runtime.ps_liveness``)."""
 
 from __future__ import annotations
 
+import threading
+import time
+
 import numpy as np
 import pytest
+import torch
 
+from tailtrain.errors import TailtrainError
+from tailtrain.runtime import ps_wire
 from tailtrain.runtime.ps_liveness import MIN_BOUND, Liveness, reason
 
 
@@ -74,3 +80,61 @@ def test_a_failed_sends_reason_is_its_first_sentence_without_gloos_source_locati
     text = "[/x/gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:1. This is"
     assert reason(RuntimeError(text)) == "Connection closed by peer [127.0.0.1]:1"
     assert reason(RuntimeError("")) == "RuntimeError"
+
+
+def test_with_no_worker_alive_the_server_waits_one_timeout_then_names_the_workers():
+    live, _ = liveness(n=4, timeout=30.0)
+    assert live.unanswered(0.5) == np.inf
+    live.watch(np.array([True, True, False, True]), np.zeros(4), 1.5)  # 0, 1, 3 suspected
+    assert live.unanswered(1.5) == np.inf  # worker 2, idle, is still ALIVE
+    live.lost(2)
+    assert live.unanswered(2.0) == pytest.approx(30.0)
+    live.heard(1)  # a suspect answered: the wait starts over when it falls silent again
+    assert live.unanswered(20.0) == np.inf
+    live.watch(np.array([True, True, False, True]), np.full(4, 19.0), 21.0)
+    assert live.unanswered(21.0) == pytest.approx(30.0)
+    assert live.unanswered(50.0) == pytest.approx(1.0)
+    with pytest.raises(TailtrainError, match=r"^no worker answered for 30 s: workers 0, 1, 3 "):
+        live.unanswered(51.0)
+    with pytest.raises(TailtrainError) as caught:
+        live.unanswered(51.0)
+    assert str(caught.value) == "no worker answered for 30 s: workers 0, 1, 3 suspect, 2 dead"
+
+
+def test_a_ping_is_a_header_on_its_own_tag_and_never_queues_behind_a_pending_send(monkeypatch):
+    """A frozen worker reads nothing: a send to it stays on the wire. No PING may join it
+    (pings piling into its socket would block the server's one sending thread)."""
+    sent: list[tuple[int, int, int]] = []
+    stuck = threading.Event()
+
+    def send(buffer, dst, tag):
+        sent.append((buffer.numel(), dst, tag))
+        if dst == 2:
+            stuck.wait(30)  # worker 1's socket is full
+
+    monkeypatch.setattr(ps_wire.dist, "send", send)
+    outbox = ps_wire.Outbox(1000, torch.float32, 30.0)
+    live = Liveness(3, 30.0, 1.0)
+    live.connect(outbox, None)
+    try:
+        live.ping(0)
+        live.ping(1)
+        _until(lambda: len(sent) == 2 and outbox.pending(1) == 0)
+        assert sent == [(ps_wire.HEADER, 1, ps_wire.PROBE), (ps_wire.HEADER, 2, ps_wire.PROBE)]
+        assert outbox.pending(2) == 1  # still on the wire
+        for _ in range(5):
+            live.ping(1)
+        assert outbox.pending(2) == 1
+        live.ping(0)  # worker 0 answers its probes: it is pinged again
+        assert outbox.pending(1) + len(sent) >= 3
+    finally:
+        stuck.set()
+    _until(lambda: outbox.pending(2) == 0 and outbox.pending(1) == 0)
+    assert len(sent) == 3
+
+
+def _until(condition, seconds: float = 30.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline
+        time.sleep(0.01)

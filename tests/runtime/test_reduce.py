@@ -1,4 +1,5 @@
-"""The weighted allreduce on a one-rank gloo group (the multi-rank runs are in test_allreduce)."""
+"""The weighted allreduce on a one-rank gloo group, or with ``dist.all_reduce`` stubbed (the
+multi-rank runs are in test_allreduce)."""
 
 from __future__ import annotations
 
@@ -26,13 +27,21 @@ def test_weighted_sum_carries_the_weight_and_the_extras(one_rank):
 
 
 @pytest.mark.timeout(60)
-def test_rows_ride_on_the_weighted_sum_in_this_ranks_line(one_rank):
+def test_rows_ride_on_the_weighted_sum_in_this_ranks_line(monkeypatch):
+    """Rank 2 of 4 with an all_reduce that sums nothing in: what comes back is this rank's own
+    buffer, so each row must sit in line 2 of its (4, width) block, zeros elsewhere."""
+    monkeypatch.setattr(dist, "all_reduce", lambda buffer, **kwargs: None)
+    comm = Collectives(2, 4, torch.device("cpu"), grace=0.0)
     grad = torch.tensor([1.0, 2.0])
-    reduced = one_rank.weighted_sum(grad, 0.5, (7.0,), (np.array([3.0, np.nan]), np.zeros(3)))
-    counts, zeros = reduced.rows
-    assert counts.shape == (1, 2) and counts[0, 0] == 3.0 and np.isnan(counts[0, 1])
-    assert zeros.tolist() == [[0.0, 0.0, 0.0]]
+    rows = (np.array([3.0, np.nan]), np.array([4.0, 5.0, 6.0]))
+    reduced = comm.weighted_sum(grad, 0.5, (7.0,), rows)
+    counts, third = reduced.rows
+    assert counts.shape == (4, 2) and third.shape == (4, 3)
+    assert counts[2, 0] == 3.0 and np.isnan(counts[2, 1])
+    assert not np.delete(counts, 2, axis=0).any()
+    assert third.tolist() == [[0.0] * 3, [0.0] * 3, [4.0, 5.0, 6.0], [0.0] * 3]
     assert reduced.numerator.tolist() == [0.5, 1.0] and reduced.extras.tolist() == [7.0]
+    assert reduced.total == 0.5
 
 
 @pytest.mark.timeout(60)

@@ -51,11 +51,21 @@ def test_solo_starts_at_the_first_call_and_has_an_active_process(calls):
 
 @settings(max_examples=60, deadline=None)
 @given(calls_strategy, st.data())
-def test_quorum_waits_for_the_kth_call(calls, data):
-    k = data.draw(st.integers(1, len(calls)))
-    timing = resolve_round(calls, Collective.QUORUM, NET, k=k)
-    assert calls[int(timing.initiator)] == sorted(calls)[k - 1]
-    assert timing.nap >= k
+def test_tree_quorum_activates_at_the_counter_after_k_calls_reached_it(calls, data):
+    p = len(calls)
+    k = data.draw(st.integers(1, p))
+    r = data.draw(st.integers(0, 100))
+    counter = r % p
+    # the counter's own call counts at once, every other call's message takes one hop; then
+    # the activation's ceil(log2 P) hops (as the runtime's counter does, tree or direct)
+    start = sorted(c if q == counter else c + 1e-3 for q, c in enumerate(calls))[k - 1]
+    reach = start + activation_hops(p) * 1e-3
+    timing = resolve_round(calls, Collective.QUORUM, NET, k=k, counter=r)
+    assert int(timing.initiator) == counter
+    assert float(timing.activation) == pytest.approx(start)
+    assert float(timing.complete) == pytest.approx(reach + 0.25)
+    assert timing.active.tolist() == [c <= reach for c in calls]
+    assert timing.nap >= k or start > sorted(calls)[k - 1]
 
 
 @settings(max_examples=60, deadline=None)
@@ -122,9 +132,11 @@ def test_microbenchmark_matches_the_closed_form_under_linear_skew():
     # solo: rank 0 waits for 5 hops and the allreduce, everybody else finds the result
     assert out["solo"].latency == pytest.approx((5 * hop + allreduce) / p)
     assert out["solo"].nap == 1
-    # quorum K = 16: ranks 0..15 wait for rank 15, its call's hop to the counter, 5 hops
+    # quorum K = 16: ranks 0..15 wait for rank 15, its call's hop to the counter (none in the
+    # 2 of 64 iterations whose counter, rotating over the ranks, is rank 15 itself), 5 hops
     k = p // 2
-    waited = sum((k - 1 - r) * step + 6 * hop + allreduce for r in range(k)) / p
+    told = 6 * hop - hop * 2 / 64
+    waited = sum((k - 1 - r) * step + told + allreduce for r in range(k)) / p
     assert out["quorum"].latency == pytest.approx(waited)
     assert out["quorum"].nap == k
 

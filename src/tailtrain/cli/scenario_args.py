@@ -58,7 +58,8 @@ def add_scenario_arguments(p: argparse.ArgumentParser) -> None:
         default=None,
         metavar="hop=S,overhead=S",
         help="interconnect latencies for partial collectives: activation hop and per-call "
-        "overhead in seconds (default: hop=1.5e-6,overhead=0)",
+        "overhead in seconds (default: hop=1.5e-6,overhead=0, activation along a tree); "
+        "`train` activates directly up to 8 processes, which direct=8 reproduces",
     )
     budget = p.add_mutually_exclusive_group()
     budget.add_argument("--iterations", type=int, default=None, help="number of updates")

@@ -6,9 +6,11 @@ injected. Under torchrun this process is one rank of that job; otherwise ``--wor
 starts N local ranks (``tailtrain.runtime.launch``).
 
 ``--out DIR`` is the run folder (as simulate's, ``cli.run_folder``): ``run.json`` holds the
-flags, rank 0 appends each round's row to ``steps.jsonl`` and flushes it, ``--checkpoint-every
-U`` checkpoints every U rounds, and when a rank dies or hangs a survivor checkpoints the last
-completed round (``runtime.keep``). ``--resume DIR`` goes on with the flags in DIR;
+flags, rank 0 appends each round's row to ``steps.jsonl`` and flushes it (a parameter server
+writes its record at the end: LGC completes a row after its step, and the evaluations are
+scored after the run, ``runtime.ps``), ``--checkpoint-every U`` checkpoints every U rounds,
+and when a rank dies or hangs a survivor checkpoints the last completed round
+(``runtime.keep``). ``--resume DIR`` goes on with the flags in DIR;
 ``--max-restarts R`` lets the launcher restart a failed group, which goes on from the folder's
 last checkpoint by itself. A restart needs no periodic checkpoint (the survivors write one),
 so ``--max-restarts`` needs only ``--out``; ``--checkpoint-every`` bounds what is played again
@@ -62,8 +64,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--out",
         type=Path,
         default=None,
-        help="run folder: run.json, steps.jsonl (appended every round), evals.jsonl, "
-        "summary.json, trace.csv and checkpoints",
+        help="run folder: run.json, steps.jsonl (appended every round; a parameter server "
+        "writes it at the end), evals.jsonl, summary.json, trace.csv and checkpoints",
     )
     p.add_argument(
         "--checkpoint-every",

@@ -22,6 +22,7 @@ group's timeout in the data phase), naming the rank.
 
 from __future__ import annotations
 
+import math
 import os
 import signal
 import subprocess
@@ -60,6 +61,11 @@ class HangDrill:
             raise UsageError(f"the hung rank {self.rank} must be below --procs {self.procs}")
         if not 0 <= self.at < self.rounds:
             raise UsageError(f"the hang's call {self.at} must be below the {self.rounds} rounds")
+        for name, value in (("--seconds", self.seconds), ("--compute", self.compute)):
+            if not (math.isfinite(value) and value >= 0):
+                raise UsageError(f"{name} must be a finite number of seconds >= 0, got {value}")
+        if not (math.isfinite(self.timeout) and self.timeout > 0):
+            raise UsageError(f"--timeout must be finite seconds > 0, got {self.timeout}")
 
     def plan(self, r: int) -> RoundPlan | None:
         c, n = self.collective, self.procs

@@ -10,7 +10,8 @@ Protocol (``runtime.ps_wire``: fixed-size messages, tag UP to the server, DOWN t
 ------------------------------------------------------------------------------------------
 Messages: JOB(worker, job, version, units, blocks, cancels, start; model) and STOP, server
 to worker; GRAD(job, version, loss, seconds; gradient), PARTIAL(job, version, r, s, loss;
-mean gradient over r blocks) and BYE, worker to server.
+mean gradient over r blocks) and BYE, worker to server; PING and STOP, header only on tag
+PROBE, server to a worker's probe thread (liveness, below).
 
 Server states per worker: IDLE, or BUSY(version, job, start). The server alone starts jobs:
 job numbers count each worker's starts, so worker w's j-th job has the simulator's data
@@ -47,16 +48,18 @@ the same: checked) and its ``later`` weights set e_t in the update path, which t
 step t + 1 adds (Eqs. 6-7). Step t + 1 does not close before that. With complete=true the
 stragglers' whole gradients (GRADs of version t, r = s) are the reports.
 
-End: the server sends STOP to every worker and reads until every worker's BYE has come (a
-worker sends BYE when STOP reaches it, interrupting any job), so no receive is left posted;
-then each worker that said BYE sends its trace and counts, point to point.
+End: the server sends STOP (on PROBE, then on DOWN) to every worker and reads until every
+worker's BYE has come (a worker sends BYE when STOP reaches it, interrupting any job), so no
+receive is left posted; then each worker that said BYE sends its trace and counts.
 Every wait is bounded by ``--timeout``.
 
 Dead and hung workers (``runtime.ps_liveness``): a worker whose connection fails is dead, one
 silent past ``--worker-timeout`` is suspected hung; a step closes with min(k, live workers)
 usable arrivals, the step row records the events (``suspect``, ``rejoined``, ``dead``,
-``live``) and the summary ``dead_workers``; a suspect that delivers again rejoins. The end
-waits one bound for the BYE of a worker still missing, then gives it up (dead).
+``live``) and the summary ``dead_workers``; a suspect that delivers again rejoins; a suspect
+is PINGed every bound while no earlier send to it is pending. No worker ALIVE and none heard
+for ``--timeout``: the run stops. The end waits one bound for a missing BYE, then gives the
+worker up (dead).
 
 Evaluations follow ``sim.evaluation`` on the server's clock, on snapshots of the model in
 force, scored after the run so that the clock never pauses for them. Telemetry: steps.jsonl
@@ -302,7 +305,8 @@ class Server:
         busy = self.busy != IDLE
         if not closed and not busy.any():
             raise TailtrainError("no worker is computing: the step can never collect k arrivals")
-        left = self.liveness.watch(busy, self.start, self.clock())
+        now = self.clock()
+        left = min(self.liveness.watch(busy, self.start, now), self.liveness.unanswered(now))
         return self.mailbox.take(0.0) if self.mailbox.wait(max(left, 1e-4)) else None
 
     def arrival(

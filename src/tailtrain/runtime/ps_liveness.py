@@ -5,7 +5,10 @@ one state per worker:
 
 * ALIVE. A BUSY, ALIVE worker that has sent nothing for longer than the bound since its job
   started becomes SUSPECT (hung): logged, recorded in the step's ``suspect`` column, and sent
-  a PING at once and every bound after (its receiving thread drops it).
+  a PING at once and every bound after (header only, on its own tag; the worker's probe
+  thread drops it). No PING leaves while an earlier send to that worker is still queued or
+  on the wire: a frozen (SIGSTOP) worker reads nothing, and pings piling into its socket
+  would at last block the server's one sending thread, and with it every healthy worker.
 * DEAD: a send to the worker failed (a JOB, a PING, STOP), so its connection is closed and its
   process is gone (column ``dead``). gloo (tcp transport, torch 2.x) was checked for this: an
   any-source receive goes on hearing the other peers when one dies, while a send to or a
@@ -15,6 +18,10 @@ one state per worker:
 * Any message from a SUSPECT worker makes it ALIVE again (column ``rejoined``): its gradient
   is an arrival like any other, used if the version rules allow (K-async takes it, stale;
   K-sync drops it), and its next job follows as usual.
+
+Every wait is bounded by ``--timeout``: when no worker has been ALIVE for that long and none
+has answered, the run stops with an error naming the suspect and dead workers
+(:meth:`Liveness.unanswered`).
 
 The bound is ``--worker-timeout`` seconds or, by default, ``FACTOR`` times the longest round
 trip a never-suspected worker has delivered, at least ``MIN_BOUND`` seconds; never more than
@@ -37,6 +44,7 @@ from typing import Any
 
 import numpy as np
 
+from tailtrain.errors import TailtrainError
 from tailtrain.runtime.ps_wire import DOWN, Kind, Mailbox, Message, Outbox, receive_report
 
 log = logging.getLogger(__name__)
@@ -69,6 +77,8 @@ class Liveness:
         self.events: dict[str, list[int]] = {c: [] for c in COLUMNS}
         self.hung: set[int] = set()
         self.rejoins = 0
+        #: since when no worker has been ALIVE (the server's clock; None: some worker is)
+        self.silent_since: float | None = None
         #: why each dead worker is dead (the failed send's first line)
         self.reasons: dict[int, str] = {}
 
@@ -88,8 +98,10 @@ class Liveness:
         self.mailbox.put(Message(Kind.LOST, dst - 1))
 
     def ping(self, worker: int) -> None:
+        """PING ``worker`` unless a send to it is still pending (module docstring)."""
         assert self.outbox is not None
-        self.outbox.send(Message(Kind.PING, worker), worker + 1, DOWN)
+        if not self.outbox.pending(worker + 1):
+            self.outbox.probe(Message(Kind.PING, worker), worker + 1)
 
     @property
     def bound(self) -> float:
@@ -147,6 +159,27 @@ class Liveness:
         due = np.concatenate([start[self.alive & busy], self.pinged[suspects]])
         return float(due.min() + bound - now) if due.size else bound
 
+    def unanswered(self, now: float) -> float:
+        """The seconds the server may still wait with no worker ALIVE (inf while one is): at
+        ``--timeout`` after the last one was suspected or lost, stop with a one-line error."""
+        if self.alive.any():
+            self.silent_since = None
+            return np.inf
+        if self.silent_since is None:
+            self.silent_since = now
+        left = self.silent_since + self.timeout - now
+        if left <= 0:
+            groups = [
+                (name, np.flatnonzero(self.state == state).tolist())
+                for name, state in (("suspect", SUSPECT), ("dead", DEAD))
+            ]
+            parts = [f"{', '.join(map(str, ws))} {name}" for name, ws in groups if ws]
+            who = "worker" if len(self.state) == 1 else "workers"
+            raise TailtrainError(
+                f"no worker answered for {self.timeout:g} s: {who} {', '.join(parts)}"
+            )
+        return left
+
     def lost(self, worker: int, reason: str = "") -> bool:
         """``worker``'s connection failed: it is dead. Whether that is news."""
         if self.state[worker] == DEAD:
@@ -167,6 +200,7 @@ class Liveness:
         a worker without a BYE one bound after the STOP is given up: dead."""
         assert self.outbox is not None and self.mailbox is not None
         for w in np.flatnonzero(~self.dead).tolist():
+            self.outbox.probe(Message(Kind.STOP, w), w + 1)  # ends its probe thread
             self.outbox.send(Message(Kind.STOP, w), w + 1, DOWN)
         self.outbox.flush()
         sent = clock()

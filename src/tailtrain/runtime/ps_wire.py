@@ -4,7 +4,9 @@ Every message is one flat tensor in the model's dtype, ``[header (HEADER values)
 values)]``, sent with ``torch.distributed.send`` on one tag per direction (``UP``: worker to
 server, ``DOWN``: server to workers). A fixed size lets the server post one any-source
 receive at a time, so it hears every worker through one thread. Integers (jobs, versions)
-travel exactly below 2^24 in float32 (``MAX_INDEX``).
+travel exactly below 2^24 in float32 (``MAX_INDEX``). Liveness probes (PING, and the STOP
+that ends a worker's probe thread) are header only, on their own tag ``PROBE``: a probe to a
+frozen worker costs its socket a header, not a model (``runtime.ps_liveness``).
 
 A :class:`Mailbox` is a thread that receives messages one after the other and stamps each on
 arrival with this process's ``time.perf_counter()``, so stamps do not wait for the main
@@ -32,8 +34,8 @@ import torch.distributed as dist
 from tailtrain.errors import TailtrainError
 from tailtrain.runtime.reduce import GRACE
 
-#: tags of the two directions, and of the clock handshake
-UP, DOWN, CLOCK = 11, 12, 13
+#: tags of the two directions, of the clock handshake, and of the liveness probes
+UP, DOWN, CLOCK, PROBE = 11, 12, 13, 14
 #: round trips per worker to estimate its clock's offset from the server's (the shortest counts:
 #: on a loaded machine a few are late by milliseconds)
 PINGS = 16
@@ -59,8 +61,9 @@ class Kind(IntEnum):
     PARTIAL = 4
     #: worker -> server: this worker has stopped and will send nothing more
     BYE = 5
-    #: server -> worker: are you there? (the receiving thread drops it; a send that fails
-    #: tells the server that the worker is gone, ``runtime.ps_liveness``)
+    #: server -> worker on tag PROBE, header only: are you there? (the worker's probe thread
+    #: drops it; a send that fails tells the server that the worker is gone,
+    #: ``runtime.ps_liveness``); STOP on PROBE ends that thread
     PING = 6
     #: never on the wire: put in the server's own mailbox when a send to ``worker`` failed
     LOST = 7
@@ -263,16 +266,30 @@ class Outbox:
         self._queue: collections.deque[tuple[torch.Tensor, int, int] | None] = collections.deque()
         self._ready = threading.Condition()
         self._busy = 0
+        self._to: collections.Counter[int] = collections.Counter()
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="tailtrain-outbox", daemon=True)
         self._thread.start()
 
     def send(self, message: Message, dst: int, tag: int) -> None:
-        buffer = encode(message, self.dim, self.dtype)
+        self._put(encode(message, self.dim, self.dtype), dst, tag)
+
+    def probe(self, message: Message, dst: int) -> None:
+        """Send ``message`` header only on tag ``PROBE`` (a PING, or the STOP ending the
+        worker's probe thread)."""
+        self._put(encode(message, 0, self.dtype), dst, PROBE)
+
+    def pending(self, dst: int) -> int:
+        """Sends to ``dst`` queued or still on the wire."""
+        with self._ready:
+            return self._to[dst]
+
+    def _put(self, buffer: torch.Tensor, dst: int, tag: int) -> None:
         with self._ready:
             self._check()
             self._queue.append((buffer, dst, tag))
             self._busy += 1
+            self._to[dst] += 1
             self._ready.notify_all()
 
     def _run(self) -> None:
@@ -288,18 +305,20 @@ class Outbox:
             except BaseException as exc:  # raised by the caller's next send or flush
                 if self._on_error is not None:
                     self._on_error(item[1], exc)
-                    with self._ready:
-                        self._busy -= 1
-                        self._ready.notify_all()
+                    self._sent(item[1])
                     continue
                 time.sleep(GRACE)  # as in ``Mailbox._run``
                 with self._ready:
                     self._error = exc
                     self._ready.notify_all()
                 return
-            with self._ready:
-                self._busy -= 1
-                self._ready.notify_all()
+            self._sent(item[1])
+
+    def _sent(self, dst: int) -> None:
+        with self._ready:
+            self._busy -= 1
+            self._to[dst] -= 1
+            self._ready.notify_all()
 
     def flush(self) -> None:
         """Wait until every message has gone; then stop the thread."""

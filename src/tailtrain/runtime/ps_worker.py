@@ -41,6 +41,7 @@ from tailtrain.runtime.inject import FaultDrill, InjectedFault
 from tailtrain.runtime.ps_wire import (
     DOWN,
     HEADER,
+    PROBE,
     UP,
     Kind,
     Mailbox,
@@ -141,13 +142,16 @@ class Worker:
     def run(self) -> WorkerStats:
         self.zero = clock_worker()
         size = HEADER + self.dim
-        self.mailbox = Mailbox(SERVER, DOWN, size, self.dtype, lambda m: m.kind is Kind.STOP)
+        stop = lambda m: m.kind is Kind.STOP  # noqa: E731
+        self.mailbox = Mailbox(SERVER, DOWN, size, self.dtype, stop)
+        probes = Mailbox(SERVER, PROBE, HEADER, self.dtype, stop)  # drops PINGs (ps_liveness)
         message = self.mailbox.take(self.timeout)
         while message.kind is Kind.JOB:
             message = self.follow(message)
         self.outbox.send(Message(Kind.BYE, worker=self.index), SERVER, UP)
         self.outbox.flush()
         self.mailbox.join(self.timeout)
+        probes.join(self.timeout)  # the server sent its STOP on PROBE before the one on DOWN
         return self.stats
 
     def follow(self, message: Message) -> Message:

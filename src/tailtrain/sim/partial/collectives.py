@@ -4,19 +4,19 @@ Given when each process calls the collective, it answers when the collective is 
 who is active and when it completes:
 
 - ``allreduce``: activation is the last call; everybody is active.
-- partial collectives: the initiator (first call for solo, the designated rank for majority,
-  the K-th call for quorum) activates at its call; a quorum round one hop later, when the K-th
-  caller's message reaches the round's counter (``runtime.partial``: the counter activates, as
-  no caller knows it is the K-th); the activation reaches every other process
+- partial collectives: the initiator (first call for solo, the designated rank for majority)
+  activates at its call; a quorum round's initiator is the round's counter (``runtime.partial``:
+  no caller knows it is the K-th), which activates at the K-th arrival of the calls' messages
+  (``send + hop`` each; the counter's own call needs none), tree or direct alike; the
+  activation reaches every other process
   after ⌈log2 P⌉ message hops (§4.1.1: a recursive-doubling broadcast, the union of P binomial
   trees). A process whose call came no later than that is active and contributes fresh data;
   the others are activated externally and contribute their send buffer.
 - direct activation (``Network.direct``: P <= direct, the runtime's ``DIRECT_ACTIVATION``):
   the initiator (quorum: the counter) sends the activation to every other process itself, one
   message after another in ascending rank order; the m-th arrives ``m * send + hop`` after the
-  activation, and each process is active if its call came no later than its own arrival. A
-  quorum round activates at the K-th arrival at the counter of the calls' messages (``send +
-  hop`` each; the counter's own call needs none). Solo's later callers that call before the
+  activation, and each process is active if its call came no later than its own arrival.
+  Solo's later callers that call before the
   message reaches them initiate too in the runtime; the model keeps the first caller's messages
   only (the others' matter only when calls are less than a hop apart).
 - the allreduce itself runs once every process is activated and takes ``allreduce`` seconds.
@@ -97,16 +97,11 @@ def resolve_round(
     counter: ArrayLike = 0,
 ) -> RoundTiming:
     """When the round of a ``collective`` activates and completes, given the ``calls``;
-    ``counter`` is the rank that counts a quorum round's calls under direct activation."""
+    ``counter`` is the rank that counts a quorum round's calls (``counter_of``)."""
     calls = np.asarray(calls, dtype=np.float64)
     if collective is not Collective.ALLREDUCE and network.is_direct(calls.shape[-1]):
         return _direct_round(calls, collective, network, k, initiator, counter)
-    who = initiator_of(calls, collective, k, initiator)
-    start = np.take_along_axis(calls, who[..., None], axis=-1)[..., 0]
-    if not np.all(np.isfinite(start)):
-        raise UsageError(f"the {collective.value} collective's initiator never calls")
-    if collective is Collective.QUORUM:
-        start = start + network.hop  # the K-th call's message to the counter
+    who, start = _initiation(calls, collective, network, k, initiator, counter)
     hops = 0 if collective is Collective.ALLREDUCE else activation_hops(calls.shape[-1])
     reach = start + hops * network.hop
     complete = reach + np.asarray(network.allreduce, dtype=np.float64)
@@ -123,26 +118,40 @@ def _direct_round(
     counter: ArrayLike,
 ) -> RoundTiming:
     """A partial round whose initiator sends the activation to everyone (module docstring)."""
-    procs = calls.shape[-1]
-    ranks = np.arange(procs)
-    if collective is Collective.QUORUM:
-        initiator_of(calls, collective, k, None)  # checks k
-        rank = counter_of(np.asarray(counter, dtype=np.int64), procs)
-        who = np.broadcast_to(rank, calls.shape[:-1]).copy()
-        own = ranks == who[..., None]
-        told = np.where(own, calls, calls + network.send + network.hop)
-        start = np.sort(told, axis=-1)[..., k - 1]
-    else:
-        who = initiator_of(calls, collective, k, initiator)
-        start = np.take_along_axis(calls, who[..., None], axis=-1)[..., 0]
-    if not np.all(np.isfinite(start)):
-        raise UsageError(f"the {collective.value} collective's initiator never calls")
+    ranks = np.arange(calls.shape[-1])
+    who, start = _initiation(calls, collective, network, k, initiator, counter)
     nth = ranks + (ranks < who[..., None])  # 1-based place in the ascending sends, self skipped
     arrival = start[..., None] + network.hop + nth * network.send
     arrival = np.where(ranks == who[..., None], start[..., None], arrival)
     reach = arrival.max(axis=-1)
     complete = reach + np.asarray(network.allreduce, dtype=np.float64)
     return RoundTiming(who, start, reach, complete, calls <= arrival)
+
+
+def _initiation(
+    calls: FloatArray,
+    collective: Collective,
+    network: Network,
+    k: int,
+    initiator: ArrayLike | None,
+    counter: ArrayLike,
+) -> tuple[NDArray[np.int64], FloatArray]:
+    """The initiator and its activation time, tree or direct alike: a quorum round's counter
+    activates at the K-th arrival of the calls' messages (its own call needs none), as the
+    runtime's counter does (``runtime.partial``); any other initiator at its own call."""
+    if collective is Collective.QUORUM:
+        initiator_of(calls, collective, k, None)  # checks k
+        ranks = np.arange(calls.shape[-1])
+        rank = counter_of(np.asarray(counter, dtype=np.int64), calls.shape[-1])
+        who = np.broadcast_to(rank, calls.shape[:-1]).copy()
+        told = np.where(ranks == who[..., None], calls, calls + network.send + network.hop)
+        start = np.sort(told, axis=-1)[..., k - 1]
+    else:
+        who = initiator_of(calls, collective, k, initiator)
+        start = np.take_along_axis(calls, who[..., None], axis=-1)[..., 0]
+    if not np.all(np.isfinite(start)):
+        raise UsageError(f"the {collective.value} collective's initiator never calls")
+    return who, start
 
 
 def initiator_of(
