@@ -20,9 +20,10 @@ virtual clock and the same rule object deciding (``runtime.control``):
    rows are the round's [C_n, T~_n, injected seconds, t_n^(1..U)] of every rank (laid out
    block-diagonally: an all-gather for free), each rank's [allreduce, round seconds] of the
    *previous* round and whether its gradient was screened out (NaN or inf: it joins with
-   weight 0 and leaves the round's used arrivals on every rank). w_n depends on rank n's own arrival only (``runtime.control``), so it is
-   known before the allreduce; afterwards every rank builds identical arrivals from the rows,
-   the rule's ``select`` over all of them checks the weights, and every rank applies
+   weight 0 and leaves the round's used arrivals on every rank). w_n depends on rank n's own
+   arrival only (``runtime.control``), so it is known before the allreduce; afterwards every
+   rank builds identical arrivals from the rows, the rule's ``select`` over all of them checks
+   the weights, and every rank applies
    theta <- theta - lr * lr_scale * sum_n w_n G_n / denominator. With w_n = (C_n/(H M))/N
    this is the average of the local models. That is the round's only collective, as DDP's.
 4. ``adapt`` with the gathered unit times (Algorithm 2 for threshold=auto: every rank sees
