@@ -16,6 +16,7 @@ rest are normalised as the rule says; ``raise`` stops instead (:class:`NonFinite
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,6 +50,20 @@ class NonFiniteGradient(TailtrainError):
 def finite_rows(grads: torch.Tensor) -> np.ndarray:
     """Which rows (gradients) hold only finite numbers."""
     return torch.isfinite(grads.reshape(grads.shape[0], -1)).all(dim=1).numpy()
+
+
+def screen_own(
+    grad: torch.Tensor, loss: float, on_nonfinite: str, worker: int, step: int
+) -> tuple[torch.Tensor, float, bool]:
+    """One worker's own gradient, screened before it joins a collective (the runtime's form of
+    :meth:`WeightedUpdate.screen`): with a NaN or an infinity in it or in its loss, ``raise``
+    stops, naming ``worker`` and ``step``; ``skip`` gives a zero gradient and a NaN loss, so it
+    joins with nothing. Returns (gradient, loss, whether it was screened out)."""
+    if bool(torch.isfinite(grad).all()) and math.isfinite(loss):
+        return grad, loss, False
+    if on_nonfinite == "raise":
+        raise NonFiniteGradient([worker], step)
+    return torch.zeros_like(grad), math.nan, True
 
 
 def key_workers(keys: np.ndarray) -> np.ndarray:

@@ -179,3 +179,23 @@ def test_tensorboard_missing_is_one_line_and_exit_2(tmp_path, capfd, monkeypatch
     assert code == 2 and out == ""
     lines = err.strip().splitlines()
     assert len(lines) == 1 and "pip install tailtrain[tensorboard]" in lines[0]
+
+
+@pytest.mark.timeout(60)
+def test_resume_honours_an_explicit_max_restarts_0_and_the_default_timeout(tmp_path):
+    """--max-restarts 0 and --timeout 300 (the start's defaults) given with --resume replace
+    the run's own values; left out, the run's own hold."""
+    from tailtrain.cli import build_parser
+    from tailtrain.cli.train import fresh, resumed
+
+    folder = tmp_path / "run"
+    start = ["train", "--task", "logreg", "--workers", "2", "--out", str(folder)]
+    _, prepare = fresh(build_parser().parse_args([*start, "--max-restarts", "1", "--timeout", "9"]))
+    prepare()
+    config, _ = resumed(build_parser().parse_args(["train", "--resume", str(folder)]))
+    assert (config.max_restarts, config.timeout) == (1, 9.0)
+    again = ["train", "--resume", str(folder), "--max-restarts", "0", "--timeout", "300"]
+    config, _ = resumed(build_parser().parse_args(again))
+    assert (config.max_restarts, config.timeout) == (0, 300.0)
+    config, _ = fresh(build_parser().parse_args(start[:-2]))
+    assert (config.max_restarts, config.timeout) == (0, 300.0)  # a start's defaults

@@ -101,6 +101,27 @@ def test_a_frozen_rank_is_named_once_the_collectives_time_out(capfd):
     assert lines == ["tailtrain train: rank 1 hung at step 2: no answer within --timeout 3s"]
 
 
+@pytest.mark.timeout(240)
+def test_a_frozen_rank_of_three_leaves_a_checkpoint_and_one_failure_row(tmp_path, capfd):
+    """The survivors' census ends at different times; the agent stops the slower one, which
+    may be the writer, as soon as the first raises: the writer ignores that SIGTERM."""
+    folder = tmp_path / "run"
+    argv = ["train", "--task", "logreg", "--workers", "3", "--iterations", "6", "--timeout", "3"]
+    argv += ["--out", str(folder), "--inject-fault", "freeze:worker=2,step=3,seconds=60"]
+    code, out, err = run(argv, capfd)
+    lines = [line for line in err.strip().splitlines() if line.startswith("tailtrain train")]
+    assert code == 1 and out == "", err
+    assert lines == [
+        "tailtrain train: rank 2 hung at step 3: no answer within --timeout 3s; checkpoint of "
+        f"step 2 in {folder}: continue with `tailtrain train --resume {folder}`"
+    ], err
+    assert (folder / "checkpoint.pt").exists()
+    rows = [json.loads(line) for line in (folder / "failures.jsonl").read_text().splitlines()]
+    assert [(r["step"], r["missing"], r["checkpoint"]) for r in rows] == [(3, [2], 3)]
+    steps, _ = records(folder)
+    assert steps["step"].tolist() == [0, 1, 2]  # every completed round is on disk
+
+
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("strategy", ["sync", "eager:mode=majority"])
 def test_a_nan_gradient_is_excluded_and_counted(tmp_path, capfd, strategy):
@@ -114,8 +135,12 @@ def test_a_nan_gradient_is_excluded_and_counted(tmp_path, capfd, strategy):
     counted = steps["nonfinite"].fillna(0).astype(int).tolist()
     if strategy == "sync":
         assert counted == [0, 1, 0, 0]
+        assert steps["workers"].tolist() == [[0, 1], [0], [0, 1], [0, 1]]  # screened out
     else:  # a late rank's gradient of its step 1 is reduced in the round it reaches: 1 or 2
         assert sum(counted) == 1 and counted.index(1) in (1, 2), counted
+        # a round's workers are the gradients summed: its arrivals less the screened one
+        summed = (steps["arrivals"] - steps["nonfinite"].fillna(0)).astype(int).tolist()
+        assert steps["workers"].map(len).tolist() == summed
     assert np.isfinite(evals["train_loss"]).all()  # the NaN never reached the model
 
 

@@ -5,13 +5,31 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import signal
+import time
 
 import pytest
+import torch
+import torch.distributed as dist
 
 from tailtrain.errors import UsageError
 from tailtrain.faults import FaultPlan
+from tailtrain.runtime import keep
 from tailtrain.runtime.inject import FaultDrill
-from tailtrain.runtime.keep import describe, fired_drills, head, reopen_records
+from tailtrain.runtime.keep import (
+    Keeper,
+    MissingRanks,
+    Snapshot,
+    describe,
+    fired_drills,
+    head,
+    read_note,
+    reopen_records,
+    stop_on_sigterm,
+)
+from tailtrain.runtime.reduce import PeerFailure
+from tailtrain.sim import checkpoint
 
 
 def write_rows(path, rows, torn: str = ""):
@@ -74,3 +92,61 @@ def test_the_launchers_line_names_rank_step_and_checkpoint():
     assert describe(1, "Signal 9", "SIGKILL", None) == "rank 1 failed: Signal 9"
     no_folder = describe(1, "Signal 9", "SIGKILL", {**note, "folder": None})
     assert no_folder == "rank 1 died at step 7 (SIGKILL)"
+
+
+# ---- the failure census (Keeper.failed) --------------------------------------------------------
+@pytest.fixture
+def sigterm():
+    """Restore this process's SIGTERM handler after a test that installs its own."""
+    before = signal.getsignal(signal.SIGTERM)
+    yield
+    signal.signal(signal.SIGTERM, before)
+
+
+def keeper(folder, rank, report=None):
+    kept = Keeper(folder, None, rank, 3, {"strategy": "sync"}, report)
+    kept.snapshot = Snapshot(3, {"theta": torch.arange(4.0)})
+    return kept
+
+
+def test_a_sigterm_during_the_census_does_not_stop_the_writer(tmp_path, monkeypatch, sigterm):
+    """The first survivor to end its census makes the agent SIGTERM the others, the writer
+    among them: it must still write the checkpoint, the note and the failure row."""
+    store = dist.HashStore()
+
+    def census(store, step, rank, world, wait):  # the agent's SIGTERM arrives mid-census
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.05)  # the handler runs here, in the main thread
+        return {0: 3, 1: 3}
+
+    monkeypatch.setattr(keep, "census", census)
+    monkeypatch.setattr(keep, "_store", lambda: store)
+    stop_on_sigterm()
+    end = keeper(tmp_path, 0, tmp_path / "note.json").failed(3, PeerFailure("gone"), 5.0)
+    assert isinstance(end, MissingRanks) and "rank 2 did not answer at step 3" in str(end)
+    assert checkpoint.load(tmp_path / checkpoint.FILENAME)["step"] == 3
+    rows = (tmp_path / keep.FAILURES).read_text().splitlines()
+    assert [json.loads(r)["missing"] for r in rows] == [[2]]
+    assert read_note(tmp_path / "note.json")["checkpoint"] == 3
+
+
+def test_two_ranks_that_each_think_they_write_leave_one_failure_row(tmp_path, monkeypatch):
+    """Ranks that checked in around the census's close see different alive sets: each sees
+    only itself and thinks it writes; the store elects one."""
+    store = dist.HashStore()
+    monkeypatch.setattr(keep, "census", lambda store, step, rank, world, wait: {rank: 3})
+    monkeypatch.setattr(keep, "_store", lambda: store)
+    for rank in (1, 0):
+        keeper(tmp_path, rank).failed(3, PeerFailure("gone"), 5.0)
+    rows = [json.loads(r) for r in (tmp_path / keep.FAILURES).read_text().splitlines()]
+    assert [(r["step"], r["missing"]) for r in rows] == [(3, [0, 2])]  # rank 1's, claimed first
+
+
+def test_a_note_left_by_an_earlier_incarnation_is_not_the_last_ones(tmp_path, monkeypatch):
+    path = tmp_path / "failure.json"
+    monkeypatch.setenv(keep.RESTART_COUNT, "0")
+    monkeypatch.setattr(keep, "census", lambda store, step, rank, world, wait: {0: 3})
+    monkeypatch.setattr(keep, "_store", dist.HashStore)
+    keeper(tmp_path, 0, path).failed(3, PeerFailure("gone"), 5.0)
+    assert read_note(path, restart=0)["step"] == 3
+    assert read_note(path, restart=1) is None  # the restarted group failed without a census

@@ -30,6 +30,9 @@ from tailtrain.cli.scenario_args import add_scenario_arguments, scenario_from_ar
 from tailtrain.errors import UsageError
 
 DEFAULT_WORKERS = 16
+#: --timeout and --max-restarts when a run starts without them (TrainConfig's defaults)
+DEFAULT_TIMEOUT = 300.0
+DEFAULT_MAX_RESTARTS = 0
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -85,10 +88,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--max-restarts",
         type=int,
-        default=0,
+        default=None,  # None: not given (a --resume keeps the run's); 0 when a run starts
         metavar="R",
         help="restart a failed group up to R times; it goes on from the last checkpoint in "
-        "--out (needs --out; under torchrun give torchrun's own --max-restarts)",
+        "--out (needs --out; under torchrun give torchrun's own --max-restarts; default: "
+        f"{DEFAULT_MAX_RESTARTS}, or the run's own with --resume)",
     )
     p.add_argument("--overwrite", action="store_true", help="replace the run --out already holds")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
@@ -110,9 +114,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--timeout",
         type=float,
-        default=300.0,
+        default=None,  # None: not given (a --resume keeps the run's)
         metavar="SECONDS",
-        help="bound on the rendezvous and on every collective (default: %(default)s)",
+        help="bound on the rendezvous and on every collective (default: "
+        f"{DEFAULT_TIMEOUT:g}, or the run's own with --resume)",
     )
     p.add_argument(
         "--worker-timeout",
@@ -217,6 +222,8 @@ def fresh(args: argparse.Namespace):
             "topology, which keeps no checkpoints yet (allreduce and eager strategies do)"
         )
     torchrun = in_torchrun()
+    args.timeout = DEFAULT_TIMEOUT if args.timeout is None else args.timeout
+    args.max_restarts = DEFAULT_MAX_RESTARTS if args.max_restarts is None else args.max_restarts
     args.workers = workers(args.workers, os.environ if torchrun else None, extra)
     faults = FaultPlan.parse(args.inject_fault, args.workers)
     args.backend = args.backend or default_backend()
@@ -274,7 +281,7 @@ def resumed(args: argparse.Namespace):
         seed=info["seed"],
         inject=runtime["inject"],
         backend=runtime["backend"] or default_backend(),
-        timeout=args.timeout if args.timeout != args.defaults["timeout"] else runtime["timeout"],
+        timeout=runtime["timeout"] if args.timeout is None else args.timeout,
         out=args.resume,
         threads=args.threads,
         verbose=args.verbose,
@@ -282,7 +289,7 @@ def resumed(args: argparse.Namespace):
         faults=FaultPlan.parse(info["inject_fault"], scenario.workers),
         on_nonfinite=info["on_nonfinite"],
         checkpoint_every=every,
-        max_restarts=args.max_restarts or runtime["max_restarts"],
+        max_restarts=runtime["max_restarts"] if args.max_restarts is None else args.max_restarts,
         worker_timeout=runtime["worker_timeout"],
         tensorboard=args.tensorboard,
     )

@@ -18,10 +18,12 @@ virtual clock and the same rule object deciding (``runtime.control``):
 3. One weighted allreduce (``runtime.reduce``) of [w_n G_n, w_n, loss sum, units,
    ||G_n||^2, ..., rows] with G_n = H A_n / C_n (``sim.allreduce_learner.worker_grads``). Its
    rows are the round's [C_n, T~_n, injected seconds, t_n^(1..U)] of every rank (laid out
-   block-diagonally: an all-gather for free) and each rank's [allreduce, round seconds] of the
-   *previous* round. w_n depends on rank n's own arrival only (``runtime.control``), so it is
-   known before the allreduce; afterwards every rank builds identical arrivals from the rows,
-   the rule's ``select`` over all of them checks the weights, and every rank applies
+   block-diagonally: an all-gather for free), each rank's [allreduce, round seconds] of the
+   *previous* round and whether its gradient was screened out (NaN or inf: it joins with
+   weight 0 and leaves the round's used arrivals on every rank). w_n depends on rank n's own
+   arrival only (``runtime.control``), so it is known before the allreduce; afterwards every
+   rank builds identical arrivals from the rows, the rule's ``select`` over all of them checks
+   the weights, and every rank applies
    theta <- theta - lr * lr_scale * sum_n w_n G_n / denominator. With w_n = (C_n/(H M))/N
    this is the average of the local models. That is the round's only collective, as DDP's.
 4. ``adapt`` with the gathered unit times (Algorithm 2 for threshold=auto: every rank sees
@@ -72,13 +74,20 @@ from tailtrain.runtime.control import (
     round_arrivals,
 )
 from tailtrain.runtime.inject import FaultDrill, InjectedFault, Injector, sleep
-from tailtrain.runtime.keep import Keeper, Stopped, reopen_records, stop_on_sigterm
+from tailtrain.runtime.keep import (
+    Keeper,
+    Stopped,
+    hold_sigterm,
+    reopen_records,
+    stop_on_sigterm,
+)
 from tailtrain.runtime.reduce import Collectives, WeightedSum
 from tailtrain.runtime.telemetry import (
     RankLog,
     RoundTimes,
     TraceRows,
     attach,
+    close_record,
     phase,
     round_row,
     run_record,
@@ -93,7 +102,7 @@ from tailtrain.sim.records import RunRecord
 from tailtrain.sim.scenario import World
 from tailtrain.strategies.base import AllreducePlan as Plan
 from tailtrain.strategies.base import ArrivalColumns, StepStats
-from tailtrain.update import NonFiniteGradient, WeightedUpdate
+from tailtrain.update import WeightedUpdate, screen_own
 
 #: column of the first unit time in a gathered row [C_n, T~_n, injected, t_n^(1..U)]
 TIMES = 3
@@ -125,13 +134,14 @@ class Work:
 @dataclass(frozen=True)
 class Exchange:
     """What a round's allreduce gave: gathered rows [C_n, T~_n, injected, t_n^(1..U)], the
-    arrivals built from them, the rule's weighting and the reduced [loss sum, units,
-    sum ||G_n||^2, non-finite gradients]."""
+    arrivals built from them, the rule's weighting, the reduced [loss sum, units,
+    sum ||G_n||^2, non-finite gradients] and which ranks' gradients were screened out."""
 
     rows: np.ndarray
     arrivals: ArrivalColumns
     weighting: Weighting
     extras: np.ndarray
+    screened: np.ndarray
 
 
 @dataclass(frozen=True)
@@ -217,10 +227,12 @@ def train_allreduce(config: TrainConfig, comm: Collectives) -> RankResult:
     try:
         rounds(run)
     except BaseException as exc:
+        hold_sigterm()  # the row, census and checkpoint below run to their end (runtime.keep)
         pending = estimated_row(run) if comm.rank == 0 else None
         if pending is not None:  # a completed round's row is on disk, as its checkpoint has it
             run.record.add_step(pending)
         end = run.keeper.failed(run.step, exc, config.timeout)
+        close_record(run.record)  # flush steps.jsonl and TensorBoard before leaving
         if isinstance(exc, Stopped):  # the launcher is stopping the group: leave at once
             os._exit(143)
         if end is exc:
@@ -388,7 +400,7 @@ def one_round(run: _Rank, plan: Plan) -> None:
     weight = run.rule.own_weight(own, run.comm.rank)
     with phase("reduce") as reducing:
         reduced, excluded = reduce(run, work, weight)
-    rows, timing = reduced.rows
+    rows, timing, screened = reduced.rows
     arrivals = arrivals_of(run, rows, units)
     weighting = run.rule.weights(arrivals, run.comm.rank)
     check_own_weight(weight, weighting.weight)
@@ -398,7 +410,8 @@ def one_round(run: _Rank, plan: Plan) -> None:
         run.learner.requeue(batches, rows[:, 0].astype(np.int64))
     if run.unsettled is not None:
         settle(run, timing)
-    account(run, plan, Exchange(rows, arrivals, weighting, reduced.extras[:4]), m)
+    screened = screened[:, 0] > 0
+    account(run, plan, Exchange(rows, arrivals, weighting, reduced.extras[:4], screened), m)
     run.trace.add(run.step, m, plan.local_steps, work.times)
     run.step += 1
     run.timing = np.array([reducing.seconds, time.perf_counter() - started])
@@ -465,21 +478,19 @@ def reduce(run: _Rank, work: Work, weight: float) -> tuple[WeightedSum, float]:
     """The round's one allreduce (module docstring, 3.) and the injected T^c; returns it and
     the weight this rank withheld. A rank whose gradient holds a NaN or an infinity joins with
     weight 0 and a zero gradient, as the simulator's update path screens it
-    (``tailtrain.update``)."""
-    grad, loss_sum, done = work.grad, work.loss_sum, work.done
-    bad = not bool(torch.isfinite(grad).all()) or not math.isfinite(loss_sum)
-    if bad and run.update.on_nonfinite == "raise":  # the job fails, naming this rank
-        raise NonFiniteGradient([run.comm.rank], run.step)
+    (``tailtrain.update``), and flags itself in a gathered column of its own, so that every
+    rank leaves it out of the round's used arrivals."""
+    grad, loss_sum, bad = screen_own(
+        work.grad, work.loss_sum, run.update.on_nonfinite, run.comm.rank, run.step
+    )
+    done, excluded = work.done, 0.0
     if bad:
         run.log.warning("non-finite gradient: this rank joins the round with weight 0")
-        grad, excluded, loss_sum, done = torch.zeros_like(grad), weight, 0.0, 0
-        weight = 0.0
-    else:
-        excluded = 0.0
+        loss_sum, done, excluded, weight = 0.0, 0, weight, 0.0
     gsq = float(grad @ grad) if done > 0 else 0.0
     extras = (loss_sum, done, gsq, float(bad), excluded)
     row = np.concatenate([[work.done, work.compute, work.injected], work.times])
-    reduced = run.comm.weighted_sum(grad, weight, extras, (row, run.timing))
+    reduced = run.comm.weighted_sum(grad, weight, extras, (row, run.timing, [float(bad)]))
     sleep(run.injector.comm_time())
     return reduced, float(reduced.extras[4])
 
@@ -503,7 +514,7 @@ def account(run: _Rank, plan: Plan, ex: Exchange, m: int) -> None:
         time=run.settled + estimate,
         k=plan.k,
         arrivals=ex.arrivals,
-        used=ex.weighting.used,
+        used=screened_out(ex.weighting.used, ex.arrivals, ex.screened),
         loss=loss_sum / units_done if units_done > 0 else math.nan,
         grad_sq_sum=gsq if units_done > 0 else math.nan,
         lr=run.world.lr * plan.lr_scale,
@@ -514,6 +525,14 @@ def account(run: _Rank, plan: Plan, ex: Exchange, m: int) -> None:
     used = ex.arrivals.worker[stats.used_mask()].tolist()
     run.unsettled = Unsettled(plan, stats, ex.rows, used, m, int(nonfinite))
     run.now = stats.time
+
+
+def screened_out(used: np.ndarray, arrivals: ArrivalColumns, screened: np.ndarray) -> np.ndarray:
+    """The used arrival keys less those of screened-out gradients, which did not enter the
+    update (as ``sim.driver`` and the parameter server drop them before adapt and the row)."""
+    if not screened.any():
+        return used
+    return used[~np.isin(used, arrivals.keys[screened[arrivals.worker.astype(np.int64)]])]
 
 
 def settle(run: _Rank, timing: np.ndarray) -> None:

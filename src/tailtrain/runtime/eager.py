@@ -71,7 +71,6 @@ import dataclasses
 import logging
 import math
 import os
-import signal
 import threading
 import time
 from dataclasses import dataclass, field
@@ -84,10 +83,17 @@ from tailtrain.errors import TailtrainError, UsageError
 from tailtrain.runtime.allreduce import RankResult
 from tailtrain.runtime.config import TrainConfig, build_world
 from tailtrain.runtime.inject import FaultDrill
-from tailtrain.runtime.keep import Keeper, Snapshot, Stopped, reopen_records, stop_on_sigterm
+from tailtrain.runtime.keep import (
+    Keeper,
+    Snapshot,
+    Stopped,
+    hold_sigterm,
+    reopen_records,
+    stop_on_sigterm,
+)
 from tailtrain.runtime.partial import PartialCollective, RoundResult, row
 from tailtrain.runtime.reduce import Collectives
-from tailtrain.runtime.telemetry import attach, stream_to_board
+from tailtrain.runtime.telemetry import attach, close_record, stream_to_board
 from tailtrain.sim import checkpoint
 from tailtrain.sim.data_stream import job_batches
 from tailtrain.sim.evaluation import Evaluator
@@ -97,7 +103,7 @@ from tailtrain.sim.records import RunRecord
 from tailtrain.sim.scenario import World
 from tailtrain.strategies.base import ArrivalColumns, Selection, StepStats, Strategy
 from tailtrain.strategies.eager import RoundPlan
-from tailtrain.update import NonFiniteGradient, WeightedUpdate
+from tailtrain.update import WeightedUpdate, screen_own
 
 log = logging.getLogger(__name__)
 
@@ -132,7 +138,7 @@ class Rule:
         self.now = 0.0
         self.base, self.origin = 0, 0.0
         self.done = 0  # the run's rounds completed
-        self.latest = -1  # this launch's last round
+        self.applied = -1  # this launch's last round on the agreed model (under ``lock``)
         self.keeper, self.evals = keeper, None  # evals: the Evaluator, for the snapshots
         self.agreed = theta  # the model a rank that adopted every round holds (docstring)
         self.update = WeightedUpdate(world.lr)
@@ -159,8 +165,8 @@ class Rule:
         self.last_row = round_row(result, stats)
         if self.record is not None:
             self.record.add_step(self.last_row)
-        self.done, self.latest = self.base + r + 1, r
-        self.keep(step, plan.average_models)
+        self.done = self.base + r + 1
+        self.keep(r, step, plan.average_models)
         if self.world.finished(self.done, self.now):
             return None
         return self.strategy.plan(self.state)
@@ -174,6 +180,8 @@ class Rule:
         )
 
     def stats(self, result: RoundResult, arrivals) -> StepStats:
+        """The round's StepStats; a screened-out gradient (its loss NaN, ``run_rounds``) did
+        not enter the sum, so it is not among the used, as ``sim.driver`` drops it."""
         rows, r = result.rows, result.index
         fresh = rows[rows[:, 2] == r]
         nap = len(fresh)
@@ -185,7 +193,7 @@ class Rule:
             time=self.origin + result.closed,
             k=result.plan.k,
             arrivals=arrivals,
-            used=arrivals.keys,
+            used=arrivals.keys[np.isfinite(rows[:, 5])],
             loss=float(fresh[:, 5].mean()) if len(fresh) else math.nan,
             grad_sq_sum=float(fresh[:, 6].sum()) if len(fresh) else math.nan,
             mean_grad_sq=float(mean @ mean) if nap else math.nan,
@@ -193,8 +201,10 @@ class Rule:
         )
 
     # ---- the agreed model and the snapshots (module docstring) ----------------------------
-    def keep(self, step: tuple[torch.Tensor, float, float], average: bool) -> None:
-        """The round's step on the agreed model; the snapshot unless an average is pending."""
+    def keep(self, r: int, step: tuple[torch.Tensor, float, float], average: bool) -> None:
+        """Round ``r``'s step on the agreed model; the snapshot unless an average is pending.
+        The step and ``applied`` change together under the lock, so a :meth:`rebase` replays
+        exactly the rounds already on the model it replaces, never this one twice."""
         if self.keeper is None:
             return
         total, divisor, lr_scale = step
@@ -202,8 +212,9 @@ class Rule:
             if self.keeper is None:  # frozen by a failure
                 return
             self.agreed = self._apply(self.agreed, total, divisor, lr_scale)
+            self.applied = r
             if average:
-                self.pending = self.latest
+                self.pending = r
             if self.pending is None:
                 self.keeper.completed(self.done, self.state_dict, save=False)
 
@@ -214,7 +225,7 @@ class Rule:
             return
         with self.lock:
             model = theta
-            for later in range(r + 1, self.latest + 1):
+            for later in range(r + 1, self.applied + 1):
                 model = self._apply(model, *self.steps[later])
             self.agreed, self.pending = model, None
 
@@ -271,7 +282,8 @@ def round_row(result: RoundResult, stats: StepStats) -> dict[str, Any]:
     rows, r, plan = result.rows, result.index, result.plan
     active = result.active
     initiators = result.initiators
-    nonfinite = int(np.count_nonzero(~np.isfinite(rows[:, 5])))  # screened out (run_rounds)
+    summed = np.isfinite(rows[:, 5])  # a NaN loss: screened out (run_rounds), not in the sum
+    nonfinite = int(np.count_nonzero(~summed))
     extra = {"nonfinite": nonfinite} if nonfinite else {}
     if plan.synchronous:  # everyone activates itself; the last call completes it (the sim's)
         initiators = np.array([int(np.argmax(result.slots[:, 1]))])
@@ -281,8 +293,8 @@ def round_row(result: RoundResult, stats: StepStats) -> dict[str, Any]:
         "k": int(active.size),
         "lr": stats.lr,
         "loss": stats.loss,
-        "workers": rows[:, 0].astype(int).tolist(),
-        "staleness": (r - rows[:, 2]).astype(int).tolist(),
+        "workers": rows[summed, 0].astype(int).tolist(),
+        "staleness": (r - rows[summed, 2]).astype(int).tolist(),
         "nap": int(active.size),
         "quorum": plan.k,
         "collective": plan.collective.value,
@@ -399,13 +411,15 @@ def rounds(run: _Run) -> int:
 def failed(run: _Run, exc: BaseException) -> BaseException:
     """The group failed: freeze the snapshot, stop the collective, census and checkpoint; the
     exception to end with. A rank the launcher stopped leaves at once after the census."""
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the census runs to its end
+    hold_sigterm()  # the census runs to its end (runtime.keep)
     run.rule.freeze()
     if run.coll is not None:
         run.coll.abort()
     end = run.keeper.failed(run.rule.done, exc, run.config.timeout)
     if run.coll is not None and not run.coll.abort(ABORT_WAIT):
         log.info("the collective's threads are still in a collective; they end with this rank")
+    if run.rule.record is not None:  # flush steps.jsonl and TensorBoard before leaving
+        close_record(run.rule.record)
     if isinstance(exc, Stopped):
         os._exit(143)
     return end
@@ -470,10 +484,7 @@ def run_rounds(run: _Run) -> None:
             durations.advance(me)
             time.sleep(seconds)
         drill.poison(rule.base + step, grad)
-        if not (torch.isfinite(grad).all() and math.isfinite(loss)):
-            if config.on_nonfinite == "raise":
-                raise NonFiniteGradient([rank], rule.base + step)
-            grad, loss = torch.zeros_like(grad), math.nan  # joins with nothing (update.py)
+        grad, loss, _ = screen_own(grad, loss, config.on_nonfinite, rank, rule.base + step)
         gsq = float(grad @ grad)
         out = coll.call(step, grad, row(run.job, step, start, coll.now(), loss, gsq))
         done = out.result.index

@@ -27,7 +27,10 @@ checkpoint counts (rows of rounds after it are played again) and appended to.
 **Stopping.** The launcher stops a failed group with SIGTERM; :func:`stop_on_sigterm` turns it
 into :class:`Stopped`, raised in the main thread, so a rank takes its census and saves before it
 exits (the agent waits 30 s for that before SIGKILL). A rank blocked inside a collective sees it
-when the collective returns, which is at once when a peer died, since its sockets close.
+when the collective returns, which is at once when a peer died, since its sockets close. Once
+a rank handles a failure it ignores SIGTERM (:func:`hold_sigterm`): the first survivor to end
+its census makes the agent stop the rest, and the writer may still be in its own census or
+writing the checkpoint.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ import logging
 import math
 import os
 import signal
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -75,6 +79,13 @@ def stop_on_sigterm() -> None:
         raise Stopped("stopped by the launcher (SIGTERM)")
 
     signal.signal(signal.SIGTERM, stopped)
+
+
+def hold_sigterm() -> None:
+    """Ignore SIGTERM from now on (main thread only): this rank is handling a failure and
+    must end its census, checkpoint and note before it leaves (module docstring)."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
 def restarts(env: Any = os.environ) -> int:
@@ -233,33 +244,39 @@ class Keeper:
 
     def failed(self, in_flight: int, exc: BaseException, timeout: float) -> BaseException:
         """The group failed during round ``in_flight``: census, checkpoint, note; returns the
-        exception this rank should end with."""
+        exception this rank should end with. SIGTERM is ignored from here on."""
+        hold_sigterm()
         done = self.snapshot.step if self.snapshot is not None else 0
-        alive = census(done, self.rank, self.world, CENSUS_WAIT)
+        store = _store()
+        alive = census(store, done, self.rank, self.world, CENSUS_WAIT)
         if alive is None:  # a late rank (the census is closed) or no store: nothing to add
             return exc
         missing = sorted(set(range(self.world)) - set(alive))
         best = max(alive.values())
-        writer = min(r for r, s in alive.items() if s == best) == self.rank
-        if writer:
-            saved = None
-            if self.snapshot is not None and self.snapshot.step > 0:
-                self._save(self.snapshot)
-                saved = self.snapshot.step
-            note = {"step": in_flight, "missing": missing, "checkpoint": saved}
-            note |= {"folder": None if self.folder is None else str(self.folder)}
-            note |= {"timeout": timeout}
-            if self.report is not None:
-                write_json(self.report, note)
-            if self.folder is not None:  # the run's own account of its failures, kept
-                with open(Path(self.folder) / FAILURES, "a") as file:
-                    file.write(json.dumps({**note, "restart": restarts()}) + "\n")
+        if min(r for r, s in alive.items() if s == best) == self.rank and elected(store):
+            self._write_failure(in_flight, missing, timeout)
         if missing and not isinstance(exc, Stopped) and _peer_failure(exc):
             who = ", ".join(map(str, missing))
             return MissingRanks(
                 f"rank {who} did not answer at step {in_flight} within --timeout {timeout:g}s"
             )
         return exc
+
+    def _write_failure(self, in_flight: int, missing: list[int], timeout: float) -> None:
+        """The writer's part: the checkpoint of its last round, the launcher's note and the
+        run's row in failures.jsonl."""
+        saved = None
+        if self.snapshot is not None and self.snapshot.step > 0:
+            self._save(self.snapshot)
+            saved = self.snapshot.step
+        note = {"step": in_flight, "missing": missing, "checkpoint": saved}
+        note |= {"folder": None if self.folder is None else str(self.folder)}
+        note |= {"timeout": timeout, "restart": restarts()}
+        if self.report is not None:
+            write_json(self.report, note)
+        if self.folder is not None:  # the run's own account of its failures, kept
+            with open(Path(self.folder) / FAILURES, "a") as file:
+                file.write(json.dumps(note) + "\n")
 
 
 def _peer_failure(exc: BaseException) -> bool:
@@ -268,13 +285,25 @@ def _peer_failure(exc: BaseException) -> bool:
     return isinstance(exc, PeerFailure) or "timed out" in str(exc).lower()
 
 
-def census(step: int, rank: int, world: int, wait: float) -> dict[int, int] | None:
-    """Which ranks are alive, each with the rounds it completed: every rank that fails checks
-    in to the rendezvous store and waits ``wait`` seconds for the others. None for a rank that
-    comes after the census closed, or when the store cannot be reached."""
+def _store() -> dist.Store | None:
+    """The rendezvous store of the census, or None when it cannot be reached."""
     try:
-        store = dist.distributed_c10d._get_default_store()
-        prefix = f"tailtrain/census/{restarts()}"
+        return dist.distributed_c10d._get_default_store()
+    except Exception as exc:
+        log.warning("no census of the ranks: %s", exc)
+        return None
+
+
+def census(
+    store: dist.Store | None, step: int, rank: int, world: int, wait: float
+) -> dict[int, int] | None:
+    """Which ranks are alive, each with the rounds it completed: every rank that fails checks
+    in to the rendezvous ``store`` and waits ``wait`` seconds for the others. None for a rank
+    that comes after the census closed, or when the store cannot be reached."""
+    if store is None:
+        return None
+    try:
+        prefix = _prefix()
         if store.check([f"{prefix}/closed"]):
             return None
         store.set(f"{prefix}/{rank}", str(step))
@@ -290,15 +319,37 @@ def census(step: int, rank: int, world: int, wait: float) -> dict[int, int] | No
         return None
 
 
-def read_note(path: Path | None) -> dict[str, Any] | None:
-    """The survivors' note (:meth:`Keeper.failed`), or None."""
+def elected(store: dist.Store) -> bool:
+    """Whether this rank, which its census names the writer, is the one writer of this
+    incarnation's failure. Ranks that checked in around the census's close can see different
+    alive sets, and so two of them can think they write: the first to claim the store's key
+    writes, so the failure has one checkpoint, one note and one failures.jsonl row."""
+    try:
+        return store.add(f"{_prefix()}/writer", 1) == 1
+    except Exception as exc:
+        log.warning("no writer elected: %s", exc)
+        return False
+
+
+def _prefix() -> str:
+    return f"tailtrain/census/{restarts()}"
+
+
+def read_note(path: Path | None, restart: int | None = None) -> dict[str, Any] | None:
+    """The survivors' note (:meth:`Keeper.failed`), or None; with ``restart``, only a note of
+    that incarnation of the group (the launcher's last one): the note of an earlier failure,
+    which a restarted group that failed again without a census left in place, is not this one's."""
     if path is None:
         return None
     try:
         note = json.loads(Path(path).read_text())
     except (OSError, ValueError):
         return None
-    return note if isinstance(note, dict) else None
+    if not isinstance(note, dict):
+        return None
+    if restart is not None and note.get("restart", 0) != restart:
+        return None
+    return note
 
 
 def describe(rank: int, text: str, signal_name: str | None, note: dict[str, Any] | None) -> str:

@@ -157,8 +157,9 @@ def launch(
         )
         try:
             return elastic_launch(spec, rank_entry)(list(configs), True, entry)
-        except ChildFailedError as exc:
-            raise JobFailed(describe_failure(exc, read_note(note))) from None
+        except ChildFailedError as exc:  # the agent gives up after its last restart
+            last = read_note(note, restart=first.max_restarts)
+            raise JobFailed(describe_failure(exc, last)) from None
 
 
 def start_method(backend: str, *, own_entry: bool) -> str:

@@ -1,0 +1,48 @@
+"""The eager topology's agreed model (runtime.eager.Rule): each round's step once, whatever the
+order in which the reducer thread applies a round and the main thread rebases on an average."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import torch
+
+from tailtrain.runtime.eager import Rule
+
+LR = 0.5
+
+
+def rule() -> Rule:
+    world = SimpleNamespace(context=None, scenario=SimpleNamespace(comm_time=None), seed=0, lr=LR)
+    strategy = SimpleNamespace(init=lambda context: None)
+    keeper = SimpleNamespace(completed=lambda *args, **kwargs: None)
+    return Rule(world, strategy, 0, False, torch.zeros(2), keeper)
+
+
+def record(r: Rule, index: int, total: list[float]) -> tuple[torch.Tensor, float, float]:
+    """What after_round does before the agreed model takes the step: the step is known."""
+    step = (torch.tensor(total), 1.0, 1.0)
+    r.steps[index] = step
+    return step
+
+
+def test_a_rebase_between_a_rounds_step_and_its_application_applies_it_once():
+    r = rule()
+    r.keep(0, record(r, 0, [1.0, 0.0]), average=True)  # round 0 ends with a model average
+    late = record(r, 1, [0.0, 2.0])  # the reducer has round 1's step, not yet applied...
+    average = torch.tensor([10.0, 10.0])
+    r.rebase(0, average)  # ...when the main thread learns round 0's average
+    r.keep(1, late, average=False)
+    # theta_1 = average - lr * g_1: round 1 on the average, once
+    torch.testing.assert_close(r.agreed, average - LR * torch.tensor([0.0, 2.0]))
+    assert r.pending is None
+
+
+def test_a_rebase_after_later_rounds_replays_them_on_the_average():
+    r = rule()
+    r.keep(0, record(r, 0, [1.0, 0.0]), average=True)
+    r.keep(1, record(r, 1, [0.0, 2.0]), average=False)
+    r.keep(2, record(r, 2, [4.0, 0.0]), average=False)
+    average = torch.tensor([10.0, 10.0])
+    r.rebase(0, average)
+    torch.testing.assert_close(r.agreed, average - LR * torch.tensor([4.0, 2.0]))
