@@ -57,3 +57,19 @@ def test_bad_faults_are_refused_in_one_line(texts, kinds, message):
 
 def test_parse_fault_default_accepts_every_kind():
     assert parse_fault("freeze:worker=0,step=0,seconds=3").seconds == 3.0
+
+
+def test_a_worker_that_skips_updates_meets_their_drills_at_the_next_one(monkeypatch):
+    from tailtrain.runtime import inject
+
+    slept = []
+    monkeypatch.setattr(inject, "sleep", slept.append)
+    plan = FaultPlan.parse(
+        ["freeze:worker=1,step=3,seconds=2", "freeze:worker=0,step=3,seconds=9"], 2
+    )
+    drill = inject.FaultDrill(plan, worker=1)
+    for step in (0, 1, 5, 6):  # update 3 is skipped, as a late eager rank skips rounds
+        drill.before(step)
+    assert slept == [2.0]
+    drill.before(3)  # fired once: a step played again does not fire it again
+    assert slept == [2.0]

@@ -114,11 +114,17 @@ class FaultPlan:
             return None
         return float(hit[1][np.searchsorted(hit[0], worker)])
 
+    def process_faults(self, worker: int, first: int, last: int) -> list[Fault]:
+        """The kills and freezes of ``worker`` at updates ``first`` to ``last``, in the order
+        they hit: by update, and a kill before a freeze of the same update."""
+        hits = [f for f in self.faults if not f.numeric and f.worker == worker]
+        hits = [f for f in hits if first <= f.step <= last]
+        return sorted(hits, key=lambda f: (f.step, f.kind != "kill"))
+
     def process_fault(self, worker: int, step: int) -> Fault | None:
         """The kill or freeze that hits ``worker`` when it starts work for ``step``; a kill
         wins over a freeze of the same step."""
-        hits = [f for f in self.faults if not f.numeric and (f.worker, f.step) == (worker, step)]
-        return min(hits, key=lambda f: f.kind != "kill", default=None)
+        return next(iter(self.process_faults(worker, step, step)), None)
 
     def describe(self) -> list[str]:
         return [f.describe() for f in self.faults]

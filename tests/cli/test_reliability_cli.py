@@ -185,3 +185,14 @@ def test_a_malicious_cifar_pickle_is_refused_and_never_runs(tmp_path, capsys):
     code, _, err = run(argv, capsys)
     assert code == 2 and "refusing to load" in one_line(err)
     assert not marker.exists()
+
+
+def test_a_screened_gradient_is_no_contribution_of_an_eager_round(tmp_path, capsys):
+    out = tmp_path / "run"
+    argv = [*SIM, "--strategy", "eager:mode=majority", "--out", str(out)]
+    code, _, _ = run([*argv, "--inject-fault", "nan:worker=1,step=1"], capsys)
+    assert code == 0
+    rows = [json.loads(line) for line in (out / "steps.jsonl").read_text().splitlines()]
+    hit = [row for row in rows if row.get("nonfinite")]
+    assert len(hit) == 1 and 1 not in hit[0]["workers"]
+    assert len(hit[0]["workers"]) == len(hit[0]["staleness"])

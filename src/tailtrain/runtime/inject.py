@@ -75,21 +75,27 @@ class FaultDrill:
 
         self.plan, self.worker, self.folder = plan, worker, folder
         self.fired = fired_drills(folder)
+        self.reached = -1  # the latest update this worker started work for
 
     def before(self, step: int) -> None:
         """At the start of this worker's work for update ``step``: die or hang if told to.
 
-        A kill is SIGKILL to this process, so nothing is cleaned up, as when a node dies;
-        a freeze sleeps the process's main thread, as when it hangs."""
-        fault = self.plan.process_fault(self.worker, step)
-        if fault is None or not self.once(fault.describe(), step):
-            return
-        log.warning("fault drill %s", fault.describe())
-        if fault.kind == "kill":
-            for stream in (sys.stdout, sys.stderr):
-                stream.flush()
-            os.kill(os.getpid(), signal.SIGKILL)
-        sleep(fault.seconds)
+        A worker that skips updates (a late eager rank adopts a newer result, a K-async
+        worker gets a newer version) meets the drills of the updates it skipped here, at the
+        first update it starts after them. A kill is SIGKILL to this process, so nothing is
+        cleaned up, as when a node dies; a freeze sleeps the process's main thread, as when it
+        hangs."""
+        due = self.plan.process_faults(self.worker, self.reached + 1, step)
+        self.reached = max(self.reached, step)
+        for fault in due:
+            if not self.once(fault.describe(), step):
+                continue
+            log.warning("fault drill %s", fault.describe())
+            if fault.kind == "kill":
+                for stream in (sys.stdout, sys.stderr):
+                    stream.flush()
+                os.kill(os.getpid(), signal.SIGKILL)
+            sleep(fault.seconds)
 
     def once(self, drill: str, step: int) -> bool:
         """Whether ``drill`` fires now: not if it fired before in this run; noted if it does."""

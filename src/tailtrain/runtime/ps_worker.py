@@ -127,7 +127,6 @@ class Worker:
         self.current: Job | None = None  # the job in hand, finished or interrupted
         self.mailbox: Mailbox | None = None
         self.zero = 0.0  # the server's time zero on this worker's clock
-        self.drilled = -1  # the last version whose fault drills ran
 
     def batch(self, job: int) -> np.ndarray:
         w = self.world
@@ -160,10 +159,7 @@ class Worker:
         fault = self.fault
         if fault is not None and fault.rank == self.index + 1 and message.version >= fault.step:
             raise InjectedFault(f"rank {fault.rank} fails at step {fault.step} (--fail-at)")
-        # a drill of update S hits the first job at version >= S: a worker may skip versions
-        for step in range(self.drilled + 1, message.version + 1):
-            self.drill.before(step)
-        self.drilled = max(self.drilled, message.version)
+        self.drill.before(message.version)  # a skipped version's drill hits here (FaultDrill)
         if asks_blocks(message):
             self.report(message)
         job = Job(

@@ -189,14 +189,18 @@ class PartialCollectiveEngine:
     ) -> dict[str, Any]:
         done: _Round = played.detail
         work = done.contributions
+        # a gradient screened out as non-finite (the driver drops it from ``used``) is no
+        # contribution of the round, as the runtime records it (``runtime.eager``)
+        screened = np.setdiff1d(selection.used(), stats.used)
+        kept = ~np.isin(_arrivals(work).keys, screened)
         return {
             "step": stats.step,
             "time": stats.time,
             "k": int(done.active.size),
             "lr": stats.lr,
             "loss": stats.loss,
-            "workers": work.worker.tolist(),
-            "staleness": (self.step - work.step).tolist(),
+            "workers": work.worker[kept].tolist(),
+            "staleness": (self.step - work.step)[kept].tolist(),
             "nap": int(done.active.size),
             "quorum": plan.k,
             "collective": plan.collective.value,
