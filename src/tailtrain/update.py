@@ -51,10 +51,10 @@ def finite_rows(grads: torch.Tensor) -> np.ndarray:
     rows = grads.reshape(grads.shape[0], -1)
     # a row's sum is finite only if every term is: one pass and no mask of D booleans (a
     # non-finite sum, an overflow included, is settled element by element)
-    ok = torch.isfinite(rows.sum(dim=1))
-    if not bool(ok.all()):
-        ok = torch.isfinite(rows).all(dim=1)
-    return ok.numpy()
+    ok = np.isfinite(rows.sum(dim=1).numpy())
+    if not ok.all():
+        ok = torch.isfinite(rows).all(dim=1).numpy()
+    return ok
 
 
 #: below this many comparisons :func:`isin` compares all pairs (np.isin sorts: ~20 us)
