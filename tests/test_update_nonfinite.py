@@ -7,9 +7,17 @@ import math
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tailtrain.strategies.base import Selection, Weighting, arrival_keys
-from tailtrain.update import NonFiniteGradient, WeightedUpdate, gradient_stats
+from tailtrain.update import (
+    NonFiniteGradient,
+    WeightedUpdate,
+    finite_rows,
+    gradient_stats,
+    isin,
+)
 
 KEYS = arrival_keys(np.array([0, 1, 2]), np.array([5, 5, 5]))
 GRADS = torch.tensor([[1.0], [2.0], [math.nan]])
@@ -49,3 +57,27 @@ def test_injection_poisons_only_the_named_weighed_worker():
 def test_gradient_stats_leave_out_non_finite_rows():
     stats = gradient_stats(torch.tensor([1.0, 3.0, math.nan]), GRADS)
     assert (stats.loss, stats.grad_sq_sum, stats.mean_grad_sq) == (2.0, 5.0, 2.25)
+
+
+def test_a_row_whose_sum_overflows_is_still_finite():
+    big = torch.full((2, 4), 3e38)  # every value finite, each row's sum is inf in float32
+    big[1, 2] = math.nan
+    assert finite_rows(big).tolist() == [True, False]
+    row = torch.tensor([[1.0, -math.inf, math.inf, 0.0]])  # inf - inf: a NaN sum, not finite
+    assert finite_rows(row).tolist() == [False]
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(st.integers(0, 6), max_size=90),
+    st.lists(st.integers(0, 6), max_size=90),
+)
+def test_isin_is_numpys_for_small_and_large_key_sets(values, among):
+    values, among = np.array(values, dtype=np.int64), np.array(among, dtype=np.int64)
+    assert isin(values, among).tolist() == [v in set(among.tolist()) for v in values.tolist()]
+
+
+def test_the_statistics_of_one_gradient_are_its_squared_norm():
+    g = torch.tensor([[3.0, 4.0]])
+    stats = gradient_stats(torch.tensor([0.5]), g)
+    assert (stats.loss, stats.grad_sq_sum, stats.mean_grad_sq) == (0.5, 25.0, 25.0)

@@ -49,7 +49,27 @@ class NonFiniteGradient(TailtrainError):
 
 def finite_rows(grads: torch.Tensor) -> np.ndarray:
     """Which rows (gradients) hold only finite numbers."""
-    return torch.isfinite(grads.reshape(grads.shape[0], -1)).all(dim=1).numpy()
+    rows = grads.reshape(grads.shape[0], -1)
+    # a row's sum is finite only if every term is: one pass and no mask of D booleans (a
+    # non-finite sum, an overflow included, is settled element by element)
+    ok = np.isfinite(rows.sum(dim=1).numpy())
+    if not ok.all():
+        ok = torch.isfinite(rows).all(dim=1).numpy()
+    return ok
+
+
+#: below this many comparisons :func:`isin` compares all pairs (np.isin sorts: ~20 us)
+SMALL_ISIN = 4096
+
+
+def isin(values: np.ndarray, among: np.ndarray) -> np.ndarray:
+    """``np.isin(values, among)``, fast for the few arrival keys of one step."""
+    values, among = np.asarray(values), np.asarray(among)
+    if among.size == 0:
+        return np.zeros(values.shape, dtype=bool)
+    if values.size * among.size > SMALL_ISIN:
+        return np.isin(values, among)
+    return (values.reshape(-1, 1) == among.reshape(1, -1)).any(axis=1).reshape(values.shape)
 
 
 def screen_own(
@@ -73,7 +93,7 @@ def key_workers(keys: np.ndarray) -> np.ndarray:
 
 def without(weighting: Weighting, keys: np.ndarray) -> Weighting:
     """``weighting`` with the given arrivals dropped; a rule's fixed divisor stays."""
-    keep = ~np.isin(weighting.keys, keys)
+    keep = ~isin(weighting.keys, keys)
     if keep.all():
         return weighting
     return Weighting(weighting.keys[keep], weighting.weight[keep], weighting.total)
@@ -105,8 +125,12 @@ def gradient_stats(
         losses = losses[torch.isfinite(losses)]
     if grads.shape[0] == 0:
         return GradientStats()
-    flat, mean = grads.reshape(-1), grads.mean(0)
-    return GradientStats(float(losses.mean()), float(flat @ flat), float(mean @ mean))
+    flat = grads.reshape(-1)
+    sq_sum = float(flat @ flat)
+    if grads.shape[0] == 1:  # the mean of one gradient is that gradient
+        return GradientStats(float(losses.mean()), sq_sum, sq_sum)
+    mean = grads.mean(0)
+    return GradientStats(float(losses.mean()), sq_sum, float(mean @ mean))
 
 
 class WeightedUpdate:
@@ -164,7 +188,7 @@ class WeightedUpdate:
         self.inject = None
         weighed = np.concatenate([w.keys[w.weight != 0] for w in (selection.now, selection.later)])
         owner = key_workers(keys)
-        rows = np.flatnonzero(np.isin(owner, workers) & np.isin(keys, weighed))
+        rows = np.flatnonzero(isin(owner, workers) & isin(keys, weighed))
         if rows.size:
             value = values[np.searchsorted(workers, owner[rows])]
             grads[torch.from_numpy(rows)] = torch.as_tensor(value, dtype=grads.dtype)[:, None]
@@ -203,4 +227,4 @@ def rows_weighed(keys: np.ndarray, selection: Selection) -> np.ndarray:
     """Positions (sorted) of the arrivals a Selection weighs now or later: the only gradients
     an engine has to compute."""
     wanted = np.concatenate([selection.now.keys, selection.later.keys])
-    return np.flatnonzero(np.isin(keys, wanted))
+    return np.flatnonzero(isin(keys, wanted))

@@ -111,7 +111,7 @@ from tailtrain.strategies.base import (
     Weighting,
 )
 from tailtrain.strategies.registry import parse_strategy
-from tailtrain.update import WeightedUpdate, gradient_stats, rows_weighed
+from tailtrain.update import WeightedUpdate, gradient_stats, isin, rows_weighed
 
 IDLE = -1
 #: seconds between GIL hand-overs in the ranks (``sys.setswitchinterval``)
@@ -231,12 +231,15 @@ class Server:
                 self.resolve(p)
         if closed:
             return True
-        older = (self.busy != IDLE) & (self.busy < self.version) & self.liveness.alive
-        drained = not (plan.complete_stragglers and older.any())
+        drained = not (plan.complete_stragglers and self.older().any())
         closes = bool(fresh) and len(fresh) >= self.liveness.cap(plan.k) and drained
         if closes:
             self.now = self.clock()
         return closes
+
+    def older(self) -> np.ndarray:
+        """The live workers computing at a version older than the current one."""
+        return (self.busy != IDLE) & (self.busy < self.version) & self.liveness.alive
 
     # ---- begin: interrupts, tokens, idle workers -------------------------------------------
     def begin(self, plan: ServerPlan) -> None:
@@ -328,8 +331,7 @@ class Server:
         if p is not None and p.complete and p.waiting.get(w, (None,))[0] == m.job:
             self.report(p, w, a)
         drain = plan.complete_stragglers
-        older = (self.busy != IDLE) & (self.busy < self.version) & self.liveness.alive
-        closes = len(fresh) >= self.liveness.cap(plan.k) and not (drain and older.any())
+        closes = len(fresh) >= self.liveness.cap(plan.k) and not (drain and self.older().any())
         if closes:
             self.now = a.finish
         if not closes or drain:  # the closing worker waits for the update (unless drained)
@@ -342,27 +344,30 @@ class Server:
     # ---- close: select, update, adapt, record ----------------------------------------------
     def close(self, plan: ServerPlan, arrivals: list[Arrival], fresh: list[Arrival]) -> None:
         cands = columns(fresh)
+        keys = cands.keys
         selection = self.strategy.select(self.state, cands)
         applied = selection
         if plan.partial_blocks > 0:  # LGC: e_t comes with the stragglers' reports
             applied = Selection(now=selection.now)
-        index = rows_weighed(cands.keys, selection)
+        index = rows_weighed(keys, selection)
+        inject = self.config.faults.at(self.step)  # NaN drills, as simulate
         grads = None
-        if index.size == 1 and self.update.inject is None:  # async: a view (no fault drill
-            grads = fresh[index[0]].grad[None]  # poisons rows in place)
+        if index.size == 1 and inject is None:  # async: a view (a drill poisons rows in place)
+            grads = fresh[index[0]].grad[None]
         elif index.size:
             grads = torch.stack([fresh[i].grad for i in index])
         theta = self.versions[self.version]
         if grads is not None:
-            keys = cands.keys[index]
-            self.update.inject = self.config.faults.at(self.step)  # NaN drills, as simulate
-            theta = self.update.apply(theta, grads, keys, applied, plan.lr_scale)
+            self.update.inject = inject
+            theta = self.update.apply(theta, grads, keys[index], applied, plan.lr_scale)
         dropped = self.update.dropped
         used = selection.used()
-        used = used[~np.isin(used, dropped)]
+        finite = None if grads is None else np.ones(index.size, dtype=bool)  # just screened
+        if dropped.size:
+            used = used[~isin(used, dropped)]
+            finite = None if grads is None else ~isin(keys[index], dropped)
         losses = torch.tensor([fresh[i].loss for i in index], dtype=self.dtype)
         whole = grads if grads is not None else torch.zeros(0, self.dim)
-        finite = None if grads is None else ~np.isin(cands.keys[index], dropped)  # just screened
         scalars = gradient_stats(losses, whole, finite)
         stats = StepStats(
             step=self.step,
@@ -378,7 +383,7 @@ class Server:
         )
         state_before = self.state
         self.state = self.strategy.adapt(self.state, stats)
-        row = self.row(plan, cands, selection, stats, len(dropped))
+        row = self.row(plan, cands, keys, selection, stats, len(dropped))
         row.update(self.liveness.take_events())
         self.record.add_step(row)
         if plan.partial_blocks > 0:
@@ -394,13 +399,23 @@ class Server:
         self,
         plan: ServerPlan,
         cands: ArrivalColumns,
+        keys: np.ndarray,
         selection: Selection,
         stats: StepStats,
         nonfinite: int,
     ) -> dict[str, Any]:
-        idx = np.flatnonzero(np.isin(cands.keys, stats.used))
-        arrived = stats.arrivals
-        weights = selection.now.over(cands.keys)[idx] if len(selection.now) else np.zeros(0)
+        idx = np.flatnonzero(isin(keys, stats.used))
+        a = stats.arrivals
+        weights = selection.now.over(keys)[idx] if len(selection.now) else np.zeros(0)
+        # every arrival fed to ``adapt``: worker, job, version, start, finish (server clock)
+        arrived = zip(
+            a.worker.tolist(),
+            a.job.tolist(),
+            a.version.tolist(),
+            a.start.tolist(),
+            a.finish.tolist(),
+            strict=True,
+        )
         row = {
             "step": stats.step,
             "time": stats.time,
@@ -412,23 +427,12 @@ class Server:
             "partial_workers": [],
             "partial_units": [],
             "partial_jobs": [],
-            "arrivals": len(stats.arrivals),
+            "arrivals": len(a),
             "jobs": cands.job[idx].tolist(),
             "weights": weights.tolist(),
             "grad_sq_sum": stats.grad_sq_sum,
             "mean_grad_sq": stats.mean_grad_sq,
-            # every arrival fed to ``adapt``: worker, job, version, start, finish (server clock)
-            "arrived": [
-                [int(w), int(j), int(v), float(s), float(f)]
-                for w, j, v, s, f in zip(
-                    arrived.worker,
-                    arrived.job,
-                    arrived.version,
-                    arrived.start,
-                    arrived.finish,
-                    strict=True,
-                )
-            ],
+            "arrived": [list(x) for x in arrived],
             "lag": self.lag,
         }
         if nonfinite:

@@ -139,11 +139,13 @@ class Liveness:
         """Suspect the busy workers silent past the bound since ``start`` (the server's clock),
         ping the suspects that are due; the seconds until the next check is due."""
         bound = self.bound
-        for w in np.flatnonzero(self.alive & busy & (now - start > bound)).tolist():
+        watched = (self.state == ALIVE) & busy
+        for w in np.flatnonzero(watched & (now - start > bound)).tolist():
             self.state[w] = SUSPECT
             self.events["suspect"].append(w)
             self.hung.add(w)
             self.pinged[w] = -np.inf
+            watched[w] = False
             log.warning(
                 "worker %d sent nothing for %.2fs (bound %.2fs): suspected hung; k capped at "
                 "%d live workers",
@@ -152,11 +154,13 @@ class Liveness:
                 bound,
                 self.alive.sum(),
             )
-        suspects = self.state == SUSPECT
-        for w in np.flatnonzero(suspects & (now - self.pinged >= bound)).tolist():
-            self.pinged[w] = now
-            self.ping(w)
-        due = np.concatenate([start[self.alive & busy], self.pinged[suspects]])
+        due = start[watched]
+        if self.hung:  # else no worker is SUSPECT: nothing to ping
+            suspects = self.state == SUSPECT
+            for w in np.flatnonzero(suspects & (now - self.pinged >= bound)).tolist():
+                self.pinged[w] = now
+                self.ping(w)
+            due = np.concatenate([due, self.pinged[suspects]])
         return float(due.min() + bound - now) if due.size else bound
 
     def unanswered(self, now: float) -> float:
@@ -237,8 +241,9 @@ class Liveness:
         """The step row's liveness columns, then a clean slate: the events of the step, and
         ``live`` (ALIVE workers at the close) while any worker is missing."""
         row: dict[str, Any] = {c: v for c, v in self.events.items() if v}
-        if row or not self.alive.all():
-            row["live"] = int(self.alive.sum())
+        if not row and (self.state == ALIVE).all():  # the usual step: nothing to record
+            return row
+        row["live"] = int(self.alive.sum())
         self.events = {c: [] for c in COLUMNS}
         return row
 

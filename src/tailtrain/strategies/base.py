@@ -248,6 +248,8 @@ class Weighting:
 
     def over(self, keys: np.ndarray) -> np.ndarray:
         """The normalised weights laid out along ``keys`` (0 where a key has none)."""
+        if len(keys) == len(self.keys) and (keys == self.keys).all():
+            return self.normalised()  # already laid along ``keys``: a step's usual case
         out = np.zeros(len(keys))
         if len(self.keys):
             order = np.argsort(keys, kind="stable")
