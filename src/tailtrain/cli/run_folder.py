@@ -126,18 +126,12 @@ def resume_run(args: argparse.Namespace) -> Job:
     from tailtrain.faults import FaultPlan
     from tailtrain.sim import checkpoint
     from tailtrain.sim.driver import RunControl
-    from tailtrain.sim.scenario import Scenario
     from tailtrain.strategies.registry import parse_strategy
 
     folder = Path(args.resume)
     _check_resume_flags(args, folder)
     info = read_run_json(folder)
-    try:
-        scenario = Scenario(**info["scenario"])
-    except TypeError as exc:
-        raise UsageError(
-            f"{folder / RUN_JSON}: its scenario is not one this tailtrain knows ({exc})"
-        ) from None
+    scenario = scenario_of(folder, info)
     strategy = parse_strategy(info["strategy"])
     faults = FaultPlan.parse(info["inject_fault"], scenario.workers, SIMULATED_FAULTS)
     every = _checkpoint_every(args.checkpoint_every) or info["checkpoint_every"]
@@ -182,6 +176,18 @@ def _check_resume_flags(
             raise UsageError(
                 f"--resume continues with the flags in {folder / RUN_JSON}; drop {flag}"
             )
+
+
+def scenario_of(folder: Path, info: dict[str, Any]) -> Scenario:
+    """The scenario run.json in ``folder`` records, or a one-line error."""
+    from tailtrain.sim.scenario import Scenario
+
+    try:
+        return Scenario(**info["scenario"])
+    except TypeError as exc:
+        raise UsageError(
+            f"{folder / RUN_JSON}: its scenario is not one this tailtrain knows ({exc})"
+        ) from None
 
 
 def _finished(folder: Path) -> bool:
@@ -270,7 +276,6 @@ def resume_train(args: argparse.Namespace) -> tuple[dict[str, Any], Scenario]:
     """The run in ``train --resume DIR``: its run.json and scenario. ``--checkpoint-every``,
     ``--max-restarts`` and ``--timeout`` may be given anew; the flags that define the run not."""
     from tailtrain.sim import checkpoint
-    from tailtrain.sim.scenario import Scenario
 
     folder = Path(args.resume)
     _check_resume_flags(args, folder, TRAIN_FLAGS)
@@ -289,12 +294,7 @@ def resume_train(args: argparse.Namespace) -> tuple[dict[str, Any], Scenario]:
         or bad_fail_at
     ):
         raise UsageError(f"{folder / RUN_JSON}: runtime is not train's (keys or types differ)")
-    try:
-        scenario = Scenario(**info["scenario"])
-    except TypeError as exc:
-        raise UsageError(
-            f"{folder / RUN_JSON}: its scenario is not one this tailtrain knows ({exc})"
-        ) from None
+    scenario = scenario_of(folder, info)
     if not (folder / checkpoint.FILENAME).exists():
         if _finished(folder):
             raise UsageError(f"the run in {folder} is finished; there is nothing to resume")
