@@ -106,3 +106,21 @@ def test_a_worker_that_raises_is_named_and_left_out(tmp_path):
     )
     assert "rank 2 died (InjectedFault: rank 2 fails at step 3 (--fail-at))" in stderr
     assert summary["dead_workers"] == [1] and len(rows) == 40
+
+
+@pytest.mark.timeout(180)
+def test_a_healthy_run_longer_than_the_timeout_sends_no_probe_and_loses_no_worker(tmp_path):
+    # the workers' probe mailboxes hear nothing all run: their wait must outlast --timeout
+    args = ["train", "--workers", str(N), "--task", "logreg", "--strategy", "k-async:k=2"]
+    args += ["--delay", "const:value=0.02", "--timeout", "3", "--time-budget", "8", "--json"]
+    done = subprocess.run(
+        [sys.executable, "-m", "tailtrain", *args, "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=150,
+        env={"PYTHONPATH": str(ROOT / "src"), "PATH": "/usr/bin:/bin"},
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary = json.loads(done.stdout)
+    assert summary["dead_workers"] == [] and summary["hung_workers"] == []
+    assert "died" not in done.stderr

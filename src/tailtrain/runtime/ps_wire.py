@@ -13,14 +13,16 @@ arrival with this process's ``time.perf_counter()``, so stamps do not wait for t
 thread; the main thread reads them in order with bounded waits. gloo's ``irecv`` never reports
 ``is_completed()`` before ``wait()`` (torch 2.x), so a receiving thread, rather than polling,
 is what makes an arrival visible at once. A blocking receive is bounded by the process
-group's timeout (``--timeout``); a failure (most likely a peer that died) is handed to the
-main thread after ``runtime.reduce.GRACE`` seconds, so that the launcher names the rank that
-failed first.
+group's timeout (``--timeout``), except where no message is owed (``owed=False``: the probe
+mailbox, which may hear nothing for a whole healthy run, waits as long as it takes); a failure
+(most likely a peer that died) is handed to the main thread after ``runtime.reduce.GRACE``
+seconds, so that the launcher names the rank that failed first.
 """
 
 from __future__ import annotations
 
 import collections
+import datetime
 import threading
 import time
 from collections.abc import Callable
@@ -34,6 +36,8 @@ import torch.distributed as dist
 from tailtrain.errors import TailtrainError
 from tailtrain.runtime.reduce import GRACE
 
+#: how long a receive that is owed nothing waits (gloo closes the pair when a wait times out)
+IDLE = datetime.timedelta(days=365)
 #: tags of the two directions, of the clock handshake, and of the liveness probes
 UP, DOWN, CLOCK, PROBE = 11, 12, 13, 14
 #: round trips per worker to estimate its clock's offset from the server's (the shortest counts:
@@ -184,8 +188,10 @@ class Mailbox:
         size: int,
         dtype: torch.dtype,
         last: Callable[[Message], bool],
+        owed: bool = True,
     ) -> None:
         self._items: collections.deque[Message] = collections.deque()
+        self._owed = owed
         self._ready = threading.Condition()
         self._error: BaseException | None = None
         self._args = (src, tag, size, dtype, last)
@@ -197,7 +203,10 @@ class Mailbox:
         try:
             while True:
                 buffer = torch.empty(size, dtype=dtype)
-                dist.recv(buffer, src=src, tag=tag)
+                if self._owed or src is None:
+                    dist.recv(buffer, src=src, tag=tag)
+                else:  # nothing is owed: wait however long, not --timeout
+                    dist.group.WORLD.recv([buffer], src, tag).wait(IDLE)
                 message = decode(buffer, time.perf_counter())
                 if message.kind is Kind.PING:
                     continue  # a liveness probe: that it arrived is all it says

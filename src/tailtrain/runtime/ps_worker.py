@@ -143,7 +143,8 @@ class Worker:
         size = HEADER + self.dim
         stop = lambda m: m.kind is Kind.STOP  # noqa: E731
         self.mailbox = Mailbox(SERVER, DOWN, size, self.dtype, stop)
-        probes = Mailbox(SERVER, PROBE, HEADER, self.dtype, stop)  # drops PINGs (ps_liveness)
+        # drops PINGs (ps_liveness); a healthy run may send none for longer than --timeout
+        probes = Mailbox(SERVER, PROBE, HEADER, self.dtype, stop, owed=False)
         message = self.mailbox.take(self.timeout)
         while message.kind is Kind.JOB:
             message = self.follow(message)
