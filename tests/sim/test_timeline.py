@@ -146,6 +146,16 @@ def test_draining_stragglers_matches_one_event_at_a_time(data):
     assert got == reference(table, n, ks, SyncMode.PSW, False, drain=True)
 
 
+def test_a_straggler_drained_at_the_closing_instant_goes_on_to_this_version():
+    """Worker 0's stale job ends at 12.5, the instant the step's k-th arrival closes it; a
+    drained straggler goes on to the current version, not the next (found by hypothesis)."""
+    n, ks = 3, [1, 1, 1, 1, 3, 1, 2, 1]
+    table = np.round(np.random.default_rng(500).exponential(1.0, size=(300, n)) + 0.05, 1)
+    got = run_timeline(table, n, ks, SyncMode.PSW, False, drain=True)
+    assert got == reference(table, n, ks, SyncMode.PSW, False, drain=True)
+    assert got[-1][0] == (0, 6, 12.7, False)
+
+
 def test_push_and_wait_hand_example():
     # worker 0 takes 1 s, worker 1 takes 2 s, worker 2 takes 5 s per job; k = 2
     table = np.tile([1.0, 2.0, 5.0], (10, 1))

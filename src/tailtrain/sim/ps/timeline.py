@@ -257,8 +257,11 @@ class ServerTimeline:
         if not closes:
             self._waiting = np.concatenate([self._waiting, batch[wants & at_last]])
             self._waiting_since = done[-1]
-        else:
-            self._waiting = np.empty(0, dtype=np.int64)
+            return record
+        if carry_on and self._waiting.size:  # they finished at the closing instant: go on too
+            starts = np.full(self._waiting.size, self._waiting_since)
+            self._start_next(self._waiting, version, starts, mode, accept_stale)
+        self._waiting = np.empty(0, dtype=np.int64)
         return record
 
     def partial_work(self, version: int, blocks: int) -> tuple[np.ndarray, np.ndarray]:
