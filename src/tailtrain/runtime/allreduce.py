@@ -165,11 +165,18 @@ class ModuleGrads:
         self.task = task
         self.module = task.module_at(task.init_params(0))
         self.params = list(self.module.parameters())
+        # the parameters become views of one flat tensor, so that loading theta is one copy
+        # instead of vector_to_parameters' copy per parameter
+        self.flat = torch.nn.utils.parameters_to_vector(self.params).detach().clone()
+        offset = 0
+        for param in self.params:
+            param.data = self.flat[offset : offset + param.numel()].view_as(param)
+            offset += param.numel()
 
     def __call__(self, theta: torch.Tensor, indices: np.ndarray) -> tuple[float, torch.Tensor]:
         """Mean loss and gradient at ``theta`` over the samples ``indices`` (B,)."""
         task, data = self.task, self.task.data
-        torch.nn.utils.vector_to_parameters(theta, self.params)
+        self.flat.copy_(theta)
         index = torch.as_tensor(indices)
         with torch.enable_grad():
             out = self.module(data.trim(data.x_train[index]))

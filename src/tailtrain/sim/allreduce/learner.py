@@ -137,8 +137,10 @@ def completed_rows(done: np.ndarray, step: int, micro_batches: int) -> tuple[np.
 def worker_grads(total: torch.Tensor, done: np.ndarray, local_steps: int) -> torch.Tensor:
     """G_n = H * A_n / C_n, and 0 for a worker that completed nothing."""
     counts = torch.from_numpy(np.maximum(done, 1).astype(np.float64)).to(total.dtype)
-    active = torch.from_numpy(done > 0)[:, None]
-    return torch.where(active, local_steps * total / counts[:, None], 0.0)
+    grads = local_steps * total / counts[:, None]
+    if done.all():  # the common round: nothing to zero, and the runtime's one row saves a pass
+        return grads
+    return torch.where(torch.from_numpy(done > 0)[:, None], grads, 0.0)
 
 
 def _cat(parts: list[torch.Tensor]) -> torch.Tensor:
