@@ -17,6 +17,7 @@ from tailtrain.update import (
     finite_rows,
     gradient_stats,
     isin,
+    screen_own,
 )
 
 KEYS = arrival_keys(np.array([0, 1, 2]), np.array([5, 5, 5]))
@@ -81,3 +82,28 @@ def test_the_statistics_of_one_gradient_are_its_squared_norm():
     g = torch.tensor([[3.0, 4.0]])
     stats = gradient_stats(torch.tensor([0.5]), g)
     assert (stats.loss, stats.grad_sq_sum, stats.mean_grad_sq) == (0.5, 25.0, 25.0)
+
+
+@pytest.mark.parametrize(
+    ("values", "screened"),
+    [
+        ([1.0, -2.0], False),
+        ([3e38, 3e38], False),  # finite, though its sum of squares overflows float32
+        ([1.0, math.nan], True),
+        ([math.inf, 1.0], True),
+        ([-math.inf, math.inf], True),
+    ],
+)
+def test_screen_own_passes_every_finite_gradient_and_only_those(values, screened):
+    grad = torch.tensor(values, dtype=torch.float32)
+    out, loss, bad = screen_own(grad, 0.5, "skip", 3, 7)
+    assert bad is screened
+    if screened:
+        assert not out.any() and math.isnan(loss)
+    else:
+        assert out is grad and loss == 0.5
+
+
+def test_screen_own_raise_names_the_worker_and_step():
+    with pytest.raises(NonFiniteGradient, match="3"):
+        screen_own(torch.tensor([math.nan]), 0.5, "raise", 3, 7)
