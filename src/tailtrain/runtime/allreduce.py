@@ -165,8 +165,8 @@ class ModuleGrads:
         self.task = task
         self.module = task.module_at(task.init_params(0))
         self.params = list(self.module.parameters())
-        # the parameters become views of one flat tensor, so that loading theta is one copy
-        # instead of vector_to_parameters' copy per parameter
+        # the parameters become views of one flat tensor, so that loading theta is one copy_
+        # instead of vector_to_parameters' Python work per parameter (checks, view, re-point)
         self.flat = torch.nn.utils.parameters_to_vector(self.params).detach().clone()
         offset = 0
         for param in self.params:
