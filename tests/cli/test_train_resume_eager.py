@@ -94,8 +94,10 @@ def test_a_killed_eager_rank_is_named_with_its_round_and_resume_completes_it(
     # rank 1 dies as it starts its round 6; a late rank 1 starts it after the group's round 6
     assert in_flight >= 6 and saved == in_flight - 1, lines[0]
     assert match[3] == match[4] == str(folder)
-    # the survivors' checkpoint holds every round on disk, none lost but the one in flight
-    assert [row["step"] for row in steps_of(folder)] == list(range(in_flight))
+    # every round the checkpoint counts is on disk, none lost but the one in flight; rank 0's
+    # reducer may not have written the writer's latest round yet (runtime.keep's sink)
+    rows = [row["step"] for row in steps_of(folder)]
+    assert rows == list(range(len(rows))) and saved <= len(rows) <= in_flight, (rows, lines[0])
     code, out, err = run(["train", "--resume", str(folder), "--json"], capfd)
     assert code == 0, err
     assert_complete(folder)
