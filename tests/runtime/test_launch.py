@@ -14,6 +14,7 @@ from tailtrain.runtime.launch import (
     in_torchrun,
     max_local_workers,
     parse_endpoint,
+    reaches_fork_server,
     reserve,
 )
 
@@ -67,3 +68,20 @@ def test_an_unreachable_torchrun_rendezvous_is_refused_in_one_line():
 def test_a_rank_0_outside_torchrun_hosts_the_store_itself():
     env = {"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1"}
     check_rendezvous({**env, "MASTER_PORT": str(closed_port())}, timeout=0.3)
+
+
+def test_only_an_entry_the_fork_server_can_import_starts_there():
+    import functools
+
+    from tailtrain.runtime.ps import train_parameter_server
+
+    model = object()
+
+    def closure(config, comm):
+        return model
+
+    assert reaches_fork_server(None)
+    assert reaches_fork_server(train_parameter_server)
+    assert not reaches_fork_server(closure)
+    assert not reaches_fork_server(functools.partial(train_parameter_server, task=model))
+    assert not reaches_fork_server(lambda config, comm: None)
