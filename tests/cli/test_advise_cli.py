@@ -6,8 +6,8 @@ import json
 
 import numpy as np
 import pytest
+from tests.cli.helpers import run
 
-from tailtrain.cli import main
 from tailtrain.strategies.registry import parse_strategy
 
 
@@ -15,15 +15,6 @@ def write_trace(path, times):
     rows = [f"{i},{w},{t:.9f}" for (i, w), t in np.ndenumerate(times)]
     path.write_text("iteration,worker,seconds\n" + "\n".join(rows) + "\n")
     return path
-
-
-def run(argv, capsys):
-    try:
-        code = main(argv)
-    except SystemExit as exc:
-        code = exc.code
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def test_json_contract_and_out_folder(tmp_path, capsys):

@@ -7,16 +7,9 @@ import json
 import sys
 
 import pytest
-
-from tailtrain.cli import main
+from tests.cli.helpers import run
 
 SMALL = ["--task", "logreg", "--workers", "4", "--iterations", "6", "--eval-every", "3"]
-
-
-def run(argv, capsys):
-    code = main(argv)
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def test_simulate_says_where_it_wrote_records_and_figure(tmp_path, capsys):

@@ -6,22 +6,12 @@ import json
 
 import numpy as np
 import pytest
-
-from tailtrain.cli import main
+from tests.cli.helpers import run
 
 THEORY = {"sync", "k-sync", "k-batch-sync", "k-async", "k-batch-async", "async", "dropcompute"}
 FAMILIES = {"local-sgd", "eager-solo", "eager-majority", "eager-quorum", "dbw"}
 STRATEGIES = THEORY | FAMILIES
 ROW_KEYS = {"strategy", "k", "iteration_time", "speedup_vs_sync", "method"}
-
-
-def run(argv, capsys):
-    try:
-        code = main(argv)
-    except SystemExit as exc:  # argparse's own errors
-        code = exc.code
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def check_contract(payload, workers):

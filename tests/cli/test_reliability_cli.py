@@ -8,18 +8,7 @@ import json
 import pickle
 
 import pytest
-
-from tailtrain.cli import main
-
-
-def run(argv, capsys):
-    try:
-        code = main(argv)
-    except SystemExit as exc:  # argparse's own errors
-        code = exc.code
-    out, err = capsys.readouterr()
-    return code, out, err
-
+from tests.cli.helpers import run
 
 SIM = ["simulate", "--task", "logreg", "--workers", "4", "--iterations", "5", "--no-progress"]
 CMP = [

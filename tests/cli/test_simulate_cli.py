@@ -6,14 +6,9 @@ import json
 
 import pandas as pd
 import pytest
+from tests.cli.helpers import run
 
 from tailtrain.cli import main
-
-
-def run(argv, capsys):
-    code = main(argv)
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def test_simulate_writes_a_record_pandas_reads(tmp_path, capsys):

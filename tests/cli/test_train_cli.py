@@ -10,8 +10,8 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from tests.cli.helpers import run
 
-from tailtrain.cli import main
 from tailtrain.delays.trace import read_trace
 
 DELAY = "const:value=0.06"
@@ -27,15 +27,6 @@ FLAGS = [
     "--eval-every", "10",
     "--seed", "3",
 ]  # fmt: skip
-
-
-def run(argv, capfd):
-    try:
-        code = main(argv)
-    except SystemExit as exc:  # argparse errors
-        code = exc.code
-    out, err = capfd.readouterr()
-    return code, out, err
 
 
 @pytest.mark.timeout(120)

@@ -12,6 +12,7 @@ import json
 import numpy as np
 import pandas as pd
 import pytest
+from tests.cli.helpers import run
 
 from tailtrain.cli import main
 
@@ -20,15 +21,6 @@ RUN = [
     "train", "--task", "logreg", "--workers", "3", "--iterations", str(ITERATIONS),
     "--eval-every", "4", "--seed", "2", "--timeout", "30",
 ]  # fmt: skip
-
-
-def run(argv, capfd):
-    try:
-        code = main(argv)
-    except SystemExit as exc:
-        code = exc.code
-    out, err = capfd.readouterr()
-    return code, out, err
 
 
 def records(folder):

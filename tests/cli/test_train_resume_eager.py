@@ -21,6 +21,7 @@ import re
 
 import numpy as np
 import pytest
+from tests.cli.helpers import run
 
 from tailtrain.cli import main
 
@@ -35,15 +36,6 @@ LINE = re.compile(
     r"tailtrain train: rank 1 died at step (\d+) \(SIGKILL\); checkpoint of step (\d+) in "
     r"(\S+): continue with `tailtrain train --resume (\S+)`"
 )
-
-
-def run(argv, capfd):
-    try:
-        code = main(argv)
-    except SystemExit as exc:
-        code = exc.code
-    out, err = capfd.readouterr()
-    return code, out, err
 
 
 def steps_of(folder):
