@@ -276,3 +276,21 @@ def test_bench_hang_refuses_a_negative_or_endless_duration_before_any_rank_start
     assert main(["bench", "hang", flag, value]) == 2
     err = capsys.readouterr().err
     assert flag in err and "Traceback" not in err
+
+
+def test_abort_after_a_failed_close_still_tells_the_peers():
+    """close() marks the collective closing before it can fail (a reducer error, a timeout);
+    the abort that follows must still send ABORT, once, or the peers' receivers keep waiting."""
+    import sys
+    import threading
+
+    from tailtrain.runtime import partial as module
+
+    coll = object.__new__(PartialCollective)
+    coll.cond, coll.procs, coll.threads = threading.Condition(), 3, ()
+    coll.state = module._Shared(closing=True)  # as a close() that raised leaves it
+    coll._aborted, coll._switch = False, sys.getswitchinterval()
+    sent = []
+    coll._send = lambda peers, kind, r: sent.append((tuple(peers), kind))
+    assert coll.abort() and coll.abort()
+    assert sent == [((0,), module.ABORT), ((1,), module.ABORT), ((2,), module.ABORT)]

@@ -251,6 +251,7 @@ class PartialCollective:
         self.pending: deque = deque()
         self.width = len(HEAD) + capacity * len(ROW)
         self._switch = sys.getswitchinterval()
+        self._aborted = False  # ABORT goes out once, even after a close() that failed
         sys.setswitchinterval(min(self._switch, SWITCH_INTERVAL))
         dist.barrier(group=self.act_group)
         self.t0 = shared_origin(self.act_group)
@@ -330,7 +331,8 @@ class PartialCollective:
         threads for at most ``wait`` seconds in all; whether both stopped. A thread blocked
         in a collective leaves once a peer of it exits (at the latest after ``timeout``)."""
         with self.cond:
-            first, self.state.closing = not self.state.closing, True
+            first, self._aborted = not self._aborted, True
+            self.state.closing = True
             self.cond.notify_all()
         for peer in range(self.procs) if first else ():
             with contextlib.suppress(Exception):  # a dead peer's connection is gone
