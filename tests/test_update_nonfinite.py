@@ -96,12 +96,12 @@ def test_the_statistics_of_one_gradient_are_its_squared_norm():
 )
 def test_screen_own_passes_every_finite_gradient_and_only_those(values, screened):
     grad = torch.tensor(values, dtype=torch.float32)
-    out, loss, bad = screen_own(grad, 0.5, "skip", 3, 7)
+    out, loss, bad, sq_norm = screen_own(grad, 0.5, "skip", 3, 7)
     assert bad is screened
     if screened:
-        assert not out.any() and math.isnan(loss)
+        assert not out.any() and math.isnan(loss) and sq_norm == 0.0
     else:
-        assert out is grad and loss == 0.5
+        assert out is grad and loss == 0.5 and sq_norm == float(grad @ grad)
 
 
 def test_screen_own_raise_names_the_worker_and_step():

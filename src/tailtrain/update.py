@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -72,21 +72,32 @@ def isin(values: np.ndarray, among: np.ndarray) -> np.ndarray:
     return (values.reshape(-1, 1) == among.reshape(1, -1)).any(axis=1).reshape(values.shape)
 
 
+class Screened(NamedTuple):
+    """A worker's own gradient after :func:`screen_own`, with its squared norm, which the
+    screen computes anyway and the round's statistics need (0 when screened out)."""
+
+    grad: torch.Tensor
+    loss: float
+    screened: bool
+    sq_norm: float
+
+
 def screen_own(
     grad: torch.Tensor, loss: float, on_nonfinite: str, worker: int, step: int
-) -> tuple[torch.Tensor, float, bool]:
+) -> Screened:
     """One worker's own gradient, screened before it joins a collective (the runtime's form of
     :meth:`WeightedUpdate.screen`): with a NaN or an infinity in it or in its loss, ``raise``
     stops, naming ``worker`` and ``step``; ``skip`` gives a zero gradient and a NaN loss, so it
-    joins with nothing. Returns (gradient, loss, whether it was screened out)."""
+    joins with nothing."""
     # A finite sum of squares proves every entry finite at a sixteenth of isfinite().all()'s
     # cost; only an overflowing or non-finite one needs the exact check.
-    finite = math.isfinite(float(grad @ grad)) or bool(torch.isfinite(grad).all())
+    sq_norm = float(grad @ grad)
+    finite = math.isfinite(sq_norm) or bool(torch.isfinite(grad).all())
     if finite and math.isfinite(loss):
-        return grad, loss, False
+        return Screened(grad, loss, False, sq_norm)
     if on_nonfinite == "raise":
         raise NonFiniteGradient([worker], step)
-    return torch.zeros_like(grad), math.nan, True
+    return Screened(torch.zeros_like(grad), math.nan, True, 0.0)
 
 
 def key_workers(keys: np.ndarray) -> np.ndarray:

@@ -487,14 +487,14 @@ def reduce(run: _Rank, work: Work, weight: float) -> tuple[WeightedSum, float]:
     weight 0 and a zero gradient, as the simulator's update path screens it
     (``tailtrain.update``), and flags itself in a gathered column of its own, so that every
     rank leaves it out of the round's used arrivals."""
-    grad, loss_sum, bad = screen_own(
+    grad, loss_sum, bad, sq_norm = screen_own(
         work.grad, work.loss_sum, run.update.on_nonfinite, run.comm.rank, run.step
     )
     done, excluded = work.done, 0.0
     if bad:
         run.log.warning("non-finite gradient: this rank joins the round with weight 0")
         loss_sum, done, excluded, weight = 0.0, 0, weight, 0.0
-    gsq = float(grad @ grad) if done > 0 else 0.0
+    gsq = sq_norm if done > 0 else 0.0
     extras = (loss_sum, done, gsq, float(bad), excluded)
     row = np.concatenate([[work.done, work.compute, work.injected], work.times])
     reduced = run.comm.weighted_sum(grad, weight, extras, (row, run.timing, [float(bad)]))

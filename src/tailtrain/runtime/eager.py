@@ -484,8 +484,7 @@ def run_rounds(run: _Run) -> None:
             durations.advance(me)
             time.sleep(seconds)
         drill.poison(rule.base + step, grad)
-        grad, loss, _ = screen_own(grad, loss, config.on_nonfinite, rank, rule.base + step)
-        gsq = float(grad @ grad)
+        grad, loss, _, gsq = screen_own(grad, loss, config.on_nonfinite, rank, rule.base + step)
         out = coll.call(step, grad, row(run.job, step, start, coll.now(), loss, gsq))
         done = out.result.index
         total, divisor, lr_scale = rule.steps[done]
