@@ -34,6 +34,7 @@ from tailtrain.strategies.base import (
     StepStats,
     Strategy,
 )
+from tailtrain.update import isin
 
 #: relative tolerance of the check that every rank used the same weights
 WEIGHT_RTOL = 1e-4
@@ -59,8 +60,7 @@ def weighting(selection: Selection, arrivals: ArrivalColumns, rank: int) -> Weig
         raise TailtrainError("the allreduce topology applies no deferred (``later``) weights")
     now = selection.now
     mine = arrivals.keys[arrivals.worker == rank]
-    # a handful of keys: a broadcast comparison is several times cheaper than np.isin
-    weight = float(now.weight[(now.keys[:, None] == mine).any(axis=1)].sum())
+    weight = float(now.weight[isin(now.keys, mine)].sum())
     return Weighting(weight, float(now.weight.sum()), now.total, selection.used())
 
 
@@ -141,10 +141,7 @@ class RuleDriver:
 
     def own_weight(self, arrival: ArrivalColumns, rank: int) -> float:
         """w_n from this rank's arrival alone (:func:`own_arrival`; module docstring)."""
-        selection = self.select(arrival)
-        if len(selection.later):
-            raise TailtrainError("the allreduce topology applies no deferred (``later``) weights")
-        return float(selection.now.weight.sum())  # the only arrival offered is this rank's
+        return weighting(self.select(arrival), arrival, rank).weight
 
     def adapt(self, stats: StepStats) -> None:
         self.state = self.strategy.adapt(self.state, stats)
