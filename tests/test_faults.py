@@ -24,13 +24,13 @@ def test_numeric_faults_reach_the_update_and_process_faults_do_not():
     assert workers.tolist() == [1] and math.isnan(values[0])
     assert plan.at(3) is None
     assert math.isnan(plan.value(1, 2)) and plan.value(0, 2) is None
-    assert plan.process_fault(1, 2) == Fault("kill", 1, 2)
-    assert plan.process_fault(1, 3) is None
+    assert plan.process_faults(1, 2, 2) == [Fault("kill", 1, 2)]
+    assert plan.process_faults(1, 3, 9) == []
 
 
 def test_a_kill_wins_over_a_freeze_of_the_same_step():
     plan = FaultPlan.parse(["freeze:worker=0,step=1,seconds=2", "kill:worker=0,step=1"], 2)
-    assert plan.process_fault(0, 1).kind == "kill"
+    assert [f.kind for f in plan.process_faults(0, 1, 1)] == ["kill", "freeze"]
 
 
 @pytest.mark.parametrize(

@@ -190,3 +190,18 @@ def test_resume_honours_an_explicit_max_restarts_0_and_the_default_timeout(tmp_p
     assert (config.max_restarts, config.timeout) == (0, 300.0)
     config, _ = fresh(build_parser().parse_args(start[:-2]))
     assert (config.max_restarts, config.timeout) == (0, 300.0)  # a start's defaults
+
+
+def test_the_cli_defaults_are_train_configs():
+    """train's --timeout and --max-restarts defaults are written out in the CLI (it imports
+    the runtime only to run); they must stay TrainConfig's."""
+    import dataclasses
+
+    from tailtrain.cli import train
+    from tailtrain.runtime.config import TrainConfig
+
+    fields = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
+    assert (
+        fields["timeout"],
+        fields["max_restarts"],
+    ) == (train.DEFAULT_TIMEOUT, train.DEFAULT_MAX_RESTARTS)

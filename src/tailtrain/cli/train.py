@@ -31,7 +31,7 @@ from tailtrain.errors import UsageError
 
 DEFAULT_WORKERS = 16
 #: --timeout and --max-restarts when a run starts without them (TrainConfig's defaults)
-DEFAULT_TIMEOUT = 300.0
+DEFAULT_TIMEOUT = 300.0  # written out: the CLI imports the runtime (and torch) only to run
 DEFAULT_MAX_RESTARTS = 0
 
 

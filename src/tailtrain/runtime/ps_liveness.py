@@ -139,7 +139,7 @@ class Liveness:
         """Suspect the busy workers silent past the bound since ``start`` (the server's clock),
         ping the suspects that are due; the seconds until the next check is due."""
         bound = self.bound
-        watched = (self.state == ALIVE) & busy
+        watched = self.alive & busy
         for w in np.flatnonzero(watched & (now - start > bound)).tolist():
             self.state[w] = SUSPECT
             self.events["suspect"].append(w)
@@ -241,7 +241,7 @@ class Liveness:
         """The step row's liveness columns, then a clean slate: the events of the step, and
         ``live`` (ALIVE workers at the close) while any worker is missing."""
         row: dict[str, Any] = {c: v for c, v in self.events.items() if v}
-        if not row and (self.state == ALIVE).all():  # the usual step: nothing to record
+        if not row and self.alive.all():  # the usual step: nothing to record
             return row
         row["live"] = int(self.alive.sum())
         self.events = {c: [] for c in COLUMNS}
