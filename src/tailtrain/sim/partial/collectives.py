@@ -99,33 +99,27 @@ def resolve_round(
     """When the round of a ``collective`` activates and completes, given the ``calls``;
     ``counter`` is the rank that counts a quorum round's calls (``counter_of``)."""
     calls = np.asarray(calls, dtype=np.float64)
-    if collective is not Collective.ALLREDUCE and network.is_direct(calls.shape[-1]):
-        return _direct_round(calls, collective, network, k, initiator, counter)
     who, start = _initiation(calls, collective, network, k, initiator, counter)
-    hops = 0 if collective is Collective.ALLREDUCE else activation_hops(calls.shape[-1])
-    reach = start + hops * network.hop
+    if collective is not Collective.ALLREDUCE and network.is_direct(calls.shape[-1]):
+        arrival = _direct_arrival(calls.shape[-1], who, start, network)
+        reach, active = arrival.max(axis=-1), calls <= arrival
+    else:
+        hops = 0 if collective is Collective.ALLREDUCE else activation_hops(calls.shape[-1])
+        reach = start + hops * network.hop
+        active = calls <= reach[..., None]
     complete = reach + np.asarray(network.allreduce, dtype=np.float64)
-    active = calls <= reach[..., None]
     return RoundTiming(who, start, reach, complete, active)
 
 
-def _direct_round(
-    calls: FloatArray,
-    collective: Collective,
-    network: Network,
-    k: int,
-    initiator: ArrayLike | None,
-    counter: ArrayLike,
-) -> RoundTiming:
-    """A partial round whose initiator sends the activation to everyone (module docstring)."""
-    ranks = np.arange(calls.shape[-1])
-    who, start = _initiation(calls, collective, network, k, initiator, counter)
+def _direct_arrival(
+    processes: int, who: NDArray[np.int64], start: FloatArray, network: Network
+) -> FloatArray:
+    """When a partial round's activation reaches each process, its initiator sending it to
+    everyone in turn (module docstring)."""
+    ranks = np.arange(processes)
     nth = ranks + (ranks < who[..., None])  # 1-based place in the ascending sends, self skipped
     arrival = start[..., None] + network.hop + nth * network.send
-    arrival = np.where(ranks == who[..., None], start[..., None], arrival)
-    reach = arrival.max(axis=-1)
-    complete = reach + np.asarray(network.allreduce, dtype=np.float64)
-    return RoundTiming(who, start, reach, complete, calls <= arrival)
+    return np.where(ranks == who[..., None], start[..., None], arrival)
 
 
 def _initiation(
@@ -140,7 +134,7 @@ def _initiation(
     activates at the K-th arrival of the calls' messages (its own call needs none), as the
     runtime's counter does (``runtime.partial``); any other initiator at its own call."""
     if collective is Collective.QUORUM:
-        initiator_of(calls, collective, k, None)  # checks k
+        _check_quorum(k, calls.shape[-1])
         ranks = np.arange(calls.shape[-1])
         rank = counter_of(np.asarray(counter, dtype=np.int64), calls.shape[-1])
         who = np.broadcast_to(rank, calls.shape[:-1]).copy()
@@ -162,14 +156,18 @@ def initiator_of(
     if collective is Collective.SOLO:
         return order[..., 0]
     if collective is Collective.QUORUM:
-        if not 1 <= k <= calls.shape[-1]:
-            raise UsageError(f"quorum k={k} must be between 1 and P={calls.shape[-1]}")
+        _check_quorum(k, calls.shape[-1])
         return order[..., k - 1]
     if collective is Collective.MAJORITY:
         if initiator is None:
             raise UsageError("the majority collective needs its designated initiator")
         return np.broadcast_to(np.asarray(initiator, dtype=np.int64), calls.shape[:-1]).copy()
     return order[..., -1]
+
+
+def _check_quorum(k: int, processes: int) -> None:
+    if not 1 <= k <= processes:
+        raise UsageError(f"quorum k={k} must be between 1 and P={processes}")
 
 
 def latencies(calls: ArrayLike, timing: RoundTiming, overhead: float = 0.0) -> FloatArray:
