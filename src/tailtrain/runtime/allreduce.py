@@ -376,11 +376,17 @@ def estimated_row(run: _Rank) -> dict[str, Any] | None:
     done = run.unsettled
     if done is None:
         return None
+    return row_of(done, done.stats, None)
+
+
+def row_of(done: Unsettled, stats: StepStats, allreduce: np.ndarray | None) -> dict[str, Any]:
+    """``done``'s record row with ``stats`` and each rank's allreduce seconds (None: unknown
+    yet); a rank waits inside the allreduce for the slowest rank's compute."""
     compute = done.rows[:, 1]
     wait = compute.max() - compute
-    unknown = np.full(len(compute), np.nan)
-    times = RoundTimes(done.rows[:, 0].astype(np.int64), compute, done.rows[:, 2], wait, unknown)
-    row = round_row(done.plan, done.stats, times, done.used, done.m)
+    comm = np.full(len(compute), np.nan) if allreduce is None else allreduce - wait
+    times = RoundTimes(done.rows[:, 0].astype(np.int64), compute, done.rows[:, 2], wait, comm)
+    row = round_row(done.plan, stats, times, done.used, done.m)
     if done.nonfinite:
         row["nonfinite"] = done.nonfinite
     return row
@@ -549,15 +555,7 @@ def settle(run: _Rank, timing: np.ndarray) -> None:
     run.settled += float(timing[:, 1].max())
     run.now = run.settled
     stats = replace(done.stats, time=run.settled, comm_time=run.comm_time)
-    compute = done.rows[:, 1]
-    wait = compute.max() - compute  # for the slowest rank's compute, inside the allreduce
-    times = RoundTimes(
-        done.rows[:, 0].astype(np.int64), compute, done.rows[:, 2], wait, timing[:, 0] - wait
-    )
-    row = round_row(done.plan, stats, times, done.used, done.m)
-    if done.nonfinite:
-        row["nonfinite"] = done.nonfinite
-    run.record.add_step(row)
+    run.record.add_step(row_of(done, stats, timing[:, 0]))
 
 
 def settle_last(run: _Rank) -> None:
