@@ -6,8 +6,8 @@
 * ``overhead``: wall time of the allreduce runtime running ``sync`` over a bare
   ``DistributedDataParallel`` loop, same task (digits-cnn, batch 256), ranks, steps and data,
   no injected delay (goal <= 1.03); each loop gathers its batch inside the step, as a loader
-  would. ``added_ms_per_round`` is the difference per round, which does not grow with the
-  step: the ratio is a worst case on this 3 ms step. Both run in the same forked job after a
+  would. ``added_ms_per_round`` is the difference per round: the runtime's Python per round,
+  which weighs most on a step as short as this one (5-7 ms). Both run in the same forked job after a
   warm-up, interleaved; each side's time is the difference between a long and a short run, so
   start-up, the first and last evaluations and process start cancel, leaving the loop itself.
 * ``dropcompute_real_speedup`` / ``dropcompute_sim_speedup``: mean iteration time of ``sync``
@@ -165,8 +165,8 @@ def overhead(workers: int, short: int, long: int, repeats: int) -> dict:
             "steps": long - short,
             "ddp_seconds": ddp,
             "train_seconds": train,
-            # what the runtime adds to each round, whatever the step costs: the ratio falls
-            # as the step grows (a 3 ms step here; training steps of 50 ms or more are usual)
+            # what the runtime adds to each round; it weighs less on longer steps (5-7 ms
+            # here; training steps of 50 ms or more are usual)
             "added_ms_per_round": (train - ddp) / (long - short) * 1e3,
             "repeats": repeats,
         },

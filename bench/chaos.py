@@ -172,7 +172,7 @@ def show(report: dict[str, Any]) -> None:
             for note in r["failures"]:
                 print(
                     f"         failure: round {note['step']} in flight, ranks {note['missing']} "
-                    f"missing, checkpoint of round {note['checkpoint']}"
+                    f"missing, checkpoint after {note['checkpoint']} rounds"
                 )
         if entry["ratio"] is not None and math.isfinite(entry["ratio"]):
             print(f"  final loss, chaos / calm: {entry['ratio']:.3f}")

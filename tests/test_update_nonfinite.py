@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from tailtrain.strategies.base import Selection, Weighting, arrival_keys
@@ -73,6 +73,7 @@ def test_a_row_whose_sum_overflows_is_still_finite():
     st.lists(st.integers(0, 6), max_size=90),
     st.lists(st.integers(0, 6), max_size=90),
 )
+@example(list(range(7)) * 10, [1, 3] * 35)  # 70 x 70 > SMALL_ISIN: np.isin's branch
 def test_isin_is_numpys_for_small_and_large_key_sets(values, among):
     values, among = np.array(values, dtype=np.int64), np.array(among, dtype=np.int64)
     assert isin(values, among).tolist() == [v in set(among.tolist()) for v in values.tolist()]

@@ -9,7 +9,6 @@ version its staleness names, so a wrong version tag, batch or weight changes the
 
 from __future__ import annotations
 
-import math
 import subprocess
 import sys
 from pathlib import Path
@@ -263,7 +262,7 @@ def test_train_and_simulate_choose_the_same_contributors(results, name):
     assert [r["k"] for r in real] == [r["k"] for r in sim]
     assert [sorted(r["workers"]) for r in real] == [sorted(r["workers"]) for r in sim]
     assert [r["partial_workers"] for r in real[:-1]] == [r["partial_workers"] for r in sim[:-1]]
-    assert math.isclose(real[-1]["time"], sim[-1]["time"], rel_tol=0.1)
+    # decisions only: how close the wall clock comes to the simulated one is bench_ps_parity's
     if name == "k-async parity":  # stale gradients and a changing set: not a trivial schedule
         assert max(s for r in sim for s in r["staleness"]) >= 1
         assert len({tuple(sorted(r["workers"])) for r in sim}) > 1

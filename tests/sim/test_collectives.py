@@ -65,7 +65,7 @@ def test_tree_quorum_activates_at_the_counter_after_k_calls_reached_it(calls, da
     assert float(timing.activation) == pytest.approx(start)
     assert float(timing.complete) == pytest.approx(reach + 0.25)
     assert timing.active.tolist() == [c <= reach for c in calls]
-    assert timing.nap >= k or start > sorted(calls)[k - 1]
+    assert timing.nap >= k  # the K counted calls came before the activation reached them
 
 
 @settings(max_examples=60, deadline=None)
