@@ -121,10 +121,5 @@ class FaultPlan:
         hits = [f for f in hits if first <= f.step <= last]
         return sorted(hits, key=lambda f: (f.step, f.kind != "kill"))
 
-    def process_fault(self, worker: int, step: int) -> Fault | None:
-        """The kill or freeze that hits ``worker`` when it starts work for ``step``; a kill
-        wins over a freeze of the same step."""
-        return next(iter(self.process_faults(worker, step, step)), None)
-
     def describe(self) -> list[str]:
         return [f.describe() for f in self.faults]
