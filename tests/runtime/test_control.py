@@ -80,7 +80,7 @@ def test_deferred_weights_have_no_place_in_an_allreduce():
     with pytest.raises(TailtrainError, match="deferred"):
         cols = arrivals([1.0, 1.0])
         later = Weighting.of(cols, np.array([1]), 0.5)
-        weighting(Selection(now=Weighting.of(cols, np.array([0]), 1.0), later=later), cols, 0)
+        weighting(Selection(now=Weighting.of(cols, np.array([0]), 1.0), later=later), 0)
 
 
 def test_disagreeing_ranks_are_caught_by_the_reduced_weight_sum():

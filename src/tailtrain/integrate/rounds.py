@@ -172,7 +172,7 @@ class Rounds:
         rows = self.comm.gather(row)
         arrivals = round_arrivals(self.step, self.now, rows[:, 0], rows[:, 1], len(work.times))
         selection = self.rule.select(arrivals)
-        return Agreement(rows, arrivals, selection, weighting(selection, arrivals, self.comm.rank))
+        return Agreement(rows, arrivals, selection, weighting(selection, self.comm.rank))
 
     def close(
         self, plan: AllreducePlan, work: Work, agreed: Agreement, reduce: float, nonfinite: int

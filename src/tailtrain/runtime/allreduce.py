@@ -1,11 +1,11 @@
 """The allreduce topology of `tailtrain train`: sync, DropCompute and Local-SGD on real ranks.
 
-Rank n runs round r exactly like worker n of ``sim.allreduce_engine``, with wall time for the
+Rank n runs round r exactly like worker n of ``sim.allreduce.engine``, with wall time for the
 virtual clock and the same rule object deciding (``runtime.control``):
 
 1. ``plan``: tau, M, H (identical on every rank: same state).
 2. Compute (DropCompute Algorithm 1; Local-SGD App. B.3): the micro-batches of
-   ``sim.trainer.job_batches`` keyed by (seed, n, r), as in the simulator, one at a time with
+   ``sim.data_stream.job_batches`` keyed by (seed, n, r), as in the simulator, one at a time with
    the task's flat-parameter gradients; each unit then sleeps its injected seconds
    (``runtime.inject``). The elapsed wall time of the round is compared with tau *between*
    micro-batches: a device cannot abandon a micro-batch halfway. With ``stop=between`` this
@@ -16,7 +16,7 @@ virtual clock and the same rule object deciding (``runtime.control``):
    Under Local-SGD each finished local step updates the rank's local copy,
    theta_n <- theta_n - lr (1/M) sum of its micro-batch gradients.
 3. One weighted allreduce (``runtime.reduce``) of [w_n G_n, w_n, loss sum, units,
-   ||G_n||^2, ..., rows] with G_n = H A_n / C_n (``sim.allreduce_learner.worker_grads``). Its
+   ||G_n||^2, ..., rows] with G_n = H A_n / C_n (``sim.allreduce.learner.worker_grad``). Its
    rows are the round's [C_n, T~_n, injected seconds, t_n^(1..U)] of every rank (laid out
    block-diagonally: an all-gather for free), each rank's [allreduce, round seconds] of the
    *previous* round and whether its gradient was screened out (NaN or inf: it joins with
@@ -57,7 +57,7 @@ import dataclasses
 import math
 import os
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -85,6 +85,7 @@ from tailtrain.runtime.reduce import Collectives, WeightedSum
 from tailtrain.runtime.telemetry import (
     RankLog,
     RoundTimes,
+    Settled,
     TraceRows,
     attach,
     close_record,
@@ -96,13 +97,13 @@ from tailtrain.runtime.telemetry import (
 )
 from tailtrain.sim import checkpoint
 from tailtrain.sim.allreduce.engine import budget_spent
-from tailtrain.sim.allreduce.learner import RoundLearner, worker_grads
+from tailtrain.sim.allreduce.learner import RoundLearner, worker_grad
 from tailtrain.sim.evaluation import Evaluator
 from tailtrain.sim.records import RunRecord
 from tailtrain.sim.scenario import World
 from tailtrain.strategies.base import AllreducePlan as Plan
 from tailtrain.strategies.base import ArrivalColumns, StepStats
-from tailtrain.update import WeightedUpdate, screen_own
+from tailtrain.update import WeightedUpdate, key_workers, screen_own
 
 #: column of the first unit time in a gathered row [C_n, T~_n, injected, t_n^(1..U)]
 TIMES = 3
@@ -376,17 +377,17 @@ def estimated_row(run: _Rank) -> dict[str, Any] | None:
     done = run.unsettled
     if done is None:
         return None
-    return row_of(done, done.stats, None)
+    return row_of(done, Settled(done.stats.time, done.stats.comm_time), None)
 
 
-def row_of(done: Unsettled, stats: StepStats, allreduce: np.ndarray | None) -> dict[str, Any]:
-    """``done``'s record row with ``stats`` and each rank's allreduce seconds (None: unknown
+def row_of(done: Unsettled, settled: Settled, allreduce: np.ndarray | None) -> dict[str, Any]:
+    """``done``'s record row at ``settled`` with each rank's allreduce seconds (None: unknown
     yet); a rank waits inside the allreduce for the slowest rank's compute."""
     compute = done.rows[:, 1]
     wait = compute.max() - compute
     comm = np.full(len(compute), np.nan) if allreduce is None else allreduce - wait
     times = RoundTimes(done.rows[:, 0].astype(np.int64), compute, done.rows[:, 2], wait, comm)
-    row = round_row(done.plan, stats, times, done.used, done.m)
+    row = round_row(done.plan, done.stats, times, done.used, done.m, settled)
     if done.nonfinite:
         row["nonfinite"] = done.nonfinite
     return row
@@ -436,10 +437,10 @@ def compute(
     """This rank's units in order, the threshold checked between them (module docstring)."""
     task, tau, preempt = run.grads, plan.threshold, plan.preempt
     local = run.learner.theta
-    total = torch.zeros_like(local)
+    total: torch.Tensor | None = None  # the first unit's gradient, then the sum
     step_sum = torch.zeros_like(local) if plan.local_steps > 1 else None  # Local-SGD only
     times = np.full(len(batches), np.nan)
-    loss_sum, slept, start = 0.0, 0.0, time.perf_counter()
+    done, loss_sum, slept, start = 0, 0.0, 0.0, time.perf_counter()
     for u, batch in enumerate(batches):
         if not may_start(time.perf_counter() - start, tau, preempt):
             break
@@ -450,16 +451,16 @@ def compute(
         if not counts:
             break
         times[u] = time.perf_counter() - began
-        total += grad
-        loss_sum += float(loss)
-        if step_sum is None:
-            continue
-        step_sum += grad
-        if (u + 1) % m == 0 and u + 1 < len(batches):  # a local step ends (Local-SGD)
-            local = local - lr * step_sum / m
+        done += 1
+        loss_sum += loss
+        if step_sum is not None:  # before the sum: the first unit's gradient is the sum
+            step_sum += grad
+        total = grad if total is None else total.add_(grad)  # ModuleGrads' tensors are ours
+        if step_sum is not None and (u + 1) % m == 0 and u + 1 < len(batches):
+            local = local - lr * step_sum / m  # a local step ends (Local-SGD)
             step_sum.zero_()
-    done = int(np.count_nonzero(~np.isnan(times)))
-    grad = worker_grads(total[None], np.array([done]), plan.local_steps)[0]
+    total = torch.zeros_like(local) if total is None else total
+    grad = worker_grad(total, done, plan.local_steps)
     return Work(done, time.perf_counter() - start, slept, times, grad, loss_sum)
 
 
@@ -520,7 +521,7 @@ def apply(run: _Rank, reduced: WeightedSum, weighting: Weighting, lr_scale: floa
 def account(run: _Rank, plan: Plan, ex: Exchange, m: int) -> None:
     """``adapt`` with the latest agreed T^c; the round's row waits for its own timings."""
     loss_sum, units_done, gsq, nonfinite = ex.extras
-    estimate = float(ex.rows[:, 1].max() + np.nan_to_num(run.comm_time))
+    estimate = float(ex.rows[:, 1].max()) + (0.0 if math.isnan(run.comm_time) else run.comm_time)
     stats = StepStats(
         step=run.step,
         version=run.step + 1,
@@ -535,7 +536,8 @@ def account(run: _Rank, plan: Plan, ex: Exchange, m: int) -> None:
         comm_time=run.comm_time,
     )
     run.rule.adapt(stats)
-    used = ex.arrivals.worker[stats.used_mask()].tolist()
+    # rank n's round is arrival n (round_arrivals), so the used ranks are the used keys' own
+    used = np.sort(key_workers(stats.used)).tolist()
     run.unsettled = Unsettled(plan, stats, ex.rows, used, m, int(nonfinite))
     run.now = stats.time
 
@@ -554,8 +556,7 @@ def settle(run: _Rank, timing: np.ndarray) -> None:
     run.comm_time = float(timing[:, 0].min())
     run.settled += float(timing[:, 1].max())
     run.now = run.settled
-    stats = replace(done.stats, time=run.settled, comm_time=run.comm_time)
-    run.record.add_step(row_of(done, stats, timing[:, 0]))
+    run.record.add_step(row_of(done, Settled(run.settled, run.comm_time), timing[:, 0]))
 
 
 def settle_last(run: _Rank) -> None:

@@ -34,7 +34,7 @@ from tailtrain.strategies.base import (
     StepStats,
     Strategy,
 )
-from tailtrain.update import isin
+from tailtrain.update import key_workers
 
 #: relative tolerance of the check that every rank used the same weights
 WEIGHT_RTOL = 1e-4
@@ -50,18 +50,26 @@ class Weighting(NamedTuple):
     used: np.ndarray
 
 
-def weighting(selection: Selection, arrivals: ArrivalColumns, rank: int) -> Weighting:
+def weighting(selection: Selection, rank: int) -> Weighting:
     """Turn the rule's selection into this rank's unnormalised weight and the divisor.
 
     The allreduce topology applies each round's update at once: no allreduce rule defers
     weights, and one that did would need a second reduction, so it is refused.
     """
+    now = selection.now
+    return Weighting(
+        own_share(selection, rank), float(now.weight.sum()), now.total, selection.used()
+    )
+
+
+def own_share(selection: Selection, rank: int) -> float:
+    """Rank ``rank``'s unnormalised weight in ``selection``; refuses deferred weights
+    (:func:`weighting`)."""
     if len(selection.later):
         raise TailtrainError("the allreduce topology applies no deferred (``later``) weights")
     now = selection.now
-    mine = arrivals.keys[arrivals.worker == rank]
-    weight = float(now.weight[isin(now.keys, mine)].sum())
-    return Weighting(weight, float(now.weight.sum()), now.total, selection.used())
+    # a selection weighs only arrivals it was offered, so rank n's are those keyed by worker n
+    return float(now.weight[key_workers(now.keys) == rank].sum())
 
 
 def check_agreement(expected_total: float, reduced_total: float) -> None:
@@ -77,26 +85,29 @@ def round_arrivals(
     step: int, now: float, done: np.ndarray, compute: np.ndarray, units: int
 ) -> ArrivalColumns:
     """An allreduce round's arrivals from gathered per-rank counts C_n and compute seconds
-    T~_n: rank n's r-th round is its r-th job, a fraction C_n / units of a full one. Built
-    from gathered rows, they are identical on every rank."""
-    n = len(done)
-    return ArrivalColumns(
-        np.arange(n),
-        np.full(n, step),
-        np.full(n, step),
-        np.full(n, now),
-        now + np.asarray(compute, dtype=np.float64),
-        units=np.asarray(done, dtype=np.float64) / units,
-    )
+    T~_n. Built from gathered rows, they are identical on every rank."""
+    done, compute = np.asarray(done, dtype=np.float64), np.asarray(compute, dtype=np.float64)
+    return _round_columns(np.arange(len(done)), step, now, done, compute, units)
 
 
 def own_arrival(
     step: int, now: float, rank: int, done: int, compute: float, units: int
 ) -> ArrivalColumns:
     """This rank's row of :func:`round_arrivals`, known before anything is exchanged."""
-    arrivals = round_arrivals(step, now, np.array([done]), np.array([compute]), units)
-    arrivals.worker[:] = rank
-    return arrivals
+    return _round_columns(
+        np.array([rank]), step, now, np.array([float(done)]), np.array([compute]), units
+    )
+
+
+def _round_columns(
+    worker: np.ndarray, step: int, now: float, done: np.ndarray, compute: np.ndarray, units: int
+) -> ArrivalColumns:
+    """Rank n's r-th round is its r-th job, from model r, a fraction C_n / units of a full
+    one."""
+    steps = np.full(len(worker), step)  # job and version share it: rules only read arrivals
+    return ArrivalColumns(
+        worker, steps, steps, np.full(len(worker), now), now + compute, done / units
+    )
 
 
 def check_own_weight(used: float, selected: float) -> None:
@@ -137,11 +148,11 @@ class RuleDriver:
         return self.strategy.select(self.state, arrivals)
 
     def weights(self, arrivals: ArrivalColumns, rank: int) -> Weighting:
-        return weighting(self.select(arrivals), arrivals, rank)
+        return weighting(self.select(arrivals), rank)
 
     def own_weight(self, arrival: ArrivalColumns, rank: int) -> float:
         """w_n from this rank's arrival alone (:func:`own_arrival`; module docstring)."""
-        return weighting(self.select(arrival), arrival, rank).weight
+        return own_share(self.select(arrival), rank)
 
     def adapt(self, stats: StepStats) -> None:
         self.state = self.strategy.adapt(self.state, stats)

@@ -1,6 +1,6 @@
 """Run records, measured traces, rank-tagged logs and profiler ranges of `tailtrain train`.
 
-* ``steps.jsonl`` has the allreduce simulator's columns (``sim.allreduce_engine.step_row``)
+* ``steps.jsonl`` has the allreduce simulator's columns (``sim.allreduce.engine.step_row``)
   with wall seconds in ``time``, plus ``rank_compute``, ``rank_injected``, ``rank_wait`` and
   ``rank_comm``: each rank's compute seconds, the injected seconds slept within them, its wait
   for the slowest rank's compute (max_k T~_k - T~_n, spent inside the allreduce) and the rest
@@ -26,11 +26,9 @@ from __future__ import annotations
 import csv
 import logging
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 from torch.autograd import _profiler_enabled
@@ -44,24 +42,29 @@ from tailtrain.sim.scenario import World
 from tailtrain.strategies.base import Plan, StepStats, Strategy
 
 
-@dataclass
-class Timer:
-    seconds: float = 0.0
+class phase:  # lower case: it reads as a function, ``with phase("compute") as timer``
+    """Wall seconds of a section (``.seconds`` once it ends), also a profiler range
+    ``tailtrain.<name>`` while a profiler runs. A class, not a ``@contextmanager``: the
+    generator costs ~10 us a section, twice a round."""
 
+    __slots__ = ("name", "range", "seconds", "start")
 
-@contextmanager
-def phase(name: str) -> Iterator[Timer]:
-    """Wall seconds of a section, also a profiler range ``tailtrain.<name>`` while a profiler
-    runs."""
-    timer = Timer()
-    # a range costs ~30 us even with no profiler running: a few % of a small model's round
-    ranged = record_function(f"tailtrain.{name}") if _profiler_enabled() else nullcontext()
-    start = time.perf_counter()
-    with ranged:
-        try:
-            yield timer
-        finally:
-            timer.seconds = time.perf_counter() - start
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.seconds = 0.0
+
+    def __enter__(self) -> phase:
+        # a range costs ~30 us even with no profiler running: a few % of a small model's round
+        self.range = record_function(f"tailtrain.{self.name}") if _profiler_enabled() else None
+        if self.range is not None:
+            self.range.__enter__()
+        self.start = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.seconds = time.perf_counter() - self.start
+        if self.range is not None:
+            self.range.__exit__(*exc)
 
 
 class RankLog(logging.LoggerAdapter):
@@ -140,6 +143,13 @@ def close_record(record: RunRecord) -> None:
         record.sink = None
 
 
+class Settled(NamedTuple):
+    """A round's place on the run's clock (the end of the round) and its T^c."""
+
+    time: float
+    comm_time: float
+
+
 @dataclass(frozen=True)
 class RoundTimes:
     """What every rank knows after a round: per-rank counts and seconds (N,) each."""
@@ -156,10 +166,12 @@ class RoundTimes:
 
 
 def round_row(
-    plan: Plan, stats: StepStats, times: RoundTimes, used: list[int], m: int
+    plan: Plan, stats: StepStats, times: RoundTimes, used: list[int], m: int, settled: Settled
 ) -> dict[str, Any]:
+    """The record row of an allreduce round adapted on ``stats`` and timed by ``settled``."""
     stops = Stops(times.done, times.compute, times.full(plan.local_steps * m))
-    row = step_row(plan, stats, stops, used, m, stats.comm_time)
+    row = step_row(plan, stats, stops, used, m, settled.comm_time)
+    row["time"] = settled.time
     row["rank_compute"] = times.compute.tolist()
     row["rank_injected"] = times.injected.tolist()
     row["rank_wait"] = times.wait.tolist()
@@ -180,20 +192,27 @@ class TraceRows:
 
     rank: int
     per_micro_batch: bool
-    rows: list[np.ndarray] = field(default_factory=list)
+    #: (step, M, H, unit seconds) of each round, made into rows only when asked (per round
+    #: that would be a few numpy calls on the critical path)
+    rounds: list[tuple[int, int, int, np.ndarray]] = field(default_factory=list)
 
     def add(self, step: int, micro_batches: int, local_steps: int, times: np.ndarray) -> None:
-        """The counted units of round ``step``; delay-process iteration = step * H + h."""
-        unit = np.flatnonzero(~np.isnan(times))
-        iteration = step * local_steps + unit // micro_batches
-        cols = [iteration, np.full(unit.size, self.rank)]
-        if self.per_micro_batch:
-            cols.append(unit % micro_batches)
-        self.rows.append(np.column_stack([*cols, times[unit]]))
+        """The counted units of round ``step`` (NaN: not counted)."""
+        self.rounds.append((step, micro_batches, local_steps, times))
 
     def table(self) -> np.ndarray:
+        """Rows [iteration, rank, (micro-batch,) seconds] of the counted units; delay-process
+        iteration = step * H + h."""
         width = 4 if self.per_micro_batch else 3
-        return np.concatenate(self.rows) if self.rows else np.empty((0, width))
+        rows = [np.empty((0, width))]
+        for step, micro_batches, local_steps, times in self.rounds:
+            unit = np.flatnonzero(~np.isnan(times))
+            iteration = step * local_steps + unit // micro_batches
+            cols = [iteration, np.full(unit.size, self.rank)]
+            if self.per_micro_batch:
+                cols.append(unit % micro_batches)
+            rows.append(np.column_stack([*cols, times[unit]]))
+        return np.concatenate(rows)
 
 
 def write_trace(path: Path, table: np.ndarray, per_micro_batch: bool) -> None:

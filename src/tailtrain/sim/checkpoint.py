@@ -146,7 +146,7 @@ def load(path: Path) -> dict[str, Any]:
 DELAY_PROCESS_STATIC = ("model", "pattern", "notes")
 DURATIONS_STATIC = ("_process", "_comm")
 #: what a model holder (trainer, learner, model store) gets from the world
-MODEL_STATIC = ("task", "partition", "update")
+MODEL_STATIC = ("task", "partition", "update", "drawn")
 
 
 def delay_state(process: Any) -> dict[str, Any]:

@@ -3,7 +3,7 @@
 Every round all N workers start together, compute their units under the plan's threshold
 (``sim.allreduce_timing``), then join one allreduce. The strategy answers ``plan`` (tau, M,
 H, compensation), ``select`` (each worker's weight) and ``adapt`` (calibration, DropCompute
-Algorithm 2); the engine owns the clock, the model (``sim.allreduce_learner``) and the
+Algorithm 2); the engine owns the clock, the model (``sim.allreduce.learner``) and the
 records. With ``--task none`` it only keeps time, vectorised over workers and micro-batches.
 
 Every worker joins every allreduce (``Plan.k`` is not used); a row's ``k`` counts the workers
