@@ -7,9 +7,13 @@
   ``DistributedDataParallel`` loop, same task (digits-cnn, batch 256), ranks, steps and data,
   no injected delay (goal <= 1.03); each loop gathers its batch inside the step, as a loader
   would. ``added_ms_per_round`` is the difference per round: the runtime's Python per round,
-  which weighs most on a step as short as this one (5-7 ms). Both run in the same forked job after a
-  warm-up, interleaved; each side's time is the difference between a long and a short run, so
-  start-up, the first and last evaluations and process start cancel, leaving the loop itself.
+  which weighs most on a step as short as this one (5-10 ms). Both run in the same forked job
+  after a warm-up, in pairs (each side first in every other pair); each side's time is the
+  difference between a run ``--overhead-steps`` longer and a short one, so start-up, the first
+  and last evaluations and process start cancel, leaving the loop itself. ``overhead`` is the
+  median of the pairs' ratios and ``overhead_quartiles`` their spread: on a shared 2-core
+  machine single pairs range from 0.8 to 1.3, so a few long runs and their minimum, as this
+  bench measured before, moved by +-10% between identical runs.
 * ``dropcompute_real_speedup`` / ``dropcompute_sim_speedup``: mean iteration time of ``sync``
   over ``dropcompute:threshold=auto`` (after its calibration rounds) with 8 ranks, M = 12 and
   injected ``const:value=0.02+dropcompute-noise:scale=0.02``, measured by ``train`` and
@@ -141,34 +145,39 @@ def train_loop(rank: int, config: TrainConfig) -> float:
     return time.perf_counter() - start
 
 
-def overhead_job(rank: int, size: int, short: int, long: int, repeats: int) -> dict:
+def overhead_job(rank: int, size: int, short: int, long: int, pairs: int) -> list[dict]:
     def config(steps: int) -> TrainConfig:
         s = Scenario(task=OVERHEAD_TASK, workers=size, iterations=steps, eval_every=steps)
         return TrainConfig(scenario=s, strategy="sync", seed=SEED, timeout=120)
 
     ddp_loop(rank, config(short)), train_loop(rank, config(short))  # warm-up
-    times: dict[str, list[float]] = {"ddp": [], "train": []}
-    for _ in range(repeats):
-        for name, loop in (("ddp", ddp_loop), ("train", train_loop)):
-            times[name].append(loop(rank, config(long)) - loop(rank, config(short)))
-    return times
+    loops = (("ddp", ddp_loop), ("train", train_loop))
+    rows = []
+    for pair in range(pairs):
+        seconds = {}
+        for name, loop in loops if pair % 2 == 0 else loops[::-1]:  # each goes first as often
+            seconds[name] = loop(rank, config(long)) - loop(rank, config(short))
+        rows.append(seconds)
+    return rows
 
 
-def overhead(workers: int, short: int, long: int, repeats: int) -> dict:
-    times = on_ranks(overhead_job, workers, short, long, repeats)[0]
-    ddp, train = min(times["ddp"]), min(times["train"])
+def overhead(workers: int, short: int, long: int, pairs: int) -> dict:
+    rows = on_ranks(overhead_job, workers, short, long, pairs)[0]
+    ddp, train = (np.array([row[name] for row in rows]) for name in ("ddp", "train"))
+    ratio, steps = train / ddp, long - short
     return {
-        "overhead": train / ddp,
+        "overhead": float(np.median(ratio)),
         "overhead_detail": {
             "task": OVERHEAD_TASK,
             "workers": workers,
-            "steps": long - short,
-            "ddp_seconds": ddp,
-            "train_seconds": train,
-            # what the runtime adds to each round; it weighs less on longer steps (5-7 ms
+            "steps": steps,
+            "pairs": pairs,
+            # the spread of the pairs' ratios: what this machine's noise allows one to resolve
+            "overhead_quartiles": np.percentile(ratio, [25, 75]).tolist(),
+            "ddp_ms_per_step": float(np.median(ddp)) / steps * 1e3,
+            # what the runtime adds to each round; it weighs less on longer steps (5-10 ms
             # here; training steps of 50 ms or more are usual)
-            "added_ms_per_round": (train - ddp) / (long - short) * 1e3,
-            "repeats": repeats,
+            "added_ms_per_round": float(np.median(train - ddp)) / steps * 1e3,
         },
     }
 
@@ -376,8 +385,8 @@ def versus_post_local_sgd(
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", action="store_true")
-    parser.add_argument("--overhead-steps", type=int, default=300)
-    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--overhead-steps", type=int, default=100)
+    parser.add_argument("--overhead-pairs", type=int, default=30)
     parser.add_argument("--dc-iterations", type=int, default=30)
     parser.add_argument("--pls-iterations", type=int, default=64)
     args = parser.parse_args()
@@ -387,7 +396,7 @@ def main() -> None:
         "torch": torch.__version__,
         "python": platform.python_version(),
     }
-    out.update(overhead(2, 50, 50 + args.overhead_steps, args.repeats))
+    out.update(overhead(2, 20, 20 + args.overhead_steps, args.overhead_pairs))
     out.update(dropcompute(8, args.dc_iterations))
     candidates = [
         DC_STRATEGY,
