@@ -99,7 +99,6 @@ from tailtrain.runtime.ps_worker import Worker
 from tailtrain.runtime.reduce import Collectives
 from tailtrain.runtime.telemetry import run_record, write_trace
 from tailtrain.sim.evaluation import Evaluator
-from tailtrain.sim.ps.timeline import uses_tokens
 from tailtrain.sim.records import RunRecord, prepare_folder
 from tailtrain.sim.scenario import World
 from tailtrain.strategies.base import (
@@ -109,6 +108,9 @@ from tailtrain.strategies.base import (
     StepStats,
     Strategy,
     Weighting,
+    step_closes,
+    usable,
+    uses_tokens,
 )
 from tailtrain.strategies.registry import parse_strategy
 from tailtrain.update import WeightedUpdate, gradient_stats, isin, rows_weighed
@@ -231,8 +233,8 @@ class Server:
                 self.resolve(p)
         if closed:
             return True
-        drained = not (plan.complete_stragglers and self.older().any())
-        closes = bool(fresh) and len(fresh) >= self.liveness.cap(plan.k) and drained
+        waits = plan.complete_stragglers and bool(self.older().any())
+        closes = bool(fresh) and step_closes(len(fresh), self.liveness.cap(plan.k), waits)
         if closes:
             self.now = self.clock()
         return closes
@@ -324,14 +326,14 @@ class Server:
         self.busy[w] = IDLE
         self.liveness.delivered(w, a.finish - a.start)
         arrivals.append(a)
-        usable = plan.accept_stale or m.version == self.version
-        if usable:
+        if usable(m.version, self.version, plan.accept_stale):
             fresh.append(a)
         p = self.pending
         if p is not None and p.complete and p.waiting.get(w, (None,))[0] == m.job:
             self.report(p, w, a)
         drain = plan.complete_stragglers
-        closes = len(fresh) >= self.liveness.cap(plan.k) and not (drain and self.older().any())
+        waits = drain and bool(self.older().any())
+        closes = step_closes(len(fresh), self.liveness.cap(plan.k), waits)
         if closes:
             self.now = a.finish
         if not closes or drain:  # the closing worker waits for the update (unless drained)

@@ -192,6 +192,25 @@ class ServerPlan(Plan):
     complete_stragglers: bool = False
 
 
+def usable(version: Any, current: Any, accept_stale: bool) -> Any:
+    """Whether an arrival computed at model ``version`` can enter the step of model
+    ``current``: a fresh one always, a stale one if the plan accepts it (K-async family,
+    slow-and-stale Sec. 3; K-sync drops it). Scalars or arrays; one rule for both engines."""
+    return accept_stale | (version == current)
+
+
+def step_closes(usable: int, k: int, waits_for_older: bool) -> bool:
+    """A parameter-server step closes once ``k`` usable arrivals have come (DBW Sec. 2), and
+    not while it still waits for an older job (``waits_for_older``: the plan drains, as
+    ``ServerPlan.complete_stragglers`` does, and a job of an older version is running)."""
+    return usable >= k and not waits_for_older
+
+
+def uses_tokens(mode: SyncMode, accept_stale: bool) -> bool:
+    """Pull with stale gradients dropped is DBW Sec. 2's PI, which runs on a token queue."""
+    return mode is SyncMode.PULL and not accept_stale
+
+
 @dataclass(frozen=True)
 class AllreducePlan(Plan):
     """An allreduce round (DropCompute Alg. 1; Local-SGD, DropCompute App. B.3)."""

@@ -30,14 +30,9 @@ import numpy as np
 
 from tailtrain.errors import TailtrainError
 from tailtrain.sim.durations import JobDurations
-from tailtrain.strategies.base import ArrivalColumns, SyncMode
+from tailtrain.strategies.base import ArrivalColumns, SyncMode, step_closes, usable, uses_tokens
 
 IDLE = -1
-
-
-def uses_tokens(mode: SyncMode, accept_stale: bool) -> bool:
-    """Pull with stale gradients dropped is DBW §2's PI, which runs on a token queue."""
-    return mode is SyncMode.PULL and not accept_stale
 
 
 @dataclass(frozen=True)
@@ -148,18 +143,16 @@ class ServerTimeline:
         """
         chunks: list[tuple[np.ndarray, ...]] = []
         have = 0
-        while have < k or (drain and self._older_running(version).any()):
+        while not step_closes(have, k, drain and bool(self._older_running(version).any())):
             self._release_waiting(version, mode, accept_stale)
-            batch, usable = self._next_batch(k - have, version, accept_stale, mode, drain)
-            have += int(usable.sum())
+            batch, fit = self._next_batch(k - have, version, accept_stale, mode, drain)
+            have += int(fit.sum())
             rest = self._older_running(version) if drain else np.zeros(self.n, dtype=bool)
             rest[batch] = False
-            closes = have >= k and not rest.any()
+            closes = step_closes(have, k, bool(rest.any()))
             # a straggler drained as the step closes goes on to this version, not the next
             carry_on = closes and drain
-            chunks.append(
-                self._commit(batch, usable, version, mode, accept_stale, closes, carry_on)
-            )
+            chunks.append(self._commit(batch, fit, version, mode, accept_stale, closes, carry_on))
         cols = (np.concatenate(c) for c in zip(*chunks, strict=True))
         worker, ver, start, finish, job, usable = cols
         self.now = float(finish[-1])
@@ -185,8 +178,8 @@ class ServerTimeline:
         if busy.size == 0:
             raise TailtrainError("no worker is computing: the step can never collect k arrivals")
         order = busy[np.lexsort((busy, self.finish[busy]))]
-        usable = accept_stale | (self.version[order] == version)
-        count = np.cumsum(usable)
+        fit = usable(self.version[order], version, accept_stale)
+        count = np.cumsum(fit)
         m = int(np.searchsorted(count, need)) + 1 if count[-1] >= need else order.size
         if drain:  # up to the last older job too
             older = np.flatnonzero(self.version[order] < version)
@@ -208,7 +201,7 @@ class ServerTimeline:
                 break
             times = self.finish[batch]
             batch = batch[(times < t) | ((times == t) & (batch < w))]
-        return batch, usable[: batch.size]
+        return batch, fit[: batch.size]
 
     def _follows(
         self, batch: np.ndarray, version: int, mode: SyncMode, accept_stale: bool
