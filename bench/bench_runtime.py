@@ -30,7 +30,9 @@
   over PyTorch's ``PostLocalSGDOptimizer`` + ``post_localSGD_hook`` at its best period in
   {2, 4, 8}: same task, ranks, micro-batches, data stream and injected delays (the runtime's
   ``Injector``: the simulator's seeded delay process, slept), evaluation excluded from both
-  clocks, the time interpolated between evaluations (``sim.evaluation.time_to_target``).
+  clocks, the time interpolated between evaluations (``sim.evaluation.time_to_target``); each
+  configuration's time is its median over ``--pls-repeats`` runs, both sides run in every
+  repeat (single runs put the ratio anywhere from 0.90 to 1.01).
 
 A shared, loaded machine skews every wall-clock figure here; the bench says how many CPUs it had.
 """
@@ -41,6 +43,7 @@ import argparse
 import datetime
 import gc
 import json
+import math
 import os
 import platform
 import socket
@@ -333,7 +336,7 @@ def evaluate(task, model: DDP, rank: int) -> dict:
 
 
 def versus_post_local_sgd(
-    workers: int, iterations: int, every: int, target: float, candidates: list[str]
+    workers: int, iterations: int, every: int, target: float, candidates: list[str], repeats: int
 ) -> dict:
     def scenario(rounds: int, eval_every: int) -> Scenario:
         return Scenario(
@@ -352,14 +355,19 @@ def versus_post_local_sgd(
         h = parse_strategy(text).period
         s = scenario(iterations // h, max(1, every // h))
         configs.append(TrainConfig(scenario=s, strategy=text, seed=SEED, inject=True, timeout=120))
-    records = [r.record for r in launch(configs, reserve(Endpoint("127.0.0.1", 0)))[0]]
-    ours = {t: r.summary["time_to_target"] for t, r in zip(candidates, records, strict=True)}
     base = TrainConfig(scenario=scenario(iterations, every), strategy="sync", seed=SEED)
-    theirs = {}
-    for period in PLS_PERIODS:
-        record = RunRecord()
-        record.evals = on_ranks(post_local_sgd_job, workers, base, period, 2)[0]
-        theirs[period] = time_to_target(record, target)
+    ours_runs: dict[str, list] = {text: [] for text in candidates}
+    theirs_runs: dict[int, list] = {period: [] for period in PLS_PERIODS}
+    for _ in range(repeats):  # both sides in every repeat, so a slow spell hits both
+        records = [r.record for r in launch(configs, reserve(Endpoint("127.0.0.1", 0)))[0]]
+        for text, record in zip(candidates, records, strict=True):
+            ours_runs[text].append(record.summary["time_to_target"])
+        for period in PLS_PERIODS:
+            record = RunRecord()
+            record.evals = on_ranks(post_local_sgd_job, workers, base, period, 2)[0]
+            theirs_runs[period].append(time_to_target(record, target))
+    ours = {text: median_time(runs) for text, runs in ours_runs.items()}
+    theirs = {period: median_time(runs) for period, runs in theirs_runs.items()}
     best_ours = min(((v, k) for k, v in ours.items() if v is not None), default=(None, None))
     best_theirs = min(((v, k) for k, v in theirs.items() if v is not None), default=(None, None))
     reached = best_ours[0] is not None and best_theirs[0] is not None
@@ -373,13 +381,23 @@ def versus_post_local_sgd(
             "delay": PLS_DELAY,
             "target_loss": target,
             "iterations": iterations,
+            "repeats": repeats,
             "tailtrain_seconds": ours,
+            "tailtrain_runs": ours_runs,
             "tailtrain_best": best_ours[1],
             "post_local_sgd_seconds": theirs,
+            "post_local_sgd_runs": theirs_runs,
             "post_local_sgd_best_period": best_theirs[1],
             "warmup_steps": 2,
         },
     }
+
+
+def median_time(runs: list[float | None]) -> float | None:
+    """The median time to target over repeats (a run that never reached it counts as
+    infinite); None if most runs never reached it."""
+    median = float(np.median([math.inf if t is None else t for t in runs]))
+    return None if math.isinf(median) else median
 
 
 def main() -> None:
@@ -389,6 +407,7 @@ def main() -> None:
     parser.add_argument("--overhead-pairs", type=int, default=30)
     parser.add_argument("--dc-iterations", type=int, default=30)
     parser.add_argument("--pls-iterations", type=int, default=64)
+    parser.add_argument("--pls-repeats", type=int, default=3)
     args = parser.parse_args()
     started = time.perf_counter()
     out: dict = {
@@ -404,7 +423,9 @@ def main() -> None:
         "local-sgd:period=8",
         "local-sgd:period=8,threshold=auto,calibrate=2",  # DropCompute's Local-SGD variant
     ]
-    out.update(versus_post_local_sgd(4, args.pls_iterations, 4, PLS_TARGET, candidates))
+    out.update(
+        versus_post_local_sgd(4, args.pls_iterations, 4, PLS_TARGET, candidates, args.pls_repeats)
+    )
     out["bench_seconds"] = time.perf_counter() - started
     if args.json:
         print(json.dumps(out, indent=2, default=str))
