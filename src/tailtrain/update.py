@@ -223,11 +223,12 @@ class WeightedUpdate:
     ) -> torch.Tensor:
         """The same step when the weighted gradients arrive already summed, sum_i w_i g_i, by
         an allreduce (the runtime's form): theta - lr * lr_scale * (sum / divisor + e)."""
-        if self.deferred is None:  # one fused kernel: the runtime's every-round case
-            return torch.add(theta, weighted_sum, alpha=-self.lr * lr_scale / divisor)
-        step = weighted_sum / divisor + self.deferred
-        self.deferred = None
-        return theta - self.lr * lr_scale * step
+        step = weighted_sum / divisor
+        if self.deferred is not None:
+            step = step + self.deferred
+            self.deferred = None
+        # scaled in place (step is ours): one temporary less, rounded as lr * step always was
+        return theta - step.mul_(self.lr * lr_scale)
 
     def state_dict(self) -> dict[str, Any]:
         return {"lr": self.lr, "deferred": self.deferred}

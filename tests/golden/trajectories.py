@@ -1,6 +1,7 @@
 """Golden trajectories: small run records of a few strategies, stored as JSON fixtures.
 
-The test (``test_golden.py``) checks that today's simulator reproduces them exactly. They are
+The test (``test_golden.py``) checks that today's simulator reproduces them: decisions,
+counts and times exactly, float32 losses to 1e-6 relative (CPUs round them apart). They are
 regenerated only on purpose, when a change of results is intended and explained in its commit:
 
     python tests/golden/trajectories.py

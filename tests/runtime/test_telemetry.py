@@ -35,3 +35,13 @@ def test_phases_are_profiler_ranges():
         torch.ones(3).sum()
     assert timer.seconds >= 0
     assert "tailtrain.compute" in {e.key for e in prof.key_averages()}
+
+
+def test_a_phase_is_timed_when_its_section_raises():
+    timer = phase("compute")
+    try:
+        with timer:
+            raise ValueError("the section failed")
+    except ValueError:
+        pass
+    assert timer.seconds > 0

@@ -465,7 +465,7 @@ def compute(
 
 
 def may_start(elapsed: float, tau: float, preempt: bool) -> bool:
-    """Between units: start one iff it can still count (allreduce_timing's conventions)."""
+    """Between units: start one iff it can still count (``sim.allreduce.timing``'s conventions)."""
     return elapsed < tau if preempt else elapsed <= tau
 
 

@@ -104,9 +104,9 @@ def _round_columns(
 ) -> ArrivalColumns:
     """Rank n's r-th round is its r-th job, from model r, a fraction C_n / units of a full
     one."""
-    steps = np.full(len(worker), step)  # job and version share it: rules only read arrivals
+    steps = np.full(len(worker), step)
     return ArrivalColumns(
-        worker, steps, steps, np.full(len(worker), now), now + compute, done / units
+        worker, steps, steps.copy(), np.full(len(worker), now), now + compute, done / units
     )
 
 

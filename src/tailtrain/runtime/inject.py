@@ -1,7 +1,7 @@
 """Injected delays and faults: the simulator's seeded delay process, slept for real.
 
 Every rank builds the simulator's own sampler, ``DelayProcess(delay, pattern, seed, N, M)``
-read round by round through ``sim.allreduce_timing.RoundClock`` (one delay-process iteration
+read round by round through ``sim.allreduce.timing.RoundClock`` (one delay-process iteration
 per local step, the first M columns of each), and keeps column ``rank``. So worker w's j-th
 unit sleeps exactly the seconds the simulator charges it, on top of its real compute, and a
 measured unit time is compute + injected. ``--comm-time`` draws come from the clock's own

@@ -6,8 +6,8 @@ comparison between strategies is not blurred by different luck.
 
 With a communication model, a job is a parameter-server round trip: pull the model, compute,
 push the gradient, so it lasts compute + T^c. T^c is drawn per job from its own seeded stream
-(as ``allreduce_timing.RoundClock`` does per round), so adding ``--comm-time`` leaves the compute
-draws unchanged, and a worker pattern's slowdown scales the compute only.
+(as ``sim.allreduce.timing.RoundClock`` does per round), so adding ``--comm-time`` leaves the
+compute draws unchanged, and a worker pattern's slowdown scales the compute only.
 """
 
 from __future__ import annotations

@@ -199,11 +199,11 @@ def usable(version: Any, current: Any, accept_stale: bool) -> Any:
     return accept_stale | (version == current)
 
 
-def step_closes(usable: int, k: int, waits_for_older: bool) -> bool:
-    """A parameter-server step closes once ``k`` usable arrivals have come (DBW Sec. 2), and
-    not while it still waits for an older job (``waits_for_older``: the plan drains, as
+def step_closes(count: int, k: int, waits_for_older: bool) -> bool:
+    """A parameter-server step closes once ``count`` usable arrivals reach ``k`` (DBW Sec. 2),
+    and not while it still waits for an older job (``waits_for_older``: the plan drains, as
     ``ServerPlan.complete_stragglers`` does, and a job of an older version is running)."""
-    return usable >= k and not waits_for_older
+    return count >= k and not waits_for_older
 
 
 def uses_tokens(mode: SyncMode, accept_stale: bool) -> bool:
@@ -289,11 +289,13 @@ class Weighting:
 #: the empty weighting, shared: a selection with nothing deferred is most selections, and a
 #: rule's select runs on every step of every engine (its arrays are never written)
 NO_WEIGHTS = Weighting.none()
+NO_WEIGHTS.keys.flags.writeable = NO_WEIGHTS.weight.flags.writeable = False
 
 
 @dataclass(frozen=True)
 class Selection:
-    """Who counts: ``now`` enters this update, ``later`` the next one.
+    """Who counts: ``now`` enters this update, ``later`` the next one. A selection weighs only
+    arrivals it was offered (engines read a rank's or worker's weight off the key).
 
     The update is ``-lr * (sum_i now_i g_i / now.total + deferred)`` where ``deferred`` is the
     previous step's ``sum_i later_i g_i / later.total``. That expresses mean-of-K, weighted

@@ -1,7 +1,7 @@
 """The virtual-clock simulator of synchronous allreduce training: DropCompute and Local-SGD.
 
 Every round all N workers start together, compute their units under the plan's threshold
-(``sim.allreduce_timing``), then join one allreduce. The strategy answers ``plan`` (tau, M,
+(``sim.allreduce.timing``), then join one allreduce. The strategy answers ``plan`` (tau, M,
 H, compensation), ``select`` (each worker's weight) and ``adapt`` (calibration, DropCompute
 Algorithm 2); the engine owns the clock, the model (``sim.allreduce.learner``) and the
 records. With ``--task none`` it only keeps time, vectorised over workers and micro-batches.

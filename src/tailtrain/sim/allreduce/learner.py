@@ -62,7 +62,8 @@ class RoundLearner:
         self.drawn = Draws(partition_state, seed, task.batch_size, n_workers)
 
     def batches(self, round_index: int, units: int) -> np.ndarray:
-        """Sample indices (N, U, B) of every worker's units: re-queued ones first, then fresh."""
+        """Sample indices (N, U, B) of every worker's units: re-queued ones first, then fresh.
+        Read-only: with nothing re-queued it is a view of the draws kept for later rounds."""
         drawn = self.drawn.round(round_index, units)
         if not any(self.queues):  # nothing dropped and re-queued: the fresh draws as they are
             return drawn
@@ -132,7 +133,7 @@ class Draws:
 
     #: rounds drawn in one call, unless that would exceed ``VALUES`` indices
     ROUNDS = 64
-    VALUES = 1 << 21
+    VALUES = 1 << 18  # 2 MiB of indices per call
 
     def __init__(self, partition, seed: int, batch: int, n_workers: int) -> None:
         self.partition, self.seed, self.batch, self.n = partition, seed, batch, n_workers
@@ -165,7 +166,7 @@ def worker_grads(total: torch.Tensor, done: np.ndarray, local_steps: int) -> tor
         return worker_grad(total, int(done[0]), local_steps)
     counts = torch.from_numpy(np.maximum(done, 1).astype(np.float64)).to(total.dtype)
     grads = local_steps * total / counts[:, None]
-    if done.all():  # the common round: nothing to zero, and the runtime's one row saves a pass
+    if done.all():  # the common round: nothing to zero
         return grads
     return torch.where(torch.from_numpy(done > 0)[:, None], grads, 0.0)
 

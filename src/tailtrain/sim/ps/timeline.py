@@ -154,10 +154,10 @@ class ServerTimeline:
             carry_on = closes and drain
             chunks.append(self._commit(batch, fit, version, mode, accept_stale, closes, carry_on))
         cols = (np.concatenate(c) for c in zip(*chunks, strict=True))
-        worker, ver, start, finish, job, usable = cols
+        worker, ver, start, finish, job, fits = cols
         self.now = float(finish[-1])
         arrivals = ArrivalColumns(worker, job, ver, start, finish)
-        return StepArrivals(arrivals, job, usable, self.now)
+        return StepArrivals(arrivals, job, fits, self.now)
 
     def _older_running(self, version: int) -> np.ndarray:
         return (self.version != IDLE) & (self.version < version)
@@ -219,7 +219,7 @@ class ServerTimeline:
     def _commit(
         self,
         batch: np.ndarray,
-        usable: np.ndarray,
+        fits: np.ndarray,
         version: int,
         mode: SyncMode,
         accept_stale: bool,
@@ -234,7 +234,7 @@ class ServerTimeline:
             self.start[batch].copy(),
             self.finish[batch].copy(),
             self.job[batch].copy(),
-            usable,
+            fits,
         )
         # under pull everyone asks for a next job; tokens, if any, go in event order
         wants = (
