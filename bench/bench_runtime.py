@@ -7,11 +7,12 @@
   ``DistributedDataParallel`` loop, same task (digits-cnn, batch 256), ranks, steps and data,
   no injected delay (goal <= 1.03); each loop gathers its batch inside the step, as a loader
   would. ``added_ms_per_round`` is the difference per round: the runtime's Python per round,
-  which weighs most on a step as short as this one (5-10 ms). Both run in the same forked job
+  which weighs most on a step as short as this one (10-11 ms here). Both run in the same forked job
   after a warm-up, in pairs (each side first in every other pair); each side's time is the
   difference between a run ``--overhead-steps`` longer and a short one, so start-up, the first
   and last evaluations and process start cancel, leaving the loop itself. ``overhead`` is the
-  median of the pairs' ratios and ``overhead_quartiles`` their spread: on a shared 2-core
+  median of the pairs' ratios, ``overhead_quartiles`` their spread and
+  ``overhead_median_interval`` a 90% interval for the median: on a shared 2-core
   machine single pairs range from 0.8 to 1.3, so a few long runs and their minimum, as this
   bench measured before, moved by +-10% between identical runs.
 * ``dropcompute_real_speedup`` / ``dropcompute_sim_speedup``: mean iteration time of ``sync``
@@ -58,6 +59,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 import torch.nn.functional as F
+from scipy.stats import binom
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from tailtrain.runtime.allreduce import train_allreduce
@@ -175,14 +177,24 @@ def overhead(workers: int, short: int, long: int, pairs: int) -> dict:
             "workers": workers,
             "steps": steps,
             "pairs": pairs,
-            # the spread of the pairs' ratios: what this machine's noise allows one to resolve
+            # the spread of single pairs, and how well their median is known (90%)
             "overhead_quartiles": np.percentile(ratio, [25, 75]).tolist(),
+            "overhead_median_interval": median_interval(ratio, 0.9),
             "ddp_ms_per_step": float(np.median(ddp)) / steps * 1e3,
-            # what the runtime adds to each round; it weighs less on longer steps (5-10 ms
+            # what the runtime adds to each round; it weighs less on longer steps (10-11 ms
             # here; training steps of 50 ms or more are usual)
             "added_ms_per_round": float(np.median(train - ddp)) / steps * 1e3,
         },
     }
+
+
+def median_interval(values: np.ndarray, level: float) -> list[float]:
+    """A distribution-free ``level`` confidence interval for the median: the order statistics
+    whose ranks bound the binomial(n, 1/2) count of values below it."""
+    n = len(values)
+    low = int(binom.ppf((1 - level) / 2, n, 0.5))  # values below the median ~ binomial(n, 1/2)
+    ordered = np.sort(values)
+    return [float(ordered[max(low - 1, 0)]), float(ordered[min(n - low, n - 1)])]
 
 
 # ---- 2. DropCompute: real and simulated speed-up, parity ------------------------------------
@@ -358,14 +370,21 @@ def versus_post_local_sgd(
     base = TrainConfig(scenario=scenario(iterations, every), strategy="sync", seed=SEED)
     ours_runs: dict[str, list] = {text: [] for text in candidates}
     theirs_runs: dict[int, list] = {period: [] for period in PLS_PERIODS}
-    for _ in range(repeats):  # both sides in every repeat, so a slow spell hits both
+
+    def run_ours() -> None:
         records = [r.record for r in launch(configs, reserve(Endpoint("127.0.0.1", 0)))[0]]
         for text, record in zip(candidates, records, strict=True):
             ours_runs[text].append(record.summary["time_to_target"])
+
+    def run_theirs() -> None:
         for period in PLS_PERIODS:
             record = RunRecord()
             record.evals = on_ranks(post_local_sgd_job, workers, base, period, 2)[0]
             theirs_runs[period].append(time_to_target(record, target))
+
+    for repeat in range(repeats):  # both sides in every repeat, each first in every other
+        for side in (run_ours, run_theirs) if repeat % 2 == 0 else (run_theirs, run_ours):
+            side()
     ours = {text: median_time(runs) for text, runs in ours_runs.items()}
     theirs = {period: median_time(runs) for period, runs in theirs_runs.items()}
     best_ours = min(((v, k) for k, v in ours.items() if v is not None), default=(None, None))
@@ -394,9 +413,9 @@ def versus_post_local_sgd(
 
 
 def median_time(runs: list[float | None]) -> float | None:
-    """The median time to target over repeats (a run that never reached it counts as
-    infinite); None if most runs never reached it."""
-    median = float(np.median([math.inf if t is None else t for t in runs]))
+    """The (lower) median time to target over repeats, a run that never reached it counting
+    as infinite: None only if most runs never reached it."""
+    median = float(np.percentile([math.inf if t is None else t for t in runs], 50, method="lower"))
     return None if math.isinf(median) else median
 
 
