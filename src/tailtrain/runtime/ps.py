@@ -102,6 +102,7 @@ from tailtrain.sim.evaluation import Evaluator
 from tailtrain.sim.records import RunRecord, prepare_folder
 from tailtrain.sim.scenario import World
 from tailtrain.strategies.base import (
+    COLUMNS,
     ArrivalColumns,
     Selection,
     ServerPlan,
@@ -138,9 +139,7 @@ class Arrival:
 def columns(arrivals: list[Arrival]) -> ArrivalColumns:
     if not arrivals:
         return ArrivalColumns.empty()
-    get = lambda name: np.array([getattr(a, name) for a in arrivals])  # noqa: E731
-    fields = ("worker", "job", "version", "start", "finish", "units", "partial")
-    return ArrivalColumns(*(get(name) for name in fields))
+    return ArrivalColumns(*(np.array([getattr(a, c) for a in arrivals]) for c in COLUMNS))
 
 
 @dataclass
