@@ -123,9 +123,8 @@ class ArrivalColumns:
 
     @property
     def keys(self) -> np.ndarray:
-        """One int64 per arrival, unique per ``(worker, job)`` (``arrival_keys``, on columns
-        that are int64 already)."""
-        return (self.worker << JOB_BITS) | self.job
+        """One int64 per arrival, unique per ``(worker, job)``."""
+        return arrival_keys(self.worker, self.job)
 
     def take(self, index: np.ndarray) -> ArrivalColumns:
         return ArrivalColumns(
