@@ -4,14 +4,18 @@
     python bench/bench_runtime.py --json     # one JSON object
 
 * ``overhead``: wall time of the allreduce runtime running ``sync`` over a bare
-  ``DistributedDataParallel`` loop, same task (digits-cnn, batch 256), ranks, steps and data,
-  no injected delay (goal <= 1.03); each loop gathers its batch inside the step, as a loader
-  would. ``added_ms_per_round`` is the difference per round: the runtime's Python per round,
-  which weighs most on a step as short as this one (10-11 ms here). Both run in the same forked job
-  after a warm-up, in pairs (each side first in every other pair); each side's time is the
-  difference between a run ``--overhead-steps`` longer and a short one, so start-up, the first
-  and last evaluations and process start cancel, leaving the loop itself. ``overhead`` is the
-  median of the pairs' ratios, ``overhead_quartiles`` their spread and
+  ``DistributedDataParallel`` loop, same task, ranks, steps and data, no injected delay
+  (goal <= 1.03); each loop gathers its batch inside the step, as a loader would.
+  ``added_ms_per_round`` is the difference per round, mostly the runtime's Python per round
+  (planning, the rule's two consultations, the record row). The task is digits-cnn at batch
+  256, a DDP step of 4-5 ms here (2 ranks on 2 cores), shorter than data-parallel steps run
+  in practice; ``overhead_long_step`` repeats the measurement at batch 1024 (a 12 ms step)
+  to show how the cost scales with the step: were it fixed, it would weigh a third as much.
+  Both run in the same forked job after a warm-up, in pairs (each side first in every
+  other pair); each side's time is the difference between a run ``--overhead-steps`` longer
+  and a short one, so start-up, the first and last evaluations and process start cancel,
+  leaving the loop itself.
+  ``overhead`` is the median of the pairs' ratios, ``overhead_quartiles`` their spread and
   ``overhead_median_interval`` a 90% interval for the median: on a shared 2-core
   machine single pairs range from 0.8 to 1.3, so a few long runs and their minimum, as this
   bench measured before, moved by +-10% between identical runs.
@@ -31,9 +35,13 @@
   over PyTorch's ``PostLocalSGDOptimizer`` + ``post_localSGD_hook`` at its best period in
   {2, 4, 8}: same task, ranks, micro-batches, data stream and injected delays (the runtime's
   ``Injector``: the simulator's seeded delay process, slept), evaluation excluded from both
-  clocks, the time interpolated between evaluations (``sim.evaluation.time_to_target``); each
+  clocks, the time interpolated between evaluations (``sim.evaluation.time_to_target``) on
+  the same grid for both sides: every ``PLS_EVAL_EVERY`` = 8 iterations, a whole number of
+  rounds for every candidate (H <= 8). (Evaluating PostLocalSGD every 4 iterations but a
+  period-8 round only at its end, as this bench did, favoured PostLocalSGD: the loss falls
+  convexly, so a straight line over a longer interval crosses the target later.) Each
   configuration's time is its median over ``--pls-repeats`` runs, both sides run in every
-  repeat (single runs put the ratio anywhere from 0.90 to 1.01).
+  repeat (single runs put the ratio anywhere from 0.90 to 1.01 on a loaded machine).
 
 A shared, loaded machine skews every wall-clock figure here; the bench says how many CPUs it had.
 """
@@ -76,11 +84,15 @@ from tailtrain.strategies.registry import parse_strategy
 
 SEED = 0
 OVERHEAD_TASK = "digits-cnn:batch=256"
+#: the same model at a step three times as long, where the fixed per-round cost weighs a third
+LONG_STEP_TASK = "digits-cnn:batch=1024"
 DC_DELAY = "const:value=0.02+dropcompute-noise:scale=0.02"
 DC_STRATEGY = "dropcompute:threshold=auto,calibrate=10"
 PLS_DELAY = "const:value=0.01+dropcompute-noise:scale=0.01"
 PLS_PERIODS = (2, 4, 8)
 PLS_LR, PLS_TARGET = 0.5, 0.7
+#: iterations between evaluations, both sides: a multiple of every round length H
+PLS_EVAL_EVERY = 8
 
 
 # ---- running functions on forked ranks ------------------------------------------------------
@@ -150,9 +162,9 @@ def train_loop(rank: int, config: TrainConfig) -> float:
     return time.perf_counter() - start
 
 
-def overhead_job(rank: int, size: int, short: int, long: int, pairs: int) -> list[dict]:
+def overhead_job(rank: int, size: int, task: str, short: int, long: int, pairs: int) -> list[dict]:
     def config(steps: int) -> TrainConfig:
-        s = Scenario(task=OVERHEAD_TASK, workers=size, iterations=steps, eval_every=steps)
+        s = Scenario(task=task, workers=size, iterations=steps, eval_every=steps)
         return TrainConfig(scenario=s, strategy="sync", seed=SEED, timeout=120)
 
     ddp_loop(rank, config(short)), train_loop(rank, config(short))  # warm-up
@@ -166,14 +178,14 @@ def overhead_job(rank: int, size: int, short: int, long: int, pairs: int) -> lis
     return rows
 
 
-def overhead(workers: int, short: int, long: int, pairs: int) -> dict:
-    rows = on_ranks(overhead_job, workers, short, long, pairs)[0]
+def overhead(task: str, workers: int, short: int, long: int, pairs: int) -> dict:
+    rows = on_ranks(overhead_job, workers, task, short, long, pairs)[0]
     ddp, train = (np.array([row[name] for row in rows]) for name in ("ddp", "train"))
     ratio, steps = train / ddp, long - short
     return {
         "overhead": float(np.median(ratio)),
         "overhead_detail": {
-            "task": OVERHEAD_TASK,
+            "task": task,
             "workers": workers,
             "steps": steps,
             "pairs": pairs,
@@ -181,8 +193,7 @@ def overhead(workers: int, short: int, long: int, pairs: int) -> dict:
             "overhead_quartiles": np.percentile(ratio, [25, 75]).tolist(),
             "overhead_median_interval": median_interval(ratio, 0.9),
             "ddp_ms_per_step": float(np.median(ddp)) / steps * 1e3,
-            # what the runtime adds to each round; it weighs less on longer steps (10-11 ms
-            # here; training steps of 50 ms or more are usual)
+            # what the runtime adds to each round (its Python, plus the spread of the step)
             "added_ms_per_round": float(np.median(train - ddp)) / steps * 1e3,
         },
     }
@@ -365,7 +376,9 @@ def versus_post_local_sgd(
     configs = []
     for text in candidates:  # a round of H local steps is H iterations of the others
         h = parse_strategy(text).period
-        s = scenario(iterations // h, max(1, every // h))
+        if every % h:  # else the two sides would be scored on different grids
+            raise ValueError(f"{text}: a round of {h} iterations does not divide every={every}")
+        s = scenario(iterations // h, every // h)
         configs.append(TrainConfig(scenario=s, strategy=text, seed=SEED, inject=True, timeout=120))
     base = TrainConfig(scenario=scenario(iterations, every), strategy="sync", seed=SEED)
     ours_runs: dict[str, list] = {text: [] for text in candidates}
@@ -434,7 +447,9 @@ def main() -> None:
         "torch": torch.__version__,
         "python": platform.python_version(),
     }
-    out.update(overhead(2, 20, 20 + args.overhead_steps, args.overhead_pairs))
+    long = 20 + args.overhead_steps
+    out.update(overhead(OVERHEAD_TASK, 2, 20, long, args.overhead_pairs))
+    out["overhead_long_step"] = overhead(LONG_STEP_TASK, 2, 20, long, args.overhead_pairs)
     out.update(dropcompute(8, args.dc_iterations))
     candidates = [
         DC_STRATEGY,
@@ -443,7 +458,9 @@ def main() -> None:
         "local-sgd:period=8,threshold=auto,calibrate=2",  # DropCompute's Local-SGD variant
     ]
     out.update(
-        versus_post_local_sgd(4, args.pls_iterations, 4, PLS_TARGET, candidates, args.pls_repeats)
+        versus_post_local_sgd(
+            4, args.pls_iterations, PLS_EVAL_EVERY, PLS_TARGET, candidates, args.pls_repeats
+        )
     )
     out["bench_seconds"] = time.perf_counter() - started
     if args.json:
