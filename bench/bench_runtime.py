@@ -37,9 +37,8 @@
   ``Injector``: the simulator's seeded delay process, slept), evaluation excluded from both
   clocks, the time interpolated between evaluations (``sim.evaluation.time_to_target``) on
   the same grid for both sides: every ``PLS_EVAL_EVERY`` = 8 iterations, a whole number of
-  rounds for every candidate (H <= 8). (Evaluating PostLocalSGD every 4 iterations but a
-  period-8 round only at its end, as this bench did, favoured PostLocalSGD: the loss falls
-  convexly, so a straight line over a longer interval crosses the target later.) Each
+  rounds for every candidate (H <= 8). A finer grid on one side would favour it: the loss
+  falls convexly, so a straight line over a longer interval crosses the target later. Each
   configuration's time is its median over ``--pls-repeats`` runs, both sides run in every
   repeat (single runs put the ratio anywhere from 0.90 to 1.01 on a loaded machine).
 
@@ -84,7 +83,7 @@ from tailtrain.strategies.registry import parse_strategy
 
 SEED = 0
 OVERHEAD_TASK = "digits-cnn:batch=256"
-#: the same model at a step three times as long, where the fixed per-round cost weighs a third
+#: the same model at a step about three times as long: how the added cost scales with the step
 LONG_STEP_TASK = "digits-cnn:batch=1024"
 DC_DELAY = "const:value=0.02+dropcompute-noise:scale=0.02"
 DC_STRATEGY = "dropcompute:threshold=auto,calibrate=10"
@@ -412,6 +411,7 @@ def versus_post_local_sgd(
             "micro_batches": 4,
             "delay": PLS_DELAY,
             "target_loss": target,
+            "eval_every": every,
             "iterations": iterations,
             "repeats": repeats,
             "tailtrain_seconds": ours,
