@@ -232,11 +232,16 @@ class Server:
                 self.resolve(p)
         if closed:
             return True
-        waits = plan.complete_stragglers and bool(self.older().any())
-        closes = bool(fresh) and step_closes(len(fresh), self.liveness.cap(plan.k), waits)
+        closes = bool(fresh) and self.step_done(plan, len(fresh))
         if closes:
             self.now = self.clock()
         return closes
+
+    def step_done(self, plan: ServerPlan, count: int) -> bool:
+        """Whether ``count`` usable arrivals close the step (``step_closes``), k capped at the
+        live workers, a draining plan waiting for every older job."""
+        waits = plan.complete_stragglers and bool(self.older().any())
+        return step_closes(count, self.liveness.cap(plan.k), waits)
 
     def older(self) -> np.ndarray:
         """The live workers computing at a version older than the current one."""
@@ -331,8 +336,7 @@ class Server:
         if p is not None and p.complete and p.waiting.get(w, (None,))[0] == m.job:
             self.report(p, w, a)
         drain = plan.complete_stragglers
-        waits = drain and bool(self.older().any())
-        closes = step_closes(len(fresh), self.liveness.cap(plan.k), waits)
+        closes = self.step_done(plan, len(fresh))
         if closes:
             self.now = a.finish
         if not closes or drain:  # the closing worker waits for the update (unless drained)
