@@ -47,7 +47,7 @@ def mismatches(stored: Any, today: Any, path: str = "", model: bool = False) -> 
         model
         and isinstance(stored, float)
         and isinstance(today, float)
-        and (math.isclose(stored, today, rel_tol=MODEL_RTOL) or stored == today == math.inf)
+        and math.isclose(stored, today, rel_tol=MODEL_RTOL)  # inf is close to itself
     )
     if stored == today or close or (stored != stored and today != today):  # NaN == NaN here
         return []
