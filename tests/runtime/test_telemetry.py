@@ -2,12 +2,23 @@
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 import pytest
 import torch
 
 from tailtrain.delays.trace import read_trace
-from tailtrain.runtime.telemetry import TraceRows, phase, write_trace
+from tailtrain.runtime.config import TrainConfig, build_world
+from tailtrain.runtime.telemetry import (
+    ProgressSink,
+    TraceRows,
+    close_record,
+    phase,
+    run_record,
+    write_trace,
+)
+from tailtrain.sim.scenario import Scenario
 
 
 def test_a_ranks_trace_is_read_back_with_one_iteration_per_local_step(tmp_path):
@@ -43,3 +54,41 @@ def test_a_phase_is_timed_when_its_section_raises():
     with pytest.raises(ValueError), timer:
         raise ValueError("the section failed")
     assert timer.seconds > 0
+
+
+class Terminal:
+    """A standard error that says it is a terminal and keeps what is written."""
+
+    def __init__(self) -> None:
+        self.text: list[str] = []
+
+    def isatty(self) -> bool:
+        return True
+
+    def write(self, text: str) -> int:
+        self.text.append(text)
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize("progress", [True, False])
+def test_rank_0_follows_its_rounds_on_a_progress_bar_only_on_a_terminal(monkeypatch, progress):
+    config = TrainConfig(
+        Scenario(task="logreg", workers=2, iterations=4), "sync", progress=progress
+    )
+    world, _ = build_world(config)
+    monkeypatch.setattr(sys, "stderr", Terminal())
+    record = run_record(config, world, lead=True)
+    assert isinstance(record.sink, ProgressSink) is progress
+    assert run_record(config, world, lead=False).sink is None  # other ranks draw nothing
+    if progress:
+        for step in range(4):
+            record.add_step({"step": step, "time": 0.1 * step})
+        sink = record.sink
+        assert sink.rounds == 4
+        close_record(record)
+        assert record.sink is None
+    monkeypatch.undo()
+    assert run_record(config, world, lead=True).sink is None  # standard error is no terminal

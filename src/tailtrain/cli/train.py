@@ -96,6 +96,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--overwrite", action="store_true", help="replace the run --out already holds")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    p.add_argument("--no-progress", action="store_true", help="hide rank 0's progress bar")
     p.add_argument(
         "--tensorboard",
         type=Path,
@@ -237,6 +238,7 @@ def fresh(args: argparse.Namespace):
         out=args.out,
         threads=args.threads,
         verbose=args.verbose,
+        progress=not args.no_progress,
         fault=args.fail_at,
         faults=faults,
         on_nonfinite=args.on_nonfinite,
@@ -285,6 +287,7 @@ def resumed(args: argparse.Namespace):
         out=args.resume,
         threads=args.threads,
         verbose=args.verbose,
+        progress=not args.no_progress,
         fault=None if fail_at is None else Fault(*map(int, fail_at)),
         faults=FaultPlan.parse(info["inject_fault"], scenario.workers),
         on_nonfinite=info["on_nonfinite"],

@@ -45,7 +45,8 @@ class TrainConfig:
     launcher's elastic agent restarts a failed group. ``report``: where the survivors of a
     failure leave their note for the launcher (set by ``launch``).
     ``tensorboard`` receives rank 0's step and evaluation scalars as they are recorded
-    (``telemetry.run_record``).
+    (``telemetry.run_record``); with ``progress``, rank 0 draws a progress bar of the rounds
+    as they are recorded, when its standard error is a terminal.
     """
 
     scenario: Scenario
@@ -65,6 +66,7 @@ class TrainConfig:
     report: Path | None = None
     worker_timeout: float | None = None
     tensorboard: Path | None = None
+    progress: bool = False
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:

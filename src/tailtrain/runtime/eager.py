@@ -93,7 +93,7 @@ from tailtrain.runtime.keep import (
 )
 from tailtrain.runtime.partial import PartialCollective, RoundResult, row
 from tailtrain.runtime.reduce import Collectives
-from tailtrain.runtime.telemetry import attach, close_record, stream_to_board
+from tailtrain.runtime.telemetry import attach, close_record, follow
 from tailtrain.sim import checkpoint
 from tailtrain.sim.data_stream import job_batches
 from tailtrain.sim.evaluation import Evaluator
@@ -360,7 +360,7 @@ def start(config: TrainConfig, comm: Collectives) -> _Run:
     kept = keeper if config.out is not None else None
     rule = Rule(world, strategy, rank, rank == 0, theta, kept)
     if rule.record is not None:
-        stream_to_board(rule.record, config, world, True)
+        follow(rule.record, config, world, True)
     # every rank follows the schedule, the others into a record of their own, without scoring
     rule.evals = evals = Evaluator(scenario.evaluation, rule.record or RunRecord(), True)
     run = _Run(config, world, strategy, comm, rule, evals, keeper, theta)

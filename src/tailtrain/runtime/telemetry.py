@@ -16,7 +16,8 @@
   can drive ``predict`` and ``simulate``.
 * :func:`run_record` makes a topology's run record; rank 0's also streams its step and
   evaluation rows to TensorBoard (``--tensorboard``, the scalars of ``simulate``'s
-  ``tailtrain.tensorboard``) as they are recorded, until :func:`close_record`.
+  ``tailtrain.tensorboard``) as they are recorded, until :func:`close_record`, and on a
+  terminal advances ``simulate``'s progress bar by its step rows (``--no-progress`` hides it).
 * :func:`phase` times a section and marks it as a ``torch.profiler.record_function`` range
   (``tailtrain.compute``, ``tailtrain.wait``, ``tailtrain.reduce``, ``tailtrain.comm``).
 """
@@ -25,7 +26,9 @@ from __future__ import annotations
 
 import csv
 import logging
+import sys
 import time
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -38,7 +41,7 @@ from tailtrain.runtime.config import TrainConfig
 from tailtrain.sim.allreduce.engine import step_row, summarise
 from tailtrain.sim.allreduce.timing import Stops
 from tailtrain.sim.records import RunRecord, prepare_folder
-from tailtrain.sim.scenario import World
+from tailtrain.sim.scenario import Scenario, World
 from tailtrain.strategies.base import Plan, StepStats, Strategy
 
 
@@ -124,16 +127,39 @@ def attach(record: RunRecord, sink: Any) -> None:
 
 
 def run_record(config: TrainConfig, world: World, lead: bool) -> RunRecord:
-    """A topology's run record; the lead rank's streams to ``config.tensorboard`` when set."""
-    return stream_to_board(RunRecord(), config, world, lead)
+    """A topology's run record, followed on the lead rank (:func:`follow`)."""
+    return follow(RunRecord(), config, world, lead)
 
 
-def stream_to_board(record: RunRecord, config: TrainConfig, world: World, lead: bool) -> RunRecord:
-    """``record``, whose rows also go to ``config.tensorboard`` from now on on the lead rank."""
+def follow(record: RunRecord, config: TrainConfig, world: World, lead: bool) -> RunRecord:
+    """``record``, whose rows also go on the lead rank to ``config.tensorboard`` when set,
+    and to a progress bar with ``config.progress`` when standard error is a terminal."""
     if lead and config.tensorboard is not None:
         metric = getattr(world.task, "metric_name", None) or "eval"
         attach(record, BoardSink(config.tensorboard, metric))
+    if lead and config.progress and sys.stderr.isatty():
+        attach(record, ProgressSink(config.scenario, config.strategy))
     return record
+
+
+class ProgressSink:
+    """A :class:`RunRecord` sink that advances simulate's progress bar (``cli.progress``) by
+    each step row: rounds or wall seconds, as the scenario's budget counts."""
+
+    def __init__(self, scenario: Scenario, label: str) -> None:
+        from tailtrain.cli.progress import step_progress
+
+        self.stack = ExitStack()
+        self.advance = self.stack.enter_context(step_progress(scenario, label, True))(0)
+        self.rounds = 0  # the rounds recorded so far
+
+    def write(self, name: str, row: dict[str, Any]) -> None:
+        if name == "steps":
+            self.rounds = int(row["step"]) + 1
+            self.advance(self.rounds, float(row["time"]))
+
+    def close(self) -> None:
+        self.stack.close()
 
 
 def close_record(record: RunRecord) -> None:
