@@ -223,11 +223,11 @@ class WeightedUpdate:
     ) -> torch.Tensor:
         """The same step when the weighted gradients arrive already summed, sum_i w_i g_i, by
         an allreduce (the runtime's form): theta - lr * lr_scale * (sum / divisor + e)."""
-        step = weighted_sum / divisor
-        if self.deferred is not None:
-            step = step + self.deferred
-            self.deferred = None
-        # scaled in place (step is ours): one temporary less, rounded as lr * step always was
+        if self.deferred is None:  # one pass over theta, the runtime's every round
+            return torch.add(theta, weighted_sum, alpha=-(self.lr * lr_scale) / divisor)
+        step = weighted_sum / divisor + self.deferred
+        self.deferred = None
+        # scaled in place (step is ours): one temporary less
         return theta - step.mul_(self.lr * lr_scale)
 
     def state_dict(self) -> dict[str, Any]:

@@ -15,7 +15,15 @@ from tailtrain.runtime.control import (
     weighting,
 )
 from tailtrain.runtime.topologies import TOPOLOGIES, check_topology
-from tailtrain.strategies.base import ArrivalColumns, Context, Selection, Topology, Weighting
+from tailtrain.strategies.base import (
+    COLUMNS,
+    ArrivalColumns,
+    Context,
+    Selection,
+    StepStats,
+    Topology,
+    Weighting,
+)
 from tailtrain.strategies.registry import parse_strategy
 
 
@@ -67,8 +75,47 @@ def test_a_ranks_own_arrival_gives_its_weight_before_anything_is_exchanged(
     everyone = round_arrivals(7, 1.0, np.array(done), compute, units)
     for rank, weight in enumerate(expected):
         mine = own_arrival(7, 1.0, rank, done[rank], compute[rank], units)
-        assert driver.own_weight(mine, rank) == pytest.approx(weight)
+        assert driver.own_weight(mine) == pytest.approx(weight)
         check_own_weight(weight, driver.weights(everyone, rank).weight)
+
+
+def test_a_ranks_own_arrival_is_its_row_of_the_rounds_arrivals():
+    """Built apart (one before the allreduce, one from its rows), column for column equal."""
+    done, compute = np.array([4.0, 1.0, 0.0]), np.array([0.3, 0.1, 0.2])
+    everyone = round_arrivals(7, 2.5, done, compute, 4)
+    for rank in range(3):
+        mine = own_arrival(7, 2.5, rank, int(done[rank]), float(compute[rank]), 4)
+        row = everyone.take(np.array([rank]))
+        for column in COLUMNS:
+            ours, theirs = getattr(mine, column), getattr(row, column)
+            assert ours.dtype == theirs.dtype and ours.tolist() == theirs.tolist(), column
+    assert everyone.units.tolist() == [1.0, 0.25, 0.0]
+    assert everyone.finish.tolist() == [2.5 + c for c in compute.tolist()]
+
+
+def test_a_plan_is_planned_again_only_for_a_new_state():
+    """The driver keeps the plan of the state object it planned for: a static rule's every
+    round; a rule that adapts gets a new plan from its new state."""
+    static = RuleDriver(parse_strategy("sync"), Context(n_workers=2))
+    assert static.plan() is static.plan()
+    driver = RuleDriver(parse_strategy("dropcompute:threshold=auto,calibrate=1"), Context(2))
+    first = driver.plan()
+    assert first.threshold == float("inf") and driver.plan() is first  # calibrating
+    times = np.full((2, 4), 0.01)
+    arrivals = round_arrivals(0, 0.0, np.array([4.0, 4.0]), np.array([0.04, 0.04]), 4)
+    driver.adapt(
+        StepStats(
+            step=0,
+            version=1,
+            time=0.05,
+            k=2,
+            arrivals=arrivals,
+            used=arrivals.keys,
+            micro_batch_times=times,
+            comm_time=0.01,
+        )
+    )
+    assert driver.plan() is not first and driver.plan().threshold < float("inf")
 
 
 def test_a_weight_that_depends_on_other_ranks_is_refused():

@@ -1,5 +1,5 @@
-"""The weighted allreduce on a one-rank gloo group, or with ``dist.all_reduce`` stubbed (the
-multi-rank runs are in test_allreduce)."""
+"""The weighted allreduce on a one-rank gloo group, or with a stand-in group (the multi-rank
+runs are in test_allreduce)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from tailtrain.runtime.reduce import Collectives, PeerFailure
+from tailtrain.runtime.reduce import Collectives, PeerFailure, SumBuffer
 
 
 @pytest.fixture
@@ -26,12 +26,18 @@ def test_weighted_sum_carries_the_weight_and_the_extras(one_rank):
     assert reduced.total == 0.25 and reduced.extras.tolist() == [3.0, 2.0]
 
 
+class Alone:
+    """A stand-in process group whose allreduce sums nothing in."""
+
+    def allreduce(self, tensors, options):
+        return None
+
+
 @pytest.mark.timeout(60)
-def test_rows_ride_on_the_weighted_sum_in_this_ranks_line(monkeypatch):
+def test_rows_ride_on_the_weighted_sum_in_this_ranks_line():
     """Rank 2 of 4 with an all_reduce that sums nothing in: what comes back is this rank's own
     buffer, so each row must sit in line 2 of its (4, width) block, zeros elsewhere."""
-    monkeypatch.setattr(dist, "all_reduce", lambda buffer, **kwargs: None)
-    comm = Collectives(2, 4, torch.device("cpu"), grace=0.0)
+    comm = Collectives(2, 4, torch.device("cpu"), grace=0.0, group=Alone())
     grad = torch.tensor([1.0, 2.0])
     rows = (np.array([3.0, np.nan]), np.array([4.0, 5.0, 6.0]))
     reduced = comm.weighted_sum(grad, 0.5, (7.0,), rows)
@@ -42,6 +48,24 @@ def test_rows_ride_on_the_weighted_sum_in_this_ranks_line(monkeypatch):
     assert third.tolist() == [[0.0] * 3, [0.0] * 3, [4.0, 5.0, 6.0], [0.0] * 3]
     assert reduced.numerator.tolist() == [0.5, 1.0] and reduced.extras.tolist() == [7.0]
     assert reduced.total == 0.5
+
+
+@pytest.mark.timeout(60)
+def test_a_kept_buffer_serves_round_after_round(one_rank):
+    """The runtime's form: the gradient computed into ``grad``, scaled there by a weight other
+    than 1, the tail zeroed between rounds (a row left over would be summed again)."""
+    buffer = SumBuffer(one_rank, 3, 2, [2], torch.float32)
+    buffer.grad.copy_(torch.tensor([1.0, -2.0, 4.0]))
+    first = one_rank.start(buffer, 0.5, (3.0, 1.0), (np.array([7.0, np.nan]),)).wait()
+    assert first.numerator.tolist() == [0.5, -1.0, 2.0] and first.total == 0.5
+    assert first.rows[0][0, 0] == 7.0 and np.isnan(first.rows[0][0, 1])
+    buffer.grad.copy_(torch.tensor([2.0, 2.0, 2.0]))
+    second = one_rank.start(buffer, 1.0, (1.0, 0.0), (np.array([8.0, 9.0]),)).wait()
+    assert second.numerator.tolist() == [2.0, 2.0, 2.0] and second.total == 1.0
+    assert second.extras.tolist() == [1.0, 0.0] and second.rows[0].tolist() == [[8.0, 9.0]]
+    assert first.rows[0][0, 0] == 7.0  # what a round read stays: the rows are copies
+    given = one_rank.start(buffer, 0.25, (0.0, 0.0), (np.zeros(2),), torch.ones(3)).wait()
+    assert given.numerator.tolist() == [0.25] * 3  # a gradient given is scaled into ``grad``
 
 
 @pytest.mark.timeout(60)

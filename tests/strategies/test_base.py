@@ -1,10 +1,19 @@
-"""The parameter server's step rules shared by the simulator and the runtime."""
+"""The protocol's shared pieces: the parameter server's step rules (simulator and runtime),
+arrival columns and the default selection."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from tailtrain.strategies.base import SyncMode, step_closes, usable, uses_tokens
+from tailtrain.strategies.base import (
+    COLUMNS,
+    ArrivalColumns,
+    SyncMode,
+    equal_weights,
+    step_closes,
+    usable,
+    uses_tokens,
+)
 
 
 def test_a_stale_arrival_is_usable_only_where_the_plan_accepts_it():
@@ -24,3 +33,24 @@ def test_only_pull_without_stale_gradients_runs_on_tokens():
     assert uses_tokens(SyncMode.PULL, False)
     assert not uses_tokens(SyncMode.PULL, True)
     assert not uses_tokens(SyncMode.PSI, False)
+
+
+def test_equal_weights_skip_the_partial_arrivals_and_weigh_the_rest_alike():
+    whole = ArrivalColumns.of([0, 1, 2], [0, 0, 0], [0.0] * 3, [1.0, 2.0, 3.0])
+    assert equal_weights(whole).now.keys.tolist() == whole.keys.tolist()
+    assert equal_weights(whole).now.weight.tolist() == [1.0] * 3
+    mixed = ArrivalColumns.of(
+        [0, 1, 2], [0, 0, 0], [0.0] * 3, [1.0, 2.0, 3.0], partial=[False, True, False]
+    )
+    chosen = equal_weights(mixed).now
+    assert chosen.keys.tolist() == mixed.keys[[0, 2]].tolist()
+    assert chosen.weight.tolist() == [1.0, 1.0]
+
+
+def test_trusted_arrivals_hold_their_columns_as_given():
+    columns = [np.arange(2), np.zeros(2, np.int64), np.zeros(2, np.int64)]
+    columns += [np.zeros(2), np.ones(2), np.full(2, 0.5), np.zeros(2, bool)]
+    arrivals = ArrivalColumns.trusted(*columns)
+    for name, column in zip(COLUMNS, columns, strict=True):
+        assert getattr(arrivals, name) is column
+    assert arrivals.keys.tolist() == ArrivalColumns(*columns).keys.tolist()

@@ -36,7 +36,10 @@ virtual clock and the same rule object deciding (``runtime.control``):
    agreed clock counts the round as max_n T~_n + the latest T^c (the same on every rank, it
    drives the time budget, the evaluation schedule and time-scheduled delay patterns); the
    row enters the record with its measured time. After the last round one small all-gather
-   settles it. Round 0 starts after a barrier, on every rank together.
+   settles it. Round 0 starts after a barrier, on every rank together. Rows are made
+   ``ROWS_AT_ONCE`` at a time while an allreduce runs (a run folder's snapshot, taken every
+   round, makes them at once): the round's Python is most of what the runtime adds to a
+   DDP step (``bench/bench_runtime.py``), and its code runs cold after each compute.
 
 ``time`` is the sum of the rounds' wall seconds (evaluation and bookkeeping excluded, as the
 simulator excludes them from virtual time).
@@ -81,7 +84,7 @@ from tailtrain.runtime.keep import (
     reopen_records,
     stop_on_sigterm,
 )
-from tailtrain.runtime.reduce import Collectives, WeightedSum
+from tailtrain.runtime.reduce import Collectives, SumBuffer, WeightedSum
 from tailtrain.runtime.telemetry import (
     RankLog,
     RoundTimes,
@@ -107,6 +110,11 @@ from tailtrain.update import WeightedUpdate, key_workers, screen_own
 
 #: column of the first unit time in a gathered row [C_n, T~_n, injected, t_n^(1..U)]
 TIMES = 3
+#: the allreduce's extras: [loss sum, units, ||G_n||^2, non-finite, weight withheld]
+EXTRAS = 5
+#: settled rounds whose record rows are made together (:func:`flush`): one row a round costs
+#: ~50-90 us with its code cold from the compute, a batch ~10 us a row
+ROWS_AT_ONCE = 32
 
 
 @dataclass(frozen=True)
@@ -152,7 +160,6 @@ class Unsettled:
     plan: Plan
     stats: StepStats
     rows: np.ndarray
-    used: list[int]
     m: int
     nonfinite: int
 
@@ -174,16 +181,19 @@ class ModuleGrads:
             param.data = self.flat[offset : offset + param.numel()].view_as(param)
             offset += param.numel()
 
-    def __call__(self, theta: torch.Tensor, indices: np.ndarray) -> tuple[float, torch.Tensor]:
-        """Mean loss and gradient at ``theta`` over the samples ``indices`` (B,)."""
+    def __call__(
+        self, theta: torch.Tensor, indices: np.ndarray, out: torch.Tensor | None = None
+    ) -> tuple[float, torch.Tensor]:
+        """Mean loss and gradient at ``theta`` over the samples ``indices`` (B,); the gradient
+        is written into ``out`` when given (the round's reduce buffer: no copy later)."""
         task, data = self.task, self.task.data
         self.flat.copy_(theta)
         index = torch.as_tensor(indices)
         with torch.enable_grad():
-            out = self.module(data.trim(data.x_train[index]))
-            loss = task._per_sample(out, data.y_train[index]).mean()
+            logits = self.module(data.trim(data.x_train[index]))
+            loss = task._per_sample(logits, data.y_train[index]).mean()
             grads = torch.autograd.grad(loss, self.params)
-        grad, loss = torch.cat([g.reshape(-1) for g in grads]), loss.detach()
+        grad, loss = torch.cat([g.reshape(-1) for g in grads], out=out), loss.detach()
         if task.l2:  # (l2/2) ||theta||^2, as Task's loss adds it
             return float(loss) + float(task._penalty(theta)), grad + task.l2 * theta
         return float(loss), grad
@@ -217,6 +227,10 @@ class _Rank:
     #: this rank's [allreduce, round seconds] of the latest round, sent with the next one
     timing: np.ndarray = field(default_factory=lambda: np.full(2, np.nan))
     unsettled: Unsettled | None = None
+    #: settled rounds whose record rows are still to be made (:func:`settle`, :func:`flush`)
+    settling: list[tuple[Unsettled, Settled, np.ndarray]] = field(default_factory=list)
+    #: the reduce buffer, kept while the rounds' layout stays (:func:`sum_buffer`)
+    sums: SumBuffer | None = None
 
 
 def train_allreduce(config: TrainConfig, comm: Collectives) -> RankResult:
@@ -236,6 +250,7 @@ def train_allreduce(config: TrainConfig, comm: Collectives) -> RankResult:
         rounds(run)
     except BaseException as exc:
         hold_sigterm()  # the row, census and checkpoint below run to their end (runtime.keep)
+        flush(run)
         pending = estimated_row(run) if comm.rank == 0 else None
         if pending is not None:  # a completed round's row is on disk, as its checkpoint has it
             run.record.add_step(pending)
@@ -324,6 +339,7 @@ def start(config: TrainConfig, comm: Collectives) -> _Rank:
 def state_of(run: _Rank) -> dict[str, Any]:
     """This rank's state after a round: the run's, as every rank holds the same (module
     docstring). The parameters by reference (an update replaces them), the rest copied."""
+    flush(run)
     steps, evals = run.record.steps, run.evals.record.evals
     pending = estimated_row(run)
     return {
@@ -387,7 +403,9 @@ def row_of(done: Unsettled, settled: Settled, allreduce: np.ndarray | None) -> d
     wait = compute.max() - compute
     comm = np.full(len(compute), np.nan) if allreduce is None else allreduce - wait
     times = RoundTimes(done.rows[:, 0].astype(np.int64), compute, done.rows[:, 2], wait, comm)
-    row = round_row(done.plan, done.stats, times, done.used, done.m, settled)
+    # rank n's round is arrival n (round_arrivals), so the used ranks are the used keys' own
+    used = sorted(key_workers(done.stats.used).tolist())
+    row = round_row(done.plan, done.stats, times, used, done.m, settled)
     if done.nonfinite:
         row["nonfinite"] = done.nonfinite
     return row
@@ -406,14 +424,15 @@ def one_round(run: _Rank, plan: Plan) -> None:
     run.drill.before(run.step)
     started = time.perf_counter()
     lr = run.world.lr * plan.lr_scale
+    sums = sum_buffer(run, units)
     with phase("compute"):
-        work = compute(run, plan, batches[run.comm.rank], injected, m, lr)
+        work = compute(run, plan, batches[run.comm.rank], injected, m, lr, sums.grad)
     if work.done:
         run.drill.poison(run.step, work.grad)
     own = own_arrival(run.step, run.now, run.comm.rank, work.done, work.compute, units)
-    weight = run.rule.own_weight(own, run.comm.rank)
+    weight = run.rule.own_weight(own)
     with phase("reduce") as reducing:
-        reduced, excluded = reduce(run, work, weight)
+        reduced, excluded = reduce(run, work, weight, sums)
     rows, timing, screened = reduced.rows
     arrivals = arrivals_of(run, rows, units)
     weighting = run.rule.weights(arrivals, run.comm.rank)
@@ -431,10 +450,26 @@ def one_round(run: _Rank, plan: Plan) -> None:
     run.timing = np.array([reducing.seconds, time.perf_counter() - started])
 
 
+def sum_buffer(run: _Rank, units: int) -> SumBuffer:
+    """The round's reduce buffer: the last one while the layout of the rows stays."""
+    widths = [TIMES + units, 2, 1]  # the gathered row, [allreduce, round seconds], screened
+    if run.sums is None or run.sums.widths != widths:
+        dim, dtype = run.learner.theta.numel(), run.learner.theta.dtype
+        run.sums = SumBuffer(run.comm, dim, EXTRAS, widths, dtype)
+    return run.sums
+
+
 def compute(
-    run: _Rank, plan: Plan, batches: np.ndarray, injected: np.ndarray, m: int, lr: float
+    run: _Rank,
+    plan: Plan,
+    batches: np.ndarray,
+    injected: np.ndarray,
+    m: int,
+    lr: float,
+    out: torch.Tensor | None = None,
 ) -> Work:
-    """This rank's units in order, the threshold checked between them (module docstring)."""
+    """This rank's units in order, the threshold checked between them (module docstring).
+    The first unit's gradient goes into ``out`` when given (the reduce buffer's)."""
     task, tau, preempt = run.grads, plan.threshold, plan.preempt
     local = run.learner.theta
     total: torch.Tensor | None = None  # the first unit's gradient, then the sum
@@ -445,7 +480,7 @@ def compute(
         if not may_start(time.perf_counter() - start, tau, preempt):
             break
         began = time.perf_counter()
-        loss, grad = task(local, batch)
+        loss, grad = task(local, batch, out if u == 0 else None)
         counts, seconds = sleep_injected(time.perf_counter() - start, injected[u], tau, preempt)
         slept += seconds
         if not counts:
@@ -488,12 +523,14 @@ def arrivals_of(run: _Rank, rows: np.ndarray, units: int) -> ArrivalColumns:
     return round_arrivals(run.step, run.now, rows[:, 0], rows[:, 1], units)
 
 
-def reduce(run: _Rank, work: Work, weight: float) -> tuple[WeightedSum, float]:
+def reduce(run: _Rank, work: Work, weight: float, sums: SumBuffer) -> tuple[WeightedSum, float]:
     """The round's one allreduce (module docstring, 3.) and the injected T^c; returns it and
     the weight this rank withheld. A rank whose gradient holds a NaN or an infinity joins with
     weight 0 and a zero gradient, as the simulator's update path screens it
     (``tailtrain.update``), and flags itself in a gathered column of its own, so that every
-    rank leaves it out of the round's used arrivals."""
+    rank leaves it out of the round's used arrivals. While the collective runs, this rank
+    makes the record row of the round settled last (:func:`flush`), which needs nothing
+    from it."""
     grad, loss_sum, bad, sq_norm = screen_own(
         work.grad, work.loss_sum, run.update.on_nonfinite, run.comm.rank, run.step
     )
@@ -504,7 +541,11 @@ def reduce(run: _Rank, work: Work, weight: float) -> tuple[WeightedSum, float]:
     gsq = sq_norm if done > 0 else 0.0
     extras = (loss_sum, done, gsq, float(bad), excluded)
     row = np.concatenate([[work.done, work.compute, work.injected], work.times])
-    reduced = run.comm.weighted_sum(grad, weight, extras, (row, run.timing, [float(bad)]))
+    rows = (row, run.timing, [float(bad)])
+    pending = run.comm.start(sums, weight, extras, rows, None if grad is sums.grad else grad)
+    if len(run.settling) >= ROWS_AT_ONCE:  # in the collective's shadow
+        flush(run)
+    reduced = pending.wait()
     sleep(run.injector.comm_time())
     return reduced, float(reduced.extras[4])
 
@@ -520,7 +561,7 @@ def apply(run: _Rank, reduced: WeightedSum, weighting: Weighting, lr_scale: floa
 
 def account(run: _Rank, plan: Plan, ex: Exchange, m: int) -> None:
     """``adapt`` with the latest agreed T^c; the round's row waits for its own timings."""
-    loss_sum, units_done, gsq, nonfinite = ex.extras
+    loss_sum, units_done, gsq, nonfinite = ex.extras.tolist()  # Python floats, not numpy's
     estimate = float(ex.rows[:, 1].max()) + (0.0 if math.isnan(run.comm_time) else run.comm_time)
     stats = StepStats(
         step=run.step,
@@ -536,9 +577,7 @@ def account(run: _Rank, plan: Plan, ex: Exchange, m: int) -> None:
         comm_time=run.comm_time,
     )
     run.rule.adapt(stats)
-    # rank n's round is arrival n (round_arrivals), so the used ranks are the used keys' own
-    used = np.sort(key_workers(stats.used)).tolist()
-    run.unsettled = Unsettled(plan, stats, ex.rows, used, m, int(nonfinite))
+    run.unsettled = Unsettled(plan, stats, ex.rows, m, int(nonfinite))
     run.now = stats.time
 
 
@@ -551,18 +590,28 @@ def screened_out(used: np.ndarray, arrivals: ArrivalColumns, screened: np.ndarra
 
 
 def settle(run: _Rank, timing: np.ndarray) -> None:
-    """Record the unsettled round with its gathered [allreduce, round seconds] (N, 2)."""
+    """Settle the unsettled round with its gathered [allreduce, round seconds] (N, 2): the
+    agreed clock at once, its record row later (:func:`flush`)."""
     done, run.unsettled = run.unsettled, None
     run.comm_time = float(timing[:, 0].min())
     run.settled += float(timing[:, 1].max())
     run.now = run.settled
-    run.record.add_step(row_of(done, Settled(run.settled, run.comm_time), timing[:, 0]))
+    run.settling.append((done, Settled(run.settled, run.comm_time), timing[:, 0]))
+
+
+def flush(run: _Rank) -> None:
+    """Record the settled rounds' rows, in order: every ``ROWS_AT_ONCE`` rounds in an
+    allreduce's shadow, and before a snapshot, after a failure and at the end."""
+    for done, settled, allreduce in run.settling:
+        run.record.add_step(row_of(done, settled, allreduce))
+    run.settling.clear()
 
 
 def settle_last(run: _Rank) -> None:
     """The last round's timings, by a small all-gather (no next allreduce brings them)."""
     if run.unsettled is not None:
         settle(run, run.comm.gather(run.timing))
+    flush(run)
 
 
 def finish(run: _Rank) -> RankResult:

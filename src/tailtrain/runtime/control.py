@@ -34,6 +34,7 @@ from tailtrain.strategies.base import (
     StepStats,
     Strategy,
 )
+from tailtrain.strategies.base import Weighting as SelectedWeights
 from tailtrain.update import key_workers
 
 #: relative tolerance of the check that every rank used the same weights
@@ -56,20 +57,17 @@ def weighting(selection: Selection, rank: int) -> Weighting:
     The allreduce topology applies each round's update at once: no allreduce rule defers
     weights, and one that did would need a second reduction, so it is refused.
     """
-    now = selection.now
-    return Weighting(
-        own_share(selection, rank), float(now.weight.sum()), now.total, selection.used()
-    )
+    now = applied_now(selection)
+    # a selection weighs only arrivals it was offered, so rank n's are those keyed by worker n
+    own = float(now.weight[key_workers(now.keys) == rank].sum())
+    return Weighting(own, float(now.weight.sum()), now.total, selection.used())
 
 
-def own_share(selection: Selection, rank: int) -> float:
-    """Rank ``rank``'s unnormalised weight in ``selection``; refuses deferred weights
-    (:func:`weighting`)."""
+def applied_now(selection: Selection) -> SelectedWeights:
+    """``selection.now``; refuses deferred weights (:func:`weighting`)."""
     if len(selection.later):
         raise TailtrainError("the allreduce topology applies no deferred (``later``) weights")
-    now = selection.now
-    # a selection weighs only arrivals it was offered, so rank n's are those keyed by worker n
-    return float(now.weight[key_workers(now.keys) == rank].sum())
+    return selection.now
 
 
 def check_agreement(expected_total: float, reduced_total: float) -> None:
@@ -85,28 +83,30 @@ def round_arrivals(
     step: int, now: float, done: np.ndarray, compute: np.ndarray, units: int
 ) -> ArrivalColumns:
     """An allreduce round's arrivals from gathered per-rank counts C_n and compute seconds
-    T~_n. Built from gathered rows, they are identical on every rank."""
-    done, compute = np.asarray(done, dtype=np.float64), np.asarray(compute, dtype=np.float64)
-    return _round_columns(np.arange(len(done)), step, now, done, compute, units)
+    T~_n. Built from gathered rows, they are identical on every rank.
+
+    Rank n's r-th round is its r-th job, from model r, a fraction C_n / units of a full one.
+    """
+    n = len(done)
+    ints = np.empty((3, n), dtype=np.int64)  # worker, job, version: one array, three rows
+    ints[0], ints[1:] = np.arange(n), step
+    floats = np.empty((3, n))  # start, finish, units
+    floats[0], floats[1], floats[2] = now, compute, done
+    floats[1] += now
+    floats[2] /= units
+    return ArrivalColumns.trusted(*ints, *floats, np.zeros(n, bool))
 
 
 def own_arrival(
     step: int, now: float, rank: int, done: int, compute: float, units: int
 ) -> ArrivalColumns:
     """This rank's row of :func:`round_arrivals`, known before anything is exchanged."""
-    return _round_columns(
-        np.array([rank]), step, now, np.array([float(done)]), np.array([compute]), units
-    )
-
-
-def _round_columns(
-    worker: np.ndarray, step: int, now: float, done: np.ndarray, compute: np.ndarray, units: int
-) -> ArrivalColumns:
-    """Rank n's r-th round is its r-th job, from model r, a fraction C_n / units of a full
-    one."""
-    steps = np.full(len(worker), step)
-    return ArrivalColumns(
-        worker, steps, steps.copy(), np.full(len(worker), now), now + compute, done / units
+    # two arrays sliced into seven columns: the first numpy calls after a round's compute
+    # run cold, ~5-15 us each, and this consultation is on every round's critical path
+    ints = np.array([rank, step, step], dtype=np.int64)
+    floats = np.array([now, now + compute, done / units])
+    return ArrivalColumns.trusted(
+        ints[0:1], ints[1:2], ints[2:3], floats[0:1], floats[1:2], floats[2:3], np.zeros(1, bool)
     )
 
 
@@ -140,9 +140,14 @@ class RuleDriver:
         self.strategy = strategy
         self.n = ctx.n_workers
         self.state: Any = strategy.init(ctx)
+        self._planned: tuple[Any, AllreducePlan] | None = None
 
     def plan(self) -> AllreducePlan:
-        return as_allreduce(self.strategy.plan(self.state), self.n)
+        """The rule's plan for its state; the last one again while the state object is the
+        same (a pure rule plans the same from the same state: a static rule's every round)."""
+        if self._planned is None or self._planned[0] is not self.state:
+            self._planned = (self.state, as_allreduce(self.strategy.plan(self.state), self.n))
+        return self._planned[1]
 
     def select(self, arrivals: ArrivalColumns) -> Selection:
         return self.strategy.select(self.state, arrivals)
@@ -150,9 +155,11 @@ class RuleDriver:
     def weights(self, arrivals: ArrivalColumns, rank: int) -> Weighting:
         return weighting(self.select(arrivals), rank)
 
-    def own_weight(self, arrival: ArrivalColumns, rank: int) -> float:
-        """w_n from this rank's arrival alone (:func:`own_arrival`; module docstring)."""
-        return own_share(self.select(arrival), rank)
+    def own_weight(self, arrival: ArrivalColumns) -> float:
+        """w_n from this rank's arrival alone (:func:`own_arrival`; module docstring): all
+        that the selection weighs is this rank's, as a selection weighs only what it was
+        offered."""
+        return float(applied_now(self.select(arrival)).weight.sum())
 
     def adapt(self, stats: StepStats) -> None:
         self.state = self.strategy.adapt(self.state, stats)

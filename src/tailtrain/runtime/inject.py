@@ -85,6 +85,9 @@ class FaultDrill:
         first update it starts after them. A kill is SIGKILL to this process, so nothing is
         cleaned up, as when a node dies; a freeze sleeps the process's main thread, as when it
         hangs."""
+        if not self.plan.faults:  # the usual run: no drill, nothing to look up each round
+            self.reached = max(self.reached, step)
+            return
         due = self.plan.process_faults(self.worker, self.reached + 1, step)
         self.reached = max(self.reached, step)
         for fault in due:
@@ -110,7 +113,7 @@ class FaultDrill:
 
     def poison(self, step: int, grad: torch.Tensor) -> None:
         """Fill ``grad`` in place with a numeric drill's value for update ``step``, if any."""
-        value = self.plan.value(self.worker, step)
+        value = self.plan.value(self.worker, step) if self.plan.faults else None
         if value is not None:
             log.warning("fault drill: gradient of update %d set to %s", step, value)
             grad.fill_(value)

@@ -6,7 +6,9 @@
   every rank, and every rank's small rows (counts, times) laid out block-diagonally. It
   serves every weighting: sync (w = 1/N), DropCompute (w = C_n/(M N) or C_n/sum C),
   Local-SGD's model average. A rank that computed nothing joins with w_n = 0, so nobody waits
-  for a collective that never comes.
+  for a collective that never comes. :meth:`Collectives.start` is the same collective over a
+  :class:`SumBuffer` kept from round to round, launched: the caller works while it runs and
+  then waits for it (:class:`PendingSum`).
 * :meth:`Collectives.gather` all-gathers one small float64 row per rank (counts, times), so
   that every rank feeds the rule identical arrivals, where no allreduce can carry them.
 
@@ -34,6 +36,9 @@ log = logging.getLogger(__name__)
 
 #: seconds a rank whose collective failed waits before it fails too (see the module docstring)
 GRACE = 2.0
+
+SUM = dist.AllreduceOptions()
+SUM.reduceOp = dist.ReduceOp.SUM
 
 
 class PeerFailure(RuntimeError):
@@ -120,27 +125,28 @@ class Collectives:
         collective of its own (x + 0 is exact, and a NaN stays in its own line). The rows come
         back in ``grad``'s dtype (float32: times to about 1e-7 relative, counts exact).
         """
-        dim, n, widths = grad.numel(), self.world_size, [len(row) for row in rows]
-        tail = np.zeros(1 + len(extras) + n * sum(widths))
-        tail[0], tail[1 : 1 + len(extras)] = weight, extras
-        start = 1 + len(extras)
-        for row, width in zip(rows, widths, strict=True):
-            tail[start + self.rank * width : start + (self.rank + 1) * width] = row
-            start += n * width
-        buffer = torch.empty(dim + tail.size, dtype=grad.dtype, device=self.device)
-        torch.mul(grad.to(self.device), weight, out=buffer[:dim])
-        buffer[dim:].copy_(torch.from_numpy(tail))
+        buffer = SumBuffer(self, grad.numel(), len(extras), [len(row) for row in rows], grad.dtype)
+        reduced = self.start(buffer, weight, extras, rows, grad).wait()
+        return reduced._replace(numerator=reduced.numerator.to(grad.device))
+
+    def start(
+        self,
+        buffer: SumBuffer,
+        weight: float,
+        extras: Sequence[float] = (),
+        rows: Sequence[np.ndarray] = (),
+        grad: torch.Tensor | None = None,
+    ) -> PendingSum:
+        """Launch :meth:`weighted_sum` over ``buffer``, whose ``grad`` already holds this
+        rank's gradient unless ``grad`` is given; :meth:`PendingSum.wait` finishes it. Between
+        the two the caller may do work that needs nothing from this collective."""
+        buffer.fill(weight, extras, rows, grad)
+        # the group's own allreduce: dist.all_reduce's checks cost ~30 us a round with the
+        # caches cold from compute, and the buffer is ours, contiguous on the right device
+        group = dist.group.WORLD if self.group is None else self.group
         with self._guard("all_reduce"):
-            self._wait(
-                dist.all_reduce(buffer, op=dist.ReduceOp.SUM, group=self.group, async_op=True)
-            )
-        summed = buffer[dim:].double().cpu().numpy()  # the sums stay on the gradient's device
-        start, gathered = 1 + len(extras), []
-        for width in widths:
-            gathered.append(summed[start : start + n * width].reshape(n, width))
-            start += n * width
-        numerator, sums = buffer[:dim].to(grad.device), summed[1 : 1 + len(extras)]
-        return WeightedSum(numerator, float(summed[0]), sums, tuple(gathered))
+            work = group.allreduce([buffer.tensor], SUM)
+        return PendingSum(self, buffer, work)
 
     def barrier(self) -> None:
         """A one-element allreduce: works on every backend without device ids."""
@@ -158,6 +164,75 @@ class Collectives:
 
     def _guard(self, name: str) -> _Guard:
         return _Guard(name, self.rank, self.grace)
+
+
+class SumBuffer:
+    """The flat buffer [w_n g_n (D), w_n, extras (E), rows (N x widths)] of
+    :meth:`Collectives.weighted_sum`, reusable: a runtime that reduces the same layout every
+    round allocates it once and computes its gradient straight into :attr:`grad` (a view),
+    instead of a new buffer and two copies of the gradient per round. What :meth:`read`
+    returns of the gradient is a view too, valid until the buffer is filled again."""
+
+    def __init__(
+        self, comm: Collectives, dim: int, extras: int, widths: Sequence[int], dtype: torch.dtype
+    ) -> None:
+        self.rank, self.n, self.dim = comm.rank, comm.world_size, dim
+        self.extras, self.widths = extras, list(widths)
+        tail = 1 + extras + self.n * sum(self.widths)
+        self.tensor = torch.zeros(dim + tail, dtype=dtype, device=comm.device)
+        self.grad = self.tensor[:dim]
+        self.tail = self.tensor[dim:]
+        # on the CPU the tail is written and read through a numpy view, without a staging copy
+        self.host = self.tail.numpy() if comm.device.type == "cpu" else None
+
+    def fill(
+        self,
+        weight: float,
+        extras: Sequence[float],
+        rows: Sequence[np.ndarray],
+        grad: torch.Tensor | None = None,
+    ) -> None:
+        """w_n times the gradient (``grad``, or what :attr:`grad` holds), w_n, the extras and
+        this rank's line of each row block; zeros in the other ranks' lines."""
+        if grad is not None:
+            torch.mul(grad.to(self.tensor.device), weight, out=self.grad)
+        elif weight != 1.0:
+            self.grad.mul_(weight)
+        tail = np.zeros(self.tail.numel()) if self.host is None else self.host
+        tail.fill(0.0)
+        tail[0], tail[1 : 1 + self.extras] = weight, extras
+        start = 1 + self.extras
+        for row, width in zip(rows, self.widths, strict=True):
+            tail[start + self.rank * width : start + (self.rank + 1) * width] = row
+            start += self.n * width
+        if self.host is None:
+            self.tail.copy_(torch.from_numpy(tail))
+
+    def read(self) -> WeightedSum:
+        """The reduced sums, the extras and every rank's rows (float64 copies)."""
+        tail = self.tail.double().cpu().numpy() if self.host is None else self.host
+        summed = tail.astype(np.float64)
+        start, gathered = 1 + self.extras, []
+        for width in self.widths:
+            gathered.append(summed[start : start + self.n * width].reshape(self.n, width))
+            start += self.n * width
+        sums = summed[1 : 1 + self.extras]
+        return WeightedSum(self.grad, float(summed[0]), sums, tuple(gathered))
+
+
+class PendingSum:
+    """A launched :meth:`Collectives.start`; :meth:`wait` (bounded by the group's timeout,
+    or the collectives' own) gives its :class:`WeightedSum`."""
+
+    __slots__ = ("buffer", "comm", "work")
+
+    def __init__(self, comm: Collectives, buffer: SumBuffer, work: dist.Work | None) -> None:
+        self.comm, self.buffer, self.work = comm, buffer, work
+
+    def wait(self) -> WeightedSum:
+        with self.comm._guard("all_reduce"):
+            self.comm._wait(self.work)
+        return self.buffer.read()
 
 
 class _Guard:

@@ -114,6 +114,25 @@ class ArrivalColumns:
         return cls(worker, job, version, start, finish, units, partial)
 
     @classmethod
+    def trusted(
+        cls,
+        worker: np.ndarray,
+        job: np.ndarray,
+        version: np.ndarray,
+        start: np.ndarray,
+        finish: np.ndarray,
+        units: np.ndarray,
+        partial: np.ndarray,
+    ) -> ArrivalColumns:
+        """Arrivals from columns already of the right dtypes (int64, float64, bool), taken as
+        they are: an engine building them every round skips seven conversions that would
+        each copy nothing."""
+        self = cls.__new__(cls)
+        self.worker, self.job, self.version = worker, job, version
+        self.start, self.finish, self.units, self.partial = start, finish, units, partial
+        return self
+
+    @classmethod
     def empty(cls) -> ArrivalColumns:
         ints, floats = np.zeros(0, np.int64), np.zeros(0)
         return cls(ints, ints, ints, floats, floats)
@@ -396,4 +415,6 @@ class Strategy(ABC):
 
 def equal_weights(arrivals: ArrivalColumns) -> Selection:
     """Mean of the given whole arrivals (DBW Eq. 4; slow-and-stale Eq. 2)."""
+    if not arrivals.partial.any():  # the usual step: every arrival, no index to gather by
+        return Selection(now=Weighting(arrivals.keys, np.ones(len(arrivals))))
     return Selection(now=Weighting.of(arrivals, np.flatnonzero(~arrivals.partial), 1.0))
