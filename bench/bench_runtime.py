@@ -7,7 +7,8 @@
   ``DistributedDataParallel`` loop, same task, ranks, steps and data, no injected delay
   (goal <= 1.03); each loop gathers its batch inside the step, as a loader would.
   ``added_ms_per_round`` is the difference per round, mostly the runtime's Python per round
-  (planning, the rule's two consultations, the record row). The task is digits-cnn at batch
+  (planning, the rule's two consultations, the statistics it adapts on), whose numpy and
+  torch calls run cold after each compute: 5-15 times their cost in a warm loop. The task is digits-cnn at batch
   256, a DDP step of 4-5 ms here (2 ranks on 2 cores), shorter than data-parallel steps run
   in practice; ``overhead_long_step`` repeats the measurement at batch 1024 (a 12 ms step)
   to show how the cost scales with the step: were it fixed, it would weigh a third as much.

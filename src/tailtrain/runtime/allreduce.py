@@ -529,8 +529,8 @@ def reduce(run: _Rank, work: Work, weight: float, sums: SumBuffer) -> tuple[Weig
     weight 0 and a zero gradient, as the simulator's update path screens it
     (``tailtrain.update``), and flags itself in a gathered column of its own, so that every
     rank leaves it out of the round's used arrivals. While the collective runs, this rank
-    makes the record row of the round settled last (:func:`flush`), which needs nothing
-    from it."""
+    makes the record rows of the rounds settled since the last batch (:func:`flush`, every
+    ``ROWS_AT_ONCE`` rounds), which need nothing from it."""
     grad, loss_sum, bad, sq_norm = screen_own(
         work.grad, work.loss_sum, run.update.on_nonfinite, run.comm.rank, run.step
     )
