@@ -8,10 +8,11 @@
   (goal <= 1.03); each loop gathers its batch inside the step, as a loader would.
   ``added_ms_per_round`` is the difference per round, mostly the runtime's Python per round
   (planning, the rule's two consultations, the statistics it adapts on), whose numpy and
-  torch calls run cold after each compute: 5-15 times their cost in a warm loop. The task is digits-cnn at batch
-  256, a DDP step of 4-5 ms here (2 ranks on 2 cores), shorter than data-parallel steps run
-  in practice; ``overhead_long_step`` repeats the measurement at batch 1024 (a 12 ms step)
-  to show how the cost scales with the step: were it fixed, it would weigh a third as much.
+  torch calls run cold after each compute: 5-15 times their cost in a warm loop. The task
+  is digits-cnn at batch 256, a DDP step of 4-5 ms here (2 ranks on 2 cores), shorter than
+  data-parallel steps run in practice; ``overhead_long_step`` repeats the measurement at
+  batch 1024 (a 10-12 ms step) to show how the cost scales with the step: were it fixed, it
+  would weigh a third as much.
   Both run in the same forked job after a warm-up, in pairs (each side first in every
   other pair); each side's time is the difference between a run ``--overhead-steps`` longer
   and a short one, so start-up, the first and last evaluations and process start cancel,
