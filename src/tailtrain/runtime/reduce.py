@@ -210,8 +210,8 @@ class SumBuffer:
 
     def read(self) -> WeightedSum:
         """The reduced sums, the extras and every rank's rows (float64 copies)."""
-        tail = self.tail.double().cpu().numpy() if self.host is None else self.host
-        summed = tail.astype(np.float64)
+        host = self.tail.cpu().numpy() if self.host is None else self.host
+        summed = host.astype(np.float64)
         start, gathered = 1 + self.extras, []
         for width in self.widths:
             gathered.append(summed[start : start + self.n * width].reshape(self.n, width))
