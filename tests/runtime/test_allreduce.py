@@ -8,17 +8,26 @@ synchronous SGD on the concatenated mini-batches, and Local-SGD's average of loc
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 import pytest
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 
+from tailtrain.errors import TailtrainError
+from tailtrain.runtime import config
+from tailtrain.runtime.allreduce import train_allreduce
 from tailtrain.runtime.config import TrainConfig
+from tailtrain.runtime.control import RuleDriver
 from tailtrain.runtime.launch import Endpoint, launch, reserve
+from tailtrain.runtime.reduce import Collectives
 from tailtrain.sim.data_stream import job_batches
 from tailtrain.sim.run import simulate
 from tailtrain.sim.scenario import Scenario
+from tailtrain.strategies.base import ArrivalColumns, Context, Selection, SyncMode, Weighting
+from tailtrain.strategies.kfamily import StaticK
 from tailtrain.strategies.registry import parse_strategy
 from tailtrain.tasks import parse_partition, parse_task
 
@@ -222,3 +231,52 @@ def test_every_rank_computes_the_same_tau_star(results):
     calibrating, calibrated = thresholds[0][:3], thresholds[0][3:]
     assert all(t is None or math.isinf(t) for t in calibrating)
     assert len(set(calibrated)) == 1 and 0 < calibrated[0] < math.inf
+
+
+# ---- (d) a static rule's round is accounted in the next allreduce's shadow --------------------
+@pytest.fixture
+def one_rank():
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    yield Collectives(0, 1, torch.device("cpu"), grace=0.0)
+    dist.destroy_process_group()
+
+
+#: a row's columns that no clock moves
+DECIDED = ("step", "k", "lr", "loss", "workers", "staleness", "threshold", "completed", "s_eff")
+
+
+def one_rank_run(comm: Collectives, strategy: str = "sync"):
+    s = Scenario(task="logreg", workers=1, iterations=5, eval_every=2)
+    return train_allreduce(TrainConfig(scenario=s, strategy=strategy, seed=SEED, timeout=30), comm)
+
+
+@pytest.mark.timeout(60)
+def test_a_static_rules_rounds_are_recorded_as_if_accounted_at_once(one_rank, monkeypatch):
+    """sync keeps its state, so each round's selection, checks and statistics wait for the
+    next allreduce's shadow: the parameters and every row are those of accounting at once."""
+    assert RuleDriver(parse_strategy("sync"), Context(1)).keeps_state
+    late = one_rank_run(one_rank)
+    monkeypatch.setattr(RuleDriver, "keeps_state", property(lambda self: False))
+    at_once = one_rank_run(one_rank)
+    assert np.array_equal(late.theta, at_once.theta)
+    assert len(late.record.steps) == 5 and len(late.record.evals) == len(at_once.record.evals)
+    for a, b in zip(late.record.steps, at_once.record.steps, strict=True):
+        assert {k: a[k] for k in DECIDED} == {k: b[k] for k in DECIDED}
+
+
+@dataclass(frozen=True)
+class ByComputeTime(StaticK):
+    """A static rule that weighs an arrival by its compute seconds, not by its counts."""
+
+    def select(self, state, arrivals: ArrivalColumns) -> Selection:
+        return Selection(now=Weighting(arrivals.keys, arrivals.finish - arrivals.start))
+
+
+@pytest.mark.timeout(60)
+def test_a_static_rule_weighing_more_than_the_counts_is_refused(one_rank, monkeypatch):
+    """The own weight is asked once per state and count; a rule whose weight moves with the
+    compute time gets round 0's weight in round 1, which the shadow's check refuses."""
+    rule = ByComputeTime("by-compute-time", None, SyncMode.PSI, accept_stale=False)
+    monkeypatch.setattr(config, "parse_strategy", lambda text: rule)
+    with pytest.raises(TailtrainError, match="own counts"):
+        one_rank_run(one_rank)

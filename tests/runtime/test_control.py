@@ -9,6 +9,7 @@ from tailtrain.errors import TailtrainError, UsageError
 from tailtrain.runtime.control import (
     RuleDriver,
     check_agreement,
+    check_divisor,
     check_own_weight,
     own_arrival,
     round_arrivals,
@@ -75,7 +76,7 @@ def test_a_ranks_own_arrival_gives_its_weight_before_anything_is_exchanged(
     everyone = round_arrivals(7, 1.0, np.array(done), compute, units)
     for rank, weight in enumerate(expected):
         mine = own_arrival(7, 1.0, rank, done[rank], compute[rank], units)
-        assert driver.own_weight(mine) == pytest.approx(weight)
+        assert driver.own_weight(done[rank], lambda m=mine: m).weight == pytest.approx(weight)
         check_own_weight(weight, driver.weights(everyone, rank).weight)
 
 
@@ -118,8 +119,49 @@ def test_a_plan_is_planned_again_only_for_a_new_state():
     assert driver.plan() is not first and driver.plan().threshold < float("inf")
 
 
+class Counting:
+    """A rule that counts its selections (a stand-in wrapping a real one)."""
+
+    def __init__(self, text: str) -> None:
+        self.rule, self.selections = parse_strategy(text), 0
+        self.keeps_state = self.rule.keeps_state
+
+    def __getattr__(self, name):
+        return getattr(self.rule, name)
+
+    def select(self, state, arrivals):
+        self.selections += 1
+        return self.rule.select(state, arrivals)
+
+
+def test_the_own_weight_is_asked_once_per_state_and_count():
+    rule = Counting("dropcompute:threshold=1")
+    driver = RuleDriver(rule, Context(n_workers=2))
+    arrival = {d: own_arrival(0, 0.0, 1, d, 0.1, 4) for d in range(5)}
+    first = driver.own_weight(4, lambda: arrival[4])
+    assert first == (1.0, 2) and rule.selections == 1  # DropCompute Eq. (1): C/M, over N
+    assert driver.own_weight(4, lambda: pytest.fail("asked again")) is first
+    assert driver.own_weight(2, lambda: arrival[2]).weight == 0.5 and rule.selections == 2
+    driver.state = rule.rule.adapt(driver.state, StepStats(step=0, version=1, time=0.1, k=2))
+    assert driver.own_weight(4, lambda: arrival[4]) == first and rule.selections == 3
+
+
+def test_static_rules_keep_their_state_and_adapting_ones_do_not():
+    assert parse_strategy("sync").keeps_state
+    for text in ("dropcompute:threshold=1", "local-sgd:period=2", "dbw"):
+        assert not parse_strategy(text).keeps_state, text
+
+
+def test_a_divisor_used_before_the_selection_over_all_ranks_must_be_its():
+    check_divisor(None, None)
+    check_divisor(3.0, 3.0 + 1e-9)
+    for used, selected in ((None, 3.0), (3.0, None), (2.0, 3.0)):
+        with pytest.raises(TailtrainError, match="divides by"):
+            check_divisor(used, selected)
+
+
 def test_a_weight_that_depends_on_other_ranks_is_refused():
-    with pytest.raises(TailtrainError, match="own arrival"):
+    with pytest.raises(TailtrainError, match="own counts"):
         check_own_weight(1.0, 1 / 3)
 
 

@@ -21,15 +21,21 @@ virtual clock and the same rule object deciding (``runtime.control``):
    block-diagonally: an all-gather for free), each rank's [allreduce, round seconds] of the
    *previous* round and whether its gradient was screened out (NaN or inf: it joins with
    weight 0 and leaves the round's used arrivals on every rank). w_n depends on rank n's own
-   arrival only (``runtime.control``), so it is known before the allreduce; afterwards every
+   counts only (``runtime.control``), so it is known before the allreduce; afterwards every
    rank builds identical arrivals from the rows, the rule's ``select`` over all of them checks
-   the weights, and every rank applies
+   the weights (and gives the divisor), and every rank applies
    theta <- theta - lr * lr_scale * sum_n w_n G_n / denominator. With w_n = (C_n/(H M))/N
    this is the average of the local models. That is the round's only collective, as DDP's.
 4. ``adapt`` with the gathered unit times (Algorithm 2 for threshold=auto: every rank sees
    the same t_n^(u), so every rank computes the same tau*) and the latest agreed T^c, the
    previous round's (a round's own T^c is known only when the next allreduce brings it;
    round 0 has none, and Algorithm 2 counts the window's mean for it).
+   A static rule (``Strategy.keeps_state``: sync) plans every round alike, so nothing waits
+   for 3.'s selection and 4.: the update goes ahead with the divisor the rule gave this rank's
+   arrival alone, and the selection, its checks and ``adapt`` are made with the round's record
+   row (5.), in order. A rule that breaks the one-allreduce protocol is then refused up to
+   ``ROWS_AT_ONCE`` rounds late, but the round's Python after a compute, whose code runs cold,
+   shrinks to the update and the clock (``bench/bench_runtime.py``).
 5. The round's record row waits for its timings: T^c = the smallest allreduce seconds over
    the ranks (the last rank to arrive waits for nobody: the collective's own time, injected
    ``--comm-time`` included) and the round's wall time = the slowest rank's. Until then the
@@ -61,17 +67,18 @@ import math
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
 
-from tailtrain.errors import UsageError
+from tailtrain.errors import TailtrainError, UsageError
 from tailtrain.runtime.config import TrainConfig, build_world
 from tailtrain.runtime.control import (
     RuleDriver,
     Weighting,
     check_agreement,
+    check_divisor,
     check_own_weight,
     own_arrival,
     round_arrivals,
@@ -113,8 +120,9 @@ from tailtrain.update import WeightedUpdate, key_workers, screen_own
 TIMES = 3
 #: the allreduce's extras: [loss sum, units, ||G_n||^2, non-finite, weight withheld]
 EXTRAS = 5
-#: settled rounds whose record rows are made together (:func:`flush`): one row a round costs
-#: ~50-90 us with its code cold from the compute, a batch ~10 us a row
+#: settled rounds whose record rows are made together (:func:`flush`), a static rule's
+#: accounted with them: one a round costs ~50-90 us (~150 accounted) with its code cold from
+#: the compute, a batch a fraction of that
 ROWS_AT_ONCE = 32
 
 
@@ -141,28 +149,39 @@ class Work:
     loss_sum: float
 
 
-@dataclass(frozen=True)
-class Exchange:
-    """What a round's allreduce gave: gathered rows [C_n, T~_n, injected, t_n^(1..U)], the
-    arrivals built from them, the rule's weighting, the reduced [loss sum, units,
-    sum ||G_n||^2, non-finite gradients] and which ranks' gradients were screened out."""
+class Exchange(NamedTuple):  # a tuple: made on every round's critical path
+    """A round as its allreduce left it, for :func:`account`: its index, the agreed clock at
+    its start, the plan and M, the gathered rows [C_n, T~_n, injected, t_n^(1..U)], the
+    reduced [loss sum, units, sum ||G_n||^2, non-finite gradients, weight withheld], the
+    gathered screened-out flags (> 0: that rank's gradient was), the weight this rank reduced
+    with, the reduced sum of the weights with what screened ranks withheld, the agreed clock at
+    the round's end and the latest agreed T^c, and whether the update went ahead of the
+    selection over all ranks (a static rule's) with the divisor it then used."""
 
+    step: int
+    start: float
+    plan: Plan
+    m: int
     rows: np.ndarray
-    arrivals: ArrivalColumns
-    weighting: Weighting
     extras: np.ndarray
     screened: np.ndarray
+    weight: float
+    total: float
+    time: float
+    comm_time: float
+    ahead: bool = False
+    divisor: float | None = None
 
 
-@dataclass(frozen=True)
+@dataclass
 class Unsettled:
-    """A round whose record row waits for its timings (the next allreduce brings them)."""
+    """A round on its way to the record: its exchange, its statistics once it is accounted
+    (:func:`account`) and its row once its timings have come (:func:`settle`, :func:`flush`).
+    A rule that adapts is accounted at once, as its next plan needs the statistics; a static
+    rule's rounds are accounted with their rows (module docstring, 5.)."""
 
-    plan: Plan
-    stats: StepStats
-    rows: np.ndarray
-    m: int
-    nonfinite: int
+    ex: Exchange
+    stats: StepStats | None = None
 
 
 @dataclass
@@ -216,8 +235,7 @@ def train_allreduce(config: TrainConfig, comm: Collectives) -> RankResult:
         rounds(run)
     except BaseException as exc:
         hold_sigterm()  # the row, census and checkpoint below run to their end (runtime.keep)
-        flush(run)
-        pending = estimated_row(run) if comm.rank == 0 else None
+        pending = rows_so_far(run)
         if pending is not None:  # a completed round's row is on disk, as its checkpoint has it
             run.record.add_step(pending)
         end = run.keeper.failed(run.step, exc, config.timeout)
@@ -353,27 +371,45 @@ def resume(run: _Rank, saved: dict[str, Any]) -> None:
     run.keeper.completed(run.step, lambda: state_of(run), save=False)
 
 
+def rows_so_far(run: _Rank) -> dict[str, Any] | None:
+    """After a failure, the completed rounds' rows, and (rank 0) the unsettled one's
+    estimate. The rows end at a round that fails the checks of its accounting."""
+    try:
+        flush(run)
+        return estimated_row(run) if run.comm.rank == 0 else None
+    except TailtrainError as err:
+        run.log.warning("the rows end at a round that failed its checks: %s", err)
+        return None
+
+
 def estimated_row(run: _Rank) -> dict[str, Any] | None:
     """The unsettled round's row as this rank knows it before its timings come: its time the
     agreed estimate, its allreduce seconds unknown. A checkpoint keeps it in that form."""
     done = run.unsettled
     if done is None:
         return None
-    return row_of(done, Settled(done.stats.time, done.stats.comm_time), None)
+    return row_of(run, done, Settled(done.ex.time, done.ex.comm_time), None)
 
 
-def row_of(done: Unsettled, settled: Settled, allreduce: np.ndarray | None) -> dict[str, Any]:
+def row_of(
+    run: _Rank, done: Unsettled, settled: Settled, allreduce: np.ndarray | None
+) -> dict[str, Any]:
     """``done``'s record row at ``settled`` with each rank's allreduce seconds (None: unknown
-    yet); a rank waits inside the allreduce for the slowest rank's compute."""
-    compute = done.rows[:, 1]
+    yet), accounting it first if it is not yet; a rank waits inside the allreduce for the
+    slowest rank's compute."""
+    if done.stats is None:
+        account(run, done)
+    stats, rows = done.stats, done.ex.rows
+    assert stats is not None
+    compute = rows[:, 1]
     wait = compute.max() - compute
     comm = np.full(len(compute), np.nan) if allreduce is None else allreduce - wait
-    times = RoundTimes(done.rows[:, 0].astype(np.int64), compute, done.rows[:, 2], wait, comm)
+    times = RoundTimes(rows[:, 0].astype(np.int64), compute, rows[:, 2], wait, comm)
     # rank n's round is arrival n (round_arrivals), so the used ranks are the used keys' own
-    used = sorted(key_workers(done.stats.used).tolist())
-    row = round_row(done.plan, done.stats, times, used, done.m, settled)
-    if done.nonfinite:
-        row["nonfinite"] = done.nonfinite
+    used = sorted(key_workers(stats.used).tolist())
+    row = round_row(done.ex.plan, stats, times, used, done.ex.m, settled)
+    if nonfinite := int(done.ex.extras[3]):
+        row["nonfinite"] = nonfinite
     return row
 
 
@@ -395,22 +431,39 @@ def one_round(run: _Rank, plan: Plan) -> None:
         work = compute(run, plan, batches[run.comm.rank], injected, m, lr, sums.grad)
     if work.done:
         run.drill.poison(run.step, work.grad)
-    own = own_arrival(run.step, run.now, run.comm.rank, work.done, work.compute, units)
-    weight = run.rule.own_weight(own)
+    rank, step, now = run.comm.rank, run.step, run.now
+    own = run.rule.own_weight(
+        work.done, lambda: own_arrival(step, now, rank, work.done, work.compute, units)
+    )
     with phase("reduce") as reducing:
-        reduced, excluded = reduce(run, work, weight, sums)
+        reduced, excluded = reduce(run, work, own.weight, sums)
     rows, timing, screened = reduced.rows
-    arrivals = arrivals_of(run, rows, units)
-    weighting = run.rule.weights(arrivals, run.comm.rank)
-    check_own_weight(weight, weighting.weight)
-    check_agreement(weighting.total, reduced.total + excluded)
-    apply(run, reduced, weighting, plan.lr_scale)
     if plan.requeue_dropped:
         run.learner.requeue(batches, rows[:, 0].astype(np.int64))
     if run.unsettled is not None:
         settle(run, timing)
-    screened = screened[:, 0] > 0
-    account(run, plan, Exchange(rows, arrivals, weighting, reduced.extras[:4], screened), m)
+    # the agreed clock (module docstring, 5.): the slowest compute and the latest T^c
+    estimate = float(rows[:, 1].max()) + (0.0 if math.isnan(run.comm_time) else run.comm_time)
+    ahead = run.rule.keeps_state  # the next plan owes nothing to this round's statistics
+    end = run.settled + estimate
+    ex = Exchange(
+        step,
+        now,
+        plan,
+        m,
+        rows,
+        reduced.extras,
+        screened,
+        own.weight,
+        reduced.total + excluded,
+        end,
+        run.comm_time,
+        ahead,
+        own.divisor,
+    )
+    run.unsettled = done = Unsettled(ex)
+    apply(run, reduced, own.divisor if ahead else account(run, done).divisor, plan.lr_scale)
+    run.now = end
     run.trace.add(run.step, m, plan.local_steps, work.times)
     run.step += 1
     run.timing = np.array([reducing.seconds, time.perf_counter() - started])
@@ -484,11 +537,6 @@ def sleep_injected(
     return True, float(injected)
 
 
-def arrivals_of(run: _Rank, rows: np.ndarray, units: int) -> ArrivalColumns:
-    """The round's arrivals, built from gathered rows: identical on every rank."""
-    return round_arrivals(run.step, run.now, rows[:, 0], rows[:, 1], units)
-
-
 def reduce(run: _Rank, work: Work, weight: float, sums: SumBuffer) -> tuple[WeightedSum, float]:
     """The round's one allreduce (module docstring, 3.) and the injected T^c; returns it and
     the weight this rank withheld. A rank whose gradient holds a NaN or an infinity joins with
@@ -509,42 +557,53 @@ def reduce(run: _Rank, work: Work, weight: float, sums: SumBuffer) -> tuple[Weig
     row = np.concatenate([[work.done, work.compute, work.injected], work.times])
     rows = (row, run.timing, [float(bad)])
     pending = run.comm.start(sums, weight, extras, rows, None if grad is sums.grad else grad)
-    if len(run.settling) >= ROWS_AT_ONCE:  # in the collective's shadow
-        flush(run)
-    reduced = pending.wait()
+    try:
+        if len(run.settling) >= ROWS_AT_ONCE:  # in the collective's shadow
+            flush(run)
+    finally:  # the collective ends before anything raised here leaves the round
+        reduced = pending.wait()
     sleep(run.injector.comm_time())
     return reduced, float(reduced.extras[4])
 
 
-def apply(run: _Rank, reduced: WeightedSum, weighting: Weighting, lr_scale: float) -> None:
-    """theta <- theta - lr * lr_scale * sum_n w_n G_n / denominator."""
-    divisor = reduced.total if weighting.divisor is None else weighting.divisor
+def apply(run: _Rank, reduced: WeightedSum, divisor: float | None, lr_scale: float) -> None:
+    """theta <- theta - lr * lr_scale * sum_n w_n G_n / denominator, the denominator the
+    rule's ``divisor`` or (None) the reduced sum of the weights."""
+    divisor = reduced.total if divisor is None else divisor
     # nobody computed anything: every weight and the weighted sum are 0, and so is the step
     divisor = divisor if divisor != 0 else 1.0
     theta = run.learner.theta
     run.learner.theta = run.update.apply_reduced(theta, reduced.numerator, divisor, lr_scale)
 
 
-def account(run: _Rank, plan: Plan, ex: Exchange, m: int) -> None:
-    """``adapt`` with the latest agreed T^c; the round's row waits for its own timings."""
-    loss_sum, units_done, gsq, nonfinite = ex.extras.tolist()  # Python floats, not numpy's
-    estimate = float(ex.rows[:, 1].max()) + (0.0 if math.isnan(run.comm_time) else run.comm_time)
-    stats = StepStats(
-        step=run.step,
-        version=run.step + 1,
-        time=run.settled + estimate,
+def account(run: _Rank, done: Unsettled) -> Weighting:
+    """The rule's selection over every rank's arrival, checked against what the round
+    reduced (and, where the update went ahead of it, the divisor it used); ``adapt`` with the
+    latest agreed T^c at the round's end. Fills ``done.stats``."""
+    ex = done.ex
+    plan, step = ex.plan, ex.step
+    arrivals = round_arrivals(step, ex.start, ex.rows[:, 0], ex.rows[:, 1], plan.local_steps * ex.m)
+    weighting = run.rule.weights(arrivals, run.comm.rank)
+    check_own_weight(ex.weight, weighting.weight)
+    check_agreement(weighting.total, ex.total)
+    if ex.ahead:
+        check_divisor(ex.divisor, weighting.divisor)
+    loss_sum, units_done, gsq = ex.extras[:3].tolist()  # Python floats, not numpy's
+    done.stats = StepStats(
+        step=step,
+        version=step + 1,
+        time=ex.time,
         k=plan.k,
-        arrivals=ex.arrivals,
-        used=screened_out(ex.weighting.used, ex.arrivals, ex.screened),
+        arrivals=arrivals,
+        used=screened_out(weighting.used, arrivals, ex.screened[:, 0] > 0),
         loss=loss_sum / units_done if units_done > 0 else math.nan,
         grad_sq_sum=gsq if units_done > 0 else math.nan,
         lr=run.world.lr * plan.lr_scale,
         micro_batch_times=ex.rows[:, TIMES:],
-        comm_time=run.comm_time,
+        comm_time=ex.comm_time,
     )
-    run.rule.adapt(stats)
-    run.unsettled = Unsettled(plan, stats, ex.rows, m, int(nonfinite))
-    run.now = stats.time
+    run.rule.adapt(done.stats)
+    return weighting
 
 
 def screened_out(used: np.ndarray, arrivals: ArrivalColumns, screened: np.ndarray) -> np.ndarray:
@@ -569,7 +628,7 @@ def flush(run: _Rank) -> None:
     """Record the settled rounds' rows, in order: every ``ROWS_AT_ONCE`` rounds in an
     allreduce's shadow, and before a snapshot, after a failure and at the end."""
     for done, settled, allreduce in run.settling:
-        run.record.add_step(row_of(done, settled, allreduce))
+        run.record.add_step(row_of(run, done, settled, allreduce))
     run.settling.clear()
 
 

@@ -12,13 +12,18 @@ DropCompute's divide-by-M); otherwise the divisor is the reduced sum_i w_i. One 
 A rank must know its own weight before that allreduce, but the arrivals of the others only
 after it: :meth:`RuleDriver.own_weight` asks the rule about this rank's arrival alone
 (:func:`own_arrival`). That is exact for every allreduce rule, whose weight of an arrival
-depends on that arrival only (sync: 1; DropCompute and Local-SGD: C_n / (H M)), and
-:func:`check_own_weight` confirms it once the allreduce has brought every rank's counts.
+depends on the units it counts only (sync: 1; DropCompute and Local-SGD: C_n / (H M)), so
+the driver asks once per state and count and remembers the answer: a static rule's state
+never changes, and its consultation leaves the round's critical path. Once the allreduce has
+brought every rank's counts, :func:`check_own_weight` confirms the weight and
+:func:`check_divisor` the divisor, so a rule that weighs more than the counts (the finish
+time, say) is refused, not mis-weighted.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -49,6 +54,14 @@ class Weighting(NamedTuple):
     total: float
     divisor: float | None
     used: np.ndarray
+
+
+class OwnWeight(NamedTuple):
+    """This rank's weight w_n from its arrival alone, and the divisor the rule fixes for it
+    (None: the reduced sum of the weights)."""
+
+    weight: float
+    divisor: float | None
 
 
 def weighting(selection: Selection, rank: int) -> Weighting:
@@ -115,7 +128,22 @@ def check_own_weight(used: float, selected: float) -> None:
     if not math.isclose(used, selected, rel_tol=WEIGHT_RTOL, abs_tol=1e-9):
         raise TailtrainError(
             f"the rule weighs this rank {selected:.6g} among all ranks but {used:.6g} alone: "
-            "the one-allreduce protocol needs weights that depend on a rank's own arrival"
+            "the one-allreduce protocol needs weights that depend on a rank's own counts"
+        )
+
+
+def check_divisor(used: float | None, selected: float | None) -> None:
+    """The divisor an update used before the selection over all ranks was made (a static
+    rule's, ``runtime.allreduce``) equals that selection's."""
+    same = used is selected is None or (
+        used is not None
+        and selected is not None
+        and math.isclose(used, selected, rel_tol=WEIGHT_RTOL, abs_tol=1e-9)
+    )
+    if not same:
+        raise TailtrainError(
+            f"the rule divides by {selected!r} among all ranks but by {used!r} for one rank "
+            "alone: a rule that keeps its state must fix its divisor from that state"
         )
 
 
@@ -141,6 +169,8 @@ class RuleDriver:
         self.n = ctx.n_workers
         self.state: Any = strategy.init(ctx)
         self._planned: tuple[Any, AllreducePlan] | None = None
+        #: own weights asked of the current state, by counted units (:meth:`own_weight`)
+        self._own: tuple[Any, dict[int, OwnWeight]] | None = None
 
     def plan(self) -> AllreducePlan:
         """The rule's plan for its state; the last one again while the state object is the
@@ -155,11 +185,23 @@ class RuleDriver:
     def weights(self, arrivals: ArrivalColumns, rank: int) -> Weighting:
         return weighting(self.select(arrivals), rank)
 
-    def own_weight(self, arrival: ArrivalColumns) -> float:
-        """w_n from this rank's arrival alone (:func:`own_arrival`; module docstring): all
-        that the selection weighs is this rank's, as a selection weighs only what it was
-        offered."""
-        return float(applied_now(self.select(arrival)).weight.sum())
+    @property
+    def keeps_state(self) -> bool:
+        """Whether the rule never adapts (``Strategy.keeps_state``)."""
+        return self.strategy.keeps_state
+
+    def own_weight(self, done: int, arrival: Callable[[], ArrivalColumns]) -> OwnWeight:
+        """w_n and the divisor from this rank's arrival alone, which counted ``done`` units
+        (``arrival()`` builds it: :func:`own_arrival`). All that the selection weighs is this
+        rank's, as a selection weighs only what it was offered. Asked once per state and
+        count (module docstring); the checks after the allreduce hold the rule to that."""
+        if self._own is None or self._own[0] is not self.state:
+            self._own = (self.state, {})
+        known = self._own[1]
+        if done not in known:
+            now = applied_now(self.select(arrival()))
+            known[done] = OwnWeight(float(now.weight.sum()), now.total)
+        return known[done]
 
     def adapt(self, stats: StepStats) -> None:
         self.state = self.strategy.adapt(self.state, stats)

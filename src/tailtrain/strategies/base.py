@@ -390,6 +390,13 @@ class Strategy(ABC):
         del stats
         return state
 
+    @property
+    def keeps_state(self) -> bool:
+        """Whether the rule never changes its state: it keeps :meth:`adapt` as it is here. The
+        next step's plan then owes nothing to this step's statistics, so an engine may gather
+        them after it has started the next step (``runtime.allreduce`` does)."""
+        return type(self).adapt is Strategy.adapt
+
     def state_dict(self, state: Any) -> dict[str, Any]:
         """``state`` as plain tensors, numbers, strings, lists and dicts (no process group, no
         pickle), which ``torch.load(weights_only=True)`` reads back."""
