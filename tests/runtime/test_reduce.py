@@ -68,6 +68,16 @@ def test_a_kept_buffer_serves_round_after_round(one_rank):
     assert given.numerator.tolist() == [0.25] * 3  # a gradient given is scaled into ``grad``
 
 
+def test_rows_given_as_lists_land_like_arrays_and_a_wrong_width_is_refused():
+    """The runtime hands its rows over as lists and tuples (one write into the tail)."""
+    comm = Collectives(1, 3, torch.device("cpu"), grace=0.0, group=Alone())
+    buffer = SumBuffer(comm, 2, 1, [2, 1], torch.float32)
+    buffer.fill(1.0, (5.0,), ([3, 0.5], (1.0,)))
+    assert buffer.tail.tolist() == [1.0, 5.0, 0, 0, 3.0, 0.5, 0, 0, 0, 1.0, 0]
+    with pytest.raises(ValueError, match="a row of 3 values for a block 2 wide"):
+        buffer.fill(1.0, (5.0,), ([3, 0.5, 1.0], (1.0,)))
+
+
 @pytest.mark.timeout(60)
 def test_gather_returns_one_row_per_rank(one_rank):
     rows = one_rank.gather(np.array([2.0, 0.5, np.nan]))

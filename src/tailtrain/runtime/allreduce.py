@@ -210,9 +210,10 @@ class _Rank:
     comm_time: float = math.nan
     step: int = 0
     #: this rank's [allreduce, round seconds] of the latest round, sent with the next one
-    timing: np.ndarray = field(default_factory=lambda: np.full(2, np.nan))
+    timing: tuple[float, float] = (math.nan, math.nan)
     unsettled: Unsettled | None = None
-    #: settled rounds whose record rows are still to be made (:func:`settle`, :func:`flush`)
+    #: settled rounds, with their gathered timings, whose record rows are still to be made
+    #: (:func:`settle`, :func:`flush`)
     settling: list[tuple[Unsettled, Settled, np.ndarray]] = field(default_factory=list)
     #: the reduce buffer, kept while the rounds' layout stays (:func:`sum_buffer`)
     sums: SumBuffer | None = None
@@ -443,7 +444,7 @@ def one_round(run: _Rank, plan: Plan) -> None:
     if run.unsettled is not None:
         settle(run, timing)
     # the agreed clock (module docstring, 5.): the slowest compute and the latest T^c
-    estimate = float(rows[:, 1].max()) + (0.0 if math.isnan(run.comm_time) else run.comm_time)
+    estimate = max(rows[:, 1].tolist()) + (0.0 if math.isnan(run.comm_time) else run.comm_time)
     ahead = run.rule.keeps_state  # the next plan owes nothing to this round's statistics
     end = run.settled + estimate
     ex = Exchange(
@@ -466,7 +467,7 @@ def one_round(run: _Rank, plan: Plan) -> None:
     run.now = end
     run.trace.add(run.step, m, plan.local_steps, work.times)
     run.step += 1
-    run.timing = np.array([reducing.seconds, time.perf_counter() - started])
+    run.timing = (reducing.seconds, time.perf_counter() - started)
 
 
 def sum_buffer(run: _Rank, units: int) -> SumBuffer:
@@ -554,8 +555,9 @@ def reduce(run: _Rank, work: Work, weight: float, sums: SumBuffer) -> tuple[Weig
         loss_sum, done, excluded, weight = 0.0, 0, weight, 0.0
     gsq = sq_norm if done > 0 else 0.0
     extras = (loss_sum, done, gsq, float(bad), excluded)
-    row = np.concatenate([[work.done, work.compute, work.injected], work.times])
-    rows = (row, run.timing, [float(bad)])
+    # lists, not arrays: the buffer takes them in one write (SumBuffer.fill)
+    row = [work.done, work.compute, work.injected, *work.times.tolist()]
+    rows = (row, run.timing, (float(bad),))
     pending = run.comm.start(sums, weight, extras, rows, None if grad is sums.grad else grad)
     try:
         if len(run.settling) >= ROWS_AT_ONCE:  # in the collective's shadow
@@ -618,17 +620,18 @@ def settle(run: _Rank, timing: np.ndarray) -> None:
     """Settle the unsettled round with its gathered [allreduce, round seconds] (N, 2): the
     agreed clock at once, its record row later (:func:`flush`)."""
     done, run.unsettled = run.unsettled, None
-    run.comm_time = float(timing[:, 0].min())
-    run.settled += float(timing[:, 1].max())
+    seconds = timing.tolist()  # Python's min and max: numpy's cost more on (N, 2) run cold
+    run.comm_time = min(allreduce for allreduce, _ in seconds)
+    run.settled += max(round_ for _, round_ in seconds)
     run.now = run.settled
-    run.settling.append((done, Settled(run.settled, run.comm_time), timing[:, 0]))
+    run.settling.append((done, Settled(run.settled, run.comm_time), timing))
 
 
 def flush(run: _Rank) -> None:
     """Record the settled rounds' rows, in order: every ``ROWS_AT_ONCE`` rounds in an
     allreduce's shadow, and before a snapshot, after a failure and at the end."""
-    for done, settled, allreduce in run.settling:
-        run.record.add_step(row_of(run, done, settled, allreduce))
+    for done, settled, timing in run.settling:
+        run.record.add_step(row_of(run, done, settled, timing[:, 0]))
     run.settling.clear()
 
 

@@ -184,6 +184,12 @@ class SumBuffer:
         self.tail = self.tensor[dim:]
         # on the CPU the tail is written and read through a numpy view, without a staging copy
         self.host = self.tail.numpy() if comm.device.type == "cpu" else None
+        # where this rank's values go in the tail: w_n, the extras, its line of each block
+        mine, start = [np.arange(1 + extras)], 1 + extras
+        for width in self.widths:
+            mine.append(np.arange(width) + start + self.rank * width)
+            start += self.n * width
+        self.mine = np.concatenate(mine)
 
     def fill(
         self,
@@ -198,13 +204,14 @@ class SumBuffer:
             torch.mul(grad.to(self.tensor.device), weight, out=self.grad)
         elif weight != 1.0:
             self.grad.mul_(weight)
+        values = [weight, *extras]
+        for row, width in zip(rows, self.widths, strict=True):
+            if len(row) != width:
+                raise ValueError(f"a row of {len(row)} values for a block {width} wide")
+            values.extend(row)
         tail = np.zeros(self.tail.numel()) if self.host is None else self.host
         tail.fill(0.0)
-        tail[0], tail[1 : 1 + self.extras] = weight, extras
-        start = 1 + self.extras
-        for row, width in zip(rows, self.widths, strict=True):
-            tail[start + self.rank * width : start + (self.rank + 1) * width] = row
-            start += self.n * width
+        tail[self.mine] = values  # one write: a few numpy calls fewer, each ~5 us run cold
         if self.host is None:
             self.tail.copy_(torch.from_numpy(tail))
 
