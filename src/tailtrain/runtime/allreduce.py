@@ -136,15 +136,14 @@ class RankResult:
     theta: np.ndarray
 
 
-@dataclass(frozen=True)
-class Work:
+class Work(NamedTuple):  # a tuple, and lists of floats: made right after the compute
     """This rank's round: units counted, compute seconds, of which injected, unit seconds
     (NaN: not counted), G_n and the sum of the counted units' losses."""
 
     done: int
     compute: float
     injected: float
-    times: np.ndarray
+    times: list[float]
     grad: torch.Tensor
     loss_sum: float
 
@@ -494,14 +493,15 @@ def compute(
     local = run.learner.theta
     total: torch.Tensor | None = None  # the first unit's gradient, then the sum
     step_sum = torch.zeros_like(local) if plan.local_steps > 1 else None  # Local-SGD only
-    times = np.full(len(batches), np.nan)
+    # Python floats between the units: numpy scalars there cost ~50 us a round, run cold
+    seconds_of, times = injected.tolist(), [math.nan] * len(batches)
     done, loss_sum, slept, start = 0, 0.0, 0.0, time.perf_counter()
     for u, batch in enumerate(batches):
         if not may_start(time.perf_counter() - start, tau, preempt):
             break
         began = time.perf_counter()
         loss, grad = task(local, batch, out if u == 0 else None)
-        counts, seconds = sleep_injected(time.perf_counter() - start, injected[u], tau, preempt)
+        counts, seconds = sleep_injected(time.perf_counter() - start, seconds_of[u], tau, preempt)
         slept += seconds
         if not counts:
             break
@@ -535,7 +535,7 @@ def sleep_injected(
         sleep(seconds)
         return False, seconds
     sleep(injected)
-    return True, float(injected)
+    return True, injected
 
 
 def reduce(run: _Rank, work: Work, weight: float, sums: SumBuffer) -> tuple[WeightedSum, float]:
@@ -556,7 +556,7 @@ def reduce(run: _Rank, work: Work, weight: float, sums: SumBuffer) -> tuple[Weig
     gsq = sq_norm if done > 0 else 0.0
     extras = (loss_sum, done, gsq, float(bad), excluded)
     # lists, not arrays: the buffer takes them in one write (SumBuffer.fill)
-    row = [work.done, work.compute, work.injected, *work.times.tolist()]
+    row = [work.done, work.compute, work.injected, *work.times]
     rows = (row, run.timing, (float(bad),))
     pending = run.comm.start(sums, weight, extras, rows, None if grad is sums.grad else grad)
     try:

@@ -28,6 +28,7 @@ import csv
 import logging
 import sys
 import time
+from collections.abc import Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -220,10 +221,10 @@ class TraceRows:
     per_micro_batch: bool
     #: (step, M, H, unit seconds) of each round, made into rows only when asked (per round
     #: that would be a few numpy calls on the critical path)
-    rounds: list[tuple[int, int, int, np.ndarray]] = field(default_factory=list)
+    rounds: list[tuple[int, int, int, Sequence[float]]] = field(default_factory=list)
 
-    def add(self, step: int, micro_batches: int, local_steps: int, times: np.ndarray) -> None:
-        """The counted units of round ``step`` (NaN: not counted)."""
+    def add(self, step: int, micro_batches: int, local_steps: int, times: Sequence[float]) -> None:
+        """The counted units' seconds of round ``step`` (NaN: not counted)."""
         self.rounds.append((step, micro_batches, local_steps, times))
 
     def table(self) -> np.ndarray:
@@ -231,7 +232,8 @@ class TraceRows:
         iteration = step * H + h."""
         width = 4 if self.per_micro_batch else 3
         rows = [np.empty((0, width))]
-        for step, micro_batches, local_steps, times in self.rounds:
+        for step, micro_batches, local_steps, seconds in self.rounds:
+            times = np.asarray(seconds, dtype=np.float64)
             unit = np.flatnonzero(~np.isnan(times))
             iteration = step * local_steps + unit // micro_batches
             cols = [iteration, np.full(unit.size, self.rank)]
