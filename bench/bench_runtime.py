@@ -7,8 +7,10 @@
   ``DistributedDataParallel`` loop, same task, ranks, steps and data, no injected delay
   (goal <= 1.03); each loop gathers its batch inside the step, as a loader would.
   ``added_ms_per_round`` is the difference per round, mostly the runtime's Python per round
-  (planning, the rule's two consultations, the statistics it adapts on), whose numpy and
-  torch calls run cold after each compute: 5-15 times their cost in a warm loop. The task
+  (planning, the rule's consultation, the clock, the screen and, a batch of rounds at a
+  time, the statistics and record rows), whose numpy and torch calls run cold after each
+  compute: 5-15 times their cost in a warm loop. DDP has Python of its own (its hooks, the
+  optimizer's step) that the runtime's one flat gradient and one-pass update avoid. The task
   is digits-cnn at batch 256, a DDP step of 4-5 ms here (2 ranks on 2 cores), shorter than
   data-parallel steps run in practice; ``overhead_long_step`` repeats the measurement at
   batch 1024 (a 10-12 ms step) to show how the cost scales with the step: were it fixed, it
@@ -20,7 +22,8 @@
   ``overhead`` is the median of the pairs' ratios, ``overhead_quartiles`` their spread and
   ``overhead_median_interval`` a 90% interval for the median: on a shared 2-core
   machine single pairs range from 0.8 to 1.3, so a few long runs and their minimum, as this
-  bench measured before, moved by +-10% between identical runs.
+  bench measured before, moved by +-10% between identical runs. 60 pairs (``--overhead-pairs``)
+  narrow the interval to about +-2%; 30 left it at +-3%, as wide as what is measured.
 * ``dropcompute_real_speedup`` / ``dropcompute_sim_speedup``: mean iteration time of ``sync``
   over ``dropcompute:threshold=auto`` (after its calibration rounds) with 8 ranks, M = 12 and
   injected ``const:value=0.02+dropcompute-noise:scale=0.02``, measured by ``train`` and
@@ -438,7 +441,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--overhead-steps", type=int, default=100)
-    parser.add_argument("--overhead-pairs", type=int, default=30)
+    parser.add_argument("--overhead-pairs", type=int, default=60)
     parser.add_argument("--dc-iterations", type=int, default=30)
     parser.add_argument("--pls-iterations", type=int, default=64)
     parser.add_argument("--pls-repeats", type=int, default=3)
