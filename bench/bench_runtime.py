@@ -23,7 +23,7 @@
   ``overhead_median_interval`` a 90% interval for the median: on a shared 2-core
   machine single pairs range from 0.8 to 1.3, so a few long runs and their minimum, as this
   bench measured before, moved by +-10% between identical runs. 60 pairs (``--overhead-pairs``)
-  narrow the interval to about +-2%; 30 left it at +-3%, as wide as what is measured.
+  gave intervals 4-9% wide, 30 pairs 5-9%: as wide as what is measured.
 * ``dropcompute_real_speedup`` / ``dropcompute_sim_speedup``: mean iteration time of ``sync``
   over ``dropcompute:threshold=auto`` (after its calibration rounds) with 8 ranks, M = 12 and
   injected ``const:value=0.02+dropcompute-noise:scale=0.02``, measured by ``train`` and

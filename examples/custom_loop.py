@@ -85,6 +85,7 @@ def main() -> None:
             f"custom_loop: {STEPS} steps on {world} ranks, tau {last.threshold:.4f} s, "
             f"drop rate {dropped:.3f}, loss {last.loss:.3f}, test accuracy {accuracy:.3f}"
         )
+    dist.barrier()  # tear down together (examples/ddp_loop.py says why)
     dist.destroy_process_group()
 
 

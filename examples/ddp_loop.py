@@ -95,7 +95,10 @@ def main() -> None:
             f"ddp_loop: {STEPS} steps on {world} ranks, tau {state.last.threshold:.4f} s, "
             f"drop rate {np.mean(drop_rates[10:]):.3f}, test accuracy {accuracy:.3f}"
         )
-    del ddp  # the reducer goes before its process group, or torch sometimes aborts at exit
+    # Tear down together, the reducer before its group: a rank that exits while its peer still
+    # uses the group sometimes aborts ("terminate called without an active exception").
+    dist.barrier()
+    del ddp
     dist.destroy_process_group()
 
 

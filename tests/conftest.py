@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import signal
+
 import pytest
 import torch
 
@@ -13,3 +15,12 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+@pytest.fixture
+def sigterm():
+    """Restore this process's SIGTERM handler after a test that installs its own (a rank run
+    in the test's process does: ``runtime.keep``)."""
+    before = signal.getsignal(signal.SIGTERM)
+    yield
+    signal.signal(signal.SIGTERM, before)

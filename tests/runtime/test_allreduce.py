@@ -1,14 +1,16 @@
-"""The allreduce topology on real gloo ranks: SGD equivalence, decisions as simulated, tau*.
+"""The allreduce topology on real gloo ranks: SGD equivalence, decisions as simulated, tau*,
+and a static rule's rounds accounted with their rows.
 
 One local job of three ranks runs every configuration in turn (a launch costs seconds here),
-and the tests read its per-rank results. The references are written from the definitions:
+and the tests read its per-rank results; the last tests run one rank in the test's process.
+The references are written from the definitions:
 synchronous SGD on the concatenated mini-batches, and Local-SGD's average of local models.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import pytest
@@ -17,7 +19,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from tailtrain.errors import TailtrainError
-from tailtrain.runtime import config
+from tailtrain.runtime import allreduce, config
 from tailtrain.runtime.allreduce import train_allreduce
 from tailtrain.runtime.config import TrainConfig
 from tailtrain.runtime.control import RuleDriver
@@ -26,7 +28,7 @@ from tailtrain.runtime.reduce import Collectives
 from tailtrain.sim.data_stream import job_batches
 from tailtrain.sim.run import simulate
 from tailtrain.sim.scenario import Scenario
-from tailtrain.strategies.base import ArrivalColumns, Context, Selection, SyncMode, Weighting
+from tailtrain.strategies.base import ArrivalColumns, Selection, SyncMode, Weighting
 from tailtrain.strategies.kfamily import StaticK
 from tailtrain.strategies.registry import parse_strategy
 from tailtrain.tasks import parse_partition, parse_task
@@ -233,9 +235,9 @@ def test_every_rank_computes_the_same_tau_star(results):
     assert len(set(calibrated)) == 1 and 0 < calibrated[0] < math.inf
 
 
-# ---- (d) a static rule's round is accounted in the next allreduce's shadow --------------------
+# ---- (d) a static rule's rounds are accounted with their record rows ---------------------------
 @pytest.fixture
-def one_rank():
+def one_rank(sigterm):
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     yield Collectives(0, 1, torch.device("cpu"), grace=0.0)
     dist.destroy_process_group()
@@ -250,12 +252,32 @@ def one_rank_run(comm: Collectives, strategy: str = "sync"):
     return train_allreduce(TrainConfig(scenario=s, strategy=strategy, seed=SEED, timeout=30), comm)
 
 
+@dataclass(frozen=True)
+class Counting(StaticK):
+    """sync, counting its selections."""
+
+    calls: list = field(default_factory=list)
+
+    def select(self, state, arrivals: ArrivalColumns) -> Selection:
+        self.calls.append(len(arrivals))
+        return super().select(state, arrivals)
+
+
 @pytest.mark.timeout(60)
-def test_a_static_rules_rounds_are_recorded_as_if_accounted_at_once(one_rank, monkeypatch):
-    """sync keeps its state, so each round's selection, checks and statistics wait for the
-    next allreduce's shadow: the parameters and every row are those of accounting at once."""
-    assert RuleDriver(parse_strategy("sync"), Context(1)).keeps_state
+def test_a_static_rules_rounds_are_selected_with_their_rows_as_if_at_once(one_rank, monkeypatch):
+    """sync keeps its state: its rounds update with the own consultation's divisor and are
+    selected over all ranks, checked and adapted later, with their rows; the parameters and
+    every row are those of accounting each round at once."""
+    rule = Counting("sync", None, SyncMode.PSI, accept_stale=False)
+    monkeypatch.setattr(config, "parse_strategy", lambda text: rule)
+    selections_at_update = []
+    apply = allreduce.apply
+    monkeypatch.setattr(
+        allreduce, "apply", lambda *a: (selections_at_update.append(len(rule.calls)), apply(*a))
+    )
     late = one_rank_run(one_rank)
+    assert selections_at_update == [1] * 5  # the own consultation only, asked once
+    assert len(rule.calls) == 1 + 5  # then each round's selection, with its row
     monkeypatch.setattr(RuleDriver, "keeps_state", property(lambda self: False))
     at_once = one_rank_run(one_rank)
     assert np.array_equal(late.theta, at_once.theta)
@@ -273,10 +295,17 @@ class ByComputeTime(StaticK):
 
 
 @pytest.mark.timeout(60)
-def test_a_static_rule_weighing_more_than_the_counts_is_refused(one_rank, monkeypatch):
-    """The own weight is asked once per state and count; a rule whose weight moves with the
-    compute time gets round 0's weight in round 1, which the shadow's check refuses."""
+def test_a_static_rule_weighing_more_than_the_counts_is_refused_and_rows_stay_single(
+    one_rank, monkeypatch
+):
+    """The own weight is asked once per state and count: a rule whose weight moves with the
+    compute time gets round 0's weight in round 1, which its accounting refuses, naming the
+    round. Round 0's row is recorded once, though the failure path records rows again."""
     rule = ByComputeTime("by-compute-time", None, SyncMode.PSI, accept_stale=False)
     monkeypatch.setattr(config, "parse_strategy", lambda text: rule)
-    with pytest.raises(TailtrainError, match="own counts"):
+    records = []
+    close = allreduce.close_record
+    monkeypatch.setattr(allreduce, "close_record", lambda r: (records.append(r), close(r)))
+    with pytest.raises(TailtrainError, match=r"round 1: .*own counts"):
         one_rank_run(one_rank)
+    assert [row["step"] for row in records[0].steps] == [0]

@@ -124,7 +124,6 @@ class Counting:
 
     def __init__(self, text: str) -> None:
         self.rule, self.selections = parse_strategy(text), 0
-        self.keeps_state = self.rule.keeps_state
 
     def __getattr__(self, name):
         return getattr(self.rule, name)

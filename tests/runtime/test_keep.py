@@ -95,14 +95,6 @@ def test_the_launchers_line_names_rank_step_and_checkpoint():
 
 
 # ---- the failure census (Keeper.failed) --------------------------------------------------------
-@pytest.fixture
-def sigterm():
-    """Restore this process's SIGTERM handler after a test that installs its own."""
-    before = signal.getsignal(signal.SIGTERM)
-    yield
-    signal.signal(signal.SIGTERM, before)
-
-
 def keeper(folder, rank, report=None):
     kept = Keeper(folder, None, rank, 3, {"strategy": "sync"}, report)
     kept.snapshot = Snapshot(3, {"theta": torch.arange(4.0)})

@@ -34,8 +34,9 @@ virtual clock and the same rule object deciding (``runtime.control``):
    for 3.'s selection and 4.: the update goes ahead with the divisor the rule gave this rank's
    arrival alone, and the selection, its checks and ``adapt`` are made with the round's record
    row (5.), in order. A rule that breaks the one-allreduce protocol is then refused up to
-   ``ROWS_AT_ONCE`` rounds late, but the round's Python after a compute, whose code runs cold,
-   shrinks to the update and the clock (``bench/bench_runtime.py``).
+   ``ROWS_AT_ONCE`` + 1 rounds late (the error names the round), but the round's Python
+   after a compute, whose code runs cold, shrinks to the update and the clock
+   (``bench/bench_runtime.py``).
 5. The round's record row waits for its timings: T^c = the smallest allreduce seconds over
    the ranks (the last rank to arrive waits for nobody: the collective's own time, injected
    ``--comm-time`` included) and the round's wall time = the slowest rank's. Until then the
@@ -62,6 +63,7 @@ D-vector in the allreduce and no allreduce rule reads it, so it is NaN here.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import os
@@ -168,16 +170,16 @@ class Exchange(NamedTuple):  # a tuple: made on every round's critical path
     total: float
     time: float
     comm_time: float
-    ahead: bool = False
-    divisor: float | None = None
+    ahead: bool
+    divisor: float | None
 
 
 @dataclass
 class Unsettled:
-    """A round on its way to the record: its exchange, its statistics once it is accounted
-    (:func:`account`) and its row once its timings have come (:func:`settle`, :func:`flush`).
-    A rule that adapts is accounted at once, as its next plan needs the statistics; a static
-    rule's rounds are accounted with their rows (module docstring, 5.)."""
+    """A round on its way to the record: its exchange, and its statistics once it is
+    accounted (:func:`account`); its row is made once its timings have come (:func:`settle`,
+    :func:`flush`). A rule that adapts is accounted at once, as its next plan needs the
+    statistics; a static rule's rounds are accounted with their rows (module docstring, 4.)."""
 
     ex: Exchange
     stats: StepStats | None = None
@@ -372,13 +374,14 @@ def resume(run: _Rank, saved: dict[str, Any]) -> None:
 
 
 def rows_so_far(run: _Rank) -> dict[str, Any] | None:
-    """After a failure, the completed rounds' rows, and (rank 0) the unsettled one's
-    estimate. The rows end at a round that fails the checks of its accounting."""
+    """After a failure: record the completed rounds' rows, and return (rank 0) the unsettled
+    one's estimate. A static rule's rounds are accounted here, running the rule: the rows end
+    at a round whose accounting fails, and the failure path goes on."""
     try:
         flush(run)
         return estimated_row(run) if run.comm.rank == 0 else None
-    except TailtrainError as err:
-        run.log.warning("the rows end at a round that failed its checks: %s", err)
+    except Exception as err:  # the census and checkpoint must still run
+        run.log.warning("the rows end at a round whose accounting failed: %s", err)
         return None
 
 
@@ -461,9 +464,10 @@ def one_round(run: _Rank, plan: Plan) -> None:
         ahead,
         own.divisor,
     )
-    run.unsettled = done = Unsettled(ex)
-    apply(run, reduced, own.divisor if ahead else account(run, done).divisor, plan.lr_scale)
-    run.now = end
+    done = Unsettled(ex)
+    divisor = own.divisor if ahead else account(run, done).divisor
+    apply(run, reduced, divisor, plan.lr_scale)
+    run.unsettled, run.now = done, end
     run.trace.add(run.step, m, plan.local_steps, work.times)
     run.step += 1
     run.timing = (reducing.seconds, time.perf_counter() - started)
@@ -559,11 +563,14 @@ def reduce(run: _Rank, work: Work, weight: float, sums: SumBuffer) -> tuple[Weig
     row = [work.done, work.compute, work.injected, *work.times]
     rows = (row, run.timing, (float(bad),))
     pending = run.comm.start(sums, weight, extras, rows, None if grad is sums.grad else grad)
-    try:
-        if len(run.settling) >= ROWS_AT_ONCE:  # in the collective's shadow
+    if len(run.settling) >= ROWS_AT_ONCE:  # in the collective's shadow
+        try:
             flush(run)
-    finally:  # the collective ends before anything raised here leaves the round
-        reduced = pending.wait()
+        except Exception:  # the collective ends (bounded) before the error leaves the round
+            with contextlib.suppress(Exception):
+                pending.wait()
+            raise
+    reduced = pending.wait()
     sleep(run.injector.comm_time())
     return reduced, float(reduced.extras[4])
 
@@ -586,10 +593,13 @@ def account(run: _Rank, done: Unsettled) -> Weighting:
     plan, step = ex.plan, ex.step
     arrivals = round_arrivals(step, ex.start, ex.rows[:, 0], ex.rows[:, 1], plan.local_steps * ex.m)
     weighting = run.rule.weights(arrivals, run.comm.rank)
-    check_own_weight(ex.weight, weighting.weight)
-    check_agreement(weighting.total, ex.total)
-    if ex.ahead:
-        check_divisor(ex.divisor, weighting.divisor)
+    try:
+        check_own_weight(ex.weight, weighting.weight)
+        check_agreement(weighting.total, ex.total)
+        if ex.ahead:
+            check_divisor(ex.divisor, weighting.divisor)
+    except TailtrainError as err:  # a static rule's is checked rounds later: say which
+        raise TailtrainError(f"round {step}: {err}") from None
     loss_sum, units_done, gsq = ex.extras[:3].tolist()  # Python floats, not numpy's
     done.stats = StepStats(
         step=step,
@@ -620,7 +630,9 @@ def settle(run: _Rank, timing: np.ndarray) -> None:
     """Settle the unsettled round with its gathered [allreduce, round seconds] (N, 2): the
     agreed clock at once, its record row later (:func:`flush`)."""
     done, run.unsettled = run.unsettled, None
-    seconds = timing.tolist()  # Python's min and max: numpy's cost more on (N, 2) run cold
+    # Python's min and max: numpy's cost more on (N, 2) run cold. Every entry is a measured
+    # time (a round is settled by the one after it), so no NaN meets min() here.
+    seconds = timing.tolist()
     run.comm_time = min(allreduce for allreduce, _ in seconds)
     run.settled += max(round_ for _, round_ in seconds)
     run.now = run.settled
@@ -630,9 +642,11 @@ def settle(run: _Rank, timing: np.ndarray) -> None:
 def flush(run: _Rank) -> None:
     """Record the settled rounds' rows, in order: every ``ROWS_AT_ONCE`` rounds in an
     allreduce's shadow, and before a snapshot, after a failure and at the end."""
-    for done, settled, timing in run.settling:
-        run.record.add_step(row_of(run, done, settled, timing[:, 0]))
-    run.settling.clear()
+    while run.settling:  # each leaves once recorded: a failure here records nothing twice
+        done, settled, timing = run.settling[0]
+        row = row_of(run, done, settled, timing[:, 0])
+        del run.settling[0]
+        run.record.add_step(row)
 
 
 def settle_last(run: _Rank) -> None:

@@ -200,7 +200,8 @@ class RuleDriver:
         known = self._own[1]
         if done not in known:
             now = applied_now(self.select(arrival()))
-            known[done] = OwnWeight(float(now.weight.sum()), now.total)
+            divisor = None if now.total is None else float(now.total)
+            known[done] = OwnWeight(float(now.weight.sum()), divisor)
         return known[done]
 
     def adapt(self, stats: StepStats) -> None:

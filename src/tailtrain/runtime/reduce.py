@@ -37,6 +37,9 @@ log = logging.getLogger(__name__)
 #: seconds a rank whose collective failed waits before it fails too (see the module docstring)
 GRACE = 2.0
 
+#: one rank's small row of numbers (counts, times): an array, a list or a tuple
+Row = np.ndarray | Sequence[float]
+
 SUM = dist.AllreduceOptions()
 SUM.reduceOp = dist.ReduceOp.SUM
 
@@ -93,7 +96,7 @@ class Collectives:
         else:
             work.wait(self.timeout)
 
-    def gather(self, row: np.ndarray) -> np.ndarray:
+    def gather(self, row: Row) -> np.ndarray:
         """All ranks' rows, (N, len(row)) float64, identical on every rank.
 
         A gather to the group's first rank and a broadcast back: two hops instead of a ring
@@ -116,7 +119,7 @@ class Collectives:
         grad: torch.Tensor,
         weight: float,
         extras: Sequence[float] = (),
-        rows: Sequence[np.ndarray] = (),
+        rows: Sequence[Row] = (),
     ) -> WeightedSum:
         """sum_n w_n g_n and sum_n w_n in one all_reduce, plus the sums of ``extras``.
 
@@ -134,7 +137,7 @@ class Collectives:
         buffer: SumBuffer,
         weight: float,
         extras: Sequence[float] = (),
-        rows: Sequence[np.ndarray] = (),
+        rows: Sequence[Row] = (),
         grad: torch.Tensor | None = None,
     ) -> PendingSum:
         """Launch :meth:`weighted_sum` over ``buffer``, whose ``grad`` already holds this
@@ -195,7 +198,7 @@ class SumBuffer:
         self,
         weight: float,
         extras: Sequence[float],
-        rows: Sequence[np.ndarray],
+        rows: Sequence[Row],
         grad: torch.Tensor | None = None,
     ) -> None:
         """w_n times the gradient (``grad``, or what :attr:`grad` holds), w_n, the extras and
