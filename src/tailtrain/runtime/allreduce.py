@@ -4,17 +4,12 @@ Rank n runs round r exactly like worker n of ``sim.allreduce.engine``, with wall
 virtual clock and the same rule object deciding (``runtime.control``):
 
 1. ``plan``: tau, M, H (identical on every rank: same state).
-2. Compute (DropCompute Algorithm 1; Local-SGD App. B.3): the micro-batches of
-   ``sim.data_stream.job_batches`` keyed by (seed, n, r), as in the simulator, one at a time with
-   the task's flat-parameter gradients; each unit then sleeps its injected seconds
-   (``runtime.inject``). The elapsed wall time of the round is compared with tau *between*
-   micro-batches: a device cannot abandon a micro-batch halfway. With ``stop=between`` this
-   is the simulator's convention exactly (unit u starts iff T^(u-1) <= tau), so parity runs
-   use ``stop=between``. With ``stop=preempt`` (the default) a unit counts iff it ends before
-   tau, T^(u) < tau, as in the simulator, and its injected sleep is cut at tau; but its real
-   compute cannot be cut, so the rank may leave after tau by up to one micro-batch.
-   Under Local-SGD each finished local step updates the rank's local copy,
-   theta_n <- theta_n - lr (1/M) sum of its micro-batch gradients.
+2. Compute (``runtime.units``: DropCompute Algorithm 1, Local-SGD App. B.3): the
+   micro-batches of ``sim.data_stream.job_batches`` keyed by (seed, n, r), as in the
+   simulator, one at a time with the task's flat-parameter gradients, each unit then sleeping
+   its injected seconds; tau is checked *between* micro-batches. Parity runs use
+   ``stop=between``, the simulator's convention exactly; with ``stop=preempt`` (the default)
+   a rank may leave after tau by up to one micro-batch, whose real compute cannot be cut.
 3. One weighted allreduce (``runtime.reduce``) of [w_n G_n, w_n, loss sum, units,
    ||G_n||^2, ..., rows] with G_n = H A_n / C_n (``sim.allreduce.learner.worker_grad``). Its
    rows are the round's [C_n, T~_n, injected seconds, t_n^(1..U)] of every rank (laid out
@@ -108,9 +103,10 @@ from tailtrain.runtime.telemetry import (
     run_summary,
     write_outputs,
 )
+from tailtrain.runtime.units import Work, compute
 from tailtrain.sim import checkpoint
 from tailtrain.sim.allreduce.engine import budget_spent
-from tailtrain.sim.allreduce.learner import RoundLearner, worker_grad
+from tailtrain.sim.allreduce.learner import RoundLearner
 from tailtrain.sim.evaluation import Evaluator
 from tailtrain.sim.records import RunRecord
 from tailtrain.sim.scenario import World
@@ -138,26 +134,14 @@ class RankResult:
     theta: np.ndarray
 
 
-class Work(NamedTuple):  # a tuple, and lists of floats: made right after the compute
-    """This rank's round: units counted, compute seconds, of which injected, unit seconds
-    (NaN: not counted), G_n and the sum of the counted units' losses."""
-
-    done: int
-    compute: float
-    injected: float
-    times: list[float]
-    grad: torch.Tensor
-    loss_sum: float
-
-
 class Exchange(NamedTuple):  # a tuple: made on every round's critical path
     """A round as its allreduce left it, for :func:`account`: its index, the agreed clock at
     its start, the plan and M, the gathered rows [C_n, T~_n, injected, t_n^(1..U)], the
     reduced [loss sum, units, sum ||G_n||^2, non-finite gradients, weight withheld], the
     gathered screened-out flags (> 0: that rank's gradient was), the weight this rank reduced
     with, the reduced sum of the weights with what screened ranks withheld, the agreed clock at
-    the round's end and the latest agreed T^c, and whether the update went ahead of the
-    selection over all ranks (a static rule's) with the divisor it then used."""
+    the round's end, the latest agreed T^c, and the divisor the rule gave this rank's arrival
+    alone (a static rule's update uses it)."""
 
     step: int
     start: float
@@ -170,7 +154,6 @@ class Exchange(NamedTuple):  # a tuple: made on every round's critical path
     total: float
     time: float
     comm_time: float
-    ahead: bool
     divisor: float | None
 
 
@@ -431,7 +414,9 @@ def one_round(run: _Rank, plan: Plan) -> None:
     lr = run.world.lr * plan.lr_scale
     sums = sum_buffer(run, units)
     with phase("compute"):
-        work = compute(run, plan, batches[run.comm.rank], injected, m, lr, sums.grad)
+        work = compute(
+            run.grads, run.learner.theta, plan, batches[run.comm.rank], injected, m, lr, sums.grad
+        )
     if work.done:
         run.drill.poison(run.step, work.grad)
     rank, step, now = run.comm.rank, run.step, run.now
@@ -447,7 +432,6 @@ def one_round(run: _Rank, plan: Plan) -> None:
         settle(run, timing)
     # the agreed clock (module docstring, 5.): the slowest compute and the latest T^c
     estimate = max(rows[:, 1].tolist()) + (0.0 if math.isnan(run.comm_time) else run.comm_time)
-    ahead = run.rule.keeps_state  # the next plan owes nothing to this round's statistics
     end = run.settled + estimate
     ex = Exchange(
         step,
@@ -461,11 +445,11 @@ def one_round(run: _Rank, plan: Plan) -> None:
         reduced.total + excluded,
         end,
         run.comm_time,
-        ahead,
         own.divisor,
     )
     done = Unsettled(ex)
-    divisor = own.divisor if ahead else account(run, done).divisor
+    # a static rule's next plan owes nothing to this round's statistics: they wait for its row
+    divisor = own.divisor if run.rule.keeps_state else account(run, done).divisor
     apply(run, reduced, divisor, plan.lr_scale)
     run.unsettled, run.now = done, end
     run.trace.add(run.step, m, plan.local_steps, work.times)
@@ -480,66 +464,6 @@ def sum_buffer(run: _Rank, units: int) -> SumBuffer:
         dim, dtype = run.learner.theta.numel(), run.learner.theta.dtype
         run.sums = SumBuffer(run.comm, dim, EXTRAS, widths, dtype)
     return run.sums
-
-
-def compute(
-    run: _Rank,
-    plan: Plan,
-    batches: np.ndarray,
-    injected: np.ndarray,
-    m: int,
-    lr: float,
-    out: torch.Tensor | None = None,
-) -> Work:
-    """This rank's units in order, the threshold checked between them (module docstring).
-    The first unit's gradient goes into ``out`` when given (the reduce buffer's)."""
-    task, tau, preempt = run.grads, plan.threshold, plan.preempt
-    local = run.learner.theta
-    total: torch.Tensor | None = None  # the first unit's gradient, then the sum
-    step_sum = torch.zeros_like(local) if plan.local_steps > 1 else None  # Local-SGD only
-    # Python floats between the units: numpy scalars there cost ~50 us a round, run cold
-    seconds_of, times = injected.tolist(), [math.nan] * len(batches)
-    done, loss_sum, slept, start = 0, 0.0, 0.0, time.perf_counter()
-    for u, batch in enumerate(batches):
-        if not may_start(time.perf_counter() - start, tau, preempt):
-            break
-        began = time.perf_counter()
-        loss, grad = task(local, batch, out if u == 0 else None)
-        counts, seconds = sleep_injected(time.perf_counter() - start, seconds_of[u], tau, preempt)
-        slept += seconds
-        if not counts:
-            break
-        times[u] = time.perf_counter() - began
-        done += 1
-        loss_sum += loss
-        if step_sum is not None:  # before the sum: the first unit's gradient is the sum
-            step_sum += grad
-        total = grad if total is None else total.add_(grad)  # ModuleGrads' tensors are ours
-        if step_sum is not None and (u + 1) % m == 0 and u + 1 < len(batches):
-            local = local - lr * step_sum / m  # a local step ends (Local-SGD)
-            step_sum.zero_()
-    total = torch.zeros_like(local) if total is None else total
-    grad = worker_grad(total, done, plan.local_steps)
-    return Work(done, time.perf_counter() - start, slept, times, grad, loss_sum)
-
-
-def may_start(elapsed: float, tau: float, preempt: bool) -> bool:
-    """Between units: start one iff it can still count (``sim.allreduce.timing``'s conventions)."""
-    return elapsed < tau if preempt else elapsed <= tau
-
-
-def sleep_injected(
-    elapsed: float, injected: float, tau: float, preempt: bool
-) -> tuple[bool, float]:
-    """Sleep a unit's injected seconds: (whether the unit counts, seconds slept). Preempting,
-    a unit that would end at tau or later sleeps only up to tau and does not count
-    (Algorithm 1)."""
-    if preempt and elapsed + injected >= tau:
-        seconds = max(0.0, tau - elapsed)
-        sleep(seconds)
-        return False, seconds
-    sleep(injected)
-    return True, injected
 
 
 def reduce(run: _Rank, work: Work, weight: float, sums: SumBuffer) -> tuple[WeightedSum, float]:
@@ -596,7 +520,7 @@ def account(run: _Rank, done: Unsettled) -> Weighting:
     try:
         check_own_weight(ex.weight, weighting.weight)
         check_agreement(weighting.total, ex.total)
-        if ex.ahead:
+        if run.rule.keeps_state:  # its update went ahead with ex.divisor
             check_divisor(ex.divisor, weighting.divisor)
     except TailtrainError as err:  # a static rule's is checked rounds later: say which
         raise TailtrainError(f"round {step}: {err}") from None

@@ -1,0 +1,99 @@
+"""A rank's units of a round, computed one at a time on the wall clock: DropCompute's
+Algorithm 1 with the threshold tau checked *between* units (a device cannot abandon a
+micro-batch halfway), each unit followed by the seconds the simulator's delay process
+charges it (``runtime.inject``), and Local-SGD's local steps (App. B.3). The conventions are
+``sim.allreduce.timing``'s: with ``stop=between`` unit u starts iff T^(u-1) <= tau; with
+``stop=preempt`` it counts iff T^(u) < tau, its injected sleep cut at tau.
+
+Used by the allreduce topology (``runtime.allreduce``) and, for :func:`may_start`, by the
+integration API's rounds (``integrate.rounds``).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import NamedTuple
+
+import numpy as np
+import torch
+
+from tailtrain.runtime.grads import ModuleGrads
+from tailtrain.runtime.inject import sleep
+from tailtrain.sim.allreduce.learner import worker_grad
+from tailtrain.strategies.base import AllreducePlan
+
+
+class Work(NamedTuple):  # a tuple, and lists of floats: made right after the compute
+    """This rank's round: units counted, compute seconds, of which injected, unit seconds
+    (NaN: not counted), G_n and the sum of the counted units' losses."""
+
+    done: int
+    compute: float
+    injected: float
+    times: list[float]
+    grad: torch.Tensor
+    loss_sum: float
+
+
+def compute(
+    grads: ModuleGrads,
+    theta: torch.Tensor,
+    plan: AllreducePlan,
+    batches: np.ndarray,
+    injected: np.ndarray,
+    m: int,
+    lr: float,
+    out: torch.Tensor | None = None,
+) -> Work:
+    """This rank's units ``batches`` from ``theta`` in order, each then sleeping its
+    ``injected`` seconds, the threshold checked between them (module docstring); ``lr`` ends
+    a Local-SGD local step every ``m`` units. The first unit's gradient goes into ``out`` when
+    given (the reduce buffer's)."""
+    tau, preempt = plan.threshold, plan.preempt
+    local = theta
+    total: torch.Tensor | None = None  # the first unit's gradient, then the sum
+    step_sum = torch.zeros_like(local) if plan.local_steps > 1 else None  # Local-SGD only
+    # Python floats between the units: numpy scalars there cost ~50 us a round, run cold
+    seconds_of, times = injected.tolist(), [math.nan] * len(batches)
+    done, loss_sum, slept, start = 0, 0.0, 0.0, time.perf_counter()
+    for u, batch in enumerate(batches):
+        if not may_start(time.perf_counter() - start, tau, preempt):
+            break
+        began = time.perf_counter()
+        loss, grad = grads(local, batch, out if u == 0 else None)
+        counts, seconds = sleep_injected(time.perf_counter() - start, seconds_of[u], tau, preempt)
+        slept += seconds
+        if not counts:
+            break
+        times[u] = time.perf_counter() - began
+        done += 1
+        loss_sum += loss
+        if step_sum is not None:  # before the sum: the first unit's gradient is the sum
+            step_sum += grad
+        total = grad if total is None else total.add_(grad)  # ModuleGrads' tensors are ours
+        if step_sum is not None and (u + 1) % m == 0 and u + 1 < len(batches):
+            local = local - lr * step_sum / m  # a local step ends (Local-SGD)
+            step_sum.zero_()
+    total = torch.zeros_like(local) if total is None else total
+    grad = worker_grad(total, done, plan.local_steps)
+    return Work(done, time.perf_counter() - start, slept, times, grad, loss_sum)
+
+
+def may_start(elapsed: float, tau: float, preempt: bool) -> bool:
+    """Between units: start one iff it can still count (``sim.allreduce.timing``'s conventions)."""
+    return elapsed < tau if preempt else elapsed <= tau
+
+
+def sleep_injected(
+    elapsed: float, injected: float, tau: float, preempt: bool
+) -> tuple[bool, float]:
+    """Sleep a unit's injected seconds: (whether the unit counts, seconds slept). Preempting,
+    a unit that would end at tau or later sleeps only up to tau and does not count
+    (Algorithm 1)."""
+    if preempt and elapsed + injected >= tau:
+        seconds = max(0.0, tau - elapsed)
+        sleep(seconds)
+        return False, seconds
+    sleep(injected)
+    return True, injected
