@@ -1,52 +1,15 @@
-"""A rich progress bar for long simulations, shown only on a terminal."""
+"""The command line's console; its progress bar is :mod:`tailtrain.progress`'s."""
 
 from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from typing import TYPE_CHECKING
 
 from rich.console import Console
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-if TYPE_CHECKING:
-    from tailtrain.sim.driver import Progress as StepCallback
-    from tailtrain.sim.scenario import Scenario
+from tailtrain.progress import step_progress
 
-
-@contextmanager
-def step_progress(
-    scenario: Scenario, label: str, enabled: bool, runs: int = 1
-) -> Iterator[Callable[[int], StepCallback] | None]:
-    """Yield ``for_run(i)`` giving run i's ``(step, virtual_time)`` callback, or None if hidden.
-
-    One bar covers ``runs`` consecutive runs of the same scenario.
-    """
-    if not enabled or not sys.stderr.isatty():
-        yield None
-        return
-    per_run = scenario.iterations or scenario.time_budget
-    total = per_run * runs
-    with Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        TextColumn("{task.percentage:>3.0f}%"),
-        TimeElapsedColumn(),
-        transient=True,
-    ) as bar:
-        task = bar.add_task(label, total=total)
-        by_steps = scenario.iterations is not None
-
-        def for_run(index: int) -> StepCallback:
-            def advance(step: int, now: float) -> None:
-                done = step if by_steps else min(now, per_run)
-                bar.update(task, completed=index * per_run + done)
-
-            return advance
-
-        yield for_run
+__all__ = ["console", "step_progress"]
 
 
 def console() -> Console:

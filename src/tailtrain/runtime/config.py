@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from tailtrain.errors import UsageError
 from tailtrain.faults import FaultPlan
@@ -91,10 +92,11 @@ class TrainConfig:
             raise UsageError(f"{flag} needs --out DIR, the folder the run is kept in")
 
 
-def build_world(config: TrainConfig) -> tuple[World, Strategy]:
+def build_world(config: TrainConfig, task: Any = None) -> tuple[World, Strategy]:
     """The rule and the world every rank rebuilds from the seed, as ``simulate`` builds them:
-    same task, data partition and delay process (with room for the rule's micro-batches)."""
+    same task, data partition and delay process (with room for the rule's micro-batches).
+    ``task`` replaces the scenario's (a user's own model: ``runtime.ps_runner``)."""
     strategy = parse_strategy(config.strategy)
     scenario = config.scenario
     capacity = strategy.micro_batch_capacity(scenario.micro_batches)
-    return World.build(scenario, config.seed, micro_batches=capacity), strategy
+    return World.build(scenario, config.seed, task=task, micro_batches=capacity), strategy

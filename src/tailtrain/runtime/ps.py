@@ -113,7 +113,6 @@ from tailtrain.strategies.base import (
     usable,
     uses_tokens,
 )
-from tailtrain.strategies.registry import parse_strategy
 from tailtrain.update import WeightedUpdate, gradient_stats, isin, rows_weighed
 
 IDLE = -1
@@ -548,7 +547,7 @@ def train_parameter_server(config: TrainConfig, comm: Collectives, task: Any = N
             f"--workers {scenario.workers} needs {scenario.workers + 1} ranks (a parameter "
             f"server and the workers) but the job has {comm.world_size}"
         )
-    world, strategy = build_world(config) if task is None else own_world(config, task)
+    world, strategy = build_world(config, task)
     if world.partition is None:
         raise UsageError(f"task {scenario.task!r} has no model to train; choose e.g. logreg")
     # threads hand over the GIL every 5 ms by default: a message's receiving thread would
@@ -594,11 +593,3 @@ def work(config: TrainConfig, world: World, comm: Collectives) -> RankResult:
         per_mb = worker.trace.per_micro_batch
         write_trace(folder / f"trace-rank{comm.rank}.csv", worker.trace.table(), per_mb)
     return RankResult(comm.rank, RunRecord(summary=stats), np.zeros(0))
-
-
-def own_world(config: TrainConfig, task: Any) -> tuple[World, Strategy]:
-    """``build_world`` with the caller's task in place of the scenario's."""
-    strategy = parse_strategy(config.strategy)
-    capacity = strategy.micro_batch_capacity(config.scenario.micro_batches)
-    world = World.build(config.scenario, config.seed, task=task, micro_batches=capacity)
-    return world, strategy

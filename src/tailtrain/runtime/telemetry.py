@@ -38,6 +38,7 @@ import numpy as np
 from torch.autograd import _profiler_enabled
 from torch.profiler import record_function
 
+from tailtrain.progress import step_progress
 from tailtrain.runtime.config import TrainConfig
 from tailtrain.sim.allreduce.engine import step_row, summarise
 from tailtrain.sim.allreduce.timing import Stops
@@ -144,12 +145,10 @@ def follow(record: RunRecord, config: TrainConfig, world: World, lead: bool) -> 
 
 
 class ProgressSink:
-    """A :class:`RunRecord` sink that advances simulate's progress bar (``cli.progress``) by
-    each step row: rounds or wall seconds, as the scenario's budget counts."""
+    """A :class:`RunRecord` sink that advances simulate's progress bar (``tailtrain.progress``)
+    by each step row: rounds or wall seconds, as the scenario's budget counts."""
 
     def __init__(self, scenario: Scenario, label: str) -> None:
-        from tailtrain.cli.progress import step_progress
-
         self.stack = ExitStack()
         self.advance = self.stack.enter_context(step_progress(scenario, label, True))(0)
         self.rounds = 0  # the rounds recorded so far
