@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import json
 import socket
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
+import torch
 
 from tailtrain.cli.train import workers
 from tailtrain.errors import UsageError
+from tailtrain.runtime.config import TrainConfig
 from tailtrain.runtime.launch import (
     Endpoint,
     check_rendezvous,
@@ -16,7 +22,10 @@ from tailtrain.runtime.launch import (
     parse_endpoint,
     reaches_fork_server,
     reserve,
+    start_method,
+    validate,
 )
+from tailtrain.sim.scenario import Scenario
 
 
 def test_endpoints_parse():
@@ -85,3 +94,36 @@ def test_only_an_entry_the_fork_server_can_import_starts_there():
     assert not reaches_fork_server(closure)
     assert not reaches_fork_server(functools.partial(train_parameter_server, task=model))
     assert not reaches_fork_server(lambda config, comm: None)
+
+
+def test_ranks_on_a_gpu_are_spawned_and_cpu_ranks_fork():
+    assert start_method(True, own_entry=True) == "spawn"  # CUDA cannot be used after a fork
+    assert start_method(False, own_entry=True) == "fork"
+
+
+def test_a_device_is_checked_against_the_backend():
+    scenario = Scenario(task="logreg", workers=2, iterations=2)
+    assert TrainConfig(scenario, "sync", backend="nccl").on_cuda
+    assert TrainConfig(scenario, "sync", device="cuda").on_cuda
+    assert not TrainConfig(scenario, "sync").on_cuda
+    with pytest.raises(UsageError, match="unknown device 'tpu'"):
+        TrainConfig(scenario, "sync", device="tpu")
+    with pytest.raises(UsageError, match="nccl reduces CUDA tensors only"):
+        TrainConfig(scenario, "sync", backend="nccl", device="cpu")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal without CUDA")
+def test_gloo_on_cuda_without_a_gpu_is_refused_before_any_rank_starts():
+    config = TrainConfig(Scenario(task="logreg", workers=2, iterations=2), "sync", device="cuda")
+    with pytest.raises(UsageError, match="device cuda needs CUDA GPUs"):
+        validate(config, local=True)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message without CUDA")
+def test_the_gpu_check_says_there_is_no_gpu_and_exits_0():
+    bench = Path(__file__).resolve().parents[2] / "bench" / "gpu_check.py"
+    done = subprocess.run([sys.executable, str(bench)], capture_output=True, text=True, timeout=50)
+    assert done.returncode == 0, done.stderr
+    facts = json.loads(done.stdout)
+    assert facts["cuda"] is False and "no CUDA device" in facts["note"]

@@ -414,8 +414,10 @@ def one_round(run: _Rank, plan: Plan) -> None:
     lr = run.world.lr * plan.lr_scale
     sums = sum_buffer(run, units)
     with phase("compute"):
+        # the gradient goes straight into the reduce buffer when both are on the CPU
+        into = sums.grad if sums.host is not None else None
         work = compute(
-            run.grads, run.learner.theta, plan, batches[run.comm.rank], injected, m, lr, sums.grad
+            run.grads, run.learner.theta, plan, batches[run.comm.rank], injected, m, lr, into
         )
     if work.done:
         run.drill.poison(run.step, work.grad)
@@ -506,7 +508,8 @@ def apply(run: _Rank, reduced: WeightedSum, divisor: float | None, lr_scale: flo
     # nobody computed anything: every weight and the weighted sum are 0, and so is the step
     divisor = divisor if divisor != 0 else 1.0
     theta = run.learner.theta
-    run.learner.theta = run.update.apply_reduced(theta, reduced.numerator, divisor, lr_scale)
+    numerator = reduced.numerator.to(theta.device)  # a GPU buffer's sum (nccl, gloo on CUDA)
+    run.learner.theta = run.update.apply_reduced(theta, numerator, divisor, lr_scale)
 
 
 def account(run: _Rank, done: Unsettled) -> Weighting:

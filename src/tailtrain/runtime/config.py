@@ -19,6 +19,8 @@ from tailtrain.strategies.base import Strategy
 from tailtrain.strategies.registry import parse_strategy
 
 BACKENDS = ("gloo", "nccl")
+#: where a rank's collectives keep their tensors; None: the backend's own (nccl: cuda)
+DEVICES = ("cpu", "cuda")
 
 
 @dataclass(frozen=True)
@@ -45,6 +47,9 @@ class TrainConfig:
     and ranks that find a checkpoint there go on from it. ``max_restarts``: how often the local
     launcher's elastic agent restarts a failed group. ``report``: where the survivors of a
     failure leave their note for the launcher (set by ``launch``).
+    ``device`` is where a rank's collectives keep their buffers: None for the backend's own
+    (gloo: ``cpu``, nccl: ``cuda``), or ``cuda`` with gloo (gloo reduces CUDA tensors too, so
+    several ranks can share one GPU; each rank takes GPU ``LOCAL_RANK`` modulo the GPUs).
     ``tensorboard`` receives rank 0's step and evaluation scalars as they are recorded
     (``telemetry.run_record``); with ``progress``, rank 0 draws a progress bar of the rounds
     as they are recorded, when its standard error is a terminal.
@@ -68,11 +73,17 @@ class TrainConfig:
     worker_timeout: float | None = None
     tensorboard: Path | None = None
     progress: bool = False
+    device: str | None = None
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
             known = ", ".join(BACKENDS)
             raise UsageError(f"unknown --backend {self.backend!r}; use one of {known}")
+        if self.device is not None and self.device not in DEVICES:
+            known = ", ".join(DEVICES)
+            raise UsageError(f"unknown device {self.device!r}; use one of {known}")
+        if self.backend == "nccl" and self.device == "cpu":
+            raise UsageError("nccl reduces CUDA tensors only; use device cuda, or gloo for cpu")
         if not 0 < self.timeout < math.inf:
             raise UsageError(f"--timeout must be finite seconds > 0, got {self.timeout}")
         if self.worker_timeout is not None and not 0 < self.worker_timeout < math.inf:
@@ -90,6 +101,11 @@ class TrainConfig:
         if self.out is None and (self.checkpoint_every or self.max_restarts):
             flag = "--checkpoint-every" if self.checkpoint_every else "--max-restarts"
             raise UsageError(f"{flag} needs --out DIR, the folder the run is kept in")
+
+    @property
+    def on_cuda(self) -> bool:
+        """Whether the ranks' collectives keep their buffers on a GPU."""
+        return self.backend == "nccl" or self.device == "cuda"
 
 
 def build_world(config: TrainConfig, task: Any = None) -> tuple[World, Strategy]:

@@ -154,7 +154,7 @@ def launch(
             rdzv_configs={"rank": 0, "timeout": max(1, round(first.timeout))},
             max_restarts=first.max_restarts,
             monitor_interval=0.1,
-            start_method=start_method(first.backend, own_entry=not reaches_fork_server(entry)),
+            start_method=start_method(first.on_cuda, own_entry=not reaches_fork_server(entry)),
             logs_specs=DefaultLogsSpecs(log_dir=logs),
         )
         try:
@@ -178,8 +178,9 @@ def reaches_fork_server(entry: RankEntry | None) -> bool:
     return True
 
 
-def start_method(backend: str, *, own_entry: bool) -> str:
-    """How local ranks start. NCCL ranks are spawned (CUDA cannot be used after a fork).
+def start_method(on_cuda: bool, *, own_entry: bool) -> str:
+    """How local ranks start. Ranks on a GPU (nccl, or gloo on CUDA tensors) are spawned
+    (CUDA cannot be used after a fork).
     Gloo ranks fork from a fork server: a clean process that imported torch and tailtrain
     once, so every launch after the first starts in about a second, and no rank inherits the
     launching process's state: forked straight from a process that had already launched jobs,
@@ -187,7 +188,7 @@ def start_method(backend: str, *, own_entry: bool) -> str:
     tests, while their library entry still forked). Only an entry the fork server cannot
     import (:func:`reaches_fork_server`: a closure over a user's model) forks from the
     launching process."""
-    if backend == "nccl":
+    if on_cuda:
         return "spawn"
     if own_entry:
         return "fork"
@@ -235,8 +236,9 @@ def tag_logs(rank: int, verbose: bool) -> None:
 def join(config: TrainConfig) -> Collectives:
     """init_process_group by env://, with ``--timeout`` on the rendezvous and collectives."""
     device = torch.device("cpu")
-    if config.backend == "nccl":
-        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+    if config.on_cuda:  # gloo ranks on CUDA tensors may share a GPU: LOCAL_RANK modulo GPUs
+        local = int(os.environ.get("LOCAL_RANK", "0"))
+        device = torch.device("cuda", local % max(torch.cuda.device_count(), 1))
         torch.cuda.set_device(device)
     where = f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}"
     timeout = datetime.timedelta(seconds=config.timeout)
@@ -281,14 +283,16 @@ def validate(config: TrainConfig, *, local: bool) -> None:
         )
     if config.backend == "nccl":
         check_cuda(scenario.workers if local else 1)
+    elif config.on_cuda:
+        check_cuda(1, "device cuda")
     world, _ = build_world(config)  # loads the task and reads trace files
     if not world.task.has_model:
         raise UsageError(f"task {scenario.task!r} has no model to train; choose e.g. logreg")
 
 
-def check_cuda(gpus: int) -> None:
+def check_cuda(gpus: int, asked: str = "--backend nccl") -> None:
     if not torch.cuda.is_available():
-        raise UsageError("--backend nccl needs CUDA GPUs and none is available; use gloo")
+        raise UsageError(f"{asked} needs CUDA GPUs and none is available; use gloo on cpu")
     if torch.cuda.device_count() < gpus:
         raise UsageError(
             f"--backend nccl runs one rank per GPU: {gpus} ranks but "

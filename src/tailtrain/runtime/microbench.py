@@ -149,7 +149,7 @@ def run_local(entry, arg, procs: int, timeout: float) -> dict[int, Any]:
             rdzv_configs={"rank": 0, "timeout": max(1, round(timeout))},
             max_restarts=0,
             monitor_interval=0.1,
-            start_method=start_method("gloo", own_entry=False),
+            start_method=start_method(False, own_entry=False),
             logs_specs=DefaultLogsSpecs(log_dir=logs),
         )
         try:
