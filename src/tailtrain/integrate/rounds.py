@@ -43,6 +43,7 @@ from tailtrain.strategies.base import (
     StepStats,
     Strategy,
     Topology,
+    check_contract,
 )
 from tailtrain.strategies.registry import parse_strategy
 
@@ -114,6 +115,7 @@ def as_strategy(strategy: str | Strategy) -> Strategy:
             f"strategy {rule.describe()!r} needs the {rule.topology} topology; a training loop "
             "adopts allreduce strategies: sync, dropcompute, local-sgd"
         )
+    check_contract(rule, Topology.ALLREDUCE)
     if getattr(rule, "compensate", "none") in LOADER_COMPENSATIONS:
         raise UsageError(
             f"{rule.describe()!r}: compensate={rule.compensate} changes which micro-batches a "

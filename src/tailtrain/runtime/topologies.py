@@ -14,7 +14,7 @@ from tailtrain.runtime.config import TrainConfig
 from tailtrain.runtime.eager import train_partial
 from tailtrain.runtime.ps import train_parameter_server
 from tailtrain.runtime.reduce import Collectives
-from tailtrain.strategies.base import Strategy, Topology
+from tailtrain.strategies.base import Strategy, Topology, check_contract
 
 RankEntry = Callable[[TrainConfig, Collectives], RankResult]
 
@@ -34,13 +34,16 @@ def topology_of(strategy: Strategy) -> Topology:
 
 
 def check_topology(strategy: Strategy) -> None:
-    """A one-line error when ``train`` cannot run ``strategy`` yet."""
-    if topology_of(strategy) not in TOPOLOGIES:
+    """A one-line error when ``train`` cannot run ``strategy``: no runtime topology for it,
+    or one that cannot apply its weights (``Strategy.weights``, ``Strategy.defers``)."""
+    topology = topology_of(strategy)
+    if topology not in TOPOLOGIES:
         have = ", ".join(sorted(TOPOLOGIES))
         raise UsageError(
             f"strategy {strategy.describe()!r} needs the {strategy.topology} topology, which "
             f"`train` does not have yet; it has: {have}"
         )
+    check_contract(strategy, topology)
 
 
 def rank_entry_of(strategy: Strategy) -> RankEntry:

@@ -12,7 +12,7 @@ from tailtrain.sim.partial.engine import PartialCollectiveEngine
 from tailtrain.sim.ps.engine import ServerEngine
 from tailtrain.sim.records import RunRecord
 from tailtrain.sim.scenario import Scenario, World
-from tailtrain.strategies.base import Strategy, Topology
+from tailtrain.strategies.base import Strategy, Topology, check_contract
 
 #: topology -> the simulator's engine for it (``sim.driver.Engine``)
 ENGINES = {
@@ -38,6 +38,7 @@ def simulate(
     ``control`` streams the record, checkpoints, resumes and drills faults (``sim.driver``).
     A run too large for this machine's memory is refused before it starts (``sim.capacity``).
     """
+    check_contract(strategy, strategy.topology)
     capacity = strategy.micro_batch_capacity(scenario.micro_batches)
     check_fits(scenario.workers, capacity)
     world = World.build(scenario, seed, task=task, delays=delays, micro_batches=capacity)

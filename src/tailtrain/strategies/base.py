@@ -35,6 +35,27 @@ class Topology(StrEnum):
     PARTIAL_COLLECTIVE = "partial-collective"
 
 
+class WeightContract(StrEnum):
+    """What a rule's weight of an arrival in ``select`` may depend on. A topology can apply
+    only weights it can know when it sums (``TOPOLOGY_APPLIES``), so a rule declares its
+    contract and every entry checks it before any process starts. Each contract includes the
+    ones above it."""
+
+    #: every whole arrival weighs the same (partial arrivals: none); a partial collective
+    #: sums its contributions before it knows who arrived
+    EQUAL = "equal"
+    #: an arrival's weight depends on its own counted units only (DropCompute Eq. 1: C_n/M);
+    #: an allreduce carries w_n G_n, so a rank must know w_n before the others' arrivals
+    OWN_COUNTS = "own-counts"
+    #: any function of the step's arrivals; a parameter server holds them all before it sums
+    ANY = "any"
+
+    def within(self, limit: WeightContract) -> bool:
+        """Whether weights of this contract also keep ``limit``'s."""
+        order = list(WeightContract)
+        return order.index(self) <= order.index(limit)
+
+
 class SyncMode(StrEnum):
     """How a parameter server and its workers synchronise (DBW §2)."""
 
@@ -371,6 +392,11 @@ class Strategy(ABC):
     name: str
     #: how its workers exchange gradients; the engine family picks its engine from it
     topology: ClassVar[Topology] = Topology.PARAMETER_SERVER
+    #: what ``select``'s ``now`` weights depend on (:class:`WeightContract`)
+    weights: ClassVar[WeightContract] = WeightContract.EQUAL
+    #: whether ``select`` may return ``later`` weights, applied with a later update (LGC's
+    #: e_t); a rule that does keeps its ``now`` weights independent of the late work
+    defers: ClassVar[bool] = False
 
     @abstractmethod
     def init(self, ctx: Context) -> Any:
@@ -418,6 +444,39 @@ class Strategy(ABC):
 
     def describe(self) -> str:
         return self.name
+
+
+#: the most each topology can apply: (weights, deferred weights); the simulator's engines and
+#: the runtime's protocols alike (runtime.control, runtime.eager's uniform, runtime.ps)
+TOPOLOGY_APPLIES: dict[Topology, tuple[WeightContract, bool]] = {
+    Topology.ALLREDUCE: (WeightContract.OWN_COUNTS, False),
+    Topology.PARTIAL_COLLECTIVE: (WeightContract.EQUAL, False),
+    Topology.PARAMETER_SERVER: (WeightContract.ANY, True),
+}
+
+
+def contract_refusal(strategy: Strategy, topology: Topology) -> str | None:
+    """Why ``topology`` cannot apply ``strategy``'s weights, in one line; None if it can."""
+    weights, defers = TOPOLOGY_APPLIES[topology]
+    if not strategy.weights.within(weights):
+        return (
+            f"strategy {strategy.describe()!r} weighs arrivals by {strategy.weights} but the "
+            f"{topology} topology applies {weights} weights at most; run it on a topology "
+            "that holds every arrival before it sums (parameter-server)"
+        )
+    if strategy.defers and not defers:
+        return (
+            f"strategy {strategy.describe()!r} defers weights to a later update, which the "
+            f"{topology} topology cannot apply; run it on the parameter-server topology"
+        )
+    return None
+
+
+def check_contract(strategy: Strategy, topology: Topology) -> None:
+    """A one-line :class:`UsageError` when ``topology`` cannot apply ``strategy``'s weights."""
+    refusal = contract_refusal(strategy, topology)
+    if refusal is not None:
+        raise UsageError(refusal)
 
 
 def equal_weights(arrivals: ArrivalColumns) -> Selection:

@@ -46,6 +46,7 @@ from tailtrain.strategies.base import (
     StepStats,
     Strategy,
     Topology,
+    WeightContract,
     Weighting,
 )
 from tailtrain.theory.dropcompute import empirical_threshold
@@ -92,6 +93,8 @@ class DropCompute(Strategy):
     period: int = 1
     text: str = field(default="", compare=False)
     topology: ClassVar[Topology] = Topology.ALLREDUCE
+    #: C_n / (H M): a rank's weight is its own share of the units (Eq. 1)
+    weights: ClassVar[WeightContract] = WeightContract.OWN_COUNTS
 
     # ---- the rule ---------------------------------------------------------------------------
     def init(self, ctx: Context) -> DropComputeState:

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 
@@ -69,6 +70,8 @@ class Lgc(Strategy):
     blocks: int = DEFAULT_BLOCKS
     warmup: float = 0.0
     complete: bool = False
+    #: e_t (Eq. 7) weighs the stragglers' partial work into the next update
+    defers: ClassVar[bool] = True
 
     def init(self, ctx: Context) -> LgcState:
         check_k(self.k, ctx.n_workers, self.name)
