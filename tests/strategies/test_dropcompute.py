@@ -15,8 +15,12 @@ from tailtrain.sim.allreduce.timing import stop_rule
 from tailtrain.strategies.base import ArrivalColumns, Context, StepStats
 from tailtrain.strategies.dropcompute import (
     DropCompute,
+    counted,
+    elapsed_before,
     expected_drop_rate,
+    finishes,
     larger_batch,
+    may_start,
     threshold_for_drop_rate,
 )
 from tailtrain.strategies.registry import parse_strategy
@@ -209,3 +213,21 @@ def test_defaults_and_options():
 def test_bad_specs_are_usage_errors(text):
     with pytest.raises(UsageError):
         parse_strategy(text)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    times=st.lists(st.floats(0.0, 1.0), min_size=1, max_size=8),
+    tau=st.floats(0.0, 4.0),
+    preempt=st.booleans(),
+)
+def test_the_vector_convention_is_the_scalar_one_unit_by_unit(times, tau, preempt):
+    """counted (the simulator's, over all draws) is may_start at T^(u-1) and finishes at T^(u),
+    the runtime's and the loop's scalar checks between units: one convention, two forms."""
+    cumulative = np.cumsum(times)
+    before = elapsed_before(cumulative)
+    scalar = [
+        bool(may_start(float(b), tau, preempt)) and bool(finishes(float(a), tau, preempt))
+        for b, a in zip(before, cumulative, strict=True)
+    ]
+    assert counted(cumulative, tau, preempt).tolist() == scalar

@@ -7,7 +7,7 @@ the user's model doing the compute and the wall clock deciding:
 2. :meth:`Rounds.units` yields the round's micro-batches one at a time; between two of them it
    compares the round's elapsed compute time with tau (DropCompute Algorithm 1; a unit in
    flight is never cut, so ``stop=preempt`` and ``stop=between`` differ only in ``<`` against
-   ``<=``: ``runtime.units.may_start``). The seconds between a yield and the next request
+   ``<=``: ``strategies.dropcompute.may_start``). The seconds between a yield and the next request
    are that unit's measured time t_n^(u).
 3. :meth:`Rounds.agree` all-gathers ``[C_n, T~_n, loss sum, t_n^(1..U)]`` so that every rank
    builds the same arrivals (``runtime.control.round_arrivals``), the rule's ``select`` gives
@@ -34,7 +34,6 @@ from tailtrain.errors import UsageError
 from tailtrain.runtime.control import RuleDriver, Weighting, round_arrivals, weighting
 from tailtrain.runtime.reduce import Collectives
 from tailtrain.runtime.topologies import topology_of
-from tailtrain.runtime.units import may_start
 from tailtrain.strategies.base import (
     AllreducePlan,
     ArrivalColumns,
@@ -45,6 +44,7 @@ from tailtrain.strategies.base import (
     Topology,
     check_contract,
 )
+from tailtrain.strategies.dropcompute import may_start
 from tailtrain.strategies.registry import parse_strategy
 
 #: column of the first unit time in a gathered row [C_n, T~_n, loss sum, t_n^(1..U)]

@@ -1,12 +1,13 @@
 """A rank's units of a round, computed one at a time on the wall clock: DropCompute's
 Algorithm 1 with the threshold tau checked *between* units (a device cannot abandon a
 micro-batch halfway), each unit followed by the seconds the simulator's delay process
-charges it (``runtime.inject``), and Local-SGD's local steps (App. B.3). The conventions are
-``sim.allreduce.timing``'s: with ``stop=between`` unit u starts iff T^(u-1) <= tau; with
-``stop=preempt`` it counts iff T^(u) < tau, its injected sleep cut at tau.
+charges it (``runtime.inject``), and Local-SGD's local steps (App. B.3). The stopping
+convention is the simulator's, written once in ``strategies.dropcompute``: with
+``stop=between`` unit u starts iff T^(u-1) <= tau (``may_start``); with ``stop=preempt`` it
+counts iff T^(u) < tau (``finishes``), its injected sleep cut at tau.
 
-Used by the allreduce topology (``runtime.allreduce``) and, for :func:`may_start`, by the
-integration API's rounds (``integrate.rounds``).
+Used by the allreduce topology (``runtime.allreduce``); the integration API's rounds
+(``integrate.rounds``) use the same ``may_start``.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from tailtrain.runtime.grads import ModuleGrads
 from tailtrain.runtime.inject import sleep
 from tailtrain.sim.allreduce.learner import worker_grad
 from tailtrain.strategies.base import AllreducePlan
+from tailtrain.strategies.dropcompute import finishes, may_start
 
 
 class Work(NamedTuple):  # a tuple, and lists of floats: made right after the compute
@@ -80,18 +82,13 @@ def compute(
     return Work(done, time.perf_counter() - start, slept, times, grad, loss_sum)
 
 
-def may_start(elapsed: float, tau: float, preempt: bool) -> bool:
-    """Between units: start one iff it can still count (``sim.allreduce.timing``'s conventions)."""
-    return elapsed < tau if preempt else elapsed <= tau
-
-
 def sleep_injected(
     elapsed: float, injected: float, tau: float, preempt: bool
 ) -> tuple[bool, float]:
     """Sleep a unit's injected seconds: (whether the unit counts, seconds slept). Preempting,
     a unit that would end at tau or later sleeps only up to tau and does not count
     (Algorithm 1)."""
-    if preempt and elapsed + injected >= tau:
+    if not finishes(elapsed + injected, tau, preempt):
         seconds = max(0.0, tau - elapsed)
         sleep(seconds)
         return False, seconds

@@ -32,7 +32,7 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import dataclass, field, replace
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -204,13 +204,31 @@ def expected_drop_rate(t: np.ndarray, tau: float, preempt: bool) -> float:
     return 1.0 - float(counted(np.cumsum(t, axis=-1), tau, preempt).mean())
 
 
-def counted(cumulative: np.ndarray, tau: float, preempt: bool) -> np.ndarray:
-    """Whether each unit counts, from the partial sums T^(u) along the last axis.
+def may_start(elapsed: Any, tau: float, preempt: bool) -> Any:
+    """The stopping convention's scalar half, for an engine between units (the runtime, a
+    user's loop): whether a unit may start at ``elapsed`` = T^(u-1) seconds into the round,
+    i.e. whether it can still count. Preempting: T^(u-1) < tau; checking between units:
+    T^(u-1) <= tau. Floats or arrays."""
+    return elapsed < tau if preempt else elapsed <= tau
 
-    Preempting (Algorithm 1): T^(u) < tau. Checking between units (the reference code):
-    the unit starts before the elapsed time passes tau, T^(u-1) <= tau with T^(0) = 0.
-    """
-    return cumulative < tau if preempt else elapsed_before(cumulative) <= tau
+
+def finishes(elapsed: Any, tau: float, preempt: bool) -> Any:
+    """The other half: whether a started unit that ends at ``elapsed`` = T^(u) counts.
+    Preempting (Algorithm 1), only before tau: T^(u) < tau; between units, always (a device
+    does not abandon a unit it began). Floats or arrays."""
+    return elapsed < tau if preempt else True
+
+
+def counted(cumulative: np.ndarray, tau: float, preempt: bool) -> np.ndarray:
+    """Whether each unit counts, from the partial sums T^(u) along the last axis: it starts
+    (:func:`may_start` at T^(u-1), T^(0) = 0) and it finishes (:func:`finishes` at T^(u)).
+
+    Preempting (Algorithm 1) that is T^(u) < tau, as T^(u-1) <= T^(u); checking between
+    units (the reference code), T^(u-1) <= tau. Each branch computes only its half (the
+    simulator calls this on every round's draws of all workers)."""
+    if preempt:
+        return finishes(cumulative, tau, preempt)
+    return may_start(elapsed_before(cumulative), tau, preempt)
 
 
 def elapsed_before(cumulative: np.ndarray) -> np.ndarray:
