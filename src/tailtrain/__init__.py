@@ -1,25 +1,24 @@
 """tailtrain: keep data-parallel PyTorch training fast when some workers are slow.
 
-The public face. Everything a user needs is one attribute of this package:
+Everything a user needs is one attribute of this package:
 
-* define a run: :class:`Scenario` and a strategy, as a spec string (``"dbw"``,
-  ``"k-sync:k=8"``) or a :class:`Strategy` object (:func:`strategy` parses one);
-* run it three ways on the same scenario: :func:`predict` (theory, seconds),
-  :func:`simulate` (a virtual clock) and :func:`train` (real processes), and compare
-  strategies with :func:`compare`;
-* read a measured trace with :func:`advise`;
-* bring your own model or loop: :func:`train_own_model` (parameter server),
-  :class:`StragglerStep` (your loop), :class:`StragglerHookState` with
-  :func:`weighted_allreduce_hook` (a ``DistributedDataParallel`` comm hook).
+* define a run: a [`Scenario`][tailtrain.Scenario] and a strategy, as a spec string (`"dbw"`,
+  `"k-sync:k=8"`) or a [`Strategy`][tailtrain.Strategy] object
+  ([`strategy`][tailtrain.strategy] parses one);
+* run it three ways on the same scenario: [`predict`][tailtrain.face.predict] (theory, in
+  seconds), [`simulate`][tailtrain.simulate] (a virtual clock) and
+  [`train`][tailtrain.train] (real processes); [`compare`][tailtrain.compare] strategies on
+  the same delays;
+* read a measured trace with [`advise`][tailtrain.face.advise];
+* bring your own model or loop: [`train_own_model`][tailtrain.train_own_model] (a parameter
+  server), [`StragglerStep`][tailtrain.StragglerStep] (your loop), or
+  [`StragglerHookState`][tailtrain.StragglerHookState] with
+  [`weighted_allreduce_hook`][tailtrain.weighted_allreduce_hook] (a
+  `DistributedDataParallel` comm hook).
 
-``import tailtrain`` loads neither torch nor the simulator: each name is imported on first use
-(PEP 562). ``_FACE`` in this file is the one table of where each name lives; ``_INTERNAL`` lists the
-internal functions that the face's wrappers (``tailtrain.face``) call.
-
-``predict`` and ``advise`` are also the names of submodules (``tailtrain/predict.py``,
-``tailtrain/advise/``). Here the face wins: ``tailtrain.predict`` is always the function, even
-after a submodule import, and the modules stay importable with ``from tailtrain.predict import
-...``.
+`import tailtrain` loads neither torch nor the simulator: each name is imported on first use.
+`tailtrain.predict` and `tailtrain.advise` are always these functions, even after an import
+of the submodules of the same names (`from tailtrain.predict import ...` still works).
 """
 
 from __future__ import annotations
@@ -34,6 +33,8 @@ from tailtrain.errors import TailtrainError, UsageError
 __version__ = "0.1.0"
 
 # ---- the one table of import paths (update it, and the block below, when modules move) -------
+# Names load on first use (PEP 562 __getattr__). The face's wrappers (tailtrain.face) reach
+# the internals only through _INTERNAL, so this is the only file that names their modules.
 #: public name -> (module, attribute)
 _FACE: dict[str, tuple[str, str]] = {
     "Scenario": ("tailtrain.sim.scenario", "Scenario"),

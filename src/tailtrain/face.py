@@ -36,7 +36,7 @@ _TRAIN_OWN = ("scenario", "strategy", "seed", "inject", "backend", "timeout", "o
 
 def strategy(spec: str | Strategy) -> Strategy:
     """A strategy from its spec, e.g. ``"dbw"``, ``"k-sync:k=8"``,
-    ``"dropcompute:threshold=auto"``; a :class:`~tailtrain.Strategy` comes back unchanged.
+    ``"dropcompute:threshold=auto"``; a [`Strategy`][tailtrain.Strategy] comes back unchanged.
 
     Args:
         spec: a strategy spec (README, "Specs") or a strategy object.
@@ -93,7 +93,7 @@ def compare(
     numbers: worker w's j-th job lasts as long under every strategy).
 
     Args:
-        scenario: the run, as for :func:`simulate`.
+        scenario: the run, as for [`simulate`][tailtrain.simulate].
         strategies: specs and strategy objects, or one comma-separated string
             (``"sync,k-sync:k=8,dbw"``).
         seeds: each strategy runs once per seed.
@@ -167,11 +167,12 @@ def train(
     **options: Any,
 ) -> RankResult:
     """Train ``strategy`` on ``scenario`` with real processes (torch.distributed), as
-    :func:`simulate` runs it on the virtual clock: ``scenario.workers`` local ranks (plus a
-    server rank for a parameter-server strategy), or this rank of a ``torchrun`` job.
+    [`simulate`][tailtrain.simulate] runs it on the virtual clock: ``scenario.workers`` local
+    ranks (plus a server rank for a parameter-server strategy), or this rank of a ``torchrun``
+    job.
 
     Args:
-        scenario: the run, as for :func:`simulate`; its task must have a model.
+        scenario: the run, as for [`simulate`][tailtrain.simulate]; its task must have a model.
         strategy: a spec string or a strategy object.
         seed: every rank rebuilds its task, data, delays and rule from it.
         backend: ``gloo`` (CPU) or ``nccl`` (one GPU per rank).
