@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import tailtrain
@@ -104,3 +105,15 @@ def test_train_refuses_an_unknown_option_in_one_line():
         tailtrain.train(scenario, "sync", bogus=1)
     with pytest.raises(UsageError, match="backend"):
         tailtrain.train(scenario, "sync", backend="mpi")
+
+
+def test_advise_reads_a_trace_and_names_the_slow_worker(tmp_path):
+    rng = np.random.default_rng(0)
+    times = rng.lognormal(0.0, 0.3, (60, 4))
+    times[:, 2] *= 3  # worker 2 is always slow
+    rows = [f"{i},{w},{times[i, w]:.6f}" for i in range(60) for w in range(4)]
+    trace = tmp_path / "trace.csv"
+    trace.write_text("iteration,worker,seconds\n" + "\n".join(rows) + "\n")
+    found = tailtrain.advise(trace, samples=200)
+    assert found.persistent == [2] and found.workers == 4
+    assert found.recommendation
