@@ -117,3 +117,10 @@ def test_advise_reads_a_trace_and_names_the_slow_worker(tmp_path):
     found = tailtrain.advise(trace, samples=200)
     assert found.persistent == [2] and found.workers == 4
     assert found.recommendation
+
+
+def test_train_refuses_a_folder_that_holds_a_run_unless_overwrite(tmp_path):
+    (tmp_path / "summary.json").write_text("{}")
+    scenario = tailtrain.Scenario(**SMALL)
+    with pytest.raises(UsageError, match=r"already holds a run \(summary\.json\)"):
+        tailtrain.train(scenario, "sync", out=tmp_path)

@@ -70,6 +70,12 @@ _INTERNAL: dict[str, tuple[str, str]] = {
     "parse_comm_time": ("tailtrain.delays.comm", "parse_comm_time"),
     "TrainConfig": ("tailtrain.runtime.config", "TrainConfig"),
     "train": ("tailtrain.runtime.launch", "train"),
+    "in_torchrun": ("tailtrain.runtime.launch", "in_torchrun"),
+    "prepare_folder": ("tailtrain.sim.records", "prepare_folder"),
+    "held_run": ("tailtrain.sim.records", "held_run"),
+    "clear_run": ("tailtrain.sim.records", "clear_run"),
+    "RUN_FILES": ("tailtrain.sim.records", "RUN_FILES"),
+    "TRAIN_EXTRA": ("tailtrain.cli.run_folder", "TRAIN_EXTRA"),
     "train_own_model": ("tailtrain.runtime.ps_runner", "train_own_model"),
     "advise": ("tailtrain.advise", "advise"),
 }

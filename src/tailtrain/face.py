@@ -164,6 +164,7 @@ def train(
     inject: bool = False,
     timeout: float = 300.0,
     endpoint: str = "127.0.0.1:0",
+    overwrite: bool = False,
     **options: Any,
 ) -> RankResult:
     """Train ``strategy`` on ``scenario`` with real processes (torch.distributed), as
@@ -181,6 +182,9 @@ def train(
             (False: the work takes its real time).
         timeout: seconds that bound every collective and the rendezvous.
         endpoint: ``HOST:PORT`` of the local rendezvous (port 0: a free one).
+        overwrite: replace the run ``out`` holds (else such a folder is refused; a local
+            launch clears it once the input is checked). To go on from a run's checkpoint,
+            use ``tailtrain train --resume DIR``.
         **options: further ``TrainConfig`` fields: ``threads``, ``verbose``, ``fault``,
             ``faults``, ``on_nonfinite``, ``checkpoint_every``, ``max_restarts``,
             ``worker_timeout``, ``tensorboard``, ``progress``.
@@ -210,7 +214,7 @@ def train(
         out=None if out is None else Path(out),
         **options,
     )
-    return _internal("train")(config, endpoint)
+    return _internal("train")(config, endpoint, _claim(config.out, overwrite))
 
 
 def train_own_model(
@@ -312,6 +316,24 @@ def _rule(spec: Any) -> Strategy:
     raise UsageError(
         f"strategy must be a spec such as 'dbw' or a Strategy, got {type(spec).__name__}"
     )
+
+
+def _claim(out: Path | None, overwrite: bool) -> Callable[[], None] | None:
+    """The run folder, created, as ``tailtrain train --out`` claims it: in a local launch,
+    refused if it holds a run, unless ``overwrite``; then cleared once the input is checked.
+    Under torchrun the ranks continue a run they find there (a restart), as the CLI's do."""
+    if out is None:
+        return None
+    _internal("prepare_folder")(out)
+    if _internal("in_torchrun")():
+        return None
+    names = (*_internal("RUN_FILES"), *_internal("TRAIN_EXTRA"))
+    held = _internal("held_run")(out, names)
+    if held and not overwrite:
+        raise UsageError(
+            f"out={str(out)!r} already holds a run ({held[0]}); give a new folder or overwrite=True"
+        )
+    return lambda: _internal("clear_run")(out, names)
 
 
 def _delay_scenario(scenario: Scenario, ks: Sequence[int] | None, samples: int, seed: int) -> Any:
