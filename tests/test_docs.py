@@ -61,3 +61,14 @@ def test_site_and_api_reference_build_without_warnings(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     assert "WARNING" not in done.stderr, done.stderr[-3000:]
     assert (tmp_path / "api" / "index.html").read_text().count('id="tailtrain.') > 20
+
+
+def test_the_readme_library_section_uses_only_the_public_face():
+    """Library code in the README imports `tailtrain` alone, never its internal modules."""
+    readme = (ROOT / "README.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", readme, flags=re.S)
+    imports = [line.strip() for b in blocks for line in b.splitlines() if "tailtrain" in line]
+    imports = [line for line in imports if line.startswith(("import ", "from "))]
+    assert "import tailtrain" in imports
+    for line in imports:
+        assert line == "import tailtrain" or line.startswith("from tailtrain import "), line
