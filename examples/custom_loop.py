@@ -38,7 +38,7 @@ import torch.nn.functional as F
 from sklearn.datasets import load_digits
 from torch import nn
 
-from tailtrain.integrate import StragglerStep
+from tailtrain import StragglerStep
 
 STEPS, M, BATCH, LR = 60, 4, 16, 0.3
 STRATEGY = "dropcompute:threshold=auto,calibrate=10"

@@ -46,7 +46,7 @@ from sklearn.datasets import load_digits
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from tailtrain.integrate import StragglerHookState, weighted_allreduce_hook
+from tailtrain import StragglerHookState, weighted_allreduce_hook
 
 STEPS, M, BATCH, LR = 60, 4, 16, 0.3
 STRATEGY = "dropcompute:threshold=auto,calibrate=10"

@@ -17,7 +17,7 @@ import argparse
 import torch
 from torch import nn
 
-from tailtrain.runtime.ps_runner import train_own_model
+from tailtrain import train_own_model
 
 
 def model() -> nn.Module:

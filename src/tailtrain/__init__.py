@@ -1,6 +1,161 @@
-"""tailtrain: keep data-parallel PyTorch training fast when some workers are slow."""
+"""tailtrain: keep data-parallel PyTorch training fast when some workers are slow.
+
+Everything a user needs is one attribute of this package:
+
+* define a run: a [`Scenario`][tailtrain.Scenario] and a strategy, as a spec string (`"dbw"`,
+  `"k-sync:k=8"`) or a [`Strategy`][tailtrain.Strategy] object
+  ([`strategy`][tailtrain.strategy] parses one);
+* run it three ways on the same scenario: [`predict`][tailtrain.face.predict] (theory, in
+  seconds), [`simulate`][tailtrain.simulate] (a virtual clock) and
+  [`train`][tailtrain.train] (real processes); [`compare`][tailtrain.compare] strategies on
+  the same delays;
+* read a measured trace with [`advise`][tailtrain.face.advise];
+* bring your own model or loop: [`train_own_model`][tailtrain.train_own_model] (a parameter
+  server), [`StragglerStep`][tailtrain.StragglerStep] (your loop), or
+  [`StragglerHookState`][tailtrain.StragglerHookState] with
+  [`weighted_allreduce_hook`][tailtrain.weighted_allreduce_hook] (a
+  `DistributedDataParallel` comm hook).
+
+`import tailtrain` loads neither torch nor the simulator: each name is imported on first use.
+`tailtrain.predict` and `tailtrain.advise` are always these functions, even after an import
+of the submodules of the same names (`from tailtrain.predict import ...` still works).
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+import types
+from typing import TYPE_CHECKING, Any
 
 from tailtrain.errors import TailtrainError, UsageError
 
-__all__ = ["TailtrainError", "UsageError", "__version__"]
 __version__ = "0.1.0"
+
+# ---- the one table of import paths (update it, and the block below, when modules move) -------
+# Names load on first use (PEP 562 __getattr__). The face's wrappers (tailtrain.face) reach
+# the internals only through _INTERNAL, so this is the only file that names their modules.
+#: public name -> (module, attribute)
+_FACE: dict[str, tuple[str, str]] = {
+    "Scenario": ("tailtrain.sim.scenario", "Scenario"),
+    "Strategy": ("tailtrain.strategies.base", "Strategy"),
+    "strategy": ("tailtrain.face", "strategy"),
+    "predict": ("tailtrain.face", "predict"),
+    "simulate": ("tailtrain.face", "simulate"),
+    "compare": ("tailtrain.face", "compare"),
+    "train": ("tailtrain.face", "train"),
+    "train_own_model": ("tailtrain.face", "train_own_model"),
+    "advise": ("tailtrain.face", "advise"),
+    "StragglerStep": ("tailtrain.integrate.step", "StragglerStep"),
+    "StragglerHookState": ("tailtrain.integrate.ddp", "StragglerHookState"),
+    "weighted_allreduce_hook": ("tailtrain.integrate.ddp", "weighted_allreduce_hook"),
+    "RunRecord": ("tailtrain.sim.records", "RunRecord"),
+    "RankResult": ("tailtrain.runtime.allreduce", "RankResult"),
+    "Prediction": ("tailtrain.predict_scenario", "Prediction"),
+    "Comparison": ("tailtrain.sim.compare", "Comparison"),
+    "Advice": ("tailtrain.advise", "Advice"),
+}
+#: what the face's wrappers call -> (module, attribute); see ``tailtrain.face``
+_INTERNAL: dict[str, tuple[str, str]] = {
+    "parse_strategy": ("tailtrain.strategies.registry", "parse_strategy"),
+    "parse_strategies": ("tailtrain.strategies.registry", "parse_strategies"),
+    "simulate": ("tailtrain.sim.run", "simulate"),
+    "compare": ("tailtrain.sim.compare", "compare"),
+    "predict": ("tailtrain.predict", "predict"),
+    "with_families": ("tailtrain.predict_families", "with_families"),
+    "DelayScenario": ("tailtrain.predict_scenario", "Scenario"),
+    "K_FAMILY": ("tailtrain.predict_scenario", "K_FAMILY"),
+    "parse_delay": ("tailtrain.delays", "parse_delay"),
+    "parse_pattern": ("tailtrain.delays", "parse_pattern"),
+    "parse_comm_time": ("tailtrain.delays.comm", "parse_comm_time"),
+    "TrainConfig": ("tailtrain.runtime.config", "TrainConfig"),
+    "train": ("tailtrain.runtime.launch", "train"),
+    "in_torchrun": ("tailtrain.runtime.launch", "in_torchrun"),
+    "prepare_folder": ("tailtrain.sim.records", "prepare_folder"),
+    "held_run": ("tailtrain.sim.records", "held_run"),
+    "clear_run": ("tailtrain.sim.records", "clear_run"),
+    "RUN_FILES": ("tailtrain.sim.records", "RUN_FILES"),
+    "TRAIN_EXTRA": ("tailtrain.cli.run_folder", "TRAIN_EXTRA"),
+    "train_own_model": ("tailtrain.runtime.ps_runner", "train_own_model"),
+    "advise": ("tailtrain.advise", "advise"),
+}
+
+if TYPE_CHECKING:  # the same paths as _FACE, for type checkers (tests/test_face.py compares)
+    from tailtrain.advise import Advice
+    from tailtrain.face import (
+        advise,
+        compare,
+        predict,
+        simulate,
+        strategy,
+        train,
+        train_own_model,
+    )
+    from tailtrain.integrate.ddp import StragglerHookState, weighted_allreduce_hook
+    from tailtrain.integrate.step import StragglerStep
+    from tailtrain.predict_scenario import Prediction
+    from tailtrain.runtime.allreduce import RankResult
+    from tailtrain.sim.compare import Comparison
+    from tailtrain.sim.records import RunRecord
+    from tailtrain.sim.scenario import Scenario
+    from tailtrain.strategies.base import Strategy
+# ------------------------------------------------------------------------------------------------
+
+__all__ = [
+    "Advice",
+    "Comparison",
+    "Prediction",
+    "RankResult",
+    "RunRecord",
+    "Scenario",
+    "StragglerHookState",
+    "StragglerStep",
+    "Strategy",
+    "TailtrainError",
+    "UsageError",
+    "__version__",
+    "advise",
+    "compare",
+    "predict",
+    "simulate",
+    "strategy",
+    "train",
+    "train_own_model",
+    "weighted_allreduce_hook",
+]
+
+
+def _resolve(path: tuple[str, str]) -> Any:
+    """The object at ``(module, attribute)``, importing the module."""
+    module, attribute = path
+    return getattr(importlib.import_module(module), attribute)
+
+
+def _internal(name: str) -> Any:
+    """An internal function or class the face's wrappers call (``_INTERNAL``)."""
+    return _resolve(_INTERNAL[name])
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _FACE:
+        raise AttributeError(f"module 'tailtrain' has no attribute {name!r}")
+    value = _resolve(_FACE[name])
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)
+
+
+class _Package(types.ModuleType):
+    """This package's module type: importing a submodule named like a face entry
+    (``tailtrain.predict``, ``tailtrain.advise``) does not replace the entry."""
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in _FACE and isinstance(value, types.ModuleType):
+            return
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package

@@ -50,3 +50,17 @@ def test_example_runs_under_torchrun(name):
     assert last.startswith(EXAMPLES[name]), done.stdout
     accuracy = float(last.rsplit("test accuracy ", 1)[1])
     assert accuracy > 0.5  # ten classes: far above chance after 60 steps
+
+
+@pytest.mark.timeout(120)
+def test_face_example_runs_predict_simulate_and_train():
+    """examples/face.py: the public face alone, on one small scenario (train: 2 local ranks)."""
+    command = [sys.executable, str(ROOT / "examples" / "face.py")]
+    done = subprocess.run(
+        command, cwd=ROOT, env=environment(), capture_output=True, text=True, timeout=110
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = done.stdout.strip().splitlines()
+    assert [line.split(":")[0] for line in lines] == ["predict", "simulate", "train"], done.stdout
+    simulated, trained = (line.rsplit("loss ", 1)[1] for line in lines[1:])
+    assert simulated == trained  # the same rule, data and seed: the same model (to 3 digits)

@@ -1,0 +1,126 @@
+"""The public face: ``import tailtrain`` is light, every name resolves, strategies go either way."""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import tailtrain
+from tailtrain.errors import UsageError
+
+SRC = Path(tailtrain.__file__).resolve().parents[1]
+SMALL = {"task": "logreg", "workers": 2, "iterations": 4}
+
+
+def test_import_tailtrain_loads_no_torch():
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")]))
+    code = "import tailtrain, sys; tailtrain.UsageError; assert 'torch' not in sys.modules"
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+
+
+@pytest.mark.parametrize("name", tailtrain.__all__)
+def test_every_public_name_resolves(name):
+    assert getattr(tailtrain, name) is not None
+    assert name in dir(tailtrain)
+
+
+@pytest.mark.parametrize("name", sorted(tailtrain._INTERNAL))
+def test_every_internal_path_resolves(name):
+    assert tailtrain._internal(name) is not None
+
+
+def test_type_checking_imports_match_the_table():
+    """The TYPE_CHECKING block names the same paths as the lazy table, so a move updates both."""
+    tree = ast.parse(Path(tailtrain.__file__).read_text())
+    block = next(n for n in tree.body if isinstance(n, ast.If) and "TYPE_CHECKING" in ast.dump(n))
+    imported = {
+        alias.name: (node.module, alias.name)
+        for node in block.body
+        if isinstance(node, ast.ImportFrom)
+        for alias in node.names
+    }
+    assert imported == tailtrain._FACE
+
+
+def test_unknown_attribute_is_an_attribute_error():
+    with pytest.raises(AttributeError, match="no attribute 'nothing'"):
+        _ = tailtrain.nothing
+
+
+def test_a_submodule_import_keeps_the_face_entry():
+    module = importlib.import_module("tailtrain.predict")
+    importlib.import_module("tailtrain.advise")
+    assert tailtrain.predict is importlib.import_module("tailtrain.face").predict
+    assert tailtrain.advise is importlib.import_module("tailtrain.face").advise
+    assert callable(module.predict) and module is not tailtrain.predict
+
+
+def test_strategy_parses_specs_and_passes_objects_through():
+    rule = tailtrain.strategy("dbw")
+    assert isinstance(rule, tailtrain.Strategy) and rule.name == "dbw"
+    assert tailtrain.strategy(rule) is rule
+    with pytest.raises(UsageError, match="unknown strategy"):
+        tailtrain.strategy("nope")
+    with pytest.raises(UsageError, match="spec such as 'dbw' or a Strategy"):
+        tailtrain.strategy(3)
+
+
+def test_simulate_takes_a_spec_or_an_object_alike():
+    scenario = tailtrain.Scenario(**SMALL)
+    by_spec = tailtrain.simulate(scenario, "dbw", seed=1)
+    by_object = tailtrain.simulate(scenario, tailtrain.strategy("dbw"), seed=1)
+    assert by_spec.steps and by_spec.steps == by_object.steps
+    assert by_spec.evals == by_object.evals and by_spec.summary == by_object.summary
+
+
+def test_compare_takes_a_comma_list_or_a_sequence():
+    scenario = tailtrain.Scenario(**SMALL)
+    listed = tailtrain.compare(scenario, "sync,k-sync:k=1", seeds=[0])
+    mixed = tailtrain.compare(scenario, ["sync", tailtrain.strategy("k-sync:k=1")], seeds=[0])
+    assert [r["strategy"] for r in listed.rows()] == ["sync", "k-sync:k=1"]
+    assert listed.rows() == mixed.rows()
+
+
+def test_predict_keeps_the_strategy_rows_asked_for():
+    scenario = tailtrain.Scenario(**SMALL, delay="exp:rate=1")
+    every = tailtrain.predict(scenario)
+    assert {"sync", "k-sync", "dropcompute"} <= {r.strategy for r in every.rows}
+    one = tailtrain.predict(scenario, "k-sync:k=1")
+    assert one.rows and all(r.strategy == "k-sync" and (r.k == 1 or r.best) for r in one.rows)
+    with pytest.raises(UsageError, match="no row for"):
+        tailtrain.predict(scenario, "lgc:k=1")
+
+
+def test_train_refuses_an_unknown_option_in_one_line():
+    scenario = tailtrain.Scenario(**SMALL)
+    with pytest.raises(UsageError, match="train\\(\\) has no option 'bogus'"):
+        tailtrain.train(scenario, "sync", bogus=1)
+    with pytest.raises(UsageError, match="backend"):
+        tailtrain.train(scenario, "sync", backend="mpi")
+
+
+def test_advise_reads_a_trace_and_names_the_slow_worker(tmp_path):
+    rng = np.random.default_rng(0)
+    times = rng.lognormal(0.0, 0.3, (60, 4))
+    times[:, 2] *= 3  # worker 2 is always slow
+    rows = [f"{i},{w},{times[i, w]:.6f}" for i in range(60) for w in range(4)]
+    trace = tmp_path / "trace.csv"
+    trace.write_text("iteration,worker,seconds\n" + "\n".join(rows) + "\n")
+    found = tailtrain.advise(trace, samples=200)
+    assert found.persistent == [2] and found.workers == 4
+    assert found.recommendation
+
+
+def test_train_refuses_a_folder_that_holds_a_run_unless_overwrite(tmp_path):
+    (tmp_path / "summary.json").write_text("{}")
+    scenario = tailtrain.Scenario(**SMALL)
+    with pytest.raises(UsageError, match=r"already holds a run \(summary\.json\)"):
+        tailtrain.train(scenario, "sync", out=tmp_path)
