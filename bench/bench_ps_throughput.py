@@ -31,6 +31,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from tailtrain.core.records import RunRecord
+from tailtrain.core.scenario import Scenario, World
 from tailtrain.runtime.allreduce import RankResult
 from tailtrain.runtime.config import TrainConfig
 from tailtrain.runtime.launch import Endpoint, launch, reserve
@@ -38,8 +40,6 @@ from tailtrain.runtime.ps import train_parameter_server
 from tailtrain.runtime.ps_wire import DOWN, HEADER, UP
 from tailtrain.runtime.reduce import Collectives
 from tailtrain.sim.data_stream import job_batches
-from tailtrain.sim.records import RunRecord
-from tailtrain.sim.scenario import Scenario, World
 from tailtrain.tasks import parse_task
 
 WORKERS = 8

@@ -43,6 +43,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
+from tailtrain.core.capacity import check_memory
 from tailtrain.delays import DelayModel, DelayProcess
 from tailtrain.delays.process import trace_notes, trace_terms
 from tailtrain.delays.sum import SumDelay
@@ -63,7 +64,6 @@ from tailtrain.predict_scenario import (  # noqa: F401  (the public names of pre
     Scenario,
     k_grid,
 )
-from tailtrain.sim.capacity import check_memory
 from tailtrain.theory.dropcompute import (
     analytic_threshold,
     bailey_iteration_time,

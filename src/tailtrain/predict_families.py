@@ -145,8 +145,8 @@ def simulated_row(s: Scenario, spec: str, strategy: str, k: int | None = None) -
 
 def _throughput(s: Scenario, spec: str, iterations: int) -> tuple[float, float, float]:
     """(mean time per update, gradients applied per second, stderr of the mean time)."""
+    from tailtrain.core.scenario import Scenario as SimScenario
     from tailtrain.sim.run import simulate  # torch: only when simulating
-    from tailtrain.sim.scenario import Scenario as SimScenario
     from tailtrain.strategies.registry import parse_strategy
 
     scenario = SimScenario(

@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from tailtrain.cli import main
+from tailtrain.core import checkpoint
 from tailtrain.errors import UsageError
-from tailtrain.sim import checkpoint
 
 RECORD = ("steps.jsonl", "evals.jsonl", "summary.json")
 

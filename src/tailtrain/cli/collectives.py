@@ -84,7 +84,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from tailtrain.sim.capacity import check_memory
+    from tailtrain.core.capacity import check_memory
 
     if args.procs >= 1 and args.iterations >= 1:  # the skew and delay draws, a few copies
         need = 8 * 4 * args.procs * args.iterations

@@ -81,7 +81,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from tailtrain.sim.capacity import check_memory
+    from tailtrain.core.capacity import check_memory
 
     if args.workers >= 1:  # arrays of one number per K (predict checks its Monte Carlo draws)
         check_memory(64 * args.workers, f"--workers {args.workers}", "per-K arrays")

@@ -69,6 +69,11 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
+from tailtrain.core import checkpoint
+from tailtrain.core.evaluation import Evaluator
+from tailtrain.core.records import RunRecord
+from tailtrain.core.scenario import World
+from tailtrain.core.update import WeightedUpdate, key_workers, screen_own
 from tailtrain.errors import TailtrainError, UsageError
 from tailtrain.runtime.config import TrainConfig, build_world
 from tailtrain.runtime.control import (
@@ -104,15 +109,10 @@ from tailtrain.runtime.telemetry import (
     write_outputs,
 )
 from tailtrain.runtime.units import Work, compute
-from tailtrain.sim import checkpoint
 from tailtrain.sim.allreduce.engine import budget_spent
 from tailtrain.sim.allreduce.learner import RoundLearner
-from tailtrain.sim.evaluation import Evaluator
-from tailtrain.sim.records import RunRecord
-from tailtrain.sim.scenario import World
 from tailtrain.strategies.base import AllreducePlan as Plan
 from tailtrain.strategies.base import ArrivalColumns, StepStats
-from tailtrain.update import WeightedUpdate, key_workers, screen_own
 
 #: column of the first unit time in a gathered row [C_n, T~_n, injected, t_n^(1..U)]
 TIMES = 3
@@ -206,7 +206,7 @@ class _Rank:
 def train_allreduce(config: TrainConfig, comm: Collectives) -> RankResult:
     """Run ``config`` as rank ``comm.rank`` of ``comm.world_size``; returns this rank's result.
 
-    Evaluations follow the simulator's schedule (``sim.evaluation``) on the wall clock of the
+    Evaluations follow the simulator's schedule (``core.evaluation``) on the wall clock of the
     rounds; rank 0 scores (every rank holds the same parameters) while the others wait. Every
     rank follows the schedule (the others into a record of their own, without scoring), so
     all know when rank 0 scored and wait for it at a barrier only then.
@@ -470,7 +470,7 @@ def reduce(run: _Rank, work: Work, weight: float, sums: SumBuffer) -> tuple[Weig
     """The round's one allreduce (module docstring, 3.) and the injected T^c; returns it and
     the weight this rank withheld. A rank whose gradient holds a NaN or an infinity joins with
     weight 0 and a zero gradient, as the simulator's update path screens it
-    (``tailtrain.update``), and flags itself in a gathered column of its own, so that every
+    (``tailtrain.core.update``), and flags itself in a gathered column of its own, so that every
     rank leaves it out of the round's used arrivals. While the collective runs, this rank
     makes the record rows of the rounds settled since the last batch (:func:`flush`, every
     ``ROWS_AT_ONCE`` rounds), which need nothing from it."""

@@ -2,7 +2,7 @@
 
 A :class:`TrainConfig` is plain, picklable data: the launcher hands the same one to every rank,
 and each rank rebuilds its own task, data partition, delay process and strategy state from it
-with the seed, exactly as the simulator does (``sim.scenario.World.build``).
+with the seed, exactly as the simulator does (``core.scenario.World.build``).
 """
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tailtrain.core.scenario import Scenario, World
 from tailtrain.errors import UsageError
 from tailtrain.faults import FaultPlan
-from tailtrain.sim.scenario import Scenario, World
 from tailtrain.strategies.base import Strategy
 from tailtrain.strategies.registry import parse_strategy
 
@@ -35,7 +35,7 @@ class TrainConfig:
 
     ``fault`` (``--fail-at``) makes a rank raise; ``faults`` are ``--inject-fault`` drills
     (``tailtrain.faults``: NaN gradients, killed and frozen workers); ``on_nonfinite`` is
-    ``skip`` or ``raise``, as in ``tailtrain.update``.
+    ``skip`` or ``raise``, as in ``tailtrain.core.update``.
     ``timeout`` (seconds) bounds every collective and the rendezvous; ``worker_timeout``
     (seconds, None: automatic) is how long a parameter server waits on a silent worker before
     it suspects it hung (``runtime.ps_liveness``). ``out`` receives rank 0's

@@ -28,6 +28,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from tailtrain.core.update import key_workers
 from tailtrain.errors import TailtrainError
 from tailtrain.strategies.base import (
     AllreducePlan,
@@ -40,7 +41,6 @@ from tailtrain.strategies.base import (
     Strategy,
 )
 from tailtrain.strategies.base import Weighting as SelectedWeights
-from tailtrain.update import key_workers
 
 #: relative tolerance of the check that every rank used the same weights
 WEIGHT_RTOL = 1e-4

@@ -9,7 +9,7 @@ for the virtual clock:
    j-th job (``World.durations``, the same seeded draws);
 2. ``call`` of its step's round (late, waiting or active: ``runtime.partial``);
 3. it adopts the latest result, theta <- theta - lr * lr_scale * sum_i w g_i / divisor, through
-   ``tailtrain.update.WeightedUpdate`` (a late rank skips the rounds it missed, eager-SGD §5),
+   ``tailtrain.core.update.WeightedUpdate`` (a late rank skips the rounds it missed, eager-SGD §5),
    and after a round with ``average_models`` averages the models of all ranks (§5's periodic
    synchronisation; the staleness bound's synchronous rounds need no averaging).
 
@@ -79,6 +79,11 @@ from typing import Any
 import numpy as np
 import torch
 
+from tailtrain.core import checkpoint
+from tailtrain.core.evaluation import Evaluator
+from tailtrain.core.records import RunRecord
+from tailtrain.core.scenario import World
+from tailtrain.core.update import WeightedUpdate, screen_own
 from tailtrain.errors import TailtrainError, UsageError
 from tailtrain.runtime.allreduce import RankResult
 from tailtrain.runtime.config import TrainConfig, build_world
@@ -94,16 +99,11 @@ from tailtrain.runtime.keep import (
 from tailtrain.runtime.partial import PartialCollective, RoundResult, row
 from tailtrain.runtime.reduce import Collectives
 from tailtrain.runtime.telemetry import attach, close_record, follow
-from tailtrain.sim import checkpoint
 from tailtrain.sim.data_stream import job_batches
-from tailtrain.sim.evaluation import Evaluator
 from tailtrain.sim.partial.collectives import CommTimes
 from tailtrain.sim.partial.engine import summarise as partial_summary
-from tailtrain.sim.records import RunRecord
-from tailtrain.sim.scenario import World
 from tailtrain.strategies.base import ArrivalColumns, Selection, StepStats, Strategy
 from tailtrain.strategies.eager import RoundPlan
-from tailtrain.update import WeightedUpdate, screen_own
 
 log = logging.getLogger(__name__)
 

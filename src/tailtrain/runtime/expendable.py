@@ -28,8 +28,8 @@ from typing import Any
 
 import numpy as np
 
+from tailtrain.core.records import RunRecord
 from tailtrain.runtime.allreduce import RankResult
-from tailtrain.sim.records import RunRecord
 
 log = logging.getLogger(__name__)
 

@@ -24,10 +24,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from tailtrain.core.scenario import World
 from tailtrain.delays.comm import parse_comm_time
 from tailtrain.faults import FaultPlan
 from tailtrain.sim.allreduce.timing import RoundClock
-from tailtrain.sim.scenario import World
 
 log = logging.getLogger(__name__)
 

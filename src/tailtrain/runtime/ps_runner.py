@@ -34,6 +34,7 @@ import torch
 from torch import nn
 from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
+from tailtrain.core.scenario import Scenario
 from tailtrain.errors import UsageError
 from tailtrain.runtime.allreduce import RankResult
 from tailtrain.runtime.config import TrainConfig
@@ -47,7 +48,6 @@ from tailtrain.runtime.launch import (
 )
 from tailtrain.runtime.ps import train_parameter_server
 from tailtrain.runtime.reduce import Collectives
-from tailtrain.sim.scenario import Scenario
 from tailtrain.strategies.base import Topology
 from tailtrain.strategies.registry import parse_strategy
 

@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from tailtrain.core.scenario import World
 from tailtrain.faults import FaultPlan
 from tailtrain.runtime.config import Fault
 from tailtrain.runtime.inject import FaultDrill, InjectedFault
@@ -51,7 +52,6 @@ from tailtrain.runtime.ps_wire import (
 )
 from tailtrain.runtime.telemetry import RankLog, TraceRows
 from tailtrain.sim.data_stream import job_batches
-from tailtrain.sim.scenario import World
 
 SERVER = 0
 

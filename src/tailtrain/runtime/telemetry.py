@@ -38,12 +38,12 @@ import numpy as np
 from torch.autograd import _profiler_enabled
 from torch.profiler import record_function
 
+from tailtrain.core.records import RunRecord, prepare_folder
+from tailtrain.core.scenario import Scenario, World
 from tailtrain.progress import step_progress
 from tailtrain.runtime.config import TrainConfig
 from tailtrain.sim.allreduce.engine import step_row, summarise
 from tailtrain.sim.allreduce.timing import Stops
-from tailtrain.sim.records import RunRecord, prepare_folder
-from tailtrain.sim.scenario import Scenario, World
 from tailtrain.strategies.base import Plan, StepStats, Strategy
 
 

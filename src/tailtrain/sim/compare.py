@@ -13,10 +13,10 @@ from typing import Any
 
 import numpy as np
 
+from tailtrain.core.records import RunRecord
+from tailtrain.core.scenario import Scenario
 from tailtrain.errors import UsageError
-from tailtrain.sim.records import RunRecord
 from tailtrain.sim.run import simulate
-from tailtrain.sim.scenario import Scenario
 from tailtrain.strategies.base import Strategy
 
 METRICS = ("time_to_target", "final_loss", "final_eval", "mean_k", "mean_iteration_time")

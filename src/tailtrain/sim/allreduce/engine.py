@@ -21,15 +21,15 @@ from typing import Any
 
 import numpy as np
 
+from tailtrain.core import checkpoint
+from tailtrain.core.records import RunRecord
+from tailtrain.core.scenario import Scenario, World
+from tailtrain.core.update import GradientStats, WeightedUpdate
 from tailtrain.delays.comm import parse_comm_time
-from tailtrain.sim import checkpoint
 from tailtrain.sim.allreduce.learner import RoundLearner
 from tailtrain.sim.allreduce.timing import RoundClock, Stops, measured, stop_rule
 from tailtrain.sim.driver import Played, Scorer
-from tailtrain.sim.records import RunRecord
-from tailtrain.sim.scenario import Scenario, World
 from tailtrain.strategies.base import AllreducePlan, ArrivalColumns, Selection, StepStats
-from tailtrain.update import GradientStats, WeightedUpdate
 
 
 class AllreduceEngine:
@@ -119,7 +119,7 @@ class AllreduceEngine:
         return None if self.learner is None else self.learner.update
 
     def state_dict(self) -> dict[str, Any]:
-        """Everything a resumed run needs to go on bit for bit (``sim.checkpoint``)."""
+        """Everything a resumed run needs to go on bit for bit (``core.checkpoint``)."""
         return {
             "engine": checkpoint.capture(self, ("world", "clock", "learner")),
             "clock": checkpoint.capture(self.clock, ("process", "comm")),

@@ -26,9 +26,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from tailtrain.core.update import GradientStats, WeightedUpdate, gradient_stats
 from tailtrain.sim.data_stream import job_batches
 from tailtrain.strategies.base import Selection
-from tailtrain.update import GradientStats, WeightedUpdate, gradient_stats
 
 
 @dataclass(frozen=True)
@@ -118,7 +118,7 @@ class RoundLearner:
         self, selection: Selection, keys: np.ndarray, work: RoundWork, lr_scale: float
     ) -> None:
         """theta <- theta - lr * sum_n w_n G_n (the hivemind-style weighted allreduce), plus
-        any deferred term (``tailtrain.update``); ``keys`` are the workers' arrival keys."""
+        any deferred term (``tailtrain.core.update``); ``keys`` are the workers' arrival keys."""
         self.theta = self.update.apply(self.theta, work.grads, keys, selection, lr_scale)
 
 
