@@ -33,8 +33,7 @@ import torch.distributed as dist
 
 from tailtrain.core.records import RunRecord
 from tailtrain.core.scenario import Scenario, World
-from tailtrain.runtime.allreduce import RankResult
-from tailtrain.runtime.config import TrainConfig
+from tailtrain.runtime.config import RankResult, TrainConfig
 from tailtrain.runtime.launch import Endpoint, launch, reserve
 from tailtrain.runtime.ps import train_parameter_server
 from tailtrain.runtime.ps_wire import DOWN, HEADER, UP

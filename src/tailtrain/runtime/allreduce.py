@@ -75,7 +75,7 @@ from tailtrain.core.records import RunRecord
 from tailtrain.core.scenario import World
 from tailtrain.core.update import WeightedUpdate, key_workers, screen_own
 from tailtrain.errors import TailtrainError, UsageError
-from tailtrain.runtime.config import TrainConfig, build_world
+from tailtrain.runtime.config import RankResult, TrainConfig, build_world
 from tailtrain.runtime.control import (
     RuleDriver,
     Weighting,
@@ -122,16 +122,6 @@ EXTRAS = 5
 #: accounted with them: one a round costs ~50-90 us (~150 accounted) with its code cold from
 #: the compute, a batch a fraction of that
 ROWS_AT_ONCE = 32
-
-
-@dataclass(frozen=True)
-class RankResult:
-    """What a rank hands back to the launcher: the run record (rank 0's has evals and the
-    summary) and the final parameters."""
-
-    rank: int
-    record: RunRecord
-    theta: np.ndarray
 
 
 class Exchange(NamedTuple):  # a tuple: made on every round's critical path

@@ -12,6 +12,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
+from tailtrain.core.records import RunRecord
 from tailtrain.core.scenario import Scenario, World
 from tailtrain.errors import UsageError
 from tailtrain.faults import FaultPlan
@@ -90,6 +93,16 @@ class TrainConfig:
         if self.out is None and (self.checkpoint_every or self.max_restarts):
             flag = "--checkpoint-every" if self.checkpoint_every else "--max-restarts"
             raise UsageError(f"{flag} needs --out DIR, the folder the run is kept in")
+
+
+@dataclass(frozen=True)
+class RankResult:
+    """What a rank hands back to the launcher: the run record (rank 0's has evals and the
+    summary) and the final parameters."""
+
+    rank: int
+    record: RunRecord
+    theta: np.ndarray
 
 
 def build_world(config: TrainConfig, task: Any = None) -> tuple[World, Strategy]:

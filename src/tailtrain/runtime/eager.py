@@ -85,8 +85,7 @@ from tailtrain.core.records import RunRecord
 from tailtrain.core.scenario import World
 from tailtrain.core.update import WeightedUpdate, screen_own
 from tailtrain.errors import TailtrainError, UsageError
-from tailtrain.runtime.allreduce import RankResult
-from tailtrain.runtime.config import TrainConfig, build_world
+from tailtrain.runtime.config import RankResult, TrainConfig, build_world
 from tailtrain.runtime.inject import FaultDrill
 from tailtrain.runtime.keep import (
     Keeper,

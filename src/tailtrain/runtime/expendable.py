@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from tailtrain.core.records import RunRecord
-from tailtrain.runtime.allreduce import RankResult
+from tailtrain.runtime.config import RankResult
 
 log = logging.getLogger(__name__)
 

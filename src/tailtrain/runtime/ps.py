@@ -84,8 +84,7 @@ from tailtrain.core.records import RunRecord, prepare_folder
 from tailtrain.core.scenario import World
 from tailtrain.core.update import WeightedUpdate, gradient_stats, isin, rows_weighed
 from tailtrain.errors import TailtrainError, UsageError
-from tailtrain.runtime.allreduce import RankResult
-from tailtrain.runtime.config import TrainConfig, build_world
+from tailtrain.runtime.config import RankResult, TrainConfig, build_world
 from tailtrain.runtime.inject import FaultDrill, InjectedFault
 from tailtrain.runtime.ps_liveness import Liveness
 from tailtrain.runtime.ps_wire import (

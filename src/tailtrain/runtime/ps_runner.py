@@ -36,8 +36,7 @@ from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
 from tailtrain.core.scenario import Scenario
 from tailtrain.errors import UsageError
-from tailtrain.runtime.allreduce import RankResult
-from tailtrain.runtime.config import TrainConfig
+from tailtrain.runtime.config import RankResult, TrainConfig
 from tailtrain.runtime.launch import (
     check_rendezvous,
     in_torchrun,
