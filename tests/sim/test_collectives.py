@@ -7,9 +7,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tailtrain.delays.schedule import CommTimes
 from tailtrain.errors import UsageError
 from tailtrain.sim.partial.collectives import (
-    CommTimes,
     Network,
     activation_hops,
     latencies,

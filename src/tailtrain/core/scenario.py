@@ -12,9 +12,9 @@ from tailtrain.core.evaluation import EvalSchedule, time_to_target
 from tailtrain.core.records import RunRecord
 from tailtrain.delays import DelayProcess, parse_delay, parse_pattern
 from tailtrain.delays.comm import parse_comm_time
+from tailtrain.delays.schedule import DelaySource, JobDurations
 from tailtrain.errors import UsageError
 from tailtrain.network import parse_network
-from tailtrain.sim.durations import DelaySource, JobDurations
 from tailtrain.strategies.base import Context, Strategy
 from tailtrain.tasks import parse_partition, parse_task
 

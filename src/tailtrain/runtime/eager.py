@@ -84,6 +84,7 @@ from tailtrain.core.evaluation import Evaluator
 from tailtrain.core.records import RunRecord
 from tailtrain.core.scenario import World
 from tailtrain.core.update import WeightedUpdate, screen_own
+from tailtrain.delays.schedule import CommTimes
 from tailtrain.errors import TailtrainError, UsageError
 from tailtrain.runtime.config import RankResult, TrainConfig, build_world
 from tailtrain.runtime.inject import FaultDrill
@@ -99,7 +100,6 @@ from tailtrain.runtime.partial import PartialCollective, RoundResult, row
 from tailtrain.runtime.reduce import Collectives
 from tailtrain.runtime.telemetry import attach, close_record, follow
 from tailtrain.sim.data_stream import job_batches
-from tailtrain.sim.partial.collectives import CommTimes
 from tailtrain.sim.partial.engine import summarise as partial_summary
 from tailtrain.strategies.base import ArrivalColumns, Selection, StepStats, Strategy
 from tailtrain.strategies.eager import RoundPlan

@@ -14,7 +14,7 @@ Its loop (protocol in ``runtime.ps``)::
     STOP: send BYE and leave
 
 Injected delays (``JobClock``): worker w's j-th job lasts the simulator's draw for that job
-(``sim.durations.JobDurations``, round trips, T^c included), spread over its units as the
+(``delays.schedule.JobDurations``, round trips, T^c included), spread over its units as the
 simulator spreads it (micro-batch shares, or equal blocks). The draw is the job's whole
 round trip as simulated (pull, compute, push), so the worker aims at it: unit u ends at
 start + (its units' injected seconds) on the server's clock (the job's start comes in its

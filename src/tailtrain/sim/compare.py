@@ -1,7 +1,7 @@
 """Several strategies on the same scenario and seeds: common random numbers make it fair.
 
 Worker w's j-th job lasts the same time under every strategy for a given seed (see
-``sim.durations``), so differences between rows come from the strategies, not from luck.
+``delays.schedule``), so differences between rows come from the strategies, not from luck.
 """
 
 from __future__ import annotations

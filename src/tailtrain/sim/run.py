@@ -8,9 +8,9 @@ from tailtrain.core.capacity import check_fits
 from tailtrain.core.records import RunRecord
 from tailtrain.core.scenario import Scenario, World
 from tailtrain.core.session import RunControl
+from tailtrain.delays.schedule import DelaySource
 from tailtrain.sim.allreduce.engine import AllreduceEngine
 from tailtrain.sim.driver import Progress, drive
-from tailtrain.sim.durations import DelaySource
 from tailtrain.sim.partial.engine import PartialCollectiveEngine
 from tailtrain.sim.ps.engine import ServerEngine
 from tailtrain.strategies.base import Strategy, Topology

@@ -26,8 +26,9 @@ from tailtrain.core.records import RunRecord
 from tailtrain.core.scenario import Scenario, World
 from tailtrain.core.update import GradientStats, WeightedUpdate
 from tailtrain.delays.comm import parse_comm_time
+from tailtrain.delays.schedule import RoundClock
 from tailtrain.sim.allreduce.learner import RoundLearner
-from tailtrain.sim.allreduce.timing import RoundClock, Stops, measured, stop_rule
+from tailtrain.sim.allreduce.timing import Stops, measured, stop_rule
 from tailtrain.sim.driver import Played, Scorer
 from tailtrain.strategies.base import AllreducePlan, ArrivalColumns, Selection, StepStats
 

@@ -32,9 +32,10 @@ from tailtrain.core import checkpoint
 from tailtrain.core.records import RunRecord
 from tailtrain.core.scenario import World
 from tailtrain.core.update import GradientStats, WeightedUpdate, gradient_stats
+from tailtrain.delays.schedule import CommTimes
 from tailtrain.network import parse_network
 from tailtrain.sim.driver import Played, Scorer
-from tailtrain.sim.partial.collectives import CommTimes, Network, RoundTiming, resolve_round
+from tailtrain.sim.partial.collectives import Network, RoundTiming, resolve_round
 from tailtrain.sim.partial.models import Gradients, ModelStore
 from tailtrain.sim.partial.processes import Processes, SendBuffers, Work
 from tailtrain.strategies.base import ArrivalColumns, Selection, StepStats
