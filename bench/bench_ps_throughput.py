@@ -38,8 +38,8 @@ from tailtrain.runtime.launch import Endpoint, launch, reserve
 from tailtrain.runtime.ps import train_parameter_server
 from tailtrain.runtime.ps_wire import DOWN, HEADER, UP
 from tailtrain.runtime.reduce import Collectives
-from tailtrain.sim.data_stream import job_batches
 from tailtrain.tasks import parse_task
+from tailtrain.tasks.stream import job_batches
 
 WORKERS = 8
 

@@ -82,9 +82,9 @@ from tailtrain.runtime.config import TrainConfig, build_world
 from tailtrain.runtime.inject import Injector
 from tailtrain.runtime.launch import Endpoint, launch, reserve
 from tailtrain.runtime.reduce import Collectives
-from tailtrain.sim.data_stream import job_batches
 from tailtrain.sim.run import simulate
 from tailtrain.strategies.registry import parse_strategy
+from tailtrain.tasks.stream import job_batches
 
 SEED = 0
 OVERHEAD_TASK = "digits-cnn:batch=256"

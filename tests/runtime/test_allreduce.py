@@ -26,12 +26,12 @@ from tailtrain.runtime.config import TrainConfig
 from tailtrain.runtime.control import RuleDriver
 from tailtrain.runtime.launch import Endpoint, launch, reserve
 from tailtrain.runtime.reduce import Collectives
-from tailtrain.sim.data_stream import job_batches
 from tailtrain.sim.run import simulate
 from tailtrain.strategies.base import ArrivalColumns, Selection, SyncMode, Weighting
 from tailtrain.strategies.kfamily import StaticK
 from tailtrain.strategies.registry import parse_strategy
 from tailtrain.tasks import parse_partition, parse_task
+from tailtrain.tasks.stream import job_batches
 
 N = 3
 SEED = 5

@@ -249,9 +249,9 @@ def test_time_budget_bounds_the_run():
 
 def test_gradients_on_several_model_copies_match_one_call_per_copy():
     from tailtrain.core.scenario import World
-    from tailtrain.sim.data_stream import job_batches
     from tailtrain.sim.partial.models import ModelStore
     from tailtrain.sim.partial.processes import Work
+    from tailtrain.tasks.stream import job_batches
 
     world = World.build(Scenario(task="logreg", workers=3, iterations=1), 0)
     store = ModelStore(world.task, world.partition, world.seed)

@@ -5,7 +5,7 @@ virtual clock and the same rule object deciding (``runtime.control``):
 
 1. ``plan``: tau, M, H (identical on every rank: same state).
 2. Compute (``runtime.units``: DropCompute Algorithm 1, Local-SGD App. B.3): the
-   micro-batches of ``sim.data_stream.job_batches`` keyed by (seed, n, r), as in the
+   micro-batches of ``tasks.stream.job_batches`` keyed by (seed, n, r), as in the
    simulator, one at a time with the task's flat-parameter gradients, each unit then sleeping
    its injected seconds; tau is checked *between* micro-batches. Parity runs use
    ``stop=between``, the simulator's convention exactly; with ``stop=preempt`` (the default)

@@ -4,7 +4,7 @@ dbw-quorum on real ranks, over :class:`~tailtrain.runtime.partial.PartialCollect
 Rank p runs eager-SGD's Algorithm 2 as process p of ``sim.partial.engine`` does, with wall time
 for the virtual clock:
 
-1. its j-th gradient: the mini-batch ``sim.data_stream.job_batches`` keyed by (seed, p, j), at
+1. its j-th gradient: the mini-batch ``tasks.stream.job_batches`` keyed by (seed, p, j), at
    its own model; with ``--delay`` it then sleeps the seconds the simulator charges worker p's
    j-th job (``World.durations``, the same seeded draws);
 2. ``call`` of its step's round (late, waiting or active: ``runtime.partial``);
@@ -99,10 +99,10 @@ from tailtrain.runtime.keep import (
 from tailtrain.runtime.partial import PartialCollective, RoundResult, row
 from tailtrain.runtime.reduce import Collectives
 from tailtrain.runtime.telemetry import attach, close_record, follow
-from tailtrain.sim.data_stream import job_batches
 from tailtrain.sim.partial.engine import summarise as partial_summary
 from tailtrain.strategies.base import ArrivalColumns, Selection, StepStats, Strategy
 from tailtrain.strategies.eager import RoundPlan
+from tailtrain.tasks.stream import job_batches
 
 log = logging.getLogger(__name__)
 

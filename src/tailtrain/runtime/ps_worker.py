@@ -4,7 +4,7 @@ The worker holds no rule and no clock that matters: the server decides every job
 Its loop (protocol in ``runtime.ps``)::
 
     wait for JOB or STOP (bounded)
-    JOB: split the mini-batch of (worker, job) (``sim.data_stream.job_batches``, the
+    JOB: split the mini-batch of (worker, job) (``tasks.stream.job_batches``, the
          simulator's) into ``units`` equal parts (micro-batches, or LGC's blocks) and compute
          them in order; between two units, and during a unit's injected seconds, look at the
          mailbox: any message interrupts the job (push & interrupt, pull & interrupt)
@@ -51,7 +51,7 @@ from tailtrain.runtime.ps_wire import (
     clock_worker,
 )
 from tailtrain.runtime.telemetry import RankLog, TraceRows
-from tailtrain.sim.data_stream import job_batches
+from tailtrain.tasks.stream import job_batches
 
 SERVER = 0
 

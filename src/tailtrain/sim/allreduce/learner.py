@@ -1,7 +1,7 @@
 """Real gradients for allreduce rounds: micro-batch data, local steps and the weighted average.
 
 Worker n's units in round r are micro-batches of ``task.batch_size`` samples from
-``sim.data_stream.job_batches`` keyed by (seed, n, r), the stream the parameter-server engine
+``tasks.stream.job_batches`` keyed by (seed, n, r), the stream the parameter-server engine
 uses for worker n's r-th job, so with one micro-batch and no drops the two engines see the same
 data. Only completed micro-batches are ever differentiated: those of one local step go to one
 batched ``torch.func`` call (shared parameters at the first local step, each worker's own copy
@@ -27,8 +27,8 @@ import numpy as np
 import torch
 
 from tailtrain.core.update import GradientStats, WeightedUpdate, gradient_stats
-from tailtrain.sim.data_stream import job_batches
 from tailtrain.strategies.base import Selection
+from tailtrain.tasks.stream import Draws
 
 
 @dataclass(frozen=True)
@@ -120,36 +120,6 @@ class RoundLearner:
         """theta <- theta - lr * sum_n w_n G_n (the hivemind-style weighted allreduce), plus
         any deferred term (``tailtrain.core.update``); ``keys`` are the workers' arrival keys."""
         self.theta = self.update.apply(self.theta, work.grads, keys, selection, lr_scale)
-
-
-class Draws:
-    """The fresh micro-batches of every worker's rounds, drawn many rounds at a time.
-
-    ``job_batches`` is keyed by (seed, worker, round), so a round's draws do not depend on
-    which rounds are drawn with it; one vectorised call for ``ROUNDS`` rounds saves the
-    runtime ~0.1-0.3 ms of numpy calls a round (its whole step may be 5 ms). Rebuilt from the
-    scenario and seed, it is not part of a checkpoint.
-    """
-
-    #: rounds drawn in one call, unless that would exceed ``VALUES`` indices
-    ROUNDS = 64
-    VALUES = 1 << 18  # 2 MiB of indices per call
-
-    def __init__(self, partition, seed: int, batch: int, n_workers: int) -> None:
-        self.partition, self.seed, self.batch, self.n = partition, seed, batch, n_workers
-        self.first, self.units = 0, 0
-        self.rounds = np.empty((0, n_workers, 0, batch), dtype=np.int64)
-
-    def round(self, index: int, units: int) -> np.ndarray:
-        """Indices (N, units, B) of round ``index``, shared with later calls: not to be written."""
-        if units != self.units or not self.first <= index < self.first + len(self.rounds):
-            count = max(1, min(self.ROUNDS, self.VALUES // (self.n * units * self.batch)))
-            workers = np.tile(np.arange(self.n), count)
-            jobs = np.repeat(np.arange(index, index + count), self.n)
-            drawn = job_batches(self.partition, self.seed, self.batch, workers, jobs, units)
-            self.rounds = drawn.reshape(count, self.n, units, self.batch)
-            self.first, self.units = index, units
-        return self.rounds[index - self.first]
 
 
 def completed_rows(done: np.ndarray, step: int, micro_batches: int) -> tuple[np.ndarray, ...]:

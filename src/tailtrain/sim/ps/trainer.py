@@ -11,8 +11,8 @@ import numpy as np
 import torch
 
 from tailtrain.core.update import GradientStats, WeightedUpdate, gradient_stats, rows_weighed
-from tailtrain.sim.data_stream import job_batches
 from tailtrain.strategies.base import ArrivalColumns, Selection
+from tailtrain.tasks.stream import job_batches
 
 
 class Trainer:
