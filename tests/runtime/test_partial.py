@@ -29,10 +29,10 @@ from tailtrain.runtime.microbench import (
     run_real_microbenchmark,
 )
 from tailtrain.runtime.partial import DIRECT_ACTIVATION, PartialCollective, partners, row
-from tailtrain.sim.partial.collectives import activation_hops
 from tailtrain.sim.run import simulate
 from tailtrain.strategies.eager import Collective, RoundPlan, majority_initiator
 from tailtrain.strategies.registry import parse_strategy
+from tailtrain.topology.partial import activation_hops
 
 pytestmark = pytest.mark.timeout(90)
 SLEEP = 1.0  # a sleeper's call comes this long after the fast processes' round

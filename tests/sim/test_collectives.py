@@ -11,12 +11,12 @@ from tailtrain.delays.schedule import CommTimes
 from tailtrain.errors import UsageError
 from tailtrain.sim.partial.collectives import (
     Network,
-    activation_hops,
     latencies,
     resolve_round,
 )
 from tailtrain.sim.partial.microbench import Microbenchmark, run_microbenchmark
 from tailtrain.strategies.eager import Collective, majority_initiator
+from tailtrain.topology.partial import activation_hops
 
 NET = Network(hop=1e-3, allreduce=0.25)
 

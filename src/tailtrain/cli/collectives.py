@@ -11,7 +11,8 @@ from rich.table import Table
 
 from tailtrain.errors import UsageError
 from tailtrain.network import DEFAULT_HOP, NetworkModel, parse_network
-from tailtrain.sim.partial.microbench import CollectiveStats, Microbenchmark, run_microbenchmark
+from tailtrain.sim.partial.microbench import Microbenchmark, run_microbenchmark
+from tailtrain.topology.partial import CollectiveStats
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -11,7 +11,7 @@ virtual clock and the same rule object deciding (``runtime.control``):
    ``stop=between``, the simulator's convention exactly; with ``stop=preempt`` (the default)
    a rank may leave after tau by up to one micro-batch, whose real compute cannot be cut.
 3. One weighted allreduce (``runtime.reduce``) of [w_n G_n, w_n, loss sum, units,
-   ||G_n||^2, ..., rows] with G_n = H A_n / C_n (``sim.allreduce.learner.worker_grad``). Its
+   ||G_n||^2, ..., rows] with G_n = H A_n / C_n (``topology.allreduce.worker_grad``). Its
    rows are the round's [C_n, T~_n, injected seconds, t_n^(1..U)] of every rank (laid out
    block-diagonally: an all-gather for free), each rank's [allreduce, round seconds] of the
    *previous* round and whether its gradient was screened out (NaN or inf: it joins with
@@ -82,8 +82,6 @@ from tailtrain.runtime.control import (
     check_agreement,
     check_divisor,
     check_own_weight,
-    own_arrival,
-    round_arrivals,
 )
 from tailtrain.runtime.grads import ModuleGrads
 from tailtrain.runtime.inject import FaultDrill, InjectedFault, Injector, sleep
@@ -109,10 +107,9 @@ from tailtrain.runtime.telemetry import (
     write_outputs,
 )
 from tailtrain.runtime.units import Work, compute
-from tailtrain.sim.allreduce.engine import budget_spent
-from tailtrain.sim.allreduce.learner import RoundLearner
 from tailtrain.strategies.base import AllreducePlan as Plan
 from tailtrain.strategies.base import ArrivalColumns, StepStats
+from tailtrain.topology.allreduce import RoundData, budget_spent, own_arrival, round_arrivals
 
 #: column of the first unit time in a gathered row [C_n, T~_n, injected, t_n^(1..U)]
 TIMES = 3
@@ -165,7 +162,7 @@ class _Rank:
     config: TrainConfig
     world: World
     rule: RuleDriver
-    learner: RoundLearner
+    learner: RoundData
     injector: Injector
     comm: Collectives
     log: RankLog
@@ -261,7 +258,7 @@ def start(config: TrainConfig, comm: Collectives) -> _Rank:
     world, strategy = build_world(config)
     if world.partition is None:
         raise UsageError(f"task {scenario.task!r} has no model to train; choose e.g. logreg")
-    learner = RoundLearner(world.task, world.partition, world.lr, config.seed, scenario.workers)
+    learner = RoundData(world.task, world.partition, world.lr, config.seed, scenario.workers)
     grads = ModuleGrads(world.task)
     grads(learner.theta, learner.batches(0, 1)[comm.rank, 0])  # warm-up, out of round 0's time
     identity = {

@@ -99,10 +99,10 @@ from tailtrain.runtime.keep import (
 from tailtrain.runtime.partial import PartialCollective, RoundResult, row
 from tailtrain.runtime.reduce import Collectives
 from tailtrain.runtime.telemetry import attach, close_record, follow
-from tailtrain.sim.partial.engine import summarise as partial_summary
 from tailtrain.strategies.base import ArrivalColumns, Selection, StepStats, Strategy
 from tailtrain.strategies.eager import RoundPlan
 from tailtrain.tasks.stream import job_batches
+from tailtrain.topology.partial import summarise as partial_summary
 
 log = logging.getLogger(__name__)
 

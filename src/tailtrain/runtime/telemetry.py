@@ -42,9 +42,8 @@ from tailtrain.core.records import RunRecord, prepare_folder
 from tailtrain.core.scenario import Scenario, World
 from tailtrain.progress import step_progress
 from tailtrain.runtime.config import TrainConfig
-from tailtrain.sim.allreduce.engine import step_row, summarise
-from tailtrain.sim.allreduce.timing import Stops
 from tailtrain.strategies.base import Plan, StepStats, Strategy
+from tailtrain.topology.allreduce import Stops, step_row, summarise
 
 
 class phase:  # lower case: it reads as a function, ``with phase("compute") as timer``

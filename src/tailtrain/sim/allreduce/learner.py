@@ -28,7 +28,7 @@ import torch
 
 from tailtrain.core.update import GradientStats, WeightedUpdate, gradient_stats
 from tailtrain.strategies.base import Selection
-from tailtrain.tasks.stream import Draws
+from tailtrain.topology.allreduce import RoundData, worker_grads
 
 
 @dataclass(frozen=True)
@@ -48,37 +48,13 @@ class RoundWork:
         return gradient_stats(self.losses, self.grads[active])
 
 
-class RoundLearner:
-    """Parameters, per-worker data queues and the gradient work of allreduce rounds."""
+class RoundLearner(RoundData):
+    """Round data and the gradient work of all N workers at once, vectorised (the
+    simulator's; a runtime rank computes its own, ``runtime.units``)."""
 
     def __init__(self, task, partition_state, lr: float, seed: int, n_workers: int) -> None:
-        self.task = task
-        self.partition = partition_state
-        self.lr = lr
+        super().__init__(task, partition_state, lr, seed, n_workers)
         self.update = WeightedUpdate(lr)
-        self.seed = seed
-        self.theta: torch.Tensor = task.init_params(seed)
-        self.queues: list[list[np.ndarray]] = [[] for _ in range(n_workers)]
-        self.drawn = Draws(partition_state, seed, task.batch_size, n_workers)
-
-    def batches(self, round_index: int, units: int) -> np.ndarray:
-        """Sample indices (N, U, B) of every worker's units: re-queued ones first, then fresh.
-        Read-only: with nothing re-queued it is a view of the draws kept for later rounds."""
-        drawn = self.drawn.round(round_index, units)
-        if not any(self.queues):  # nothing dropped and re-queued: the fresh draws as they are
-            return drawn
-        out = []
-        for worker, queue in enumerate(self.queues):
-            fresh = drawn[worker]
-            taken, self.queues[worker] = queue[:units], queue[units:]
-            queued = np.asarray(taken, dtype=fresh.dtype).reshape(-1, fresh.shape[1])
-            out.append(np.concatenate([queued, fresh])[:units])
-        return np.stack(out)
-
-    def requeue(self, batches: np.ndarray, done: np.ndarray) -> None:
-        """Put every dropped micro-batch back at the end of its worker's queue (Sec. 4.5)."""
-        for worker in np.flatnonzero(done < batches.shape[1]):
-            self.queues[worker].extend(batches[worker, done[worker] :])
 
     def work(
         self,
@@ -128,25 +104,6 @@ def completed_rows(done: np.ndarray, step: int, micro_batches: int) -> tuple[np.
     owner = np.repeat(np.arange(done.size), count)
     first = np.repeat(np.cumsum(count) - count, count)
     return owner, step * micro_batches + np.arange(owner.size) - first
-
-
-def worker_grads(total: torch.Tensor, done: np.ndarray, local_steps: int) -> torch.Tensor:
-    """G_n = H * A_n / C_n, and 0 for a worker that completed nothing."""
-    if len(done) == 1:
-        return worker_grad(total, int(done[0]), local_steps)
-    counts = torch.from_numpy(np.maximum(done, 1).astype(np.float64)).to(total.dtype)
-    grads = local_steps * total / counts[:, None]
-    if done.all():  # the common round: nothing to zero
-        return grads
-    return torch.where(torch.from_numpy(done > 0)[:, None], grads, 0.0)
-
-
-def worker_grad(total: torch.Tensor, done: int, local_steps: int) -> torch.Tensor:
-    """One worker's G_n = H * A_n / C_n (a rank's own, in the runtime): scalar arithmetic,
-    no index tensors; A_n itself when H = C_n = 1."""
-    if done == 0:
-        return torch.zeros_like(total)
-    return total if local_steps == done == 1 else local_steps * total / float(done)
 
 
 def _cat(parts: list[torch.Tensor]) -> torch.Tensor:

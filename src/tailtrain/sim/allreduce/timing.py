@@ -22,20 +22,10 @@ Everything is vectorised over workers and units (and over leading axes).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 
 from tailtrain.strategies.dropcompute import counted
-
-
-@dataclass(frozen=True)
-class Stops:
-    """Per worker: units done ``done``, compute seconds ``compute`` and ``full`` = T_n^(U)."""
-
-    done: np.ndarray
-    compute: np.ndarray
-    full: np.ndarray
+from tailtrain.topology.allreduce import Stops
 
 
 def stop_rule(times: np.ndarray, tau: float, preempt: bool) -> Stops:

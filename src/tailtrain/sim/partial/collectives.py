@@ -34,19 +34,9 @@ from numpy.typing import ArrayLike, NDArray
 
 from tailtrain.errors import UsageError
 from tailtrain.strategies.eager import Collective
+from tailtrain.topology.partial import activation_hops, counter_of
 
 FloatArray = NDArray[np.float64]
-
-
-def activation_hops(processes: int) -> int:
-    """⌈log2 P⌉: hops of the activation broadcast to P processes (0 for one process)."""
-    return max(0, int(processes - 1).bit_length())
-
-
-def counter_of(round_index: int, processes: int) -> int:
-    """The rank that counts the calls of quorum round ``round_index`` (it rotates, so no rank
-    carries every round; ``runtime.partial``); rounds may be an integer array."""
-    return round_index % processes
 
 
 @dataclass(frozen=True)

@@ -40,6 +40,7 @@ from tailtrain.sim.partial.models import Gradients, ModelStore
 from tailtrain.sim.partial.processes import Processes, SendBuffers, Work
 from tailtrain.strategies.base import ArrivalColumns, Selection, StepStats
 from tailtrain.strategies.eager import RoundPlan
+from tailtrain.topology.partial import summarise
 
 log = logging.getLogger(__name__)
 
@@ -256,15 +257,3 @@ class PartialCollectiveEngine:
 def _arrivals(work: Work) -> ArrivalColumns:
     """Gradients as the rule sees them: ``version`` is the step a gradient was made at."""
     return ArrivalColumns(work.worker, work.job, work.step, work.start, work.finish)
-
-
-def summarise(record: RunRecord) -> dict[str, float]:
-    """Run-level NAP and staleness of partial-collective rounds (the runtime's too)."""
-    if not record.steps:
-        return {}
-    stale = [s for row in record.steps for s in row["staleness"]]
-    return {
-        "mean_nap": float(record.column("nap").mean()),
-        "mean_staleness": float(np.mean(stale)) if stale else 0.0,
-        "max_staleness": int(max(stale, default=0)),
-    }
