@@ -13,7 +13,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 if TYPE_CHECKING:
     from tailtrain.core.scenario import Scenario
-    from tailtrain.sim.driver import Progress as StepCallback
+    from tailtrain.core.session import Progress as StepCallback
 
 
 @contextmanager

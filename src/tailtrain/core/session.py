@@ -4,12 +4,16 @@ and the interruption that carries a partial record (:class:`RunInterrupted`)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from tailtrain.core.records import RunRecord
 from tailtrain.faults import FaultPlan
+
+#: a run's progress callback, called with ``(step, time)`` after each step
+Progress = Callable[[int, float], None]
 
 
 @dataclass(frozen=True)

@@ -26,12 +26,11 @@ from tailtrain.core import checkpoint
 from tailtrain.core.evaluation import Evaluator
 from tailtrain.core.records import RUN_FILES, RecordSink, RunRecord, clear_run, write_json
 from tailtrain.core.scenario import World
-from tailtrain.core.session import RunControl, RunInterrupted
+from tailtrain.core.session import Progress, RunControl, RunInterrupted
 from tailtrain.core.update import NonFiniteGradient, WeightedUpdate
 from tailtrain.errors import UsageError
 from tailtrain.strategies.base import ArrivalColumns, Plan, Selection, StepStats, Strategy
 
-Progress = Callable[[int, float], None]
 Scorer = Callable[[], dict[str, Any]]
 
 
