@@ -18,7 +18,7 @@ SIM = "tailtrain.sim"
 #: what may import the simulator from outside it: the commands that run it and the papers'
 #: figures (whole packages), the plots of its comparisons and predict's measured families
 SIM_PACKAGES = ("tailtrain.cli", "tailtrain.reproduce")
-SIM_IMPORTERS = {"tailtrain.plots", "tailtrain.predict_families"}
+SIM_IMPORTERS = {"tailtrain.plots", "tailtrain.predict.families"}
 
 #: the virtual-clock modules, all that ``sim/`` should hold
 SIM_MODULES = {

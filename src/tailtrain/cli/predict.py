@@ -16,7 +16,7 @@ from tailtrain.delays import DelayModel, parse_delay, parse_pattern
 from tailtrain.delays.comm import parse_comm_time
 from tailtrain.errors import UsageError
 from tailtrain.predict import ALL_K_UP_TO, Prediction, Row, Scenario, k_grid, predict
-from tailtrain.predict_families import SIM_MAX_WORKERS, with_families
+from tailtrain.predict.families import SIM_MAX_WORKERS, with_families
 
 
 def register(sub: argparse._SubParsersAction) -> None:
