@@ -1,6 +1,6 @@
 """Run records, measured traces, rank-tagged logs and profiler ranges of `tailtrain train`.
 
-* ``steps.jsonl`` has the allreduce simulator's columns (``sim.allreduce.engine.step_row``)
+* ``steps.jsonl`` has the allreduce simulator's columns (``topology.allreduce.step_row``)
   with wall seconds in ``time``, plus ``rank_compute``, ``rank_injected``, ``rank_wait`` and
   ``rank_comm``: each rank's compute seconds, the injected seconds slept within them, its wait
   for the slowest rank's compute (max_k T~_k - T~_n, spent inside the allreduce) and the rest
