@@ -16,8 +16,8 @@ import statistics
 import time
 from typing import Any
 
+from tailtrain.core.scenario import Scenario
 from tailtrain.sim.run import simulate
-from tailtrain.sim.scenario import Scenario
 from tailtrain.strategies.base import ArrivalColumns, Context, Plan, Selection, StepStats, Strategy
 from tailtrain.strategies.registry import parse_strategy
 

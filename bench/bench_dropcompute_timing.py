@@ -17,8 +17,8 @@ import json
 import platform
 import time
 
+from tailtrain.core.scenario import Scenario
 from tailtrain.sim.run import simulate
-from tailtrain.sim.scenario import Scenario
 from tailtrain.strategies.registry import parse_strategy
 
 DELAY = "const:value=0.5+dropcompute-noise:scale=0.5"

@@ -33,10 +33,10 @@ from pathlib import Path
 
 import numpy as np
 
+from tailtrain.core.scenario import Scenario
 from tailtrain.runtime.config import TrainConfig
 from tailtrain.runtime.launch import Endpoint, launch, reserve
 from tailtrain.sim.run import simulate
-from tailtrain.sim.scenario import Scenario
 from tailtrain.strategies.registry import parse_strategy
 
 CASES = ["k-sync:k=6", "k-async:k=4", "dbw", "lgc:k=6,blocks=4"]

@@ -31,16 +31,15 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from tailtrain.runtime.allreduce import RankResult
-from tailtrain.runtime.config import TrainConfig
+from tailtrain.core.records import RunRecord
+from tailtrain.core.scenario import Scenario, World
+from tailtrain.runtime.config import RankResult, TrainConfig
 from tailtrain.runtime.launch import Endpoint, launch, reserve
 from tailtrain.runtime.ps import train_parameter_server
 from tailtrain.runtime.ps_wire import DOWN, HEADER, UP
 from tailtrain.runtime.reduce import Collectives
-from tailtrain.sim.data_stream import job_batches
-from tailtrain.sim.records import RunRecord
-from tailtrain.sim.scenario import Scenario, World
 from tailtrain.tasks import parse_task
+from tailtrain.tasks.stream import job_batches
 
 WORKERS = 8
 

@@ -40,7 +40,7 @@
   over PyTorch's ``PostLocalSGDOptimizer`` + ``post_localSGD_hook`` at its best period in
   {2, 4, 8}: same task, ranks, micro-batches, data stream and injected delays (the runtime's
   ``Injector``: the simulator's seeded delay process, slept), evaluation excluded from both
-  clocks, the time interpolated between evaluations (``sim.evaluation.time_to_target``) on
+  clocks, the time interpolated between evaluations (``core.evaluation.time_to_target``) on
   the same grid for both sides: every ``PLS_EVAL_EVERY`` = 8 iterations, a whole number of
   rounds for every candidate (H <= 8). A finer grid on one side would favour it: the loss
   falls convexly, so a straight line over a longer interval crosses the target later. Each
@@ -74,17 +74,17 @@ import torch.nn.functional as F
 from scipy.stats import binom
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from tailtrain.core.evaluation import time_to_target
+from tailtrain.core.records import RunRecord
+from tailtrain.core.scenario import Scenario
 from tailtrain.runtime.allreduce import train_allreduce
 from tailtrain.runtime.config import TrainConfig, build_world
 from tailtrain.runtime.inject import Injector
 from tailtrain.runtime.launch import Endpoint, launch, reserve
 from tailtrain.runtime.reduce import Collectives
-from tailtrain.sim.data_stream import job_batches
-from tailtrain.sim.evaluation import time_to_target
-from tailtrain.sim.records import RunRecord
 from tailtrain.sim.run import simulate
-from tailtrain.sim.scenario import Scenario
 from tailtrain.strategies.registry import parse_strategy
+from tailtrain.tasks.stream import job_batches
 
 SEED = 0
 OVERHEAD_TASK = "digits-cnn:batch=256"

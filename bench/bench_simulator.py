@@ -17,8 +17,8 @@ import time
 
 import torch
 
+from tailtrain.core.scenario import Scenario
 from tailtrain.sim.run import simulate
-from tailtrain.sim.scenario import Scenario
 from tailtrain.strategies.registry import parse_strategy
 from tailtrain.tasks import parse_task
 

@@ -42,9 +42,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from tailtrain.core.scenario import Scenario
 from tailtrain.runtime.config import TrainConfig
 from tailtrain.runtime.launch import Endpoint, launch, reserve
-from tailtrain.sim.scenario import Scenario
 
 DELAY = "const:value=0.02+dropcompute-noise:scale=0.02"
 CALIBRATE = 10

@@ -10,9 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tailtrain.core.records import RunRecord
+from tailtrain.core.scenario import Scenario
 from tailtrain.plots import figure, plot_runs, time_weighted_mean, title, wrap_spec
-from tailtrain.sim.records import RunRecord
-from tailtrain.sim.scenario import Scenario
 
 
 def brute_force_mean(times, values, a, b, points=20_000):

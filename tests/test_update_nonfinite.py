@@ -10,8 +10,7 @@ import torch
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from tailtrain.strategies.base import Selection, Weighting, arrival_keys
-from tailtrain.update import (
+from tailtrain.core.update import (
     NonFiniteGradient,
     WeightedUpdate,
     finite_rows,
@@ -19,6 +18,7 @@ from tailtrain.update import (
     isin,
     screen_own,
 )
+from tailtrain.strategies.base import Selection, Weighting, arrival_keys
 
 KEYS = arrival_keys(np.array([0, 1, 2]), np.array([5, 5, 5]))
 GRADS = torch.tensor([[1.0], [2.0], [math.nan]])

@@ -37,7 +37,7 @@ __version__ = "0.1.0"
 # the internals only through _INTERNAL, so this is the only file that names their modules.
 #: public name -> (module, attribute)
 _FACE: dict[str, tuple[str, str]] = {
-    "Scenario": ("tailtrain.sim.scenario", "Scenario"),
+    "Scenario": ("tailtrain.core.scenario", "Scenario"),
     "Strategy": ("tailtrain.strategies.base", "Strategy"),
     "strategy": ("tailtrain.face", "strategy"),
     "predict": ("tailtrain.face", "predict"),
@@ -49,9 +49,9 @@ _FACE: dict[str, tuple[str, str]] = {
     "StragglerStep": ("tailtrain.integrate.step", "StragglerStep"),
     "StragglerHookState": ("tailtrain.integrate.ddp", "StragglerHookState"),
     "weighted_allreduce_hook": ("tailtrain.integrate.ddp", "weighted_allreduce_hook"),
-    "RunRecord": ("tailtrain.sim.records", "RunRecord"),
-    "RankResult": ("tailtrain.runtime.allreduce", "RankResult"),
-    "Prediction": ("tailtrain.predict_scenario", "Prediction"),
+    "RunRecord": ("tailtrain.core.records", "RunRecord"),
+    "RankResult": ("tailtrain.runtime.config", "RankResult"),
+    "Prediction": ("tailtrain.predict.scenario", "Prediction"),
     "Comparison": ("tailtrain.sim.compare", "Comparison"),
     "Advice": ("tailtrain.advise", "Advice"),
 }
@@ -62,19 +62,19 @@ _INTERNAL: dict[str, tuple[str, str]] = {
     "simulate": ("tailtrain.sim.run", "simulate"),
     "compare": ("tailtrain.sim.compare", "compare"),
     "predict": ("tailtrain.predict", "predict"),
-    "with_families": ("tailtrain.predict_families", "with_families"),
-    "DelayScenario": ("tailtrain.predict_scenario", "Scenario"),
-    "K_FAMILY": ("tailtrain.predict_scenario", "K_FAMILY"),
+    "with_families": ("tailtrain.predict.families", "with_families"),
+    "DelayScenario": ("tailtrain.predict.scenario", "Scenario"),
+    "K_FAMILY": ("tailtrain.predict.scenario", "K_FAMILY"),
     "parse_delay": ("tailtrain.delays", "parse_delay"),
     "parse_pattern": ("tailtrain.delays", "parse_pattern"),
     "parse_comm_time": ("tailtrain.delays.comm", "parse_comm_time"),
     "TrainConfig": ("tailtrain.runtime.config", "TrainConfig"),
     "train": ("tailtrain.runtime.launch", "train"),
     "in_torchrun": ("tailtrain.runtime.launch", "in_torchrun"),
-    "prepare_folder": ("tailtrain.sim.records", "prepare_folder"),
-    "held_run": ("tailtrain.sim.records", "held_run"),
-    "clear_run": ("tailtrain.sim.records", "clear_run"),
-    "RUN_FILES": ("tailtrain.sim.records", "RUN_FILES"),
+    "prepare_folder": ("tailtrain.core.records", "prepare_folder"),
+    "held_run": ("tailtrain.core.records", "held_run"),
+    "clear_run": ("tailtrain.core.records", "clear_run"),
+    "RUN_FILES": ("tailtrain.core.records", "RUN_FILES"),
     "TRAIN_EXTRA": ("tailtrain.cli.run_folder", "TRAIN_EXTRA"),
     "train_own_model": ("tailtrain.runtime.ps_runner", "train_own_model"),
     "advise": ("tailtrain.advise", "advise"),
@@ -82,6 +82,8 @@ _INTERNAL: dict[str, tuple[str, str]] = {
 
 if TYPE_CHECKING:  # the same paths as _FACE, for type checkers (tests/test_face.py compares)
     from tailtrain.advise import Advice
+    from tailtrain.core.records import RunRecord
+    from tailtrain.core.scenario import Scenario
     from tailtrain.face import (
         advise,
         compare,
@@ -93,11 +95,9 @@ if TYPE_CHECKING:  # the same paths as _FACE, for type checkers (tests/test_face
     )
     from tailtrain.integrate.ddp import StragglerHookState, weighted_allreduce_hook
     from tailtrain.integrate.step import StragglerStep
-    from tailtrain.predict_scenario import Prediction
-    from tailtrain.runtime.allreduce import RankResult
+    from tailtrain.predict.scenario import Prediction
+    from tailtrain.runtime.config import RankResult
     from tailtrain.sim.compare import Comparison
-    from tailtrain.sim.records import RunRecord
-    from tailtrain.sim.scenario import Scenario
     from tailtrain.strategies.base import Strategy
 # ------------------------------------------------------------------------------------------------
 

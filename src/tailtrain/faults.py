@@ -3,7 +3,7 @@
 ``--inject-fault`` takes, repeatably:
 
 * ``nan:worker=W,step=S`` (``inf:`` gives +infinity): worker W's gradient becomes NaN at
-  update S. The value enters through the shared update path (``tailtrain.update``), where the
+  update S. The value enters through the shared update path (``tailtrain.core.update``), where the
   non-finite screening drops it, so the simulator and the runtime exercise the same code. A
   fault whose worker contributes no gradient to update S injects nothing.
 * ``kill:worker=W,step=S`` (``train`` only): worker W's process is killed (SIGKILL, no

@@ -21,9 +21,9 @@ import matplotlib.pyplot as plt
 from matplotlib.axes import Axes
 from matplotlib.ticker import MaxNLocator
 
+from tailtrain.core.records import RunRecord
+from tailtrain.core.scenario import Scenario
 from tailtrain.sim.compare import Comparison
-from tailtrain.sim.records import RunRecord
-from tailtrain.sim.scenario import Scenario
 
 #: bins of the time axis over which k_t and τ are averaged
 BINS = 100

@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 if TYPE_CHECKING:
-    from tailtrain.sim.driver import Progress as StepCallback
-    from tailtrain.sim.scenario import Scenario
+    from tailtrain.core.scenario import Scenario
+    from tailtrain.core.session import Progress as StepCallback
 
 
 @contextmanager

@@ -31,9 +31,9 @@ COMMON = {"workers": 5, "iterations": 12, "eval_every": 4}
 
 
 def record_of(name: str) -> dict:
-    from tailtrain.sim.records import clean
+    from tailtrain.core.records import clean
+    from tailtrain.core.scenario import Scenario
     from tailtrain.sim.run import simulate
-    from tailtrain.sim.scenario import Scenario
     from tailtrain.strategies.registry import parse_strategy
 
     spec, scenario, seed = CASES[name]

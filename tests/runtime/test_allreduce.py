@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from tailtrain.core.scenario import Scenario
 from tailtrain.errors import TailtrainError
 from tailtrain.runtime import allreduce, config
 from tailtrain.runtime.allreduce import train_allreduce
@@ -25,13 +26,12 @@ from tailtrain.runtime.config import TrainConfig
 from tailtrain.runtime.control import RuleDriver
 from tailtrain.runtime.launch import Endpoint, launch, reserve
 from tailtrain.runtime.reduce import Collectives
-from tailtrain.sim.data_stream import job_batches
 from tailtrain.sim.run import simulate
-from tailtrain.sim.scenario import Scenario
 from tailtrain.strategies.base import ArrivalColumns, Selection, SyncMode, Weighting
 from tailtrain.strategies.kfamily import StaticK
 from tailtrain.strategies.registry import parse_strategy
 from tailtrain.tasks import parse_partition, parse_task
+from tailtrain.tasks.stream import job_batches
 
 N = 3
 SEED = 5

@@ -11,8 +11,6 @@ from tailtrain.runtime.control import (
     check_agreement,
     check_divisor,
     check_own_weight,
-    own_arrival,
-    round_arrivals,
     weighting,
 )
 from tailtrain.runtime.topologies import TOPOLOGIES, check_topology
@@ -26,6 +24,7 @@ from tailtrain.strategies.base import (
     Weighting,
 )
 from tailtrain.strategies.registry import parse_strategy
+from tailtrain.topology.allreduce import own_arrival, round_arrivals
 
 
 def arrivals(units) -> ArrivalColumns:

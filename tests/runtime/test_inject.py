@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from tailtrain.core.scenario import Scenario
 from tailtrain.delays import DelayProcess
 from tailtrain.runtime.config import TrainConfig, build_world
 from tailtrain.runtime.inject import Injector
-from tailtrain.sim.scenario import Scenario
 
 SCENARIO = Scenario(
     task="logreg",

@@ -13,6 +13,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from tailtrain.core import checkpoint
 from tailtrain.errors import UsageError
 from tailtrain.faults import FaultPlan
 from tailtrain.runtime import keep
@@ -29,7 +30,6 @@ from tailtrain.runtime.keep import (
     stop_on_sigterm,
 )
 from tailtrain.runtime.reduce import PeerFailure
-from tailtrain.sim import checkpoint
 
 
 def write_rows(path, rows, torn: str = ""):

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from tailtrain.cli.train import workers
+from tailtrain.core.scenario import Scenario
 from tailtrain.errors import UsageError
 from tailtrain.runtime.config import TrainConfig
 from tailtrain.runtime.launch import (
@@ -25,7 +26,6 @@ from tailtrain.runtime.launch import (
     start_method,
     validate,
 )
-from tailtrain.sim.scenario import Scenario
 
 
 def test_endpoints_parse():

@@ -16,6 +16,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from tailtrain.core.scenario import Scenario
 from tailtrain.network import parse_network
 from tailtrain.runtime.config import TrainConfig
 from tailtrain.runtime.hang import HangDrill, run_hang_drill
@@ -28,11 +29,10 @@ from tailtrain.runtime.microbench import (
     run_real_microbenchmark,
 )
 from tailtrain.runtime.partial import DIRECT_ACTIVATION, PartialCollective, partners, row
-from tailtrain.sim.partial.collectives import activation_hops
 from tailtrain.sim.run import simulate
-from tailtrain.sim.scenario import Scenario
 from tailtrain.strategies.eager import Collective, RoundPlan, majority_initiator
 from tailtrain.strategies.registry import parse_strategy
+from tailtrain.topology.partial import activation_hops
 
 pytestmark = pytest.mark.timeout(90)
 SLEEP = 1.0  # a sleeper's call comes this long after the fast processes' round

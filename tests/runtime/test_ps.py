@@ -19,17 +19,17 @@ import torch
 import torch.nn.functional as F
 
 from tailtrain.cli.train import workers
+from tailtrain.core.scenario import Scenario, World
 from tailtrain.errors import UsageError
 from tailtrain.runtime.config import TrainConfig
 from tailtrain.runtime.launch import Endpoint, launch, reserve
 from tailtrain.runtime.ps import train_parameter_server
 from tailtrain.runtime.topologies import check_topology, processes
-from tailtrain.sim.data_stream import job_batches
 from tailtrain.sim.run import simulate
-from tailtrain.sim.scenario import Scenario, World
 from tailtrain.strategies.base import ArrivalColumns, StepStats, arrival_keys
 from tailtrain.strategies.registry import parse_strategy
 from tailtrain.tasks import parse_partition, parse_task
+from tailtrain.tasks.stream import job_batches
 
 N = 3
 SEED = 5

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 
+from tailtrain.core.scenario import Scenario
 from tailtrain.delays.trace import read_trace
 from tailtrain.runtime.config import TrainConfig, build_world
 from tailtrain.runtime.telemetry import (
@@ -18,7 +19,6 @@ from tailtrain.runtime.telemetry import (
     run_record,
     write_trace,
 )
-from tailtrain.sim.scenario import Scenario
 
 
 def test_a_ranks_trace_is_read_back_with_one_iteration_per_local_step(tmp_path):

@@ -11,11 +11,11 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tailtrain.core.scenario import Scenario
 from tailtrain.delays import DelayProcess
 from tailtrain.sim.allreduce.learner import RoundLearner
 from tailtrain.sim.allreduce.timing import stop_rule
 from tailtrain.sim.run import simulate
-from tailtrain.sim.scenario import Scenario
 from tailtrain.strategies.base import ArrivalColumns, Context
 from tailtrain.strategies.dropcompute import DropCompute, expected_drop_rate, larger_batch
 from tailtrain.strategies.registry import parse_strategy

@@ -5,9 +5,10 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from tailtrain.sim.allreduce.learner import Draws, RoundLearner, worker_grad, worker_grads
-from tailtrain.sim.data_stream import job_batches
+from tailtrain.sim.allreduce.learner import RoundLearner
 from tailtrain.tasks import parse_partition, parse_task
+from tailtrain.tasks.stream import Draws, job_batches
+from tailtrain.topology.allreduce import worker_grad, worker_grads
 
 
 def test_draws_kept_for_later_rounds_equal_each_rounds_own_draw():

@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from tailtrain.cli import main
+from tailtrain.core import checkpoint
 from tailtrain.errors import UsageError
-from tailtrain.sim import checkpoint
 
 RECORD = ("steps.jsonl", "evals.jsonl", "summary.json")
 
@@ -78,8 +78,8 @@ def simulate(argv, out, capsys, *extra):
 def small_blocks(monkeypatch):
     """Delays drawn 4 iterations at a time, so that a short run draws many blocks and a
     resume that lost the delay generators' state would show."""
-    monkeypatch.setattr("tailtrain.sim.durations.BLOCK", 4)
-    monkeypatch.setattr("tailtrain.sim.allreduce.timing.BLOCK", 4)
+    monkeypatch.setattr("tailtrain.delays.schedule.BLOCK", 4)
+    monkeypatch.setattr("tailtrain.delays.schedule.ROUND_BLOCK", 4)
 
 
 @pytest.mark.parametrize("case", sorted(CASES))

@@ -7,16 +7,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tailtrain.delays.schedule import CommTimes
 from tailtrain.errors import UsageError
 from tailtrain.sim.partial.collectives import (
-    CommTimes,
     Network,
-    activation_hops,
     latencies,
     resolve_round,
 )
 from tailtrain.sim.partial.microbench import Microbenchmark, run_microbenchmark
 from tailtrain.strategies.eager import Collective, majority_initiator
+from tailtrain.topology.partial import activation_hops
 
 NET = Network(hop=1e-3, allreduce=0.25)
 

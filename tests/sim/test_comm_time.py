@@ -11,13 +11,13 @@ from functools import cache
 import numpy as np
 import pytest
 
+from tailtrain.core.scenario import Scenario
 from tailtrain.delays import parse_delay
 from tailtrain.delays.comm import parse_comm_time
+from tailtrain.delays.schedule import JobDurations
 from tailtrain.predict import Scenario as Prediction
 from tailtrain.predict import predict
-from tailtrain.sim.durations import JobDurations
 from tailtrain.sim.run import simulate
-from tailtrain.sim.scenario import Scenario
 from tailtrain.strategies.registry import parse_strategy
 
 Z = 4.0

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from tailtrain.sim.data_stream import job_batches, keyed_uniform
 from tailtrain.tasks import parse_partition, parse_task
+from tailtrain.tasks.stream import job_batches, keyed_uniform
 
 
 def test_keyed_uniform_is_uniform_and_pure():

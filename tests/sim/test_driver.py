@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 import torch
 
+from tailtrain.core.scenario import Scenario
 from tailtrain.sim.run import simulate
-from tailtrain.sim.scenario import Scenario
 from tailtrain.strategies.base import Selection, Strategy
 from tailtrain.strategies.registry import parse_strategy
 

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import torch
 
-from tailtrain.sim.records import clean
+from tailtrain.core.records import clean
+from tailtrain.core.scenario import Scenario
 from tailtrain.sim.run import simulate
-from tailtrain.sim.scenario import Scenario
 from tailtrain.strategies.eager import majority_initiator
 from tailtrain.strategies.registry import parse_strategy
 from tailtrain.tasks import parse_task
@@ -248,10 +248,10 @@ def test_time_budget_bounds_the_run():
 
 
 def test_gradients_on_several_model_copies_match_one_call_per_copy():
-    from tailtrain.sim.data_stream import job_batches
+    from tailtrain.core.scenario import World
     from tailtrain.sim.partial.models import ModelStore
     from tailtrain.sim.partial.processes import Work
-    from tailtrain.sim.scenario import World
+    from tailtrain.tasks.stream import job_batches
 
     world = World.build(Scenario(task="logreg", workers=3, iterations=1), 0)
     store = ModelStore(world.task, world.partition, world.seed)

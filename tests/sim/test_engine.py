@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import torch
 
-from tailtrain.sim.records import clean
+from tailtrain.core.records import clean
+from tailtrain.core.scenario import Scenario
 from tailtrain.sim.run import simulate
-from tailtrain.sim.scenario import Scenario
 from tailtrain.strategies.registry import parse_strategy
 
 N = 4

@@ -7,12 +7,12 @@ import math
 import numpy as np
 import pytest
 
+from tailtrain.core.evaluation import DEFAULT_GRID_POINTS, EvalSchedule, time_to_target
+from tailtrain.core.records import RunRecord
+from tailtrain.core.scenario import Scenario
 from tailtrain.errors import UsageError
 from tailtrain.sim.compare import compare
-from tailtrain.sim.evaluation import DEFAULT_GRID_POINTS, EvalSchedule, time_to_target
-from tailtrain.sim.records import RunRecord
 from tailtrain.sim.run import simulate
-from tailtrain.sim.scenario import Scenario
 from tailtrain.strategies.registry import parse_strategy
 
 

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tailtrain.sim.durations import JobDurations
+from tailtrain.delays.schedule import JobDurations
 from tailtrain.sim.ps.timeline import ServerTimeline
 from tailtrain.strategies.base import SyncMode
 

@@ -12,10 +12,10 @@ import json
 import pytest
 import torch
 
+from tailtrain.core.records import clean
+from tailtrain.core.scenario import Scenario
 from tailtrain.errors import UsageError
-from tailtrain.sim.records import clean
 from tailtrain.sim.run import simulate
-from tailtrain.sim.scenario import Scenario
 from tailtrain.strategies.base import Context, Strategy
 from tailtrain.strategies.registry import BUILDERS, parse_strategy
 from tailtrain.tasks import parse_task

@@ -142,10 +142,10 @@ def test_a_topology_refuses_weights_it_cannot_apply_in_one_line():
 
 
 def test_simulate_train_and_the_loop_refuse_a_mismatch_before_anything_runs():
+    from tailtrain.core.scenario import Scenario
     from tailtrain.integrate.rounds import as_strategy
     from tailtrain.runtime.topologies import check_topology
     from tailtrain.sim.run import simulate
-    from tailtrain.sim.scenario import Scenario
 
     rule = FinishTimeWeights()
     with pytest.raises(UsageError, match="weighs arrivals by any"):

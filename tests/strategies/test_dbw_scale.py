@@ -23,8 +23,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tailtrain.core.scenario import Scenario
 from tailtrain.sim.run import simulate
-from tailtrain.sim.scenario import Scenario
 from tailtrain.strategies.base import Context, StepStats
 from tailtrain.strategies.dbw import Dbw, DbwState, best_k, round_trip_samples
 from tailtrain.strategies.registry import parse_strategy

@@ -6,13 +6,13 @@ import numpy as np
 import pytest
 import torch
 
+from tailtrain.core.scenario import Scenario
 from tailtrain.delays import DelayProcess
 from tailtrain.errors import UsageError
-from tailtrain.sim.data_stream import job_batches
 from tailtrain.sim.run import simulate
-from tailtrain.sim.scenario import Scenario
 from tailtrain.strategies.registry import parse_strategy
 from tailtrain.tasks import parse_partition, parse_task
+from tailtrain.tasks.stream import job_batches
 
 
 def unit_times(delay: str, seed: int, n: int, m: int | None, h: int, rounds: int) -> np.ndarray:

@@ -20,7 +20,7 @@ from tailtrain.advise.stragglers import MIN_ITERATIONS, WorkerScore, iteration_t
 from tailtrain.delays.parse import parse_delay
 from tailtrain.delays.trace import TraceDelay
 from tailtrain.errors import UsageError
-from tailtrain.predict_families import row_spec
+from tailtrain.predict.families import row_spec
 
 
 @dataclass(frozen=True)

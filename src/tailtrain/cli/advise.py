@@ -14,7 +14,7 @@ from tailtrain.advise import Advice, advise
 from tailtrain.advise.heatmap import plot_heatmap
 from tailtrain.cli.predict import _finite
 from tailtrain.cli.scenario_args import seed_value
-from tailtrain.sim.records import prepare_folder
+from tailtrain.core.records import prepare_folder
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -11,7 +11,8 @@ from rich.table import Table
 
 from tailtrain.errors import UsageError
 from tailtrain.network import DEFAULT_HOP, NetworkModel, parse_network
-from tailtrain.sim.partial.microbench import CollectiveStats, Microbenchmark, run_microbenchmark
+from tailtrain.sim.partial.microbench import Microbenchmark, run_microbenchmark
+from tailtrain.topology.partial import CollectiveStats
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -84,7 +85,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from tailtrain.sim.capacity import check_memory
+    from tailtrain.core.capacity import check_memory
 
     if args.procs >= 1 and args.iterations >= 1:  # the skew and delay draws, a few copies
         need = 8 * 4 * args.procs * args.iterations

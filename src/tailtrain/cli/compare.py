@@ -61,9 +61,9 @@ def parse_seeds(text: str) -> list[int]:
 
 
 def run(args: argparse.Namespace) -> int:
+    from tailtrain.core.records import claim_folder, clean, clear_run, write_json
     from tailtrain.plots import plot_comparison
     from tailtrain.sim.compare import CompareInterrupted, compare
-    from tailtrain.sim.records import claim_folder, clean, clear_run, write_json
     from tailtrain.strategies.registry import parse_strategies
 
     scenario = scenario_from_args(args)

@@ -16,7 +16,7 @@ from tailtrain.delays import DelayModel, parse_delay, parse_pattern
 from tailtrain.delays.comm import parse_comm_time
 from tailtrain.errors import UsageError
 from tailtrain.predict import ALL_K_UP_TO, Prediction, Row, Scenario, k_grid, predict
-from tailtrain.predict_families import SIM_MAX_WORKERS, with_families
+from tailtrain.predict.families import SIM_MAX_WORKERS, with_families
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -81,7 +81,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from tailtrain.sim.capacity import check_memory
+    from tailtrain.core.capacity import check_memory
 
     if args.workers >= 1:  # arrays of one number per K (predict checks its Monte Carlo draws)
         check_memory(64 * args.workers, f"--workers {args.workers}", "per-K arrays")

@@ -21,8 +21,8 @@ from tailtrain.cli.scenario_args import MAX_SEED, scenario_from_args
 from tailtrain.errors import UsageError
 
 if TYPE_CHECKING:  # the simulator pulls in torch: import it only when a command runs
-    from tailtrain.sim.driver import RunControl
-    from tailtrain.sim.scenario import Scenario
+    from tailtrain.core.scenario import Scenario
+    from tailtrain.core.session import RunControl
     from tailtrain.strategies.base import Strategy
 
 log = logging.getLogger(__name__)
@@ -81,7 +81,7 @@ class Job:
         folder = self.control.folder
         if folder is None:
             return "; nothing was kept (no --out)"
-        from tailtrain.sim.checkpoint import FILENAME
+        from tailtrain.core.checkpoint import FILENAME
 
         if (folder / FILENAME).exists():
             return f"; the record so far is in {folder}, continue with --resume {folder}"
@@ -90,9 +90,9 @@ class Job:
 
 def prepare_run(args: argparse.Namespace) -> Job:
     """A new run from the flags, every one checked before anything is written."""
+    from tailtrain.core.records import RUN_FILES, claim_folder
+    from tailtrain.core.session import RunControl
     from tailtrain.faults import FaultPlan
-    from tailtrain.sim.driver import RunControl
-    from tailtrain.sim.records import RUN_FILES, claim_folder
     from tailtrain.strategies.registry import parse_strategy
 
     scenario = scenario_from_args(args)
@@ -123,9 +123,9 @@ def prepare_run(args: argparse.Namespace) -> Job:
 
 def resume_run(args: argparse.Namespace) -> Job:
     """The run in ``--resume DIR``, from its run.json and its checkpoint."""
+    from tailtrain.core import checkpoint
+    from tailtrain.core.session import RunControl
     from tailtrain.faults import FaultPlan
-    from tailtrain.sim import checkpoint
-    from tailtrain.sim.driver import RunControl
     from tailtrain.strategies.registry import parse_strategy
 
     folder = Path(args.resume)
@@ -161,7 +161,7 @@ def _check_resume_flags(
     args: argparse.Namespace, folder: Path, flags: tuple[str, ...] = RUN_FLAGS
 ) -> None:
     """`--resume DIR` takes the run's flags from DIR; refuse any given that would differ."""
-    from tailtrain.sim.scenario import Scenario
+    from tailtrain.core.scenario import Scenario
 
     if not folder.is_dir():
         raise UsageError(f"--resume {folder} is not a folder; give the --out folder of a run")
@@ -180,7 +180,7 @@ def _check_resume_flags(
 
 def scenario_of(folder: Path, info: dict[str, Any]) -> Scenario:
     """The scenario run.json in ``folder`` records, or a one-line error."""
-    from tailtrain.sim.scenario import Scenario
+    from tailtrain.core.scenario import Scenario
 
     try:
         return Scenario(**info["scenario"])
@@ -275,7 +275,7 @@ def train_info(args: argparse.Namespace, scenario: Scenario, faults: Any) -> dic
 def resume_train(args: argparse.Namespace) -> tuple[dict[str, Any], Scenario]:
     """The run in ``train --resume DIR``: its run.json and scenario. ``--checkpoint-every``,
     ``--max-restarts`` and ``--timeout`` may be given anew; the flags that define the run not."""
-    from tailtrain.sim import checkpoint
+    from tailtrain.core import checkpoint
 
     folder = Path(args.resume)
     _check_resume_flags(args, folder, TRAIN_FLAGS)

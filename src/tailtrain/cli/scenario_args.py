@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 from tailtrain.errors import UsageError
 
 if TYPE_CHECKING:  # the simulator pulls in torch: import it only when a command runs
-    from tailtrain.sim.scenario import Scenario
+    from tailtrain.core.scenario import Scenario
 
 
 #: the delay model when --delay is not given (None in the parsed args, so that `train` can
@@ -113,7 +113,7 @@ def seed_value(text: str) -> int:
 
 
 def scenario_from_args(args: argparse.Namespace, *, default_iterations: int = 200) -> Scenario:
-    from tailtrain.sim.scenario import Scenario
+    from tailtrain.core.scenario import Scenario
 
     if args.target_loss is not None and args.target_loss < 0:
         # a library task may have a negative loss; no built-in task has

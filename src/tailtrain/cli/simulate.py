@@ -58,8 +58,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from tailtrain.cli.run_folder import prepare_run, resume_run
-    from tailtrain.sim.driver import RunInterrupted
-    from tailtrain.sim.records import clean
+    from tailtrain.core.records import clean
+    from tailtrain.core.session import RunInterrupted
     from tailtrain.sim.run import simulate
 
     job = resume_run(args) if args.resume is not None else prepare_run(args)

@@ -174,8 +174,8 @@ def fault_value(text: str):
 
 def run(args: argparse.Namespace) -> int:
     from tailtrain.cli.simulate import print_summary
+    from tailtrain.core.records import clean
     from tailtrain.runtime.launch import JobFailed, train
-    from tailtrain.sim.records import clean
 
     if args.tensorboard is not None:  # a missing package fails before the ranks start
         from tailtrain.tensorboard import check_tensorboard
@@ -202,12 +202,12 @@ def run(args: argparse.Namespace) -> int:
 def fresh(args: argparse.Namespace):
     """A run from the flags, and what claims its --out folder once the input is checked."""
     from tailtrain.cli.run_folder import TRAIN_EXTRA, train_info
+    from tailtrain.core.records import RUN_FILES, claim_folder, clear_run, write_json
     from tailtrain.faults import FaultPlan
     from tailtrain.runtime.config import TrainConfig
     from tailtrain.runtime.keep import restarts
     from tailtrain.runtime.launch import default_backend, in_torchrun
     from tailtrain.runtime.topologies import processes, topology_of
-    from tailtrain.sim.records import RUN_FILES, claim_folder, clear_run, write_json
     from tailtrain.strategies.base import Topology
     from tailtrain.strategies.registry import parse_strategy
 

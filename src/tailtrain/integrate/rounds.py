@@ -10,7 +10,7 @@ the user's model doing the compute and the wall clock deciding:
    ``<=``: ``strategies.dropcompute.may_start``). The seconds between a yield and the next request
    are that unit's measured time t_n^(u).
 3. :meth:`Rounds.agree` all-gathers ``[C_n, T~_n, loss sum, t_n^(1..U)]`` so that every rank
-   builds the same arrivals (``runtime.control.round_arrivals``), the rule's ``select`` gives
+   builds the same arrivals (``topology.allreduce.round_arrivals``), the rule's ``select`` gives
    every rank the same weights, and Algorithm 2's measured times are the same everywhere.
 4. The caller reduces ``[sum_n w_n G_n, sum_n w_n]`` (``runtime.reduce.Collectives`` or a DDP
    comm hook) and applies it.
@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 from tailtrain.errors import UsageError
-from tailtrain.runtime.control import RuleDriver, Weighting, round_arrivals, weighting
+from tailtrain.runtime.control import RuleDriver, Weighting, weighting
 from tailtrain.runtime.reduce import Collectives
 from tailtrain.runtime.topologies import topology_of
 from tailtrain.strategies.base import (
@@ -46,6 +46,7 @@ from tailtrain.strategies.base import (
 )
 from tailtrain.strategies.dropcompute import may_start
 from tailtrain.strategies.registry import parse_strategy
+from tailtrain.topology.allreduce import round_arrivals
 
 #: column of the first unit time in a gathered row [C_n, T~_n, loss sum, t_n^(1..U)]
 TIMES = 3

@@ -12,12 +12,12 @@ from pathlib import Path
 
 import numpy as np
 
+from tailtrain.core.records import RunRecord
+from tailtrain.core.scenario import Scenario
 from tailtrain.delays import parse_delay
 from tailtrain.reproduce.figures import bars, eval_curve, figure, k_curve, label
 from tailtrain.reproduce.report import FIGURE_ONLY, Report, Table, gap
 from tailtrain.reproduce.runs import Sizes, best, mean_of, name_of, run, target_table
-from tailtrain.sim.records import RunRecord
-from tailtrain.sim.scenario import Scenario
 from tailtrain.theory import expected_order_stat
 
 PAPER = "DBW (Xu, Neglia, Sebastianelli)"

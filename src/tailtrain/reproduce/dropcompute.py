@@ -13,12 +13,12 @@ from pathlib import Path
 
 import numpy as np
 
+from tailtrain.core.records import RunRecord
+from tailtrain.core.scenario import Scenario
 from tailtrain.delays import DelayProcess, parse_delay
 from tailtrain.reproduce.figures import bars, eval_curve, figure, label
 from tailtrain.reproduce.report import FIGURE_ONLY, Report, Table, gap
 from tailtrain.reproduce.runs import Sizes, mean_of, run, runs
-from tailtrain.sim.records import RunRecord
-from tailtrain.sim.scenario import Scenario
 from tailtrain.theory import (
     analytic_speedup,
     analytic_threshold,

@@ -13,11 +13,11 @@ from pathlib import Path
 
 import numpy as np
 
+from tailtrain.core.scenario import Scenario
 from tailtrain.reproduce.figures import bars, eval_curve, figure, label
 from tailtrain.reproduce.report import FIGURE_ONLY, Report, Table, gap
 from tailtrain.reproduce.runs import Sizes, mean_of, name_of, runs
 from tailtrain.sim.partial.microbench import Microbenchmark, run_microbenchmark
-from tailtrain.sim.scenario import Scenario
 
 PAPER = "eager-SGD (Li et al. 2020)"
 STEP = "const:value=0.4"  #: compute per step, see the module docstring

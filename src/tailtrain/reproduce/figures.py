@@ -12,7 +12,7 @@ import matplotlib
 matplotlib.use("Agg")  # files only: no display on servers and CI
 import matplotlib.pyplot as plt
 
-from tailtrain.sim.records import RunRecord
+from tailtrain.core.records import RunRecord
 
 
 @contextmanager

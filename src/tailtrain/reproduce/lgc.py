@@ -12,11 +12,11 @@ from pathlib import Path
 
 import numpy as np
 
+from tailtrain.core.scenario import Scenario
 from tailtrain.reproduce.figures import eval_curve, figure, label
 from tailtrain.reproduce.report import FIGURE_ONLY, Report, Table, gap
 from tailtrain.reproduce.runs import Sizes, mean_of, name_of
 from tailtrain.sim.compare import compare
-from tailtrain.sim.scenario import Scenario
 from tailtrain.strategies.base import ArrivalColumns, Selection
 from tailtrain.strategies.lgc import Lgc, LgcState, compensated_weights
 from tailtrain.strategies.registry import parse_strategy

@@ -11,11 +11,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from tailtrain.core.records import prepare_folder
 from tailtrain.errors import UsageError
 from tailtrain.reproduce import dbw, dropcompute, eager, lgc, stale
 from tailtrain.reproduce.report import Report
 from tailtrain.reproduce.runs import Sizes
-from tailtrain.sim.records import prepare_folder
 
 
 @dataclass(frozen=True)

@@ -14,11 +14,11 @@ from typing import Any
 
 import numpy as np
 
+from tailtrain.core.records import RunRecord
+from tailtrain.core.scenario import Scenario
 from tailtrain.reproduce.report import Table
 from tailtrain.sim.compare import Comparison, aggregate, compare
-from tailtrain.sim.records import RunRecord
 from tailtrain.sim.run import simulate
-from tailtrain.sim.scenario import Scenario
 from tailtrain.strategies.registry import parse_strategies, parse_strategy
 
 

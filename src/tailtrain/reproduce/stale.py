@@ -11,13 +11,13 @@ from pathlib import Path
 
 import numpy as np
 
+from tailtrain.core.scenario import Scenario
 from tailtrain.delays import parse_delay
 from tailtrain.predict import Scenario as PredictScenario
 from tailtrain.predict import predict
 from tailtrain.reproduce.figures import figure, label
 from tailtrain.reproduce.report import FIGURE_ONLY, Report, Table, gap
 from tailtrain.reproduce.runs import Sizes, best, mean_of, name_of, run, target_table
-from tailtrain.sim.scenario import Scenario
 from tailtrain.theory import async_speedup, expected_order_stat
 
 PAPER = "Slow and stale gradients (Dutta et al.)"

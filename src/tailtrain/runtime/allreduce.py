@@ -5,13 +5,13 @@ virtual clock and the same rule object deciding (``runtime.control``):
 
 1. ``plan``: tau, M, H (identical on every rank: same state).
 2. Compute (``runtime.units``: DropCompute Algorithm 1, Local-SGD App. B.3): the
-   micro-batches of ``sim.data_stream.job_batches`` keyed by (seed, n, r), as in the
+   micro-batches of ``tasks.stream.job_batches`` keyed by (seed, n, r), as in the
    simulator, one at a time with the task's flat-parameter gradients, each unit then sleeping
    its injected seconds; tau is checked *between* micro-batches. Parity runs use
    ``stop=between``, the simulator's convention exactly; with ``stop=preempt`` (the default)
    a rank may leave after tau by up to one micro-batch, whose real compute cannot be cut.
 3. One weighted allreduce (``runtime.reduce``) of [w_n G_n, w_n, loss sum, units,
-   ||G_n||^2, ..., rows] with G_n = H A_n / C_n (``sim.allreduce.learner.worker_grad``). Its
+   ||G_n||^2, ..., rows] with G_n = H A_n / C_n (``topology.allreduce.worker_grad``). Its
    rows are the round's [C_n, T~_n, injected seconds, t_n^(1..U)] of every rank (laid out
    block-diagonally: an all-gather for free), each rank's [allreduce, round seconds] of the
    *previous* round and whether its gradient was screened out (NaN or inf: it joins with
@@ -69,16 +69,19 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
+from tailtrain.core import checkpoint
+from tailtrain.core.evaluation import Evaluator
+from tailtrain.core.records import RunRecord
+from tailtrain.core.scenario import World
+from tailtrain.core.update import WeightedUpdate, key_workers, screen_own
 from tailtrain.errors import TailtrainError, UsageError
-from tailtrain.runtime.config import TrainConfig, build_world
+from tailtrain.runtime.config import RankResult, TrainConfig, build_world
 from tailtrain.runtime.control import (
     RuleDriver,
     Weighting,
     check_agreement,
     check_divisor,
     check_own_weight,
-    own_arrival,
-    round_arrivals,
 )
 from tailtrain.runtime.grads import ModuleGrads
 from tailtrain.runtime.inject import FaultDrill, InjectedFault, Injector, sleep
@@ -104,15 +107,9 @@ from tailtrain.runtime.telemetry import (
     write_outputs,
 )
 from tailtrain.runtime.units import Work, compute
-from tailtrain.sim import checkpoint
-from tailtrain.sim.allreduce.engine import budget_spent
-from tailtrain.sim.allreduce.learner import RoundLearner
-from tailtrain.sim.evaluation import Evaluator
-from tailtrain.sim.records import RunRecord
-from tailtrain.sim.scenario import World
 from tailtrain.strategies.base import AllreducePlan as Plan
 from tailtrain.strategies.base import ArrivalColumns, StepStats
-from tailtrain.update import WeightedUpdate, key_workers, screen_own
+from tailtrain.topology.allreduce import RoundData, budget_spent, own_arrival, round_arrivals
 
 #: column of the first unit time in a gathered row [C_n, T~_n, injected, t_n^(1..U)]
 TIMES = 3
@@ -122,16 +119,6 @@ EXTRAS = 5
 #: accounted with them: one a round costs ~50-90 us (~150 accounted) with its code cold from
 #: the compute, a batch a fraction of that
 ROWS_AT_ONCE = 32
-
-
-@dataclass(frozen=True)
-class RankResult:
-    """What a rank hands back to the launcher: the run record (rank 0's has evals and the
-    summary) and the final parameters."""
-
-    rank: int
-    record: RunRecord
-    theta: np.ndarray
 
 
 class Exchange(NamedTuple):  # a tuple: made on every round's critical path
@@ -175,7 +162,7 @@ class _Rank:
     config: TrainConfig
     world: World
     rule: RuleDriver
-    learner: RoundLearner
+    learner: RoundData
     injector: Injector
     comm: Collectives
     log: RankLog
@@ -206,7 +193,7 @@ class _Rank:
 def train_allreduce(config: TrainConfig, comm: Collectives) -> RankResult:
     """Run ``config`` as rank ``comm.rank`` of ``comm.world_size``; returns this rank's result.
 
-    Evaluations follow the simulator's schedule (``sim.evaluation``) on the wall clock of the
+    Evaluations follow the simulator's schedule (``core.evaluation``) on the wall clock of the
     rounds; rank 0 scores (every rank holds the same parameters) while the others wait. Every
     rank follows the schedule (the others into a record of their own, without scoring), so
     all know when rank 0 scored and wait for it at a barrier only then.
@@ -271,7 +258,7 @@ def start(config: TrainConfig, comm: Collectives) -> _Rank:
     world, strategy = build_world(config)
     if world.partition is None:
         raise UsageError(f"task {scenario.task!r} has no model to train; choose e.g. logreg")
-    learner = RoundLearner(world.task, world.partition, world.lr, config.seed, scenario.workers)
+    learner = RoundData(world.task, world.partition, world.lr, config.seed, scenario.workers)
     grads = ModuleGrads(world.task)
     grads(learner.theta, learner.batches(0, 1)[comm.rank, 0])  # warm-up, out of round 0's time
     identity = {
@@ -472,7 +459,7 @@ def reduce(run: _Rank, work: Work, weight: float, sums: SumBuffer) -> tuple[Weig
     """The round's one allreduce (module docstring, 3.) and the injected T^c; returns it and
     the weight this rank withheld. A rank whose gradient holds a NaN or an infinity joins with
     weight 0 and a zero gradient, as the simulator's update path screens it
-    (``tailtrain.update``), and flags itself in a gathered column of its own, so that every
+    (``tailtrain.core.update``), and flags itself in a gathered column of its own, so that every
     rank leaves it out of the round's used arrivals. While the collective runs, this rank
     makes the record rows of the rounds settled since the last batch (:func:`flush`, every
     ``ROWS_AT_ONCE`` rounds), which need nothing from it."""

@@ -2,7 +2,7 @@
 
 A :class:`TrainConfig` is plain, picklable data: the launcher hands the same one to every rank,
 and each rank rebuilds its own task, data partition, delay process and strategy state from it
-with the seed, exactly as the simulator does (``sim.scenario.World.build``).
+with the seed, exactly as the simulator does (``core.scenario.World.build``).
 """
 
 from __future__ import annotations
@@ -12,9 +12,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
+from tailtrain.core.records import RunRecord
+from tailtrain.core.scenario import Scenario, World
 from tailtrain.errors import UsageError
 from tailtrain.faults import FaultPlan
-from tailtrain.sim.scenario import Scenario, World
 from tailtrain.strategies.base import Strategy
 from tailtrain.strategies.registry import parse_strategy
 
@@ -37,7 +40,7 @@ class TrainConfig:
 
     ``fault`` (``--fail-at``) makes a rank raise; ``faults`` are ``--inject-fault`` drills
     (``tailtrain.faults``: NaN gradients, killed and frozen workers); ``on_nonfinite`` is
-    ``skip`` or ``raise``, as in ``tailtrain.update``.
+    ``skip`` or ``raise``, as in ``tailtrain.core.update``.
     ``timeout`` (seconds) bounds every collective and the rendezvous; ``worker_timeout``
     (seconds, None: automatic) is how long a parameter server waits on a silent worker before
     it suspects it hung (``runtime.ps_liveness``). ``out`` receives rank 0's
@@ -106,6 +109,16 @@ class TrainConfig:
     def on_cuda(self) -> bool:
         """Whether the ranks' collectives keep their buffers on a GPU."""
         return self.backend == "nccl" or self.device == "cuda"
+
+
+@dataclass(frozen=True)
+class RankResult:
+    """What a rank hands back to the launcher: the run record (rank 0's has evals and the
+    summary) and the final parameters."""
+
+    rank: int
+    record: RunRecord
+    theta: np.ndarray
 
 
 def build_world(config: TrainConfig, task: Any = None) -> tuple[World, Strategy]:

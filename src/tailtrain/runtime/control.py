@@ -11,7 +11,7 @@ DropCompute's divide-by-M); otherwise the divisor is the reduced sum_i w_i. One 
 
 A rank must know its own weight before that allreduce, but the arrivals of the others only
 after it: :meth:`RuleDriver.own_weight` asks the rule about this rank's arrival alone
-(:func:`own_arrival`). That is exact for every allreduce rule, whose weight of an arrival
+(``own_arrival``). That is exact for every allreduce rule, whose weight of an arrival
 depends on the units it counts only (sync: 1; DropCompute and Local-SGD: C_n / (H M)), so
 the driver asks once per state and count and remembers the answer: a static rule's state
 never changes, and its consultation leaves the round's critical path. Once the allreduce has
@@ -28,19 +28,18 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from tailtrain.core.update import key_workers
 from tailtrain.errors import TailtrainError
 from tailtrain.strategies.base import (
     AllreducePlan,
     ArrivalColumns,
     Context,
-    Plan,
     Selection,
-    ServerPlan,
     StepStats,
     Strategy,
 )
 from tailtrain.strategies.base import Weighting as SelectedWeights
-from tailtrain.update import key_workers
+from tailtrain.topology.allreduce import as_allreduce
 
 #: relative tolerance of the check that every rank used the same weights
 WEIGHT_RTOL = 1e-4
@@ -92,37 +91,6 @@ def check_agreement(expected_total: float, reduced_total: float) -> None:
         )
 
 
-def round_arrivals(
-    step: int, now: float, done: np.ndarray, compute: np.ndarray, units: int
-) -> ArrivalColumns:
-    """An allreduce round's arrivals from gathered per-rank counts C_n and compute seconds
-    T~_n. Built from gathered rows, they are identical on every rank.
-
-    Rank n's r-th round is its r-th job, from model r, a fraction C_n / units of a full one.
-    """
-    n = len(done)
-    ints = np.empty((3, n), dtype=np.int64)  # worker, job, version: one array, three rows
-    ints[0], ints[1:] = np.arange(n), step
-    floats = np.empty((3, n))  # start, finish, units
-    floats[0], floats[1], floats[2] = now, compute, done
-    floats[1] += now
-    floats[2] /= units
-    return ArrivalColumns.trusted(*ints, *floats, np.zeros(n, bool))
-
-
-def own_arrival(
-    step: int, now: float, rank: int, done: int, compute: float, units: int
-) -> ArrivalColumns:
-    """This rank's row of :func:`round_arrivals`, known before anything is exchanged."""
-    # two arrays sliced into seven columns: the first numpy calls after a round's compute
-    # run cold, ~5-15 us each, and this consultation is on every round's critical path
-    ints = np.array([rank, step, step], dtype=np.int64)
-    floats = np.array([now, now + compute, done / units])
-    return ArrivalColumns.trusted(
-        ints[0:1], ints[1:2], ints[2:3], floats[0:1], floats[1:2], floats[2:3], np.zeros(1, bool)
-    )
-
-
 def check_own_weight(used: float, selected: float) -> None:
     """The weight this rank reduced with equals its weight in the selection over all ranks."""
     if not math.isclose(used, selected, rel_tol=WEIGHT_RTOL, abs_tol=1e-9):
@@ -145,20 +113,6 @@ def check_divisor(used: float | None, selected: float | None) -> None:
             f"the rule divides by {selected!r} among all ranks but by {used!r} for one rank "
             "alone: a rule that keeps its state must fix its divisor from that state"
         )
-
-
-def as_allreduce(plan: Plan, n: int) -> AllreducePlan:
-    """An allreduce rule's plan as it is; sync's server plan (k = n, fresh only, nothing
-    partial) is the same round on an allreduce: every rank's whole gradient, averaged."""
-    if isinstance(plan, AllreducePlan):
-        return plan
-    if isinstance(plan, ServerPlan) and (plan.k, plan.accept_stale, plan.partial_blocks) == (
-        n,
-        False,
-        0,
-    ):
-        return AllreducePlan(k=n, lr_scale=plan.lr_scale)
-    raise TailtrainError(f"a plan {plan!r} needs a topology other than allreduce")
 
 
 class RuleDriver:

@@ -4,12 +4,12 @@ dbw-quorum on real ranks, over :class:`~tailtrain.runtime.partial.PartialCollect
 Rank p runs eager-SGD's Algorithm 2 as process p of ``sim.partial.engine`` does, with wall time
 for the virtual clock:
 
-1. its j-th gradient: the mini-batch ``sim.data_stream.job_batches`` keyed by (seed, p, j), at
+1. its j-th gradient: the mini-batch ``tasks.stream.job_batches`` keyed by (seed, p, j), at
    its own model; with ``--delay`` it then sleeps the seconds the simulator charges worker p's
    j-th job (``World.durations``, the same seeded draws);
 2. ``call`` of its step's round (late, waiting or active: ``runtime.partial``);
 3. it adopts the latest result, theta <- theta - lr * lr_scale * sum_i w g_i / divisor, through
-   ``tailtrain.update.WeightedUpdate`` (a late rank skips the rounds it missed, eager-SGD §5),
+   ``tailtrain.core.update.WeightedUpdate`` (a late rank skips the rounds it missed, eager-SGD §5),
    and after a round with ``average_models`` averages the models of all ranks (§5's periodic
    synchronisation; the staleness bound's synchronous rounds need no averaging).
 
@@ -79,9 +79,14 @@ from typing import Any
 import numpy as np
 import torch
 
+from tailtrain.core import checkpoint
+from tailtrain.core.evaluation import Evaluator
+from tailtrain.core.records import RunRecord
+from tailtrain.core.scenario import World
+from tailtrain.core.update import WeightedUpdate, screen_own
+from tailtrain.delays.schedule import CommTimes
 from tailtrain.errors import TailtrainError, UsageError
-from tailtrain.runtime.allreduce import RankResult
-from tailtrain.runtime.config import TrainConfig, build_world
+from tailtrain.runtime.config import RankResult, TrainConfig, build_world
 from tailtrain.runtime.inject import FaultDrill
 from tailtrain.runtime.keep import (
     Keeper,
@@ -94,16 +99,10 @@ from tailtrain.runtime.keep import (
 from tailtrain.runtime.partial import PartialCollective, RoundResult, row
 from tailtrain.runtime.reduce import Collectives
 from tailtrain.runtime.telemetry import attach, close_record, follow
-from tailtrain.sim import checkpoint
-from tailtrain.sim.data_stream import job_batches
-from tailtrain.sim.evaluation import Evaluator
-from tailtrain.sim.partial.collectives import CommTimes
-from tailtrain.sim.partial.engine import summarise as partial_summary
-from tailtrain.sim.records import RunRecord
-from tailtrain.sim.scenario import World
 from tailtrain.strategies.base import ArrivalColumns, Selection, StepStats, Strategy
 from tailtrain.strategies.eager import RoundPlan
-from tailtrain.update import WeightedUpdate, screen_own
+from tailtrain.tasks.stream import job_batches
+from tailtrain.topology.partial import summarise as partial_summary
 
 log = logging.getLogger(__name__)
 

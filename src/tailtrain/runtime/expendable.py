@@ -28,8 +28,8 @@ from typing import Any
 
 import numpy as np
 
-from tailtrain.runtime.allreduce import RankResult
-from tailtrain.sim.records import RunRecord
+from tailtrain.core.records import RunRecord
+from tailtrain.runtime.config import RankResult
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """Injected delays and faults: the simulator's seeded delay process, slept for real.
 
 Every rank builds the simulator's own sampler, ``DelayProcess(delay, pattern, seed, N, M)``
-read round by round through ``sim.allreduce.timing.RoundClock`` (one delay-process iteration
+read round by round through ``delays.schedule.RoundClock`` (one delay-process iteration
 per local step, the first M columns of each), and keeps column ``rank``. So worker w's j-th
 unit sleeps exactly the seconds the simulator charges it, on top of its real compute, and a
 measured unit time is compute + injected. ``--comm-time`` draws come from the clock's own
@@ -24,10 +24,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from tailtrain.core.scenario import World
 from tailtrain.delays.comm import parse_comm_time
+from tailtrain.delays.schedule import RoundClock
 from tailtrain.faults import FaultPlan
-from tailtrain.sim.allreduce.timing import RoundClock
-from tailtrain.sim.scenario import World
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """How a `tailtrain train` run is kept: its folder, checkpoints, and what a failed group leaves.
 
-The run folder is simulate's (``cli.run_folder``, ``sim.records``, ``sim.checkpoint``):
+The run folder is simulate's (``cli.run_folder``, ``core.records``, ``core.checkpoint``):
 ``run.json`` (the flags), ``steps.jsonl`` and ``evals.jsonl`` (rank 0 appends each row as it
 comes and flushes it, so a crash loses at most the round in flight), ``summary.json`` at the
 end and ``checkpoint.pt``, written atomically (a temporary file, then a rename) and read with
@@ -49,9 +49,9 @@ from typing import Any
 
 import torch.distributed as dist
 
+from tailtrain.core import checkpoint
+from tailtrain.core.records import RecordSink, RunRecord, write_json
 from tailtrain.errors import TailtrainError, UsageError
-from tailtrain.sim import checkpoint
-from tailtrain.sim.records import RecordSink, RunRecord, write_json
 
 log = logging.getLogger(__name__)
 
@@ -173,7 +173,7 @@ def reopen_records(
 # ---- checkpoints and the failure census --------------------------------------------------------
 @dataclass
 class Snapshot:
-    """A rank's state after ``step`` completed rounds (``sim.checkpoint`` containers)."""
+    """A rank's state after ``step`` completed rounds (``core.checkpoint`` containers)."""
 
     step: int
     data: dict[str, Any]

@@ -54,8 +54,7 @@ import torch
 import torch.distributed as dist
 
 from tailtrain.errors import TailtrainError, UsageError
-from tailtrain.runtime.allreduce import RankResult
-from tailtrain.runtime.config import TrainConfig, build_world
+from tailtrain.runtime.config import RankResult, TrainConfig, build_world
 from tailtrain.runtime.expendable import shielded
 from tailtrain.runtime.keep import describe, read_note, restarts
 from tailtrain.runtime.reduce import Collectives

@@ -64,9 +64,8 @@ from tailtrain.runtime.partial import (
     partners,
     row,
 )
-from tailtrain.sim.partial.collectives import activation_hops
-from tailtrain.sim.partial.microbench import BENCHMARKED, CollectiveStats
 from tailtrain.strategies.eager import Collective, RoundPlan, majority_initiator
+from tailtrain.topology.partial import BENCHMARKED, CollectiveStats, activation_hops
 
 WARMUP = 4
 

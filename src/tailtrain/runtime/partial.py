@@ -94,9 +94,9 @@ import torch
 import torch.distributed as dist
 
 from tailtrain.errors import TailtrainError
-from tailtrain.sim.partial.collectives import activation_hops, counter_of
 from tailtrain.strategies.base import ArrivalColumns
 from tailtrain.strategies.eager import Collective, RoundPlan
+from tailtrain.topology.partial import activation_hops, counter_of
 
 ACT, CALL, STOP, ABORT = 1, 2, 3, 4
 #: columns of one contributed gradient's row

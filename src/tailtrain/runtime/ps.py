@@ -4,7 +4,7 @@ Rank 0 serves; rank w + 1 is worker w (``--workers N`` starts N + 1 processes). 
 plays the simulator's ``sim.ps.timeline`` on its own wall clock, event by event, and calls the
 same rule objects (``plan`` / ``select`` / ``adapt``) with ``ArrivalColumns`` keyed
 (worker, job) that it builds from what arrived; it applies the Selection through the shared
-update path (``tailtrain.update.WeightedUpdate``, which carries LGC's deferred term).
+update path (``tailtrain.core.update.WeightedUpdate``, which carries LGC's deferred term).
 
 Protocol (``runtime.ps_wire``: fixed-size messages, tag UP to the server, DOWN to workers)
 ------------------------------------------------------------------------------------------
@@ -61,7 +61,7 @@ is PINGed every bound while no earlier send to it is pending. No worker ALIVE an
 for ``--timeout``: the run stops. The end waits one bound for a missing BYE, then gives the
 worker up (dead).
 
-Evaluations follow ``sim.evaluation`` on the server's clock, on snapshots of the model in
+Evaluations follow ``core.evaluation`` on the server's clock, on snapshots of the model in
 force, scored after the run so that the clock never pauses for them. Telemetry: steps.jsonl
 (the simulator's parameter-server columns, plus the jobs and weights of the contributors),
 summary.json (simulate's keys, ``wall_time`` for ``virtual_time``), trace-rank{r}.csv and
@@ -79,9 +79,12 @@ from typing import Any
 import numpy as np
 import torch
 
+from tailtrain.core.evaluation import Evaluator
+from tailtrain.core.records import RunRecord, prepare_folder
+from tailtrain.core.scenario import World
+from tailtrain.core.update import WeightedUpdate, gradient_stats, isin, rows_weighed
 from tailtrain.errors import TailtrainError, UsageError
-from tailtrain.runtime.allreduce import RankResult
-from tailtrain.runtime.config import TrainConfig, build_world
+from tailtrain.runtime.config import RankResult, TrainConfig, build_world
 from tailtrain.runtime.inject import FaultDrill, InjectedFault
 from tailtrain.runtime.ps_liveness import Liveness
 from tailtrain.runtime.ps_wire import (
@@ -98,9 +101,6 @@ from tailtrain.runtime.ps_wire import (
 from tailtrain.runtime.ps_worker import Worker
 from tailtrain.runtime.reduce import Collectives
 from tailtrain.runtime.telemetry import run_record, write_trace
-from tailtrain.sim.evaluation import Evaluator
-from tailtrain.sim.records import RunRecord, prepare_folder
-from tailtrain.sim.scenario import World
 from tailtrain.strategies.base import (
     COLUMNS,
     ArrivalColumns,
@@ -113,7 +113,6 @@ from tailtrain.strategies.base import (
     usable,
     uses_tokens,
 )
-from tailtrain.update import WeightedUpdate, gradient_stats, isin, rows_weighed
 
 IDLE = -1
 #: seconds between GIL hand-overs in the ranks (``sys.setswitchinterval``)

@@ -16,7 +16,7 @@ rank starts from the same parameters), ``loss(output, target)`` is the mean loss
 and ``data()`` returns ``(x_train, y_train)`` or ``(x_train, y_train, x_test, y_test)``
 tensors. The server, the workers, the rule (DBW, K-sync, LGC, ...) and the protocol are
 ``runtime.ps``'s; worker w's j-th job sees mini-batch (seed, w, j) of the training set, drawn
-as everywhere else (``sim.data_stream``). Locally the ranks are forked, so the callables may
+as everywhere else (``tasks.stream``). Locally the ranks are forked, so the callables may
 be lambdas; under torchrun every rank runs your script and passes its own.
 """
 
@@ -34,9 +34,9 @@ import torch
 from torch import nn
 from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
+from tailtrain.core.scenario import Scenario
 from tailtrain.errors import UsageError
-from tailtrain.runtime.allreduce import RankResult
-from tailtrain.runtime.config import TrainConfig
+from tailtrain.runtime.config import RankResult, TrainConfig
 from tailtrain.runtime.launch import (
     check_rendezvous,
     in_torchrun,
@@ -47,7 +47,6 @@ from tailtrain.runtime.launch import (
 )
 from tailtrain.runtime.ps import train_parameter_server
 from tailtrain.runtime.reduce import Collectives
-from tailtrain.sim.scenario import Scenario
 from tailtrain.strategies.base import Topology
 from tailtrain.strategies.registry import parse_strategy
 

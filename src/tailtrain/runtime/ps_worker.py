@@ -4,7 +4,7 @@ The worker holds no rule and no clock that matters: the server decides every job
 Its loop (protocol in ``runtime.ps``)::
 
     wait for JOB or STOP (bounded)
-    JOB: split the mini-batch of (worker, job) (``sim.data_stream.job_batches``, the
+    JOB: split the mini-batch of (worker, job) (``tasks.stream.job_batches``, the
          simulator's) into ``units`` equal parts (micro-batches, or LGC's blocks) and compute
          them in order; between two units, and during a unit's injected seconds, look at the
          mailbox: any message interrupts the job (push & interrupt, pull & interrupt)
@@ -14,7 +14,7 @@ Its loop (protocol in ``runtime.ps``)::
     STOP: send BYE and leave
 
 Injected delays (``JobClock``): worker w's j-th job lasts the simulator's draw for that job
-(``sim.durations.JobDurations``, round trips, T^c included), spread over its units as the
+(``delays.schedule.JobDurations``, round trips, T^c included), spread over its units as the
 simulator spreads it (micro-batch shares, or equal blocks). The draw is the job's whole
 round trip as simulated (pull, compute, push), so the worker aims at it: unit u ends at
 start + (its units' injected seconds) on the server's clock (the job's start comes in its
@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from tailtrain.core.scenario import World
 from tailtrain.faults import FaultPlan
 from tailtrain.runtime.config import Fault
 from tailtrain.runtime.inject import FaultDrill, InjectedFault
@@ -50,8 +51,7 @@ from tailtrain.runtime.ps_wire import (
     clock_worker,
 )
 from tailtrain.runtime.telemetry import RankLog, TraceRows
-from tailtrain.sim.data_stream import job_batches
-from tailtrain.sim.scenario import World
+from tailtrain.tasks.stream import job_batches
 
 SERVER = 0
 

@@ -1,6 +1,6 @@
 """Run records, measured traces, rank-tagged logs and profiler ranges of `tailtrain train`.
 
-* ``steps.jsonl`` has the allreduce simulator's columns (``sim.allreduce.engine.step_row``)
+* ``steps.jsonl`` has the allreduce simulator's columns (``topology.allreduce.step_row``)
   with wall seconds in ``time``, plus ``rank_compute``, ``rank_injected``, ``rank_wait`` and
   ``rank_comm``: each rank's compute seconds, the injected seconds slept within them, its wait
   for the slowest rank's compute (max_k T~_k - T~_n, spent inside the allreduce) and the rest
@@ -38,13 +38,12 @@ import numpy as np
 from torch.autograd import _profiler_enabled
 from torch.profiler import record_function
 
+from tailtrain.core.records import RunRecord, prepare_folder
+from tailtrain.core.scenario import Scenario, World
 from tailtrain.progress import step_progress
 from tailtrain.runtime.config import TrainConfig
-from tailtrain.sim.allreduce.engine import step_row, summarise
-from tailtrain.sim.allreduce.timing import Stops
-from tailtrain.sim.records import RunRecord, prepare_folder
-from tailtrain.sim.scenario import Scenario, World
 from tailtrain.strategies.base import Plan, StepStats, Strategy
+from tailtrain.topology.allreduce import Stops, step_row, summarise
 
 
 class phase:  # lower case: it reads as a function, ``with phase("compute") as timer``

@@ -9,8 +9,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from tailtrain.errors import UsageError
-from tailtrain.runtime.allreduce import RankResult, train_allreduce
-from tailtrain.runtime.config import TrainConfig
+from tailtrain.runtime.allreduce import train_allreduce
+from tailtrain.runtime.config import RankResult, TrainConfig
 from tailtrain.runtime.eager import train_partial
 from tailtrain.runtime.ps import train_parameter_server
 from tailtrain.runtime.reduce import Collectives

@@ -21,9 +21,9 @@ import torch
 
 from tailtrain.runtime.grads import ModuleGrads
 from tailtrain.runtime.inject import sleep
-from tailtrain.sim.allreduce.learner import worker_grad
 from tailtrain.strategies.base import AllreducePlan
 from tailtrain.strategies.dropcompute import finishes, may_start
+from tailtrain.topology.allreduce import worker_grad
 
 
 class Work(NamedTuple):  # a tuple, and lists of floats: made right after the compute

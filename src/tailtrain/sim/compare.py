@@ -1,7 +1,7 @@
 """Several strategies on the same scenario and seeds: common random numbers make it fair.
 
 Worker w's j-th job lasts the same time under every strategy for a given seed (see
-``sim.durations``), so differences between rows come from the strategies, not from luck.
+``delays.schedule``), so differences between rows come from the strategies, not from luck.
 """
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ from typing import Any
 
 import numpy as np
 
+from tailtrain.core.records import RunRecord
+from tailtrain.core.scenario import Scenario
 from tailtrain.errors import UsageError
-from tailtrain.sim.records import RunRecord
 from tailtrain.sim.run import simulate
-from tailtrain.sim.scenario import Scenario
 from tailtrain.strategies.base import Strategy
 
 METRICS = ("time_to_target", "final_loss", "final_eval", "mean_k", "mean_iteration_time")

@@ -2,37 +2,35 @@
 
 Each step: the rule plans, the topology's engine plays the step on its virtual clock and offers
 the arrivals, the rule selects, the engine applies the Selection through the shared update
-path (``tailtrain.update``) and reports ``StepStats``, and the rule adapts::
+path (``tailtrain.core.update``) and reports ``StepStats``, and the rule adapts::
 
     plan = rule.plan(state) -> engine.play(plan) -> rule.select(state, arrivals)
          -> engine.apply(plan, selection) -> rule.adapt(state, stats)
 
 Engines (``sim.ps``, ``sim.allreduce``, ``sim.partial``) own time, processes and tensors; the
-driver owns the loop, the record and the evaluations (``sim.evaluation``), and how a run is
+driver owns the loop, the record and the evaluations (``core.evaluation``), and how a run is
 kept (:class:`RunControl`): rows streamed to a folder, checkpoints every U updates and a
-resume from one (``sim.checkpoint``), fault drills and what a non-finite gradient does.
+resume from one (``core.checkpoint``), fault drills and what a non-finite gradient does.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
 
+from tailtrain.core import checkpoint
+from tailtrain.core.evaluation import Evaluator
+from tailtrain.core.records import RUN_FILES, RecordSink, RunRecord, clear_run, write_json
+from tailtrain.core.scenario import World
+from tailtrain.core.session import Progress, RunControl, RunInterrupted
+from tailtrain.core.update import NonFiniteGradient, WeightedUpdate
 from tailtrain.errors import UsageError
-from tailtrain.faults import FaultPlan
-from tailtrain.sim import checkpoint
-from tailtrain.sim.evaluation import Evaluator
-from tailtrain.sim.records import RUN_FILES, RecordSink, RunRecord, clear_run, write_json
-from tailtrain.sim.scenario import World
 from tailtrain.strategies.base import ArrivalColumns, Plan, Selection, StepStats, Strategy
-from tailtrain.update import NonFiniteGradient, WeightedUpdate
 
-Progress = Callable[[int, float], None]
 Scorer = Callable[[], dict[str, Any]]
 
 
@@ -80,36 +78,6 @@ class Engine(Protocol):
     def state_dict(self) -> dict[str, Any]: ...
 
     def load_state_dict(self, state: dict[str, Any]) -> None: ...
-
-
-@dataclass(frozen=True)
-class RunControl:
-    """How a run is kept. ``folder``: stream the record there (and checkpoints, every
-    ``checkpoint_every`` updates), replacing any run it held; ``resume``: a loaded
-    checkpoint to go on from; ``faults``: fault drills; ``on_nonfinite``: ``skip`` drops a
-    gradient with a NaN or an infinity from its update, ``raise`` stops the run
-    (``tailtrain.update``)."""
-
-    folder: Path | None = None
-    checkpoint_every: int | None = None
-    resume: dict[str, Any] | None = None
-    faults: FaultPlan = field(default_factory=FaultPlan)
-    on_nonfinite: str = "skip"
-    #: what started the run (``run.json``), written as a fresh run starts in ``folder``
-    run_info: dict[str, Any] | None = None
-
-    def checkpoint_due(self, step: int) -> bool:
-        every = self.checkpoint_every
-        return self.folder is not None and every is not None and step % every == 0
-
-
-class RunInterrupted(KeyboardInterrupt):
-    """Ctrl-C during a run; ``record`` holds what finished, its summary marked partial."""
-
-    def __init__(self, record: RunRecord, step: int) -> None:
-        super().__init__(f"interrupted at update {step}")
-        self.record = record
-        self.step = step
 
 
 def drive(

@@ -4,14 +4,15 @@ from __future__ import annotations
 
 from typing import Any
 
+from tailtrain.core.capacity import check_fits
+from tailtrain.core.records import RunRecord
+from tailtrain.core.scenario import Scenario, World
+from tailtrain.core.session import RunControl
+from tailtrain.delays.schedule import DelaySource
 from tailtrain.sim.allreduce.engine import AllreduceEngine
-from tailtrain.sim.capacity import check_fits
-from tailtrain.sim.driver import Progress, RunControl, drive
-from tailtrain.sim.durations import DelaySource
+from tailtrain.sim.driver import Progress, drive
 from tailtrain.sim.partial.engine import PartialCollectiveEngine
 from tailtrain.sim.ps.engine import ServerEngine
-from tailtrain.sim.records import RunRecord
-from tailtrain.sim.scenario import Scenario, World
 from tailtrain.strategies.base import Strategy, Topology, check_contract
 
 #: topology -> the simulator's engine for it (``sim.driver.Engine``)
@@ -36,7 +37,7 @@ def simulate(
 
     ``task`` and ``delays`` replace the scenario's task and delay process (tests, own models);
     ``control`` streams the record, checkpoints, resumes and drills faults (``sim.driver``).
-    A run too large for this machine's memory is refused before it starts (``sim.capacity``).
+    A run too large for this machine's memory is refused before it starts (``core.capacity``).
     """
     check_contract(strategy, strategy.topology)
     capacity = strategy.micro_batch_capacity(scenario.micro_batches)

@@ -16,20 +16,21 @@ sync_time (what the round would have taken without a threshold, T_i + T^c_i).
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import numpy as np
 
+from tailtrain.core import checkpoint
+from tailtrain.core.records import RunRecord
+from tailtrain.core.scenario import World
+from tailtrain.core.update import GradientStats, WeightedUpdate
 from tailtrain.delays.comm import parse_comm_time
-from tailtrain.sim import checkpoint
+from tailtrain.delays.schedule import RoundClock
 from tailtrain.sim.allreduce.learner import RoundLearner
-from tailtrain.sim.allreduce.timing import RoundClock, Stops, measured, stop_rule
+from tailtrain.sim.allreduce.timing import measured, stop_rule
 from tailtrain.sim.driver import Played, Scorer
-from tailtrain.sim.records import RunRecord
-from tailtrain.sim.scenario import Scenario, World
 from tailtrain.strategies.base import AllreducePlan, ArrivalColumns, Selection, StepStats
-from tailtrain.update import GradientStats, WeightedUpdate
+from tailtrain.topology.allreduce import budget_spent, step_row, summarise
 
 
 class AllreduceEngine:
@@ -119,7 +120,7 @@ class AllreduceEngine:
         return None if self.learner is None else self.learner.update
 
     def state_dict(self) -> dict[str, Any]:
-        """Everything a resumed run needs to go on bit for bit (``sim.checkpoint``)."""
+        """Everything a resumed run needs to go on bit for bit (``core.checkpoint``)."""
         return {
             "engine": checkpoint.capture(self, ("world", "clock", "learner")),
             "clock": checkpoint.capture(self.clock, ("process", "comm")),
@@ -137,63 +138,3 @@ class AllreduceEngine:
         if self.learner is not None:
             checkpoint.restore(self.learner, state["learner"])
             self.learner.update.load_state_dict(state["update"])
-
-
-def budget_spent(scenario: Scenario, step: int, now: float, plan: AllreducePlan) -> bool:
-    """The scenario's budget; an iteration budget stretched by ``plan.iteration_scale``
-    (DropCompute Sec. 4.5's extra steps)."""
-    if scenario.iterations is None:
-        return now >= scenario.time_budget
-    return step >= math.ceil(scenario.iterations * plan.iteration_scale - 1e-9)
-
-
-def step_row(
-    plan: AllreducePlan, stats: StepStats, stops: Stops, used: list[int], m: int, comm: float
-) -> dict[str, Any]:
-    n, units = stops.done.size, plan.local_steps * m
-    share = float(stops.done.sum()) / (n * units)
-    compute, sync = float(stops.compute.max()), float(stops.full.max())
-    return {
-        "step": stats.step,
-        "time": stats.time,
-        "k": int(np.count_nonzero(stops.done)),
-        "lr": stats.lr,
-        "loss": stats.loss,
-        "workers": used,
-        "staleness": [0] * len(used),
-        "threshold": plan.threshold,
-        "micro_batches": m,
-        "local_steps": plan.local_steps,
-        "completed": stops.done.tolist(),
-        "drop_rate": 1.0 - share,
-        # Algorithm 2's S_i: samples per second relative to sync SGD on the same draws
-        "s_eff": share * (sync + comm) / (compute + comm) if compute + comm > 0 else 1.0,
-        "compute_time": compute,
-        "comm_time": comm,
-        "sync_time": sync + comm,
-    }
-
-
-def summarise(record: RunRecord) -> dict[str, Any]:
-    """Run-level DropCompute figures: threshold in force at the end, drop rate and S_eff.
-
-    ``effective_speedup`` is Eq. (6) over the run: the share of micro-batches computed times
-    sum_i (T_i + T^c_i) / sum_i (T~_i + T^c_i), the ratio of throughputs with and without the
-    threshold on the same draws (as ``theory.dropcompute.evaluate_threshold`` estimates it).
-    """
-    if not record.steps:
-        return {"threshold": None, "drop_rate": math.nan, "effective_speedup": math.nan}
-    possible = np.array(
-        [len(r["completed"]) * r["micro_batches"] * r["local_steps"] for r in record.steps]
-    )
-    done = np.array([sum(r["completed"]) for r in record.steps])
-    used = record.column("compute_time") + record.column("comm_time")
-    share = done.sum() / possible.sum()
-    return {
-        "threshold": float(record.steps[-1]["threshold"]),
-        "drop_rate": float(1.0 - share),
-        "effective_speedup": float(share * record.column("sync_time").sum() / used.sum())
-        if used.sum() > 0
-        else 1.0,
-        "mean_completed": float(done.sum() / sum(len(r["completed"]) for r in record.steps)),
-    }

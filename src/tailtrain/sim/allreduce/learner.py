@@ -1,7 +1,7 @@
 """Real gradients for allreduce rounds: micro-batch data, local steps and the weighted average.
 
 Worker n's units in round r are micro-batches of ``task.batch_size`` samples from
-``sim.data_stream.job_batches`` keyed by (seed, n, r), the stream the parameter-server engine
+``tasks.stream.job_batches`` keyed by (seed, n, r), the stream the parameter-server engine
 uses for worker n's r-th job, so with one micro-batch and no drops the two engines see the same
 data. Only completed micro-batches are ever differentiated: those of one local step go to one
 batched ``torch.func`` call (shared parameters at the first local step, each worker's own copy
@@ -26,9 +26,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from tailtrain.sim.data_stream import job_batches
+from tailtrain.core.update import GradientStats, WeightedUpdate, gradient_stats
 from tailtrain.strategies.base import Selection
-from tailtrain.update import GradientStats, WeightedUpdate, gradient_stats
+from tailtrain.topology.allreduce import RoundData, worker_grads
 
 
 @dataclass(frozen=True)
@@ -48,37 +48,13 @@ class RoundWork:
         return gradient_stats(self.losses, self.grads[active])
 
 
-class RoundLearner:
-    """Parameters, per-worker data queues and the gradient work of allreduce rounds."""
+class RoundLearner(RoundData):
+    """Round data and the gradient work of all N workers at once, vectorised (the
+    simulator's; a runtime rank computes its own, ``runtime.units``)."""
 
     def __init__(self, task, partition_state, lr: float, seed: int, n_workers: int) -> None:
-        self.task = task
-        self.partition = partition_state
-        self.lr = lr
+        super().__init__(task, partition_state, lr, seed, n_workers)
         self.update = WeightedUpdate(lr)
-        self.seed = seed
-        self.theta: torch.Tensor = task.init_params(seed)
-        self.queues: list[list[np.ndarray]] = [[] for _ in range(n_workers)]
-        self.drawn = Draws(partition_state, seed, task.batch_size, n_workers)
-
-    def batches(self, round_index: int, units: int) -> np.ndarray:
-        """Sample indices (N, U, B) of every worker's units: re-queued ones first, then fresh.
-        Read-only: with nothing re-queued it is a view of the draws kept for later rounds."""
-        drawn = self.drawn.round(round_index, units)
-        if not any(self.queues):  # nothing dropped and re-queued: the fresh draws as they are
-            return drawn
-        out = []
-        for worker, queue in enumerate(self.queues):
-            fresh = drawn[worker]
-            taken, self.queues[worker] = queue[:units], queue[units:]
-            queued = np.asarray(taken, dtype=fresh.dtype).reshape(-1, fresh.shape[1])
-            out.append(np.concatenate([queued, fresh])[:units])
-        return np.stack(out)
-
-    def requeue(self, batches: np.ndarray, done: np.ndarray) -> None:
-        """Put every dropped micro-batch back at the end of its worker's queue (Sec. 4.5)."""
-        for worker in np.flatnonzero(done < batches.shape[1]):
-            self.queues[worker].extend(batches[worker, done[worker] :])
 
     def work(
         self,
@@ -118,38 +94,8 @@ class RoundLearner:
         self, selection: Selection, keys: np.ndarray, work: RoundWork, lr_scale: float
     ) -> None:
         """theta <- theta - lr * sum_n w_n G_n (the hivemind-style weighted allreduce), plus
-        any deferred term (``tailtrain.update``); ``keys`` are the workers' arrival keys."""
+        any deferred term (``tailtrain.core.update``); ``keys`` are the workers' arrival keys."""
         self.theta = self.update.apply(self.theta, work.grads, keys, selection, lr_scale)
-
-
-class Draws:
-    """The fresh micro-batches of every worker's rounds, drawn many rounds at a time.
-
-    ``job_batches`` is keyed by (seed, worker, round), so a round's draws do not depend on
-    which rounds are drawn with it; one vectorised call for ``ROUNDS`` rounds saves the
-    runtime ~0.1-0.3 ms of numpy calls a round (its whole step may be 5 ms). Rebuilt from the
-    scenario and seed, it is not part of a checkpoint.
-    """
-
-    #: rounds drawn in one call, unless that would exceed ``VALUES`` indices
-    ROUNDS = 64
-    VALUES = 1 << 18  # 2 MiB of indices per call
-
-    def __init__(self, partition, seed: int, batch: int, n_workers: int) -> None:
-        self.partition, self.seed, self.batch, self.n = partition, seed, batch, n_workers
-        self.first, self.units = 0, 0
-        self.rounds = np.empty((0, n_workers, 0, batch), dtype=np.int64)
-
-    def round(self, index: int, units: int) -> np.ndarray:
-        """Indices (N, units, B) of round ``index``, shared with later calls: not to be written."""
-        if units != self.units or not self.first <= index < self.first + len(self.rounds):
-            count = max(1, min(self.ROUNDS, self.VALUES // (self.n * units * self.batch)))
-            workers = np.tile(np.arange(self.n), count)
-            jobs = np.repeat(np.arange(index, index + count), self.n)
-            drawn = job_batches(self.partition, self.seed, self.batch, workers, jobs, units)
-            self.rounds = drawn.reshape(count, self.n, units, self.batch)
-            self.first, self.units = index, units
-        return self.rounds[index - self.first]
 
 
 def completed_rows(done: np.ndarray, step: int, micro_batches: int) -> tuple[np.ndarray, ...]:
@@ -158,25 +104,6 @@ def completed_rows(done: np.ndarray, step: int, micro_batches: int) -> tuple[np.
     owner = np.repeat(np.arange(done.size), count)
     first = np.repeat(np.cumsum(count) - count, count)
     return owner, step * micro_batches + np.arange(owner.size) - first
-
-
-def worker_grads(total: torch.Tensor, done: np.ndarray, local_steps: int) -> torch.Tensor:
-    """G_n = H * A_n / C_n, and 0 for a worker that completed nothing."""
-    if len(done) == 1:
-        return worker_grad(total, int(done[0]), local_steps)
-    counts = torch.from_numpy(np.maximum(done, 1).astype(np.float64)).to(total.dtype)
-    grads = local_steps * total / counts[:, None]
-    if done.all():  # the common round: nothing to zero
-        return grads
-    return torch.where(torch.from_numpy(done > 0)[:, None], grads, 0.0)
-
-
-def worker_grad(total: torch.Tensor, done: int, local_steps: int) -> torch.Tensor:
-    """One worker's G_n = H * A_n / C_n (a rank's own, in the runtime): scalar arithmetic,
-    no index tensors; A_n itself when H = C_n = 1."""
-    if done == 0:
-        return torch.zeros_like(total)
-    return total if local_steps == done == 1 else local_steps * total / float(done)
 
 
 def _cat(parts: list[torch.Tensor]) -> torch.Tensor:

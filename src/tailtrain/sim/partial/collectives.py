@@ -32,22 +32,11 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from tailtrain.delays.comm import parse_comm_time
 from tailtrain.errors import UsageError
 from tailtrain.strategies.eager import Collective
+from tailtrain.topology.partial import activation_hops, counter_of
 
 FloatArray = NDArray[np.float64]
-
-
-def activation_hops(processes: int) -> int:
-    """⌈log2 P⌉: hops of the activation broadcast to P processes (0 for one process)."""
-    return max(0, int(processes - 1).bit_length())
-
-
-def counter_of(round_index: int, processes: int) -> int:
-    """The rank that counts the calls of quorum round ``round_index`` (it rotates, so no rank
-    carries every round; ``runtime.partial``); rounds may be an integer array."""
-    return round_index % processes
 
 
 @dataclass(frozen=True)
@@ -178,19 +167,3 @@ def latencies(calls: ArrayLike, timing: RoundTiming, overhead: float = 0.0) -> F
     """
     calls = np.asarray(calls, dtype=np.float64)
     return np.maximum(timing.complete[..., None] - calls, 0.0) + overhead
-
-
-class CommTimes:
-    """Duration of each round's allreduce: none, a constant, or seeded draws of a delay spec.
-
-    ``Scenario.comm_time`` is seconds (``"0.05"``) or a delay spec (``"exp:rate=20"``).
-    """
-
-    def __init__(self, spec: str | None, seed: int) -> None:
-        self._model = parse_comm_time(spec)
-        self._rng = np.random.default_rng([seed, 0x636F6D6D])  # "comm": its own stream
-
-    def next(self) -> float:
-        if self._model is None:
-            return 0.0
-        return float(max(0.0, self._model.sample(self._rng, 1)[0]))

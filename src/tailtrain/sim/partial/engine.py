@@ -28,17 +28,19 @@ from typing import Any
 import numpy as np
 import torch
 
+from tailtrain.core import checkpoint
+from tailtrain.core.records import RunRecord
+from tailtrain.core.scenario import World
+from tailtrain.core.update import GradientStats, WeightedUpdate, gradient_stats
+from tailtrain.delays.schedule import CommTimes
 from tailtrain.network import parse_network
-from tailtrain.sim import checkpoint
 from tailtrain.sim.driver import Played, Scorer
-from tailtrain.sim.partial.collectives import CommTimes, Network, RoundTiming, resolve_round
+from tailtrain.sim.partial.collectives import Network, RoundTiming, resolve_round
 from tailtrain.sim.partial.models import Gradients, ModelStore
 from tailtrain.sim.partial.processes import Processes, SendBuffers, Work
-from tailtrain.sim.records import RunRecord
-from tailtrain.sim.scenario import World
 from tailtrain.strategies.base import ArrivalColumns, Selection, StepStats
 from tailtrain.strategies.eager import RoundPlan
-from tailtrain.update import GradientStats, WeightedUpdate, gradient_stats
+from tailtrain.topology.partial import summarise
 
 log = logging.getLogger(__name__)
 
@@ -225,7 +227,7 @@ class PartialCollectiveEngine:
         return None if self.models is None else self.update
 
     def state_dict(self) -> dict[str, Any]:
-        """Everything a resumed run needs to go on bit for bit (``sim.checkpoint``)."""
+        """Everything a resumed run needs to go on bit for bit (``core.checkpoint``)."""
         parts = ("world", "procs", "buffers", "models", "comm", "network", "update")
         return {
             "engine": checkpoint.capture(self, parts),
@@ -255,15 +257,3 @@ class PartialCollectiveEngine:
 def _arrivals(work: Work) -> ArrivalColumns:
     """Gradients as the rule sees them: ``version`` is the step a gradient was made at."""
     return ArrivalColumns(work.worker, work.job, work.step, work.start, work.finish)
-
-
-def summarise(record: RunRecord) -> dict[str, float]:
-    """Run-level NAP and staleness of partial-collective rounds (the runtime's too)."""
-    if not record.steps:
-        return {}
-    stale = [s for row in record.steps for s in row["staleness"]]
-    return {
-        "mean_nap": float(record.column("nap").mean()),
-        "mean_staleness": float(np.mean(stale)) if stale else 0.0,
-        "max_staleness": int(max(stale, default=0)),
-    }

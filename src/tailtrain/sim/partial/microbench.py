@@ -18,19 +18,9 @@ import numpy as np
 from tailtrain.delays import DelayProcess
 from tailtrain.errors import UsageError
 from tailtrain.network import DEFAULT_HOP
-from tailtrain.sim.partial.collectives import Network, activation_hops, latencies, resolve_round
-from tailtrain.strategies.eager import Collective, majority_initiator
-
-#: the order of the report: the synchronous baseline first
-BENCHMARKED = (Collective.ALLREDUCE, Collective.SOLO, Collective.MAJORITY, Collective.QUORUM)
-
-
-@dataclass(frozen=True)
-class CollectiveStats:
-    """Mean latency (seconds per process and call) and mean NAP of one collective."""
-
-    latency: float
-    nap: float
+from tailtrain.sim.partial.collectives import Network, latencies, resolve_round
+from tailtrain.strategies.eager import majority_initiator
+from tailtrain.topology.partial import BENCHMARKED, CollectiveStats, activation_hops
 
 
 @dataclass(frozen=True)

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from tailtrain.sim.data_stream import job_batches
 from tailtrain.sim.partial.processes import Work
+from tailtrain.tasks.stream import job_batches
 
 
 @dataclass(frozen=True)

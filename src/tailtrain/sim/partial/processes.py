@@ -14,7 +14,7 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 
-from tailtrain.sim.durations import JobDurations
+from tailtrain.delays.schedule import JobDurations
 
 
 @dataclass(frozen=True)

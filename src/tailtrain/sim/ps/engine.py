@@ -12,19 +12,19 @@ from typing import Any
 
 import numpy as np
 
-from tailtrain.sim import checkpoint
+from tailtrain.core import checkpoint
+from tailtrain.core.records import RunRecord
+from tailtrain.core.scenario import World
+from tailtrain.core.update import GradientStats, WeightedUpdate
 from tailtrain.sim.driver import Played, Scorer
 from tailtrain.sim.ps.timeline import IDLE, ServerTimeline, StepArrivals
 from tailtrain.sim.ps.trainer import Trainer
-from tailtrain.sim.records import RunRecord
-from tailtrain.sim.scenario import World
 from tailtrain.strategies.base import (
     ArrivalColumns,
     Selection,
     ServerPlan,
     StepStats,
 )
-from tailtrain.update import GradientStats, WeightedUpdate
 
 
 class ServerEngine:
@@ -141,7 +141,7 @@ class ServerEngine:
         return None if self.trainer is None else self.trainer.update
 
     def state_dict(self) -> dict[str, Any]:
-        """Everything a resumed run needs to go on bit for bit (``sim.checkpoint``)."""
+        """Everything a resumed run needs to go on bit for bit (``core.checkpoint``)."""
         tl = self.timeline
         return {
             "engine": checkpoint.capture(self, ("world", "timeline", "trainer")),

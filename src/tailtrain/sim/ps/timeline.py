@@ -28,8 +28,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from tailtrain.delays.schedule import JobDurations
 from tailtrain.errors import TailtrainError
-from tailtrain.sim.durations import JobDurations
 from tailtrain.strategies.base import ArrivalColumns, SyncMode, step_closes, usable, uses_tokens
 
 IDLE = -1

@@ -10,9 +10,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from tailtrain.sim.data_stream import job_batches
+from tailtrain.core.update import GradientStats, WeightedUpdate, gradient_stats, rows_weighed
 from tailtrain.strategies.base import ArrivalColumns, Selection
-from tailtrain.update import GradientStats, WeightedUpdate, gradient_stats, rows_weighed
+from tailtrain.tasks.stream import job_batches
 
 
 class Trainer:
@@ -27,7 +27,7 @@ class Trainer:
 
     @classmethod
     def of(cls, world) -> Trainer:
-        """The trainer of a ``sim.scenario.World`` with a model."""
+        """The trainer of a ``core.scenario.World`` with a model."""
         return cls(world.task, world.partition, world.lr, world.seed)
 
     def batch(self, worker: int, job: int) -> np.ndarray:
@@ -71,7 +71,7 @@ class Trainer:
         arrivals: ArrivalColumns,
         lr_scale: float,
     ) -> GradientStats:
-        """theta_{v+1} = theta_v - lr * lr_scale * d_t (``tailtrain.update``); the statistics
+        """theta_{v+1} = theta_v - lr * lr_scale * d_t (``tailtrain.core.update``); the statistics
         cover the whole gradients computed (partial work excluded)."""
         index = rows_weighed(arrivals.keys, selection)
         losses, grads = self._grads(arrivals, index)

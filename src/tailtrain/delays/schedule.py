@@ -1,4 +1,13 @@
-"""Per-worker job durations drawn in bulk from a delay process.
+"""The seeded samplers of a run's delays: when each job or round computes and communicates.
+
+Three samplers, each on its own seeded stream, shared by the simulator and the runtime
+(which injects what they draw):
+
+- :class:`JobDurations`: per-worker job durations (parameter server, partial collectives);
+- :class:`RoundClock`: unit times and T^c of successive synchronous allreduce rounds;
+- :class:`CommTimes`: T^c of each partial-collective round.
+
+Job durations are drawn in bulk from a delay process.
 
 Worker w's j-th job always takes the same time for a given seed, whatever the strategy does
 with it. That gives every strategy the same sampled delay paths (common random numbers), so a
@@ -6,7 +15,7 @@ comparison between strategies is not blurred by different luck.
 
 With a communication model, a job is a parameter-server round trip: pull the model, compute,
 push the gradient, so it lasts compute + T^c. T^c is drawn per job from its own seeded stream
-(as ``sim.allreduce.timing.RoundClock`` does per round), so adding ``--comm-time`` leaves the
+(as :class:`RoundClock` does per round), so adding ``--comm-time`` leaves the
 compute draws unchanged, and a worker pattern's slowdown scales the compute only.
 """
 
@@ -17,6 +26,8 @@ from typing import Protocol
 import numpy as np
 
 from tailtrain.delays.base import DelayModel
+from tailtrain.delays.comm import parse_comm_time
+from tailtrain.errors import UsageError
 
 
 class DelaySource(Protocol):
@@ -30,6 +41,8 @@ class DelaySource(Protocol):
 BLOCK = 256
 #: stream of the per-job communication times, apart from the delay process's
 COMM_STREAM = 12
+#: rounds a RoundClock samples per block
+ROUND_BLOCK = 64
 
 
 class JobDurations:
@@ -104,3 +117,75 @@ class JobDurations:
     def advance(self, workers: np.ndarray) -> None:
         """Mark the next job of each worker (distinct) as started."""
         self.next_job[workers] += 1
+
+
+class RoundClock:
+    """Unit durations and communication times of successive rounds, sampled in blocks.
+
+    One delay-process iteration is one local step: a round of H local steps takes H rows
+    (N, M_cap), of which the first M columns are used. Communication times come from their
+    own seeded stream, so adding ``--comm-time`` leaves the compute draws unchanged.
+    """
+
+    def __init__(self, process: DelaySource, comm: DelayModel | None, seed: int) -> None:
+        self.process = process
+        self.comm = comm
+        self._comm_rng = np.random.default_rng((seed, 11))
+        self._rows: np.ndarray | None = None
+        self._comm: np.ndarray = np.empty(0)
+
+    def _block(self) -> np.ndarray:
+        block = self.process.next_block(ROUND_BLOCK)
+        return block if block.ndim == 3 else block[:, :, None]
+
+    def take(self, local_steps: int, micro_batches: int, start: float) -> np.ndarray:
+        """Unit times (N, H*M) of the next round, which starts at virtual time ``start``."""
+        while self._rows is None or self._rows.shape[0] < local_steps:
+            fresh = self._block()
+            left = self._rows is not None and self._rows.shape[0] > 0
+            self._rows = np.concatenate([self._rows, fresh]) if left else fresh
+        if micro_batches > self._rows.shape[2]:
+            raise UsageError(
+                f"a round needs {micro_batches} micro-batches but only "
+                f"{self._rows.shape[2]} were sampled per iteration"
+            )
+        rows, self._rows = self._rows[:local_steps], self._rows[local_steps:]
+        times = rows[:, :, :micro_batches].transpose(1, 0, 2).reshape(rows.shape[1], -1)
+        if getattr(getattr(self.process, "pattern", None), "time_scheduled", False):
+            times = self._scheduled(times, start)
+        return times
+
+    def _scheduled(self, times: np.ndarray, start: float) -> np.ndarray:
+        """Scale each unit by the slowdown in force at its own virtual start time."""
+        times = times.copy()
+        workers = np.arange(times.shape[0])
+        elapsed = np.zeros(times.shape[0])
+        for u in range(times.shape[1]):  # a unit's start depends on the scaled ones before it
+            times[:, u] *= self.process.time_factor(start + elapsed, workers)
+            elapsed += times[:, u]
+        return times
+
+    def next_comm(self) -> float:
+        """T^c of the next round (0 without a communication model)."""
+        if self.comm is None:
+            return 0.0
+        if self._comm.size == 0:
+            self._comm = np.maximum(self.comm.sample(self._comm_rng, ROUND_BLOCK), 0.0)
+        value, self._comm = float(self._comm[0]), self._comm[1:]
+        return value
+
+
+class CommTimes:
+    """Duration of each round's allreduce: none, a constant, or seeded draws of a delay spec.
+
+    ``Scenario.comm_time`` is seconds (``"0.05"``) or a delay spec (``"exp:rate=20"``).
+    """
+
+    def __init__(self, spec: str | None, seed: int) -> None:
+        self._model = parse_comm_time(spec)
+        self._rng = np.random.default_rng([seed, 0x636F6D6D])  # "comm": its own stream
+
+    def next(self) -> float:
+        if self._model is None:
+            return 0.0
+        return float(max(0.0, self._model.sample(self._rng, 1)[0]))

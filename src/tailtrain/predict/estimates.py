@@ -34,36 +34,31 @@ Carlo samples), searched above M mu / 2 (Assumption C.3).
 
 from __future__ import annotations
 
-import logging
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from tailtrain.delays import DelayModel, DelayProcess
-from tailtrain.delays.process import trace_notes, trace_terms
+from tailtrain.delays import DelayModel
 from tailtrain.delays.sum import SumDelay
 from tailtrain.errors import UsageError
-from tailtrain.predict_large import (
+from tailtrain.predict.context import _Context
+from tailtrain.predict.large import (
     LARGE_N,
     k_async_estimates,
     k_batch_sync_estimates,
     search,
 )
-from tailtrain.predict_scenario import (  # noqa: F401  (the public names of predict)
+from tailtrain.predict.scenario import (
     ALL_K_UP_TO,
-    CRITERION,
-    K_FAMILY,
-    STRATEGIES,
     Prediction,
     Row,
     Scenario,
     k_grid,
 )
-from tailtrain.sim.capacity import check_memory
 from tailtrain.theory.dropcompute import (
     analytic_threshold,
     bailey_iteration_time,
@@ -71,8 +66,8 @@ from tailtrain.theory.dropcompute import (
     evaluate_threshold,
     exact_threshold,
 )
-from tailtrain.theory.estimate import EXACT, NUMERICAL, monte_carlo
-from tailtrain.theory.families import NonNegative, exponential_params, nonnegative
+from tailtrain.theory.estimate import EXACT, NUMERICAL
+from tailtrain.theory.families import exponential_params
 from tailtrain.theory.montecarlo import (
     equilibrium_residuals,
     k_async_iteration_time,
@@ -82,13 +77,10 @@ from tailtrain.theory.montecarlo import (
     table_draw,
 )
 from tailtrain.theory.order_stats import OrderStats, expected_order_stats
-from tailtrain.theory.sums import partial_sum_laws, sum_method
-
-log = logging.getLogger(__name__)
+from tailtrain.theory.sums import sum_method
 
 _CHAINS = 16  # independent K-async chains (their spread gives the standard error)
 _JOB_BUDGET = 100_000  # jobs per K-async / K-batch-sync estimate, bounds time and memory
-_RUNS = 16  # independent runs under a worker pattern (their spread gives the standard error)
 
 
 def predict(scenario: Scenario) -> Prediction:
@@ -129,123 +121,13 @@ def _paper_note(ctx: _Context, sync_time: float) -> str:
     )
 
 
-# ---------------------------------------------------------------- scenario context
-
-
-@dataclass
-class _Context:
-    """Derived laws and samplers shared by the strategies of one prediction."""
-
-    scenario: Scenario
-    exact_delay: DelayModel  # law used by formulas (negatives clipped when they matter)
-    sampled_delay: DelayModel  # law the samplers draw (negatives always clipped)
-    sampled_comm: DelayModel | None
-    job_law: DelayModel | None  # exact law of one job (sum of M micro-batches), if known
-    partial_sums: list[DelayModel] | None  # laws of the sums of 1..M micro-batches, if known
-    ks: list[int] | NDArray[np.int64]  # every K evaluated where all are (1..N without --k)
-    listed: NDArray[np.int64]  # the K that become rows (every K is still evaluated)
-    notes: list[str]
-    sync_time: float = math.nan  # E[T_sync], set by the sync rows (needed to pick best K)
-    k_sync: tuple[Any, ...] = ()  # (K, E[T], stderr, method) of K-sync, set by the sync rows
-    _sync_sample: list[tuple[NDArray[np.float64], NDArray[np.float64]]] | None = None
-
-    @classmethod
-    def build(cls, s: Scenario) -> _Context:
-        exact_delay = nonnegative(s.delay)
-        sampled = NonNegative(s.delay) if s.delay.support[0] < 0 else s.delay
-        comm = s.comm if isinstance(s.comm, DelayModel) else None
-        DelayProcess(sampled, s.pattern, s.seed, s.workers, s.micro_batches)  # validates
-        notes = []
-        if exact_delay is not s.delay:
-            notes.append(f"{s.delay.spec!r} is negative with some probability; clipped at 0")
-        for note in trace_notes(s.delay, s.workers).values():
-            log.warning("%s", note)
-            notes.append(note)
-        log.info("predict: exact job law %s", "known" if s.iid else "unused (pattern)")
-        sums = partial_sum_laws(exact_delay, s.micro_batches or 1) if s.iid else None
-        return cls(
-            scenario=s,
-            exact_delay=exact_delay,
-            sampled_delay=sampled,
-            sampled_comm=None if comm is None else nonnegative(comm),
-            job_law=None if sums is None else sums[-1],
-            partial_sums=sums,
-            ks=sorted(s.ks) if s.ks else np.arange(1, s.workers + 1),
-            listed=np.asarray(s.ks or k_grid(s.workers), dtype=np.int64),
-            notes=notes,
-        )
-
-    @property
-    def m(self) -> int:
-        return self.scenario.micro_batches or 1
-
-    def rng(self, *stream: int) -> np.random.Generator:
-        """Independent seeded stream per (component, K): same seed, same numbers."""
-        return np.random.default_rng([self.scenario.seed, *stream])
-
-    def method(self, n: int) -> str:
-        return monte_carlo(n, self.scenario.seed)
-
-    @property
-    def runs(self) -> int:
-        """Independent runs to sample. A pattern's per-run draws (e.g. heterogeneous speeds)
-        and persistence make the iterations of one run dependent, so under a pattern the
-        standard errors come from the spread of run means."""
-        return 1 if self.scenario.iid else _RUNS
-
-    def run(self, rng: np.random.Generator, iterations: int, part: int = 0) -> NDArray[np.float64]:
-        """t[i, n, m] of one run through the worker pattern (i.i.d. when there is none). A
-        trace replay is deterministic, so run ``part`` replays the part-th segment of it."""
-        s = self.scenario
-        start = part * iterations if s.delay.per_worker else 0
-        process = DelayProcess(
-            self.sampled_delay, s.pattern, rng, s.workers, s.micro_batches, start=start
-        )
-        t = process.next_block(iterations)
-        return t if t.ndim == 3 else t[:, :, None]
-
-    def blocks(self, rng: np.random.Generator, iterations: int) -> list[NDArray[np.float64]]:
-        """t[i, n, m] of ``iterations`` in total, one block per independent run."""
-        per_run = max(1, iterations // self.runs)
-        return [self.run(child, per_run, part) for part, child in enumerate(rng.spawn(self.runs))]
-
-    def comm_times(self, rng: np.random.Generator, shape: tuple[int, ...]) -> NDArray[np.float64]:
-        if self.sampled_comm is None:
-            return np.full(shape, float(self.scenario.comm))
-        return self.sampled_comm.sample(rng, shape)
-
-    def iid_jobs(self, rng: np.random.Generator, shape: tuple[int, ...]) -> NDArray[np.float64]:
-        """i.i.d. job times (sum of M micro-batches plus T^c) of the given shape."""
-        jobs = self.sampled_delay.sample(rng, (*shape, self.m)).sum(axis=-1)
-        return jobs + self.comm_times(rng, shape)
-
-    def sync_sample(self) -> list[tuple[NDArray[np.float64], NDArray[np.float64]]]:
-        """Shared Monte Carlo sample: per run, micro-batch times t[i, n, m] and T^c[i]."""
-        if self._sync_sample is None:
-            rng = self.rng(0)
-            iterations = self.iterations_for(self.scenario.samples)
-            need = 8 * iterations * self.scenario.workers * self.m * 4
-            check_memory(need, f"--workers {self.scenario.workers}", "Monte Carlo draws")
-            blocks = self.blocks(rng, iterations)
-            self._sync_sample = [(t, self.comm_times(rng, (t.shape[0],))) for t in blocks]
-        return self._sync_sample
-
-    def iterations_for(self, wanted: int) -> int:
-        """At most ``wanted`` iterations (or all of a replayed trace) and ~8M micro-batch
-        draws, at least 100."""
-        per_iteration = self.scenario.workers * self.m
-        replayed = [t.replay.lengths.max() for t in trace_terms(self.scenario.delay)]
-        wanted = max(wanted, *replayed) if self.scenario.delay.per_worker else wanted
-        return int(max(100, min(wanted, 8_000_000 // per_iteration)))
-
-
 # ---------------------------------------------------------------- strategies
 
 
 def _sync_rows(ctx: _Context) -> list[Row]:
     """sync = K-sync with K = N; K-sync E[T] = E[(X + C)_{K:N}] (Lemma 1 on round trips).
     Above ``LARGE_N`` workers without ``--k``, K is searched on a grid and refined
-    (``predict_large``)."""
+    (``predict.large``)."""
     n = ctx.scenario.workers
     if ctx.scenario.ks is None and n > LARGE_N:
         ks, mean, stderr, method = search(lambda ks: _k_sync_stats(ctx, ks), n, ctx.listed)

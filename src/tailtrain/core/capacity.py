@@ -1,6 +1,6 @@
 """Refuse, before any work, a simulation that cannot fit in this machine's memory.
 
-The engines draw delays ``durations.BLOCK`` iterations at a time for every worker (and every
+The engines draw delays ``delays.schedule.BLOCK`` iterations at a time for every worker (and every
 micro-batch): the delay process's block, the per-job tables of compute and communication
 times and the micro-batch progress shares, with a transient copy or two while a block is
 appended. Model tasks add per-worker gradients and local copies of D parameters. The
@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import os
 
+from tailtrain.delays.schedule import BLOCK
 from tailtrain.errors import UsageError
-from tailtrain.sim.durations import BLOCK
 from tailtrain.strategies.base import JOB_BITS
 
 #: arrival keys pack a worker above JOB_BITS bits of job into an int64

@@ -8,13 +8,13 @@ from typing import Any
 
 import numpy as np
 
+from tailtrain.core.evaluation import EvalSchedule, time_to_target
+from tailtrain.core.records import RunRecord
 from tailtrain.delays import DelayProcess, parse_delay, parse_pattern
 from tailtrain.delays.comm import parse_comm_time
+from tailtrain.delays.schedule import DelaySource, JobDurations
 from tailtrain.errors import UsageError
 from tailtrain.network import parse_network
-from tailtrain.sim.durations import DelaySource, JobDurations
-from tailtrain.sim.evaluation import EvalSchedule, time_to_target
-from tailtrain.sim.records import RunRecord
 from tailtrain.strategies.base import Context, Strategy
 from tailtrain.tasks import parse_partition, parse_task
 
@@ -74,7 +74,7 @@ class Scenario:
 
     @property
     def evaluation(self) -> EvalSchedule:
-        """When the run evaluates its model (``sim.evaluation``)."""
+        """When the run evaluates its model (``core.evaluation``)."""
         return EvalSchedule.of(
             eval_interval=self.eval_interval,
             eval_every=self.eval_every,

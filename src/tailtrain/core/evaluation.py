@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from tailtrain.sim.records import RunRecord
+from tailtrain.core.records import RunRecord
 
 #: evaluations on the default virtual-time grid of a time-budgeted run
 DEFAULT_GRID_POINTS = 100

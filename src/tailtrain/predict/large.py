@@ -22,17 +22,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 import numpy as np
 from numpy.typing import NDArray
 
 from tailtrain.delays.sum import SumDelay
+from tailtrain.predict.context import _Context
 from tailtrain.theory.meanfield import MIN_GAP, k_async_mean_field, k_batch_sync_mean_field
 from tailtrain.theory.montecarlo import k_async_tail_iteration_time
-
-if TYPE_CHECKING:  # predict imports this module
-    from tailtrain.predict import _Context
 
 LARGE_N = 2048  #: above this many i.i.d. workers, the methods of this module
 SEARCH_POINTS = 512  #: log-spaced and evenly spaced K of the K-sync search grid, each

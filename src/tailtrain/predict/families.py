@@ -30,7 +30,8 @@ from typing import Any
 import numpy as np
 
 from tailtrain.delays import DelayModel
-from tailtrain.predict import Prediction, Row, Scenario, best_k, k_grid
+from tailtrain.predict.estimates import best_k
+from tailtrain.predict.scenario import Prediction, Row, Scenario, k_grid
 from tailtrain.theory.families import closed_form
 from tailtrain.theory.order_stats import expected_order_stats
 
@@ -145,8 +146,8 @@ def simulated_row(s: Scenario, spec: str, strategy: str, k: int | None = None) -
 
 def _throughput(s: Scenario, spec: str, iterations: int) -> tuple[float, float, float]:
     """(mean time per update, gradients applied per second, stderr of the mean time)."""
+    from tailtrain.core.scenario import Scenario as SimScenario
     from tailtrain.sim.run import simulate  # torch: only when simulating
-    from tailtrain.sim.scenario import Scenario as SimScenario
     from tailtrain.strategies.registry import parse_strategy
 
     scenario = SimScenario(

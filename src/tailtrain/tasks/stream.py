@@ -2,6 +2,7 @@
 
 Every engine draws mini-batches here, so worker w's j-th job (its j-th gradient, or its
 j-th allreduce round) sees the same data under every strategy and in the runtime.
+:class:`Draws` reads an allreduce run's rounds from it many rounds at a time.
 """
 
 from __future__ import annotations
@@ -27,6 +28,36 @@ def job_batches(
     sizes = partition.sizes[workers.astype(np.int64)][:, None, None]
     offsets = np.minimum((u * sizes).astype(np.int64), sizes - 1)
     return partition.pool[partition.starts[workers.astype(np.int64)][:, None, None] + offsets]
+
+
+class Draws:
+    """The fresh micro-batches of every worker's rounds, drawn many rounds at a time.
+
+    ``job_batches`` is keyed by (seed, worker, round), so a round's draws do not depend on
+    which rounds are drawn with it; one vectorised call for ``ROUNDS`` rounds saves the
+    runtime ~0.1-0.3 ms of numpy calls a round (its whole step may be 5 ms). Rebuilt from the
+    scenario and seed, it is not part of a checkpoint.
+    """
+
+    #: rounds drawn in one call, unless that would exceed ``VALUES`` indices
+    ROUNDS = 64
+    VALUES = 1 << 18  # 2 MiB of indices per call
+
+    def __init__(self, partition, seed: int, batch: int, n_workers: int) -> None:
+        self.partition, self.seed, self.batch, self.n = partition, seed, batch, n_workers
+        self.first, self.units = 0, 0
+        self.rounds = np.empty((0, n_workers, 0, batch), dtype=np.int64)
+
+    def round(self, index: int, units: int) -> np.ndarray:
+        """Indices (N, units, B) of round ``index``, shared with later calls: not to be written."""
+        if units != self.units or not self.first <= index < self.first + len(self.rounds):
+            count = max(1, min(self.ROUNDS, self.VALUES // (self.n * units * self.batch)))
+            workers = np.tile(np.arange(self.n), count)
+            jobs = np.repeat(np.arange(index, index + count), self.n)
+            drawn = job_batches(self.partition, self.seed, self.batch, workers, jobs, units)
+            self.rounds = drawn.reshape(count, self.n, units, self.batch)
+            self.first, self.units = index, units
+        return self.rounds[index - self.first]
 
 
 def keyed_uniform(key: np.ndarray, counter: np.ndarray) -> np.ndarray:

@@ -1,0 +1,189 @@
+"""The allreduce topology's ledger, shared by the simulator (``sim.allreduce``) and the runtime
+(``runtime.allreduce``, ``integrate``): when a run's budget is spent, a round's arrivals, how a
+plan becomes an allreduce round, what a worker's units leave it (:class:`Stops`) and its
+gradient G_n = H A_n / C_n, the round data every rank keeps (:class:`RoundData`), and a
+round's record row and the run's summary. Only the clocks differ between the two engines:
+``sim.allreduce.timing`` stops units on a virtual one, ``runtime.units`` on the wall clock.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from tailtrain.core.records import RunRecord
+from tailtrain.core.scenario import Scenario
+from tailtrain.errors import TailtrainError
+from tailtrain.strategies.base import AllreducePlan, ArrivalColumns, Plan, ServerPlan, StepStats
+from tailtrain.tasks.stream import Draws
+
+
+def budget_spent(scenario: Scenario, step: int, now: float, plan: AllreducePlan) -> bool:
+    """The scenario's budget; an iteration budget stretched by ``plan.iteration_scale``
+    (DropCompute Sec. 4.5's extra steps)."""
+    if scenario.iterations is None:
+        return now >= scenario.time_budget
+    return step >= math.ceil(scenario.iterations * plan.iteration_scale - 1e-9)
+
+
+def round_arrivals(
+    step: int, now: float, done: np.ndarray, compute: np.ndarray, units: int
+) -> ArrivalColumns:
+    """An allreduce round's arrivals from gathered per-rank counts C_n and compute seconds
+    T~_n. Built from gathered rows, they are identical on every rank.
+
+    Rank n's r-th round is its r-th job, from model r, a fraction C_n / units of a full one.
+    """
+    n = len(done)
+    ints = np.empty((3, n), dtype=np.int64)  # worker, job, version: one array, three rows
+    ints[0], ints[1:] = np.arange(n), step
+    floats = np.empty((3, n))  # start, finish, units
+    floats[0], floats[1], floats[2] = now, compute, done
+    floats[1] += now
+    floats[2] /= units
+    return ArrivalColumns.trusted(*ints, *floats, np.zeros(n, bool))
+
+
+def own_arrival(
+    step: int, now: float, rank: int, done: int, compute: float, units: int
+) -> ArrivalColumns:
+    """This rank's row of :func:`round_arrivals`, known before anything is exchanged."""
+    # two arrays sliced into seven columns: the first numpy calls after a round's compute
+    # run cold, ~5-15 us each, and this consultation is on every round's critical path
+    ints = np.array([rank, step, step], dtype=np.int64)
+    floats = np.array([now, now + compute, done / units])
+    return ArrivalColumns.trusted(
+        ints[0:1], ints[1:2], ints[2:3], floats[0:1], floats[1:2], floats[2:3], np.zeros(1, bool)
+    )
+
+
+def as_allreduce(plan: Plan, n: int) -> AllreducePlan:
+    """An allreduce rule's plan as it is; sync's server plan (k = n, fresh only, nothing
+    partial) is the same round on an allreduce: every rank's whole gradient, averaged."""
+    if isinstance(plan, AllreducePlan):
+        return plan
+    if isinstance(plan, ServerPlan) and (plan.k, plan.accept_stale, plan.partial_blocks) == (
+        n,
+        False,
+        0,
+    ):
+        return AllreducePlan(k=n, lr_scale=plan.lr_scale)
+    raise TailtrainError(f"a plan {plan!r} needs a topology other than allreduce")
+
+
+@dataclass(frozen=True)
+class Stops:
+    """Per worker: units done ``done``, compute seconds ``compute`` and ``full`` = T_n^(U)."""
+
+    done: np.ndarray
+    compute: np.ndarray
+    full: np.ndarray
+
+
+def worker_grads(total: torch.Tensor, done: np.ndarray, local_steps: int) -> torch.Tensor:
+    """G_n = H * A_n / C_n, and 0 for a worker that completed nothing."""
+    if len(done) == 1:
+        return worker_grad(total, int(done[0]), local_steps)
+    counts = torch.from_numpy(np.maximum(done, 1).astype(np.float64)).to(total.dtype)
+    grads = local_steps * total / counts[:, None]
+    if done.all():  # the common round: nothing to zero
+        return grads
+    return torch.where(torch.from_numpy(done > 0)[:, None], grads, 0.0)
+
+
+def worker_grad(total: torch.Tensor, done: int, local_steps: int) -> torch.Tensor:
+    """One worker's G_n = H * A_n / C_n (a rank's own, in the runtime): scalar arithmetic,
+    no index tensors; A_n itself when H = C_n = 1."""
+    if done == 0:
+        return torch.zeros_like(total)
+    return total if local_steps == done == 1 else local_steps * total / float(done)
+
+
+class RoundData:
+    """Parameters and per-worker data queues of allreduce rounds: every worker's micro-batches
+    (re-queued ones first), kept alike by the simulator (``sim.allreduce.learner``) and by
+    every rank of the runtime."""
+
+    def __init__(self, task, partition_state, lr: float, seed: int, n_workers: int) -> None:
+        self.task = task
+        self.partition = partition_state
+        self.lr = lr
+        self.seed = seed
+        self.theta: torch.Tensor = task.init_params(seed)
+        self.queues: list[list[np.ndarray]] = [[] for _ in range(n_workers)]
+        self.drawn = Draws(partition_state, seed, task.batch_size, n_workers)
+
+    def batches(self, round_index: int, units: int) -> np.ndarray:
+        """Sample indices (N, U, B) of every worker's units: re-queued ones first, then fresh.
+        Read-only: with nothing re-queued it is a view of the draws kept for later rounds."""
+        drawn = self.drawn.round(round_index, units)
+        if not any(self.queues):  # nothing dropped and re-queued: the fresh draws as they are
+            return drawn
+        out = []
+        for worker, queue in enumerate(self.queues):
+            fresh = drawn[worker]
+            taken, self.queues[worker] = queue[:units], queue[units:]
+            queued = np.asarray(taken, dtype=fresh.dtype).reshape(-1, fresh.shape[1])
+            out.append(np.concatenate([queued, fresh])[:units])
+        return np.stack(out)
+
+    def requeue(self, batches: np.ndarray, done: np.ndarray) -> None:
+        """Put every dropped micro-batch back at the end of its worker's queue (Sec. 4.5)."""
+        for worker in np.flatnonzero(done < batches.shape[1]):
+            self.queues[worker].extend(batches[worker, done[worker] :])
+
+
+def step_row(
+    plan: AllreducePlan, stats: StepStats, stops: Stops, used: list[int], m: int, comm: float
+) -> dict[str, Any]:
+    n, units = stops.done.size, plan.local_steps * m
+    share = float(stops.done.sum()) / (n * units)
+    compute, sync = float(stops.compute.max()), float(stops.full.max())
+    return {
+        "step": stats.step,
+        "time": stats.time,
+        "k": int(np.count_nonzero(stops.done)),
+        "lr": stats.lr,
+        "loss": stats.loss,
+        "workers": used,
+        "staleness": [0] * len(used),
+        "threshold": plan.threshold,
+        "micro_batches": m,
+        "local_steps": plan.local_steps,
+        "completed": stops.done.tolist(),
+        "drop_rate": 1.0 - share,
+        # Algorithm 2's S_i: samples per second relative to sync SGD on the same draws
+        "s_eff": share * (sync + comm) / (compute + comm) if compute + comm > 0 else 1.0,
+        "compute_time": compute,
+        "comm_time": comm,
+        "sync_time": sync + comm,
+    }
+
+
+def summarise(record: RunRecord) -> dict[str, Any]:
+    """Run-level DropCompute figures: threshold in force at the end, drop rate and S_eff.
+
+    ``effective_speedup`` is Eq. (6) over the run: the share of micro-batches computed times
+    sum_i (T_i + T^c_i) / sum_i (T~_i + T^c_i), the ratio of throughputs with and without the
+    threshold on the same draws (as ``theory.dropcompute.evaluate_threshold`` estimates it).
+    """
+    if not record.steps:
+        return {"threshold": None, "drop_rate": math.nan, "effective_speedup": math.nan}
+    possible = np.array(
+        [len(r["completed"]) * r["micro_batches"] * r["local_steps"] for r in record.steps]
+    )
+    done = np.array([sum(r["completed"]) for r in record.steps])
+    used = record.column("compute_time") + record.column("comm_time")
+    share = done.sum() / possible.sum()
+    return {
+        "threshold": float(record.steps[-1]["threshold"]),
+        "drop_rate": float(1.0 - share),
+        "effective_speedup": float(share * record.column("sync_time").sum() / used.sum())
+        if used.sum() > 0
+        else 1.0,
+        "mean_completed": float(done.sum() / sum(len(r["completed"]) for r in record.steps)),
+    }

@@ -1,0 +1,110 @@
+"""The conformance matrix: every registered strategy runs on every engine that accepts it
+(the simulator, and `train` on its runtime topology with 2 workers on gloo), and every entry
+that does not accept it refuses it before anything runs (optax's one table of optimizers
+under test, extended to engines).
+
+One local job per runtime topology runs all of its strategies in turn (the launcher sizes a
+job by its first config), so the matrix costs three launches.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from tailtrain.core.scenario import Scenario
+from tailtrain.errors import UsageError
+from tailtrain.runtime.config import TrainConfig
+from tailtrain.runtime.launch import Endpoint, launch, reserve
+from tailtrain.runtime.topologies import check_topology, topology_of
+from tailtrain.sim.run import simulate
+from tailtrain.strategies.base import Topology
+from tailtrain.strategies.registry import BUILDERS, parse_strategy
+
+WORKERS, ITERATIONS, SEED = 2, 3, 0
+
+#: a spec of every registered strategy, runnable with 2 workers
+SPECS = {
+    "sync": "sync",
+    "dropcompute": "dropcompute:threshold=auto,calibrate=1",
+    "local-sgd": "local-sgd:period=2",
+    "k-sync": "k-sync:k=1",
+    "k-batch-sync": "k-batch-sync:k=1",
+    "k-async": "k-async:k=1",
+    "k-batch-async": "k-batch-async:k=1",
+    "async": "async",
+    "dbw": "dbw",
+    "b-dbw": "b-dbw",
+    "adasync": "adasync:base=k-sync,k0=2,interval=1",
+    "lgc": "lgc:k=1,blocks=2",
+    "eager": "eager:mode=majority",
+    "dbw-quorum": "dbw-quorum",
+}
+BY_TOPOLOGY = {
+    t: [s for s in SPECS.values() if topology_of(parse_strategy(s)) is t] for t in Topology
+}
+
+
+def scenario() -> Scenario:
+    return Scenario(
+        task="logreg",
+        workers=WORKERS,
+        iterations=ITERATIONS,
+        eval_every=ITERATIONS,
+        delay="const:value=0.02",
+        pattern="linear:step=0.02",
+    )
+
+
+def test_the_matrix_covers_every_registered_strategy():
+    assert set(SPECS) == set(BUILDERS)
+    assert all(BY_TOPOLOGY.values())  # every topology has strategies to run
+
+
+@pytest.fixture(scope="module", params=list(Topology), ids=str)
+def trained(request):
+    specs = BY_TOPOLOGY[request.param]
+    configs = [TrainConfig(scenario(), spec, seed=SEED, inject=True, timeout=60) for spec in specs]
+    results = launch(configs, reserve(Endpoint("127.0.0.1", 0)))[0]
+    return dict(zip(specs, (r.record for r in results), strict=True))
+
+
+@pytest.mark.timeout(300)
+def test_every_strategy_trains_on_its_runtime_topology_and_keeps_the_simulators_record(trained):
+    lacking = {}
+    for spec, record in trained.items():
+        rule = parse_strategy(spec)
+        check_topology(rule)  # what launch.validate checks first
+        assert len(record.steps) == ITERATIONS, spec
+        assert all(math.isfinite(row["loss"]) for row in record.steps), spec
+        simulated = simulate(scenario(), rule, SEED)
+        # one ledger per topology: the measured rows and summary carry every key the
+        # simulated ones do (a measured wall_time stands for the virtual_time)
+        rows = set(simulated.steps[0]) - set(record.steps[0])
+        summary = set(simulated.summary) - set(record.summary) - {"virtual_time"}
+        if rows or summary:
+            lacking[spec] = {"rows": sorted(rows), "summary": sorted(summary)}
+    assert not lacking, f"train's records lack what simulate's have: {lacking}"
+
+
+@pytest.mark.parametrize("spec", list(SPECS.values()))
+def test_the_user_loop_runs_allreduce_rules_and_refuses_the_rest(spec):
+    from tailtrain.integrate.rounds import as_strategy
+
+    rule = parse_strategy(spec)
+    if topology_of(rule) is Topology.ALLREDUCE and spec.startswith(
+        ("sync", "dropcompute", "local")
+    ):
+        assert as_strategy(rule) is rule
+        return
+    with pytest.raises(UsageError, match="topology") as refused:
+        as_strategy(rule)
+    assert "\n" not in str(refused.value)
+
+
+def test_simulate_runs_every_strategy():
+    for spec in SPECS.values():
+        record = simulate(scenario(), parse_strategy(spec), SEED)
+        assert len(record.steps) == ITERATIONS and np.isfinite(record.column("loss")).all()
