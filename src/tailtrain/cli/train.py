@@ -174,6 +174,7 @@ def fault_value(text: str):
 
 def run(args: argparse.Namespace) -> int:
     from tailtrain.cli.simulate import print_summary
+    from tailtrain.runtime.keep import Interrupted
     from tailtrain.runtime.launch import JobFailed, train
     from tailtrain.sim.records import clean
 
@@ -187,6 +188,10 @@ def run(args: argparse.Namespace) -> int:
     except JobFailed as exc:
         print(f"tailtrain train: {exc}", file=sys.stderr)
         return 1
+    except Interrupted as exc:  # Ctrl-C: what finished is kept (runtime.keep); one line
+        if str(exc):
+            print(f"tailtrain train: {exc}", file=sys.stderr)
+        return exc.exit_code
     if result.rank != 0:
         return 0
     if args.json:
