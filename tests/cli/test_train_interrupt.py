@@ -8,6 +8,7 @@ delays only keep the run going long enough to be interrupted; nothing here times
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -74,10 +75,8 @@ def wait_for_rows(proc: subprocess.Popen, path: Path, count: int) -> list[str]:
 
 def stop(proc: subprocess.Popen) -> None:
     """Kill what is left of the job (after a failed assertion)."""
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
     proc.communicate()
 
 
@@ -133,3 +132,37 @@ def test_ctrl_c_keeps_an_allreduce_run_and_exits_130(tmp_path, strategy, group):
     assert "resume with `tailtrain train --resume" in err  # the last round is checkpointed
     assert (folder / "checkpoint.pt").exists()
     assert trace_rows(folder)
+
+
+@pytest.mark.timeout(240)
+def test_ctrl_c_keeps_a_partial_collective_run_and_exits_130(tmp_path):
+    folder = tmp_path / "run"
+    argv = [sys.executable, "-m", "tailtrain", "train", *FLAGS, "--workers", "2"]
+    proc = start([*argv, "--strategy", "eager", "--out", str(folder)])
+    seen = wait_for_rows(proc, folder / "steps.jsonl", BEFORE)
+    code, out, err = interrupt(proc, group=True)
+    check_kept(folder, seen, code, out, err)
+    assert "resume with `tailtrain train --resume" in err  # the census checkpointed a round
+    assert (folder / "checkpoint.pt").exists()
+    assert not (folder / "failures.jsonl").exists()  # a Ctrl-C is no failure of the group
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize(
+    ("strategy", "group"),
+    [("k-sync:k=1", False), ("lgc:k=1,blocks=2", True)],
+    ids=["k-sync-launcher", "lgc-group"],
+)
+def test_ctrl_c_keeps_a_parameter_server_run_whose_rows_stream(tmp_path, strategy, group):
+    folder = tmp_path / "run"
+    argv = [sys.executable, "-m", "tailtrain", "train", *FLAGS, "--workers", "2"]
+    proc = start([*argv, "--strategy", strategy, "--out", str(folder)])
+    seen = wait_for_rows(proc, folder / "steps.jsonl", BEFORE)  # rows before the run ends
+    assert proc.poll() is None
+    code, out, err = interrupt(proc, group)
+    summary = check_kept(folder, seen, code, out, err)
+    assert "no checkpoint to resume from" in err  # the parameter server keeps none
+    assert summary["topology"] == "parameter-server"
+    assert {int(row.split(",")[1]) for row in trace_rows(folder)} == {0, 1}
+    kept = [json.loads(line) for line in (folder / "steps.jsonl").read_text().splitlines()]
+    assert all("partial_workers" in row for row in kept)  # LGC's late columns, one row a step
