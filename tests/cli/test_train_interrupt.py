@@ -166,3 +166,24 @@ def test_ctrl_c_keeps_a_parameter_server_run_whose_rows_stream(tmp_path, strateg
     assert {int(row.split(",")[1]) for row in trace_rows(folder)} == {0, 1}
     kept = [json.loads(line) for line in (folder / "steps.jsonl").read_text().splitlines()]
     assert all("partial_workers" in row for row in kept)  # LGC's late columns, one row a step
+
+
+@pytest.mark.timeout(240)
+def test_ctrl_c_under_torchrun_keeps_the_run_and_rank_0_says_so(tmp_path):
+    folder = tmp_path / "run"
+    torchrun = [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+        "-m", "tailtrain", "train", *FLAGS, "--strategy", "sync", "--out", str(folder),
+    ]  # fmt: skip
+    proc = start(torchrun)
+    seen = wait_for_rows(proc, folder / "steps.jsonl", BEFORE)
+    code, _, err = interrupt(proc, group=True)  # the terminal's: torchrun and both ranks
+    assert code != 0  # torchrun's own status (and traceback) after a signal are not ours
+    assert "tailtrain/runtime" not in err and "tailtrain/cli" not in err  # no rank's traceback
+    ours = [line for line in err.splitlines() if line.startswith("tailtrain train:")]
+    assert len(ours) == 1 and "interrupted at step" in ours[0], err[-3000:]
+    kept = [json.loads(line) for line in (folder / "steps.jsonl").read_text().splitlines()]
+    assert len(kept) >= len(seen) and kept[: len(seen)] == [json.loads(s) for s in seen]
+    summary = json.loads((folder / "summary.json").read_text())
+    assert summary["partial"] is True and summary["iterations"] == len(kept)
+    assert trace_rows(folder) and (folder / "checkpoint.pt").exists()
