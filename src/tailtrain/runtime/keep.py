@@ -346,7 +346,8 @@ class Keeper:
         note |= {"timeout": timeout, "restart": restarts()}
         if self.report is not None:
             write_json(self.report, note)
-        if self.folder is not None and not interrupt_requested():  # a Ctrl-C is no failure
+        ctrl_c = interrupt_requested() and not missing  # every rank left on a Ctrl-C
+        if self.folder is not None and not ctrl_c:  # the run's own account of its failures
             with open(Path(self.folder) / FAILURES, "a") as file:
                 file.write(json.dumps(note) + "\n")
 

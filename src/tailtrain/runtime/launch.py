@@ -65,6 +65,7 @@ from tailtrain.runtime.allreduce import RankResult
 from tailtrain.runtime.config import TrainConfig, build_world
 from tailtrain.runtime.expendable import shielded
 from tailtrain.runtime.keep import (
+    Interrupt,
     Interrupted,
     describe,
     interrupt_on_signals,
@@ -150,13 +151,20 @@ def torchrun_rank(config: TrainConfig) -> RankResult:
     except UsageError:
         raise
     except BaseException as exc:  # torchrun reports the job; this line says which rank and why
-        if not interrupt_requested():
-            if not isinstance(exc, Exception):
-                raise
-            raise JobFailed(f"rank {rank} failed: {one_line(exc)}") from exc
-    if not interrupt_requested():
-        return result
-    raise Interrupted(interrupted_line(read_interrupted(config.report)) if rank == "0" else "")
+        if isinstance(exc, Interrupt) or read_interrupted(config.report) is not None:
+            raise interrupted_rank(config, rank) from None
+        if not isinstance(exc, Exception):
+            raise
+        raise JobFailed(f"rank {rank} failed: {one_line(exc)}") from exc
+    # rank 0 kept an interrupted run (its note); the others only know that they were asked
+    if read_interrupted(config.report) is not None or (rank != "0" and interrupt_requested()):
+        raise interrupted_rank(config, rank)
+    return result
+
+
+def interrupted_rank(config: TrainConfig, rank: str) -> Interrupted:
+    """The end of an interrupted torchrun rank: rank 0's one line, the others' silence."""
+    return Interrupted(interrupted_line(read_interrupted(config.report)) if rank == "0" else "")
 
 
 def launch(
