@@ -280,7 +280,11 @@ def run_rank(configs: list[TrainConfig], entry: RankEntry | None) -> list[RankRe
     torch.set_num_threads(first.threads)
     comm = join(first)
     tag_logs(comm.rank, first.verbose)
-    results = [(entry or rank_entry_of(parse_strategy(c.strategy)))(c, comm) for c in configs]
+    results = []
+    for config in configs:  # after a Ctrl-C, no config starts (rank_entry leaves)
+        results.append((entry or rank_entry_of(parse_strategy(config.strategy)))(config, comm))
+        if interrupt_requested():
+            break
     for result in results:  # flush TensorBoard; a sink does not go back by pickle
         close_record(result.record)
     dist.destroy_process_group()  # only on success: after a failure the launcher stops us
