@@ -7,8 +7,9 @@ starts N local ranks (``tailtrain.runtime.launch``).
 
 ``--out DIR`` is the run folder (as simulate's, ``cli.run_folder``): ``run.json`` holds the
 flags, rank 0 appends each round's row to ``steps.jsonl`` and flushes it (a parameter server
-writes its record at the end: LGC completes a row after its step, and the evaluations are
-scored after the run, ``runtime.ps``), ``--checkpoint-every U`` checkpoints every U rounds,
+writes an LGC row once its stragglers' blocks are in, a step late, and ``evals.jsonl`` at the
+end, as it scores the evaluations after the run, ``runtime.ps``), ``--checkpoint-every U``
+checkpoints every U rounds,
 and when a rank dies or hangs a survivor checkpoints the last completed round
 (``runtime.keep``). ``--resume DIR`` goes on with the flags in DIR;
 ``--max-restarts R`` lets the launcher restart a failed group, which goes on from the folder's
@@ -67,8 +68,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--out",
         type=Path,
         default=None,
-        help="run folder: run.json, steps.jsonl (appended every round; a parameter server "
-        "writes it at the end), evals.jsonl, summary.json, trace.csv and checkpoints",
+        help="run folder: run.json, steps.jsonl (appended every round), evals.jsonl, "
+        "summary.json, trace.csv and checkpoints; Ctrl-C keeps them, the summary partial",
     )
     p.add_argument(
         "--checkpoint-every",
@@ -175,6 +176,7 @@ def fault_value(text: str):
 def run(args: argparse.Namespace) -> int:
     from tailtrain.cli.simulate import print_summary
     from tailtrain.core.records import clean
+    from tailtrain.runtime.keep import Interrupted
     from tailtrain.runtime.launch import JobFailed, train
 
     if args.tensorboard is not None:  # a missing package fails before the ranks start
@@ -187,6 +189,10 @@ def run(args: argparse.Namespace) -> int:
     except JobFailed as exc:
         print(f"tailtrain train: {exc}", file=sys.stderr)
         return 1
+    except Interrupted as exc:  # Ctrl-C: what finished is kept (runtime.keep); one line
+        if str(exc):
+            print(f"tailtrain train: {exc}", file=sys.stderr)
+        return exc.exit_code
     if result.rank != 0:
         return 0
     if args.json:

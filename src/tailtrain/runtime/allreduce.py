@@ -89,6 +89,7 @@ from tailtrain.runtime.keep import (
     Keeper,
     Stopped,
     hold_sigterm,
+    interrupt_requested,
     reopen_records,
     stop_on_sigterm,
 )
@@ -113,8 +114,8 @@ from tailtrain.topology.allreduce import RoundData, budget_spent, own_arrival, r
 
 #: column of the first unit time in a gathered row [C_n, T~_n, injected, t_n^(1..U)]
 TIMES = 3
-#: the allreduce's extras: [loss sum, units, ||G_n||^2, non-finite, weight withheld]
-EXTRAS = 5
+#: the allreduce's extras: [loss sum, units, ||G_n||^2, non-finite, weight withheld, Ctrl-C]
+EXTRAS = 6
 #: settled rounds whose record rows are made together (:func:`flush`), a static rule's
 #: accounted with them: one a round costs ~50-90 us (~150 accounted) with its code cold from
 #: the compute, a batch a fraction of that
@@ -188,6 +189,8 @@ class _Rank:
     settling: list[tuple[Unsettled, Settled, np.ndarray]] = field(default_factory=list)
     #: the reduce buffer, kept while the rounds' layout stays (:func:`sum_buffer`)
     sums: SumBuffer | None = None
+    #: a rank asked to stop (Ctrl-C) in the latest round's allreduce: every rank stops there
+    interrupted: bool = False
 
 
 def train_allreduce(config: TrainConfig, comm: Collectives) -> RankResult:
@@ -199,7 +202,10 @@ def train_allreduce(config: TrainConfig, comm: Collectives) -> RankResult:
     all know when rank 0 scored and wait for it at a barrier only then.
 
     When the group fails (a peer died or hung, or the launcher stops it), this rank takes
-    part in the survivors' census and checkpoint (``runtime.keep.Keeper.failed``).
+    part in the survivors' census and checkpoint (``runtime.keep.Keeper.failed``). Ctrl-C
+    reaches the ranks as a request (``runtime.keep``) that a rank adds to its next round's
+    allreduce; after that round every rank stops, rank 0 keeps the run (partial) and the
+    checkpoint of that round (``Keeper.interrupted``).
     """
     stop_on_sigterm()
     run = start(config, comm)
@@ -226,7 +232,9 @@ def rounds(run: _Rank) -> None:
     if run.keeper.saved is None:
         run.evals.start(scorer(run))
     run.comm.barrier()  # round 0 starts together, as the simulator's workers all start at 0
-    while not budget_spent(scenario, run.step, run.now, plan := run.rule.plan()):
+    while not run.interrupted and not budget_spent(
+        scenario, run.step, run.now, plan := run.rule.plan()
+    ):
         before, evaluated = scorer(run), len(run.evals.record.evals)
         one_round(run, plan)
         run.evals.after_step(run.step, run.now, before, scorer(run))
@@ -234,7 +242,8 @@ def rounds(run: _Rank) -> None:
             run.comm.barrier()
         run.keeper.completed(run.step, lambda: state_of(run))
     settle_last(run)
-    run.evals.finish(run.step, run.now, scorer(run))
+    if not run.interrupted:  # an interrupted run is not scored again: it ends now
+        run.evals.finish(run.step, run.now, scorer(run))
 
 
 def scorer(run: _Rank):
@@ -415,6 +424,7 @@ def one_round(run: _Rank, plan: Plan) -> None:
     with phase("reduce") as reducing:
         reduced, excluded = reduce(run, work, own.weight, sums)
     rows, timing, screened = reduced.rows
+    run.interrupted = reduced.extras[5] > 0
     if plan.requeue_dropped:
         run.learner.requeue(batches, rows[:, 0].astype(np.int64))
     if run.unsettled is not None:
@@ -471,7 +481,7 @@ def reduce(run: _Rank, work: Work, weight: float, sums: SumBuffer) -> tuple[Weig
         run.log.warning("non-finite gradient: this rank joins the round with weight 0")
         loss_sum, done, excluded, weight = 0.0, 0, weight, 0.0
     gsq = sq_norm if done > 0 else 0.0
-    extras = (loss_sum, done, gsq, float(bad), excluded)
+    extras = (loss_sum, done, gsq, float(bad), excluded, float(interrupt_requested()))
     # lists, not arrays: the buffer takes them in one write (SumBuffer.fill)
     row = [work.done, work.compute, work.injected, *work.times]
     rows = (row, run.timing, (float(bad),))
@@ -571,7 +581,7 @@ def settle_last(run: _Rank) -> None:
 
 
 def finish(run: _Rank) -> RankResult:
-    """Gather the traces on rank 0, write the outputs, summarise."""
+    """Gather the traces on rank 0, write the outputs, summarise (partial after Ctrl-C)."""
     table = run.trace.table()
     tables = run.comm.gather_objects(table) if run.config.out is not None else None
     if run.comm.rank == 0:
@@ -580,6 +590,8 @@ def finish(run: _Rank) -> RankResult:
         lead = run.comm.rank == 0
         trace = np.concatenate(tables) if lead and tables else None
         write_outputs(run.config.out, None, trace, run.trace)
-        if lead:
+        if lead and not run.interrupted:
             run.keeper.finish(run.record)
+    if run.interrupted:
+        run.keeper.interrupted(run.record, run.step)
     return RankResult(run.comm.rank, run.record, run.learner.theta.numpy().copy())

@@ -63,6 +63,11 @@ completed, and leaves; the launcher's line names the dead rank and the round in 
 thread blocked inside a collective leaves once a peer exits; the census does not need it, and
 a rank waits at most :data:`ABORT_WAIT` seconds for it. A rank that only hangs is no failure
 here: the others go on without it (it is late).
+
+**Ctrl-C** (``runtime.keep``) reaches every rank as a request that its main thread takes
+before its next gradient: it leaves as from a failure (the census writes the checkpoint of the
+last round every reducer completed), and rank 0 then keeps the record with its summary marked
+partial (``Keeper.interrupted``).
 """
 
 from __future__ import annotations
@@ -92,7 +97,9 @@ from tailtrain.runtime.keep import (
     Keeper,
     Snapshot,
     Stopped,
+    check_interrupt,
     hold_sigterm,
+    interrupt_requested,
     reopen_records,
     stop_on_sigterm,
 )
@@ -417,6 +424,10 @@ def failed(run: _Run, exc: BaseException) -> BaseException:
     end = run.keeper.failed(run.rule.done, exc, run.config.timeout)
     if run.coll is not None and not run.coll.abort(ABORT_WAIT):
         log.info("the collective's threads are still in a collective; they end with this rank")
+    if interrupt_requested():  # Ctrl-C, not a failure: rank 0 keeps the run, partial
+        if run.rule.record is not None:
+            run.rule.record.summary = summarise(run, run.rule.record)
+        run.keeper.interrupted(run.rule.record, run.rule.done)
     if run.rule.record is not None:  # flush steps.jsonl and TensorBoard before leaving
         close_record(run.rule.record)
     if isinstance(exc, Stopped):
@@ -433,14 +444,17 @@ def finish(run: _Run, step: int) -> RankResult:
     evals.finish(step, rule.now, final)
     record = rule.record or RunRecord()
     if rank == 0:
-        summary = {**world.summarise(run.strategy, record), **partial_summary(record)}
-        summary["nonfinite"] = int(sum(r.get("nonfinite", 0) for r in record.steps))
-        record.summary = {
-            ("wall_time" if k == "virtual_time" else k): v for k, v in summary.items()
-        }
+        record.summary = summarise(run, record)
         if run.config.out is not None:
             run.keeper.finish(record)
     return RankResult(rank, record, run.theta.numpy().copy())
+
+
+def summarise(run: _Run, record: RunRecord) -> dict[str, Any]:
+    """simulate's summary keys of ``record``, ``wall_time`` for ``virtual_time``."""
+    summary = {**run.world.summarise(run.strategy, record), **partial_summary(record)}
+    summary["nonfinite"] = int(sum(r.get("nonfinite", 0) for r in record.steps))
+    return {("wall_time" if k == "virtual_time" else k): v for k, v in summary.items()}
 
 
 def evaluate_once(task, theta: torch.Tensor):
@@ -474,6 +488,7 @@ def run_rounds(run: _Run) -> None:
     step, averaged, written = 0, 0, rule.done
     drill = FaultDrill(config.faults, rank, config.out)  # a kill fires once, not after a restart
     while coll.plan(step) is not None:
+        check_interrupt(rule.base + step)  # Ctrl-C: leave before the next gradient
         drill.before(rule.base + step)
         start = coll.now()
         loss, grad = world.task.grads(run.theta, batch(world, rank, run.job))

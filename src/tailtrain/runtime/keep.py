@@ -31,6 +31,19 @@ when the collective returns, which is at once when a peer died, since its socket
 a rank handles a failure it ignores SIGTERM (:func:`hold_sigterm`): the first survivor to end
 its census makes the agent stop the rest, and the writer may still be in its own census or
 writing the checkpoint.
+
+**Ctrl-C.** SIGINT reaches every rank: the launcher's elastic agent forwards the one it gets,
+a terminal sends it to the whole process group, and torchrun forwards SIGINT and SIGTERM
+(under torchrun both mean Ctrl-C here: :func:`interrupt_on_signals`). In a rank it raises
+nothing: it asks for a stop (:func:`interrupt_requested`), which each topology takes at a
+step boundary, all ranks at the same step (the allreduce carries the request in its round's
+allreduce, a parameter server's rank 0 decides and stops its workers, a partial collective's
+ranks leave through the failure census above, which writes the checkpoint). Then the lead
+rank keeps the run (:func:`keep_interrupted`): every finished row is already in
+``steps.jsonl``, the summary is written marked ``"partial": true``, the checkpoint of the last
+completed step is kept for ``--resume``, and a note beside the launcher's
+(:data:`INTERRUPTED_NOTE`) gives the launcher its one line (:func:`interrupted_line`), which
+it raises as :class:`Interrupted`: exit status 130, as ``simulate``'s.
 """
 
 from __future__ import annotations
@@ -62,6 +75,8 @@ FAILURES = "failures.jsonl"
 CENSUS_WAIT = 4.0
 #: how a restarted group's ranks know which incarnation they are (torch elastic sets it)
 RESTART_COUNT = "TORCHELASTIC_RESTART_COUNT"
+#: the lead rank's note of an interrupted run, beside the launcher's ``report`` note
+INTERRUPTED_NOTE = "interrupted.json"
 
 
 class Stopped(BaseException):
@@ -72,8 +87,47 @@ class MissingRanks(TailtrainError):
     """Peers stopped answering; the message names them and the round in flight."""
 
 
+class Interrupted(TailtrainError):
+    """Ctrl-C ended the run; the message is its one line (empty on ranks that print none)."""
+
+    exit_code = 130
+
+
+class Interrupt(KeyboardInterrupt):
+    """A rank leaves its loop at a step boundary because Ctrl-C asked it to (module docstring)."""
+
+
+_interrupt = threading.Event()
+#: the signals that ask for a stop in this process (:func:`interrupt_on_signals`)
+_interrupting: tuple[signal.Signals, ...] = ()
+
+
+def interrupt_on_signals(torchrun: bool) -> None:
+    """From now on SIGINT (under torchrun also SIGTERM, which torchrun forwards) asks this rank
+    to stop at the next step boundary instead of raising wherever it lands (main thread)."""
+    global _interrupting
+    _interrupt.clear()
+    _interrupting = (signal.SIGINT, signal.SIGTERM) if torchrun else (signal.SIGINT,)
+    for sig in _interrupting:
+        signal.signal(sig, lambda signum, frame: _interrupt.set())
+
+
+def interrupt_requested() -> bool:
+    """Whether Ctrl-C asked this rank to stop (:func:`interrupt_on_signals`)."""
+    return _interrupt.is_set()
+
+
+def check_interrupt(step: int) -> None:
+    """Raise :class:`Interrupt` at the boundary of ``step`` when a stop was asked for."""
+    if _interrupt.is_set():
+        raise Interrupt(f"interrupted at step {step}")
+
+
 def stop_on_sigterm() -> None:
-    """SIGTERM raises :class:`Stopped` in the main thread (module docstring)."""
+    """SIGTERM raises :class:`Stopped` in the main thread (module docstring); under torchrun
+    it stays a Ctrl-C (:func:`interrupt_on_signals`)."""
+    if signal.SIGTERM in _interrupting:
+        return
 
     def stopped(signum: int, frame: Any) -> None:
         raise Stopped("stopped by the launcher (SIGTERM)")
@@ -195,6 +249,8 @@ class Keeper:
         self.folder, self.every, self.rank, self.world = folder, every, rank, world
         self.identity, self.report = identity, report
         self.snapshot: Snapshot | None = None
+        #: the completed steps of the checkpoint in ``folder``, once this run wrote one
+        self.checkpointed: int | None = None
         self.saved = self._load()
 
     @property
@@ -238,9 +294,23 @@ class Keeper:
         write_json(Path(self.folder) / "summary.json", record.summary)
         self.path.unlink(missing_ok=True)
 
+    def interrupted(self, record: RunRecord | None, step: int) -> None:
+        """Ctrl-C ended the run at ``step`` (module docstring): the lead rank writes the
+        checkpoint of its last completed step, unless the census wrote a later one, and keeps
+        the record (:func:`keep_interrupted`); the other ranks have nothing to keep."""
+        if self.rank != 0 or record is None:
+            return
+        last = self.snapshot
+        if last is not None and last.step > 0 and last.step > (self.checkpointed or 0):
+            self._save(last)
+        iterations = self.identity["scenario"].get("iterations")
+        keep = {"folder": self.folder, "report": self.report, "iterations": iterations}
+        keep_interrupted(record, step, checkpoint=self.checkpointed, **keep)
+
     def _save(self, snapshot: Snapshot) -> None:
         assert self.path is not None
         checkpoint.save(self.path, {**self.identity, "step": snapshot.step, **snapshot.data})
+        self.checkpointed = snapshot.step
 
     def failed(self, in_flight: int, exc: BaseException, timeout: float) -> BaseException:
         """The group failed during round ``in_flight``: census, checkpoint, note; returns the
@@ -253,6 +323,8 @@ class Keeper:
             return exc
         missing = sorted(set(range(self.world)) - set(alive))
         best = max(alive.values())
+        if self.folder is not None and best > 0:  # the writer's, below or on another rank
+            self.checkpointed = best
         if min(r for r, s in alive.items() if s == best) == self.rank and elected(store):
             self._write_failure(in_flight, missing, timeout)
         if missing and not isinstance(exc, Stopped) and _peer_failure(exc):
@@ -274,9 +346,59 @@ class Keeper:
         note |= {"timeout": timeout, "restart": restarts()}
         if self.report is not None:
             write_json(self.report, note)
-        if self.folder is not None:  # the run's own account of its failures, kept
+        ctrl_c = interrupt_requested() and not missing  # every rank left on a Ctrl-C
+        if self.folder is not None and not ctrl_c:  # the run's own account of its failures
             with open(Path(self.folder) / FAILURES, "a") as file:
                 file.write(json.dumps(note) + "\n")
+
+
+# ---- Ctrl-C: keep what finished ----------------------------------------------------------------
+def keep_interrupted(
+    record: RunRecord,
+    step: int,
+    *,
+    folder: Path | None,
+    report: Path | None,
+    iterations: int | None,
+    checkpoint: int | None,
+) -> dict[str, Any]:
+    """The lead rank after Ctrl-C at ``step`` (module docstring): ``record``'s summary marked
+    partial and, with ``folder``, written there after the last rows; the note the launcher's
+    line comes from, beside ``report``; returns the note. ``checkpoint``: the completed steps
+    the folder's checkpoint holds (None: none); ``iterations``: the run's budget, if counted."""
+    record.summary["partial"] = True
+    if record.sink is not None:
+        record.sink.close()
+        record.sink = None
+    if folder is not None:
+        write_json(Path(folder) / "summary.json", record.summary)
+    note = {"step": step, "of": iterations, "rows": len(record.steps), "checkpoint": checkpoint}
+    note["folder"] = None if folder is None else str(folder)
+    if report is not None:
+        write_json(Path(report).with_name(INTERRUPTED_NOTE), note)
+    return note
+
+
+def read_interrupted(report: Path | None) -> dict[str, Any] | None:
+    """The note :func:`keep_interrupted` left beside ``report``, or None."""
+    return None if report is None else read_note(Path(report).with_name(INTERRUPTED_NOTE))
+
+
+def interrupted_line(note: dict[str, Any] | None) -> str:
+    """The one line of an interrupted run, from the lead rank's note (None: it left none,
+    interrupted before its first step or while it started)."""
+    if note is None:
+        return "interrupted before the run kept a step; nothing kept"
+    of = "" if note.get("of") is None else f" of {note['of']}"
+    line = f"interrupted at step {note['step']}{of}"
+    folder = note.get("folder")
+    if folder is None:
+        return f"{line}; kept nothing (no --out)"
+    trace = " and trace" if (Path(folder) / "trace.csv").exists() else ""
+    line = f"{line}; kept {note['rows']} steps, the summary (partial){trace} in {folder}"
+    if note.get("checkpoint") is None:
+        return f"{line}; no checkpoint to resume from"
+    return f"{line}; resume with `tailtrain train --resume {folder}`"
 
 
 def _peer_failure(exc: BaseException) -> bool:

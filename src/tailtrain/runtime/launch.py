@@ -26,6 +26,12 @@ and checkpoint, ``runtime.keep``) and :class:`JobFailed` names the failed rank i
 with the step and the checkpoint when the survivors left a note. Ranks that only saw a
 collective fail wait a moment first (``runtime.reduce``), so the rank named is the one that
 failed first. A hung rank makes the others' collectives time out after ``--timeout`` seconds.
+
+Ctrl-C is no failure: the agent forwards the launcher's SIGINT to the ranks and waits for
+them, and they stop at a step boundary and keep what finished (``runtime.keep``); the
+launcher then raises :class:`~tailtrain.runtime.keep.Interrupted` with the lead rank's one
+line (exit status 130). Under torchrun each rank stops on the SIGINT or SIGTERM torchrun
+forwards, and rank 0 raises that line.
 """
 
 from __future__ import annotations
@@ -40,6 +46,7 @@ import os
 import pickle
 import signal
 import socket
+import sys
 import tempfile
 import threading
 import time
@@ -56,7 +63,17 @@ import torch.distributed as dist
 from tailtrain.errors import TailtrainError, UsageError
 from tailtrain.runtime.config import RankResult, TrainConfig, build_world
 from tailtrain.runtime.expendable import shielded
-from tailtrain.runtime.keep import describe, read_note, restarts
+from tailtrain.runtime.keep import (
+    Interrupt,
+    Interrupted,
+    describe,
+    interrupt_on_signals,
+    interrupt_requested,
+    interrupted_line,
+    read_interrupted,
+    read_note,
+    restarts,
+)
 from tailtrain.runtime.reduce import Collectives
 from tailtrain.runtime.telemetry import close_record
 from tailtrain.runtime.topologies import (
@@ -119,13 +136,34 @@ def train(
         prepare()
     if not local:
         check_rendezvous(os.environ, config.timeout)
-        try:
-            return rank_entry([config], own_launcher=False)[0]
-        except UsageError:
-            raise
-        except Exception as exc:  # torchrun reports the job; this line says which rank and why
-            raise JobFailed(f"rank {os.environ['RANK']} failed: {one_line(exc)}") from exc
+        with tempfile.TemporaryDirectory(prefix="tailtrain-") as notes:
+            return torchrun_rank(dataclasses.replace(config, report=Path(notes) / "failure.json"))
     return launch([config], reserve(parse_endpoint(endpoint)))[0][0]
+
+
+def torchrun_rank(config: TrainConfig) -> RankResult:
+    """This process as one rank of a torchrun job. After Ctrl-C (SIGINT or SIGTERM from
+    torchrun, ``runtime.keep``) it raises :class:`Interrupted`, with the one line on rank 0."""
+    rank = os.environ["RANK"]
+    try:
+        result = rank_entry([config], own_launcher=False)[0]
+    except UsageError:
+        raise
+    except BaseException as exc:  # torchrun reports the job; this line says which rank and why
+        if isinstance(exc, Interrupt) or read_interrupted(config.report) is not None:
+            raise interrupted_rank(config, rank) from None
+        if not isinstance(exc, Exception):
+            raise
+        raise JobFailed(f"rank {rank} failed: {one_line(exc)}") from exc
+    # rank 0 kept an interrupted run (its note); the others only know that they were asked
+    if read_interrupted(config.report) is not None or (rank != "0" and interrupt_requested()):
+        raise interrupted_rank(config, rank)
+    return result
+
+
+def interrupted_rank(config: TrainConfig, rank: str) -> Interrupted:
+    """The end of an interrupted torchrun rank: rank 0's one line, the others' silence."""
+    return Interrupted(interrupted_line(read_interrupted(config.report)) if rank == "0" else "")
 
 
 def launch(
@@ -136,6 +174,7 @@ def launch(
     ``entry`` replaces the strategy's topology entry on every rank (own models,
     ``runtime.ps_runner``); forked ranks inherit it, spawned ones need it picklable."""
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
@@ -159,8 +198,14 @@ def launch(
         try:
             return elastic_launch(spec, rank_entry)(list(configs), True, entry)
         except ChildFailedError as exc:  # the agent gives up after its last restart
+            if (kept := read_interrupted(note)) is not None:  # a rank alone got the Ctrl-C
+                raise Interrupted(interrupted_line(kept)) from None
             last = read_note(note, restart=first.max_restarts)
             raise JobFailed(describe_failure(exc, last)) from None
+        except SignalException as exc:  # Ctrl-C: the agent forwarded it and waited for the ranks
+            if exc.sigval != signal.SIGINT:
+                raise
+            raise Interrupted(interrupted_line(read_interrupted(note))) from None
 
 
 def reaches_fork_server(entry: RankEntry | None) -> bool:
@@ -202,13 +247,32 @@ def rank_entry(
     strategy's topology entry), leave."""
     if own_launcher:  # die at once when our launcher stops the job, even inside a collective
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    interrupt_on_signals(torchrun=not own_launcher)  # Ctrl-C: stop at a step (runtime.keep)
     # a forked rank's first full collection would touch, and so copy, the parent's whole heap
     # (hundreds of ms, in the middle of a timed round); the inherited objects are not garbage
     gc.freeze()
     rank = int(os.environ.get("RANK", "0"))
-    if own_launcher and rank > 0 and expendable_workers(parse_strategy(configs[0].strategy)):
-        return shielded(lambda: run_rank(configs, entry), rank, len(configs))
-    return run_rank(configs, entry)
+    try:
+        if own_launcher and rank > 0 and expendable_workers(parse_strategy(configs[0].strategy)):
+            results = shielded(lambda: run_rank(configs, entry), rank, len(configs))
+        else:
+            results = run_rank(configs, entry)
+    except BaseException:
+        if own_launcher and interrupt_requested():  # whatever ended an interrupted rank
+            leave_interrupted()
+        raise
+    if own_launcher and interrupt_requested():
+        leave_interrupted()
+    return results
+
+
+def leave_interrupted() -> None:
+    """A local rank after Ctrl-C, its part kept (``runtime.keep``): exit now, status 130.
+    Returning would leave it waiting for a launcher that no longer collects results (torch
+    elastic's ``_wrap``) until the agent kills it."""
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    os._exit(130)
 
 
 def run_rank(configs: list[TrainConfig], entry: RankEntry | None) -> list[RankResult]:
@@ -216,7 +280,11 @@ def run_rank(configs: list[TrainConfig], entry: RankEntry | None) -> list[RankRe
     torch.set_num_threads(first.threads)
     comm = join(first)
     tag_logs(comm.rank, first.verbose)
-    results = [(entry or rank_entry_of(parse_strategy(c.strategy)))(c, comm) for c in configs]
+    results = []
+    for config in configs:  # after a Ctrl-C, no config starts (rank_entry leaves)
+        results.append((entry or rank_entry_of(parse_strategy(config.strategy)))(config, comm))
+        if interrupt_requested():
+            break
     for result in results:  # flush TensorBoard; a sink does not go back by pickle
         close_record(result.record)
     dist.destroy_process_group()  # only on success: after a failure the launcher stops us
@@ -385,9 +453,12 @@ def one_line(exc: BaseException | str) -> str:
 
 @contextmanager
 def quiet(verbose: bool) -> Iterator[None]:
-    """Silence torch's launch narration (it logs a traceback per failure) unless verbose,
-    and give back the signal handlers the elastic agent installs in this process."""
-    loggers = [logging.getLogger(name) for name in LAUNCH_LOGGERS]
+    """Silence torch's launch narration (it logs a traceback per failure, and a line per rank
+    it stops on Ctrl-C) unless verbose, and give back the signal handlers the elastic agent
+    installs in this process. torch's loggers below those names set their own levels."""
+    known = list(logging.root.manager.loggerDict)
+    names = [n for n in known if any(n.startswith(f"{p}.") for p in LAUNCH_LOGGERS)]
+    loggers = [logging.getLogger(name) for name in (*LAUNCH_LOGGERS, *names)]
     levels = [logger.level for logger in loggers]
     handlers = {sig: signal.getsignal(sig) for sig in AGENT_SIGNALS}
     if not verbose:

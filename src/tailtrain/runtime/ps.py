@@ -66,6 +66,19 @@ force, scored after the run so that the clock never pauses for them. Telemetry: 
 (the simulator's parameter-server columns, plus the jobs and weights of the contributors),
 summary.json (simulate's keys, ``wall_time`` for ``virtual_time``), trace-rank{r}.csv and
 trace.csv (every worker's measured unit seconds, readable by ``trace:``).
+
+The record streams (``sim.records.RecordSink``, with ``--out``): each step's row is appended
+and flushed as the step closes, so Ctrl-C or a crash of the server keeps every finished step.
+An LGC step's row waits for its stragglers' blocks instead (its ``partial_*`` columns), which
+are in before the next step closes: the row is written once, complete, one step late, so
+``steps.jsonl`` keeps one row per step and a crash loses at most that one more. The last
+step's stragglers are not waited for: its row goes out with empty ``partial_*`` columns, as
+before. ``evals.jsonl`` is written when the run ends (its snapshots are scored then).
+
+Ctrl-C (``runtime.keep``): the workers ignore it, the server closes the step in flight, ends
+the run as at its budget (STOP, BYE, the workers' traces and counts) without the final
+evaluation, and keeps the record with its summary marked partial (no checkpoint: the
+parameter server keeps none).
 """
 
 from __future__ import annotations
@@ -80,12 +93,13 @@ import numpy as np
 import torch
 
 from tailtrain.core.evaluation import Evaluator
-from tailtrain.core.records import RunRecord, prepare_folder
+from tailtrain.core.records import RecordSink, RunRecord, prepare_folder, write_json
 from tailtrain.core.scenario import World
 from tailtrain.core.update import WeightedUpdate, gradient_stats, isin, rows_weighed
 from tailtrain.errors import TailtrainError, UsageError
 from tailtrain.runtime.config import RankResult, TrainConfig, build_world
 from tailtrain.runtime.inject import FaultDrill, InjectedFault
+from tailtrain.runtime.keep import interrupt_requested, keep_interrupted
 from tailtrain.runtime.ps_liveness import Liveness
 from tailtrain.runtime.ps_wire import (
     DOWN,
@@ -100,7 +114,7 @@ from tailtrain.runtime.ps_wire import (
 )
 from tailtrain.runtime.ps_worker import Worker
 from tailtrain.runtime.reduce import Collectives
-from tailtrain.runtime.telemetry import run_record, write_trace
+from tailtrain.runtime.telemetry import ScoredLater, attach, close_record, run_record, write_trace
 from tailtrain.strategies.base import (
     COLUMNS,
     ArrivalColumns,
@@ -168,6 +182,10 @@ class Server:
         self.update = WeightedUpdate(world.lr, self.config.on_nonfinite)
         self.state = strategy.init(world.context)
         self.record = run_record(config, world, lead=True)
+        if config.out is not None:  # rows stream as steps close (module docstring)
+            attach(self.record, RecordSink(prepare_folder(config.out)))
+        if self.record.sink is not None:
+            self.record.sink = ScoredLater(self.record.sink)
         self.evals = Evaluator(world.scenario.evaluation, self.record, enabled=True)
         self.snapshots: list[torch.Tensor] = []
         n = self.n
@@ -182,6 +200,7 @@ class Server:
         self.pending: Pending | None = None
         self.version = self.step = self.ghosts = 0
         self.now = 0.0
+        self.interrupted = False  # Ctrl-C ended the run before its budget
         #: seconds from the previous close until this step's jobs were sent (server's work)
         self.lag = 0.0
         self.units = world.scenario.micro_batches or 1
@@ -194,7 +213,7 @@ class Server:
         self.mailbox = Mailbox(None, UP, HEADER + self.dim, self.dtype, self.liveness.last)
         self.liveness.connect(self.outbox, self.mailbox)
         self.evals.start(self.scorer())
-        while not self.world.finished(self.step, self.now):
+        while not self.world.finished(self.step, self.now) and not interrupt_requested():
             plan = self.strategy.plan(self.state)
             if not isinstance(plan, ServerPlan):
                 raise TailtrainError(f"{self.strategy.describe()} gave no parameter-server plan")
@@ -207,7 +226,12 @@ class Server:
             arrivals, fresh = self.collect(plan)
             self.close(plan, arrivals, fresh)
             self.evals.after_step(self.step, self.now, before, self.scorer())
-        self.evals.finish(self.step, self.now, self.scorer())
+        if self.pending is not None:  # the last LGC step: its stragglers are not waited for
+            self.record.add_step(self.pending.row)
+            self.pending = None
+        self.interrupted = not self.world.finished(self.step, self.now)
+        if not self.interrupted:
+            self.evals.finish(self.step, self.now, self.scorer())
         self.liveness.stop(self.clock)
         self.score_snapshots()
         return self.record
@@ -388,9 +412,10 @@ class Server:
         self.state = self.strategy.adapt(self.state, stats)
         row = self.row(plan, cands, keys, selection, stats, len(dropped))
         row.update(self.liveness.take_events())
-        self.record.add_step(row)
-        if plan.partial_blocks > 0:
+        if plan.partial_blocks > 0:  # LGC: recorded with its stragglers' blocks (resolve)
             self.defer(plan, state_before, fresh, selection.now, row)
+        else:
+            self.record.add_step(row)
         self.version += 1
         self.step += 1
         self.versions[self.version] = theta
@@ -502,6 +527,7 @@ class Server:
         p.row["partial_workers"] = [a.worker for a in late]
         p.row["partial_units"] = [a.units for a in late]
         p.row["partial_jobs"] = [a.job for a in late]
+        self.record.add_step(p.row)
         self.pending = None
 
     # ---- end ---------------------------------------------------------------------------------
@@ -571,9 +597,14 @@ def serve(config: TrainConfig, world: World, strategy: Strategy, comm: Collectiv
     record.summary = server.summary([None if r is None else r[1] for r in reports])
     if config.out is not None:
         folder = prepare_folder(config.out)
-        record.write(folder)
         table = np.concatenate([t for t, _ in parts]) if parts else np.empty((0, 3))
         write_trace(folder / "trace.csv", table, config.scenario.micro_batches is not None)
+    if server.interrupted:  # Ctrl-C (runtime.keep): the summary marked partial, no checkpoint
+        keep = {"folder": config.out, "report": config.report, "checkpoint": None}
+        keep_interrupted(record, server.step, iterations=config.scenario.iterations, **keep)
+    elif config.out is not None:
+        close_record(record)  # the steps streamed; the scored evaluations go out now
+        write_json(folder / "summary.json", record.summary)
     theta = server.versions[server.version]
     return RankResult(0, record, theta.numpy().copy())
 

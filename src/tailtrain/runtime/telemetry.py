@@ -83,28 +83,43 @@ class RankLog(logging.LoggerAdapter):
 
 
 class BoardSink:
-    """A :class:`RunRecord` sink that logs each row to TensorBoard as it is added. The
-    parameter server scores its evaluation snapshots after the run (``ps.Server.scorer``):
-    those rows are logged when the sink closes, by then filled in (the same row objects)."""
+    """A :class:`RunRecord` sink that logs each row to TensorBoard as it is added."""
 
     def __init__(self, folder: Path, metric: str) -> None:
         from tailtrain.tensorboard import TensorBoardLog
 
         self.board = TensorBoardLog(folder, metric)
-        self.unscored: list[dict[str, Any]] = []
 
     def write(self, name: str, row: dict[str, Any]) -> None:
         if name == "steps":
             self.board.add_step(row)
-        elif "_snapshot" in row:
-            self.unscored.append(row)
         else:
             self.board.add_eval(row)
 
     def close(self) -> None:
-        for row in self.unscored:
-            self.board.add_eval(row)
         self.board.close()
+
+
+class ScoredLater:
+    """A sink in front of ``sink`` for a record whose evaluations are scored after the run
+    (the parameter server's snapshots, ``ps.Server.scorer``): step rows go on as they come,
+    evaluation rows still to be scored (``_snapshot``) when it closes, by then filled in (the
+    same row objects)."""
+
+    def __init__(self, sink: Any) -> None:
+        self.sink = sink
+        self.unscored: list[dict[str, Any]] = []
+
+    def write(self, name: str, row: dict[str, Any]) -> None:
+        if name == "evals" and "_snapshot" in row:
+            self.unscored.append(row)
+        else:
+            self.sink.write(name, row)
+
+    def close(self) -> None:
+        for row in self.unscored:
+            self.sink.write("evals", row)
+        self.sink.close()
 
 
 class Tee:
