@@ -116,6 +116,39 @@ def test_nccl_without_cuda_is_one_line_and_exit_2(capfd):
 
 
 @pytest.mark.timeout(60)
+def test_a_rule_the_workers_cannot_run_is_refused_before_any_rank_starts(capfd):
+    """The rule's own checks run with the job's worker count in ``launch.validate``: one
+    line, exit 2, and a parameter server's says that rank 0 is the server."""
+    argv = ["train", "--task", "logreg", "--workers", "4", "--iterations", "3"]
+    code, out, err = run([*argv, "--strategy", "k-sync:k=9"], capfd)
+    assert code == 2 and out == ""
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "rank 0 failed" not in err, err
+    assert "k=9" in err and "rank 0 is the parameter server" in err and "4 workers" in err, err
+
+
+@pytest.mark.timeout(60)
+def test_under_torchrun_rank_0_refuses_a_rule_in_one_line_and_the_others_quietly(
+    monkeypatch, capfd
+):
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    env = {"WORLD_SIZE": "4", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    argv = ["train", "--task", "logreg", "--strategy", "k-sync:k=9", "--iterations", "3"]
+    outcomes = {}
+    for rank in ("0", "1"):
+        monkeypatch.setenv("RANK", rank)
+        outcomes[rank] = run([*argv, "--timeout", "2"], capfd)
+    code, out, err = outcomes["0"]
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1, err
+    assert "rank 0 is the parameter server" in err and "3 workers" in err, err
+    assert outcomes["1"] == (2, "", "")
+
+
+@pytest.mark.timeout(60)
 def test_an_unreachable_rendezvous_under_torchrun_is_one_line_and_exit_2(monkeypatch, capfd):
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
