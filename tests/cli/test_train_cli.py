@@ -115,6 +115,18 @@ def test_nccl_without_cuda_is_one_line_and_exit_2(capfd):
     assert code == 2 and len(err.strip().splitlines()) == 1 and "CUDA" in err, err
 
 
+@pytest.mark.timeout(90)
+def test_a_sync_with_a_mode_trains_on_the_parameter_server(capfd):
+    """``train --strategy sync:mode=pull`` honours its mode: it runs where ``simulate`` runs
+    it, on the parameter server, with one extra rank."""
+    argv = ["train", "--task", "logreg", "--workers", "2", "--iterations", "3", "--json"]
+    code, out, err = run([*argv, "--strategy", "sync:mode=pull", "--timeout", "60"], capfd)
+    assert code == 0, err
+    summary = json.loads(out)
+    assert summary["strategy"] == "sync:mode=pull" and summary["iterations"] == 3
+    assert summary.get("topology") == "parameter-server" and len(summary["worker_jobs"]) == 2
+
+
 @pytest.mark.timeout(60)
 def test_a_rule_the_workers_cannot_run_is_refused_before_any_rank_starts(capfd):
     """The rule's own checks run with the job's worker count in ``launch.validate``: one

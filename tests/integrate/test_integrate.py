@@ -230,3 +230,11 @@ def test_a_parameter_server_strategy_is_refused_in_one_line():
     with pytest.raises(UsageError, match="allreduce strategies") as err:
         StragglerStep(model(), torch.optim.SGD(model().parameters(), lr=LR), "k-sync:k=1")
     assert "\n" not in str(err.value)
+
+
+def test_a_sync_with_a_parameter_server_mode_is_refused_in_one_line():
+    """``sync:mode=pull`` runs on the parameter server (``runtime.topologies.topology_of``);
+    a loop would ignore its mode, so it is refused."""
+    with pytest.raises(UsageError, match="parameter-server topology") as err:
+        StragglerStep(model(), torch.optim.SGD(model().parameters(), lr=LR), "sync:mode=pull")
+    assert "\n" not in str(err.value)

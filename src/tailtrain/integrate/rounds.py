@@ -111,7 +111,7 @@ def as_strategy(strategy: str | Strategy) -> Strategy:
     rule = parse_strategy(strategy) if isinstance(strategy, str) else strategy
     if topology_of(rule) is not Topology.ALLREDUCE:
         raise UsageError(
-            f"strategy {rule.describe()!r} needs the {rule.topology} topology; a training loop "
+            f"strategy {rule.describe()!r} needs the {topology_of(rule)} topology; a training loop "
             "adopts allreduce strategies: sync, dropcompute, local-sgd"
         )
     if getattr(rule, "compensate", "none") in LOADER_COMPENSATIONS:
