@@ -14,9 +14,10 @@ the user's model doing the compute and the wall clock deciding:
    every rank the same weights, and Algorithm 2's measured times are the same everywhere.
 4. The caller reduces ``[sum_n w_n G_n, sum_n w_n]`` (``runtime.reduce.Collectives`` or a DDP
    comm hook) and applies it.
-5. :meth:`Rounds.close` all-gathers ``[reduce seconds, round seconds]`` (T^c and the round's
-   time are the slowest rank's), calls ``adapt`` (Algorithm 2 for ``threshold=auto``) and
-   returns the round's :class:`StepRecord`.
+5. :meth:`Rounds.close` all-gathers ``[reduce seconds, round seconds]`` (T^c is the
+   smallest reduce seconds, the round's time the slowest rank's, as in ``train``:
+   ``runtime.control.round_times``), calls ``adapt`` (Algorithm 2 for ``threshold=auto``)
+   and returns the round's :class:`StepRecord`.
 """
 
 from __future__ import annotations
@@ -31,7 +32,13 @@ import numpy as np
 import torch
 
 from tailtrain.errors import UsageError
-from tailtrain.runtime.control import RuleDriver, Weighting, round_arrivals, weighting
+from tailtrain.runtime.control import (
+    RuleDriver,
+    Weighting,
+    round_arrivals,
+    round_times,
+    weighting,
+)
 from tailtrain.runtime.reduce import Collectives
 from tailtrain.runtime.topologies import topology_of
 from tailtrain.runtime.units import may_start
@@ -60,8 +67,9 @@ class StepRecord:
     update (its normalised weight; 0: it did not take part); ``ranks`` are those with a
     non-zero weight. ``threshold`` is tau in force (inf: none, e.g. while calibrating),
     ``time`` the round's wall seconds (slowest rank), ``compute_time`` the slowest rank's
-    compute seconds and ``comm_time`` its reduce seconds (T^c). ``loss`` is the mean loss of
-    the counted micro-batches over all ranks (NaN where the loop does not report losses).
+    compute seconds and ``comm_time`` T^c, the smallest reduce seconds over the ranks.
+    ``loss`` is the mean loss of the counted micro-batches over all ranks (NaN where the loop
+    does not report losses).
     """
 
     step: int
@@ -179,7 +187,7 @@ class Rounds:
     ) -> StepRecord:
         """Agree on T^c and the round's time, ``adapt``, and record the round."""
         timing = self.comm.gather(np.array([reduce, self.clock() - work.started]))
-        comm, elapsed = float(timing[:, 0].max()), float(timing[:, 1].max())
+        comm, elapsed = round_times(timing)
         rows, arrivals = agreed.rows, agreed.arrivals
         done = rows[:, 0].astype(np.int64)
         loss = float(rows[:, 2].sum() / done.sum()) if done.sum() > 0 else math.nan

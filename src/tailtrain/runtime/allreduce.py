@@ -79,6 +79,7 @@ from tailtrain.runtime.control import (
     check_own_weight,
     own_arrival,
     round_arrivals,
+    round_times,
 )
 from tailtrain.runtime.grads import ModuleGrads
 from tailtrain.runtime.inject import FaultDrill, InjectedFault, Injector, sleep
@@ -554,11 +555,9 @@ def settle(run: _Rank, timing: np.ndarray) -> None:
     """Settle the unsettled round with its gathered [allreduce, round seconds] (N, 2): the
     agreed clock at once, its record row later (:func:`flush`)."""
     done, run.unsettled = run.unsettled, None
-    # Python's min and max: numpy's cost more on (N, 2) run cold. Every entry is a measured
-    # time (a round is settled by the one after it), so no NaN meets min() here.
-    seconds = timing.tolist()
-    run.comm_time = min(allreduce for allreduce, _ in seconds)
-    run.settled += max(round_ for _, round_ in seconds)
+    # every entry is a measured time: a round is settled by the one after it
+    run.comm_time, elapsed = round_times(timing)
+    run.settled += elapsed
     run.now = run.settled
     run.settling.append((done, Settled(run.settled, run.comm_time), timing))
 

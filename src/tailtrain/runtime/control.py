@@ -206,3 +206,20 @@ class RuleDriver:
 
     def adapt(self, stats: StepStats) -> None:
         self.state = self.strategy.adapt(self.state, stats)
+
+
+def round_times(timing: np.ndarray) -> tuple[float, float]:
+    """T^c and the round's seconds from every rank's gathered ``[allreduce seconds, round
+    seconds]`` (N, 2), the same for ``train`` and ``StragglerStep``.
+
+    T^c is the collective's own time: the smallest allreduce seconds over the ranks. Every
+    rank's allreduce also holds its wait for the slowest rank to arrive, and the rank that
+    arrives last waits least; DropCompute (§4.2, App. C.1-C.2) charges T^c once per
+    iteration on top of the slowest worker's compute, T = T^c + max_n T_n, so the largest
+    allreduce seconds would count the straggler's lead twice in Algorithm 2's S_i(tau). The
+    round's seconds are the slowest rank's.
+    """
+    # Python's min and max: numpy's cost more on (N, 2) run cold, and this is on the round
+    # path. Every entry is a measured time, so no NaN meets min() here.
+    seconds = timing.tolist()
+    return min(reduce for reduce, _ in seconds), max(round_ for _, round_ in seconds)
