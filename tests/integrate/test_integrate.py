@@ -220,6 +220,7 @@ def test_a_non_finite_gradient_joins_with_weight_zero(results):
     for theta, records, _ in (r["nan"] for r in results):
         torch.testing.assert_close(theta, expected)
         assert records[0]["nonfinite"] == 1
+        assert records[0]["ranks"] == [0] and records[0]["weights"] == [1.0, 0.0]
 
 
 def test_local_sgd_has_no_comm_hook(results):

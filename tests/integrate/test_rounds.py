@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from tailtrain.integrate.rounds import Rounds, Work
 from tailtrain.runtime.allreduce import settle
-from tailtrain.runtime.control import round_times
+from tailtrain.runtime.control import round_times, screened_out
 
 UNITS = 2
 
@@ -37,8 +37,9 @@ class Gathers:
         return gathered
 
 
-def loop_round(strategy: str, timing: np.ndarray):
-    """One round of the loop on rank 0; the StepStats the rule adapted on and the record."""
+def loop_round(strategy: str, timing: np.ndarray, screened: bool = False):
+    """One round of the loop on rank 0, its gathered ``timing`` rows [reduce seconds, round
+    seconds, screened] given; the StepStats the rule adapted on and the record."""
     work = Work(np.full(UNITS, 0.1), compute=0.2, loss_sum=1.0)
     counts = [[UNITS, 0.2, 1.0, 0.1, 0.1], [UNITS, 0.3, 1.0, 0.15, 0.15]]
     rounds = Rounds(strategy, Gathers(counts, timing))
@@ -47,7 +48,7 @@ def loop_round(strategy: str, timing: np.ndarray):
     rounds.rule.adapt = lambda stats: (seen.append(stats), adapt(stats))[1]
     plan, _ = rounds.plan(UNITS)
     agreed = rounds.agree(work)
-    record = rounds.close(plan, work, agreed, float(timing[0, 0]), 0)
+    record = rounds.close(plan, work, agreed, float(timing[0, 0]), screened)
     return seen[0], record
 
 
@@ -67,7 +68,7 @@ def test_train_and_the_loop_feed_algorithm_2_the_same_t_c(rows):
     """T^c is the smallest allreduce seconds over the ranks (the last to arrive waits
     least: DropCompute's T = T^c + max_n T_n), in ``train`` and in ``StragglerStep`` alike."""
     timing = np.array(rows)
-    stats, record = loop_round("dropcompute:calibrate=3", timing)
+    stats, record = loop_round("dropcompute:calibrate=3", np.c_[timing, [0, 0]])
     run = train_settles(timing)
     assert stats.comm_time == record.comm_time == run.comm_time == min(timing[:, 0])
     assert record.time == run.settled == max(timing[:, 1])
@@ -77,6 +78,24 @@ def test_train_and_the_loop_feed_algorithm_2_the_same_t_c(rows):
 @pytest.mark.timeout(30)
 def test_a_rank_that_waited_inside_the_allreduce_does_not_inflate_t_c():
     # rank 0 arrived first and waited 0.25 s for rank 1 inside the allreduce
-    timing = np.array([[0.30, 1.0], [0.05, 1.2]])
+    timing = np.array([[0.30, 1.0, 0], [0.05, 1.2, 0]])
     stats, record = loop_round("dropcompute:calibrate=3", timing)
     assert stats.comm_time == record.comm_time == 0.05
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize(
+    ("strategy", "weight"),
+    [("sync", 1.0), ("dropcompute:threshold=5", 0.5)],  # DropCompute divides by N (Eq. (1))
+)
+def test_a_screened_rank_is_not_used_in_the_rules_stats_nor_the_record(strategy, weight):
+    """Rank 1's gradient held a NaN: it joined with weight 0, so the rule does not count it
+    as used (as ``train`` and ``simulate`` do not), and the record gives it no weight."""
+    stats, record = loop_round(strategy, np.array([[0.1, 1.0, 0], [0.1, 1.0, 1]]))
+    arrivals = stats.arrivals
+    assert stats.used.tolist() == arrivals.keys[arrivals.worker == 0].tolist()
+    assert record.ranks == [0] and record.weights == [weight, 0.0] and record.nonfinite == 1
+    screened = np.array([False, True])
+    assert (screened_out(arrivals.keys, arrivals, screened) == stats.used).all()
+    clean, _ = loop_round(strategy, np.array([[0.1, 1.0, 0], [0.1, 1.0, 0]]))
+    assert clean.used.tolist() == clean.arrivals.keys.tolist()

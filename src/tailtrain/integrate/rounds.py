@@ -37,6 +37,8 @@ from tailtrain.runtime.control import (
     Weighting,
     round_arrivals,
     round_times,
+    screened_keys,
+    screened_out,
     weighting,
 )
 from tailtrain.runtime.reduce import Collectives
@@ -52,6 +54,7 @@ from tailtrain.strategies.base import (
     Topology,
 )
 from tailtrain.strategies.registry import parse_strategy
+from tailtrain.update import without
 
 #: column of the first unit time in a gathered row [C_n, T~_n, loss sum, t_n^(1..U)]
 TIMES = 3
@@ -64,7 +67,8 @@ class StepRecord:
     """Who took part in one round, as every rank agreed on it.
 
     ``completed[n]`` micro-batches of rank n counted, with coefficient ``weights[n]`` in the
-    update (its normalised weight; 0: it did not take part); ``ranks`` are those with a
+    update (its normalised weight; 0: it did not take part, or its gradient held a NaN or an
+    infinity and was screened out, ``nonfinite`` counts those); ``ranks`` are those with a
     non-zero weight. ``threshold`` is tau in force (inf: none, e.g. while calibrating),
     ``time`` the round's wall seconds (slowest rank), ``compute_time`` the slowest rank's
     compute seconds and ``comm_time`` T^c, the smallest reduce seconds over the ranks.
@@ -183,11 +187,14 @@ class Rounds:
         return Agreement(rows, arrivals, selection, weighting(selection, self.comm.rank))
 
     def close(
-        self, plan: AllreducePlan, work: Work, agreed: Agreement, reduce: float, nonfinite: int
+        self, plan: AllreducePlan, work: Work, agreed: Agreement, reduce: float, screened: bool
     ) -> StepRecord:
-        """Agree on T^c and the round's time, ``adapt``, and record the round."""
-        timing = self.comm.gather(np.array([reduce, self.clock() - work.started]))
+        """Agree on T^c, the round's time and who was screened out (``screened``: this rank's
+        gradient held a NaN or an infinity and joined with weight 0), ``adapt``, and record
+        the round."""
+        timing = self.comm.gather(np.array([reduce, self.clock() - work.started, screened]))
         comm, elapsed = round_times(timing)
+        flags = timing[:, 2] > 0
         rows, arrivals = agreed.rows, agreed.arrivals
         done = rows[:, 0].astype(np.int64)
         loss = float(rows[:, 2].sum() / done.sum()) if done.sum() > 0 else math.nan
@@ -197,14 +204,15 @@ class Rounds:
             time=self.now + elapsed,
             k=plan.k,
             arrivals=arrivals,
-            used=agreed.selection.used(),
+            used=screened_out(agreed.selection.used(), arrivals, flags),
             loss=loss,
             lr=self.lr * plan.lr_scale,
             micro_batch_times=rows[:, TIMES:],
             comm_time=comm,
         )
         self.rule.adapt(stats)
-        coefficients = agreed.selection.now.over(arrivals.keys)
+        applied = without(agreed.selection.now, screened_keys(arrivals, flags))
+        coefficients = applied.over(arrivals.keys)
         record = StepRecord(
             step=self.step,
             threshold=plan.threshold,
@@ -218,7 +226,7 @@ class Rounds:
             compute_time=float(rows[:, 1].max()),
             comm_time=comm,
             time=elapsed,
-            nonfinite=nonfinite,
+            nonfinite=int(flags.sum()),
         )
         self.step, self.now = self.step + 1, stats.time
         return record

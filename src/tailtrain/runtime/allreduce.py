@@ -80,6 +80,7 @@ from tailtrain.runtime.control import (
     own_arrival,
     round_arrivals,
     round_times,
+    screened_out,
 )
 from tailtrain.runtime.grads import ModuleGrads
 from tailtrain.runtime.inject import FaultDrill, InjectedFault, Injector, sleep
@@ -112,7 +113,7 @@ from tailtrain.sim.evaluation import Evaluator
 from tailtrain.sim.records import RunRecord
 from tailtrain.sim.scenario import World
 from tailtrain.strategies.base import AllreducePlan as Plan
-from tailtrain.strategies.base import ArrivalColumns, StepStats
+from tailtrain.strategies.base import StepStats
 from tailtrain.update import WeightedUpdate, key_workers, screen_own
 
 #: column of the first unit time in a gathered row [C_n, T~_n, injected, t_n^(1..U)]
@@ -541,14 +542,6 @@ def account(run: _Rank, done: Unsettled) -> Weighting:
     )
     run.rule.adapt(done.stats)
     return weighting
-
-
-def screened_out(used: np.ndarray, arrivals: ArrivalColumns, screened: np.ndarray) -> np.ndarray:
-    """The used arrival keys less those of screened-out gradients, which did not enter the
-    update (as ``sim.driver`` and the parameter server drop them before adapt and the row)."""
-    if not screened.any():
-        return used
-    return used[~np.isin(used, arrivals.keys[screened[arrivals.worker.astype(np.int64)]])]
 
 
 def settle(run: _Rank, timing: np.ndarray) -> None:
