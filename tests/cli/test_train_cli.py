@@ -60,6 +60,28 @@ def test_train_with_simulates_flags_makes_its_decisions_and_records(tmp_path, ca
         assert read_trace(tmp_path / "train" / f"trace-rank{rank}.csv").seconds.size > 0
 
 
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("strategy", ["eager:mode=solo", "dbw-quorum"])
+def test_a_partial_collective_run_writes_the_trace_advise_reads(strategy, tmp_path, capfd):
+    """``train --out`` writes ``trace.csv`` on every topology that measures units: a partial
+    collective's unit is a rank's job, its iteration the job's index."""
+    argv = ["train", "--task", "logreg", "--workers", "2", "--iterations", "6"]
+    out = tmp_path / "run"
+    code, _, err = run([*argv, "--strategy", strategy, "--out", str(out), "--json"], capfd)
+    assert code == 0, err
+    trace = read_trace(out / "trace.csv")
+    assert trace.micro_batch is None and sorted(set(trace.worker.tolist())) == [0, 1]
+    for rank in (0, 1):
+        mine = read_trace(out / f"trace-rank{rank}.csv")
+        assert mine.seconds.size >= 1 and (mine.seconds > 0).all()
+    assert trace.seconds.size == sum(
+        read_trace(out / f"trace-rank{r}.csv").seconds.size for r in (0, 1)
+    )
+    code, advice, err = run(["advise", "--trace", str(out / "trace.csv"), "--json"], capfd)
+    assert code == 0, err
+    assert json.loads(advice)["trace_workers"] == 2
+
+
 @pytest.mark.timeout(60)
 def test_a_crashing_rank_fails_the_job_naming_the_rank(capfd):
     argv = ["train", "--task", "logreg", "--workers", "3", "--iterations", "6"]

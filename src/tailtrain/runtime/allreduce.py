@@ -103,7 +103,7 @@ from tailtrain.runtime.telemetry import (
     round_row,
     run_record,
     run_summary,
-    write_outputs,
+    write_traces,
 )
 from tailtrain.runtime.units import Work, compute
 from tailtrain.sim import checkpoint
@@ -574,14 +574,10 @@ def settle_last(run: _Rank) -> None:
 
 def finish(run: _Rank) -> RankResult:
     """Gather the traces on rank 0, write the outputs, summarise."""
-    table = run.trace.table()
-    tables = run.comm.gather_objects(table) if run.config.out is not None else None
     if run.comm.rank == 0:
         run.record.summary = run_summary(run.world, run.rule.strategy, run.record)
     if run.config.out is not None:
-        lead = run.comm.rank == 0
-        trace = np.concatenate(tables) if lead and tables else None
-        write_outputs(run.config.out, None, trace, run.trace)
-        if lead:
+        write_traces(run.config.out, run.trace, run.comm)
+        if run.comm.rank == 0:
             run.keeper.finish(run.record)
     return RankResult(run.comm.rank, run.record, run.learner.theta.numpy().copy())
