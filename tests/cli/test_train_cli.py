@@ -84,11 +84,37 @@ def test_a_partial_collective_run_writes_the_trace_advise_reads(strategy, tmp_pa
 
 @pytest.mark.timeout(60)
 def test_a_crashing_rank_fails_the_job_naming_the_rank(capfd):
+    """``--fail-at`` is the deprecated spelling of the raise drill."""
     argv = ["train", "--task", "logreg", "--workers", "3", "--iterations", "6"]
     code, out, err = run([*argv, "--fail-at", "1:2", "--timeout", "30"], capfd)
     assert code != 0 and out == ""
     lines = err.strip().splitlines()
     assert len(lines) == 1 and "rank 1 failed" in lines[0] and "step 2" in lines[0], err
+    assert "raise:rank=1,step=2" in lines[0], err
+
+
+#: topology -> strategy, the rank that raises (a parameter server's rank 0 is its server)
+RAISES = {
+    "allreduce": ("sync", 1),
+    "partial collective": ("eager", 1),
+    "parameter server": ("k-sync:k=1", 0),
+}
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("topology", RAISES)
+def test_the_raise_drill_fails_the_job_naming_rank_and_step_on_every_topology(topology, capfd):
+    """A raise drill is met where every topology meets a drill (``FaultDrill.before``): no
+    topology can ignore it, as eager once ignored ``--fail-at``."""
+    strategy, rank = RAISES[topology]
+    argv = ["train", "--task", "logreg", "--workers", "2", "--iterations", "10"]
+    drill = f"raise:rank={rank},step=3"
+    flags = ["--strategy", strategy, "--inject-fault", drill, "--timeout", "30"]
+    code, out, err = run([*argv, *flags], capfd)
+    assert code == 1 and out == ""
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and f"rank {rank} failed" in lines[0], err
+    assert f"InjectedFault: rank {rank} fails at step 3 (--inject-fault {drill})" in lines[0]
 
 
 @pytest.fixture
@@ -108,6 +134,7 @@ BAD = {
     "pattern without delay": (["--pattern", "persistent:h=2"], "--delay"),
     "no model": (["--task", "none"], "no model"),
     "bad fault": (["--fail-at", "one"], "RANK:STEP"),
+    "raise of no rank": (["--inject-fault", "raise:rank=2,step=1"], "ranks are 0..1"),
     "bad endpoint": (["--rdzv-endpoint", "localhost"], "HOST:PORT"),
     "remote endpoint": (["--rdzv-endpoint", "192.0.2.1:29500"], "unreachable"),
 }
@@ -257,6 +284,23 @@ def test_resume_honours_an_explicit_max_restarts_0_and_the_default_timeout(tmp_p
     assert (config.max_restarts, config.timeout) == (0, 300.0)
     config, _ = fresh(build_parser().parse_args(start[:-2]))
     assert (config.max_restarts, config.timeout) == (0, 300.0)  # a start's defaults
+
+
+def test_fail_at_is_kept_as_a_raise_drill_and_an_old_runs_fail_at_resumes_as_one(tmp_path):
+    from tailtrain.cli import build_parser
+    from tailtrain.cli.train import fresh, resumed
+
+    folder = tmp_path / "run"
+    start = ["train", "--task", "logreg", "--workers", "2", "--out", str(folder)]
+    config, prepare = fresh(build_parser().parse_args([*start, "--fail-at", "1:3"]))
+    assert config.faults.describe() == ["raise:rank=1,step=3"]
+    prepare()
+    info = json.loads((folder / "run.json").read_text())
+    assert info["inject_fault"] == ["raise:rank=1,step=3"] and info["runtime"]["fail_at"] is None
+    info["inject_fault"], info["runtime"]["fail_at"] = [], [1, 3]  # a run from before
+    (folder / "run.json").write_text(json.dumps(info))
+    config, _ = resumed(build_parser().parse_args(["train", "--resume", str(folder)]))
+    assert config.faults.describe() == ["raise:rank=1,step=3"]
 
 
 def test_the_cli_defaults_are_train_configs():

@@ -83,7 +83,7 @@ from tailtrain.runtime.control import (
     screened_out,
 )
 from tailtrain.runtime.grads import ModuleGrads
-from tailtrain.runtime.inject import FaultDrill, InjectedFault, Injector, sleep
+from tailtrain.runtime.inject import FaultDrill, Injector, sleep
 from tailtrain.runtime.keep import (
     Keeper,
     Stopped,
@@ -407,11 +407,7 @@ def one_round(run: _Rank, plan: Plan) -> None:
     run.log.step = run.step
     batches = run.learner.batches(run.step, units)
     injected = run.injector.unit_times(plan.local_steps, m, run.now)
-    fault = run.config.fault
-    mine = fault is not None and (fault.rank, fault.step) == (run.comm.rank, run.step)
-    if mine and run.drill.once(f"fail-at:{fault.rank}:{fault.step}", run.step):
-        raise InjectedFault(f"rank {fault.rank} fails at step {fault.step} (--fail-at)")
-    run.drill.before(run.step)
+    run.drill.before(run.step)  # the drills, a raise included (runtime.inject.FaultDrill)
     started = time.perf_counter()
     lr = run.world.lr * plan.lr_scale
     sums = sum_buffer(run, units)

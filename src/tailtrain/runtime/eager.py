@@ -91,8 +91,14 @@ from tailtrain.runtime.keep import (
     reopen_records,
     stop_on_sigterm,
 )
-from tailtrain.runtime.partial import PartialCollective, RoundResult, row
-from tailtrain.runtime.reduce import Collectives
+from tailtrain.runtime.partial import (
+    CollectiveFailed,
+    CollectiveTimeout,
+    PartialCollective,
+    RoundResult,
+    row,
+)
+from tailtrain.runtime.reduce import GRACE, Collectives
 from tailtrain.runtime.telemetry import TraceRows, attach, close_record, follow, write_traces
 from tailtrain.sim import checkpoint
 from tailtrain.sim.data_stream import job_batches
@@ -425,6 +431,8 @@ def failed(run: _Run, exc: BaseException) -> BaseException:
         close_record(run.rule.record)
     if isinstance(exc, Stopped):
         os._exit(143)
+    if isinstance(exc, CollectiveFailed | CollectiveTimeout):  # it saw a peer fail: as
+        time.sleep(GRACE)  # runtime.reduce's ranks do, it waits, so the first to fail is named
     return end
 
 

@@ -82,7 +82,7 @@ import torch
 from tailtrain.errors import TailtrainError, UsageError
 from tailtrain.runtime.allreduce import RankResult
 from tailtrain.runtime.config import TrainConfig, build_world
-from tailtrain.runtime.inject import FaultDrill, InjectedFault
+from tailtrain.runtime.inject import FaultDrill
 from tailtrain.runtime.ps_liveness import Liveness
 from tailtrain.runtime.ps_wire import (
     DOWN,
@@ -168,6 +168,7 @@ class Server:
         self.versions = {0: theta}
         self.update = WeightedUpdate(world.lr, self.config.on_nonfinite)
         self.state = strategy.init(world.context)
+        self.drill = FaultDrill(config.faults, None, rank=0)  # the server is no worker
         self.record = run_record(config, world, lead=True)
         self.evals = Evaluator(world.scenario.evaluation, self.record, enabled=True)
         self.snapshots: list[torch.Tensor] = []
@@ -199,9 +200,7 @@ class Server:
             plan = self.strategy.plan(self.state)
             if not isinstance(plan, ServerPlan):
                 raise TailtrainError(f"{self.strategy.describe()} gave no parameter-server plan")
-            fault = self.config.fault
-            if fault is not None and (fault.rank, fault.step) == (0, self.step):
-                raise InjectedFault(f"rank 0 fails at step {fault.step} (--fail-at)")
+            self.drill.before(self.step)  # a raise drill of rank 0 (runtime.inject.FaultDrill)
             before = self.scorer()
             self.begin(plan)
             self.lag = self.clock() - self.now
@@ -582,8 +581,8 @@ def serve(config: TrainConfig, world: World, strategy: Strategy, comm: Collectiv
 def work(config: TrainConfig, world: World, comm: Collectives) -> RankResult:
     """Rank w + 1: worker w."""
     index = comm.rank - 1
-    drill = FaultDrill(config.faults, index)
-    worker = Worker(world, index, config.inject, config.timeout, config.fault, drill)
+    drill = FaultDrill(config.faults, index, rank=comm.rank)
+    worker = Worker(world, index, config.inject, config.timeout, drill)
     worker.warm_up()
     comm.barrier()
     stats = vars(worker.run())
