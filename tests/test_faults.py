@@ -12,7 +12,7 @@ from tailtrain.faults import Fault, FaultPlan, parse_fault
 
 def test_each_kind_parses_and_describes_itself_back():
     texts = ["nan:worker=1,step=2", "inf:worker=0,step=0", "kill:worker=3,step=5"]
-    texts.append("freeze:worker=2,step=4,seconds=1.5")
+    texts += ["freeze:worker=2,step=4,seconds=1.5", "raise:rank=3,step=1"]
     plan = FaultPlan.parse(texts, workers=4)
     assert plan.describe() == texts
     assert FaultPlan.parse(plan.describe(), workers=4) == plan
@@ -28,6 +28,17 @@ def test_numeric_faults_reach_the_update_and_process_faults_do_not():
     assert plan.process_faults(1, 3, 9) == []
 
 
+def test_a_raise_names_a_rank_which_may_be_a_parameter_server():
+    plan = FaultPlan.parse(["raise:rank=0,step=2", "kill:worker=0,step=2"], workers=2, ranks=3)
+    assert plan.process_faults(None, 0, 9, rank=0) == [Fault("raise", -1, 2, rank=0)]
+    assert [f.kind for f in plan.process_faults(0, 0, 9, rank=0)] == ["kill", "raise"]
+    assert plan.process_faults(0, 0, 9, rank=1) == [Fault("kill", 0, 2)]
+    with pytest.raises(UsageError, match=r"ranks are 0..2 \(rank 0 is the parameter server\)"):
+        FaultPlan.parse(["raise:rank=3,step=0"], workers=2, ranks=3)
+    with pytest.raises(UsageError, match="does not take parameter 'worker'"):
+        FaultPlan.parse(["raise:worker=0,step=0"], workers=2)
+
+
 def test_a_kill_wins_over_a_freeze_of_the_same_step():
     plan = FaultPlan.parse(["freeze:worker=0,step=1,seconds=2", "kill:worker=0,step=1"], 2)
     assert [f.kind for f in plan.process_faults(0, 1, 1)] == ["kill", "freeze"]
@@ -38,6 +49,8 @@ def test_a_kill_wins_over_a_freeze_of_the_same_step():
     [
         (["boom:worker=0,step=0"], None, "unknown fault 'boom'"),
         (["kill:worker=0,step=0"], ("nan", "inf"), "needs real processes"),
+        (["raise:rank=0,step=0"], ("nan", "inf"), "needs real processes"),
+        (["raise:rank=4,step=0"], None, "ranks are 0..3"),
         (["freeze:worker=0,step=0"], None, "missing parameter 'seconds'"),
         (["freeze:worker=0,step=0,seconds=0"], None, "must be > 0"),
         (["freeze:worker=0,step=0,seconds=inf"], None, "finite"),

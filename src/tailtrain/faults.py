@@ -10,6 +10,10 @@
   clean-up) when it starts work for update S.
 * ``freeze:worker=W,step=S,seconds=X`` (``train`` only): worker W's process hangs for X
   seconds when it starts work for update S, then goes on.
+* ``raise:rank=R,step=S`` (``train`` only): rank R raises ``InjectedFault`` when it starts
+  work for update S (torchft's ``fail_at(rank, step)``), as a bug in it would. It names a
+  rank, not a worker, so it can hit a parameter server (rank 0; worker W is rank W + 1
+  there). Every topology meets it where it meets a kill (``runtime.inject.FaultDrill``).
 
 "Update S" is the step the worker's work is for: the round of an allreduce or a partial
 collective, the model version of a parameter-server job.
@@ -29,19 +33,26 @@ from tailtrain.spec import parse_spec
 #: fault name -> the value it puts in the gradient
 VALUES = {"nan": math.nan, "inf": math.inf}
 #: faults of a worker's process: they need real processes (`tailtrain train`)
-PROCESS_FAULTS = ("kill", "freeze")
+PROCESS_FAULTS = ("kill", "freeze", "raise")
 KINDS = (*VALUES, *PROCESS_FAULTS)
-USAGE = "nan:worker=W,step=S, inf:..., kill:worker=W,step=S or freeze:worker=W,step=S,seconds=X"
+USAGE = (
+    "nan:worker=W,step=S, inf:..., kill:worker=W,step=S, freeze:worker=W,step=S,seconds=X "
+    "or raise:rank=R,step=S"
+)
+#: the order in which process faults of one update hit
+ORDER = {"kill": 0, "raise": 1, "freeze": 2}
 
 
 @dataclass(frozen=True)
 class Fault:
-    """One drill: ``kind`` hits worker ``worker`` at update ``step`` (``seconds``: freeze)."""
+    """One drill: ``kind`` hits worker ``worker`` at update ``step`` (``seconds``: freeze);
+    a ``raise`` hits rank ``rank`` (its ``worker`` is -1)."""
 
     kind: str
     worker: int
     step: int
     seconds: float = 0.0
+    rank: int = -1
 
     @property
     def value(self) -> float:
@@ -53,6 +64,8 @@ class Fault:
         return self.kind in VALUES
 
     def describe(self) -> str:
+        if self.kind == "raise":
+            return f"raise:rank={self.rank},step={self.step}"
         text = f"{self.kind}:worker={self.worker},step={self.step}"
         return text + (f",seconds={self.seconds:g}" if self.kind == "freeze" else "")
 
@@ -67,6 +80,10 @@ def parse_fault(text: str, kinds: Sequence[str] = KINDS) -> Fault:
             f"--inject-fault {text}: {spec.name} needs real processes; drill it with "
             f"`tailtrain train` (here: {', '.join(kinds)})"
         )
+    if spec.name == "raise":
+        spec.require_known(("rank", "step"))
+        rank, step = spec.get_int("rank", minimum=0), spec.get_int("step", minimum=0)
+        return Fault("raise", -1, step, rank=rank)
     freeze = spec.name == "freeze"
     spec.require_known(("worker", "step", "seconds") if freeze else ("worker", "step"))
     seconds = 0.0
@@ -86,12 +103,24 @@ class FaultPlan:
 
     @classmethod
     def parse(
-        cls, texts: Sequence[str] | None, workers: int, kinds: Sequence[str] = KINDS
+        cls,
+        texts: Sequence[str] | None,
+        workers: int,
+        kinds: Sequence[str] = KINDS,
+        ranks: int | None = None,
     ) -> FaultPlan:
-        """The faults ``texts`` give, each checked against the scenario's ``workers``."""
+        """The faults ``texts`` give, each checked against the scenario's ``workers`` and the
+        job's ``ranks`` (default: one per worker; a parameter server adds rank 0)."""
         faults = tuple(parse_fault(t, kinds) for t in texts or ())
+        ranks = workers if ranks is None else ranks
         for fault in faults:
-            if fault.worker >= workers:
+            if fault.kind == "raise" and fault.rank >= ranks:
+                server = " (rank 0 is the parameter server)" if ranks > workers else ""
+                raise UsageError(
+                    f"--inject-fault {fault.describe()}: rank {fault.rank} does not exist; "
+                    f"ranks are 0..{ranks - 1}{server}"
+                )
+            if fault.kind != "raise" and fault.worker >= workers:
                 raise UsageError(
                     f"--inject-fault {fault.describe()}: worker {fault.worker} does not exist; "
                     f"workers are 0..{workers - 1}"
@@ -114,12 +143,19 @@ class FaultPlan:
             return None
         return float(hit[1][np.searchsorted(hit[0], worker)])
 
-    def process_faults(self, worker: int, first: int, last: int) -> list[Fault]:
-        """The kills and freezes of ``worker`` at updates ``first`` to ``last``, in the order
-        they hit: by update, and a kill before a freeze of the same update."""
-        hits = [f for f in self.faults if not f.numeric and f.worker == worker]
+    def process_faults(
+        self, worker: int | None, first: int, last: int, rank: int | None = None
+    ) -> list[Fault]:
+        """The kills and freezes of ``worker`` and the raises of ``rank`` (None: none) at
+        updates ``first`` to ``last``, in the order they hit: by update, and a kill before a
+        raise before a freeze of the same update."""
+        hits = [
+            f
+            for f in self.faults
+            if (f.rank == rank if f.kind == "raise" else f.worker == worker and not f.numeric)
+        ]
         hits = [f for f in hits if first <= f.step <= last]
-        return sorted(hits, key=lambda f: (f.step, f.kind != "kill"))
+        return sorted(hits, key=lambda f: (f.step, ORDER[f.kind]))
 
     def describe(self) -> list[str]:
         return [f.describe() for f in self.faults]

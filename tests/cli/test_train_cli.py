@@ -60,13 +60,61 @@ def test_train_with_simulates_flags_makes_its_decisions_and_records(tmp_path, ca
         assert read_trace(tmp_path / "train" / f"trace-rank{rank}.csv").seconds.size > 0
 
 
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("strategy", ["eager:mode=solo", "dbw-quorum"])
+def test_a_partial_collective_run_writes_the_trace_advise_reads(strategy, tmp_path, capfd):
+    """``train --out`` writes ``trace.csv`` on every topology that measures units: a partial
+    collective's unit is a rank's job, its iteration the job's index."""
+    argv = ["train", "--task", "logreg", "--workers", "2", "--iterations", "6"]
+    out = tmp_path / "run"
+    code, _, err = run([*argv, "--strategy", strategy, "--out", str(out), "--json"], capfd)
+    assert code == 0, err
+    trace = read_trace(out / "trace.csv")
+    assert trace.micro_batch is None and sorted(set(trace.worker.tolist())) == [0, 1]
+    for rank in (0, 1):
+        mine = read_trace(out / f"trace-rank{rank}.csv")
+        assert mine.seconds.size >= 1 and (mine.seconds > 0).all()
+    assert trace.seconds.size == sum(
+        read_trace(out / f"trace-rank{r}.csv").seconds.size for r in (0, 1)
+    )
+    code, advice, err = run(["advise", "--trace", str(out / "trace.csv"), "--json"], capfd)
+    assert code == 0, err
+    assert json.loads(advice)["trace_workers"] == 2
+
+
 @pytest.mark.timeout(60)
 def test_a_crashing_rank_fails_the_job_naming_the_rank(capfd):
+    """``--fail-at`` is the deprecated spelling of the raise drill."""
     argv = ["train", "--task", "logreg", "--workers", "3", "--iterations", "6"]
     code, out, err = run([*argv, "--fail-at", "1:2", "--timeout", "30"], capfd)
     assert code != 0 and out == ""
     lines = err.strip().splitlines()
     assert len(lines) == 1 and "rank 1 failed" in lines[0] and "step 2" in lines[0], err
+    assert "raise:rank=1,step=2" in lines[0], err
+
+
+#: topology -> strategy, the rank that raises (a parameter server's rank 0 is its server)
+RAISES = {
+    "allreduce": ("sync", 1),
+    "partial collective": ("eager", 1),
+    "parameter server": ("k-sync:k=1", 0),
+}
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("topology", RAISES)
+def test_the_raise_drill_fails_the_job_naming_rank_and_step_on_every_topology(topology, capfd):
+    """A raise drill is met where every topology meets a drill (``FaultDrill.before``): no
+    topology can ignore it, as eager once ignored ``--fail-at``."""
+    strategy, rank = RAISES[topology]
+    argv = ["train", "--task", "logreg", "--workers", "2", "--iterations", "10"]
+    drill = f"raise:rank={rank},step=3"
+    flags = ["--strategy", strategy, "--inject-fault", drill, "--timeout", "30"]
+    code, out, err = run([*argv, *flags], capfd)
+    assert code == 1 and out == ""
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and f"rank {rank} failed" in lines[0], err
+    assert f"InjectedFault: rank {rank} fails at step 3 (--inject-fault {drill})" in lines[0]
 
 
 @pytest.fixture
@@ -86,6 +134,7 @@ BAD = {
     "pattern without delay": (["--pattern", "persistent:h=2"], "--delay"),
     "no model": (["--task", "none"], "no model"),
     "bad fault": (["--fail-at", "one"], "RANK:STEP"),
+    "raise of no rank": (["--inject-fault", "raise:rank=2,step=1"], "ranks are 0..1"),
     "bad endpoint": (["--rdzv-endpoint", "localhost"], "HOST:PORT"),
     "remote endpoint": (["--rdzv-endpoint", "192.0.2.1:29500"], "unreachable"),
 }
@@ -113,6 +162,51 @@ def test_a_port_in_use_is_one_line_and_exit_2(busy_port, capfd):
 def test_nccl_without_cuda_is_one_line_and_exit_2(capfd):
     code, _, err = run(["train", "--task", "logreg", "--workers", "2", "--backend", "nccl"], capfd)
     assert code == 2 and len(err.strip().splitlines()) == 1 and "CUDA" in err, err
+
+
+@pytest.mark.timeout(90)
+def test_a_sync_with_a_mode_trains_on_the_parameter_server(capfd):
+    """``train --strategy sync:mode=pull`` honours its mode: it runs where ``simulate`` runs
+    it, on the parameter server, with one extra rank."""
+    argv = ["train", "--task", "logreg", "--workers", "2", "--iterations", "3", "--json"]
+    code, out, err = run([*argv, "--strategy", "sync:mode=pull", "--timeout", "60"], capfd)
+    assert code == 0, err
+    summary = json.loads(out)
+    assert summary["strategy"] == "sync:mode=pull" and summary["iterations"] == 3
+    assert summary.get("topology") == "parameter-server" and len(summary["worker_jobs"]) == 2
+
+
+@pytest.mark.timeout(60)
+def test_a_rule_the_workers_cannot_run_is_refused_before_any_rank_starts(capfd):
+    """The rule's own checks run with the job's worker count in ``launch.validate``: one
+    line, exit 2, and a parameter server's says that rank 0 is the server."""
+    argv = ["train", "--task", "logreg", "--workers", "4", "--iterations", "3"]
+    code, out, err = run([*argv, "--strategy", "k-sync:k=9"], capfd)
+    assert code == 2 and out == ""
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "rank 0 failed" not in err, err
+    assert "k=9" in err and "rank 0 is the parameter server" in err and "4 workers" in err, err
+
+
+@pytest.mark.timeout(60)
+def test_under_torchrun_rank_0_refuses_a_rule_in_one_line_and_the_others_quietly(
+    monkeypatch, capfd
+):
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    env = {"WORLD_SIZE": "4", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    argv = ["train", "--task", "logreg", "--strategy", "k-sync:k=9", "--iterations", "3"]
+    outcomes = {}
+    for rank in ("0", "1"):
+        monkeypatch.setenv("RANK", rank)
+        outcomes[rank] = run([*argv, "--timeout", "2"], capfd)
+    code, out, err = outcomes["0"]
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1, err
+    assert "rank 0 is the parameter server" in err and "3 workers" in err, err
+    assert outcomes["1"] == (2, "", "")
 
 
 @pytest.mark.timeout(60)
@@ -190,6 +284,23 @@ def test_resume_honours_an_explicit_max_restarts_0_and_the_default_timeout(tmp_p
     assert (config.max_restarts, config.timeout) == (0, 300.0)
     config, _ = fresh(build_parser().parse_args(start[:-2]))
     assert (config.max_restarts, config.timeout) == (0, 300.0)  # a start's defaults
+
+
+def test_fail_at_is_kept_as_a_raise_drill_and_an_old_runs_fail_at_resumes_as_one(tmp_path):
+    from tailtrain.cli import build_parser
+    from tailtrain.cli.train import fresh, resumed
+
+    folder = tmp_path / "run"
+    start = ["train", "--task", "logreg", "--workers", "2", "--out", str(folder)]
+    config, prepare = fresh(build_parser().parse_args([*start, "--fail-at", "1:3"]))
+    assert config.faults.describe() == ["raise:rank=1,step=3"]
+    prepare()
+    info = json.loads((folder / "run.json").read_text())
+    assert info["inject_fault"] == ["raise:rank=1,step=3"] and info["runtime"]["fail_at"] is None
+    info["inject_fault"], info["runtime"]["fail_at"] = [], [1, 3]  # a run from before
+    (folder / "run.json").write_text(json.dumps(info))
+    config, _ = resumed(build_parser().parse_args(["train", "--resume", str(folder)]))
+    assert config.faults.describe() == ["raise:rank=1,step=3"]
 
 
 def test_the_cli_defaults_are_train_configs():

@@ -220,6 +220,7 @@ def test_a_non_finite_gradient_joins_with_weight_zero(results):
     for theta, records, _ in (r["nan"] for r in results):
         torch.testing.assert_close(theta, expected)
         assert records[0]["nonfinite"] == 1
+        assert records[0]["ranks"] == [0] and records[0]["weights"] == [1.0, 0.0]
 
 
 def test_local_sgd_has_no_comm_hook(results):
@@ -229,4 +230,12 @@ def test_local_sgd_has_no_comm_hook(results):
 def test_a_parameter_server_strategy_is_refused_in_one_line():
     with pytest.raises(UsageError, match="allreduce strategies") as err:
         StragglerStep(model(), torch.optim.SGD(model().parameters(), lr=LR), "k-sync:k=1")
+    assert "\n" not in str(err.value)
+
+
+def test_a_sync_with_a_parameter_server_mode_is_refused_in_one_line():
+    """``sync:mode=pull`` runs on the parameter server (``runtime.topologies.topology_of``);
+    a loop would ignore its mode, so it is refused."""
+    with pytest.raises(UsageError, match="parameter-server topology") as err:
+        StragglerStep(model(), torch.optim.SGD(model().parameters(), lr=LR), "sync:mode=pull")
     assert "\n" not in str(err.value)

@@ -304,7 +304,8 @@ def test_a_server_that_fails_stops_the_job_in_one_line():
     not stop the job (``test_ps_faults``)."""
     root = Path(__file__).resolve().parents[2]
     args = ["train", "--workers", "3", "--task", "logreg", "--strategy", "k-sync:k=2"]
-    args += ["--delay", "const:value=0.02", "--iterations", "50", "--fail-at", "0:3"]
+    args += ["--delay", "const:value=0.02", "--iterations", "50"]
+    args += ["--inject-fault", "raise:rank=0,step=3"]
     done = subprocess.run(
         [sys.executable, "-m", "tailtrain", *args, "--timeout", "20"],
         capture_output=True,
@@ -314,5 +315,6 @@ def test_a_server_that_fails_stops_the_job_in_one_line():
     )
     assert done.returncode == 1
     assert done.stderr.strip().splitlines() == [
-        "tailtrain train: rank 0 failed: InjectedFault: rank 0 fails at step 3 (--fail-at)"
+        "tailtrain train: rank 0 failed: InjectedFault: rank 0 fails at step 3 "
+        "(--inject-fault raise:rank=0,step=3)"
     ]

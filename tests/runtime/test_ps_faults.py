@@ -102,9 +102,11 @@ def test_a_worker_that_raises_is_named_and_left_out(tmp_path):
     summary, rows, stderr = train(
         tmp_path,
         "k-sync:k=2",
-        *("--iterations", "40", "--delay", "const:value=0.02", "--fail-at", "2:3"),
+        *("--iterations", "40", "--delay", "const:value=0.02"),
+        *("--inject-fault", "raise:rank=2,step=3"),
     )
-    assert "rank 2 died (InjectedFault: rank 2 fails at step 3 (--fail-at))" in stderr
+    drill = "(--inject-fault raise:rank=2,step=3)"
+    assert f"rank 2 died (InjectedFault: rank 2 fails at step 3 {drill})" in stderr
     assert summary["dead_workers"] == [1] and len(rows) == 40
 
 

@@ -139,7 +139,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             torch.set_num_threads(args.threads)
         return int(args.run(args) or 0)
     except TailtrainError as exc:
-        print(f"tailtrain {args.command}: error: {exc}", file=sys.stderr)
+        if str(exc):  # no message: another process (torchrun's rank 0) reports it
+            print(f"tailtrain {args.command}: error: {exc}", file=sys.stderr)
         return int(getattr(exc, "exit_code", 2))
     except KeyboardInterrupt:
         print("tailtrain: interrupted", file=sys.stderr)

@@ -251,7 +251,6 @@ TRAIN_EXTRA = ("drills.jsonl", "failures.jsonl", "trace.csv")
 
 def train_info(args: argparse.Namespace, scenario: Scenario, faults: Any) -> dict[str, Any]:
     """train's run.json: simulate's keys and ``runtime`` (injection, backend, limits)."""
-    fail_at = None if args.fail_at is None else [args.fail_at.rank, args.fail_at.step]
     return {
         "tailtrain": __version__,
         "command": "train",
@@ -266,7 +265,7 @@ def train_info(args: argparse.Namespace, scenario: Scenario, faults: Any) -> dic
             "backend": args.backend,
             "timeout": args.timeout,
             "max_restarts": args.max_restarts,
-            "fail_at": fail_at,
+            "fail_at": None,  # --fail-at is a raise drill in inject_fault; older runs kept it here
             "worker_timeout": args.worker_timeout,
         },
     }

@@ -141,7 +141,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         type=fault_value,
         default=None,
         metavar="RANK:STEP",
-        help="fault injection: RANK raises at the start of STEP (to test failure handling)",
+        help="deprecated: the same as --inject-fault raise:rank=RANK,step=STEP",
     )
     p.add_argument(
         "--inject-fault",
@@ -149,9 +149,10 @@ def register(sub: argparse._SubParsersAction) -> None:
         default=None,
         metavar="KIND:worker=W,step=S",
         help="fault drill, repeatable: nan:/inf: (worker W's gradient of update S), "
-        "kill: (worker W's process is killed when it starts update S) or "
-        "freeze:...,seconds=X (it hangs X seconds there); a kill or freeze fires once per "
-        "run, not again after a resume or restart",
+        "kill: (worker W's process is killed when it starts update S), "
+        "freeze:...,seconds=X (it hangs X seconds there) or raise:rank=R,step=S (rank R "
+        "raises there; a parameter server is rank 0); a kill, freeze or raise fires once "
+        "per run, not again after a resume or restart",
     )
     p.add_argument(
         "--on-nonfinite",
@@ -164,13 +165,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(defaults={a.dest: a.default for a in p._actions if a.dest != "help"})
 
 
-def fault_value(text: str):
-    from tailtrain.runtime.config import Fault
-
+def fault_value(text: str) -> str:
+    """``--fail-at RANK:STEP`` as the raise drill it stands for."""
     rank, sep, step = text.partition(":")
     if not sep or not rank.isdigit() or not step.isdigit():
         raise argparse.ArgumentTypeError(f"{text!r} must be RANK:STEP, two integers >= 0")
-    return Fault(int(rank), int(step))
+    return raise_drill(int(rank), int(step))
+
+
+def raise_drill(rank: int, step: int) -> str:
+    return f"raise:rank={rank},step={step}"
 
 
 def run(args: argparse.Namespace) -> int:
@@ -232,7 +236,9 @@ def fresh(args: argparse.Namespace):
     args.timeout = DEFAULT_TIMEOUT if args.timeout is None else args.timeout
     args.max_restarts = DEFAULT_MAX_RESTARTS if args.max_restarts is None else args.max_restarts
     args.workers = workers(args.workers, os.environ if torchrun else None, extra)
-    faults = FaultPlan.parse(args.inject_fault, args.workers)
+    if args.fail_at is not None:  # the deprecated alias joins the drills it stands for
+        args.inject_fault = [*(args.inject_fault or ()), args.fail_at]
+    faults = FaultPlan.parse(args.inject_fault, args.workers, ranks=args.workers + extra)
     args.backend = args.backend or default_backend()
     config = TrainConfig(
         scenario=scenario_from_args(args),
@@ -245,7 +251,6 @@ def fresh(args: argparse.Namespace):
         threads=args.threads,
         verbose=args.verbose,
         progress=not args.no_progress,
-        fault=args.fail_at,
         faults=faults,
         on_nonfinite=args.on_nonfinite,
         checkpoint_every=args.checkpoint_every,
@@ -272,7 +277,7 @@ def resumed(args: argparse.Namespace):
     """The run in ``--resume DIR``, with the flags it was started with (run.json)."""
     from tailtrain.cli.run_folder import resume_train
     from tailtrain.faults import FaultPlan
-    from tailtrain.runtime.config import Fault, TrainConfig
+    from tailtrain.runtime.config import TrainConfig
     from tailtrain.runtime.launch import default_backend, in_torchrun
     from tailtrain.runtime.topologies import processes
     from tailtrain.strategies.registry import parse_strategy
@@ -281,7 +286,9 @@ def resumed(args: argparse.Namespace):
     runtime = info["runtime"]
     extra = processes(parse_strategy(info["strategy"]), 0)
     workers(scenario.workers, os.environ if in_torchrun() else None, extra)
-    fail_at = runtime["fail_at"]
+    drills = list(info["inject_fault"])
+    if runtime["fail_at"] is not None:  # a run started with the deprecated --fail-at
+        drills.append(raise_drill(*runtime["fail_at"]))
     every = args.checkpoint_every if args.checkpoint_every is not None else info["checkpoint_every"]
     config = TrainConfig(
         scenario=scenario,
@@ -294,8 +301,7 @@ def resumed(args: argparse.Namespace):
         threads=args.threads,
         verbose=args.verbose,
         progress=not args.no_progress,
-        fault=None if fail_at is None else Fault(*map(int, fail_at)),
-        faults=FaultPlan.parse(info["inject_fault"], scenario.workers),
+        faults=FaultPlan.parse(drills, scenario.workers, ranks=scenario.workers + extra),
         on_nonfinite=info["on_nonfinite"],
         checkpoint_every=every,
         max_restarts=runtime["max_restarts"] if args.max_restarts is None else args.max_restarts,

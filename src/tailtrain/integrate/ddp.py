@@ -41,18 +41,19 @@ from tailtrain.runtime.control import Weighting, check_agreement
 from tailtrain.runtime.reduce import Collectives
 from tailtrain.strategies.base import Strategy
 
-#: tail of a bucket's allreduce: [w_n, weight withheld, non-finite flag]
-TAIL = 3
+#: tail of a bucket's allreduce: [w_n, weight withheld]
+TAIL = 2
 
 
 @dataclass
 class _Pending:
-    """What the hook needs in the round's final backward: this rank's weight, 1/C_n, lr_scale."""
+    """What the hook needs in the round's final backward: this rank's weight, 1/C_n, lr_scale;
+    whether a bucket of this rank's was screened out (NaN or inf) is its answer."""
 
     mine: Weighting
     scale: float
     lr_scale: float
-    nonfinite: int = 0
+    screened: bool = False
 
 
 class StragglerHookState:
@@ -103,7 +104,7 @@ class StragglerHookState:
         finally:
             pending, self._pending = self._pending, None
         reduce = self.rounds.clock() - began
-        self.last = self.rounds.close(plan, work, agreed, reduce, pending.nonfinite)
+        self.last = self.rounds.close(plan, work, agreed, reduce, pending.screened)
 
     # ---- checkpoints ----------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -140,14 +141,14 @@ def weighted_allreduce_hook(
     bad = not bool(torch.isfinite(buffer).all())
     weight, withheld = (0.0, mine.weight) if bad else (mine.weight, 0.0)
     head = torch.zeros_like(buffer) if bad else buffer * (weight * pending.scale)
-    tail = torch.tensor([weight, withheld, float(bad)], dtype=buffer.dtype, device=buffer.device)
+    tail = torch.tensor([weight, withheld], dtype=buffer.dtype, device=buffer.device)
+    pending.screened = pending.screened or bad
     work = dist.all_reduce(torch.cat([head, tail]), group=state.process_group, async_op=True)
 
     def divide(future: torch.futures.Future[list[torch.Tensor]]) -> torch.Tensor:
         reduced = future.value()[0]
-        total, withheld_sum, nonfinite = reduced[-TAIL:].double().cpu().tolist()
+        total, withheld_sum = reduced[-TAIL:].double().cpu().tolist()
         check_agreement(mine.total, total + withheld_sum)
-        pending.nonfinite = max(pending.nonfinite, int(nonfinite))
         divisor = mine.divisor if mine.divisor is not None else total
         return reduced[:-TAIL].mul_(pending.lr_scale / (divisor if divisor else 1.0))
 

@@ -14,9 +14,10 @@ the user's model doing the compute and the wall clock deciding:
    every rank the same weights, and Algorithm 2's measured times are the same everywhere.
 4. The caller reduces ``[sum_n w_n G_n, sum_n w_n]`` (``runtime.reduce.Collectives`` or a DDP
    comm hook) and applies it.
-5. :meth:`Rounds.close` all-gathers ``[reduce seconds, round seconds]`` (T^c and the round's
-   time are the slowest rank's), calls ``adapt`` (Algorithm 2 for ``threshold=auto``) and
-   returns the round's :class:`StepRecord`.
+5. :meth:`Rounds.close` all-gathers ``[reduce seconds, round seconds]`` (T^c is the
+   smallest reduce seconds, the round's time the slowest rank's, as in ``train``:
+   ``runtime.control.round_times``), calls ``adapt`` (Algorithm 2 for ``threshold=auto``)
+   and returns the round's :class:`StepRecord`.
 """
 
 from __future__ import annotations
@@ -30,8 +31,16 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
+from tailtrain.core.update import without
 from tailtrain.errors import UsageError
-from tailtrain.runtime.control import RuleDriver, Weighting, weighting
+from tailtrain.runtime.control import (
+    RuleDriver,
+    Weighting,
+    round_times,
+    screened_keys,
+    screened_out,
+    weighting,
+)
 from tailtrain.runtime.reduce import Collectives
 from tailtrain.runtime.topologies import topology_of
 from tailtrain.strategies.base import (
@@ -59,11 +68,13 @@ class StepRecord:
     """Who took part in one round, as every rank agreed on it.
 
     ``completed[n]`` micro-batches of rank n counted, with coefficient ``weights[n]`` in the
-    update (its normalised weight; 0: it did not take part); ``ranks`` are those with a
+    update (its normalised weight; 0: it did not take part, or its gradient held a NaN or an
+    infinity and was screened out, ``nonfinite`` counts those); ``ranks`` are those with a
     non-zero weight. ``threshold`` is tau in force (inf: none, e.g. while calibrating),
     ``time`` the round's wall seconds (slowest rank), ``compute_time`` the slowest rank's
-    compute seconds and ``comm_time`` its reduce seconds (T^c). ``loss`` is the mean loss of
-    the counted micro-batches over all ranks (NaN where the loop does not report losses).
+    compute seconds and ``comm_time`` T^c, the smallest reduce seconds over the ranks.
+    ``loss`` is the mean loss of the counted micro-batches over all ranks (NaN where the loop
+    does not report losses).
     """
 
     step: int
@@ -113,7 +124,7 @@ def as_strategy(strategy: str | Strategy) -> Strategy:
     rule = parse_strategy(strategy) if isinstance(strategy, str) else strategy
     if topology_of(rule) is not Topology.ALLREDUCE:
         raise UsageError(
-            f"strategy {rule.describe()!r} needs the {rule.topology} topology; a training loop "
+            f"strategy {rule.describe()!r} needs the {topology_of(rule)} topology; a training loop "
             "adopts allreduce strategies: sync, dropcompute, local-sgd"
         )
     check_contract(rule, Topology.ALLREDUCE)
@@ -178,11 +189,14 @@ class Rounds:
         return Agreement(rows, arrivals, selection, weighting(selection, self.comm.rank))
 
     def close(
-        self, plan: AllreducePlan, work: Work, agreed: Agreement, reduce: float, nonfinite: int
+        self, plan: AllreducePlan, work: Work, agreed: Agreement, reduce: float, screened: bool
     ) -> StepRecord:
-        """Agree on T^c and the round's time, ``adapt``, and record the round."""
-        timing = self.comm.gather(np.array([reduce, self.clock() - work.started]))
-        comm, elapsed = float(timing[:, 0].max()), float(timing[:, 1].max())
+        """Agree on T^c, the round's time and who was screened out (``screened``: this rank's
+        gradient held a NaN or an infinity and joined with weight 0), ``adapt``, and record
+        the round."""
+        timing = self.comm.gather(np.array([reduce, self.clock() - work.started, screened]))
+        comm, elapsed = round_times(timing)
+        flags = timing[:, 2] > 0
         rows, arrivals = agreed.rows, agreed.arrivals
         done = rows[:, 0].astype(np.int64)
         loss = float(rows[:, 2].sum() / done.sum()) if done.sum() > 0 else math.nan
@@ -192,14 +206,15 @@ class Rounds:
             time=self.now + elapsed,
             k=plan.k,
             arrivals=arrivals,
-            used=agreed.selection.used(),
+            used=screened_out(agreed.selection.used(), arrivals, flags),
             loss=loss,
             lr=self.lr * plan.lr_scale,
             micro_batch_times=rows[:, TIMES:],
             comm_time=comm,
         )
         self.rule.adapt(stats)
-        coefficients = agreed.selection.now.over(arrivals.keys)
+        applied = without(agreed.selection.now, screened_keys(arrivals, flags))
+        coefficients = applied.over(arrivals.keys)
         record = StepRecord(
             step=self.step,
             threshold=plan.threshold,
@@ -213,7 +228,7 @@ class Rounds:
             compute_time=float(rows[:, 1].max()),
             comm_time=comm,
             time=elapsed,
-            nonfinite=nonfinite,
+            nonfinite=int(flags.sum()),
         )
         self.step, self.now = self.step + 1, stats.time
         return record

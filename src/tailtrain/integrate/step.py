@@ -92,9 +92,9 @@ class StragglerStep:
         agreed = self.rounds.agree(work)
         began = self.rounds.clock()
         with torch.no_grad():
-            nonfinite = self._reduce_and_apply(agreed, work, start, plan.lr_scale)
+            screened = self._reduce_and_apply(agreed, work, start, plan.lr_scale)
         reduce = self.rounds.clock() - began
-        return self.rounds.close(plan, work, agreed, reduce, nonfinite)
+        return self.rounds.close(plan, work, agreed, reduce, screened)
 
     def _local_step(self, m: int) -> None:
         """Local-SGD: theta_n <- optimizer step on (1/M) sum of the step's gradients."""
@@ -106,7 +106,7 @@ class StragglerStep:
 
     def _reduce_and_apply(
         self, agreed: Agreement, work: Work, start: list[torch.Tensor] | None, lr_scale: float
-    ) -> int:
+    ) -> bool:
         done, units = work.done, len(work.times)
         if start is None:  # G_n: the mean gradient of the counted micro-batches
             mine = [grad_of(p) for p in self.params]
@@ -114,7 +114,7 @@ class StragglerStep:
         else:  # P_n: the local displacement per counted unit, times U
             mine = [p.detach() - s for p, s in zip(self.params, start, strict=True)]
             scale = units / max(done, 1)
-        averaged, nonfinite = weighted_average(self.rounds.comm, self.buckets, mine, scale, agreed)
+        averaged, screened = weighted_average(self.rounds.comm, self.buckets, mine, scale, agreed)
         if start is None:
             for p, avg in zip(self.params, averaged, strict=True):
                 p.grad = avg.mul_(lr_scale)
@@ -122,7 +122,7 @@ class StragglerStep:
         else:
             for p, s, avg in zip(self.params, start, averaged, strict=True):
                 p.copy_(s + lr_scale * avg)
-        return nonfinite
+        return screened
 
     # ---- checkpoints (PyTorch's convention; the process group is left out) -----------------
     def state_dict(self) -> dict[str, Any]:
@@ -159,8 +159,9 @@ def weighted_average(
     tensors: list[torch.Tensor],
     scale: float,
     agreed: Agreement,
-) -> tuple[list[torch.Tensor], int]:
-    """sum_n w_n (scale_n x_n) / divisor for each tensor, one weighted allreduce per bucket.
+) -> tuple[list[torch.Tensor], bool]:
+    """sum_n w_n (scale_n x_n) / divisor for each tensor, one weighted allreduce per bucket,
+    and whether this rank was screened out.
 
     Screened like ``runtime.allreduce.reduce_and_apply``: a rank holding a non-finite value
     joins with weight 0, and reports the weight it withheld so the agreement check holds."""
@@ -168,21 +169,21 @@ def weighted_average(
     bad = not all(bool(torch.isfinite(t).all()) for t in tensors)
     weight, excluded = (0.0, mine.weight) if bad else (mine.weight, 0.0)
     out: list[torch.Tensor] = [torch.empty(0)] * len(tensors)
-    total, nonfinite = None, 0
+    total = None
     for b, index in enumerate(groups):
         parts = [tensors[i] for i in index]
         flat = torch.cat([t.reshape(-1) for t in parts])
         flat = torch.zeros_like(flat) if bad else flat.mul_(scale)  # 0 * NaN is NaN
-        extras = (excluded, float(bad)) if b == 0 else ()
+        extras = (excluded,) if b == 0 else ()
         reduced = comm.weighted_sum(flat, weight, extras)
         if b == 0:
             check_agreement(mine.total, reduced.total + reduced.extras[0])
-            total, nonfinite = reduced.total, int(reduced.extras[1])
+            total = reduced.total
         divisor = mine.divisor if mine.divisor is not None else total
         divided = reduced.numerator / (divisor if divisor else 1.0)
         for i, piece in zip(index, divided.split([t.numel() for t in parts]), strict=True):
             out[i] = piece.view_as(tensors[i]).clone()
-    return out, nonfinite
+    return out, bad
 
 
 def broadcast_from_first(module: nn.Module, group: dist.ProcessGroup | None) -> None:

@@ -82,9 +82,11 @@ from tailtrain.runtime.control import (
     check_agreement,
     check_divisor,
     check_own_weight,
+    round_times,
+    screened_out,
 )
 from tailtrain.runtime.grads import ModuleGrads
-from tailtrain.runtime.inject import FaultDrill, InjectedFault, Injector, sleep
+from tailtrain.runtime.inject import FaultDrill, Injector, sleep
 from tailtrain.runtime.keep import (
     Keeper,
     Stopped,
@@ -105,11 +107,11 @@ from tailtrain.runtime.telemetry import (
     round_row,
     run_record,
     run_summary,
-    write_outputs,
+    write_traces,
 )
 from tailtrain.runtime.units import Work, compute
 from tailtrain.strategies.base import AllreducePlan as Plan
-from tailtrain.strategies.base import ArrivalColumns, StepStats
+from tailtrain.strategies.base import StepStats
 from tailtrain.topology.allreduce import RoundData, budget_spent, own_arrival, round_arrivals
 
 #: column of the first unit time in a gathered row [C_n, T~_n, injected, t_n^(1..U)]
@@ -401,11 +403,7 @@ def one_round(run: _Rank, plan: Plan) -> None:
     run.log.step = run.step
     batches = run.learner.batches(run.step, units)
     injected = run.injector.unit_times(plan.local_steps, m, run.now)
-    fault = run.config.fault
-    mine = fault is not None and (fault.rank, fault.step) == (run.comm.rank, run.step)
-    if mine and run.drill.once(f"fail-at:{fault.rank}:{fault.step}", run.step):
-        raise InjectedFault(f"rank {fault.rank} fails at step {fault.step} (--fail-at)")
-    run.drill.before(run.step)
+    run.drill.before(run.step)  # the drills, a raise included (runtime.inject.FaultDrill)
     started = time.perf_counter()
     lr = run.world.lr * plan.lr_scale
     sums = sum_buffer(run, units)
@@ -542,23 +540,13 @@ def account(run: _Rank, done: Unsettled) -> Weighting:
     return weighting
 
 
-def screened_out(used: np.ndarray, arrivals: ArrivalColumns, screened: np.ndarray) -> np.ndarray:
-    """The used arrival keys less those of screened-out gradients, which did not enter the
-    update (as ``sim.driver`` and the parameter server drop them before adapt and the row)."""
-    if not screened.any():
-        return used
-    return used[~np.isin(used, arrivals.keys[screened[arrivals.worker.astype(np.int64)]])]
-
-
 def settle(run: _Rank, timing: np.ndarray) -> None:
     """Settle the unsettled round with its gathered [allreduce, round seconds] (N, 2): the
     agreed clock at once, its record row later (:func:`flush`)."""
     done, run.unsettled = run.unsettled, None
-    # Python's min and max: numpy's cost more on (N, 2) run cold. Every entry is a measured
-    # time (a round is settled by the one after it), so no NaN meets min() here.
-    seconds = timing.tolist()
-    run.comm_time = min(allreduce for allreduce, _ in seconds)
-    run.settled += max(round_ for _, round_ in seconds)
+    # every entry is a measured time: a round is settled by the one after it
+    run.comm_time, elapsed = round_times(timing)
+    run.settled += elapsed
     run.now = run.settled
     run.settling.append((done, Settled(run.settled, run.comm_time), timing))
 
@@ -582,15 +570,11 @@ def settle_last(run: _Rank) -> None:
 
 def finish(run: _Rank) -> RankResult:
     """Gather the traces on rank 0, write the outputs, summarise (partial after Ctrl-C)."""
-    table = run.trace.table()
-    tables = run.comm.gather_objects(table) if run.config.out is not None else None
     if run.comm.rank == 0:
         run.record.summary = run_summary(run.world, run.rule.strategy, run.record)
     if run.config.out is not None:
-        lead = run.comm.rank == 0
-        trace = np.concatenate(tables) if lead and tables else None
-        write_outputs(run.config.out, None, trace, run.trace)
-        if lead and not run.interrupted:
+        write_traces(run.config.out, run.trace, run.comm)
+        if run.comm.rank == 0 and not run.interrupted:
             run.keeper.finish(run.record)
     if run.interrupted:
         run.keeper.interrupted(run.record, run.step)

@@ -27,20 +27,12 @@ DEVICES = ("cpu", "cuda")
 
 
 @dataclass(frozen=True)
-class Fault:
-    """Fault injection (torchft's ``fail_at``): rank ``rank`` raises at the start of ``step``."""
-
-    rank: int
-    step: int
-
-
-@dataclass(frozen=True)
 class TrainConfig:
     """One training job. ``inject`` says whether ``scenario.delay``/``pattern`` are injected.
 
-    ``fault`` (``--fail-at``) makes a rank raise; ``faults`` are ``--inject-fault`` drills
-    (``tailtrain.faults``: NaN gradients, killed and frozen workers); ``on_nonfinite`` is
-    ``skip`` or ``raise``, as in ``tailtrain.core.update``.
+    ``faults`` are ``--inject-fault`` drills (``tailtrain.faults``: NaN gradients, killed,
+    frozen and raising ranks); ``on_nonfinite`` is ``skip`` or ``raise``, as in
+    ``tailtrain.core.update``.
     ``timeout`` (seconds) bounds every collective and the rendezvous; ``worker_timeout``
     (seconds, None: automatic) is how long a parameter server waits on a silent worker before
     it suspects it hung (``runtime.ps_liveness``). ``out`` receives rank 0's
@@ -67,7 +59,6 @@ class TrainConfig:
     out: Path | None = None
     threads: int = 1
     verbose: bool = False
-    fault: Fault | None = None
     faults: FaultPlan = field(default_factory=FaultPlan)
     on_nonfinite: str = "skip"
     checkpoint_every: int | None = None

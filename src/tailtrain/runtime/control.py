@@ -160,3 +160,35 @@ class RuleDriver:
 
     def adapt(self, stats: StepStats) -> None:
         self.state = self.strategy.adapt(self.state, stats)
+
+
+def screened_keys(arrivals: ArrivalColumns, screened: np.ndarray) -> np.ndarray:
+    """The keys of the arrivals whose gradient was screened out (NaN or inf); ``screened``
+    holds one gathered flag per rank."""
+    return arrivals.keys[screened[arrivals.worker.astype(np.int64)]]
+
+
+def screened_out(used: np.ndarray, arrivals: ArrivalColumns, screened: np.ndarray) -> np.ndarray:
+    """The used arrival keys less those of screened-out gradients, which did not enter the
+    update (as ``sim.driver`` and the parameter server drop them before adapt and the row),
+    for ``train`` and ``StragglerStep`` alike."""
+    if not screened.any():
+        return used
+    return used[~np.isin(used, screened_keys(arrivals, screened))]
+
+
+def round_times(timing: np.ndarray) -> tuple[float, float]:
+    """T^c and the round's seconds from every rank's gathered ``[allreduce seconds, round
+    seconds, ...]`` (N, 2 or more), the same for ``train`` and ``StragglerStep``.
+
+    T^c is the collective's own time: the smallest allreduce seconds over the ranks. Every
+    rank's allreduce also holds its wait for the slowest rank to arrive, and the rank that
+    arrives last waits least; DropCompute (§4.2, App. C.1-C.2) charges T^c once per
+    iteration on top of the slowest worker's compute, T = T^c + max_n T_n, so the largest
+    allreduce seconds would count the straggler's lead twice in Algorithm 2's S_i(tau). The
+    round's seconds are the slowest rank's.
+    """
+    # Python's min and max: numpy's cost more on (N, 2) run cold, and this is on the round
+    # path. Every entry is a measured time, so no NaN meets min() here.
+    seconds = timing.tolist()
+    return min(row[0] for row in seconds), max(row[1] for row in seconds)

@@ -103,9 +103,15 @@ from tailtrain.runtime.keep import (
     reopen_records,
     stop_on_sigterm,
 )
-from tailtrain.runtime.partial import PartialCollective, RoundResult, row
-from tailtrain.runtime.reduce import Collectives
-from tailtrain.runtime.telemetry import attach, close_record, follow
+from tailtrain.runtime.partial import (
+    CollectiveFailed,
+    CollectiveTimeout,
+    PartialCollective,
+    RoundResult,
+    row,
+)
+from tailtrain.runtime.reduce import GRACE, Collectives
+from tailtrain.runtime.telemetry import TraceRows, attach, close_record, follow, write_traces
 from tailtrain.strategies.base import ArrivalColumns, Selection, StepStats, Strategy
 from tailtrain.strategies.eager import RoundPlan
 from tailtrain.tasks.stream import job_batches
@@ -326,6 +332,8 @@ class _Run:
     evals: Evaluator
     keeper: Keeper
     theta: torch.Tensor
+    #: this rank's measured jobs (``telemetry.write_traces``): one unit each, iteration = job
+    trace: TraceRows
     job: int = 0  # this rank's next job (module docstring: Resume)
     coll: PartialCollective | None = field(default=None, repr=False)
 
@@ -369,7 +377,8 @@ def start(config: TrainConfig, comm: Collectives) -> _Run:
         follow(rule.record, config, world, True)
     # every rank follows the schedule, the others into a record of their own, without scoring
     rule.evals = evals = Evaluator(scenario.evaluation, rule.record or RunRecord(), True)
-    run = _Run(config, world, strategy, comm, rule, evals, keeper, theta)
+    trace = TraceRows(rank, per_micro_batch=False)
+    run = _Run(config, world, strategy, comm, rule, evals, keeper, theta, trace)
     if keeper.saved is not None:
         resume(run, keeper.saved)
     else:
@@ -432,12 +441,16 @@ def failed(run: _Run, exc: BaseException) -> BaseException:
         close_record(run.rule.record)
     if isinstance(exc, Stopped):
         os._exit(143)
+    if isinstance(exc, CollectiveFailed | CollectiveTimeout):  # it saw a peer fail: as
+        time.sleep(GRACE)  # runtime.reduce's ranks do, it waits, so the first to fail is named
     return end
 
 
 def finish(run: _Run, step: int) -> RankResult:
     """Score the final model, summarise, close the run folder (rank 0)."""
     world, rule, evals, rank = run.world, run.rule, run.evals, run.comm.rank
+    if run.config.out is not None:  # every rank: rank 0 gathers the traces
+        write_traces(run.config.out, run.trace, run.comm)
     final = evaluate_once(world.task, run.theta) if rank == 0 else dict
     if not world.scenario.evaluation.on_time_grid:  # the every-U-updates schedule's last point
         evals.after_step(step, rule.now, final, final)
@@ -497,6 +510,7 @@ def run_rounds(run: _Run) -> None:
             seconds = float(durations.peek(me, np.array([rule.origin + start]))[0])
             durations.advance(me)
             time.sleep(seconds)
+        run.trace.add(run.job, 1, 1, (coll.now() - start,))  # the job's unit, as trace: reads
         drill.poison(rule.base + step, grad)
         grad, loss, _, gsq = screen_own(grad, loss, config.on_nonfinite, rank, rule.base + step)
         out = coll.call(step, grad, row(run.job, step, start, coll.now(), loss, gsq))

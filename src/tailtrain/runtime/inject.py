@@ -33,7 +33,7 @@ log = logging.getLogger(__name__)
 
 
 class InjectedFault(RuntimeError):
-    """Raised on purpose by fault injection (``--fail-at RANK:STEP``)."""
+    """Raised on purpose by fault injection (``--inject-fault raise:rank=R,step=S``)."""
 
 
 class Injector:
@@ -63,22 +63,34 @@ def sleep(seconds: float) -> None:
 
 
 class FaultDrill:
-    """Worker ``worker``'s part of the ``--inject-fault`` drills (``tailtrain.faults``).
+    """Worker ``worker``'s part of the ``--inject-fault`` drills (``tailtrain.faults``), on
+    rank ``rank`` (default: the worker's; a parameter server's rank 0 is no worker, None).
 
-    With a run ``folder`` a kill or freeze fires once per run: it is noted there before it
-    fires (``runtime.keep.note_drill``), and a rank resumed or restarted in that folder skips
-    the drills noted. Numeric drills fire again when their update is played again, as the
+    Every topology's rank calls :meth:`before` as it starts work for an update (an allreduce
+    or partial-collective round, a parameter-server job, the server's step), so a drill is
+    met by every topology alike: a kill, a freeze or a raise. With a run ``folder`` a kill,
+    freeze or raise fires once per run: it is noted there before it fires
+    (``runtime.keep.note_drill``), and a rank resumed or restarted in that folder skips the
+    drills noted. Numeric drills fire again when their update is played again, as the
     uninterrupted run played it."""
 
-    def __init__(self, plan: FaultPlan, worker: int, folder: Path | None = None) -> None:
+    def __init__(
+        self,
+        plan: FaultPlan,
+        worker: int | None,
+        folder: Path | None = None,
+        rank: int | None = None,
+    ) -> None:
         from tailtrain.runtime.keep import fired_drills
 
         self.plan, self.worker, self.folder = plan, worker, folder
+        self.rank = worker if rank is None else rank
         self.fired = fired_drills(folder)
         self.reached = -1  # the latest update this worker started work for
 
     def before(self, step: int) -> None:
-        """At the start of this worker's work for update ``step``: die or hang if told to.
+        """At the start of this worker's work for update ``step``: die, raise or hang if told
+        to.
 
         A worker that skips updates (a late eager rank adopts a newer result, a K-async
         worker gets a newer version) meets the drills of the updates it skipped here, at the
@@ -88,11 +100,17 @@ class FaultDrill:
         if not self.plan.faults:  # the usual run: no drill, nothing to look up each round
             self.reached = max(self.reached, step)
             return
-        due = self.plan.process_faults(self.worker, self.reached + 1, step)
+        due = self.plan.process_faults(self.worker, self.reached + 1, step, self.rank)
         self.reached = max(self.reached, step)
         for fault in due:
+            if fault.kind == "raise" and f"fail-at:{fault.rank}:{fault.step}" in self.fired:
+                continue  # fired in this run as --fail-at, before it was a drill
             if not self.once(fault.describe(), step):
                 continue
+            if fault.kind == "raise":  # the job's failure line says it
+                raise InjectedFault(
+                    f"rank {self.rank} fails at step {step} (--inject-fault {fault.describe()})"
+                )
             log.warning("fault drill %s", fault.describe())
             if fault.kind == "kill":
                 for stream in (sys.stdout, sys.stderr):

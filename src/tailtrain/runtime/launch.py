@@ -10,11 +10,13 @@
   forked, which shares the parent's imported torch (spawning re-imports it: seconds per rank
   on a small machine); NCCL ranks are spawned, as CUDA cannot be used after a fork.
 
-Everything that can be checked is checked before anything starts: the strategy's topology,
-the scenario, task and delays (by building them once), the number of local ranks (at most
-``MAX_LOCAL_WORKERS`` and ``WORKERS_PER_CORE`` per CPU core: each rank is a whole Python
-process with its own copy of the data), the backend, CUDA for nccl, and that the rendezvous
-address is this machine's and its port is free. Those errors are one-line ``UsageError``\\ s.
+Everything that can be checked is checked before anything starts: the strategy's topology
+and its own checks with the job's worker count (``Strategy.init``), the scenario, task and
+delays (by building them once), the number of local ranks (at most ``MAX_LOCAL_WORKERS`` and
+``WORKERS_PER_CORE`` per CPU core: each rank is a whole Python process with its own copy of
+the data), the backend, CUDA for nccl, and that the rendezvous address is this machine's and
+its port is free. Those errors are one-line ``UsageError``\\ s; under torchrun every rank
+finds them, rank 0 says it and the others exit with status 2 without a word.
 
 A parameter server's workers are the exception to what follows: in a local launch each runs
 shielded (``runtime.expendable``), so its death is logged and the server goes on without it
@@ -82,8 +84,11 @@ from tailtrain.runtime.topologies import (
     expendable_workers,
     processes,
     rank_entry_of,
+    topology_of,
 )
+from tailtrain.strategies.base import Context, Strategy, Topology
 from tailtrain.strategies.registry import parse_strategy
+from tailtrain.topology.allreduce import as_allreduce
 
 MAX_LOCAL_WORKERS = 64
 WORKERS_PER_CORE = 8
@@ -131,7 +136,12 @@ def train(
     """Run ``config``; returns rank 0's result (this rank's under torchrun). ``prepare`` runs
     once the input is checked, before any rank starts (the CLI claims the run folder there)."""
     local = not in_torchrun()
-    validate(config, local=local)
+    try:
+        validate(config, local=local)
+    except UsageError:
+        if local or os.environ["RANK"] == "0":
+            raise
+        raise UsageError("") from None  # every rank finds it; rank 0 says it, the others exit 2
     if prepare is not None:
         prepare()
     if not local:
@@ -352,9 +362,29 @@ def validate(config: TrainConfig, *, local: bool) -> None:
         check_cuda(scenario.workers if local else 1)
     elif config.on_cuda:
         check_cuda(1, "device cuda")
-    world, _ = build_world(config)  # loads the task and reads trace files
+    world, strategy = build_world(config)  # loads the task and reads trace files
     if not world.task.has_model:
         raise UsageError(f"task {scenario.task!r} has no model to train; choose e.g. logreg")
+    check_rule(strategy, world.context, local=local)
+
+
+def check_rule(strategy: Strategy, ctx: Context, *, local: bool) -> None:
+    """The rule's own checks with the job's workers (``Strategy.init``, as every rank runs
+    it), and its first plan as its topology takes it; a parameter server's refusal says which
+    ranks are its workers."""
+    topology = topology_of(strategy)
+    try:
+        state = strategy.init(ctx)
+        if topology is Topology.ALLREDUCE:
+            as_allreduce(strategy.plan(state), ctx.n_workers)
+    except TailtrainError as exc:
+        if topology is not Topology.PARAMETER_SERVER:
+            raise UsageError(str(exc)) from None
+        n = ctx.n_workers
+        job = f"with --workers {n}" if local else f"of torchrun's {n + 1} ranks"
+        raise UsageError(
+            f"{exc}: {job}, rank 0 is the parameter server and ranks 1-{n} are its {n} workers"
+        ) from None
 
 
 def check_cuda(gpus: int, asked: str = "--backend nccl") -> None:

@@ -121,6 +121,10 @@ class CollectiveTimeout(TailtrainError):
     """A wait of the partial collective exceeded its timeout (a peer is gone or hung)."""
 
 
+class CollectiveFailed(TailtrainError):
+    """A thread of the partial collective failed (most often: a peer died)."""
+
+
 def partners(rank: int, procs: int, initiator: bool = True) -> list[int]:
     """Where this rank sends an activation: up to ``DIRECT_ACTIVATION`` processes an initiator
     sends it to every other process and nobody forwards; beyond, everyone activated sends it
@@ -485,11 +489,11 @@ class PartialCollective:
                 )
             self.cond.wait(min(left, 1.0))
 
-    def _failed(self) -> TailtrainError:
+    def _failed(self) -> CollectiveFailed:
         """The error of a failed progress thread, in one line that names its cause."""
         cause = self.state.error
         first = str(cause).strip().splitlines()[0] if str(cause).strip() else ""
-        error = TailtrainError(
+        error = CollectiveFailed(
             f"rank {self.rank}: the collective failed: {type(cause).__name__}: {first[:200]}"
         )
         error.__cause__ = cause

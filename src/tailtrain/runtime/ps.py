@@ -98,7 +98,7 @@ from tailtrain.core.scenario import World
 from tailtrain.core.update import WeightedUpdate, gradient_stats, isin, rows_weighed
 from tailtrain.errors import TailtrainError, UsageError
 from tailtrain.runtime.config import RankResult, TrainConfig, build_world
-from tailtrain.runtime.inject import FaultDrill, InjectedFault
+from tailtrain.runtime.inject import FaultDrill
 from tailtrain.runtime.keep import interrupt_requested, keep_interrupted
 from tailtrain.runtime.ps_liveness import Liveness
 from tailtrain.runtime.ps_wire import (
@@ -181,6 +181,7 @@ class Server:
         self.versions = {0: theta}
         self.update = WeightedUpdate(world.lr, self.config.on_nonfinite)
         self.state = strategy.init(world.context)
+        self.drill = FaultDrill(config.faults, None, rank=0)  # the server is no worker
         self.record = run_record(config, world, lead=True)
         if config.out is not None:  # rows stream as steps close (module docstring)
             attach(self.record, RecordSink(prepare_folder(config.out)))
@@ -217,9 +218,7 @@ class Server:
             plan = self.strategy.plan(self.state)
             if not isinstance(plan, ServerPlan):
                 raise TailtrainError(f"{self.strategy.describe()} gave no parameter-server plan")
-            fault = self.config.fault
-            if fault is not None and (fault.rank, fault.step) == (0, self.step):
-                raise InjectedFault(f"rank 0 fails at step {fault.step} (--fail-at)")
+            self.drill.before(self.step)  # a raise drill of rank 0 (runtime.inject.FaultDrill)
             before = self.scorer()
             self.begin(plan)
             self.lag = self.clock() - self.now
@@ -612,8 +611,8 @@ def serve(config: TrainConfig, world: World, strategy: Strategy, comm: Collectiv
 def work(config: TrainConfig, world: World, comm: Collectives) -> RankResult:
     """Rank w + 1: worker w."""
     index = comm.rank - 1
-    drill = FaultDrill(config.faults, index)
-    worker = Worker(world, index, config.inject, config.timeout, config.fault, drill)
+    drill = FaultDrill(config.faults, index, rank=comm.rank)
+    worker = Worker(world, index, config.inject, config.timeout, drill)
     worker.warm_up()
     comm.barrier()
     stats = vars(worker.run())

@@ -47,6 +47,7 @@ from tailtrain.runtime.launch import (
 )
 from tailtrain.runtime.ps import train_parameter_server
 from tailtrain.runtime.reduce import Collectives
+from tailtrain.runtime.topologies import topology_of
 from tailtrain.strategies.base import Topology
 from tailtrain.strategies.registry import parse_strategy
 
@@ -148,8 +149,11 @@ def train_own_model(
     their real time. Give ``iterations`` or ``time_budget`` (seconds).
     """
     rule = parse_strategy(strategy)
-    if rule.topology is not Topology.PARAMETER_SERVER:
-        raise UsageError(f"strategy {strategy!r} is no parameter-server strategy; try dbw")
+    if topology_of(rule) is not Topology.PARAMETER_SERVER:
+        raise UsageError(
+            f"strategy {rule.describe()!r} runs on the {topology_of(rule)} topology, not on a "
+            f"parameter server; try dbw, or k-sync:k={workers} for synchronous steps"
+        )
     if iterations is None and time_budget is None:
         iterations = 100
     scenario = Scenario(

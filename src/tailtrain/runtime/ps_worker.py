@@ -37,8 +37,7 @@ import torch
 
 from tailtrain.core.scenario import World
 from tailtrain.faults import FaultPlan
-from tailtrain.runtime.config import Fault
-from tailtrain.runtime.inject import FaultDrill, InjectedFault
+from tailtrain.runtime.inject import FaultDrill
 from tailtrain.runtime.ps_wire import (
     DOWN,
     HEADER,
@@ -111,12 +110,10 @@ class Worker:
         index: int,
         inject: bool,
         timeout: float,
-        fault: Fault | None = None,
         drill: FaultDrill | None = None,
     ) -> None:
         self.world, self.index, self.timeout = world, index, timeout
-        self.fault = fault
-        self.drill = drill or FaultDrill(FaultPlan(), index)
+        self.drill = drill or FaultDrill(FaultPlan(), index, rank=index + 1)
         task = world.task
         self.dim, self.dtype = task.dim, task.init_params(world.seed).dtype
         self.clock = JobClock(world, index, inject)
@@ -157,9 +154,6 @@ class Worker:
     def follow(self, message: Message) -> Message:
         """Run the job ``message`` gives; return the next message to act on."""
         assert self.mailbox is not None
-        fault = self.fault
-        if fault is not None and fault.rank == self.index + 1 and message.version >= fault.step:
-            raise InjectedFault(f"rank {fault.rank} fails at step {fault.step} (--fail-at)")
         self.drill.before(message.version)  # a skipped version's drill hits here (FaultDrill)
         if asks_blocks(message):
             self.report(message)

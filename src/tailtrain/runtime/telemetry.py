@@ -12,8 +12,9 @@
 * Log lines name their rank (``launch.tag_logs``) and, from the runtime, their step.
 * ``trace-rank{r}.csv`` (per rank) and ``trace.csv`` (rank 0, all ranks) hold every counted
   unit's measured seconds in the format ``trace:path=`` reads
-  (``iteration,worker[,micro_batch],seconds``; one iteration per local step), so a real run
-  can drive ``predict`` and ``simulate``.
+  (``iteration,worker[,micro_batch],seconds``; one iteration per local step; a partial
+  collective's unit is a rank's job, its iteration the job's index), so a real run can drive
+  ``predict``, ``simulate`` and ``advise`` (:func:`write_traces`).
 * :func:`run_record` makes a topology's run record; rank 0's also streams its step and
   evaluation rows to TensorBoard (``--tensorboard``, the scalars of ``simulate``'s
   ``tailtrain.tensorboard``) as they are recorded, until :func:`close_record`, and on a
@@ -42,6 +43,7 @@ from tailtrain.core.records import RunRecord, prepare_folder
 from tailtrain.core.scenario import Scenario, World
 from tailtrain.progress import step_progress
 from tailtrain.runtime.config import TrainConfig
+from tailtrain.runtime.reduce import Collectives
 from tailtrain.strategies.base import Plan, StepStats, Strategy
 from tailtrain.topology.allreduce import Stops, step_row, summarise
 
@@ -264,6 +266,15 @@ def write_trace(path: Path, table: np.ndarray, per_micro_batch: bool) -> None:
         writer.writerow(header)
         for row in table[order]:
             writer.writerow([*(int(v) for v in row[:-1]), repr(float(row[-1]))])
+
+
+def write_traces(out: Path, rows: TraceRows, comm: Collectives) -> None:
+    """Every rank writes its ``trace-rank{r}.csv`` and rank 0 every rank's rows, gathered, to
+    ``trace.csv``: the allreduce and partial-collective topologies alike. A collective: every
+    rank calls it."""
+    tables = comm.gather_objects(rows.table())
+    trace = np.concatenate(tables) if tables else None
+    write_outputs(out, None, trace, rows)
 
 
 def write_outputs(out: Path, record: RunRecord | None, trace: np.ndarray | None, rows: TraceRows):

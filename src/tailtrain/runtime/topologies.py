@@ -27,8 +27,13 @@ TOPOLOGIES: dict[Topology, RankEntry] = {
 
 
 def topology_of(strategy: Strategy) -> Topology:
-    """The runtime topology of ``strategy``; plain ``sync`` runs as an allreduce."""
-    if strategy.name == "sync" and Topology.ALLREDUCE in TOPOLOGIES:
+    """The runtime topology of ``strategy``, for every entry that runs one (``train``,
+    ``train_own_model``, ``StragglerStep``). Plain ``sync`` runs as an allreduce: its plan
+    (every worker's fresh whole gradient) is that round (``control.as_allreduce``). A ``sync``
+    with an option (``sync:mode=pull``) names a parameter-server schedule the allreduce
+    cannot honour, so it runs on the parameter server, as ``simulate`` runs every sync."""
+    plain_sync = strategy.name == "sync" and strategy.describe() == "sync"
+    if plain_sync and Topology.ALLREDUCE in TOPOLOGIES:
         return Topology.ALLREDUCE
     return strategy.topology
 
@@ -40,7 +45,7 @@ def check_topology(strategy: Strategy) -> None:
     if topology not in TOPOLOGIES:
         have = ", ".join(sorted(TOPOLOGIES))
         raise UsageError(
-            f"strategy {strategy.describe()!r} needs the {strategy.topology} topology, which "
+            f"strategy {strategy.describe()!r} needs the {topology_of(strategy)} topology, which "
             f"`train` does not have yet; it has: {have}"
         )
     check_contract(strategy, topology)

@@ -1,0 +1,51 @@
+"""Which runtime topology runs a strategy: ``topology_of`` decides for every entry point."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from tailtrain.errors import UsageError
+from tailtrain.runtime.ps import train_parameter_server
+from tailtrain.runtime.ps_runner import train_own_model
+from tailtrain.runtime.topologies import processes, rank_entry_of, topology_of
+from tailtrain.strategies.base import Topology
+from tailtrain.strategies.registry import parse_strategy
+
+
+@pytest.mark.parametrize(
+    ("text", "topology"),
+    [
+        ("sync", Topology.ALLREDUCE),
+        ("sync:mode=psi", Topology.ALLREDUCE),  # the default mode: plain sync
+        ("sync:mode=pull", Topology.PARAMETER_SERVER),
+        ("sync:mode=psw", Topology.PARAMETER_SERVER),
+        ("dropcompute", Topology.ALLREDUCE),
+        ("k-sync:k=2", Topology.PARAMETER_SERVER),
+        ("eager:mode=solo", Topology.PARTIAL_COLLECTIVE),
+    ],
+)
+def test_a_sync_with_a_mode_runs_on_the_parameter_server(text, topology):
+    strategy = parse_strategy(text)
+    assert topology_of(strategy) is topology
+    assert processes(strategy, 2) == 2 + (topology is Topology.PARAMETER_SERVER)
+
+
+def test_train_runs_a_sync_with_a_mode_on_the_parameter_server():
+    assert rank_entry_of(parse_strategy("sync:mode=pull")) is train_parameter_server
+
+
+def test_train_own_model_takes_its_topology_from_topology_of():
+    """Plain sync is an allreduce strategy everywhere, so the parameter-server runner refuses
+    it before anything starts (and names the synchronous parameter-server strategy)."""
+    with pytest.raises(UsageError, match="allreduce topology") as err:
+        train_own_model(
+            lambda: nn.Linear(2, 2),
+            nn.functional.cross_entropy,
+            lambda: (torch.zeros(4, 2), torch.zeros(4, dtype=torch.int64)),
+            strategy="sync",
+            workers=2,
+            iterations=1,
+        )
+    assert "k-sync:k=2" in str(err.value) and "\n" not in str(err.value)
