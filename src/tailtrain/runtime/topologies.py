@@ -27,9 +27,8 @@ TOPOLOGIES: dict[Topology, RankEntry] = {
 
 
 def topology_of(strategy: Strategy) -> Topology:
-    """The runtime topology of ``strategy``; plain ``sync`` runs as an allreduce."""
-    if strategy.name == "sync" and Topology.ALLREDUCE in TOPOLOGIES:
-        return Topology.ALLREDUCE
+    """The runtime topology of ``strategy``: the one it declares, as the simulator runs it
+    (plain ``sync`` is an allreduce rule, ``sync:mode=M`` a parameter-server one)."""
     return strategy.topology
 
 
