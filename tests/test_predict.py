@@ -71,17 +71,22 @@ def test_comm_time_is_per_round_trip_for_every_parameter_server_family():
 
 
 def test_random_comm_time_is_convolved_with_each_job():
-    """sync E[T] = E[max_n (X_n + C_n)] with X ~ Exp(1), C ~ Exp(2): an independent sample."""
+    """K-sync's K = N E[T] = E[max_n (X_n + C_n)] with X ~ Exp(1), C ~ Exp(2) (a server's round
+    trips): an independent sample. sync is one allreduce a step, paying T^c once after the
+    slowest compute: E[max_n X_n] + E[C] = H_N + 1/2."""
     n = 8
     p = predict(
-        Scenario(workers=n, delay=parse_delay("exp:rate=1"), comm=parse_delay("exp:rate=2"))
+        Scenario(
+            workers=n, delay=parse_delay("exp:rate=1"), comm=parse_delay("exp:rate=2"), ks=(n,)
+        )
     )
     rng = np.random.default_rng(7)
     trips = rng.exponential(1.0, (100_000, n)) + rng.exponential(0.5, (100_000, n))
     worst = trips.max(axis=1)
-    sync = rows_of(p, "sync")[n]
-    assert sync.method == "numerical-integration"
-    assert abs(sync.iteration_time - worst.mean()) <= Z * worst.std() / np.sqrt(worst.size)
+    k_sync = rows_of(p, "k-sync")[n]
+    assert k_sync.method == "numerical-integration"
+    assert abs(k_sync.iteration_time - worst.mean()) <= Z * worst.std() / np.sqrt(worst.size)
+    assert rows_of(p, "sync")[n].iteration_time == pytest.approx(harmonic(n) + 0.5)
 
 
 def test_monte_carlo_k_async_agrees_with_exact_limits():

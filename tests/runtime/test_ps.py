@@ -44,7 +44,7 @@ MICRO = {"delay": "const:value=0.01", "pattern": "linear:step=0.03", "micro_batc
 
 SYNC_LIKE = [  # first a parameter-server rule: the launcher sizes the job by the first config
     "k-sync:k=3",
-    "sync",
+    "sync:mode=psi",
     "k-sync:k=3,lr=proportional",
     "k-async:k=3",
     "lgc:k=3,blocks=2",

@@ -18,7 +18,7 @@ from tailtrain.strategies.registry import parse_strategy
     ("text", "topology"),
     [
         ("sync", Topology.ALLREDUCE),
-        ("sync:mode=psi", Topology.ALLREDUCE),  # the default mode: plain sync
+        ("sync:mode=psi", Topology.PARAMETER_SERVER),  # a named mode is a server's schedule
         ("sync:mode=pull", Topology.PARAMETER_SERVER),
         ("sync:mode=psw", Topology.PARAMETER_SERVER),
         ("dropcompute", Topology.ALLREDUCE),
@@ -29,6 +29,8 @@ from tailtrain.strategies.registry import parse_strategy
 def test_a_sync_with_a_mode_runs_on_the_parameter_server(text, topology):
     strategy = parse_strategy(text)
     assert topology_of(strategy) is topology
+    assert strategy.topology is topology  # the rule declares it: simulate runs it there too
+    assert parse_strategy(strategy.describe()) == strategy  # and its text says which
     assert processes(strategy, 2) == 2 + (topology is Topology.PARAMETER_SERVER)
 
 

@@ -130,7 +130,7 @@ class RuleDriver:
         """The rule's plan for its state; the last one again while the state object is the
         same (a pure rule plans the same from the same state: a static rule's every round)."""
         if self._planned is None or self._planned[0] is not self.state:
-            self._planned = (self.state, as_allreduce(self.strategy.plan(self.state), self.n))
+            self._planned = (self.state, as_allreduce(self.strategy.plan(self.state)))
         return self._planned[1]
 
     def select(self, arrivals: ArrivalColumns) -> Selection:

@@ -376,7 +376,7 @@ def check_rule(strategy: Strategy, ctx: Context, *, local: bool) -> None:
     try:
         state = strategy.init(ctx)
         if topology is Topology.ALLREDUCE:
-            as_allreduce(strategy.plan(state), ctx.n_workers)
+            as_allreduce(strategy.plan(state))
     except TailtrainError as exc:
         if topology is not Topology.PARAMETER_SERVER:
             raise UsageError(str(exc)) from None

@@ -28,13 +28,8 @@ TOPOLOGIES: dict[Topology, RankEntry] = {
 
 def topology_of(strategy: Strategy) -> Topology:
     """The runtime topology of ``strategy``, for every entry that runs one (``train``,
-    ``train_own_model``, ``StragglerStep``). Plain ``sync`` runs as an allreduce: its plan
-    (every worker's fresh whole gradient) is that round (``control.as_allreduce``). A ``sync``
-    with an option (``sync:mode=pull``) names a parameter-server schedule the allreduce
-    cannot honour, so it runs on the parameter server, as ``simulate`` runs every sync."""
-    plain_sync = strategy.name == "sync" and strategy.describe() == "sync"
-    if plain_sync and Topology.ALLREDUCE in TOPOLOGIES:
-        return Topology.ALLREDUCE
+    ``train_own_model``, ``StragglerStep``): the one it declares, as the simulator runs it
+    (plain ``sync`` is an allreduce rule, ``sync:mode=M`` a parameter-server one)."""
     return strategy.topology
 
 

@@ -1,6 +1,8 @@
 """Static K-of-P strategies of the slow-and-stale paper (§II-C) and DBW's static backup workers.
 
-- ``sync``: wait for all P fresh gradients (fully synchronous SGD).
+- ``sync``: wait for all P fresh gradients (fully synchronous SGD). Plain ``sync`` is one
+  allreduce per step (:class:`Sync`), on every engine; ``sync:mode=...`` names a
+  parameter-server schedule (DBW §2) and runs there, as K-sync with K = P.
 - ``k-sync``: wait for the first K fresh gradients, cancel the rest (slow-and-stale Eq. 2;
   DBW Eq. 4 with b = P - K backup workers). ``lr=proportional`` scales η by K/P (DBW §4).
 - ``k-batch-sync``: every worker keeps computing mini-batches at the same version; the first K
@@ -15,10 +17,18 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 from tailtrain.errors import UsageError
 from tailtrain.spec import Spec
-from tailtrain.strategies.base import Context, ServerPlan, Strategy, SyncMode
+from tailtrain.strategies.base import (
+    AllreducePlan,
+    Context,
+    ServerPlan,
+    Strategy,
+    SyncMode,
+    Topology,
+)
 
 LR_RULES = ("fixed", "proportional")
 
@@ -62,12 +72,14 @@ class StaticK(Strategy):
 
     #: the mode the strategy's definition implies; only a different one is worth naming
     default_mode: SyncMode | None = None
+    #: name the mode whatever it is (``sync:mode=M``: plain ``sync`` is another rule)
+    mode_named: bool = False
 
     def describe(self) -> str:
         parts = [] if self.k is None or self.name == "async" else [f"k={self.k}"]
         if self.lr_rule != "fixed":
             parts.append(f"lr={self.lr_rule}")
-        if self.default_mode is not None and self.mode != self.default_mode:
+        if self.mode_named or (self.default_mode is not None and self.mode != self.default_mode):
             parts.append(f"mode={self.mode.value}")
         return self.name + (":" + ",".join(parts) if parts else "")
 
@@ -89,10 +101,30 @@ def parse_lr_rule(spec: Spec) -> str:
     return rule
 
 
-def build_sync(spec: Spec) -> StaticK:
+@dataclass(frozen=True)
+class Sync(Strategy):
+    """Fully synchronous SGD as one allreduce a step: every worker's whole fresh gradient,
+    averaged (slow-and-stale's K = P; DropCompute's baseline). The same round on the
+    simulator's allreduce engine, ``train``'s allreduce topology and a user's loop."""
+
+    name: str = "sync"
+    topology: ClassVar[Topology] = Topology.ALLREDUCE
+
+    def init(self, ctx: Context) -> int:
+        return ctx.n_workers
+
+    def plan(self, state: int) -> AllreducePlan:
+        return AllreducePlan(k=state)
+
+
+def build_sync(spec: Spec) -> Sync | StaticK:
+    """``sync`` (:class:`Sync`, an allreduce), or ``sync:mode=M`` on a parameter server."""
     spec.require_known(["mode"])
+    if not spec.has("mode"):
+        return Sync()
+    # K = P on a server, its mode always named: plain ``sync`` is the allreduce
     mode = parse_mode(spec, SyncMode.PSI)
-    return StaticK("sync", None, mode, accept_stale=False, default_mode=SyncMode.PSI)
+    return StaticK("sync", None, mode, accept_stale=False, mode_named=True)
 
 
 def build_k_sync(spec: Spec) -> StaticK:

@@ -18,7 +18,7 @@ import torch
 from tailtrain.core.records import RunRecord
 from tailtrain.core.scenario import Scenario
 from tailtrain.errors import TailtrainError
-from tailtrain.strategies.base import AllreducePlan, ArrivalColumns, Plan, ServerPlan, StepStats
+from tailtrain.strategies.base import AllreducePlan, ArrivalColumns, Plan, StepStats
 from tailtrain.tasks.stream import Draws
 
 
@@ -61,17 +61,11 @@ def own_arrival(
     )
 
 
-def as_allreduce(plan: Plan, n: int) -> AllreducePlan:
-    """An allreduce rule's plan as it is; sync's server plan (k = n, fresh only, nothing
-    partial) is the same round on an allreduce: every rank's whole gradient, averaged."""
+def as_allreduce(plan: Plan) -> AllreducePlan:
+    """An allreduce rule's plan; another topology's plan is refused (its rule declares that
+    topology, so ``check_topology`` refuses it before any rank starts)."""
     if isinstance(plan, AllreducePlan):
         return plan
-    if isinstance(plan, ServerPlan) and (plan.k, plan.accept_stale, plan.partial_blocks) == (
-        n,
-        False,
-        0,
-    ):
-        return AllreducePlan(k=n, lr_scale=plan.lr_scale)
     raise TailtrainError(f"a plan {plan!r} needs a topology other than allreduce")
 
 
