@@ -33,7 +33,6 @@ import torch
 from tailtrain.errors import UsageError
 from tailtrain.runtime.control import RuleDriver, Weighting, weighting
 from tailtrain.runtime.reduce import Collectives
-from tailtrain.runtime.topologies import topology_of
 from tailtrain.strategies.base import (
     AllreducePlan,
     ArrivalColumns,
@@ -43,6 +42,7 @@ from tailtrain.strategies.base import (
     Strategy,
     Topology,
     check_contract,
+    topology_of,
 )
 from tailtrain.strategies.dropcompute import may_start
 from tailtrain.strategies.registry import parse_strategy

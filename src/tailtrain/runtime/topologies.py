@@ -14,7 +14,7 @@ from tailtrain.runtime.config import RankResult, TrainConfig
 from tailtrain.runtime.eager import train_partial
 from tailtrain.runtime.ps import train_parameter_server
 from tailtrain.runtime.reduce import Collectives
-from tailtrain.strategies.base import Strategy, Topology, check_contract
+from tailtrain.strategies.base import Strategy, Topology, check_contract, topology_of
 
 RankEntry = Callable[[TrainConfig, Collectives], RankResult]
 
@@ -24,13 +24,6 @@ TOPOLOGIES: dict[Topology, RankEntry] = {
     Topology.PARTIAL_COLLECTIVE: train_partial,
     Topology.PARAMETER_SERVER: train_parameter_server,
 }
-
-
-def topology_of(strategy: Strategy) -> Topology:
-    """The runtime topology of ``strategy``; plain ``sync`` runs as an allreduce."""
-    if strategy.name == "sync" and Topology.ALLREDUCE in TOPOLOGIES:
-        return Topology.ALLREDUCE
-    return strategy.topology
 
 
 def check_topology(strategy: Strategy) -> None:

@@ -479,6 +479,15 @@ def check_contract(strategy: Strategy, topology: Topology) -> None:
         raise UsageError(refusal)
 
 
+def topology_of(strategy: Strategy) -> Topology:
+    """The topology ``strategy`` runs on in real processes (``runtime.topologies``, a user's
+    loop in ``integrate``): its own, except plain ``sync``, which runs as an allreduce (the
+    simulator keeps ``Strategy.topology``). A pure decision: it imports no runtime entry."""
+    if strategy.name == "sync":
+        return Topology.ALLREDUCE
+    return strategy.topology
+
+
 def equal_weights(arrivals: ArrivalColumns) -> Selection:
     """Mean of the given whole arrivals (DBW Eq. 4; slow-and-stale Eq. 2)."""
     if not arrivals.partial.any():  # the usual step: every arrival, no index to gather by
