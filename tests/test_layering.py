@@ -19,7 +19,7 @@ SIM = "tailtrain.sim"
 #: figures (whole packages), the public face (its ``simulate``/``compare``, lazily), the plots
 #: of its comparisons and predict's measured families
 SIM_PACKAGES = ("tailtrain.cli", "tailtrain.reproduce")
-SIM_IMPORTERS = {"tailtrain", "tailtrain.face", "tailtrain.plots", "tailtrain.predict.families"}
+SIM_IMPORTERS = {"tailtrain", "tailtrain.face", "tailtrain.plots", "tailtrain.prediction.families"}
 
 #: the virtual-clock modules, all that ``sim/`` should hold
 SIM_MODULES = {

@@ -1,4 +1,4 @@
-"""`tailtrain.predict`: exact rows where closed forms are exact, Monte Carlo elsewhere."""
+"""`tailtrain.prediction`: exact rows where closed forms are exact, Monte Carlo elsewhere."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 
 from tailtrain.delays import parse_delay, parse_pattern
 from tailtrain.errors import UsageError
-from tailtrain.predict import K_FAMILY, Scenario, k_grid, predict
+from tailtrain.prediction import K_FAMILY, Scenario, k_grid, predict
 from tailtrain.theory.dropcompute import evaluate_threshold
 from tailtrain.theory.kfamily import k_async_shifted_exp_bound
 

@@ -15,8 +15,8 @@ from tailtrain.core.scenario import Scenario
 from tailtrain.delays import parse_delay
 from tailtrain.delays.comm import parse_comm_time
 from tailtrain.delays.schedule import JobDurations
-from tailtrain.predict import Scenario as Prediction
-from tailtrain.predict import predict
+from tailtrain.prediction import Scenario as Prediction
+from tailtrain.prediction import predict
 from tailtrain.sim.run import simulate
 from tailtrain.strategies.registry import parse_strategy
 

@@ -9,7 +9,7 @@ from scipy import stats
 
 from tailtrain.delays import parse_delay
 from tailtrain.delays.parametric import ScipyDelay
-from tailtrain.predict import Scenario, predict
+from tailtrain.prediction import Scenario, predict
 from tailtrain.theory.order_stats import expected_order_stats
 from tailtrain.theory.sums import FFT, SPLIT, partial_sum_laws
 

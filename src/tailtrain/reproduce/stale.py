@@ -1,6 +1,6 @@
 """Slow and stale gradients (Dutta et al., AISTATS 2018 / journal): Figs. 6, 7, 9-10 and 11.
 
-Runtime figures (6, 7) compare the theory (``tailtrain.theory``, ``tailtrain.predict``) with
+Runtime figures (6, 7) compare the theory (``tailtrain.theory``, ``tailtrain.prediction``) with
 timing-only simulations; the error-runtime figures (9-11) train on the digits with 8 workers in
 place of CIFAR-10, with the paper's exponential delays added to a base compute time.
 """
@@ -13,8 +13,8 @@ import numpy as np
 
 from tailtrain.core.scenario import Scenario
 from tailtrain.delays import parse_delay
-from tailtrain.predict import Scenario as PredictScenario
-from tailtrain.predict import predict
+from tailtrain.prediction import Scenario as PredictScenario
+from tailtrain.prediction import predict
 from tailtrain.reproduce.figures import figure, label
 from tailtrain.reproduce.report import FIGURE_ONLY, Report, Table, gap
 from tailtrain.reproduce.runs import Sizes, best, mean_of, name_of, run, target_table

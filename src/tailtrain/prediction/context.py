@@ -1,5 +1,5 @@
 """The scenario context of one prediction: the laws and seeded samplers that every strategy's
-estimate in ``predict.estimates`` (and at large N, ``predict.large``) draws on."""
+estimate in ``prediction.estimates`` (and at large N, ``prediction.large``) draws on."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from numpy.typing import NDArray
 from tailtrain.core.capacity import check_memory
 from tailtrain.delays import DelayModel, DelayProcess
 from tailtrain.delays.process import trace_notes, trace_terms
-from tailtrain.predict.scenario import Scenario, k_grid
+from tailtrain.prediction.scenario import Scenario, k_grid
 from tailtrain.theory.estimate import monte_carlo
 from tailtrain.theory.families import NonNegative, nonnegative
 from tailtrain.theory.sums import partial_sum_laws

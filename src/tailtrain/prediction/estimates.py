@@ -45,14 +45,14 @@ from numpy.typing import ArrayLike, NDArray
 from tailtrain.delays import DelayModel
 from tailtrain.delays.sum import SumDelay
 from tailtrain.errors import UsageError
-from tailtrain.predict.context import _Context
-from tailtrain.predict.large import (
+from tailtrain.prediction.context import _Context
+from tailtrain.prediction.large import (
     LARGE_N,
     k_async_estimates,
     k_batch_sync_estimates,
     search,
 )
-from tailtrain.predict.scenario import (
+from tailtrain.prediction.scenario import (
     ALL_K_UP_TO,
     Prediction,
     Row,
@@ -127,7 +127,7 @@ def _paper_note(ctx: _Context, sync_time: float) -> str:
 def _sync_rows(ctx: _Context) -> list[Row]:
     """sync = K-sync with K = N; K-sync E[T] = E[(X + C)_{K:N}] (Lemma 1 on round trips).
     Above ``LARGE_N`` workers without ``--k``, K is searched on a grid and refined
-    (``predict.large``)."""
+    (``prediction.large``)."""
     n = ctx.scenario.workers
     if ctx.scenario.ks is None and n > LARGE_N:
         ks, mean, stderr, method = search(lambda ks: _k_sync_stats(ctx, ks), n, ctx.listed)

@@ -30,8 +30,8 @@ from typing import Any
 import numpy as np
 
 from tailtrain.delays import DelayModel
-from tailtrain.predict.estimates import best_k
-from tailtrain.predict.scenario import Prediction, Row, Scenario, k_grid
+from tailtrain.prediction.estimates import best_k
+from tailtrain.prediction.scenario import Prediction, Row, Scenario, k_grid
 from tailtrain.theory.families import closed_form
 from tailtrain.theory.order_stats import expected_order_stats
 

@@ -2,7 +2,7 @@
 replaying the trace, ranked, and one recommendation with its reason.
 
 Rows come from ``predict`` (the trace replayed per worker: Monte Carlo on its iterations) and
-``predict.families`` (Local-SGD, eager-SGD, DBW) up to :data:`FULL_MAX_WORKERS` workers; each
+``prediction.families`` (Local-SGD, eager-SGD, DBW) up to :data:`FULL_MAX_WORKERS` workers; each
 best row is then replayed by ``tailtrain.sim.run.simulate`` (``task=none``) and ranked by the
 simulated effective speedup (gradients applied per second relative to sync). Above that size
 the rows are exact on the replayed trace for K-sync (k-th smallest of the replicas) and
@@ -21,10 +21,10 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from tailtrain.advise.cost import Cost, _replicas
+from tailtrain.advice.cost import Cost, _replicas
 from tailtrain.delays.trace import TraceDelay
-from tailtrain.predict import Row, Scenario, best_k, k_grid, predict
-from tailtrain.predict.families import SIM_MAX_WORKERS, row_spec, simulated_row, with_families
+from tailtrain.prediction import Row, Scenario, best_k, k_grid, predict
+from tailtrain.prediction.families import SIM_MAX_WORKERS, row_spec, simulated_row, with_families
 
 FULL_MAX_WORKERS = SIM_MAX_WORKERS  #: predict + simulation up to this many workers
 FRESH = ("sync", "k-sync", "k-batch-sync", "dropcompute", "local-sgd")
