@@ -21,7 +21,7 @@ import argparse
 import time
 
 from tailtrain.delays import parse_delay
-from tailtrain.prediction import Scenario, predict
+from tailtrain.prediction import DelayScenario, predict
 from tailtrain.prediction.families import with_families
 
 LAWS = (
@@ -44,7 +44,9 @@ def main() -> None:
     for workers in args.workers:
         for m in args.micro_batches:
             for spec in args.delay:
-                scenario = Scenario(workers, parse_delay(spec), micro_batches=m if m > 1 else None)
+                scenario = DelayScenario(
+                    workers, parse_delay(spec), micro_batches=m if m > 1 else None
+                )
                 start = time.perf_counter()
                 prediction = with_families(predict(scenario))
                 seconds = time.perf_counter() - start

@@ -61,7 +61,7 @@ _INTERNAL: dict[str, tuple[str, str]] = {
     "compare": ("tailtrain.sim.compare", "compare"),
     "predict": ("tailtrain.prediction", "predict"),
     "with_families": ("tailtrain.prediction.families", "with_families"),
-    "DelayScenario": ("tailtrain.prediction.scenario", "Scenario"),
+    "DelayScenario": ("tailtrain.prediction.scenario", "DelayScenario"),
     "K_FAMILY": ("tailtrain.prediction.scenario", "K_FAMILY"),
     "parse_delay": ("tailtrain.delays", "parse_delay"),
     "parse_pattern": ("tailtrain.delays", "parse_pattern"),

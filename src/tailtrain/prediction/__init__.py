@@ -9,9 +9,9 @@ from tailtrain.prediction.scenario import (
     CRITERION,
     K_FAMILY,
     STRATEGIES,
+    DelayScenario,
     Prediction,
     Row,
-    Scenario,
     k_grid,
 )
 
@@ -20,9 +20,9 @@ __all__ = [
     "CRITERION",
     "K_FAMILY",
     "STRATEGIES",
+    "DelayScenario",
     "Prediction",
     "Row",
-    "Scenario",
     "best_k",
     "k_grid",
     "predict",

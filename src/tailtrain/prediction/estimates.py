@@ -54,9 +54,9 @@ from tailtrain.prediction.large import (
 )
 from tailtrain.prediction.scenario import (
     ALL_K_UP_TO,
+    DelayScenario,
     Prediction,
     Row,
-    Scenario,
     k_grid,
 )
 from tailtrain.theory.dropcompute import (
@@ -83,11 +83,11 @@ _CHAINS = 16  # independent K-async chains (their spread gives the standard erro
 _JOB_BUDGET = 100_000  # jobs per K-async / K-batch-sync estimate, bounds time and memory
 
 
-def predict(scenario: Scenario) -> Prediction:
+def predict(scenario: DelayScenario) -> Prediction:
     """Every strategy's row for ``scenario`` (see the module docstring for the model).
 
     Every K is evaluated (as arrays) and searched for the best, but only the listed K
-    (``Scenario.ks``, else :func:`k_grid`) and each family's best K become rows: 4 N row
+    (``DelayScenario.ks``, else :func:`k_grid`) and each family's best K become rows: 4 N row
     objects would dominate the run time at N = 10^6.
     """
     ctx = _Context.build(scenario)

@@ -13,8 +13,7 @@ import numpy as np
 
 from tailtrain.core.scenario import Scenario
 from tailtrain.delays import parse_delay
-from tailtrain.prediction import Scenario as PredictScenario
-from tailtrain.prediction import predict
+from tailtrain.prediction import DelayScenario, predict
 from tailtrain.reproduce.figures import figure, label
 from tailtrain.reproduce.report import FIGURE_ONLY, Report, Table, gap
 from tailtrain.reproduce.runs import Sizes, best, mean_of, name_of, run, target_table
@@ -117,7 +116,7 @@ def fig7(out: Path, quick: bool) -> Report:
         plot, 2, title=f"Slow-and-stale Fig. 7: runtime of {p.iterations} iterations"
     ) as axes:
         for ax, (law, spec) in zip(axes, laws.items(), strict=True):
-            rows = predict(PredictScenario(workers=p.workers, delay=parse_delay(spec))).rows
+            rows = predict(DelayScenario(workers=p.workers, delay=parse_delay(spec))).rows
             for i, variant in enumerate(VARIANTS):
                 expected = {
                     r.k: r.iteration_time * p.iterations for r in rows if r.strategy == variant
