@@ -37,7 +37,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from tailtrain.errors import UsageError
 from tailtrain.integrate.rounds import Rounds, StepRecord, Work
-from tailtrain.runtime.control import Weighting, check_agreement
+from tailtrain.runtime.control import RankWeighting, check_agreement
 from tailtrain.runtime.reduce import Collectives
 from tailtrain.strategies.base import Strategy
 
@@ -49,7 +49,7 @@ TAIL = 3
 class _Pending:
     """What the hook needs in the round's final backward: this rank's weight, 1/C_n, lr_scale."""
 
-    mine: Weighting
+    mine: RankWeighting
     scale: float
     lr_scale: float
     nonfinite: int = 0

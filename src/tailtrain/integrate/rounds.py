@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 from tailtrain.errors import UsageError
-from tailtrain.runtime.control import RuleDriver, Weighting, weighting
+from tailtrain.runtime.control import RankWeighting, RuleDriver, weighting
 from tailtrain.runtime.reduce import Collectives
 from tailtrain.strategies.base import (
     AllreducePlan,
@@ -105,7 +105,7 @@ class Agreement(NamedTuple):
     rows: np.ndarray
     arrivals: ArrivalColumns
     selection: Selection
-    mine: Weighting
+    mine: RankWeighting
 
 
 def as_strategy(strategy: str | Strategy) -> Strategy:

@@ -77,8 +77,8 @@ from tailtrain.core.update import WeightedUpdate, key_workers, screen_own
 from tailtrain.errors import TailtrainError, UsageError
 from tailtrain.runtime.config import RankResult, TrainConfig, build_world
 from tailtrain.runtime.control import (
+    RankWeighting,
     RuleDriver,
-    Weighting,
     check_agreement,
     check_divisor,
     check_own_weight,
@@ -509,7 +509,7 @@ def apply(run: _Rank, reduced: WeightedSum, divisor: float | None, lr_scale: flo
     run.learner.theta = run.update.apply_reduced(theta, numerator, divisor, lr_scale)
 
 
-def account(run: _Rank, done: Unsettled) -> Weighting:
+def account(run: _Rank, done: Unsettled) -> RankWeighting:
     """The rule's selection over every rank's arrival, checked against what the round
     reduced (and, where the update went ahead of it, the divisor it used); ``adapt`` with the
     latest agreed T^c at the round's end. Fills ``done.stats``."""
