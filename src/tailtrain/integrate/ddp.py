@@ -36,7 +36,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from tailtrain.errors import UsageError
-from tailtrain.integrate.rounds import Rounds, StepRecord, Work
+from tailtrain.integrate.rounds import RoundProgress, Rounds, StepRecord
 from tailtrain.runtime.control import RankWeighting, check_agreement
 from tailtrain.runtime.reduce import Collectives
 from tailtrain.strategies.base import Strategy
@@ -91,7 +91,7 @@ class StragglerHookState:
                 "local steps, which a DDP comm hook cannot do; use tailtrain.integrate."
                 "StragglerStep (or torch's PostLocalSGDOptimizer)"
             )
-        work = Work(np.empty(0))
+        work = RoundProgress(np.empty(0))
         for batch in self.rounds.units(batches, plan, work):
             with ddp_model.no_sync():
                 yield batch

@@ -85,7 +85,7 @@ class StepRecord:
 
 
 @dataclass
-class Work:
+class RoundProgress:
     """This rank's round so far: unit seconds (NaN: not computed), compute seconds, loss sum."""
 
     times: np.ndarray
@@ -157,7 +157,9 @@ class Rounds:
             self.sync(self.comm.device)
         return time.perf_counter()
 
-    def units(self, batches: Sequence[Any], plan: AllreducePlan, work: Work) -> Iterator[Any]:
+    def units(
+        self, batches: Sequence[Any], plan: AllreducePlan, work: RoundProgress
+    ) -> Iterator[Any]:
         """Yield micro-batches while tau allows; fill ``work`` with their measured times."""
         work.times = np.full(len(batches), np.nan)
         start = work.started = self.clock()
@@ -169,7 +171,7 @@ class Rounds:
             work.times[u] = self.clock() - began
         work.compute = self.clock() - start
 
-    def agree(self, work: Work) -> Agreement:
+    def agree(self, work: RoundProgress) -> Agreement:
         """All-gather every rank's counts and times; the rule's selection on them."""
         row = np.concatenate([[work.done, work.compute, work.loss_sum], work.times])
         rows = self.comm.gather(row)
@@ -178,7 +180,12 @@ class Rounds:
         return Agreement(rows, arrivals, selection, weighting(selection, self.comm.rank))
 
     def close(
-        self, plan: AllreducePlan, work: Work, agreed: Agreement, reduce: float, nonfinite: int
+        self,
+        plan: AllreducePlan,
+        work: RoundProgress,
+        agreed: Agreement,
+        reduce: float,
+        nonfinite: int,
     ) -> StepRecord:
         """Agree on T^c and the round's time, ``adapt``, and record the round."""
         timing = self.comm.gather(np.array([reduce, self.clock() - work.started]))

@@ -107,7 +107,7 @@ from tailtrain.runtime.telemetry import (
     run_summary,
     write_outputs,
 )
-from tailtrain.runtime.units import Work, compute
+from tailtrain.runtime.units import RankWork, compute
 from tailtrain.strategies.base import AllreducePlan as Plan
 from tailtrain.strategies.base import ArrivalColumns, StepStats
 from tailtrain.topology.allreduce import RoundData, budget_spent, own_arrival, round_arrivals
@@ -465,7 +465,7 @@ def sum_buffer(run: _Rank, units: int) -> SumBuffer:
     return run.sums
 
 
-def reduce(run: _Rank, work: Work, weight: float, sums: SumBuffer) -> tuple[WeightedSum, float]:
+def reduce(run: _Rank, work: RankWork, weight: float, sums: SumBuffer) -> tuple[WeightedSum, float]:
     """The round's one allreduce (module docstring, 3.) and the injected T^c; returns it and
     the weight this rank withheld. A rank whose gradient holds a NaN or an infinity joins with
     weight 0 and a zero gradient, as the simulator's update path screens it
