@@ -49,7 +49,7 @@ from tailtrain.strategies.registry import parse_strategy
 from tailtrain.topology.allreduce import round_arrivals
 
 #: column of the first unit time in a gathered row [C_n, T~_n, loss sum, t_n^(1..U)]
-TIMES = 3
+FIRST_UNIT_TIME = 3
 #: strategy options that need the data loader's cooperation, which a wrapper does not have
 LOADER_COMPENSATIONS = ("larger-batch", "resample")
 
@@ -202,7 +202,7 @@ class Rounds:
             used=agreed.selection.used(),
             loss=loss,
             lr=self.lr * plan.lr_scale,
-            micro_batch_times=rows[:, TIMES:],
+            micro_batch_times=rows[:, FIRST_UNIT_TIME:],
             comm_time=comm,
         )
         self.rule.adapt(stats)
