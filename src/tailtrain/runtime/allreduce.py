@@ -99,10 +99,10 @@ from tailtrain.runtime.telemetry import (
     RoundTimes,
     Settled,
     TraceRows,
+    allreduce_row,
     attach,
     close_record,
     phase,
-    round_row,
     run_record,
     run_summary,
     write_outputs,
@@ -389,7 +389,7 @@ def row_of(
     times = RoundTimes(rows[:, 0].astype(np.int64), compute, rows[:, 2], wait, comm)
     # rank n's round is arrival n (round_arrivals), so the used ranks are the used keys' own
     used = sorted(key_workers(stats.used).tolist())
-    row = round_row(done.ex.plan, stats, times, used, done.ex.m, settled)
+    row = allreduce_row(done.ex.plan, stats, times, used, done.ex.m, settled)
     if nonfinite := int(done.ex.extras[3]):
         row["nonfinite"] = nonfinite
     return row
