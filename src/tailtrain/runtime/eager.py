@@ -103,7 +103,7 @@ from tailtrain.runtime.keep import (
     reopen_records,
     stop_on_sigterm,
 )
-from tailtrain.runtime.partial import PartialCollective, RoundResult, row
+from tailtrain.runtime.partial import KEPT_ROUNDS, PartialCollective, RoundResult, row
 from tailtrain.runtime.reduce import Collectives
 from tailtrain.runtime.telemetry import attach, close_record, follow
 from tailtrain.strategies.base import ArrivalColumns, Selection, StepStats, Strategy
@@ -113,8 +113,6 @@ from tailtrain.topology.partial import summarise as partial_summary
 
 log = logging.getLogger(__name__)
 
-#: rounds whose step a rank can still adopt (a rank that slept through more adopts a later one)
-KEEP = 64
 #: seconds a failed rank waits, after its census, for the collective's threads to leave
 ABORT_WAIT = 1.0
 
@@ -161,7 +159,9 @@ class Rule:
         weight, divisor = uniform(self.strategy.select(self.state, arrivals), arrivals.keys)
         step = (weight * result.total, divisor, plan.lr_scale)
         self.steps[r] = step
-        self.steps.pop(r - KEEP, None)
+        # a rank can still adopt the steps of the rounds the collective keeps (one that slept
+        # through more adopts a later one)
+        self.steps.pop(r - KEPT_ROUNDS, None)
         if plan.average_models:
             self.averages.append(r)
         stats = self.stats(result, arrivals)

@@ -108,8 +108,8 @@ CAPACITY = 4
 SWITCH_INTERVAL = 5e-4
 #: how long the receiver waits for the next message: without limit, in effect
 IDLE = datetime.timedelta(days=365)
-#: completed rounds each rank keeps
-KEEP = 64
+#: completed rounds each rank keeps (``runtime.eager`` keeps the steps of as many)
+KEPT_ROUNDS = 64
 #: up to this many processes an initiator activates everyone itself: one hop of P - 1 messages
 #: instead of ⌈log2 P⌉ sequential hops and P ⌈log2 P⌉ messages, each a thread wake-up
 DIRECT_ACTIVATION = 8
@@ -430,7 +430,7 @@ class PartialCollective:
             following = self.after_round(result)
             with self.cond:
                 s.results[r], s.plans[r + 1], s.latest = result, following, r
-                s.results.pop(r - KEEP, None)
+                s.results.pop(r - KEPT_ROUNDS, None)
                 self._maybe_quorum(r + 1)
                 self.cond.notify_all()
             self._drain()
