@@ -94,6 +94,7 @@ import torch
 import torch.distributed as dist
 
 from tailtrain.errors import TailtrainError
+from tailtrain.runtime.reduce import UNBOUNDED_WAIT
 from tailtrain.strategies.base import ArrivalColumns
 from tailtrain.strategies.eager import Collective, RoundPlan
 from tailtrain.topology.partial import activation_hops, counter_of
@@ -106,8 +107,6 @@ HEAD = ("initiated", "activated", "snapshot", "rows")
 CAPACITY = 4
 #: the GIL's switch interval while a collective runs: its threads must answer promptly
 SWITCH_INTERVAL = 5e-4
-#: how long the receiver waits for the next message: without limit, in effect
-IDLE = datetime.timedelta(days=365)
 #: completed rounds each rank keeps (``runtime.eager`` keeps the steps of as many)
 KEPT_ROUNDS = 64
 #: up to this many processes an initiator activates everyone itself: one hop of P - 1 messages
@@ -399,7 +398,7 @@ class PartialCollective:
         while not np.all(got == announced):
             # idle until a message comes, however long: no message is owed to it (a run of
             # synchronous rounds sends none); the waits that expect one are bounded
-            self.act_group.recv_anysource([message], 0).wait(IDLE)
+            self.act_group.recv_anysource([message], 0).wait(UNBOUNDED_WAIT)
             kind, value, sender = (int(v) for v in message)
             got[sender] += 1
             if kind == ABORT:

@@ -36,6 +36,10 @@ log = logging.getLogger(__name__)
 
 #: seconds a rank whose collective failed waits before it fails too (see the module docstring)
 GRACE = 2.0
+#: how long a receive that nothing bounds waits (the partial collective's receiver, the
+#: parameter server's wire): without limit, in effect; gloo wants a finite timeout and
+#: closes the pair when one passes
+UNBOUNDED_WAIT = datetime.timedelta(days=365)
 
 #: one rank's small row of numbers (counts, times): an array, a list or a tuple
 Row = np.ndarray | Sequence[float]
