@@ -55,7 +55,7 @@ FACTOR = 10.0
 #: ... and at least this many seconds
 MIN_BOUND = 2.0
 #: the step row's columns of liveness events (present only on a step that had one)
-COLUMNS = ("suspect", "rejoined", "dead")
+LIVENESS_COLUMNS = ("suspect", "rejoined", "dead")
 
 
 class Liveness:
@@ -74,7 +74,7 @@ class Liveness:
         self.mailbox: Mailbox | None = None
         self.longest = 0.0
         self.pinged = np.full(workers, -np.inf)
-        self.events: dict[str, list[int]] = {c: [] for c in COLUMNS}
+        self.events: dict[str, list[int]] = {c: [] for c in LIVENESS_COLUMNS}
         self.hung: set[int] = set()
         self.rejoins = 0
         #: since when no worker has been ALIVE (the server's clock; None: some worker is)
@@ -244,7 +244,7 @@ class Liveness:
         if not row and self.alive.all():  # the usual step: nothing to record
             return row
         row["live"] = int(self.alive.sum())
-        self.events = {c: [] for c in COLUMNS}
+        self.events = {c: [] for c in LIVENESS_COLUMNS}
         return row
 
     def summary(self) -> dict[str, Any]:
