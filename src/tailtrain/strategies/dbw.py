@@ -39,7 +39,7 @@ from tailtrain.strategies.base import (
 from tailtrain.strategies.kfamily import lr_scale, parse_lr_rule, parse_mode
 from tailtrain.strategies.time_estimator import RoundTripTimes
 
-DEFAULT_WINDOW = 5  # D = 5 in all of DBW §4's experiments
+DEFAULT_DBW_WINDOW = 5  # D = 5 in all of DBW §4's experiments
 DEFAULT_BETA = 1.01  # DBW §3.3
 
 
@@ -235,7 +235,7 @@ class Dbw(Strategy):
     """DBW (``blind=False``) or B-DBW (``blind=True``: gain k, DBW §4)."""
 
     name: str
-    window: int = DEFAULT_WINDOW
+    window: int = DEFAULT_DBW_WINDOW
     beta: float = DEFAULT_BETA
     #: PsI like every sync-family default here, so `dbw` and `k-sync:k=K` differ only in
     #: how k is chosen; DBW §4 ran PsW (`mode=psw`) and reports similar results with PsI (§2)
@@ -296,13 +296,13 @@ class Dbw(Strategy):
 
 def build_dbw(spec: Spec) -> Dbw:
     spec.require_known(["window", "beta", "mode", "lr"])
-    window = spec.get_int("window", DEFAULT_WINDOW, minimum=1)
+    window = spec.get_int("window", DEFAULT_DBW_WINDOW, minimum=1)
     return Dbw("dbw", window, *common_params(spec))
 
 
 def build_b_dbw(spec: Spec) -> Dbw:
     spec.require_known(["beta", "mode", "lr"])
-    return Dbw("b-dbw", DEFAULT_WINDOW, *common_params(spec), blind=True)
+    return Dbw("b-dbw", DEFAULT_DBW_WINDOW, *common_params(spec), blind=True)
 
 
 def common_params(spec: Spec) -> tuple[float, SyncMode, str]:
