@@ -165,12 +165,12 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def fault_value(text: str):
-    from tailtrain.runtime.config import Fault
+    from tailtrain.runtime.config import FailAt
 
     rank, sep, step = text.partition(":")
     if not sep or not rank.isdigit() or not step.isdigit():
         raise argparse.ArgumentTypeError(f"{text!r} must be RANK:STEP, two integers >= 0")
-    return Fault(int(rank), int(step))
+    return FailAt(int(rank), int(step))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -272,7 +272,7 @@ def resumed(args: argparse.Namespace):
     """The run in ``--resume DIR``, with the flags it was started with (run.json)."""
     from tailtrain.cli.run_folder import resume_train
     from tailtrain.faults import FaultPlan
-    from tailtrain.runtime.config import Fault, TrainConfig
+    from tailtrain.runtime.config import FailAt, TrainConfig
     from tailtrain.runtime.launch import default_backend, in_torchrun
     from tailtrain.runtime.topologies import processes
     from tailtrain.strategies.registry import parse_strategy
@@ -294,7 +294,7 @@ def resumed(args: argparse.Namespace):
         threads=args.threads,
         verbose=args.verbose,
         progress=not args.no_progress,
-        fault=None if fail_at is None else Fault(*map(int, fail_at)),
+        fault=None if fail_at is None else FailAt(*map(int, fail_at)),
         faults=FaultPlan.parse(info["inject_fault"], scenario.workers),
         on_nonfinite=info["on_nonfinite"],
         checkpoint_every=every,

@@ -27,7 +27,7 @@ DEVICES = ("cpu", "cuda")
 
 
 @dataclass(frozen=True)
-class Fault:
+class FailAt:
     """Fault injection (torchft's ``fail_at``): rank ``rank`` raises at the start of ``step``."""
 
     rank: int
@@ -67,7 +67,7 @@ class TrainConfig:
     out: Path | None = None
     threads: int = 1
     verbose: bool = False
-    fault: Fault | None = None
+    fault: FailAt | None = None
     faults: FaultPlan = field(default_factory=FaultPlan)
     on_nonfinite: str = "skip"
     checkpoint_every: int | None = None

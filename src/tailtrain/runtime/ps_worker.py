@@ -37,7 +37,7 @@ import torch
 
 from tailtrain.core.scenario import World
 from tailtrain.faults import FaultPlan
-from tailtrain.runtime.config import Fault
+from tailtrain.runtime.config import FailAt
 from tailtrain.runtime.inject import FaultDrill, InjectedFault
 from tailtrain.runtime.ps_wire import (
     DOWN,
@@ -111,7 +111,7 @@ class Worker:
         index: int,
         inject: bool,
         timeout: float,
-        fault: Fault | None = None,
+        fault: FailAt | None = None,
         drill: FaultDrill | None = None,
     ) -> None:
         self.world, self.index, self.timeout = world, index, timeout
