@@ -42,7 +42,7 @@ from tailtrain.runtime.reduce import Collectives
 from tailtrain.strategies.base import Strategy
 
 #: tail of a bucket's allreduce: [w_n, weight withheld, non-finite flag]
-TAIL = 3
+BUCKET_TAIL = 3
 
 
 @dataclass
@@ -145,11 +145,11 @@ def weighted_allreduce_hook(
 
     def divide(future: torch.futures.Future[list[torch.Tensor]]) -> torch.Tensor:
         reduced = future.value()[0]
-        total, withheld_sum, nonfinite = reduced[-TAIL:].double().cpu().tolist()
+        total, withheld_sum, nonfinite = reduced[-BUCKET_TAIL:].double().cpu().tolist()
         check_agreement(mine.total, total + withheld_sum)
         pending.nonfinite = max(pending.nonfinite, int(nonfinite))
         divisor = mine.divisor if mine.divisor is not None else total
-        return reduced[:-TAIL].mul_(pending.lr_scale / (divisor if divisor else 1.0))
+        return reduced[:-BUCKET_TAIL].mul_(pending.lr_scale / (divisor if divisor else 1.0))
 
     return work.get_future().then(divide)
 

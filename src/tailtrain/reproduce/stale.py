@@ -100,7 +100,7 @@ FIG7 = Sizes(
     quick={"workers": 8, "ks": (1, 2, 4, 8), "iterations": 500},
     full={"workers": 8, "ks": (1, 2, 3, 4, 5, 6, 7, 8), "iterations": 2000},
 )
-VARIANTS = ("k-sync", "k-async", "k-batch-async")
+COMPARED_VARIANTS = ("k-sync", "k-async", "k-batch-async")
 
 
 def fig7(out: Path, quick: bool) -> Report:
@@ -117,7 +117,7 @@ def fig7(out: Path, quick: bool) -> Report:
     ) as axes:
         for ax, (law, spec) in zip(axes, laws.items(), strict=True):
             rows = predict(DelayScenario(workers=p.workers, delay=parse_delay(spec))).rows
-            for i, variant in enumerate(VARIANTS):
+            for i, variant in enumerate(COMPARED_VARIANTS):
                 expected = {
                     r.k: r.iteration_time * p.iterations for r in rows if r.strategy == variant
                 }
