@@ -12,7 +12,7 @@ import torch
 
 from tailtrain.errors import TailtrainError
 from tailtrain.runtime import ps_wire
-from tailtrain.runtime.ps_liveness import MIN_BOUND, Liveness, reason
+from tailtrain.runtime.ps_liveness import MIN_BOUND, Liveness, failure_reason
 
 
 class Pings:
@@ -78,8 +78,8 @@ def test_without_events_a_row_gets_no_liveness_columns():
 
 def test_a_failed_sends_reason_is_its_first_sentence_without_gloos_source_location():
     text = "[/x/gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:1. This is"
-    assert reason(RuntimeError(text)) == "Connection closed by peer [127.0.0.1]:1"
-    assert reason(RuntimeError("")) == "RuntimeError"
+    assert failure_reason(RuntimeError(text)) == "Connection closed by peer [127.0.0.1]:1"
+    assert failure_reason(RuntimeError("")) == "RuntimeError"
 
 
 def test_with_no_worker_alive_the_server_waits_one_timeout_then_names_the_workers():

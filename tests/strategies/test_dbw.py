@@ -13,7 +13,7 @@ from tailtrain.strategies.dbw import (
     Dbw,
     GainEstimates,
     OpenVersion,
-    best_k,
+    argmax_gain_rate,
     gain,
     grad_norm_plus,
     lipschitz_plus,
@@ -114,15 +114,15 @@ def test_nan_statistics_break_the_chain_of_lipschitz_estimates():
 def test_best_k_maximises_gain_per_time():
     gains = np.array([-1.0, 2.0, 3.0, 3.5])
     times = np.array([1.0, 1.5, 2.0, 4.0])  # rates: -1, 1.33, 1.5, 0.875
-    assert best_k(gains, times) == 3
+    assert argmax_gain_rate(gains, times) == 3
 
 
 def test_best_k_never_picks_a_negative_gain_when_a_positive_one_exists():
-    assert best_k(np.array([-0.1, 0.01, -0.5]), np.array([0.01, 100.0, 1.0])) == 2
+    assert argmax_gain_rate(np.array([-0.1, 0.01, -0.5]), np.array([0.01, 100.0, 1.0])) == 2
 
 
 def test_all_negative_gains_give_k_equal_n():
-    assert best_k(np.array([-3.0, -2.0, -1.0, -0.5]), np.array([1.0, 2.0, 3.0, 4.0])) == 4
+    assert argmax_gain_rate(np.array([-3.0, -2.0, -1.0, -0.5]), np.array([1.0, 2.0, 3.0, 4.0])) == 4
 
 
 def test_loss_rise_above_beta_forces_k_above_previous():

@@ -99,7 +99,7 @@ class StragglerHookState:
         self._pending = _Pending(agreed.mine, 1.0 / max(work.done, 1), plan.lr_scale)
         began = self.rounds.clock()
         try:
-            flush(ddp_model)
+            flush_buckets(ddp_model)
         finally:
             pending, self._pending = self._pending, None
         reduce = self.rounds.clock() - began
@@ -154,7 +154,7 @@ def weighted_allreduce_hook(
     return work.get_future().then(divide)
 
 
-def flush(ddp_model: DistributedDataParallel) -> None:
+def flush_buckets(ddp_model: DistributedDataParallel) -> None:
     """A backward armed as DDP's forward arms it, of a zero loss touching every parameter: the
     hook fires on every bucket with the gradients accumulated under ``no_sync``.
 

@@ -156,7 +156,7 @@ class Rule:
     def after_round(self, result: RoundResult) -> RoundPlan | None:
         """select -> the round's step, StepStats -> adapt; the next plan (None: done)."""
         arrivals, plan, r = self.arrivals(result), result.plan, result.index
-        weight, divisor = uniform(self.strategy.select(self.state, arrivals), arrivals.keys)
+        weight, divisor = uniform_weight(self.strategy.select(self.state, arrivals), arrivals.keys)
         step = (weight * result.total, divisor, plan.lr_scale)
         self.steps[r] = step
         # a rank can still adopt the steps of the rounds the collective keeps (one that slept
@@ -272,7 +272,7 @@ class Rule:
         self.last_row = checkpoint.unpack(saved["last_step"])
 
 
-def uniform(selection: Selection, keys: np.ndarray) -> tuple[float, float]:
+def uniform_weight(selection: Selection, keys: np.ndarray) -> tuple[float, float]:
     """The one weight every contribution gets, and the divisor; a partial collective sums the
     contributions before the arrivals are known, so unequal weights cannot be applied."""
     if len(selection.later):

@@ -94,7 +94,7 @@ class Liveness:
     def failed(self, dst: int, exc: BaseException) -> None:
         """A send to rank ``dst`` failed (the sending thread): worker dst - 1 is LOST."""
         assert self.mailbox is not None
-        self.reasons.setdefault(dst - 1, reason(exc))
+        self.reasons.setdefault(dst - 1, failure_reason(exc))
         self.mailbox.put(Message(Kind.LOST, dst - 1))
 
     def ping(self, worker: int) -> None:
@@ -234,7 +234,7 @@ class Liveness:
             try:
                 parts[w] = receive_report(w + 1)
             except Exception as exc:  # it died after its BYE
-                self.lost(w, reason(exc))
+                self.lost(w, failure_reason(exc))
         return parts
 
     def take_events(self) -> dict[str, Any]:
@@ -255,7 +255,7 @@ class Liveness:
         }
 
 
-def reason(exc: BaseException) -> str:
+def failure_reason(exc: BaseException) -> str:
     """A failed send's first sentence, without gloo's source location:
     ``[.../pair.cc:553] Connection closed by peer [127.0.0.1]:1234. This is...``."""
     text = re.sub(r"^\[[^\]]*\]\s*", "", str(exc).strip())

@@ -146,7 +146,7 @@ class GainEstimates:
 # --- choice rule, DBW Eqs. (18)-(19) ----------------------------------------------------------
 
 
-def best_k(gains: np.ndarray, times: np.ndarray) -> int:
+def argmax_gain_rate(gains: np.ndarray, times: np.ndarray) -> int:
     """DBW Eq. (18): argmax_k G_k / T_k over k = 1..n; k = n when every gain is negative.
 
     Ties go to the largest k: at equal rate, more gradients give a less noisy step.
@@ -280,9 +280,9 @@ class Dbw(Strategy):
         if not times.ready or not (self.blind or gains.ready):
             return state.n
         if self.blind:
-            return best_k(ks.astype(float), times.iteration_times())
+            return argmax_gain_rate(ks.astype(float), times.iteration_times())
         eta = state.lr * np.broadcast_to(lr_scale(self.lr_rule, ks, state.n), ks.shape)
-        return best_k(gains.gains(ks, eta), times.iteration_times())
+        return argmax_gain_rate(gains.gains(ks, eta), times.iteration_times())
 
     def describe(self) -> str:
         parts = [] if self.blind else [f"window={self.window}"]
