@@ -12,7 +12,7 @@ import torch
 
 from tailtrain.errors import TailtrainError
 from tailtrain.runtime import ps_wire
-from tailtrain.runtime.ps_liveness import MIN_BOUND, Liveness, failure_reason
+from tailtrain.runtime.ps_liveness import MIN_BOUND, Liveness, WorkerState, failure_reason
 
 
 class Pings:
@@ -34,7 +34,8 @@ def test_a_silent_busy_worker_is_suspected_pinged_every_bound_and_k_is_capped():
     assert live.watch(busy, start, 0.9) == pytest.approx(0.1)  # worker 0's bound ends at 1.0
     assert live.cap(4) == 4 and pings.sent == []
     assert live.watch(busy, start, 1.1) == pytest.approx(0.1)  # worker 1's at 1.2
-    assert live.state.tolist() == [1, 0, 0, 0] and pings.sent == [0]
+    alive, suspect = WorkerState.ALIVE, WorkerState.SUSPECT
+    assert live.state.tolist() == [suspect, alive, alive, alive] and pings.sent == [0]
     assert live.cap(4) == 3 and live.cap(2) == 2
     live.watch(busy, start, 1.5)  # worker 1 suspected; worker 0's next PING is due at 2.1
     assert pings.sent == [0, 1]

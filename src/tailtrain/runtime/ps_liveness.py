@@ -40,6 +40,7 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Callable
+from enum import StrEnum
 from typing import Any
 
 import numpy as np
@@ -49,7 +50,19 @@ from tailtrain.runtime.ps_wire import DOWN, Kind, Mailbox, Message, Outbox, rece
 
 log = logging.getLogger(__name__)
 
-ALIVE, SUSPECT, DEAD = 0, 1, 2
+
+class WorkerState(StrEnum):
+    """A worker as the server sees it (the module docstring has the transitions). The server
+    keeps one per worker in ``Liveness.state``, an array of these strings; none goes over the
+    wire (a PING is a message kind, ``ps_wire.Kind``)."""
+
+    ALIVE = "alive"
+    SUSPECT = "suspect"
+    DEAD = "dead"
+
+
+#: the dtype of ``Liveness.state``: the longest state's string
+STATE_DTYPE = f"<U{max(len(s) for s in WorkerState)}"
 #: the default bound: this many times the longest round trip delivered so far ...
 FACTOR = 10.0
 #: ... and at least this many seconds
@@ -67,7 +80,7 @@ class Liveness:
     method runs on the server's main thread, after :meth:`connect`."""
 
     def __init__(self, workers: int, timeout: float, worker_timeout: float | None) -> None:
-        self.state = np.full(workers, ALIVE, dtype=np.int8)
+        self.state = np.full(workers, WorkerState.ALIVE, dtype=STATE_DTYPE)
         self.timeout, self.worker_timeout = timeout, worker_timeout
         self.said_bye = np.zeros(workers, dtype=bool)
         self.outbox: Outbox | None = None
@@ -112,11 +125,11 @@ class Liveness:
 
     @property
     def alive(self) -> np.ndarray:
-        return self.state == ALIVE
+        return self.state == WorkerState.ALIVE
 
     @property
     def dead(self) -> np.ndarray:
-        return self.state == DEAD
+        return self.state == WorkerState.DEAD
 
     def cap(self, k: int) -> int:
         """The usable arrivals that close a step: the rule's k, at most the ALIVE workers."""
@@ -129,8 +142,8 @@ class Liveness:
 
     def heard(self, worker: int) -> None:
         """A message from ``worker``: a suspect rejoins."""
-        if self.state[worker] == SUSPECT:
-            self.state[worker] = ALIVE
+        if self.state[worker] == WorkerState.SUSPECT:
+            self.state[worker] = WorkerState.ALIVE
             self.events["rejoined"].append(worker)
             self.rejoins += 1
             log.warning("worker %d rejoined; %d workers live", worker, self.alive.sum())
@@ -141,7 +154,7 @@ class Liveness:
         bound = self.bound
         watched = self.alive & busy
         for w in np.flatnonzero(watched & (now - start > bound)).tolist():
-            self.state[w] = SUSPECT
+            self.state[w] = WorkerState.SUSPECT
             self.events["suspect"].append(w)
             self.hung.add(w)
             self.pinged[w] = -np.inf
@@ -156,7 +169,7 @@ class Liveness:
             )
         due = start[watched]
         if self.hung:  # else no worker is SUSPECT: nothing to ping
-            suspects = self.state == SUSPECT
+            suspects = self.state == WorkerState.SUSPECT
             for w in np.flatnonzero(suspects & (now - self.pinged >= bound)).tolist():
                 self.pinged[w] = now
                 self.ping(w)
@@ -174,8 +187,8 @@ class Liveness:
         left = self.silent_since + self.timeout - now
         if left <= 0:
             groups = [
-                (name, np.flatnonzero(self.state == state).tolist())
-                for name, state in (("suspect", SUSPECT), ("dead", DEAD))
+                (state.value, np.flatnonzero(self.state == state).tolist())
+                for state in (WorkerState.SUSPECT, WorkerState.DEAD)
             ]
             parts = [f"{', '.join(map(str, ws))} {name}" for name, ws in groups if ws]
             who = "worker" if len(self.state) == 1 else "workers"
@@ -186,9 +199,9 @@ class Liveness:
 
     def lost(self, worker: int, reason: str = "") -> bool:
         """``worker``'s connection failed: it is dead. Whether that is news."""
-        if self.state[worker] == DEAD:
+        if self.state[worker] == WorkerState.DEAD:
             return False
-        self.state[worker] = DEAD
+        self.state[worker] = WorkerState.DEAD
         self.events["dead"].append(worker)
         self.reasons.setdefault(worker, reason or "gone")
         log.warning(
