@@ -183,7 +183,7 @@ def bench_rank(bench: RealBench) -> dict:
         dist.barrier()
         time.sleep(float(skews[r, rank]))
         out = coll.call(r, one, row(r, r, coll.now(), coll.now(), 0.0, 1.0))
-        calls.append((r, out.latency, out.kind, coll.now()))
+        calls.append((r, out.latency, out.kind.value, coll.now()))
         r += 1
     coll.close()
     dist.destroy_process_group()
