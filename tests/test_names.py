@@ -20,6 +20,9 @@ PACKAGE = SRC / "tailtrain"
 #: the reproductions of the papers (``reproduce/<paper>.py``)
 PAPERS = r"tailtrain\.reproduce\.(dbw|dropcompute|eager|lgc|stale)"
 
+#: the face's wrappers that share a name with the internal function they call
+FACE_WRAPPERS = "predict|simulate|compare|train|train_own_model|advise"
+
 #: name (a regular expression, matched whole) -> (modules, a regular expression matched
 #: whole, in which it may repeat; why sameness is the point there)
 PROTOCOL: dict[str, tuple[str, str]] = {
@@ -35,7 +38,7 @@ PROTOCOL: dict[str, tuple[str, str]] = {
     # ``tailtrain.face``'s wrappers are the public names of the internals they wrap
     # (``_INTERNAL`` maps each to the function of the same name): one name, one thing, seen
     # from the face and from inside
-    "predict|simulate|compare|train|train_own_model|advise": (
+    FACE_WRAPPERS: (
         r"tailtrain\.face",
         "the face's entry for the internal of the same name",
     ),
@@ -128,3 +131,10 @@ def test_every_allowance_is_still_needed():
 def test_the_finder_sees_functions_classes_and_constants():
     tree = ast.parse("import os\nA = 1\nB: int = 2\n_C = 3\ndef f(): ...\nclass K: ...\n")
     assert defined(tree) == {"A", "B", "f", "K"}
+
+
+def test_the_face_shares_names_only_with_what_it_wraps():
+    import tailtrain
+
+    for name in FACE_WRAPPERS.split("|"):
+        assert tailtrain._INTERNAL[name][1] == name, f"tailtrain.face.{name} wraps another name"
