@@ -6,7 +6,7 @@ test, 4 N row objects). Then non-exponential laws stayed slow: K-async's Monte C
 for N/K iterations of O(N) work (70 s at N = 2 * 10^4, uniform), K-batch-sync sorted 100 x 3N
 jobs and K-sync integrated every K at once (15 s at 10^5, and wrong for some K: one adaptive rule
 shared by 10^5 narrow Beta peaks missed some). Now K-async and K-batch-sync use their mean-field
-limits above 2048 workers (``tailtrain.predict.large``), K-sync is searched on a grid and
+limits above 2048 workers (``tailtrain.prediction.large``), K-sync is searched on a grid and
 refined, and order statistics are integrated on per-K windows.
 With micro-batches (M > 1) a law without a closed-form sum used Monte Carlo of 100 x N x M
 draws (20 s at 10^5 for lognormal, M = 4; refused at 10^6 for memory); now its sum's law comes
@@ -21,8 +21,8 @@ import argparse
 import time
 
 from tailtrain.delays import parse_delay
-from tailtrain.predict import Scenario, predict
-from tailtrain.predict.families import with_families
+from tailtrain.prediction import DelayScenario, predict
+from tailtrain.prediction.families import with_families
 
 LAWS = (
     "exp:rate=1",
@@ -44,7 +44,9 @@ def main() -> None:
     for workers in args.workers:
         for m in args.micro_batches:
             for spec in args.delay:
-                scenario = Scenario(workers, parse_delay(spec), micro_batches=m if m > 1 else None)
+                scenario = DelayScenario(
+                    workers, parse_delay(spec), micro_batches=m if m > 1 else None
+                )
                 start = time.perf_counter()
                 prediction = with_families(predict(scenario))
                 seconds = time.perf_counter() - start

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import importlib
+import importlib.util
 import os
 import subprocess
 import sys
@@ -55,12 +56,11 @@ def test_unknown_attribute_is_an_attribute_error():
         _ = tailtrain.nothing
 
 
-def test_a_submodule_import_keeps_the_face_entry():
-    module = importlib.import_module("tailtrain.predict")
-    importlib.import_module("tailtrain.advise")
-    assert tailtrain.predict is importlib.import_module("tailtrain.face").predict
-    assert tailtrain.advise is importlib.import_module("tailtrain.face").advise
-    assert callable(module.predict) and module is not tailtrain.predict
+def test_no_submodule_shares_a_face_entrys_name():
+    """A subpackage named like an entry would replace it on import (``tailtrain.predict``
+    once was both), so none may exist."""
+    clashes = [name for name in tailtrain._FACE if importlib.util.find_spec(f"tailtrain.{name}")]
+    assert clashes == []
 
 
 def test_strategy_parses_specs_and_passes_objects_through():

@@ -19,7 +19,7 @@ SIM = "tailtrain.sim"
 #: figures (whole packages), the public face (its ``simulate``/``compare``, lazily), the plots
 #: of its comparisons and predict's measured families
 SIM_PACKAGES = ("tailtrain.cli", "tailtrain.reproduce")
-SIM_IMPORTERS = {"tailtrain", "tailtrain.face", "tailtrain.plots", "tailtrain.predict.families"}
+SIM_IMPORTERS = {"tailtrain", "tailtrain.face", "tailtrain.plots", "tailtrain.prediction.families"}
 
 #: the virtual-clock modules, all that ``sim/`` should hold
 SIM_MODULES = {
@@ -122,3 +122,22 @@ def test_loading_the_runtime_loads_no_simulator_module():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+#: what ``import tailtrain.integrate`` (a user's own loop on an allreduce) must not load: the
+#: simulator, the parameter server and the partial collective (issue 22 item 6)
+NOT_FOR_A_LOOP = (
+    SIM,
+    "tailtrain.runtime.ps",
+    "tailtrain.runtime.eager",
+    "tailtrain.runtime.partial",
+)
+
+
+def test_importing_integrate_loads_no_other_topology():
+    code = (
+        "import sys, tailtrain.integrate\n"
+        f"print(sorted(m for m in sys.modules if m.startswith({NOT_FOR_A_LOOP!r})))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", f"import tailtrain.integrate loads {out.stdout.strip()}"

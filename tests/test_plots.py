@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from tailtrain.core.records import RunRecord
 from tailtrain.core.scenario import Scenario
-from tailtrain.plots import figure, plot_runs, time_weighted_mean, title, wrap_spec
+from tailtrain.plots import plot_runs, runs_figure, time_weighted_mean, title, wrap_spec
 
 
 def brute_force_mean(times, values, a, b, points=20_000):
@@ -94,7 +94,7 @@ def record(seed: int, ks: list[int], threshold: float | None = None) -> RunRecor
 def test_fifteen_strategies_get_distinct_lines_and_a_threshold_panel(tmp_path):
     runs = {f"k-sync:k={k}": [record(0, [k] * 6), record(1, [k] * 6)] for k in range(1, 15)}
     runs["dropcompute:threshold=0.9"] = [record(0, [8] * 6, 0.9), record(1, [8] * 6, 0.9)]
-    fig = figure(runs, Scenario(task="logreg", workers=16, iterations=6), [0, 1])
+    fig = runs_figure(runs, Scenario(task="logreg", workers=16, iterations=6), [0, 1])
     loss, k, tau = fig.axes
     assert "loss" in loss.get_ylabel() and "k_t" in k.get_ylabel() and "τ" in tau.get_ylabel()
     assert "(s)" in tau.get_xlabel() and "virtual time" in tau.get_xlabel()
@@ -113,7 +113,7 @@ def test_the_mean_line_and_band_span_the_seeds():
     runs["k-sync:k=2"][1].evals = [
         {**r, "train_loss": r["train_loss"] + 1} for r in runs["k-sync:k=2"][1].evals
     ]
-    fig = figure(runs, Scenario(task="logreg", workers=4, iterations=3), [0, 1])
+    fig = runs_figure(runs, Scenario(task="logreg", workers=4, iterations=3), [0, 1])
     (line,) = fig.axes[0].get_lines()
     assert line.get_ydata()[0] == pytest.approx(2.5)  # mean of 2 and 3 at t = 0
     plt.close(fig)
@@ -123,7 +123,7 @@ def test_timing_only_runs_get_no_loss_panel_and_one_seed_no_band(tmp_path):
     runs = {"sync": [RunRecord(steps=record(0, [4] * 3).steps, evals=[])]}
     path = plot_runs(runs, Scenario(task="none", workers=4, iterations=3), [0], tmp_path / "f.png")
     assert path.stat().st_size > 0
-    fig = figure(runs, Scenario(task="none", workers=4, iterations=3), [0])
+    fig = runs_figure(runs, Scenario(task="none", workers=4, iterations=3), [0])
     (k,) = fig.axes
     assert not k.collections  # no band with one seed
     assert "Timing only" in fig.get_supxlabel() and "seed 0" in fig.get_supxlabel()

@@ -1,4 +1,4 @@
-"""`tailtrain.predict`: exact rows where closed forms are exact, Monte Carlo elsewhere."""
+"""`tailtrain.prediction`: exact rows where closed forms are exact, Monte Carlo elsewhere."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 
 from tailtrain.delays import parse_delay, parse_pattern
 from tailtrain.errors import UsageError
-from tailtrain.predict import K_FAMILY, Scenario, k_grid, predict
+from tailtrain.prediction import K_FAMILY, DelayScenario, k_grid, predict
 from tailtrain.theory.dropcompute import evaluate_threshold
 from tailtrain.theory.kfamily import k_async_shifted_exp_bound
 
@@ -26,7 +26,7 @@ def rows_of(prediction, strategy):
 
 def test_exponential_scenario_is_exact_everywhere():
     n, rate = 16, 2.0
-    p = predict(Scenario(workers=n, delay=parse_delay(f"exp:rate={rate}")))
+    p = predict(DelayScenario(workers=n, delay=parse_delay(f"exp:rate={rate}")))
     sync = rows_of(p, "sync")[n]
     assert sync.iteration_time == pytest.approx(harmonic(n) / rate, rel=1e-13)
     for k in range(1, n + 1):
@@ -45,7 +45,7 @@ def test_exponential_scenario_is_exact_everywhere():
 
 def test_best_k_follows_the_documented_criterion():
     # 1 + Exp(1) on 8 workers: K / E[X_{K:8}] peaks at K = 6 (slow-and-stale Fig. 7's regime)
-    p = predict(Scenario(workers=8, delay=parse_delay("shifted-exp:shift=1,rate=1")))
+    p = predict(DelayScenario(workers=8, delay=parse_delay("shifted-exp:shift=1,rate=1")))
     rate = {k: k / (1 + harmonic(8) - harmonic(8 - k)) for k in range(1, 9)}
     assert [r.k for r in p.rows if r.strategy == "k-sync" and r.best] == [max(rate, key=rate.get)]
     # K-batch-async applies gradients at P / E[X] for every K: the tie goes to the largest K
@@ -57,7 +57,7 @@ def test_comm_time_is_per_round_trip_for_every_parameter_server_family():
     """Every job takes X + c: K-sync waits for (X + c)_{K:N} = X_{K:N} + c, the renewal rate
     of K-batch-async and async is N / (1 + c), and K-batch-sync's first arrival is c + X_{1:N}."""
     n, comm = 8, 0.5
-    p = predict(Scenario(workers=n, delay=parse_delay("exp:rate=1"), comm=comm))
+    p = predict(DelayScenario(workers=n, delay=parse_delay("exp:rate=1"), comm=comm))
     assert rows_of(p, "sync")[n].iteration_time == pytest.approx(harmonic(n) + comm)
     for k in (1, 3):
         order_stat = harmonic(n) - harmonic(n - k)
@@ -76,7 +76,7 @@ def test_random_comm_time_is_convolved_with_each_job():
     slowest compute: E[max_n X_n] + E[C] = H_N + 1/2."""
     n = 8
     p = predict(
-        Scenario(
+        DelayScenario(
             workers=n, delay=parse_delay("exp:rate=1"), comm=parse_delay("exp:rate=2"), ks=(n,)
         )
     )
@@ -92,7 +92,7 @@ def test_random_comm_time_is_convolved_with_each_job():
 def test_monte_carlo_k_async_agrees_with_exact_limits():
     """1 + Exp(1) is not memoryless, so K-async is simulated: K = N is sync, Lemma 4 bounds."""
     n = 8
-    p = predict(Scenario(workers=n, delay=parse_delay("shifted-exp:shift=1,rate=1")))
+    p = predict(DelayScenario(workers=n, delay=parse_delay("shifted-exp:shift=1,rate=1")))
     k_async, sync = rows_of(p, "k-async"), rows_of(p, "sync")[n]
     assert k_async[n].method.startswith("monte-carlo")
     assert (
@@ -110,7 +110,7 @@ def test_dropcompute_quadrature_agrees_with_simulation():
     n, m = 32, 6
     delay = parse_delay("normal:mean=1,std=0.2")  # P(X < 0) = 3e-7: not clipped
     row = rows_of(
-        predict(Scenario(workers=n, delay=delay, micro_batches=m, comm=0.2)), "dropcompute"
+        predict(DelayScenario(workers=n, delay=delay, micro_batches=m, comm=0.2)), "dropcompute"
     )[n]
     assert row.method == "numerical-integration" and 0 < row.drop_rate < 0.5
     t = np.maximum(delay.sample(np.random.default_rng(5), (20_000, n, m)), 0.0)
@@ -123,7 +123,7 @@ def test_dropcompute_quadrature_agrees_with_simulation():
 
 def test_pattern_scenarios_are_simulated_and_seeded():
     n, s, extra = 8, 2, 1.0
-    scenario = Scenario(
+    scenario = DelayScenario(
         workers=n,
         delay=parse_delay("exp:rate=1"),
         pattern=parse_pattern(f"subset:s={s},delay={extra}"),
@@ -132,7 +132,7 @@ def test_pattern_scenarios_are_simulated_and_seeded():
     )
     first, again = predict(scenario), predict(scenario)
     assert first.rows == again.rows
-    other = predict(Scenario(**{**scenario.__dict__, "seed": 4}))
+    other = predict(DelayScenario(**{**scenario.__dict__, "seed": 4}))
     assert rows_of(other, "sync")[n].iteration_time != rows_of(first, "sync")[n].iteration_time
     assert all(r.method.endswith("seed=3)") for r in first.rows)
     # every worker's mean job time is 1 + s/N extra: renewal rate N / (1 + s extra / N)
@@ -142,7 +142,7 @@ def test_pattern_scenarios_are_simulated_and_seeded():
 
 
 def test_micro_batches_of_exponential_use_the_gamma_law():
-    p = predict(Scenario(workers=16, delay=parse_delay("exp:rate=4"), micro_batches=4))
+    p = predict(DelayScenario(workers=16, delay=parse_delay("exp:rate=4"), micro_batches=4))
     assert rows_of(p, "sync")[16].method == "numerical-integration"
     assert rows_of(p, "k-batch-async")[16].iteration_time == pytest.approx(1.0)
 
@@ -152,7 +152,7 @@ def test_grids_and_json_rows():
     grid = k_grid(200)
     assert grid[0] == 1 and grid[-2:] == [199, 200] and len(grid) < 20
     assert k_grid(200, compact=True) == [1, 50, 100, 150, 199, 200]
-    p = predict(Scenario(workers=4, delay=parse_delay("uniform:low=1,high=2"), ks=(2, 4)))
+    p = predict(DelayScenario(workers=4, delay=parse_delay("uniform:low=1,high=2"), ks=(2, 4)))
     out = p.to_json([2, 4])
     assert {"scenario", "results", "criterion", "best"} <= set(out)
     assert {r["k"] for r in out["results"] if r["strategy"] == "k-sync"} == {2, 4}
@@ -172,13 +172,13 @@ def test_grids_and_json_rows():
 def test_bad_scenarios(kwargs, message):
     base = {"workers": 4, "delay": parse_delay("exp:rate=1")}
     with pytest.raises(UsageError, match=message):
-        predict(Scenario(**{**base, **kwargs}))
+        predict(DelayScenario(**{**base, **kwargs}))
 
 
 def test_heterogeneous_workers_k_async_with_k_1_is_async():
     """Per-run worker speeds are a random effect: estimates average independent runs, and
     1-async must agree with async (slow-and-stale, Theorem 2's proof) within their errors."""
-    scenario = Scenario(
+    scenario = DelayScenario(
         workers=16,
         delay=parse_delay("exp:rate=1"),
         pattern=parse_pattern("heterogeneous:low=1,high=3"),
@@ -196,7 +196,7 @@ def test_large_n_best_k_sync_is_the_argmax_over_every_k():
     """Above LARGE_N K-sync is searched on a grid and refined; for 1 + Exp(2) the effective
     speedup K / E[X_{K:N}] of every K is a closed form, and its argmax is the best row."""
     n = 100_000
-    p = predict(Scenario(workers=n, delay=parse_delay("shifted-exp:shift=1,rate=2")))
+    p = predict(DelayScenario(workers=n, delay=parse_delay("shifted-exp:shift=1,rate=2")))
     k = np.arange(1, n + 1)
     cumulative = np.concatenate([[0.0], np.cumsum(1.0 / np.arange(1, n + 1))])
     rate = k / (1 + (cumulative[n] - cumulative[n - k]) / 2)
@@ -206,7 +206,7 @@ def test_large_n_best_k_sync_is_the_argmax_over_every_k():
 
 def test_large_n_rows_name_their_method_and_match_closed_forms():
     n = 100_000
-    p = predict(Scenario(workers=n, delay=parse_delay("uniform:low=0.5,high=1.5")))
+    p = predict(DelayScenario(workers=n, delay=parse_delay("uniform:low=0.5,high=1.5")))
     for k, row in rows_of(p, "k-sync").items():
         assert row.iteration_time == pytest.approx(0.5 + k / (n + 1), rel=1e-8)
     k_async = rows_of(p, "k-async")

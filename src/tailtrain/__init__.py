@@ -17,15 +17,13 @@ Everything a user needs is one attribute of this package:
   `DistributedDataParallel` comm hook).
 
 `import tailtrain` loads neither torch nor the simulator: each name is imported on first use.
-`tailtrain.predict` and `tailtrain.advise` are always these functions, even after an import
-of the submodules of the same names (`from tailtrain.predict import ...` still works).
+No subpackage shares a face entry's name (the internals of `predict` and `advise` live in
+`tailtrain.prediction` and `tailtrain.advice`), so an import never shadows an entry.
 """
 
 from __future__ import annotations
 
 import importlib
-import sys
-import types
 from typing import TYPE_CHECKING, Any
 
 from tailtrain.errors import TailtrainError, UsageError
@@ -51,9 +49,9 @@ _FACE: dict[str, tuple[str, str]] = {
     "weighted_allreduce_hook": ("tailtrain.integrate.ddp", "weighted_allreduce_hook"),
     "RunRecord": ("tailtrain.core.records", "RunRecord"),
     "RankResult": ("tailtrain.runtime.config", "RankResult"),
-    "Prediction": ("tailtrain.predict.scenario", "Prediction"),
+    "Prediction": ("tailtrain.prediction.scenario", "Prediction"),
     "Comparison": ("tailtrain.sim.compare", "Comparison"),
-    "Advice": ("tailtrain.advise", "Advice"),
+    "Advice": ("tailtrain.advice", "Advice"),
 }
 #: what the face's wrappers call -> (module, attribute); see ``tailtrain.face``
 _INTERNAL: dict[str, tuple[str, str]] = {
@@ -61,10 +59,10 @@ _INTERNAL: dict[str, tuple[str, str]] = {
     "parse_strategies": ("tailtrain.strategies.registry", "parse_strategies"),
     "simulate": ("tailtrain.sim.run", "simulate"),
     "compare": ("tailtrain.sim.compare", "compare"),
-    "predict": ("tailtrain.predict", "predict"),
-    "with_families": ("tailtrain.predict.families", "with_families"),
-    "DelayScenario": ("tailtrain.predict.scenario", "Scenario"),
-    "K_FAMILY": ("tailtrain.predict.scenario", "K_FAMILY"),
+    "predict": ("tailtrain.prediction", "predict"),
+    "with_families": ("tailtrain.prediction.families", "with_families"),
+    "DelayScenario": ("tailtrain.prediction.scenario", "DelayScenario"),
+    "K_FAMILY": ("tailtrain.prediction.scenario", "K_FAMILY"),
     "parse_delay": ("tailtrain.delays", "parse_delay"),
     "parse_pattern": ("tailtrain.delays", "parse_pattern"),
     "parse_comm_time": ("tailtrain.delays.comm", "parse_comm_time"),
@@ -77,11 +75,11 @@ _INTERNAL: dict[str, tuple[str, str]] = {
     "RUN_FILES": ("tailtrain.core.records", "RUN_FILES"),
     "TRAIN_EXTRA": ("tailtrain.cli.run_folder", "TRAIN_EXTRA"),
     "train_own_model": ("tailtrain.runtime.ps_runner", "train_own_model"),
-    "advise": ("tailtrain.advise", "advise"),
+    "advise": ("tailtrain.advice", "advise"),
 }
 
 if TYPE_CHECKING:  # the same paths as _FACE, for type checkers (tests/test_face.py compares)
-    from tailtrain.advise import Advice
+    from tailtrain.advice import Advice
     from tailtrain.core.records import RunRecord
     from tailtrain.core.scenario import Scenario
     from tailtrain.face import (
@@ -95,7 +93,7 @@ if TYPE_CHECKING:  # the same paths as _FACE, for type checkers (tests/test_face
     )
     from tailtrain.integrate.ddp import StragglerHookState, weighted_allreduce_hook
     from tailtrain.integrate.step import StragglerStep
-    from tailtrain.predict.scenario import Prediction
+    from tailtrain.prediction.scenario import Prediction
     from tailtrain.runtime.config import RankResult
     from tailtrain.sim.compare import Comparison
     from tailtrain.strategies.base import Strategy
@@ -146,16 +144,3 @@ def __getattr__(name: str) -> Any:
 
 def __dir__() -> list[str]:
     return sorted(__all__)
-
-
-class _Package(types.ModuleType):
-    """This package's module type: importing a submodule named like a face entry
-    (``tailtrain.predict``, ``tailtrain.advise``) does not replace the entry."""
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        if name in _FACE and isinstance(value, types.ModuleType):
-            return
-        super().__setattr__(name, value)
-
-
-sys.modules[__name__].__class__ = _Package

@@ -127,7 +127,7 @@ def predict(
     Eq. (6) for its threshold), numerical integration or a seeded Monte Carlo where the papers
     only bound or approximate; each row names its method. Rows are ranked by the effective
     speedup, K E[T_sync] / (N E[T_K]), which orders the error-runtime trade-off of Lemma 7 /
-    Theorem 3 of Dutta et al. (``tailtrain.predict``'s module docstring has the model).
+    Theorem 3 of Dutta et al. (``tailtrain.prediction``'s module docstring has the model).
 
     Args:
         scenario: the run; ``comm_time`` is T^c (``network`` is not modelled here).

@@ -31,7 +31,7 @@ from tailtrain.spec import Spec, parse_spec
 
 #: Aries small-message latency order of magnitude; eager-SGD gives no figure
 DEFAULT_HOP = 1.5e-6
-KEYS = ("hop", "overhead", "allreduce", "direct", "send")
+NETWORK_KEYS = ("hop", "overhead", "allreduce", "direct", "send")
 
 
 @dataclass(frozen=True)
@@ -63,10 +63,10 @@ def parse_network(text: str | None) -> NetworkModel:
     if text is None or not text.strip():
         return NetworkModel()
     spec = parse_spec(f"network:{text}", what="--network")
-    unknown = sorted(set(spec.params) - set(KEYS))
+    unknown = sorted(set(spec.params) - set(NETWORK_KEYS))
     if unknown:
         raise UsageError(
-            f"--network {text!r}: unknown key {unknown[0]!r}; it takes {', '.join(KEYS)} "
+            f"--network {text!r}: unknown key {unknown[0]!r}; it takes {', '.join(NETWORK_KEYS)} "
             "(seconds each, direct= a process count), e.g. --network hop=2e-6,overhead=1e-4"
         )
     return NetworkModel(

@@ -43,13 +43,13 @@ def plot_comparison(comparison: Comparison, path: Path) -> Path:
 
 def plot_runs(runs: Runs, scenario: Scenario, seeds: Sequence[int], path: Path) -> Path:
     """Write the figure of ``runs`` (strategy name -> one record per seed) to ``path``."""
-    fig = figure(runs, scenario, seeds)
+    fig = runs_figure(runs, scenario, seeds)
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path
 
 
-def figure(runs: Runs, scenario: Scenario, seeds: Sequence[int]) -> plt.Figure:
+def runs_figure(runs: Runs, scenario: Scenario, seeds: Sequence[int]) -> plt.Figure:
     """Panels sharing the virtual-time axis: train loss (unless timing only), k_t, and τ when
     some strategy has a threshold."""
     learns = any(_losses(r)[0].size for records in runs.values() for r in records)

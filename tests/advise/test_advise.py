@@ -1,4 +1,4 @@
-"""`tailtrain.advise`: verdicts, the straggler cost and the recommendation, on generated traces."""
+"""`tailtrain.advice`: verdicts, the straggler cost and the recommendation, on generated traces."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from tailtrain.advise import advise
-from tailtrain.advise.cost import sync_cost
-from tailtrain.advise.stragglers import score_workers
+from tailtrain.advice import advise
+from tailtrain.advice.cost import sync_cost
+from tailtrain.advice.stragglers import score_workers
 from tailtrain.strategies.registry import parse_strategy
 
 

@@ -15,7 +15,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tailtrain.integrate.rounds import Rounds, Work
+from tailtrain.integrate.rounds import RoundProgress, Rounds
 from tailtrain.runtime.allreduce import settle
 from tailtrain.runtime.control import round_times, screened_out
 
@@ -40,7 +40,7 @@ class Gathers:
 def loop_round(strategy: str, timing: np.ndarray, screened: bool = False):
     """One round of the loop on rank 0, its gathered ``timing`` rows [reduce seconds, round
     seconds, screened] given; the StepStats the rule adapted on and the record."""
-    work = Work(np.full(UNITS, 0.1), compute=0.2, loss_sum=1.0)
+    work = RoundProgress(np.full(UNITS, 0.1), compute=0.2, loss_sum=1.0)
     counts = [[UNITS, 0.2, 1.0, 0.1, 0.1], [UNITS, 0.3, 1.0, 0.15, 0.15]]
     rounds = Rounds(strategy, Gathers(counts, timing))
     seen = []

@@ -28,7 +28,15 @@ from tailtrain.runtime.microbench import (
     run_local,
     run_real_microbenchmark,
 )
-from tailtrain.runtime.partial import DIRECT_ACTIVATION, PartialCollective, partners, row
+from tailtrain.runtime.partial import (
+    DIRECT_ACTIVATION,
+    CallKind,
+    PartialCollective,
+    RoundState,
+    _Shared,
+    partners,
+    row,
+)
 from tailtrain.sim.run import simulate
 from tailtrain.strategies.eager import Collective, RoundPlan, majority_initiator
 from tailtrain.strategies.registry import parse_strategy
@@ -294,3 +302,20 @@ def test_abort_after_a_failed_close_still_tells_the_peers():
     coll._send = lambda peers, kind, r: sent.append((tuple(peers), kind))
     assert coll.abort() and coll.abort()
     assert sent == [((0,), module.ABORT), ((1,), module.ABORT), ((2,), module.ABORT)]
+
+
+# ---- states as types (issue 22) ---------------------------------------------------------------
+def test_a_rounds_state_follows_the_shared_fields():
+    s = _Shared(plans={0: None, 1: None, 2: None}, activated={0: 0.1, 1: 0.2}, latest=0)
+    states = [s.round_state(r) for r in range(4)]
+    assert states == [
+        RoundState.REDUCED,
+        RoundState.ACTIVATED,
+        RoundState.PLANNED,
+        RoundState.UNPLANNED,
+    ]
+
+
+def test_call_kinds_keep_their_reported_strings():
+    assert [k.value for k in CallKind] == ["late", "waiting", "active"]
+    assert CallKind.LATE == "late"  # a report's "kind" compares as before

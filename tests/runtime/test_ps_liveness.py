@@ -12,7 +12,7 @@ import torch
 
 from tailtrain.errors import TailtrainError
 from tailtrain.runtime import ps_wire
-from tailtrain.runtime.ps_liveness import MIN_BOUND, Liveness, reason
+from tailtrain.runtime.ps_liveness import MIN_BOUND, Liveness, WorkerState, failure_reason
 
 
 class Pings:
@@ -34,7 +34,8 @@ def test_a_silent_busy_worker_is_suspected_pinged_every_bound_and_k_is_capped():
     assert live.watch(busy, start, 0.9) == pytest.approx(0.1)  # worker 0's bound ends at 1.0
     assert live.cap(4) == 4 and pings.sent == []
     assert live.watch(busy, start, 1.1) == pytest.approx(0.1)  # worker 1's at 1.2
-    assert live.state.tolist() == [1, 0, 0, 0] and pings.sent == [0]
+    alive, suspect = WorkerState.ALIVE, WorkerState.SUSPECT
+    assert live.state.tolist() == [suspect, alive, alive, alive] and pings.sent == [0]
     assert live.cap(4) == 3 and live.cap(2) == 2
     live.watch(busy, start, 1.5)  # worker 1 suspected; worker 0's next PING is due at 2.1
     assert pings.sent == [0, 1]
@@ -78,8 +79,8 @@ def test_without_events_a_row_gets_no_liveness_columns():
 
 def test_a_failed_sends_reason_is_its_first_sentence_without_gloos_source_location():
     text = "[/x/gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:1. This is"
-    assert reason(RuntimeError(text)) == "Connection closed by peer [127.0.0.1]:1"
-    assert reason(RuntimeError("")) == "RuntimeError"
+    assert failure_reason(RuntimeError(text)) == "Connection closed by peer [127.0.0.1]:1"
+    assert failure_reason(RuntimeError("")) == "RuntimeError"
 
 
 def test_with_no_worker_alive_the_server_waits_one_timeout_then_names_the_workers():

@@ -15,8 +15,7 @@ from tailtrain.core.scenario import Scenario
 from tailtrain.delays import parse_delay
 from tailtrain.delays.comm import parse_comm_time
 from tailtrain.delays.schedule import JobDurations
-from tailtrain.predict import Scenario as Prediction
-from tailtrain.predict import predict
+from tailtrain.prediction import DelayScenario, predict
 from tailtrain.sim.run import simulate
 from tailtrain.strategies.registry import parse_strategy
 
@@ -56,7 +55,7 @@ def test_random_comm_is_drawn_per_round_trip_from_its_own_stream(strategy):
 @cache
 def predicted(workers: int, comm: str) -> dict[tuple[str, int], tuple[float, float, float]]:
     """(strategy, K) -> (E[T], its standard error, DropCompute's tau* or NaN)."""
-    scenario = Prediction(workers=workers, delay=parse_delay(DELAY), comm=parse_comm_time(comm))
+    scenario = DelayScenario(workers=workers, delay=parse_delay(DELAY), comm=parse_comm_time(comm))
     return {
         (r.strategy, r.k): (r.iteration_time, r.iteration_time_stderr, r.threshold or np.nan)
         for r in predict(scenario).rows

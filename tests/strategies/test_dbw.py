@@ -13,7 +13,7 @@ from tailtrain.strategies.dbw import (
     Dbw,
     GainEstimates,
     OpenVersion,
-    best_k,
+    argmax_gain_rate,
     gain,
     grad_norm_plus,
     lipschitz_plus,
@@ -22,13 +22,13 @@ from tailtrain.strategies.dbw import (
     variance_plus,
 )
 from tailtrain.strategies.registry import parse_strategy
-from tailtrain.strategies.testing import Row, arrivals
+from tailtrain.strategies.testing import ArrivalRow, arrivals
 
 
 def step_stats(
     version: int,
     k: int,
-    rows: list[Row],
+    rows: list[ArrivalRow],
     loss: float = math.nan,
     grad_sq_sum: float = math.nan,
     mean_grad_sq: float = math.nan,
@@ -49,8 +49,8 @@ def step_stats(
     )
 
 
-def arrivals_at(version: int, start: float, durations: list[float]) -> list[Row]:
-    return [Row(w, version, start, start + d) for w, d in enumerate(durations)]
+def arrivals_at(version: int, start: float, durations: list[float]) -> list[ArrivalRow]:
+    return [ArrivalRow(w, version, start, start + d) for w, d in enumerate(durations)]
 
 
 # --- Eqs. (10)-(16) ------------------------------------------------------------------------
@@ -114,15 +114,15 @@ def test_nan_statistics_break_the_chain_of_lipschitz_estimates():
 def test_best_k_maximises_gain_per_time():
     gains = np.array([-1.0, 2.0, 3.0, 3.5])
     times = np.array([1.0, 1.5, 2.0, 4.0])  # rates: -1, 1.33, 1.5, 0.875
-    assert best_k(gains, times) == 3
+    assert argmax_gain_rate(gains, times) == 3
 
 
 def test_best_k_never_picks_a_negative_gain_when_a_positive_one_exists():
-    assert best_k(np.array([-0.1, 0.01, -0.5]), np.array([0.01, 100.0, 1.0])) == 2
+    assert argmax_gain_rate(np.array([-0.1, 0.01, -0.5]), np.array([0.01, 100.0, 1.0])) == 2
 
 
 def test_all_negative_gains_give_k_equal_n():
-    assert best_k(np.array([-3.0, -2.0, -1.0, -0.5]), np.array([1.0, 2.0, 3.0, 4.0])) == 4
+    assert argmax_gain_rate(np.array([-3.0, -2.0, -1.0, -0.5]), np.array([1.0, 2.0, 3.0, 4.0])) == 4
 
 
 def test_loss_rise_above_beta_forces_k_above_previous():
@@ -139,17 +139,17 @@ def test_loss_rise_above_beta_forces_k_above_previous():
 def test_round_trip_samples_count_late_arrivals_of_older_versions():
     n = 3
     versions = (OpenVersion(0, math.nan, n),)
-    step0 = arrivals([Row(0, 0, 0.0, 1.0), Row(1, 0, 0.0, 2.0)])
+    step0 = arrivals([ArrivalRow(0, 0, 0.0, 1.0), ArrivalRow(1, 0, 0.0, 2.0)])
     versions, h, i, t = round_trip_samples(versions, step0, n)
     assert (h.tolist(), i.tolist(), t.tolist()) == ([3, 3], [1, 2], [1.0, 2.0])
     versions = (*versions, OpenVersion(1, 2.0, 2))  # the update at t = 2 waited for k_0 = 2
     # worker 2 delivers w_0 late; workers 0 and 1 deliver w_1; a partial arrival is ignored
     step1 = arrivals(
         [
-            Row(2, 0, 0.0, 2.5),
-            Row(1, 1, 2.0, 3.5),
-            Row(0, 1, 2.0, 3.0),
-            Row(2, 1, 2.5, 3.6, units=0.5, partial=True),
+            ArrivalRow(2, 0, 0.0, 2.5),
+            ArrivalRow(1, 1, 2.0, 3.5),
+            ArrivalRow(0, 1, 2.0, 3.0),
+            ArrivalRow(2, 1, 2.5, 3.6, units=0.5, partial=True),
         ]
     )
     versions, h, i, t = round_trip_samples(versions, step1, n)

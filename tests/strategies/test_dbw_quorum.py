@@ -10,7 +10,7 @@ from tailtrain.strategies.base import ArrivalColumns, Context, StepStats
 from tailtrain.strategies.dbw import Dbw
 from tailtrain.strategies.eager import Collective
 from tailtrain.strategies.registry import parse_strategy
-from tailtrain.strategies.testing import Row, arrivals, weights
+from tailtrain.strategies.testing import ArrivalRow, arrivals, weights
 
 N = 6
 
@@ -35,7 +35,7 @@ def test_starts_with_every_process_and_plans_a_quorum():
 
 
 def test_weights_are_the_mean_or_one_over_p():
-    cols = arrivals([Row(w, 0, 0.0, 1.0) for w in range(4)])
+    cols = arrivals([ArrivalRow(w, 0, 0.0, 1.0) for w in range(4)])
     fixed = parse_strategy("dbw-quorum")
     now, later = weights(fixed.select(fixed.init(Context(N)), cols), cols)
     assert now.tolist() == [0.25] * 4 and not later.any()

@@ -26,7 +26,7 @@ import pytest
 from tailtrain.core.scenario import Scenario
 from tailtrain.sim.run import simulate
 from tailtrain.strategies.base import Context, StepStats
-from tailtrain.strategies.dbw import Dbw, DbwState, best_k, round_trip_samples
+from tailtrain.strategies.dbw import Dbw, DbwState, argmax_gain_rate, round_trip_samples
 from tailtrain.strategies.registry import parse_strategy
 from tailtrain.strategies.time_estimator import Eq17Fit, RoundTripTimes, solve_eq17
 
@@ -80,7 +80,7 @@ def test_replayed_samples_give_the_recorded_estimates_bit_for_bit(name):
         want = np.array([math.nan if x is None else x for x in step["diag"]])
         np.testing.assert_array_equal(times.iteration_times(), want)
         if times.ready:
-            ks.append(best_k(np.arange(1, n + 1, dtype=float), times.iteration_times()))
+            ks.append(argmax_gain_rate(np.arange(1, n + 1, dtype=float), times.iteration_times()))
     if name.startswith("b-dbw"):  # no loss in a timing-only run, so Eq. (19) never fires
         recorded = [s["k"] for s in run["steps"]]
         assert ks == recorded[-len(ks) :] and len(set(recorded)) > 2  # k_t did vary

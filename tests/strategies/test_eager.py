@@ -16,7 +16,7 @@ from tailtrain.strategies.eager import (
     majority_initiator,
 )
 from tailtrain.strategies.registry import parse_strategy
-from tailtrain.strategies.testing import Row, arrivals, weights
+from tailtrain.strategies.testing import ArrivalRow, arrivals, weights
 
 
 def rounds(rule: EagerSGD, n: int, count: int, seed: int = 0):
@@ -120,7 +120,9 @@ def test_every_contribution_weighs_one_over_p_in_any_order(order, n):
     """eager-SGD Alg. 2 line 6: the partial allreduce's sum divided by P."""
     rule = parse_strategy("eager:mode=solo")
     state = rule.init(Context(n_workers=n))
-    cols = arrivals([Row(worker=w, version=w % 2, start=0.0, finish=float(w)) for w in order])
+    cols = arrivals(
+        [ArrivalRow(worker=w, version=w % 2, start=0.0, finish=float(w)) for w in order]
+    )
     now, later = weights(rule.select(state, cols), cols)
     assert now.tolist() == [1 / n] * 5
     assert not later.any()

@@ -11,14 +11,14 @@ from tailtrain.errors import UsageError
 from tailtrain.strategies.base import Context, StepStats, SyncMode
 from tailtrain.strategies.lgc import Lgc
 from tailtrain.strategies.registry import parse_strategy
-from tailtrain.strategies.testing import Row, arrivals, weights
+from tailtrain.strategies.testing import ArrivalRow, arrivals, weights
 
 
 def step_arrivals(version: int, fresh: list[int], partial: dict[int, float]):
     """The candidates the engine hands to ``select``: fresh whole gradients, then stragglers'
     partial work (units = r/s)."""
-    out = [Row(w, version, 0.0, 1.0 + w) for w in fresh]
-    out += [Row(w, version, 0.0, 9.0, units=u, partial=True) for w, u in partial.items()]
+    out = [ArrivalRow(w, version, 0.0, 1.0 + w) for w in fresh]
+    out += [ArrivalRow(w, version, 0.0, 9.0, units=u, partial=True) for w, u in partial.items()]
     return arrivals(out)
 
 

@@ -9,7 +9,7 @@ from scipy import stats
 
 from tailtrain.delays import parse_delay
 from tailtrain.delays.parametric import ScipyDelay
-from tailtrain.predict import Scenario, predict
+from tailtrain.prediction import DelayScenario, predict
 from tailtrain.theory.order_stats import expected_order_stats
 from tailtrain.theory.sums import FFT, SPLIT, partial_sum_laws
 
@@ -83,7 +83,7 @@ def test_predict_rows_name_the_sum_method() -> None:
     """sync and DropCompute from the numerical sum agree with their Monte Carlo (below the
     large-N search, with a pattern-free scenario simulated at small N) and say how."""
     delay = parse_delay("lognormal:mu=0,sigma=0.5")
-    rows = {r.strategy: r for r in predict(Scenario(20000, delay, micro_batches=4)).rows}
+    rows = {r.strategy: r for r in predict(DelayScenario(20000, delay, micro_batches=4)).rows}
     assert rows["sync"].method.startswith(SPLIT)
     assert rows["dropcompute"].method.startswith(SPLIT)
     # Monte Carlo of the same quantities (sorted sums) at N = 20000

@@ -10,8 +10,8 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from tailtrain.advise import Advice, advise
-from tailtrain.advise.heatmap import plot_heatmap
+from tailtrain.advice import Advice, advise
+from tailtrain.advice.heatmap import plot_heatmap
 from tailtrain.cli.predict import _finite
 from tailtrain.cli.scenario_args import seed_value
 from tailtrain.core.records import prepare_folder

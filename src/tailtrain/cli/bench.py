@@ -114,7 +114,7 @@ def run_hang(args: argparse.Namespace) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    from tailtrain.cli.collectives import print_table
+    from tailtrain.cli.collectives import print_collective_stats
     from tailtrain.runtime.launch import JobFailed
     from tailtrain.runtime.microbench import RealBench, run_real_microbenchmark
 
@@ -140,6 +140,6 @@ def run(args: argparse.Namespace) -> int:
         out["network"] = {**asdict(results.network), "spec": spec}
         print(json.dumps(out, indent=2))
     else:
-        print_table(bench, results.stats, command="bench collectives")
+        print_collective_stats(bench, results.stats, command="bench collectives")
         print(f"--network {spec}")
     return 0

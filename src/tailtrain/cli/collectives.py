@@ -108,7 +108,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({name: asdict(stats) for name, stats in results.items()}, indent=2))
     else:
-        print_table(bench, results)
+        print_collective_stats(bench, results)
     return 0
 
 
@@ -128,7 +128,7 @@ def network_of(args: argparse.Namespace) -> NetworkModel:
     )
 
 
-def print_table(
+def print_collective_stats(
     bench, results: dict[str, CollectiveStats], command: str = "simulate collectives"
 ) -> None:
     base = results["allreduce"].latency

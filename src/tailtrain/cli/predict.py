@@ -15,8 +15,8 @@ from tailtrain.cli.scenario_args import seed_value
 from tailtrain.delays import DelayModel, parse_delay, parse_pattern
 from tailtrain.delays.comm import parse_comm_time
 from tailtrain.errors import UsageError
-from tailtrain.predict import ALL_K_UP_TO, Prediction, Row, Scenario, k_grid, predict
-from tailtrain.predict.families import SIM_MAX_WORKERS, with_families
+from tailtrain.prediction import ALL_K_UP_TO, DelayScenario, Prediction, Row, k_grid, predict
+from tailtrain.prediction.families import SIM_MAX_WORKERS, with_families
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -85,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
 
     if args.workers >= 1:  # arrays of one number per K (predict checks its Monte Carlo draws)
         check_memory(64 * args.workers, f"--workers {args.workers}", "per-K arrays")
-    scenario = Scenario(
+    scenario = DelayScenario(
         workers=args.workers,
         delay=parse_delay(args.delay),
         pattern=None if args.pattern is None else parse_pattern(args.pattern),

@@ -68,7 +68,7 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
 
 
 @dataclass(frozen=True)
-class Job:
+class SimulateRun:
     """A simulate run as the flags (or a run folder) define it."""
 
     scenario: Scenario
@@ -88,7 +88,7 @@ class Job:
         return f"; the record so far is in {folder} (no checkpoint: add --checkpoint-every U)"
 
 
-def prepare_run(args: argparse.Namespace) -> Job:
+def prepare_run(args: argparse.Namespace) -> SimulateRun:
     """A new run from the flags, every one checked before anything is written."""
     from tailtrain.core.records import RUN_FILES, claim_folder
     from tailtrain.core.session import RunControl
@@ -105,7 +105,7 @@ def prepare_run(args: argparse.Namespace) -> Job:
             if given:
                 raise UsageError(f"{flag} needs --out DIR, the folder the run is kept in")
         control = RunControl(None, None, None, faults, args.on_nonfinite)
-        return Job(scenario, strategy, args.seed, control)
+        return SimulateRun(scenario, strategy, args.seed, control)
     folder = claim_folder(args.out, RUN_FILES, overwrite=args.overwrite, resume_hint=True)
     info = {
         "tailtrain": __version__,
@@ -118,10 +118,10 @@ def prepare_run(args: argparse.Namespace) -> Job:
         "inject_fault": faults.describe(),
     }
     control = RunControl(folder, every, None, faults, args.on_nonfinite, info)
-    return Job(scenario, strategy, args.seed, control)
+    return SimulateRun(scenario, strategy, args.seed, control)
 
 
-def resume_run(args: argparse.Namespace) -> Job:
+def resume_run(args: argparse.Namespace) -> SimulateRun:
     """The run in ``--resume DIR``, from its run.json and its checkpoint."""
     from tailtrain.core import checkpoint
     from tailtrain.core.session import RunControl
@@ -143,7 +143,7 @@ def resume_run(args: argparse.Namespace) -> Job:
     else:
         log.warning("%s holds no checkpoint; the run starts again from update 0", folder)
     control = RunControl(folder, every, saved, faults, info["on_nonfinite"], info)
-    return Job(scenario, strategy, info["seed"], control)
+    return SimulateRun(scenario, strategy, info["seed"], control)
 
 
 def _check_faults(faults: Any, scenario: Scenario) -> None:

@@ -29,7 +29,7 @@ from scipy import signal
 
 from tailtrain.delays.base import DelayModel, FloatArray
 
-TAIL = 1e-9  #: probability per term left beyond the grid (folded into its end cells)
+TAIL_MASS = 1e-9  #: probability per term left beyond the grid (folded into its end cells)
 CELLS_PER_SPREAD = 2000  #: grid cells per interquartile range of the narrowest term
 MAX_POINTS = 2**20  #: total grid length of all terms together
 MAX_EXACT_ATOMS = 2**20  #: atom combinations enumerated exactly
@@ -48,8 +48,8 @@ class Lattice:
 
 def _range(model: DelayModel) -> tuple[float, float]:
     low, high = model.support
-    low = low if math.isfinite(low) else float(model.quantile(TAIL))
-    high = min(high, float(model.quantile(1.0 - TAIL)))
+    low = low if math.isfinite(low) else float(model.quantile(TAIL_MASS))
+    high = min(high, float(model.quantile(1.0 - TAIL_MASS)))
     return low, max(high, low)
 
 

@@ -36,13 +36,13 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from tailtrain.errors import UsageError
-from tailtrain.integrate.rounds import Rounds, StepRecord, Work
-from tailtrain.runtime.control import Weighting, check_agreement
+from tailtrain.integrate.rounds import RoundProgress, Rounds, StepRecord
+from tailtrain.runtime.control import RankWeighting, check_agreement
 from tailtrain.runtime.reduce import Collectives
 from tailtrain.strategies.base import Strategy
 
 #: tail of a bucket's allreduce: [w_n, weight withheld]
-TAIL = 2
+BUCKET_TAIL = 2
 
 
 @dataclass
@@ -50,7 +50,7 @@ class _Pending:
     """What the hook needs in the round's final backward: this rank's weight, 1/C_n, lr_scale;
     whether a bucket of this rank's was screened out (NaN or inf) is its answer."""
 
-    mine: Weighting
+    mine: RankWeighting
     scale: float
     lr_scale: float
     screened: bool = False
@@ -92,7 +92,7 @@ class StragglerHookState:
                 "local steps, which a DDP comm hook cannot do; use tailtrain.integrate."
                 "StragglerStep (or torch's PostLocalSGDOptimizer)"
             )
-        work = Work(np.empty(0))
+        work = RoundProgress(np.empty(0))
         for batch in self.rounds.units(batches, plan, work):
             with ddp_model.no_sync():
                 yield batch
@@ -100,7 +100,7 @@ class StragglerHookState:
         self._pending = _Pending(agreed.mine, 1.0 / max(work.done, 1), plan.lr_scale)
         began = self.rounds.clock()
         try:
-            flush(ddp_model)
+            flush_buckets(ddp_model)
         finally:
             pending, self._pending = self._pending, None
         reduce = self.rounds.clock() - began
@@ -147,15 +147,15 @@ def weighted_allreduce_hook(
 
     def divide(future: torch.futures.Future[list[torch.Tensor]]) -> torch.Tensor:
         reduced = future.value()[0]
-        total, withheld_sum = reduced[-TAIL:].double().cpu().tolist()
+        total, withheld_sum = reduced[-BUCKET_TAIL:].double().cpu().tolist()
         check_agreement(mine.total, total + withheld_sum)
         divisor = mine.divisor if mine.divisor is not None else total
-        return reduced[:-TAIL].mul_(pending.lr_scale / (divisor if divisor else 1.0))
+        return reduced[:-BUCKET_TAIL].mul_(pending.lr_scale / (divisor if divisor else 1.0))
 
     return work.get_future().then(divide)
 
 
-def flush(ddp_model: DistributedDataParallel) -> None:
+def flush_buckets(ddp_model: DistributedDataParallel) -> None:
     """A backward armed as DDP's forward arms it, of a zero loss touching every parameter: the
     hook fires on every bucket with the gradients accumulated under ``no_sync``.
 

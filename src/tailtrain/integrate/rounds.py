@@ -34,15 +34,14 @@ import torch
 from tailtrain.core.update import without
 from tailtrain.errors import UsageError
 from tailtrain.runtime.control import (
+    RankWeighting,
     RuleDriver,
-    Weighting,
     round_times,
     screened_keys,
     screened_out,
     weighting,
 )
 from tailtrain.runtime.reduce import Collectives
-from tailtrain.runtime.topologies import topology_of
 from tailtrain.strategies.base import (
     AllreducePlan,
     ArrivalColumns,
@@ -52,13 +51,14 @@ from tailtrain.strategies.base import (
     Strategy,
     Topology,
     check_contract,
+    topology_of,
 )
 from tailtrain.strategies.dropcompute import may_start
 from tailtrain.strategies.registry import parse_strategy
 from tailtrain.topology.allreduce import round_arrivals
 
 #: column of the first unit time in a gathered row [C_n, T~_n, loss sum, t_n^(1..U)]
-TIMES = 3
+FIRST_UNIT_TIME = 3
 #: strategy options that need the data loader's cooperation, which a wrapper does not have
 LOADER_COMPENSATIONS = ("larger-batch", "resample")
 
@@ -96,7 +96,7 @@ class StepRecord:
 
 
 @dataclass
-class Work:
+class RoundProgress:
     """This rank's round so far: unit seconds (NaN: not computed), compute seconds, loss sum."""
 
     times: np.ndarray
@@ -116,7 +116,7 @@ class Agreement(NamedTuple):
     rows: np.ndarray
     arrivals: ArrivalColumns
     selection: Selection
-    mine: Weighting
+    mine: RankWeighting
 
 
 def as_strategy(strategy: str | Strategy) -> Strategy:
@@ -168,7 +168,9 @@ class Rounds:
             self.sync(self.comm.device)
         return time.perf_counter()
 
-    def units(self, batches: Sequence[Any], plan: AllreducePlan, work: Work) -> Iterator[Any]:
+    def units(
+        self, batches: Sequence[Any], plan: AllreducePlan, work: RoundProgress
+    ) -> Iterator[Any]:
         """Yield micro-batches while tau allows; fill ``work`` with their measured times."""
         work.times = np.full(len(batches), np.nan)
         start = work.started = self.clock()
@@ -180,7 +182,7 @@ class Rounds:
             work.times[u] = self.clock() - began
         work.compute = self.clock() - start
 
-    def agree(self, work: Work) -> Agreement:
+    def agree(self, work: RoundProgress) -> Agreement:
         """All-gather every rank's counts and times; the rule's selection on them."""
         row = np.concatenate([[work.done, work.compute, work.loss_sum], work.times])
         rows = self.comm.gather(row)
@@ -189,7 +191,12 @@ class Rounds:
         return Agreement(rows, arrivals, selection, weighting(selection, self.comm.rank))
 
     def close(
-        self, plan: AllreducePlan, work: Work, agreed: Agreement, reduce: float, screened: bool
+        self,
+        plan: AllreducePlan,
+        work: RoundProgress,
+        agreed: Agreement,
+        reduce: float,
+        screened: bool,
     ) -> StepRecord:
         """Agree on T^c, the round's time and who was screened out (``screened``: this rank's
         gradient held a NaN or an infinity and joined with weight 0), ``adapt``, and record
@@ -209,7 +216,7 @@ class Rounds:
             used=screened_out(agreed.selection.used(), arrivals, flags),
             loss=loss,
             lr=self.lr * plan.lr_scale,
-            micro_batch_times=rows[:, TIMES:],
+            micro_batch_times=rows[:, FIRST_UNIT_TIME:],
             comm_time=comm,
         )
         self.rule.adapt(stats)

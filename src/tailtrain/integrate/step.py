@@ -35,7 +35,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from tailtrain.integrate.rounds import Agreement, Rounds, StepRecord, Work, as_strategy
+from tailtrain.integrate.rounds import Agreement, RoundProgress, Rounds, StepRecord, as_strategy
 from tailtrain.runtime.control import check_agreement
 from tailtrain.runtime.reduce import Collectives
 from tailtrain.strategies.base import Strategy
@@ -78,7 +78,7 @@ class StragglerStep:
         local = plan.local_steps > 1
         start = [p.detach().clone() for p in self.params] if local else None
         self.optimizer.zero_grad(set_to_none=True)
-        work, pending = Work(np.empty(0)), 0
+        work, pending = RoundProgress(np.empty(0)), 0
         for u, batch in enumerate(self.rounds.units(batches, plan, work)):
             loss = loss_fn(batch)
             loss.backward()
@@ -105,7 +105,11 @@ class StragglerStep:
         self.optimizer.zero_grad(set_to_none=True)
 
     def _reduce_and_apply(
-        self, agreed: Agreement, work: Work, start: list[torch.Tensor] | None, lr_scale: float
+        self,
+        agreed: Agreement,
+        work: RoundProgress,
+        start: list[torch.Tensor] | None,
+        lr_scale: float,
     ) -> bool:
         done, units = work.done, len(work.times)
         if start is None:  # G_n: the mean gradient of the counted micro-batches

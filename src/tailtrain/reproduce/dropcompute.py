@@ -19,6 +19,7 @@ from tailtrain.delays import DelayProcess, parse_delay
 from tailtrain.reproduce.figures import bars, eval_curve, figure, label
 from tailtrain.reproduce.report import FIGURE_ONLY, Report, Table, gap
 from tailtrain.reproduce.runs import Sizes, mean_of, run, runs
+from tailtrain.strategies.dropcompute import COMPENSATIONS
 from tailtrain.theory import (
     analytic_speedup,
     analytic_threshold,
@@ -379,7 +380,6 @@ TABLE1 = Sizes(
     full={"task": "digits-mlp", "lr": 0.5, "workers": 16, "iterations": 300, "seeds": 3},
 )
 RATES = (0.0, 0.03, 0.06, 0.1, 0.2)
-COMPENSATIONS = ("none", "extra-steps", "larger-batch", "resample")
 PAPER_F1 = {0.0: 91.32, 0.03: 91.34, 0.06: 91.44, 0.1: 91.19}
 PAPER_COMP = {"none": 91.19, "extra-steps": 91.40, "larger-batch": 91.38, "resample": 91.19}
 

@@ -24,11 +24,11 @@ from tailtrain.strategies.registry import parse_strategy
 PAPER = "LGC (live gradient compensation)"
 N, K = 10, 7
 DELAY = "shifted-exp:shift=0.05,scale=0.02"  #: LGC §III-B: X_i ~ 0.05 + Exp(0.02)
-WARMUP = 2  #: epochs of Full-SGD first (LGC §III-A)
+WARMUP_EPOCHS = 2  #: epochs of Full-SGD first (LGC §III-A)
 
 
 def lgc(k: int = K) -> str:
-    return f"lgc:k={k},blocks=4,warmup={WARMUP}"
+    return f"lgc:k={k},blocks=4,warmup={WARMUP_EPOCHS}"
 
 
 def ksgd(k: int = K) -> str:
@@ -53,8 +53,8 @@ def _setup(p, extra: str = "") -> str:
         f"Task `{p.task}` (digits in place of CIFAR-10 with VGG-11), N = {N} workers, "
         f"per-iteration time `{DELAY}` held for h iterations, {p.iterations} updates for "
         f"every method (the paper compares after the same iterations), eta = {p.lr}, "
-        f"{p.seeds} seed(s). LGC: s = 4 blocks, {WARMUP} warm-up epochs of Full-SGD (the paper "
-        "also warms K-SGD up; `k-sync` has no warm-up). " + extra
+        f"{p.seeds} seed(s). LGC: s = 4 blocks, {WARMUP_EPOCHS} warm-up epochs of Full-SGD "
+        "(the paper also warms K-SGD up; `k-sync` has no warm-up). " + extra
     )
 
 
@@ -184,7 +184,7 @@ def fig5(out: Path, quick: bool) -> Report:
                 "up to ~35% (Fig. 4, against Full-SGD)",
                 100 * (1 - _time_at(points["LGC"], K) / _time_at(points["K-SGD"], p.ks[-1])),
                 f"the saving is E[X_(7:10)] against E[X_(10:10)] of the paper's delay law, "
-                f"less LGC's {WARMUP} warm-up epochs at full-sync speed.",
+                f"less LGC's {WARMUP_EPOCHS} warm-up epochs at full-sync speed.",
                 unit="%",
             ),
         ],

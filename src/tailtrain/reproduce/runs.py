@@ -1,6 +1,6 @@
 """Shared plumbing of the reproductions: sizes (quick and full) and runs through the library.
 
-Every number comes from ``tailtrain.sim`` (simulate, compare), ``tailtrain.predict`` or
+Every number comes from ``tailtrain.sim`` (simulate, compare), ``tailtrain.prediction`` or
 ``tailtrain.theory``; this module only runs them and averages over seeds.
 """
 

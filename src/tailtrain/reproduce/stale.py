@@ -1,6 +1,6 @@
 """Slow and stale gradients (Dutta et al., AISTATS 2018 / journal): Figs. 6, 7, 9-10 and 11.
 
-Runtime figures (6, 7) compare the theory (``tailtrain.theory``, ``tailtrain.predict``) with
+Runtime figures (6, 7) compare the theory (``tailtrain.theory``, ``tailtrain.prediction``) with
 timing-only simulations; the error-runtime figures (9-11) train on the digits with 8 workers in
 place of CIFAR-10, with the paper's exponential delays added to a base compute time.
 """
@@ -13,8 +13,7 @@ import numpy as np
 
 from tailtrain.core.scenario import Scenario
 from tailtrain.delays import parse_delay
-from tailtrain.predict import Scenario as PredictScenario
-from tailtrain.predict import predict
+from tailtrain.prediction import DelayScenario, predict
 from tailtrain.reproduce.figures import figure, label
 from tailtrain.reproduce.report import FIGURE_ONLY, Report, Table, gap
 from tailtrain.reproduce.runs import Sizes, best, mean_of, name_of, run, target_table
@@ -101,7 +100,7 @@ FIG7 = Sizes(
     quick={"workers": 8, "ks": (1, 2, 4, 8), "iterations": 500},
     full={"workers": 8, "ks": (1, 2, 3, 4, 5, 6, 7, 8), "iterations": 2000},
 )
-VARIANTS = ("k-sync", "k-async", "k-batch-async")
+COMPARED_VARIANTS = ("k-sync", "k-async", "k-batch-async")
 
 
 def fig7(out: Path, quick: bool) -> Report:
@@ -117,8 +116,8 @@ def fig7(out: Path, quick: bool) -> Report:
         plot, 2, title=f"Slow-and-stale Fig. 7: runtime of {p.iterations} iterations"
     ) as axes:
         for ax, (law, spec) in zip(axes, laws.items(), strict=True):
-            rows = predict(PredictScenario(workers=p.workers, delay=parse_delay(spec))).rows
-            for i, variant in enumerate(VARIANTS):
+            rows = predict(DelayScenario(workers=p.workers, delay=parse_delay(spec))).rows
+            for i, variant in enumerate(COMPARED_VARIANTS):
                 expected = {
                     r.k: r.iteration_time * p.iterations for r in rows if r.strategy == variant
                 }

@@ -77,8 +77,8 @@ from tailtrain.core.update import WeightedUpdate, key_workers, screen_own
 from tailtrain.errors import TailtrainError, UsageError
 from tailtrain.runtime.config import RankResult, TrainConfig, build_world
 from tailtrain.runtime.control import (
+    RankWeighting,
     RuleDriver,
-    Weighting,
     check_agreement,
     check_divisor,
     check_own_weight,
@@ -101,15 +101,15 @@ from tailtrain.runtime.telemetry import (
     RoundTimes,
     Settled,
     TraceRows,
+    allreduce_row,
     attach,
     close_record,
     phase,
-    round_row,
     run_record,
     run_summary,
     write_traces,
 )
-from tailtrain.runtime.units import Work, compute
+from tailtrain.runtime.units import RankWork, compute
 from tailtrain.strategies.base import AllreducePlan as Plan
 from tailtrain.strategies.base import StepStats
 from tailtrain.topology.allreduce import RoundData, budget_spent, own_arrival, round_arrivals
@@ -391,7 +391,7 @@ def row_of(
     times = RoundTimes(rows[:, 0].astype(np.int64), compute, rows[:, 2], wait, comm)
     # rank n's round is arrival n (round_arrivals), so the used ranks are the used keys' own
     used = sorted(key_workers(stats.used).tolist())
-    row = round_row(done.ex.plan, stats, times, used, done.ex.m, settled)
+    row = allreduce_row(done.ex.plan, stats, times, used, done.ex.m, settled)
     if nonfinite := int(done.ex.extras[3]):
         row["nonfinite"] = nonfinite
     return row
@@ -463,7 +463,7 @@ def sum_buffer(run: _Rank, units: int) -> SumBuffer:
     return run.sums
 
 
-def reduce(run: _Rank, work: Work, weight: float, sums: SumBuffer) -> tuple[WeightedSum, float]:
+def reduce(run: _Rank, work: RankWork, weight: float, sums: SumBuffer) -> tuple[WeightedSum, float]:
     """The round's one allreduce (module docstring, 3.) and the injected T^c; returns it and
     the weight this rank withheld. A rank whose gradient holds a NaN or an infinity joins with
     weight 0 and a zero gradient, as the simulator's update path screens it
@@ -507,7 +507,7 @@ def apply(run: _Rank, reduced: WeightedSum, divisor: float | None, lr_scale: flo
     run.learner.theta = run.update.apply_reduced(theta, numerator, divisor, lr_scale)
 
 
-def account(run: _Rank, done: Unsettled) -> Weighting:
+def account(run: _Rank, done: Unsettled) -> RankWeighting:
     """The rule's selection over every rank's arrival, checked against what the round
     reduced (and, where the update went ahead of it, the divisor it used); ``adapt`` with the
     latest agreed T^c at the round's end. Fills ``done.stats``."""

@@ -37,15 +37,15 @@ from tailtrain.strategies.base import (
     Selection,
     StepStats,
     Strategy,
+    Weighting,
 )
-from tailtrain.strategies.base import Weighting as SelectedWeights
 from tailtrain.topology.allreduce import as_allreduce
 
 #: relative tolerance of the check that every rank used the same weights
 WEIGHT_RTOL = 1e-4
 
 
-class Weighting(NamedTuple):
+class RankWeighting(NamedTuple):
     """This rank's weight w_n, the sum of all weights, the divisor the rule fixed (None: the
     reduced sum of the weights) and the keys of the arrivals used."""
 
@@ -63,7 +63,7 @@ class OwnWeight(NamedTuple):
     divisor: float | None
 
 
-def weighting(selection: Selection, rank: int) -> Weighting:
+def weighting(selection: Selection, rank: int) -> RankWeighting:
     """Turn the rule's selection into this rank's unnormalised weight and the divisor.
 
     The allreduce topology applies each round's update at once: no allreduce rule defers
@@ -72,10 +72,10 @@ def weighting(selection: Selection, rank: int) -> Weighting:
     now = applied_now(selection)
     # a selection weighs only arrivals it was offered, so rank n's are those keyed by worker n
     own = float(now.weight[key_workers(now.keys) == rank].sum())
-    return Weighting(own, float(now.weight.sum()), now.total, selection.used())
+    return RankWeighting(own, float(now.weight.sum()), now.total, selection.used())
 
 
-def applied_now(selection: Selection) -> SelectedWeights:
+def applied_now(selection: Selection) -> Weighting:
     """``selection.now``; refuses deferred weights (:func:`weighting`)."""
     if len(selection.later):
         raise TailtrainError("the allreduce topology applies no deferred (``later``) weights")
@@ -136,7 +136,7 @@ class RuleDriver:
     def select(self, arrivals: ArrivalColumns) -> Selection:
         return self.strategy.select(self.state, arrivals)
 
-    def weights(self, arrivals: ArrivalColumns, rank: int) -> Weighting:
+    def weights(self, arrivals: ArrivalColumns, rank: int) -> RankWeighting:
         return weighting(self.select(arrivals), rank)
 
     @property

@@ -104,6 +104,7 @@ from tailtrain.runtime.keep import (
     stop_on_sigterm,
 )
 from tailtrain.runtime.partial import (
+    KEPT_ROUNDS,
     CollectiveFailed,
     CollectiveTimeout,
     PartialCollective,
@@ -119,8 +120,6 @@ from tailtrain.topology.partial import summarise as partial_summary
 
 log = logging.getLogger(__name__)
 
-#: rounds whose step a rank can still adopt (a rank that slept through more adopts a later one)
-KEEP = 64
 #: seconds a failed rank waits, after its census, for the collective's threads to leave
 ABORT_WAIT = 1.0
 
@@ -164,10 +163,12 @@ class Rule:
     def after_round(self, result: RoundResult) -> RoundPlan | None:
         """select -> the round's step, StepStats -> adapt; the next plan (None: done)."""
         arrivals, plan, r = self.arrivals(result), result.plan, result.index
-        weight, divisor = uniform(self.strategy.select(self.state, arrivals), arrivals.keys)
+        weight, divisor = uniform_weight(self.strategy.select(self.state, arrivals), arrivals.keys)
         step = (weight * result.total, divisor, plan.lr_scale)
         self.steps[r] = step
-        self.steps.pop(r - KEEP, None)
+        # a rank can still adopt the steps of the rounds the collective keeps (one that slept
+        # through more adopts a later one)
+        self.steps.pop(r - KEPT_ROUNDS, None)
         if plan.average_models:
             self.averages.append(r)
         stats = self.stats(result, arrivals)
@@ -278,7 +279,7 @@ class Rule:
         self.last_row = checkpoint.unpack(saved["last_step"])
 
 
-def uniform(selection: Selection, keys: np.ndarray) -> tuple[float, float]:
+def uniform_weight(selection: Selection, keys: np.ndarray) -> tuple[float, float]:
     """The one weight every contribution gets, and the divisor; a partial collective sums the
     contributions before the arrivals are known, so unequal weights cannot be applied."""
     if len(selection.later):

@@ -100,7 +100,7 @@ def hang_rank(drill: HangDrill) -> dict:
             time.sleep(drill.compute)
         began = coll.now()
         out = coll.call(step, one, row(n, step, began, began, 0.0, 1.0))
-        calls.append((step, began, out.latency, out.kind, out.result.index))
+        calls.append((step, began, out.latency, out.kind.value, out.result.index))
         step, n = out.result.index + 1, n + 1
     closing = coll.now()
     coll.close()

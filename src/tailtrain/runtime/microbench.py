@@ -125,7 +125,7 @@ class RealResults:
 def run_real_microbenchmark(bench: RealBench) -> RealResults:
     """Launch ``bench.procs`` local processes, run the benchmark, summarise rank 0's view."""
     by_rank = run_local(bench_rank, bench, bench.procs, bench.timeout)
-    return summarise(bench, [by_rank[r] for r in range(bench.procs)])
+    return summarise_bench(bench, [by_rank[r] for r in range(bench.procs)])
 
 
 def run_local(entry, arg, procs: int, timeout: float) -> dict[int, Any]:
@@ -183,7 +183,7 @@ def bench_rank(bench: RealBench) -> dict:
         dist.barrier()
         time.sleep(float(skews[r, rank]))
         out = coll.call(r, one, row(r, r, coll.now(), coll.now(), 0.0, 1.0))
-        calls.append((r, out.latency, out.kind, coll.now()))
+        calls.append((r, out.latency, out.kind.value, coll.now()))
         r += 1
     coll.close()
     dist.destroy_process_group()
@@ -198,7 +198,7 @@ def round_summary(result: RoundResult) -> tuple:
     return head + tuple(result.slots[:, 0]) + tuple(result.slots[:, 1])
 
 
-def summarise(bench: RealBench, ranks: list[dict]) -> RealResults:
+def summarise_bench(bench: RealBench, ranks: list[dict]) -> RealResults:
     """Mean latency per process and call and mean NAP of each collective; the network."""
     calls = np.array(
         [(r, lat, kind == "late", back) for d in ranks for r, lat, kind, back in d["calls"]]

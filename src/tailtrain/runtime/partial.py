@@ -38,9 +38,10 @@ backend), so a round progresses while the main thread computes, sleeps or waits 
 - ``ABORT``: the group failed and the sender leaves (:meth:`PartialCollective.abort`); the
   receiver leaves too, as a dead peer never sends its STOP.
 
-**States of a round r on one process**: planned (its plan is known: every rank computes it
-from the previous round's result with the rule, identically) → activated (own call or ``ACT``)
-→ reduced (the reducer's allreduce of round r returned) → adopted (the main thread took it).
+**States of a round r on one process** (:class:`RoundState`): planned (its plan is known:
+every rank computes it from the previous round's result with the rule, identically) →
+activated (own call or ``ACT``) → reduced (the reducer's allreduce of round r returned) →
+adopted (the main thread took it).
 
 **Who may initiate** (``RoundPlan.collective``): solo: any process at its call; majority: only
 the designated rank (``strategies.eager.majority_initiator``, from the shared seed); quorum: the
@@ -48,7 +49,8 @@ counter at the K-th call; allreduce (synchronous rounds: the staleness bound, mo
 every process activates itself at its own call and no message is sent, so the allreduce
 completes at the last call.
 
-**A process calls round s** (``call``) with its gradient of step s:
+**A process calls round s** (``call``) with its gradient of step s; how it met the round
+(:class:`CallKind`) is the round's state at the call:
 
 - *late* (a round >= s already completed while it computed): the gradient goes to the send
   buffer, the process adopts the latest result only (eager-SGD §5) and goes on at once;
@@ -87,6 +89,7 @@ import zlib
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from enum import StrEnum
 from pathlib import Path
 
 import numpy as np
@@ -94,6 +97,7 @@ import torch
 import torch.distributed as dist
 
 from tailtrain.errors import TailtrainError
+from tailtrain.runtime.reduce import UNBOUNDED_WAIT
 from tailtrain.strategies.base import ArrivalColumns
 from tailtrain.strategies.eager import Collective, RoundPlan
 from tailtrain.topology.partial import activation_hops, counter_of
@@ -106,10 +110,8 @@ HEAD = ("initiated", "activated", "snapshot", "rows")
 CAPACITY = 4
 #: the GIL's switch interval while a collective runs: its threads must answer promptly
 SWITCH_INTERVAL = 5e-4
-#: how long the receiver waits for the next message: without limit, in effect
-IDLE = datetime.timedelta(days=365)
-#: completed rounds each rank keeps
-KEEP = 64
+#: completed rounds each rank keeps (``runtime.eager`` keeps the steps of as many)
+KEPT_ROUNDS = 64
 #: up to this many processes an initiator activates everyone itself: one hop of P - 1 messages
 #: instead of ⌈log2 P⌉ sequential hops and P ⌈log2 P⌉ messages, each a thread wake-up
 DIRECT_ACTIVATION = 8
@@ -183,12 +185,41 @@ class RoundResult:
         return float(self.slots[:, 2].max())
 
 
+class RoundState(StrEnum):
+    """Where round r is on one process (module docstring, "States of a round"); adopted is
+    the main thread's (a call returns with the result), so ``_Shared`` tracks the first
+    three."""
+
+    #: not yet planned: round r - 1 has not been reduced
+    UNPLANNED = "unplanned"
+    #: its plan is known (every rank computes it identically from the previous result)
+    PLANNED = "planned"
+    #: its own call or an ``ACT`` activated it; the reducer may sum it
+    ACTIVATED = "activated"
+    #: the reducer's allreduce of round r returned (its result may have been dropped since:
+    #: only ``KEPT_ROUNDS`` are kept)
+    REDUCED = "reduced"
+
+
+class CallKind(StrEnum):
+    """How a call of round s met its round: the round's state at the call (module docstring,
+    "A process calls round s"). A rank's calls leave it as their plain string values
+    (``runtime.hang``, ``runtime.microbench``), so what they report is unchanged."""
+
+    #: the round is reduced: the gradient waits for the next round, the latest result returns
+    LATE = "late"
+    #: the round is activated: the gradient waits for the next round, the call for this one
+    WAITING = "waiting"
+    #: the call came first: the gradient joins the round, which the call may initiate
+    ACTIVE = "active"
+
+
 @dataclass(frozen=True)
 class Outcome:
-    """What a call gave back: how it met its round (late, waiting, active), the round it
-    called, the result it adopts (the latest) and the seconds spent inside the call."""
+    """What a call gave back: how it met its round (:class:`CallKind`), the round it called,
+    the result it adopts (the latest) and the seconds spent inside the call."""
 
-    kind: str
+    kind: CallKind
     called: int
     result: RoundResult
     latency: float
@@ -214,6 +245,16 @@ class _Shared:
     buffer: list[_Entry] = field(default_factory=list)
     closing: bool = False
     error: BaseException | None = None
+
+    def round_state(self, r: int) -> RoundState:
+        """Round ``r``'s state, from which of the fields above hold it."""
+        if r <= self.latest:
+            return RoundState.REDUCED
+        if r in self.activated:
+            return RoundState.ACTIVATED
+        if r in self.plans:
+            return RoundState.PLANNED
+        return RoundState.UNPLANNED
 
 
 AfterRound = Callable[[RoundResult], RoundPlan | None]
@@ -281,15 +322,16 @@ class PartialCollective:
         began = self.now()
         with self.cond:
             s = self.state
-            if s.latest >= step:
+            state = s.round_state(step)
+            if state is RoundState.REDUCED:
                 s.buffer.append(_Entry(row, grad, s.latest + 1))
-                return Outcome("late", step, s.results[s.latest], self.now() - began)
+                return Outcome(CallKind.LATE, step, s.results[s.latest], self.now() - began)
             plan = s.plans[step]
-            if step in s.activated:
-                kind = "waiting"
+            if state is RoundState.ACTIVATED:
+                kind = CallKind.WAITING
                 s.buffer.append(_Entry(row, grad, step + 1))
             else:
-                kind = "active"
+                kind = CallKind.ACTIVE
                 s.buffer.append(_Entry(row, grad, step))
                 self._internal(step, plan)
             self._wait(lambda: s.latest >= step, f"round {step}")
@@ -403,7 +445,7 @@ class PartialCollective:
         while not np.all(got == announced):
             # idle until a message comes, however long: no message is owed to it (a run of
             # synchronous rounds sends none); the waits that expect one are bounded
-            self.act_group.recv_anysource([message], 0).wait(IDLE)
+            self.act_group.recv_anysource([message], 0).wait(UNBOUNDED_WAIT)
             kind, value, sender = (int(v) for v in message)
             got[sender] += 1
             if kind == ABORT:
@@ -434,7 +476,7 @@ class PartialCollective:
             following = self.after_round(result)
             with self.cond:
                 s.results[r], s.plans[r + 1], s.latest = result, following, r
-                s.results.pop(r - KEEP, None)
+                s.results.pop(r - KEPT_ROUNDS, None)
                 self._maybe_quorum(r + 1)
                 self.cond.notify_all()
             self._drain()

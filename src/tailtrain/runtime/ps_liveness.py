@@ -40,6 +40,7 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Callable
+from enum import StrEnum
 from typing import Any
 
 import numpy as np
@@ -49,13 +50,25 @@ from tailtrain.runtime.ps_wire import DOWN, Kind, Mailbox, Message, Outbox, rece
 
 log = logging.getLogger(__name__)
 
-ALIVE, SUSPECT, DEAD = 0, 1, 2
+
+class WorkerState(StrEnum):
+    """A worker as the server sees it (the module docstring has the transitions). The server
+    keeps one per worker in ``Liveness.state``, an array of these strings; none goes over the
+    wire (a PING is a message kind, ``ps_wire.Kind``)."""
+
+    ALIVE = "alive"
+    SUSPECT = "suspect"
+    DEAD = "dead"
+
+
+#: the dtype of ``Liveness.state``: the longest state's string
+STATE_DTYPE = f"<U{max(len(s) for s in WorkerState)}"
 #: the default bound: this many times the longest round trip delivered so far ...
 FACTOR = 10.0
 #: ... and at least this many seconds
 MIN_BOUND = 2.0
 #: the step row's columns of liveness events (present only on a step that had one)
-COLUMNS = ("suspect", "rejoined", "dead")
+LIVENESS_COLUMNS = ("suspect", "rejoined", "dead")
 
 
 class Liveness:
@@ -67,14 +80,14 @@ class Liveness:
     method runs on the server's main thread, after :meth:`connect`."""
 
     def __init__(self, workers: int, timeout: float, worker_timeout: float | None) -> None:
-        self.state = np.full(workers, ALIVE, dtype=np.int8)
+        self.state = np.full(workers, WorkerState.ALIVE, dtype=STATE_DTYPE)
         self.timeout, self.worker_timeout = timeout, worker_timeout
         self.said_bye = np.zeros(workers, dtype=bool)
         self.outbox: Outbox | None = None
         self.mailbox: Mailbox | None = None
         self.longest = 0.0
         self.pinged = np.full(workers, -np.inf)
-        self.events: dict[str, list[int]] = {c: [] for c in COLUMNS}
+        self.events: dict[str, list[int]] = {c: [] for c in LIVENESS_COLUMNS}
         self.hung: set[int] = set()
         self.rejoins = 0
         #: since when no worker has been ALIVE (the server's clock; None: some worker is)
@@ -94,7 +107,7 @@ class Liveness:
     def failed(self, dst: int, exc: BaseException) -> None:
         """A send to rank ``dst`` failed (the sending thread): worker dst - 1 is LOST."""
         assert self.mailbox is not None
-        self.reasons.setdefault(dst - 1, reason(exc))
+        self.reasons.setdefault(dst - 1, failure_reason(exc))
         self.mailbox.put(Message(Kind.LOST, dst - 1))
 
     def ping(self, worker: int) -> None:
@@ -112,11 +125,11 @@ class Liveness:
 
     @property
     def alive(self) -> np.ndarray:
-        return self.state == ALIVE
+        return self.state == WorkerState.ALIVE
 
     @property
     def dead(self) -> np.ndarray:
-        return self.state == DEAD
+        return self.state == WorkerState.DEAD
 
     def cap(self, k: int) -> int:
         """The usable arrivals that close a step: the rule's k, at most the ALIVE workers."""
@@ -129,8 +142,8 @@ class Liveness:
 
     def heard(self, worker: int) -> None:
         """A message from ``worker``: a suspect rejoins."""
-        if self.state[worker] == SUSPECT:
-            self.state[worker] = ALIVE
+        if self.state[worker] == WorkerState.SUSPECT:
+            self.state[worker] = WorkerState.ALIVE
             self.events["rejoined"].append(worker)
             self.rejoins += 1
             log.warning("worker %d rejoined; %d workers live", worker, self.alive.sum())
@@ -141,7 +154,7 @@ class Liveness:
         bound = self.bound
         watched = self.alive & busy
         for w in np.flatnonzero(watched & (now - start > bound)).tolist():
-            self.state[w] = SUSPECT
+            self.state[w] = WorkerState.SUSPECT
             self.events["suspect"].append(w)
             self.hung.add(w)
             self.pinged[w] = -np.inf
@@ -156,7 +169,7 @@ class Liveness:
             )
         due = start[watched]
         if self.hung:  # else no worker is SUSPECT: nothing to ping
-            suspects = self.state == SUSPECT
+            suspects = self.state == WorkerState.SUSPECT
             for w in np.flatnonzero(suspects & (now - self.pinged >= bound)).tolist():
                 self.pinged[w] = now
                 self.ping(w)
@@ -174,8 +187,8 @@ class Liveness:
         left = self.silent_since + self.timeout - now
         if left <= 0:
             groups = [
-                (name, np.flatnonzero(self.state == state).tolist())
-                for name, state in (("suspect", SUSPECT), ("dead", DEAD))
+                (state.value, np.flatnonzero(self.state == state).tolist())
+                for state in (WorkerState.SUSPECT, WorkerState.DEAD)
             ]
             parts = [f"{', '.join(map(str, ws))} {name}" for name, ws in groups if ws]
             who = "worker" if len(self.state) == 1 else "workers"
@@ -186,9 +199,9 @@ class Liveness:
 
     def lost(self, worker: int, reason: str = "") -> bool:
         """``worker``'s connection failed: it is dead. Whether that is news."""
-        if self.state[worker] == DEAD:
+        if self.state[worker] == WorkerState.DEAD:
             return False
-        self.state[worker] = DEAD
+        self.state[worker] = WorkerState.DEAD
         self.events["dead"].append(worker)
         self.reasons.setdefault(worker, reason or "gone")
         log.warning(
@@ -234,7 +247,7 @@ class Liveness:
             try:
                 parts[w] = receive_report(w + 1)
             except Exception as exc:  # it died after its BYE
-                self.lost(w, reason(exc))
+                self.lost(w, failure_reason(exc))
         return parts
 
     def take_events(self) -> dict[str, Any]:
@@ -244,7 +257,7 @@ class Liveness:
         if not row and self.alive.all():  # the usual step: nothing to record
             return row
         row["live"] = int(self.alive.sum())
-        self.events = {c: [] for c in COLUMNS}
+        self.events = {c: [] for c in LIVENESS_COLUMNS}
         return row
 
     def summary(self) -> dict[str, Any]:
@@ -255,7 +268,7 @@ class Liveness:
         }
 
 
-def reason(exc: BaseException) -> str:
+def failure_reason(exc: BaseException) -> str:
     """A failed send's first sentence, without gloo's source location:
     ``[.../pair.cc:553] Connection closed by peer [127.0.0.1]:1234. This is...``."""
     text = re.sub(r"^\[[^\]]*\]\s*", "", str(exc).strip())

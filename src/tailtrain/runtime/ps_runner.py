@@ -50,9 +50,7 @@ from tailtrain.runtime.reduce import Collectives
 from tailtrain.runtime.topologies import topology_of
 from tailtrain.strategies.base import Topology
 from tailtrain.strategies.registry import parse_strategy
-
-#: train examples on which ``evaluate`` reports the train loss
-TRAIN_EVAL_SIZE = 4096
+from tailtrain.tasks.task import TRAIN_EVAL_SIZE
 
 
 class OwnTask:

@@ -22,7 +22,6 @@ seconds, so that the launcher names the rank that failed first.
 from __future__ import annotations
 
 import collections
-import datetime
 import threading
 import time
 from collections.abc import Callable
@@ -34,10 +33,8 @@ import torch
 import torch.distributed as dist
 
 from tailtrain.errors import TailtrainError
-from tailtrain.runtime.reduce import GRACE
+from tailtrain.runtime.reduce import GRACE, UNBOUNDED_WAIT
 
-#: how long a receive that is owed nothing waits (gloo closes the pair when a wait times out)
-IDLE = datetime.timedelta(days=365)
 #: tags of the two directions, of the clock handshake, and of the liveness probes
 UP, DOWN, CLOCK, PROBE = 11, 12, 13, 14
 #: round trips per worker to estimate its clock's offset from the server's (the shortest counts:
@@ -206,7 +203,7 @@ class Mailbox:
                 if self._owed or src is None:
                     dist.recv(buffer, src=src, tag=tag)
                 else:  # nothing is owed: wait however long, not --timeout
-                    dist.group.WORLD.recv([buffer], src, tag).wait(IDLE)
+                    dist.group.WORLD.recv([buffer], src, tag).wait(UNBOUNDED_WAIT)
                 message = decode(buffer, time.perf_counter())
                 if message.kind is Kind.PING:
                     continue  # a liveness probe: that it arrived is all it says

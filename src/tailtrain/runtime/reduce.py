@@ -36,9 +36,13 @@ log = logging.getLogger(__name__)
 
 #: seconds a rank whose collective failed waits before it fails too (see the module docstring)
 GRACE = 2.0
+#: how long a receive that nothing bounds waits (the partial collective's receiver, the
+#: parameter server's wire): without limit, in effect; gloo wants a finite timeout and
+#: closes the pair when one passes
+UNBOUNDED_WAIT = datetime.timedelta(days=365)
 
 #: one rank's small row of numbers (counts, times): an array, a list or a tuple
-Row = np.ndarray | Sequence[float]
+RankRow = np.ndarray | Sequence[float]
 
 SUM = dist.AllreduceOptions()
 SUM.reduceOp = dist.ReduceOp.SUM
@@ -96,7 +100,7 @@ class Collectives:
         else:
             work.wait(self.timeout)
 
-    def gather(self, row: Row) -> np.ndarray:
+    def gather(self, row: RankRow) -> np.ndarray:
         """All ranks' rows, (N, len(row)) float64, identical on every rank.
 
         A gather to the group's first rank and a broadcast back: two hops instead of a ring
@@ -119,7 +123,7 @@ class Collectives:
         grad: torch.Tensor,
         weight: float,
         extras: Sequence[float] = (),
-        rows: Sequence[Row] = (),
+        rows: Sequence[RankRow] = (),
     ) -> WeightedSum:
         """sum_n w_n g_n and sum_n w_n in one all_reduce, plus the sums of ``extras``.
 
@@ -137,7 +141,7 @@ class Collectives:
         buffer: SumBuffer,
         weight: float,
         extras: Sequence[float] = (),
-        rows: Sequence[Row] = (),
+        rows: Sequence[RankRow] = (),
         grad: torch.Tensor | None = None,
     ) -> PendingSum:
         """Launch :meth:`weighted_sum` over ``buffer``, whose ``grad`` already holds this
@@ -198,7 +202,7 @@ class SumBuffer:
         self,
         weight: float,
         extras: Sequence[float],
-        rows: Sequence[Row],
+        rows: Sequence[RankRow],
         grad: torch.Tensor | None = None,
     ) -> None:
         """w_n times the gradient (``grad``, or what :attr:`grad` holds), w_n, the extras and

@@ -207,7 +207,7 @@ class RoundTimes:
         return np.where(self.done == units, self.compute, np.nan)
 
 
-def round_row(
+def allreduce_row(
     plan: Plan, stats: StepStats, times: RoundTimes, used: list[int], m: int, settled: Settled
 ) -> dict[str, Any]:
     """The record row of an allreduce round adapted on ``stats`` and timed by ``settled``."""

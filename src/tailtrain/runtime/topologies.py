@@ -14,7 +14,7 @@ from tailtrain.runtime.config import RankResult, TrainConfig
 from tailtrain.runtime.eager import train_partial
 from tailtrain.runtime.ps import train_parameter_server
 from tailtrain.runtime.reduce import Collectives
-from tailtrain.strategies.base import Strategy, Topology, check_contract
+from tailtrain.strategies.base import Strategy, Topology, check_contract, topology_of
 
 RankEntry = Callable[[TrainConfig, Collectives], RankResult]
 
@@ -24,13 +24,6 @@ TOPOLOGIES: dict[Topology, RankEntry] = {
     Topology.PARTIAL_COLLECTIVE: train_partial,
     Topology.PARAMETER_SERVER: train_parameter_server,
 }
-
-
-def topology_of(strategy: Strategy) -> Topology:
-    """The runtime topology of ``strategy``, for every entry that runs one (``train``,
-    ``train_own_model``, ``StragglerStep``): the one it declares, as the simulator runs it
-    (plain ``sync`` is an allreduce rule, ``sync:mode=M`` a parameter-server one)."""
-    return strategy.topology
 
 
 def check_topology(strategy: Strategy) -> None:

@@ -26,7 +26,7 @@ from tailtrain.strategies.dropcompute import finishes, may_start
 from tailtrain.topology.allreduce import worker_grad
 
 
-class Work(NamedTuple):  # a tuple, and lists of floats: made right after the compute
+class RankWork(NamedTuple):  # a tuple, and lists of floats: made right after the compute
     """This rank's round: units counted, compute seconds, of which injected, unit seconds
     (NaN: not counted), G_n and the sum of the counted units' losses."""
 
@@ -47,7 +47,7 @@ def compute(
     m: int,
     lr: float,
     out: torch.Tensor | None = None,
-) -> Work:
+) -> RankWork:
     """This rank's units ``batches`` from ``theta`` in order, each then sleeping its
     ``injected`` seconds, the threshold checked between them (module docstring); ``lr`` ends
     a Local-SGD local step every ``m`` units. The first unit's gradient goes into ``out`` when
@@ -79,7 +79,7 @@ def compute(
             step_sum.zero_()
     total = torch.zeros_like(local) if total is None else total
     grad = worker_grad(total, done, plan.local_steps)
-    return Work(done, time.perf_counter() - start, slept, times, grad, loss_sum)
+    return RankWork(done, time.perf_counter() - start, slept, times, grad, loss_sum)
 
 
 def sleep_injected(

@@ -25,7 +25,7 @@ from tailtrain.strategies.kfamily import VARIANTS, check_k, lr_scale, parse_lr_r
 
 #: the variants AdaSync adapts (slow-and-stale §VI and App. D give rules for these)
 BASES = {name: VARIANTS[name] for name in ("k-sync", "k-async", "k-batch-async")}
-DEFAULT_WINDOW = 10
+DEFAULT_ADASYNC_WINDOW = 10
 
 
 def k_sqrt_rule(k0: int, ratio: float) -> float:
@@ -71,7 +71,7 @@ class AdaSync(Strategy):
     base: str
     k0: int
     interval: float
-    window: int = DEFAULT_WINDOW
+    window: int = DEFAULT_ADASYNC_WINDOW
     lr_rule: str = "fixed"
 
     def init(self, ctx: Context) -> AdaSyncState:
@@ -97,7 +97,7 @@ class AdaSync(Strategy):
 
     def describe(self) -> str:
         text = f"{self.name}:base={self.base},k0={self.k0},interval={self.interval:g}"
-        if self.window != DEFAULT_WINDOW:
+        if self.window != DEFAULT_ADASYNC_WINDOW:
             text += f",window={self.window}"
         return text + ("" if self.lr_rule == "fixed" else f",lr={self.lr_rule}")
 
@@ -116,6 +116,6 @@ def build_adasync(spec: Spec) -> AdaSync:
         base,
         spec.get_int("k0", 1, minimum=1),
         spec.get_float("interval", positive=True),
-        spec.get_int("window", DEFAULT_WINDOW, minimum=1),
+        spec.get_int("window", DEFAULT_ADASYNC_WINDOW, minimum=1),
         parse_lr_rule(spec),
     )

@@ -447,7 +447,7 @@ class Strategy(ABC):
 
 
 #: the most each topology can apply: (weights, deferred weights); the simulator's engines and
-#: the runtime's protocols alike (runtime.control, runtime.eager's uniform, runtime.ps)
+#: the runtime's protocols alike (runtime.control, runtime.eager's uniform_weight, runtime.ps)
 TOPOLOGY_APPLIES: dict[Topology, tuple[WeightContract, bool]] = {
     Topology.ALLREDUCE: (WeightContract.OWN_COUNTS, False),
     Topology.PARTIAL_COLLECTIVE: (WeightContract.EQUAL, False),
@@ -477,6 +477,14 @@ def check_contract(strategy: Strategy, topology: Topology) -> None:
     refusal = contract_refusal(strategy, topology)
     if refusal is not None:
         raise UsageError(refusal)
+
+
+def topology_of(strategy: Strategy) -> Topology:
+    """The topology ``strategy`` runs on, for every entry (``simulate``, ``train``,
+    ``train_own_model``, a user's loop in ``integrate``): the one it declares (plain ``sync``
+    is an allreduce rule, ``sync:mode=M`` a parameter-server one). A pure decision: it
+    imports no runtime entry."""
+    return strategy.topology
 
 
 def equal_weights(arrivals: ArrivalColumns) -> Selection:

@@ -39,7 +39,7 @@ from tailtrain.strategies.base import (
 from tailtrain.strategies.kfamily import lr_scale, parse_lr_rule, parse_mode
 from tailtrain.strategies.time_estimator import RoundTripTimes
 
-DEFAULT_WINDOW = 5  # D = 5 in all of DBW §4's experiments
+DEFAULT_DBW_WINDOW = 5  # D = 5 in all of DBW §4's experiments
 DEFAULT_BETA = 1.01  # DBW §3.3
 
 
@@ -146,7 +146,7 @@ class GainEstimates:
 # --- choice rule, DBW Eqs. (18)-(19) ----------------------------------------------------------
 
 
-def best_k(gains: np.ndarray, times: np.ndarray) -> int:
+def argmax_gain_rate(gains: np.ndarray, times: np.ndarray) -> int:
     """DBW Eq. (18): argmax_k G_k / T_k over k = 1..n; k = n when every gain is negative.
 
     Ties go to the largest k: at equal rate, more gradients give a less noisy step.
@@ -235,7 +235,7 @@ class Dbw(Strategy):
     """DBW (``blind=False``) or B-DBW (``blind=True``: gain k, DBW §4)."""
 
     name: str
-    window: int = DEFAULT_WINDOW
+    window: int = DEFAULT_DBW_WINDOW
     beta: float = DEFAULT_BETA
     #: PsI like every sync-family default here, so `dbw` and `k-sync:k=K` differ only in
     #: how k is chosen; DBW §4 ran PsW (`mode=psw`) and reports similar results with PsI (§2)
@@ -280,9 +280,9 @@ class Dbw(Strategy):
         if not times.ready or not (self.blind or gains.ready):
             return state.n
         if self.blind:
-            return best_k(ks.astype(float), times.iteration_times())
+            return argmax_gain_rate(ks.astype(float), times.iteration_times())
         eta = state.lr * np.broadcast_to(lr_scale(self.lr_rule, ks, state.n), ks.shape)
-        return best_k(gains.gains(ks, eta), times.iteration_times())
+        return argmax_gain_rate(gains.gains(ks, eta), times.iteration_times())
 
     def describe(self) -> str:
         parts = [] if self.blind else [f"window={self.window}"]
@@ -296,13 +296,13 @@ class Dbw(Strategy):
 
 def build_dbw(spec: Spec) -> Dbw:
     spec.require_known(["window", "beta", "mode", "lr"])
-    window = spec.get_int("window", DEFAULT_WINDOW, minimum=1)
+    window = spec.get_int("window", DEFAULT_DBW_WINDOW, minimum=1)
     return Dbw("dbw", window, *common_params(spec))
 
 
 def build_b_dbw(spec: Spec) -> Dbw:
     spec.require_known(["beta", "mode", "lr"])
-    return Dbw("b-dbw", DEFAULT_WINDOW, *common_params(spec), blind=True)
+    return Dbw("b-dbw", DEFAULT_DBW_WINDOW, *common_params(spec), blind=True)
 
 
 def common_params(spec: Spec) -> tuple[float, SyncMode, str]:

@@ -43,7 +43,7 @@ from tailtrain.strategies.base import (
 )
 from tailtrain.strategies.dbw import (
     DEFAULT_BETA,
-    DEFAULT_WINDOW,
+    DEFAULT_DBW_WINDOW,
     Dbw,
     DbwState,
 )
@@ -73,7 +73,7 @@ class DbwQuorumState:
 class DbwQuorum(Strategy):
     """The quorum partial allreduce with K = k_t of DBW Eq. (19)."""
 
-    window: int = DEFAULT_WINDOW
+    window: int = DEFAULT_DBW_WINDOW
     beta: float = DEFAULT_BETA
     lr_rule: str = "fixed"
     sync_every: int = 0
@@ -123,6 +123,6 @@ def build_dbw_quorum(spec: Spec) -> DbwQuorum:
     """``dbw-quorum:window=,beta=,lr=fixed|proportional,sync-every=,staleness-bound=``."""
     bounds = parse_bounds(spec)
     spec.require_known(("window", "beta", "lr", *EAGER_KEYS))
-    window = spec.get_int("window", DEFAULT_WINDOW, minimum=1)
+    window = spec.get_int("window", DEFAULT_DBW_WINDOW, minimum=1)
     beta = spec.get_float("beta", DEFAULT_BETA, minimum=1.0)
     return DbwQuorum(window, beta, parse_lr_rule(spec), **bounds)

@@ -10,7 +10,7 @@ import numpy as np
 from tailtrain.strategies.base import ArrivalColumns, Selection
 
 
-class Row(NamedTuple):
+class ArrivalRow(NamedTuple):
     """One arrival: worker w's gradient of model ``version``; its job number is the version."""
 
     worker: int
@@ -21,12 +21,12 @@ class Row(NamedTuple):
     partial: bool = False
 
 
-def arrivals(rows: Sequence[Row | tuple]) -> ArrivalColumns:
+def arrivals(rows: Sequence[ArrivalRow | tuple]) -> ArrivalColumns:
     """The rows as ``ArrivalColumns``, keyed (worker, version): one arrival per worker and
     version, as in a parameter-server step."""
     if not rows:
         return ArrivalColumns.empty()
-    full = [Row(*r) for r in rows]
+    full = [ArrivalRow(*r) for r in rows]
     cols = [np.array(c) for c in zip(*full, strict=True)]
     worker, version, start, finish, units, partial = cols
     return ArrivalColumns(worker, version, version, start, finish, units, partial)

@@ -32,11 +32,10 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
+from tailtrain.delays.base import FloatArray
 from tailtrain.errors import UsageError
 from tailtrain.strategies.eager import Collective
 from tailtrain.topology.partial import activation_hops, counter_of
-
-FloatArray = NDArray[np.float64]
 
 
 @dataclass(frozen=True)

@@ -1,9 +1,9 @@
 """``tailtrain advise``: who is slow in a trace, what it costs, and what to do.
 
-* :mod:`~tailtrain.advise.stragglers` — robust per-worker scores and verdicts
-* :mod:`~tailtrain.advise.cost` — sync E[T] on the replayed trace against the mean worker time
-* :mod:`~tailtrain.advise.recommend` — every strategy at its best setting, ranked, and one pick
-* :mod:`~tailtrain.advise.heatmap` — the trace as an iterations x workers picture
+* :mod:`~tailtrain.advice.stragglers` — robust per-worker scores and verdicts
+* :mod:`~tailtrain.advice.cost` — sync E[T] on the replayed trace against the mean worker time
+* :mod:`~tailtrain.advice.recommend` — every strategy at its best setting, ranked, and one pick
+* :mod:`~tailtrain.advice.heatmap` — the trace as an iterations x workers picture
 """
 
 from __future__ import annotations
@@ -14,13 +14,13 @@ from typing import Any
 
 import numpy as np
 
-from tailtrain.advise.cost import Cost, sync_cost
-from tailtrain.advise.recommend import Ranked, rank, reason, recommend
-from tailtrain.advise.stragglers import MIN_ITERATIONS, WorkerScore, iteration_times, score_workers
+from tailtrain.advice.cost import Cost, sync_cost
+from tailtrain.advice.recommend import Ranked, rank, reason, recommend
+from tailtrain.advice.stragglers import MIN_ITERATIONS, WorkerScore, iteration_times, score_workers
 from tailtrain.delays.parse import parse_delay
 from tailtrain.delays.trace import TraceDelay
 from tailtrain.errors import UsageError
-from tailtrain.predict.families import row_spec
+from tailtrain.prediction.families import row_spec
 
 
 @dataclass(frozen=True)

@@ -34,7 +34,7 @@ from tailtrain.errors import UsageError
 PERSISTENT_SHARE = 0.9  #: slower than the median worker in at least this share of iterations
 PERSISTENT_SLOWDOWN = 1.2  #: and at least this much slower in the median iteration
 LEVEL = 1e-3  #: family-wise test level (split over the workers)
-TAIL = 0.9  #: pooled quantile of the ratios that marks a slow iteration
+SLOW_QUANTILE = 0.9  #: pooled quantile of the ratios that marks a slow iteration
 MIN_ITERATIONS = 30  #: fewer recorded iterations per worker: too short to trust
 
 
@@ -81,9 +81,9 @@ def score_workers(times: NDArray[np.float64], ids: NDArray[np.int64]) -> list[Wo
     ratio = times / np.where(middle > 0, middle, 1.0)
     slowdown = np.median(ratio, axis=0)
     slower = (ratio > 1.0).sum(axis=0)
-    tail = (ratio > np.quantile(ratio, TAIL)).sum(axis=0)
+    tail = (ratio > np.quantile(ratio, SLOW_QUANTILE)).sum(axis=0)
     p_slower = stats.binom.sf(slower - 1, iterations, 0.5)
-    p_tail = stats.binom.sf(tail - 1, iterations, 1 - TAIL)
+    p_tail = stats.binom.sf(tail - 1, iterations, 1 - SLOW_QUANTILE)
     level = LEVEL / workers
     persistent = (
         (slower >= PERSISTENT_SHARE * iterations)

@@ -2,7 +2,7 @@
 replaying the trace, ranked, and one recommendation with its reason.
 
 Rows come from ``predict`` (the trace replayed per worker: Monte Carlo on its iterations) and
-``predict.families`` (Local-SGD, eager-SGD, DBW) up to :data:`FULL_MAX_WORKERS` workers; each
+``prediction.families`` (Local-SGD, eager-SGD, DBW) up to :data:`FULL_MAX_WORKERS` workers; each
 best row is then replayed by ``tailtrain.sim.run.simulate`` (``task=none``) and ranked by the
 simulated effective speedup (gradients applied per second relative to sync). Above that size
 the rows are exact on the replayed trace for K-sync (k-th smallest of the replicas) and
@@ -21,10 +21,10 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from tailtrain.advise.cost import Cost, _replicas
+from tailtrain.advice.cost import Cost, _replicas
 from tailtrain.delays.trace import TraceDelay
-from tailtrain.predict import Row, Scenario, best_k, k_grid, predict
-from tailtrain.predict.families import SIM_MAX_WORKERS, row_spec, simulated_row, with_families
+from tailtrain.prediction import DelayScenario, Row, best_k, k_grid, predict
+from tailtrain.prediction.families import SIM_MAX_WORKERS, row_spec, simulated_row, with_families
 
 FULL_MAX_WORKERS = SIM_MAX_WORKERS  #: predict + simulation up to this many workers
 FRESH = ("sync", "k-sync", "k-batch-sync", "dropcompute", "local-sgd")
@@ -68,7 +68,9 @@ def rank(
             "K-sync and async families only (no Monte Carlo or simulation at this size)"
         )
         return _sorted([Ranked(r, None) for r in rows]), [note]
-    scenario = Scenario(workers, model, micro_batches=micro_batches, samples=samples, seed=seed)
+    scenario = DelayScenario(
+        workers, model, micro_batches=micro_batches, samples=samples, seed=seed
+    )
     prediction = with_families(predict(scenario))
     best = [r for r in prediction.rows if r.best or r.strategy in ("sync", "async")]
     ranked = [Ranked(r, _simulate(scenario, r)) for r in best]
@@ -104,7 +106,7 @@ def reason(choice: Ranked, cost: Cost, excluded: Cost | None, persistent: list[i
     )
 
 
-def _simulate(scenario: Scenario, row: Row) -> Row | None:
+def _simulate(scenario: DelayScenario, row: Row) -> Row | None:
     if row.method.startswith("simulated"):
         return row
     if row.strategy == "dbw":

@@ -25,7 +25,7 @@ CRITERION = (
 
 
 @dataclass(frozen=True)
-class Scenario:
+class DelayScenario:
     """What to predict: N workers, a delay model, optional pattern, micro-batches and T^c."""
 
     workers: int
@@ -117,7 +117,7 @@ class Row:
 class Prediction:
     """All rows of a scenario; ``rows`` holds every K evaluated, see :meth:`shown`."""
 
-    scenario: Scenario
+    scenario: DelayScenario
     rows: tuple[Row, ...]
     criterion: str = CRITERION
     notes: tuple[str, ...] = field(default=())

@@ -45,18 +45,18 @@ from numpy.typing import ArrayLike, NDArray
 from tailtrain.delays import DelayModel
 from tailtrain.delays.sum import SumDelay
 from tailtrain.errors import UsageError
-from tailtrain.predict.context import _Context
-from tailtrain.predict.large import (
+from tailtrain.prediction.context import _Context
+from tailtrain.prediction.large import (
     LARGE_N,
     k_async_estimates,
     k_batch_sync_estimates,
     search,
 )
-from tailtrain.predict.scenario import (
+from tailtrain.prediction.scenario import (
     ALL_K_UP_TO,
+    DelayScenario,
     Prediction,
     Row,
-    Scenario,
     k_grid,
 )
 from tailtrain.theory.dropcompute import (
@@ -83,11 +83,11 @@ _CHAINS = 16  # independent K-async chains (their spread gives the standard erro
 _JOB_BUDGET = 100_000  # jobs per K-async / K-batch-sync estimate, bounds time and memory
 
 
-def predict(scenario: Scenario) -> Prediction:
+def predict(scenario: DelayScenario) -> Prediction:
     """Every strategy's row for ``scenario`` (see the module docstring for the model).
 
     Every K is evaluated (as arrays) and searched for the best, but only the listed K
-    (``Scenario.ks``, else :func:`k_grid`) and each family's best K become rows: 4 N row
+    (``DelayScenario.ks``, else :func:`k_grid`) and each family's best K become rows: 4 N row
     objects would dominate the run time at N = 10^6.
     """
     ctx = _Context.build(scenario)
@@ -129,7 +129,7 @@ def _sync_rows(ctx: _Context) -> list[Row]:
     step, as every engine runs it, so it pays T^c once: E[max_n X_n] + E[T^c]
     (:func:`_allreduce_sync_stats`), which is K-sync's K = N when T^c is constant.
     Above ``LARGE_N`` workers without ``--k``, K is searched on a grid and refined
-    (``predict.large``)."""
+    (``prediction.large``)."""
     n = ctx.scenario.workers
     if ctx.scenario.ks is None and n > LARGE_N:
         ks, mean, stderr, method = search(lambda ks: _k_sync_stats(ctx, ks), n, ctx.listed)

@@ -30,8 +30,8 @@ from typing import Any
 import numpy as np
 
 from tailtrain.delays import DelayModel
-from tailtrain.predict.estimates import best_k
-from tailtrain.predict.scenario import Prediction, Row, Scenario, k_grid
+from tailtrain.prediction.estimates import best_k
+from tailtrain.prediction.scenario import DelayScenario, Prediction, Row, k_grid
 from tailtrain.theory.families import closed_form
 from tailtrain.theory.order_stats import expected_order_stats
 
@@ -84,7 +84,7 @@ def row_spec(row: Row) -> str:
     return f"{row.strategy}:k={row.k}"
 
 
-def _local_sgd_rows(s: Scenario, sync_time: float) -> tuple[list[Row], list[str]]:
+def _local_sgd_rows(s: DelayScenario, sync_time: float) -> tuple[list[Row], list[str]]:
     law = _local_law(s)
     if law is None and s.workers > SIM_MAX_WORKERS:
         note = f"local-sgd needs a simulation here (no closed form), run up to N={SIM_MAX_WORKERS}"
@@ -106,7 +106,7 @@ def _local_sgd_rows(s: Scenario, sync_time: float) -> tuple[list[Row], list[str]
     return [replace(r, best=i == best) for i, r in enumerate(rows)], []
 
 
-def _local_law(s: Scenario):
+def _local_law(s: DelayScenario):
     """H -> the exact law of H M i.i.d. unit times, when the scenario is i.i.d. and it has one."""
     if not s.iid or (not isinstance(s.comm, (int, float)) and s.comm.var > 0):
         return None
@@ -116,7 +116,7 @@ def _local_law(s: Scenario):
     return lambda period: form.sum_of(period * (s.micro_batches or 1))
 
 
-def _eager_rows(s: Scenario) -> list[Row]:
+def _eager_rows(s: DelayScenario) -> list[Row]:
     modes = ("solo", "majority")
     rows = [simulated_row(s, f"eager:mode={mode}", f"eager-{mode}") for mode in modes]
     grid = [k for k in k_grid(s.workers, compact=True) if 1 < k < s.workers] or [s.workers]
@@ -130,7 +130,7 @@ def _eager_rows(s: Scenario) -> list[Row]:
     return [replace(r, best=True) if r.strategy != "eager-quorum" else r for r in rows]
 
 
-def simulated_row(s: Scenario, spec: str, strategy: str, k: int | None = None) -> Row:
+def simulated_row(s: DelayScenario, spec: str, strategy: str, k: int | None = None) -> Row:
     """A seeded timing-only run of ``spec`` against one of ``sync`` on the same seed."""
     iterations = int(np.clip(SIM_UNITS // s.workers, 50, 400))
     base = _throughput(s, "sync", iterations)
@@ -144,13 +144,13 @@ def simulated_row(s: Scenario, spec: str, strategy: str, k: int | None = None) -
     )
 
 
-def _throughput(s: Scenario, spec: str, iterations: int) -> tuple[float, float, float]:
+def _throughput(s: DelayScenario, spec: str, iterations: int) -> tuple[float, float, float]:
     """(mean time per update, gradients applied per second, stderr of the mean time)."""
-    from tailtrain.core.scenario import Scenario as SimScenario
+    from tailtrain.core.scenario import Scenario
     from tailtrain.sim.run import simulate  # torch: only when simulating
     from tailtrain.strategies.registry import parse_strategy
 
-    scenario = SimScenario(
+    scenario = Scenario(
         task="none",
         workers=s.workers,
         delay=s.delay.spec,

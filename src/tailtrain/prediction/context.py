@@ -1,5 +1,5 @@
 """The scenario context of one prediction: the laws and seeded samplers that every strategy's
-estimate in ``predict.estimates`` (and at large N, ``predict.large``) draws on."""
+estimate in ``prediction.estimates`` (and at large N, ``prediction.large``) draws on."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from numpy.typing import NDArray
 from tailtrain.core.capacity import check_memory
 from tailtrain.delays import DelayModel, DelayProcess
 from tailtrain.delays.process import trace_notes, trace_terms
-from tailtrain.predict.scenario import Scenario, k_grid
+from tailtrain.prediction.scenario import DelayScenario, k_grid
 from tailtrain.theory.estimate import monte_carlo
 from tailtrain.theory.families import NonNegative, nonnegative
 from tailtrain.theory.sums import partial_sum_laws
@@ -28,7 +28,7 @@ _RUNS = 16  # independent runs under a worker pattern (their spread gives the st
 class _Context:
     """Derived laws and samplers shared by the strategies of one prediction."""
 
-    scenario: Scenario
+    scenario: DelayScenario
     exact_delay: DelayModel  # law used by formulas (negatives clipped when they matter)
     sampled_delay: DelayModel  # law the samplers draw (negatives always clipped)
     sampled_comm: DelayModel | None
@@ -42,7 +42,7 @@ class _Context:
     _sync_sample: list[tuple[NDArray[np.float64], NDArray[np.float64]]] | None = None
 
     @classmethod
-    def build(cls, s: Scenario) -> _Context:
+    def build(cls, s: DelayScenario) -> _Context:
         exact_delay = nonnegative(s.delay)
         sampled = NonNegative(s.delay) if s.delay.support[0] < 0 else s.delay
         comm = s.comm if isinstance(s.comm, DelayModel) else None

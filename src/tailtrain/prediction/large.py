@@ -27,7 +27,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from tailtrain.delays.sum import SumDelay
-from tailtrain.predict.context import _Context
+from tailtrain.prediction.context import _Context
 from tailtrain.theory.meanfield import MIN_GAP, k_async_mean_field, k_batch_sync_mean_field
 from tailtrain.theory.montecarlo import k_async_tail_iteration_time
 
