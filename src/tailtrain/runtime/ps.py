@@ -81,7 +81,7 @@ evaluation, and keeps the record with its summary marked partial and the checkpo
 step.
 
 Checkpoints (``runtime.keep.Keeper``, ``core.session.RunKeeper``): the server is the run's
-only state. After each closed step it keeps a snapshot (:meth:`Server.state_dict`: the model
+only state. After each closed step it keeps a snapshot (``runtime.ps_keep.state_dict``: the model
 versions in force, the rule, the update path's deferred term, the evaluator and its unscored
 snapshots, each worker's next job number, the token queue, where the record stands, an LGC
 row still waiting for blocks) and writes it every ``--checkpoint-every`` steps, after Ctrl-C,
@@ -106,16 +106,16 @@ from typing import Any
 import numpy as np
 import torch
 
-from tailtrain.core import checkpoint
 from tailtrain.core.evaluation import Evaluator
 from tailtrain.core.records import RunRecord, prepare_folder
 from tailtrain.core.scenario import World
 from tailtrain.core.session import RunKeeper, check_entry, screened
 from tailtrain.core.update import WeightedUpdate, gradient_stats, isin, rows_weighed
 from tailtrain.errors import TailtrainError
+from tailtrain.runtime import ps_keep
 from tailtrain.runtime.config import RankResult, TrainConfig, build_world
 from tailtrain.runtime.inject import FaultDrill, InjectedFault
-from tailtrain.runtime.keep import Keeper, interrupt_requested, reopen_records
+from tailtrain.runtime.keep import Keeper, interrupt_requested
 from tailtrain.runtime.ps_liveness import Liveness
 from tailtrain.runtime.ps_wire import (
     DOWN,
@@ -130,7 +130,7 @@ from tailtrain.runtime.ps_wire import (
 )
 from tailtrain.runtime.ps_worker import Worker
 from tailtrain.runtime.reduce import Collectives
-from tailtrain.runtime.telemetry import ScoredLater, attach, run_record, write_trace
+from tailtrain.runtime.telemetry import run_record, write_trace
 from tailtrain.strategies.base import (
     COLUMNS,
     ArrivalColumns,
@@ -226,68 +226,8 @@ class Server:
         #: ``--fail-at`` fires once per run, not again after a restart (``runtime.keep``)
         self.drill = FaultDrill(config.faults, -1, config.out)
         if keeper.saved is not None:
-            self.resume(keeper.saved)
-        self.open_record(keeper.saved)
-
-    # ---- keeping: checkpoints and resume (``runtime.keep``, ``core.session.RunKeeper``) -------
-    def open_record(self, saved: dict[str, Any] | None) -> None:
-        """Rows stream as steps close (module docstring): to a fresh ``steps.jsonl``, or to
-        the folder's cut back to the rows ``saved`` counts; evaluations wait to be scored."""
-        if self.config.out is not None:
-            counts = None if saved is None else {"steps": int(saved["rows"]), "evals": 0}
-            last = None if saved is None else checkpoint.unpack(saved["last_step"])
-            sink, rows = reopen_records(prepare_folder(self.config.out), counts, last)
-            attach(self.record, sink)
-            self.record.steps = rows["steps"]
-        if self.record.sink is not None:
-            self.record.sink = ScoredLater(self.record.sink)
-        if saved is None:
-            return
-        for row in checkpoint.unpack(saved["evals"]):  # scored at the end, as the others
-            self.record.add_eval(row)
-        if saved["pending"] is not None:  # LGC: a restart waits for no straggler's blocks
-            self.record.add_step(checkpoint.unpack(saved["pending"]))
-
-    def state_dict(self) -> dict[str, Any]:
-        """The server's state after a closed step: the model versions in force (by
-        reference: an update makes a new one), the rule, the update (LGC's deferred term),
-        the evaluator and the unscored snapshots, each worker's next job number (its data
-        and delay draws: ``ps_worker``), the token queue, and where the record stands. The
-        workers keep nothing: a resumed server gives each a new job at its next number."""
-        steps = self.record.steps
-        pending = self.pending.row if self.pending is not None else None
-        return {
-            "now": float(self.now),
-            "version": self.version,
-            "versions": list(self.versions),
-            "thetas": list(self.versions.values()),
-            "rule": self.strategy.state_dict(self.state),
-            "update": self.update.state_dict(),
-            "evaluator": RunKeeper.evaluator_state(self.evals),
-            "evals": checkpoint.pack([dict(row) for row in self.record.evals]),
-            "snapshots": list(self.snapshots),
-            "next_job": self.next_job.tolist(),
-            "tokens": [list(run) for run in self.tokens],
-            "ghosts": self.ghosts,
-            "rows": len(steps),
-            "last_step": checkpoint.pack(steps[-1]) if steps else None,
-            "pending": None if pending is None else checkpoint.pack(pending),
-            "torch_rng": torch.get_rng_state(),
-        }
-
-    def resume(self, saved: dict[str, Any]) -> None:
-        """Go on from :meth:`state_dict`'s checkpoint; the clock goes on from its ``now``."""
-        self.step, self.version = int(saved["step"]), int(saved["version"])
-        self.now = float(saved["now"])
-        self.versions = dict(zip(saved["versions"], saved["thetas"], strict=True))
-        self.state = self.strategy.load_state_dict(saved["rule"])
-        self.update.load_state_dict(saved["update"])
-        checkpoint.restore(self.evals, saved["evaluator"])
-        self.snapshots = list(saved["snapshots"])
-        self.next_job = np.array(saved["next_job"], dtype=np.int64)
-        self.tokens = deque(list(run) for run in saved["tokens"])
-        self.ghosts = int(saved["ghosts"])
-        torch.set_rng_state(saved["torch_rng"])
+            ps_keep.resume(self, keeper.saved)
+        ps_keep.open_record(self, keeper.saved)
 
     # ---- the loop ------------------------------------------------------------------------
     def run(self) -> RunRecord:
@@ -311,7 +251,7 @@ class Server:
             arrivals, fresh = self.collect(plan)
             self.close(plan, arrivals, fresh)
             keeper.stepped(self.evals, self.step, self.now, before, self.scorer())
-            self.keeper.completed(self.step, self.state_dict)
+            self.keeper.completed(self.step, lambda: ps_keep.state_dict(self))
         if self.pending is not None:  # the last LGC step: its stragglers are not waited for
             self.record.add_step(self.pending.row)
             self.pending = None
