@@ -109,6 +109,10 @@ class RunKeeper:
     #: what started the run (``run.json``), written as a fresh run starts in ``folder``
     run_info: dict[str, Any] | None = None
 
+    def __post_init__(self) -> None:
+        if self.clock not in CLOCKS:
+            raise ValueError(f"clock {self.clock!r}: one of {', '.join(CLOCKS)}")
+
     # ---- identity and checkpoints --------------------------------------------------------
     def check(self, saved: dict[str, Any], where: Path | None = None) -> None:
         """Refuse a checkpoint of another run (one message for every engine)."""
