@@ -131,7 +131,8 @@ def test_a_killed_server_leaves_a_checkpoint_and_resume_completes_the_run(tmp_pa
         raise
     assert proc.returncode != 0, err[-3000:]
     assert "rank 0 failed" in err and "SIGKILL" in err, err[-3000:]
-    assert (folder / "checkpoint.pt").exists()  # the periodic one: nobody outlived the server
+    # the periodic checkpoint: nobody outlived the server to write a later one
+    assert f"in {folder}: continue with `tailtrain train --resume {folder}`" in err, err[-3000:]
     on_disk = [row["step"] for row in steps(folder)]
     assert on_disk == list(range(len(on_disk)))  # the rows of the closed steps, flushed
     resume(folder, capfd)

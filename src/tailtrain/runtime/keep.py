@@ -491,6 +491,20 @@ def read_note(path: Path | None, restart: int | None = None) -> dict[str, Any] |
     return note
 
 
+def resume_hint(folder: Path | None) -> str:
+    """For a failure no survivor noted (a killed parameter server: its workers keep nothing):
+    the checkpoint the run folder holds, if any, and how to go on from it."""
+    path = None if folder is None else Path(folder) / checkpoint.FILENAME
+    if path is None or not path.exists():
+        return ""
+    try:
+        step = int(checkpoint.load(path)["step"])
+    except (TailtrainError, KeyError, ValueError):
+        return ""
+    resume = f"continue with `tailtrain train --resume {folder}`"
+    return f"; checkpoint of step {step - 1} in {folder}: {resume}"
+
+
 def describe(rank: int, text: str, signal_name: str | None, note: dict[str, Any] | None) -> str:
     """The launcher's one line for a failed job: who, at which step, and how to go on.
 
