@@ -161,7 +161,8 @@ def test_ctrl_c_keeps_a_parameter_server_run_whose_rows_stream(tmp_path, strateg
     assert proc.poll() is None
     code, out, err = interrupt(proc, group)
     summary = check_kept(folder, seen, code, out, err)
-    assert "no checkpoint to resume from" in err  # the parameter server keeps none
+    assert "resume with `tailtrain train --resume" in err  # the last closed step is kept
+    assert (folder / "checkpoint.pt").exists()
     assert summary["topology"] == "parameter-server"
     assert {int(row.split(",")[1]) for row in trace_rows(folder)} == {0, 1}
     kept = [json.loads(line) for line in (folder / "steps.jsonl").read_text().splitlines()]

@@ -143,10 +143,6 @@ BAD = {
     "negative restarts": (["--out", "{tmp}/a", "--max-restarts", "-1"], "--max-restarts"),
     "resume of no folder": (["--resume", "{tmp}/none"], "not a folder"),
     "resume of a folder with no run": (["--resume", "{tmp}"], "holds no run.json"),
-    "parameter-server checkpoints": (
-        ["--strategy", "k-async:k=1", "--out", "{tmp}/a", "--checkpoint-every", "2"],
-        "keeps no checkpoints",
-    ),
     "overwrite without out": (["--overwrite"], "--overwrite needs --out"),
 }
 

@@ -14,6 +14,7 @@ import torch
 import torch.distributed as dist
 
 from tailtrain.core import checkpoint
+from tailtrain.core.session import RunKeeper
 from tailtrain.errors import UsageError
 from tailtrain.faults import FaultPlan
 from tailtrain.runtime import keep
@@ -96,7 +97,7 @@ def test_the_launchers_line_names_rank_step_and_checkpoint():
 
 # ---- the failure census (Keeper.failed) --------------------------------------------------------
 def keeper(folder, rank, report=None):
-    kept = Keeper(folder, None, rank, 3, {"strategy": "sync"}, report)
+    kept = Keeper(RunKeeper({"strategy": "sync"}, folder=folder), rank, 3, report)
     kept.snapshot = Snapshot(3, {"theta": torch.arange(4.0)})
     return kept
 

@@ -315,6 +315,6 @@ def test_a_server_that_fails_stops_the_job_in_one_line():
     )
     assert done.returncode == 1
     assert done.stderr.strip().splitlines() == [
-        "tailtrain train: rank 0 failed: InjectedFault: rank 0 fails at step 3 "
+        "tailtrain train: rank 0 failed at step 3: InjectedFault: rank 0 fails at step 3 "
         "(--inject-fault raise:rank=0,step=3)"
     ]

@@ -217,8 +217,7 @@ def fresh(args: argparse.Namespace):
     from tailtrain.runtime.config import TrainConfig
     from tailtrain.runtime.keep import restarts
     from tailtrain.runtime.launch import default_backend, in_torchrun
-    from tailtrain.runtime.topologies import processes, topology_of
-    from tailtrain.strategies.base import Topology
+    from tailtrain.runtime.topologies import processes
     from tailtrain.strategies.registry import parse_strategy
 
     if args.delay is None and args.pattern != "iid":
@@ -227,11 +226,6 @@ def fresh(args: argparse.Namespace):
         raise UsageError("--overwrite needs --out DIR, the folder the run is kept in")
     strategy = parse_strategy(args.strategy)
     extra = processes(strategy, 0)  # a parameter server's own rank
-    if args.checkpoint_every is not None and topology_of(strategy) is Topology.PARAMETER_SERVER:
-        raise UsageError(
-            f"--checkpoint-every: {strategy.describe()} runs on the {topology_of(strategy)} "
-            "topology, which keeps no checkpoints yet (allreduce and eager strategies do)"
-        )
     torchrun = in_torchrun()
     args.timeout = DEFAULT_TIMEOUT if args.timeout is None else args.timeout
     args.max_restarts = DEFAULT_MAX_RESTARTS if args.max_restarts is None else args.max_restarts

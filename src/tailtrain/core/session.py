@@ -1,16 +1,28 @@
 """How a run is kept, whatever its clock: where its record goes, when it checkpoints, what it
 resumes from, which faults it drills and what a non-finite gradient does (:class:`RunControl`),
-and the interruption that carries a partial record (:class:`RunInterrupted`)."""
+the interruption that carries a partial record (:class:`RunInterrupted`), and the one keeper
+of a run's lifecycle that the simulator and every `train` topology share (:class:`RunKeeper`:
+identity, checkpoint-due, record sink, evaluation calls, non-finite accounting, summary)."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from tailtrain.core.records import RunRecord
+import numpy as np
+
+from tailtrain.core import checkpoint
+from tailtrain.core.evaluation import Evaluator
+from tailtrain.core.records import RUN_FILES, RecordSink, RunRecord, clear_run, write_json
+from tailtrain.errors import UsageError
 from tailtrain.faults import FaultPlan
+
+if TYPE_CHECKING:
+    from tailtrain.core.scenario import World
+    from tailtrain.strategies.base import StepStats, Strategy
 
 #: a run's progress callback, called with ``(step, time)`` after each step
 Progress = Callable[[int, float], None]
@@ -32,10 +44,6 @@ class RunControl:
     #: what started the run (``run.json``), written as a fresh run starts in ``folder``
     run_info: dict[str, Any] | None = None
 
-    def checkpoint_due(self, step: int) -> bool:
-        every = self.checkpoint_every
-        return self.folder is not None and every is not None and step % every == 0
-
 
 class RunInterrupted(KeyboardInterrupt):
     """Ctrl-C during a run; ``record`` holds what finished, its summary marked partial."""
@@ -44,3 +52,169 @@ class RunInterrupted(KeyboardInterrupt):
         super().__init__(f"interrupted at update {step}")
         self.record = record
         self.step = step
+
+
+#: an Evaluator's fields a checkpoint leaves out: its schedule and record come from the run
+EVALUATOR_STATIC = ("schedule", "record", "enabled")
+#: the two clocks a run is summarised on: the simulator's, or the measured one of `train`
+CLOCKS = ("virtual", "wall")
+
+
+def run_identity(strategy: Strategy, world: World) -> dict[str, Any]:
+    """What a checkpoint must match to be resumed: the rule, the seed and the scenario."""
+    scenario = dataclasses.asdict(world.scenario)
+    return {"strategy": strategy.describe(), "seed": world.seed, "scenario": scenario}
+
+
+def check_entry(world: World, ranks: int, servers: int = 0) -> None:
+    """What every `train` topology checks as a rank starts: the job's ``ranks`` are the
+    scenario's workers plus ``servers`` (a parameter server), and the task has a model."""
+    workers = world.scenario.workers
+    if ranks != workers + servers and servers:
+        raise UsageError(
+            f"--workers {workers} needs {workers + servers} ranks (a parameter server and the "
+            f"workers) but the job has {ranks}"
+        )
+    if ranks != workers + servers:
+        raise UsageError(f"--workers {workers} but the job has {ranks} ranks")
+    if world.partition is None:
+        raise UsageError(f"task {world.scenario.task!r} has no model to train; choose e.g. logreg")
+
+
+def screened(used: np.ndarray, dropped: np.ndarray) -> np.ndarray:
+    """The used arrival keys less the screened-out ones (``core.update``): a gradient with a
+    NaN or an infinity did not enter the update, so no rule may count it as used."""
+    return used[~np.isin(used, dropped)] if dropped.size else used
+
+
+def nonfinite_total(record: RunRecord) -> int:
+    """The run's screened-out gradients: the sum of its rows' ``nonfinite`` columns."""
+    return int(sum(row.get("nonfinite", 0) for row in record.steps))
+
+
+@dataclass
+class RunKeeper:
+    """The keeping of one run whatever its clock, the one copy the simulator's driver and
+    every `train` topology share: what a checkpoint must match (``identity``,
+    :meth:`check`), when one is due (:meth:`due`), the record sink of a fresh or resumed run
+    (:meth:`open`), the evaluation call sequence (:meth:`begin` / :meth:`stepped` /
+    :meth:`end`), the non-finite accounting of a row (:meth:`screen`) and the summary on a
+    ``virtual`` or a ``wall`` clock (:meth:`summary`)."""
+
+    identity: dict[str, Any]
+    folder: Path | None = None
+    every: int | None = None
+    clock: str = "virtual"
+    faults: FaultPlan = field(default_factory=FaultPlan)
+    #: what started the run (``run.json``), written as a fresh run starts in ``folder``
+    run_info: dict[str, Any] | None = None
+
+    def __post_init__(self) -> None:
+        if self.clock not in CLOCKS:
+            raise ValueError(f"clock {self.clock!r}: one of {', '.join(CLOCKS)}")
+
+    # ---- identity and checkpoints --------------------------------------------------------
+    def check(self, saved: dict[str, Any], where: Path | None = None) -> None:
+        """Refuse a checkpoint of another run (one message for every engine)."""
+        of = "the checkpoint" if where is None else f"the checkpoint in {where}"
+        for key, value in self.identity.items():
+            if saved.get(key) != value:
+                raise UsageError(
+                    f"{of} is of another run ({key} {saved.get(key)!r}, not {value!r}); "
+                    "resume with the flags in the run's run.json"
+                )
+
+    def due(self, step: int, since: int | None = None) -> bool:
+        """Whether a checkpoint is due after ``step`` updates: at every multiple of
+        ``every``; with ``since`` (the steps the last one held), when a multiple was passed
+        since then (an engine that snapshots off its main thread may skip one)."""
+        every = self.every
+        if self.folder is None or every is None:
+            return False
+        if since is None:
+            return step % every == 0
+        return step // every > since // every
+
+    # ---- the record ------------------------------------------------------------------------
+    def open(self, record: RunRecord, offsets: dict[str, int] | None = None) -> None:
+        """Stream ``record`` to the folder: a fresh run (``offsets`` None) clears what an
+        earlier run left and writes ``run.json``; a resumed one cuts the files back."""
+        if self.folder is None:
+            return
+        if offsets is None:
+            clear_run(self.folder, RUN_FILES)
+            if self.run_info is not None:
+                write_json(self.folder / "run.json", self.run_info)
+        record.sink = RecordSink(self.folder, offsets)
+
+    # ---- evaluations -----------------------------------------------------------------------
+    @staticmethod
+    def begin(evals: Evaluator, scorer: Callable[[], dict], resumed: bool) -> None:
+        """The first evaluation, of the initial model; a resumed run has it already."""
+        if not resumed:
+            evals.start(scorer)
+
+    @staticmethod
+    def stepped(evals: Evaluator, step: int, now: float, before: Callable, after: Callable) -> bool:
+        """The evaluations due after ``step`` updates at ``now``; whether any was made."""
+        made = len(evals.record.evals)
+        evals.after_step(step, now, before, after)
+        return len(evals.record.evals) != made
+
+    @staticmethod
+    def end(evals: Evaluator, step: int, now: float, scorer: Callable, interrupted: bool) -> None:
+        """The final evaluation; an interrupted run is not scored again: it ends now."""
+        if not interrupted:
+            evals.finish(step, now, scorer)
+
+    @staticmethod
+    def evaluator_state(evals: Evaluator) -> dict[str, Any]:
+        return checkpoint.capture(evals, EVALUATOR_STATIC)
+
+    # ---- non-finite accounting and the summary ----------------------------------------------
+    @staticmethod
+    def screen(stats: StepStats, dropped: np.ndarray) -> StepStats:
+        """``stats`` without the screened-out gradients among its used arrivals."""
+        if not dropped.size:
+            return stats
+        return dataclasses.replace(stats, used=screened(stats.used, dropped))
+
+    @staticmethod
+    def note_nonfinite(row: dict[str, Any], count: int) -> dict[str, Any]:
+        """The row's ``nonfinite`` column: present when a gradient was screened out."""
+        if count:
+            row["nonfinite"] = int(count)
+        return row
+
+    def summary(
+        self,
+        world: World,
+        strategy: Strategy,
+        record: RunRecord,
+        topology: dict[str, Any],
+        *,
+        partial: bool = False,
+    ) -> dict[str, Any]:
+        """simulate's summary keys, the topology's own, the non-finite total, the injected
+        faults and, after an interrupt, ``partial``; on the wall clock ``virtual_time``
+        reads ``wall_time``."""
+        summary = {**world.summarise(strategy, record), **topology}
+        summary["nonfinite"] = nonfinite_total(record)
+        if self.faults.faults:
+            summary["injected_faults"] = self.faults.describe()
+        if partial:
+            summary["partial"] = True
+        if self.clock == "wall":
+            return {("wall_time" if k == "virtual_time" else k): v for k, v in summary.items()}
+        return summary
+
+    def close(self, record: RunRecord, *, partial: bool) -> None:
+        """Close the sink and write the summary; a finished run needs no checkpoint."""
+        if self.folder is None:
+            return
+        if record.sink is not None:
+            record.sink.close()
+            record.sink = None
+        write_json(self.folder / "summary.json", record.summary)
+        if not partial:
+            (self.folder / checkpoint.FILENAME).unlink(missing_ok=True)

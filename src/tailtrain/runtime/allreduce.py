@@ -59,7 +59,6 @@ D-vector in the allreduce and no allreduce rule reads it, so it is NaN here.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import math
 import os
 import time
@@ -73,8 +72,9 @@ from tailtrain.core import checkpoint
 from tailtrain.core.evaluation import Evaluator
 from tailtrain.core.records import RunRecord
 from tailtrain.core.scenario import World
+from tailtrain.core.session import RunKeeper, check_entry
 from tailtrain.core.update import WeightedUpdate, key_workers, screen_own
-from tailtrain.errors import TailtrainError, UsageError
+from tailtrain.errors import TailtrainError
 from tailtrain.runtime.config import RankResult, TrainConfig, build_world
 from tailtrain.runtime.control import (
     RankWeighting,
@@ -106,13 +106,18 @@ from tailtrain.runtime.telemetry import (
     close_record,
     phase,
     run_record,
-    run_summary,
     write_traces,
 )
 from tailtrain.runtime.units import RankWork, compute
 from tailtrain.strategies.base import AllreducePlan as Plan
 from tailtrain.strategies.base import StepStats
-from tailtrain.topology.allreduce import RoundData, budget_spent, own_arrival, round_arrivals
+from tailtrain.topology.allreduce import (
+    RoundData,
+    budget_spent,
+    own_arrival,
+    round_arrivals,
+    summarise,
+)
 
 #: column of the first unit time in a gathered row [C_n, T~_n, injected, t_n^(1..U)]
 TIMES = 3
@@ -230,22 +235,19 @@ def train_allreduce(config: TrainConfig, comm: Collectives) -> RankResult:
 
 def rounds(run: _Rank) -> None:
     """The rounds until the budget is spent, each followed by its evaluations and snapshot."""
-    scenario = run.world.scenario
-    if run.keeper.saved is None:
-        run.evals.start(scorer(run))
+    scenario, keeper = run.world.scenario, run.keeper.run
+    keeper.begin(run.evals, scorer(run), resumed=run.keeper.saved is not None)
     run.comm.barrier()  # round 0 starts together, as the simulator's workers all start at 0
     while not run.interrupted and not budget_spent(
         scenario, run.step, run.now, plan := run.rule.plan()
     ):
-        before, evaluated = scorer(run), len(run.evals.record.evals)
+        before = scorer(run)
         one_round(run, plan)
-        run.evals.after_step(run.step, run.now, before, scorer(run))
-        if len(run.evals.record.evals) != evaluated:
+        if keeper.stepped(run.evals, run.step, run.now, before, scorer(run)):
             run.comm.barrier()
         run.keeper.completed(run.step, lambda: state_of(run))
     settle_last(run)
-    if not run.interrupted:  # an interrupted run is not scored again: it ends now
-        run.evals.finish(run.step, run.now, scorer(run))
+    keeper.end(run.evals, run.step, run.now, scorer(run), interrupted=run.interrupted)
 
 
 def scorer(run: _Rank):
@@ -263,23 +265,13 @@ def scorer(run: _Rank):
 
 
 def start(config: TrainConfig, comm: Collectives) -> _Rank:
-    scenario = config.scenario
-    if comm.world_size != scenario.workers:
-        raise UsageError(f"--workers {scenario.workers} but the job has {comm.world_size} ranks")
     world, strategy = build_world(config)
-    if world.partition is None:
-        raise UsageError(f"task {scenario.task!r} has no model to train; choose e.g. logreg")
+    check_entry(world, comm.world_size)
+    scenario = world.scenario
     learner = RoundData(world.task, world.partition, world.lr, config.seed, scenario.workers)
     grads = ModuleGrads(world.task)
     grads(learner.theta, learner.batches(0, 1)[comm.rank, 0])  # warm-up, out of round 0's time
-    identity = {
-        "strategy": strategy.describe(),
-        "seed": config.seed,
-        "scenario": dataclasses.asdict(scenario),
-    }
-    keeper = Keeper(
-        config.out, config.checkpoint_every, comm.rank, comm.world_size, identity, config.report
-    )
+    keeper = Keeper.of(config, world, strategy, comm.rank, comm.world_size)
     run = _Rank(
         config=config,
         world=world,
@@ -319,7 +311,7 @@ def state_of(run: _Rank) -> dict[str, Any]:
         "rule": run.rule.strategy.state_dict(run.rule.state),
         "clock": checkpoint.capture(run.injector.clock, ("process", "comm")),
         "delays": checkpoint.delay_state(run.world.process),
-        "evaluator": checkpoint.capture(run.evals, ("schedule", "record", "enabled")),
+        "evaluator": RunKeeper.evaluator_state(run.evals),
         "rows": {"steps": len(steps), "evals": len(evals)},
         "last_step": checkpoint.pack(steps[-1]) if steps else None,
         "last_eval": checkpoint.pack(evals[-1]) if evals else None,
@@ -571,7 +563,10 @@ def settle_last(run: _Rank) -> None:
 def finish(run: _Rank) -> RankResult:
     """Gather the traces on rank 0, write the outputs, summarise (partial after Ctrl-C)."""
     if run.comm.rank == 0:
-        run.record.summary = run_summary(run.world, run.rule.strategy, run.record)
+        topology = summarise(run.record)
+        run.record.summary = run.keeper.run.summary(
+            run.world, run.rule.strategy, run.record, topology
+        )
     if run.config.out is not None:
         write_traces(run.config.out, run.trace, run.comm)
         if run.comm.rank == 0 and not run.interrupted:

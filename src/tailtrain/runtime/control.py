@@ -28,6 +28,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from tailtrain.core.session import screened as screened_from
 from tailtrain.core.update import key_workers
 from tailtrain.errors import TailtrainError
 from tailtrain.strategies.base import (
@@ -170,11 +171,11 @@ def screened_keys(arrivals: ArrivalColumns, screened: np.ndarray) -> np.ndarray:
 
 def screened_out(used: np.ndarray, arrivals: ArrivalColumns, screened: np.ndarray) -> np.ndarray:
     """The used arrival keys less those of screened-out gradients, which did not enter the
-    update (as ``sim.driver`` and the parameter server drop them before adapt and the row),
-    for ``train`` and ``StragglerStep`` alike."""
+    update (``core.session.screened``, as every engine drops them before adapt and the row),
+    for ``train`` and ``StragglerStep`` alike; ``screened`` flags the ranks."""
     if not screened.any():
         return used
-    return used[~np.isin(used, screened_keys(arrivals, screened))]
+    return screened_from(used, screened_keys(arrivals, screened))
 
 
 def round_times(timing: np.ndarray) -> tuple[float, float]:

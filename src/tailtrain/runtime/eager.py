@@ -72,7 +72,6 @@ partial (``Keeper.interrupted``).
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import math
 import os
@@ -88,14 +87,14 @@ from tailtrain.core import checkpoint
 from tailtrain.core.evaluation import Evaluator
 from tailtrain.core.records import RunRecord
 from tailtrain.core.scenario import World
+from tailtrain.core.session import RunKeeper, check_entry
 from tailtrain.core.update import WeightedUpdate, screen_own
 from tailtrain.delays.schedule import CommTimes
-from tailtrain.errors import TailtrainError, UsageError
+from tailtrain.errors import TailtrainError
 from tailtrain.runtime.config import RankResult, TrainConfig, build_world
 from tailtrain.runtime.inject import FaultDrill
 from tailtrain.runtime.keep import (
     Keeper,
-    Snapshot,
     Stopped,
     check_interrupt,
     hold_sigterm,
@@ -260,7 +259,7 @@ class Rule:
             "rule": self.strategy.state_dict(self.state),
             "comm": checkpoint.capture(self.comm, ("_model",)),
             "update": self.update.state_dict(),
-            "evaluator": checkpoint.capture(self.evals, ("schedule", "record", "enabled")),
+            "evaluator": RunKeeper.evaluator_state(self.evals),
             "rows": {"steps": self.done, "evals": len(evals)},
             "last_step": None if last is None else checkpoint.pack(last),
             "last_eval": checkpoint.pack(evals[-1]) if evals else None,
@@ -359,19 +358,11 @@ def train_partial(config: TrainConfig, comm: Collectives) -> RankResult:
 def start(config: TrainConfig, comm: Collectives) -> _Run:
     world, strategy = build_world(config)
     scenario, rank, n = world.scenario, comm.rank, comm.world_size
-    if n != scenario.workers:
-        raise UsageError(f"--workers {scenario.workers} but the job has {n} ranks")
-    if world.partition is None:
-        raise UsageError(f"task {scenario.task!r} has no model to train; choose e.g. logreg")
+    check_entry(world, n)
     task = world.task
     theta = task.init_params(world.seed)
     task.grads(theta, batch(world, rank, 0))  # build torch.func machinery before the clock
-    identity = {
-        "strategy": strategy.describe(),
-        "seed": config.seed,
-        "scenario": dataclasses.asdict(scenario),
-    }
-    keeper = Keeper(config.out, config.checkpoint_every, rank, n, identity, config.report)
+    keeper = Keeper.of(config, world, strategy, rank, n)
     kept = keeper if config.out is not None else None
     rule = Rule(world, strategy, rank, rank == 0, theta, kept)
     if rule.record is not None:
@@ -382,10 +373,10 @@ def start(config: TrainConfig, comm: Collectives) -> _Run:
     run = _Run(config, world, strategy, comm, rule, evals, keeper, theta, trace)
     if keeper.saved is not None:
         resume(run, keeper.saved)
-    else:
-        if config.out is not None and rank == 0:
-            attach(rule.record, reopen_records(config.out, None, None)[0])
-        evals.start((lambda: task.evaluate(theta)) if rank == 0 else dict)
+    elif config.out is not None and rank == 0:
+        attach(rule.record, reopen_records(config.out, None, None)[0])
+    scorer = (lambda: task.evaluate(theta)) if rank == 0 else dict
+    keeper.run.begin(evals, scorer, resumed=keeper.saved is not None)
     return run
 
 
@@ -454,8 +445,8 @@ def finish(run: _Run, step: int) -> RankResult:
         write_traces(run.config.out, run.trace, run.comm)
     final = evaluate_once(world.task, run.theta) if rank == 0 else dict
     if not world.scenario.evaluation.on_time_grid:  # the every-U-updates schedule's last point
-        evals.after_step(step, rule.now, final, final)
-    evals.finish(step, rule.now, final)
+        run.keeper.run.stepped(evals, step, rule.now, final, final)
+    run.keeper.run.end(evals, step, rule.now, final, interrupted=False)
     record = rule.record or RunRecord()
     if rank == 0:
         record.summary = summarise(run, record)
@@ -465,10 +456,8 @@ def finish(run: _Run, step: int) -> RankResult:
 
 
 def summarise(run: _Run, record: RunRecord) -> dict[str, Any]:
-    """simulate's summary keys of ``record``, ``wall_time`` for ``virtual_time``."""
-    summary = {**run.world.summarise(run.strategy, record), **partial_summary(record)}
-    summary["nonfinite"] = int(sum(r.get("nonfinite", 0) for r in record.steps))
-    return {("wall_time" if k == "virtual_time" else k): v for k, v in summary.items()}
+    """simulate's summary keys of ``record`` on the wall clock (``core.session.RunKeeper``)."""
+    return run.keeper.run.summary(run.world, run.strategy, record, partial_summary(record))
 
 
 def evaluate_once(task, theta: torch.Tensor):
@@ -522,18 +511,5 @@ def run_rounds(run: _Run) -> None:
             run.theta = comm.weighted_sum(run.theta, 1.0 / n).numerator
             rule.rebase(rule.averages[averaged], run.theta)
             averaged += 1
-        written = save_due(run.keeper, written)
+        written = run.keeper.save_due(written)
         step, run.job = done + 1, run.job + 1
-
-
-def save_due(keeper: Keeper, written: int) -> int:
-    """Rank 0 writes the latest snapshot once it passed a multiple of ``--checkpoint-every``
-    since the last write; returns the rounds the checkpoint on disk holds."""
-    snapshot: Snapshot | None = keeper.snapshot
-    every = keeper.every
-    if keeper.rank != 0 or every is None or snapshot is None:
-        return written
-    if snapshot.step // every <= written // every:
-        return written
-    keeper.save(snapshot)
-    return snapshot.step

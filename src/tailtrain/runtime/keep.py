@@ -64,7 +64,10 @@ import torch.distributed as dist
 
 from tailtrain.core import checkpoint
 from tailtrain.core.records import RecordSink, RunRecord, write_json
+from tailtrain.core.scenario import World
+from tailtrain.core.session import RunKeeper, run_identity
 from tailtrain.errors import TailtrainError, UsageError
+from tailtrain.strategies.base import Strategy
 
 log = logging.getLogger(__name__)
 
@@ -234,24 +237,29 @@ class Snapshot:
 
 
 class Keeper:
-    """One rank's part in keeping the run (module docstring). ``identity``: what a checkpoint
-    must match (strategy, seed, scenario); ``report``: the launcher's note file."""
+    """One rank's part in keeping the run (module docstring). ``run``: the run's keeper
+    (``core.session.RunKeeper``: its folder, identity and when a checkpoint is due);
+    ``report``: the launcher's note file."""
 
-    def __init__(
-        self,
-        folder: Path | None,
-        every: int | None,
-        rank: int,
-        world: int,
-        identity: dict[str, Any],
-        report: Path | None = None,
-    ) -> None:
-        self.folder, self.every, self.rank, self.world = folder, every, rank, world
-        self.identity, self.report = identity, report
+    def __init__(self, run: RunKeeper, rank: int, world: int, report: Path | None = None) -> None:
+        self.run, self.rank, self.world, self.report = run, rank, world, report
+        self.folder, self.every, self.identity = run.folder, run.every, run.identity
         self.snapshot: Snapshot | None = None
         #: the completed steps of the checkpoint in ``folder``, once this run wrote one
         self.checkpointed: int | None = None
         self.saved = self._load()
+
+    @classmethod
+    def of(cls, config: Any, world: World, strategy: Strategy, rank: int, ranks: int) -> Keeper:
+        """The keeper of rank ``rank`` of ``ranks`` in a `train` run (``TrainConfig``)."""
+        run = RunKeeper(
+            run_identity(strategy, world),
+            folder=config.out,
+            every=config.checkpoint_every,
+            clock="wall",
+            faults=config.faults,
+        )
+        return cls(run, rank, ranks, config.report)
 
     @property
     def path(self) -> Path | None:
@@ -262,12 +270,7 @@ class Keeper:
         if path is None or not path.exists():
             return None
         saved = checkpoint.load(path)
-        for key, value in self.identity.items():
-            if saved.get(key) != value:
-                raise UsageError(
-                    f"the checkpoint in {self.folder} is of another run ({key} "
-                    f"{saved.get(key)!r}, not {value!r}); resume with the flags in its run.json"
-                )
+        self.run.check(saved, self.folder)
         if self.rank == 0:
             log.warning("going on from %s at step %d", path, saved["step"])
         return saved
@@ -277,8 +280,19 @@ class Keeper:
         if self.folder is None:
             return
         self.snapshot = Snapshot(step, state())
-        if save and self.rank == 0 and self.every is not None and step % self.every == 0:
+        if save and self.rank == 0 and self.run.due(step):
             self._save(self.snapshot)
+
+    def save_due(self, written: int) -> int:
+        """Rank 0 writes the latest snapshot once it passed a checkpoint due since the last
+        write (``written`` rounds); returns the rounds the checkpoint on disk holds. For a
+        topology that snapshots off its main thread and may skip a due round
+        (``runtime.eager``)."""
+        snapshot = self.snapshot
+        if self.rank != 0 or snapshot is None or not self.run.due(snapshot.step, written):
+            return written
+        self._save(snapshot)
+        return snapshot.step
 
     def save(self, snapshot: Snapshot) -> None:
         """Write ``snapshot`` now: a topology that snapshots off its main thread writes the
@@ -287,12 +301,8 @@ class Keeper:
 
     def finish(self, record: RunRecord) -> None:
         """The run is complete (rank 0): its summary, and no checkpoint left to resume from."""
-        assert self.folder is not None and self.path is not None
-        if record.sink is not None:
-            record.sink.close()
-            record.sink = None
-        write_json(Path(self.folder) / "summary.json", record.summary)
-        self.path.unlink(missing_ok=True)
+        assert self.folder is not None
+        self.run.close(record, partial=False)
 
     def interrupted(self, record: RunRecord | None, step: int) -> None:
         """Ctrl-C ended the run at ``step`` (module docstring): the lead rank writes the
@@ -333,6 +343,13 @@ class Keeper:
                 f"rank {who} did not answer at step {in_flight} within --timeout {timeout:g}s"
             )
         return exc
+
+    def failed_alone(self, in_flight: int, timeout: float) -> None:
+        """The rank that keeps the run alone (a parameter server's rank 0: its workers keep
+        nothing) failed during step ``in_flight``: no census; it writes the checkpoint of its
+        last completed step, the launcher's note and the run's row in failures.jsonl."""
+        hold_sigterm()
+        self._write_failure(in_flight, [], timeout)
 
     def _write_failure(self, in_flight: int, missing: list[int], timeout: float) -> None:
         """The writer's part: the checkpoint of its last round, the launcher's note and the
@@ -472,6 +489,20 @@ def read_note(path: Path | None, restart: int | None = None) -> dict[str, Any] |
     if restart is not None and note.get("restart", 0) != restart:
         return None
     return note
+
+
+def resume_hint(folder: Path | None) -> str:
+    """For a failure no survivor noted (a killed parameter server: its workers keep nothing):
+    the checkpoint the run folder holds, if any, and how to go on from it."""
+    path = None if folder is None else Path(folder) / checkpoint.FILENAME
+    if path is None or not path.exists():
+        return ""
+    try:
+        step = int(checkpoint.load(path)["step"])
+    except (TailtrainError, KeyError, ValueError):
+        return ""
+    resume = f"continue with `tailtrain train --resume {folder}`"
+    return f"; checkpoint of step {step - 1} in {folder}: {resume}"
 
 
 def describe(rank: int, text: str, signal_name: str | None, note: dict[str, Any] | None) -> str:

@@ -75,6 +75,7 @@ from tailtrain.runtime.keep import (
     read_interrupted,
     read_note,
     restarts,
+    resume_hint,
 )
 from tailtrain.runtime.reduce import Collectives
 from tailtrain.runtime.telemetry import close_record
@@ -211,7 +212,10 @@ def launch(
             if (kept := read_interrupted(note)) is not None:  # a rank alone got the Ctrl-C
                 raise Interrupted(interrupted_line(kept)) from None
             last = read_note(note, restart=first.max_restarts)
-            raise JobFailed(describe_failure(exc, last)) from None
+            line = describe_failure(exc, last)
+            if last is None:  # nobody outlived the failure to note it (a killed server)
+                line += resume_hint(first.out)
+            raise JobFailed(line) from None
         except SignalException as exc:  # Ctrl-C: the agent forwarded it and waited for the ranks
             if exc.sigval != signal.SIGINT:
                 raise

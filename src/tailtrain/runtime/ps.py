@@ -67,7 +67,7 @@ force, scored after the run so that the clock never pauses for them. Telemetry: 
 summary.json (simulate's keys, ``wall_time`` for ``virtual_time``), trace-rank{r}.csv and
 trace.csv (every worker's measured unit seconds, readable by ``trace:``).
 
-The record streams (``sim.records.RecordSink``, with ``--out``): each step's row is appended
+The record streams (``core.records.RecordSink``, with ``--out``): each step's row is appended
 and flushed as the step closes, so Ctrl-C or a crash of the server keeps every finished step.
 An LGC step's row waits for its stragglers' blocks instead (its ``partial_*`` columns), which
 are in before the next step closes: the row is written once, complete, one step late, so
@@ -77,12 +77,26 @@ before. ``evals.jsonl`` is written when the run ends (its snapshots are scored t
 
 Ctrl-C (``runtime.keep``): the workers ignore it, the server closes the step in flight, ends
 the run as at its budget (STOP, BYE, the workers' traces and counts) without the final
-evaluation, and keeps the record with its summary marked partial (no checkpoint: the
-parameter server keeps none).
+evaluation, and keeps the record with its summary marked partial and the checkpoint of that
+step.
+
+Checkpoints (``runtime.keep.Keeper``, ``core.session.RunKeeper``): the server is the run's
+only state. After each closed step it keeps a snapshot (``runtime.ps_keep.state_dict``: the model
+versions in force, the rule, the update path's deferred term, the evaluator and its unscored
+snapshots, each worker's next job number, the token queue, where the record stands, an LGC
+row still waiting for blocks) and writes it every ``--checkpoint-every`` steps, after Ctrl-C,
+and when the server fails (:meth:`Keeper.failed_alone`; a killed server leaves the last
+periodic one). A server that starts with a checkpoint in ``--out`` (``--resume``, a restart)
+goes on from it: its clock from the checkpoint's time, ``steps.jsonl`` cut back to the rows it
+counts, fresh workers each started on its next job number (a job's data and delay draws
+depend on that number only), so the run goes on as if the jobs in flight had been
+interrupted. An LGC step whose blocks were pending is recorded as the run's last step is,
+without them. ``server.pid`` in the run folder holds the server's process id while it serves.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from collections import deque
@@ -93,13 +107,15 @@ import numpy as np
 import torch
 
 from tailtrain.core.evaluation import Evaluator
-from tailtrain.core.records import RecordSink, RunRecord, prepare_folder, write_json
+from tailtrain.core.records import RunRecord, prepare_folder
 from tailtrain.core.scenario import World
+from tailtrain.core.session import RunKeeper, check_entry, screened
 from tailtrain.core.update import WeightedUpdate, gradient_stats, isin, rows_weighed
-from tailtrain.errors import TailtrainError, UsageError
+from tailtrain.errors import TailtrainError
+from tailtrain.runtime import ps_keep
 from tailtrain.runtime.config import RankResult, TrainConfig, build_world
 from tailtrain.runtime.inject import FaultDrill
-from tailtrain.runtime.keep import interrupt_requested, keep_interrupted
+from tailtrain.runtime.keep import Keeper, interrupt_requested
 from tailtrain.runtime.ps_liveness import Liveness
 from tailtrain.runtime.ps_wire import (
     DOWN,
@@ -114,7 +130,7 @@ from tailtrain.runtime.ps_wire import (
 )
 from tailtrain.runtime.ps_worker import Worker
 from tailtrain.runtime.reduce import Collectives
-from tailtrain.runtime.telemetry import ScoredLater, attach, close_record, run_record, write_trace
+from tailtrain.runtime.telemetry import run_record, write_trace
 from tailtrain.strategies.base import (
     COLUMNS,
     ArrivalColumns,
@@ -127,6 +143,9 @@ from tailtrain.strategies.base import (
     usable,
     uses_tokens,
 )
+
+#: the server's process id, in the run folder while it serves
+SERVER_PID = "server.pid"
 
 IDLE = -1
 #: seconds between GIL hand-overs in the ranks (``sys.setswitchinterval``)
@@ -173,20 +192,17 @@ class Pending:
 class Server:
     """Rank 0: the rule, the model versions, the workers' states and the clock."""
 
-    def __init__(self, config: TrainConfig, world: World, strategy: Strategy) -> None:
-        self.config, self.world, self.strategy = config, world, strategy
+    def __init__(
+        self, config: TrainConfig, world: World, strategy: Strategy, keeper: Keeper
+    ) -> None:
+        self.config, self.world, self.strategy, self.keeper = config, world, strategy, keeper
         self.n = world.scenario.workers
         theta = world.task.init_params(world.seed)
         self.dim, self.dtype = theta.numel(), theta.dtype
         self.versions = {0: theta}
         self.update = WeightedUpdate(world.lr, self.config.on_nonfinite)
         self.state = strategy.init(world.context)
-        self.drill = FaultDrill(config.faults, None, rank=0)  # the server is no worker
         self.record = run_record(config, world, lead=True)
-        if config.out is not None:  # rows stream as steps close (module docstring)
-            attach(self.record, RecordSink(prepare_folder(config.out)))
-        if self.record.sink is not None:
-            self.record.sink = ScoredLater(self.record.sink)
         self.evals = Evaluator(world.scenario.evaluation, self.record, enabled=True)
         self.snapshots: list[torch.Tensor] = []
         n = self.n
@@ -207,13 +223,21 @@ class Server:
         self.units = world.scenario.micro_batches or 1
         self.t0 = time.perf_counter()
         self.mailbox: Mailbox | None = None
+        #: the server is no worker (rank 0); a drill fires once per run, not again after a
+        #: restart (``runtime.keep``)
+        self.drill = FaultDrill(config.faults, None, config.out, rank=0)
+        if keeper.saved is not None:
+            ps_keep.resume(self, keeper.saved)
+        ps_keep.open_record(self, keeper.saved)
 
     # ---- the loop ------------------------------------------------------------------------
     def run(self) -> RunRecord:
-        self.t0 = clock_server(self.n)  # also opens every worker's connection before t = 0
+        # also opens every worker's connection before t = 0; a resumed run's clock goes on
+        self.t0 = clock_server(self.n, self.now)
         self.mailbox = Mailbox(None, UP, HEADER + self.dim, self.dtype, self.liveness.last)
         self.liveness.connect(self.outbox, self.mailbox)
-        self.evals.start(self.scorer())
+        keeper = self.keeper.run
+        keeper.begin(self.evals, self.scorer(), resumed=self.keeper.saved is not None)
         while not self.world.finished(self.step, self.now) and not interrupt_requested():
             plan = self.strategy.plan(self.state)
             if not isinstance(plan, ServerPlan):
@@ -224,13 +248,13 @@ class Server:
             self.lag = self.clock() - self.now
             arrivals, fresh = self.collect(plan)
             self.close(plan, arrivals, fresh)
-            self.evals.after_step(self.step, self.now, before, self.scorer())
+            keeper.stepped(self.evals, self.step, self.now, before, self.scorer())
+            self.keeper.completed(self.step, lambda: ps_keep.state_dict(self))
         if self.pending is not None:  # the last LGC step: its stragglers are not waited for
             self.record.add_step(self.pending.row)
             self.pending = None
         self.interrupted = not self.world.finished(self.step, self.now)
-        if not self.interrupted:
-            self.evals.finish(self.step, self.now, self.scorer())
+        keeper.end(self.evals, self.step, self.now, self.scorer(), self.interrupted)
         self.liveness.stop(self.clock)
         self.score_snapshots()
         return self.record
@@ -390,7 +414,7 @@ class Server:
         used = selection.used()
         finite = None if grads is None else np.ones(index.size, dtype=bool)  # just screened
         if dropped.size:
-            used = used[~isin(used, dropped)]
+            used = screened(used, dropped)
             finite = None if grads is None else ~isin(keys[index], dropped)
         losses = torch.tensor([fresh[i].loss for i in index], dtype=self.dtype)
         whole = grads if grads is not None else torch.zeros(0, self.dim)
@@ -462,9 +486,7 @@ class Server:
             "arrived": [list(x) for x in arrived],
             "lag": self.lag,
         }
-        if nonfinite:
-            row["nonfinite"] = nonfinite
-        return row
+        return RunKeeper.note_nonfinite(row, nonfinite)
 
     # ---- LGC: the stragglers' blocks -------------------------------------------------------
     def defer(
@@ -530,6 +552,11 @@ class Server:
         self.pending = None
 
     # ---- end ---------------------------------------------------------------------------------
+    def failed(self) -> None:
+        """The server failed at the step in flight: its rows are on disk (each flushed as it
+        closed); it writes the checkpoint of its last closed step and the launcher's note."""
+        self.keeper.failed_alone(self.step, self.config.timeout)
+
     def scorer(self):
         """A snapshot of the model in force; scored after the run (module docstring)."""
         theta = self.versions[self.version]
@@ -551,29 +578,19 @@ class Server:
     def summary(self, worker_stats: list[dict[str, int] | None]) -> dict[str, Any]:
         """simulate's keys, ``wall_time`` for ``virtual_time``, and the run's own counts
         (None for a worker that died)."""
-        nonfinite = int(sum(row.get("nonfinite", 0) for row in self.record.steps))
-        summary = {**self.world.summarise(self.strategy, self.record), "nonfinite": nonfinite}
-        summary = {("wall_time" if k == "virtual_time" else k): v for k, v in summary.items()}
-        summary["topology"] = "parameter-server"
-        summary["ghosts"] = self.ghosts
+        topology: dict[str, Any] = {"topology": "parameter-server", "ghosts": self.ghosts}
         for key in ("jobs", "interrupted", "units_computed", "partial_reports"):
-            summary[f"worker_{key}"] = [None if s is None else s[key] for s in worker_stats]
-        return {**summary, **self.liveness.summary()}
+            topology[f"worker_{key}"] = [None if s is None else s[key] for s in worker_stats]
+        topology |= self.liveness.summary()
+        return self.keeper.run.summary(self.world, self.strategy, self.record, topology)
 
 
 # ---- the rank entry ----------------------------------------------------------------------------
 def train_parameter_server(config: TrainConfig, comm: Collectives, task: Any = None) -> RankResult:
     """Rank 0 serves, rank w + 1 is worker w. ``task`` replaces the scenario's (own models,
     ``runtime.ps_runner``)."""
-    scenario = config.scenario
-    if comm.world_size != scenario.workers + 1:
-        raise UsageError(
-            f"--workers {scenario.workers} needs {scenario.workers + 1} ranks (a parameter "
-            f"server and the workers) but the job has {comm.world_size}"
-        )
     world, strategy = build_world(config, task)
-    if world.partition is None:
-        raise UsageError(f"task {scenario.task!r} has no model to train; choose e.g. logreg")
+    check_entry(world, comm.world_size, servers=1)
     # threads hand over the GIL every 5 ms by default: a message's receiving thread would
     # wait that long to stamp it while the main thread works; 0.5 ms keeps stamps honest
     interval = sys.getswitchinterval()
@@ -587,10 +604,23 @@ def train_parameter_server(config: TrainConfig, comm: Collectives, task: Any = N
 
 
 def serve(config: TrainConfig, world: World, strategy: Strategy, comm: Collectives) -> RankResult:
-    """Rank 0: run the server, then gather the workers' traces and counts."""
-    server = Server(config, world, strategy)
+    """Rank 0: run the server, then gather the workers' traces and counts. The run is kept
+    as the other topologies keep theirs (``runtime.keep``): a checkpoint every
+    ``--checkpoint-every`` steps, of the last closed step after Ctrl-C or a failure of the
+    server; a checkpoint in ``--out`` (``--resume``, a restart) is gone on from."""
+    keeper = Keeper.of(config, world, strategy, comm.rank, comm.world_size)
+    server = Server(config, world, strategy, keeper)
+    pid = None if config.out is None else prepare_folder(config.out) / SERVER_PID
+    if pid is not None:  # whom to signal for a drill of the server's death (tests, users)
+        pid.write_text(f"{os.getpid()}\n")
     comm.barrier()
-    record = server.run()
+    try:
+        record = server.run()
+    except BaseException:
+        server.failed()
+        raise
+    if pid is not None:
+        pid.unlink(missing_ok=True)
     reports = server.liveness.reports()
     parts = [r for r in reports if r is not None]
     record.summary = server.summary([None if r is None else r[1] for r in reports])
@@ -598,12 +628,10 @@ def serve(config: TrainConfig, world: World, strategy: Strategy, comm: Collectiv
         folder = prepare_folder(config.out)
         table = np.concatenate([t for t, _ in parts]) if parts else np.empty((0, 3))
         write_trace(folder / "trace.csv", table, config.scenario.micro_batches is not None)
-    if server.interrupted:  # Ctrl-C (runtime.keep): the summary marked partial, no checkpoint
-        keep = {"folder": config.out, "report": config.report, "checkpoint": None}
-        keep_interrupted(record, server.step, iterations=config.scenario.iterations, **keep)
+    if server.interrupted:  # Ctrl-C (runtime.keep): the summary marked partial, checkpointed
+        keeper.interrupted(record, server.step)
     elif config.out is not None:
-        close_record(record)  # the steps streamed; the scored evaluations go out now
-        write_json(folder / "summary.json", record.summary)
+        keeper.finish(record)  # the steps streamed; the scored evaluations go out now
     theta = server.versions[server.version]
     return RankResult(0, record, theta.numpy().copy())
 

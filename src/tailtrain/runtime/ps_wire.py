@@ -128,17 +128,18 @@ def decode(buffer: torch.Tensor, stamp: float) -> Message:
     return Message(Kind(int(kind)), *ints, aux, seconds, buffer[HEADER:], stamp)
 
 
-def clock_server(workers: int) -> float:
+def clock_server(workers: int, since: float = 0.0) -> float:
     """The server's half of the handshake: answer every worker's pings with its clock, then
-    tell each the run's time zero (this clock, returned). float64 messages, before any
-    mailbox starts; every receive is bounded by the process group's timeout."""
+    tell each the run's time zero (this clock, returned; ``since`` seconds ago for a resumed
+    run, whose clock goes on). float64 messages, before any mailbox starts; every receive is
+    bounded by the process group's timeout."""
     ping, now = torch.zeros(1, dtype=torch.float64), torch.zeros(1, dtype=torch.float64)
     for rank in range(1, workers + 1):
         for _ in range(PINGS):
             dist.recv(ping, src=rank, tag=CLOCK)
             now[0] = time.perf_counter()
             dist.send(now, dst=rank, tag=CLOCK)
-    zero = time.perf_counter()
+    zero = time.perf_counter() - since
     for rank in range(1, workers + 1):
         dist.send(torch.tensor([zero], dtype=torch.float64), dst=rank, tag=CLOCK)
     return zero

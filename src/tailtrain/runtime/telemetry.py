@@ -44,8 +44,8 @@ from tailtrain.core.scenario import Scenario, World
 from tailtrain.progress import step_progress
 from tailtrain.runtime.config import TrainConfig
 from tailtrain.runtime.reduce import Collectives
-from tailtrain.strategies.base import Plan, StepStats, Strategy
-from tailtrain.topology.allreduce import Stops, step_row, summarise
+from tailtrain.strategies.base import Plan, StepStats
+from tailtrain.topology.allreduce import Stops, step_row
 
 
 class phase:  # lower case: it reads as a function, ``with phase("compute") as timer``
@@ -219,13 +219,6 @@ def allreduce_row(
     row["rank_wait"] = times.wait.tolist()
     row["rank_comm"] = times.comm.tolist()
     return row
-
-
-def run_summary(world: World, strategy: Strategy, record: RunRecord) -> dict[str, Any]:
-    """simulate's summary keys, measured: ``wall_time`` in place of ``virtual_time``."""
-    summary = {**world.summarise(strategy, record), **summarise(record)}
-    summary["nonfinite"] = int(sum(row.get("nonfinite", 0) for row in record.steps))
-    return {("wall_time" if k == "virtual_time" else k): v for k, v in summary.items()}
 
 
 @dataclass

@@ -15,7 +15,6 @@ resume from one (``core.checkpoint``), fault drills and what a non-finite gradie
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -24,11 +23,17 @@ import numpy as np
 
 from tailtrain.core import checkpoint
 from tailtrain.core.evaluation import Evaluator
-from tailtrain.core.records import RUN_FILES, RecordSink, RunRecord, clear_run, write_json
+from tailtrain.core.records import RunRecord
 from tailtrain.core.scenario import World
-from tailtrain.core.session import Progress, RunControl, RunInterrupted
+from tailtrain.core.session import (
+    Progress,
+    RunControl,
+    RunInterrupted,
+    RunKeeper,
+    nonfinite_total,
+    run_identity,
+)
 from tailtrain.core.update import NonFiniteGradient, WeightedUpdate
-from tailtrain.errors import UsageError
 from tailtrain.strategies.base import ArrivalColumns, Plan, Selection, StepStats, Strategy
 
 Scorer = Callable[[], dict[str, Any]]
@@ -103,31 +108,32 @@ def drive(
 
 
 class _Run:
-    """One run's loop, record, evaluations and checkpoints."""
+    """One run's loop; its keeping (record, evaluations, checkpoints, summary) is the
+    :class:`RunKeeper`'s, as in every `train` topology."""
 
     def __init__(self, engine: Engine, strategy: Strategy, world: World, control: RunControl):
         self.engine, self.strategy, self.world, self.control = engine, strategy, world, control
         self.update = engine.weighted_update
         if self.update is not None:
             self.update.on_nonfinite = control.on_nonfinite
+        self.keeper = RunKeeper(
+            run_identity(strategy, world),
+            folder=control.folder,
+            every=control.checkpoint_every,
+            faults=control.faults,
+            run_info=control.run_info,
+        )
         self.record = RunRecord()
         self.evals = Evaluator(world.scenario.evaluation, self.record, engine.learns)
         self.state = strategy.init(world.context)
-        self.nonfinite = 0
         offsets = None
         if control.resume is not None:
             offsets = self._resume(control.resume)
-        if control.folder is not None:
-            if offsets is None:  # a fresh start: nothing of an earlier run stays
-                clear_run(control.folder, RUN_FILES)
-                if control.run_info is not None:
-                    write_json(control.folder / "run.json", control.run_info)
-            self.record.sink = RecordSink(control.folder, offsets)
-        if control.resume is None:
-            self.evals.start(engine.scorer())
+        self.keeper.open(self.record, offsets)
+        self.keeper.begin(self.evals, engine.scorer(), resumed=control.resume is not None)
 
     def loop(self, progress: Progress | None) -> None:
-        engine, strategy, state = self.engine, self.strategy, self.state
+        engine, strategy, state, keeper = self.engine, self.strategy, self.state, self.keeper
         while not engine.finished(plan := strategy.plan(state)):
             before = engine.scorer()
             played = engine.play(plan)
@@ -136,21 +142,17 @@ class _Run:
                 self.update.inject = self.control.faults.at(engine.step)
             stats = engine.apply(plan, selection, played)
             dropped = self._dropped()
-            if dropped.size:  # a gradient screened out did not enter the update
-                stats = dataclasses.replace(stats, used=stats.used[~np.isin(stats.used, dropped)])
+            stats = keeper.screen(stats, dropped)  # a screened-out gradient was not used
             state = self.state = strategy.adapt(state, stats)
             row = engine.row(plan, selection, played, stats)
-            if dropped.size:
-                row["nonfinite"] = int(dropped.size)
-                self.nonfinite += int(dropped.size)
-            self.record.add_step(row)
+            self.record.add_step(keeper.note_nonfinite(row, dropped.size))
             engine.advance()
-            self.evals.after_step(engine.step, engine.now, before, engine.scorer())
+            keeper.stepped(self.evals, engine.step, engine.now, before, engine.scorer())
             if progress is not None:
                 progress(engine.step, engine.now)
-            if self.control.checkpoint_due(engine.step):
+            if keeper.due(engine.step):
                 self._save()
-        self.evals.finish(engine.step, engine.now, engine.scorer())
+        keeper.end(self.evals, engine.step, engine.now, engine.scorer(), interrupted=False)
 
     def _dropped(self) -> np.ndarray:
         if self.update is None:
@@ -160,56 +162,33 @@ class _Run:
 
     def close(self, *, partial: bool) -> None:
         """The summary (marked partial after an interrupt); written if the run streams."""
-        record, engine = self.record, self.engine
-        record.summary = {
-            **self.world.summarise(self.strategy, record),
-            **engine.summary(record),
-            "nonfinite": self.nonfinite,
-        }
-        if self.control.faults.faults:
-            record.summary["injected_faults"] = self.control.faults.describe()
-        if partial:
-            record.summary["partial"] = True
-        folder = self.control.folder
-        if folder is None:
-            return
-        if record.sink is not None:
-            record.sink.close()
-            record.sink = None
-        write_json(folder / "summary.json", record.summary)
-        if not partial:  # a finished run needs no checkpoint
-            (folder / checkpoint.FILENAME).unlink(missing_ok=True)
-
-    def _identity(self) -> dict[str, Any]:
-        scenario = dataclasses.asdict(self.world.scenario)
-        return {"strategy": self.strategy.describe(), "seed": self.world.seed, "scenario": scenario}
+        record = self.record
+        topology = self.engine.summary(record)
+        record.summary = self.keeper.summary(
+            self.world, self.strategy, record, topology, partial=partial
+        )
+        self.keeper.close(record, partial=partial)
 
     def _save(self) -> None:
         assert self.control.folder is not None and self.record.sink is not None
         data = {
-            **self._identity(),
+            **self.keeper.identity,
             "step": self.engine.step,
             "engine": self.engine.state_dict(),
             "strategy_state": self.strategy.state_dict(self.state),
-            "evaluator": checkpoint.capture(self.evals, ("schedule", "record", "enabled")),
+            "evaluator": self.keeper.evaluator_state(self.evals),
             "record": checkpoint.pack({"steps": self.record.steps, "evals": self.record.evals}),
             "offsets": self.record.sink.offsets(),
-            "nonfinite": self.nonfinite,
+            "nonfinite": nonfinite_total(self.record),
         }
         checkpoint.save(self.control.folder / checkpoint.FILENAME, data)
 
     def _resume(self, saved: dict[str, Any]) -> dict[str, int]:
         """Restore everything a checkpoint holds; return the record files' offsets."""
-        for key, value in self._identity().items():
-            if saved.get(key) != value:
-                raise UsageError(
-                    f"the checkpoint is of another run ({key} {saved.get(key)!r}, not "
-                    f"{value!r}); resume with the flags in the run's run.json"
-                )
+        self.keeper.check(saved)
         self.engine.load_state_dict(saved["engine"])
         self.state = self.strategy.load_state_dict(saved["strategy_state"])
         checkpoint.restore(self.evals, saved["evaluator"])
         rows = checkpoint.unpack(saved["record"])
         self.record.steps, self.record.evals = rows["steps"], rows["evals"]
-        self.nonfinite = int(saved["nonfinite"])
         return dict(saved["offsets"])
