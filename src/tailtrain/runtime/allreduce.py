@@ -72,7 +72,7 @@ import torch
 from tailtrain.core import checkpoint
 from tailtrain.core.evaluation import Evaluator
 from tailtrain.core.records import RunRecord
-from tailtrain.core.scenario import World
+from tailtrain.core.scenario import World, budget_spent
 from tailtrain.core.update import WeightedUpdate, key_workers, screen_own
 from tailtrain.errors import TailtrainError, UsageError
 from tailtrain.runtime.config import RankResult, TrainConfig, build_world
@@ -110,7 +110,7 @@ from tailtrain.runtime.telemetry import (
 from tailtrain.runtime.units import Work, compute
 from tailtrain.strategies.base import AllreducePlan as Plan
 from tailtrain.strategies.base import ArrivalColumns, StepStats
-from tailtrain.topology.allreduce import RoundData, budget_spent, own_arrival, round_arrivals
+from tailtrain.topology.allreduce import RoundData, own_arrival, round_arrivals
 
 #: column of the first unit time in a gathered row [C_n, T~_n, injected, t_n^(1..U)]
 TIMES = 3
@@ -233,7 +233,7 @@ def rounds(run: _Rank) -> None:
         run.evals.start(scorer(run))
     run.comm.barrier()  # round 0 starts together, as the simulator's workers all start at 0
     while not run.interrupted and not budget_spent(
-        scenario, run.step, run.now, plan := run.rule.plan()
+        scenario, run.step, run.now, (plan := run.rule.plan()).iteration_scale
     ):
         before, evaluated = scorer(run), len(run.evals.record.evals)
         one_round(run, plan)

@@ -1,5 +1,5 @@
 """The allreduce topology's ledger, shared by the simulator (``sim.allreduce``) and the runtime
-(``runtime.allreduce``, ``integrate``): when a run's budget is spent, a round's arrivals, how a
+(``runtime.allreduce``, ``integrate``): a round's arrivals, how a
 plan becomes an allreduce round, what a worker's units leave it (:class:`Stops`) and its
 gradient G_n = H A_n / C_n, the round data every rank keeps (:class:`RoundData`), and a
 round's record row and the run's summary. Only the clocks differ between the two engines:
@@ -16,18 +16,9 @@ import numpy as np
 import torch
 
 from tailtrain.core.records import RunRecord
-from tailtrain.core.scenario import Scenario
 from tailtrain.errors import TailtrainError
 from tailtrain.strategies.base import AllreducePlan, ArrivalColumns, Plan, ServerPlan, StepStats
 from tailtrain.tasks.stream import Draws
-
-
-def budget_spent(scenario: Scenario, step: int, now: float, plan: AllreducePlan) -> bool:
-    """The scenario's budget; an iteration budget stretched by ``plan.iteration_scale``
-    (DropCompute Sec. 4.5's extra steps)."""
-    if scenario.iterations is None:
-        return now >= scenario.time_budget
-    return step >= math.ceil(scenario.iterations * plan.iteration_scale - 1e-9)
 
 
 def round_arrivals(

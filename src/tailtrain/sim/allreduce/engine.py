@@ -30,7 +30,7 @@ from tailtrain.sim.allreduce.learner import RoundLearner
 from tailtrain.sim.allreduce.timing import measured, stop_rule
 from tailtrain.sim.driver import Played, Scorer
 from tailtrain.strategies.base import AllreducePlan, ArrivalColumns, Selection, StepStats
-from tailtrain.topology.allreduce import budget_spent, step_row, summarise
+from tailtrain.topology.allreduce import step_row, summarise
 
 
 class AllreduceEngine:
@@ -51,7 +51,7 @@ class AllreduceEngine:
         self._closes = 0.0
 
     def finished(self, plan: AllreducePlan) -> bool:
-        return budget_spent(self.world.scenario, self.step, self.now, plan)
+        return self.world.finished(self.step, self.now, plan.iteration_scale)
 
     def scorer(self) -> Scorer:
         if self.learner is None:
