@@ -393,18 +393,9 @@ class Server:
         losses = torch.tensor([fresh[i].loss for i in index], dtype=self.dtype)
         whole = grads if grads is not None else torch.zeros(0, self.dim)
         scalars = gradient_stats(losses, whole, finite)
-        stats = StepStats(
-            step=self.step,
-            version=self.version + 1,
-            time=self.now,
-            k=plan.k,
-            arrivals=cands if len(arrivals) == len(fresh) else columns(arrivals),
-            used=used,
-            loss=scalars.loss,
-            grad_sq_sum=scalars.grad_sq_sum,
-            mean_grad_sq=scalars.mean_grad_sq,
-            lr=self.world.lr * plan.lr_scale,
-        )
+        every = cands if len(arrivals) == len(fresh) else columns(arrivals)
+        lr = self.world.lr * plan.lr_scale
+        stats = ps.step_stats(self.step, plan.k, self.now, every, used, scalars, lr)
         state_before = self.state
         self.state = self.strategy.adapt(self.state, stats)
         row = self.row(plan, cands, keys, selection, stats, len(dropped))
@@ -429,6 +420,8 @@ class Server:
         stats: StepStats,
         nonfinite: int,
     ) -> dict[str, Any]:
+        """``topology.ps.step_row``, and the columns only the server measures
+        (``MEASURED_ONLY``); the ``partial_*`` ones are filled as the stragglers report."""
         idx = np.flatnonzero(isin(keys, stats.used))
         a = stats.arrivals
         weights = selection.now.over(keys)[idx] if len(selection.now) else np.zeros(0)
@@ -442,17 +435,9 @@ class Server:
             strict=True,
         )
         row = {
-            "step": stats.step,
-            "time": stats.time,
-            "k": plan.k,
-            "lr": stats.lr,
-            "loss": stats.loss,
-            "workers": cands.worker[idx].tolist(),
-            "staleness": (stats.version - 1 - cands.version[idx]).tolist(),
-            "partial_workers": [],
+            **ps.step_row(stats, plan.k, cands),
             "partial_units": [],
             "partial_jobs": [],
-            "arrivals": len(a),
             "jobs": cands.job[idx].tolist(),
             "weights": weights.tolist(),
             "grad_sq_sum": stats.grad_sq_sum,

@@ -1,5 +1,6 @@
-"""The parameter-server topology's scheduling rules, shared by the simulator (``sim.ps``) and the
-runtime (``runtime.ps``): who computes which model version, as one pure transition function.
+"""The parameter-server topology's ledger, shared by the simulator (``sim.ps``) and the runtime
+(``runtime.ps``): who computes which model version, as one pure transition function, and a
+step's ``StepStats`` and record row (``step_stats``, ``step_row``).
 
 The server keeps, per worker, the version of the job it computes (or none), and a FIFO queue
 of tokens; it alone starts jobs. ``transition(schedule, event) -> (schedule, starts)`` says
@@ -48,9 +49,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from enum import StrEnum
+from typing import Any
 
+import numpy as np
+
+from tailtrain.core.update import GradientStats
 from tailtrain.errors import TailtrainError
-from tailtrain.strategies.base import SyncMode, uses_tokens
+from tailtrain.strategies.base import ArrivalColumns, StepStats, SyncMode, uses_tokens
 
 #: the version of a worker that computes nothing
 IDLE = -1
@@ -212,3 +217,75 @@ def _serve(s: Schedule, w: int) -> tuple[Schedule, tuple[Start, ...]]:
     (version, count), rest = s.tokens[0], s.tokens[1:]
     tokens = rest if count == 1 else ((version, count - 1), *rest)
     return _set(replace(s, tokens=tokens), w, version, False), (Start(w, version),)
+
+
+# ---- the step's ledger -------------------------------------------------------------------------
+#: a step row's columns, in order, as both engines write them (``step_row``)
+ROW = (
+    "step",
+    "time",
+    "k",
+    "lr",
+    "loss",
+    "workers",
+    "staleness",
+    "partial_workers",
+    "arrivals",
+)
+#: columns only the runtime writes: the contributors' jobs and weights, the stragglers' blocks
+#: as they report them (LGC), the scalars, every arrival on the server's clock and the
+#: server's own lag; the simulator keeps its rows small (one per virtual step, many steps)
+MEASURED_ONLY = (
+    "partial_units",
+    "partial_jobs",
+    "jobs",
+    "weights",
+    "grad_sq_sum",
+    "mean_grad_sq",
+    "arrived",
+    "lag",
+)
+#: columns only the simulator writes: none
+SIMULATED_ONLY: tuple[str, ...] = ()
+
+
+def step_stats(
+    step: int,
+    k: int,
+    time: float,
+    arrivals: ArrivalColumns,
+    used: np.ndarray,
+    scalars: GradientStats,
+    lr: float,
+) -> StepStats:
+    """A closed step's ``StepStats``: every arrival (late and stale ones too, for DBW's
+    estimator), the keys used, and the scalars over the fresh gradients."""
+    return StepStats(
+        step=step,
+        version=step + 1,
+        time=time,
+        k=k,
+        arrivals=arrivals,
+        used=used,
+        loss=scalars.loss,
+        grad_sq_sum=scalars.grad_sq_sum,
+        mean_grad_sq=scalars.mean_grad_sq,
+        lr=lr,
+    )
+
+
+def step_row(stats: StepStats, k: int, candidates: ArrivalColumns) -> dict[str, Any]:
+    """The ``ROW`` columns of a step: the used candidates' workers and staleness, the
+    stragglers whose partial work was offered (LGC), and how many arrived in all."""
+    idx = np.flatnonzero(np.isin(candidates.keys, stats.used))
+    return {
+        "step": stats.step,
+        "time": stats.time,
+        "k": k,
+        "lr": stats.lr,
+        "loss": stats.loss,
+        "workers": candidates.worker[idx].tolist(),
+        "staleness": (stats.version - 1 - candidates.version[idx]).tolist(),
+        "partial_workers": candidates.worker[candidates.partial].tolist(),
+        "arrivals": len(stats.arrivals),
+    }
