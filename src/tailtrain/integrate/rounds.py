@@ -30,6 +30,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
+from tailtrain.core.update import GradientStats
 from tailtrain.errors import UsageError
 from tailtrain.runtime.control import RuleDriver, Weighting, weighting
 from tailtrain.runtime.reduce import Collectives
@@ -39,14 +40,13 @@ from tailtrain.strategies.base import (
     ArrivalColumns,
     Context,
     Selection,
-    StepStats,
     Strategy,
     Topology,
     check_contract,
 )
 from tailtrain.strategies.dropcompute import may_start
 from tailtrain.strategies.registry import parse_strategy
-from tailtrain.topology.allreduce import round_arrivals
+from tailtrain.topology.allreduce import round_arrivals, round_stats
 
 #: column of the first unit time in a gathered row [C_n, T~_n, loss sum, t_n^(1..U)]
 TIMES = 3
@@ -186,17 +186,16 @@ class Rounds:
         rows, arrivals = agreed.rows, agreed.arrivals
         done = rows[:, 0].astype(np.int64)
         loss = float(rows[:, 2].sum() / done.sum()) if done.sum() > 0 else math.nan
-        stats = StepStats(
-            step=self.step,
-            version=self.step + 1,
-            time=self.now + elapsed,
-            k=plan.k,
-            arrivals=arrivals,
-            used=agreed.selection.used(),
-            loss=loss,
-            lr=self.lr * plan.lr_scale,
-            micro_batch_times=rows[:, TIMES:],
-            comm_time=comm,
+        stats = round_stats(
+            self.step,
+            plan.k,
+            self.now + elapsed,
+            arrivals,
+            agreed.selection.used(),
+            GradientStats(loss=loss),
+            self.lr * plan.lr_scale,
+            rows[:, TIMES:],
+            comm,
         )
         self.rule.adapt(stats)
         coefficients = agreed.selection.now.over(arrivals.keys)

@@ -73,7 +73,7 @@ from tailtrain.core import checkpoint
 from tailtrain.core.evaluation import Evaluator
 from tailtrain.core.records import RunRecord
 from tailtrain.core.scenario import World, budget_spent
-from tailtrain.core.update import WeightedUpdate, key_workers, screen_own
+from tailtrain.core.update import GradientStats, WeightedUpdate, key_workers, screen_own
 from tailtrain.errors import TailtrainError, UsageError
 from tailtrain.runtime.config import RankResult, TrainConfig, build_world
 from tailtrain.runtime.control import (
@@ -110,7 +110,7 @@ from tailtrain.runtime.telemetry import (
 from tailtrain.runtime.units import Work, compute
 from tailtrain.strategies.base import AllreducePlan as Plan
 from tailtrain.strategies.base import ArrivalColumns, StepStats
-from tailtrain.topology.allreduce import RoundData, own_arrival, round_arrivals
+from tailtrain.topology.allreduce import RoundData, own_arrival, round_arrivals, round_stats
 
 #: column of the first unit time in a gathered row [C_n, T~_n, injected, t_n^(1..U)]
 TIMES = 3
@@ -525,18 +525,15 @@ def account(run: _Rank, done: Unsettled) -> Weighting:
     except TailtrainError as err:  # a static rule's is checked rounds later: say which
         raise TailtrainError(f"round {step}: {err}") from None
     loss_sum, units_done, gsq = ex.extras[:3].tolist()  # Python floats, not numpy's
-    done.stats = StepStats(
-        step=step,
-        version=step + 1,
-        time=ex.time,
-        k=plan.k,
-        arrivals=arrivals,
-        used=screened_out(weighting.used, arrivals, ex.screened[:, 0] > 0),
+    scalars = GradientStats(
         loss=loss_sum / units_done if units_done > 0 else math.nan,
         grad_sq_sum=gsq if units_done > 0 else math.nan,
-        lr=run.world.lr * plan.lr_scale,
-        micro_batch_times=ex.rows[:, TIMES:],
-        comm_time=ex.comm_time,
+    )
+    used = screened_out(weighting.used, arrivals, ex.screened[:, 0] > 0)
+    lr = run.world.lr * plan.lr_scale
+    times = ex.rows[:, TIMES:]
+    done.stats = round_stats(
+        step, plan.k, ex.time, arrivals, used, scalars, lr, times, ex.comm_time
     )
     run.rule.adapt(done.stats)
     return weighting
