@@ -48,24 +48,19 @@ PROTOCOL: dict[str, tuple[str, str]] = {
         r"tailtrain\.runtime\.(allreduce|eager)",
         "the steps of a rank's run, one set per topology",
     ),
-    # each topology's ledger summarises its run (``simulate``'s summary keys); the partial
-    # collective's runtime adds wall-clock keys to its ledger's
-    "summarise": (
+    # each topology's ledger (``topology/``) offers the same parts, which both engines of that
+    # topology import qualified (``partial.round_row``): its record row's columns, those only
+    # one engine can fill, the row and StepStats builders and the run summary; the partial
+    # collective's runtime adds wall-clock keys to its ledger's summary
+    "summarise|step_row|round_row|round_stats|step_stats|ROW|SIMULATED_ONLY|MEASURED_ONLY": (
         r"tailtrain\.topology\.\w+|tailtrain\.runtime\.eager",
-        "a topology's run summary",
+        "a topology's ledger, one per topology",
     ),
 }
 
 #: duplicates left for later, each in files another branch is rewriting (issue 22): the
-#: rename waits for that merge so that both stay small
-PENDING: dict[str, tuple[str, str]] = {
-    # -1, a worker without a job, in both: the same protocol fact of the parameter server;
-    # to define once (``topology/``) when wip-ledger's runtime/ps.py and sim/ps/timeline.py land
-    "IDLE": (r"tailtrain\.(runtime\.ps|sim\.ps\.timeline)", "wip-ledger"),
-    # the GIL switch interval of a rank's threads, 5e-4 in both: to define once when
-    # runtime/ps.py is free again
-    "SWITCH_INTERVAL": (r"tailtrain\.runtime\.(partial|ps)", "wip-ledger"),
-}
+#: rename waits for that merge so that both stay small (none left)
+PENDING: dict[str, tuple[str, str]] = {}
 
 
 def module_name(path: Path) -> str:

@@ -40,6 +40,7 @@ from tailtrain.runtime.partial import (
 from tailtrain.sim.run import simulate
 from tailtrain.strategies.eager import Collective, RoundPlan, majority_initiator
 from tailtrain.strategies.registry import parse_strategy
+from tailtrain.topology import partial
 from tailtrain.topology.partial import activation_hops
 
 pytestmark = pytest.mark.timeout(90)
@@ -252,6 +253,9 @@ def test_majority_decides_as_simulated_at_8_workers():
         decisions.append(((a["initiator"], sorted(a["active"])), (b["initiator"], fresh)))
     assert sum(x == y for x, y in decisions) >= 0.95 * len(sim)
     assert len({len(y[1]) for _, y in decisions}) >= 4
+    # one row function (topology.partial.round_row): only the declared columns differ
+    assert all(set(b) == {*partial.ROW, *partial.SIMULATED_ONLY} for b in sim)
+    assert all(set(a) == {*partial.ROW, *partial.MEASURED_ONLY} for a in real)
 
 
 # ---- a hung process (issue 14) ----------------------------------------------------------------

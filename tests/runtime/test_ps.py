@@ -30,6 +30,7 @@ from tailtrain.strategies.base import ArrivalColumns, StepStats, arrival_keys
 from tailtrain.strategies.registry import parse_strategy
 from tailtrain.tasks import parse_partition, parse_task
 from tailtrain.tasks.stream import job_batches
+from tailtrain.topology import ps
 
 N = 3
 SEED = 5
@@ -268,6 +269,19 @@ def test_train_and_simulate_choose_the_same_contributors(results, name):
         assert len({tuple(sorted(r["workers"])) for r in sim}) > 1
     if name == "dbw parity":  # the estimator moved k, and train followed it
         assert len({r["k"] for r in sim}) > 1
+
+
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("name", ["lgc:k=2,blocks=5", "dbw parity"])
+def test_train_and_simulate_write_one_row_shape(results, name):
+    """One row function (``topology.ps.step_row``): the columns only one engine can fill are
+    declared in the ledger, every other one both engines write, in the same order."""
+    s, text, _ = CASES[name]
+    sim = simulate(s, parse_strategy(text), seed=SEED).steps
+    real = results[name].record.steps
+    assert all(list(r) == [*ps.ROW, *ps.SIMULATED_ONLY] for r in sim)
+    assert all(list(r)[: len(ps.ROW)] == list(ps.ROW) for r in real)
+    assert all(set(r) == {*ps.ROW, *ps.MEASURED_ONLY} for r in real)
 
 
 # ---- users' own models ---------------------------------------------------------------------------

@@ -82,6 +82,18 @@ class Scenario:
         )
 
 
+def budget_spent(scenario: Scenario, step: int, now: float, iteration_scale: float = 1.0) -> bool:
+    """Whether a run's budget is spent: the one rule of every engine and topology.
+
+    ``iterations`` updates, stretched by a plan's ``iteration_scale`` (DropCompute Sec. 4.5's
+    extra steps; 1 elsewhere), or ``time_budget`` seconds of the engine's clock (virtual in
+    the simulator, wall in the runtime).
+    """
+    if scenario.iterations is None:
+        return now >= scenario.time_budget
+    return step >= math.ceil(scenario.iterations * iteration_scale - 1e-9)
+
+
 @dataclass(frozen=True)
 class World:
     """What a seed makes of a scenario, whatever the topology: the task, its data partition,
@@ -141,11 +153,9 @@ class World:
         comm = parse_comm_time(self.scenario.comm_time) if round_trips else None
         return JobDurations(self.process, self.scenario.workers, comm, self.seed)
 
-    def finished(self, step: int, now: float) -> bool:
-        s = self.scenario
-        if s.iterations is not None:
-            return step >= s.iterations
-        return now >= s.time_budget
+    def finished(self, step: int, now: float, iteration_scale: float = 1.0) -> bool:
+        """The run's budget (``budget_spent``)."""
+        return budget_spent(self.scenario, step, now, iteration_scale)
 
     def summarise(self, strategy: Strategy, record: RunRecord) -> dict[str, Any]:
         times = record.column("time") if record.steps else np.zeros(1)

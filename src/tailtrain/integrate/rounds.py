@@ -31,7 +31,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
-from tailtrain.core.update import without
+from tailtrain.core.update import GradientStats, without
 from tailtrain.errors import UsageError
 from tailtrain.runtime.control import (
     RankWeighting,
@@ -47,7 +47,6 @@ from tailtrain.strategies.base import (
     ArrivalColumns,
     Context,
     Selection,
-    StepStats,
     Strategy,
     Topology,
     check_contract,
@@ -55,7 +54,7 @@ from tailtrain.strategies.base import (
 )
 from tailtrain.strategies.dropcompute import may_start
 from tailtrain.strategies.registry import parse_strategy
-from tailtrain.topology.allreduce import round_arrivals
+from tailtrain.topology.allreduce import round_arrivals, round_stats
 
 #: column of the first unit time in a gathered row [C_n, T~_n, loss sum, t_n^(1..U)]
 FIRST_UNIT_TIME = 3
@@ -207,17 +206,16 @@ class Rounds:
         rows, arrivals = agreed.rows, agreed.arrivals
         done = rows[:, 0].astype(np.int64)
         loss = float(rows[:, 2].sum() / done.sum()) if done.sum() > 0 else math.nan
-        stats = StepStats(
-            step=self.step,
-            version=self.step + 1,
-            time=self.now + elapsed,
-            k=plan.k,
-            arrivals=arrivals,
-            used=screened_out(agreed.selection.used(), arrivals, flags),
-            loss=loss,
-            lr=self.lr * plan.lr_scale,
-            micro_batch_times=rows[:, FIRST_UNIT_TIME:],
-            comm_time=comm,
+        stats = round_stats(
+            self.step,
+            plan.k,
+            self.now + elapsed,
+            arrivals,
+            screened_out(agreed.selection.used(), arrivals, flags),
+            GradientStats(loss=loss),
+            self.lr * plan.lr_scale,
+            rows[:, FIRST_UNIT_TIME:],
+            comm,
         )
         self.rule.adapt(stats)
         applied = without(agreed.selection.now, screened_keys(arrivals, flags))

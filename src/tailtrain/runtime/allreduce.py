@@ -71,9 +71,9 @@ import torch
 from tailtrain.core import checkpoint
 from tailtrain.core.evaluation import Evaluator
 from tailtrain.core.records import RunRecord
-from tailtrain.core.scenario import World
+from tailtrain.core.scenario import World, budget_spent
 from tailtrain.core.session import RunKeeper, check_entry
-from tailtrain.core.update import WeightedUpdate, key_workers, screen_own
+from tailtrain.core.update import GradientStats, WeightedUpdate, key_workers, screen_own
 from tailtrain.errors import TailtrainError
 from tailtrain.runtime.config import RankResult, TrainConfig, build_world
 from tailtrain.runtime.control import (
@@ -113,9 +113,9 @@ from tailtrain.strategies.base import AllreducePlan as Plan
 from tailtrain.strategies.base import StepStats
 from tailtrain.topology.allreduce import (
     RoundData,
-    budget_spent,
     own_arrival,
     round_arrivals,
+    round_stats,
     summarise,
 )
 
@@ -239,7 +239,7 @@ def rounds(run: _Rank) -> None:
     keeper.begin(run.evals, scorer(run), resumed=run.keeper.saved is not None)
     run.comm.barrier()  # round 0 starts together, as the simulator's workers all start at 0
     while not run.interrupted and not budget_spent(
-        scenario, run.step, run.now, plan := run.rule.plan()
+        scenario, run.step, run.now, (plan := run.rule.plan()).iteration_scale
     ):
         before = scorer(run)
         one_round(run, plan)
@@ -515,18 +515,15 @@ def account(run: _Rank, done: Unsettled) -> RankWeighting:
     except TailtrainError as err:  # a static rule's is checked rounds later: say which
         raise TailtrainError(f"round {step}: {err}") from None
     loss_sum, units_done, gsq = ex.extras[:3].tolist()  # Python floats, not numpy's
-    done.stats = StepStats(
-        step=step,
-        version=step + 1,
-        time=ex.time,
-        k=plan.k,
-        arrivals=arrivals,
-        used=screened_out(weighting.used, arrivals, ex.screened[:, 0] > 0),
+    scalars = GradientStats(
         loss=loss_sum / units_done if units_done > 0 else math.nan,
         grad_sq_sum=gsq if units_done > 0 else math.nan,
-        lr=run.world.lr * plan.lr_scale,
-        micro_batch_times=ex.rows[:, TIMES:],
-        comm_time=ex.comm_time,
+    )
+    used = screened_out(weighting.used, arrivals, ex.screened[:, 0] > 0)
+    lr = run.world.lr * plan.lr_scale
+    times = ex.rows[:, TIMES:]
+    done.stats = round_stats(
+        step, plan.k, ex.time, arrivals, used, scalars, lr, times, ex.comm_time
     )
     run.rule.adapt(done.stats)
     return weighting

@@ -88,7 +88,7 @@ from tailtrain.core.evaluation import Evaluator
 from tailtrain.core.records import RunRecord
 from tailtrain.core.scenario import World
 from tailtrain.core.session import RunKeeper, check_entry
-from tailtrain.core.update import WeightedUpdate, screen_own
+from tailtrain.core.update import GradientStats, WeightedUpdate, screen_own
 from tailtrain.delays.schedule import CommTimes
 from tailtrain.errors import TailtrainError
 from tailtrain.runtime.config import RankResult, TrainConfig, build_world
@@ -115,6 +115,7 @@ from tailtrain.runtime.telemetry import TraceRows, attach, close_record, follow,
 from tailtrain.strategies.base import ArrivalColumns, Selection, StepStats, Strategy
 from tailtrain.strategies.eager import RoundPlan
 from tailtrain.tasks.stream import job_batches
+from tailtrain.topology import partial
 from tailtrain.topology.partial import summarise as partial_summary
 
 log = logging.getLogger(__name__)
@@ -174,7 +175,7 @@ class Rule:
         self.state = self.strategy.adapt(self.state, stats)
         time.sleep(self.comm.next() * (2 if plan.average_models else 1))
         self.now = stats.time
-        self.last_row = round_row(result, stats)
+        self.last_row = measured_round_row(result, stats)
         if self.record is not None:
             self.record.add_step(self.last_row)
         self.done = self.base + r + 1
@@ -199,18 +200,16 @@ class Rule:
         nap = len(fresh)
         mean = result.fresh / max(nap, 1)
         fresh = fresh[np.isfinite(fresh[:, 5])]  # a screened-out gradient joined with nothing
-        return StepStats(
-            step=self.base + r,
-            version=self.base + r + 1,
-            time=self.origin + result.closed,
-            k=result.plan.k,
-            arrivals=arrivals,
-            used=arrivals.keys[np.isfinite(rows[:, 5])],
+        scalars = GradientStats(
             loss=float(fresh[:, 5].mean()) if len(fresh) else math.nan,
             grad_sq_sum=float(fresh[:, 6].sum()) if len(fresh) else math.nan,
             mean_grad_sq=float(mean @ mean) if nap else math.nan,
-            lr=self.world.lr * result.plan.lr_scale,
         )
+        used = arrivals.keys[np.isfinite(rows[:, 5])]
+        lr = self.world.lr * result.plan.lr_scale
+        closed = self.origin + result.closed
+        k = result.plan.k
+        return partial.round_stats(self.base + r, k, closed, arrivals, used, scalars, lr)
 
     # ---- the agreed model and the snapshots (module docstring) ----------------------------
     def keep(self, r: int, step: tuple[torch.Tensor, float, float], average: bool) -> None:
@@ -289,7 +288,7 @@ def uniform_weight(selection: Selection, keys: np.ndarray) -> tuple[float, float
     return (float(weights[0]) if len(keys) else 0.0), selection.now.divisor or 1.0
 
 
-def round_row(result: RoundResult, stats: StepStats) -> dict[str, Any]:
+def measured_round_row(result: RoundResult, stats: StepStats) -> dict[str, Any]:
     """The simulator's partial-collective row (``sim.partial.engine``), measured."""
     rows, r, plan = result.rows, result.index, result.plan
     active = result.active
@@ -299,25 +298,15 @@ def round_row(result: RoundResult, stats: StepStats) -> dict[str, Any]:
     extra = {"nonfinite": nonfinite} if nonfinite else {}
     if plan.synchronous:  # everyone activates itself; the last call completes it (the sim's)
         initiators = np.array([int(np.argmax(result.slots[:, 1]))])
-    return {
-        "step": stats.step,
-        "time": stats.time,
-        "k": int(active.size),
-        "lr": stats.lr,
-        "loss": stats.loss,
-        "workers": rows[summed, 0].astype(int).tolist(),
-        "staleness": (r - rows[summed, 2]).astype(int).tolist(),
-        "nap": int(active.size),
-        "quorum": plan.k,
-        "collective": plan.collective.value,
-        "initiator": int(initiators[0]) if initiators.size else -1,
+    measured = {
         "initiators": initiators.tolist(),
         "active": active.tolist(),
-        "model_sync": plan.average_models,
-        "arrivals": len(stats.arrivals),
         "reach": result.reach - result.activation,
-        **extra,
     }
+    initiator = int(initiators[0]) if initiators.size else -1
+    workers, staleness = rows[summed, 0], r - rows[summed, 2]
+    row = partial.round_row(stats, plan, workers, staleness, int(active.size), initiator, measured)
+    return {**row, **extra}
 
 
 @dataclass

@@ -97,19 +97,17 @@ import torch
 import torch.distributed as dist
 
 from tailtrain.errors import TailtrainError
-from tailtrain.runtime.reduce import UNBOUNDED_WAIT
+from tailtrain.runtime.reduce import SWITCH_INTERVAL, UNBOUNDED_WAIT
 from tailtrain.strategies.base import ArrivalColumns
 from tailtrain.strategies.eager import Collective, RoundPlan
 from tailtrain.topology.partial import activation_hops, counter_of
 
 ACT, CALL, STOP, ABORT = 1, 2, 3, 4
 #: columns of one contributed gradient's row
-ROW = ("job", "version", "start", "finish", "loss", "gsq")
+SLOT_COLUMNS = ("job", "version", "start", "finish", "loss", "gsq")
 HEAD = ("initiated", "activated", "snapshot", "rows")
 #: gradients one process contributes per round at most (the rest wait a round)
 CAPACITY = 4
-#: the GIL's switch interval while a collective runs: its threads must answer promptly
-SWITCH_INTERVAL = 5e-4
 #: completed rounds each rank keeps (``runtime.eager`` keeps the steps of as many)
 KEPT_ROUNDS = 64
 #: up to this many processes an initiator activates everyone itself: one hop of P - 1 messages
@@ -144,14 +142,14 @@ class RoundResult:
     plan: RoundPlan
     total: torch.Tensor  # sum of every contributed gradient
     fresh: torch.Tensor  # sum of the fresh (this round's step) gradients
-    slots: np.ndarray  # (P, len(HEAD) + capacity * len(ROW))
+    slots: np.ndarray  # (P, len(HEAD) + capacity * len(SLOT_COLUMNS))
     done: float  # when this rank's allreduce returned
 
     @property
     def rows(self) -> np.ndarray:
-        """(n, 1 + len(ROW)) contributed gradients: worker, then the ROW columns."""
-        p, cap = len(self.slots), (self.slots.shape[1] - len(HEAD)) // len(ROW)
-        table = self.slots[:, len(HEAD) :].reshape(p, cap, len(ROW))
+        """(n, 1 + len(SLOT_COLUMNS)) contributed gradients: worker, then the slot's columns."""
+        p, cap = len(self.slots), (self.slots.shape[1] - len(HEAD)) // len(SLOT_COLUMNS)
+        table = self.slots[:, len(HEAD) :].reshape(p, cap, len(SLOT_COLUMNS))
         have = np.arange(cap)[None, :] < self.slots[:, 3, None]
         worker = np.broadcast_to(np.arange(p)[:, None], (p, cap))[have]
         return np.column_stack([worker, table[have]])
@@ -294,7 +292,7 @@ class PartialCollective:
         self.state = _Shared(plans={0: first})
         self.sent = np.zeros(procs, dtype=np.int64)
         self.pending: deque = deque()
-        self.width = len(HEAD) + capacity * len(ROW)
+        self.width = len(HEAD) + capacity * len(SLOT_COLUMNS)
         self._switch = sys.getswitchinterval()
         self._aborted = False  # ABORT goes out once, even after a close() that failed
         sys.setswitchinterval(min(self._switch, SWITCH_INTERVAL))
@@ -601,5 +599,5 @@ def recursive_doubling(x: torch.Tensor, rank: int, procs: int, group) -> torch.T
 
 
 def row(job: int, version: int, start: float, finish: float, loss: float, gsq: float) -> np.ndarray:
-    """One contributed gradient's row (``ROW``)."""
+    """One contributed gradient's row (``SLOT_COLUMNS``)."""
     return np.array([job, version, start, finish, loss, gsq], dtype=np.float64)

@@ -19,7 +19,8 @@ job numbers count each worker's starts, so worker w's j-th job has the simulator
 started: a job's start is when its JOB left, an arrival's finish when its message came (the
 receiving thread stamps it), so DBW's round trips never mix two hosts' clocks.
 
-A step (``SyncMode``; ``sim.ps.timeline`` has the same rules in virtual time):
+A step (``SyncMode``; the rules of who starts which job, and the token queue, are
+``topology.ps.transition``, which ``sim.ps.timeline`` drives in virtual time too):
 
 1. begin(version v): under an interrupting mode (PsI, pull & interrupt) every BUSY worker
    gets a JOB at v naming the job it cancels (an interrupt); under pull with stale gradients
@@ -129,7 +130,7 @@ from tailtrain.runtime.ps_wire import (
     send_report,
 )
 from tailtrain.runtime.ps_worker import Worker
-from tailtrain.runtime.reduce import Collectives
+from tailtrain.runtime.reduce import SWITCH_INTERVAL, Collectives
 from tailtrain.runtime.telemetry import run_record, write_trace
 from tailtrain.strategies.base import (
     COLUMNS,
@@ -141,15 +142,12 @@ from tailtrain.strategies.base import (
     Weighting,
     step_closes,
     usable,
-    uses_tokens,
 )
+from tailtrain.topology import ps
+from tailtrain.topology.ps import IDLE
 
 #: the server's process id, in the run folder while it serves
 SERVER_PID = "server.pid"
-
-IDLE = -1
-#: seconds between GIL hand-overs in the ranks (``sys.setswitchinterval``)
-SWITCH_INTERVAL = 0.0005
 
 
 @dataclass
@@ -208,11 +206,11 @@ class Server:
         n = self.n
         self.liveness = Liveness(n, config.timeout, config.worker_timeout)
         self.outbox = Outbox(self.dim, self.dtype, config.timeout, self.liveness.failed)
-        self.busy = np.full(n, IDLE, dtype=np.int64)
+        # who computes which version, and the token queue (``topology.ps``)
+        self.schedule = ps.Schedule.fresh(n)
         self.job = np.full(n, -1, dtype=np.int64)
         self.start = np.zeros(n)
         self.next_job = np.zeros(n, dtype=np.int64)
-        self.tokens: deque[list[int]] = deque()
         self.backlog: deque[Message] = deque()
         self.pending: Pending | None = None
         self.version = self.step = self.ghosts = 0
@@ -262,13 +260,18 @@ class Server:
     def clock(self) -> float:
         return time.perf_counter() - self.t0
 
+    @property
+    def busy(self) -> np.ndarray:
+        """The version each worker computes (``IDLE``: none), from the schedule."""
+        return np.array(self.schedule.jobs, dtype=np.int64)
+
     def checked(
         self, message: Message | None, plan: ServerPlan, fresh: list[Arrival], closed: bool
     ) -> bool:
         """After a liveness event (a LOST message, or None: a check was due): whether the
         step is closed, now that k is capped at the workers still live."""
         if message is not None and self.liveness.lost(message.worker):
-            self.busy[message.worker] = IDLE  # its job will never come
+            self.schedule, _ = ps.transition(self.schedule, ps.Lost(message.worker))
         p = self.pending
         if p is not None and p.waiting:  # LGC: a lost straggler reports nothing
             for w in [w for w in p.waiting if not self.liveness.alive[w]]:
@@ -297,25 +300,16 @@ class Server:
         v = self.version
         self.units = self.world.scenario.micro_batches or max(1, plan.partial_blocks)
         waiting = {} if self.pending is None else self.pending.waiting
-        if plan.mode.interrupts:
-            for w in np.flatnonzero(self.busy != IDLE).tolist():
-                blocks = self.pending.blocks if self.pending and w in waiting else 0
-                self.start_job(w, v, self.now, cancels=int(self.job[w]), blocks=blocks)
-        if uses_tokens(plan.mode, plan.accept_stale):
-            self.tokens.append([v, self.n - int(self.liveness.dead.sum())])
-        for w in np.flatnonzero((self.busy == IDLE) & ~self.liveness.dead).tolist():
-            self.refill(w, plan, self.now)
-
-    def refill(self, w: int, plan: ServerPlan, start: float) -> None:
-        """Start worker ``w`` at the current version, or at its token's (pull, DBW §2)."""
-        if not uses_tokens(plan.mode, plan.accept_stale):
-            self.start_job(w, self.version, start)
-        elif self.tokens:
-            run = self.tokens[0]
-            run[1] -= 1
-            if run[1] == 0:
-                self.tokens.popleft()
-            self.start_job(w, run[0], start)
+        absent = frozenset(np.flatnonzero(self.liveness.dead).tolist())
+        update = ps.Update(v, plan.mode, plan.accept_stale, absent)
+        self.schedule, starts = ps.transition(self.schedule, update)
+        for a in starts:  # interrupts first, then the idle workers, lowest index first
+            w = a.worker
+            if not a.cancels:
+                self.start_job(w, a.version, self.now)
+                continue
+            blocks = self.pending.blocks if self.pending and w in waiting else 0
+            self.start_job(w, a.version, self.now, cancels=int(self.job[w]), blocks=blocks)
 
     def start_job(
         self, w: int, version: int, start: float, cancels: int = -1, blocks: int = 0
@@ -325,7 +319,7 @@ class Server:
         injected round trip from there (``ps_worker``), so the broadcast counts towards it."""
         job = int(self.next_job[w])
         self.next_job[w] += 1
-        self.busy[w], self.job[w], self.start[w] = version, job, start
+        self.job[w], self.start[w] = job, start
         theta = self.versions[version]
         message = Message(Kind.JOB, w, job, version, self.units, blocks, cancels, start, theta)
         self.outbox.send(message, w + 1, DOWN)
@@ -372,7 +366,8 @@ class Server:
             self.ghosts += 1
             return False
         a = Arrival(w, m.job, m.version, self.start[w], m.stamp - self.t0, m.payload, m.loss)
-        self.busy[w] = IDLE
+        # held: the worker closing the step waits for the update (unless drained)
+        self.schedule, _ = ps.transition(self.schedule, ps.Delivered(w, hold=True))
         self.liveness.delivered(w, a.finish - a.start)
         arrivals.append(a)
         if usable(m.version, self.version, plan.accept_stale):
@@ -385,10 +380,9 @@ class Server:
         if closes:
             self.now = a.finish
         if not closes or drain:  # the closing worker waits for the update (unless drained)
-            if plan.mode.refills:
-                self.refill(w, plan, a.finish)
-            elif m.version < self.version and not plan.accept_stale:
-                self.start_job(w, self.version, a.finish)
+            self.schedule, starts = ps.transition(self.schedule, ps.Ask(w))
+            for job in starts:
+                self.start_job(w, job.version, a.finish)
         return closes
 
     # ---- close: select, update, adapt, record ----------------------------------------------
@@ -419,18 +413,9 @@ class Server:
         losses = torch.tensor([fresh[i].loss for i in index], dtype=self.dtype)
         whole = grads if grads is not None else torch.zeros(0, self.dim)
         scalars = gradient_stats(losses, whole, finite)
-        stats = StepStats(
-            step=self.step,
-            version=self.version + 1,
-            time=self.now,
-            k=plan.k,
-            arrivals=cands if len(arrivals) == len(fresh) else columns(arrivals),
-            used=used,
-            loss=scalars.loss,
-            grad_sq_sum=scalars.grad_sq_sum,
-            mean_grad_sq=scalars.mean_grad_sq,
-            lr=self.world.lr * plan.lr_scale,
-        )
+        every = cands if len(arrivals) == len(fresh) else columns(arrivals)
+        lr = self.world.lr * plan.lr_scale
+        stats = ps.step_stats(self.step, plan.k, self.now, every, used, scalars, lr)
         state_before = self.state
         self.state = self.strategy.adapt(self.state, stats)
         row = self.row(plan, cands, keys, selection, stats, len(dropped))
@@ -442,7 +427,7 @@ class Server:
         self.version += 1
         self.step += 1
         self.versions[self.version] = theta
-        keep = {self.version, *(run[0] for run in self.tokens)}
+        keep = {self.version, *(run[0] for run in self.schedule.tokens)}
         for v in [v for v in self.versions if v not in keep]:
             del self.versions[v]
 
@@ -455,6 +440,8 @@ class Server:
         stats: StepStats,
         nonfinite: int,
     ) -> dict[str, Any]:
+        """``topology.ps.step_row``, and the columns only the server measures
+        (``MEASURED_ONLY``); the ``partial_*`` ones are filled as the stragglers report."""
         idx = np.flatnonzero(isin(keys, stats.used))
         a = stats.arrivals
         weights = selection.now.over(keys)[idx] if len(selection.now) else np.zeros(0)
@@ -468,17 +455,9 @@ class Server:
             strict=True,
         )
         row = {
-            "step": stats.step,
-            "time": stats.time,
-            "k": plan.k,
-            "lr": stats.lr,
-            "loss": stats.loss,
-            "workers": cands.worker[idx].tolist(),
-            "staleness": (stats.version - 1 - cands.version[idx]).tolist(),
-            "partial_workers": [],
+            **ps.step_row(stats, plan.k, cands),
             "partial_units": [],
             "partial_jobs": [],
-            "arrivals": len(a),
             "jobs": cands.job[idx].tolist(),
             "weights": weights.tolist(),
             "grad_sq_sum": stats.grad_sq_sum,

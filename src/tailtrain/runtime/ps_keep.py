@@ -4,7 +4,7 @@ The server is the run's only state; its workers keep nothing."""
 
 from __future__ import annotations
 
-from collections import deque
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -58,7 +58,7 @@ def state_dict(server: Server) -> dict[str, Any]:
         "evals": checkpoint.pack([dict(row) for row in server.record.evals]),
         "snapshots": list(server.snapshots),
         "next_job": server.next_job.tolist(),
-        "tokens": [list(run) for run in server.tokens],
+        "tokens": [list(run) for run in server.schedule.tokens],
         "ghosts": server.ghosts,
         "rows": len(steps),
         "last_step": checkpoint.pack(steps[-1]) if steps else None,
@@ -77,6 +77,8 @@ def resume(server: Server, saved: dict[str, Any]) -> None:
     checkpoint.restore(server.evals, saved["evaluator"])
     server.snapshots = list(saved["snapshots"])
     server.next_job = np.array(saved["next_job"], dtype=np.int64)
-    server.tokens = deque(list(run) for run in saved["tokens"])
+    # every worker starts afresh (none computes for a resumed server); the token queue goes on
+    tokens = tuple((int(version), int(count)) for version, count in saved["tokens"])
+    server.schedule = replace(server.schedule, version=server.version, tokens=tokens)
     server.ghosts = int(saved["ghosts"])
     torch.set_rng_state(saved["torch_rng"])

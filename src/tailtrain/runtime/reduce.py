@@ -40,6 +40,9 @@ GRACE = 2.0
 #: parameter server's wire): without limit, in effect; gloo wants a finite timeout and
 #: closes the pair when one passes
 UNBOUNDED_WAIT = datetime.timedelta(days=365)
+#: the GIL's switch interval in a rank whose threads must answer promptly (the partial
+#: collective's reducer, the parameter server's receiver): ``sys.setswitchinterval``
+SWITCH_INTERVAL = 5e-4
 
 #: one rank's small row of numbers (counts, times): an array, a list or a tuple
 RankRow = np.ndarray | Sequence[float]

@@ -1,9 +1,10 @@
 """The allreduce topology's ledger, shared by the simulator (``sim.allreduce``) and the runtime
-(``runtime.allreduce``, ``integrate``): when a run's budget is spent, a round's arrivals, how a
+(``runtime.allreduce``, ``integrate``): a round's arrivals, how a
 plan becomes an allreduce round, what a worker's units leave it (:class:`Stops`) and its
 gradient G_n = H A_n / C_n, the round data every rank keeps (:class:`RoundData`), and a
-round's record row and the run's summary. Only the clocks differ between the two engines:
-``sim.allreduce.timing`` stops units on a virtual one, ``runtime.units`` on the wall clock.
+round's ``StepStats`` (``round_stats``), record row and the run's summary. Only the clocks
+differ between the two engines: ``sim.allreduce.timing`` stops units on a virtual one,
+``runtime.units`` on the wall clock.
 """
 
 from __future__ import annotations
@@ -16,18 +17,10 @@ import numpy as np
 import torch
 
 from tailtrain.core.records import RunRecord
-from tailtrain.core.scenario import Scenario
+from tailtrain.core.update import GradientStats
 from tailtrain.errors import TailtrainError
 from tailtrain.strategies.base import AllreducePlan, ArrivalColumns, Plan, StepStats
 from tailtrain.tasks.stream import Draws
-
-
-def budget_spent(scenario: Scenario, step: int, now: float, plan: AllreducePlan) -> bool:
-    """The scenario's budget; an iteration budget stretched by ``plan.iteration_scale``
-    (DropCompute Sec. 4.5's extra steps)."""
-    if scenario.iterations is None:
-        return now >= scenario.time_budget
-    return step >= math.ceil(scenario.iterations * plan.iteration_scale - 1e-9)
 
 
 def round_arrivals(
@@ -129,6 +122,36 @@ class RoundData:
         """Put every dropped micro-batch back at the end of its worker's queue (Sec. 4.5)."""
         for worker in np.flatnonzero(done < batches.shape[1]):
             self.queues[worker].extend(batches[worker, done[worker] :])
+
+
+def round_stats(
+    step: int,
+    k: int,
+    time: float,
+    arrivals: ArrivalColumns,
+    used: np.ndarray,
+    scalars: GradientStats,
+    lr: float,
+    micro_batch_times: np.ndarray | None,
+    comm_time: float,
+) -> StepStats:
+    """A closed round's ``StepStats`` (the simulator's, ``train``'s and ``integrate``'s): the
+    arrivals, the keys used, the scalars, each rank's micro-batch times and T^c, which
+    DropCompute's Algorithm 2 reads."""
+    return StepStats(
+        step=step,
+        version=step + 1,
+        time=time,
+        k=k,
+        arrivals=arrivals,
+        used=used,
+        loss=scalars.loss,
+        grad_sq_sum=scalars.grad_sq_sum,
+        mean_grad_sq=scalars.mean_grad_sq,
+        lr=lr,
+        micro_batch_times=micro_batch_times,
+        comm_time=comm_time,
+    )
 
 
 def step_row(

@@ -1,17 +1,21 @@
 """The partial-collective topology's ledger, shared by the simulator (``sim.partial``) and the
 runtime (``runtime.partial``, ``runtime.eager``, ``runtime.microbench``): the protocol's facts
-(how many hops an activation takes, which rank counts a quorum round), the run summary of its
+(how many hops an activation takes, which rank counts a quorum round), a round's
+``StepStats`` and record row (``round_stats``, ``round_row``), the run summary of its
 rounds, and what a collective microbenchmark reports.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from tailtrain.core.records import RunRecord
-from tailtrain.strategies.eager import Collective
+from tailtrain.core.update import GradientStats
+from tailtrain.strategies.base import ArrivalColumns, StepStats
+from tailtrain.strategies.eager import Collective, RoundPlan
 
 
 def activation_hops(processes: int) -> int:
@@ -23,6 +27,93 @@ def counter_of(round_index: int, processes: int) -> int:
     """The rank that counts the calls of quorum round ``round_index`` (it rotates, so no rank
     carries every round; ``runtime.partial``); rounds may be an integer array."""
     return round_index % processes
+
+
+#: a round row's columns, in order, as both engines write them (``round_row``)
+ROW = (
+    "step",
+    "time",
+    "k",
+    "lr",
+    "loss",
+    "workers",
+    "staleness",
+    "nap",
+    "quorum",
+    "collective",
+    "initiator",
+    "model_sync",
+    "arrivals",
+)
+#: columns only the simulator writes: ``models``, the distinct models across the workers
+#: (eager-SGD's drift without model averaging); the runtime cannot count them without another
+#: gather of every rank's parameters per round
+SIMULATED_ONLY = ("models",)
+#: columns only the runtime writes: every rank that activated the round (``initiators``: ranks
+#: racing to initiate are real, the simulator's network resolves one), the ranks that joined
+#: (``active``) and the seconds the activation took to reach them (``reach``), both measured;
+#: the simulator's rows stay as they are, byte for byte (tests/golden)
+MEASURED_ONLY = ("initiators", "active", "reach")
+
+
+def round_stats(
+    step: int,
+    k: int,
+    time: float,
+    arrivals: ArrivalColumns,
+    used: np.ndarray,
+    scalars: GradientStats,
+    lr: float,
+) -> StepStats:
+    """A closed round's ``StepStats``: its arrivals (fresh, late and parked), the keys summed,
+    and the scalars over the fresh gradients."""
+    return StepStats(
+        step=step,
+        version=step + 1,
+        time=time,
+        k=k,
+        arrivals=arrivals,
+        used=used,
+        loss=scalars.loss,
+        grad_sq_sum=scalars.grad_sq_sum,
+        mean_grad_sq=scalars.mean_grad_sq,
+        lr=lr,
+    )
+
+
+def round_row(
+    stats: StepStats,
+    plan: RoundPlan,
+    workers: np.ndarray,
+    staleness: np.ndarray,
+    nap: int,
+    initiator: int,
+    only: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The ``ROW`` columns of a round, with the columns only this engine fills (``only``,
+    keys from ``SIMULATED_ONLY`` or ``MEASURED_ONLY``): ``models`` goes before ``arrivals``
+    (the simulator's order), the measured ones after it."""
+    only = only or {}
+    if not set(only) <= {*SIMULATED_ONLY, *MEASURED_ONLY}:
+        raise ValueError(f"undeclared round-row columns: {sorted(set(only))}")
+    row: dict[str, Any] = {
+        "step": stats.step,
+        "time": stats.time,
+        "k": nap,
+        "lr": stats.lr,
+        "loss": stats.loss,
+        "workers": workers.astype(int).tolist(),
+        "staleness": staleness.astype(int).tolist(),
+        "nap": nap,
+        "quorum": plan.k,
+        "collective": plan.collective.value,
+        "initiator": initiator,
+        "model_sync": plan.average_models,
+    }
+    row.update({c: only[c] for c in SIMULATED_ONLY if c in only})
+    row["arrivals"] = len(stats.arrivals)
+    row.update({c: only[c] for c in MEASURED_ONLY if c in only})
+    return row
 
 
 def summarise(record: RunRecord) -> dict[str, float]:

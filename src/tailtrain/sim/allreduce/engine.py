@@ -30,7 +30,7 @@ from tailtrain.sim.allreduce.learner import RoundLearner
 from tailtrain.sim.allreduce.timing import measured, stop_rule
 from tailtrain.sim.driver import Played, Scorer
 from tailtrain.strategies.base import AllreducePlan, ArrivalColumns, Selection, StepStats
-from tailtrain.topology.allreduce import budget_spent, step_row, summarise
+from tailtrain.topology.allreduce import round_stats, step_row, summarise
 
 
 class AllreduceEngine:
@@ -51,7 +51,7 @@ class AllreduceEngine:
         self._closes = 0.0
 
     def finished(self, plan: AllreducePlan) -> bool:
-        return budget_spent(self.world.scenario, self.step, self.now, plan)
+        return self.world.finished(self.step, self.now, plan.iteration_scale)
 
     def scorer(self) -> Scorer:
         if self.learner is None:
@@ -85,19 +85,16 @@ class AllreduceEngine:
                 self.learner.requeue(batches, stops.done)
             scalars = work.stats()
         self._closes = self.now + float(stops.compute.max()) + comm
-        return StepStats(
-            step=self.step,
-            version=self.step + 1,
-            time=self._closes,
-            k=plan.k,
-            arrivals=played.candidates,
-            used=selection.used(),
-            loss=scalars.loss,
-            grad_sq_sum=scalars.grad_sq_sum,
-            mean_grad_sq=scalars.mean_grad_sq,
-            lr=self.world.lr * plan.lr_scale,
-            micro_batch_times=measured(times, stops.done),
-            comm_time=comm,
+        return round_stats(
+            self.step,
+            plan.k,
+            self._closes,
+            played.candidates,
+            selection.used(),
+            scalars,
+            self.world.lr * plan.lr_scale,
+            measured(times, stops.done),
+            comm,
         )
 
     def row(

@@ -40,6 +40,7 @@ from tailtrain.sim.partial.models import Gradients, ModelStore
 from tailtrain.sim.partial.processes import Processes, SendBuffers, Work
 from tailtrain.strategies.base import ArrivalColumns, Selection, StepStats
 from tailtrain.strategies.eager import RoundPlan
+from tailtrain.topology import partial
 from tailtrain.topology.partial import summarise
 
 log = logging.getLogger(__name__)
@@ -147,17 +148,9 @@ class PartialCollectiveEngine:
         )
         arrivals = _arrivals(calls)
         self._closes = float(done.timing.complete)
-        return StepStats(
-            step=self.step,
-            version=self.step + 1,
-            time=float(done.timing.complete),
-            k=plan.k,
-            arrivals=arrivals,
-            used=arrivals.keys[used],
-            loss=scalars.loss,
-            grad_sq_sum=scalars.grad_sq_sum,
-            mean_grad_sq=scalars.mean_grad_sq,
-            lr=self.last_scale,
+        closes = self._closes
+        return partial.round_stats(
+            self.step, plan.k, closes, arrivals, arrivals.keys[used], scalars, self.last_scale
         )
 
     def _deliver(
@@ -195,22 +188,16 @@ class PartialCollectiveEngine:
         # contribution of the round, as the runtime records it (``runtime.eager``)
         screened = np.setdiff1d(selection.used(), stats.used)
         kept = ~np.isin(_arrivals(work).keys, screened)
-        return {
-            "step": stats.step,
-            "time": stats.time,
-            "k": int(done.active.size),
-            "lr": stats.lr,
-            "loss": stats.loss,
-            "workers": work.worker[kept].tolist(),
-            "staleness": (self.step - work.step)[kept].tolist(),
-            "nap": int(done.active.size),
-            "quorum": plan.k,
-            "collective": plan.collective.value,
-            "initiator": int(done.timing.initiator),
-            "model_sync": plan.average_models,
-            "models": 1 if self.models is None else self.models.distinct(self.procs.model),
-            "arrivals": len(stats.arrivals),
-        }
+        models = 1 if self.models is None else self.models.distinct(self.procs.model)
+        return partial.round_row(
+            stats,
+            plan,
+            work.worker[kept],
+            (self.step - work.step)[kept],
+            int(done.active.size),
+            int(done.timing.initiator),
+            {"models": models},
+        )
 
     def advance(self) -> None:
         self.now = self._closes

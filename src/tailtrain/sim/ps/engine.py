@@ -25,6 +25,7 @@ from tailtrain.strategies.base import (
     ServerPlan,
     StepStats,
 )
+from tailtrain.topology import ps
 
 
 class ServerEngine:
@@ -95,35 +96,14 @@ class ServerEngine:
                 self.version + 1, self.version, selection, candidates, plan.lr_scale
             )
         late = candidates.take(np.flatnonzero(candidates.partial))
-        return StepStats(
-            step=self.step,
-            version=self.version + 1,
-            time=got.close,
-            k=plan.k,
-            arrivals=ArrivalColumns.concat([got.arrivals, late]),
-            used=selection.used(),
-            loss=scalars.loss,
-            grad_sq_sum=scalars.grad_sq_sum,
-            mean_grad_sq=scalars.mean_grad_sq,
-            lr=self.world.lr * plan.lr_scale,
-        )
+        arrivals = ArrivalColumns.concat([got.arrivals, late])
+        lr = self.world.lr * plan.lr_scale
+        return ps.step_stats(self.step, plan.k, got.close, arrivals, selection.used(), scalars, lr)
 
     def row(
         self, plan: ServerPlan, selection: Selection, played: Played, stats: StepStats
     ) -> dict[str, Any]:
-        candidates = played.candidates
-        idx = np.flatnonzero(np.isin(candidates.keys, stats.used))
-        return {
-            "step": stats.step,
-            "time": stats.time,
-            "k": plan.k,
-            "lr": stats.lr,
-            "loss": stats.loss,
-            "workers": candidates.worker[idx].tolist(),
-            "staleness": (stats.version - 1 - candidates.version[idx]).tolist(),
-            "partial_workers": candidates.worker[candidates.partial].tolist(),
-            "arrivals": len(stats.arrivals),
-        }
+        return ps.step_row(stats, plan.k, played.candidates)
 
     def advance(self) -> None:
         self.version += 1

@@ -20,6 +20,9 @@ What a worker does after it delivers depends on the mode (see ``SyncMode``):
   is computed in vain (DBW footnote 3). With no token left it waits for the next update.
   Hence at most n jobs of a version are ever started, however fast some workers are.
 - pull & interrupt (K-batch-sync): it computes again at the same version until the update.
+
+Those rules, and the token queue, are ``topology.ps.transition``, shared with the real server
+(``runtime.ps``); this module feeds it events in virtual-time order and keeps the times.
 """
 
 from __future__ import annotations
@@ -30,9 +33,9 @@ import numpy as np
 
 from tailtrain.delays.schedule import JobDurations
 from tailtrain.errors import TailtrainError
-from tailtrain.strategies.base import ArrivalColumns, SyncMode, step_closes, usable, uses_tokens
-
-IDLE = -1
+from tailtrain.strategies.base import ArrivalColumns, SyncMode, step_closes, usable
+from tailtrain.topology import ps
+from tailtrain.topology.ps import IDLE
 
 
 @dataclass(frozen=True)
@@ -60,8 +63,8 @@ class ServerTimeline:
         # of that instant remains, since one of those could close the step first
         self._waiting = np.empty(0, dtype=np.int64)
         self._waiting_since = -np.inf
-        # DBW §2 PI: the FIFO token queue as runs [version, count], oldest first
-        self._tokens: list[list[int]] = []
+        # who computes which version, and DBW §2 PI's token queue (``topology.ps``)
+        self.schedule = ps.Schedule.fresh(n_workers)
         # (N, M) share of each running job done after each micro-batch; None without them
         self.progress: np.ndarray | None = None
 
@@ -84,45 +87,31 @@ class ServerTimeline:
         With tokens the update enqueues n tokens of ``version`` first, and the idle workers,
         lowest index first, dequeue the oldest ones.
         """
-        if mode.interrupts:
-            self.cancel(np.flatnonzero(self.version != IDLE))
-        idle = np.flatnonzero(self.version == IDLE)
-        if uses_tokens(mode, accept_stale):
-            self._tokens.append([version, self.n])
-        self._start_next(idle, version, np.full(idle.size, self.now), mode, accept_stale)
+        update = ps.Update(version, mode, accept_stale)
+        self.schedule, starts = ps.transition(self.schedule, update)
+        self.cancel(np.array([a.worker for a in starts if a.cancels], dtype=np.int64))
+        self._start(sorted(starts, key=lambda a: a.worker), np.full(len(starts), self.now))
 
-    def _start_next(
-        self,
-        workers: np.ndarray,
-        version: int,
-        starts: np.ndarray,
-        mode: SyncMode,
-        accept_stale: bool,
-    ) -> None:
-        """Start free ``workers`` (in event order) on ``version``, or on the tokens they get."""
-        if not uses_tokens(mode, accept_stale):
-            self._launch(workers, version, starts)
+    def _start(self, starts: list[ps.Start] | tuple[ps.Start, ...], at: np.ndarray) -> None:
+        """Launch the jobs ``topology.ps`` started, the i-th at time ``at[i]``."""
+        if not starts:
             return
-        tags = self._take_tokens(workers.size)
-        self._launch(workers[: tags.size], tags, starts[: tags.size])
+        workers = np.array([a.worker for a in starts], dtype=np.int64)
+        self._launch(workers, np.array([a.version for a in starts], dtype=np.int64), at)
 
-    def _take_tokens(self, count: int) -> np.ndarray:
-        """Dequeue up to ``count`` tokens, oldest first; return their versions."""
-        tags = []
-        while count > 0 and self._tokens:
-            run = self._tokens[0]
-            got = min(count, run[1])
-            tags.append(np.full(got, run[0], dtype=np.int64))
-            run[1] -= got
-            count -= got
-            if run[1] == 0:
-                self._tokens.pop(0)
-        return np.concatenate(tags) if tags else np.empty(0, dtype=np.int64)
+    def _deliver(self, workers: np.ndarray, done: np.ndarray, hold: np.ndarray) -> None:
+        """``workers`` delivered at ``done``, in event order; the held ones ask later."""
+        events = [ps.Delivered(w, h) for w, h in zip(workers.tolist(), hold.tolist(), strict=True)]
+        self.schedule, starts = ps.transition_all(self.schedule, events)
+        at = {a.worker: t for a, t in zip(events, done.tolist(), strict=True)}
+        self._start(starts, np.array([at[a.worker] for a in starts]))
 
-    def _token_count(self, mode: SyncMode, accept_stale: bool) -> float:
-        if not uses_tokens(mode, accept_stale):
-            return np.inf
-        return float(sum(run[1] for run in self._tokens))
+    def _ask(self, workers: np.ndarray, since: float) -> None:
+        """Serve the held ``workers``, in event order, at ``since``."""
+        self.schedule, starts = ps.transition_all(
+            self.schedule, [ps.Ask(w) for w in workers.tolist()]
+        )
+        self._start(starts, np.full(len(starts), since))
 
     def cancel(self, workers: np.ndarray) -> None:
         self.version[workers] = IDLE
@@ -167,8 +156,7 @@ class ServerTimeline:
             return
         pending = self.finish[self.version != IDLE]
         if pending.size == 0 or pending.min() > self._waiting_since:
-            starts = np.full(self._waiting.size, self._waiting_since)
-            self._start_next(self._waiting, version, starts, mode, accept_stale)
+            self._ask(self._waiting, self._waiting_since)
             self._waiting = np.empty(0, dtype=np.int64)
 
     def _next_batch(
@@ -211,10 +199,7 @@ class ServerTimeline:
         Pull: each one, while tokens last. Push: only one whose gradient was dropped as stale
         (DBW §2, PsW); one whose gradient counts waits for the update (K-async, Fig. 5).
         """
-        if mode.refills:
-            want = np.ones(batch.size, dtype=bool)
-            return want & (np.cumsum(want) <= self._token_count(mode, accept_stale))
-        return (self.version[batch] < version) & (not accept_stale)
+        return np.array(ps.follows(self.schedule, batch.tolist()), dtype=bool)
 
     def _commit(
         self,
@@ -236,24 +221,18 @@ class ServerTimeline:
             self.job[batch].copy(),
             fits,
         )
-        # under pull everyone asks for a next job; tokens, if any, go in event order
-        wants = (
-            np.ones(batch.size, dtype=bool)
-            if mode.refills
-            else self._follows(batch, version, mode, accept_stale)
-        )
+        # who finishes at the batch's last instant is held (``ps.Delivered``), unless carry_on
         done = self.finish[batch]
-        at_last = done == done[-1]
+        hold = (done == done[-1]) & (not carry_on)
         self.cancel(batch)
-        now = wants if carry_on else wants & ~at_last
-        self._start_next(batch[now], version, done[now], mode, accept_stale)
+        self._deliver(batch, done, hold)
+        held = np.array([self.schedule.asking[w] for w in batch.tolist()], dtype=bool)
         if not closes:
-            self._waiting = np.concatenate([self._waiting, batch[wants & at_last]])
+            self._waiting = np.concatenate([self._waiting, batch[hold & held]])
             self._waiting_since = done[-1]
             return record
         if carry_on and self._waiting.size:  # they finished at the closing instant: go on too
-            starts = np.full(self._waiting.size, self._waiting_since)
-            self._start_next(self._waiting, version, starts, mode, accept_stale)
+            self._ask(self._waiting, self._waiting_since)
         self._waiting = np.empty(0, dtype=np.int64)
         return record
 
