@@ -73,7 +73,7 @@ _INTERNAL: dict[str, tuple[str, str]] = {
     "held_run": ("tailtrain.core.records", "held_run"),
     "clear_run": ("tailtrain.core.records", "clear_run"),
     "RUN_FILES": ("tailtrain.core.records", "RUN_FILES"),
-    "TRAIN_EXTRA": ("tailtrain.cli.run_folder", "TRAIN_EXTRA"),
+    "TRAIN_EXTRA": ("tailtrain.core.records", "TRAIN_EXTRA"),
     "train_own_model": ("tailtrain.runtime.ps_runner", "train_own_model"),
     "advise": ("tailtrain.advice", "advise"),
 }

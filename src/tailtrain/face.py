@@ -68,7 +68,7 @@ def simulate(
         strategy: a spec string or a strategy object.
         seed: seeds the task's data, the model, the delays and the rule.
         progress: called with (updates applied, virtual time) after each update.
-        control: a ``sim.driver.RunControl``: stream the record to a folder, checkpoint,
+        control: a ``core.session.RunControl``: stream the record to a folder, checkpoint,
             resume, drill faults.
         task: replaces the scenario's task (tests, own models).
         delays: replaces the scenario's delay process.
@@ -183,11 +183,12 @@ def train(
         timeout: seconds that bound every collective and the rendezvous.
         endpoint: ``HOST:PORT`` of the local rendezvous (port 0: a free one).
         overwrite: replace the run ``out`` holds (else such a folder is refused; a local
-            launch clears it once the input is checked). To go on from a run's checkpoint,
-            use ``tailtrain train --resume DIR``.
-        **options: further ``TrainConfig`` fields: ``threads``, ``verbose``, ``fault``,
-            ``faults``, ``on_nonfinite``, ``checkpoint_every``, ``max_restarts``,
-            ``worker_timeout``, ``tensorboard``, ``progress``.
+            launch clears it once the input is checked). A run that ``tailtrain train
+            --resume DIR`` can go on from is one the command line started (it reads the
+            run's flags from run.json).
+        **options: further ``TrainConfig`` fields: ``threads``, ``verbose``, ``faults``,
+            ``on_nonfinite``, ``checkpoint_every``, ``max_restarts``, ``worker_timeout``,
+            ``tensorboard``, ``progress``, ``device``.
 
     Returns:
         Rank 0's result (this rank's under torchrun): ``record``, as ``simulate``'s, and the
@@ -206,7 +207,7 @@ def train(
         raise UsageError(f"train() has no option {unknown[0]!r}; use one of {', '.join(known)}")
     config = config_type(
         scenario=scenario,
-        strategy=_rule(strategy).describe(),
+        strategy=_rule(strategy),
         seed=seed,
         inject=inject,
         backend=backend,
@@ -263,7 +264,7 @@ def train_own_model(
         model,
         loss,
         data,
-        strategy=_rule(strategy).describe(),
+        strategy=_rule(strategy),
         workers=workers,
         batch_size=batch_size,
         lr=lr,

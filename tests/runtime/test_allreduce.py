@@ -27,8 +27,8 @@ from tailtrain.runtime.control import RuleDriver
 from tailtrain.runtime.launch import Endpoint, launch, reserve
 from tailtrain.runtime.reduce import Collectives
 from tailtrain.sim.run import simulate
-from tailtrain.strategies.base import ArrivalColumns, Selection, SyncMode, Weighting
-from tailtrain.strategies.kfamily import StaticK
+from tailtrain.strategies.base import ArrivalColumns, Selection, Weighting
+from tailtrain.strategies.kfamily import Sync
 from tailtrain.strategies.registry import parse_strategy
 from tailtrain.tasks import parse_partition, parse_task
 from tailtrain.tasks.stream import job_batches
@@ -253,7 +253,7 @@ def one_rank_run(comm: Collectives, strategy: str = "sync"):
 
 
 @dataclass(frozen=True)
-class Counting(StaticK):
+class Counting(Sync):
     """sync, counting its selections."""
 
     calls: list = field(default_factory=list)
@@ -268,7 +268,7 @@ def test_a_static_rules_rounds_are_selected_with_their_rows_as_if_at_once(one_ra
     """sync keeps its state: its rounds update with the own consultation's divisor and are
     selected over all ranks, checked and adapted later, with their rows; the parameters and
     every row are those of accounting each round at once."""
-    rule = Counting("sync", None, SyncMode.PSI, accept_stale=False)
+    rule = Counting()
     monkeypatch.setattr(config, "parse_strategy", lambda text: rule)
     selections_at_update = []
     apply = allreduce.apply
@@ -287,7 +287,7 @@ def test_a_static_rules_rounds_are_selected_with_their_rows_as_if_at_once(one_ra
 
 
 @dataclass(frozen=True)
-class ByComputeTime(StaticK):
+class ByComputeTime(Sync):
     """A static rule that weighs an arrival by its compute seconds, not by its counts."""
 
     def select(self, state, arrivals: ArrivalColumns) -> Selection:
@@ -301,7 +301,7 @@ def test_a_static_rule_weighing_more_than_the_counts_is_refused_and_rows_stay_si
     """The own weight is asked once per state and count: a rule whose weight moves with the
     compute time gets round 0's weight in round 1, which its accounting refuses, naming the
     round. Round 0's row is recorded once, though the failure path records rows again."""
-    rule = ByComputeTime("by-compute-time", None, SyncMode.PSI, accept_stale=False)
+    rule = ByComputeTime("by-compute-time")
     monkeypatch.setattr(config, "parse_strategy", lambda text: rule)
     records = []
     close = allreduce.close_record

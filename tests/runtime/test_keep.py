@@ -79,13 +79,16 @@ def test_a_process_drill_fires_once_per_run_folder(tmp_path, monkeypatch):
     assert slept == [3.0, 3.0]
 
 
-def test_the_launchers_line_names_rank_step_and_checkpoint():
-    note = {"step": 7, "missing": [1], "checkpoint": 7, "folder": "runs/a", "timeout": 5.0}
+def test_the_launchers_line_names_rank_step_and_checkpoint(tmp_path):
+    (tmp_path / "run.json").write_text("{}")  # the command line's run: --resume reads it
+    note = {"step": 7, "missing": [1], "checkpoint": 7, "folder": str(tmp_path), "timeout": 5.0}
     line = describe(1, "Signal 9 (SIGKILL) received by PID 12", "SIGKILL", note)
     assert line == (
-        "rank 1 died at step 7 (SIGKILL); checkpoint of step 6 in runs/a: "
-        "continue with `tailtrain train --resume runs/a`"
+        f"rank 1 died at step 7 (SIGKILL); checkpoint of step 6 in {tmp_path}: "
+        f"continue with `tailtrain train --resume {tmp_path}`"
     )
+    library = describe(1, "Signal 9", "SIGKILL", {**note, "folder": str(tmp_path / "lib")})
+    assert library.endswith("(a library run: no run.json for --resume)")  # no false promise
     hung = describe(0, "MissingRanks: rank 1 did not answer", None, note)
     assert hung.startswith("rank 1 hung at step 7: no answer within --timeout 5s;")
     nothing = describe(2, "InjectedFault: boom", None, {**note, "checkpoint": None})

@@ -127,3 +127,29 @@ def test_the_gpu_check_says_there_is_no_gpu_and_exits_0():
     assert done.returncode == 0, done.stderr
     facts = json.loads(done.stdout)
     assert facts["cuda"] is False and "no CUDA device" in facts["note"]
+
+
+def test_the_strategy_is_parsed_once_where_the_job_is_defined(monkeypatch):
+    """A spec is parsed when the job is defined; the checks before launch, the launcher and
+    every rank (build_world, its topology entry) use the object they were handed."""
+    import pickle
+
+    from tailtrain.runtime import config as config_module
+    from tailtrain.runtime.config import build_world
+    from tailtrain.runtime.topologies import processes, rank_entry_of
+    from tailtrain.strategies import registry
+    from tailtrain.strategies.base import Strategy
+
+    config = TrainConfig(Scenario(task="logreg", workers=2, iterations=2), "dropcompute")
+    assert isinstance(config.strategy, Strategy)
+    assert pickle.loads(pickle.dumps(config)).strategy == config.strategy  # to every rank
+
+    def parsed_again(text: str) -> None:
+        raise AssertionError(f"{text!r} parsed again")
+
+    monkeypatch.setattr(registry, "parse_strategy", parsed_again)
+    monkeypatch.setattr(config_module, "parse_strategy", parsed_again)
+    validate(config, local=True)
+    build_world(config)
+    assert processes(config.strategy, 2) == 2
+    rank_entry_of(config.strategy)

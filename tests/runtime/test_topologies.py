@@ -51,3 +51,21 @@ def test_train_own_model_takes_its_topology_from_topology_of():
             iterations=1,
         )
     assert "k-sync:k=2" in str(err.value) and "\n" not in str(err.value)
+
+
+def test_train_own_model_never_resumes_an_old_runs_checkpoint(tmp_path):
+    """The parameter server goes on from a checkpoint it finds in its folder (a restart);
+    a new own-model run is refused a folder that holds one, before anything starts, since
+    the run's identity cannot tell the user's model from another."""
+    (tmp_path / "checkpoint.pt").write_bytes(b"")
+    with pytest.raises(UsageError, match="already holds a run") as err:
+        train_own_model(
+            lambda: nn.Linear(2, 2),
+            nn.functional.cross_entropy,
+            lambda: (torch.zeros(4, 2), torch.zeros(4, dtype=torch.int64)),
+            strategy="k-sync:k=2",
+            workers=2,
+            iterations=1,
+            out=tmp_path,
+        )
+    assert "\n" not in str(err.value)

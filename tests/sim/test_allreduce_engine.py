@@ -58,15 +58,16 @@ def same_run(a, b) -> None:
 def test_infinite_threshold_is_parameter_server_sync(task):
     """tau = inf through the allreduce engine gives the PS engine's sync model, bit for bit."""
     scenario = Scenario(task=task, workers=4, delay="const:value=1", iterations=6, eval_every=3)
-    ps = simulate(scenario, parse_strategy("sync"), 3)
+    ps = simulate(scenario, parse_strategy("sync:mode=psi"), 3)  # sync on a server
     ar = simulate(scenario, parse_strategy("dropcompute:threshold=inf"), 3)
     same_run(ps, ar)
+    same_run(simulate(scenario, parse_strategy("sync"), 3), ar)  # sync is the allreduce
 
 
 def test_infinite_threshold_is_sync_with_random_delays_up_to_summation_order():
     """The PS engine sums gradients in arrival order, so only rounding may differ."""
     scenario = Scenario(task="logreg", workers=4, delay="exp:rate=1", iterations=6, eval_every=3)
-    ps = simulate(scenario, parse_strategy("sync"), 3)
+    ps = simulate(scenario, parse_strategy("sync:mode=psi"), 3)
     ar = simulate(scenario, parse_strategy("dropcompute:threshold=inf"), 3)
     assert ps.column("time").tolist() == ar.column("time").tolist()
     np.testing.assert_allclose(ps.column("loss"), ar.column("loss"), rtol=1e-6)

@@ -246,7 +246,6 @@ def read_run_json(folder: Path, command: str = "simulate") -> dict[str, Any]:
 #: flags of `train` that define its run besides simulate's; `--resume` refuses them
 TRAIN_FLAGS = (*RUN_FLAGS, "backend", "fail_at", "worker_timeout")
 #: what a fresh train run clears from its folder besides simulate's run files
-TRAIN_EXTRA = ("drills.jsonl", "failures.jsonl", "trace.csv", "server.pid")
 
 
 def train_info(args: argparse.Namespace, scenario: Scenario, faults: Any) -> dict[str, Any]:

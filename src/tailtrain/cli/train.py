@@ -76,8 +76,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         type=int,
         default=None,
         metavar="U",
-        help="checkpoint in --out every U rounds (allreduce and partial-collective strategies; "
-        "default: only when a rank fails, of the last completed round)",
+        help="checkpoint in --out every U rounds or steps (default: only when a rank fails or "
+        "on Ctrl-C, of the last completed one)",
     )
     p.add_argument(
         "--resume",
@@ -211,8 +211,8 @@ def run(args: argparse.Namespace) -> int:
 
 def fresh(args: argparse.Namespace):
     """A run from the flags, and what claims its --out folder once the input is checked."""
-    from tailtrain.cli.run_folder import TRAIN_EXTRA, train_info
-    from tailtrain.core.records import RUN_FILES, claim_folder, clear_run, write_json
+    from tailtrain.cli.run_folder import train_info
+    from tailtrain.core.records import RUN_FILES, TRAIN_EXTRA, claim_folder, clear_run, write_json
     from tailtrain.faults import FaultPlan
     from tailtrain.runtime.config import TrainConfig
     from tailtrain.runtime.keep import restarts
@@ -236,7 +236,7 @@ def fresh(args: argparse.Namespace):
     args.backend = args.backend or default_backend()
     config = TrainConfig(
         scenario=scenario_from_args(args),
-        strategy=args.strategy,
+        strategy=strategy,  # parsed once: every rank gets the object
         seed=args.seed,
         inject=args.delay is not None,
         backend=args.backend,
@@ -278,7 +278,8 @@ def resumed(args: argparse.Namespace):
 
     info, scenario = resume_train(args)
     runtime = info["runtime"]
-    extra = processes(parse_strategy(info["strategy"]), 0)
+    strategy = parse_strategy(info["strategy"])
+    extra = processes(strategy, 0)
     workers(scenario.workers, os.environ if in_torchrun() else None, extra)
     drills = list(info["inject_fault"])
     if runtime["fail_at"] is not None:  # a run started with the deprecated --fail-at
@@ -286,7 +287,7 @@ def resumed(args: argparse.Namespace):
     every = args.checkpoint_every if args.checkpoint_every is not None else info["checkpoint_every"]
     config = TrainConfig(
         scenario=scenario,
-        strategy=info["strategy"],
+        strategy=strategy,
         seed=info["seed"],
         inject=runtime["inject"],
         backend=runtime["backend"] or default_backend(),

@@ -58,6 +58,9 @@ class RunRecord:
 #: the files of one run's record, and what else a simulate run keeps in its folder
 RECORD_FILES = ("steps.jsonl", "evals.jsonl", "summary.json")
 RUN_FILES = (*RECORD_FILES, "run.json", "checkpoint.pt")
+#: what a real run (``train``) keeps beside them: drills fired, failures, the trace, the
+#: parameter server's pid while it serves
+TRAIN_EXTRA = ("drills.jsonl", "failures.jsonl", "trace.csv", "server.pid")
 
 
 class RecordSink:

@@ -51,7 +51,9 @@ class TrainConfig:
     """
 
     scenario: Scenario
-    strategy: str
+    #: the rule, parsed once where the job is defined (a spec string is parsed here) and
+    #: carried to every rank by pickle: no rank parses it again
+    strategy: Strategy
     seed: int = 0
     inject: bool = False
     backend: str = "gloo"
@@ -70,6 +72,8 @@ class TrainConfig:
     device: str | None = None
 
     def __post_init__(self) -> None:
+        if isinstance(self.strategy, str):  # a frozen dataclass: set the parsed rule in place
+            object.__setattr__(self, "strategy", parse_strategy(self.strategy))
         if self.backend not in BACKENDS:
             known = ", ".join(BACKENDS)
             raise UsageError(f"unknown --backend {self.backend!r}; use one of {known}")
@@ -116,7 +120,7 @@ def build_world(config: TrainConfig, task: Any = None) -> tuple[World, Strategy]
     """The rule and the world every rank rebuilds from the seed, as ``simulate`` builds them:
     same task, data partition and delay process (with room for the rule's micro-batches).
     ``task`` replaces the scenario's (a user's own model: ``runtime.ps_runner``)."""
-    strategy = parse_strategy(config.strategy)
+    strategy = config.strategy
     scenario = config.scenario
     capacity = strategy.micro_batch_capacity(scenario.micro_batches)
     return World.build(scenario, config.seed, task=task, micro_batches=capacity), strategy

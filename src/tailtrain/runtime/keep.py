@@ -294,11 +294,6 @@ class Keeper:
         self._save(snapshot)
         return snapshot.step
 
-    def save(self, snapshot: Snapshot) -> None:
-        """Write ``snapshot`` now: a topology that snapshots off its main thread writes the
-        due ones from there (``runtime.eager``)."""
-        self._save(snapshot)
-
     def finish(self, record: RunRecord) -> None:
         """The run is complete (rank 0): its summary, and no checkpoint left to resume from."""
         assert self.folder is not None
@@ -415,7 +410,15 @@ def interrupted_line(note: dict[str, Any] | None) -> str:
     line = f"{line}; kept {note['rows']} steps, the summary (partial){trace} in {folder}"
     if note.get("checkpoint") is None:
         return f"{line}; no checkpoint to resume from"
-    return f"{line}; resume with `tailtrain train --resume {folder}`"
+    return f"{line}; {going_on(folder, 'resume with')}"
+
+
+def going_on(folder: str | Path, verb: str) -> str:
+    """How to go on from the checkpoint in ``folder``: ``tailtrain train --resume`` reads the
+    run's flags from its run.json, which a run started from the library does not write."""
+    if (Path(folder) / "run.json").exists():
+        return f"{verb} `tailtrain train --resume {folder}`"
+    return f"its checkpoint stays in {folder} (a library run: no run.json for --resume)"
 
 
 def _peer_failure(exc: BaseException) -> bool:
@@ -501,8 +504,7 @@ def resume_hint(folder: Path | None) -> str:
         step = int(checkpoint.load(path)["step"])
     except (TailtrainError, KeyError, ValueError):
         return ""
-    resume = f"continue with `tailtrain train --resume {folder}`"
-    return f"; checkpoint of step {step - 1} in {folder}: {resume}"
+    return f"; checkpoint of step {step - 1} in {folder}: {going_on(folder, 'continue with')}"
 
 
 def describe(rank: int, text: str, signal_name: str | None, note: dict[str, Any] | None) -> str:
@@ -525,7 +527,7 @@ def describe(rank: int, text: str, signal_name: str | None, note: dict[str, Any]
     folder, saved = note.get("folder"), note.get("checkpoint")
     if folder is None:
         return line
-    resume = f"continue with `tailtrain train --resume {folder}`"
+    resume = going_on(folder, "continue with")
     if saved is None:
         return f"{line}; no step completed: {resume}"
     return f"{line}; checkpoint of step {saved - 1} in {folder}: {resume}"

@@ -88,7 +88,6 @@ from tailtrain.runtime.topologies import (
     topology_of,
 )
 from tailtrain.strategies.base import Context, Strategy, Topology
-from tailtrain.strategies.registry import parse_strategy
 from tailtrain.topology.allreduce import as_allreduce
 
 MAX_LOCAL_WORKERS = 64
@@ -196,7 +195,7 @@ def launch(
         spec = LaunchConfig(
             min_nodes=1,
             max_nodes=1,
-            nproc_per_node=processes(parse_strategy(first.strategy), first.scenario.workers),
+            nproc_per_node=processes(first.strategy, first.scenario.workers),
             run_id=f"tailtrain-{uuid.uuid4().hex[:12]}",
             rdzv_backend="static",
             rdzv_endpoint=str(endpoint),
@@ -267,7 +266,7 @@ def rank_entry(
     gc.freeze()
     rank = int(os.environ.get("RANK", "0"))
     try:
-        if own_launcher and rank > 0 and expendable_workers(parse_strategy(configs[0].strategy)):
+        if own_launcher and rank > 0 and expendable_workers(configs[0].strategy):
             results = shielded(lambda: run_rank(configs, entry), rank, len(configs))
         else:
             results = run_rank(configs, entry)
@@ -296,7 +295,7 @@ def run_rank(configs: list[TrainConfig], entry: RankEntry | None) -> list[RankRe
     tag_logs(comm.rank, first.verbose)
     results = []
     for config in configs:  # after a Ctrl-C, no config starts (rank_entry leaves)
-        results.append((entry or rank_entry_of(parse_strategy(config.strategy)))(config, comm))
+        results.append((entry or rank_entry_of(config.strategy))(config, comm))
         if interrupt_requested():
             break
     for result in results:  # flush TensorBoard; a sink does not go back by pickle
@@ -355,7 +354,7 @@ def restarted_store(env: Mapping[str, str], timeout: datetime.timedelta) -> dist
 def validate(config: TrainConfig, *, local: bool) -> None:
     """Every check that needs no other process (module docstring)."""
     scenario = config.scenario
-    check_topology(parse_strategy(config.strategy))
+    check_topology(config.strategy)
     if local and scenario.workers > max_local_workers():
         raise UsageError(
             f"--workers {scenario.workers} local processes is too many: at most "

@@ -618,7 +618,7 @@ def serve(config: TrainConfig, world: World, strategy: Strategy, comm: Collectiv
 def work(config: TrainConfig, world: World, comm: Collectives) -> RankResult:
     """Rank w + 1: worker w."""
     index = comm.rank - 1
-    drill = FaultDrill(config.faults, index, rank=comm.rank)
+    drill = FaultDrill(config.faults, index, config.out, rank=comm.rank)  # once per run
     worker = Worker(world, index, config.inject, config.timeout, drill)
     worker.warm_up()
     comm.barrier()

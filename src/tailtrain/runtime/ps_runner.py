@@ -34,6 +34,7 @@ import torch
 from torch import nn
 from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
+from tailtrain.core.records import RUN_FILES, TRAIN_EXTRA, held_run
 from tailtrain.core.scenario import Scenario
 from tailtrain.errors import UsageError
 from tailtrain.runtime.config import RankResult, TrainConfig
@@ -48,7 +49,7 @@ from tailtrain.runtime.launch import (
 from tailtrain.runtime.ps import train_parameter_server
 from tailtrain.runtime.reduce import Collectives
 from tailtrain.runtime.topologies import topology_of
-from tailtrain.strategies.base import Topology
+from tailtrain.strategies.base import Strategy, Topology
 from tailtrain.strategies.registry import parse_strategy
 from tailtrain.tasks.task import TRAIN_EVAL_SIZE
 
@@ -127,7 +128,7 @@ def train_own_model(
     loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
     data: Callable[[], tuple[torch.Tensor, ...]],
     *,
-    strategy: str = "dbw",
+    strategy: str | Strategy = "dbw",
     workers: int = 4,
     batch_size: int = 32,
     lr: float = 0.1,
@@ -146,7 +147,7 @@ def train_own_model(
     ``delay`` (a delay spec, as ``--delay``) injects seconds per job; without it the jobs take
     their real time. Give ``iterations`` or ``time_budget`` (seconds).
     """
-    rule = parse_strategy(strategy)
+    rule = parse_strategy(strategy) if isinstance(strategy, str) else strategy
     if topology_of(rule) is not Topology.PARAMETER_SERVER:
         raise UsageError(
             f"strategy {rule.describe()!r} runs on the {topology_of(rule)} topology, not on a "
@@ -163,8 +164,12 @@ def train_own_model(
         iterations=iterations,
         time_budget=time_budget,
     )
+    if out is not None and not in_torchrun():  # a new run: never the old one's checkpoint
+        held = held_run(Path(out), (*RUN_FILES, *TRAIN_EXTRA))
+        if held:
+            raise UsageError(f"out={str(out)!r} already holds a run ({held[0]}); give a new folder")
     inject = delay is not None
-    config = TrainConfig(scenario, strategy, seed, inject, timeout=timeout, out=out)
+    config = TrainConfig(scenario, rule, seed, inject, timeout=timeout, out=out)
     entry = functools.partial(own_entry, (model, loss, data, batch_size))
     if in_torchrun():
         check_rendezvous(os.environ, timeout)

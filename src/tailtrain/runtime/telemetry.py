@@ -156,7 +156,7 @@ def follow(record: RunRecord, config: TrainConfig, world: World, lead: bool) -> 
         metric = getattr(world.task, "metric_name", None) or "eval"
         attach(record, BoardSink(config.tensorboard, metric))
     if lead and config.progress and sys.stderr.isatty():
-        attach(record, ProgressSink(config.scenario, config.strategy))
+        attach(record, ProgressSink(config.scenario, config.strategy.describe()))
     return record
 
 

@@ -96,13 +96,6 @@ class Schedule:
             return Phase.BUSY
         return Phase.ASKING if self.asking[worker] else Phase.IDLE
 
-    @property
-    def token_count(self) -> float:
-        """Tokens left; infinite where the mode runs without them."""
-        if not uses_tokens(SyncMode(self.mode), self.accept_stale):
-            return float("inf")
-        return float(sum(count for _, count in self.tokens))
-
 
 @dataclass(frozen=True)
 class Update:
