@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from tailtrain.errors import TailtrainError
-from tailtrain.strategies.base import JOB_BITS, Selection, Weighting
+from tailtrain.strategies.base import JOB_BITS, ArrivalColumns, Selection, StepStats, Weighting
 
 #: what to do with a gradient that holds a NaN or an infinity
 ON_NONFINITE = ("skip", "raise")
@@ -120,6 +120,36 @@ class GradientStats:
     loss: float = float("nan")
     grad_sq_sum: float = float("nan")
     mean_grad_sq: float = float("nan")
+
+
+def closed_step_stats(
+    step: int,
+    k: int,
+    time: float,
+    arrivals: ArrivalColumns,
+    used: np.ndarray,
+    scalars: GradientStats,
+    lr: float,
+    micro_batch_times: np.ndarray | None = None,
+    comm_time: float = math.nan,
+) -> StepStats:
+    """The ``StepStats`` of a closed step, of model ``step + 1``: what every topology's ledger
+    (``topology.*``) hands its rule, in the one field order; an allreduce adds each rank's
+    unit times and T^c (DropCompute's Algorithm 2 reads them)."""
+    return StepStats(
+        step=step,
+        version=step + 1,
+        time=time,
+        k=k,
+        arrivals=arrivals,
+        used=used,
+        loss=scalars.loss,
+        grad_sq_sum=scalars.grad_sq_sum,
+        mean_grad_sq=scalars.mean_grad_sq,
+        lr=lr,
+        micro_batch_times=micro_batch_times,
+        comm_time=comm_time,
+    )
 
 
 def gradient_stats(

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from tailtrain.core.records import RunRecord
-from tailtrain.core.update import GradientStats
+from tailtrain.core.update import GradientStats, closed_step_stats
 from tailtrain.errors import TailtrainError
 from tailtrain.strategies.base import AllreducePlan, ArrivalColumns, Plan, StepStats
 from tailtrain.tasks.stream import Draws
@@ -138,19 +138,8 @@ def round_stats(
     """A closed round's ``StepStats`` (the simulator's, ``train``'s and ``integrate``'s): the
     arrivals, the keys used, the scalars, each rank's micro-batch times and T^c, which
     DropCompute's Algorithm 2 reads."""
-    return StepStats(
-        step=step,
-        version=step + 1,
-        time=time,
-        k=k,
-        arrivals=arrivals,
-        used=used,
-        loss=scalars.loss,
-        grad_sq_sum=scalars.grad_sq_sum,
-        mean_grad_sq=scalars.mean_grad_sq,
-        lr=lr,
-        micro_batch_times=micro_batch_times,
-        comm_time=comm_time,
+    return closed_step_stats(
+        step, k, time, arrivals, used, scalars, lr, micro_batch_times, comm_time
     )
 
 

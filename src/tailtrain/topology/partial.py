@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from tailtrain.core.records import RunRecord
-from tailtrain.core.update import GradientStats
+from tailtrain.core.update import GradientStats, closed_step_stats
 from tailtrain.strategies.base import ArrivalColumns, StepStats
 from tailtrain.strategies.eager import Collective, RoundPlan
 
@@ -67,18 +67,7 @@ def round_stats(
 ) -> StepStats:
     """A closed round's ``StepStats``: its arrivals (fresh, late and parked), the keys summed,
     and the scalars over the fresh gradients."""
-    return StepStats(
-        step=step,
-        version=step + 1,
-        time=time,
-        k=k,
-        arrivals=arrivals,
-        used=used,
-        loss=scalars.loss,
-        grad_sq_sum=scalars.grad_sq_sum,
-        mean_grad_sq=scalars.mean_grad_sq,
-        lr=lr,
-    )
+    return closed_step_stats(step, k, time, arrivals, used, scalars, lr)
 
 
 def round_row(

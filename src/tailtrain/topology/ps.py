@@ -53,7 +53,7 @@ from typing import Any
 
 import numpy as np
 
-from tailtrain.core.update import GradientStats
+from tailtrain.core.update import GradientStats, closed_step_stats
 from tailtrain.errors import TailtrainError
 from tailtrain.strategies.base import ArrivalColumns, StepStats, SyncMode, uses_tokens
 
@@ -253,18 +253,7 @@ def step_stats(
 ) -> StepStats:
     """A closed step's ``StepStats``: every arrival (late and stale ones too, for DBW's
     estimator), the keys used, and the scalars over the fresh gradients."""
-    return StepStats(
-        step=step,
-        version=step + 1,
-        time=time,
-        k=k,
-        arrivals=arrivals,
-        used=used,
-        loss=scalars.loss,
-        grad_sq_sum=scalars.grad_sq_sum,
-        mean_grad_sq=scalars.mean_grad_sq,
-        lr=lr,
-    )
+    return closed_step_stats(step, k, time, arrivals, used, scalars, lr)
 
 
 def step_row(stats: StepStats, k: int, candidates: ArrivalColumns) -> dict[str, Any]:
