@@ -35,8 +35,8 @@ from tailtrain.core.records import RunRecord
 from tailtrain.core.scenario import Scenario, World
 from tailtrain.runtime.config import RankResult, TrainConfig
 from tailtrain.runtime.launch import Endpoint, launch, reserve
-from tailtrain.runtime.ps import train_parameter_server
-from tailtrain.runtime.ps_wire import DOWN, HEADER, UP
+from tailtrain.runtime.ps.server import train_parameter_server
+from tailtrain.runtime.ps.wire import DOWN, HEADER, UP
 from tailtrain.runtime.reduce import Collectives
 from tailtrain.tasks import parse_task
 from tailtrain.tasks.stream import job_batches

@@ -77,7 +77,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from tailtrain.core.evaluation import time_to_target
 from tailtrain.core.records import RunRecord
 from tailtrain.core.scenario import Scenario
-from tailtrain.runtime.allreduce import train_allreduce
+from tailtrain.runtime.allreduce.rounds import train_allreduce
 from tailtrain.runtime.config import TrainConfig, build_world
 from tailtrain.runtime.inject import Injector
 from tailtrain.runtime.launch import Endpoint, launch, reserve

@@ -12,7 +12,7 @@ seed, each for ``--minutes`` of wall clock (``--time-budget``):
   the budget, so that the worker returns while the run goes on).
 
 ``k-async:k=6`` runs on a parameter server, which goes on without a dead worker and takes a
-frozen one back (``runtime.ps_liveness``). ``eager:mode=majority`` cannot leave a killed
+frozen one back (``runtime.ps.liveness``). ``eager:mode=majority`` cannot leave a killed
 process out of its partial collective's allreduce, so its chaos run restarts the group:
 ``--max-restarts 1 --out DIR``. No periodic checkpoints: the survivors of the kill write one of
 the last round they all completed (``runtime.keep``), and periodic writes would make rank 0 a

@@ -129,7 +129,6 @@ def test_loading_the_runtime_loads_no_simulator_module():
 NOT_FOR_A_LOOP = (
     SIM,
     "tailtrain.runtime.ps",
-    "tailtrain.runtime.eager",
     "tailtrain.runtime.partial",
 )
 

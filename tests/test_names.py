@@ -45,7 +45,7 @@ PROTOCOL: dict[str, tuple[str, str]] = {
     # a rank's run in each runtime topology, in the same steps (``start``, ``resume``,
     # ``rounds``, ``finish``); each module calls only its own, never imports another's
     "start|resume|rounds|finish": (
-        r"tailtrain\.runtime\.(allreduce|eager)",
+        r"tailtrain\.runtime\.(allreduce|partial)\.rounds",
         "the steps of a rank's run, one set per topology",
     ),
     # each topology's ledger (``topology/``) offers the same parts, which both engines of that
@@ -53,7 +53,7 @@ PROTOCOL: dict[str, tuple[str, str]] = {
     # one engine can fill, the row and StepStats builders and the run summary; the partial
     # collective's runtime adds wall-clock keys to its ledger's summary
     "summarise|step_row|round_row|round_stats|step_stats|ROW|SIMULATED_ONLY|MEASURED_ONLY": (
-        r"tailtrain\.topology\.\w+|tailtrain\.runtime\.eager",
+        r"tailtrain\.topology\.\w+|tailtrain\.runtime\.partial\.rounds",
         "a topology's ledger, one per topology",
     ),
 }

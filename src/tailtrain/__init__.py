@@ -74,7 +74,7 @@ _INTERNAL: dict[str, tuple[str, str]] = {
     "clear_run": ("tailtrain.core.records", "clear_run"),
     "RUN_FILES": ("tailtrain.core.records", "RUN_FILES"),
     "TRAIN_EXTRA": ("tailtrain.core.records", "TRAIN_EXTRA"),
-    "train_own_model": ("tailtrain.runtime.ps_runner", "train_own_model"),
+    "train_own_model": ("tailtrain.runtime.ps.runner", "train_own_model"),
     "advise": ("tailtrain.advice", "advise"),
 }
 

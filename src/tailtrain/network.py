@@ -7,8 +7,9 @@
   Aries-class small-message latency (the paper gives none).
 - ``direct``: up to this many processes the activation goes straight from the initiator to
   every other process, one hop of P - 1 messages sent one after another, as
-  ``runtime.partial`` does up to its ``DIRECT_ACTIVATION`` (8); default 0: always ⌈log2 P⌉
-  hops, the paper's scale. To compare ``simulate`` with ``train`` at P <= 8, give ``direct=8``.
+  ``runtime.partial.collective`` does up to its ``DIRECT_ACTIVATION`` (8); default 0: always
+  ⌈log2 P⌉ hops, the paper's scale. To compare ``simulate`` with ``train`` at P <= 8, give
+  ``direct=8``.
 - ``send``: under direct activation, the initiator's cost of issuing one message: its m-th
   message (ranks in ascending order, itself skipped) arrives ``m * send + hop`` after the
   activation (default 0).

@@ -1,7 +1,7 @@
 """`tailtrain train` keeps, resumes and restarts partial-collective (eager) runs.
 
 A killed eager rank stops the job with one line naming the rank and the round in flight; the
-survivors checkpoint the last round every reducer completed (``runtime.eager``). The
+survivors checkpoint the last round every reducer completed (``runtime.partial.rounds``). The
 references are uninterrupted runs of the same flags:
 
 * with ``staleness-bound=1`` every round is a synchronous allreduce: every rank is active in

@@ -27,7 +27,7 @@ import pytest
 from tests.cli.helpers import run
 from tests.cli.test_train_interrupt import interrupt, start, stop, wait_for_rows
 
-from tailtrain.runtime.ps import SERVER_PID
+from tailtrain.runtime.ps.server import SERVER_PID
 
 ITERATIONS = 30
 FLAGS = [

@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tailtrain.integrate.rounds import RoundProgress, Rounds
-from tailtrain.runtime.allreduce import settle
+from tailtrain.runtime.allreduce.rounds import settle
 from tailtrain.runtime.control import round_times, screened_out
 
 UNITS = 2

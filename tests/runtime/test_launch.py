@@ -82,7 +82,7 @@ def test_a_rank_0_outside_torchrun_hosts_the_store_itself():
 def test_only_an_entry_the_fork_server_can_import_starts_there():
     import functools
 
-    from tailtrain.runtime.ps import train_parameter_server
+    from tailtrain.runtime.ps.server import train_parameter_server
 
     model = object()
 

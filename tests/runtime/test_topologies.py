@@ -7,8 +7,8 @@ import torch
 from torch import nn
 
 from tailtrain.errors import UsageError
-from tailtrain.runtime.ps import train_parameter_server
-from tailtrain.runtime.ps_runner import train_own_model
+from tailtrain.runtime.ps.runner import train_own_model
+from tailtrain.runtime.ps.server import train_parameter_server
 from tailtrain.runtime.topologies import processes, rank_entry_of, topology_of
 from tailtrain.strategies.base import Topology
 from tailtrain.strategies.registry import parse_strategy

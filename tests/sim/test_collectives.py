@@ -171,7 +171,7 @@ def test_microbenchmark_rejects_bad_setups(kwargs):
         Microbenchmark(**kwargs)
 
 
-# --- direct activation (runtime.partial's DIRECT_ACTIVATION) ---------------------------------
+# --- direct activation (runtime.partial.collective's DIRECT_ACTIVATION) ----------------------
 
 
 def sends_before(source: int, dest: int, procs: int) -> int:

@@ -30,8 +30,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="eager-SGD's collective microbenchmark (Fig. 8) on P local processes",
         description="Skew P local processes before each call (eager-SGD Fig. 8) and measure "
         "the mean latency per process and call and the NAP of the synchronous allreduce and "
-        "of the solo, majority and quorum partial allreduces (tailtrain.runtime.partial); "
-        "also the per-hop latency, per-message send cost, per-call overhead, allreduce time "
+        "of the solo, majority and quorum partial allreduces "
+        "(tailtrain.runtime.partial.collective); also the per-hop latency, per-message send "
+        "cost, per-call overhead, allreduce time "
         "and the runtime's direct activation, as a --network spec for `tailtrain simulate "
         "collectives`.",
     )

@@ -1,6 +1,6 @@
 """One allreduce round of a user's own training loop, decided by the simulator's rule objects.
 
-The same protocol as ``tailtrain.runtime.allreduce`` (which documents it step by step), with
+The same protocol as ``tailtrain.runtime.allreduce.rounds`` (which documents it step by step), with
 the user's model doing the compute and the wall clock deciding:
 
 1. ``plan`` (``runtime.control.RuleDriver``): tau, H, the stopping convention.

@@ -167,7 +167,7 @@ def weighted_average(
     """sum_n w_n (scale_n x_n) / divisor for each tensor, one weighted allreduce per bucket,
     and whether this rank was screened out.
 
-    Screened like ``runtime.allreduce.reduce_and_apply``: a rank holding a non-finite value
+    Screened like ``runtime.allreduce.rounds.reduce_and_apply``: a rank holding a non-finite value
     joins with weight 0, and reports the weight it withheld so the agreement check holds."""
     mine = agreed.mine
     bad = not all(bool(torch.isfinite(t).all()) for t in tensors)

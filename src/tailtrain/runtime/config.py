@@ -35,7 +35,7 @@ class TrainConfig:
     ``tailtrain.core.update``.
     ``timeout`` (seconds) bounds every collective and the rendezvous; ``worker_timeout``
     (seconds, None: automatic) is how long a parameter server waits on a silent worker before
-    it suspects it hung (``runtime.ps_liveness``). ``out`` receives rank 0's
+    it suspects it hung (``runtime.ps.liveness``). ``out`` receives rank 0's
     run record and ``trace.csv``; each rank also writes its own ``trace-rank{r}.csv`` there.
     ``out`` is also the run folder (``runtime.keep``): rank 0 checkpoints there every
     ``checkpoint_every`` rounds, the survivors of a failure checkpoint the last completed round,
@@ -119,7 +119,7 @@ class RankResult:
 def build_world(config: TrainConfig, task: Any = None) -> tuple[World, Strategy]:
     """The rule and the world every rank rebuilds from the seed, as ``simulate`` builds them:
     same task, data partition and delay process (with room for the rule's micro-batches).
-    ``task`` replaces the scenario's (a user's own model: ``runtime.ps_runner``)."""
+    ``task`` replaces the scenario's (a user's own model: ``runtime.ps.runner``)."""
     strategy = config.strategy
     scenario = config.scenario
     capacity = strategy.micro_batch_capacity(scenario.micro_batches)

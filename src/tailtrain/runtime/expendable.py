@@ -2,7 +2,7 @@
 
 torch's elastic agent (``max_restarts=0``) stops the whole job when any rank exits non-zero,
 and ``torch.multiprocessing`` terminates the other ranks as soon as one fails. A parameter
-server goes on without a dead worker (``runtime.ps_liveness``), so in a local launch each of
+server goes on without a dead worker (``runtime.ps.liveness``), so in a local launch each of
 its worker ranks runs in a child of the process the launcher started: that process forks the
 child, waits for it and hands back its results; if the child died (a SIGKILL included, which
 no process can catch) or raised, it logs one line naming the rank and why, and returns

@@ -4,7 +4,7 @@ P local processes (gloo) call one collective round after round, as the eager top
 (compute ``compute`` seconds, call, adopt the latest result, go on from its round), for
 ``rounds`` rounds. At its ``at``-th call, rank ``rank``'s main thread hangs for ``seconds``
 (a compute that stalls; its progress threads run on). What the semantics allow
-(``runtime.partial``):
+(``runtime.partial.collective``):
 
 - solo and quorum (K < P): the others' calls activate every round; the hung rank's reducer
   contributes its send buffer, so nobody waits for it. On return it is late: it adopts the
@@ -35,7 +35,7 @@ import torch
 from tailtrain.errors import UsageError
 from tailtrain.runtime.launch import max_local_workers
 from tailtrain.runtime.microbench import join_gloo, run_local
-from tailtrain.runtime.partial import PartialCollective, RoundResult, row
+from tailtrain.runtime.partial.collective import PartialCollective, RoundResult, row
 from tailtrain.strategies.eager import Collective, RoundPlan, majority_initiator
 
 

@@ -287,7 +287,7 @@ class Keeper:
         """Rank 0 writes the latest snapshot once it passed a checkpoint due since the last
         write (``written`` rounds); returns the rounds the checkpoint on disk holds. For a
         topology that snapshots off its main thread and may skip a due round
-        (``runtime.eager``)."""
+        (``runtime.partial.rounds``)."""
         snapshot = self.snapshot
         if self.rank != 0 or snapshot is None or not self.run.due(snapshot.step, written):
             return written

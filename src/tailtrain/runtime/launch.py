@@ -20,7 +20,7 @@ finds them, rank 0 says it and the others exit with status 2 without a word.
 
 A parameter server's workers are the exception to what follows: in a local launch each runs
 shielded (``runtime.expendable``), so its death is logged and the server goes on without it
-(``runtime.ps_liveness``); under torchrun, torchrun's agent stops the job as for any rank.
+(``runtime.ps.liveness``); under torchrun, torchrun's agent stops the job as for any rank.
 
 A rank that fails stops the job: the launcher kills the other ranks (they take SIGTERM's
 default action, even inside a collective; the allreduce topology's ranks first take a census
@@ -182,7 +182,7 @@ def launch(
     """Run ``configs`` one after the other in one local job; every rank's results by rank.
 
     ``entry`` replaces the strategy's topology entry on every rank (own models,
-    ``runtime.ps_runner``); forked ranks inherit it, spawned ones need it picklable."""
+    ``runtime.ps.runner``); forked ranks inherit it, spawned ones need it picklable."""
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError

@@ -2,7 +2,7 @@
 of the network.
 
 P local processes (gloo) run the four collectives in turn through one
-:class:`~tailtrain.runtime.partial.PartialCollective`, ``iterations`` rounds each: every
+:class:`~tailtrain.runtime.partial.collective.PartialCollective`, ``iterations`` rounds each: every
 iteration they meet at a barrier, process p sleeps its skew (the worker pattern's delay, drawn
 as ``sim.partial.microbench`` draws it: the same seconds), calls the collective with
 ``sendbuff = {1}`` and records the seconds inside the call. NAP is the number of processes that
@@ -14,11 +14,11 @@ the runtime's ``DIRECT_ACTIVATION`` (up to that many processes an initiator acti
 itself, one message after another in ``partners`` order; beyond, ⌈log2 P⌉ hops):
 
 - ``hop`` and ``send``: from the activation times every process writes into its slot (one
-  clock origin on one machine: ``runtime.partial.shared_origin``), over the partial rounds with
-  one initiator. Under direct activation a least-squares line through (m, activation of the
-  initiator's m-th addressee - the initiator's activation): ``hop`` is its intercept, a one-way
-  message latency (with the receiver's wake-up), ``send`` its slope, the cost of one more send;
-  beyond, ``hop`` is the activation's reach / ⌈log2 P⌉ and ``send`` 0;
+  clock origin on one machine: ``runtime.partial.collective.shared_origin``), over the partial
+  rounds with one initiator. Under direct activation a least-squares line through (m,
+  activation of the initiator's m-th addressee - the initiator's activation): ``hop`` is its
+  intercept, a one-way message latency (with the receiver's wake-up), ``send`` its slope, the
+  cost of one more send; beyond, ``hop`` is the activation's reach / ⌈log2 P⌉ and ``send`` 0;
 - ``overhead``: the mean seconds of a call whose round had already completed (it returns at
   once: the library's own per-call cost);
 - ``allreduce``: the mean over rounds of the seconds from the simulator's reach to the return
@@ -57,7 +57,7 @@ from tailtrain.runtime.launch import (
     reserve,
     start_method,
 )
-from tailtrain.runtime.partial import (
+from tailtrain.runtime.partial.collective import (
     DIRECT_ACTIVATION,
     PartialCollective,
     RoundResult,

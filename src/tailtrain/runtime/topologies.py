@@ -9,10 +9,10 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from tailtrain.errors import UsageError
-from tailtrain.runtime.allreduce import train_allreduce
+from tailtrain.runtime.allreduce.rounds import train_allreduce
 from tailtrain.runtime.config import RankResult, TrainConfig
-from tailtrain.runtime.eager import train_partial
-from tailtrain.runtime.ps import train_parameter_server
+from tailtrain.runtime.partial.rounds import train_partial
+from tailtrain.runtime.ps.server import train_parameter_server
 from tailtrain.runtime.reduce import Collectives
 from tailtrain.strategies.base import Strategy, Topology, check_contract, topology_of
 

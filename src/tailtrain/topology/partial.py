@@ -1,7 +1,7 @@
 """The partial-collective topology's ledger, shared by the simulator (``sim.partial``) and the
-runtime (``runtime.partial``, ``runtime.eager``, ``runtime.microbench``): the protocol's facts
-(how many hops an activation takes, which rank counts a quorum round), a round's
-``StepStats`` and record row (``round_stats``, ``round_row``), the run summary of its
+runtime (``runtime.partial.collective``, ``runtime.partial.rounds``, ``runtime.microbench``):
+the protocol's facts (how many hops an activation takes, which rank counts a quorum round), a
+round's ``StepStats`` and record row (``round_stats``, ``round_row``), the run summary of its
 rounds, and what a collective microbenchmark reports.
 """
 
@@ -25,7 +25,7 @@ def activation_hops(processes: int) -> int:
 
 def counter_of(round_index: int, processes: int) -> int:
     """The rank that counts the calls of quorum round ``round_index`` (it rotates, so no rank
-    carries every round; ``runtime.partial``); rounds may be an integer array."""
+    carries every round; ``runtime.partial.collective``); rounds may be an integer array."""
     return round_index % processes
 
 

@@ -5,8 +5,9 @@ who is active and when it completes:
 
 - ``allreduce``: activation is the last call; everybody is active.
 - partial collectives: the initiator (first call for solo, the designated rank for majority)
-  activates at its call; a quorum round's initiator is the round's counter (``runtime.partial``:
-  no caller knows it is the K-th), which activates at the K-th arrival of the calls' messages
+  activates at its call; a quorum round's initiator is the round's counter
+  (``runtime.partial.collective``: no caller knows it is the K-th), which activates at the
+  K-th arrival of the calls' messages
   (``send + hop`` each; the counter's own call needs none), tree or direct alike; the
   activation reaches every other process
   after ⌈log2 P⌉ message hops (§4.1.1: a recursive-doubling broadcast, the union of P binomial
@@ -120,7 +121,7 @@ def _initiation(
 ) -> tuple[NDArray[np.int64], FloatArray]:
     """The initiator and its activation time, tree or direct alike: a quorum round's counter
     activates at the K-th arrival of the calls' messages (its own call needs none), as the
-    runtime's counter does (``runtime.partial``); any other initiator at its own call."""
+    runtime's counter does (``runtime.partial.collective``); any other initiator at its own call."""
     if collective is Collective.QUORUM:
         _check_quorum(k, calls.shape[-1])
         ranks = np.arange(calls.shape[-1])

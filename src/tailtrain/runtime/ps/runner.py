@@ -1,6 +1,6 @@
 """Your own model on the parameter-server topology: plain callables in, a trained model out.
 
-    from tailtrain.runtime.ps_runner import train_own_model
+    from tailtrain.runtime.ps.runner import train_own_model
 
     result = train_own_model(
         model=lambda: torch.nn.Sequential(torch.nn.Linear(20, 32), torch.nn.ReLU(),
@@ -46,7 +46,7 @@ from tailtrain.runtime.launch import (
     rank_entry,
     reserve,
 )
-from tailtrain.runtime.ps import train_parameter_server
+from tailtrain.runtime.ps.server import train_parameter_server
 from tailtrain.runtime.reduce import Collectives
 from tailtrain.runtime.topologies import topology_of
 from tailtrain.strategies.base import Strategy, Topology

@@ -1,5 +1,5 @@
 """The parameter server's liveness bookkeeping, without processes: suspicion, death, rejoin,
-the cap on k and the step row's columns (``runtime.ps_liveness``)."""
+the cap on k and the step row's columns (``runtime.ps.liveness``)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from tailtrain.errors import TailtrainError
-from tailtrain.runtime import ps_wire
-from tailtrain.runtime.ps_liveness import MIN_BOUND, Liveness, WorkerState, failure_reason
+from tailtrain.runtime.ps import wire as ps_wire
+from tailtrain.runtime.ps.liveness import MIN_BOUND, Liveness, WorkerState, failure_reason
 
 
 class Pings:

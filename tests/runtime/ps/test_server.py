@@ -23,7 +23,7 @@ from tailtrain.core.scenario import Scenario, World
 from tailtrain.errors import UsageError
 from tailtrain.runtime.config import TrainConfig
 from tailtrain.runtime.launch import Endpoint, launch, reserve
-from tailtrain.runtime.ps import train_parameter_server
+from tailtrain.runtime.ps.server import train_parameter_server
 from tailtrain.runtime.topologies import check_topology, processes
 from tailtrain.sim.run import simulate
 from tailtrain.strategies.base import ArrivalColumns, StepStats, arrival_keys

@@ -1,5 +1,5 @@
 """The partial-collective topology of `tailtrain train`: eager-SGD (solo, majority, quorum) and
-dbw-quorum on real ranks, over :class:`~tailtrain.runtime.partial.PartialCollective`.
+dbw-quorum on real ranks, over :class:`~tailtrain.runtime.partial.collective.PartialCollective`.
 
 Rank p runs eager-SGD's Algorithm 2 as process p of ``sim.partial.engine`` does, with wall time
 for the virtual clock:
@@ -7,7 +7,7 @@ for the virtual clock:
 1. its j-th gradient: the mini-batch ``tasks.stream.job_batches`` keyed by (seed, p, j), at
    its own model; with ``--delay`` it then sleeps the seconds the simulator charges worker p's
    j-th job (``World.durations``, the same seeded draws);
-2. ``call`` of its step's round (late, waiting or active: ``runtime.partial``);
+2. ``call`` of its step's round (late, waiting or active: ``runtime.partial.collective``);
 3. it adopts the latest result, theta <- theta - lr * lr_scale * sum_i w g_i / divisor, through
    ``tailtrain.core.update.WeightedUpdate`` (a late rank skips the rounds it missed, eager-SGD §5),
    and after a round with ``average_models`` averages the models of all ranks (§5's periodic
@@ -102,7 +102,7 @@ from tailtrain.runtime.keep import (
     reopen_records,
     stop_on_sigterm,
 )
-from tailtrain.runtime.partial import (
+from tailtrain.runtime.partial.collective import (
     KEPT_ROUNDS,
     CollectiveFailed,
     CollectiveTimeout,

@@ -6,7 +6,7 @@ server, ``DOWN``: server to workers). A fixed size lets the server post one any-
 receive at a time, so it hears every worker through one thread. Integers (jobs, versions)
 travel exactly below 2^24 in float32 (``MAX_INDEX``). Liveness probes (PING, and the STOP
 that ends a worker's probe thread) are header only, on their own tag ``PROBE``: a probe to a
-frozen worker costs its socket a header, not a model (``runtime.ps_liveness``).
+frozen worker costs its socket a header, not a model (``runtime.ps.liveness``).
 
 A :class:`Mailbox` is a thread that receives messages one after the other and stamps each on
 arrival with this process's ``time.perf_counter()``, so stamps do not wait for the main
@@ -64,7 +64,7 @@ class Kind(IntEnum):
     BYE = 5
     #: server -> worker on tag PROBE, header only: are you there? (the worker's probe thread
     #: drops it; a send that fails tells the server that the worker is gone,
-    #: ``runtime.ps_liveness``); STOP on PROBE ends that thread
+    #: ``runtime.ps.liveness``); STOP on PROBE ends that thread
     PING = 6
     #: never on the wire: put in the server's own mailbox when a send to ``worker`` failed
     LOST = 7

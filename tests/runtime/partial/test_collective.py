@@ -1,4 +1,5 @@
-"""Partial collectives on real gloo processes (``runtime.partial``) and the eager topology.
+"""Partial collectives on real gloo processes (``runtime.partial.collective``) and the eager
+topology.
 
 Each launch costs about a second here, so one launch runs several rounds with hand-made plans
 and sleeps. The references are written from eager-SGD's definitions: a round where everybody
@@ -28,7 +29,7 @@ from tailtrain.runtime.microbench import (
     run_local,
     run_real_microbenchmark,
 )
-from tailtrain.runtime.partial import (
+from tailtrain.runtime.partial.collective import (
     DIRECT_ACTIVATION,
     CallKind,
     PartialCollective,
@@ -296,7 +297,7 @@ def test_abort_after_a_failed_close_still_tells_the_peers():
     import sys
     import threading
 
-    from tailtrain.runtime import partial as module
+    from tailtrain.runtime.partial import collective as module
 
     coll = object.__new__(PartialCollective)
     coll.cond, coll.procs, coll.threads = threading.Condition(), 3, ()

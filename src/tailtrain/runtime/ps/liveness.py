@@ -46,7 +46,7 @@ from typing import Any
 import numpy as np
 
 from tailtrain.errors import TailtrainError
-from tailtrain.runtime.ps_wire import DOWN, Kind, Mailbox, Message, Outbox, receive_report
+from tailtrain.runtime.ps.wire import DOWN, Kind, Mailbox, Message, Outbox, receive_report
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +54,7 @@ log = logging.getLogger(__name__)
 class WorkerState(StrEnum):
     """A worker as the server sees it (the module docstring has the transitions). The server
     keeps one per worker in ``Liveness.state``, an array of these strings; none goes over the
-    wire (a PING is a message kind, ``ps_wire.Kind``)."""
+    wire (a PING is a message kind, ``runtime.ps.wire.Kind``)."""
 
     ALIVE = "alive"
     SUSPECT = "suspect"
@@ -240,7 +240,7 @@ class Liveness:
             self.mailbox.join(self.timeout)
 
     def reports(self) -> list[Any]:
-        """Each worker's report (``ps_wire.send_report``), sent after its BYE; None for a
+        """Each worker's report (``runtime.ps.wire.send_report``), sent after its BYE; None for a
         worker that is dead."""
         parts: list[Any] = [None] * len(self.state)
         for w in np.flatnonzero(self.said_bye & ~self.dead).tolist():

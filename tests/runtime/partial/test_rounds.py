@@ -1,5 +1,6 @@
-"""The eager topology's agreed model (runtime.eager.Rule): each round's step once, whatever the
-order in which the reducer thread applies a round and the main thread rebases on an average."""
+"""The eager topology's agreed model (runtime.partial.rounds.Rule): each round's step once,
+whatever the order in which the reducer thread applies a round and the main thread rebases
+on an average."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from types import SimpleNamespace
 
 import torch
 
-from tailtrain.runtime.eager import Rule
+from tailtrain.runtime.partial.rounds import Rule
 
 LR = 0.5
 

@@ -6,7 +6,7 @@ same rule objects (``plan`` / ``select`` / ``adapt``) with ``ArrivalColumns`` ke
 (worker, job) that it builds from what arrived; it applies the Selection through the shared
 update path (``tailtrain.core.update.WeightedUpdate``, which carries LGC's deferred term).
 
-Protocol (``runtime.ps_wire``: fixed-size messages, tag UP to the server, DOWN to workers)
+Protocol (``runtime.ps.wire``: fixed-size messages, tag UP to the server, DOWN to workers)
 ------------------------------------------------------------------------------------------
 Messages: JOB(worker, job, version, units, blocks, cancels, start; model) and STOP, server
 to worker; GRAD(job, version, loss, seconds; gradient), PARTIAL(job, version, r, s, loss;
@@ -54,7 +54,7 @@ worker's BYE has come (a worker sends BYE when STOP reaches it, interrupting any
 receive is left posted; then each worker that said BYE sends its trace and counts.
 Every wait is bounded by ``--timeout``.
 
-Dead and hung workers (``runtime.ps_liveness``): a worker whose connection fails is dead, one
+Dead and hung workers (``runtime.ps.liveness``): a worker whose connection fails is dead, one
 silent past ``--worker-timeout`` is suspected hung; a step closes with min(k, live workers)
 usable arrivals, the step row records the events (``suspect``, ``rejoined``, ``dead``,
 ``live``) and the summary ``dead_workers``; a suspect that delivers again rejoins; a suspect
@@ -82,7 +82,7 @@ evaluation, and keeps the record with its summary marked partial and the checkpo
 step.
 
 Checkpoints (``runtime.keep.Keeper``, ``core.session.RunKeeper``): the server is the run's
-only state. After each closed step it keeps a snapshot (``runtime.ps_keep.state_dict``: the model
+only state. After each closed step it keeps a snapshot (``runtime.ps.keep.state_dict``: the model
 versions in force, the rule, the update path's deferred term, the evaluator and its unscored
 snapshots, each worker's next job number, the token queue, where the record stands, an LGC
 row still waiting for blocks) and writes it every ``--checkpoint-every`` steps, after Ctrl-C,
@@ -113,12 +113,12 @@ from tailtrain.core.scenario import World
 from tailtrain.core.session import RunKeeper, check_entry, screened
 from tailtrain.core.update import WeightedUpdate, gradient_stats, isin, rows_weighed
 from tailtrain.errors import TailtrainError
-from tailtrain.runtime import ps_keep
 from tailtrain.runtime.config import RankResult, TrainConfig, build_world
 from tailtrain.runtime.inject import FaultDrill
 from tailtrain.runtime.keep import Keeper, interrupt_requested
-from tailtrain.runtime.ps_liveness import Liveness
-from tailtrain.runtime.ps_wire import (
+from tailtrain.runtime.ps import keep as ps_keep
+from tailtrain.runtime.ps.liveness import Liveness
+from tailtrain.runtime.ps.wire import (
     DOWN,
     HEADER,
     UP,
@@ -129,7 +129,7 @@ from tailtrain.runtime.ps_wire import (
     clock_server,
     send_report,
 )
-from tailtrain.runtime.ps_worker import Worker
+from tailtrain.runtime.ps.worker import Worker
 from tailtrain.runtime.reduce import SWITCH_INTERVAL, Collectives
 from tailtrain.runtime.telemetry import run_record, write_trace
 from tailtrain.strategies.base import (
@@ -567,7 +567,7 @@ class Server:
 # ---- the rank entry ----------------------------------------------------------------------------
 def train_parameter_server(config: TrainConfig, comm: Collectives, task: Any = None) -> RankResult:
     """Rank 0 serves, rank w + 1 is worker w. ``task`` replaces the scenario's (own models,
-    ``runtime.ps_runner``)."""
+    ``runtime.ps.runner``)."""
     world, strategy = build_world(config, task)
     check_entry(world, comm.world_size, servers=1)
     # threads hand over the GIL every 5 ms by default: a message's receiving thread would

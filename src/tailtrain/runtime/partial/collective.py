@@ -108,7 +108,7 @@ SLOT_COLUMNS = ("job", "version", "start", "finish", "loss", "gsq")
 HEAD = ("initiated", "activated", "snapshot", "rows")
 #: gradients one process contributes per round at most (the rest wait a round)
 CAPACITY = 4
-#: completed rounds each rank keeps (``runtime.eager`` keeps the steps of as many)
+#: completed rounds each rank keeps (``runtime.partial.rounds`` keeps the steps of as many)
 KEPT_ROUNDS = 64
 #: up to this many processes an initiator activates everyone itself: one hop of P - 1 messages
 #: instead of ⌈log2 P⌉ sequential hops and P ⌈log2 P⌉ messages, each a thread wake-up

@@ -17,7 +17,7 @@ from tailtrain.runtime.keep import reopen_records
 from tailtrain.runtime.telemetry import ScoredLater, attach
 
 if TYPE_CHECKING:
-    from tailtrain.runtime.ps import Server
+    from tailtrain.runtime.ps.server import Server
 
 
 def open_record(server: Server, saved: dict[str, Any] | None) -> None:

@@ -18,7 +18,7 @@ Injected delays (``JobClock``): worker w's j-th job lasts the simulator's draw f
 simulator spreads it (micro-batch shares, or equal blocks). The draw is the job's whole
 round trip as simulated (pull, compute, push), so the worker aims at it: unit u ends at
 start + (its units' injected seconds) on the server's clock (the job's start comes in its
-JOB; the clocks' offset is estimated once, ``ps_wire.clock_worker``), or when its real
+JOB; the clocks' offset is estimated once, ``runtime.ps.wire.clock_worker``), or when its real
 compute ends, if later. The model's download and the real compute thus count towards the
 injected time; what is left over is the real system's cost (the gradient's upload, the
 server's work). A unit's real compute is never cut (a device cannot stop halfway through a
@@ -38,7 +38,7 @@ import torch
 from tailtrain.core.scenario import World
 from tailtrain.faults import FaultPlan
 from tailtrain.runtime.inject import FaultDrill
-from tailtrain.runtime.ps_wire import (
+from tailtrain.runtime.ps.wire import (
     DOWN,
     HEADER,
     PROBE,

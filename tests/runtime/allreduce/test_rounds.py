@@ -20,8 +20,9 @@ import torch.nn.functional as F
 
 from tailtrain.core.scenario import Scenario
 from tailtrain.errors import TailtrainError
-from tailtrain.runtime import allreduce, config
-from tailtrain.runtime.allreduce import train_allreduce
+from tailtrain.runtime import config
+from tailtrain.runtime.allreduce import rounds as allreduce
+from tailtrain.runtime.allreduce.rounds import train_allreduce
 from tailtrain.runtime.config import TrainConfig
 from tailtrain.runtime.control import RuleDriver
 from tailtrain.runtime.launch import Endpoint, launch, reserve
