@@ -18,9 +18,9 @@ from tailtrain.core.scenario import Scenario
 from tailtrain.errors import UsageError
 from tailtrain.runtime.config import TrainConfig
 from tailtrain.runtime.launch import Endpoint, launch, reserve
-from tailtrain.runtime.topologies import check_topology, topology_of
+from tailtrain.runtime.topologies import check_topology
 from tailtrain.sim.run import simulate
-from tailtrain.strategies.base import Topology
+from tailtrain.strategies.base import Topology, topology_of
 from tailtrain.strategies.registry import BUILDERS, parse_strategy
 from tailtrain.topology import partial, ps
 

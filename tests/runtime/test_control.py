@@ -13,7 +13,7 @@ from tailtrain.runtime.control import (
     check_own_weight,
     weighting,
 )
-from tailtrain.runtime.topologies import TOPOLOGIES, check_topology
+from tailtrain.runtime.topologies import TOPOLOGY_SPECS, check_topology
 from tailtrain.strategies.base import (
     COLUMNS,
     ArrivalColumns,
@@ -186,7 +186,7 @@ def test_allreduce_strategies_run(text):
     [("dbw", Topology.PARAMETER_SERVER), ("eager:mode=solo", Topology.PARTIAL_COLLECTIVE)],
 )
 def test_a_topology_train_lacks_is_refused_in_one_line(text, topology, monkeypatch):
-    monkeypatch.delitem(TOPOLOGIES, topology, raising=False)
+    monkeypatch.delitem(TOPOLOGY_SPECS, topology, raising=False)
     with pytest.raises(UsageError, match="topology") as err:
         check_topology(parse_strategy(text))
     assert "\n" not in str(err.value)

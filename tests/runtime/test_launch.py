@@ -136,7 +136,7 @@ def test_the_strategy_is_parsed_once_where_the_job_is_defined(monkeypatch):
 
     from tailtrain.runtime import config as config_module
     from tailtrain.runtime.config import build_world
-    from tailtrain.runtime.topologies import processes, rank_entry_of
+    from tailtrain.runtime.topologies import spec_of
     from tailtrain.strategies import registry
     from tailtrain.strategies.base import Strategy
 
@@ -151,5 +151,4 @@ def test_the_strategy_is_parsed_once_where_the_job_is_defined(monkeypatch):
     monkeypatch.setattr(config_module, "parse_strategy", parsed_again)
     validate(config, local=True)
     build_world(config)
-    assert processes(config.strategy, 2) == 2
-    rank_entry_of(config.strategy)
+    assert spec_of(config.strategy).processes(2) == 2

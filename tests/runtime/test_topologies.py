@@ -1,4 +1,5 @@
-"""Which runtime topology runs a strategy: ``topology_of`` decides for every entry point."""
+"""Which runtime topology runs a strategy (``topology_of`` decides for every entry point), and
+the one registry that says what `train` needs of each (``runtime.topologies.TopologySpec``)."""
 
 from __future__ import annotations
 
@@ -9,8 +10,8 @@ from torch import nn
 from tailtrain.errors import UsageError
 from tailtrain.runtime.ps.runner import train_own_model
 from tailtrain.runtime.ps.server import train_parameter_server
-from tailtrain.runtime.topologies import processes, rank_entry_of, topology_of
-from tailtrain.strategies.base import Topology
+from tailtrain.runtime.topologies import TOPOLOGY_SPECS, spec_of
+from tailtrain.strategies.base import Topology, topology_of
 from tailtrain.strategies.registry import parse_strategy
 
 
@@ -31,11 +32,30 @@ def test_a_sync_with_a_mode_runs_on_the_parameter_server(text, topology):
     assert topology_of(strategy) is topology
     assert strategy.topology is topology  # the rule declares it: simulate runs it there too
     assert parse_strategy(strategy.describe()) == strategy  # and its text says which
-    assert processes(strategy, 2) == 2 + (topology is Topology.PARAMETER_SERVER)
+    assert spec_of(strategy).processes(2) == 2 + (topology is Topology.PARAMETER_SERVER)
 
 
 def test_train_runs_a_sync_with_a_mode_on_the_parameter_server():
-    assert rank_entry_of(parse_strategy("sync:mode=pull")) is train_parameter_server
+    assert spec_of(parse_strategy("sync:mode=pull")).entry is train_parameter_server
+
+
+def test_every_topology_has_one_spec_naming_the_simulators_engine_for_it():
+    """The runtime names the simulator's engine without importing it; the names hold."""
+    from tailtrain.sim.run import ENGINES
+
+    assert set(TOPOLOGY_SPECS) == set(Topology) == set(ENGINES)
+    for topology, spec in TOPOLOGY_SPECS.items():
+        assert spec.topology is topology
+        assert ENGINES[topology].__name__ == spec.engine
+
+
+def test_a_parameter_servers_rank_0_is_no_worker():
+    server = TOPOLOGY_SPECS[Topology.PARAMETER_SERVER]
+    assert [server.worker_of(r) for r in range(3)] == [None, 0, 1]
+    assert server.expendable_workers and server.processes(8) == 9
+    allreduce = TOPOLOGY_SPECS[Topology.ALLREDUCE]
+    assert [allreduce.worker_of(r) for r in range(2)] == [0, 1]
+    assert not allreduce.expendable_workers and allreduce.processes(8) == 8
 
 
 def test_train_own_model_takes_its_topology_from_topology_of():

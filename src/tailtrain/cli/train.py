@@ -217,7 +217,7 @@ def fresh(args: argparse.Namespace):
     from tailtrain.runtime.config import TrainConfig
     from tailtrain.runtime.keep import restarts
     from tailtrain.runtime.launch import default_backend, in_torchrun
-    from tailtrain.runtime.topologies import processes
+    from tailtrain.runtime.topologies import TOPOLOGY_SPECS
     from tailtrain.strategies.registry import parse_strategy
 
     if args.delay is None and args.pattern != "iid":
@@ -225,7 +225,7 @@ def fresh(args: argparse.Namespace):
     if args.overwrite and args.out is None:
         raise UsageError("--overwrite needs --out DIR, the folder the run is kept in")
     strategy = parse_strategy(args.strategy)
-    extra = processes(strategy, 0)  # a parameter server's own rank
+    extra = TOPOLOGY_SPECS[strategy.topology].extra_ranks  # a parameter server's own rank
     torchrun = in_torchrun()
     args.timeout = DEFAULT_TIMEOUT if args.timeout is None else args.timeout
     args.max_restarts = DEFAULT_MAX_RESTARTS if args.max_restarts is None else args.max_restarts
@@ -273,13 +273,13 @@ def resumed(args: argparse.Namespace):
     from tailtrain.faults import FaultPlan
     from tailtrain.runtime.config import TrainConfig
     from tailtrain.runtime.launch import default_backend, in_torchrun
-    from tailtrain.runtime.topologies import processes
+    from tailtrain.runtime.topologies import TOPOLOGY_SPECS
     from tailtrain.strategies.registry import parse_strategy
 
     info, scenario = resume_train(args)
     runtime = info["runtime"]
     strategy = parse_strategy(info["strategy"])
-    extra = processes(strategy, 0)
+    extra = TOPOLOGY_SPECS[strategy.topology].extra_ranks
     workers(scenario.workers, os.environ if in_torchrun() else None, extra)
     drills = list(info["inject_fault"])
     if runtime["fail_at"] is not None:  # a run started with the deprecated --fail-at

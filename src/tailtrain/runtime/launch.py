@@ -79,14 +79,7 @@ from tailtrain.runtime.keep import (
 )
 from tailtrain.runtime.reduce import Collectives
 from tailtrain.runtime.telemetry import close_record
-from tailtrain.runtime.topologies import (
-    RankEntry,
-    check_topology,
-    expendable_workers,
-    processes,
-    rank_entry_of,
-    topology_of,
-)
+from tailtrain.runtime.topologies import RankEntry, TopologySpec, spec_of
 from tailtrain.strategies.base import Context, Strategy, Topology
 from tailtrain.topology.allreduce import as_allreduce
 
@@ -195,7 +188,7 @@ def launch(
         spec = LaunchConfig(
             min_nodes=1,
             max_nodes=1,
-            nproc_per_node=processes(first.strategy, first.scenario.workers),
+            nproc_per_node=spec_of(first.strategy).processes(first.scenario.workers),
             run_id=f"tailtrain-{uuid.uuid4().hex[:12]}",
             rdzv_backend="static",
             rdzv_endpoint=str(endpoint),
@@ -266,7 +259,7 @@ def rank_entry(
     gc.freeze()
     rank = int(os.environ.get("RANK", "0"))
     try:
-        if own_launcher and rank > 0 and expendable_workers(configs[0].strategy):
+        if own_launcher and rank > 0 and spec_of(configs[0].strategy).expendable_workers:
             results = shielded(lambda: run_rank(configs, entry), rank, len(configs))
         else:
             results = run_rank(configs, entry)
@@ -295,7 +288,7 @@ def run_rank(configs: list[TrainConfig], entry: RankEntry | None) -> list[RankRe
     tag_logs(comm.rank, first.verbose)
     results = []
     for config in configs:  # after a Ctrl-C, no config starts (rank_entry leaves)
-        results.append((entry or rank_entry_of(config.strategy))(config, comm))
+        results.append((entry or spec_of(config.strategy).entry)(config, comm))
         if interrupt_requested():
             break
     for result in results:  # flush TensorBoard; a sink does not go back by pickle
@@ -354,7 +347,11 @@ def restarted_store(env: Mapping[str, str], timeout: datetime.timedelta) -> dist
 def validate(config: TrainConfig, *, local: bool) -> None:
     """Every check that needs no other process (module docstring)."""
     scenario = config.scenario
-    check_topology(config.strategy)
+    spec = spec_of(config.strategy)
+    if config.checkpoint_every is not None and not spec.checkpoints:
+        raise UsageError(
+            f"the {spec.topology} topology keeps no checkpoints; drop --checkpoint-every"
+        )
     if local and scenario.workers > max_local_workers():
         raise UsageError(
             f"--workers {scenario.workers} local processes is too many: at most "
@@ -368,20 +365,19 @@ def validate(config: TrainConfig, *, local: bool) -> None:
     world, strategy = build_world(config)  # loads the task and reads trace files
     if not world.task.has_model:
         raise UsageError(f"task {scenario.task!r} has no model to train; choose e.g. logreg")
-    check_rule(strategy, world.context, local=local)
+    check_rule(strategy, spec, world.context, local=local)
 
 
-def check_rule(strategy: Strategy, ctx: Context, *, local: bool) -> None:
+def check_rule(strategy: Strategy, spec: TopologySpec, ctx: Context, *, local: bool) -> None:
     """The rule's own checks with the job's workers (``Strategy.init``, as every rank runs
-    it), and its first plan as its topology takes it; a parameter server's refusal says which
-    ranks are its workers."""
-    topology = topology_of(strategy)
+    it), and its first plan as its topology takes it; where the topology has ranks of its own
+    (a parameter server's rank 0), the refusal says which ranks are the workers."""
     try:
         state = strategy.init(ctx)
-        if topology is Topology.ALLREDUCE:
+        if spec.topology is Topology.ALLREDUCE:
             as_allreduce(strategy.plan(state))
     except TailtrainError as exc:
-        if topology is not Topology.PARAMETER_SERVER:
+        if not spec.extra_ranks:
             raise UsageError(str(exc)) from None
         n = ctx.n_workers
         job = f"with --workers {n}" if local else f"of torchrun's {n + 1} ranks"

@@ -1,12 +1,18 @@
-"""Which runtime topology runs a strategy, and how many processes it needs.
+"""The runtime's one registry of topologies: for each, what `train` needs to know of it.
 
-Each topology is a rank entry ``(config, collectives) -> RankResult``. The simulator maps the
-same ``Strategy.topology`` to its engines (``sim.run.ENGINES``); a rule never names either.
+A :class:`TopologySpec` says, for one ``Strategy.topology``, the simulator's engine that plays
+it (by name: the runtime never imports ``tailtrain.sim``; ``sim.run.ENGINES`` maps the same
+topology to that class, and a test holds the two together), the function every rank of a job
+runs, the ranks it adds before the workers (a parameter server's rank 0), whether a worker
+may die without ending a local job (``runtime.expendable``) and whether it keeps checkpoints.
+Everything in the runtime and the CLI that depends on the topology reads it here; a rule
+never names either.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from tailtrain.errors import UsageError
 from tailtrain.runtime.allreduce.rounds import train_allreduce
@@ -18,11 +24,45 @@ from tailtrain.strategies.base import Strategy, Topology, check_contract, topolo
 
 RankEntry = Callable[[TrainConfig, Collectives], RankResult]
 
-#: topology -> the function every rank of a job of that topology runs
-TOPOLOGIES: dict[Topology, RankEntry] = {
-    Topology.ALLREDUCE: train_allreduce,
-    Topology.PARTIAL_COLLECTIVE: train_partial,
-    Topology.PARAMETER_SERVER: train_parameter_server,
+
+@dataclass(frozen=True)
+class TopologySpec:
+    """One runtime topology (module docstring)."""
+
+    topology: Topology
+    #: the class name of the simulator's engine for it (``sim.run.ENGINES``)
+    engine: str
+    #: the function every rank of a job of this topology runs
+    entry: RankEntry
+    #: ranks before the workers: rank ``extra_ranks + w`` is worker w
+    extra_ranks: int = 0
+    #: whether a local job goes on when a worker's rank dies (``runtime.expendable``)
+    expendable_workers: bool = False
+    #: whether its runs keep checkpoints, so ``--checkpoint-every`` and ``--resume`` apply
+    checkpoints: bool = True
+
+    def processes(self, workers: int) -> int:
+        """Processes a job of ``workers`` workers needs."""
+        return workers + self.extra_ranks
+
+    def worker_of(self, rank: int) -> int | None:
+        """The worker rank ``rank`` is (None: a rank of the topology's own, the server)."""
+        return None if rank < self.extra_ranks else rank - self.extra_ranks
+
+
+#: topology -> its spec; the one table (module docstring)
+TOPOLOGY_SPECS: dict[Topology, TopologySpec] = {
+    Topology.ALLREDUCE: TopologySpec(Topology.ALLREDUCE, "AllreduceEngine", train_allreduce),
+    Topology.PARTIAL_COLLECTIVE: TopologySpec(
+        Topology.PARTIAL_COLLECTIVE, "PartialCollectiveEngine", train_partial
+    ),
+    Topology.PARAMETER_SERVER: TopologySpec(
+        Topology.PARAMETER_SERVER,
+        "ServerEngine",
+        train_parameter_server,
+        extra_ranks=1,
+        expendable_workers=True,
+    ),
 }
 
 
@@ -30,29 +70,16 @@ def check_topology(strategy: Strategy) -> None:
     """A one-line error when ``train`` cannot run ``strategy``: no runtime topology for it,
     or one that cannot apply its weights (``Strategy.weights``, ``Strategy.defers``)."""
     topology = topology_of(strategy)
-    if topology not in TOPOLOGIES:
-        have = ", ".join(sorted(TOPOLOGIES))
+    if topology not in TOPOLOGY_SPECS:
+        have = ", ".join(sorted(TOPOLOGY_SPECS))
         raise UsageError(
-            f"strategy {strategy.describe()!r} needs the {topology_of(strategy)} topology, which "
+            f"strategy {strategy.describe()!r} needs the {topology} topology, which "
             f"`train` does not have yet; it has: {have}"
         )
     check_contract(strategy, topology)
 
 
-def rank_entry_of(strategy: Strategy) -> RankEntry:
+def spec_of(strategy: Strategy) -> TopologySpec:
+    """The spec of the topology ``strategy`` runs on, once :func:`check_topology` passed."""
     check_topology(strategy)
-    return TOPOLOGIES[topology_of(strategy)]
-
-
-#: topologies whose ranks other than 0 may die without ending the job (``runtime.expendable``)
-EXPENDABLE_WORKERS = {Topology.PARAMETER_SERVER}
-
-
-def expendable_workers(strategy: Strategy) -> bool:
-    """Whether a local job of ``strategy`` goes on when a rank other than 0 dies."""
-    return topology_of(strategy) in EXPENDABLE_WORKERS
-
-
-def processes(strategy: Strategy, workers: int) -> int:
-    """Processes a job of ``workers`` workers needs (a parameter server adds one)."""
-    return workers + (topology_of(strategy) is Topology.PARAMETER_SERVER)
+    return TOPOLOGY_SPECS[topology_of(strategy)]

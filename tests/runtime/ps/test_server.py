@@ -24,7 +24,7 @@ from tailtrain.errors import UsageError
 from tailtrain.runtime.config import TrainConfig
 from tailtrain.runtime.launch import Endpoint, launch, reserve
 from tailtrain.runtime.ps.server import train_parameter_server
-from tailtrain.runtime.topologies import check_topology, processes
+from tailtrain.runtime.topologies import check_topology, spec_of
 from tailtrain.sim.run import simulate
 from tailtrain.strategies.base import ArrivalColumns, StepStats, arrival_keys
 from tailtrain.strategies.registry import parse_strategy
@@ -303,7 +303,7 @@ def test_the_own_model_example_runs():
 def test_the_server_is_one_more_rank_locally_and_under_torchrun():
     for text in ("k-sync:k=2", "dbw", "lgc:k=3,blocks=2", "adasync:base=k-async,k0=2,interval=1"):
         check_topology(parse_strategy(text))  # the parameter-server topology runs them
-    assert processes(parse_strategy("dbw"), 8) == 9
+    assert spec_of(parse_strategy("dbw")).processes(8) == 9
     assert workers(None, {"WORLD_SIZE": "9"}, extra=1) == 8
     with pytest.raises(UsageError, match="1 of them the server's"):
         workers(9, {"WORLD_SIZE": "9"}, extra=1)

@@ -48,8 +48,7 @@ from tailtrain.runtime.launch import (
 )
 from tailtrain.runtime.ps.server import train_parameter_server
 from tailtrain.runtime.reduce import Collectives
-from tailtrain.runtime.topologies import topology_of
-from tailtrain.strategies.base import Strategy, Topology
+from tailtrain.strategies.base import Strategy, Topology, topology_of
 from tailtrain.strategies.registry import parse_strategy
 from tailtrain.tasks.task import TRAIN_EVAL_SIZE
 
