@@ -287,7 +287,7 @@ def test_train_and_simulate_write_one_row_shape(results, name):
 # ---- users' own models ---------------------------------------------------------------------------
 @pytest.mark.timeout(120)
 def test_the_own_model_example_runs():
-    root = Path(__file__).resolve().parents[2]
+    root = Path(__file__).resolve().parents[3]
     done = subprocess.run(
         [sys.executable, str(root / "examples" / "ps_own_model.py"), "--iterations", "5"],
         capture_output=True,
@@ -316,7 +316,7 @@ def test_a_server_that_fails_stops_the_job_in_one_line():
     """In a process of its own: a second local launch in one process may find a rank that
     never joins (a forked rank inherits the first launcher's state). A worker that fails does
     not stop the job (``test_ps_faults``)."""
-    root = Path(__file__).resolve().parents[2]
+    root = Path(__file__).resolve().parents[3]
     args = ["train", "--workers", "3", "--task", "logreg", "--strategy", "k-sync:k=2"]
     args += ["--delay", "const:value=0.02", "--iterations", "50"]
     args += ["--inject-fault", "raise:rank=0,step=3"]
