@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import ast
+from pathlib import Path
+
 import numpy as np
 import pytest
 
+import tailtrain.runtime
 from tailtrain.errors import TailtrainError, UsageError
 from tailtrain.runtime.control import (
     RuleDriver,
@@ -190,3 +194,56 @@ def test_a_topology_train_lacks_is_refused_in_one_line(text, topology, monkeypat
     with pytest.raises(UsageError, match="topology") as err:
         check_topology(parse_strategy(text))
     assert "\n" not in str(err.value)
+
+
+#: a rule's methods that decide (``strategies.base.Strategy``): only the driver calls them
+RULE_METHODS = {"init", "plan", "select", "adapt", "state_dict", "load_state_dict"}
+
+
+def rule_calls(path: Path) -> list[str]:
+    """``strategy.m(...)`` / ``x.strategy.m(...)`` calls of a rule method in ``path``."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
+            continue
+        receiver = node.func.value
+        name = getattr(receiver, "id", None) or getattr(receiver, "attr", None)
+        if node.func.attr in RULE_METHODS and name == "strategy":
+            found.append(f"{path.name}:{node.lineno} strategy.{node.func.attr}")
+    return found
+
+
+def test_only_the_rule_driver_calls_a_rule_in_the_runtime():
+    """Issue 22: the rule object is reached through ``RuleDriver`` alone; the partial
+    collective's reducer thread and the parameter server's loop hold a driver too."""
+    runtime = Path(tailtrain.runtime.__file__).parent
+    calls = [
+        c for p in sorted(runtime.rglob("*.py")) if p.name != "control.py" for c in rule_calls(p)
+    ]
+    assert calls == []
+    assert rule_calls(runtime / "control.py")  # the finder sees the driver's own calls
+
+
+def test_a_driver_without_memory_asks_the_plan_every_time():
+    """A rule that adapts its state in place plans anew each round (the partial collective,
+    the parameter server); the allreduce's driver remembers the plan of a state object."""
+    asked = []
+
+    class Counting:
+        def __init__(self, rule):
+            self.rule = rule
+
+        def __getattr__(self, name):
+            return getattr(self.rule, name)
+
+        def plan(self, state):
+            asked.append(state)
+            return self.rule.plan(state)
+
+    rule = Counting(parse_strategy("sync"))
+    RuleDriver(rule, Context(n_workers=2)).plan()
+    driver = RuleDriver(rule, Context(n_workers=2))
+    driver.plan(), driver.plan()
+    fresh = RuleDriver(rule, Context(n_workers=2), shape=None, remember=False)
+    fresh.plan(), fresh.plan()
+    assert len(asked) == 1 + 1 + 2

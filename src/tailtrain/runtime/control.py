@@ -1,5 +1,9 @@
 """The one place where the runtime talks to a strategy: ``plan``, ``select``, ``adapt``.
 
+:class:`RuleDriver` is the only caller of a rule's methods in ``runtime/``: the allreduce's
+rounds, the partial collective's reducer thread (``runtime.partial.rounds.Rule``) and the
+parameter server's loop (``runtime.ps.server.Server``) hold a driver, never the rule's state.
+
 Every rank holds its own copy of the rule's state and calls the rule with identical inputs
 (arrivals and statistics gathered or reduced over all ranks), so every rank reaches the same
 decision without a broadcast; the reduced sum of the weights checks that they did.
@@ -32,9 +36,9 @@ from tailtrain.core.session import screened as screened_from
 from tailtrain.core.update import key_workers
 from tailtrain.errors import TailtrainError
 from tailtrain.strategies.base import (
-    AllreducePlan,
     ArrivalColumns,
     Context,
+    Plan,
     Selection,
     StepStats,
     Strategy,
@@ -116,26 +120,50 @@ def check_divisor(used: float | None, selected: float | None) -> None:
         )
 
 
-class RuleDriver:
-    """A strategy and its state on one rank."""
+#: ``RuleDriver.select``'s default: the rule's current state
+_CURRENT = object()
 
-    def __init__(self, strategy: Strategy, ctx: Context) -> None:
+
+class RuleDriver:
+    """A strategy and its state on one rank.
+
+    ``shape`` checks the rule's plan as the topology takes it (the allreduce's
+    :func:`~tailtrain.topology.allreduce.as_allreduce`, by default; None: as the rule gives
+    it). ``remember``: ask the plan once per state object, as the allreduce's rounds do (a
+    pure rule plans the same from the same state: a static rule's every round); the other
+    topologies ask it every time, as they always did."""
+
+    def __init__(
+        self,
+        strategy: Strategy,
+        ctx: Context,
+        shape: Callable[[Plan], Plan] | None = as_allreduce,
+        *,
+        remember: bool = True,
+    ) -> None:
         self.strategy = strategy
         self.n = ctx.n_workers
         self.state: Any = strategy.init(ctx)
-        self._planned: tuple[Any, AllreducePlan] | None = None
+        self.shape, self.remember = shape, remember
+        self._planned: tuple[Any, Plan] | None = None
         #: own weights asked of the current state, by counted units (:meth:`own_weight`)
         self._own: tuple[Any, dict[int, OwnWeight]] | None = None
 
-    def plan(self) -> AllreducePlan:
-        """The rule's plan for its state; the last one again while the state object is the
-        same (a pure rule plans the same from the same state: a static rule's every round)."""
-        if self._planned is None or self._planned[0] is not self.state:
-            self._planned = (self.state, as_allreduce(self.strategy.plan(self.state)))
-        return self._planned[1]
+    def plan(self) -> Plan:
+        """The rule's plan for its state (class docstring)."""
+        if self.remember and self._planned is not None and self._planned[0] is self.state:
+            return self._planned[1]
+        plan = self.strategy.plan(self.state)
+        if self.shape is not None:
+            plan = self.shape(plan)
+        if self.remember:
+            self._planned = (self.state, plan)
+        return plan
 
-    def select(self, arrivals: ArrivalColumns) -> Selection:
-        return self.strategy.select(self.state, arrivals)
+    def select(self, arrivals: ArrivalColumns, state: Any = _CURRENT) -> Selection:
+        """The rule's selection of ``arrivals`` in its current state, or in ``state`` (the
+        parameter server asks LGC's step again, in the state before its ``adapt``)."""
+        return self.strategy.select(self.state if state is _CURRENT else state, arrivals)
 
     def weights(self, arrivals: ArrivalColumns, rank: int) -> RankWeighting:
         return weighting(self.select(arrivals), rank)
@@ -161,6 +189,13 @@ class RuleDriver:
 
     def adapt(self, stats: StepStats) -> None:
         self.state = self.strategy.adapt(self.state, stats)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The rule's state for a checkpoint (``Strategy.state_dict``)."""
+        return self.strategy.state_dict(self.state)
+
+    def load_state_dict(self, saved: dict[str, Any]) -> None:
+        self.state = self.strategy.load_state_dict(saved)
 
 
 def screened_keys(arrivals: ArrivalColumns, screened: np.ndarray) -> np.ndarray:

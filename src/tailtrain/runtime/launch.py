@@ -64,6 +64,7 @@ import torch.distributed as dist
 
 from tailtrain.errors import TailtrainError, UsageError
 from tailtrain.runtime.config import RankResult, TrainConfig, build_world
+from tailtrain.runtime.control import RuleDriver
 from tailtrain.runtime.expendable import shielded
 from tailtrain.runtime.keep import (
     Interrupt,
@@ -81,7 +82,6 @@ from tailtrain.runtime.reduce import Collectives
 from tailtrain.runtime.telemetry import close_record
 from tailtrain.runtime.topologies import RankEntry, TopologySpec, spec_of
 from tailtrain.strategies.base import Context, Strategy, Topology
-from tailtrain.topology.allreduce import as_allreduce
 
 MAX_LOCAL_WORKERS = 64
 WORKERS_PER_CORE = 8
@@ -373,9 +373,9 @@ def check_rule(strategy: Strategy, spec: TopologySpec, ctx: Context, *, local: b
     it), and its first plan as its topology takes it; where the topology has ranks of its own
     (a parameter server's rank 0), the refusal says which ranks are the workers."""
     try:
-        state = strategy.init(ctx)
+        driver = RuleDriver(strategy, ctx, remember=False)  # init, as every rank runs it
         if spec.topology is Topology.ALLREDUCE:
-            as_allreduce(strategy.plan(state))
+            driver.plan()  # as the allreduce takes it (``as_allreduce``)
     except TailtrainError as exc:
         if not spec.extra_ranks:
             raise UsageError(str(exc)) from None

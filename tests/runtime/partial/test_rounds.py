@@ -14,7 +14,12 @@ LR = 0.5
 
 
 def rule() -> Rule:
-    world = SimpleNamespace(context=None, scenario=SimpleNamespace(comm_time=None), seed=0, lr=LR)
+    world = SimpleNamespace(
+        context=SimpleNamespace(n_workers=1),
+        scenario=SimpleNamespace(comm_time=None),
+        seed=0,
+        lr=LR,
+    )
     strategy = SimpleNamespace(init=lambda context: None)
     keeper = SimpleNamespace(completed=lambda *args, **kwargs: None)
     return Rule(world, strategy, 0, False, torch.zeros(2), keeper)

@@ -308,7 +308,7 @@ def state_of(run: _Rank) -> dict[str, Any]:
         "pending": None if pending is None else checkpoint.pack(pending),
         "learner": checkpoint.capture(run.learner, checkpoint.MODEL_STATIC),
         "update": run.update.state_dict(),
-        "rule": run.rule.strategy.state_dict(run.rule.state),
+        "rule": run.rule.state_dict(),
         "clock": checkpoint.capture(run.injector.clock, ("process", "comm")),
         "delays": checkpoint.delay_state(run.world.process),
         "evaluator": RunKeeper.evaluator_state(run.evals),
@@ -325,7 +325,7 @@ def resume(run: _Rank, saved: dict[str, Any]) -> None:
     run.step, run.now = int(saved["step"]), float(saved["now"])
     checkpoint.restore(run.learner, saved["learner"])
     run.update.load_state_dict(saved["update"])
-    run.rule.state = run.rule.strategy.load_state_dict(saved["rule"])
+    run.rule.load_state_dict(saved["rule"])
     checkpoint.restore(run.injector.clock, saved["clock"])
     checkpoint.restore(run.world.process, saved["delays"])
     checkpoint.restore(run.evals, saved["evaluator"])

@@ -92,6 +92,7 @@ from tailtrain.core.update import GradientStats, WeightedUpdate, screen_own
 from tailtrain.delays.schedule import CommTimes
 from tailtrain.errors import TailtrainError
 from tailtrain.runtime.config import RankResult, TrainConfig, build_world
+from tailtrain.runtime.control import RuleDriver
 from tailtrain.runtime.inject import FaultDrill
 from tailtrain.runtime.keep import (
     Keeper,
@@ -125,7 +126,8 @@ ABORT_WAIT = 1.0
 
 
 class Rule:
-    """The strategy and its state, driven on the reducer thread (same inputs on every rank).
+    """The strategy and its state (a ``runtime.control.RuleDriver``), driven on the reducer
+    thread (same inputs on every rank).
 
     Rounds are counted from 0 in each launch by the collective (``result.index``, the keys of
     ``steps`` and ``averages``); ``base`` rounds and ``origin`` seconds came before it (a
@@ -141,7 +143,8 @@ class Rule:
         keeper: Keeper | None = None,
     ) -> None:
         self.world, self.strategy, self.rank = world, strategy, rank
-        self.state: Any = strategy.init(world.context)
+        # a round's plan is the rule's own (``RoundPlan``): no allreduce shape, asked each time
+        self.driver = RuleDriver(strategy, world.context, shape=None, remember=False)
         self.comm = CommTimes(world.scenario.comm_time, world.seed)
         self.steps: dict[int, tuple[torch.Tensor, float, float]] = {}
         self.averages: list[int] = []
@@ -158,12 +161,12 @@ class Rule:
         self.last_row: dict[str, Any] | None = None
 
     def first(self) -> RoundPlan:
-        return self.strategy.plan(self.state)
+        return self.driver.plan()
 
     def after_round(self, result: RoundResult) -> RoundPlan | None:
         """select -> the round's step, StepStats -> adapt; the next plan (None: done)."""
         arrivals, plan, r = self.arrivals(result), result.plan, result.index
-        weight, divisor = uniform_weight(self.strategy.select(self.state, arrivals), arrivals.keys)
+        weight, divisor = uniform_weight(self.driver.select(arrivals), arrivals.keys)
         step = (weight * result.total, divisor, plan.lr_scale)
         self.steps[r] = step
         # a rank can still adopt the steps of the rounds the collective keeps (one that slept
@@ -172,7 +175,7 @@ class Rule:
         if plan.average_models:
             self.averages.append(r)
         stats = self.stats(result, arrivals)
-        self.state = self.strategy.adapt(self.state, stats)
+        self.driver.adapt(stats)
         time.sleep(self.comm.next() * (2 if plan.average_models else 1))
         self.now = stats.time
         self.last_row = measured_round_row(result, stats)
@@ -182,7 +185,7 @@ class Rule:
         self.keep(r, step, plan.average_models)
         if self.world.finished(self.done, self.now):
             return None
-        return self.strategy.plan(self.state)
+        return self.driver.plan()
 
     def arrivals(self, result: RoundResult) -> ArrivalColumns:
         """The round's arrivals in the run's rounds and clock."""
@@ -255,7 +258,7 @@ class Rule:
         return {
             "now": self.now,
             "theta": self.agreed,
-            "rule": self.strategy.state_dict(self.state),
+            "rule": self.driver.state_dict(),
             "comm": checkpoint.capture(self.comm, ("_model",)),
             "update": self.update.state_dict(),
             "evaluator": RunKeeper.evaluator_state(self.evals),
@@ -269,7 +272,7 @@ class Rule:
         self.base = self.done = int(saved["step"])
         self.now = self.origin = float(saved["now"])
         self.agreed = saved["theta"]
-        self.state = self.strategy.load_state_dict(saved["rule"])
+        self.driver.load_state_dict(saved["rule"])
         checkpoint.restore(self.comm, saved["comm"])
         self.update.load_state_dict(saved["update"])
         checkpoint.restore(self.evals, saved["evaluator"])

@@ -52,7 +52,7 @@ def state_dict(server: Server) -> dict[str, Any]:
         "version": server.version,
         "versions": list(server.versions),
         "thetas": list(server.versions.values()),
-        "rule": server.strategy.state_dict(server.state),
+        "rule": server.rule.state_dict(),
         "update": server.update.state_dict(),
         "evaluator": RunKeeper.evaluator_state(server.evals),
         "evals": checkpoint.pack([dict(row) for row in server.record.evals]),
@@ -72,7 +72,7 @@ def resume(server: Server, saved: dict[str, Any]) -> None:
     server.step, server.version = int(saved["step"]), int(saved["version"])
     server.now = float(saved["now"])
     server.versions = dict(zip(saved["versions"], saved["thetas"], strict=True))
-    server.state = server.strategy.load_state_dict(saved["rule"])
+    server.rule.load_state_dict(saved["rule"])
     server.update.load_state_dict(saved["update"])
     checkpoint.restore(server.evals, saved["evaluator"])
     server.snapshots = list(saved["snapshots"])

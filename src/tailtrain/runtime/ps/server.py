@@ -97,6 +97,7 @@ without them. ``server.pid`` in the run folder holds the server's process id whi
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 import time
@@ -114,6 +115,7 @@ from tailtrain.core.session import RunKeeper, check_entry, screened
 from tailtrain.core.update import WeightedUpdate, gradient_stats, isin, rows_weighed
 from tailtrain.errors import TailtrainError
 from tailtrain.runtime.config import RankResult, TrainConfig, build_world
+from tailtrain.runtime.control import RuleDriver
 from tailtrain.runtime.inject import FaultDrill
 from tailtrain.runtime.keep import Keeper, interrupt_requested
 from tailtrain.runtime.ps import keep as ps_keep
@@ -135,6 +137,7 @@ from tailtrain.runtime.telemetry import run_record, write_trace
 from tailtrain.strategies.base import (
     COLUMNS,
     ArrivalColumns,
+    Plan,
     Selection,
     ServerPlan,
     StepStats,
@@ -199,7 +202,9 @@ class Server:
         self.dim, self.dtype = theta.numel(), theta.dtype
         self.versions = {0: theta}
         self.update = WeightedUpdate(world.lr, self.config.on_nonfinite)
-        self.state = strategy.init(world.context)
+        #: the rule, reached only through its driver (``runtime.control``)
+        shape = functools.partial(server_plan, strategy)
+        self.rule = RuleDriver(strategy, world.context, shape, remember=False)
         self.record = run_record(config, world, lead=True)
         self.evals = Evaluator(world.scenario.evaluation, self.record, enabled=True)
         self.snapshots: list[torch.Tensor] = []
@@ -237,9 +242,7 @@ class Server:
         keeper = self.keeper.run
         keeper.begin(self.evals, self.scorer(), resumed=self.keeper.saved is not None)
         while not self.world.finished(self.step, self.now) and not interrupt_requested():
-            plan = self.strategy.plan(self.state)
-            if not isinstance(plan, ServerPlan):
-                raise TailtrainError(f"{self.strategy.describe()} gave no parameter-server plan")
+            plan = self.rule.plan()
             self.drill.before(self.step)  # a raise drill of rank 0 (runtime.inject.FaultDrill)
             before = self.scorer()
             self.begin(plan)
@@ -389,7 +392,7 @@ class Server:
     def close(self, plan: ServerPlan, arrivals: list[Arrival], fresh: list[Arrival]) -> None:
         cands = columns(fresh)
         keys = cands.keys
-        selection = self.strategy.select(self.state, cands)
+        selection = self.rule.select(cands)
         applied = selection
         if plan.partial_blocks > 0:  # LGC: e_t comes with the stragglers' reports
             applied = Selection(now=selection.now)
@@ -416,8 +419,8 @@ class Server:
         every = cands if len(arrivals) == len(fresh) else columns(arrivals)
         lr = self.world.lr * plan.lr_scale
         stats = ps.step_stats(self.step, plan.k, self.now, every, used, scalars, lr)
-        state_before = self.state
-        self.state = self.strategy.adapt(self.state, stats)
+        state_before = self.rule.state
+        self.rule.adapt(stats)
         row = self.row(plan, cands, keys, selection, stats, len(dropped))
         row.update(self.liveness.take_events())
         if plan.partial_blocks > 0:  # LGC: recorded with its stragglers' blocks (resolve)
@@ -511,7 +514,7 @@ class Server:
         late = [a for a in p.reports if a.units > 0]  # r = 0: nothing to offer (as simulated)
         offered = p.fresh + late
         cands = columns(offered)
-        selection = self.strategy.select(p.state, cands)
+        selection = self.rule.select(cands, state=p.state)
         now = selection.now
         same = np.array_equal(now.keys, p.now.keys) and np.allclose(now.weight, p.now.weight)
         if not same or now.total != p.now.total:
@@ -562,6 +565,13 @@ class Server:
             topology[f"worker_{key}"] = [None if s is None else s[key] for s in worker_stats]
         topology |= self.liveness.summary()
         return self.keeper.run.summary(self.world, self.strategy, self.record, topology)
+
+
+def server_plan(strategy: Strategy, plan: Plan) -> ServerPlan:
+    """``strategy``'s ``plan`` as the server takes it (``RuleDriver``'s shape)."""
+    if not isinstance(plan, ServerPlan):
+        raise TailtrainError(f"{strategy.describe()} gave no parameter-server plan")
+    return plan
 
 
 # ---- the rank entry ----------------------------------------------------------------------------
