@@ -43,8 +43,9 @@ PROTOCOL: dict[str, tuple[str, str]] = {
         "the face's entry for the internal of the same name",
     ),
     # a rank's run in each runtime topology, in the same steps (``start``, ``resume``,
-    # ``rounds``, ``finish``); each module calls only its own, never imports another's
-    "start|resume|rounds|finish": (
+    # ``rounds``, ``failed``, ``finish``: the last three its ``runtime.rank.RankRun``); each
+    # module calls only its own, never imports another's
+    "start|resume|rounds|failed|finish": (
         r"tailtrain\.runtime\.(allreduce|partial)\.rounds",
         "the steps of a rank's run, one set per topology",
     ),

@@ -66,9 +66,11 @@ class FaultDrill:
     """Worker ``worker``'s part of the ``--inject-fault`` drills (``tailtrain.faults``), on
     rank ``rank`` (default: the worker's; a parameter server's rank 0 is no worker, None).
 
-    Every topology's rank calls :meth:`before` as it starts work for an update (an allreduce
-    or partial-collective round, a parameter-server job, the server's step), so a drill is
-    met by every topology alike: a kill, a freeze or a raise. With a run ``folder`` a kill,
+    A rank's drill rides on its collectives (``runtime.reduce.Collectives.drill``, armed by
+    the launcher), and the one driver of every topology's rank calls :meth:`before` as the
+    rank starts work for an update (an allreduce or partial-collective round, a
+    parameter-server job, the server's step: ``runtime.rank.drive_rank``), so a drill is met
+    by every topology alike: a kill, a freeze or a raise. With a run ``folder`` a kill,
     freeze or raise fires once per run: it is noted there before it fires
     (``runtime.keep.note_drill``), and a rank resumed or restarted in that folder skips the
     drills noted. Numeric drills fire again when their update is played again, as the

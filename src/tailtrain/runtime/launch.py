@@ -66,6 +66,7 @@ from tailtrain.errors import TailtrainError, UsageError
 from tailtrain.runtime.config import RankResult, TrainConfig, build_world
 from tailtrain.runtime.control import RuleDriver
 from tailtrain.runtime.expendable import shielded
+from tailtrain.runtime.inject import FaultDrill
 from tailtrain.runtime.keep import (
     Interrupt,
     Interrupted,
@@ -288,7 +289,11 @@ def run_rank(configs: list[TrainConfig], entry: RankEntry | None) -> list[RankRe
     tag_logs(comm.rank, first.verbose)
     results = []
     for config in configs:  # after a Ctrl-C, no config starts (rank_entry leaves)
-        results.append((entry or spec_of(config.strategy).entry)(config, comm))
+        spec = spec_of(config.strategy)
+        # the run's drills ride on the collectives, once per run (``runtime.rank``)
+        worker = spec.worker_of(comm.rank)
+        comm.arm(FaultDrill(config.faults, worker, config.out, rank=comm.rank))
+        results.append((entry or spec.entry)(config, comm))
         if interrupt_requested():
             break
     for result in results:  # flush TensorBoard; a sink does not go back by pickle

@@ -15,6 +15,10 @@
 Every collective runs on ``group`` (None: the default process group) and, given ``timeout``,
 waits at most that long for its result (``Work.wait``); otherwise the group's own timeout holds.
 
+The collectives carry the rank's fault drills (:attr:`Collectives.drill`, ``--inject-fault``):
+the boundary every rank entry gets, armed once per run by the launcher, so every topology's
+rank meets the same drills (``runtime.rank.drive_rank``).
+
 A collective that fails because a peer died raises :class:`PeerFailure` on the survivors only
 after ``grace`` seconds: the launcher, which stops the job at the first failed rank, then
 names the rank that failed first instead of one that merely lost its partner.
@@ -26,11 +30,14 @@ import datetime
 import logging
 import time
 from collections.abc import Sequence
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 import torch
 import torch.distributed as dist
+
+if TYPE_CHECKING:
+    from tailtrain.runtime.inject import FaultDrill
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +90,21 @@ class Collectives:
         self.grace = grace
         self.group = group
         self.timeout = timeout
+        self._drill: FaultDrill | None = None
+
+    @property
+    def drill(self) -> FaultDrill:
+        """This rank's fault drills (:meth:`arm`; none until armed)."""
+        if self._drill is None:
+            from tailtrain.faults import FaultPlan
+            from tailtrain.runtime.inject import FaultDrill  # the drills only where a run is
+
+            self._drill = FaultDrill(FaultPlan(), self.rank)
+        return self._drill
+
+    def arm(self, drill: FaultDrill) -> None:
+        """Carry ``drill`` (``runtime.inject.FaultDrill``) for the run about to start."""
+        self._drill = drill
 
     @classmethod
     def of_group(

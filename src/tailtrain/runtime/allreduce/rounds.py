@@ -86,7 +86,7 @@ from tailtrain.runtime.control import (
     screened_out,
 )
 from tailtrain.runtime.grads import ModuleGrads
-from tailtrain.runtime.inject import FaultDrill, Injector, sleep
+from tailtrain.runtime.inject import Injector, sleep
 from tailtrain.runtime.keep import (
     Keeper,
     Stopped,
@@ -95,6 +95,7 @@ from tailtrain.runtime.keep import (
     reopen_records,
     stop_on_sigterm,
 )
+from tailtrain.runtime.rank import Updates, drive_rank
 from tailtrain.runtime.reduce import Collectives, SumBuffer, WeightedSum
 from tailtrain.runtime.telemetry import (
     RankLog,
@@ -179,7 +180,6 @@ class _Rank:
     evals: Evaluator
     update: WeightedUpdate
     grads: ModuleGrads
-    drill: FaultDrill
     keeper: Keeper
     #: the agreed clock: settled rounds' wall seconds plus the latest round's estimate
     now: float = 0.0
@@ -199,6 +199,16 @@ class _Rank:
     #: a rank asked to stop (Ctrl-C) in the latest round's allreduce: every rank stops there
     interrupted: bool = False
 
+    # ---- the topology's contract (``runtime.rank.RankRun``) ----------------------------------
+    def updates(self) -> Updates:
+        return rounds(self)
+
+    def failed(self, exc: BaseException) -> BaseException:
+        return failed(self, exc)
+
+    def finish(self) -> RankResult:
+        return finish(self)
+
 
 def train_allreduce(config: TrainConfig, comm: Collectives) -> RankResult:
     """Run ``config`` as rank ``comm.rank`` of ``comm.world_size``; returns this rank's result.
@@ -215,26 +225,26 @@ def train_allreduce(config: TrainConfig, comm: Collectives) -> RankResult:
     checkpoint of that round (``Keeper.interrupted``).
     """
     stop_on_sigterm()
-    run = start(config, comm)
-    try:
-        rounds(run)
-    except BaseException as exc:
-        hold_sigterm()  # the row, census and checkpoint below run to their end (runtime.keep)
-        pending = rows_so_far(run)
-        if pending is not None:  # a completed round's row is on disk, as its checkpoint has it
-            run.record.add_step(pending)
-        end = run.keeper.failed(run.step, exc, config.timeout)
-        close_record(run.record)  # flush steps.jsonl and TensorBoard before leaving
-        if isinstance(exc, Stopped):  # the launcher is stopping the group: leave at once
-            os._exit(143)
-        if end is exc:
-            raise
-        raise end from exc
-    return finish(run)
+    return drive_rank(start(config, comm), comm.drill)
 
 
-def rounds(run: _Rank) -> None:
-    """The rounds until the budget is spent, each followed by its evaluations and snapshot."""
+def failed(run: _Rank, exc: BaseException) -> BaseException:
+    """The group failed: the rows so far, the census and checkpoint; the exception to end
+    with. A rank the launcher stopped leaves at once."""
+    hold_sigterm()  # the row, census and checkpoint below run to their end (runtime.keep)
+    pending = rows_so_far(run)
+    if pending is not None:  # a completed round's row is on disk, as its checkpoint has it
+        run.record.add_step(pending)
+    end = run.keeper.failed(run.step, exc, run.config.timeout)
+    close_record(run.record)  # flush steps.jsonl and TensorBoard before leaving
+    if isinstance(exc, Stopped):  # the launcher is stopping the group: leave at once
+        os._exit(143)
+    return end
+
+
+def rounds(run: _Rank) -> Updates:
+    """The rounds until the budget is spent, each followed by its evaluations and snapshot;
+    each round's index is yielded as its work starts (``runtime.rank``: the drills)."""
     scenario, keeper = run.world.scenario, run.keeper.run
     keeper.begin(run.evals, scorer(run), resumed=run.keeper.saved is not None)
     run.comm.barrier()  # round 0 starts together, as the simulator's workers all start at 0
@@ -242,6 +252,7 @@ def rounds(run: _Rank) -> None:
         scenario, run.step, run.now, (plan := run.rule.plan()).iteration_scale
     ):
         before = scorer(run)
+        yield run.step
         one_round(run, plan)
         if keeper.stepped(run.evals, run.step, run.now, before, scorer(run)):
             run.comm.barrier()
@@ -285,7 +296,6 @@ def start(config: TrainConfig, comm: Collectives) -> _Rank:
         evals=Evaluator(scenario.evaluation, record if comm.rank == 0 else RunRecord(), True),
         update=WeightedUpdate(world.lr, config.on_nonfinite),
         grads=grads,
-        drill=FaultDrill(config.faults, comm.rank, config.out),
         keeper=keeper,
     )
     if keeper.saved is not None:
@@ -395,7 +405,6 @@ def one_round(run: _Rank, plan: Plan) -> None:
     run.log.step = run.step
     batches = run.learner.batches(run.step, units)
     injected = run.injector.unit_times(plan.local_steps, m, run.now)
-    run.drill.before(run.step)  # the drills, a raise included (runtime.inject.FaultDrill)
     started = time.perf_counter()
     lr = run.world.lr * plan.lr_scale
     sums = sum_buffer(run, units)
@@ -406,7 +415,7 @@ def one_round(run: _Rank, plan: Plan) -> None:
             run.grads, run.learner.theta, plan, batches[run.comm.rank], injected, m, lr, into
         )
     if work.done:
-        run.drill.poison(run.step, work.grad)
+        run.comm.drill.poison(run.step, work.grad)
     rank, step, now = run.comm.rank, run.step, run.now
     own = run.rule.own_weight(
         work.done, lambda: own_arrival(step, now, rank, work.done, work.compute, units)

@@ -93,7 +93,6 @@ from tailtrain.delays.schedule import CommTimes
 from tailtrain.errors import TailtrainError
 from tailtrain.runtime.config import RankResult, TrainConfig, build_world
 from tailtrain.runtime.control import RuleDriver
-from tailtrain.runtime.inject import FaultDrill
 from tailtrain.runtime.keep import (
     Keeper,
     Stopped,
@@ -111,6 +110,7 @@ from tailtrain.runtime.partial.collective import (
     RoundResult,
     row,
 )
+from tailtrain.runtime.rank import Updates, drive_rank
 from tailtrain.runtime.reduce import GRACE, Collectives
 from tailtrain.runtime.telemetry import TraceRows, attach, close_record, follow, write_traces
 from tailtrain.strategies.base import ArrivalColumns, Selection, StepStats, Strategy
@@ -329,6 +329,16 @@ class _Run:
     job: int = 0  # this rank's next job (module docstring: Resume)
     coll: PartialCollective | None = field(default=None, repr=False)
 
+    # ---- the topology's contract (``runtime.rank.RankRun``) ----------------------------------
+    def updates(self) -> Updates:
+        return rounds(self)
+
+    def failed(self, exc: BaseException) -> BaseException:
+        return failed(self, exc)
+
+    def finish(self) -> RankResult:
+        return finish(self)
+
 
 def train_partial(config: TrainConfig, comm: Collectives) -> RankResult:
     """Run ``config`` as rank ``comm.rank`` under a partial-collective rule (module docstring).
@@ -336,15 +346,7 @@ def train_partial(config: TrainConfig, comm: Collectives) -> RankResult:
     When the group fails this rank stops the collective, takes part in the survivors' census
     and checkpoint (``runtime.keep.Keeper.failed``) and leaves."""
     stop_on_sigterm()
-    run = start(config, comm)
-    try:
-        step = rounds(run)
-    except BaseException as exc:
-        end = failed(run, exc)
-        if end is exc:
-            raise
-        raise end from exc
-    return finish(run, step)
+    return drive_rank(start(config, comm), comm.drill)
 
 
 def start(config: TrainConfig, comm: Collectives) -> _Run:
@@ -387,8 +389,9 @@ def resume(run: _Run, saved: dict[str, Any]) -> None:
     run.keeper.completed(rule.done, rule.state_dict, save=False)
 
 
-def rounds(run: _Run) -> int:
-    """Every round until the plan ends, then the final model average; the run's round count."""
+def rounds(run: _Run) -> Updates:
+    """Every round until the plan ends, then the final model average; each round's index is
+    yielded as this rank starts its gradient for it (``runtime.rank``: the drills)."""
     config, world, rule, comm = run.config, run.world, run.rule, run.comm
     if not world.finished(rule.done, rule.now):
         run.coll = PartialCollective(
@@ -401,10 +404,9 @@ def rounds(run: _Run) -> int:
             device=comm.device,
             timeout=config.timeout,
         )
-        run_rounds(run)
+        yield from run_rounds(run)
         run.coll.close()
     run.theta = comm.weighted_sum(run.theta, 1.0 / comm.world_size).numerator  # the final sync
-    return rule.done
 
 
 def failed(run: _Run, exc: BaseException) -> BaseException:
@@ -430,9 +432,10 @@ def failed(run: _Run, exc: BaseException) -> BaseException:
     return end
 
 
-def finish(run: _Run, step: int) -> RankResult:
+def finish(run: _Run) -> RankResult:
     """Score the final model, summarise, close the run folder (rank 0)."""
     world, rule, evals, rank = run.world, run.rule, run.evals, run.comm.rank
+    step = rule.done  # the run's round count
     if run.config.out is not None:  # every rank: rank 0 gathers the traces
         write_traces(run.config.out, run.trace, run.comm)
     final = evaluate_once(world.task, run.theta) if rank == 0 else dict
@@ -470,7 +473,7 @@ def batch(world: World, rank: int, job: int) -> np.ndarray:
     return b[:, 0]
 
 
-def run_rounds(run: _Run) -> None:
+def run_rounds(run: _Run) -> Updates:
     """The main thread: compute, (sleep the injected delay), call, adopt; until the plan ends.
     ``step`` counts this launch's rounds (the collective's), ``rule.base + step`` the run's."""
     config, world, coll, rule, comm = run.config, run.world, run.coll, run.rule, run.comm
@@ -481,10 +484,9 @@ def run_rounds(run: _Run) -> None:
     me = np.array([rank])
     update = WeightedUpdate(world.lr)
     step, averaged, written = 0, 0, rule.done
-    drill = FaultDrill(config.faults, rank, config.out)  # a kill fires once, not after a restart
     while coll.plan(step) is not None:
         check_interrupt(rule.base + step)  # Ctrl-C: leave before the next gradient
-        drill.before(rule.base + step)
+        yield rule.base + step  # the drills (``runtime.rank``)
         start = coll.now()
         loss, grad = world.task.grads(run.theta, batch(world, rank, run.job))
         loss, grad = float(loss[0]), grad[0]
@@ -493,7 +495,7 @@ def run_rounds(run: _Run) -> None:
             durations.advance(me)
             time.sleep(seconds)
         run.trace.add(run.job, 1, 1, (coll.now() - start,))  # the job's unit, as trace: reads
-        drill.poison(rule.base + step, grad)
+        comm.drill.poison(rule.base + step, grad)
         grad, loss, _, gsq = screen_own(grad, loss, config.on_nonfinite, rank, rule.base + step)
         out = coll.call(step, grad, row(run.job, step, start, coll.now(), loss, gsq))
         done = out.result.index

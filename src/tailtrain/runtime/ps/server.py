@@ -109,14 +109,13 @@ import numpy as np
 import torch
 
 from tailtrain.core.evaluation import Evaluator
-from tailtrain.core.records import RunRecord, prepare_folder
+from tailtrain.core.records import prepare_folder
 from tailtrain.core.scenario import World
 from tailtrain.core.session import RunKeeper, check_entry, screened
 from tailtrain.core.update import WeightedUpdate, gradient_stats, isin, rows_weighed
 from tailtrain.errors import TailtrainError
 from tailtrain.runtime.config import RankResult, TrainConfig, build_world
 from tailtrain.runtime.control import RuleDriver
-from tailtrain.runtime.inject import FaultDrill
 from tailtrain.runtime.keep import Keeper, interrupt_requested
 from tailtrain.runtime.ps import keep as ps_keep
 from tailtrain.runtime.ps.liveness import Liveness
@@ -129,9 +128,9 @@ from tailtrain.runtime.ps.wire import (
     Message,
     Outbox,
     clock_server,
-    send_report,
 )
 from tailtrain.runtime.ps.worker import Worker
+from tailtrain.runtime.rank import Updates, drive_rank
 from tailtrain.runtime.reduce import SWITCH_INTERVAL, Collectives
 from tailtrain.runtime.telemetry import run_record, write_trace
 from tailtrain.strategies.base import (
@@ -226,15 +225,16 @@ class Server:
         self.units = world.scenario.micro_batches or 1
         self.t0 = time.perf_counter()
         self.mailbox: Mailbox | None = None
-        #: the server is no worker (rank 0); a drill fires once per run, not again after a
-        #: restart (``runtime.keep``)
-        self.drill = FaultDrill(config.faults, None, config.out, rank=0)
+        #: whom to signal for a drill of the server's death (tests, users), while it serves
+        self.pid = None if config.out is None else prepare_folder(config.out) / SERVER_PID
         if keeper.saved is not None:
             ps_keep.resume(self, keeper.saved)
         ps_keep.open_record(self, keeper.saved)
 
-    # ---- the loop ------------------------------------------------------------------------
-    def run(self) -> RunRecord:
+    # ---- the loop: the topology's contract (``runtime.rank.RankRun``) ------------------------
+    def updates(self) -> Updates:
+        """The steps until the budget is spent or Ctrl-C; each step's index is yielded as it
+        starts (``runtime.rank``: the drills of rank 0)."""
         # also opens every worker's connection before t = 0; a resumed run's clock goes on
         self.t0 = clock_server(self.n, self.now)
         self.mailbox = Mailbox(None, UP, HEADER + self.dim, self.dtype, self.liveness.last)
@@ -243,7 +243,7 @@ class Server:
         keeper.begin(self.evals, self.scorer(), resumed=self.keeper.saved is not None)
         while not self.world.finished(self.step, self.now) and not interrupt_requested():
             plan = self.rule.plan()
-            self.drill.before(self.step)  # a raise drill of rank 0 (runtime.inject.FaultDrill)
+            yield self.step
             before = self.scorer()
             self.begin(plan)
             self.lag = self.clock() - self.now
@@ -258,7 +258,6 @@ class Server:
         keeper.end(self.evals, self.step, self.now, self.scorer(), self.interrupted)
         self.liveness.stop(self.clock)
         self.score_snapshots()
-        return self.record
 
     def clock(self) -> float:
         return time.perf_counter() - self.t0
@@ -534,10 +533,30 @@ class Server:
         self.pending = None
 
     # ---- end ---------------------------------------------------------------------------------
-    def failed(self) -> None:
+    def failed(self, exc: BaseException) -> BaseException:
         """The server failed at the step in flight: its rows are on disk (each flushed as it
         closed); it writes the checkpoint of its last closed step and the launcher's note."""
         self.keeper.failed_alone(self.step, self.config.timeout)
+        return exc
+
+    def finish(self) -> RankResult:
+        """Gather the workers' traces and counts; the summary, partial after Ctrl-C."""
+        config, keeper, record = self.config, self.keeper, self.record
+        if self.pid is not None:
+            self.pid.unlink(missing_ok=True)
+        reports = self.liveness.reports()
+        parts = [r for r in reports if r is not None]
+        record.summary = self.summary([None if r is None else r[1] for r in reports])
+        if config.out is not None:
+            folder = prepare_folder(config.out)
+            table = np.concatenate([t for t, _ in parts]) if parts else np.empty((0, 3))
+            write_trace(folder / "trace.csv", table, config.scenario.micro_batches is not None)
+        if self.interrupted:  # Ctrl-C (runtime.keep): the summary marked partial, checkpointed
+            keeper.interrupted(record, self.step)
+        elif config.out is not None:
+            keeper.finish(record)  # the steps streamed; the scored evaluations go out now
+        theta = self.versions[self.version]
+        return RankResult(0, record, theta.numpy().copy())
 
     def scorer(self):
         """A snapshot of the model in force; scored after the run (module docstring)."""
@@ -599,43 +618,15 @@ def serve(config: TrainConfig, world: World, strategy: Strategy, comm: Collectiv
     server; a checkpoint in ``--out`` (``--resume``, a restart) is gone on from."""
     keeper = Keeper.of(config, world, strategy, comm.rank, comm.world_size)
     server = Server(config, world, strategy, keeper)
-    pid = None if config.out is None else prepare_folder(config.out) / SERVER_PID
-    if pid is not None:  # whom to signal for a drill of the server's death (tests, users)
-        pid.write_text(f"{os.getpid()}\n")
+    if server.pid is not None:
+        server.pid.write_text(f"{os.getpid()}\n")
     comm.barrier()
-    try:
-        record = server.run()
-    except BaseException:
-        server.failed()
-        raise
-    if pid is not None:
-        pid.unlink(missing_ok=True)
-    reports = server.liveness.reports()
-    parts = [r for r in reports if r is not None]
-    record.summary = server.summary([None if r is None else r[1] for r in reports])
-    if config.out is not None:
-        folder = prepare_folder(config.out)
-        table = np.concatenate([t for t, _ in parts]) if parts else np.empty((0, 3))
-        write_trace(folder / "trace.csv", table, config.scenario.micro_batches is not None)
-    if server.interrupted:  # Ctrl-C (runtime.keep): the summary marked partial, checkpointed
-        keeper.interrupted(record, server.step)
-    elif config.out is not None:
-        keeper.finish(record)  # the steps streamed; the scored evaluations go out now
-    theta = server.versions[server.version]
-    return RankResult(0, record, theta.numpy().copy())
+    return drive_rank(server, comm.drill)
 
 
 def work(config: TrainConfig, world: World, comm: Collectives) -> RankResult:
     """Rank w + 1: worker w."""
-    index = comm.rank - 1
-    drill = FaultDrill(config.faults, index, config.out, rank=comm.rank)  # once per run
-    worker = Worker(world, index, config.inject, config.timeout, drill)
+    worker = Worker(world, comm.rank - 1, config.inject, config.timeout, config.out)
     worker.warm_up()
     comm.barrier()
-    stats = vars(worker.run())
-    send_report((worker.trace.table(), stats))
-    if config.out is not None:
-        folder = prepare_folder(config.out)
-        per_mb = worker.trace.per_micro_batch
-        write_trace(folder / f"trace-rank{comm.rank}.csv", worker.trace.table(), per_mb)
-    return RankResult(comm.rank, RunRecord(summary=stats), np.zeros(0))
+    return drive_rank(worker, comm.drill)

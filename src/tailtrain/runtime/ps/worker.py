@@ -31,13 +31,14 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import torch
 
+from tailtrain.core.records import RunRecord, prepare_folder
 from tailtrain.core.scenario import World
-from tailtrain.faults import FaultPlan
-from tailtrain.runtime.inject import FaultDrill
+from tailtrain.runtime.config import RankResult
 from tailtrain.runtime.ps.wire import (
     DOWN,
     HEADER,
@@ -48,8 +49,10 @@ from tailtrain.runtime.ps.wire import (
     Message,
     Outbox,
     clock_worker,
+    send_report,
 )
-from tailtrain.runtime.telemetry import RankLog, TraceRows
+from tailtrain.runtime.rank import Updates
+from tailtrain.runtime.telemetry import RankLog, TraceRows, write_trace
 from tailtrain.tasks.stream import job_batches
 
 SERVER = 0
@@ -110,10 +113,10 @@ class Worker:
         index: int,
         inject: bool,
         timeout: float,
-        drill: FaultDrill | None = None,
+        out: Path | None = None,
     ) -> None:
         self.world, self.index, self.timeout = world, index, timeout
-        self.drill = drill or FaultDrill(FaultPlan(), index, rank=index + 1)
+        self.rank, self.out = index + 1, out  # its traces go to ``out`` (the run folder)
         task = world.task
         self.dim, self.dtype = task.dim, task.init_params(world.seed).dtype
         self.clock = JobClock(world, index, inject)
@@ -135,7 +138,10 @@ class Worker:
         theta = self.world.task.init_params(self.world.seed)
         self.world.task.grads(theta, self.batch(0)[None])
 
-    def run(self) -> WorkerStats:
+    # ---- the topology's contract (``runtime.rank.RankRun``) ----------------------------------
+    def updates(self) -> Updates:
+        """The jobs until the server's STOP; each job's version is yielded as its work starts
+        (``runtime.rank``: the drills; a skipped version's drill hits at the next one)."""
         self.zero = clock_worker()
         size = HEADER + self.dim
         stop = lambda m: m.kind is Kind.STOP  # noqa: E731
@@ -144,17 +150,30 @@ class Worker:
         probes = Mailbox(SERVER, PROBE, HEADER, self.dtype, stop, owed=False)
         message = self.mailbox.take(self.timeout)
         while message.kind is Kind.JOB:
+            yield message.version
             message = self.follow(message)
         self.outbox.send(Message(Kind.BYE, worker=self.index), SERVER, UP)
         self.outbox.flush()
         self.mailbox.join(self.timeout)
         probes.join(self.timeout)  # the server sent its STOP on PROBE before the one on DOWN
-        return self.stats
+
+    def failed(self, exc: BaseException) -> BaseException:
+        """A worker keeps nothing: it ends with ``exc`` (the server goes on without it)."""
+        return exc
+
+    def finish(self) -> RankResult:
+        """Send the server this worker's trace and counts; write its trace file."""
+        stats = vars(self.stats)
+        send_report((self.trace.table(), stats))
+        if self.out is not None:
+            folder = prepare_folder(self.out)
+            per_mb = self.trace.per_micro_batch
+            write_trace(folder / f"trace-rank{self.rank}.csv", self.trace.table(), per_mb)
+        return RankResult(self.rank, RunRecord(summary=stats), np.zeros(0))
 
     def follow(self, message: Message) -> Message:
         """Run the job ``message`` gives; return the next message to act on."""
         assert self.mailbox is not None
-        self.drill.before(message.version)  # a skipped version's drill hits here (FaultDrill)
         if asks_blocks(message):
             self.report(message)
         job = Job(
