@@ -35,7 +35,8 @@ import torch
 from tailtrain.errors import UsageError
 from tailtrain.runtime.launch import max_local_workers
 from tailtrain.runtime.microbench import join_gloo, run_local
-from tailtrain.runtime.partial.collective import PartialCollective, RoundResult, row
+from tailtrain.runtime.partial.collective import PartialCollective
+from tailtrain.runtime.partial.wire import RoundResult, row
 from tailtrain.strategies.eager import Collective, RoundPlan, majority_initiator
 
 

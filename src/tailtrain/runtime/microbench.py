@@ -14,7 +14,7 @@ the runtime's ``DIRECT_ACTIVATION`` (up to that many processes an initiator acti
 itself, one message after another in ``partners`` order; beyond, ⌈log2 P⌉ hops):
 
 - ``hop`` and ``send``: from the activation times every process writes into its slot (one
-  clock origin on one machine: ``runtime.partial.collective.shared_origin``), over the partial
+  clock origin on one machine: ``runtime.partial.wire.shared_origin``), over the partial
   rounds with one initiator. Under direct activation a least-squares line through (m,
   activation of the initiator's m-th addressee - the initiator's activation): ``hop`` is its
   intercept, a one-way message latency (with the receiver's wake-up), ``send`` its slope, the
@@ -60,10 +60,9 @@ from tailtrain.runtime.launch import (
 from tailtrain.runtime.partial.collective import (
     DIRECT_ACTIVATION,
     PartialCollective,
-    RoundResult,
     partners,
-    row,
 )
+from tailtrain.runtime.partial.wire import RoundResult, row
 from tailtrain.strategies.eager import Collective, RoundPlan, majority_initiator
 from tailtrain.topology.partial import BENCHMARKED, CollectiveStats, activation_hops
 

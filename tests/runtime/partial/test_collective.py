@@ -36,8 +36,8 @@ from tailtrain.runtime.partial.collective import (
     RoundState,
     _Shared,
     partners,
-    row,
 )
+from tailtrain.runtime.partial.wire import row
 from tailtrain.sim.run import simulate
 from tailtrain.strategies.eager import Collective, RoundPlan, majority_initiator
 from tailtrain.strategies.registry import parse_strategy

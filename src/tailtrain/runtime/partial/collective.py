@@ -61,7 +61,7 @@ completes at the last call.
 
 A round contributes each process's send buffer (fresh and stale gradients; a late process
 contributes what its buffer holds), at most ``capacity`` gradients per process per round, the
-oldest first (the rest wait for the next round). The allreduce buffer is
+oldest first (the rest wait for the next round). The allreduce buffer (``wire``) is
 ``[sum g (D), sum of fresh g (D), slots (P, 4 + 6 capacity)]``: every process writes its slot
 (initiated, activation time, snapshot time, rows; rows of ``job, version, start, finish, loss,
 ||g||^2``) and zeros elsewhere, so one SUM gives every rank the same arrivals.
@@ -81,31 +81,39 @@ from __future__ import annotations
 
 import contextlib
 import datetime
-import socket
 import sys
 import threading
 import time
-import zlib
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
-from pathlib import Path
 
 import numpy as np
 import torch
 import torch.distributed as dist
 
 from tailtrain.errors import TailtrainError
+from tailtrain.runtime.partial.wire import (
+    ABORT,
+    ACT,
+    CALL,
+    RECURSIVE_DOUBLING_BYTES,
+    STOP,
+    RoundResult,
+    decode_message,
+    empty_message,
+    encode_message,
+    pack_round,
+    recursive_doubling,
+    shared_origin,
+    slot_width,
+    unpack_round,
+)
 from tailtrain.runtime.reduce import SWITCH_INTERVAL, UNBOUNDED_WAIT
-from tailtrain.strategies.base import ArrivalColumns
 from tailtrain.strategies.eager import Collective, RoundPlan
 from tailtrain.topology.partial import activation_hops, counter_of
 
-ACT, CALL, STOP, ABORT = 1, 2, 3, 4
-#: columns of one contributed gradient's row
-SLOT_COLUMNS = ("job", "version", "start", "finish", "loss", "gsq")
-HEAD = ("initiated", "activated", "snapshot", "rows")
 #: gradients one process contributes per round at most (the rest wait a round)
 CAPACITY = 4
 #: completed rounds each rank keeps (``runtime.partial.rounds`` keeps the steps of as many)
@@ -113,8 +121,6 @@ KEPT_ROUNDS = 64
 #: up to this many processes an initiator activates everyone itself: one hop of P - 1 messages
 #: instead of ⌈log2 P⌉ sequential hops and P ⌈log2 P⌉ messages, each a thread wake-up
 DIRECT_ACTIVATION = 8
-#: buffers up to this size are summed by recursive doubling (latency-bound), larger by gloo's ring
-RECURSIVE_DOUBLING_BYTES = 1 << 18
 
 
 class CollectiveTimeout(TailtrainError):
@@ -132,55 +138,6 @@ def partners(rank: int, procs: int, initiator: bool = True) -> list[int]:
     if procs <= DIRECT_ACTIVATION:
         return [p for p in range(procs) if p != rank] if initiator else []
     return [(rank + (1 << j)) % procs for j in range(activation_hops(procs))]
-
-
-@dataclass(frozen=True)
-class RoundResult:
-    """What every rank knows after round ``index``: the summed gradients and the slots."""
-
-    index: int
-    plan: RoundPlan
-    total: torch.Tensor  # sum of every contributed gradient
-    fresh: torch.Tensor  # sum of the fresh (this round's step) gradients
-    slots: np.ndarray  # (P, len(HEAD) + capacity * len(SLOT_COLUMNS))
-    done: float  # when this rank's allreduce returned
-
-    @property
-    def rows(self) -> np.ndarray:
-        """(n, 1 + len(SLOT_COLUMNS)) contributed gradients: worker, then the slot's columns."""
-        p, cap = len(self.slots), (self.slots.shape[1] - len(HEAD)) // len(SLOT_COLUMNS)
-        table = self.slots[:, len(HEAD) :].reshape(p, cap, len(SLOT_COLUMNS))
-        have = np.arange(cap)[None, :] < self.slots[:, 3, None]
-        worker = np.broadcast_to(np.arange(p)[:, None], (p, cap))[have]
-        return np.column_stack([worker, table[have]])
-
-    def arrivals(self) -> ArrivalColumns:
-        rows = self.rows
-        return ArrivalColumns(rows[:, 0], rows[:, 1], rows[:, 2], rows[:, 3], rows[:, 4])
-
-    @property
-    def initiators(self) -> np.ndarray:
-        return np.flatnonzero(self.slots[:, 0] > 0)
-
-    @property
-    def active(self) -> np.ndarray:
-        """Ranks that contributed a gradient of this round's step (NAP = their number)."""
-        rows = self.rows
-        return np.unique(rows[rows[:, 2] == self.index, 0].astype(np.int64))
-
-    @property
-    def reach(self) -> float:
-        """When the activation had reached every process."""
-        return float(self.slots[:, 1].max())
-
-    @property
-    def activation(self) -> float:
-        return float(self.slots[:, 1].min())
-
-    @property
-    def closed(self) -> float:
-        """The round's time, identical on every rank: the last snapshot of a send buffer."""
-        return float(self.slots[:, 2].max())
 
 
 class RoundState(StrEnum):
@@ -292,7 +249,7 @@ class PartialCollective:
         self.state = _Shared(plans={0: first})
         self.sent = np.zeros(procs, dtype=np.int64)
         self.pending: deque = deque()
-        self.width = len(HEAD) + capacity * len(SLOT_COLUMNS)
+        self.width = slot_width(capacity)
         self._switch = sys.getswitchinterval()
         self._aborted = False  # ABORT goes out once, even after a close() that failed
         sys.setswitchinterval(min(self._switch, SWITCH_INTERVAL))
@@ -420,7 +377,7 @@ class PartialCollective:
         peers = [p for p in peers if p != self.rank]
         if not peers:
             return
-        message = torch.tensor([kind, value, self.rank], dtype=torch.int64)
+        message = encode_message(kind, value, self.rank)
         with self.send_lock:
             for peer in peers:  # every group holds every rank: group rank = rank
                 self.pending.append((self.act_group.send([message], peer, 0), message))
@@ -439,12 +396,12 @@ class PartialCollective:
         got = np.zeros(self.procs, dtype=np.int64)
         announced = np.full(self.procs, -1, dtype=np.int64)
         announced[self.rank] = 0
-        message = torch.zeros(3, dtype=torch.int64)
+        message = empty_message()
         while not np.all(got == announced):
             # idle until a message comes, however long: no message is owed to it (a run of
             # synchronous rounds sends none); the waits that expect one are bounded
             self.act_group.recv_anysource([message], 0).wait(UNBOUNDED_WAIT)
-            kind, value, sender = (int(v) for v in message)
+            kind, value, sender = decode_message(message)
             got[sender] += 1
             if kind == ABORT:
                 return
@@ -493,27 +450,18 @@ class PartialCollective:
 
     def _snapshot(self, r: int) -> torch.Tensor:
         """This rank's contribution to round r: its buffer's oldest takeable gradients."""
-        s, d = self.state, self.dim
-        payload = torch.zeros(2 * d + self.procs * self.width, dtype=torch.float64)
+        s = self.state
         taken = [e for e in s.buffer if e.not_before <= r][: self.capacity]
         s.buffer = [e for e in s.buffer if not any(e is t for t in taken)]
-        for e in taken:
-            payload[:d] += e.grad.double()
-            if int(e.row[1]) == r:
-                payload[d : 2 * d] += e.grad.double()
         head = [float(r in s.initiated), s.activated[r], self.now(), len(taken)]
-        rows = np.concatenate([e.row for e in taken]) if taken else np.zeros(0)
-        at = 2 * d + self.rank * self.width
-        payload[at : at + len(HEAD)] = torch.tensor(head, dtype=torch.float64)
-        payload[at + len(HEAD) : at + len(HEAD) + rows.size] = torch.from_numpy(rows)
+        grads = [(e.grad, int(e.row[1]) == r) for e in taken]
+        payload = pack_round(
+            self.dim, self.procs, self.width, self.rank, grads, head, [e.row for e in taken]
+        )
         return payload.to(self.device)
 
     def _result(self, r: int, plan: RoundPlan, payload: torch.Tensor) -> RoundResult:
-        d = self.dim
-        slots = payload[2 * d :].numpy().reshape(self.procs, self.width).copy()
-        return RoundResult(
-            r, plan, payload[:d].clone(), payload[d : 2 * d].clone(), slots, self.now()
-        )
+        return unpack_round(r, plan, payload, self.dim, self.procs, self.now())
 
     # ---- helpers -------------------------------------------------------------------------
     def _wait(self, ready: Callable[[], bool], what: str) -> None:
@@ -547,57 +495,3 @@ class PartialCollective:
                 if self.state.error is None:
                     self.state.error = exc
                 self.cond.notify_all()
-
-
-def machine_id() -> int:
-    """Which monotonic clock this process reads: the host and, on Linux, the boot (32 bits)."""
-    try:
-        boot = Path("/proc/sys/kernel/random/boot_id").read_text()
-    except OSError:
-        boot = ""
-    return zlib.crc32(f"{socket.gethostname()}/{boot}".encode())
-
-
-def shared_origin(group) -> float:
-    """The time origin of this rank's clock: rank 0's reading after the start barrier where
-    this rank reads the same monotonic clock (``perf_counter``: CLOCK_MONOTONIC on Linux, one
-    per machine), so activation times compare across ranks; else its own reading."""
-    mine = time.perf_counter()
-    stamp = torch.tensor([mine, float(machine_id())], dtype=torch.float64)
-    dist.broadcast(stamp, 0, group=group)
-    return float(stamp[0]) if int(stamp[1]) == machine_id() else mine
-
-
-def recursive_doubling(x: torch.Tensor, rank: int, procs: int, group) -> torch.Tensor:
-    """SUM-allreduce of ``x`` over ``group`` (every rank of the job) in ⌈log2 P⌉ exchanges
-    (Thakur et al., recursive doubling; the first 2(P - 2^m) ranks fold in pairs first, so any
-    P costs two more hops). Both partners of an exchange add the same two values, so every
-    rank ends with bitwise the same sum."""
-    p2 = 1 << (procs.bit_length() - 1)
-    extra = procs - p2
-    other = torch.empty_like(x)
-    if rank < 2 * extra and rank % 2 == 0:  # folds into rank + 1, gets the sum back
-        group.send([x], rank + 1, 0).wait()
-        group.recv([x], rank + 1, 0).wait()
-        return x
-    if rank < 2 * extra:
-        group.recv([other], rank - 1, 0).wait()
-        x.add_(other)
-    me = rank // 2 if rank < 2 * extra else rank - extra
-    mask = 1
-    while mask < p2:
-        peer_index = me ^ mask
-        peer = 2 * peer_index + 1 if peer_index < extra else peer_index + extra
-        sending = group.send([x], peer, 0)
-        group.recv([other], peer, 0).wait()
-        sending.wait()
-        x.add_(other)
-        mask <<= 1
-    if rank < 2 * extra:
-        group.send([x], rank - 1, 0).wait()
-    return x
-
-
-def row(job: int, version: int, start: float, finish: float, loss: float, gsq: float) -> np.ndarray:
-    """One contributed gradient's row (``SLOT_COLUMNS``)."""
-    return np.array([job, version, start, finish, loss, gsq], dtype=np.float64)

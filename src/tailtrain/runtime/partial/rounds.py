@@ -107,9 +107,8 @@ from tailtrain.runtime.partial.collective import (
     CollectiveFailed,
     CollectiveTimeout,
     PartialCollective,
-    RoundResult,
-    row,
 )
+from tailtrain.runtime.partial.wire import RoundResult, row
 from tailtrain.runtime.rank import Updates, drive_rank
 from tailtrain.runtime.reduce import GRACE, Collectives
 from tailtrain.runtime.telemetry import TraceRows, attach, close_record, follow, write_traces
