@@ -102,7 +102,6 @@ import os
 import sys
 import time
 from collections import deque
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -118,6 +117,8 @@ from tailtrain.runtime.config import RankResult, TrainConfig, build_world
 from tailtrain.runtime.control import RuleDriver
 from tailtrain.runtime.keep import Keeper, interrupt_requested
 from tailtrain.runtime.ps import keep as ps_keep
+from tailtrain.runtime.ps import lgc
+from tailtrain.runtime.ps.arrivals import Arrival, columns
 from tailtrain.runtime.ps.liveness import Liveness
 from tailtrain.runtime.ps.wire import (
     DOWN,
@@ -129,19 +130,17 @@ from tailtrain.runtime.ps.wire import (
     Outbox,
     clock_server,
 )
-from tailtrain.runtime.ps.worker import Worker
+from tailtrain.runtime.ps.worker import work
 from tailtrain.runtime.rank import Updates, drive_rank
 from tailtrain.runtime.reduce import SWITCH_INTERVAL, Collectives
 from tailtrain.runtime.telemetry import run_record, write_trace
 from tailtrain.strategies.base import (
-    COLUMNS,
     ArrivalColumns,
     Plan,
     Selection,
     ServerPlan,
     StepStats,
     Strategy,
-    Weighting,
     step_closes,
     usable,
 )
@@ -150,43 +149,6 @@ from tailtrain.topology.ps import IDLE
 
 #: the server's process id, in the run folder while it serves
 SERVER_PID = "server.pid"
-
-
-@dataclass
-class Arrival:
-    """One delivered piece of work and its gradient (whole, or r/s of it: ``units``)."""
-
-    worker: int
-    job: int
-    version: int
-    start: float
-    finish: float
-    grad: torch.Tensor
-    loss: float
-    units: float = 1.0
-    partial: bool = False
-
-
-def columns(arrivals: list[Arrival]) -> ArrivalColumns:
-    if not arrivals:
-        return ArrivalColumns.empty()
-    return ArrivalColumns(*(np.array([getattr(a, c) for a in arrivals]) for c in COLUMNS))
-
-
-@dataclass
-class Pending:
-    """LGC: step t's stragglers (worker -> (job, start)) whose blocks make e_t."""
-
-    state: Any
-    fresh: list[Arrival]
-    now: Weighting
-    waiting: dict[int, tuple[int, float]]
-    version: int
-    close: float
-    row: dict[str, Any]
-    complete: bool
-    blocks: int
-    reports: list[Arrival] = field(default_factory=list)
 
 
 class Server:
@@ -216,7 +178,7 @@ class Server:
         self.start = np.zeros(n)
         self.next_job = np.zeros(n, dtype=np.int64)
         self.backlog: deque[Message] = deque()
-        self.pending: Pending | None = None
+        self.pending: lgc.Pending | None = None
         self.version = self.step = self.ghosts = 0
         self.now = 0.0
         self.interrupted = False  # Ctrl-C ended the run before its budget
@@ -279,7 +241,7 @@ class Server:
             for w in [w for w in p.waiting if not self.liveness.alive[w]]:
                 del p.waiting[w]
             if not p.waiting:
-                self.resolve(p)
+                lgc.resolve(self, p)
         if closed:
             return True
         closes = bool(fresh) and self.step_done(plan, len(fresh))
@@ -338,7 +300,7 @@ class Server:
                 continue
             self.liveness.heard(message.worker)
             if message.kind is Kind.PARTIAL:
-                self.partial(message)
+                lgc.partial(self, message)
             elif message.kind is Kind.GRAD and closed:
                 self.backlog.append(message)  # after the close: the next step's
             elif message.kind is Kind.GRAD:
@@ -376,7 +338,7 @@ class Server:
             fresh.append(a)
         p = self.pending
         if p is not None and p.complete and p.waiting.get(w, (None,))[0] == m.job:
-            self.report(p, w, a)
+            lgc.report(self, p, w, a)
         drain = plan.complete_stragglers
         closes = self.step_done(plan, len(fresh))
         if closes:
@@ -423,7 +385,7 @@ class Server:
         row = self.row(plan, cands, keys, selection, stats, len(dropped))
         row.update(self.liveness.take_events())
         if plan.partial_blocks > 0:  # LGC: recorded with its stragglers' blocks (resolve)
-            self.defer(plan, state_before, fresh, selection.now, row)
+            lgc.defer(self, plan, state_before, fresh, selection.now, row)
         else:
             self.record.add_step(row)
         self.version += 1
@@ -468,69 +430,6 @@ class Server:
             "lag": self.lag,
         }
         return RunKeeper.note_nonfinite(row, nonfinite)
-
-    # ---- LGC: the stragglers' blocks -------------------------------------------------------
-    def defer(
-        self, plan: ServerPlan, state: Any, fresh: list[Arrival], now: Weighting, row: dict
-    ) -> None:
-        stragglers = np.flatnonzero(self.busy == self.version).tolist()
-        waiting = {w: (int(self.job[w]), float(self.start[w])) for w in stragglers}
-        self.pending = Pending(
-            state,
-            fresh,
-            now,
-            waiting,
-            self.version,
-            self.now,
-            row,
-            plan.complete_stragglers,
-            plan.partial_blocks,
-        )
-        if not waiting:
-            self.resolve(self.pending)
-
-    def partial(self, m: Message) -> None:
-        p = self.pending
-        if m.worker in self.liveness.hung and (p is None or m.worker not in p.waiting):
-            self.ghosts += 1  # a report given up on while its worker was suspected
-            return
-        if p is None or p.complete or p.waiting.get(m.worker, (None,))[0] != m.job:
-            raise TailtrainError(f"worker {m.worker} reported blocks of job {m.job} unasked")
-        units = m.units / m.blocks
-        start = p.waiting[m.worker][1]
-        a = Arrival(m.worker, m.job, p.version, start, p.close, m.payload, m.loss, units, True)
-        self.report(p, m.worker, a)
-
-    def report(self, p: Pending, w: int, a: Arrival) -> None:
-        a.partial, a.version = True, p.version
-        p.reports.append(a)
-        del p.waiting[w]
-        if not p.waiting:
-            self.resolve(p)
-
-    def resolve(self, p: Pending) -> None:
-        """e_t from the rule's ``later`` weights over fresh + partial work (LGC Eq. 7)."""
-        late = [a for a in p.reports if a.units > 0]  # r = 0: nothing to offer (as simulated)
-        offered = p.fresh + late
-        cands = columns(offered)
-        selection = self.rule.select(cands, state=p.state)
-        now = selection.now
-        same = np.array_equal(now.keys, p.now.keys) and np.allclose(now.weight, p.now.weight)
-        if not same or now.total != p.now.total:
-            raise TailtrainError(
-                f"{self.strategy.describe()}: its fresh weights changed with the partial work; "
-                "the parameter-server runtime needs them independent of it"
-            )
-        index = rows_weighed(cands.keys, Selection(now=Weighting.none(), later=selection.later))
-        if index.size:
-            grads = torch.stack([offered[i].grad for i in index])
-            later = Selection(now=Weighting.none(), later=selection.later)
-            self.update.direction(grads, cands.keys[index], later)
-        p.row["partial_workers"] = [a.worker for a in late]
-        p.row["partial_units"] = [a.units for a in late]
-        p.row["partial_jobs"] = [a.job for a in late]
-        self.record.add_step(p.row)
-        self.pending = None
 
     # ---- end ---------------------------------------------------------------------------------
     def failed(self, exc: BaseException) -> BaseException:
@@ -622,11 +521,3 @@ def serve(config: TrainConfig, world: World, strategy: Strategy, comm: Collectiv
         server.pid.write_text(f"{os.getpid()}\n")
     comm.barrier()
     return drive_rank(server, comm.drill)
-
-
-def work(config: TrainConfig, world: World, comm: Collectives) -> RankResult:
-    """Rank w + 1: worker w."""
-    worker = Worker(world, comm.rank - 1, config.inject, config.timeout, config.out)
-    worker.warm_up()
-    comm.barrier()
-    return drive_rank(worker, comm.drill)

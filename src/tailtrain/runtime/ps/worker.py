@@ -38,7 +38,7 @@ import torch
 
 from tailtrain.core.records import RunRecord, prepare_folder
 from tailtrain.core.scenario import World
-from tailtrain.runtime.config import RankResult
+from tailtrain.runtime.config import RankResult, TrainConfig
 from tailtrain.runtime.ps.wire import (
     DOWN,
     HEADER,
@@ -51,7 +51,8 @@ from tailtrain.runtime.ps.wire import (
     clock_worker,
     send_report,
 )
-from tailtrain.runtime.rank import Updates
+from tailtrain.runtime.rank import Updates, drive_rank
+from tailtrain.runtime.reduce import Collectives
 from tailtrain.runtime.telemetry import RankLog, TraceRows, write_trace
 from tailtrain.tasks.stream import job_batches
 
@@ -277,3 +278,11 @@ class Worker:
 def asks_blocks(message: Message) -> bool:
     """A JOB interrupting a job whose finished blocks the server wants (LGC)."""
     return message.kind is Kind.JOB and message.blocks > 0 and message.cancels >= 0
+
+
+def work(config: TrainConfig, world: World, comm: Collectives) -> RankResult:
+    """Rank w + 1: worker w."""
+    worker = Worker(world, comm.rank - 1, config.inject, config.timeout, config.out)
+    worker.warm_up()
+    comm.barrier()
+    return drive_rank(worker, comm.drill)
