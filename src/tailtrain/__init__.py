@@ -42,7 +42,7 @@ _FACE: dict[str, tuple[str, str]] = {
     "simulate": ("tailtrain.face", "simulate"),
     "compare": ("tailtrain.face", "compare"),
     "train": ("tailtrain.face", "train"),
-    "train_own_model": ("tailtrain.face", "train_own_model"),
+    "train_own_model": ("tailtrain.runtime.ps.runner", "train_own_model"),
     "advise": ("tailtrain.face", "advise"),
     "StragglerStep": ("tailtrain.integrate.step", "StragglerStep"),
     "StragglerHookState": ("tailtrain.integrate.ddp", "StragglerHookState"),
@@ -74,7 +74,6 @@ _INTERNAL: dict[str, tuple[str, str]] = {
     "clear_run": ("tailtrain.core.records", "clear_run"),
     "RUN_FILES": ("tailtrain.core.records", "RUN_FILES"),
     "TRAIN_EXTRA": ("tailtrain.core.records", "TRAIN_EXTRA"),
-    "train_own_model": ("tailtrain.runtime.ps.runner", "train_own_model"),
     "advise": ("tailtrain.advice", "advise"),
 }
 
@@ -89,12 +88,12 @@ if TYPE_CHECKING:  # the same paths as _FACE, for type checkers (tests/test_face
         simulate,
         strategy,
         train,
-        train_own_model,
     )
     from tailtrain.integrate.ddp import StragglerHookState, weighted_allreduce_hook
     from tailtrain.integrate.step import StragglerStep
     from tailtrain.prediction.scenario import Prediction
     from tailtrain.runtime.config import RankResult
+    from tailtrain.runtime.ps.runner import train_own_model
     from tailtrain.sim.compare import Comparison
     from tailtrain.strategies.base import Strategy
 # ------------------------------------------------------------------------------------------------

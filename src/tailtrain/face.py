@@ -17,9 +17,6 @@ from tailtrain import _internal
 from tailtrain.errors import UsageError
 
 if TYPE_CHECKING:
-    import torch
-    from torch import nn
-
     from tailtrain import (
         Advice,
         Comparison,
@@ -216,67 +213,6 @@ def train(
         **options,
     )
     return _internal("train")(config, endpoint, _claim(config.out, overwrite))
-
-
-def train_own_model(
-    model: Callable[[], nn.Module],
-    loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
-    data: Callable[[], tuple[torch.Tensor, ...]],
-    *,
-    strategy: str | Strategy = "dbw",
-    workers: int = 4,
-    batch_size: int = 32,
-    lr: float = 0.1,
-    iterations: int | None = None,
-    time_budget: float | None = None,
-    delay: str | None = None,
-    pattern: str = "iid",
-    seed: int = 0,
-    timeout: float = 120.0,
-    out: str | Path | None = None,
-    endpoint: str = "127.0.0.1:0",
-) -> RankResult:
-    """Train your own model with a parameter-server strategy (``dbw``, ``k-sync:k=K``,
-    ``lgc:k=K``, ...) on a server and ``workers`` worker processes.
-
-    Args:
-        model: builds the ``nn.Module``; every rank calls it under the same seed.
-        loss: ``loss(output, target)``, the mean loss of a batch.
-        data: returns ``(x_train, y_train)`` or ``(x_train, y_train, x_test, y_test)``.
-        strategy: a parameter-server strategy, as a spec string or an object.
-        workers: worker processes (the server is one more).
-        batch_size: examples per job.
-        lr: the learning rate.
-        iterations: updates to apply (default 100 unless ``time_budget`` is given).
-        time_budget: seconds to train instead.
-        delay: a delay spec injected per job (None: jobs take their real time).
-        pattern: the worker pattern of the injected delays.
-        seed: seeds the model, the mini-batches and the delays.
-        timeout: seconds that bound every wait.
-        out: the run folder (the server's record and the traces).
-        endpoint: ``HOST:PORT`` of the local rendezvous.
-
-    Returns:
-        The server's result (this rank's under torchrun); ``theta`` holds the final
-        parameters, flat.
-    """
-    return _internal("train_own_model")(
-        model,
-        loss,
-        data,
-        strategy=_rule(strategy),
-        workers=workers,
-        batch_size=batch_size,
-        lr=lr,
-        iterations=iterations,
-        time_budget=time_budget,
-        delay=delay,
-        pattern=pattern,
-        seed=seed,
-        timeout=timeout,
-        out=None if out is None else Path(out),
-        endpoint=endpoint,
-    )
 
 
 def advise(

@@ -137,16 +137,39 @@ def train_own_model(
     pattern: str = "iid",
     seed: int = 0,
     timeout: float = 120.0,
-    out: Path | None = None,
+    out: str | Path | None = None,
     endpoint: str = "127.0.0.1:0",
 ) -> RankResult:
-    """Train ``model`` with ``strategy`` on a parameter server and ``workers`` workers
-    (module docstring); returns the server's result (this rank's under torchrun).
+    """Train your own model with a parameter-server strategy (``dbw``, ``k-sync:k=K``,
+    ``lgc:k=K``, ...) on a server and ``workers`` worker processes.
 
-    ``delay`` (a delay spec, as ``--delay``) injects seconds per job; without it the jobs take
-    their real time. Give ``iterations`` or ``time_budget`` (seconds).
+    Args:
+        model: builds the ``nn.Module``; every rank calls it under the same seed.
+        loss: ``loss(output, target)``, the mean loss of a batch.
+        data: returns ``(x_train, y_train)`` or ``(x_train, y_train, x_test, y_test)``.
+        strategy: a parameter-server strategy, as a spec string or an object.
+        workers: worker processes (the server is one more).
+        batch_size: examples per job.
+        lr: the learning rate.
+        iterations: updates to apply (default 100 unless ``time_budget`` is given).
+        time_budget: seconds to train instead.
+        delay: a delay spec injected per job (None: jobs take their real time).
+        pattern: the worker pattern of the injected delays.
+        seed: seeds the model, the mini-batches and the delays.
+        timeout: seconds that bound every wait.
+        out: the run folder (the server's record and the traces).
+        endpoint: ``HOST:PORT`` of the local rendezvous.
+
+    Returns:
+        The server's result (this rank's under torchrun); ``theta`` holds the final
+        parameters, flat.
     """
     rule = parse_strategy(strategy) if isinstance(strategy, str) else strategy
+    if not isinstance(rule, Strategy):
+        raise UsageError(
+            f"strategy must be a spec such as 'dbw' or a Strategy, got {type(strategy).__name__}"
+        )
+    out = None if out is None else Path(out)
     if topology_of(rule) is not Topology.PARAMETER_SERVER:
         raise UsageError(
             f"strategy {rule.describe()!r} runs on the {topology_of(rule)} topology, not on a "
