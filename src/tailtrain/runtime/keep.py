@@ -309,8 +309,8 @@ class Keeper:
         if last is not None and last.step > 0 and last.step > (self.checkpointed or 0):
             self._save(last)
         iterations = self.identity["scenario"].get("iterations")
-        keep = {"folder": self.folder, "report": self.report, "iterations": iterations}
-        keep_interrupted(record, step, checkpoint=self.checkpointed, **keep)
+        keep = {"report": self.report, "iterations": iterations}
+        keep_interrupted(record, step, self.run, checkpoint=self.checkpointed, **keep)
 
     def _save(self, snapshot: Snapshot) -> None:
         assert self.path is not None
@@ -368,22 +368,23 @@ class Keeper:
 def keep_interrupted(
     record: RunRecord,
     step: int,
+    keeper: RunKeeper,
     *,
-    folder: Path | None,
     report: Path | None,
     iterations: int | None,
     checkpoint: int | None,
 ) -> dict[str, Any]:
     """The lead rank after Ctrl-C at ``step`` (module docstring): ``record``'s summary marked
-    partial and, with ``folder``, written there after the last rows; the note the launcher's
-    line comes from, beside ``report``; returns the note. ``checkpoint``: the completed steps
-    the folder's checkpoint holds (None: none); ``iterations``: the run's budget, if counted."""
+    partial and, with the run's folder, written there after the last rows by the run's
+    ``keeper`` (``RunKeeper.close``, the checkpoint kept); the note the launcher's line comes
+    from, beside ``report``; returns the note. ``checkpoint``: the completed steps the
+    folder's checkpoint holds (None: none); ``iterations``: the run's budget, if counted."""
     record.summary["partial"] = True
-    if record.sink is not None:
+    keeper.close(record, partial=True)
+    if record.sink is not None:  # no folder: the keeper had nothing to close it into
         record.sink.close()
         record.sink = None
-    if folder is not None:
-        write_json(Path(folder) / "summary.json", record.summary)
+    folder = keeper.folder
     note = {"step": step, "of": iterations, "rows": len(record.steps), "checkpoint": checkpoint}
     note["folder"] = None if folder is None else str(folder)
     if report is not None:
