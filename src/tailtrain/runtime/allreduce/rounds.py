@@ -394,9 +394,7 @@ def row_of(
     # rank n's round is arrival n (round_arrivals), so the used ranks are the used keys' own
     used = sorted(key_workers(stats.used).tolist())
     row = allreduce_row(done.ex.plan, stats, times, used, done.ex.m, settled)
-    if nonfinite := int(done.ex.extras[3]):
-        row["nonfinite"] = nonfinite
-    return row
+    return RunKeeper.note_nonfinite(row, int(done.ex.extras[3]))
 
 
 def one_round(run: _Rank, plan: Plan) -> None:

@@ -297,7 +297,6 @@ def measured_round_row(result: RoundResult, stats: StepStats) -> dict[str, Any]:
     initiators = result.initiators
     summed = np.isfinite(rows[:, 5])  # a NaN loss: screened out (run_rounds), not in the sum
     nonfinite = int(np.count_nonzero(~summed))
-    extra = {"nonfinite": nonfinite} if nonfinite else {}
     if plan.synchronous:  # everyone activates itself; the last call completes it (the sim's)
         initiators = np.array([int(np.argmax(result.slots[:, 1]))])
     measured = {
@@ -308,7 +307,7 @@ def measured_round_row(result: RoundResult, stats: StepStats) -> dict[str, Any]:
     initiator = int(initiators[0]) if initiators.size else -1
     workers, staleness = rows[summed, 0], r - rows[summed, 2]
     row = partial.round_row(stats, plan, workers, staleness, int(active.size), initiator, measured)
-    return {**row, **extra}
+    return RunKeeper.note_nonfinite(row, nonfinite)
 
 
 @dataclass
