@@ -62,6 +62,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from tailtrain.core.session import check_entry
 from tailtrain.errors import TailtrainError, UsageError
 from tailtrain.runtime.config import RankResult, TrainConfig, build_world
 from tailtrain.runtime.control import RuleDriver
@@ -368,8 +369,8 @@ def validate(config: TrainConfig, *, local: bool) -> None:
     elif config.on_cuda:
         check_cuda(1, "device cuda")
     world, strategy = build_world(config)  # loads the task and reads trace files
-    if not world.task.has_model:
-        raise UsageError(f"task {scenario.task!r} has no model to train; choose e.g. logreg")
+    # every rank's own entry check (a task with no model, among others), before any starts
+    check_entry(world, spec.processes(scenario.workers), servers=spec.extra_ranks)
     check_rule(strategy, spec, world.context, local=local)
 
 
