@@ -16,6 +16,7 @@ import numpy as np
 
 from tailtrain.advice.cost import Cost, sync_cost
 from tailtrain.advice.recommend import Ranked, rank, reason, recommend
+from tailtrain.advice.source import trace_file
 from tailtrain.advice.stragglers import MIN_ITERATIONS, WorkerScore, iteration_times, score_workers
 from tailtrain.delays.parse import parse_delay
 from tailtrain.delays.trace import TraceDelay
@@ -77,6 +78,7 @@ def advise(
     ``workers`` workers (default: the trace's), worker n replaying trace worker n mod W."""
     if workers is not None and workers < 1:
         raise UsageError(f"--workers must be >= 1, got {workers}")
+    path = trace_file(path)  # a probe's folder too
     model = parse_delay(f"trace:path={path}")
     assert isinstance(model, TraceDelay)
     replay = model.replay

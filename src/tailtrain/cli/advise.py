@@ -15,6 +15,7 @@ from tailtrain.advice.heatmap import plot_heatmap
 from tailtrain.cli.predict import _finite
 from tailtrain.cli.scenario_args import seed_value
 from tailtrain.core.records import prepare_folder
+from tailtrain.errors import UsageError
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -28,7 +29,15 @@ def register(sub: argparse._SubParsersAction) -> None:
             "simulation replaying the trace, and recommends one."
         ),
     )
-    p.add_argument("--trace", required=True, metavar="FILE", help="trace CSV")
+    p.add_argument(
+        "source",
+        nargs="?",
+        type=Path,
+        default=None,
+        metavar="FILE|DIR",
+        help="trace CSV, or a folder with trace.csv (a StragglerProbe's or a run's)",
+    )
+    p.add_argument("--trace", default=None, metavar="FILE", help="trace CSV (as FILE|DIR)")
     p.add_argument(
         "--workers",
         type=int,
@@ -50,8 +59,16 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if (args.source is None) == (args.trace is None):
+        raise UsageError(
+            "advise reads one trace: give a trace file or a probe's folder (advise DIR), "
+            "or --trace FILE"
+        )
     found = advise(
-        args.trace, workers=args.workers, micro_batches=args.micro_batches, seed=args.seed
+        args.source or args.trace,
+        workers=args.workers,
+        micro_batches=args.micro_batches,
+        seed=args.seed,
     )
     payload = _finite(found.to_json())
     if args.out is not None:

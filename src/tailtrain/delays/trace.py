@@ -269,6 +269,25 @@ def _check_values(path: Path, table: np.ndarray, columns: dict[str, int]) -> Non
             )
 
 
+def write_trace_rows(
+    path: str | Path, table: np.ndarray, per_micro_batch: bool, append: bool = False
+) -> None:
+    """Write rows [iteration, worker, (micro_batch,) seconds] in the format :func:`read_trace`
+    reads, sorted by their integer columns; ``append`` adds them to a file this wrote (the
+    header only when the file is new): a probe writes its trace a window at a time, and the
+    reader takes rows in any order."""
+    path = Path(path)
+    header = [*REQUIRED[:2], *(OPTIONAL if per_micro_batch else ()), "seconds"]
+    order = np.lexsort(table[:, :-1].T[::-1]) if len(table) else np.arange(0)
+    fresh = not append or not path.exists() or path.stat().st_size == 0
+    with path.open("w" if fresh else "a", newline="") as handle:
+        writer = csv.writer(handle)
+        if fresh:
+            writer.writerow(header)
+        for row in table[order]:
+            writer.writerow([*(int(v) for v in row[:-1]), repr(float(row[-1]))])
+
+
 def trace(spec: Spec) -> TraceDelay:
     """``trace:path=FILE[,sampling=per-worker|pooled]``: replay or bootstrap FILE's seconds."""
     spec.require_known(("path", "sampling"))

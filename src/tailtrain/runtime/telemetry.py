@@ -25,7 +25,6 @@
 
 from __future__ import annotations
 
-import csv
 import logging
 import sys
 import time
@@ -41,6 +40,7 @@ from torch.profiler import record_function
 
 from tailtrain.core.records import RunRecord, prepare_folder
 from tailtrain.core.scenario import Scenario, World
+from tailtrain.delays.trace import write_trace_rows
 from tailtrain.progress import step_progress
 from tailtrain.runtime.config import TrainConfig
 from tailtrain.runtime.reduce import Collectives
@@ -252,13 +252,7 @@ class TraceRows:
 
 
 def write_trace(path: Path, table: np.ndarray, per_micro_batch: bool) -> None:
-    header = ["iteration", "worker", *(["micro_batch"] if per_micro_batch else []), "seconds"]
-    order = np.lexsort(table[:, :-1].T[::-1]) if len(table) else np.arange(0)
-    with path.open("w", newline="") as fh:
-        writer = csv.writer(fh)
-        writer.writerow(header)
-        for row in table[order]:
-            writer.writerow([*(int(v) for v in row[:-1]), repr(float(row[-1]))])
+    write_trace_rows(path, table, per_micro_batch)  # the format's one writer, beside its reader
 
 
 def write_traces(out: Path, rows: TraceRows, comm: Collectives) -> None:
