@@ -13,18 +13,18 @@ from tailtrain.delays.trace import write_trace_rows
 from tailtrain.errors import UsageError
 
 MU, SIGMA, TAU = -3.0, 0.5, 0.2  # seconds per micro-batch ~ LogNormal(MU, SIGMA); tau in s
-I, N, M = 300, 4, 4
+ITERATIONS, N, M = 300, 4, 4
 
 
 def cut_by_threshold(seed=0):
     """Rows [iteration, worker, micro_batch, censored, seconds] of a DropCompute-like run:
     micro-batches run in turn until tau; the one running then is seen up to tau, the rest
     not at all (0 s)."""
-    x = np.random.default_rng(seed).lognormal(MU, SIGMA, (I, N, M))
+    x = np.random.default_rng(seed).lognormal(MU, SIGMA, (ITERATIONS, N, M))
     start = np.cumsum(x, axis=2) - x
     cut = start + x > TAU
     seen = np.where(cut, np.clip(TAU - start, 0, None), x)
-    i, w, m = np.meshgrid(np.arange(I), np.arange(N), np.arange(M), indexing="ij")
+    i, w, m = np.meshgrid(np.arange(ITERATIONS), np.arange(N), np.arange(M), indexing="ij")
     return np.column_stack([a.ravel() for a in (i, w, m, cut, seen)])
 
 
