@@ -127,7 +127,8 @@ class StragglerProbe:
     nothing); ``every``: steps per all-gather and report; ``horizon``: the steps a verdict
     looks back on; ``warmup``: first steps left out of verdicts (DDP's first step rebuilds its
     buckets); ``group``: the process group (None: the default, or the watched model's);
-    ``device``: where the window's numbers travel and, if CUDA, what CUDA events time;
+    ``device``: CUDA to time with CUDA events (``watch`` picks it for a CUDA model; NCCL
+    then gathers the window there);
     ``tensorboard``: a folder for the scores (rank 0); ``on_report``: called on rank 0 with
     each :class:`ProbeReport`.
     """
@@ -256,10 +257,16 @@ class StragglerProbe:
                 wait = max(self.clock.span(s.ready, s.synced), 0.0)
             rows.append((s.data, max(total - wait, 0.0), wait))
         self.pending = []
-        return torch.tensor(rows, dtype=torch.float64, device=self.device)
+        return torch.tensor(rows, dtype=torch.float64)
+
+    def _wire(self) -> torch.device:
+        """Where the window travels: the GPU for NCCL, which gathers nothing else; the host
+        for gloo, even when CUDA events time the steps."""
+        nccl = self.world > 1 and dist.get_backend(self.group) == "nccl"
+        return self.device if nccl else torch.device("cpu")
 
     def _gather(self) -> None:
-        window = self._window()
+        window = self._window().to(self._wire())
         if self.world > 1:
             parts = [torch.empty_like(window) for _ in range(self.world)]
             dist.all_gather(parts, window, group=self.group)

@@ -17,9 +17,10 @@ Verdicts: **persistent** when the slowdown is at least :data:`LIVE_SLOWDOWN` and
 above half that excess (ratio > 1 + (LIVE_SLOWDOWN - 1) / 2) in at least :data:`LIVE_SHARE`
 of the steps; **intermittent** when not persistent but it stalled, at least
 :data:`STALL_RATIO` times the reference for :data:`STALL_STEPS` steps in a row; **healthy**
-otherwise. The thresholds sit at half of the smallest slowdown the benchmark must catch
-(``bench/bench_detect.py``: 1.2x), so that a rank's noise has to be both large and lasting
-to raise a false alarm.
+otherwise. The persistent thresholds sit at half of the smallest slowdown the benchmark must
+catch (``bench/bench_detect.py``: 1.2x), and a stall must be large and last 4 steps: on a
+loaded machine single steps of a healthy rank take 1.5x now and then (a late wake-up), so a
+rank's noise has to be both large and lasting to raise a false alarm.
 """
 
 from __future__ import annotations
@@ -30,8 +31,8 @@ import numpy as np
 
 LIVE_SLOWDOWN = 1.1  #: least median ratio to the reference for a persistent verdict
 LIVE_SHARE = 0.8  #: least share of steps above half that excess
-STALL_RATIO = 1.5  #: a stalled step takes at least this many reference times
-STALL_STEPS = 3  #: consecutive stalled steps that make an intermittent verdict
+STALL_RATIO = 1.8  #: a stalled step takes at least this many reference times
+STALL_STEPS = 4  #: consecutive stalled steps that make an intermittent verdict
 LIVE_MIN_STEPS = 8  #: fewer steps: no verdict yet
 
 
