@@ -10,6 +10,8 @@ Everything a user needs is one attribute of this package:
   [`train`][tailtrain.train] (real processes); [`compare`][tailtrain.compare] strategies on
   the same delays;
 * read a measured trace with [`advise`][tailtrain.face.advise];
+* measure your own job: [`StragglerProbe`][tailtrain.StragglerProbe] (two lines in a DDP or
+  any loop) names the slow ranks and writes the trace `advise` reads;
 * bring your own model or loop: [`train_own_model`][tailtrain.train_own_model] (a parameter
   server), [`StragglerStep`][tailtrain.StragglerStep] (your loop), or
   [`StragglerHookState`][tailtrain.StragglerHookState] with
@@ -46,6 +48,7 @@ _FACE: dict[str, tuple[str, str]] = {
     "advise": ("tailtrain.face", "advise"),
     "StragglerStep": ("tailtrain.integrate.step", "StragglerStep"),
     "StragglerHookState": ("tailtrain.integrate.ddp", "StragglerHookState"),
+    "StragglerProbe": ("tailtrain.integrate.probe", "StragglerProbe"),
     "weighted_allreduce_hook": ("tailtrain.integrate.ddp", "weighted_allreduce_hook"),
     "RunRecord": ("tailtrain.core.records", "RunRecord"),
     "RankResult": ("tailtrain.runtime.config", "RankResult"),
@@ -90,6 +93,7 @@ if TYPE_CHECKING:  # the same paths as _FACE, for type checkers (tests/test_face
         train,
     )
     from tailtrain.integrate.ddp import StragglerHookState, weighted_allreduce_hook
+    from tailtrain.integrate.probe import StragglerProbe
     from tailtrain.integrate.step import StragglerStep
     from tailtrain.prediction.scenario import Prediction
     from tailtrain.runtime.config import RankResult
@@ -106,6 +110,7 @@ __all__ = [
     "RunRecord",
     "Scenario",
     "StragglerHookState",
+    "StragglerProbe",
     "StragglerStep",
     "Strategy",
     "TailtrainError",

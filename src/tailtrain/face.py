@@ -222,24 +222,33 @@ def advise(
     micro_batches: int | None = None,
     seed: int = 0,
     samples: int = 2000,
+    setup: str = "any",
 ) -> Advice:
     """Who is slow in a measured trace, what sync loses waiting for them, and which strategy
-    to run, as ``tailtrain advise --trace FILE`` prints it.
+    to run, as ``tailtrain advise FILE|DIR`` prints it.
 
     Args:
-        trace: a CSV of ``iteration,worker[,micro_batch],seconds`` rows.
+        trace: a CSV of ``iteration,worker[,micro_batch][,censored],seconds`` rows, or a
+            folder holding one as ``trace.csv`` (a ``StragglerProbe``'s or a run's).
         workers: workers to advise for (default: the trace's); worker n replays trace
             worker n mod W.
         micro_batches: micro-batches per step (default: the trace's, if it has them).
         seed: seeds the Monte Carlo and the timing-only simulations.
         samples: Monte Carlo iterations where no exact method exists.
+        setup: the job advised, ``ddp``, ``loop``, ``tailtrain-train`` or ``any``: only
+            what it can run is ranked, and ``adopt`` holds the lines that adopt the pick.
 
     Returns:
         The advice: per-worker verdicts (``stragglers``), the ``cost`` of waiting, every
         strategy ``ranked`` and the ``recommendation`` with its ``reason``.
     """
     return _internal("advise")(
-        trace, workers=workers, micro_batches=micro_batches, seed=seed, samples=samples
+        trace,
+        workers=workers,
+        micro_batches=micro_batches,
+        seed=seed,
+        samples=samples,
+        setup=setup,
     )
 
 

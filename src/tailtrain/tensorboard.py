@@ -112,6 +112,10 @@ class TensorBoardLog:
             else:
                 self.add_step(row)
 
+    def add_scalars(self, scalars: Mapping[str, float], step: int, time: float) -> None:
+        """Log any finite scalars by tag (a probe's per-rank scores) at ``step``, ``time``."""
+        self._add(finite(scalars), step, time)
+
     def _add(self, scalars: Mapping[str, float], step: int, time: float) -> None:
         for tag, value in scalars.items():
             self.writer.add_scalar(tag, value, global_step=step, walltime=time)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -64,3 +65,31 @@ def test_face_example_runs_predict_simulate_and_train():
     assert [line.split(":")[0] for line in lines] == ["predict", "simulate", "train"], done.stdout
     simulated, trained = (line.rsplit("loss ", 1)[1] for line in lines[1:])
     assert simulated == trained  # the same rule, data and seed: the same model (to 3 digits)
+
+
+@pytest.mark.timeout(120)
+def test_probe_example_names_the_slow_rank_and_advise_reads_its_folder(tmp_path):
+    """examples/probe_ddp.py under torchrun with rank 1 slowed by 20 ms a forward (the model
+    computes in well under a millisecond): the probe names it live, and ``tailtrain advise``
+    on the probe's folder names it as well."""
+    endpoint = f"127.0.0.1:{free_port()}"
+    out = tmp_path / "probe"
+    command = torchrun(
+        "--nproc-per-node", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint,
+        str(ROOT / "examples" / "probe_ddp.py"), "--slow-rank", "1", "--out", str(out),
+    )  # fmt: skip
+    done = subprocess.run(
+        command, cwd=ROOT, env=environment(), capture_output=True, text=True, timeout=80
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip().splitlines()[-1] == (
+        "probe_ddp: 40 steps on 2 ranks, named {1: 'persistent'}"
+    ), done.stdout
+    assert "rank 1 persistent" in done.stderr
+    advised = subprocess.run(
+        [sys.executable, "-m", "tailtrain", "advise", str(out), "--json"],
+        cwd=ROOT, env=environment(), capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert advised.returncode == 0, advised.stderr[-3000:]
+    verdicts = {s["worker"]: s["verdict"] for s in json.loads(advised.stdout)["stragglers"]}
+    assert verdicts == {0: "healthy", 1: "persistent"}

@@ -22,16 +22,28 @@ from tailtrain.runtime.telemetry import (
 
 
 def test_a_ranks_trace_is_read_back_with_one_iteration_per_local_step(tmp_path):
+    """Units tau cut are censored rows: the one in flight at the seconds it had run, those
+    never started at 0 (issue 24: a trace records what it did not see)."""
     rows = TraceRows(rank=2, per_micro_batch=True)
     nan = np.nan
     rows.add(step=0, micro_batches=2, local_steps=2, times=np.array([0.1, 0.2, 0.3, nan]))
-    rows.add(step=1, micro_batches=2, local_steps=2, times=np.array([0.4, nan, nan, nan]))
+    rows.add(step=1, micro_batches=2, local_steps=2, times=np.array([0.4, nan, nan, nan]), cut=0.05)
     write_trace(tmp_path / "t.csv", rows.table(), per_micro_batch=True)
     trace = read_trace(tmp_path / "t.csv")
-    assert trace.iteration.tolist() == [0, 0, 1, 2]
-    assert trace.micro_batch.tolist() == [0, 1, 0, 0]
-    assert trace.worker.tolist() == [2] * 4
-    assert trace.seconds.tolist() == [0.1, 0.2, 0.3, 0.4]
+    assert trace.iteration.tolist() == [0, 0, 1, 1, 2, 2, 3, 3]
+    assert trace.micro_batch.tolist() == [0, 1] * 4
+    assert trace.worker.tolist() == [2] * 8
+    assert trace.seconds.tolist() == [0.1, 0.2, 0.3, 0.0, 0.4, 0.05, 0.0, 0.0]
+    assert trace.censored.tolist() == [False] * 3 + [True, False] + [True] * 3
+
+
+def test_a_trace_without_cut_units_has_no_censored_column(tmp_path):
+    rows = TraceRows(rank=0, per_micro_batch=True)
+    rows.add(step=0, micro_batches=2, local_steps=1, times=np.array([0.1, 0.2]))
+    write_trace(tmp_path / "t.csv", rows.table(), per_micro_batch=True)
+    assert (tmp_path / "t.csv").read_text().splitlines()[
+        0
+    ] == "iteration,worker,micro_batch,seconds"
 
 
 def test_whole_iteration_traces_have_no_micro_batch_column(tmp_path):

@@ -3,19 +3,22 @@
 * :mod:`~tailtrain.advice.stragglers` — robust per-worker scores and verdicts
 * :mod:`~tailtrain.advice.cost` — sync E[T] on the replayed trace against the mean worker time
 * :mod:`~tailtrain.advice.recommend` — every strategy at its best setting, ranked, and one pick
+* :mod:`~tailtrain.advice.adopt` — what a job can run (``--for``) and the lines that adopt it
 * :mod:`~tailtrain.advice.heatmap` — the trace as an iterations x workers picture
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from tailtrain.advice.adopt import Adoption, adoption, check_setup, runnable
 from tailtrain.advice.cost import Cost, sync_cost
 from tailtrain.advice.recommend import Ranked, rank, reason, recommend
+from tailtrain.advice.source import trace_file
 from tailtrain.advice.stragglers import MIN_ITERATIONS, WorkerScore, iteration_times, score_workers
 from tailtrain.delays.parse import parse_delay
 from tailtrain.delays.trace import TraceDelay
@@ -37,6 +40,8 @@ class Advice:
     choice: Ranked
     reason: str
     notes: list[str] = field(default_factory=list)
+    setup: str = "any"
+    adopt: Adoption | None = None
 
     @property
     def persistent(self) -> list[int]:
@@ -62,6 +67,8 @@ class Advice:
             ),
             "results": [r.as_dict() for r in self.ranked],
             "notes": self.notes,
+            "for": self.setup,
+            "adopt": None if self.adopt is None else self.adopt.as_dict(),
         }
 
 
@@ -72,11 +79,15 @@ def advise(
     micro_batches: int | None = None,
     seed: int = 0,
     samples: int = 2000,
+    setup: str = "any",
 ) -> Advice:
     """Score the workers of the trace at ``path``, cost them, and rank the strategies for
-    ``workers`` workers (default: the trace's), worker n replaying trace worker n mod W."""
+    ``workers`` workers (default: the trace's), worker n replaying trace worker n mod W;
+    ``setup`` (``advice.adopt``) keeps to the strategies that job can run."""
+    check_setup(setup)
     if workers is not None and workers < 1:
         raise UsageError(f"--workers must be >= 1, got {workers}")
+    path = trace_file(path)  # a probe's folder too
     model = parse_delay(f"trace:path={path}")
     assert isinstance(model, TraceDelay)
     replay = model.replay
@@ -89,9 +100,31 @@ def advise(
     persistent = [s.worker for s in scores if s.verdict == "persistent"]
     without = sync_cost(times, replay.ids, n, exclude=persistent) if persistent else None
     ranked, more = rank(model, times, n, m, seed, samples)
+    ranked, more = _runnable(ranked, setup, more)
+    cost = _as_in_the_table(cost, ranked)
     choice = recommend(ranked)
     text = reason(choice, cost, without, persistent)
-    return Advice(str(path), n, times, scores, cost, without, ranked, choice, text, notes + more)
+    adopt = adoption(row_spec(choice.row), choice.row.strategy, setup)
+    found = (str(path), n, times, scores, cost, without, ranked, choice, text, notes + more)
+    return Advice(*found, setup=setup, adopt=adopt)
+
+
+def _runnable(ranked: list[Ranked], setup: str, notes: list[str]) -> tuple[list[Ranked], list[str]]:
+    """The rows a ``setup`` job can run, and a note on those left out."""
+    kept = [r for r in ranked if runnable(r.row.strategy, setup)]
+    left = sorted({r.row.strategy for r in ranked} - {r.row.strategy for r in kept})
+    if left:
+        notes = [*notes, f"--for {setup}: left out {', '.join(left)} (a {setup} job cannot run "
+                 "them; --for any shows every row)"]  # fmt: skip
+    return kept, notes
+
+
+def _as_in_the_table(cost: Cost, ranked: list[Ranked]) -> Cost:
+    """The cost with sync's E[T] taken from the table's sync row, so that text and table quote
+    one figure (the row replays the same trace rows; the direct mean over them can differ by
+    the replay's cycling)."""
+    sync = next((r for r in ranked if r.row.strategy == "sync"), None)
+    return cost if sync is None else replace(cost, iteration_time=sync.row.iteration_time)
 
 
 def _trust_notes(times: np.ndarray, scores: list[WorkerScore], workers: int) -> list[str]:

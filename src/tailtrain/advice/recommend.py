@@ -89,19 +89,18 @@ def reason(choice: Ranked, cost: Cost, excluded: Cost | None, persistent: list[i
     text = (
         f"{row_spec(choice.row)} applies {source.effective_speedup:.2f}x the gradients per "
         f"second of sync ({source.iteration_time:.4g} s per update, {source.method}); "
-        f"sync waits {cost.overhead:.4g} s per step ({cost.overhead_share:.0%}) for its slowest "
-        "worker."
+        f"sync waits {cost.overhead:.4g} s per step for its slowest worker "
+        f"({cost.overhead_share:.0%} of sync's {cost.iteration_time:.4g} s per step)."
     )
     if excluded is None:
         return text
     saving = cost.iteration_time - excluded.iteration_time
-    share = saving / cost.overhead if cost.overhead > 0 else 0.0
     who = ", ".join(str(w) for w in persistent)
-    lead = "Persistent stragglers dominate: " if share >= 0.5 else "Persistent stragglers: "
+    lead = "Persistent stragglers dominate: " if saving >= 0.5 * cost.overhead else ""
     return (
-        f"{lead}excluding worker(s) {who} saves {saving:.4g} s per step "
-        f"({saving / cost.iteration_time:.0%} of sync E[T], {share:.0%} of the straggler cost; "
-        f"{cost.iteration_time:.4g} -> {excluded.iteration_time:.4g} s); fix or replace them. "
+        f"{lead or 'Persistent stragglers: '}excluding worker(s) {who} saves {saving:.4g} s per "
+        f"step ({cost.iteration_time:.4g} -> {excluded.iteration_time:.4g} s, "
+        f"{saving / cost.iteration_time:.0%} of sync's time per step); fix or replace them. "
         f"Meanwhile: {text}"
     )
 

@@ -15,6 +15,7 @@ from tailtrain.advice.heatmap import plot_heatmap
 from tailtrain.cli.predict import _finite
 from tailtrain.cli.scenario_args import seed_value
 from tailtrain.core.records import prepare_folder
+from tailtrain.errors import UsageError
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -28,7 +29,15 @@ def register(sub: argparse._SubParsersAction) -> None:
             "simulation replaying the trace, and recommends one."
         ),
     )
-    p.add_argument("--trace", required=True, metavar="FILE", help="trace CSV")
+    p.add_argument(
+        "source",
+        nargs="?",
+        type=Path,
+        default=None,
+        metavar="FILE|DIR",
+        help="trace CSV, or a folder with trace.csv (a StragglerProbe's or a run's)",
+    )
+    p.add_argument("--trace", default=None, metavar="FILE", help="trace CSV (as FILE|DIR)")
     p.add_argument(
         "--workers",
         type=int,
@@ -37,6 +46,14 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="workers to advise for (default: the trace's; worker n replays n mod W)",
     )
     p.add_argument("--micro-batches", type=int, default=None, metavar="M")
+    p.add_argument(
+        "--for",
+        dest="setup",
+        choices=("ddp", "loop", "tailtrain-train", "any"),
+        default="any",
+        help="the job to advise: a DDP job (the comm hook), an own loop (StragglerStep), "
+        "tailtrain train (every strategy) or any (default: %(default)s)",
+    )
     p.add_argument("--seed", type=seed_value, default=0)
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument(
@@ -50,8 +67,17 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if (args.source is None) == (args.trace is None):
+        raise UsageError(
+            "advise reads one trace: give a trace file or a probe's folder (advise DIR), "
+            "or --trace FILE"
+        )
     found = advise(
-        args.trace, workers=args.workers, micro_batches=args.micro_batches, seed=args.seed
+        args.source or args.trace,
+        workers=args.workers,
+        micro_batches=args.micro_batches,
+        seed=args.seed,
+        setup=args.setup,
     )
     payload = _finite(found.to_json())
     if args.out is not None:
@@ -72,24 +98,33 @@ def run(args: argparse.Namespace) -> int:
 def _print(found: Advice) -> None:
     console = Console(file=sys.stdout, width=140, highlight=False)
     slow = [s for s in found.stragglers if s.verdict != "healthy"]
+    iterations, trace_workers = found.times.shape
     console.print(
-        f"{found.trace}: {found.times.shape[1]} trace workers, {found.times.shape[0]} "
-        f"iterations, advising for N={found.workers}"
+        f"{found.trace}: {trace_workers} trace workers, {iterations} iterations, advising for "
+        f"N={found.workers} workers (--for {found.setup})"
+    )
+    console.print(
+        f"trace rows used: iterations 0..{iterations - 1} of every trace worker "
+        f"({iterations * trace_workers} worker-iterations, each the sum of its micro-batches)"
     )
     for s in slow or []:
         console.print(
             f"  worker {s.worker}: {s.verdict}, score {s.score:.2f}, {s.slowdown:.2f}x the "
-            f"median worker, slower in {s.slower_share:.0%} of iterations (p={s.p_value:.2g})"
+            f"median worker's time, slower in {s.slower_share:.0%} of iterations "
+            f"(p={s.p_value:.2g})"
         )
     if not slow:
         console.print("  no straggler: every worker is healthy")
     c = found.cost
     console.print(
-        f"sync E[T] {c.iteration_time:.4g} s vs mean worker time {c.mean_worker_time:.4g} s: "
-        f"{c.overhead:.4g} s per step ({c.overhead_share:.0%}) waiting for the slowest"
+        f"sync E[T] {c.iteration_time:.4g} s per step (the table's sync row) vs mean worker time "
+        f"{c.mean_worker_time:.4g} s: {c.overhead:.4g} s per step ({c.overhead_share:.0%} of "
+        "sync's time) waiting for the slowest"
     )
     table = Table(title_justify="left")
-    for name in ("rank", "strategy", "E[T] (s)", "effective", "simulated", "method"):
+    headers = ("#", "strategy", "E[T] (s per update)", "speedup (x sync's gradients/s)",
+               "simulated speedup (x)", "method")  # fmt: skip
+    for name in headers:
         table.add_column(name, justify="left" if name in ("strategy", "method") else "right")
     for i, r in enumerate(found.ranked, start=1):
         sim = "" if r.simulated is None else f"{r.simulated.effective_speedup:.3f}"
@@ -105,5 +140,9 @@ def _print(found: Advice) -> None:
     console.print(table)
     console.print(f"recommendation: {found.recommendation}", soft_wrap=True)
     console.print(found.reason, soft_wrap=True)
+    if found.adopt is not None:
+        console.print(f"to adopt it (--for {found.setup}):", soft_wrap=True)
+        for line in found.adopt.lines():
+            console.print(f"    {line}", soft_wrap=True, markup=False)
     for note in found.notes:
         console.print(f"note: {note}", soft_wrap=True)

@@ -50,10 +50,12 @@ def trace_terms(model: DelayModel) -> list[TraceDelay]:
 def trace_notes(model: DelayModel, workers: int) -> dict[str, str]:
     """One-line notes on the traces in ``model`` for ``workers`` workers: ``trace_mapping``
     (how workers map onto a per-worker trace's, when the counts differ) and ``trace_warning``
-    (pooled sampling of a trace with persistent per-worker differences); absent when moot."""
+    (pooled sampling of a trace with persistent per-worker differences) and ``trace_censoring``
+    (rows cut by a threshold, completed from a fitted law); absent when moot."""
     mapping = [term.mapping(workers) for term in trace_terms(model) if term.per_worker]
     warning = [term.persistent_differences for term in trace_terms(model) if not term.per_worker]
-    notes = {"trace_mapping": mapping, "trace_warning": warning}
+    censoring = [term.censoring for term in trace_terms(model)]
+    notes = {"trace_mapping": mapping, "trace_warning": warning, "trace_censoring": censoring}
     return {key: "; ".join(filter(None, found)) for key, found in notes.items() if any(found)}
 
 

@@ -1,8 +1,10 @@
 """Compute times from a measured trace: replayed per worker, or resampled pooled.
 
-The CSV has a header row with columns ``iteration,worker[,micro_batch],seconds`` (any order).
-Each row is one unit of work: one micro-batch when the ``micro_batch`` column is present,
-otherwise one worker's whole iteration.
+The CSV has a header row with columns ``iteration,worker[,micro_batch][,censored],seconds``
+(any order). Each row is one unit of work: one micro-batch when the ``micro_batch`` column is
+present, otherwise one worker's whole iteration. A row with ``censored=1`` was cut by a
+threshold: its seconds is a lower bound, and the row is completed from the worker's law fitted
+with censoring before anything else reads the trace (``delays.censored``).
 
 ``trace:path=FILE`` (``sampling=per-worker``, the default) replays each worker's own times,
 deterministically: worker w's j-th unit takes trace worker w's j-th recorded unit, in the
@@ -30,7 +32,7 @@ from __future__ import annotations
 
 import csv
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 from pathlib import Path
 
@@ -39,11 +41,12 @@ from scipy import stats
 
 from tailtrain.delays.atomic import AtomicDelay
 from tailtrain.delays.base import FloatArray, Shape
+from tailtrain.delays.censored import complete
 from tailtrain.errors import UsageError
 from tailtrain.spec import Spec
 
 REQUIRED = ("iteration", "worker", "seconds")
-OPTIONAL = ("micro_batch",)
+OPTIONAL = ("micro_batch", "censored")
 SAMPLING = ("per-worker", "pooled")
 PERSISTENCE_LEVEL = 1e-3  #: Kruskal–Wallis level for persistent per-worker differences
 PERSISTENCE_EFFECT = 0.25  #: least span of per-worker medians, in pooled IQRs
@@ -57,6 +60,7 @@ class Trace:
     worker: np.ndarray
     micro_batch: np.ndarray | None
     seconds: FloatArray
+    censored: np.ndarray | None = None  # True: seconds is a lower bound (``delays.censored``)
 
 
 @dataclass(frozen=True)
@@ -110,6 +114,11 @@ class TraceDelay(AtomicDelay):
     ``pooled``); ``sample`` bootstraps its empirical law (so ``exact`` is False)."""
 
     def __init__(self, spec: str, trace: Trace, sampling: str = "per-worker") -> None:
+        #: a one-line note when rows were censored and completed from a fitted law, or None
+        self.censoring: str | None = None
+        if trace.censored is not None:
+            seconds, self.censoring = complete(spec, trace.worker, trace.seconds, trace.censored)
+            trace = replace(trace, seconds=seconds, censored=None)
         super().__init__(spec, trace.seconds, 1.0)
         self.trace = trace
         self.sampling = sampling
@@ -189,6 +198,7 @@ def read_trace(path: str | Path) -> Trace:
         worker=column["worker"].astype(np.int64),
         micro_batch=column["micro_batch"].astype(np.int64) if "micro_batch" in column else None,
         seconds=np.ascontiguousarray(column["seconds"]),
+        censored=column["censored"] > 0 if "censored" in column else None,
     )
 
 
@@ -208,7 +218,7 @@ def _read_header(path: Path) -> list[str]:
 
 
 def _check_columns(path: Path, header: list[str]) -> dict[str, int]:
-    expected = "iteration,worker[,micro_batch],seconds"
+    expected = "iteration,worker[,micro_batch][,censored],seconds"
     unknown = [name for name in header if name not in REQUIRED + OPTIONAL]
     missing = [name for name in REQUIRED if name not in header]
     repeated = {name for name in header if header.count(name) > 1}
@@ -260,13 +270,42 @@ def _check_values(path: Path, table: np.ndarray, columns: dict[str, int]) -> Non
         bad = ~np.isfinite(values) | (values < 0)
         if name != "seconds":
             bad |= values != np.floor(values)
+        if name == "censored":
+            bad |= values > 1
         if bad.any():
             row = int(np.argmax(bad))
             kind = "a finite number >= 0" if name == "seconds" else "an integer >= 0"
+            kind = "0 or 1" if name == "censored" else kind
             raise UsageError(
                 f"trace file {str(path)!r} data row {row + 1}: {name}="
                 f"{values[row]:g} must be {kind}"
             )
+
+
+def write_trace_rows(
+    path: str | Path,
+    table: np.ndarray,
+    per_micro_batch: bool,
+    append: bool = False,
+    censored: bool = False,
+) -> None:
+    """Write rows [iteration, worker, (micro_batch,) seconds] in the format :func:`read_trace`
+    reads, sorted by their integer columns; ``append`` adds them to a file this wrote (the
+    header only when the file is new): a probe writes its trace a window at a time, and the
+    reader takes rows in any order; ``censored``: the table's column before seconds is the
+    censoring flag."""
+    path = Path(path)
+    header = [*REQUIRED[:2], *(OPTIONAL[:1] if per_micro_batch else ()), "seconds"]
+    if censored:
+        header.insert(-1, "censored")
+    order = np.lexsort(table[:, :-1].T[::-1]) if len(table) else np.arange(0)
+    fresh = not append or not path.exists() or path.stat().st_size == 0
+    with path.open("w" if fresh else "a", newline="") as handle:
+        writer = csv.writer(handle)
+        if fresh:
+            writer.writerow(header)
+        for row in table[order]:
+            writer.writerow([*(int(v) for v in row[:-1]), repr(float(row[-1]))])
 
 
 def trace(spec: Spec) -> TraceDelay:

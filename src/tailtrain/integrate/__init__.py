@@ -5,12 +5,23 @@
 * :class:`StragglerHookState` and :func:`weighted_allreduce_hook`: DropCompute for a job that
   keeps ``DistributedDataParallel`` (a comm hook, ``no_sync`` accumulation).
 
-Both drive the simulator's own rule objects (``tailtrain.runtime.control``) and return a
+* :class:`StragglerProbe`: measures any loop (a DDP job by its comm hook) and names the slow
+  ranks, writing the trace ``tailtrain advise`` reads.
+
+The first two drive the simulator's own rule objects (``tailtrain.runtime.control``) and return a
 :class:`StepRecord` per round: who took part, with which weight, under which threshold.
 """
 
 from tailtrain.integrate.ddp import StragglerHookState, weighted_allreduce_hook
+from tailtrain.integrate.probe import ProbeReport, StragglerProbe
 from tailtrain.integrate.rounds import StepRecord
 from tailtrain.integrate.step import StragglerStep
 
-__all__ = ["StepRecord", "StragglerHookState", "StragglerStep", "weighted_allreduce_hook"]
+__all__ = [
+    "ProbeReport",
+    "StepRecord",
+    "StragglerHookState",
+    "StragglerProbe",
+    "StragglerStep",
+    "weighted_allreduce_hook",
+]

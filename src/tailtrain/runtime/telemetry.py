@@ -10,9 +10,11 @@
   are null in rounds that dropped work.
 * ``summary.json`` has simulate's keys, ``wall_time`` in place of ``virtual_time``.
 * Log lines name their rank (``launch.tag_logs``) and, from the runtime, their step.
-* ``trace-rank{r}.csv`` (per rank) and ``trace.csv`` (rank 0, all ranks) hold every counted
-  unit's measured seconds in the format ``trace:path=`` reads
-  (``iteration,worker[,micro_batch],seconds``; one iteration per local step; a partial
+* ``trace-rank{r}.csv`` (per rank) and ``trace.csv`` (rank 0, all ranks) hold every unit's
+  measured seconds in the format ``trace:path=`` reads
+  (``iteration,worker[,micro_batch][,censored],seconds``; a unit the threshold cut or never
+  started is a censored row, a lower bound, so the law is estimated rather than read from the
+  survivors; one iteration per local step; a partial
   collective's unit is a rank's job, its iteration the job's index), so a real run can drive
   ``predict``, ``simulate`` and ``advise`` (:func:`write_traces`).
 * :func:`run_record` makes a topology's run record; rank 0's also streams its step and
@@ -25,7 +27,6 @@
 
 from __future__ import annotations
 
-import csv
 import logging
 import sys
 import time
@@ -41,6 +42,7 @@ from torch.profiler import record_function
 
 from tailtrain.core.records import RunRecord, prepare_folder
 from tailtrain.core.scenario import Scenario, World
+from tailtrain.delays.trace import write_trace_rows
 from tailtrain.progress import step_progress
 from tailtrain.runtime.config import TrainConfig
 from tailtrain.runtime.reduce import Collectives
@@ -227,38 +229,49 @@ class TraceRows:
 
     rank: int
     per_micro_batch: bool
-    #: (step, M, H, unit seconds) of each round, made into rows only when asked (per round
-    #: that would be a few numpy calls on the critical path)
-    rounds: list[tuple[int, int, int, Sequence[float]]] = field(default_factory=list)
+    #: (step, M, H, unit seconds, seconds of the unit tau cut) of each round, made into rows
+    #: only when asked (per round that would be a few numpy calls on the critical path)
+    rounds: list[tuple[int, int, int, Sequence[float], float]] = field(default_factory=list)
 
-    def add(self, step: int, micro_batches: int, local_steps: int, times: Sequence[float]) -> None:
-        """The counted units' seconds of round ``step`` (NaN: not counted)."""
-        self.rounds.append((step, micro_batches, local_steps, times))
+    def add(
+        self,
+        step: int,
+        micro_batches: int,
+        local_steps: int,
+        times: Sequence[float],
+        cut: float = float("nan"),
+    ) -> None:
+        """The counted units' seconds of round ``step`` (NaN: not counted) and how long the
+        unit tau preempted had run (NaN: none)."""
+        self.rounds.append((step, micro_batches, local_steps, times, cut))
 
     def table(self) -> np.ndarray:
-        """Rows [iteration, rank, (micro-batch,) seconds] of the counted units; delay-process
-        iteration = step * H + h."""
-        width = 4 if self.per_micro_batch else 3
+        """Rows [iteration, rank, (micro-batch,) censored, seconds] of every unit; delay-process
+        iteration = step * H + h. A unit not counted is censored: the one tau cut at the
+        seconds it had run, those never started at 0 (``delays.censored``)."""
+        width = 5 if self.per_micro_batch else 4
         rows = [np.empty((0, width))]
-        for step, micro_batches, local_steps, seconds in self.rounds:
+        for step, micro_batches, local_steps, seconds, cut in self.rounds:
             times = np.asarray(seconds, dtype=np.float64)
-            unit = np.flatnonzero(~np.isnan(times))
+            censored = np.isnan(times)
+            if censored.any():
+                times = np.where(censored, 0.0, times)
+                if not np.isnan(cut):
+                    times[np.argmax(censored)] = cut
+            unit = np.arange(times.size)
             iteration = step * local_steps + unit // micro_batches
             cols = [iteration, np.full(unit.size, self.rank)]
             if self.per_micro_batch:
                 cols.append(unit % micro_batches)
-            rows.append(np.column_stack([*cols, times[unit]]))
+            rows.append(np.column_stack([*cols, censored, times]))
         return np.concatenate(rows)
 
 
 def write_trace(path: Path, table: np.ndarray, per_micro_batch: bool) -> None:
-    header = ["iteration", "worker", *(["micro_batch"] if per_micro_batch else []), "seconds"]
-    order = np.lexsort(table[:, :-1].T[::-1]) if len(table) else np.arange(0)
-    with path.open("w", newline="") as fh:
-        writer = csv.writer(fh)
-        writer.writerow(header)
-        for row in table[order]:
-            writer.writerow([*(int(v) for v in row[:-1]), repr(float(row[-1]))])
+    """The format's one writer (beside its reader); the censored column only when a row is."""
+    censored = bool(len(table)) and bool(table[:, -2].any())
+    kept = table if censored else np.delete(table, -2, axis=1)
+    write_trace_rows(path, kept, per_micro_batch, censored=censored)
 
 
 def write_traces(out: Path, rows: TraceRows, comm: Collectives) -> None:

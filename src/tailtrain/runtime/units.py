@@ -36,6 +36,9 @@ class RankWork(NamedTuple):  # a tuple, and lists of floats: made right after th
     times: list[float]
     grad: torch.Tensor
     loss_sum: float
+    #: seconds the unit in flight had run when tau preempted it (a lower bound of its time,
+    #: recorded as a censored trace row, ``delays.censored``); NaN: none was cut
+    cut: float = math.nan
 
 
 def compute(
@@ -58,7 +61,7 @@ def compute(
     step_sum = torch.zeros_like(local) if plan.local_steps > 1 else None  # Local-SGD only
     # Python floats between the units: numpy scalars there cost ~50 us a round, run cold
     seconds_of, times = injected.tolist(), [math.nan] * len(batches)
-    done, loss_sum, slept, start = 0, 0.0, 0.0, time.perf_counter()
+    done, loss_sum, slept, start, cut = 0, 0.0, 0.0, time.perf_counter(), math.nan
     for u, batch in enumerate(batches):
         if not may_start(time.perf_counter() - start, tau, preempt):
             break
@@ -67,6 +70,7 @@ def compute(
         counts, seconds = sleep_injected(time.perf_counter() - start, seconds_of[u], tau, preempt)
         slept += seconds
         if not counts:
+            cut = time.perf_counter() - began
             break
         times[u] = time.perf_counter() - began
         done += 1
@@ -79,7 +83,7 @@ def compute(
             step_sum.zero_()
     total = torch.zeros_like(local) if total is None else total
     grad = worker_grad(total, done, plan.local_steps)
-    return RankWork(done, time.perf_counter() - start, slept, times, grad, loss_sum)
+    return RankWork(done, time.perf_counter() - start, slept, times, grad, loss_sum, cut)
 
 
 def sleep_injected(

@@ -448,7 +448,7 @@ def one_round(run: _Rank, plan: Plan) -> None:
     divisor = own.divisor if run.rule.keeps_state else account(run, done).divisor
     apply(run, reduced, divisor, plan.lr_scale)
     run.unsettled, run.now = done, end
-    run.trace.add(run.step, m, plan.local_steps, work.times)
+    run.trace.add(run.step, m, plan.local_steps, work.times, work.cut)
     run.step += 1
     run.timing = (reducing.seconds, time.perf_counter() - started)
 

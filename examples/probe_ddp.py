@@ -1,0 +1,80 @@
+"""Who is slow in my DDP job? The PyTorch DDP tutorial's loop with tailtrain's probe.
+
+Run: ``torchrun --nproc-per-node 2 examples/probe_ddp.py [--slow-rank 1] [--out runs/probe]``
+(CPU, gloo), then ``tailtrain advise runs/probe``.
+
+The loop is the tutorial's (``DistributedSampler``, ``DataLoader``, ``DDP``, SGD); the probe
+adds the two lines marked ``# <- probe``: it wraps DDP's comm hook (DDP's own allreduce, its
+overlap kept) and the loader, and every 10 steps rank 0 logs each rank's score and verdict and
+appends to ``runs/probe/trace.csv``. ``--slow-rank R`` makes rank R's forward 20 ms slower (a
+slow GPU, a noisy neighbour); ``--slow-ms`` sets by how much.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+
+from tailtrain import StragglerProbe
+
+EPOCHS, BATCH, LR = 2, 32, 0.1
+
+
+class ToyModel(nn.Module):
+    """The DDP tutorial's model; ``delay`` seconds of extra forward time on a slow rank."""
+
+    def __init__(self, delay: float = 0.0) -> None:
+        super().__init__()
+        self.net1, self.relu, self.net2 = nn.Linear(10, 10), nn.ReLU(), nn.Linear(10, 5)
+        self.delay = delay
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.delay:
+            time.sleep(self.delay)  # the injected straggler
+        return self.net2(self.relu(self.net1(x)))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--slow-rank", type=int, default=None)
+    parser.add_argument("--slow-ms", type=float, default=20.0)
+    parser.add_argument("--out", default="runs/probe")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+
+    torch.manual_seed(0)
+    data = TensorDataset(torch.randn(1280, 10), torch.randn(1280, 5))
+    sampler = DistributedSampler(data, shuffle=True, seed=0)
+    loader = DataLoader(data, batch_size=BATCH, sampler=sampler)
+    delay = args.slow_ms / 1e3 if rank == args.slow_rank else 0.0
+    ddp = DDP(ToyModel(delay))
+    probe = StragglerProbe(args.out).watch(ddp)  # <- probe
+    optimizer = torch.optim.SGD(ddp.parameters(), lr=LR)
+    for epoch in range(EPOCHS):
+        sampler.set_epoch(epoch)
+        for x, y in probe.batches(loader):  # <- probe (was: for x, y in loader:)
+            optimizer.zero_grad()
+            F.mse_loss(ddp(x), y).backward()
+            optimizer.step()
+
+    if rank == 0:
+        named = probe.last.named() if probe.last else {}
+        print(f"probe_ddp: {probe.steps} steps on {dist.get_world_size()} ranks, named {named}")
+    dist.barrier()
+    del ddp
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

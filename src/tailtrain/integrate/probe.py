@@ -1,0 +1,357 @@
+"""A straggler probe for an unmodified PyTorch loop: who is slow, measured on every rank.
+
+Two lines in a DDP job (DDP keeps its own allreduce and its overlap; the probe wraps its comm
+hook, ``allreduce_hook`` unless you give yours)::
+
+    probe = StragglerProbe("runs/probe").watch(ddp)            # after DDP(...)
+    for x, y in probe.batches(loader):                         # was: for x, y in loader:
+        ...                                                    # the loop, unchanged
+
+and in any other loop, ``with probe.sync():`` around the collective that makes ranks wait for
+each other (an allreduce, a ``StragglerStep``), or ``with probe.step():`` in place of
+``probe.batches`` when there is no loader to wrap.
+
+Per rank and step it measures, on the host clock (``time.perf_counter``) or, for a CUDA model,
+with CUDA events read back once per window (no synchronisation in a step):
+
+* **data**: the seconds inside the loader's ``next`` (where the loader is wrapped);
+* **wait**: from the moment this rank's gradients are all ready (DDP: its last bucket's hook
+  call; any loop: entering ``sync()``) until the reduction is done (the last bucket's
+  allreduce future; leaving ``sync()``). A fast rank waits there for the slow one;
+* **compute**: the rest of the step (forward, backward up to the last bucket, the optimizer).
+  The last bucket, not the first, ends it: while the first bucket reduces, backward is still
+  computing the others, and a rank slow only in backward must show in its compute.
+
+Every ``every`` steps the ranks all-gather those three numbers of the window's steps (one small
+collective between steps, outside any timed section); rank 0 appends them to ``trace.csv``
+(``iteration,worker,seconds``, seconds = data + compute, the format ``trace:path=`` and
+``tailtrain advise`` read, written by ``delays.trace.write_trace_rows``), judges the last
+``horizon`` steps (``integrate.verdicts``: score, persistent / intermittent / healthy), logs the
+verdicts through ``logging`` (logger ``tailtrain.probe``), appends them to ``verdicts.jsonl``
+and, with ``tensorboard=``, logs the scores. The probe changes no tensor: the wrapped hook's
+result is returned as it is.
+"""
+
+# no ``from __future__ import annotations``: DDP checks the hook's annotations as objects
+import json
+import logging
+import time
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+from tailtrain.delays.trace import write_trace_rows
+from tailtrain.integrate.verdicts import RankVerdict, judge_ranks
+
+log = logging.getLogger("tailtrain.probe")
+
+#: the columns of a probe's window, per rank and step
+SECTIONS = ("data", "compute", "wait")
+
+
+@dataclass(frozen=True)
+class ProbeReport:
+    """Rank 0's view after a window: per-rank verdicts over the last steps, and the medians
+    of each section (seconds per step, ranks in order)."""
+
+    step: int  # steps recorded so far
+    elapsed: float  # wall seconds since the probe started
+    verdicts: list[RankVerdict]
+    sections: dict[str, list[float]] = field(default_factory=dict)
+
+    def named(self) -> dict[int, str]:
+        """The ranks that are not healthy, and their verdicts."""
+        return {v.rank: v.verdict for v in self.verdicts if v.verdict != "healthy"}
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "step": self.step,
+            "elapsed": self.elapsed,
+            "sections": self.sections,
+            "ranks": [v.as_dict() for v in self.verdicts],
+        }
+
+
+class _HostClock:
+    """Host seconds: a mark is ``perf_counter``."""
+
+    def mark(self) -> Any:
+        return time.perf_counter()
+
+    def settle(self, last: Any) -> None:
+        pass
+
+    def span(self, start: Any, end: Any) -> float:
+        return end - start
+
+
+class _CudaClock:
+    """GPU seconds: a mark is a CUDA event recorded on the current stream, read back at the
+    end of a window (one ``synchronize`` per window)."""
+
+    def mark(self) -> Any:
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def settle(self, last: Any) -> None:
+        last.synchronize()
+
+    def span(self, start: Any, end: Any) -> float:
+        return start.elapsed_time(end) / 1e3
+
+
+@dataclass
+class _Step:
+    """One step's marks: host seconds of data loading, clock marks of its start, of the
+    gradients being ready, of the reduction done, of its end."""
+
+    data: float
+    start: Any
+    ready: Any = None
+    synced: Any = None
+    end: Any = None
+
+
+class StragglerProbe:
+    """Measure every rank's steps and name the slow ranks (see the module docstring).
+
+    ``out``: the folder of ``trace.csv`` and ``verdicts.jsonl`` (rank 0 writes; None: write
+    nothing); ``every``: steps per all-gather and report; ``horizon``: the steps a verdict
+    looks back on; ``warmup``: first steps left out of verdicts (DDP's first step rebuilds its
+    buckets); ``group``: the process group (None: the default, or the watched model's);
+    ``device``: CUDA to time with CUDA events (``watch`` picks it for a CUDA model; NCCL
+    then gathers the window there);
+    ``tensorboard``: a folder for the scores (rank 0); ``on_report``: called on rank 0 with
+    each :class:`ProbeReport`.
+    """
+
+    def __init__(
+        self,
+        out: str | Path | None = None,
+        *,
+        every: int = 10,
+        horizon: int = 200,
+        warmup: int = 2,
+        group: dist.ProcessGroup | None = None,
+        device: torch.device | str | None = None,
+        tensorboard: str | Path | None = None,
+        on_report: Callable[[ProbeReport], None] | None = None,
+    ) -> None:
+        if every < 1 or horizon < 1 or warmup < 0:
+            raise ValueError("StragglerProbe needs every >= 1, horizon >= 1 and warmup >= 0")
+        self.out = None if out is None else Path(out)
+        self.every, self.horizon, self.warmup = every, horizon, warmup
+        self.group = group
+        self.device = torch.device(device or "cpu")
+        self.clock: _HostClock | _CudaClock = (
+            _CudaClock() if self.device.type == "cuda" else _HostClock()
+        )
+        self.on_report = on_report
+        self.rank = dist.get_rank(group) if dist.is_initialized() else 0
+        self.world = dist.get_world_size(group) if dist.is_initialized() else 1
+        self.started = time.perf_counter()
+        self.steps = 0  # steps closed so far
+        self.pending: list[_Step] = []  # closed steps of the window, not yet gathered
+        self.current: _Step | None = None
+        self.history = np.empty((0, self.world, len(SECTIONS)))  # rank 0: every step
+        self.last: ProbeReport | None = None
+        self.board = self._board(tensorboard) if self.rank == 0 else None
+        if self.out is not None and self.rank == 0:
+            self.out.mkdir(parents=True, exist_ok=True)
+            for name in ("trace.csv", "verdicts.jsonl"):
+                (self.out / name).unlink(missing_ok=True)
+
+    # ---- the two lines ---------------------------------------------------------------------
+    def watch(
+        self,
+        ddp_model: torch.nn.parallel.DistributedDataParallel,
+        hook: Callable[[Any, dist.GradBucket], torch.futures.Future] = allreduce_hook,
+        state: Any = None,
+    ) -> "StragglerProbe":
+        """Register a comm hook on ``ddp_model`` that times ``hook`` (``state``: its state;
+        for the default ``allreduce_hook``, the process group) and returns its result."""
+        if ddp_model.device_type == "cuda" and self.device.type != "cuda":
+            self.device = torch.device("cuda", torch.cuda.current_device())
+            self.clock = _CudaClock()
+        ddp_model.register_comm_hook(_TimedHook(self, hook, state), _timed_hook)
+        return self
+
+    def batches(self, iterable: Iterable[Any]) -> Iterator[Any]:
+        """Yield ``iterable``'s items, one step each, timing the loader's ``next``; at its end
+        the last window is gathered (every rank's loader must end at the same step)."""
+        iterator = iter(iterable)
+        while True:
+            self._close_step()
+            began = time.perf_counter()
+            try:
+                item = next(iterator)
+            except StopIteration:
+                self.flush()
+                return
+            self.current = _Step(time.perf_counter() - began, self.clock.mark())
+            yield item
+
+    @contextmanager
+    def step(self) -> Iterator[None]:
+        """One step, for a loop without a loader to wrap (data loading is not seen)."""
+        self._close_step()
+        self.current = _Step(0.0, self.clock.mark())
+        yield
+        self._close_step()
+
+    @contextmanager
+    def sync(self) -> Iterator[None]:
+        """The section where this rank waits for the others (its gradients are ready)."""
+        self._mark_ready()
+        yield
+        self._mark_synced()
+
+    def flush(self) -> None:
+        """Gather the window so far (a collective: every rank calls it at the same step)."""
+        self._close_step()
+        if self.pending:
+            self._gather()
+
+    def close(self) -> None:
+        """Flush and close TensorBoard (every rank)."""
+        self.flush()
+        if self.board is not None:
+            self.board.close()
+            self.board = None
+
+    # ---- marks -----------------------------------------------------------------------------
+    def _mark_ready(self) -> None:
+        if self.current is not None:
+            self.current.ready = self.clock.mark()
+
+    def _mark_synced(self) -> None:
+        if self.current is not None:
+            self.current.synced = self.clock.mark()
+
+    def _close_step(self) -> None:
+        if self.current is None:
+            return
+        self.current.end = self.clock.mark()
+        self.pending.append(self.current)
+        self.current = None
+        self.steps += 1
+        if len(self.pending) >= self.every:
+            self._gather()
+
+    def _window(self) -> torch.Tensor:
+        """(steps, 3) seconds of data, compute and wait of the pending steps."""
+        self.clock.settle(self.pending[-1].end)
+        rows = []
+        for s in self.pending:
+            total = self.clock.span(s.start, s.end)
+            wait = 0.0
+            if s.ready is not None and s.synced is not None:
+                wait = max(self.clock.span(s.ready, s.synced), 0.0)
+            rows.append((s.data, max(total - wait, 0.0), wait))
+        self.pending = []
+        return torch.tensor(rows, dtype=torch.float64)
+
+    def _wire(self) -> torch.device:
+        """Where the window travels: the GPU for NCCL, which gathers nothing else; the host
+        for gloo, even when CUDA events time the steps."""
+        nccl = self.world > 1 and dist.get_backend(self.group) == "nccl"
+        return self.device if nccl else torch.device("cpu")
+
+    def _gather(self) -> None:
+        window = self._window().to(self._wire())
+        if self.world > 1:
+            parts = [torch.empty_like(window) for _ in range(self.world)]
+            dist.all_gather(parts, window, group=self.group)
+            gathered = torch.stack(parts, dim=1).cpu().numpy()
+        else:
+            gathered = window.cpu().numpy()[:, None, :]
+        if self.rank == 0:
+            self._report(gathered)
+
+    # ---- rank 0 ----------------------------------------------------------------------------
+    def _report(self, window: np.ndarray) -> None:
+        first = self.history.shape[0]
+        self.history = np.concatenate([self.history, window])
+        if self.out is not None:
+            self._write_trace(first, window)
+        recent = self.history[max(self.warmup, self.history.shape[0] - self.horizon) :]
+        own = recent[:, :, 0] + recent[:, :, 1]
+        sections = {name: np.median(recent[:, :, i], axis=0).tolist()
+                    for i, name in enumerate(SECTIONS)}  # fmt: skip
+        report = ProbeReport(
+            self.steps, time.perf_counter() - self.started, judge_ranks(own), sections
+        )
+        self.last = report
+        self._log(report)
+        if self.on_report is not None:
+            self.on_report(report)
+
+    def _write_trace(self, first: int, window: np.ndarray) -> None:
+        steps, ranks, _ = window.shape
+        step, rank = np.meshgrid(first + np.arange(steps), np.arange(ranks), indexing="ij")
+        own = window[:, :, 0] + window[:, :, 1]
+        table = np.column_stack([step.ravel(), rank.ravel(), own.ravel()])
+        write_trace_rows(self.out / "trace.csv", table, per_micro_batch=False, append=True)
+
+    def _log(self, report: ProbeReport) -> None:
+        if not report.verdicts:
+            return
+        wait = report.sections["wait"]
+        for v in report.verdicts:
+            if v.verdict != "healthy":
+                log.warning(
+                    "probe step %d: rank %d %s, score %.2f (%.2fx the reference's own time; "
+                    "own %.1f ms per step, wait %.1f ms; stalled %d steps in a row)",
+                    report.step, v.rank, v.verdict, v.score, v.slowdown,
+                    1e3 * v.own_seconds, 1e3 * wait[v.rank], v.longest_stall,
+                )  # fmt: skip
+        healthy = [v for v in report.verdicts if v.verdict == "healthy"]
+        if healthy:
+            log.info(
+                "probe step %d: %d rank(s) healthy, scores %.2f..%.2f",
+                report.step, len(healthy), min(v.score for v in healthy),
+                max(v.score for v in healthy),
+            )  # fmt: skip
+        if self.out is not None:
+            with (self.out / "verdicts.jsonl").open("a") as handle:
+                handle.write(json.dumps(report.as_dict()) + "\n")
+        if self.board is not None:
+            scalars = {f"probe/score/rank{v.rank}": v.score for v in report.verdicts}
+            scalars |= {f"probe/wait_s/rank{r}": w for r, w in enumerate(wait)}
+            self.board.add_scalars(scalars, report.step, time.time())
+
+    @staticmethod
+    def _board(folder: str | Path | None) -> Any:
+        if folder is None:
+            return None
+        from tailtrain.tensorboard import TensorBoardLog  # optional dependency, on demand
+
+        return TensorBoardLog(Path(folder))
+
+
+class _TimedHook:
+    """The state of :func:`_timed_hook`: the probe, and the hook it times with its state."""
+
+    def __init__(self, probe: StragglerProbe, hook: Callable, state: Any) -> None:
+        self.probe, self.hook, self.state = probe, hook, state
+
+
+def _timed_hook(timed: _TimedHook, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """Mark the bucket ready, run the wrapped hook, mark its reduction done; the last bucket's
+    marks are the step's (hooks fire in bucket order, the last bucket last)."""
+    timed.probe._mark_ready()
+    future = timed.hook(timed.state, bucket)
+
+    def done(reduced: torch.futures.Future[torch.Tensor]) -> torch.Tensor:
+        timed.probe._mark_synced()
+        return reduced.value()
+
+    return future.then(done)

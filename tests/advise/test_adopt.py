@@ -1,0 +1,106 @@
+"""``advise --for``: only what the job can run, and the printed lines run as printed (two real
+gloo ranks execute them in a DDP job and in an own loop)."""
+
+from __future__ import annotations
+
+import datetime
+import socket
+
+import numpy as np
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+import torch.nn.functional as F
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from tailtrain.advice import advise
+from tailtrain.advice.adopt import RUNNABLE, adoption
+from tailtrain.errors import UsageError
+
+N, M = 2, 3
+
+
+@pytest.fixture(scope="module")
+def micro_trace(tmp_path_factory):
+    """4 workers, 40 iterations of 3 micro-batches; worker 2 has a heavy tail."""
+    rng = np.random.default_rng(5)
+    seconds = rng.lognormal(-4.0, 0.1, (40, 4, M))
+    seconds[:, 2] *= 1 + 4 * (rng.random((40, M)) < 0.2)
+    i, w, m = np.meshgrid(np.arange(40), np.arange(4), np.arange(M), indexing="ij")
+    path = tmp_path_factory.mktemp("adopt") / "trace.csv"
+    table = np.column_stack([i.ravel(), w.ravel(), m.ravel(), seconds.ravel()])
+    header = "iteration,worker,micro_batch,seconds"
+    np.savetxt(
+        path, table, fmt=["%d", "%d", "%d", "%.9f"], delimiter=",", header=header, comments=""
+    )
+    return path
+
+
+@pytest.fixture(scope="module")
+def advised(micro_trace):
+    return {setup: advise(micro_trace, setup=setup, samples=400) for setup in ("ddp", "loop")}
+
+
+@pytest.mark.timeout(300)
+def test_a_ddp_job_is_only_offered_what_a_ddp_job_can_run(advised):
+    for setup, found in advised.items():
+        assert {r.row.strategy for r in found.ranked} <= set(RUNNABLE[setup])
+        assert found.choice.row.strategy in RUNNABLE[setup]
+        assert found.to_json()["adopt"]["lines"] == found.adopt.lines()
+    with pytest.raises(UsageError, match="cannot run"):
+        adoption("k-sync:k=2", "k-sync", "ddp")
+
+
+def run_lines(rank: int, port: int, lines: dict[str, list[str]], out: str) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group(
+        "gloo", f"tcp://127.0.0.1:{port}", rank=rank, world_size=N,
+        timeout=datetime.timedelta(seconds=60),
+    )  # fmt: skip
+    thetas = {}
+    for setup, code in lines.items():
+        torch.manual_seed(0)
+        model = nn.Linear(4, 2)
+        ddp = DistributedDataParallel(model) if setup == "ddp" else None
+        job = {
+            "model": model,
+            "ddp": ddp,
+            "optimizer": torch.optim.SGD(model.parameters(), lr=0.1),
+            "loss_fn": lambda net, b: F.mse_loss(net(b[0]), b[1]),
+        }
+        once, step = code[: code.index("# each step:")], code[code.index("# each step:") + 1 :]
+        exec("\n".join(once), job)  # the printed lines, as printed
+        for s in range(3):
+            g = torch.Generator().manual_seed(10 * s + rank)
+            job["micro_batches"] = [(torch.randn(4, 4, generator=g), torch.randn(4, 2, generator=g))
+                                    for _ in range(M)]  # fmt: skip
+            exec("\n".join(step), job)
+        thetas[setup] = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    torch.save(thetas, f"{out}/rank{rank}.pt")
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.mark.timeout(300)
+def test_the_printed_lines_run_in_the_job_they_are_for(advised, tmp_path):
+    lines = {setup: found.adopt.lines() for setup, found in advised.items()}
+    assert lines["ddp"][0] == "from tailtrain import StragglerHookState, weighted_allreduce_hook"
+    mp.start_processes(
+        run_lines, (free_port(), lines, str(tmp_path)), nprocs=N, start_method="fork"
+    )
+    ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(N)]
+    for setup in lines:
+        assert torch.isfinite(ranks[0][setup]).all()
+        assert torch.equal(ranks[0][setup], ranks[1][setup])  # one model: the lines reduce
+
+
+def test_the_fixture_recommends_dropcompute_so_the_lines_change_the_step(advised):
+    assert {found.choice.row.strategy for found in advised.values()} == {"dropcompute"}

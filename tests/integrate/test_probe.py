@@ -1,0 +1,131 @@
+"""The probe on two real gloo ranks: it changes no parameter, and its trace and verdicts agree
+with a delay injected on rank 1 (a 40 ms sleep in every forward; the model computes in well
+under a millisecond), in a DDP job and in a loop with its own allreduce."""
+
+from __future__ import annotations
+
+import datetime
+import socket
+import time
+
+import numpy as np
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+import torch.nn.functional as F
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from tailtrain.delays.trace import read_trace
+from tailtrain.integrate import StragglerProbe
+
+N, STEPS, SLOW, LR = 2, 24, 0.04, 0.1
+X = torch.randn(STEPS * N * 8, 6, generator=torch.Generator().manual_seed(0))
+Y = torch.randn(STEPS * N * 8, 2, generator=torch.Generator().manual_seed(1))
+
+
+class Slow(nn.Module):
+    def __init__(self, delay: float) -> None:
+        super().__init__()
+        torch.manual_seed(3)
+        self.net = nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 2))
+        self.delay = delay
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        time.sleep(self.delay)
+        return self.net(x)
+
+
+def loader(rank: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    return [(X[i : i + 8], Y[i : i + 8]) for i in range(rank * 8, len(X), N * 8)]
+
+
+def flat(m: nn.Module) -> torch.Tensor:
+    return torch.cat([p.detach().reshape(-1) for p in m.parameters()])
+
+
+def run_ddp(rank: int, folder: str | None) -> dict:
+    ddp = DistributedDataParallel(Slow(SLOW if rank == 1 else 0.0))
+    optimizer = torch.optim.SGD(ddp.parameters(), lr=LR)
+    batches = loader(rank)
+    reports = []
+    if folder is not None:
+        probe = StragglerProbe(folder, every=8, on_report=reports.append).watch(ddp)
+        batches = probe.batches(batches)
+    for x, y in batches:
+        optimizer.zero_grad()
+        F.mse_loss(ddp(x), y).backward()
+        optimizer.step()
+    return {"theta": flat(ddp.module), "reports": [r.as_dict() for r in reports]}
+
+
+def run_loop(rank: int, folder: str) -> dict:
+    """An own loop: the probe's ``step`` and ``sync`` around a hand-written allreduce."""
+    net = Slow(SLOW if rank == 1 else 0.0)
+    optimizer = torch.optim.SGD(net.parameters(), lr=LR)
+    reports = []
+    probe = StragglerProbe(folder, every=8, on_report=reports.append)
+    for x, y in loader(rank):
+        with probe.step():
+            optimizer.zero_grad()
+            F.mse_loss(net(x), y).backward()
+            with probe.sync():
+                for p in net.parameters():
+                    dist.all_reduce(p.grad)
+                    p.grad /= N
+            optimizer.step()
+    probe.close()
+    return {"theta": flat(net), "reports": [r.as_dict() for r in reports]}
+
+
+def rank_main(rank: int, port: int, folder: str) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group(
+        "gloo", f"tcp://127.0.0.1:{port}", rank=rank, world_size=N,
+        timeout=datetime.timedelta(seconds=60),
+    )  # fmt: skip
+    out = {
+        "plain": run_ddp(rank, None),
+        "probe": run_ddp(rank, f"{folder}/ddp"),
+        "loop": run_loop(rank, f"{folder}/loop"),
+    }
+    torch.save(out, f"{folder}/rank{rank}.pt")
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("probe")
+    mp.start_processes(rank_main, (free_port(), str(folder)), nprocs=N, start_method="fork")
+    return folder, [torch.load(folder / f"rank{r}.pt", weights_only=False) for r in range(N)]
+
+
+@pytest.mark.timeout(120)
+def test_the_probe_changes_no_parameter(results):
+    _, ranks = results
+    for out in ranks:
+        assert torch.equal(out["probe"]["theta"], out["plain"]["theta"])  # bit for bit
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("case", ["ddp", "loop"])
+def test_the_trace_and_the_verdicts_agree_with_the_injected_delay(results, case):
+    folder, ranks = results
+    trace = read_trace(folder / case / "trace.csv")
+    assert trace.iteration.max() == STEPS - 1 and set(trace.worker.tolist()) == {0, 1}
+    own = {w: trace.seconds[trace.worker == w] for w in (0, 1)}
+    assert (own[1] >= SLOW).all()  # every one of rank 1's steps holds its sleep
+    assert np.median(own[1] - own[0]) >= SLOW / 2
+    report = (ranks[0]["probe"] if case == "ddp" else ranks[0]["loop"])["reports"][-1]
+    assert report["step"] == STEPS
+    assert report["sections"]["wait"][0] >= SLOW / 2  # rank 0 waits for rank 1, not vice versa
+    assert [r["verdict"] for r in report["ranks"]] == ["healthy", "persistent"]
+    assert ranks[1][case if case == "loop" else "probe"]["reports"] == []  # rank 0 reports
