@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tailtrain.tasks.factory import TaskParts
+from tailtrain import TaskParts
 
 
 def blobs():
