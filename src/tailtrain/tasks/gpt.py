@@ -113,7 +113,7 @@ def make_tiny_gpt(
     dropout: float = 0.0,
     n: int | None = None,
     test: int = 64,
-    lr: float = 0.3,
+    lr: float = 0.1,
 ) -> TaskParts:
     """The ``tiny-gpt`` parts; the model's init draws from torch's generator (seeded by
     the caller, as for every factory)."""

@@ -138,7 +138,7 @@ def _tiny_gpt(spec: Spec, data: DataPath, seed: int) -> Task:
     if dropout >= 1:
         raise UsageError(f"tiny-gpt: dropout must be < 1, got {dropout:g}")
     n = spec.get_int("n", 0, minimum=1) if spec.has("n") else None
-    lr = spec.get_float("lr", 0.3, positive=True)
+    lr = spec.get_float("lr", 0.1, positive=True)
     with torch.random.fork_rng(devices=[]):  # the model's own init, under the run's seed
         torch.manual_seed(seed)
         parts = make_tiny_gpt(**opts, dropout=dropout, n=n, lr=lr)
