@@ -31,6 +31,8 @@ from tailtrain.errors import UsageError
 from tailtrain.tasks.data import Dataset
 from tailtrain.tasks.task import TRAIN_EVAL_SIZE, Task
 
+#: the parts a factory must return; the others have defaults
+REQUIRED_PARTS = ("model", "loss", "train", "test")
 #: a loss maps (model outputs, targets) of a batch of B examples to their B losses
 PerExampleLoss = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -135,10 +137,7 @@ def check_parts(parts: Any, who: str) -> TaskParts:
     """``parts`` as a :class:`TaskParts` (a mapping with its field names is accepted), each
     part of the right kind; one line naming the first part that is missing or wrong."""
     if isinstance(parts, Mapping):
-        required = [
-            f.name for f in fields(TaskParts) if f.name in ("model", "loss", "train", "test")
-        ]
-        missing = [k for k in required if k not in parts]
+        missing = [k for k in REQUIRED_PARTS if k not in parts]
         if missing:
             raise UsageError(f"task factory {who} returned no {missing[0]!r}: {_HINT}")
         unknown = sorted(set(parts) - {f.name for f in fields(TaskParts)})
