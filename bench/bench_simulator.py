@@ -10,7 +10,7 @@
 
 Ratios are measured within one run, so a noisy machine moves both sides together.
 
-Measured at 67cc80e on a 2-core machine shared with four other jobs (load average ~18),
+Measured at 51e2b8f on a 2-core machine shared with four other jobs (load average ~18),
 torch 2.13 CPU, one thread, ``--parts b,c``:
 (b) digits-cnn sync 1.256 (15.60 s / 12.41 s), k-sync:k=8 1.449 (9.43 s / 6.51 s): above
     the goal of 1.2. A profile of k-sync:k=8 (100 steps) puts 66% of the wall time in the
