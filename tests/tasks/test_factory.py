@@ -191,3 +191,20 @@ def test_the_memory_check_says_how_many_workers_would_fit():
     with pytest.raises(UsageError, match=r"at most \d+ workers fit") as refused:
         check_fits(1 << 20, None, 10**9)
     assert "\n" not in str(refused.value)
+
+
+def test_a_built_in_task_with_a_malformed_key_is_not_taken_for_a_factory():
+    with pytest.raises(UsageError, match="'dim' should be key=value"):
+        parse_task("hyperplane:dim")
+
+
+def test_the_readme_example_factory_builds(monkeypatch):
+    """examples/my_model.py, as the README runs it from the repository's root."""
+    from pathlib import Path
+
+    monkeypatch.chdir(Path(__file__).parents[2])
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    task = parse_task("examples.my_model:make:channels=4,dropout=0.1")
+    assert task.gradient_method == "vmap" and task.random  # dropout: no shared pass
+    assert parse_task("examples.my_model:make").gradient_method.startswith("shared-pass")
+    assert task.metric_name == "accuracy" and task.batch_size == 32

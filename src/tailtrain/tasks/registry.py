@@ -183,7 +183,7 @@ def parse_task(text: str, *, data: DataPath = None, seed: int = 0) -> Task:
 
     ``package.module:factory[:key=value,...]`` builds a task from the user's factory
     (:mod:`tailtrain.tasks.factory`): the same kind of :class:`Task` as a built-in one."""
-    if is_factory_spec(text):
+    if is_factory_spec(text) and text.partition(":")[0].strip() not in _BUILDERS:
         if data is not None:
             raise UsageError(f"task {text!r} is built by its factory and takes no --data")
         return load_factory_task(text, seed=seed)
