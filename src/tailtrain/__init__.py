@@ -12,6 +12,8 @@ Everything a user needs is one attribute of this package:
 * read a measured trace with [`advise`][tailtrain.face.advise];
 * measure your own job: [`StragglerProbe`][tailtrain.StragglerProbe] (two lines in a DDP or
   any loop) names the slow ranks and writes the trace `advise` reads;
+* simulate, compare and train your own model: a factory returning
+  [`TaskParts`][tailtrain.TaskParts], named as `--task package.module:factory`;
 * bring your own model or loop: [`train_own_model`][tailtrain.train_own_model] (a parameter
   server), [`StragglerStep`][tailtrain.StragglerStep] (your loop), or
   [`StragglerHookState`][tailtrain.StragglerHookState] with
@@ -55,6 +57,7 @@ _FACE: dict[str, tuple[str, str]] = {
     "Prediction": ("tailtrain.prediction.scenario", "Prediction"),
     "Comparison": ("tailtrain.sim.compare", "Comparison"),
     "Advice": ("tailtrain.advice", "Advice"),
+    "TaskParts": ("tailtrain.tasks.factory", "TaskParts"),
 }
 #: what the face's wrappers call -> (module, attribute); see ``tailtrain.face``
 _INTERNAL: dict[str, tuple[str, str]] = {
@@ -100,6 +103,7 @@ if TYPE_CHECKING:  # the same paths as _FACE, for type checkers (tests/test_face
     from tailtrain.runtime.ps.runner import train_own_model
     from tailtrain.sim.compare import Comparison
     from tailtrain.strategies.base import Strategy
+    from tailtrain.tasks.factory import TaskParts
 # ------------------------------------------------------------------------------------------------
 
 __all__ = [
@@ -114,6 +118,7 @@ __all__ = [
     "StragglerStep",
     "Strategy",
     "TailtrainError",
+    "TaskParts",
     "UsageError",
     "__version__",
     "advise",

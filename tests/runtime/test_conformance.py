@@ -118,3 +118,65 @@ def test_simulate_runs_every_strategy():
     for spec in SPECS.values():
         record = simulate(scenario(), parse_strategy(spec), SEED)
         assert len(record.steps) == ITERATIONS and np.isfinite(record.column("loss")).all()
+
+
+# ---- the user-factory column: the same matrix on a task from `--task module:factory` -----
+
+USER_MODULE = "conformance_user_task"
+USER_SOURCE = """
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from tailtrain import TaskParts
+
+
+def make(hidden=8):
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(256, 6, generator=g)
+    y = (x[:, 0] + x[:, 1] > 0).long()
+    model = nn.Sequential(nn.Linear(6, hidden), nn.Tanh(), nn.Linear(hidden, 2))
+    return TaskParts(
+        model=model, loss=lambda out, t: F.cross_entropy(out, t, reduction="none"),
+        train=(x[:200], y[:200]), test=(x[200:], y[200:]), batch_size=8,
+    )
+"""
+
+
+@pytest.fixture(scope="module")
+def user_scenario(tmp_path_factory):
+    """The matrix's scenario on a user's factory, importable from a temporary folder."""
+    import dataclasses
+    import sys
+
+    folder = tmp_path_factory.mktemp("user_task")
+    (folder / f"{USER_MODULE}.py").write_text(USER_SOURCE)
+    sys.path.insert(0, str(folder))
+    yield dataclasses.replace(scenario(), task=f"{USER_MODULE}:make:hidden=6")
+    sys.path.remove(str(folder))
+    sys.modules.pop(USER_MODULE, None)
+
+
+@pytest.fixture(scope="module", params=list(Topology), ids=str)
+def trained_user(request, user_scenario):
+    specs = BY_TOPOLOGY[request.param]
+    configs = [
+        TrainConfig(user_scenario, spec, seed=SEED, inject=True, timeout=60) for spec in specs
+    ]
+    results = launch(configs, reserve(Endpoint("127.0.0.1", 0)))[0]
+    return dict(zip(specs, (r.record for r in results), strict=True))
+
+
+@pytest.mark.timeout(300)
+def test_every_strategy_trains_a_user_factory_on_its_runtime_topology(trained_user):
+    for spec, record in trained_user.items():
+        assert len(record.steps) == ITERATIONS, spec
+        assert all(math.isfinite(row["loss"]) for row in record.steps), spec
+        assert record.summary["gradients"] == "vmap", spec
+
+
+def test_simulate_runs_every_strategy_on_a_user_factory(user_scenario):
+    for spec in SPECS.values():
+        record = simulate(user_scenario, parse_strategy(spec), SEED)
+        assert len(record.steps) == ITERATIONS and np.isfinite(record.column("loss")).all()
+        assert record.summary["gradients"] == "vmap"

@@ -22,7 +22,10 @@ def add_scenario_arguments(p: argparse.ArgumentParser) -> None:
         default="digits-cnn",
         help="digits-cnn, digits-mlp, logreg, hyperplane:dim=D, seq-lstm (heavy-tailed "
         "sequence lengths: classes=,features=,hidden=,min-len=,max-len=,shape=,n=,test=,signal=), "
-        "none (timing only), cifar10, mnist (default: %(default)s)",
+        "tiny-gpt (a small transformer on the standard library's source: layers=,width=,heads=,"
+        "context=,batch=,dropout=,n=,test=,lr=), none (timing only), cifar10, mnist, or your "
+        "own: package.module:factory[:key=value,...] (docs/your-model.md) "
+        "(default: %(default)s)",
     )
     p.add_argument("--data", default=None, help="folder with the cifar10 or mnist files")
     p.add_argument(

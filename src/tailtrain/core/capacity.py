@@ -43,7 +43,16 @@ def check_fits(workers: int, micro_batches: int | None, dim: int = 0) -> None:
     if workers > MAX_WORKERS:
         raise UsageError(f"--workers {workers} is too many: at most {MAX_WORKERS} fit a run")
     what = "delay tables and models" if dim else "delay tables"
-    check_memory(estimate_bytes(workers, micro_batches, dim), f"--workers {workers}", what)
+    need, have = estimate_bytes(workers, micro_batches, dim), physical_memory()
+    if dim and have is not None and need > MEMORY_SHARE * have:
+        # the per-worker copies of a D-parameter model grow with N: say which N would fit
+        fits = int(MEMORY_SHARE * have // estimate_bytes(1, micro_batches, dim))
+        raise UsageError(
+            f"--workers {workers} needs about {need / 2**30:.3g} GiB of memory for the "
+            f"per-worker copies of a {dim:,}-parameter model and the delay tables, more than "
+            f"half of this machine's {have / 2**30:.3g} GiB; at most {fits} workers fit"
+        )
+    check_memory(need, f"--workers {workers}", what)
 
 
 def check_memory(need: int, flag: str, what: str) -> None:

@@ -135,7 +135,7 @@ class World:
             n,
             scenario.micro_batches if micro_batches is None else micro_batches,
         )
-        lr = scenario.lr or getattr(task, "default_lr", DEFAULT_LR)
+        lr = scenario.lr or getattr(task, "default_lr", None) or DEFAULT_LR
         partition = None
         per_epoch = 1
         if task.has_model:
@@ -143,7 +143,8 @@ class World:
             partition = parse_partition(scenario.partition).assign(task, n, rng)
             per_epoch = max(1, math.ceil(task.n_train / (n * task.batch_size)))
         ctx = Context(n_workers=n, lr=lr, iterations_per_epoch=per_epoch, seed=seed)
-        notes = getattr(process, "notes", {})
+        # trace notes, then the task's own (how a factory's task computes its gradients)
+        notes = {**getattr(process, "notes", {}), **getattr(task, "notes", {})}
         return cls(scenario, seed, task, process, partition, ctx, lr, notes)
 
     def durations(self, *, round_trips: bool) -> JobDurations:

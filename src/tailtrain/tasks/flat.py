@@ -50,7 +50,12 @@ class FlatLayout:
         return ((2 * u - 1) * bound).to(torch.float32)
 
     def module_at(self, meta_module: nn.Module, theta: torch.Tensor) -> nn.Module:
-        """A real module (CPU, or θ's device) whose parameters are a copy of θ."""
-        module = copy.deepcopy(meta_module).to_empty(device=theta.device)
+        """A real module (CPU, or θ's device) whose parameters are a copy of θ; a real
+        module (a factory's task) keeps its buffers, which a meta one does not have."""
+        module = copy.deepcopy(meta_module)
+        if any(p.is_meta for p in module.parameters()):
+            module = module.to_empty(device=theta.device)
+        else:
+            module = module.to(theta.device)
         torch.nn.utils.vector_to_parameters(theta.detach().clone(), module.parameters())
         return module

@@ -11,11 +11,16 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+import torch
+
 from tailtrain.errors import UsageError
 from tailtrain.spec import Spec, parse_spec
 from tailtrain.tasks import models
 from tailtrain.tasks.cifar10 import load_cifar10
+from tailtrain.tasks.corpus import TokenDataset
 from tailtrain.tasks.data import load_digits_data, make_hyperplane
+from tailtrain.tasks.factory import is_factory_spec, load_factory_task, task_from_parts
+from tailtrain.tasks.gpt import make_tiny_gpt
 from tailtrain.tasks.mnist import load_mnist
 from tailtrain.tasks.sequences import SequenceSpec, make_sequences
 from tailtrain.tasks.task import Task
@@ -118,6 +123,32 @@ def _cifar10(spec: Spec, data: DataPath, seed: int) -> Task:
     )
 
 
+def _tiny_gpt(spec: Spec, data: DataPath, seed: int) -> Task:
+    """A small decoder-only transformer on the standard library's source (``tasks.gpt``)."""
+    spec.require_known(
+        ("batch", "layers", "width", "heads", "context", "dropout", "n", "test", "lr")
+    )
+    d = {"layers": 2, "width": 128, "heads": 4, "context": 128, "batch": 2, "test": 64}
+    opts = {k: spec.get_int(k, v, minimum=1) for k, v in d.items()}
+    if opts["width"] % opts["heads"]:
+        raise UsageError(
+            f"tiny-gpt: width {opts['width']} must be a multiple of heads {opts['heads']}"
+        )
+    dropout = spec.get_float("dropout", 0.0, minimum=0.0)
+    if dropout >= 1:
+        raise UsageError(f"tiny-gpt: dropout must be < 1, got {dropout:g}")
+    n = spec.get_int("n", 0, minimum=1) if spec.has("n") else None
+    lr = spec.get_float("lr", 0.1, positive=True)
+    with torch.random.fork_rng(devices=[]):  # the model's own init, under the run's seed
+        torch.manual_seed(seed)
+        parts = make_tiny_gpt(**opts, dropout=dropout, n=n, lr=lr)
+    (x_tr, y_tr), (x_te, y_te) = parts.train, parts.test
+    dataset = TokenDataset(x_tr, y_tr, x_te, y_te, n_classes=None)
+    return task_from_parts(
+        parts, name="tiny-gpt", text=spec.text, seed=seed, data=dataset, eval_size=opts["test"]
+    )
+
+
 def _none(spec: Spec, data: DataPath, seed: int) -> Task:
     """Timing only: no data, no model, dim 0."""
     spec.require_known(())
@@ -138,6 +169,7 @@ _BUILDERS: dict[str, Callable[[Spec, DataPath, int], Task]] = {
     "logreg": _logreg,
     "hyperplane": _hyperplane,
     "seq-lstm": _seq_lstm,
+    "tiny-gpt": _tiny_gpt,
     "none": _none,
     "mnist": _mnist,
     "cifar10": _cifar10,
@@ -147,11 +179,21 @@ NEEDS_DATA = ("mnist", "cifar10")
 
 
 def parse_task(text: str, *, data: DataPath = None, seed: int = 0) -> Task:
-    """Build the task named by ``text``; ``mnist`` and ``cifar10`` read files from ``data``."""
+    """Build the task named by ``text``; ``mnist`` and ``cifar10`` read files from ``data``.
+
+    ``package.module:factory[:key=value,...]`` builds a task from the user's factory
+    (:mod:`tailtrain.tasks.factory`): the same kind of :class:`Task` as a built-in one."""
+    if is_factory_spec(text) and text.partition(":")[0].strip() not in _BUILDERS:
+        if data is not None:
+            raise UsageError(f"task {text!r} is built by its factory and takes no --data")
+        return load_factory_task(text, seed=seed)
     spec = parse_spec(text, what="task")
     builder = _BUILDERS.get(spec.name)
     if builder is None:
-        raise UsageError(f"unknown task {spec.name!r}; known tasks: {', '.join(KNOWN_TASKS)}")
+        raise UsageError(
+            f"unknown task {spec.name!r}; known tasks: {', '.join(KNOWN_TASKS)}, or your own "
+            "as package.module:factory"
+        )
     if spec.name in NEEDS_DATA and data is None:
         raise UsageError(f"task {spec.name!r} reads local files: give --data PATH")
     if spec.name not in NEEDS_DATA and data is not None:

@@ -6,11 +6,20 @@ at a shared θ by one forward/backward pass (:mod:`tailtrain.tasks.shared_grads`
 model's layers allow, otherwise (and at per-worker θ) by ``torch.func.vmap(grad_and_value)``.
 The exception is a model that ``torch.func`` runs slower than a loop (``seq-lstm``'s LSTM):
 it is computed worker by worker (``per_worker_loop``).
+
+A task built from a user's factory (``objective="custom"``, :mod:`tailtrain.tasks.factory`)
+gets the same three methods, chosen automatically: the shared pass where its layers allow,
+``vmap`` where ``torch.func`` runs its model (tried once on two workers), else the loop; the
+choice is its ``gradient_method`` and the run summary's ``gradients``. A random training
+forward (dropout) is seeded from the run seed and the workers' mini-batch indices, which are
+keyed by (seed, worker, job) (``tasks.stream``), so a run stays bit-reproducible.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import hashlib
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -51,6 +60,19 @@ class Task:
     seed: int = 0
     text: str = ""
     per_worker_loop: bool = False
+    #: ``objective="custom"`` (a factory's task): per-example loss, metric and its name
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None
+    metric_fn: Callable[[torch.Tensor, torch.Tensor], Any] | None = None
+    metric_label: str | None = None
+    #: θ_0 when the model's own initialisation is it (a factory's task), else drawn by layout
+    initial: torch.Tensor | None = None
+    default_lr: float | None = None
+    #: the training forward draws random numbers (dropout): seeded per call, see module doc
+    random: bool = False
+    #: put ``gradients`` in the run summary (the tasks that predate it keep their records)
+    report_gradients: bool = False
+    train_eval_size: int = TRAIN_EVAL_SIZE
+    gradient_method: str = field(init=False, default="none")
     layout: FlatLayout | None = field(init=False, repr=False)
     _train_eval: torch.Tensor = field(init=False, repr=False)
     _shared_fn: Any = field(init=False, repr=False)
@@ -61,16 +83,42 @@ class Task:
         self.layout = None if self.model is None else FlatLayout.of(self.model)
         n = self.n_train
         rng = np.random.default_rng(self.seed)
-        subset = np.sort(rng.choice(n, min(n, TRAIN_EVAL_SIZE), replace=False)) if n else []
+        subset = np.sort(rng.choice(n, min(n, self.train_eval_size), replace=False)) if n else []
         self._train_eval = torch.as_tensor(subset, dtype=torch.int64)
         per_worker = grad_and_value(self._loss_fn)
-        self._vmap_shared_fn = vmap(per_worker, in_dims=(None, 0, 0))
+        randomness = "different" if self.random else "error"
+        self._vmap_shared_fn = vmap(per_worker, in_dims=(None, 0, 0), randomness=randomness)
         self._shared_fn = self._vmap_shared_fn
+        self._multi_fn = vmap(per_worker, in_dims=(0, 0, 0), randomness=randomness)
+        if self.objective == "custom" and not self.per_worker_loop:
+            self.per_worker_loop = not self._vmap_runs()
+        shared = "vmap"
         if supports(self.model):
             self._shared_fn = SharedGrads(self.model, self.layout, self._per_sample, self.l2)
-        self._multi_fn = vmap(per_worker, in_dims=(0, 0, 0))
+            shared = "shared-pass"
         if self.per_worker_loop:
             self._shared_fn = self._multi_fn = self._loop_grads
+            shared = "loop"
+        if self.model is not None:
+            multi = "loop" if self.per_worker_loop else "vmap"
+            self.gradient_method = shared if shared == multi else f"{shared}; per-worker θ: {multi}"
+
+    def _vmap_runs(self) -> bool:
+        """Whether ``torch.func`` runs this model: one vmapped gradient on two workers."""
+        theta = self.init_params(self.seed)
+        x, y = self.data.x_train[:1], self.data.y_train[:1]
+        x, y = self.data.trim(x.expand(2, *x.shape)), y.expand(2, *y.shape)
+        try:
+            with torch.random.fork_rng(devices=[]):
+                self._multi_fn(torch.stack([theta, theta]), x, y)
+        except Exception:  # any op without a batching rule, data-dependent control flow, ...
+            return False
+        return True
+
+    @property
+    def notes(self) -> dict[str, str]:
+        """Summary lines of this task: how its per-worker gradients are computed."""
+        return {"gradients": self.gradient_method} if self.report_gradients else {}
 
     # ---- description -------------------------------------------------------------------
     @property
@@ -83,6 +131,8 @@ class Task:
 
     @property
     def metric_name(self) -> str:
+        if self.objective == "custom":
+            return self.metric_label or "test_loss"
         return {"cross_entropy": "accuracy", "mse": "mse"}.get(self.objective, "none")
 
     @property
@@ -98,7 +148,12 @@ class Task:
 
     # ---- parameters and sampling ------------------------------------------------------
     def init_params(self, seed: int) -> torch.Tensor:
-        """Deterministic θ_0 (PyTorch's default init law, explicit generator); empty for none."""
+        """Deterministic θ_0 (PyTorch's default init law, explicit generator); empty for none.
+
+        A factory's task returns its model's own initialisation, drawn under the run's seed
+        when the task was built (``seed`` is that one in every engine)."""
+        if self.initial is not None:
+            return self.initial.clone()
         return torch.zeros(0) if self.layout is None else self.layout.init(seed)
 
     def module_at(self, theta: torch.Tensor) -> nn.Module:
@@ -145,7 +200,8 @@ class Task:
         for part in self._chunks(idx.shape[0], idx.shape[1]):
             th = theta[part] if per_worker_theta else theta
             x = self.data.trim(self.data.x_train[idx[part]])
-            g, v = fn(th, x, self.data.y_train[idx[part]])
+            with self._seeded(idx[part]):
+                g, v = fn(th, x, self.data.y_train[idx[part]])
             grads.append(g)
             losses.append(v)
         return _cat(losses), _cat(grads)
@@ -162,13 +218,28 @@ class Task:
         """
         grads = torch.empty(len(y), self.dim, dtype=theta.dtype, device=theta.device)
         losses = torch.empty(len(y), dtype=theta.dtype, device=theta.device)
+        seeds = torch.randint(0, 2**62, (len(y),)) if self.random else None
         for w in range(len(y)):
+            if seeds is not None:  # each worker's dropout from its own seed
+                torch.manual_seed(int(seeds[w]))
             th = (theta if theta.ndim == 1 else theta[w]).detach().requires_grad_()
             with torch.enable_grad():  # like torch.func.grad, work under an outer no_grad too
                 loss = self._loss_fn(th, self.data.trim(x[w]), y[w])
             (grads[w],) = torch.autograd.grad(loss, th)
             losses[w] = loss.detach()
         return grads, losses
+
+    @contextmanager
+    def _seeded(self, indices: torch.Tensor) -> Iterator[None]:
+        """For a random forward: torch's generator seeded from the run seed and the workers'
+        mini-batch indices (keyed by seed, worker and job), restored afterwards."""
+        if not self.random:
+            yield
+            return
+        digest = hashlib.blake2b(indices.numpy().tobytes(), digest_size=8, key=b"%d" % self.seed)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(int.from_bytes(digest.digest(), "little") >> 1)
+            yield
 
     def _loss_fn(self, theta: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         out = functional_call(self.model, self.layout.unflatten(theta), (x,))
@@ -181,6 +252,9 @@ class Task:
         theta = self._check_theta(theta)
         idx = self._as_index(indices, ndim=None)
         flat = idx.reshape(-1)
+        if self.objective == "custom":
+            per = self._custom_losses(theta, self.data.x_train[flat], self.data.y_train[flat])[0]
+            return per.view(idx.shape).mean(-1) + self._penalty(theta)
         with torch.no_grad():
             out = self._forward(theta, self.data.x_train[flat])
             per = self._per_sample(out, self.data.y_train[flat])
@@ -192,6 +266,8 @@ class Task:
         self._require_model("be evaluated")
         theta = self._check_theta(theta)
         data = self.data
+        if self.objective == "custom":
+            return self._custom_evaluate(theta)
         with torch.no_grad():
             out = self._forward(theta, data.x_test)
             test = self._per_sample(out, data.y_test)
@@ -208,6 +284,37 @@ class Task:
             "eval_loss": float(test.mean()),
         }
 
+    def _custom_evaluate(self, theta: torch.Tensor) -> dict[str, float]:
+        data, sub = self.data, self._train_eval
+        test, metric = self._custom_losses(theta, data.x_test, data.y_test)
+        train = self._custom_losses(theta, data.x_train[sub], data.y_train[sub])[0]
+        test_loss = float(test.mean())
+        return {
+            "train_loss": float(train.mean() + self._penalty(theta)),
+            "eval": test_loss if metric is None else metric,
+            "eval_loss": test_loss,
+        }
+
+    def _custom_losses(
+        self, theta: torch.Tensor, x: torch.Tensor, y: torch.Tensor
+    ) -> tuple[torch.Tensor, float | None]:
+        """Per-example losses of a factory's task in evaluation mode (no dropout), chunk by
+        chunk (outputs of trimmed chunks may differ in shape), and the metric's mean over
+        the chunks weighted by their sizes (None without a metric)."""
+        params = self.layout.unflatten(theta)
+        losses, metric = [], 0.0
+        self.model.eval()
+        try:
+            with torch.no_grad():
+                for part in self._chunks(len(x), 1):
+                    out = functional_call(self.model, params, (self.data.trim(x[part]),))
+                    losses.append(self.loss_fn(out, y[part]))
+                    if self.metric_fn is not None:
+                        metric += float(self.metric_fn(out, y[part])) * len(y[part])
+        finally:
+            self.model.train()
+        return _cat(losses), None if self.metric_fn is None else metric / len(x)
+
     def _forward(self, theta: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         params = self.layout.unflatten(theta)
         chunks = self._chunks(len(x), 1)
@@ -215,6 +322,8 @@ class Task:
         return _cat(parts)
 
     def _per_sample(self, out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        if self.loss_fn is not None:
+            return self.loss_fn(out, y)
         if self.objective == "mse":
             return (out.squeeze(-1) - y).square()
         return F.cross_entropy(out, y, reduction="none")
