@@ -195,19 +195,26 @@ def makespan(shares: np.ndarray, t: np.ndarray) -> float:
 def optimal_shares(t: np.ndarray, total: int, floor: int = 1) -> np.ndarray:
     """Integer shares m_n >= ``floor``, sum ``total``, minimising max_n m_n t_n.
 
-    T* is the smallest T with sum_n max(floor, floor(T / t_n)) >= total: bisected between
-    the fluid optimum total / sum(1/t) and one micro-batch of the slowest pace above it
-    (every count only grows with T), then the surplus (ranks whose next micro-batch ends at
-    T* exactly, up to rounding) is taken back from the ranks that finish last. Vectorised:
-    about 60 passes over N, whatever N.
+    T* is the smallest T with sum_n max(floor, floor(T / t_n)) >= total: bisected around
+    the fluid optimum total / sum(1/t) (every count only grows with T) until the counts sum
+    to the total, which they then do at T* too; where ties at T* keep a surplus, it is taken
+    back from the ranks that finish last. Vectorised: a few dozen passes over N.
     """
     t = np.asarray(t, dtype=np.float64)
     n = t.size
     if floor * n > total:
         raise UsageError(f"a floor of {floor} micro-batches for {n} ranks exceeds {total}")
+    if floor * n == total:
+        return np.full(n, floor, dtype=np.int64)
     fluid = total / float((1.0 / t).sum())
-    low, high = fluid * (1 - 1e-12), fluid + float(t.max()) * (floor + 1)
-    for _ in range(64):
+    # at fluid + (floor + 1) t_max every rank has >= x_n; below fluid - t_max, at most x_n - 1
+    high, low = fluid + float(t.max()) * (floor + 1), max(0.0, fluid - float(t.max()))
+    if counts(low, t, floor).sum() >= total:
+        low = 0.0  # the floors alone reach the total there
+    for _ in range(100):
+        got = counts(high, t, floor).sum()
+        if got == total or high - low <= high * 1e-15:
+            break  # equal: counts(T*) = counts(high), as counts only grow with T
         mid = 0.5 * (low + high)
         if counts(mid, t, floor).sum() >= total:
             high = mid
