@@ -5,7 +5,8 @@ waiting for it (sync) or dropping its tail every step (DropCompute, Giladi et al
 computes m_n micro-batches with sum_n m_n = N M: the global batch sync would draw is dealt
 to the ranks by their shares, so no sample is lost and no rank's data is under-represented.
 
-* ``plan``: the shares m_n in force (equal, m_n = M, until the warm-up ends);
+* ``plan``: the shares m_n in force (equal, m_n = M, until the warm-up ends), always
+  named, so an engine deals the global batch the same way from the first step;
 * ``select``: rank n's gradient G_n (the mean over its C_n completed micro-batches) enters
   with weight (C_n / M) / N, so sum_n w_n G_n = (1 / (N M)) sum of every micro-batch
   gradient: single-process SGD on the concatenated global batch (DropCompute Eq. 1 with M
@@ -108,13 +109,11 @@ class Rebalance(Strategy):
         )
 
     def plan(self, state: RebalanceState) -> AllreducePlan:
-        """The shares in force (None while they are all M: a sync round), and the composed
+        """The shares in force (all M until they move: a sync round) and the composed
         rule's threshold."""
         base = (
             AllreducePlan(k=state.n_workers) if self.then is None else self.then.plan(state.inner)
         )
-        if bool((state.shares == state.micro_batches).all()):
-            return base
         return replace(base, shares=tuple(state.shares.tolist()))
 
     def select(self, state: RebalanceState, arrivals: ArrivalColumns) -> Selection:
