@@ -31,14 +31,23 @@ def stepped_times(t: NDArray[np.float64], shares: NDArray[np.int64]) -> NDArray[
 
     Worker n's draws, iteration after iteration, are one stream of micro-batches; step j
     takes its micro-batches j m_n .. (j + 1) m_n - 1. As many steps as the busiest worker's
-    stream holds."""
+    stream holds. The stream's partial sums stay in t's own layout (no transposed copy):
+    the sum up to unit (i, m) is the iterations before i plus the units up to m of i."""
     iterations, workers, m = t.shape
-    stream = np.cumsum(t.transpose(1, 0, 2).reshape(workers, iterations * m), axis=1)
-    cumulative = np.concatenate([np.zeros((workers, 1)), stream], axis=1)
+    within = np.cumsum(t, axis=2)
+    before = np.cumsum(within[:, :, -1], axis=0) - within[:, :, -1]
+    within += before[:, :, None]
+    flat = within.reshape(-1)
     steps = iterations * m // int(shares.max())
-    ends = np.arange(1, steps + 1)[:, None] * shares[None, :]  # (steps, N)
-    rows = np.arange(workers)[None, :]
-    return (cumulative[rows, ends] - cumulative[rows, ends - shares]).max(axis=1)
+    ends = np.arange(1, steps + 1)[:, None] * shares[None, :]  # units done by step j's end
+
+    def reached(count: NDArray[np.int64]) -> NDArray[np.float64]:
+        """Partial sum of each worker's first ``count`` units (0 for none)."""
+        unit = np.maximum(count - 1, 0)
+        index = (unit // m * workers + np.arange(workers)) * m + unit % m
+        return np.where(count > 0, np.take(flat, index), 0.0)
+
+    return (reached(ends) - reached(ends - shares[None, :])).max(axis=1)
 
 
 def rebalance_times(
