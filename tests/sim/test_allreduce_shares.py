@@ -7,9 +7,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tailtrain.core.scenario import Scenario, World
 from tailtrain.sim.allreduce.engine import AllreduceEngine
+from tailtrain.sim.allreduce.timing import share_rule, stop_rule
 from tailtrain.sim.run import simulate
 from tailtrain.strategies.base import AllreducePlan, Context
 from tailtrain.strategies.registry import parse_strategy
@@ -119,3 +122,28 @@ def test_train_and_a_users_loop_refuse_it_before_anything_runs():
     with pytest.raises(UsageError, match="needs shares") as refused:
         as_strategy("rebalance")
     assert "\n" not in str(refused.value)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    st.integers(1, 6),
+    st.integers(1, 5),
+    st.sampled_from([0.5, 1.5, 3.0, float("inf")]),
+    st.booleans(),
+    st.integers(0, 2**32 - 1),
+)
+def test_equal_shares_stop_as_syncs_rounds_do(n, m, tau, preempt, seed):
+    """share_rule with every share M is stop_rule, for both stopping conventions; a share
+    counts only its own units."""
+    times = np.random.default_rng(seed).exponential(0.5, (n, 3 * m))
+    ours = share_rule(times[:, :m], np.full(n, m), m, tau, preempt)
+    theirs = stop_rule(times[:, :m], tau, preempt)
+    for field in ("done", "compute", "full"):
+        np.testing.assert_array_equal(getattr(ours, field), getattr(theirs, field))
+    shares = np.random.default_rng(seed + 1).integers(1, 3 * m + 1, n)
+    uneven = share_rule(times, shares, m, tau, preempt)
+    assert (uneven.done <= shares).all()
+    if tau == float("inf"):
+        np.testing.assert_array_equal(uneven.done, shares)
+        own = np.where(np.arange(3 * m) < shares[:, None], times, 0.0).sum(axis=1)
+        np.testing.assert_allclose(uneven.compute, own)
