@@ -16,10 +16,11 @@ to the ranks by their shares, so no sample is lost and no rank's data is under-r
   unbiased in ratio for a multiplicative slowdown). The optimal shares for t are the
   makespan-optimal ones: T* = the smallest T with sum_n max(floor, floor(T / t_n)) >= N M,
   m_n = floor(T* / t_n), then trimmed to N M (:func:`optimal_shares`); the fluid shares are
-  x_n = N M (1/t_n) / sum_k (1/t_k), and |m_n - x_n| stays within one micro-batch of
-  the fastest rank's pace. Hysteresis: the shares move only when the predicted step time
-  max_n m_n t_n would shrink by more than ``hysteresis`` plus ``NOISE_Z`` standard errors
-  of the estimates (their median absolute deviation over the window), so i.i.d. noise does
+  x_n = N M (1/t_n) / sum_k (1/t_k), with T_x = x_n t_n their common finish time, and
+  m_n t_n <= max(t_n, T_x + max_k t_k), m_n >= floor(x_n) - 1 where the floor binds no
+  rank. Hysteresis: the shares move only when the predicted step time max_n m_n t_n would
+  shrink by more than ``hysteresis`` plus NOISE_Z + sqrt(2 ln N) standard errors of the
+  estimates (from their median absolute deviation over the window), so i.i.d. noise does
   not move them.
 
 ``then=dropcompute`` composes DropCompute's threshold on top, for the intermittent noise
