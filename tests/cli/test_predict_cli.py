@@ -8,7 +8,16 @@ import numpy as np
 import pytest
 from tests.cli.helpers import run
 
-THEORY = {"sync", "k-sync", "k-batch-sync", "k-async", "k-batch-async", "async", "dropcompute"}
+THEORY = {
+    "sync",
+    "k-sync",
+    "k-batch-sync",
+    "k-async",
+    "k-batch-async",
+    "async",
+    "dropcompute",
+    "rebalance",
+}
 FAMILIES = {"local-sgd", "eager-solo", "eager-majority", "eager-quorum", "dbw"}
 STRATEGIES = THEORY | FAMILIES
 ROW_KEYS = {"strategy", "k", "iteration_time", "speedup_vs_sync", "method"}

@@ -54,6 +54,21 @@ CASES = {
         "--eval-every",
         "3",
     ],
+    # shares that moved (persistent per-worker speeds) and the window behind them
+    "allreduce-rebalance": [
+        "--strategy",
+        "rebalance:warmup=2",
+        "--delay",
+        "const:value=1",
+        "--pattern",
+        "heterogeneous:low=1,high=3",
+        "--micro-batches",
+        "3",
+        "--iterations",
+        "14",
+        "--eval-every",
+        "3",
+    ],
     "partial-eager": ["--strategy", "eager:mode=majority", "--iterations", "14"],
     "ps-lgc-time": [
         "--strategy",

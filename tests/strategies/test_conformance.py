@@ -41,6 +41,7 @@ NO_STRAGGLER_SPECS = {
     "local-sgd": ["local-sgd:period=1"],
     "eager": ["eager:mode=solo", "eager:mode=majority", f"eager:mode=quorum,k={N}"],
     "dbw-quorum": ["dbw-quorum"],
+    "rebalance": ["rebalance:warmup=1", "rebalance:warmup=1,then=dropcompute,threshold=inf"],
 }
 
 

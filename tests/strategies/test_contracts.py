@@ -43,6 +43,7 @@ SPECS = {
     "lgc": ["lgc:k=2,blocks=4"],
     "eager": ["eager:mode=solo", "eager:mode=majority"],
     "dbw-quorum": ["dbw-quorum", "dbw-quorum:lr=proportional"],
+    "rebalance": ["rebalance", "rebalance:then=dropcompute,threshold=inf,divide-by=computed"],
 }
 ALL_SPECS = [spec for specs in SPECS.values() for spec in specs]
 

@@ -142,7 +142,13 @@ class World:
             rng = np.random.default_rng(seed)
             partition = parse_partition(scenario.partition).assign(task, n, rng)
             per_epoch = max(1, math.ceil(task.n_train / (n * task.batch_size)))
-        ctx = Context(n_workers=n, lr=lr, iterations_per_epoch=per_epoch, seed=seed)
+        ctx = Context(
+            n_workers=n,
+            lr=lr,
+            iterations_per_epoch=per_epoch,
+            seed=seed,
+            micro_batches=scenario.micro_batches or 1,
+        )
         # trace notes, then the task's own (how a factory's task computes its gradients)
         notes = {**getattr(process, "notes", {}), **getattr(task, "notes", {})}
         return cls(scenario, seed, task, process, partition, ctx, lr, notes)

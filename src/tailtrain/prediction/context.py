@@ -12,7 +12,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from tailtrain.core.capacity import check_memory
-from tailtrain.delays import DelayModel, DelayProcess
+from tailtrain.delays import DelayModel, DelayProcess, parse_delay
 from tailtrain.delays.process import trace_notes, trace_terms
 from tailtrain.prediction.scenario import DelayScenario, k_grid
 from tailtrain.theory.estimate import monte_carlo
@@ -121,6 +121,23 @@ class _Context:
             blocks = self.blocks(rng, iterations)
             self._sync_sample = [(t, self.comm_times(rng, (t.shape[0],))) for t in blocks]
         return self._sync_sample
+
+    def worker_means(self) -> list[NDArray[np.float64]]:
+        """Per run of :meth:`sync_sample`, each worker's mean micro-batch time: the same runs
+        (same seeds, so the same pattern state: a heterogeneous speed, a subset's picks) over
+        the delay's mean instead of its draws, so a worker's law is known, not estimated from
+        a few draws. A trace replayed per worker has no one mean: its own draws are averaged."""
+        sample = self.sync_sample()
+        if self.scenario.delay.per_worker:
+            return [t.mean(axis=(0, 2)) for t, _ in sample]
+        s, iterations = self.scenario, sample[0][0].shape[0]
+        mean = parse_delay(f"const:value={float(self.sampled_delay.mean)!r}")
+        out = []
+        for child in self.rng(0).spawn(self.runs):  # the children sync_sample's runs used
+            process = DelayProcess(mean, s.pattern, child, s.workers, s.micro_batches)
+            t = process.next_block(iterations)
+            out.append(t.reshape(iterations, s.workers, -1).mean(axis=(0, 2)))
+        return out
 
     def iterations_for(self, wanted: int) -> int:
         """At most ``wanted`` iterations (or all of a replayed trace) and ~8M micro-batch

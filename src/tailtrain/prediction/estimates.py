@@ -52,6 +52,7 @@ from tailtrain.prediction.large import (
     k_batch_sync_estimates,
     search,
 )
+from tailtrain.prediction.rebalance import rebalance_times
 from tailtrain.prediction.scenario import (
     ALL_K_UP_TO,
     DelayScenario,
@@ -98,6 +99,7 @@ def predict(scenario: DelayScenario) -> Prediction:
         *_k_async_rows(ctx),
         *_k_batch_async_rows(ctx),
         _dropcompute_row(ctx),
+        _rebalance_row(ctx),
     ]
     sync_time = ctx.sync_time
     finished = [_relative(r, sync_time, scenario.workers) for r in rows]
@@ -324,6 +326,28 @@ def _dropcompute_row(ctx: _Context) -> Row:
         drop_rate=float(drop_rate),
         effective=(float(speedup), float(speedup_se)),
     )
+
+
+def _rebalance_row(ctx: _Context) -> Row:
+    """Optimal shares (``prediction.rebalance``): i.i.d. workers share equally, so the row is
+    the allreduce sync's E[max_n X_n] + E[T^c]; else E[max_n S_n(m_n)] + E[T^c] by Monte
+    Carlo on the shared sample, with the closed form T* in a note."""
+    s = ctx.scenario
+    if s.iid:
+        return _row("rebalance", s.workers, *_allreduce_sync_stats(ctx))
+    sample = ctx.sync_sample()
+    means = ctx.worker_means()
+    found = [rebalance_times(t, comm, mu) for (t, comm), mu in zip(sample, means, strict=True)]
+    time, time_se = _pooled([(mean, se) for mean, se, _, _ in found])
+    closed = float(np.mean([c for _, _, c, _ in found]))
+    fewest = min(int(shares.min()) for *_, shares in found)
+    ctx.notes.append(
+        f"rebalance: shares optimal for each worker's mean micro-batch time (the fewest "
+        f"{fewest} of M={ctx.m}); closed form T* + E[T^c] = {closed:.4g} s, exact for constant "
+        f"times; E[T] by Monte Carlo"
+    )
+    steps = sum(t.shape[0] for t, _ in sample)
+    return _row("rebalance", s.workers, float(time), float(time_se), ctx.method(steps))
 
 
 def _law_method(ctx: _Context, method: str) -> str:

@@ -12,7 +12,16 @@ import numpy as np
 from tailtrain.delays import DelayModel, WorkerPattern
 from tailtrain.errors import UsageError
 
-STRATEGIES = ("sync", "k-sync", "k-batch-sync", "k-async", "k-batch-async", "async", "dropcompute")
+STRATEGIES = (
+    "sync",
+    "k-sync",
+    "k-batch-sync",
+    "k-async",
+    "k-batch-async",
+    "async",
+    "dropcompute",
+    "rebalance",
+)
 K_FAMILY = ("k-sync", "k-batch-sync", "k-async", "k-batch-async")
 ALL_K_UP_TO = 32  #: scenarios with at most this many workers get one row per K = 1..N
 

@@ -39,10 +39,11 @@ def simulate(
     ``control`` streams the record, checkpoints, resumes and drills faults (``sim.driver``).
     A run too large for this machine's memory is refused before it starts (``core.capacity``).
     """
-    check_contract(strategy, strategy.topology)
+    engine = ENGINES[strategy.topology]
+    check_contract(strategy, strategy.topology, getattr(engine, "does", frozenset()))
     capacity = strategy.micro_batch_capacity(scenario.micro_batches)
     check_fits(scenario.workers, capacity)
     world = World.build(scenario, seed, task=task, delays=delays, micro_batches=capacity)
     if world.task.has_model:
         check_fits(scenario.workers, capacity, int(world.task.dim))
-    return drive(ENGINES[strategy.topology](world), strategy, world, progress, control)
+    return drive(engine(world), strategy, world, progress, control)

@@ -199,6 +199,8 @@ class Context:
     lr: float = 0.1
     iterations_per_epoch: int = 1
     seed: int = 0
+    #: M, the micro-batches each rank computes per step (1 without micro-batches)
+    micro_batches: int = 1
 
 
 @dataclass(frozen=True)
@@ -266,6 +268,9 @@ class AllreducePlan(Plan):
     iteration_scale: float = 1.0
     #: dropped micro-batches go back to the worker's queue (Sec. 4.5)
     requeue_dropped: bool = False
+    #: micro-batches of each rank, summing to N M: the global batch dealt by shares
+    #: (``strategies.rebalance``); None: every rank computes ``micro_batches``
+    shares: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True, eq=False)
@@ -397,6 +402,9 @@ class Strategy(ABC):
     #: whether ``select`` may return ``later`` weights, applied with a later update (LGC's
     #: e_t); a rule that does keeps its ``now`` weights independent of the late work
     defers: ClassVar[bool] = False
+    #: what an engine must do beyond its topology's protocol (``"shares"``: deal the global
+    #: batch by ``AllreducePlan.shares``); an engine names what it does to ``check_contract``
+    needs: ClassVar[frozenset[str]] = frozenset()
 
     @abstractmethod
     def init(self, ctx: Context) -> Any:
@@ -473,9 +481,24 @@ def contract_refusal(strategy: Strategy, topology: Topology) -> str | None:
     return None
 
 
-def check_contract(strategy: Strategy, topology: Topology) -> None:
-    """A one-line :class:`UsageError` when ``topology`` cannot apply ``strategy``'s weights."""
-    refusal = contract_refusal(strategy, topology)
+def engine_refusal(strategy: Strategy, does: frozenset[str]) -> str | None:
+    """Why an engine that ``does`` only these extras cannot run ``strategy``'s plans, in
+    one line (``Strategy.needs``); None if it can."""
+    missing = sorted(strategy.needs - does)
+    if not missing:
+        return None
+    return (
+        f"strategy {strategy.describe()!r} needs {', '.join(missing)}, which this entry's "
+        f"{strategy.topology} topology does not deal yet; run it with `simulate` or `predict`"
+    )
+
+
+def check_contract(
+    strategy: Strategy, topology: Topology, does: frozenset[str] = frozenset()
+) -> None:
+    """A one-line :class:`UsageError` when ``topology`` cannot apply ``strategy``'s weights
+    or an engine that ``does`` these extras cannot run its plans (``Strategy.needs``)."""
+    refusal = contract_refusal(strategy, topology) or engine_refusal(strategy, does)
     if refusal is not None:
         raise UsageError(refusal)
 

@@ -12,6 +12,7 @@ from tailtrain.strategies.dbw_quorum import build_dbw_quorum
 from tailtrain.strategies.dropcompute import build_dropcompute
 from tailtrain.strategies.eager import build_eager
 from tailtrain.strategies.local_sgd import build_local_sgd
+from tailtrain.strategies.rebalance import build_rebalance
 
 Builder = Callable[[Spec], Strategy]
 
@@ -30,6 +31,7 @@ BUILDERS: dict[str, Builder] = {
     "lgc": lgc.build_lgc,
     "eager": build_eager,
     "dbw-quorum": build_dbw_quorum,
+    "rebalance": build_rebalance,
 }
 
 

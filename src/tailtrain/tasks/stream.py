@@ -2,7 +2,8 @@
 
 Every engine draws mini-batches here, so worker w's j-th job (its j-th gradient, or its
 j-th allreduce round) sees the same data under every strategy and in the runtime.
-:class:`Draws` reads an allreduce run's rounds from it many rounds at a time.
+:class:`Draws` reads an allreduce run's rounds from it many rounds at a time, and
+:func:`deal` hands a round's global batch out by per-rank shares (``strategies.rebalance``).
 """
 
 from __future__ import annotations
@@ -58,6 +59,21 @@ class Draws:
             self.rounds = drawn.reshape(count, self.n, units, self.batch)
             self.first, self.units = index, units
         return self.rounds[index - self.first]
+
+
+def deal(batches: np.ndarray, shares: np.ndarray) -> np.ndarray:
+    """The global batch sync would draw, ``batches`` (N, M, B), dealt by ``shares`` (sum N M).
+
+    Its N M micro-batches, worker-major, go in order: rank n gets the ``shares[n]`` after
+    the first sum_{k<n} shares[k], so every micro-batch of the step is computed once and
+    equal shares give every rank its own draws. Out (N, max share, B); the rows past a
+    rank's share repeat its last micro-batch and are never computed.
+    """
+    n, m, size = batches.shape
+    flat = batches.reshape(n * m, size)
+    first = np.cumsum(shares) - shares
+    unit = np.minimum(np.arange(int(shares.max()))[None, :], shares[:, None] - 1)
+    return flat[first[:, None] + unit]
 
 
 def keyed_uniform(key: np.ndarray, counter: np.ndarray) -> np.ndarray:

@@ -11,7 +11,10 @@ that completed at least one unit and ``workers`` those with a non-zero weight (s
 Rows carry the parameter-server engine's keys (step, time, k, lr, loss, workers, staleness)
 plus: threshold, micro_batches (M), local_steps (H), completed (units done per worker),
 drop_rate, s_eff (Algorithm 2's S_i on this round's draws), compute_time, comm_time and
-sync_time (what the round would have taken without a threshold, T_i + T^c_i).
+sync_time (what the round would have taken without a threshold, T_i + T^c_i). A plan of
+per-rank shares (``AllreducePlan.shares``, ``strategies.rebalance``) deals sync's global
+batch to the ranks by them (``tasks.stream.deal``); its rows add ``shares`` and its
+sync_time is sync's round on the same draws.
 """
 
 from __future__ import annotations
@@ -26,15 +29,20 @@ from tailtrain.core.scenario import World
 from tailtrain.core.update import GradientStats, WeightedUpdate
 from tailtrain.delays.comm import parse_comm_time
 from tailtrain.delays.schedule import RoundClock
+from tailtrain.errors import TailtrainError
 from tailtrain.sim.allreduce.learner import RoundLearner
-from tailtrain.sim.allreduce.timing import measured, stop_rule
+from tailtrain.sim.allreduce.timing import measured, share_rule, stop_rule
 from tailtrain.sim.driver import Played, Scorer
 from tailtrain.strategies.base import AllreducePlan, ArrivalColumns, Selection, StepStats
-from tailtrain.topology.allreduce import round_stats, step_row, summarise
+from tailtrain.tasks.stream import deal
+from tailtrain.topology.allreduce import round_arrivals, round_stats, step_row, summarise
 
 
 class AllreduceEngine:
     """Synchronous allreduce rounds on a virtual clock (``sim.driver.Engine``)."""
+
+    #: what it does beyond the allreduce protocol (``Strategy.needs``): per-rank shares
+    does = frozenset({"shares"})
 
     def __init__(self, world: World) -> None:
         scenario = world.scenario
@@ -62,6 +70,8 @@ class AllreduceEngine:
     def play(self, plan: AllreducePlan) -> Played:
         """Every worker computes its units under the threshold; each is one arrival."""
         m = plan.micro_batches or self.micro_batches
+        if plan.shares is not None:
+            return self._play_shares(plan, m)
         times = self.clock.take(plan.local_steps, m, self.now)
         stops = stop_rule(times, plan.threshold, plan.preempt)
         arrivals = ArrivalColumns(
@@ -72,14 +82,30 @@ class AllreduceEngine:
             self.now + stops.compute,
             units=stops.done / (plan.local_steps * m),
         )
-        return Played(arrivals, (times, stops, m, self.clock.next_comm()))
+        return Played(arrivals, (times, stops, m, self.clock.next_comm(), None))
+
+    def _play_shares(self, plan: AllreducePlan, m: int) -> Played:
+        """Rank n computes ``plan.shares[n]`` units of the dealt global batch. Its unit times
+        are its stream of delay draws: a share above M runs on into the next iteration's
+        rows (one delay iteration per M units), so equal shares draw exactly what sync does."""
+        shares = np.asarray(plan.shares, dtype=np.int64)
+        if plan.local_steps != 1 or plan.requeue_dropped or shares.size != self.n:
+            raise TailtrainError(f"a plan of shares needs one local step per rank: {plan!r}")
+        rows = -(-int(shares.max()) // m)
+        times = self.clock.take(rows, m, self.now)
+        stops = share_rule(times, shares, m, plan.threshold, plan.preempt)
+        arrivals = round_arrivals(self.step, self.now, stops.done, stops.compute, m)
+        return Played(arrivals, (times, stops, m, self.clock.next_comm(), shares))
 
     def apply(self, plan: AllreducePlan, selection: Selection, played: Played) -> StepStats:
-        times, stops, m, comm = played.detail
+        times, stops, m, comm, shares = played.detail
         scalars = GradientStats()
         if self.learner is not None:
             batches = self.learner.batches(self.step, plan.local_steps * m)
-            work = self.learner.work(batches, stops.done, m, plan.local_steps, plan.lr_scale)
+            width = m
+            if shares is not None:  # sync's global batch, dealt by the shares
+                batches, width = deal(batches, shares), int(shares.max())
+            work = self.learner.work(batches, stops.done, width, plan.local_steps, plan.lr_scale)
             self.learner.apply(selection, played.candidates.keys, work, plan.lr_scale)
             if plan.requeue_dropped:
                 self.learner.requeue(batches, stops.done)
@@ -100,9 +126,12 @@ class AllreduceEngine:
     def row(
         self, plan: AllreducePlan, selection: Selection, played: Played, stats: StepStats
     ) -> dict[str, Any]:
-        _, stops, m, comm = played.detail
+        _, stops, m, comm, shares = played.detail
         used = played.candidates.worker[stats.used_mask()].tolist()
-        return step_row(plan, stats, stops, used, m, comm)
+        row = step_row(plan, stats, stops, used, m, comm)
+        if shares is not None:  # the micro-batches each rank was dealt (its count: completed)
+            row["shares"] = shares.tolist()
+        return row
 
     def advance(self) -> None:
         self.now = self._closes

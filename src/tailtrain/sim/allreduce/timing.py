@@ -39,6 +39,23 @@ def stop_rule(times: np.ndarray, tau: float, preempt: bool) -> Stops:
     return Stops(done, np.where(done > 0, last, 0.0), full)
 
 
+def share_rule(times: np.ndarray, shares: np.ndarray, m: int, tau: float, preempt: bool) -> Stops:
+    """:func:`stop_rule` for a round of per-rank shares: rank n computes its first
+    ``shares[n]`` units of ``times[n]`` (N, U), as the threshold allows. ``full`` is sync's
+    T_n^(M) on the same draws (its first M units), so a row's sync_time and s_eff compare
+    the round with the sync round those draws would have made."""
+    cumulative = np.cumsum(times, axis=-1)
+    own = np.arange(times.shape[-1]) < shares[:, None]
+    done = (counted(cumulative, tau, preempt) & own).sum(axis=-1)
+    if preempt:
+        ends = np.take_along_axis(cumulative, (shares - 1)[:, None], axis=-1)[:, 0]
+        compute = np.minimum(ends, tau)
+    else:
+        last = np.take_along_axis(cumulative, np.maximum(done - 1, 0)[:, None], axis=-1)[:, 0]
+        compute = np.where(done > 0, last, 0.0)
+    return Stops(done, compute, cumulative[:, m - 1])
+
+
 def measured(times: np.ndarray, done: np.ndarray) -> np.ndarray:
     """What a worker can report: the times of the units it completed, NaN for the rest."""
     if done.min(initial=times.shape[-1]) == times.shape[-1]:

@@ -1,0 +1,303 @@
+"""Rebalance: give each rank the share of the global batch it can finish (issue 25).
+
+A persistent straggler (an older GPU, a throttled node) is slow every step, so instead of
+waiting for it (sync) or dropping its tail every step (DropCompute, Giladi et al. 2023), rank n
+computes m_n micro-batches with sum_n m_n = N M: the global batch sync would draw is dealt
+to the ranks by their shares, so no sample is lost and no rank's data is under-represented.
+
+* ``plan``: the shares m_n in force (equal, m_n = M, until the warm-up ends), always
+  named, so an engine deals the global batch the same way from the first step;
+* ``select``: rank n's gradient G_n (the mean over its C_n completed micro-batches) enters
+  with weight (C_n / M) / N, so sum_n w_n G_n = (1 / (N M)) sum of every micro-batch
+  gradient: single-process SGD on the concatenated global batch (DropCompute Eq. 1 with M
+  replaced by the shares; a rank knows its own C_n, the allreduce contract);
+* ``adapt``: each step records rank n's mean per-micro-batch time; the estimate t_n is the
+  median of those over the last ``window`` steps (robust to an intermittent slow step, and
+  unbiased in ratio for a multiplicative slowdown). The optimal shares for t are the
+  makespan-optimal ones: T* = the smallest T with sum_n max(floor, floor(T / t_n)) >= N M,
+  m_n = floor(T* / t_n), then trimmed to N M (:func:`optimal_shares`); the fluid shares are
+  x_n = N M (1/t_n) / sum_k (1/t_k), with T_x = x_n t_n their common finish time, and
+  m_n t_n <= max(t_n, T_x + max_k t_k), m_n >= floor(x_n) - 1 where the floor binds no
+  rank. Hysteresis: the shares move only when the predicted step time max_n m_n t_n would
+  shrink by more than ``hysteresis`` plus NOISE_Z + sqrt(2 ln N) standard errors of the
+  estimates (from their median absolute deviation over the window), so i.i.d. noise does
+  not move them.
+
+``then=dropcompute`` composes DropCompute's threshold on top, for the intermittent noise
+that no share can predict (optax-style ``chain``: rebalance supplies the shares, DropCompute
+the threshold tau and the weights, which are the same C_n/M over N). DropCompute's
+Algorithm 2 measures rounds of M units; a rank with m_n != M is shown to it as M units along
+its measured cumulative time (:func:`on_nominal_units`), exact when m_n = M.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from typing import Any, ClassVar
+
+import numpy as np
+
+from tailtrain.errors import UsageError
+from tailtrain.spec import Spec
+from tailtrain.strategies.base import (
+    AllreducePlan,
+    ArrivalColumns,
+    Context,
+    Selection,
+    StepStats,
+    Strategy,
+    Topology,
+    WeightContract,
+    Weighting,
+)
+from tailtrain.strategies.dropcompute import KEYS as DROPCOMPUTE_KEYS
+from tailtrain.strategies.dropcompute import DropCompute, parse_options
+
+#: standard errors of the estimates a predicted gain must exceed before the shares move, on
+#: top of sqrt(2 ln N), the expected largest of N standard normal deviations
+NOISE_Z = 3.0
+#: median absolute deviation to standard deviation (normal), and the median's efficiency
+MAD_SCALE, MEDIAN_SE = 1.4826, 1.2533
+REBALANCE_KEYS = ("warmup", "window", "hysteresis", "floor", "then")
+THEN = ("dropcompute",)
+
+
+@dataclass(frozen=True)
+class RebalanceState:
+    """Shares in force, the window of per-step mean micro-batch times (W, N) and the
+    composed rule's state."""
+
+    n_workers: int
+    micro_batches: int
+    shares: np.ndarray
+    window: np.ndarray
+    step: int = 0
+    moves: int = 0
+    inner: Any = None
+
+
+@dataclass(frozen=True)
+class Rebalance(Strategy):
+    """Per-rank micro-batch shares proportional to measured speed (module docstring)."""
+
+    name: str = "rebalance"
+    warmup: int = 10
+    window: int = 50
+    hysteresis: float = 0.05
+    floor: int = 1
+    then: DropCompute | None = None
+    text: str = field(default="", compare=False)
+    topology: ClassVar[Topology] = Topology.ALLREDUCE
+    #: C_n / M over N: a rank's weight is its own count (DropCompute Eq. 1)
+    weights: ClassVar[WeightContract] = WeightContract.OWN_COUNTS
+    #: the plan deals per-rank shares (``AllreducePlan.shares``): only engines that deal them
+    needs: ClassVar[frozenset[str]] = frozenset({"shares"})
+
+    def init(self, ctx: Context) -> RebalanceState:
+        n, m = ctx.n_workers, ctx.micro_batches
+        if self.floor > m:
+            raise UsageError(
+                f"{self.describe()!r}: floor={self.floor} exceeds the {m} micro-batches a "
+                "rank computes per step; lower floor or raise --micro-batches"
+            )
+        return RebalanceState(
+            n_workers=n,
+            micro_batches=m,
+            shares=np.full(n, m, dtype=np.int64),
+            window=np.full((self.window, n), np.nan),
+            inner=None if self.then is None else self.then.init(ctx),
+        )
+
+    def plan(self, state: RebalanceState) -> AllreducePlan:
+        """The shares in force (all M until they move: a sync round) and the composed
+        rule's threshold."""
+        base = (
+            AllreducePlan(k=state.n_workers) if self.then is None else self.then.plan(state.inner)
+        )
+        return replace(base, shares=tuple(state.shares.tolist()))
+
+    def select(self, state: RebalanceState, arrivals: ArrivalColumns) -> Selection:
+        """Weights (C_n / M) / N: each rank by the samples it contributed."""
+        if self.then is not None:
+            return self.then.select(state.inner, arrivals)
+        index = np.arange(len(arrivals))
+        return Selection(now=Weighting.of(arrivals, index, arrivals.units, total=state.n_workers))
+
+    def adapt(self, state: RebalanceState, stats: StepStats) -> RebalanceState:
+        """Record the step's per-rank mean micro-batch time; after the warm-up, move the
+        shares when the gain clears the hysteresis."""
+        times = stats.micro_batch_times
+        inner = state.inner
+        if self.then is not None:
+            nominal = (
+                None
+                if times is None
+                else on_nominal_units(times, state.shares, state.micro_batches)
+            )
+            inner = self.then.adapt(inner, replace(stats, micro_batch_times=nominal))
+        window = state.window
+        if times is not None and self.window:
+            window = window.copy()
+            window[state.step % self.window] = per_unit_time(times)
+        state = replace(state, step=state.step + 1, window=window, inner=inner)
+        if state.step < self.warmup:
+            return state
+        return self._moved(state)
+
+    def _moved(self, state: RebalanceState) -> RebalanceState:
+        filled = state.window[: min(state.step, self.window)]
+        estimate = robust_estimate(filled)
+        if estimate is None:
+            return state
+        t, noise = estimate
+        total = state.n_workers * state.micro_batches
+        candidate = optimal_shares(t, total, self.floor)
+        now, best = makespan(state.shares, t), makespan(candidate, t)
+        if now <= best * (1.0 + self.hysteresis + noise):
+            return state
+        return replace(state, shares=candidate, moves=state.moves + 1)
+
+    def describe(self) -> str:
+        return self.text or self.name
+
+
+def per_unit_time(times: np.ndarray) -> np.ndarray:
+    """Each rank's mean measured micro-batch time this step (NaN: none measured)."""
+    times = np.asarray(times, dtype=np.float64)
+    count = np.count_nonzero(~np.isnan(times), axis=1)
+    total = np.nansum(times, axis=1)
+    return np.where(count > 0, total / np.maximum(count, 1), np.nan)
+
+
+def robust_estimate(window: np.ndarray) -> tuple[np.ndarray, float] | None:
+    """(t_n, relative noise) from per-step mean times (W, N): t_n the median over steps, the
+    noise NOISE_Z + sqrt(2 ln N) standard errors of a median (the largest of N estimates
+    errs by about sqrt(2 ln N) of them), from the ranks' median relative MAD. None
+    while some rank has no measurement (its speed is unknown)."""
+    seen = np.count_nonzero(~np.isnan(window), axis=0)
+    if window.size == 0 or seen.min() == 0:
+        return None
+    t = np.nanmedian(window, axis=0)
+    if not (t > 0).all():
+        return None
+    spread = MAD_SCALE * np.nanmedian(np.abs(window - t), axis=0) / t
+    z = NOISE_Z + math.sqrt(2.0 * math.log(window.shape[1]))
+    noise = z * MEDIAN_SE * float(np.median(spread)) / math.sqrt(float(seen.min()))
+    return t, noise
+
+
+def makespan(shares: np.ndarray, t: np.ndarray) -> float:
+    """The step's compute time max_n m_n t_n with per-micro-batch times t."""
+    return float((shares * t).max())
+
+
+def optimal_shares(t: np.ndarray, total: int, floor: int = 1) -> np.ndarray:
+    """Integer shares m_n >= ``floor``, sum ``total``, minimising max_n m_n t_n.
+
+    T* is the smallest T with sum_n max(floor, floor(T / t_n)) >= total: bisected around
+    the fluid optimum total / sum(1/t) (every count only grows with T) until the counts sum
+    to the total, which they then do at T* too; where ties at T* keep a surplus, it is taken
+    back from the ranks that finish last. Vectorised: a few dozen passes over N.
+    """
+    t = np.asarray(t, dtype=np.float64)
+    n = t.size
+    if floor * n > total:
+        raise UsageError(f"a floor of {floor} micro-batches for {n} ranks exceeds {total}")
+    if floor * n == total:
+        return np.full(n, floor, dtype=np.int64)
+    fluid = total / float((1.0 / t).sum())
+    # at fluid + (floor + 1) t_max every rank has >= x_n; below fluid - t_max, at most x_n - 1
+    high, low = fluid + float(t.max()) * (floor + 1), max(0.0, fluid - float(t.max()))
+    if counts(low, t, floor).sum() >= total:
+        low = 0.0  # the floors alone reach the total there
+    for _ in range(100):
+        got = counts(high, t, floor).sum()
+        if got == total or high - low <= high * 1e-15:
+            break  # equal: counts(T*) = counts(high), as counts only grow with T
+        mid = 0.5 * (low + high)
+        if counts(mid, t, floor).sum() >= total:
+            high = mid
+        else:
+            low = mid
+    shares = counts(high, t, floor)
+    return trimmed(shares, t, int(shares.sum()) - total, floor)
+
+
+def counts(deadline: float, t: np.ndarray, floor: int) -> np.ndarray:
+    """Micro-batches each rank finishes by ``deadline``, at least ``floor``."""
+    counted = np.floor(deadline / t)
+    np.maximum(counted, floor, out=counted)  # in place: N can be 10^6, bisected ~50 times
+    return counted.astype(np.int64)
+
+
+def trimmed(shares: np.ndarray, t: np.ndarray, surplus: int, floor: int) -> np.ndarray:
+    """Take ``surplus`` micro-batches back, one at a time from the rank finishing last."""
+    shares = shares.copy()
+    while surplus > 0:
+        finish = np.where(shares > floor, shares * t, -np.inf)
+        take = np.argsort(-finish, kind="stable")[:surplus]
+        take = take[np.isfinite(finish[take])]
+        shares[take] -= 1
+        surplus -= take.size
+    return shares
+
+
+def on_nominal_units(times: np.ndarray, shares: np.ndarray, micro_batches: int) -> np.ndarray:
+    """A round of uneven shares as a round of M units each, for DropCompute's Algorithm 2.
+
+    Rank n's measured cumulative time over its c_n completed units (NaN after them) is read
+    at M evenly spaced fractions of its share s_n: pseudo-unit u ends when rank n has done
+    u s_n / M of its units (linear within a unit); a pseudo-unit past c_n is NaN, not done.
+    The same array when every share is M.
+    """
+    times = np.asarray(times, dtype=np.float64)
+    if times.shape[1] == micro_batches and bool((shares == micro_batches).all()):
+        return times
+    n = times.shape[0]
+    done = np.count_nonzero(~np.isnan(times), axis=1)
+    cumulative = np.concatenate([np.zeros((n, 1)), np.nancumsum(times, axis=1)], axis=1)
+    out = np.full((n, micro_batches), np.nan)
+    for rank in range(n):  # a composed rule's calibration rounds only, N small
+        points = np.arange(1, micro_batches + 1) * shares[rank] / micro_batches
+        valid = points <= done[rank] + 1e-9
+        if not valid.any():
+            continue
+        grid = np.arange(done[rank] + 1)
+        ends = np.interp(points[valid], grid, cumulative[rank, : done[rank] + 1])
+        out[rank, : valid.sum()] = np.diff(ends, prepend=0.0)
+    return out
+
+
+# ---- builder ------------------------------------------------------------------------------
+def build_rebalance(spec: Spec) -> Rebalance:
+    """``rebalance[:warmup=STEPS][,window=STEPS][,hysteresis=GAIN][,floor=MICRO_BATCHES]
+    [,then=dropcompute[,DropCompute's options]]``.
+
+    ``then=dropcompute`` composes DropCompute's threshold (``threshold=auto`` by default)
+    rather than adding a ``dropcompute=`` option: its own options then read as they do in
+    ``dropcompute:...``, and the composition is one rule chained after another."""
+    then = spec.get_str("then", "") or None
+    if then is not None and then not in THEN:
+        raise UsageError(f"{spec.text!r}: then={then!r} is unknown; use one of {', '.join(THEN)}")
+    spec.require_known(REBALANCE_KEYS + (DROPCOMPUTE_KEYS if then else ()))
+    window = spec.get_int("window", 50, minimum=1)
+    warmup = spec.get_int("warmup", min(10, window), minimum=1)
+    return Rebalance(
+        warmup=warmup,
+        window=window,
+        hysteresis=spec.get_float("hysteresis", 0.05, minimum=0.0),
+        floor=spec.get_int("floor", 1, minimum=1),
+        then=None if then is None else _dropcompute(spec),
+        text=spec.text,
+    )
+
+
+def _dropcompute(spec: Spec) -> DropCompute:
+    options = parse_options(spec, default="auto")
+    if options["compensate"] in ("larger-batch", "resample"):
+        raise UsageError(
+            f"{spec.text!r}: compensate={options['compensate']} changes the micro-batches a "
+            "rank computes, which rebalance's shares decide; use none or extra-steps"
+        )
+    return DropCompute(name="dropcompute", **options)

@@ -1,0 +1,149 @@
+"""The allreduce simulator with per-rank shares (``strategies.rebalance``): sync's global
+batch dealt by shares, equal speeds equal sync bit for bit, the weighted update is
+single-process SGD on the concatenated samples, and the shares land in the record."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tailtrain.core.scenario import Scenario, World
+from tailtrain.sim.allreduce.engine import AllreduceEngine
+from tailtrain.sim.allreduce.timing import share_rule, stop_rule
+from tailtrain.sim.run import simulate
+from tailtrain.strategies.base import AllreducePlan, Context
+from tailtrain.strategies.registry import parse_strategy
+from tailtrain.tasks.stream import deal
+
+NOISE = "const:value=0.01+dropcompute-noise:scale=0.01"  # DropCompute App. B.1, i.i.d.
+
+
+class CaptureTask:
+    """Delegates to a task and keeps the parameters of the last evaluation."""
+
+    def __init__(self, task) -> None:
+        self._task = task
+        self.theta = None
+
+    def __getattr__(self, name):
+        return getattr(self._task, name)
+
+    def evaluate(self, theta):
+        self.theta = theta.clone()
+        return self._task.evaluate(theta)
+
+
+def run(text: str, scenario: Scenario, seed: int = 0):
+    world = World.build(scenario, seed)
+    task = CaptureTask(world.task)
+    record = simulate(scenario, parse_strategy(text), seed, task=task)
+    return record, task.theta
+
+
+def test_deal_hands_out_the_global_batch_in_order():
+    batches = np.arange(3 * 2 * 1).reshape(3, 2, 1)  # micro-batches 0..5, worker-major
+    dealt = deal(batches, np.array([3, 1, 2]))
+    assert dealt[0, :3, 0].tolist() == [0, 1, 2]
+    assert dealt[1, :1, 0].tolist() == [3]
+    assert dealt[2, :2, 0].tolist() == [4, 5]
+    np.testing.assert_array_equal(deal(batches, np.array([2, 2, 2])), batches)
+
+
+@pytest.mark.parametrize("text", ["rebalance:warmup=2", "rebalance:warmup=2,then=dropcompute"])
+def test_equal_speeds_give_syncs_run_bit_for_bit(text):
+    """i.i.d. noise moves no share, so rebalance is sync's run (and with DropCompute on top,
+    DropCompute's): same draws, same data, same parameters, same clock."""
+    scenario = Scenario(
+        task="logreg", workers=4, micro_batches=3, delay=NOISE, iterations=30, eval_every=10
+    )
+    record, theta = run(text, scenario)
+    base, base_theta = run("sync" if "then" not in text else "dropcompute", scenario)
+    assert all(row["shares"] == [3] * 4 for row in record.steps)
+    assert record.column("loss").tolist() == base.column("loss").tolist()
+    assert record.column("time").tolist() == base.column("time").tolist()
+    assert torch.equal(theta, base_theta)
+
+
+def test_the_weighted_update_is_single_process_sgd_on_the_dealt_samples():
+    scenario = Scenario(
+        task="logreg", workers=4, micro_batches=4, delay="const:value=1", iterations=1
+    )
+    world = World.build(scenario, 0)
+    engine = AllreduceEngine(world)
+    rule = parse_strategy("rebalance")
+    state = rule.init(Context(n_workers=4, micro_batches=4))
+    plan = AllreducePlan(k=4, shares=(7, 1, 5, 3))
+    before = engine.learner.theta.clone()
+    played = engine.play(plan)
+    assert played.candidates.units.tolist() == [7 / 4, 1 / 4, 5 / 4, 3 / 4]
+    engine.apply(plan, rule.select(state, played.candidates), played)
+    # every micro-batch of the step sync would draw, once, in one process
+    samples = engine.learner.batches(0, 4).reshape(16, -1)
+    _, grads = world.task.grads(before, samples)
+    expected = before - world.lr * grads.mean(dim=0)
+    # float32 parameters: only the order of the sums differs
+    torch.testing.assert_close(engine.learner.theta, expected, rtol=1e-5, atol=1e-7)
+    # averaging the ranks' gradients equally instead would weigh rank 1's one micro-batch
+    # as much as rank 0's seven: a different step
+    owners = np.repeat(np.arange(4), [7, 1, 5, 3])
+    per_rank = torch.stack([grads[torch.from_numpy(owners == r)].mean(0) for r in range(4)])
+    unweighted = before - world.lr * per_rank.mean(dim=0)
+    assert not torch.allclose(engine.learner.theta, unweighted, rtol=1e-5, atol=1e-7)
+
+
+def test_a_persistent_slowdown_moves_the_shares_and_the_record_keeps_them():
+    scenario = Scenario(
+        task="none",
+        workers=8,
+        micro_batches=12,
+        delay=NOISE,
+        pattern="slowdown:at=0,fraction=0.5,factor=1.4",
+        iterations=40,
+    )
+    record = simulate(scenario, parse_strategy("rebalance"), 0)
+    sync = simulate(scenario, parse_strategy("sync"), 0)
+    for row in record.steps:
+        assert sum(row["shares"]) == 96 and min(row["shares"]) >= 1
+        assert row["completed"] == row["shares"] and row["drop_rate"] == 0.0
+    last = np.array(record.steps[-1]["shares"])
+    assert sorted(last)[:4] == sorted(last[last < 12]) and (last < 12).sum() == 4
+    late = slice(20, None)
+    assert record.column("time")[-1] < sync.column("time")[-1]
+    assert record.column("compute_time")[late].mean() < sync.column("compute_time")[late].mean()
+
+
+def test_train_and_a_users_loop_refuse_it_before_anything_runs():
+    from tailtrain.errors import UsageError
+    from tailtrain.integrate.rounds import as_strategy
+
+    with pytest.raises(UsageError, match="needs shares") as refused:
+        as_strategy("rebalance")
+    assert "\n" not in str(refused.value)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    st.integers(1, 6),
+    st.integers(1, 5),
+    st.sampled_from([0.5, 1.5, 3.0, float("inf")]),
+    st.booleans(),
+    st.integers(0, 2**32 - 1),
+)
+def test_equal_shares_stop_as_syncs_rounds_do(n, m, tau, preempt, seed):
+    """share_rule with every share M is stop_rule, for both stopping conventions; a share
+    counts only its own units."""
+    times = np.random.default_rng(seed).exponential(0.5, (n, 3 * m))
+    ours = share_rule(times[:, :m], np.full(n, m), m, tau, preempt)
+    theirs = stop_rule(times[:, :m], tau, preempt)
+    for field in ("done", "compute", "full"):
+        np.testing.assert_array_equal(getattr(ours, field), getattr(theirs, field))
+    shares = np.random.default_rng(seed + 1).integers(1, 3 * m + 1, n)
+    uneven = share_rule(times, shares, m, tau, preempt)
+    assert (uneven.done <= shares).all()
+    if tau == float("inf"):
+        np.testing.assert_array_equal(uneven.done, shares)
+        own = np.where(np.arange(3 * m) < shares[:, None], times, 0.0).sum(axis=1)
+        np.testing.assert_allclose(uneven.compute, own)

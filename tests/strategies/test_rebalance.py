@@ -1,0 +1,238 @@
+"""The rebalance rule: optimal shares, convergence to the speed ratio, hysteresis under noise,
+sum N M and the floor in every step, weights, composition and its state dict."""
+
+from __future__ import annotations
+
+import io
+import itertools
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tailtrain.errors import UsageError
+from tailtrain.strategies.base import ArrivalColumns, Context, StepStats, Topology, check_contract
+from tailtrain.strategies.rebalance import makespan, on_nominal_units, optimal_shares
+from tailtrain.strategies.registry import parse_strategy
+
+
+def feed(rule, state, times: np.ndarray, step: int):
+    """One step: every rank measured the first ``shares`` of ``times`` (N, U) columns."""
+    shares = state.shares
+    width = int(shares.max())
+    t = times[:, :width] if times.shape[1] >= width else np.tile(times, (1, width))[:, :width]
+    t = np.where(np.arange(width) < shares[:, None], t, np.nan)
+    stats = StepStats(step=step, version=step + 1, time=0.0, k=len(shares), micro_batch_times=t)
+    return rule.adapt(state, stats)
+
+
+def check_shares(state) -> None:
+    assert state.shares.sum() == state.n_workers * state.micro_batches
+    assert state.shares.min() >= 1
+
+
+# ---- optimal shares -----------------------------------------------------------------------
+def brute_force(t: np.ndarray, total: int, floor: int) -> float:
+    best = np.inf
+    for shares in itertools.product(range(floor, total + 1), repeat=len(t)):
+        if sum(shares) == total:
+            best = min(best, makespan(np.array(shares), t))
+    return best
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(st.floats(0.1, 5.0), min_size=1, max_size=4),
+    st.integers(1, 4),
+    st.integers(1, 2),
+)
+def test_optimal_shares_minimise_the_step_time(times, per_rank, floor):
+    t = np.array(times)
+    total = len(t) * max(per_rank, floor)
+    shares = optimal_shares(t, total, floor)
+    assert shares.sum() == total and shares.min() >= floor
+    assert makespan(shares, t) == pytest.approx(brute_force(t, total, floor), rel=1e-9)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.floats(0.01, 10.0), min_size=1, max_size=200), st.integers(1, 32))
+def test_optimal_shares_follow_the_speed_ratio(times, per_rank):
+    """x_n = N M (1/t_n) / sum(1/t): m_n t_n <= x_n t_n + t_max, and m_n >= floor(x_n) - 1
+    where the floor of one micro-batch binds no rank (x_n >= 1)."""
+    t = np.array(times)
+    total = len(t) * per_rank
+    shares = optimal_shares(t, total)
+    fluid = total / (1 / t).sum()
+    assert shares.sum() == total and shares.min() >= 1
+    assert (shares * t <= np.maximum(t, fluid + t.max()) * (1 + 1e-9)).all()
+    if (fluid / t >= 1).all():
+        assert (shares >= np.floor(fluid / t) - 1).all()
+
+
+# ---- the rule over steps ------------------------------------------------------------------
+@settings(max_examples=40, deadline=None)
+@given(
+    st.integers(2, 16),
+    st.integers(2, 16),
+    st.floats(1.2, 3.0),
+    st.floats(0.05, 0.6),
+    st.floats(0.001, 1.0),
+)
+def test_shares_converge_to_the_speed_ratio_under_a_persistent_slowdown(
+    n, m, factor, fraction, scale
+):
+    rule = parse_strategy("rebalance:warmup=5")
+    state = rule.init(Context(n_workers=n, micro_batches=m))
+    slow = max(1, round(fraction * n))
+    t = np.full(n, scale)
+    t[:slow] *= factor
+    for step in range(8):
+        state = feed(rule, state, np.repeat(t[:, None], 4 * m, axis=1), step)
+        check_shares(state)
+    best = makespan(optimal_shares(t, n * m), t)
+    assert makespan(state.shares, t) <= best * (1 + rule.hysteresis) * (1 + 1e-9)
+    if makespan(np.full(n, m), t) > best * (1 + rule.hysteresis) * (1 + 1e-9):
+        assert makespan(state.shares, t) == pytest.approx(best, rel=1e-9)
+        assert state.shares[:slow].max() < m  # the slow ranks gave work away
+        assert rule.plan(state).shares == tuple(state.shares.tolist())
+
+
+LAWS = {
+    "exp": lambda rng, size: rng.exponential(1.0, size),
+    "gamma": lambda rng, size: rng.gamma(2.0, 1.0, size),
+    "lognormal": lambda rng, size: rng.lognormal(0.0, 0.75, size),
+    "uniform": lambda rng, size: rng.uniform(0.5, 1.5, size),
+    "dropcompute-noise": lambda rng, size: (
+        1.0 + np.minimum(rng.lognormal(4.0, 1.0, size) / (2 * np.exp(4.5)), 5.5)
+    ),
+}
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    st.sampled_from(sorted(LAWS)),
+    st.integers(2, 16),
+    st.integers(2, 16),
+    st.floats(0.001, 10.0),
+    st.integers(0, 2**32 - 1),
+)
+def test_shares_do_not_move_under_iid_noise(law, n, m, scale, seed):
+    rule = parse_strategy("rebalance")
+    state = rule.init(Context(n_workers=n, micro_batches=m))
+    rng = np.random.default_rng(seed)
+    for step in range(100):
+        state = feed(rule, state, scale * LAWS[law](rng, (n, m)), step)
+        assert state.moves == 0 and rule.plan(state).shares == (m,) * n
+    check_shares(state)
+
+
+def test_noisy_persistent_slowdown_still_moves_the_shares():
+    """DropCompute's noise on a 1.5x straggler among 8: the shares move by the end of the
+    warm-up, give the straggler about two thirds of a share, and the step's expected compute
+    time is within the hysteresis of the optimum."""
+    rule = parse_strategy("rebalance")
+    state = rule.init(Context(n_workers=8, micro_batches=12))
+    rng = np.random.default_rng(0)
+    factor = np.array([1.0] * 7 + [1.5])
+    for step in range(30):
+        state = feed(rule, state, factor[:, None] * LAWS["dropcompute-noise"](rng, (8, 24)), step)
+        check_shares(state)
+    assert state.moves >= 1
+    assert 7 <= state.shares[-1] <= 9
+    assert makespan(state.shares, factor) <= 1.05 * makespan(optimal_shares(factor, 96), factor)
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(1, 6), st.integers(3, 8))
+def test_the_floor_holds_for_a_rank_that_never_keeps_up(floor, m):
+    rule = parse_strategy(f"rebalance:warmup=2,floor={floor}")
+    state = rule.init(Context(n_workers=4, micro_batches=max(m, floor)))
+    t = np.array([1.0, 1.0, 1.0, 1000.0])
+    for step in range(4):
+        state = feed(rule, state, np.repeat(t[:, None], 40, axis=1), step)
+        check_shares(state)
+        assert state.shares.min() >= floor
+    assert state.shares[-1] == floor
+
+
+def test_weights_count_the_samples_each_rank_contributed():
+    """w_n = (C_n / M) / N: sum_n w_n G_n is the mean over every micro-batch."""
+    rule = parse_strategy("rebalance")
+    state = rule.init(Context(n_workers=3, micro_batches=4))
+    done = np.array([6, 4, 2])
+    cols = ArrivalColumns.of(
+        np.arange(3), np.zeros(3, int), np.zeros(3), np.zeros(3), units=done / 4
+    )
+    now = rule.select(state, cols).now
+    np.testing.assert_allclose(now.normalised(), done / 12)
+    assert now.total == 3
+
+
+# ---- composition, state, refusals ---------------------------------------------------------
+def run_steps(rule, n=4, m=6, steps=25):
+    state = rule.init(Context(n_workers=n, micro_batches=m))
+    rng = np.random.default_rng(3)
+    factor = np.array([1.0] * (n - 1) + [2.0])
+    for step in range(steps):
+        state = feed(rule, state, factor[:, None] * rng.uniform(0.9, 1.1, (n, 2 * m)), step)
+    return state
+
+
+@pytest.mark.parametrize("text", ["rebalance:warmup=3", "rebalance:warmup=3,then=dropcompute"])
+def test_state_round_trips_through_a_state_dict(text):
+    rule = parse_strategy(text)
+    state = run_steps(rule)
+    assert state.moves >= 1
+    buffer = io.BytesIO()
+    torch.save(rule.state_dict(state), buffer)
+    buffer.seek(0)
+    back = rule.load_state_dict(torch.load(buffer, weights_only=True))
+    np.testing.assert_array_equal(back.shares, state.shares)
+    np.testing.assert_array_equal(back.window, state.window)
+    assert rule.plan(back) == rule.plan(state)
+    assert (back.step, back.moves, back.inner) == (state.step, state.moves, state.inner)
+
+
+def test_then_dropcompute_keeps_the_shares_and_takes_its_threshold():
+    rule = parse_strategy("rebalance:warmup=3,then=dropcompute,calibrate=5")
+    state = run_steps(rule)
+    plan = rule.plan(state)
+    assert plan.shares == tuple(state.shares.tolist())
+    assert np.isfinite(plan.threshold)  # Algorithm 2 has run on the rebalanced rounds
+    assert state.inner.tau == plan.threshold
+
+
+def test_rounds_of_equal_shares_reach_dropcompute_unchanged():
+    times = np.arange(12.0).reshape(3, 4)
+    assert on_nominal_units(times, np.full(3, 4), 4) is times
+    uneven = on_nominal_units(np.array([[1.0] * 6, [2.0] * 2 + [np.nan] * 4]), np.array([6, 2]), 4)
+    np.testing.assert_allclose(uneven[0], [1.5] * 4)  # six units read as four
+    np.testing.assert_allclose(uneven[1], [1.0] * 4)  # two units read as four
+
+
+@pytest.mark.parametrize(
+    "text, words",
+    [
+        ("rebalance:then=sync", "then='sync' is unknown"),
+        ("rebalance:threshold=1", "does not take parameter 'threshold'"),
+        ("rebalance:then=dropcompute,compensate=resample", "compensate=resample"),
+        ("rebalance:hysteresis=-1", "must be >= 0"),
+    ],
+)
+def test_bad_specs_are_refused_in_one_line(text, words):
+    with pytest.raises(UsageError, match=words):
+        parse_strategy(text)
+
+
+def test_a_floor_above_m_is_refused():
+    with pytest.raises(UsageError, match="floor=5 exceeds the 4 micro-batches"):
+        parse_strategy("rebalance:floor=5").init(Context(n_workers=2, micro_batches=4))
+
+
+def test_an_engine_that_does_not_deal_shares_refuses_it():
+    rule = parse_strategy("rebalance")
+    with pytest.raises(UsageError, match="needs shares, which this entry"):
+        check_contract(rule, Topology.ALLREDUCE)
+    check_contract(rule, Topology.ALLREDUCE, frozenset({"shares"}))
