@@ -303,7 +303,9 @@ def fig9(out: Path, quick: bool) -> Report:
                 "(T_hat_8 = 1 s, T_hat_16 = 5 s), but its gain estimate (Eqs. 9-16) puts "
                 "G_8 below G_16 / 5 once the gradient norm is small against the variance of "
                 "32-sample gradients, so it goes back to k = 16; the paper's MNIST batches "
-                "of 500 have a 16x smaller variance.",
+                "of 500 have a 16x smaller variance. The paper allows for it (§3.3): 'it may "
+                "happen then that G_hat < 0, even if E[Delta F] > 0. In this situation, DBW's "
+                "choice of k_t may not be optimal, as we observe in some settings in Sect. 4.3'.",
                 unit=" (share)",
             ),
             f"DBW's k_t before the slowdown: {table.rows[0][1]:.3g} (paper: 16). With constant "
