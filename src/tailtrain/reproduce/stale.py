@@ -365,6 +365,11 @@ def _mean_time(records, target: float) -> float:
 
 
 def _fig11_verdict(regime: str, variant: str, target: float, ada: float, fixed: float) -> str:
+    if not math.isfinite(ada) and not math.isfinite(fixed):
+        return (
+            f"{regime}, {variant}, loss {target:g}: neither AdaSync nor a fixed K reaches it "
+            "in every run within the budget."
+        )
     if not math.isfinite(ada):
         return (
             f"{regime}, {variant}, loss {target:g}: AdaSync does not reach it within the "
