@@ -7,9 +7,11 @@ import math
 import numpy as np
 import pytest
 
+from tailtrain.core.records import RunRecord
 from tailtrain.reproduce.lgc import UnscaledLgc, lgc
 from tailtrain.reproduce.report import Report, Table, gap
 from tailtrain.reproduce.runs import Sizes
+from tailtrain.reproduce.stale import _fig11_verdict, _mean_time
 from tailtrain.strategies.base import Context
 from tailtrain.strategies.registry import parse_strategy
 from tailtrain.strategies.testing import arrivals, weights
@@ -75,3 +77,17 @@ def test_unscaled_lgc_weights_partial_work_one_over_n():
 
 def test_lgc_spec_helper_matches_the_paper_setup():
     assert parse_strategy(lgc()).describe() == "lgc:k=7,blocks=4,warmup=2"
+
+
+def test_fig11_times_come_from_the_evaluations_and_never_reached_is_inf():
+    def record(losses):
+        r = RunRecord()
+        r.evals = [{"time": float(t), "train_loss": x} for t, x in enumerate(losses)]
+        return r
+
+    fast, slow = record([2.0, 1.0, 0.5]), record([2.0, 1.5, 1.0])
+    assert _mean_time([fast], 0.5) == 2.0 and _mean_time([fast], 0.75) == 1.5
+    assert _mean_time([fast, slow], 0.5) == math.inf  # one run never got there
+    assert "beats every fixed K" in _fig11_verdict("r", "k-sync", 0.5, 1.0, 2.0)
+    assert "1.5x" in _fig11_verdict("r", "k-sync", 0.5, 3.0, 2.0)
+    assert "neither" in _fig11_verdict("r", "k-sync", 0.5, math.inf, math.inf)

@@ -121,6 +121,47 @@ def test_resumed_run_is_byte_identical(case, tmp_path, capsys, monkeypatch, smal
     assert not (cut / checkpoint.FILENAME).exists()  # a finished run keeps none
 
 
+# with a communication model: each topology's T^c stream (``delays.schedule.CommStream``)
+COMM_CASES = {name: [*CASES[name], "--comm-time", "exp:rate=4"] for name in CASES}
+
+
+def _as_before_comm_stream(state: dict) -> dict:
+    """A checkpoint as written before the three T^c samplers became one ``CommStream``: the
+    owners held the generator (and RoundClock its buffer), the timeline its own version
+    array, the driver an unread "nonfinite" count."""
+    engine = state["engine"]
+    for part in ("durations", "clock"):
+        if part in engine:
+            comm = engine[part].pop("comm")
+            engine[part]["_comm_rng"] = comm["_rng"]
+            if part == "clock":
+                engine[part]["_comm"] = comm["_left"]
+    if "timeline" in engine:
+        jobs = torch.tensor(engine["timeline"]["schedule"]["__fields__"]["jobs"])
+        engine["timeline"]["version"] = checkpoint.pack(jobs.numpy())
+    return {**state, "nonfinite": 0}
+
+
+@pytest.mark.parametrize("case", ["ps-dbw", "allreduce-dropcompute", "partial-eager"])
+@pytest.mark.parametrize("legacy", [False, True])
+def test_resume_keeps_the_comm_stream(case, legacy, tmp_path, capsys, monkeypatch, small_blocks):
+    argv = COMM_CASES[case]
+    whole, cut = tmp_path / "whole", tmp_path / "cut"
+    assert simulate(argv, whole, capsys)[0] == 0
+    monkeypatch.setattr("tailtrain.cli.simulate.step_progress", interrupting(at=8))
+    assert simulate(argv, cut, capsys, "--checkpoint-every", "3")[0] == 130
+    monkeypatch.undo()
+    if legacy:
+        path = cut / checkpoint.FILENAME
+        state = checkpoint.load(path)
+        state.pop("format")
+        checkpoint.save(path, _as_before_comm_stream(state))
+    assert main(["simulate", "--resume", str(cut), "--no-progress", "--json"]) == 0
+    capsys.readouterr()
+    for name in RECORD:
+        assert (cut / name).read_bytes() == (whole / name).read_bytes(), name
+
+
 def test_resume_takes_the_flags_from_the_run_folder(tmp_path, capsys, monkeypatch):
     cut = tmp_path / "cut"
     monkeypatch.setattr("tailtrain.cli.simulate.step_progress", interrupting(at=4))

@@ -7,7 +7,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tailtrain.delays.schedule import CommTimes
 from tailtrain.errors import UsageError
 from tailtrain.sim.partial.collectives import (
     Network,
@@ -105,18 +104,6 @@ def test_errors_are_usage_errors():
         resolve_round([0.0, np.inf], Collective.MAJORITY, NET, initiator=1)
     with pytest.raises(UsageError):
         Network(hop=-1.0)
-
-
-def test_comm_times():
-    assert CommTimes(None, 0).next() == 0.0
-    assert CommTimes("0.25", 0).next() == 0.25
-    a, b = CommTimes("exp:rate=4", 3), CommTimes("exp:rate=4", 3)
-    draws = [a.next() for _ in range(5)]
-    assert draws == [b.next() for _ in range(5)] and len(set(draws)) == 5
-    with pytest.raises(UsageError):
-        CommTimes("-1", 0)
-    with pytest.raises(UsageError):
-        CommTimes("nope:x=1", 0)
 
 
 # --- the microbenchmark (eager-SGD Fig. 8) ---------------------------------------------------

@@ -94,7 +94,7 @@ def run_timeline(table, n, ks, mode, accept_stale, drain=False):
     out = []
     for version, k in enumerate(ks):
         tl.begin(version, mode, accept_stale)
-        got = tl.collect(k, version, mode, accept_stale, drain=drain)
+        got = tl.collect(k, version, accept_stale, drain=drain)
         a = got.arrivals
         out.append(
             list(
@@ -182,7 +182,7 @@ def drive(table, n, ks, mode, accept_stale, drain=False):
         if mode.interrupts:
             jobs += running(False)  # cut short at the update
         tl.begin(version, mode, accept_stale)
-        got = tl.collect(k, version, mode, accept_stale, drain=drain)
+        got = tl.collect(k, version, accept_stale, drain=drain)
         a = got.arrivals
         jobs += list(zip(a.worker, got.jobs, a.start, a.finish, [True] * len(a), strict=True))
     return jobs + running(True)
@@ -243,7 +243,7 @@ def test_partial_blocks_count_real_micro_batch_times(data):
     tl = ServerTimeline(JobDurations(TableProcess(table), n), n)
     for version, k in enumerate(data.draw(st.lists(st.integers(1, n - 1), min_size=1))):
         tl.begin(version, SyncMode.PSI, False)
-        tl.collect(k, version, SyncMode.PSI, False)
+        tl.collect(k, version, False)
         workers, blocks = tl.partial_work(version, s)
         for w, r in zip(workers, blocks, strict=True):
             ends = tl.start[w] + np.cumsum(table[tl.job[w] % len(table), w])

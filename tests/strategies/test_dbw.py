@@ -252,6 +252,8 @@ def test_plan_is_sync_family_in_psi_by_default():
         ("dbw:window=5,beta=1.01", "dbw", 5, 1.01),
         ("dbw", "dbw", 5, 1.01),
         ("b-dbw:beta=1.2", "b-dbw", 5, 1.2),
+        ("b-dbw:time-window=5", "b-dbw", 5, 1.01),
+        ("dbw:mode=psw,time-window=3", "dbw", 5, 1.01),
     ],
 )
 def test_specs_parse(text, name, window, beta):
@@ -271,8 +273,17 @@ def test_specs_parse(text, name, window, beta):
         "dbw:mode=fast",
         "dbw:lr=linear",
         "b-dbw:window=5",
+        "dbw:time-window=-1",
     ],
 )
 def test_bad_specs_raise_usage_errors(text):
     with pytest.raises(UsageError):
         parse_strategy(text)
+
+
+def test_time_window_reaches_the_estimator_and_the_spec():
+    strategy = parse_strategy("b-dbw:time-window=4")
+    assert strategy.time_window == 4 and "time-window=4" in strategy.describe()
+    assert strategy.init(Context(n_workers=3)).times.window == 4
+    assert parse_strategy("dbw").init(Context(n_workers=3)).times.window == 0
+    assert "time-window" not in parse_strategy("dbw").describe()

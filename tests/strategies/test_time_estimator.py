@@ -222,3 +222,18 @@ def test_round_trip_times_pool_samples_and_solve_only_when_new_ones_came():
     np.testing.assert_array_equal(solved.expected()[2], [1.5, 2.0, 3.0])
     np.testing.assert_array_equal(solved.iteration_times(), [1.5, 2.0, 3.0])
     assert times.counts[2, 0] == 2 and RoundTripTimes.empty(3).counts.sum() == 0
+
+
+def test_a_time_window_keeps_each_cells_latest_samples():
+    times = RoundTripTimes.empty(3, window=2)
+    times = times.add(np.array([3, 3, 3, 3]), np.array([1, 2, 3, 1]), np.array([1.0, 2, 3, 2]))
+    assert times.counts[2].tolist() == [2, 1, 1] and times.sums[2].tolist() == [3.0, 2, 3]
+    # five samples of cell (3, 1) so far: only the last two count, within one call too
+    times = times.add(np.array([3, 3, 3]), np.array([1, 1, 1]), np.array([10.0, 20, 30]))
+    assert times.counts[2].tolist() == [2, 1, 1] and times.sums[2].tolist() == [50.0, 2, 3]
+    times = times.add(np.array([3, 2]), np.array([1, 1]), np.array([40.0, 7]))
+    assert times.sums[2, 0] == 70.0 and times.counts[1, 0] == 1
+    assert times.solved().ready and not times.solved().stale
+    # without a window every sample counts
+    whole = RoundTripTimes.empty(3).add(np.array([3, 3, 3]), np.array([1, 1, 1]), np.ones(3))
+    assert whole.counts[2, 0] == 3

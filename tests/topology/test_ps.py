@@ -153,5 +153,5 @@ def test_the_timeline_keeps_its_jobs_as_the_schedule_says(mode, stale):
     for version in range(8):
         timeline.begin(version, mode, stale)
         assert timeline.schedule.jobs == tuple(timeline.version.tolist())
-        timeline.collect(2, version, mode, stale)
+        timeline.collect(2, version, stale)
         assert timeline.schedule.jobs == tuple(timeline.version.tolist())

@@ -144,7 +144,9 @@ def load(path: Path) -> dict[str, Any]:
 
 #: what the scenario and seed rebuild in a delay process and in job durations
 DELAY_PROCESS_STATIC = ("model", "pattern", "notes")
-DURATIONS_STATIC = ("_process", "_comm")
+DURATIONS_STATIC = ("_process",)
+#: what the scenario and seed rebuild in a communication-time stream (``delays.CommStream``)
+COMM_STATIC = ("model", "buffer")
 #: what a model holder (trainer, learner, model store) gets from the world
 MODEL_STATIC = ("task", "partition", "update", "drawn")
 
@@ -158,3 +160,22 @@ def delay_state(process: Any) -> dict[str, Any]:
             f"cannot checkpoint the delay source {type(process).__name__}; checkpoints "
             "need the scenario's own delay process"
         ) from None
+
+
+def with_comm(owner: Any, skip: tuple[str, ...]) -> dict[str, Any]:
+    """:func:`capture` of ``owner`` but ``skip``, its T^c stream (``owner.comm``) under "comm"."""
+    return {**capture(owner, (*skip, "comm")), "comm": capture(owner.comm, COMM_STATIC)}
+
+
+def restore_with_comm(owner: Any, data: dict[str, Any]) -> None:
+    """Undo :func:`with_comm`; also reads checkpoints written before the three T^c samplers
+    became one ``CommStream``, whose owners held the generator (and a buffer) themselves."""
+    data = dict(data)
+    comm = data.pop("comm", None)
+    if comm is None and "_comm_rng" in data:
+        comm = {"_rng": data.pop("_comm_rng")}
+        if "_comm" in data:  # RoundClock's buffer of drawn rounds
+            comm["_left"] = data.pop("_comm")
+    restore(owner, data)
+    if comm is not None:
+        restore(owner.comm, comm)

@@ -1,11 +1,11 @@
 """The seeded samplers of a run's delays: when each job or round computes and communicates.
 
-Three samplers, each on its own seeded stream, shared by the simulator and the runtime
-(which injects what they draw):
+Samplers shared by the simulator and the runtime (which injects what they draw):
 
 - :class:`JobDurations`: per-worker job durations (parameter server, partial collectives);
 - :class:`RoundClock`: unit times and T^c of successive synchronous allreduce rounds;
-- :class:`CommTimes`: T^c of each partial-collective round.
+- :class:`CommStream`: the one seeded communication-time stream; both classes above draw
+  their T^c from one, and the partial collectives use one directly for each round's T^c.
 
 Job durations are drawn in bulk from a delay process.
 
@@ -21,6 +21,7 @@ compute draws unchanged, and a worker pattern's slowdown scales the compute only
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Protocol
 
 import numpy as np
@@ -39,10 +40,64 @@ class DelaySource(Protocol):
 
 
 BLOCK = 256
-#: stream of the per-job communication times, apart from the delay process's
-COMM_STREAM = 12
 #: rounds a RoundClock samples per block
 ROUND_BLOCK = 64
+
+# Each consumer keeps the stream key (and draw size) it had before the three samplers became
+# one CommStream: a different key, or a different buffer for a model whose block draws differ
+# from one-at-a-time draws (a sum of terms, a trace), changes every record made with
+# --comm-time. So three keys remain, one per consumer, on purpose.
+#: key of the per-job T^c of JobDurations (parameter server, partial-collective jobs)
+JOB_COMM_KEY = (12,)
+#: key of the per-round T^c of RoundClock (synchronous allreduce)
+ROUND_COMM_KEY = (11,)
+#: key of the per-collective T^c of the partial collectives ("comm" in ASCII)
+COLLECTIVE_COMM_KEY = (0x636F6D6D,)
+
+
+class CommStream:
+    """Seeded draws of T^c from one communication model (``--comm-time``), clipped at 0.
+
+    ``key`` picks the stream: the generator is ``default_rng((seed, *key))``, apart from the
+    delay process's, so adding ``--comm-time`` leaves the compute draws unchanged.
+    :meth:`next` draws ``buffer`` values at a time and hands them out in order, so its
+    sequence is the one that :meth:`block` of ``buffer`` values gives, call after call. For
+    most models the draws do not depend on how many are drawn at once; for a sum of terms
+    (each term is drawn as a whole block before the next) or a trace (numpy draws bounded
+    integers in pairs) they do, hence ``buffer`` is part of a stream's identity.
+    """
+
+    def __init__(
+        self, model: DelayModel | None, seed: int, key: Sequence[int], buffer: int = 1
+    ) -> None:
+        if buffer < 1:
+            raise ValueError(f"CommStream buffer must be >= 1, got {buffer}")
+        self.model = model
+        self.buffer = buffer
+        self._rng = np.random.default_rng((seed, *key))
+        self._left: np.ndarray = np.empty(0)
+
+    @classmethod
+    def from_spec(
+        cls, spec: str | None, seed: int, key: Sequence[int], buffer: int = 1
+    ) -> CommStream:
+        """A stream of ``Scenario.comm_time``: seconds (``"0.05"``) or a delay spec."""
+        return cls(parse_comm_time(spec), seed, key, buffer)
+
+    def block(self, shape: int | tuple[int, ...]) -> np.ndarray:
+        """The next draws, as an array of ``shape`` (zeros without a model)."""
+        if self.model is None:
+            return np.zeros(shape)
+        return np.maximum(self.model.sample(self._rng, shape), 0.0)
+
+    def next(self) -> float:
+        """T^c of the next job or round (0 without a model)."""
+        if self.model is None:
+            return 0.0
+        if self._left.size == 0:
+            self._left = self.block(self.buffer)
+        value, self._left = float(self._left[0]), self._left[1:]
+        return value
 
 
 class JobDurations:
@@ -59,8 +114,7 @@ class JobDurations:
         seed: int = 0,
     ) -> None:
         self._process = process
-        self._comm = comm
-        self._comm_rng = np.random.default_rng((seed, COMM_STREAM))
+        self.comm = CommStream(comm, seed, JOB_COMM_KEY)
         self._table = np.empty((0, n_workers))
         self._comm_table = np.zeros((0, n_workers))
         self._offset = 0  # rows below this were used by every worker and are dropped
@@ -80,7 +134,7 @@ class JobDurations:
             block = self._process.next_block(BLOCK)
             # a job made of micro-batches lasts their sum
             blocks.append(block if block.ndim == 2 else block.sum(axis=2))
-            comms.append(self._comm_block(blocks[-1].shape))
+            comms.append(self.comm.block(blocks[-1].shape))
             if block.ndim == 3:
                 total = np.maximum(blocks[-1][..., None], np.finfo(float).tiny)
                 shares.append(np.cumsum(block, axis=2) / total)
@@ -89,11 +143,6 @@ class JobDurations:
         self._comm_table = np.concatenate(comms, axis=0)
         self._progress = np.concatenate(shares, axis=0) if shares else None
         self._offset = low
-
-    def _comm_block(self, shape: tuple[int, ...]) -> np.ndarray:
-        if self._comm is None:
-            return np.zeros(shape)
-        return np.maximum(self._comm.sample(self._comm_rng, shape), 0.0)
 
     def peek(self, workers: np.ndarray, starts: np.ndarray) -> np.ndarray:
         """Durations of the next job of each worker if it starts at ``starts``; consumes nothing."""
@@ -129,10 +178,8 @@ class RoundClock:
 
     def __init__(self, process: DelaySource, comm: DelayModel | None, seed: int) -> None:
         self.process = process
-        self.comm = comm
-        self._comm_rng = np.random.default_rng((seed, 11))
+        self.comm = CommStream(comm, seed, ROUND_COMM_KEY, buffer=ROUND_BLOCK)
         self._rows: np.ndarray | None = None
-        self._comm: np.ndarray = np.empty(0)
 
     def _block(self) -> np.ndarray:
         block = self.process.next_block(ROUND_BLOCK)
@@ -167,25 +214,4 @@ class RoundClock:
 
     def next_comm(self) -> float:
         """T^c of the next round (0 without a communication model)."""
-        if self.comm is None:
-            return 0.0
-        if self._comm.size == 0:
-            self._comm = np.maximum(self.comm.sample(self._comm_rng, ROUND_BLOCK), 0.0)
-        value, self._comm = float(self._comm[0]), self._comm[1:]
-        return value
-
-
-class CommTimes:
-    """Duration of each round's allreduce: none, a constant, or seeded draws of a delay spec.
-
-    ``Scenario.comm_time`` is seconds (``"0.05"``) or a delay spec (``"exp:rate=20"``).
-    """
-
-    def __init__(self, spec: str | None, seed: int) -> None:
-        self._model = parse_comm_time(spec)
-        self._rng = np.random.default_rng([seed, 0x636F6D6D])  # "comm": its own stream
-
-    def next(self) -> float:
-        if self._model is None:
-            return 0.0
-        return float(max(0.0, self._model.sample(self._rng, 1)[0]))
+        return self.comm.next()

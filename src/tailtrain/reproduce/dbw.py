@@ -209,10 +209,31 @@ def _dbw_vs_static(results: dict, best_static: dict) -> str:
 # ------------------------------------------------------------------------------ Fig. 9
 
 FIG9 = Sizes(
-    quick={"task": "logreg", "lr": 1.0, "target": None, "at": 40.0, "budget": 120.0, "seeds": 1},
+    quick={"task": "logreg", "lr": None, "target": None, "at": 160.0, "budget": 500.0,
+           "seeds": 1, "static": False},
     full={"task": "digits-mlp", "lr": 0.5, "target": None, "at": 160.0, "budget": 960.0,
-          "seeds": 1},
+          "seeds": 1, "static": True},
 )  # fmt: skip
+#: DBW §4 runs push & wait (PsW)
+FIG9_MODE = "mode=psw"
+#: Eq. (17) over each cell's last D = 5 samples (the captions' D) and a loss guard above the
+#: step-to-step noise of a 32-sample loss (the option's reading: ``strategies.dbw``)
+FIG9_OPTION = "time-window=5,beta=1.2"
+#: Fig. 9 is read from this long after the slowdown on (100 s: about 20 slow round trips)
+SETTLE = 100.0
+
+
+def fig9_strategies(static_too: bool) -> list[str]:
+    """DBW and B-DBW as Eq. (17) is written and with :data:`FIG9_OPTION`, PsW."""
+    dynamic = [f"{d}:{FIG9_MODE}{o}" for d in DYNAMIC for o in ("", f",{FIG9_OPTION}")]
+    return [*dynamic, "sync", static(8)] if static_too else dynamic
+
+
+def share_at(record: RunRecord, k: int, since: float) -> float:
+    """Share of the updates from virtual time ``since`` on that waited for exactly ``k``."""
+    t, ks = record.column("time"), record.column("k")
+    after = ks[t >= since]
+    return float(np.mean(after == k)) if after.size else math.nan
 
 
 def fig9(out: Path, quick: bool) -> Report:
@@ -220,16 +241,17 @@ def fig9(out: Path, quick: bool) -> Report:
     p = FIG9.pick(quick)
     pattern = f"slowdown:at={p.at:g},fraction=0.5,factor=5"
     scenario = _scenario(p, "const:value=1", p.budget, pattern=pattern)
-    strategies = ("dbw", "b-dbw", "sync", static(8))
-    records = {name_of(s): run(scenario, s) for s in strategies}
+    records = {s: run(scenario, s) for s in fig9_strategies(p.static)}
+    since = p.at + SETTLE
     table = Table(
         f"k_t before and after the slowdown at t = {p.at:g} s",
         ["strategy", "mean k_t before", "first k_t <= 9 after (s)", "median k_t, last half",
-         "mean k_t, last half", "final train loss", "updates"],
+         f"share of updates at k = 8 from t = {since:g} s", "final train loss", "updates"],
     )  # fmt: skip
     for name, record in records.items():
-        table.add(name, *_phase_k(record, p.at, p.budget), record.summary["final_loss"],
-                  record.summary["iterations"])  # fmt: skip
+        k_before, first, median, _mean = _phase_k(record, p.at, p.budget)
+        table.add(name, k_before, first, median, share_at(record, N // 2, since),
+                  record.summary["final_loss"], record.summary["iterations"])  # fmt: skip
     plot = out / "fig9_slowdown.png"
     with figure(plot, 2, title="DBW Fig. 9: half the workers slow down 5x") as (top, bottom):
         for name, record in records.items():
@@ -240,7 +262,8 @@ def fig9(out: Path, quick: bool) -> Report:
         top.set_yscale("log")
         label(top, "virtual time (s)", "train loss")
         label(bottom, "virtual time (s)", "k_t (gradients awaited)")
-    dbw = table.rows[0]
+    share = {row[0]: row[4] for row in table.rows}
+    dbw, b_dbw = (f"{d}:{FIG9_MODE}" for d in DYNAMIC)
     return Report(
         name="dbw-fig9",
         paper=PAPER,
@@ -248,9 +271,11 @@ def fig9(out: Path, quick: bool) -> Report:
         title="robustness to a slowdown of half the workers",
         setup=f"Task `{p.task}`, n = {N}, round trips constant 1 s, pattern `{pattern}` "
         f"(a seeded half of the workers become 5x slower at t = {p.at:g} s), budget "
-        f"{p.budget:g} virtual s, eta = {p.lr}. 'first k_t <= 9' is the virtual time of the "
-        "first update after the slowdown that waits for at most 9 gradients; 'last half' is "
-        "the second half of the time after the slowdown.",
+        f"{p.budget:g} virtual s, eta = {p.lr or 'the task default'}, push & wait as in DBW "
+        f"§4. `{FIG9_OPTION}`: Eq. (17) over each cell's last 5 round-trip samples and the "
+        "loss guard of Eq. (19) at beta = 1.2 (see `strategies.dbw`). 'first k_t <= 9' is "
+        "the virtual time of the first update after the slowdown that waits for at most 9 "
+        "gradients; 'last half' is the second half of the time after the slowdown.",
         paper_shows=[
             "§4.3: before the slowdown 'the optimal setting is k_t = n = 16'; at t = 160 s "
             "half of the workers slow down by a factor 5 and 'DBW detects the slowdowns in "
@@ -260,19 +285,31 @@ def fig9(out: Path, quick: bool) -> Report:
         plots=[plot],
         gaps=[
             gap(
-                "DBW's median k_t in the last half of the run",
-                8,
-                dbw[3],
-                f"DBW first waits for at most 9 gradients at t = {dbw[2]:.4g} s and B-DBW "
-                f"(gain = k, so the time estimate alone) at {table.rows[1][2]:.4g} s, against "
-                f"the slowdown at {p.at:g} s; Eq. (17) pools every round-trip sample since "
-                "t = 0 (the paper's T_{h,k,t} = {t_{h,k,t'}, t' <= t}), so T_hat_16 rises only "
-                "as the 5 s samples outweigh the earlier 1 s ones, and after a few fast updates "
-                "at k = 8 the slow half's samples stop coming and k_t returns to 16; the "
-                "paper's Fig. 9 settles at 8 faster than Eq. (17) as written explains.",
+                f"B-DBW's share of updates at k = 8 from t = {since:g} s, `{FIG9_OPTION}`",
+                1.0,
+                share[f"{b_dbw},{FIG9_OPTION}"],
+                f"as Eq. (17) is written (every sample since t = 0) it is "
+                f"{share[b_dbw]:.3g}: T_hat_16 rises only as the 5 s samples outweigh the "
+                "160 earlier 1 s ones. The window follows the slowdown; beta = 1.2 keeps the "
+                "loss guard from firing on the step-to-step noise of the loss (about 5% with "
+                "32-sample batches, against the paper's 500).",
+                unit=" (share)",
             ),
-            f"DBW's k_t before the slowdown: {dbw[1]:.3g} (paper: 16). With constant round "
-            "trips every k takes 1 s, so the gain decides alone and it grows with k.",
+            gap(
+                f"DBW's share of updates at k = 8 from t = {since:g} s, `{FIG9_OPTION}`",
+                1.0,
+                share[f"{dbw},{FIG9_OPTION}"],
+                f"(as written: {share[dbw]:.3g}). The window gives DBW the right times "
+                "(T_hat_8 = 1 s, T_hat_16 = 5 s), but its gain estimate (Eqs. 9-16) puts "
+                "G_8 below G_16 / 5 once the gradient norm is small against the variance of "
+                "32-sample gradients, so it goes back to k = 16; the paper's MNIST batches "
+                "of 500 have a 16x smaller variance. The paper allows for it (§3.3): 'it may "
+                "happen then that G_hat < 0, even if E[Delta F] > 0. In this situation, DBW's "
+                "choice of k_t may not be optimal, as we observe in some settings in Sect. 4.3'.",
+                unit=" (share)",
+            ),
+            f"DBW's k_t before the slowdown: {table.rows[0][1]:.3g} (paper: 16). With constant "
+            "round trips every k takes 1 s, so the gain decides alone and it grows with k.",
         ],
         quick=quick,
     )

@@ -30,7 +30,6 @@ from tailtrain.core.session import (
     RunControl,
     RunInterrupted,
     RunKeeper,
-    nonfinite_total,
     run_identity,
 )
 from tailtrain.core.update import NonFiniteGradient, WeightedUpdate
@@ -179,7 +178,6 @@ class _Run:
             "evaluator": self.keeper.evaluator_state(self.evals),
             "record": checkpoint.pack({"steps": self.record.steps, "evals": self.record.evals}),
             "offsets": self.record.sink.offsets(),
-            "nonfinite": nonfinite_total(self.record),
         }
         checkpoint.save(self.control.folder / checkpoint.FILENAME, data)
 

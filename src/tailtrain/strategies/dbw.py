@@ -13,6 +13,21 @@ maximising the expected loss decrease per unit of time (DBW Eq. 19)::
   round-trip samples ``t_{h,i,t}`` (``strategies.time_estimator``), late workers' arrivals of
   older versions included.
 
+``time-window=D`` (``dbw`` and ``b-dbw``; default 0, every sample) feeds Eq. (17) only the D
+latest samples of each cell (h, i). Eq. (17) as written pools every sample since the start
+(T_{h,k,t} = {t_{h,k,t'}, t' <= t}), so after a change of the round-trip times the estimate of
+a cell sampled long before moves by one sample in hundreds: in DBW §4.3's slowdown (Fig. 9,
+half the workers 5x slower from t = 160 s) T_hat_16 stays near the old 1 s and k_t keeps going
+back to 16. Every caption of DBW §4 says "estimates computed over the last D = 5 iterations";
+read for the round-trip times as each cell's last D samples (the last D iterations that
+sampled it), T_hat_16 reaches 5 s after five slow rounds and stays there. A window of the
+last D iterations for all cells at once would not do: a cell left unsampled for D iterations
+falls back to Eq. (17)'s optimistic fill, so k = 16 would be retried every D + 1 steps. The
+option leaves the default records unchanged. Eq. (19)'s guard compares two single-step losses,
+so ``beta`` must lie above their step-to-step noise: the paper's 1.01 fits its 16 x 500-sample
+MNIST losses, not 32-sample ones (about 5% apart), where ``beta=1.2`` keeps it for real rises.
+``reproduce dbw-fig9`` measures both.
+
 DBW drops stale gradients. It runs push & interrupt by default, like every sync-family strategy
 here; ``mode=psw`` gives DBW §4's push & wait ("we refer only to PsW", §2), where late workers'
 arrivals also feed the time estimator. Start: ``k = n`` until every estimate the rule needs
@@ -40,6 +55,7 @@ from tailtrain.strategies.kfamily import lr_scale, parse_lr_rule, parse_mode
 from tailtrain.strategies.time_estimator import RoundTripTimes
 
 DEFAULT_DBW_WINDOW = 5  # D = 5 in all of DBW §4's experiments
+DEFAULT_TIME_WINDOW = 0  # Eq. (17) as written: every round-trip sample since the start
 DEFAULT_BETA = 1.01  # DBW §3.3
 
 
@@ -242,11 +258,13 @@ class Dbw(Strategy):
     mode: SyncMode = SyncMode.PSI
     lr_rule: str = "fixed"
     blind: bool = False
+    #: latest samples per cell (h, i) that Eq. (17) uses; 0: all (see the module doc)
+    time_window: int = DEFAULT_TIME_WINDOW
 
     def init(self, ctx: Context) -> DbwState:
         n = ctx.n_workers
         first = OpenVersion(0, math.nan, n)
-        times = RoundTripTimes.empty(n)
+        times = RoundTripTimes.empty(n, self.time_window)
         return DbwState(n, ctx.lr, n, math.nan, GainEstimates(self.window), times, (first,))
 
     def plan(self, state: DbwState) -> ServerPlan:
@@ -291,20 +309,28 @@ class Dbw(Strategy):
             parts.append(f"mode={self.mode.value}")
         if self.lr_rule != "fixed":
             parts.append(f"lr={self.lr_rule}")
+        if self.time_window:
+            parts.append(f"time-window={self.time_window}")
         return f"{self.name}:{','.join(parts)}"
 
 
 def build_dbw(spec: Spec) -> Dbw:
-    spec.require_known(["window", "beta", "mode", "lr"])
+    spec.require_known(["window", "beta", "mode", "lr", "time-window"])
     window = spec.get_int("window", DEFAULT_DBW_WINDOW, minimum=1)
-    return Dbw("dbw", window, *common_params(spec))
+    return Dbw("dbw", window, *common_params(spec), time_window=time_window(spec))
 
 
 def build_b_dbw(spec: Spec) -> Dbw:
-    spec.require_known(["beta", "mode", "lr"])
-    return Dbw("b-dbw", DEFAULT_DBW_WINDOW, *common_params(spec), blind=True)
+    spec.require_known(["beta", "mode", "lr", "time-window"])
+    blind = Dbw("b-dbw", DEFAULT_DBW_WINDOW, *common_params(spec), blind=True)
+    return replace(blind, time_window=time_window(spec))
 
 
 def common_params(spec: Spec) -> tuple[float, SyncMode, str]:
     beta = spec.get_float("beta", DEFAULT_BETA, minimum=1.0)
     return beta, parse_mode(spec, SyncMode.PSI), parse_lr_rule(spec)
+
+
+def time_window(spec: Spec) -> int:
+    """``time-window=D``: each cell's latest D round-trip samples feed Eq. (17); 0: all."""
+    return spec.get_int("time-window", DEFAULT_TIME_WINDOW, minimum=0)

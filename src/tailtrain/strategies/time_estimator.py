@@ -34,7 +34,7 @@ a step without samples does not re-solve. The full grid is built only when asked
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cache
 
 import numpy as np
@@ -323,6 +323,11 @@ class RoundTripTimes:
     state is O(sampled rows x n), not O(n^2). ``fit`` is refreshed by :meth:`solved` only when
     samples arrived since the last solve; the cover graph is rebuilt only when a cell got its
     first sample (``grown``).
+
+    ``window`` D > 0 keeps only each cell's D latest samples (``recent[h]``: an n x D ring per
+    row, slot ``count % D`` next), so that Eq. (17) follows a change of the round-trip times;
+    ``rows`` then holds the sums and counts of those samples. 0: every sample since the start,
+    the set T_{h,k,t} of Eq. (17) as written.
     """
 
     n: int
@@ -330,16 +335,20 @@ class RoundTripTimes:
     fit: Eq17Fit | None = None
     stale: bool = False
     grown: bool = False
+    window: int = 0
+    recent: dict[int, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
 
     @classmethod
-    def empty(cls, n: int) -> RoundTripTimes:
-        return cls(n)
+    def empty(cls, n: int, window: int = 0) -> RoundTripTimes:
+        return cls(n, window=window)
 
     def add(self, h: ArrayLike, i: ArrayLike, t: ArrayLike) -> RoundTripTimes:
         """Add samples ``t`` of cells (h, i) (1-based arrays)."""
         h, col, t = np.asarray(h), np.asarray(i) - 1, np.asarray(t, dtype=float)
         if t.size == 0:
             return self
+        if self.window:
+            return self.add_recent(h, col, t)
         rows, grown = dict(self.rows), self.grown
         for r in np.unique(h).tolist():  # distinct rows of one step: a handful
             mine = h == r
@@ -353,6 +362,33 @@ class RoundTripTimes:
             rows[r] = (sums, counts)
         return RoundTripTimes(self.n, rows, self.fit, stale=True, grown=grown)
 
+    def add_recent(self, h: np.ndarray, col: np.ndarray, t: np.ndarray) -> RoundTripTimes:
+        """:meth:`add` keeping each cell's ``window`` latest samples (``col``: 0-based)."""
+        d = self.window
+        rows, recent, grown = dict(self.rows), dict(self.recent), self.grown
+        for r in np.unique(h).tolist():
+            mine = np.flatnonzero(h == r)
+            old = recent.get(r)
+            ring = np.zeros((self.n, d)) if old is None else old[0].copy()
+            seen = np.zeros(self.n, dtype=np.int64) if old is None else old[1].copy()
+            grown = grown or bool(np.any(seen[col[mine]] == 0))
+            # the j-th sample of a cell in this call goes to slot (seen + j) % D, in arrival
+            # order; of more than D samples of one cell only the last D are kept
+            order = mine[np.argsort(col[mine], kind="stable")]
+            cells = col[order]
+            first = np.searchsorted(cells, cells)
+            rank = np.arange(cells.size) - first
+            many = np.bincount(cells, minlength=self.n)[cells]
+            keep = rank >= many - d
+            ring[cells[keep], (seen[cells[keep]] + rank[keep]) % d] = t[order[keep]]
+            seen += np.bincount(cells, minlength=self.n)
+            ring.flags.writeable = seen.flags.writeable = False
+            recent[r] = (ring, seen)
+            sums, counts = ring.sum(axis=1), np.minimum(seen, d)
+            sums.flags.writeable = counts.flags.writeable = False
+            rows[r] = (sums, counts)
+        return replace(self, rows=rows, recent=recent, stale=True, grown=grown)
+
     def solved(self) -> RoundTripTimes:
         if not self.stale and self.fit is not None:
             return self
@@ -360,7 +396,7 @@ class RoundTripTimes:
         reuse = self.fit is not None and not self.grown
         graph = self.fit.graph if reuse else cell_cover_graph(self.n, cells)
         fit = solve_cells(graph, sums / counts, counts.astype(float), self.fit)
-        return RoundTripTimes(self.n, self.rows, fit, stale=False, grown=False)
+        return replace(self, fit=fit, stale=False, grown=False)
 
     def pooled(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The sampled cells (sorted flat indices (h-1)*n + i-1), their sums and counts."""

@@ -319,7 +319,7 @@ def state_of(run: _Rank) -> dict[str, Any]:
         "learner": checkpoint.capture(run.learner, checkpoint.MODEL_STATIC),
         "update": run.update.state_dict(),
         "rule": run.rule.state_dict(),
-        "clock": checkpoint.capture(run.injector.clock, ("process", "comm")),
+        "clock": checkpoint.with_comm(run.injector.clock, ("process",)),
         "delays": checkpoint.delay_state(run.world.process),
         "evaluator": RunKeeper.evaluator_state(run.evals),
         "rows": {"steps": len(steps), "evals": len(evals)},
@@ -336,7 +336,7 @@ def resume(run: _Rank, saved: dict[str, Any]) -> None:
     checkpoint.restore(run.learner, saved["learner"])
     run.update.load_state_dict(saved["update"])
     run.rule.load_state_dict(saved["rule"])
-    checkpoint.restore(run.injector.clock, saved["clock"])
+    checkpoint.restore_with_comm(run.injector.clock, saved["clock"])
     checkpoint.restore(run.world.process, saved["delays"])
     checkpoint.restore(run.evals, saved["evaluator"])
     torch.set_rng_state(saved["torch_rng"])

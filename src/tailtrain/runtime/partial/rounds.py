@@ -89,7 +89,7 @@ from tailtrain.core.records import RunRecord
 from tailtrain.core.scenario import World
 from tailtrain.core.session import RunKeeper, check_entry
 from tailtrain.core.update import GradientStats, WeightedUpdate, screen_own
-from tailtrain.delays.schedule import CommTimes
+from tailtrain.delays.schedule import COLLECTIVE_COMM_KEY, CommStream
 from tailtrain.errors import TailtrainError
 from tailtrain.runtime.config import RankResult, TrainConfig, build_world
 from tailtrain.runtime.control import RuleDriver
@@ -144,7 +144,7 @@ class Rule:
         self.world, self.strategy, self.rank = world, strategy, rank
         # a round's plan is the rule's own (``RoundPlan``): no allreduce shape, asked each time
         self.driver = RuleDriver(strategy, world.context, shape=None, remember=False)
-        self.comm = CommTimes(world.scenario.comm_time, world.seed)
+        self.comm = CommStream.from_spec(world.scenario.comm_time, world.seed, COLLECTIVE_COMM_KEY)
         self.steps: dict[int, tuple[torch.Tensor, float, float]] = {}
         self.averages: list[int] = []
         self.record = RunRecord() if record else None
@@ -258,7 +258,7 @@ class Rule:
             "now": self.now,
             "theta": self.agreed,
             "rule": self.driver.state_dict(),
-            "comm": checkpoint.capture(self.comm, ("_model",)),
+            "comm": checkpoint.capture(self.comm, checkpoint.COMM_STATIC),
             "update": self.update.state_dict(),
             "evaluator": RunKeeper.evaluator_state(self.evals),
             "rows": {"steps": self.done, "evals": len(evals)},

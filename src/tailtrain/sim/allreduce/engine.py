@@ -149,7 +149,7 @@ class AllreduceEngine:
         """Everything a resumed run needs to go on bit for bit (``core.checkpoint``)."""
         return {
             "engine": checkpoint.capture(self, ("world", "clock", "learner")),
-            "clock": checkpoint.capture(self.clock, ("process", "comm")),
+            "clock": checkpoint.with_comm(self.clock, ("process",)),
             "delays": checkpoint.delay_state(self.world.process),
             "learner": None
             if self.learner is None
@@ -159,7 +159,7 @@ class AllreduceEngine:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         checkpoint.restore(self, state["engine"])
-        checkpoint.restore(self.clock, state["clock"])
+        checkpoint.restore_with_comm(self.clock, state["clock"])
         checkpoint.restore(self.world.process, state["delays"])
         if self.learner is not None:
             checkpoint.restore(self.learner, state["learner"])

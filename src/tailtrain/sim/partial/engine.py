@@ -32,7 +32,7 @@ from tailtrain.core import checkpoint
 from tailtrain.core.records import RunRecord
 from tailtrain.core.scenario import World
 from tailtrain.core.update import GradientStats, WeightedUpdate, gradient_stats
-from tailtrain.delays.schedule import CommTimes
+from tailtrain.delays.schedule import COLLECTIVE_COMM_KEY, CommStream
 from tailtrain.network import parse_network
 from tailtrain.sim.driver import Played, Scorer
 from tailtrain.sim.partial.collectives import Network, RoundTiming, resolve_round
@@ -70,7 +70,7 @@ class PartialCollectiveEngine:
         if world.partition is not None:
             self.models = ModelStore(world.task, world.partition, world.seed)
         self.learns = self.models is not None
-        self.comm = CommTimes(world.scenario.comm_time, world.seed)
+        self.comm = CommStream.from_spec(world.scenario.comm_time, world.seed, COLLECTIVE_COMM_KEY)
         self.network = parse_network(world.scenario.network)
         self.update = WeightedUpdate(world.lr)
         self.last_update: torch.Tensor | None = None  # the latest result, what late ones adopt
@@ -219,10 +219,10 @@ class PartialCollectiveEngine:
         return {
             "engine": checkpoint.capture(self, parts),
             "procs": checkpoint.capture(self.procs, ("durations",)),
-            "durations": checkpoint.capture(self.procs.durations, checkpoint.DURATIONS_STATIC),
+            "durations": checkpoint.with_comm(self.procs.durations, checkpoint.DURATIONS_STATIC),
             "delays": checkpoint.delay_state(self.world.process),
             "buffers": checkpoint.capture(self.buffers),
-            "comm": checkpoint.capture(self.comm, ("_model",)),
+            "comm": checkpoint.capture(self.comm, checkpoint.COMM_STATIC),
             "models": None
             if self.models is None
             else checkpoint.capture(self.models, checkpoint.MODEL_STATIC),
@@ -232,7 +232,7 @@ class PartialCollectiveEngine:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         checkpoint.restore(self, state["engine"])
         checkpoint.restore(self.procs, state["procs"])
-        checkpoint.restore(self.procs.durations, state["durations"])
+        checkpoint.restore_with_comm(self.procs.durations, state["durations"])
         checkpoint.restore(self.world.process, state["delays"])
         checkpoint.restore(self.buffers, state["buffers"])
         checkpoint.restore(self.comm, state["comm"])

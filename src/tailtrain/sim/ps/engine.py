@@ -56,9 +56,7 @@ class ServerEngine:
         """Collect k usable arrivals; offer them and the stragglers' partial work."""
         tl = self.timeline
         tl.begin(self.version, plan.mode, plan.accept_stale)
-        got = tl.collect(
-            plan.k, self.version, plan.mode, plan.accept_stale, drain=plan.complete_stragglers
-        )
+        got = tl.collect(plan.k, self.version, plan.accept_stale, drain=plan.complete_stragglers)
         return Played(self._candidates(plan, got), got)
 
     def _candidates(self, plan: ServerPlan, got: StepArrivals) -> ArrivalColumns:
@@ -109,7 +107,8 @@ class ServerEngine:
         self.version += 1
         self.step += 1
         if self.trainer is not None:
-            busy = self.timeline.version[self.timeline.version != IDLE]
+            jobs = self.timeline.version
+            busy = jobs[jobs != IDLE]
             self.trainer.retain({self.version, *np.unique(busy).tolist()})
 
     def summary(self, record: RunRecord) -> dict[str, Any]:
@@ -126,7 +125,7 @@ class ServerEngine:
         return {
             "engine": checkpoint.capture(self, ("world", "timeline", "trainer")),
             "timeline": checkpoint.capture(tl, ("durations",)),
-            "durations": checkpoint.capture(tl.durations, checkpoint.DURATIONS_STATIC),
+            "durations": checkpoint.with_comm(tl.durations, checkpoint.DURATIONS_STATIC),
             "delays": checkpoint.delay_state(self.world.process),
             "trainer": None
             if self.trainer is None
@@ -136,8 +135,11 @@ class ServerEngine:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         checkpoint.restore(self, state["engine"])
-        checkpoint.restore(self.timeline, state["timeline"])
-        checkpoint.restore(self.timeline.durations, state["durations"])
+        # checkpoints written before the timeline read its versions off the schedule
+        # (``ServerTimeline.version``) also hold them as an array of their own
+        timeline = {k: v for k, v in state["timeline"].items() if k != "version"}
+        checkpoint.restore(self.timeline, timeline)
+        checkpoint.restore_with_comm(self.timeline.durations, state["durations"])
         checkpoint.restore(self.world.process, state["delays"])
         if self.trainer is not None:
             checkpoint.restore(self.trainer, state["trainer"])

@@ -55,7 +55,6 @@ class ServerTimeline:
         self.n = n_workers
         self.durations = durations
         self.now = 0.0
-        self.version = np.full(n_workers, IDLE, dtype=np.int64)
         self.start = np.zeros(n_workers)
         self.finish = np.full(n_workers, np.inf)
         self.job = np.zeros(n_workers, dtype=np.int64)
@@ -68,7 +67,7 @@ class ServerTimeline:
         # (N, M) share of each running job done after each micro-batch; None without them
         self.progress: np.ndarray | None = None
 
-    def _launch(self, workers: np.ndarray, version: int | np.ndarray, starts: np.ndarray) -> None:
+    def _launch(self, workers: np.ndarray, starts: np.ndarray) -> None:
         took = self.durations.peek(workers, starts)
         shares = self.durations.peek_progress(workers)
         if shares is not None:
@@ -77,7 +76,6 @@ class ServerTimeline:
             self.progress[workers] = shares
         self.job[workers] = self.durations.next_job[workers]
         self.durations.advance(workers)
-        self.version[workers] = version
         self.start[workers] = starts
         self.finish[workers] = starts + took
 
@@ -96,8 +94,7 @@ class ServerTimeline:
         """Launch the jobs ``topology.ps`` started, the i-th at time ``at[i]``."""
         if not starts:
             return
-        workers = np.array([a.worker for a in starts], dtype=np.int64)
-        self._launch(workers, np.array([a.version for a in starts], dtype=np.int64), at)
+        self._launch(np.array([a.worker for a in starts], dtype=np.int64), at)
 
     def _deliver(self, workers: np.ndarray, done: np.ndarray, hold: np.ndarray) -> None:
         """``workers`` delivered at ``done``, in event order; the held ones ask later."""
@@ -113,15 +110,19 @@ class ServerTimeline:
         )
         self._start(starts, np.full(len(starts), since))
 
+    @property
+    def version(self) -> np.ndarray:
+        """The version each worker computes (``IDLE``: none): the schedule's jobs."""
+        return np.array(self.schedule.jobs, dtype=np.int64)
+
     def cancel(self, workers: np.ndarray) -> None:
-        self.version[workers] = IDLE
         self.finish[workers] = np.inf
 
     def busy_on(self, version: int) -> np.ndarray:
         return np.flatnonzero(self.version == version)
 
     def collect(
-        self, k: int, version: int, mode: SyncMode, accept_stale: bool, *, drain: bool = False
+        self, k: int, version: int, accept_stale: bool, *, drain: bool = False
     ) -> StepArrivals:
         """Advance the clock until ``k`` usable arrivals; return them and the stale ones between.
 
@@ -133,15 +134,15 @@ class ServerTimeline:
         chunks: list[tuple[np.ndarray, ...]] = []
         have = 0
         while not step_closes(have, k, drain and bool(self._older_running(version).any())):
-            self._release_waiting(version, mode, accept_stale)
-            batch, fit = self._next_batch(k - have, version, accept_stale, mode, drain)
+            self._release_waiting()
+            batch, fit = self._next_batch(k - have, version, accept_stale, drain)
             have += int(fit.sum())
             rest = self._older_running(version) if drain else np.zeros(self.n, dtype=bool)
             rest[batch] = False
             closes = step_closes(have, k, bool(rest.any()))
             # a straggler drained as the step closes goes on to this version, not the next
             carry_on = closes and drain
-            chunks.append(self._commit(batch, fit, version, mode, accept_stale, closes, carry_on))
+            chunks.append(self._commit(batch, fit, closes, carry_on))
         cols = (np.concatenate(c) for c in zip(*chunks, strict=True))
         worker, ver, start, finish, job, fits = cols
         self.now = float(finish[-1])
@@ -151,7 +152,7 @@ class ServerTimeline:
     def _older_running(self, version: int) -> np.ndarray:
         return (self.version != IDLE) & (self.version < version)
 
-    def _release_waiting(self, version: int, mode: SyncMode, accept_stale: bool) -> None:
+    def _release_waiting(self) -> None:
         if self._waiting.size == 0:
             return
         pending = self.finish[self.version != IDLE]
@@ -160,17 +161,18 @@ class ServerTimeline:
             self._waiting = np.empty(0, dtype=np.int64)
 
     def _next_batch(
-        self, need: int, version: int, accept_stale: bool, mode: SyncMode, drain: bool
+        self, need: int, version: int, accept_stale: bool, drain: bool
     ) -> tuple[np.ndarray, np.ndarray]:
-        busy = np.flatnonzero(self.version != IDLE)
+        jobs = self.version
+        busy = np.flatnonzero(jobs != IDLE)
         if busy.size == 0:
             raise TailtrainError("no worker is computing: the step can never collect k arrivals")
         order = busy[np.lexsort((busy, self.finish[busy]))]
-        fit = usable(self.version[order], version, accept_stale)
+        fit = usable(jobs[order], version, accept_stale)
         count = np.cumsum(fit)
         m = int(np.searchsorted(count, need)) + 1 if count[-1] >= need else order.size
         if drain:  # up to the last older job too
-            older = np.flatnonzero(self.version[order] < version)
+            older = np.flatnonzero(jobs[order] < version)
             m = max(m, int(older[-1]) + 1) if older.size else m
         batch = order[:m]
         if self._waiting.size:  # finish this instant first, then release who waits on it
@@ -178,7 +180,7 @@ class ServerTimeline:
         # a job started by an event of this batch may end before the batch's last event;
         # events are ordered by (time, worker) wherever they come from
         while batch.size > 1:
-            follow = batch[self._follows(batch, version, mode, accept_stale)]
+            follow = batch[self._follows(batch)]
             if follow.size == 0:
                 break
             ends = self.finish[follow] + self.durations.peek(follow, self.finish[follow])
@@ -191,9 +193,7 @@ class ServerTimeline:
             batch = batch[(times < t) | ((times == t) & (batch < w))]
         return batch, fit[: batch.size]
 
-    def _follows(
-        self, batch: np.ndarray, version: int, mode: SyncMode, accept_stale: bool
-    ) -> np.ndarray:
+    def _follows(self, batch: np.ndarray) -> np.ndarray:
         """Which finishing workers (in event order) start a new job at once.
 
         Pull: each one, while tokens last. Push: only one whose gradient was dropped as stale
@@ -202,14 +202,7 @@ class ServerTimeline:
         return np.array(ps.follows(self.schedule, batch.tolist()), dtype=bool)
 
     def _commit(
-        self,
-        batch: np.ndarray,
-        fits: np.ndarray,
-        version: int,
-        mode: SyncMode,
-        accept_stale: bool,
-        closes: bool,
-        carry_on: bool = False,
+        self, batch: np.ndarray, fits: np.ndarray, closes: bool, carry_on: bool = False
     ) -> tuple[np.ndarray, ...]:
         """Record the batch and start follow-up jobs; who finishes as the step closes waits
         for the update, so that it starts from the new version, unless ``carry_on``."""
