@@ -98,7 +98,6 @@ from tailtrain.runtime.keep import (
 from tailtrain.runtime.reduce import Collectives, SumBuffer, WeightedSum
 from tailtrain.runtime.telemetry import (
     RankLog,
-    RoundTimes,
     Settled,
     TraceRows,
     allreduce_row,
@@ -106,6 +105,8 @@ from tailtrain.runtime.telemetry import (
     close_record,
     phase,
     run_record,
+    split_round,
+    time_means,
     write_traces,
 )
 from tailtrain.runtime.units import RankWork, compute
@@ -280,7 +281,7 @@ def start(config: TrainConfig, comm: Collectives) -> _Rank:
         injector=Injector(world, comm.rank, config.inject),
         comm=comm,
         log=RankLog(),
-        trace=TraceRows(comm.rank, scenario.micro_batches is not None),
+        trace=TraceRows(comm.rank, scenario.micro_batches is not None, charged=True),
         record=(record := run_record(config, world, comm.rank == 0)),
         evals=Evaluator(scenario.evaluation, record if comm.rank == 0 else RunRecord(), True),
         update=WeightedUpdate(world.lr, config.on_nonfinite),
@@ -368,19 +369,15 @@ def estimated_row(run: _Rank) -> dict[str, Any] | None:
 
 
 def row_of(
-    run: _Rank, done: Unsettled, settled: Settled, allreduce: np.ndarray | None
+    run: _Rank, done: Unsettled, settled: Settled, timing: np.ndarray | None
 ) -> dict[str, Any]:
-    """``done``'s record row at ``settled`` with each rank's allreduce seconds (None: unknown
-    yet), accounting it first if it is not yet; a rank waits inside the allreduce for the
-    slowest rank's compute."""
+    """``done``'s record row at ``settled`` with each rank's [allreduce, round seconds] (None:
+    unknown yet), accounting it first if it is not yet (``telemetry.split_round``)."""
     if done.stats is None:
         account(run, done)
     stats, rows = done.stats, done.ex.rows
     assert stats is not None
-    compute = rows[:, 1]
-    wait = compute.max() - compute
-    comm = np.full(len(compute), np.nan) if allreduce is None else allreduce - wait
-    times = RoundTimes(rows[:, 0].astype(np.int64), compute, rows[:, 2], wait, comm)
+    times = split_round(rows, timing)
     # rank n's round is arrival n (round_arrivals), so the used ranks are the used keys' own
     used = sorted(key_workers(stats.used).tolist())
     row = allreduce_row(done.ex.plan, stats, times, used, done.ex.m, settled)
@@ -537,6 +534,7 @@ def settle(run: _Rank, timing: np.ndarray) -> None:
     run.comm_time, elapsed = round_times(timing)
     run.settled += elapsed
     run.now = run.settled
+    run.trace.charge(done.ex.step, elapsed)
     run.settling.append((done, Settled(run.settled, run.comm_time), timing))
 
 
@@ -545,7 +543,7 @@ def flush(run: _Rank) -> None:
     allreduce's shadow, and before a snapshot, after a failure and at the end."""
     while run.settling:  # each leaves once recorded: a failure here records nothing twice
         done, settled, timing = run.settling[0]
-        row = row_of(run, done, settled, timing[:, 0])
+        row = row_of(run, done, settled, timing)
         del run.settling[0]
         run.record.add_step(row)
 
@@ -560,7 +558,7 @@ def settle_last(run: _Rank) -> None:
 def finish(run: _Rank) -> RankResult:
     """Gather the traces on rank 0, write the outputs, summarise (partial after Ctrl-C)."""
     if run.comm.rank == 0:
-        topology = summarise(run.record)
+        topology = {**summarise(run.record), **time_means(run.record)}
         run.record.summary = run.keeper.run.summary(
             run.world, run.rule.strategy, run.record, topology
         )
