@@ -37,6 +37,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="workers to advise for (default: the trace's; worker n replays n mod W)",
     )
     p.add_argument("--micro-batches", type=int, default=None, metavar="M")
+    p.add_argument(
+        "--comm-time",
+        default=None,
+        metavar="SECONDS|SPEC",
+        help="communication time T^c per update, seconds or a delay spec (default: the "
+        "rounds' noncompute seconds the trace recorded, as `train` writes them, else 0)",
+    )
     p.add_argument("--seed", type=seed_value, default=0)
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument(
@@ -51,7 +58,11 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     found = advise(
-        args.trace, workers=args.workers, micro_batches=args.micro_batches, seed=args.seed
+        args.trace,
+        workers=args.workers,
+        micro_batches=args.micro_batches,
+        seed=args.seed,
+        comm_time=args.comm_time,
     )
     payload = _finite(found.to_json())
     if args.out is not None:
@@ -89,7 +100,7 @@ def _print(found: Advice) -> None:
         f"{c.overhead:.4g} s per step ({c.overhead_share:.0%}) waiting for the slowest"
     )
     table = Table(title_justify="left")
-    for name in ("rank", "strategy", "E[T] (s)", "effective", "simulated", "method"):
+    for name in ("rank", "strategy", "E[T] (s)", "effective", "simulated", "+-", "method"):
         table.add_column(name, justify="left" if name in ("strategy", "method") else "right")
     for i, r in enumerate(found.ranked, start=1):
         sim = "" if r.simulated is None else f"{r.simulated.effective_speedup:.3f}"
@@ -100,6 +111,7 @@ def _print(found: Advice) -> None:
             f"{r.row.iteration_time:.4g}",
             f"{r.row.effective_speedup:.3f}",
             sim,
+            f"{r.uncertainty:.3f}",
             r.row.method,
         )
     console.print(table)
