@@ -438,7 +438,8 @@ def one_round(run: _Rank, plan: Plan) -> None:
     divisor = own.divisor if run.rule.keeps_state else account(run, done).divisor
     apply(run, reduced, divisor, plan.lr_scale)
     run.unsettled, run.now = done, end
-    run.trace.add(run.step, m, plan.local_steps, work.times)
+    cap = plan.threshold if plan.preempt else math.inf  # telemetry.TraceRows.add
+    run.trace.add(run.step, m, plan.local_steps, work.times, cap)
     run.step += 1
     run.timing = (reducing.seconds, time.perf_counter() - started)
 

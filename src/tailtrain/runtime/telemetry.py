@@ -26,7 +26,9 @@
   collective's unit is a rank's job, its iteration the job's index), so a real run can drive
   ``predict``, ``simulate`` and ``advise`` (:func:`write_traces`). The allreduce topology adds
   ``noncompute``: on the rows of a rank's last iteration in a round, the round's wall seconds
-  less that rank's unit seconds (its wait, communication and overhead), NaN on the other rows
+  less that rank's unit seconds (its wait, communication and overhead; tau in place of the
+  unit seconds of a rank that dropped work preempting, as the simulator charges it, so that the
+  compute of its unit in flight at tau is counted once), NaN on the other rows
   (no collective ends there) and in a round whose time never came; a replay charges it
   (``delays.trace``). The partial-collective topology writes no ``noncompute``.
 * :func:`run_record` makes a topology's run record; rank 0's also streams its step and
@@ -300,15 +302,24 @@ class TraceRows:
     rank: int
     per_micro_batch: bool
     charged: bool = False
-    #: (step, M, H, unit seconds) of each round, made into rows only when asked (per round
-    #: that would be a few numpy calls on the critical path)
-    rounds: list[tuple[int, int, int, Sequence[float]]] = field(default_factory=list)
+    #: (step, M, H, unit seconds, cap) of each round, made into rows only when asked (per
+    #: round that would be a few numpy calls on the critical path)
+    rounds: list[tuple[int, int, int, Sequence[float], float]] = field(default_factory=list)
     #: each settled round's wall seconds, by step (:meth:`charge`)
     walls: dict[int, float] = field(default_factory=dict)
 
-    def add(self, step: int, micro_batches: int, local_steps: int, times: Sequence[float]) -> None:
-        """The counted units' seconds of round ``step`` (NaN: not counted)."""
-        self.rounds.append((step, micro_batches, local_steps, times))
+    def add(
+        self,
+        step: int,
+        micro_batches: int,
+        local_steps: int,
+        times: Sequence[float],
+        cap: float = math.inf,
+    ) -> None:
+        """The counted units' seconds of round ``step`` (NaN: not counted); ``cap``: the
+        compute the simulator charges a rank that dropped work (tau when preempting,
+        ``sim.allreduce.timing``)."""
+        self.rounds.append((step, micro_batches, local_steps, times, cap))
 
     def charge(self, step: int, wall: float) -> None:
         """Round ``step`` took ``wall`` seconds (the slowest rank's), once its timings came."""
@@ -319,7 +330,7 @@ class TraceRows:
         delay-process iteration = step * H + h."""
         width = 3 + self.per_micro_batch + self.charged
         rows = [np.empty((0, width))]
-        for step, micro_batches, local_steps, seconds in self.rounds:
+        for step, micro_batches, local_steps, seconds, cap in self.rounds:
             times = np.asarray(seconds, dtype=np.float64)
             unit = np.flatnonzero(~np.isnan(times))
             iteration = step * local_steps + unit // micro_batches
@@ -328,7 +339,10 @@ class TraceRows:
                 cols.append(unit % micro_batches)
             cols.append(times[unit])
             if self.charged:
-                rest = self.walls.get(step, math.nan) - times[unit].sum()
+                # what a replay charges as compute: a preempted rank's tau, as the simulator
+                # (the real unit in flight at tau runs on, uncounted: it is noncompute here)
+                spent = cap if unit.size < times.size and cap < math.inf else times[unit].sum()
+                rest = self.walls.get(step, math.nan) - spent
                 last = iteration == step * local_steps + local_steps - 1  # the round's last
                 cols.append(np.where(last, rest, np.nan))
             rows.append(np.column_stack(cols))
