@@ -113,7 +113,8 @@ def test_advise_prices_the_recorded_communication_unless_told_otherwise(tmp_path
     assert "from --comm-time 0.1" in comm_note(delay, "0.1")
     out = found.to_json()
     assert out["recommendation"] == out["equivalent"][0]
-    assert all(r["effective_speedup_uncertainty"] > 0 for r in out["results"])
+    assert all(r["effective_speedup_uncertainty"] >= 0 for r in out["results"])
+    assert any(r["effective_speedup_uncertainty"] > 0 for r in out["results"])
 
 
 def ranked_row(spec: str, speedup: float, uncertainty: float):

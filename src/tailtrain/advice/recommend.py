@@ -14,8 +14,11 @@ once per H local steps), so a strategy that communicates less is credited for it
 
 Each forecast carries an uncertainty (:func:`uncertainty`): twice the standard error of its
 effective speedup, from its replay (the simulation's batch means, or predict's Monte Carlo)
-and from the trace's length (the relative standard error of the trace's sync E[T], by batch
-means over its iterations, applied to the row's speedup).
+and from the trace's length: the relative standard error of the trace's sync E[T] (batch
+means over its iterations, with the recorded T^c's), applied to the part of the speedup the
+trace's figures make, |s - 1|. Every row replays the same trace, and its speedup is a ratio
+to sync on it: an error that scales the whole trace cancels, and sync's own speedup is 1 by
+definition; what the trace's length leaves uncertain is how much a strategy gains over it.
 
 The recommendation (:func:`recommend`) is stable under that noise: among the strategies whose
 updates use fresh gradients only (:data:`FRESH`; the asynchronous and eager rows buy throughput
@@ -91,10 +94,10 @@ def trace_spread(times: NDArray[np.float64], comm: NDArray[np.float64]) -> float
 
 def uncertainty(row: Row, simulated: Row | None, spread: float) -> float:
     """Twice the standard error of a row's effective speedup: its replay's and the trace's
-    length's (``spread``, relative) together."""
+    length's (``spread``, relative, on the gain over sync: module docstring) together."""
     source = simulated or row
     replay = source.effective_speedup_stderr
-    return float(2 * np.hypot(replay, spread * source.effective_speedup))
+    return float(2 * np.hypot(replay, spread * abs(source.effective_speedup - 1.0)))
 
 
 def rank(
