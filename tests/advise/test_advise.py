@@ -9,6 +9,8 @@ from scipy import stats
 from tailtrain.advice import advise
 from tailtrain.advice.cost import sync_cost
 from tailtrain.advice.stragglers import score_workers
+from tailtrain.delays.trace import comm_note, replayed_comm
+from tailtrain.prediction.families import row_spec
 from tailtrain.strategies.registry import parse_strategy
 
 
@@ -80,3 +82,71 @@ def test_extrapolation_to_a_million_workers_and_short_traces(tmp_path, helpers):
     sync = next(r for r in found.ranked if r.row.strategy == "sync")
     assert sync.row.iteration_time == pytest.approx(times.max(axis=1).mean())
     parse_strategy(found.recommendation)
+
+
+def charged(path, times, comm):
+    """A trace with ``noncompute`` as ``train`` writes it: the slowest worker's is T^c[i]."""
+    iterations, workers = times.shape
+    lines = ["iteration,worker,seconds,noncompute"]
+    for i in range(iterations):
+        slowest = times[i].max()
+        for w in range(workers):
+            lines.append(
+                f"{i},{w},{float(times[i, w])!r},{float(comm[i] + slowest - times[i, w])!r}"
+            )
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_advise_prices_the_recorded_communication_unless_told_otherwise(tmp_path, helpers):
+    _, noisy = helpers
+    times = noisy("lognormal", (60, 4), seed=7)
+    comm = np.random.default_rng(8).uniform(0.2, 0.4, 60)
+    path = charged(tmp_path / "t.csv", times, comm)
+    found = advise(path, samples=200)  # 2-20 s by load: every strategy is simulated
+    expected = times.max(axis=1).mean() + comm.mean()
+    assert found.cost.iteration_time == pytest.approx(expected)
+    assert found.cost.overhead == pytest.approx(expected - comm.mean() - times.mean())
+    assert any(note.startswith("T^c replayed from the trace") for note in found.notes)
+    delay = f"trace:path={path}"
+    assert replayed_comm(delay, "0.1") == "0.1"  # what advise(comm_time="0.1") prices
+    assert "from --comm-time 0.1" in comm_note(delay, "0.1")
+    out = found.to_json()
+    assert out["recommendation"] == out["equivalent"][0]
+    assert all(r["effective_speedup_uncertainty"] >= 0 for r in out["results"])
+    assert any(r["effective_speedup_uncertainty"] > 0 for r in out["results"])
+
+
+def ranked_row(spec: str, speedup: float, uncertainty: float):
+    from tailtrain.advice.recommend import Ranked
+    from tailtrain.prediction import Row
+
+    strategy, _, setting = spec.partition(":")
+    k = int(setting.rpartition("=")[2]) if strategy in ("k-sync", "k-batch-sync") else 8
+    row = Row(strategy, k, 1.0, 0.0, speedup, speedup, 0.0, "test", spec=spec)
+    return Ranked(row, None, uncertainty)
+
+
+def test_forecasts_within_their_uncertainty_are_equivalent_and_the_simplest_is_chosen():
+    from tailtrain.advice.recommend import equivalents, recommend
+
+    rows = [
+        ranked_row("async", 1.60, 0.01),  # stale gradients: never recommended
+        ranked_row("local-sgd:period=8", 1.30, 0.03),
+        ranked_row("local-sgd:period=4", 1.27, 0.03),
+        ranked_row("local-sgd:period=2", 1.25, 0.03),  # 0.05 > hypot(0.03, 0.03): apart
+        ranked_row("k-sync:k=6", 1.28, 0.02),
+        ranked_row("sync", 1.00, 0.03),
+    ]
+    assert [row_spec(r.row) for r in equivalents(rows)] == [
+        "k-sync:k=6",
+        "local-sgd:period=4",
+        "local-sgd:period=8",
+    ]
+    # a noisy rerun that swaps the order within the uncertainty gives the same advice
+    noisier = [*rows[:1], ranked_row("local-sgd:period=8", 1.27, 0.03), *rows[2:3]]
+    noisier += [ranked_row("local-sgd:period=4", 1.29, 0.03), *rows[3:]]
+    for found in (rows, noisier):
+        assert row_spec(recommend(found).row) == "k-sync:k=6"
+    far = [ranked_row("local-sgd:period=8", 1.50, 0.01), *rows[2:]]
+    assert row_spec(recommend(far).row) == "local-sgd:period=8"

@@ -77,3 +77,34 @@ def test_more_workers_than_the_trace_say_how_they_map(tmp_path, capsys) -> None:
     summary = simulate(delay, 6, capsys)
     assert "worker w replays trace worker w mod 2" in summary["trace_mapping"]
     assert summary["mean_iteration_time"] == pytest.approx(5.0, abs=1e-12)
+
+
+def charged_trace(tmp_path: Path) -> Path:
+    """The straggler trace with each round's noncompute seconds, as ``train`` records them:
+    1 s for the slowest worker (so T^c = 1 s and every round takes 6 s), more for the others."""
+    rows = straggler_trace(tmp_path).read_text().splitlines()
+    lines = [rows[0] + ",noncompute"]
+    for row in rows[1:]:
+        _, worker, seconds = row.split(",")
+        lines.append(f"{row},{1.0 if worker == '0' else 6.0 - float(seconds)!r}")
+    path = tmp_path / "charged.csv"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_a_replay_charges_the_recorded_noncompute_seconds_unless_told_otherwise(
+    tmp_path, capsys
+) -> None:
+    delay = f"trace:path={charged_trace(tmp_path)}"
+    prediction = predict(delay, 4, capsys)
+    assert sync_time(prediction) == pytest.approx(6.0, abs=1e-12)
+    (note,) = prediction["notes"]
+    assert note.startswith("T^c replayed from the trace: its 40 rounds'")
+    assert simulate(delay, 4, capsys)["mean_iteration_time"] == pytest.approx(6.0, abs=1e-12)
+    argv = ["simulate", "--task", "none", "--workers", "4", "--delay", delay, "--no-progress"]
+    assert main([*argv, "--iterations", "10"]) == 0
+    assert "T^c replayed from the trace" in capsys.readouterr().out
+    assert main([*argv, "--iterations", "10", "--comm-time", "0.5", "--json"]) == 0
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["mean_iteration_time"] == pytest.approx(5.5, abs=1e-12)
+    assert "T^c from --comm-time 0.5 in place of the trace's recorded" in captured.err

@@ -30,6 +30,25 @@ FLAGS = [
 
 
 @pytest.mark.timeout(120)
+def check_every_second_is_exported(steps: pd.DataFrame, summary: dict, trace_path) -> None:
+    """Each part of each round >= 0, the parts sum to its wall seconds, the summary's means to
+    the mean round, and the trace's recorded T^c is what the slowest rank did not compute."""
+    parts = [np.array(steps[c].tolist()) for c in ("rank_wait", "rank_comm", "rank_overhead")]
+    compute, injected = (np.array(steps[c].tolist()) for c in ("rank_compute", "rank_injected"))
+    for part in (*parts, compute - injected, injected):
+        assert (part >= 0).all()
+    wall = np.broadcast_to(steps["step_time"].to_numpy()[:, None], compute.shape)
+    np.testing.assert_allclose(compute + sum(parts), wall)
+    means = sum(summary[f"mean_{p}_time"] for p in ("compute", "injected", "wait", "comm"))
+    means += summary["mean_overhead_time"]
+    assert means == pytest.approx(summary["mean_iteration_time"])
+    trace = read_trace(trace_path)
+    units = np.zeros((len(steps), int(trace.worker.max()) + 1))
+    np.add.at(units, (trace.iteration, trace.worker), trace.seconds)
+    expected = steps["step_time"].to_numpy() - units.max(axis=1)
+    np.testing.assert_allclose(trace.round_comm(), expected)
+
+
 def test_train_with_simulates_flags_makes_its_decisions_and_records(tmp_path, capfd):
     code, out, err = run(["train", *FLAGS, "--out", str(tmp_path / "train"), "--json"], capfd)
     assert code == 0, err
@@ -38,11 +57,13 @@ def test_train_with_simulates_flags_makes_its_decisions_and_records(tmp_path, ca
         ["simulate", *FLAGS, "--out", str(tmp_path / "sim"), "--json", "--no-progress"], capfd
     )
     simulated = json.loads(out)
-    assert set(trained) == (set(simulated) - {"virtual_time"}) | {"wall_time"}
+    means = {f"mean_{part}_time" for part in ("compute", "injected", "wait", "comm", "overhead")}
+    assert set(trained) == (set(simulated) - {"virtual_time"}) | {"wall_time"} | means
     steps = pd.read_json(tmp_path / "train" / "steps.jsonl", lines=True)
     sim_steps = pd.read_json(tmp_path / "sim" / "steps.jsonl", lines=True)
-    extra = {"rank_compute", "rank_injected", "rank_wait", "rank_comm"}
-    assert set(sim_steps.columns) | extra == set(steps.columns)
+    extra = {"rank_compute", "rank_injected", "rank_wait", "rank_comm", "rank_overhead"}
+    assert set(sim_steps.columns) | extra | {"step_time"} == set(steps.columns)
+    check_every_second_is_exported(steps, trained, tmp_path / "train" / "trace.csv")
     # rounds where a rank spent >= 30 ms outside its injected sleeps (a stalled machine) do
     # not test the rule: there the real time, not the injected, decides
     real = np.array(steps["rank_compute"].tolist()) - np.array(steps["rank_injected"].tolist())

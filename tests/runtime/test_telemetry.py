@@ -17,6 +17,8 @@ from tailtrain.runtime.telemetry import (
     close_record,
     phase,
     run_record,
+    split_round,
+    time_means,
     write_trace,
 )
 
@@ -44,6 +46,64 @@ def test_a_trace_without_cut_units_has_no_censored_column(tmp_path):
     assert (tmp_path / "t.csv").read_text().splitlines()[
         0
     ] == "iteration,worker,micro_batch,seconds"
+
+
+def test_a_round_splits_into_parts_that_are_never_negative_and_sum_to_its_wall_time():
+    # rank 1 started its round late: its compute ended last though it was the shortest, so
+    # max_k T~_k - T~_n (the old wait) would exceed its whole allreduce and leave comm < 0
+    rows = np.array([[4, 0.30, 0.10], [4, 0.20, 0.0], [3, 0.25, 0.05]])
+    timing = np.array([[0.09, 0.42], [0.02, 0.44], [0.06, 0.40]])  # [allreduce, round]
+    parts = split_round(rows, timing)
+    assert parts.wall == 0.44
+    assert parts.comm.tolist() == [0.02] * 3  # the last to arrive waited for nobody
+    np.testing.assert_allclose(parts.wait, [0.07, 0.0, 0.04])
+    for part in (parts.wait, parts.comm, parts.overhead, parts.compute - parts.injected):
+        assert (part >= 0).all()
+    total = parts.compute + parts.wait + parts.comm + parts.overhead
+    np.testing.assert_allclose(total, parts.wall)
+    unknown = split_round(rows, None)
+    assert np.isnan(unknown.wait).all() and np.isnan(unknown.wall)
+
+
+def test_the_summary_means_of_the_parts_sum_to_the_mean_round():
+    record = run_record_of_rounds(
+        [(0.5, [0.3, 0.2], [0.1, 0.0], [0.0, 0.1], [0.1, 0.1], [0.1, 0.1])],
+    )
+    means = time_means(record)
+    assert means["mean_compute_time"] == pytest.approx(0.2)
+    assert means["mean_injected_time"] == pytest.approx(0.05)
+    assert sum(means.values()) == pytest.approx(0.5)
+
+
+def run_record_of_rounds(rounds):
+    from tailtrain.core.records import RunRecord
+
+    record = RunRecord()
+    for wall, compute, injected, wait, comm, overhead in rounds:
+        row = {"step_time": wall, "rank_compute": compute, "rank_injected": injected}
+        row |= {"rank_wait": wait, "rank_comm": comm, "rank_overhead": overhead}
+        record.steps.append(row)
+    return record
+
+
+def test_a_charged_trace_records_each_rounds_noncompute_seconds_on_its_last_iteration(tmp_path):
+    rows = TraceRows(rank=1, per_micro_batch=True, charged=True)
+    nan = np.nan
+    rows.add(step=0, micro_batches=2, local_steps=2, times=np.array([0.1, 0.2, 0.3, nan]))
+    rows.add(step=1, micro_batches=2, local_steps=2, times=np.array([0.4, 0.1, 0.1, 0.1]))
+    rows.charge(0, 1.0)  # round 1's timings never came
+    write_trace(tmp_path / "t.csv", rows.table(), per_micro_batch=True, charged=True)
+    trace = read_trace(tmp_path / "t.csv")
+    assert trace.iteration.tolist() == [0, 0, 1, 2, 2, 3, 3]
+    np.testing.assert_allclose(trace.noncompute, [nan, nan, 0.4, nan, nan, nan, nan])
+    assert trace.round_comm().tolist() == pytest.approx([0.4])
+    # a rank that dropped work preempting is charged tau, as the simulator charges it
+    rows = TraceRows(rank=0, per_micro_batch=True, charged=True)
+    rows.add(step=0, micro_batches=2, local_steps=1, times=np.array([0.1, nan]), cap=0.25)
+    rows.add(step=1, micro_batches=2, local_steps=1, times=np.array([0.1, 0.1]), cap=0.25)
+    rows.charge(0, 1.0)
+    rows.charge(1, 1.0)
+    assert rows.table()[:, -1].tolist() == pytest.approx([0.75, 0.8, 0.8])
 
 
 def test_whole_iteration_traces_have_no_micro_batch_column(tmp_path):

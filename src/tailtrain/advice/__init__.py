@@ -17,11 +17,13 @@ import numpy as np
 
 from tailtrain.advice.adopt import Adoption, adoption, check_setup, runnable
 from tailtrain.advice.cost import Cost, sync_cost
-from tailtrain.advice.recommend import Ranked, rank, reason, recommend
+from tailtrain.advice.recommend import Ranked, equivalents, rank, reason, trace_spread
 from tailtrain.advice.source import trace_file
 from tailtrain.advice.stragglers import MIN_ITERATIONS, WorkerScore, iteration_times, score_workers
+from tailtrain.delays.base import DelayModel
+from tailtrain.delays.comm import parse_comm_time
 from tailtrain.delays.parse import parse_delay
-from tailtrain.delays.trace import TraceDelay
+from tailtrain.delays.trace import TraceDelay, comm_note, replayed_comm
 from tailtrain.errors import UsageError
 from tailtrain.prediction.families import row_spec
 
@@ -42,6 +44,8 @@ class Advice:
     notes: list[str] = field(default_factory=list)
     setup: str = "any"
     adopt: Adoption | None = None
+    #: the fresh-gradient rows equivalent to the best one, simplest (the choice) first
+    equivalent: list[Ranked] = field(default_factory=list)
 
     @property
     def persistent(self) -> list[int]:
@@ -59,6 +63,8 @@ class Advice:
             "trace_workers": trace_workers,
             "iterations": iterations,
             "recommendation": self.recommendation,
+            "recommendation_uncertainty": self.choice.uncertainty,
+            "equivalent": [row_spec(r.row) for r in self.equivalent],
             "reason": self.reason,
             "stragglers": [s.as_dict() for s in self.stragglers],
             "cost": self.cost.as_dict(),
@@ -80,15 +86,21 @@ def advise(
     seed: int = 0,
     samples: int = 2000,
     setup: str = "any",
+    comm_time: str | None = None,
 ) -> Advice:
     """Score the workers of the trace at ``path``, cost them, and rank the strategies for
-    ``workers`` workers (default: the trace's), worker n replaying trace worker n mod W;
-    ``setup`` (``advice.adopt``) keeps to the strategies that job can run."""
+    ``workers`` workers (default: the trace's), worker n replaying trace worker n mod W, each
+    round paying T^c: ``comm_time`` (``--comm-time``: seconds or a delay spec) or else the
+    trace's recorded noncompute seconds (``delays.trace``), or none; ``setup``
+    (``advice.adopt``) keeps to the strategies that job can run."""
     check_setup(setup)
     if workers is not None and workers < 1:
         raise UsageError(f"--workers must be >= 1, got {workers}")
     path = trace_file(path)  # a probe's folder too
-    model = parse_delay(f"trace:path={path}")
+    delay = f"trace:path={path}"
+    comm_spec = replayed_comm(delay, comm_time)
+    comm = _comm(comm_spec)
+    model = parse_delay(delay)
     assert isinstance(model, TraceDelay)
     replay = model.replay
     n = int(replay.ids.size) if workers is None else workers
@@ -96,17 +108,24 @@ def advise(
     times, notes = iteration_times(replay)
     scores = score_workers(times, replay.ids)
     notes += _trust_notes(times, scores, n)
-    cost = sync_cost(times, replay.ids, n)
+    comm_mean = comm if isinstance(comm, float) else comm.mean
+    cost = sync_cost(times, replay.ids, n, comm=comm_mean)
     persistent = [s.worker for s in scores if s.verdict == "persistent"]
-    without = sync_cost(times, replay.ids, n, exclude=persistent) if persistent else None
-    ranked, more = rank(model, times, n, m, seed, samples)
+    without = (
+        sync_cost(times, replay.ids, n, exclude=persistent, comm=comm_mean) if persistent else None
+    )
+    recorded = model.trace.round_comm() if comm_time is None else np.empty(0)
+    ranked, more = rank(model, times, n, m, seed, samples, comm, trace_spread(times, recorded))
     ranked, more = _runnable(ranked, setup, more)
     cost = _as_in_the_table(cost, ranked)
-    choice = recommend(ranked)
-    text = reason(choice, cost, without, persistent)
+    tied = equivalents(ranked)
+    choice = tied[0]
+    text = reason(choice, cost, without, persistent) + _tie_text(tied)
+    if (note := comm_note(delay, comm_spec)) is not None:
+        more.append(note)
     adopt = adoption(row_spec(choice.row), choice.row.strategy, setup)
     found = (str(path), n, times, scores, cost, without, ranked, choice, text, notes + more)
-    return Advice(*found, setup=setup, adopt=adopt)
+    return Advice(*found, setup=setup, adopt=adopt, equivalent=tied)
 
 
 def _runnable(ranked: list[Ranked], setup: str, notes: list[str]) -> tuple[list[Ranked], list[str]]:
@@ -125,6 +144,24 @@ def _as_in_the_table(cost: Cost, ranked: list[Ranked]) -> Cost:
     the replay's cycling)."""
     sync = next((r for r in ranked if r.row.strategy == "sync"), None)
     return cost if sync is None else replace(cost, iteration_time=sync.row.iteration_time)
+
+
+def _comm(spec: str | None) -> float | DelayModel:
+    """T^c as ``predict`` takes it: seconds when constant, else the model."""
+    model = parse_comm_time(spec)
+    if model is None:
+        return 0.0
+    return float(model.mean) if model.var == 0 else model
+
+
+def _tie_text(tied: list[Ranked]) -> str:
+    if len(tied) < 2:
+        return ""
+    others = ", ".join(row_spec(r.row) for r in tied[1:])
+    return (
+        f" Equivalent within the forecasts' uncertainty: {others}; chosen by the rule fresh "
+        "gradients first, then the simpler spec."
+    )
 
 
 def _trust_notes(times: np.ndarray, scores: list[WorkerScore], workers: int) -> list[str]:

@@ -2,10 +2,11 @@
 
 Scenario worker n replays trace worker n mod W (``delays.trace``), so with N >= W workers the
 slowest of an iteration is the slowest of the W trace workers, and with N < W it is among the
-first N. E[T] is the mean over the trace's iterations of max_n t[i, n]; the mean worker time
-is the mean of t[i, n] over iterations and scenario workers (trace workers weighted by how
-many scenario workers replay them). The straggler cost is E[T] - mean per step, also as a share
-of E[T]. Excluding workers drops every scenario worker that replays them.
+first N. E[T] is the mean over the trace's iterations of max_n t[i, n], plus the mean T^c per round
+(the trace's recorded noncompute seconds, ``delays.trace``, or ``--comm-time``); the mean
+worker time is the mean of t[i, n] over iterations and scenario workers (trace workers weighted
+by how many scenario workers replay them). The straggler cost is E[T] - T^c - mean per step,
+also as a share of E[T]. Excluding workers drops every scenario worker that replays them.
 """
 
 from __future__ import annotations
@@ -24,15 +25,16 @@ class Cost:
     """Sync iteration time on the trace and what waiting for the slowest costs."""
 
     workers: int
-    iteration_time: float  # E[T] = mean_i max_n t[i, n]
+    iteration_time: float  # E[T] = mean_i max_n t[i, n] + E[T^c]
     mean_worker_time: float
     excluded: tuple[int, ...] = ()
     kept_workers: int = 0
+    comm_time: float = 0.0  # E[T^c] per round
 
     @property
     def overhead(self) -> float:
         """Seconds per step spent waiting for the slowest worker."""
-        return self.iteration_time - self.mean_worker_time
+        return self.iteration_time - self.comm_time - self.mean_worker_time
 
     @property
     def overhead_share(self) -> float:
@@ -50,6 +52,7 @@ class Cost:
             "excluded": list(self.excluded),
             "iteration_time": self.iteration_time,
             "mean_worker_time": self.mean_worker_time,
+            "comm_time": self.comm_time,
             "overhead": self.overhead,
             "overhead_share": self.overhead_share,
             "throughput": self.throughput,
@@ -61,9 +64,11 @@ def sync_cost(
     ids: NDArray[np.int64],
     workers: int,
     exclude: Collection[int] = (),
+    comm: float = 0.0,
 ) -> Cost:
     """E[T] and the mean worker time of ``workers`` scenario workers replaying ``times[i, w]``
-    (trace worker ids ``ids``), leaving out every replica of the trace workers ``exclude``."""
+    (trace worker ids ``ids``) with ``comm`` seconds of T^c per round, leaving out every
+    replica of the trace workers ``exclude``."""
     replicas = _replicas(ids.size, workers)
     keep = replicas > 0
     keep &= ~np.isin(ids, list(exclude))
@@ -74,10 +79,11 @@ def sync_cost(
     mean = float((kept.mean(axis=0) * weights).sum() / weights.sum())
     return Cost(
         workers=workers,
-        iteration_time=float(kept.max(axis=1).mean()),
+        iteration_time=float(kept.max(axis=1).mean()) + comm,
         mean_worker_time=mean,
         excluded=tuple(sorted(int(w) for w in exclude)),
         kept_workers=int(weights.sum()),
+        comm_time=comm,
     )
 
 

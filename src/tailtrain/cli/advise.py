@@ -54,6 +54,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="the job to advise: a DDP job (the comm hook), an own loop (StragglerStep), "
         "tailtrain train (every strategy) or any (default: %(default)s)",
     )
+    p.add_argument(
+        "--comm-time",
+        default=None,
+        metavar="SECONDS|SPEC",
+        help="communication time T^c per update, seconds or a delay spec (default: the "
+        "rounds' noncompute seconds the trace recorded, as `train` writes them, else 0)",
+    )
     p.add_argument("--seed", type=seed_value, default=0)
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument(
@@ -78,6 +85,7 @@ def run(args: argparse.Namespace) -> int:
         micro_batches=args.micro_batches,
         seed=args.seed,
         setup=args.setup,
+        comm_time=args.comm_time,
     )
     payload = _finite(found.to_json())
     if args.out is not None:
@@ -123,7 +131,7 @@ def _print(found: Advice) -> None:
     )
     table = Table(title_justify="left")
     headers = ("#", "strategy", "E[T] (s per update)", "speedup (x sync's gradients/s)",
-               "simulated speedup (x)", "method")  # fmt: skip
+               "simulated speedup (x)", "+- (x)", "method")  # fmt: skip
     for name in headers:
         table.add_column(name, justify="left" if name in ("strategy", "method") else "right")
     for i, r in enumerate(found.ranked, start=1):
@@ -135,6 +143,7 @@ def _print(found: Advice) -> None:
             f"{r.row.iteration_time:.4g}",
             f"{r.row.effective_speedup:.3f}",
             sim,
+            f"{r.uncertainty:.3f}",
             r.row.method,
         )
     console.print(table)

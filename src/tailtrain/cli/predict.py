@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import sys
@@ -14,6 +15,7 @@ from rich.table import Table
 from tailtrain.cli.scenario_args import seed_value
 from tailtrain.delays import DelayModel, parse_delay, parse_pattern
 from tailtrain.delays.comm import parse_comm_time
+from tailtrain.delays.trace import comm_note, replayed_comm
 from tailtrain.errors import UsageError
 from tailtrain.prediction import ALL_K_UP_TO, DelayScenario, Prediction, Row, k_grid, predict
 from tailtrain.prediction.families import SIM_MAX_WORKERS, with_families
@@ -55,10 +57,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--comm-time",
-        default="0",
+        default=None,
         metavar="SECONDS|SPEC",
         help="communication time T^c: per job (pull, compute, push) for the parameter-server "
-        "families, once per update for DropCompute; seconds or a delay spec (default: 0)",
+        "families, once per update for DropCompute; seconds or a delay spec (default: 0, or "
+        "with --delay trace:path=FILE the rounds' noncompute seconds FILE recorded)",
     )
     p.add_argument(
         "--k",
@@ -85,17 +88,21 @@ def run(args: argparse.Namespace) -> int:
 
     if args.workers >= 1:  # arrays of one number per K (predict checks its Monte Carlo draws)
         check_memory(64 * args.workers, f"--workers {args.workers}", "per-K arrays")
+    # a trace that recorded its rounds' noncompute seconds replays them unless told otherwise
+    comm = replayed_comm(args.delay, args.comm_time)
     scenario = DelayScenario(
         workers=args.workers,
         delay=parse_delay(args.delay),
         pattern=None if args.pattern is None else parse_pattern(args.pattern),
         micro_batches=args.micro_batches,
-        comm=parse_comm(args.comm_time),
+        comm=parse_comm(comm or "0"),
         ks=parse_ks(args.k, args.workers),
         samples=args.samples,
         seed=args.seed,
     )
     prediction = with_families(predict(scenario))
+    if (note := comm_note(args.delay, comm)) is not None:
+        prediction = dataclasses.replace(prediction, notes=(*prediction.notes, note))
     if args.json:
         ks = scenario.ks or k_grid(scenario.workers)
         json.dump(_finite(prediction.to_json(ks)), sys.stdout, indent=2)

@@ -60,6 +60,7 @@ def run(args: argparse.Namespace) -> int:
     from tailtrain.cli.run_folder import prepare_run, resume_run
     from tailtrain.core.records import clean
     from tailtrain.core.session import RunInterrupted
+    from tailtrain.delays.trace import comm_note
     from tailtrain.sim.run import simulate
 
     job = resume_run(args) if args.resume is not None else prepare_run(args)
@@ -91,6 +92,8 @@ def run(args: argparse.Namespace) -> int:
         print_summary(record.summary)
     # with --json, standard output is the JSON alone: say where files went on standard error
     where = sys.stderr if args.json else sys.stdout
+    if (note := comm_note(scenario.delay, scenario.comm_time)) is not None:
+        print(note, file=where)
     if plot is not None:
         print(f"records: {folder}/steps.jsonl, evals.jsonl, summary.json", file=where)
         print(f"plot: {plot}", file=where)

@@ -22,6 +22,16 @@ rejects equal distributions at level ``PERSISTENCE_LEVEL`` (0.001) and the per-w
 span at least ``PERSISTENCE_EFFECT`` (a quarter) of the pooled interquartile range, so a large
 trace with negligible differences is not flagged.
 
+Recorded communication: a trace that ``tailtrain train`` wrote (allreduce topology) has a
+``noncompute`` column: on the rows of a round's last iteration, the round's wall seconds less
+that worker's unit seconds (its wait, communication and the runtime's overhead), NaN elsewhere
+(``runtime.telemetry``). A round's replayed T^c is the smallest of them over the workers, the
+slowest worker's, so that the replayed round, max_n (sum of n's units) + T^c, is the round's
+wall seconds. ``trace:path=FILE,of=noncompute`` is the law of those T^c (one value per
+recorded round, bootstrapped: ``sample`` draws them with replacement); :func:`replayed_comm`
+makes it the ``--comm-time`` of ``simulate``, ``predict`` and ``advise`` when none is given,
+and :func:`comm_note` says which they used. Traces without the column read as before.
+
 Either way, the model's law is the empirical distribution of ``seconds``: ``sample`` draws
 rows with replacement, cdf is the ECDF, mean and var are those of the empirical distribution,
 and ``exact`` is False. Theory that treats draws as i.i.d. uses that law; a per-worker replay
@@ -43,10 +53,12 @@ from tailtrain.delays.atomic import AtomicDelay
 from tailtrain.delays.base import FloatArray, Shape
 from tailtrain.delays.censored import complete
 from tailtrain.errors import UsageError
-from tailtrain.spec import Spec
+from tailtrain.spec import Spec, parse_spec
 
 REQUIRED = ("iteration", "worker", "seconds")
-OPTIONAL = ("micro_batch", "censored")
+OPTIONAL = ("micro_batch", "censored", "noncompute")
+#: ``of=``: the units' seconds, or each recorded round's T^c (module docstring)
+PARTS = ("seconds", "noncompute")
 SAMPLING = ("per-worker", "pooled")
 PERSISTENCE_LEVEL = 1e-3  #: Kruskal–Wallis level for persistent per-worker differences
 PERSISTENCE_EFFECT = 0.25  #: least span of per-worker medians, in pooled IQRs
@@ -61,6 +73,20 @@ class Trace:
     micro_batch: np.ndarray | None
     seconds: FloatArray
     censored: np.ndarray | None = None  # True: seconds is a lower bound (``delays.censored``)
+    #: recorded wait, communication and overhead (NaN: no round ends on that row); None:
+    #: the trace has no such column
+    noncompute: FloatArray | None = None
+
+    def round_comm(self) -> FloatArray:
+        """Each recorded round's T^c, in iteration order: the smallest ``noncompute`` over
+        the workers of an iteration that has one (module docstring); empty without any."""
+        if self.noncompute is None:
+            return np.empty(0)
+        known = ~np.isnan(self.noncompute)
+        iterations, slot = np.unique(self.iteration[known], return_inverse=True)
+        least = np.full(iterations.size, np.inf)
+        np.minimum.at(least, slot, self.noncompute[known])
+        return least
 
 
 @dataclass(frozen=True)
@@ -199,6 +225,7 @@ def read_trace(path: str | Path) -> Trace:
         micro_batch=column["micro_batch"].astype(np.int64) if "micro_batch" in column else None,
         seconds=np.ascontiguousarray(column["seconds"]),
         censored=column["censored"] > 0 if "censored" in column else None,
+        noncompute=column.get("noncompute"),
     )
 
 
@@ -268,13 +295,17 @@ def _check_values(path: Path, table: np.ndarray, columns: dict[str, int]) -> Non
     for name, index in columns.items():
         values = table[:, index]
         bad = ~np.isfinite(values) | (values < 0)
-        if name != "seconds":
+        if name == "noncompute":  # NaN: no round ends on this row
+            bad &= ~np.isnan(values)
+        elif name != "seconds":
             bad |= values != np.floor(values)
         if name == "censored":
             bad |= values > 1
         if bad.any():
             row = int(np.argmax(bad))
-            kind = "a finite number >= 0" if name == "seconds" else "an integer >= 0"
+            kind = "an integer >= 0"
+            kind = "a finite number >= 0" if name == "seconds" else kind
+            kind = "a finite number >= 0 or nan" if name == "noncompute" else kind
             kind = "0 or 1" if name == "censored" else kind
             raise UsageError(
                 f"trace file {str(path)!r} data row {row + 1}: {name}="
@@ -288,33 +319,86 @@ def write_trace_rows(
     per_micro_batch: bool,
     append: bool = False,
     censored: bool = False,
+    noncompute: bool = False,
 ) -> None:
-    """Write rows [iteration, worker, (micro_batch,) seconds] in the format :func:`read_trace`
-    reads, sorted by their integer columns; ``append`` adds them to a file this wrote (the
-    header only when the file is new): a probe writes its trace a window at a time, and the
-    reader takes rows in any order; ``censored``: the table's column before seconds is the
-    censoring flag."""
+    """Write rows [iteration, worker, (micro_batch,) (censored,) seconds(, noncompute)] in the
+    format :func:`read_trace` reads, sorted by iteration, worker and micro-batch; ``append``
+    adds them to a file this wrote (the header only when the file is new): a probe writes its
+    trace a window at a time, and the reader takes rows in any order; ``censored``: the column
+    before seconds is the censoring flag; ``noncompute``: the last column is the recorded
+    wait, communication and overhead."""
     path = Path(path)
-    header = [*REQUIRED[:2], *(OPTIONAL[:1] if per_micro_batch else ()), "seconds"]
-    if censored:
-        header.insert(-1, "censored")
-    order = np.lexsort(table[:, :-1].T[::-1]) if len(table) else np.arange(0)
+    header = [*REQUIRED[:2], *(OPTIONAL[:1] if per_micro_batch else ())]
+    header += ["censored"] * censored + ["seconds"] + ["noncompute"] * noncompute
+    ints = len(header) - 1 - noncompute  # every column before seconds is an integer
+    keys = 2 + per_micro_batch
+    order = np.lexsort(table[:, :keys].T[::-1]) if len(table) else np.arange(0)
     fresh = not append or not path.exists() or path.stat().st_size == 0
     with path.open("w" if fresh else "a", newline="") as handle:
         writer = csv.writer(handle)
         if fresh:
             writer.writerow(header)
         for row in table[order]:
-            writer.writerow([*(int(v) for v in row[:-1]), repr(float(row[-1]))])
+            writer.writerow([*(int(v) for v in row[:ints]), *(repr(float(v)) for v in row[ints:])])
 
 
 def trace(spec: Spec) -> TraceDelay:
-    """``trace:path=FILE[,sampling=per-worker|pooled]``: replay or bootstrap FILE's seconds."""
-    spec.require_known(("path", "sampling"))
+    """``trace:path=FILE[,sampling=per-worker|pooled][,of=seconds|noncompute]``: replay or
+    bootstrap FILE's seconds, or (``of=noncompute``) bootstrap its rounds' recorded T^c."""
+    spec.require_known(("path", "sampling", "of"))
     sampling = spec.get_str("sampling", SAMPLING[0])
     if sampling not in SAMPLING:
         raise UsageError(
             f"{spec.text!r}: unknown sampling={sampling!r}; use sampling=per-worker "
             f"(replay each worker's times, the default) or sampling=pooled (bootstrap)"
         )
-    return TraceDelay(spec.text, read_trace(spec.get_str("path")), sampling)
+    part = spec.get_str("of", PARTS[0])
+    if part not in PARTS:
+        raise UsageError(
+            f"{spec.text!r}: unknown of={part!r}; use of=seconds (the units' times, the "
+            "default) or of=noncompute (each recorded round's wait, communication and overhead)"
+        )
+    found = read_trace(spec.get_str("path"))
+    if part == "seconds":
+        return TraceDelay(spec.text, found, sampling)
+    comm = found.round_comm()
+    if comm.size == 0:
+        raise UsageError(
+            f"{spec.text!r}: the trace records no noncompute seconds; record them with "
+            "`tailtrain train --out DIR` (allreduce topology) or drop of=noncompute"
+        )
+    rounds = np.arange(comm.size)
+    return TraceDelay(spec.text, Trace(rounds, np.zeros_like(rounds), None, comm), "pooled")
+
+
+def replayed_comm(delay: str, comm_time: str | None) -> str | None:
+    """The ``--comm-time`` a replay of ``delay`` charges: ``comm_time`` when given, else the
+    recorded rounds' T^c (``of=noncompute``) when ``delay`` is a trace that has them, else
+    None (no communication)."""
+    if comm_time is not None or not _is_trace(delay):
+        return comm_time
+    path = parse_spec(delay).get_str("path")
+    return f"trace:path={path},of=noncompute" if read_trace(path).round_comm().size else None
+
+
+def comm_note(delay: str, comm_time: str | None) -> str | None:
+    """Which T^c a replay of ``delay`` with ``--comm-time`` ``comm_time`` charges, in one
+    sentence; None when ``delay`` is no trace or one that recorded no noncompute seconds
+    (nothing to choose from: ``--comm-time`` or none, as before such traces existed)."""
+    if not _is_trace(delay):
+        return None
+    recorded = read_trace(parse_spec(delay).get_str("path")).round_comm()
+    if recorded.size == 0:
+        return None
+    if comm_time is not None and comm_time.endswith(",of=noncompute"):
+        return (
+            f"T^c replayed from the trace: its {recorded.size} rounds' recorded wait, "
+            f"communication and overhead (mean {recorded.mean():.4g} s per round; "
+            "--comm-time overrides it)"
+        )
+    return f"T^c from --comm-time {comm_time} in place of the trace's recorded noncompute"
+
+
+def _is_trace(delay: str) -> bool:
+    """A lone ``trace:`` spec (not a sum with another model)."""
+    return delay.startswith("trace:") and "+" not in delay

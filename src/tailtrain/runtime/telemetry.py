@@ -1,14 +1,24 @@
 """Run records, measured traces, rank-tagged logs and profiler ranges of `tailtrain train`.
 
 * ``steps.jsonl`` has the allreduce simulator's columns (``topology.allreduce.step_row``)
-  with wall seconds in ``time``, plus ``rank_compute``, ``rank_injected``, ``rank_wait`` and
-  ``rank_comm``: each rank's compute seconds, the injected seconds slept within them, its wait
-  for the slowest rank's compute (max_k T~_k - T~_n, spent inside the allreduce) and the rest
-  of its allreduce seconds. ``comm_time`` (T^c) is the smallest allreduce seconds over the
-  ranks: the collective's own time, without waiting (``runtime.allreduce``).
-  ``sync_time`` and ``s_eff`` need the time of micro-batches that were never computed, so they
-  are null in rounds that dropped work.
-* ``summary.json`` has simulate's keys, ``wall_time`` in place of ``virtual_time``.
+  with wall seconds in ``time``, plus ``step_time`` (the round's wall seconds, the slowest
+  rank's) and, per rank, ``rank_compute`` (T~_n: its compute seconds, the injected ones
+  included), ``rank_injected`` (the injected seconds slept within them), ``rank_wait``,
+  ``rank_comm`` and ``rank_overhead``. Every second of the round is in exactly one of them:
+  (rank_compute - rank_injected) + rank_injected + rank_wait + rank_comm + rank_overhead =
+  step_time, each >= 0 (:func:`split_round`). Every rank leaves a collective together, so the
+  last to arrive waits for nobody: ``rank_comm`` is the collective's own seconds, the smallest
+  allreduce seconds over the ranks (T^c, ``comm_time``), and ``rank_wait`` the rest of the
+  rank's allreduce seconds, measured on its own clock. (It was max_k T~_k - T~_n, which
+  subtracted compute times that started at different instants on different ranks, and left
+  ``rank_comm`` negative for a rank that started late.) ``rank_overhead`` is the runtime's own
+  seconds around them (planning, the update, the clock, a lead that a faster rank's round had
+  on this one). ``sync_time`` and ``s_eff`` need the time of micro-batches that were never
+  computed, so they are null in rounds that dropped work.
+* ``summary.json`` has simulate's keys, ``wall_time`` in place of ``virtual_time``, and the
+  means per round and rank of the five parts (:func:`time_means`, allreduce topology):
+  ``mean_compute_time``, ``mean_injected_time``, ``mean_wait_time``, ``mean_comm_time``,
+  ``mean_overhead_time``; they sum to ``mean_iteration_time``.
 * Log lines name their rank (``launch.tag_logs``) and, from the runtime, their step.
 * ``trace-rank{r}.csv`` (per rank) and ``trace.csv`` (rank 0, all ranks) hold every unit's
   measured seconds in the format ``trace:path=`` reads
@@ -16,7 +26,13 @@
   started is a censored row, a lower bound, so the law is estimated rather than read from the
   survivors; one iteration per local step; a partial
   collective's unit is a rank's job, its iteration the job's index), so a real run can drive
-  ``predict``, ``simulate`` and ``advise`` (:func:`write_traces`).
+  ``predict``, ``simulate`` and ``advise`` (:func:`write_traces`). The allreduce topology adds
+  ``noncompute``: on the rows of a rank's last iteration in a round, the round's wall seconds
+  less that rank's unit seconds (its wait, communication and overhead; tau in place of the
+  unit seconds of a rank that dropped work preempting, as the simulator charges it, so that the
+  compute of its unit in flight at tau is counted once), NaN on the other rows
+  (no collective ends there) and in a round whose time never came; a replay charges it
+  (``delays.trace``). The partial-collective topology writes no ``noncompute``.
 * :func:`run_record` makes a topology's run record; rank 0's also streams its step and
   evaluation rows to TensorBoard (``--tensorboard``, the scalars of ``simulate``'s
   ``tailtrain.tensorboard``) as they are recorded, until :func:`close_record`, and on a
@@ -28,6 +44,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import sys
 import time
 from collections.abc import Sequence
@@ -196,17 +213,71 @@ class Settled(NamedTuple):
 
 @dataclass(frozen=True)
 class RoundTimes:
-    """What every rank knows after a round: per-rank counts and seconds (N,) each."""
+    """What every rank knows after a round: per-rank counts and seconds (N,) each, and the
+    round's wall seconds (NaN, as wait, comm and overhead, until its timings come)."""
 
     done: np.ndarray
     compute: np.ndarray
     injected: np.ndarray
     wait: np.ndarray
     comm: np.ndarray
+    overhead: np.ndarray
+    wall: float
 
     def full(self, units: int) -> np.ndarray:
         """T_n^(U) where observable: a rank that dropped work never measured its rest."""
         return np.where(self.done == units, self.compute, np.nan)
+
+
+def split_round(rows: np.ndarray, timing: np.ndarray | None) -> RoundTimes:
+    """A round's seconds, rank by rank, from the gathered rows [C_n, T~_n, injected, ...] and
+    each rank's [allreduce, round seconds] (None: not come yet).
+
+    Each rank measures its own phases on its own clock, and they do not overlap: its compute
+    T~_n, then its allreduce A_n, within its round R_n <= the round's wall seconds max_k R_k.
+    The collective ends for all ranks together, so T^c = min_k A_k (the last to arrive waits
+    for nobody), wait_n = A_n - T^c and overhead_n = wall - T~_n - A_n: all >= 0 and, with
+    T^c, summing to the wall seconds without a difference of two ranks' clocks.
+    """
+    done, compute, injected = rows[:, 0].astype(np.int64), rows[:, 1], rows[:, 2]
+    if timing is None:
+        unknown = np.full(len(compute), np.nan)
+        return RoundTimes(done, compute, injected, unknown, unknown, unknown, math.nan)
+    allreduce, wall = timing[:, 0], float(timing[:, 1].max())
+    comm = float(allreduce.min())
+    return RoundTimes(
+        done,
+        compute,
+        injected,
+        wait=allreduce - comm,
+        comm=np.full(len(compute), comm),
+        overhead=wall - compute - allreduce,
+        wall=wall,
+    )
+
+
+#: the parts of a round in ``summary.json``: column (or the compute alone) -> summary key
+TIME_PARTS = {
+    "compute": "mean_compute_time",
+    "rank_injected": "mean_injected_time",
+    "rank_wait": "mean_wait_time",
+    "rank_comm": "mean_comm_time",
+    "rank_overhead": "mean_overhead_time",
+}
+
+
+def time_means(record: RunRecord) -> dict[str, float]:
+    """Mean seconds per round and rank of each part of a round (module docstring): they sum
+    to the mean round. Rows without their timings (a run that failed) are left out."""
+    rows = [r for r in record.steps if "rank_overhead" in r]
+    if not rows:
+        return {key: math.nan for key in TIME_PARTS.values()}
+    table = {c: np.array([r[c] for r in rows], dtype=np.float64) for c in TIME_PARTS if c[0] == "r"}
+    table["compute"] = np.array([r["rank_compute"] for r in rows]) - table["rank_injected"]
+    keep = ~np.isnan(table["rank_overhead"]).any(axis=1)
+    if not keep.any():
+        return {key: math.nan for key in TIME_PARTS.values()}
+    return {key: float(table[c][keep].mean()) for c, key in TIME_PARTS.items()}
 
 
 def allreduce_row(
@@ -216,22 +287,28 @@ def allreduce_row(
     stops = Stops(times.done, times.compute, times.full(plan.local_steps * m))
     row = step_row(plan, stats, stops, used, m, settled.comm_time)
     row["time"] = settled.time
+    row["step_time"] = times.wall
     row["rank_compute"] = times.compute.tolist()
     row["rank_injected"] = times.injected.tolist()
     row["rank_wait"] = times.wait.tolist()
     row["rank_comm"] = times.comm.tolist()
+    row["rank_overhead"] = times.overhead.tolist()
     return row
 
 
 @dataclass
 class TraceRows:
-    """One rank's measured unit seconds, as rows of a ``trace:`` CSV."""
+    """One rank's measured unit seconds, as rows of a ``trace:`` CSV; with ``charged``, each
+    round's wall seconds too, for the ``noncompute`` column (module docstring)."""
 
     rank: int
     per_micro_batch: bool
-    #: (step, M, H, unit seconds, seconds of the unit tau cut) of each round, made into rows
-    #: only when asked (per round that would be a few numpy calls on the critical path)
-    rounds: list[tuple[int, int, int, Sequence[float], float]] = field(default_factory=list)
+    charged: bool = False
+    #: (step, M, H, unit seconds, seconds of the unit tau cut, cap) of each round, made into
+    #: rows only when asked (per round that would be a few numpy calls on the critical path)
+    rounds: list[tuple[int, int, int, Sequence[float], float, float]] = field(default_factory=list)
+    #: each settled round's wall seconds, by step (:meth:`charge`)
+    walls: dict[int, float] = field(default_factory=dict)
 
     def add(
         self,
@@ -240,18 +317,24 @@ class TraceRows:
         local_steps: int,
         times: Sequence[float],
         cut: float = float("nan"),
+        cap: float = math.inf,
     ) -> None:
-        """The counted units' seconds of round ``step`` (NaN: not counted) and how long the
-        unit tau preempted had run (NaN: none)."""
-        self.rounds.append((step, micro_batches, local_steps, times, cut))
+        """The counted units' seconds of round ``step`` (NaN: not counted), how long the unit
+        tau preempted had run (NaN: none), and ``cap``: the compute the simulator charges a
+        rank that dropped work (tau when preempting, ``sim.allreduce.timing``)."""
+        self.rounds.append((step, micro_batches, local_steps, times, cut, cap))
+
+    def charge(self, step: int, wall: float) -> None:
+        """Round ``step`` took ``wall`` seconds (the slowest rank's), once its timings came."""
+        self.walls[step] = wall
 
     def table(self) -> np.ndarray:
-        """Rows [iteration, rank, (micro-batch,) censored, seconds] of every unit; delay-process
-        iteration = step * H + h. A unit not counted is censored: the one tau cut at the
-        seconds it had run, those never started at 0 (``delays.censored``)."""
-        width = 5 if self.per_micro_batch else 4
+        """Rows [iteration, rank, (micro-batch,) censored, seconds(, noncompute)] of every unit;
+        delay-process iteration = step * H + h. A unit not counted is censored: the one tau
+        cut at the seconds it had run, those never started at 0 (``delays.censored``)."""
+        width = 4 + self.per_micro_batch + self.charged
         rows = [np.empty((0, width))]
-        for step, micro_batches, local_steps, seconds, cut in self.rounds:
+        for step, micro_batches, local_steps, seconds, cut, cap in self.rounds:
             times = np.asarray(seconds, dtype=np.float64)
             censored = np.isnan(times)
             if censored.any():
@@ -263,15 +346,25 @@ class TraceRows:
             cols = [iteration, np.full(unit.size, self.rank)]
             if self.per_micro_batch:
                 cols.append(unit % micro_batches)
-            rows.append(np.column_stack([*cols, censored, times]))
+            counted = times[~censored].sum()
+            rows_of_round = [*cols, censored, times]
+            if self.charged:
+                # what a replay charges as compute: a preempted rank's tau, as the simulator
+                # (the real unit in flight at tau runs on, uncounted: it is noncompute here)
+                spent = cap if censored.any() and cap < math.inf else counted
+                rest = self.walls.get(step, math.nan) - spent
+                last = iteration == step * local_steps + local_steps - 1  # the round's last
+                rows_of_round.append(np.where(last, rest, np.nan))
+            rows.append(np.column_stack(rows_of_round))
         return np.concatenate(rows)
 
 
-def write_trace(path: Path, table: np.ndarray, per_micro_batch: bool) -> None:
+def write_trace(path: Path, table: np.ndarray, per_micro_batch: bool, charged: bool = False):
     """The format's one writer (beside its reader); the censored column only when a row is."""
-    censored = bool(len(table)) and bool(table[:, -2].any())
-    kept = table if censored else np.delete(table, -2, axis=1)
-    write_trace_rows(path, kept, per_micro_batch, censored=censored)
+    flag = -2 - charged  # the censored column
+    censored = bool(len(table)) and bool(table[:, flag].any())
+    kept = table if censored else np.delete(table, flag, axis=1)
+    write_trace_rows(path, kept, per_micro_batch, censored=censored, noncompute=charged)
 
 
 def write_traces(out: Path, rows: TraceRows, comm: Collectives) -> None:
@@ -286,8 +379,9 @@ def write_traces(out: Path, rows: TraceRows, comm: Collectives) -> None:
 def write_outputs(out: Path, record: RunRecord | None, trace: np.ndarray | None, rows: TraceRows):
     """Every rank writes its trace; rank 0 (``record`` given) the record and ``trace.csv``."""
     folder = prepare_folder(out)
-    write_trace(folder / f"trace-rank{rows.rank}.csv", rows.table(), rows.per_micro_batch)
+    kind = (rows.per_micro_batch, rows.charged)
+    write_trace(folder / f"trace-rank{rows.rank}.csv", rows.table(), *kind)
     if record is not None:
         record.write(folder)
     if trace is not None:
-        write_trace(folder / "trace.csv", trace, rows.per_micro_batch)
+        write_trace(folder / "trace.csv", trace, *kind)

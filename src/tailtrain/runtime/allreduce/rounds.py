@@ -99,7 +99,6 @@ from tailtrain.runtime.rank import Updates, drive_rank
 from tailtrain.runtime.reduce import Collectives, SumBuffer, WeightedSum
 from tailtrain.runtime.telemetry import (
     RankLog,
-    RoundTimes,
     Settled,
     TraceRows,
     allreduce_row,
@@ -107,6 +106,8 @@ from tailtrain.runtime.telemetry import (
     close_record,
     phase,
     run_record,
+    split_round,
+    time_means,
     write_traces,
 )
 from tailtrain.runtime.units import RankWork, compute
@@ -291,7 +292,7 @@ def start(config: TrainConfig, comm: Collectives) -> _Rank:
         injector=Injector(world, comm.rank, config.inject),
         comm=comm,
         log=RankLog(),
-        trace=TraceRows(comm.rank, scenario.micro_batches is not None),
+        trace=TraceRows(comm.rank, scenario.micro_batches is not None, charged=True),
         record=(record := run_record(config, world, comm.rank == 0)),
         evals=Evaluator(scenario.evaluation, record if comm.rank == 0 else RunRecord(), True),
         update=WeightedUpdate(world.lr, config.on_nonfinite),
@@ -378,19 +379,15 @@ def estimated_row(run: _Rank) -> dict[str, Any] | None:
 
 
 def row_of(
-    run: _Rank, done: Unsettled, settled: Settled, allreduce: np.ndarray | None
+    run: _Rank, done: Unsettled, settled: Settled, timing: np.ndarray | None
 ) -> dict[str, Any]:
-    """``done``'s record row at ``settled`` with each rank's allreduce seconds (None: unknown
-    yet), accounting it first if it is not yet; a rank waits inside the allreduce for the
-    slowest rank's compute."""
+    """``done``'s record row at ``settled`` with each rank's [allreduce, round seconds] (None:
+    unknown yet), accounting it first if it is not yet (``telemetry.split_round``)."""
     if done.stats is None:
         account(run, done)
     stats, rows = done.stats, done.ex.rows
     assert stats is not None
-    compute = rows[:, 1]
-    wait = compute.max() - compute
-    comm = np.full(len(compute), np.nan) if allreduce is None else allreduce - wait
-    times = RoundTimes(rows[:, 0].astype(np.int64), compute, rows[:, 2], wait, comm)
+    times = split_round(rows, timing)
     # rank n's round is arrival n (round_arrivals), so the used ranks are the used keys' own
     used = sorted(key_workers(stats.used).tolist())
     row = allreduce_row(done.ex.plan, stats, times, used, done.ex.m, settled)
@@ -448,7 +445,8 @@ def one_round(run: _Rank, plan: Plan) -> None:
     divisor = own.divisor if run.rule.keeps_state else account(run, done).divisor
     apply(run, reduced, divisor, plan.lr_scale)
     run.unsettled, run.now = done, end
-    run.trace.add(run.step, m, plan.local_steps, work.times, work.cut)
+    cap = plan.threshold if plan.preempt else math.inf  # telemetry.TraceRows.add
+    run.trace.add(run.step, m, plan.local_steps, work.times, work.cut, cap)
     run.step += 1
     run.timing = (reducing.seconds, time.perf_counter() - started)
 
@@ -544,6 +542,7 @@ def settle(run: _Rank, timing: np.ndarray) -> None:
     run.comm_time, elapsed = round_times(timing)
     run.settled += elapsed
     run.now = run.settled
+    run.trace.charge(done.ex.step, elapsed)
     run.settling.append((done, Settled(run.settled, run.comm_time), timing))
 
 
@@ -552,7 +551,7 @@ def flush(run: _Rank) -> None:
     allreduce's shadow, and before a snapshot, after a failure and at the end."""
     while run.settling:  # each leaves once recorded: a failure here records nothing twice
         done, settled, timing = run.settling[0]
-        row = row_of(run, done, settled, timing[:, 0])
+        row = row_of(run, done, settled, timing)
         del run.settling[0]
         run.record.add_step(row)
 
@@ -567,7 +566,7 @@ def settle_last(run: _Rank) -> None:
 def finish(run: _Rank) -> RankResult:
     """Gather the traces on rank 0, write the outputs, summarise (partial after Ctrl-C)."""
     if run.comm.rank == 0:
-        topology = summarise(run.record)
+        topology = {**summarise(run.record), **time_means(run.record)}
         run.record.summary = run.keeper.run.summary(
             run.world, run.rule.strategy, run.record, topology
         )

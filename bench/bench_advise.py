@@ -1,0 +1,140 @@
+"""Does `advise`'s forecast come true? Advise on a `train` trace, then train what it says.
+
+    nice -n 10 python bench/bench_advise.py            # human-readable lines
+    nice -n 10 python bench/bench_advise.py --json     # one JSON object
+    nice -n 10 python bench/bench_advise.py --quick    # shorter runs, fewer pairs
+
+Two cases, 4 ranks and ``--micro-batches 4`` each: ``seq-lstm`` with no injected delay (its
+heavy-tailed sequence lengths and its communication are the whole story) and ``digits-cnn``
+with injected delays (:data:`CASES`). For each:
+
+1. ``train --strategy sync`` for ``--budget`` wall seconds, ``--traces`` times (identical
+   runs), and ``advise --trace trace.csv --json`` on each: the recommendations
+   (``recommendations``, goal: all the same), and for the first run its sync E[T] against the
+   run's own measured mean iteration time (``sync_forecast_ratio``, goal within 5% of 1).
+2. ``train`` with the first run's recommendation and with ``sync``, in ``--pairs``
+   alternating pairs (each side first in every other pair), each for the same budget. A run's
+   rate is the worker gradients it applied per wall second (micro-batches done / M over the
+   rounds' wall seconds, as ``advise``'s effective speedup counts them); a pair's realised
+   speed-up is the recommendation's rate over sync's. ``realised_speedup`` is the median over
+   the pairs, ``predicted_speedup`` advise's effective speedup of its recommendation (its
+   ``+-`` uncertainty alongside), and ``predicted_over_realised`` their ratio (goal within
+   10% of 1).
+
+Every figure is a ratio of two runs made close together on the same machine; the machine is
+shared and loaded, so single runs move by 10-30%: the pairs and the median are there for that.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+WORKERS, MICRO_BATCHES, SEED = 4, 4, 0
+#: name -> the flags of its runs besides the strategy and budget
+CASES = {
+    "seq-lstm": ["--task", "seq-lstm"],
+    "digits-cnn-injected": [
+        "--task", "digits-cnn", "--delay", "const:value=0.01+dropcompute-noise:scale=0.01",
+    ],
+}  # fmt: skip
+
+
+def cli(*args: str) -> str:
+    """One ``tailtrain`` command in a subprocess (this tree's PYTHONPATH); its stdout."""
+    command = [sys.executable, "-m", "tailtrain", *args]
+    return subprocess.run(
+        command, check=True, env=os.environ, capture_output=True, text=True
+    ).stdout
+
+
+def train(case: list[str], strategy: str, budget: float, folder: Path) -> dict:
+    """A run's summary and its rate of applied worker gradients per wall second."""
+    cli("train", *case, "--strategy", strategy, "--workers", str(WORKERS),
+        "--micro-batches", str(MICRO_BATCHES), "--time-budget", str(budget),
+        "--eval-every", "1000000", "--seed", str(SEED), "--out", str(folder),
+        "--no-progress", "--overwrite")  # fmt: skip
+    summary = json.loads((folder / "summary.json").read_text())
+    steps = [json.loads(line) for line in (folder / "steps.jsonl").read_text().splitlines()]
+    applied = sum(sum(r["completed"]) / r["micro_batches"] for r in steps)
+    wall = sum(r["step_time"] for r in steps)
+    return {"summary": summary, "rate": applied / wall, "rounds": len(steps)}
+
+
+def advise(trace: Path) -> dict:
+    return json.loads(cli("advise", "--trace", str(trace), "--json"))
+
+
+def one_case(name: str, budget: float, traces: int, pairs: int, say) -> dict:
+    case = CASES[name]
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        advice, measured = [], []
+        for i in range(traces):
+            run = train(case, "sync", budget, folder / f"sync{i}")
+            measured.append(run["summary"]["mean_iteration_time"])
+            advice.append(advise(folder / f"sync{i}" / "trace.csv"))
+            say(f"{name}: trace {i}: {advice[-1]['recommendation']}")
+        first = advice[0]
+        choice = next(r for r in first["results"] if r["spec"] == first["recommendation"])
+        predicted = choice.get("simulated_effective_speedup", choice["effective_speedup"])
+        ratios = []
+        for p in range(pairs):
+            order = ("rec", "sync") if p % 2 == 0 else ("sync", "rec")
+            rates = {}
+            for side in order:
+                spec = first["recommendation"] if side == "rec" else "sync"
+                rates[side] = train(case, spec, budget, folder / f"pair{p}{side}")["rate"]
+            ratios.append(rates["rec"] / rates["sync"])
+            say(f"{name}: pair {p}: realised {ratios[-1]:.3f}")
+    realised = float(np.median(ratios))
+    return {
+        "recommendations": [a["recommendation"] for a in advice],
+        "same_recommendation": len({a["recommendation"] for a in advice}) == 1,
+        "equivalent": [a["equivalent"] for a in advice],
+        "sync_forecast": [a["cost"]["iteration_time"] for a in advice],
+        "sync_measured": measured,
+        "sync_forecast_ratio": [a["cost"]["iteration_time"] / m for a, m in
+                                zip(advice, measured, strict=True)],
+        "recommendation": first["recommendation"],
+        "predicted_speedup": predicted,
+        "predicted_uncertainty": first["recommendation_uncertainty"],
+        "realised_speedups": ratios,
+        "realised_speedup": realised,
+        "predicted_over_realised": predicted / realised,
+    }  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--quick", action="store_true", help="6 s runs, 2 pairs")
+    parser.add_argument("--budget", type=float, default=15.0, help="wall seconds per run")
+    parser.add_argument("--traces", type=int, default=3, help="identical sync runs advised")
+    parser.add_argument("--pairs", type=int, default=4)
+    parser.add_argument("--case", choices=sorted(CASES), action="append")
+    args = parser.parse_args()
+    budget, pairs = (6.0, 2) if args.quick else (args.budget, args.pairs)
+
+    def say(text: str) -> None:
+        if not args.json:
+            print(text, flush=True)
+
+    out: dict = {"cpus": os.cpu_count(), "workers": WORKERS, "micro_batches": MICRO_BATCHES,
+                 "budget_s": budget, "pairs": pairs}  # fmt: skip
+    for name in args.case or list(CASES):
+        out[name] = one_case(name, budget, args.traces, pairs, say)
+        say(f"{name}: {json.dumps(out[name])}")
+    if args.json:
+        print(json.dumps(out, indent=2))
+
+
+if __name__ == "__main__":
+    main()
