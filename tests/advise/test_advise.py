@@ -105,8 +105,14 @@ def test_advise_prices_the_recorded_communication_unless_told_otherwise(tmp_path
     path = charged(tmp_path / "t.csv", times, comm)
     found = advise(path, samples=200)  # 2-20 s by load: every strategy is simulated
     expected = times.max(axis=1).mean() + comm.mean()
-    assert found.cost.iteration_time == pytest.approx(expected)
-    assert found.cost.overhead == pytest.approx(expected - comm.mean() - times.mean())
+    sync = next(r for r in found.ranked if r.row.strategy == "sync")
+    # the text quotes the table's sync row, whose T^c draws the recorded rounds at random
+    assert found.cost.iteration_time == sync.row.iteration_time
+    assert found.cost.iteration_time == pytest.approx(expected, rel=0.03)
+    assert found.cost.comm_time == pytest.approx(comm.mean())
+    assert found.cost.overhead == pytest.approx(
+        found.cost.iteration_time - comm.mean() - times.mean()
+    )
     assert any(note.startswith("T^c replayed from the trace") for note in found.notes)
     delay = f"trace:path={path}"
     assert replayed_comm(delay, "0.1") == "0.1"  # what advise(comm_time="0.1") prices

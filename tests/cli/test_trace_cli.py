@@ -98,7 +98,7 @@ def test_a_replay_charges_the_recorded_noncompute_seconds_unless_told_otherwise(
     delay = f"trace:path={charged_trace(tmp_path)}"
     prediction = predict(delay, 4, capsys)
     assert sync_time(prediction) == pytest.approx(6.0, abs=1e-12)
-    (note,) = prediction["notes"]
+    (note,) = trace_notes(prediction)
     assert note.startswith("T^c replayed from the trace: its 40 rounds'")
     assert simulate(delay, 4, capsys)["mean_iteration_time"] == pytest.approx(6.0, abs=1e-12)
     argv = ["simulate", "--task", "none", "--workers", "4", "--delay", delay, "--no-progress"]

@@ -94,8 +94,10 @@ def test_a_charged_trace_records_each_rounds_noncompute_seconds_on_its_last_iter
     rows.charge(0, 1.0)  # round 1's timings never came
     write_trace(tmp_path / "t.csv", rows.table(), per_micro_batch=True, charged=True)
     trace = read_trace(tmp_path / "t.csv")
-    assert trace.iteration.tolist() == [0, 0, 1, 2, 2, 3, 3]
-    np.testing.assert_allclose(trace.noncompute, [nan, nan, 0.4, nan, nan, nan, nan])
+    # the unit never started is a censored row (its seconds a lower bound, 0)
+    assert trace.iteration.tolist() == [0, 0, 1, 1, 2, 2, 3, 3]
+    assert trace.censored.tolist() == [False, False, False, True, False, False, False, False]
+    np.testing.assert_allclose(trace.noncompute, [nan, nan, 0.4, 0.4, nan, nan, nan, nan])
     assert trace.round_comm().tolist() == pytest.approx([0.4])
     # a rank that dropped work preempting is charged tau, as the simulator charges it
     rows = TraceRows(rank=0, per_micro_batch=True, charged=True)
@@ -103,7 +105,7 @@ def test_a_charged_trace_records_each_rounds_noncompute_seconds_on_its_last_iter
     rows.add(step=1, micro_batches=2, local_steps=1, times=np.array([0.1, 0.1]), cap=0.25)
     rows.charge(0, 1.0)
     rows.charge(1, 1.0)
-    assert rows.table()[:, -1].tolist() == pytest.approx([0.75, 0.8, 0.8])
+    assert rows.table()[:, -1].tolist() == pytest.approx([0.75, 0.75, 0.8, 0.8])
 
 
 def test_whole_iteration_traces_have_no_micro_batch_column(tmp_path):
