@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from tailtrain.integrate.rounds import RoundProgress, Rounds
 from tailtrain.runtime.allreduce.rounds import settle
 from tailtrain.runtime.control import round_times, screened_out
+from tailtrain.runtime.telemetry import TraceRows
 
 UNITS = 2
 
@@ -53,8 +54,10 @@ def loop_round(strategy: str, timing: np.ndarray, screened: bool = False):
 
 
 def train_settles(timing: np.ndarray) -> SimpleNamespace:
-    run = SimpleNamespace(unsettled=object(), settled=0.0, now=0.0, settling=[])
+    done = SimpleNamespace(ex=SimpleNamespace(step=0))
+    run = SimpleNamespace(unsettled=done, settled=0.0, now=0.0, settling=[])
     run.comm_time = math.nan
+    run.trace = TraceRows(0, per_micro_batch=False, charged=True)
     settle(run, timing)
     return run
 
@@ -73,6 +76,7 @@ def test_train_and_the_loop_feed_algorithm_2_the_same_t_c(rows):
     assert stats.comm_time == record.comm_time == run.comm_time == min(timing[:, 0])
     assert record.time == run.settled == max(timing[:, 1])
     assert round_times(timing) == (run.comm_time, run.settled)
+    assert run.trace.walls == {0: run.settled}  # the trace charges the round's wall seconds
 
 
 @pytest.mark.timeout(30)
