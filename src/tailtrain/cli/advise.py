@@ -15,6 +15,7 @@ from tailtrain.advice.heatmap import plot_heatmap
 from tailtrain.cli.predict import _finite
 from tailtrain.cli.scenario_args import seed_value
 from tailtrain.core.records import prepare_folder
+from tailtrain.delays.trace import TRACE_FORMAT
 from tailtrain.errors import UsageError
 
 
@@ -23,7 +24,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "advise",
         help="score the workers of a trace, cost the stragglers and recommend a strategy",
         description=(
-            "Reads a trace (iteration,worker[,micro_batch],seconds), scores every worker "
+            f"Reads a trace ({TRACE_FORMAT}), scores every worker "
             "(persistent straggler, intermittent or healthy), prices sync's wait for the "
             "slowest, ranks every strategy at its best setting by theory and by a timing-only "
             "simulation replaying the trace, and recommends one."
