@@ -125,10 +125,12 @@ def _print(found: Advice) -> None:
     if not slow:
         console.print("  no straggler: every worker is healthy")
     c = found.cost
+    # with T^c the three figures add up only if it is named: E[T] = mean + wait + T^c
+    comm = f", T^c {c.comm_time:.4g} s of it" if c.comm_time > 0 else ""
     console.print(
-        f"sync E[T] {c.iteration_time:.4g} s per step (the table's sync row) vs mean worker time "
-        f"{c.mean_worker_time:.4g} s: {c.overhead:.4g} s per step ({c.overhead_share:.0%} of "
-        "sync's time) waiting for the slowest"
+        f"sync E[T] {c.iteration_time:.4g} s per step (the table's sync row{comm}) vs mean "
+        f"worker time {c.mean_worker_time:.4g} s: {c.overhead:.4g} s per step "
+        f"({c.overhead_share:.0%} of sync's time) waiting for the slowest"
     )
     table = Table(title_justify="left")
     headers = ("#", "strategy", "E[T] (s per update)", "speedup (x sync's gradients/s)",
