@@ -30,6 +30,15 @@ def test_every_strategy_has_a_page():
     assert {p.stem for p in (DOCS / "strategies").glob("*.md")} == set(BUILDERS)
 
 
+def test_the_readmes_strategy_list_names_every_strategy():
+    # the list under **Strategies** is where a user looks up a spec's options
+    readme = (ROOT / "README.md").read_text()
+    listed = readme.split("- **Strategies**", 1)[1].split("- **Tasks**", 1)[0]
+    named = set(re.findall(r"^\s+- `([a-z-]+)", listed, flags=re.M))
+    named |= set(re.findall(r"`([a-z-]+)[:[`]", listed))
+    assert set(BUILDERS) - named == set()
+
+
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
 def test_example_commands_parse(page):
     found = commands(page)
