@@ -13,6 +13,7 @@ import pytest
 
 from tailtrain.cli import build_parser
 from tailtrain.strategies.registry import BUILDERS, parse_strategies, parse_strategy
+from tailtrain.tasks.registry import KNOWN_TASKS
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
@@ -28,6 +29,21 @@ def commands(page: Path) -> list[list[str]]:
 
 def test_every_strategy_has_a_page():
     assert {p.stem for p in (DOCS / "strategies").glob("*.md")} == set(BUILDERS)
+
+
+def test_the_readmes_strategy_list_names_every_strategy():
+    # the list under **Strategies** is where a user looks up a spec's options
+    readme = (ROOT / "README.md").read_text()
+    listed = readme.split("- **Strategies**", 1)[1].split("- **Tasks**", 1)[0]
+    named = set(re.findall(r"^\s+- `([a-z-]+)", listed, flags=re.M))
+    named |= set(re.findall(r"`([a-z-]+)[:[`]", listed))
+    assert set(BUILDERS) - named == set()
+
+
+def test_the_readmes_task_list_names_every_built_in_task():
+    readme = (ROOT / "README.md").read_text()
+    listed = readme.split("- **Tasks**", 1)[1].split("- **Partitions**", 1)[0]
+    assert set(KNOWN_TASKS) - set(re.findall(r"`([a-z0-9-]+)[:[`]", listed)) == set()
 
 
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)

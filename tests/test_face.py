@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 import importlib
 import importlib.util
+import inspect
 import os
 import subprocess
 import sys
@@ -124,3 +125,11 @@ def test_train_refuses_a_folder_that_holds_a_run_unless_overwrite(tmp_path):
     scenario = tailtrain.Scenario(**SMALL)
     with pytest.raises(UsageError, match=r"already holds a run \(summary\.json\)"):
         tailtrain.train(scenario, "sync", out=tmp_path)
+
+
+def test_advise_takes_every_option_the_internal_advise_takes():
+    # the face's wrapper names each option; one it leaves out (as --comm-time once was) is
+    # an option the CLI has and a library user cannot give
+    internal = set(inspect.signature(tailtrain._internal("advise")).parameters) - {"path"}
+    face = set(inspect.signature(tailtrain.advise).parameters) - {"trace"}
+    assert internal == face

@@ -223,6 +223,7 @@ def advise(
     seed: int = 0,
     samples: int = 2000,
     setup: str = "any",
+    comm_time: str | None = None,
 ) -> Advice:
     """Who is slow in a measured trace, what sync loses waiting for them, and which strategy
     to run, as ``tailtrain advise FILE|DIR`` prints it.
@@ -237,6 +238,8 @@ def advise(
         samples: Monte Carlo iterations where no exact method exists.
         setup: the job advised, ``ddp``, ``loop``, ``tailtrain-train`` or ``any``: only
             what it can run is ranked, and ``adopt`` holds the lines that adopt the pick.
+        comm_time: T^c per round, seconds or a delay spec (``--comm-time``); default: the
+            rounds' ``noncompute`` seconds the trace recorded (``delays.trace``), else 0.
 
     Returns:
         The advice: per-worker verdicts (``stragglers``), the ``cost`` of waiting, every
@@ -249,6 +252,7 @@ def advise(
         seed=seed,
         samples=samples,
         setup=setup,
+        comm_time=comm_time,
     )
 
 

@@ -27,6 +27,10 @@ def test_the_always_slow_worker_is_the_only_persistent_one(slow_trace):
     assert "excluding worker(s) 3 saves" in found.reason
     assert f"{saving:.4g} s per step" in found.reason
     parse_strategy(found.recommendation)
+    # predict's note on its rebalance row (this trace is not i.i.d.) has no row here to explain
+    shown = {r.row.strategy for r in found.ranked}
+    assert "rebalance" not in shown
+    assert not any(note.startswith("rebalance:") for note in found.notes)
 
 
 def test_no_persistent_verdict_without_a_persistent_straggler(clean_trace):

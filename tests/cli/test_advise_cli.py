@@ -37,6 +37,16 @@ def test_json_contract_and_out_folder(tmp_path, capsys):
     assert (tmp_path / "o" / "heatmap.png").stat().st_size > 0
 
 
+def test_the_text_names_the_comm_time_inside_syncs_step(tmp_path, capsys):
+    # E[T] = mean worker time + wait + T^c: without T^c named the printed figures do not add up
+    times = np.random.default_rng(7).lognormal(0.0, 0.5, (40, 4))
+    path = write_trace(tmp_path / "t.csv", times)
+    code, out, err = run(["advise", str(path), "--comm-time", "0.5"], capsys)
+    assert code == 0, err
+    line = next(line for line in out.splitlines() if line.startswith("sync E[T]"))
+    assert "T^c 0.5 s of it" in line
+
+
 @pytest.mark.parametrize(
     ("content", "extra", "message"),
     [

@@ -108,3 +108,13 @@ def test_a_replay_charges_the_recorded_noncompute_seconds_unless_told_otherwise(
     captured = capsys.readouterr()
     assert json.loads(captured.out)["mean_iteration_time"] == pytest.approx(5.5, abs=1e-12)
     assert "T^c from --comm-time 0.5 in place of the trace's recorded" in captured.err
+
+
+def test_compare_charges_the_recorded_noncompute_seconds_as_simulate_does(tmp_path, capsys) -> None:
+    # the same trace's sync took 6.0 s a round in simulate; compare once priced it at 5.0
+    delay = f"trace:path={charged_trace(tmp_path)}"
+    argv = ["compare", "--task", "none", "--workers", "4", "--delay", delay, "--iterations"]
+    argv += ["10", "--strategies", "sync", "--seeds", "0", "--no-progress"]
+    summary = run_json([*argv, "--json", "--out", str(tmp_path / "c")], capsys)
+    (row,) = summary["results"]
+    assert row["mean_iteration_time"] == pytest.approx(6.0, abs=1e-12)

@@ -100,6 +100,15 @@ def test_bad_trace_file_is_a_one_line_usage_error(tmp_path: Path, text: str, nee
     assert str(path) in str(caught.value)
 
 
+@pytest.mark.parametrize("text", ["", "iteration,worker,secs\n0,0,1\n"])
+def test_a_header_error_names_every_column_a_trace_may_have(tmp_path: Path, text: str) -> None:
+    # the message is how a user learns the format: it names censored and noncompute, the
+    # columns `tailtrain train` writes, as well as micro_batch
+    with pytest.raises(UsageError) as caught:
+        parse_delay(f"trace:path={write(tmp_path, text)}")
+    assert "iteration,worker[,micro_batch][,censored],seconds[,noncompute]" in str(caught.value)
+
+
 def test_missing_and_unreadable_trace_files(tmp_path: Path) -> None:
     with pytest.raises(UsageError, match=r"cannot read trace file .*No such file"):
         parse_delay(f"trace:path={tmp_path / 'nope.csv'}")

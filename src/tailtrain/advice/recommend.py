@@ -135,7 +135,11 @@ def rank(
         "recommended: the simplest fresh-gradient row within the forecasts' uncertainty of "
         "the best one (async and eager rows use stale gradients)"
     )
-    return _sorted(ranked), [*prediction.notes, note]
+    # a note that opens with a strategy's name ("rebalance: ...") is about that row: none
+    # when the ranking has no such row, or the text would quote a figure the table lacks
+    unranked = {r.strategy for r in prediction.rows} - {r.strategy for r in best}
+    notes = [n for n in prediction.notes if n.partition(":")[0] not in unranked]
+    return _sorted(ranked), [*notes, note]
 
 
 def simplicity(ranked: Ranked) -> tuple[int, float]:

@@ -15,6 +15,7 @@ from tailtrain.advice.heatmap import plot_heatmap
 from tailtrain.cli.predict import _finite
 from tailtrain.cli.scenario_args import seed_value
 from tailtrain.core.records import prepare_folder
+from tailtrain.delays.trace import TRACE_FORMAT
 from tailtrain.errors import UsageError
 
 
@@ -23,7 +24,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "advise",
         help="score the workers of a trace, cost the stragglers and recommend a strategy",
         description=(
-            "Reads a trace (iteration,worker[,micro_batch],seconds), scores every worker "
+            f"Reads a trace ({TRACE_FORMAT}), scores every worker "
             "(persistent straggler, intermittent or healthy), prices sync's wait for the "
             "slowest, ranks every strategy at its best setting by theory and by a timing-only "
             "simulation replaying the trace, and recommends one."
@@ -124,10 +125,12 @@ def _print(found: Advice) -> None:
     if not slow:
         console.print("  no straggler: every worker is healthy")
     c = found.cost
+    # with T^c the three figures add up only if it is named: E[T] = mean + wait + T^c
+    comm = f", T^c {c.comm_time:.4g} s of it" if c.comm_time > 0 else ""
     console.print(
-        f"sync E[T] {c.iteration_time:.4g} s per step (the table's sync row) vs mean worker time "
-        f"{c.mean_worker_time:.4g} s: {c.overhead:.4g} s per step ({c.overhead_share:.0%} of "
-        "sync's time) waiting for the slowest"
+        f"sync E[T] {c.iteration_time:.4g} s per step (the table's sync row{comm}) vs mean "
+        f"worker time {c.mean_worker_time:.4g} s: {c.overhead:.4g} s per step "
+        f"({c.overhead_share:.0%} of sync's time) waiting for the slowest"
     )
     table = Table(title_justify="left")
     headers = ("#", "strategy", "E[T] (s per update)", "speedup (x sync's gradients/s)",

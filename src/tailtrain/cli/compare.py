@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -62,11 +63,17 @@ def parse_seeds(text: str) -> list[int]:
 
 def run(args: argparse.Namespace) -> int:
     from tailtrain.core.records import claim_folder, clean, clear_run, write_json
+    from tailtrain.delays.trace import comm_note, replayed_comm
     from tailtrain.plots import plot_comparison
     from tailtrain.sim.compare import CompareInterrupted, compare
     from tailtrain.strategies.registry import parse_strategies
 
     scenario = scenario_from_args(args)
+    # as simulate (cli.run_folder.prepare_run): a trace's recorded noncompute seconds are its
+    # T^c unless --comm-time is given, so both price the same trace's sync alike
+    scenario = dataclasses.replace(
+        scenario, comm_time=replayed_comm(scenario.delay, scenario.comm_time)
+    )
     strategies = parse_strategies(args.strategies)
     if not strategies:
         raise UsageError("--strategies is empty; give e.g. sync,k-sync:k=8")
@@ -116,6 +123,8 @@ def run(args: argparse.Namespace) -> int:
     else:
         print_table(rows, scenario.target_loss, eval_metric(result))
         print(f"plot: {plot}\nsummary: {out / 'summary.json'}")
+    if (note := comm_note(scenario.delay, scenario.comm_time)) is not None:
+        print(note, file=sys.stderr if args.json else sys.stdout)
     return 0
 
 

@@ -1,10 +1,11 @@
 """Compute times from a measured trace: replayed per worker, or resampled pooled.
 
 The CSV has a header row with columns ``iteration,worker[,micro_batch][,censored],seconds``
-(any order). Each row is one unit of work: one micro-batch when the ``micro_batch`` column is
-present, otherwise one worker's whole iteration. A row with ``censored=1`` was cut by a
-threshold: its seconds is a lower bound, and the row is completed from the worker's law fitted
-with censoring before anything else reads the trace (``delays.censored``).
+``[,noncompute]`` (any order; :data:`TRACE_FORMAT`). Each row is one unit of work: one
+micro-batch when the ``micro_batch`` column is present, otherwise one worker's whole
+iteration. A row with ``censored=1`` was cut by a threshold: its seconds is a lower bound, and
+the row is completed from the worker's law fitted with censoring before anything else reads
+the trace (``delays.censored``).
 
 ``trace:path=FILE`` (``sampling=per-worker``, the default) replays each worker's own times,
 deterministically: worker w's j-th unit takes trace worker w's j-th recorded unit, in the
@@ -57,6 +58,8 @@ from tailtrain.spec import Spec, parse_spec
 
 REQUIRED = ("iteration", "worker", "seconds")
 OPTIONAL = ("micro_batch", "censored", "noncompute")
+#: the columns as error messages and help texts name them (module docstring)
+TRACE_FORMAT = "iteration,worker[,micro_batch][,censored],seconds[,noncompute]"
 #: ``of=``: the units' seconds, or each recorded round's T^c (module docstring)
 PARTS = ("seconds", "noncompute")
 SAMPLING = ("per-worker", "pooled")
@@ -237,15 +240,11 @@ def _read_header(path: Path) -> list[str]:
         reason = getattr(err, "strerror", None) or str(err)
         raise UsageError(f"cannot read trace file {str(path)!r}: {reason}") from None
     if not first:
-        raise UsageError(
-            f"trace file {str(path)!r} is empty: expected a header row "
-            f"{','.join(REQUIRED[:2])}[,micro_batch],seconds"
-        )
+        raise UsageError(f"trace file {str(path)!r} is empty: expected a header row {TRACE_FORMAT}")
     return [name.strip() for name in first]
 
 
 def _check_columns(path: Path, header: list[str]) -> dict[str, int]:
-    expected = "iteration,worker[,micro_batch][,censored],seconds"
     unknown = [name for name in header if name not in REQUIRED + OPTIONAL]
     missing = [name for name in REQUIRED if name not in header]
     repeated = {name for name in header if header.count(name) > 1}
@@ -253,7 +252,7 @@ def _check_columns(path: Path, header: list[str]) -> dict[str, int]:
         if names:
             raise UsageError(
                 f"trace file {str(path)!r} has {problem} column(s) "
-                f"{', '.join(sorted(names))}; expected columns {expected}"
+                f"{', '.join(sorted(names))}; expected columns {TRACE_FORMAT}"
             )
     return {name: header.index(name) for name in header}
 
