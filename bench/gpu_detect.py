@@ -8,7 +8,10 @@ gloo ranks share the one GPU (NCCL refuses two ranks on one device), each a DDP 
 model; the forward is a ``Detector.detection_section("fwd", profile_cuda=True)`` as its usage
 guide shows, and the probe watches the same loop with CUDA events. Drills: healthy, one rank
 with a 2x forward (extra matrix products on the GPU), one rank slow in backward only (extra
-work in a backward hook). Per drill, rank 0 prints what ``Report.identify_stragglers()`` (the
+work in a backward hook; the four ranks share one GPU, whose time-slicing spreads one rank's
+extra kernels over all four, so each drill also holds the slow rank's host thread for
+``HOST_MS`` in that section, as a slow host, a throttled clock or a CPU-bound step would). Per
+drill, rank 0 prints what ``Report.identify_stragglers()`` (the
 default thresholds, 0.75) names and what the probe names.
 
 Needs ``nvidia-resiliency-ext`` (``pip install nvidia-resiliency-ext``; without it the JSON
@@ -23,6 +26,7 @@ import os
 import socket
 import sys
 import tempfile
+import time
 
 import torch
 import torch.distributed as dist
@@ -34,7 +38,9 @@ from torch.nn.parallel import DistributedDataParallel
 from tailtrain import StragglerProbe
 
 RANKS, STEPS, WIDTH, SLOW_RANK = 4, 60, 2048, 1
+HOST_MS = 20.0  # the slow rank's extra host time per section: several times the GPU kernels
 DRILLS = ("healthy", "forward-2x", "backward-2x")
+MISSING = ["nvidia-resiliency-ext is not installed"]
 
 
 class Net(nn.Module):
@@ -48,12 +54,15 @@ class Net(nn.Module):
         waste = x
         for _ in range(self.extra_fwd):  # a slow GPU: more work in the same forward
             waste = torch.tanh(waste @ self.layers[0].weight.detach())
+        if self.extra_fwd:
+            time.sleep(HOST_MS / 1e3)
         out = self.layers(x) + 0 * waste.sum()
         if self.extra_bwd and out.requires_grad:
             out.register_hook(lambda g: g + 0 * self._burn(g))
         return out
 
     def _burn(self, g: torch.Tensor) -> torch.Tensor:
+        time.sleep(HOST_MS / 1e3)
         w = self.layers[0].weight.detach()
         for _ in range(self.extra_bwd):
             g = torch.tanh(g @ w)
@@ -68,7 +77,7 @@ def drill(rank: int, kind: str, straggler) -> dict:
     reports = []
     probe = StragglerProbe(None, every=10, horizon=STEPS, on_report=reports.append).watch(ddp)
     x = torch.randn(256, WIDTH, device="cuda")
-    nvidia = {"error": "nvidia-resiliency-ext is not installed"}
+    nvidia = {"error": MISSING[0]}
     if straggler is not None:
         straggler.Detector.initialize(scores_to_compute="all", gather_on_rank0=True)
     for _ in probe.batches(range(STEPS)):
@@ -114,7 +123,8 @@ def rank_main(rank: int, port: int, out: str) -> None:
     )
     try:
         import nvidia_resiliency_ext.straggler as straggler
-    except ImportError:
+    except ImportError as exc:  # say why: "not installed" hid a missing library once
+        MISSING[0] = f"nvidia-resiliency-ext did not import: {exc}"
         straggler = None
     rows = [drill(rank, kind, straggler) for kind in DRILLS]
     if rank == 0:
