@@ -15,7 +15,10 @@ drill, rank 0 prints what ``Report.identify_stragglers()`` (the
 default thresholds, 0.75) names and what the probe names.
 
 Needs ``nvidia-resiliency-ext`` (``pip install nvidia-resiliency-ext``; without it the JSON
-says so and the probe's rows still run).
+says why and the probe's rows still run). Its 0.4.1 wheel's CUPTI module links
+``libcupti.so.12``: with a CUDA 13 build of torch, also ``pip install nvidia-cuda-cupti-cu12``
+and put its ``nvidia/cuda_cupti/lib`` on ``LD_LIBRARY_PATH`` (so it ran on an H200 with torch
+2.11.0+cu130).
 """
 
 from __future__ import annotations
