@@ -241,11 +241,11 @@ class Rounds:
     # ---- checkpoints: the rule's state and the round count; never the process group --------
     def state_dict(self) -> dict[str, Any]:
         return {
-            "strategy": self.strategy.state_dict(self.rule.state),
+            "strategy": self.rule.state_dict(),
             "step": self.step,
             "time": self.now,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.rule.state = self.strategy.load_state_dict(state["strategy"])
+        self.rule.load_state_dict(state["strategy"])
         self.step, self.now = int(state["step"]), float(state["time"])
