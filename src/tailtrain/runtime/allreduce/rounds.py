@@ -1,9 +1,13 @@
-"""The allreduce topology of `tailtrain train`: sync, DropCompute and Local-SGD on real ranks.
+"""The allreduce topology of `tailtrain train`: sync, DropCompute, Local-SGD and rebalance on
+real ranks.
 
 Rank n runs round r exactly like worker n of ``sim.allreduce.engine``, with wall time for the
 virtual clock and the same rule object deciding (``runtime.control``):
 
-1. ``plan``: tau, M, H (identical on every rank: same state).
+1. ``plan``: tau, M, H and, for rebalance, the per-rank shares (identical on every rank:
+   same state). A plan of shares has rank n compute ``shares[n]`` micro-batches of sync's
+   global batch, dealt as the simulator deals it (:func:`dealt`); the gathered rows are as
+   wide as the largest share, so every rank's measured times reach every rank's rule.
 2. Compute (``runtime.units``: DropCompute Algorithm 1, Local-SGD App. B.3): the
    micro-batches of ``tasks.stream.job_batches`` keyed by (seed, n, r), as in the
    simulator, one at a time with the task's flat-parameter gradients, each unit then sleeping
