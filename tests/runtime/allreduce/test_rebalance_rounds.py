@@ -43,8 +43,11 @@ def scenario(**kw) -> Scenario:
     return Scenario(**{**base, **kw})
 
 
+#: DropCompute's threshold on top, far from every partial sum (the slowest is 6 x 40 ms)
+COMBINED = f"{REBALANCE},then=dropcompute,threshold=0.4"
 CASES = {
     "slow": (scenario(pattern=SLOW), REBALANCE),
+    "combined": (scenario(pattern=SLOW), COMBINED),
     "sync": (scenario(micro_batches=4, iterations=6), "sync"),
     "even": (scenario(micro_batches=4, iterations=6), REBALANCE),
 }
@@ -80,9 +83,10 @@ def sgd_on_the_global_batches(s: Scenario) -> torch.Tensor:
 
 
 @pytest.mark.timeout(180)
-def test_shares_converge_to_the_injected_speed_ratio_as_simulated(results):
-    s, text = CASES["slow"]
-    steps = results["slow"][0].record.steps
+@pytest.mark.parametrize("name", ["slow", "combined"])
+def test_shares_converge_to_the_injected_speed_ratio_as_simulated(results, name):
+    s, text = CASES[name]
+    steps = results[name][0].record.steps
     shares = [row["shares"] for row in steps]
     simulated = simulated_shares(s, text)
     # the same shares as simulated once they moved; a round's real noise (the first rounds
@@ -93,6 +97,7 @@ def test_shares_converge_to_the_injected_speed_ratio_as_simulated(results):
     for row in steps:  # the global batch is unchanged and nobody drops a micro-batch
         assert sum(row["shares"]) == N * M and row["completed"] == row["shares"]
         assert row["drop_rate"] == 0.0
+        assert row["threshold"] == (0.4 if name == "combined" else float("inf"))
     # the slow rank no longer holds the fast one up: its compute is ~4 x 40 ms, not 6 x 40
     compute = np.array([row["rank_compute"] for row in steps])
     slow = int(np.argmin(shares[-1]))
@@ -100,10 +105,11 @@ def test_shares_converge_to_the_injected_speed_ratio_as_simulated(results):
 
 
 @pytest.mark.timeout(180)
-def test_the_update_is_sgd_on_syncs_global_batch_dealt_by_the_shares(results):
-    expected = sgd_on_the_global_batches(CASES["slow"][0]).numpy()
-    first = results["slow"][0].theta
-    for result in results["slow"]:
+@pytest.mark.parametrize("name", ["slow", "combined"])
+def test_the_update_is_sgd_on_syncs_global_batch_dealt_by_the_shares(results, name):
+    expected = sgd_on_the_global_batches(CASES[name][0]).numpy()
+    first = results[name][0].theta
+    for result in results[name]:
         assert np.array_equal(result.theta, first)
         np.testing.assert_allclose(result.theta, expected, rtol=1e-5, atol=1e-6)
 
