@@ -105,3 +105,93 @@ def test_rebalance_in_a_loop_needs_syncs_m_and_the_ddp_hook_refuses_it():
         Rounds("rebalance", comm(0, 2), does=frozenset({"shares"}))
     with pytest.raises(UsageError, match="needs shares"):
         Rounds("rebalance", comm(0, 2), micro_batches=4)  # an entry that deals no shares
+
+
+# ---- two real ranks: StragglerStep with rebalance, dealt by the sampler ----------------------
+N, M, B, LR, D, C = 2, 4, 2, 0.1, 6, 3
+X = torch.randn(40, D, generator=torch.Generator().manual_seed(0))
+Y = torch.randint(0, C, (40,), generator=torch.Generator().manual_seed(1))
+#: injected seconds a micro-batch takes on each rank: rank 1 twice as slow, 20 ms apart
+SECONDS = (0.02, 0.04)
+EPOCHS, SPEC = 3, "rebalance:warmup=2,window=3"
+
+
+def model() -> torch.nn.Module:
+    torch.manual_seed(3)
+    return torch.nn.Linear(D, C)
+
+
+def rank_main(rank: int, port: int, folder: str) -> None:
+    import datetime
+    import time
+
+    import torch.distributed as dist
+    import torch.nn.functional as F
+
+    from tailtrain import StragglerStep
+
+    torch.set_num_threads(1)
+    dist.init_process_group(
+        "gloo", f"tcp://127.0.0.1:{port}", rank=rank, world_size=N,
+        timeout=datetime.timedelta(seconds=60),
+    )  # fmt: skip
+    net = model()
+    step = StragglerStep(net, torch.optim.SGD(net.parameters(), lr=LR), SPEC, micro_batches=M)
+    sampler = ShareSampler(len(X), step, micro_batch_size=B, seed=4)
+
+    def loss_fn(xy):
+        time.sleep(SECONDS[rank])
+        return F.cross_entropy(net(xy[0]), xy[1])
+
+    records, wanted = [], [step.wants]
+    for epoch in range(EPOCHS):
+        sampler.set_epoch(epoch)
+        for indices in sampler:
+            assert len(indices) == wanted[-1]
+            records.append(step([(X[i], Y[i]) for i in indices], loss_fn).as_dict())
+            wanted.append(records[-1]["wants"])
+    theta = torch.cat([p.detach().reshape(-1) for p in net.parameters()])
+    torch.save({"theta": theta, "records": records}, f"{folder}/rank{rank}.pt")
+    dist.destroy_process_group()
+
+
+def sgd_on_the_epochs_global_batches() -> torch.Tensor:
+    """Single-process SGD on each step's whole global batch, the sampler's permutation."""
+    import torch.nn.functional as F
+
+    net = model()
+    size = N * M * B
+    for epoch in range(EPOCHS):
+        order = np.random.default_rng((4, epoch)).permutation(len(X))
+        for s in range(len(X) // size):
+            batch = order[s * size : (s + 1) * size]
+            loss = F.cross_entropy(net(X[batch]), Y[batch])
+            grads = torch.autograd.grad(loss, list(net.parameters()))
+            with torch.no_grad():
+                for p, g in zip(net.parameters(), grads, strict=True):
+                    p -= LR * g
+    return torch.cat([p.detach().reshape(-1) for p in net.parameters()])
+
+
+@pytest.mark.timeout(120)
+def test_a_loop_with_the_sampler_moves_the_shares_and_is_sgd_on_the_global_batch(tmp_path):
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    mp.start_processes(rank_main, (port, str(tmp_path)), nprocs=N, start_method="fork")
+    ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(N)]
+    records = ranks[0]["records"]
+    assert len(records) == EPOCHS * (len(X) // (N * M * B))
+    assert all(sum(r["shares"]) == N * M and r["completed"] == r["shares"] for r in records)
+    assert records[0]["shares"] == [M, M]
+    last = records[-1]["shares"]
+    assert last[1] < M < last[0]  # the slow rank's share shrank, the fast one's grew
+    assert [r["wants"] for r in ranks[1]["records"][:-1]] == [
+        r["shares"][1] for r in ranks[1]["records"][1:]
+    ]
+    assert torch.equal(ranks[0]["theta"], ranks[1]["theta"])
+    torch.testing.assert_close(ranks[0]["theta"], sgd_on_the_epochs_global_batches())
