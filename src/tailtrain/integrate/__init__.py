@@ -1,7 +1,7 @@
 """Adopt a tailtrain strategy in your own PyTorch training loop.
 
 * :class:`StragglerStep`: a training-loop step that owns the micro-batch loop, the threshold,
-  the weighted allreduce and the rule (``sync``, ``dropcompute``, ``local-sgd``).
+  the weighted allreduce and the rule (``sync``, ``dropcompute``, ``local-sgd``, ``rebalance``).
 * :class:`ShareSampler`: deals each step's global batch to the ranks by ``rebalance``'s
   shares, for a :class:`StragglerStep` (every sample of an epoch once).
 * :class:`StragglerHookState` and :func:`weighted_allreduce_hook`: DropCompute for a job that
