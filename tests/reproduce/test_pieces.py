@@ -105,5 +105,8 @@ def test_fig11_verdict_needs_a_win_in_every_seed():
     assert _fig11_verdict(loses, names, 0)[-1] == "does not: k=2 is faster"
     tie = {**wins, "k=2": [[1.0], [2.0]]}  # AdaSync had not left K0 = 2 yet
     assert _fig11_verdict(tie, names, 0)[-1].startswith("tie")
+    # the same as K0 = 4 but k=2 faster: not a tie
+    slower = {"ada": [[2.0], [2.0]], "k=2": [[1.5], [1.5]], "k=4": [[2.0], [2.0]]}
+    assert _fig11_verdict(slower, names, 0)[-1] == "does not: k=2 is faster"
     never = {n: [[math.inf], [math.inf]] for n in names}
     assert _fig11_verdict(never, names, 0)[-1] == "neither reaches it in every seed"

@@ -391,7 +391,7 @@ def _fig11_verdict(seeds: dict[str, list[list[float]]], names: list[str], i: int
     ratio = ada_mean / best_mean if math.isfinite(best_mean) and best_mean > 0 else math.nan
     if not (math.isfinite(ada_mean) or math.isfinite(best_mean)):
         verdict = "neither reaches it in every seed"
-    elif any(ada == f for f in fixed.values()):
+    elif ada == fixed[best_name]:
         verdict = "tie: reached before AdaSync left K0"  # same runs as fixed K = K0 till then
     elif first == len(ada):
         verdict = "AdaSync beats every fixed K"
