@@ -413,7 +413,8 @@ def _fig11_summary(verdicts: Table) -> str:
     return (
         "Paper: AdaSync fastest. AdaSync beats every fixed K in every seed at: "
         f"{where(wins)}. It does not (a fixed K is faster in every seed) at: {where(losses)}. "
-        "The other cells are within the seed-to-seed spread."
+        "The other cells are ties (reached before AdaSync left K0) or within the "
+        "seed-to-seed spread."
     )
 
 
