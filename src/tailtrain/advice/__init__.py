@@ -17,11 +17,16 @@ import numpy as np
 
 from tailtrain.advice.adopt import Adoption, adoption, check_setup, runnable
 from tailtrain.advice.cost import Cost, sync_cost
-from tailtrain.advice.recommend import Ranked, equivalents, rank, reason, trace_spread
+from tailtrain.advice.recommend import (
+    Ranked,
+    equivalents,
+    priced_comm,
+    rank,
+    reason,
+    trace_spread,
+)
 from tailtrain.advice.source import trace_file
 from tailtrain.advice.stragglers import MIN_ITERATIONS, WorkerScore, iteration_times, score_workers
-from tailtrain.delays.base import DelayModel
-from tailtrain.delays.comm import parse_comm_time
 from tailtrain.delays.parse import parse_delay
 from tailtrain.delays.trace import TraceDelay, comm_note, replayed_comm
 from tailtrain.errors import UsageError
@@ -99,7 +104,7 @@ def advise(
     path = trace_file(path)  # a probe's folder too
     delay = f"trace:path={path}"
     comm_spec = replayed_comm(delay, comm_time)
-    comm = _comm(comm_spec)
+    comm = priced_comm(comm_spec)
     model = parse_delay(delay)
     assert isinstance(model, TraceDelay)
     replay = model.replay
@@ -115,7 +120,8 @@ def advise(
         sync_cost(times, replay.ids, n, exclude=persistent, comm=comm_mean) if persistent else None
     )
     recorded = model.trace.round_comm() if comm_time is None else np.empty(0)
-    ranked, more = rank(model, times, n, m, seed, samples, comm, trace_spread(times, recorded))
+    spread = trace_spread(times, recorded)
+    ranked, more = rank(model, times, n, m, seed, samples, comm, spread, recorded.size > 0)
     ranked, more = _runnable(ranked, setup, more)
     cost = _as_in_the_table(cost, ranked)
     tied = equivalents(ranked)
@@ -144,14 +150,6 @@ def _as_in_the_table(cost: Cost, ranked: list[Ranked]) -> Cost:
     the replay's cycling)."""
     sync = next((r for r in ranked if r.row.strategy == "sync"), None)
     return cost if sync is None else replace(cost, iteration_time=sync.row.iteration_time)
-
-
-def _comm(spec: str | None) -> float | DelayModel:
-    """T^c as ``predict`` takes it: seconds when constant, else the model."""
-    model = parse_comm_time(spec)
-    if model is None:
-        return 0.0
-    return float(model.mean) if model.var == 0 else model
 
 
 def _tie_text(tied: list[Ranked]) -> str:
