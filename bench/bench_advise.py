@@ -100,7 +100,7 @@ def one_case(name: str, budget: float, traces: int, pairs: int, say) -> dict:
             ratios.append(runs["rec"]["rate"] / runs["sync"]["rate"])
             inflation.append(runs["rec"]["unit"] / runs["sync"]["unit"])
             say(f"{name}: pair {p}: realised {ratios[-1]:.3f}, units {inflation[-1]:.3f}x")
-    realised = float(np.median(ratios))
+    realised = float(np.median(ratios)) if ratios else float("nan")  # --pairs 0: stability only
     return {
         "recommendations": [a["recommendation"] for a in advice],
         "same_recommendation": len({a["recommendation"] for a in advice}) == 1,
@@ -116,7 +116,7 @@ def one_case(name: str, budget: float, traces: int, pairs: int, say) -> dict:
         "realised_speedup": realised,
         "predicted_over_realised": predicted / realised,
         "unit_seconds_rec_over_sync": inflation,
-        "unit_seconds_ratio": float(np.median(inflation)),
+        "unit_seconds_ratio": float(np.median(inflation)) if inflation else float("nan"),
     }  # fmt: skip
 
 
@@ -126,7 +126,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="6 s runs, 2 pairs")
     parser.add_argument("--budget", type=float, default=15.0, help="wall seconds per run")
     parser.add_argument("--traces", type=int, default=3, help="identical sync runs advised")
-    parser.add_argument("--pairs", type=int, default=4)
+    parser.add_argument("--pairs", type=int, default=4, help="0: the traces' advice only")
     parser.add_argument("--case", choices=sorted(CASES), action="append")
     args = parser.parse_args()
     budget, pairs = (6.0, 2) if args.quick else (args.budget, args.pairs)
