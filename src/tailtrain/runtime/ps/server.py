@@ -450,8 +450,9 @@ class Server:
         record.summary = self.summary([None if r is None else r[1] for r in reports], steps)
         if config.out is not None:
             folder = prepare_folder(config.out)
-            table = np.concatenate([t for t, _, _ in parts]) if parts else np.empty((0, 4))
             per_mb = config.scenario.micro_batches is not None
+            width = 5 + per_mb  # TraceRows.table's, with noncompute
+            table = np.concatenate([t for t, _, _ in parts]) if parts else np.empty((0, width))
             write_trace(folder / "trace.csv", table, per_mb, charged=True)
             write_rank_steps(folder, steps)
         if self.interrupted:  # Ctrl-C (runtime.keep): the summary marked partial, checkpointed
