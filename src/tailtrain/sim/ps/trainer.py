@@ -79,10 +79,11 @@ class Trainer:
         keys = arrivals.keys[index]
         self.versions[new_version] = self.update.apply(theta, grads, keys, selection, lr_scale)
         whole = ~arrivals.partial[index]
+        finite = self.update.finite  # the update's screen just checked these rows
         if whole.all():
-            return gradient_stats(losses, grads)
+            return gradient_stats(losses, grads, finite)
         mask = torch.from_numpy(whole)
-        return gradient_stats(losses[mask], grads[mask])
+        return gradient_stats(losses[mask], grads[mask], None if finite is None else finite[whole])
 
     def retain(self, referenced: set[int]) -> None:
         """Forget model versions that no job in flight and no update needs any more."""
