@@ -53,7 +53,7 @@ from typing import Any
 
 import numpy as np
 
-from tailtrain.core.update import GradientStats, closed_step_stats
+from tailtrain.core.update import GradientStats, closed_step_stats, isin
 from tailtrain.errors import TailtrainError
 from tailtrain.strategies.base import ArrivalColumns, StepStats, SyncMode, uses_tokens
 
@@ -275,7 +275,7 @@ def step_stats(
 def step_row(stats: StepStats, k: int, candidates: ArrivalColumns) -> dict[str, Any]:
     """The ``ROW`` columns of a step: the used candidates' workers and staleness, the
     stragglers whose partial work was offered (LGC), and how many arrived in all."""
-    idx = np.flatnonzero(np.isin(candidates.keys, stats.used))
+    idx = np.flatnonzero(isin(candidates.keys, stats.used))
     return {
         "step": stats.step,
         "time": stats.time,
