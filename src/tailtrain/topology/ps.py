@@ -210,10 +210,9 @@ def _delivered(s: Schedule, e: Delivered) -> tuple[Schedule, tuple[Start, ...]]:
         raise TailtrainError(f"worker {w} delivered without a job")
     stale = s.jobs[w] < s.version
     wants = SyncMode(s.mode).refills or (stale and not s.accept_stale)
-    s = _set(s, w, IDLE, wants)
     if not wants or e.hold:
-        return s, ()
-    return _serve(_set(s, w, IDLE, False), w)
+        return _set(s, w, IDLE, wants), ()
+    return _serve(_set(s, w, IDLE, False), w)  # it asks and is served at once
 
 
 def _serve(s: Schedule, w: int) -> tuple[Schedule, tuple[Start, ...]]:
