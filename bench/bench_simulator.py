@@ -13,23 +13,25 @@ figure is the median over ``--repeats`` runs (3), the strategies (and in (c) the
 gradient methods) taking turns.
 
 Measured at the commit that wrote this note (issue 27's second turn), 2-core machine shared
-with seven other jobs, torch 2.13 CPU, one thread, ``--parts b,c`` (load average 17-22);
-main at 1b423f1 measured by the same script just before (load 21-23) in brackets:
-(b) digits-cnn sync 1.212 (4.85 s / 3.99 s; runs 1.212, 1.197, 1.228) [1.270], k-sync:k=8
-    1.348 (1.97 s / 1.46 s; runs 1.334, 1.449, 1.348) [1.436]. sync is at the goal of 1.2
-    within the noise; k-sync:k=8 is not. What was cut: passes over the (W, D) gradient
-    matrix that are the identity in the common round (a scatter, a boolean-index copy, a
-    second finiteness check), ``dataclasses.replace`` per worker event in the
-    parameter-server ledger, a new jobs array per read in the timeline. What is left of
+with seven other jobs, torch 2.13 CPU, one thread; main at 1b423f1 measured by the same
+script just before, in brackets:
+(b) ``--parts b`` (load average 12-19): digits-cnn sync 1.211 (3.41 s / 2.83 s; runs 1.212,
+    1.211, 1.202) [1.314], k-sync:k=8 1.359 (1.79 s / 1.36 s; runs 1.364, 1.309, 1.359)
+    [1.431]; over gradients and evaluations 1.191 and 1.317 [1.292, 1.365]. sync is at
+    the goal of 1.2 within the noise; k-sync:k=8 is not. What was cut: passes over the
+    (W, D) gradient matrix that are the identity in the common round (a scatter, a
+    boolean-index copy, a second finiteness check), ``dataclasses.replace`` per worker
+    event in the parameter-server ledger, a new jobs array per read in the timeline. Left of
     k-sync:k=8's per-step work (cProfile, 100 steps): the statistics and the update
     (``gradient_stats``, ``direction``: one pass each, both needed), the mini-batch keys
     (``stream.job_batches``), the step row and the timeline, each about 4% of the wall time;
     with 8 gradients a step they weigh twice what they do for sync's 16.
-(c) tiny-gpt sync 1.174 (23.59 s / 20.09 s), k-sync:k=12 1.210 (14.40 s / 11.75 s): within
-    1.3. Batched (vmap) over the per-worker loop: 0.99x (loop 1.023 s / batched 1.030 s a
-    step), not the 2x asked, and 2x cannot be had here: one plain forward and backward of
-    the summed loss over the same 32 documents (no per-worker gradient at all) took
-    0.746 s, so the loop took only 1.37x as long as any per-worker method could. At 2
+(c) ``--parts b,c`` (load 17-22): tiny-gpt sync 1.174 (23.59 s / 20.09 s), k-sync:k=12
+    1.210 (14.40 s / 11.75 s): within 1.3. Batched (vmap) over the per-worker loop: 0.99x
+    (loop 1.023 s / batched 1.030 s a step), not the 2x asked, and 2x cannot be had here:
+    one plain forward and backward of the summed loss over the same 32 documents (no
+    per-worker gradient at all) took 0.746 s, so the loop took only 1.37x as long as any
+    per-worker method could. At 2
     documents of up to 128 characters per worker the loop's matmuls (256 x 128 x 384 and
     larger) already run near the core's peak, and batching can save only the per-op
     dispatch. Fused attention (``scaled_dot_product_attention``, since this turn) cut the
