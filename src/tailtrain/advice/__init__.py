@@ -26,10 +26,11 @@ from tailtrain.advice.recommend import (
     trace_spread,
 )
 from tailtrain.advice.source import trace_file
-from tailtrain.advice.stragglers import MIN_ITERATIONS, WorkerScore, iteration_times, score_workers
+from tailtrain.advice.stragglers import MIN_ITERATIONS, iteration_times, score_workers
 from tailtrain.delays.parse import parse_delay
 from tailtrain.delays.trace import TraceDelay, comm_note, replayed_comm
 from tailtrain.errors import UsageError
+from tailtrain.persistence import Slowness
 from tailtrain.prediction.families import row_spec
 
 
@@ -40,7 +41,7 @@ class Advice:
     trace: str
     workers: int
     times: np.ndarray  # t[i, w] of the trace workers
-    stragglers: list[WorkerScore]
+    stragglers: list[Slowness]
     cost: Cost
     without_persistent: Cost | None
     ranked: list[Ranked]
@@ -162,7 +163,7 @@ def _tie_text(tied: list[Ranked]) -> str:
     )
 
 
-def _trust_notes(times: np.ndarray, scores: list[WorkerScore], workers: int) -> list[str]:
+def _trust_notes(times: np.ndarray, scores: list[Slowness], workers: int) -> list[str]:
     iterations, trace_workers = times.shape
     notes = []
     if iterations < MIN_ITERATIONS:
