@@ -4,16 +4,17 @@
     python bench/bench_detect.py --quick --json    # one drill per kind
 
 One forked job of ``--ranks`` gloo processes (default 6) runs drill after drill. A drill is a
-DDP loop on a tiny model whose step is dominated by injected sleeps (data 4 ms, forward 25 ms,
-backward 25 ms; the model itself computes in well under a millisecond), so slowdowns dominate
-the noise of a shared 2-core machine. Kinds, with the truth they carry:
+DDP loop on a tiny model whose step is dominated by injected sleeps (data 10 ms, forward 45 ms,
+backward 45 ms; the model, DDP and the optimizer compute in about a millisecond), so a
+slowdown is a longer sleep, which needs no CPU, and the culprit stands out however loaded the
+shared 2-core machine is. Kinds, with the truth they carry:
 
 * ``persistent-<x>x-<r>``: r ranks (1 or 2) have data, forward and backward x times longer
   (x in 1.1, 1.2, 1.5, 2) for the whole drill: truth ``persistent``;
 * ``stall``: one rank runs 3x for 5-10 steps from a random step in 12..20, then recovers:
   ``intermittent``;
 * ``backward``: one rank's backward only is 2x (hidden from a forward timer): ``persistent``;
-* ``data``: one rank's loader takes 25 ms more a batch: ``persistent``;
+* ``data``: one rank's loader takes 25 ms more a batch (1.25x a step): ``persistent``;
 * ``healthy``: no drill: nobody may be named.
 
 Detectors, each one JSON row:
@@ -35,14 +36,25 @@ Per detector, in total and per kind, at each drill's end: precision and recall o
 ranks, and (where the detector gives a kind) of the persistent/intermittent verdicts; the
 seconds from a drill's start to the first report whose named ranks and verdicts are all
 correct. ``goals`` checks precision >= 0.99 and recall >= 0.95 over the drills of 1.2x and
-more (every kind but the 1.1x ones), verdict within 30 s. ``overhead``: the same healthy loop
-with and without the probe, in alternating blocks, median ratio of their step times.
+more (every kind but the 1.1x ones), verdict within 30 s. ``healthy_slowdown``: the
+slowdowns the probe gives ranks healthy in truth, the noise its least effect must sit above.
 
-The drills assume the injected slowdowns dominate the machine's noise. On a shared machine
-they may not: a healthy rank that the scheduler starves runs 1.7x for a whole drill, and is
-slow in fact. Each drill's ``noise_s`` is the largest median seconds a rank's step took beyond
-its injected sleeps; ``detectors_on_clean_drills`` repeats the rows over the drills whose
-noise stayed under ``NOISE_LIMIT`` (10% of a step), beside the rows over every drill.
+Overhead, two ways. ``overhead``: the same healthy loop on two DDP copies of the model, one
+watched by a probe as a user adds it (its defaults: a gather every 10 steps), in interleaved
+blocks of 10 steps, the order alternating pair by pair, many pairs; the median over pairs of
+the ratio with / without, and its 95% confidence interval (order statistics of the ratios).
+On a loaded machine a block's wall time swings by tens of percent, so that median resolves a
+percent only with many pairs; ``probe_cpu_share_of_step`` measures the probe's own cost
+directly: the CPU seconds spent inside its calls (the marks in DDP's hook, each step's close
+with the window's all-gather and rank 0's verdicts), per step, over the median step's wall
+seconds without the probe; the largest over the ranks (rank 0 judges).
+
+Every rank runs on one core (``--cpu``): the machine's other load then delays them alike.
+Spread over the two cores, whose queues differ, a healthy rank ran 1.2-1.3x the others for a
+whole drill (measured at load 19), slow in fact though no drill made it so. Each drill's
+``noise_s`` is the largest median seconds a rank's step took beyond its injected sleeps;
+``detectors_on_clean_drills`` repeats the rows over the drills whose noise stayed under
+``NOISE_LIMIT`` (10% of a step), beside the rows over every drill.
 """
 
 from __future__ import annotations
@@ -50,6 +62,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import logging
 import os
 import socket
 import sys
@@ -62,13 +75,16 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 import torch.nn.functional as F
+from scipy import stats
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from tailtrain import StragglerProbe
+from tailtrain.persistence import MIN_EFFECT
 
-DATA, FWD, BWD = 0.004, 0.025, 0.025  # seconds a step, before any drill
+DATA, FWD, BWD = 0.01, 0.045, 0.045  # seconds a step, before any drill
 STEPS, EVERY, STALL = 40, 5, 3.0
+BLOCK = 10  #: steps per block of the overhead pairs
 NVIDIA_THRESHOLD, TRACEML_SKEW = 0.75, 0.10
 SLOWDOWNS = (1.1, 1.2, 1.5, 2.0)
 #: a drill is clean when no rank's median step ran this much past its injected sleeps: there
@@ -126,7 +142,31 @@ class Model(nn.Module):
         return out
 
 
-def run_drill(rank: int, drill: Drill | None, probe_on: bool = True) -> dict:
+class TimedProbe(StragglerProbe):
+    """The probe, with the CPU seconds of this thread spent inside its calls summed (the marks
+    in DDP's hook, the step's close with its window's gather and rank 0's verdicts): the
+    probe's own cost, measured directly."""
+
+    spent = 0.0
+
+    def _timed(self, method, *args):
+        began = time.thread_time()
+        try:
+            return method(self, *args)
+        finally:
+            self.spent += time.thread_time() - began
+
+    def _mark_ready(self) -> None:
+        self._timed(StragglerProbe._mark_ready)
+
+    def _mark_synced(self) -> None:
+        self._timed(StragglerProbe._mark_synced)
+
+    def _close_step(self) -> None:
+        self._timed(StragglerProbe._close_step)
+
+
+def run_drill(rank: int, drill: Drill) -> dict:
     """One drill on this rank; rank 0 returns the reports and every rank's sections."""
     model = Model()
     ddp = DistributedDataParallel(model)
@@ -135,12 +175,12 @@ def run_drill(rank: int, drill: Drill | None, probe_on: bool = True) -> dict:
     started = time.perf_counter()
 
     def keep(report) -> None:
-        reports.append({"elapsed": time.perf_counter() - started, "named": report.named()})
+        slowdown = {v.worker: round(v.slowdown, 4) for v in report.verdicts}
+        elapsed = time.perf_counter() - started
+        reports.append({"elapsed": elapsed, "named": report.named(), "slowdown": slowdown})
 
-    probe = StragglerProbe(None, every=EVERY, horizon=STEPS, on_report=keep) if probe_on else None
-    if probe is not None:
-        probe.watch(ddp)
-    mult = drill.factor.get(rank, (1.0, 1.0, 1.0)) if drill else (1.0, 1.0, 1.0)
+    probe = StragglerProbe(None, every=EVERY, horizon=STEPS, on_report=keep).watch(ddp)
+    mult = drill.factor.get(rank, (1.0, 1.0, 1.0))
     x, y = torch.randn(8, 16), torch.randn(8, 4)
     data_times, fwd_times, injected = [], [], []
 
@@ -160,8 +200,7 @@ def run_drill(rank: int, drill: Drill | None, probe_on: bool = True) -> dict:
             data_times.append(time.perf_counter() - began)
             yield x, y
 
-    batches = probe.batches(loader()) if probe is not None else loader()
-    for bx, by in batches:
+    for bx, by in probe.batches(loader()):
         optimizer.zero_grad()
         began = time.perf_counter()
         out = ddp(bx)
@@ -171,9 +210,42 @@ def run_drill(rank: int, drill: Drill | None, probe_on: bool = True) -> dict:
     wall = time.perf_counter() - started
     sections = [None] * dist.get_world_size()
     dist.all_gather_object(sections, (data_times, fwd_times, injected))
-    history = probe.history.tolist() if probe is not None and rank == 0 else None
+    history = probe.history.tolist() if rank == 0 else None
     del ddp
     return {"reports": reports, "sections": sections, "history": history, "wall": wall}
+
+
+def overhead_pairs(pairs: int, every: int = 10) -> tuple[list[tuple[float, float]], float]:
+    """The same healthy loop on two DDP copies of the model, one watched by a probe, in
+    interleaved blocks of BLOCK steps (the order alternating pair by pair): per pair the wall
+    seconds (with, without); and the probe's own CPU seconds per step."""
+    x, y = torch.randn(8, 16), torch.randn(8, 4)
+    plain, watched = Model(), Model()
+    plain.fwd = watched.fwd = FWD
+    plain.bwd = watched.bwd = BWD
+    loops = {False: DistributedDataParallel(plain), True: DistributedDataParallel(watched)}
+    probe = TimedProbe(None, every=every).watch(loops[True])
+    optimizers = {on: torch.optim.SGD(m.parameters(), lr=0.01) for on, m in loops.items()}
+
+    def loader():
+        for _ in range(BLOCK):
+            time.sleep(DATA)
+            yield x, y
+
+    def block(on: bool) -> float:
+        began = time.perf_counter()
+        for bx, by in probe.batches(loader()) if on else loader():
+            optimizers[on].zero_grad()
+            F.mse_loss(loops[on](bx), by).backward()
+            optimizers[on].step()
+        return time.perf_counter() - began
+
+    walls = []
+    for pair in range(pairs):
+        order = (True, False) if pair % 2 == 0 else (False, True)
+        got = {on: block(on) for on in order}
+        walls.append((got[True], got[False]))
+    return walls, probe.spent / max(probe.steps, 1)
 
 
 def rank_main(rank: int, world: int, port: int, plan: list[Drill], overhead: int, out: str):
@@ -185,15 +257,14 @@ def rank_main(rank: int, world: int, port: int, plan: list[Drill], overhead: int
         world_size=world,
         timeout=datetime.timedelta(seconds=120),
     )
+    logging.getLogger("tailtrain.probe").setLevel(logging.ERROR)  # the verdicts are scored
     results = [run_drill(rank, d) for d in plan]
-    walls = []  # (with probe, without) per pair, alternating which goes first
-    for pair in range(overhead):
-        order = (True, False) if pair % 2 == 0 else (False, True)
-        got = {on: run_drill(rank, None, probe_on=on)["wall"] for on in order}
-        walls.append((got[True], got[False]))
+    walls, probe_cpu = overhead_pairs(overhead)
+    cpu = [None] * world
+    dist.all_gather_object(cpu, probe_cpu)
     if rank == 0:
         with open(out, "w") as fh:
-            json.dump({"results": results, "walls": walls}, fh)
+            json.dump({"results": results, "walls": walls, "probe_cpu": cpu}, fh)
     dist.barrier()
     dist.destroy_process_group()
 
@@ -301,6 +372,38 @@ def noise(result: dict) -> float:
     return float(np.median(own - injected, axis=0).max())
 
 
+def median_ci(values: np.ndarray) -> list[float]:
+    """A distribution-free 95% confidence interval of the median: the order statistics at
+    the binomial(n, 1/2) quantiles."""
+    ordered = np.sort(values)
+    n = len(ordered)
+    low = max(int(stats.binom.ppf(0.025, n, 0.5)) - 1, 0)
+    high = min(int(stats.binom.ppf(0.975, n, 0.5)), n - 1)
+    return [round(float(ordered[low]), 4), round(float(ordered[high]), 4)]
+
+
+def healthy_slowdown(plan: list[Drill], results: list[dict]) -> dict:
+    """The slowdowns the probe's last report gives the ranks that are healthy in truth (no
+    stall drill counted): the noise the rule's least effect (``persistence.MIN_EFFECT``) must
+    sit above."""
+    found = [
+        value
+        for d, r in zip(plan, results, strict=True)
+        if r["reports"] and d.kind != "stall"
+        for rank, value in r["reports"][-1]["slowdown"].items()
+        if int(rank) not in d.truth
+    ]
+    if not found:
+        return {}
+    return {
+        "ranks": len(found),
+        "median": round(float(np.median(found)), 4),
+        "p99": round(float(np.quantile(found, 0.99)), 4),
+        "max": round(float(np.max(found)), 4),
+        "min_effect": MIN_EFFECT,
+    }
+
+
 def evaluate(plan: list[Drill], results: list[dict], only: list[int] | None = None) -> dict:
     """Every detector's row over the drills ``only`` (default: all)."""
     if only is not None:
@@ -386,16 +489,21 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ranks", type=int, default=6)
     parser.add_argument("--seeds", type=int, default=9, help="drills per kind (12 kinds)")
-    parser.add_argument("--overhead-pairs", type=int, default=8)
-    parser.add_argument("--quick", action="store_true", help="one seed, two overhead pairs")
+    parser.add_argument("--overhead-pairs", type=int, default=40)
+    parser.add_argument("--quick", action="store_true", help="one seed, four overhead pairs")
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--cpu", type=int, default=os.cpu_count() - 1, help="every rank's core")
+    parser.add_argument("--dump", help="also write every drill's raw results (JSON) here")
     args = parser.parse_args()
     if not 4 <= args.ranks <= 8:
         parser.error("--ranks must be 4..8")
-    seeds, pairs = (1, 2) if args.quick else (args.seeds, args.overhead_pairs)
+    seeds, pairs = (1, 4) if args.quick else (args.seeds, args.overhead_pairs)
     plan = drills(args.ranks, seeds)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    began = time.time()
+    # every rank on one core: the machine's other load then delays them alike, where ranks
+    # spread over two cores with unequal queues differ by 1.3x for whole drills (measured)
+    os.sched_setaffinity(0, {args.cpu})
+    began, load = time.time(), os.getloadavg()
     with tempfile.TemporaryDirectory() as folder:
         out = f"{folder}/results.json"
         mp.start_processes(
@@ -406,14 +514,19 @@ def main() -> None:
         )
         with open(out) as fh:
             got = json.load(fh)
+    if args.dump:
+        with open(args.dump, "w") as fh:
+            json.dump(got, fh)
     clean = [i for i, r in enumerate(got["results"]) if noise(r) <= NOISE_LIMIT]
     walls = np.array(got["walls"])
     ratios = walls[:, 0] / walls[:, 1]
+    step = float(np.median(walls[:, 1])) / BLOCK  # seconds a step without the probe
     report = {
         "drills": len(plan),
         "ranks": args.ranks,
         "steps_per_drill": STEPS,
         "seconds": round(time.time() - began, 1),
+        "load_average_1_5_15_min": {"start": load, "end": os.getloadavg()},
         "detectors": evaluate(plan, got["results"]),
         "noise_limit_s": NOISE_LIMIT,
         "clean_drills": len(clean),
@@ -428,10 +541,18 @@ def main() -> None:
             }
             for d, r in zip(plan, got["results"], strict=True)
         ],
+        "healthy_slowdown": healthy_slowdown(plan, got["results"]),
         "overhead": float(np.median(ratios)),
-        "overhead_pairs": ratios.round(4).tolist(),
+        "overhead_ci95": median_ci(ratios),
+        "overhead_pairs": len(ratios),
+        "overhead_steps_per_block": BLOCK,
+        "overhead_ratios": ratios.round(4).tolist(),
+        "step_seconds_without_probe": round(step, 5),
+        "probe_cpu_seconds_per_step": [round(c, 7) for c in got["probe_cpu"]],
+        "probe_cpu_share_of_step": round(max(got["probe_cpu"]) / step, 5),
         "nvidia_resiliency_ext": nvidia_error(),
-        "machine": f"{os.cpu_count()} cores, torch {torch.__version__}, gloo",
+        "machine": f"{os.cpu_count()} cores (the ranks on core {args.cpu}), torch "
+        f"{torch.__version__}, gloo",
     }
     if args.json:
         json.dump(report, sys.stdout, indent=1)
@@ -444,7 +565,11 @@ def main() -> None:
             f"{sub['rank_recall']}, verdict {sub['verdict_precision']}/{sub['verdict_recall']}, "
             f"to correct max {sub['seconds_to_correct_max']} s, goals met {row['goals_met']}"
         )
-    print(f"overhead {report['overhead']:.4f}; nvidia: {report['nvidia_resiliency_ext']}")
+    print(
+        f"overhead {report['overhead']:.4f} (probe CPU {report['probe_cpu_share_of_step']:.4f} "
+        f"of a step); load {report['load_average_1_5_15_min']}"
+    )
+    print(f"nvidia: {report['nvidia_resiliency_ext']}")
 
 
 if __name__ == "__main__":

@@ -8,21 +8,36 @@
     (``torch.func`` vmap) over per-worker (autograd loop) gradients at 16 workers (goal >= 2
     where torch.func applies), and the wall time of one step at 64 workers.
 
-Ratios are measured within one run, so a noisy machine moves both sides together.
+Ratios are measured within one run, so a noisy machine moves both sides together; each
+figure is the median over ``--repeats`` runs (3), the strategies (and in (c) the three
+gradient methods) taking turns.
 
-Measured at 51e2b8f on a 2-core machine shared with four other jobs (load average ~18),
-torch 2.13 CPU, one thread, ``--parts b,c``:
-(b) digits-cnn sync 1.256 (15.60 s / 12.41 s), k-sync:k=8 1.449 (9.43 s / 6.51 s): above
-    the goal of 1.2. A profile of k-sync:k=8 (100 steps) puts 66% of the wall time in the
-    gradients; of the rest, the parameter-server ledger (``topology.ps.transition``: a
-    ``dataclasses.replace`` per worker event, ~41 a step) took 11% and the engine's timeline
-    7%, the update and its statistics 10%; fewer gradients per step (k=8) leave a larger
-    share to this per-step work.
-(c) tiny-gpt sync 1.254 (43.23 s / 34.48 s), k-sync:k=12 1.254 (41.02 s / 32.71 s): within
-    1.3. Batched (vmap) over the per-worker loop: 0.91x (1.410 s / 1.288 s a step), not the
-    2x asked: at 2 documents of up to 128 characters per worker the loop's matmuls are
-    already large enough to run near the core's peak, so batching saves only the per-op
-    dispatch. One sync step at 64 workers: 11.57 s.
+Measured at the commit that wrote this note (issue 27's second turn), 2-core machine shared
+with seven other jobs, torch 2.13 CPU, one thread; main at 1b423f1 measured by the same
+script just before, in brackets:
+(b) ``--parts b`` (load average 12-19): digits-cnn sync 1.211 (3.41 s / 2.83 s; runs 1.212,
+    1.211, 1.202) [1.314], k-sync:k=8 1.359 (1.79 s / 1.36 s; runs 1.364, 1.309, 1.359)
+    [1.431]; over gradients and evaluations 1.191 and 1.317 [1.292, 1.365]. sync is at
+    the goal of 1.2 within the noise; k-sync:k=8 is not. What was cut: passes over the
+    (W, D) gradient matrix that are the identity in the common round (a scatter, a
+    boolean-index copy, a second finiteness check), ``dataclasses.replace`` per worker
+    event in the parameter-server ledger, a new jobs array per read in the timeline. Left of
+    k-sync:k=8's per-step work (cProfile, 100 steps): the statistics and the update
+    (``gradient_stats``, ``direction``: one pass each, both needed), the mini-batch keys
+    (``stream.job_batches``), the step row and the timeline, each about 4% of the wall time;
+    with 8 gradients a step they weigh twice what they do for sync's 16.
+(c) ``--parts b,c`` (load 17-22): tiny-gpt sync 1.174 (23.59 s / 20.09 s), k-sync:k=12
+    1.210 (14.40 s / 11.75 s): within 1.3. Batched (vmap) over the per-worker loop: 0.99x
+    (loop 1.023 s / batched 1.030 s a step), not the 2x asked, and 2x cannot be had here:
+    one plain forward and backward of the summed loss over the same 32 documents (no
+    per-worker gradient at all) took 0.746 s, so the loop took only 1.37x as long as any
+    per-worker method could. At 2
+    documents of up to 128 characters per worker the loop's matmuls (256 x 128 x 384 and
+    larger) already run near the core's peak, and batching can save only the per-op
+    dispatch. Fused attention (``scaled_dot_product_attention``, since this turn) cut the
+    batched step by ~40% and the loop by ~25% (1.06 -> 0.64 s and 1.10 -> 0.82 s, medians
+    of 3 interleaved, load ~14). One sync step at 64 workers: 6.74 s (11.57 s before, at
+    load ~18).
 Run: python bench/bench_simulator.py [--json]
 """
 
@@ -30,6 +45,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import time
 
 import numpy as np
@@ -58,11 +74,12 @@ def timing_only(workers: int, iterations: int) -> dict[str, float]:
 
 
 class TimedTask:
-    """Wraps a task and adds up the wall time of its gradient calls."""
+    """Wraps a task and adds up the wall time of its gradient and evaluation calls."""
 
     def __init__(self, task) -> None:
         self._task = task
         self.grad_seconds = 0.0
+        self.eval_seconds = 0.0
 
     def __getattr__(self, name):
         return getattr(self._task, name)
@@ -73,42 +90,84 @@ class TimedTask:
         self.grad_seconds += time.perf_counter() - start
         return out
 
+    def evaluate(self, theta):
+        start = time.perf_counter()
+        out = self._task.evaluate(theta)
+        self.eval_seconds += time.perf_counter() - start
+        return out
+
 
 def overhead(
-    workers: int, iterations: int, strategy: str, task_spec: str = "digits-cnn"
-) -> dict[str, float]:
+    workers: int, iterations: int, strategies: tuple[str, ...], task_spec: str, repeats: int
+) -> dict[str, dict[str, float]]:
+    """Simulator wall time over the time its ``Task.grads`` calls took, within each run
+    (the same work on both sides): the median over ``repeats`` runs, the strategies taking
+    turns so that a change of load hits them all; one warm-up run each first."""
     scenario = Scenario(
         task=task_spec, workers=workers, iterations=iterations, eval_every=iterations
     )
     task = TimedTask(parse_task(task_spec, seed=0))
-    simulate(scenario, parse_strategy(strategy), 0, task=task)  # warm-up
-    task.grad_seconds = 0.0
-    start = time.perf_counter()
-    simulate(scenario, parse_strategy(strategy), 0, task=task)
-    wall = time.perf_counter() - start
-    return {"wall_s": wall, "grad_s": task.grad_seconds, "ratio": wall / task.grad_seconds}
+    for strategy in strategies:
+        simulate(scenario, parse_strategy(strategy), 0, task=task)  # warm-up
+    runs: dict[str, list[tuple[float, float, float]]] = {s: [] for s in strategies}
+    for _ in range(repeats):
+        for strategy in strategies:
+            task.grad_seconds = task.eval_seconds = 0.0
+            start = time.perf_counter()
+            simulate(scenario, parse_strategy(strategy), 0, task=task)
+            wall = time.perf_counter() - start
+            runs[strategy].append((wall, task.grad_seconds, task.eval_seconds))
+    return {
+        s: {
+            "ratio": statistics.median(w / g for w, g, _ in rows),
+            "wall_s": statistics.median(w for w, _, _ in rows),
+            "grad_s": statistics.median(g for _, g, _ in rows),
+            "ratios": [round(w / g, 3) for w, g, _ in rows],
+            # the run's first and last evaluations are model work too, not bookkeeping
+            "over_model_work": statistics.median(w / (g + e) for w, g, e in rows),
+        }
+        for s, rows in runs.items()
+    }
 
 
 def batched_over_loop(task_spec: str, workers: int, repeats: int) -> dict[str, float]:
-    """Best-of-``repeats`` seconds of one step's gradients: ``Task.grads`` (the method the
-    task chose) against plain autograd worker by worker, interleaved so load hits both."""
+    """Median seconds of one step's gradients at a shared θ, the three taking turns:
+    ``Task.grads`` (the method the task chose), plain autograd worker by worker (the loop),
+    and one ordinary forward and backward of the summed loss over all the workers' examples
+    (``plain``: no per-worker gradient at all, so no per-worker method can beat it; it
+    bounds what batching can gain over the loop)."""
     task = parse_task(task_spec, seed=0)
     theta = task.init_params(0)
     idx = np.random.default_rng(0).integers(0, task.n_train, (workers, task.batch_size))
-    batched, loop = [], []
-    task.grads(theta, idx)  # warm-up
+    model = task.module_at(theta)
+    flat = idx.reshape(-1)
+    x, y = task.data.trim(task.data.x_train[flat]), task.data.y_train[flat]
+
+    def plain() -> None:
+        model.zero_grad()
+        task.loss_fn(model(x), y).sum().backward()
+
+    calls = {
+        "batched": lambda: task.grads(theta, idx),
+        "loop": lambda: task._batched(task._loop_grads, theta, idx),
+        "plain": plain,
+    }
+    times: dict[str, list[float]] = {name: [] for name in calls}
+    for call in calls.values():  # warm-up
+        call()
     for _ in range(repeats):
-        start = time.perf_counter()
-        task.grads(theta, idx)
-        batched.append(time.perf_counter() - start)
-        start = time.perf_counter()
-        task._batched(task._loop_grads, theta, idx)
-        loop.append(time.perf_counter() - start)
+        for name, call in calls.items():
+            start = time.perf_counter()
+            call()
+            times[name].append(time.perf_counter() - start)
+    med = {name: statistics.median(t) for name, t in times.items()}
     return {
         "method": task.gradient_method,
-        "batched_s": min(batched),
-        "loop_s": min(loop),
-        "ratio": min(loop) / min(batched),
+        "batched_s": med["batched"],
+        "loop_s": med["loop"],
+        "plain_s": med["plain"],
+        "ratio": med["loop"] / med["batched"],
+        "ceiling": med["loop"] / med["plain"],
     }
 
 
@@ -128,6 +187,7 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=1, help="torch threads (the CLI's default is 1)")
     p.add_argument("--gpt-iterations", type=int, default=20, help="tiny-gpt steps in (c)")
     p.add_argument("--parts", default="a,b,c", help="which parts to run (default: a,b,c)")
+    p.add_argument("--repeats", type=int, default=3, help="runs per figure (medians)")
     p.add_argument("--json", action="store_true")
     args = p.parse_args()
     parts = set(args.parts.split(","))
@@ -136,11 +196,13 @@ def main() -> None:
     if "a" in parts:
         result["timing_only_worker_iterations_per_s"] = timing_only(args.workers, args.iterations)
     if "b" in parts:
-        result["digits_cnn_16_overhead"] = {s: overhead(16, 100, s) for s in ("sync", "k-sync:k=8")}
+        result["digits_cnn_16_overhead"] = overhead(
+            16, 100, ("sync", "k-sync:k=8"), "digits-cnn", args.repeats
+        )
     if "c" in parts:
-        result["tiny_gpt_16_overhead"] = {
-            s: overhead(16, args.gpt_iterations, s, "tiny-gpt") for s in ("sync", "k-sync:k=12")
-        }
+        result["tiny_gpt_16_overhead"] = overhead(
+            16, args.gpt_iterations, ("sync", "k-sync:k=12"), "tiny-gpt", args.repeats
+        )
         result["tiny_gpt_16_batched_over_loop"] = batched_over_loop("tiny-gpt", 16, 5)
         result["tiny_gpt_64_step_s"] = step_time("tiny-gpt", 64, 3)
     if args.json:
@@ -156,15 +218,25 @@ def main() -> None:
             "gradient time (goal <= 1.2):"
         )
         for name, r in result["digits_cnn_16_overhead"].items():
-            print(f"    {name:22s} {r['ratio']:.3f}  ({r['wall_s']:.2f} s / {r['grad_s']:.2f} s)")
+            print(
+                f"    {name:22s} {r['ratio']:.3f}  ({r['wall_s']:.2f} s / {r['grad_s']:.2f} s; "
+                f"runs {r['ratios']}); over gradients and evaluations "
+                f"{r['over_model_work']:.3f}"
+            )
     if "c" in parts:
         print("(c) tiny-gpt, 16 workers: simulator wall / gradient time (goal <= 1.3):")
         for name, r in result["tiny_gpt_16_overhead"].items():
-            print(f"    {name:22s} {r['ratio']:.3f}  ({r['wall_s']:.2f} s / {r['grad_s']:.2f} s)")
+            print(
+                f"    {name:22s} {r['ratio']:.3f}  ({r['wall_s']:.2f} s / {r['grad_s']:.2f} s; "
+                f"runs {r['ratios']}); over gradients and evaluations "
+                f"{r['over_model_work']:.3f}"
+            )
         b = result["tiny_gpt_16_batched_over_loop"]
         print(
             f"    batched ({b['method']}) over per-worker loop (goal >= 2): {b['ratio']:.2f}x "
-            f"({b['loop_s']:.3f} s / {b['batched_s']:.3f} s a step)"
+            f"({b['loop_s']:.3f} s / {b['batched_s']:.3f} s a step); loop over one plain "
+            f"forward/backward of all the examples (the most batching could gain): "
+            f"{b['ceiling']:.2f}x ({b['plain_s']:.3f} s)"
         )
         print(f"    one sync step at 64 workers: {result['tiny_gpt_64_step_s']:.2f} s")
 

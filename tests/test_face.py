@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import ast
+import dataclasses
 import importlib
 import importlib.util
 import inspect
+import json
 import os
 import subprocess
 import sys
@@ -133,3 +135,30 @@ def test_advise_takes_every_option_the_internal_advise_takes():
     internal = set(inspect.signature(tailtrain._internal("advise")).parameters) - {"path"}
     face = set(inspect.signature(tailtrain.advise).parameters) - {"trace"}
     assert internal == face
+
+
+def test_the_face_charges_a_traces_recorded_noncompute_as_the_cli_does(tmp_path, capsys):
+    """One resolution of T^c (``Scenario.with_replayed_comm``): simulate, compare and predict
+    from the library charge a trace's recorded noncompute seconds, as the CLI does, unless
+    ``comm_time`` says otherwise. Two workers, 1 s and 2 s a round, T^c 0.5 s: 2.5 s a round."""
+    from tailtrain.cli import main
+
+    lines = ["iteration,worker,seconds,noncompute"]
+    for i in range(20):
+        lines += [f"{i},0,1.0,1.5", f"{i},1,2.0,0.5"]
+    path = tmp_path / "trace.csv"
+    path.write_text("\n".join(lines) + "\n")
+    delay = f"trace:path={path}"
+    scenario = tailtrain.Scenario(task="none", workers=2, delay=delay, iterations=10)
+    record = tailtrain.simulate(scenario, "sync")
+    assert record.summary["mean_iteration_time"] == pytest.approx(2.5, abs=1e-12)
+    argv = ["simulate", "--task", "none", "--workers", "2", "--delay", delay, "--iterations"]
+    assert main([*argv, "10", "--no-progress", "--json"]) == 0
+    cli = json.loads(capsys.readouterr().out)
+    assert cli["mean_iteration_time"] == record.summary["mean_iteration_time"]
+    (row,) = tailtrain.compare(scenario, "sync").rows()
+    assert row["mean_iteration_time"] == pytest.approx(2.5, abs=1e-12)
+    sync = next(r for r in tailtrain.predict(scenario, "sync").rows if r.strategy == "sync")
+    assert sync.iteration_time == pytest.approx(2.5, abs=1e-12)
+    told = dataclasses.replace(scenario, comm_time="0.25")  # comm_time overrides the trace
+    assert tailtrain.simulate(told, "sync").summary["mean_iteration_time"] == pytest.approx(2.25)

@@ -72,9 +72,15 @@ def simulate(
 
     Returns:
         The run record: ``steps``, ``evals`` and the ``summary`` (final loss, mean k, ...).
+
+    A ``trace:`` delay that recorded its rounds' ``noncompute`` seconds (``tailtrain train``'s
+    ``trace.csv``) is charged them as T^c unless ``scenario.comm_time`` is set, as
+    ``tailtrain simulate`` does (``Scenario.with_replayed_comm``).
     """
     run = _internal("simulate")
     rule = _rule(strategy)
+    if delays is None:  # the scenario's own delay: its trace's T^c, as the CLI charges it
+        scenario = scenario.with_replayed_comm()
     return run(scenario, rule, seed, progress, task=task, delays=delays, control=control)
 
 
@@ -99,7 +105,11 @@ def compare(
 
     Returns:
         The runs by strategy; ``rows()`` gives the mean and spread of each over the seeds.
+
+    T^c as [`simulate`][tailtrain.simulate] resolves it (a trace's recorded noncompute
+    seconds unless ``scenario.comm_time`` is set).
     """
+    scenario = scenario.with_replayed_comm()
     if isinstance(strategies, str):
         rules = _internal("parse_strategies")(strategies)
     else:
@@ -127,7 +137,8 @@ def predict(
     Theorem 3 of Dutta et al. (``tailtrain.prediction``'s module docstring has the model).
 
     Args:
-        scenario: the run; ``comm_time`` is T^c (``network`` is not modelled here).
+        scenario: the run; ``comm_time`` is T^c (``network`` is not modelled here); unset,
+            a ``trace:`` delay's recorded noncompute seconds, as ``tailtrain predict``.
         strategy: keep only this strategy's rows (for a K-family spec, its K and the best K);
             None: every strategy, as ``tailtrain predict`` prints.
         ks: the K values to list (default: every K up to N = 32, else a grid).
@@ -288,6 +299,7 @@ def _claim(out: Path | None, overwrite: bool) -> Callable[[], None] | None:
 
 def _delay_scenario(scenario: Scenario, ks: Sequence[int] | None, samples: int, seed: int) -> Any:
     """The run's delays as ``predict`` takes them: delay models instead of spec strings."""
+    scenario = scenario.with_replayed_comm()  # T^c resolved as simulate and the CLI do
     comm = _internal("parse_comm_time")(scenario.comm_time or "0")
     pattern = None if scenario.pattern == "iid" else _internal("parse_pattern")(scenario.pattern)
     return _internal("DelayScenario")(

@@ -69,7 +69,7 @@ def test_the_summary_means_of_the_parts_sum_to_the_mean_round():
     record = run_record_of_rounds(
         [(0.5, [0.3, 0.2], [0.1, 0.0], [0.0, 0.1], [0.1, 0.1], [0.1, 0.1])],
     )
-    means = time_means(record)
+    means = time_means(record.steps)
     assert means["mean_compute_time"] == pytest.approx(0.2)
     assert means["mean_injected_time"] == pytest.approx(0.05)
     assert sum(means.values()) == pytest.approx(0.5)

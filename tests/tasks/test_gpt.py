@@ -16,7 +16,7 @@ from tests.cli.helpers import run
 
 from tailtrain.tasks import parse_task
 from tailtrain.tasks.corpus import IGNORE, PAD, decode_chars, encode_chars, stdlib_corpus
-from tailtrain.tasks.gpt import make_tiny_gpt, next_char_losses
+from tailtrain.tasks.gpt import CausalSelfAttention, make_tiny_gpt, next_char_losses
 
 SMALL = "tiny-gpt:layers=1,width=32,heads=2,context=32,n=256,test=16,batch=2"
 
@@ -44,6 +44,29 @@ def test_vmap_gradients_match_a_per_worker_loop():
     torch.testing.assert_close(grads, loop_grads, rtol=1e-4, atol=1e-6)
     torch.testing.assert_close(losses, loop_losses)
     assert float(losses.mean()) == pytest.approx(np.log(98), rel=0.05)  # uniform at N(0, .02)
+
+
+def test_fused_attention_equals_the_masked_softmax():
+    # without dropout the block calls scaled_dot_product_attention; with it, the masked form
+    torch.manual_seed(0)
+    attention = CausalSelfAttention(16, 2, 8, dropout=0.0)
+    x = torch.randn(3, 2, 7, 16)
+    torch.testing.assert_close(attention(x), _masked_attention(attention, x), rtol=1e-5, atol=1e-6)
+    attention.dropout.p = 0.5
+    attention.eval()  # evaluation: no dropout, the fused kernel again
+    torch.testing.assert_close(attention(x), _masked_attention(attention, x), rtol=1e-5, atol=1e-6)
+
+
+def _masked_attention(module: CausalSelfAttention, x: torch.Tensor) -> torch.Tensor:
+    *batch, steps, width = x.shape
+    q, k, v = module.qkv(x).split(width, -1)
+    shape = (*batch, steps, module.heads, width // module.heads)
+    q, k, v = (t.reshape(shape).transpose(-2, -3) for t in (q, k, v))
+    scores = (q @ k.transpose(-1, -2) / (width // module.heads) ** 0.5).masked_fill(
+        ~module.mask[:steps, :steps], float("-inf")
+    )
+    out = scores.softmax(-1) @ v
+    return module.proj(out.transpose(-2, -3).reshape(*batch, steps, width))
 
 
 def test_dropout_is_seeded_by_the_workers_batches():

@@ -21,6 +21,7 @@ from tailtrain.advice.recommend import (
     Ranked,
     dominate,
     equivalents,
+    priced_comm,
     rank,
     reason,
     rebalanced,
@@ -28,12 +29,11 @@ from tailtrain.advice.recommend import (
     trace_spread,
 )
 from tailtrain.advice.source import trace_file
-from tailtrain.advice.stragglers import MIN_ITERATIONS, WorkerScore, iteration_times, score_workers
-from tailtrain.delays.base import DelayModel
-from tailtrain.delays.comm import parse_comm_time
+from tailtrain.advice.stragglers import MIN_ITERATIONS, iteration_times, score_workers
 from tailtrain.delays.parse import parse_delay
 from tailtrain.delays.trace import TraceDelay, comm_note, replayed_comm
 from tailtrain.errors import UsageError
+from tailtrain.persistence import Slowness
 from tailtrain.prediction.families import row_spec
 
 
@@ -44,7 +44,7 @@ class Advice:
     trace: str
     workers: int
     times: np.ndarray  # t[i, w] of the trace workers
-    stragglers: list[WorkerScore]
+    stragglers: list[Slowness]
     cost: Cost
     without_persistent: Cost | None
     ranked: list[Ranked]
@@ -108,7 +108,7 @@ def advise(
     path = trace_file(path)  # a probe's folder too
     delay = f"trace:path={path}"
     comm_spec = replayed_comm(delay, comm_time)
-    comm = _comm(comm_spec)
+    comm = priced_comm(comm_spec)
     model = parse_delay(delay)
     assert isinstance(model, TraceDelay)
     replay = model.replay
@@ -124,7 +124,8 @@ def advise(
         sync_cost(times, replay.ids, n, exclude=persistent, comm=comm_mean) if persistent else None
     )
     recorded = model.trace.round_comm() if comm_time is None else np.empty(0)
-    ranked, more = rank(model, times, n, m, seed, samples, comm, trace_spread(times, recorded))
+    spread = trace_spread(times, recorded)
+    ranked, more = rank(model, times, n, m, seed, samples, comm, spread, recorded.size > 0)
     ranked, more = _runnable(ranked, setup, more)
     cost = _as_in_the_table(cost, ranked)
     tied = rebalanced(equivalents(ranked), dominate(cost, without))
@@ -155,14 +156,6 @@ def _as_in_the_table(cost: Cost, ranked: list[Ranked]) -> Cost:
     return cost if sync is None else replace(cost, iteration_time=sync.row.iteration_time)
 
 
-def _comm(spec: str | None) -> float | DelayModel:
-    """T^c as ``predict`` takes it: seconds when constant, else the model."""
-    model = parse_comm_time(spec)
-    if model is None:
-        return 0.0
-    return float(model.mean) if model.var == 0 else model
-
-
 def _tie_text(tied: list[Ranked]) -> str:
     if len(tied) < 2:
         return ""
@@ -173,7 +166,7 @@ def _tie_text(tied: list[Ranked]) -> str:
     return f" Equivalent within the forecasts' uncertainty: {others}; chosen by the rule {rule}."
 
 
-def _trust_notes(times: np.ndarray, scores: list[WorkerScore], workers: int) -> list[str]:
+def _trust_notes(times: np.ndarray, scores: list[Slowness], workers: int) -> list[str]:
     iterations, trace_workers = times.shape
     notes = []
     if iterations < MIN_ITERATIONS:

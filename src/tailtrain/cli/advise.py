@@ -119,7 +119,7 @@ def _print(found: Advice) -> None:
     for s in slow or []:
         console.print(
             f"  worker {s.worker}: {s.verdict}, score {s.score:.2f}, {s.slowdown:.2f}x the "
-            f"median worker's time, slower in {s.slower_share:.0%} of iterations "
+            f"other workers' median time, slower in {s.slower_share:.0%} of iterations "
             f"(p={s.p_value:.2g})"
         )
     if not slow:

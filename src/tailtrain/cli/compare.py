@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -63,17 +62,14 @@ def parse_seeds(text: str) -> list[int]:
 
 def run(args: argparse.Namespace) -> int:
     from tailtrain.core.records import claim_folder, clean, clear_run, write_json
-    from tailtrain.delays.trace import comm_note, replayed_comm
+    from tailtrain.delays.trace import comm_note
     from tailtrain.plots import plot_comparison
     from tailtrain.sim.compare import CompareInterrupted, compare
     from tailtrain.strategies.registry import parse_strategies
 
-    scenario = scenario_from_args(args)
     # as simulate (cli.run_folder.prepare_run): a trace's recorded noncompute seconds are its
     # T^c unless --comm-time is given, so both price the same trace's sync alike
-    scenario = dataclasses.replace(
-        scenario, comm_time=replayed_comm(scenario.delay, scenario.comm_time)
-    )
+    scenario = scenario_from_args(args).with_replayed_comm()
     strategies = parse_strategies(args.strategies)
     if not strategies:
         raise UsageError("--strategies is empty; give e.g. sync,k-sync:k=8")

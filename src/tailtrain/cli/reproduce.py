@@ -29,11 +29,18 @@ def register(sub: argparse._SubParsersAction) -> None:
         action="store_true",
         help="small sizes (seconds per experiment, as in CI) instead of the full ones",
     )
+    p.add_argument(
+        "--task",
+        default=None,
+        help="run the experiment on this task instead (a built-in one or package.module:factory"
+        "[:k=v,...]), with its own learning rate; only for experiments that train a model",
+    )
     p.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from tailtrain.reproduce.registry import EXPERIMENTS, find
+    from tailtrain.tasks import parse_task
 
     if args.list:
         for e in EXPERIMENTS:
@@ -45,10 +52,16 @@ def run(args: argparse.Namespace) -> int:
     chosen = find(args.name)
     if args.out is None:
         raise UsageError("give --out DIR for the report and plots")
+    if args.task is not None:
+        if args.name == "all":
+            raise UsageError("--task applies to one experiment at a time; name one (see --list)")
+        chosen[0].check_task(args.task)
+        # built now, so that a bad spec or factory stops here with its one line
+        parse_task(args.task)
     start, rows = time.perf_counter(), []
     for experiment in chosen:
         out = args.out / experiment.name if args.name == "all" else args.out
-        report = experiment(out, args.quick)
+        report = experiment(out, args.quick, args.task)
         print(f"{experiment.name:<20} {report.seconds:6.1f} s  {out / 'report.md'}")
         rows.append(
             f"| [{experiment.name}]({experiment.name}/report.md) | {experiment.paper} "

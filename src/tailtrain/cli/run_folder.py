@@ -92,15 +92,11 @@ def prepare_run(args: argparse.Namespace) -> SimulateRun:
     """A new run from the flags, every one checked before anything is written."""
     from tailtrain.core.records import RUN_FILES, claim_folder
     from tailtrain.core.session import RunControl
-    from tailtrain.delays.trace import replayed_comm
     from tailtrain.faults import FaultPlan
     from tailtrain.strategies.registry import parse_strategy
 
-    scenario = scenario_from_args(args)
     # a trace that recorded its rounds' noncompute seconds replays them unless told otherwise
-    scenario = dataclasses.replace(
-        scenario, comm_time=replayed_comm(scenario.delay, scenario.comm_time)
-    )
+    scenario = scenario_from_args(args).with_replayed_comm()
     strategy = parse_strategy(args.strategy)
     faults = FaultPlan.parse(args.inject_fault, scenario.workers, SIMULATED_FAULTS)
     _check_faults(faults, scenario)

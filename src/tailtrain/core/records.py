@@ -60,7 +60,13 @@ RECORD_FILES = ("steps.jsonl", "evals.jsonl", "summary.json")
 RUN_FILES = (*RECORD_FILES, "run.json", "checkpoint.pt")
 #: what a real run (``train``) keeps beside them: drills fired, failures, the trace, the
 #: parameter server's pid while it serves
-TRAIN_EXTRA = ("drills.jsonl", "failures.jsonl", "trace.csv", "server.pid")
+TRAIN_EXTRA = (
+    "drills.jsonl",
+    "failures.jsonl",
+    "trace.csv",
+    "server.pid",
+    "rank-steps.jsonl",
+)
 
 
 class RecordSink:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -80,6 +80,17 @@ class Scenario:
             eval_every=self.eval_every,
             time_budget=self.time_budget,
         )
+
+    def with_replayed_comm(self) -> Scenario:
+        """This scenario with the T^c a replay of its delay charges (``delays.trace.
+        replayed_comm``): ``comm_time`` when given, else the rounds' ``noncompute`` seconds a
+        trace delay recorded, else none. The one resolution of T^c that ``simulate``,
+        ``compare`` and ``predict`` apply, on the command line and in the library alike, so
+        one trace prices the same sync everywhere (issue 23, item 2)."""
+        from tailtrain.delays.trace import replayed_comm
+
+        comm_time = replayed_comm(self.delay, self.comm_time)
+        return self if comm_time == self.comm_time else replace(self, comm_time=comm_time)
 
 
 def budget_spent(scenario: Scenario, step: int, now: float, iteration_scale: float = 1.0) -> bool:

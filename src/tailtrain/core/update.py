@@ -186,6 +186,9 @@ class WeightedUpdate:
         self.on_nonfinite = on_nonfinite
         #: keys of the gradients the last ``direction`` dropped as non-finite
         self.dropped = np.zeros(0, dtype=np.int64)
+        #: which rows of the last ``direction``'s gradients were finite (for ``gradient_stats``
+        #: of the same rows: one pass over them less); None before the first
+        self.finite: np.ndarray | None = None
         #: (workers, values): the next ``direction`` sets those workers' weighed gradients to
         #: their values (a fault drill: ``tailtrain.faults``); consumed by that call
         self.inject: tuple[np.ndarray, np.ndarray] | None = None
@@ -212,6 +215,7 @@ class WeightedUpdate:
         """Drop the rows with a NaN or an infinity from ``selection`` (and zero them, since
         0 * NaN is NaN); remember their keys in ``dropped``. ``raise`` stops instead."""
         ok = finite_rows(grads) if grads.shape[0] else np.ones(0, dtype=bool)
+        self.finite = ok
         self.dropped = np.asarray(keys, dtype=np.int64)[~ok]
         if ok.all():
             return grads, selection

@@ -23,15 +23,17 @@ rejects equal distributions at level ``PERSISTENCE_LEVEL`` (0.001) and the per-w
 span at least ``PERSISTENCE_EFFECT`` (a quarter) of the pooled interquartile range, so a large
 trace with negligible differences is not flagged.
 
-Recorded communication: a trace that ``tailtrain train`` wrote (allreduce topology) has a
-``noncompute`` column: on the rows of a round's last iteration, the round's wall seconds less
-that worker's unit seconds (its wait, communication and the runtime's overhead), NaN elsewhere
-(``runtime.telemetry``). A round's replayed T^c is the smallest of them over the workers, the
-slowest worker's, so that the replayed round, max_n (sum of n's units) + T^c, is the round's
-wall seconds. ``trace:path=FILE,of=noncompute`` is the law of those T^c (one value per
-recorded round, bootstrapped: ``sample`` draws them with replacement); :func:`replayed_comm`
-makes it the ``--comm-time`` of ``simulate``, ``predict`` and ``advise`` when none is given,
-and :func:`comm_note` says which they used. Traces without the column read as before.
+Recorded communication: a trace that ``tailtrain train`` wrote has a ``noncompute`` column:
+on the rows of a round's last iteration, the round's wall seconds less that worker's unit
+seconds (its wait, communication and the runtime's overhead), NaN elsewhere; the
+partial-collective and parameter-server topologies, whose ranks do not end their steps
+together, write each job's step less its seconds (``runtime.telemetry``). A round's
+replayed T^c is the smallest of them over the workers, the slowest worker's, so that the
+replayed round, max_n (sum of n's units) + T^c, is the round's wall seconds.
+``trace:path=FILE,of=noncompute`` is the law of those T^c (one value per recorded round,
+bootstrapped: ``sample`` draws them with replacement); :func:`replayed_comm` makes it the
+``--comm-time`` of ``simulate``, ``predict`` and ``advise`` when none is given, and
+:func:`comm_note` says which they used. Traces without the column read as before.
 
 Either way, the model's law is the empirical distribution of ``seconds``: ``sample`` draws
 rows with replacement, cdf is the ECDF, mean and var are those of the empirical distribution,
@@ -364,7 +366,7 @@ def trace(spec: Spec) -> TraceDelay:
     if comm.size == 0:
         raise UsageError(
             f"{spec.text!r}: the trace records no noncompute seconds; record them with "
-            "`tailtrain train --out DIR` (allreduce topology) or drop of=noncompute"
+            "`tailtrain train --out DIR` or drop of=noncompute"
         )
     rounds = np.arange(comm.size)
     return TraceDelay(spec.text, Trace(rounds, np.zeros_like(rounds), None, comm), "pooled")

@@ -26,7 +26,8 @@ Every ``every`` steps the ranks all-gather those three numbers of the window's s
 collective between steps, outside any timed section); rank 0 appends them to ``trace.csv``
 (``iteration,worker,seconds``, seconds = data + compute, the format ``trace:path=`` and
 ``tailtrain advise`` read, written by ``delays.trace.write_trace_rows``), judges the last
-``horizon`` steps (``integrate.verdicts``: score, persistent / intermittent / healthy), logs the
+``horizon`` steps (``tailtrain.persistence``, the rule ``advise`` applies to a trace: score,
+persistent / intermittent / healthy; no verdict before :data:`LIVE_MIN_STEPS` steps), logs the
 verdicts through ``logging`` (logger ``tailtrain.probe``), appends them to ``verdicts.jsonl``
 and, with ``tensorboard=``, logs the scores. The probe changes no tensor: the wrapped hook's
 result is returned as it is.
@@ -48,12 +49,13 @@ import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
 from tailtrain.delays.trace import write_trace_rows
-from tailtrain.integrate.verdicts import RankVerdict, judge_ranks
+from tailtrain.persistence import Slowness, classify_workers
 
 log = logging.getLogger("tailtrain.probe")
 
 #: the columns of a probe's window, per rank and step
 SECTIONS = ("data", "compute", "wait")
+LIVE_MIN_STEPS = 8  #: fewer steps to judge (after the warm-up): no verdict yet
 
 
 @dataclass(frozen=True)
@@ -63,12 +65,12 @@ class ProbeReport:
 
     step: int  # steps recorded so far
     elapsed: float  # wall seconds since the probe started
-    verdicts: list[RankVerdict]
+    verdicts: list[Slowness]  # ``worker`` is the rank
     sections: dict[str, list[float]] = field(default_factory=dict)
 
     def named(self) -> dict[int, str]:
         """The ranks that are not healthy, and their verdicts."""
-        return {v.rank: v.verdict for v in self.verdicts if v.verdict != "healthy"}
+        return {v.worker: v.verdict for v in self.verdicts if v.verdict != "healthy"}
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -286,9 +288,9 @@ class StragglerProbe:
         own = recent[:, :, 0] + recent[:, :, 1]
         sections = {name: np.median(recent[:, :, i], axis=0).tolist()
                     for i, name in enumerate(SECTIONS)}  # fmt: skip
-        report = ProbeReport(
-            self.steps, time.perf_counter() - self.started, judge_ranks(own), sections
-        )
+        enough = own.shape[0] >= LIVE_MIN_STEPS and own.shape[1] >= 2
+        verdicts = classify_workers(own) if enough else []
+        report = ProbeReport(self.steps, time.perf_counter() - self.started, verdicts, sections)
         self.last = report
         self._log(report)
         if self.on_report is not None:
@@ -308,10 +310,11 @@ class StragglerProbe:
         for v in report.verdicts:
             if v.verdict != "healthy":
                 log.warning(
-                    "probe step %d: rank %d %s, score %.2f (%.2fx the reference's own time; "
-                    "own %.1f ms per step, wait %.1f ms; stalled %d steps in a row)",
-                    report.step, v.rank, v.verdict, v.score, v.slowdown,
-                    1e3 * v.own_seconds, 1e3 * wait[v.rank], v.longest_stall,
+                    "probe step %d: rank %d %s, score %.2f (%.2fx the others' median own time, "
+                    "slower in %.0f%% of steps; own %.1f ms per step, wait %.1f ms; stalled %d "
+                    "steps in a row)",
+                    report.step, v.worker, v.verdict, v.score, v.slowdown, 100 * v.slower_share,
+                    1e3 * v.median_seconds, 1e3 * wait[v.worker], v.longest_stall,
                 )  # fmt: skip
         healthy = [v for v in report.verdicts if v.verdict == "healthy"]
         if healthy:
@@ -324,7 +327,7 @@ class StragglerProbe:
             with (self.out / "verdicts.jsonl").open("a") as handle:
                 handle.write(json.dumps(report.as_dict()) + "\n")
         if self.board is not None:
-            scalars = {f"probe/score/rank{v.rank}": v.score for v in report.verdicts}
+            scalars = {f"probe/score/rank{v.worker}": v.score for v in report.verdicts}
             scalars |= {f"probe/wait_s/rank{r}": w for r, w in enumerate(wait)}
             self.board.add_scalars(scalars, report.step, time.time())
 

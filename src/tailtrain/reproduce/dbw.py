@@ -17,7 +17,15 @@ from tailtrain.core.scenario import Scenario
 from tailtrain.delays import parse_delay
 from tailtrain.reproduce.figures import bars, eval_curve, figure, k_curve, label
 from tailtrain.reproduce.report import FIGURE_ONLY, Report, Table, gap
-from tailtrain.reproduce.runs import Sizes, best, mean_of, name_of, run, target_table
+from tailtrain.reproduce.runs import (
+    Sizes,
+    best,
+    mean_of,
+    name_of,
+    run,
+    target_table,
+    task_with,
+)
 from tailtrain.theory import expected_order_stat
 
 PAPER = "DBW (Xu, Neglia, Sebastianelli)"
@@ -148,7 +156,9 @@ def fig8(out: Path, quick: bool) -> Report:
     p = FIG8.pick(quick)
     strategies = [*DYNAMIC, *(f"k-sync:k={k}" if k < N else "sync" for k in p.ks)]
     budget = p.sync_steps * expected_order_stat(parse_delay(FIG8_DELAY), N, N).value
-    cases = {b: _scenario(p, FIG8_DELAY, budget, task=f"{p.task}:batch={b}") for b in p.batches}
+    cases = {
+        b: _scenario(p, FIG8_DELAY, budget, task=task_with(p.task, "batch", b)) for b in p.batches
+    }
     table, results = target_table(
         f"Time to train loss {p.target} (virtual s) per batch size B", "B", cases, strategies,
         p.seeds,

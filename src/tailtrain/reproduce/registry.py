@@ -15,7 +15,7 @@ from tailtrain.core.records import prepare_folder
 from tailtrain.errors import UsageError
 from tailtrain.reproduce import dbw, dropcompute, eager, lgc, stale
 from tailtrain.reproduce.report import Report
-from tailtrain.reproduce.runs import Sizes
+from tailtrain.reproduce.runs import Sizes, on_task
 
 
 @dataclass(frozen=True)
@@ -27,14 +27,24 @@ class Experiment:
     sizes: Sizes
     run: Callable[[Path, bool], Report]
 
-    def __call__(self, out: Path, quick: bool) -> Report:
-        """Run into ``out`` (created), write ``report.md`` and stamp the wall-clock time."""
+    def __call__(self, out: Path, quick: bool, task: str | None = None) -> Report:
+        """Run into ``out`` (created), write ``report.md`` and stamp the wall-clock time;
+        ``task`` in place of the experiment's own (``check_task`` first)."""
         out = prepare_folder(out)
         start = time.perf_counter()
-        report = self.run(out, quick)
+        with on_task(task):
+            report = self.run(out, quick)
         report.seconds = time.perf_counter() - start
         report.write(out)
         return report
+
+    def check_task(self, task: str) -> None:
+        """Refuse ``--task`` where the experiment trains no model (it times workers only)."""
+        if not self.sizes.takes_task:
+            raise UsageError(
+                f"reproduce {self.name} trains no model (it times workers only), so --task "
+                "does not apply to it; drop --task"
+            )
 
 
 EXPERIMENTS: tuple[Experiment, ...] = (

@@ -7,7 +7,9 @@ Every number comes from ``tailtrain.sim`` (simulate, compare), ``tailtrain.predi
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
@@ -20,6 +22,7 @@ from tailtrain.reproduce.report import Table
 from tailtrain.sim.compare import Comparison, aggregate, compare
 from tailtrain.sim.run import simulate
 from tailtrain.strategies.registry import parse_strategies, parse_strategy
+from tailtrain.tasks.factory import is_factory_spec
 
 
 @dataclass(frozen=True)
@@ -29,11 +32,42 @@ class Sizes:
     quick: dict[str, Any]
     full: dict[str, Any]
 
+    @property
+    def takes_task(self) -> bool:
+        """Whether the experiment trains a model (``--task`` can replace it)."""
+        return "task" in self.quick
+
     def pick(self, quick: bool) -> SimpleNamespace:
-        return SimpleNamespace(**(self.quick if quick else self.full))
+        """The knobs at the size asked, with ``on_task``'s task in place of the own one."""
+        return SimpleNamespace(**{**(self.quick if quick else self.full), **(_TASK.get() or {})})
 
     def describe(self) -> str:
         return f"quick: {_knobs(self.quick)}; full: {_knobs(self.full)}"
+
+
+#: set by ``on_task`` for one experiment's run: read by ``Sizes.pick``, which every
+#: experiment calls first, so the experiments keep their one signature ``(out, quick)``
+_TASK: ContextVar[dict[str, Any] | None] = ContextVar("reproduce_task", default=None)
+
+
+@contextmanager
+def on_task(task: str | None) -> Iterator[None]:
+    """Within: ``Sizes.pick`` gives ``task`` (a built-in task or ``module:factory``) in place
+    of the experiment's own, with the task's own learning rate (the tuned ones are for the
+    tasks the experiments name). ``None``: the experiment's own task."""
+    token = _TASK.set(None if task is None else {"task": task, "lr": None})
+    try:
+        yield
+    finally:
+        _TASK.reset(token)
+
+
+def task_with(spec: str, key: str, value: Any) -> str:
+    """``spec`` with one more ``key=value`` (``digits-mlp`` -> ``digits-mlp:batch=16``,
+    ``pkg.mod:make:width=4`` -> ``pkg.mod:make:width=4,batch=16``)."""
+    fields = 3 if is_factory_spec(spec) else 2
+    joint = "," if len(spec.split(":", fields - 1)) == fields else ":"
+    return f"{spec}{joint}{key}={value}"
 
 
 def _knobs(values: dict[str, Any]) -> str:

@@ -16,7 +16,8 @@
   on this one). ``sync_time`` and ``s_eff`` need the time of micro-batches that were never
   computed, so they are null in rounds that dropped work.
 * ``summary.json`` has simulate's keys, ``wall_time`` in place of ``virtual_time``, and the
-  means per round and rank of the five parts (:func:`time_means`, allreduce topology):
+  means per round and rank of the five parts (:func:`time_means`; the partial collective's
+  per job and rank, below):
   ``mean_compute_time``, ``mean_injected_time``, ``mean_wait_time``, ``mean_comm_time``,
   ``mean_overhead_time``; they sum to ``mean_iteration_time``.
 * Log lines name their rank (``launch.tag_logs``) and, from the runtime, their step.
@@ -32,7 +33,17 @@
   unit seconds of a rank that dropped work preempting, as the simulator charges it, so that the
   compute of its unit in flight at tau is counted once), NaN on the other rows
   (no collective ends there) and in a round whose time never came; a replay charges it
-  (``delays.trace``). The partial-collective topology writes no ``noncompute``.
+  (``delays.trace``). The partial-collective topology writes it too, per job (below).
+* **Partial collective** (``runtime.partial.rounds``): its ranks do not end their steps
+  together, so a step is a rank's own: one job (compute, call of the collective, adopt), from
+  its start to the next job's. :func:`split_step` splits it as :func:`split_round` splits a
+  round, for one rank: the call's seconds before the round it adopts closed (its last
+  snapshot) are ``wait``, those after it (the round's data phase, the rule, an injected T^c)
+  ``comm``, the rest of the step ``overhead``. ``rank-steps.jsonl`` (rank 0) holds every
+  rank's steps (``rank``, ``job`` and the :func:`time_row` columns, one rank each), the
+  summary the five means over them (per job and rank: they sum to the mean step of a rank,
+  not to ``mean_iteration_time``, which is per round of the collective), and each job's trace
+  row its ``noncompute``: the step less the job's unit.
 * :func:`run_record` makes a topology's run record; rank 0's also streams its step and
   evaluation rows to TensorBoard (``--tensorboard``, the scalars of ``simulate``'s
   ``tailtrain.tensorboard``) as they are recorded, until :func:`close_record`, and on a
@@ -57,7 +68,7 @@ import numpy as np
 from torch.autograd import _profiler_enabled
 from torch.profiler import record_function
 
-from tailtrain.core.records import RunRecord, prepare_folder
+from tailtrain.core.records import RunRecord, prepare_folder, write_jsonl
 from tailtrain.core.scenario import Scenario, World
 from tailtrain.delays.trace import write_trace_rows
 from tailtrain.progress import step_progress
@@ -65,6 +76,9 @@ from tailtrain.runtime.config import TrainConfig
 from tailtrain.runtime.reduce import Collectives
 from tailtrain.strategies.base import Plan, StepStats
 from tailtrain.topology.allreduce import Stops, step_row
+
+#: the per-rank steps' parts of the partial-collective and parameter-server topologies
+RANK_STEPS = "rank-steps.jsonl"
 
 
 class phase:  # lower case: it reads as a function, ``with phase("compute") as timer``
@@ -244,16 +258,47 @@ def split_round(rows: np.ndarray, timing: np.ndarray | None) -> RoundTimes:
         unknown = np.full(len(compute), np.nan)
         return RoundTimes(done, compute, injected, unknown, unknown, unknown, math.nan)
     allreduce, wall = timing[:, 0], float(timing[:, 1].max())
-    comm = float(allreduce.min())
+    return _parts(rows, allreduce, np.full(len(compute), float(allreduce.min())), wall)
+
+
+def split_step(compute: float, injected: float, call: float, comm: float, wall: float):
+    """One rank's step where the ranks do not end their steps together (the partial
+    collective, the parameter server's workers): its compute T~ (``injected`` of it slept),
+    its call of the collective, ``call`` seconds of which ``comm`` were the collective's own
+    (the rest waited for others), within the step's ``wall`` seconds on its own clock; the
+    parts as :func:`split_round` makes them, for one rank (N = 1)."""
+    rows = np.array([[1.0, compute, injected]])
+    return _parts(rows, np.array([call]), np.array([min(max(comm, 0.0), call)]), wall)
+
+
+def _parts(rows: np.ndarray, calls: np.ndarray, comm: np.ndarray, wall: float) -> RoundTimes:
+    """The five parts (module docstring) of ranks that spent ``calls`` seconds in a
+    collective, ``comm`` of them its own, within ``wall`` seconds: wait = call - comm,
+    overhead = wall - T~ - call."""
+    done, compute, injected = rows[:, 0].astype(np.int64), rows[:, 1], rows[:, 2]
     return RoundTimes(
         done,
         compute,
         injected,
-        wait=allreduce - comm,
-        comm=np.full(len(compute), comm),
-        overhead=wall - compute - allreduce,
+        wait=calls - comm,
+        comm=comm,
+        overhead=wall - compute - calls,
         wall=wall,
     )
+
+
+def time_row(times: RoundTimes) -> dict[str, Any]:
+    """A step's parts as record columns: ``step_time`` and, per rank, ``rank_compute`` (the
+    injected seconds included), ``rank_injected``, ``rank_wait``, ``rank_comm``,
+    ``rank_overhead`` (module docstring)."""
+    return {
+        "step_time": times.wall,
+        "rank_compute": times.compute.tolist(),
+        "rank_injected": times.injected.tolist(),
+        "rank_wait": times.wait.tolist(),
+        "rank_comm": times.comm.tolist(),
+        "rank_overhead": times.overhead.tolist(),
+    }
 
 
 #: the parts of a round in ``summary.json``: column (or the compute alone) -> summary key
@@ -266,10 +311,11 @@ TIME_PARTS = {
 }
 
 
-def time_means(record: RunRecord) -> dict[str, float]:
-    """Mean seconds per round and rank of each part of a round (module docstring): they sum
-    to the mean round. Rows without their timings (a run that failed) are left out."""
-    rows = [r for r in record.steps if "rank_overhead" in r]
+def time_means(steps: Sequence[dict[str, Any]]) -> dict[str, float]:
+    """Mean seconds per step and rank of each part of a step (module docstring) over the
+    :func:`time_row` columns of ``steps``: they sum to the mean step. Rows without their
+    timings (a run that failed) are left out."""
+    rows = [r for r in steps if "rank_overhead" in r]
     if not rows:
         return {key: math.nan for key in TIME_PARTS.values()}
     table = {c: np.array([r[c] for r in rows], dtype=np.float64) for c in TIME_PARTS if c[0] == "r"}
@@ -290,12 +336,7 @@ def allreduce_row(
     stops = Stops(times.done, times.compute, full)
     row = step_row(plan, stats, stops, used, m, settled.comm_time)
     row["time"] = settled.time
-    row["step_time"] = times.wall
-    row["rank_compute"] = times.compute.tolist()
-    row["rank_injected"] = times.injected.tolist()
-    row["rank_wait"] = times.wait.tolist()
-    row["rank_comm"] = times.comm.tolist()
-    row["rank_overhead"] = times.overhead.tolist()
+    row.update(time_row(times))
     return row
 
 
@@ -377,6 +418,13 @@ def write_traces(out: Path, rows: TraceRows, comm: Collectives) -> None:
     tables = comm.gather_objects(rows.table())
     trace = np.concatenate(tables) if tables else None
     write_outputs(out, None, trace, rows)
+
+
+def write_rank_steps(out: Path, steps: list[list[dict[str, Any]]]) -> None:
+    """``rank-steps.jsonl``: every rank's steps in parts (``rank`` and ``job`` beside the
+    :func:`time_row` columns), for a topology whose ranks do not end their steps together."""
+    rows = [{"rank": r, **row} for r, rank in enumerate(steps) for row in rank]
+    write_jsonl(prepare_folder(out) / RANK_STEPS, rows)
 
 
 def write_outputs(out: Path, record: RunRecord | None, trace: np.ndarray | None, rows: TraceRows):

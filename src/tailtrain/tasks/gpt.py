@@ -11,6 +11,7 @@ gradient-method choice: ``vmap``, as ``torch.func`` runs it).
 from __future__ import annotations
 
 import math
+import warnings
 
 import torch
 import torch.nn.functional as F
@@ -18,6 +19,15 @@ from torch import nn
 
 from tailtrain.tasks.corpus import IGNORE, VOCAB, stdlib_corpus
 from tailtrain.tasks.factory import TaskParts
+
+# torch.func has no batching rule for CPU flash attention and loops over the vmapped workers
+# instead, saying so on every first call; that loop still beats the masked softmax (above)
+warnings.filterwarnings(
+    "ignore",
+    message="There is a performance drop because we have not yet implemented the batching "
+    "rule for aten::_scaled_dot_product_flash_attention_for_cpu",
+    category=UserWarning,
+)
 
 
 class CausalSelfAttention(nn.Module):
@@ -37,9 +47,14 @@ class CausalSelfAttention(nn.Module):
         q, k, v = self.qkv(x).split(width, -1)
         shape = (*batch, steps, self.heads, width // self.heads)
         q, k, v = (t.reshape(shape).transpose(-2, -3) for t in (q, k, v))  # (..., H, T, d)
-        scores = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
-        scores = scores.masked_fill(~self.mask[:steps, :steps], float("-inf"))
-        out = self.dropout(scores.softmax(-1)) @ v
+        if self.dropout.p == 0 or not self.training:
+            # the fused kernel (flash attention on CPU): 40% less gradient time at 16 workers
+            # and 20% less evaluation time than the masked softmax below (bench_simulator)
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:  # dropout on the attention weights, drawn by nn.Dropout as vmap's seeding wants
+            scores = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+            scores = scores.masked_fill(~self.mask[:steps, :steps], float("-inf"))
+            out = self.dropout(scores.softmax(-1)) @ v
         return self.proj(out.transpose(-2, -3).reshape(*batch, steps, width))
 
 

@@ -75,6 +75,8 @@ def worker_grads(total: torch.Tensor, done: np.ndarray, local_steps: int) -> tor
     """G_n = H * A_n / C_n, and 0 for a worker that completed nothing."""
     if len(done) == 1:
         return worker_grad(total, int(done[0]), local_steps)
+    if local_steps == 1 and bool((done == 1).all()):  # G_n = A_n: no pass over G
+        return total
     counts = torch.from_numpy(np.maximum(done, 1).astype(np.float64)).to(total.dtype)
     grads = local_steps * total / counts[:, None]
     if done.all():  # the common round: nothing to zero

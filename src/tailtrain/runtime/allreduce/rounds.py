@@ -594,7 +594,7 @@ def settle_last(run: _Rank) -> None:
 def finish(run: _Rank) -> RankResult:
     """Gather the traces on rank 0, write the outputs, summarise (partial after Ctrl-C)."""
     if run.comm.rank == 0:
-        topology = {**summarise(run.record), **time_means(run.record)}
+        topology = {**summarise(run.record), **time_means(run.record.steps)}
         run.record.summary = run.keeper.run.summary(
             run.world, run.rule.strategy, run.record, topology
         )

@@ -111,7 +111,17 @@ from tailtrain.runtime.partial.collective import (
 from tailtrain.runtime.partial.wire import RoundResult, row
 from tailtrain.runtime.rank import Updates, drive_rank
 from tailtrain.runtime.reduce import GRACE, Collectives
-from tailtrain.runtime.telemetry import TraceRows, attach, close_record, follow, write_traces
+from tailtrain.runtime.telemetry import (
+    TraceRows,
+    attach,
+    close_record,
+    follow,
+    split_step,
+    time_means,
+    time_row,
+    write_rank_steps,
+    write_traces,
+)
 from tailtrain.strategies.base import ArrivalColumns, Selection, StepStats, Strategy
 from tailtrain.strategies.eager import RoundPlan
 from tailtrain.tasks.stream import job_batches
@@ -324,6 +334,8 @@ class _Run:
     theta: torch.Tensor
     #: this rank's measured jobs (``telemetry.write_traces``): one unit each, iteration = job
     trace: TraceRows
+    #: each of this rank's steps (a job: compute, call, adopt) in parts (``telemetry.time_row``)
+    step_times: list[dict[str, Any]] = field(default_factory=list)
     job: int = 0  # this rank's next job (module docstring: Resume)
     coll: PartialCollective | None = field(default=None, repr=False)
 
@@ -361,7 +373,7 @@ def start(config: TrainConfig, comm: Collectives) -> _Run:
         follow(rule.record, config, world, True)
     # every rank follows the schedule, the others into a record of their own, without scoring
     rule.evals = evals = Evaluator(scenario.evaluation, rule.record or RunRecord(), True)
-    trace = TraceRows(rank, per_micro_batch=False)
+    trace = TraceRows(rank, per_micro_batch=False, charged=True)
     run = _Run(config, world, strategy, comm, rule, evals, keeper, theta, trace)
     if keeper.saved is not None:
         resume(run, keeper.saved)
@@ -436,21 +448,27 @@ def finish(run: _Run) -> RankResult:
     step = rule.done  # the run's round count
     if run.config.out is not None:  # every rank: rank 0 gathers the traces
         write_traces(run.config.out, run.trace, run.comm)
+    steps = run.comm.gather_objects(run.step_times)  # every rank: rank 0 takes the means
+    if rank == 0 and run.config.out is not None:
+        write_rank_steps(run.config.out, steps)
     final = evaluate_once(world.task, run.theta) if rank == 0 else dict
     if not world.scenario.evaluation.on_time_grid:  # the every-U-updates schedule's last point
         run.keeper.run.stepped(evals, step, rule.now, final, final)
     run.keeper.run.end(evals, step, rule.now, final, interrupted=False)
     record = rule.record or RunRecord()
     if rank == 0:
-        record.summary = summarise(run, record)
+        record.summary = summarise(run, record, [row for rows in steps or [] for row in rows])
         if run.config.out is not None:
             run.keeper.finish(record)
     return RankResult(rank, record, run.theta.numpy().copy())
 
 
-def summarise(run: _Run, record: RunRecord) -> dict[str, Any]:
-    """simulate's summary keys of ``record`` on the wall clock (``core.session.RunKeeper``)."""
-    return run.keeper.run.summary(run.world, run.strategy, record, partial_summary(record))
+def summarise(run: _Run, record: RunRecord, steps: list[dict] | None = None) -> dict[str, Any]:
+    """simulate's summary keys of ``record`` on the wall clock (``core.session.RunKeeper``)
+    and the means of every rank's ``steps`` parts (``telemetry.time_means``: per job and
+    rank; they sum to the mean seconds of a rank's step, not of a round)."""
+    topology = {**partial_summary(record), **time_means(steps or [])}
+    return run.keeper.run.summary(run.world, run.strategy, record, topology)
 
 
 def evaluate_once(task, theta: torch.Tensor):
@@ -482,20 +500,32 @@ def run_rounds(run: _Run) -> Updates:
     me = np.array([rank])
     update = WeightedUpdate(world.lr)
     step, averaged, written = 0, 0, rule.done
+    timed = None  # the last job's (job, start, parts): its step ends where the next begins
     while coll.plan(step) is not None:
         check_interrupt(rule.base + step)  # Ctrl-C: leave before the next gradient
         yield rule.base + step  # the drills (``runtime.rank``)
         start = coll.now()
+        if timed is not None:
+            time_step(run, *timed, start)
         loss, grad = world.task.grads(run.theta, batch(world, rank, run.job))
         loss, grad = float(loss[0]), grad[0]
+        slept = 0.0
         if config.inject:
             seconds = float(durations.peek(me, np.array([rule.origin + start]))[0])
             durations.advance(me)
             time.sleep(seconds)
-        run.trace.add(run.job, 1, 1, (coll.now() - start,))  # the job's unit, as trace: reads
+            slept = seconds
+        unit = coll.now() - start
+        run.trace.add(run.job, 1, 1, (unit,))  # the job's unit, as trace: reads
         comm.drill.poison(rule.base + step, grad)
         grad, loss, _, gsq = screen_own(grad, loss, config.on_nonfinite, rank, rule.base + step)
-        out = coll.call(step, grad, row(run.job, step, start, coll.now(), loss, gsq))
+        called = coll.now()
+        out = coll.call(step, grad, row(run.job, step, start, called, loss, gsq))
+        returned = coll.now()
+        # the call waited for the round it adopts to close (its last snapshot), then the
+        # round was the collective's own: its data phase, the rule, an injected T^c
+        own = returned - max(out.result.closed, called)
+        timed = (run.job, start, (unit, slept, returned - called, own))
         done = out.result.index
         total, divisor, lr_scale = rule.steps[done]
         run.theta = update.apply_reduced(run.theta, total.to(run.theta.dtype), divisor, lr_scale)
@@ -505,3 +535,13 @@ def run_rounds(run: _Run) -> Updates:
             averaged += 1
         written = run.keeper.save_due(written)
         step, run.job = done + 1, run.job + 1
+    if timed is not None:
+        time_step(run, *timed, coll.now())
+
+
+def time_step(run: _Run, job: int, start: float, parts: tuple, end: float) -> None:
+    """Job ``job``'s step, from its start to ``end`` (the next job's start), in its parts
+    (``telemetry.split_step``); its wall seconds charge the trace's ``noncompute``."""
+    times = split_step(*parts, end - start)
+    run.step_times.append({"job": job, **time_row(times)})
+    run.trace.charge(job, times.wall)

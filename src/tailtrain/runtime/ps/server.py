@@ -102,6 +102,7 @@ import os
 import sys
 import time
 from collections import deque
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -133,7 +134,7 @@ from tailtrain.runtime.ps.wire import (
 from tailtrain.runtime.ps.worker import work
 from tailtrain.runtime.rank import Updates, drive_rank
 from tailtrain.runtime.reduce import SWITCH_INTERVAL, Collectives
-from tailtrain.runtime.telemetry import run_record, write_trace
+from tailtrain.runtime.telemetry import run_record, time_means, write_rank_steps, write_trace
 from tailtrain.strategies.base import (
     ArrivalColumns,
     Plan,
@@ -445,11 +446,15 @@ class Server:
             self.pid.unlink(missing_ok=True)
         reports = self.liveness.reports()
         parts = [r for r in reports if r is not None]
-        record.summary = self.summary([None if r is None else r[1] for r in reports])
+        steps = [[], *([] if r is None else r[2] for r in reports)]  # by rank: 0 serves
+        record.summary = self.summary([None if r is None else r[1] for r in reports], steps)
         if config.out is not None:
             folder = prepare_folder(config.out)
-            table = np.concatenate([t for t, _ in parts]) if parts else np.empty((0, 3))
-            write_trace(folder / "trace.csv", table, config.scenario.micro_batches is not None)
+            per_mb = config.scenario.micro_batches is not None
+            width = 5 + per_mb  # TraceRows.table's, with noncompute
+            table = np.concatenate([t for t, _, _ in parts]) if parts else np.empty((0, width))
+            write_trace(folder / "trace.csv", table, per_mb, charged=True)
+            write_rank_steps(folder, steps)
         if self.interrupted:  # Ctrl-C (runtime.keep): the summary marked partial, checkpointed
             keeper.interrupted(record, self.step)
         elif config.out is not None:
@@ -475,13 +480,17 @@ class Server:
                 done[id(theta)] = self.world.task.evaluate(theta)
             row.update(done[id(theta)])
 
-    def summary(self, worker_stats: list[dict[str, int] | None]) -> dict[str, Any]:
-        """simulate's keys, ``wall_time`` for ``virtual_time``, and the run's own counts
-        (None for a worker that died)."""
+    def summary(
+        self, worker_stats: list[dict[str, int] | None], steps: Sequence[list[dict]] = ()
+    ) -> dict[str, Any]:
+        """simulate's keys, ``wall_time`` for ``virtual_time``, the run's own counts (None for
+        a worker that died) and the means of the workers' ``steps`` parts, per job and worker
+        (``telemetry.time_means``; they sum to a worker's mean step, not to the server's)."""
         topology: dict[str, Any] = {"topology": "parameter-server", "ghosts": self.ghosts}
         for key in ("jobs", "interrupted", "units_computed", "partial_reports"):
             topology[f"worker_{key}"] = [None if s is None else s[key] for s in worker_stats]
         topology |= self.liveness.summary()
+        topology |= time_means([row for rank in steps for row in rank])
         return self.keeper.run.summary(self.world, self.strategy, self.record, topology)
 
 

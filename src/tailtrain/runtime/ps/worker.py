@@ -53,7 +53,7 @@ from tailtrain.runtime.ps.wire import (
 )
 from tailtrain.runtime.rank import Updates, drive_rank
 from tailtrain.runtime.reduce import Collectives
-from tailtrain.runtime.telemetry import RankLog, TraceRows, write_trace
+from tailtrain.runtime.telemetry import RankLog, TraceRows, split_step, time_row, write_trace
 from tailtrain.tasks.stream import job_batches
 
 SERVER = 0
@@ -94,6 +94,8 @@ class Job:
     done: int = 0
     #: when each finished unit ended, on the server's clock (``Worker.compute``)
     ends: list[float] = field(default_factory=list)
+    #: the seconds it waited out injected rests (``Worker.compute``)
+    slept: float = 0.0
 
 
 @dataclass
@@ -123,7 +125,10 @@ class Worker:
         self.clock = JobClock(world, index, inject)
         self.outbox = Outbox(self.dim, self.dtype, self.timeout)
         self.log = RankLog()
-        self.trace = TraceRows(index, world.scenario.micro_batches is not None)
+        self.trace = TraceRows(index, world.scenario.micro_batches is not None, charged=True)
+        #: each job's step in parts (``telemetry.time_row``), for the server's summary
+        self.step_times: list[dict] = []
+        self.mark = 0.0  # when the job in hand came (this clock): its step starts there
         self.stats = WorkerStats()
         self.current: Job | None = None  # the job in hand, finished or interrupted
         self.mailbox: Mailbox | None = None
@@ -150,6 +155,7 @@ class Worker:
         # drops PINGs (ps_liveness); a healthy run may send none for longer than --timeout
         probes = Mailbox(SERVER, PROBE, HEADER, self.dtype, stop, owed=False)
         message = self.mailbox.take(self.timeout)
+        self.mark = time.perf_counter()
         while message.kind is Kind.JOB:
             yield message.version
             message = self.follow(message)
@@ -165,11 +171,12 @@ class Worker:
     def finish(self) -> RankResult:
         """Send the server this worker's trace and counts; write its trace file."""
         stats = vars(self.stats)
-        send_report((self.trace.table(), stats))
+        send_report((self.trace.table(), stats, self.step_times))
         if self.out is not None:
             folder = prepare_folder(self.out)
             per_mb = self.trace.per_micro_batch
-            write_trace(folder / f"trace-rank{self.rank}.csv", self.trace.table(), per_mb)
+            path = folder / f"trace-rank{self.rank}.csv"
+            write_trace(path, self.trace.table(), per_mb, charged=True)
         return RankResult(self.rank, RunRecord(summary=stats), np.zeros(0))
 
     def follow(self, message: Message) -> Message:
@@ -189,15 +196,32 @@ class Worker:
         self.log.step = message.version
         injected = self.clock.unit_seconds(message.job, message.seconds, job.units)
         grad, loss, compute = self.compute(job, injected, self.zero + message.seconds)
+        computed = time.perf_counter()
         if grad is None:
             self.stats.interrupted += 1
-            return self.newest()
-        self.stats.finished += 1
-        reply = Message(
-            Kind.GRAD, self.index, job.job, job.version, job.units, 0, loss, compute, grad
-        )
-        self.outbox.send(reply, SERVER, UP)
-        return self.mailbox.take(self.timeout)
+            following = self.newest()
+        else:
+            self.stats.finished += 1
+            reply = Message(
+                Kind.GRAD, self.index, job.job, job.version, job.units, 0, loss, compute, grad
+            )
+            self.outbox.send(reply, SERVER, UP)
+            following = self.mailbox.take(self.timeout)
+        self.time_step(job, compute, computed, following)
+        return following
+
+    def time_step(self, job: Job, compute: float, computed: float, following: Message) -> None:
+        """Job ``job``'s step, from its JOB's coming to the next message's, in its parts
+        (``telemetry.split_step``): after its compute, the worker waits for the next message;
+        the seconds since that JOB left the server (its start, on this clock by the offset
+        ``zero``) are its download, the collective's own, and the rest waited for the server
+        (the other workers, its update); its wall seconds charge the trace's noncompute."""
+        end = time.perf_counter()
+        down = end - (self.zero + following.seconds) if following.kind is Kind.JOB else 0.0
+        times = split_step(compute, job.slept, end - computed, down, end - self.mark)
+        self.step_times.append({"job": job.job, **time_row(times)})
+        self.trace.charge(job.job, times.wall)
+        self.mark = end
 
     def compute(
         self, job: Job, injected: np.ndarray, deadline: float
@@ -220,7 +244,10 @@ class Worker:
             self.stats.units_computed += 1
             deadline += injected[u]
             rest = deadline - time.perf_counter()
-            if self.mailbox.wait(rest):
+            waited = time.perf_counter()
+            interrupted = self.mailbox.wait(rest)
+            job.slept += time.perf_counter() - waited if rest > 0 else 0.0
+            if interrupted:
                 break  # interrupted during the injected rest: the unit does not count
             # a padded unit ends at its deadline (the timer's wake-up is no part of it)
             job.ends.append((deadline if rest > 0 else time.perf_counter()) - self.zero)

@@ -39,13 +39,16 @@ class RoundWork:
     done: np.ndarray
     losses: torch.Tensor
 
-    def stats(self) -> GradientStats:
+    def stats(self, finite: np.ndarray | None = None) -> GradientStats:
         """Mean loss of the computed units, sum_n ||G_n||^2 and ||mean_n G_n||^2 over the
-        workers that computed."""
-        active = torch.from_numpy(self.done > 0)
-        if not bool(active.any()):
+        workers that computed; ``finite``: which rows of G are finite, if known."""
+        active = self.done > 0
+        if not active.any():
             return GradientStats()
-        return gradient_stats(self.losses, self.grads[active])
+        if active.all():  # no copy of G
+            return gradient_stats(self.losses, self.grads, finite)
+        ok = None if finite is None else finite[active]
+        return gradient_stats(self.losses, self.grads[torch.from_numpy(active)], ok)
 
 
 class RoundLearner(RoundData):
@@ -66,7 +69,7 @@ class RoundLearner(RoundData):
     ) -> RoundWork:
         """Run the round's local steps over the completed micro-batches only."""
         n, dim = len(done), self.task.dim
-        total = torch.zeros(n, dim)
+        total = torch.zeros(n, dim)  # stays so only when no worker completed a unit
         local: torch.Tensor | None = None
         losses = []
         for step in range(local_steps):
@@ -74,8 +77,11 @@ class RoundLearner(RoundData):
             if owner.size == 0:
                 break
             loss, grads = self._grads(local, owner, batches[owner, unit])
-            summed = torch.zeros(n, dim).index_add_(0, torch.from_numpy(owner), grads)
-            total = total + summed
+            if owner.size == n and bool((owner == np.arange(n)).all()):
+                summed = grads  # one unit per worker, in order (the common round): no scatter
+            else:
+                summed = torch.zeros(n, dim).index_add_(0, torch.from_numpy(owner), grads)
+            total = summed if step == 0 else total + summed
             if step + 1 < local_steps:
                 start = self.theta.expand(n, dim) if local is None else local
                 local = start - self.lr * lr_scale * summed / micro_batches

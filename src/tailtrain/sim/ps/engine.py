@@ -124,7 +124,7 @@ class ServerEngine:
         tl = self.timeline
         return {
             "engine": checkpoint.capture(self, ("world", "timeline", "trainer")),
-            "timeline": checkpoint.capture(tl, ("durations",)),
+            "timeline": checkpoint.capture(tl, ("durations", *tl.CACHES)),
             "durations": checkpoint.with_comm(tl.durations, checkpoint.DURATIONS_STATIC),
             "delays": checkpoint.delay_state(self.world.process),
             "trainer": None

@@ -51,6 +51,9 @@ class StepArrivals:
 class ServerTimeline:
     """Worker jobs and the virtual clock of one simulated parameter-server run."""
 
+    #: attributes derived from the others (a checkpoint leaves them out)
+    CACHES = ("_version", "_version_of")
+
     def __init__(self, durations: JobDurations, n_workers: int) -> None:
         self.n = n_workers
         self.durations = durations
@@ -64,6 +67,8 @@ class ServerTimeline:
         self._waiting_since = -np.inf
         # who computes which version, and DBW §2 PI's token queue (``topology.ps``)
         self.schedule = ps.Schedule.fresh(n_workers)
+        self._version_of: tuple[int, ...] | None = None  # the jobs ``_version`` holds
+        self._version = np.zeros(0, dtype=np.int64)
         # (N, M) share of each running job done after each micro-batch; None without them
         self.progress: np.ndarray | None = None
 
@@ -112,8 +117,16 @@ class ServerTimeline:
 
     @property
     def version(self) -> np.ndarray:
-        """The version each worker computes (``IDLE``: none): the schedule's jobs."""
-        return np.array(self.schedule.jobs, dtype=np.int64)
+        """The version each worker computes (``IDLE``: none): the schedule's jobs, read-only.
+
+        Kept from one schedule to the next: read several times per event batch, and a new
+        array per read was a tenth of the timeline's time."""
+        jobs = self.schedule.jobs
+        if jobs is not self._version_of:
+            self._version = np.array(jobs, dtype=np.int64)
+            self._version.flags.writeable = False
+            self._version_of = jobs
+        return self._version
 
     def cancel(self, workers: np.ndarray) -> None:
         self.finish[workers] = np.inf

@@ -44,9 +44,10 @@ class Trainer:
         """Losses and gradients of ``arrivals[index]``, each over its ``units`` of the batch."""
         blocks = np.round(arrivals.units[index] * BLOCK_SCALE).astype(np.int64)
         keys = np.stack([arrivals.version[index], blocks], axis=1)
+        # the common case: one version, whole batches; no copy (and no np.unique over rows)
+        if index.size and (keys == keys[0]).all():
+            return self._group_grads(arrivals, index, keys[0])
         groups = np.unique(keys, axis=0)
-        if len(groups) == 1:  # the common case: one version, whole batches; no copy
-            return self._group_grads(arrivals, index, groups[0])
         dtype = self.versions[int(arrivals.version[index[0]])].dtype
         losses = torch.empty(index.size, dtype=dtype)
         grads = torch.empty(index.size, self.task.dim, dtype=dtype)
@@ -79,10 +80,11 @@ class Trainer:
         keys = arrivals.keys[index]
         self.versions[new_version] = self.update.apply(theta, grads, keys, selection, lr_scale)
         whole = ~arrivals.partial[index]
+        finite = self.update.finite  # the update's screen just checked these rows
         if whole.all():
-            return gradient_stats(losses, grads)
+            return gradient_stats(losses, grads, finite)
         mask = torch.from_numpy(whole)
-        return gradient_stats(losses[mask], grads[mask])
+        return gradient_stats(losses[mask], grads[mask], None if finite is None else finite[whole])
 
     def retain(self, referenced: set[int]) -> None:
         """Forget model versions that no job in flight and no update needs any more."""

@@ -1,0 +1,147 @@
+"""Who is slow, and how: the one persistence rule behind the probe's live verdicts and advise.
+
+From ``t[i, w]``, worker w's own seconds of step i (the probe: data loading + compute up to its
+gradients being ready, the wait for the others left out; a trace: the iteration's
+micro-batches summed), every worker gets:
+
+* ``reference[i, w]``: the median over the *other* workers of step i (leave-one-out). Under
+  noise that treats the workers alike, a healthy worker is above it in half of the steps
+  exactly, however large the noise, so the sign test below has an exact null on a loaded
+  machine too; one or two slow ranks do not move it while they are fewer than half;
+* ``ratio[i, w] = t[i, w] / reference[i, w]`` and ``slowdown``, its median over the steps;
+* ``score`` = median_i reference[i, w] / median_i t[i, w], clipped to 1: a reference median
+  over the worker's median, the 0..1 relative score of NVIDIA's resiliency extension
+  (``nvidia_resiliency_ext.straggler``, there with the fastest rank as the reference):
+  1 = as fast as the others, 0.5 = twice as slow;
+* ``slower_share``: the share of steps with ratio > 1, ``p_value`` its one-sided sign test
+  against 1/2;
+* ``slow_windows``: the steps cut into consecutive windows of :data:`WINDOW`, the share of
+  windows whose median ratio is at least 1 + (:data:`MIN_EFFECT` - 1) / 2 (half the effect:
+  a window of 5 steps is noisier than the whole);
+* ``stall_share``: the share of steps with ratio >= :data:`STALL_RATIO` (a stalled step),
+  ``longest_stall`` the longest run of them, ``stall_p_value`` the smaller of two one-sided
+  tests against the stall rate ``q`` of a healthy worker (the median stall share of the
+  others, at least :data:`STALL_FLOOR`): the binomial tail of the count, and the union bound
+  (n - L + 1) q^L of a run of L stalled steps (recurring stalls, or one long stall).
+
+Verdicts, at the family-wise level :data:`LEVEL` split over the workers (Bonferroni):
+
+* **persistent** (always slow: fix or replace the node) when the slowdown is at least
+  :data:`MIN_EFFECT`, the sign test rejects, and at least :data:`PERSISTENT_WINDOWS` of the
+  windows are slow: the effect must be large, consistent step by step, and there in the
+  windows across the run, not in one burst of a loaded machine;
+* **intermittent** when not persistent and the stall test rejects (at half the level: two
+  tests);
+* **healthy** otherwise.
+
+:data:`MIN_EFFECT` = 1.08 sits well below the 1.2x a detector must catch
+(``bench/bench_detect.py``), where two 1.2x ranks of six measure 1.13x and more once a
+loaded machine adds its own seconds to every rank's step, and above the slowdowns healthy
+ranks show there (at most 1.04x; that bench reports them as ``healthy_slowdown``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import numpy as np
+from numpy.typing import NDArray
+from scipy.special import bdtrc
+
+MIN_EFFECT = 1.08  #: least median ratio to the others for a persistent verdict
+PERSISTENT_WINDOWS = 0.75  #: least share of windows at half that effect or more
+WINDOW = 5  #: steps per window
+STALL_RATIO = 1.8  #: a stalled step takes at least this many times the others' median
+STALL_FLOOR = 0.01  #: least stall rate assumed of a healthy worker
+LEVEL = 1e-3  #: family-wise test level (split over the workers)
+
+
+@dataclass(frozen=True)
+class Slowness:
+    """One worker's slowness and verdict (see the module docstring)."""
+
+    worker: int  # the rank, or the trace's worker id
+    score: float
+    slowdown: float
+    median_seconds: float
+    slower_share: float
+    p_value: float
+    slow_windows: float
+    stall_share: float
+    longest_stall: int
+    stall_p_value: float
+    verdict: str
+
+    def as_dict(self) -> dict[str, float | int | str]:
+        return asdict(self)
+
+
+def classify_workers(
+    times: NDArray[np.float64], ids: NDArray[np.int64] | None = None
+) -> list[Slowness]:
+    """Every worker's slowness and verdict from ``times[i, w]`` (steps x workers, seconds;
+    at least 2 of each), worker ids ``ids`` (default 0..W-1)."""
+    steps, workers = times.shape
+    reference = _others_median(times)
+    ratio = times / np.maximum(reference, 1e-300)
+    slowdown = np.median(ratio, axis=0)
+    median = np.median(times, axis=0)
+    score = np.minimum(np.median(reference, axis=0) / np.maximum(median, 1e-300), 1.0)
+    slower = (ratio > 1.0).sum(axis=0)
+    p_slower = bdtrc(slower - 1, steps, 0.5)  # P(X >= slower), X ~ Bin(steps, 1/2)
+    windows = np.array_split(ratio, max(steps // WINDOW, 1))
+    half = 1 + (MIN_EFFECT - 1) / 2
+    slow_windows = np.mean([np.median(w, axis=0) >= half for w in windows], axis=0)
+    stalled = ratio >= STALL_RATIO
+    longest = _longest_runs(stalled)
+    p_stall = _stall_p_values(stalled, longest)
+    level = LEVEL / workers
+    persistent = (
+        (slowdown >= MIN_EFFECT) & (p_slower < level) & (slow_windows >= PERSISTENT_WINDOWS)
+    )
+    intermittent = ~persistent & (p_stall < level / 2)
+    verdict = np.where(persistent, "persistent", np.where(intermittent, "intermittent", "healthy"))
+    ids = np.arange(workers) if ids is None else np.asarray(ids)
+    columns = zip(
+        ids.tolist(), score, slowdown, median, slower / steps, p_slower, slow_windows,
+        stalled.mean(axis=0), longest.tolist(), p_stall, verdict.tolist(), strict=True,
+    )  # fmt: skip
+    return [
+        Slowness(w, *map(float, values[:7]), int(values[7]), float(values[8]), values[9])
+        for w, *values in columns
+    ]
+
+
+def _others_median(times: NDArray[np.float64]) -> NDArray[np.float64]:
+    """reference[i, w]: the median of row i without column w."""
+    # one median per worker: clearer than a sort trick, and W is a few ranks to a few hundred
+    columns = [np.median(np.delete(times, w, axis=1), axis=1) for w in range(times.shape[1])]
+    return np.stack(columns, axis=1)
+
+
+def _stall_p_values(stalled: NDArray[np.bool_], longest: NDArray[np.int64]) -> NDArray:
+    """Per worker, the smaller p-value of its stalled steps' count (binomial tail) and of its
+    longest run of them (union bound over the run's starts), against the others' median
+    stall share (at least STALL_FLOOR)."""
+    steps, workers = stalled.shape
+    share = stalled.mean(axis=0)
+    rate = np.array(
+        [max(float(np.median(np.delete(share, w))), STALL_FLOOR) for w in range(workers)]
+    )
+    count = stalled.sum(axis=0)
+    p_count = bdtrc(count - 1, steps, rate)
+    p_run = np.where(longest > 0, (steps - longest + 1) * rate**longest, 1.0)
+    return np.minimum(np.minimum(p_count, p_run), 1.0)
+
+
+def _longest_runs(flags: NDArray[np.bool_]) -> NDArray[np.int64]:
+    """Per column, the longest run of True (steps x workers)."""
+    steps, workers = flags.shape
+    padded = np.zeros((steps + 2, workers), dtype=np.int8)
+    padded[1:-1] = flags
+    edges = np.diff(padded, axis=0)
+    longest = np.zeros(workers, dtype=np.int64)
+    for w in range(workers):  # a few workers: one diff each is clearer than a 2-D trick
+        starts, ends = np.flatnonzero(edges[:, w] == 1), np.flatnonzero(edges[:, w] == -1)
+        longest[w] = (ends - starts).max() if starts.size else 0
+    return longest
