@@ -37,9 +37,15 @@ log = logging.getLogger(__name__)
 PR_SET_PDEATHSIG = 1
 
 
-def shielded(body: Callable[[], list[RankResult]], rank: int, count: int) -> list[RankResult]:
+def shielded(
+    body: Callable[[], list[RankResult]],
+    rank: int,
+    count: int,
+    on_death: Callable[[int, str], None] | None = None,
+) -> list[RankResult]:
     """``body()`` (rank ``rank``'s ``count`` results) in a child process; its death is
-    logged and answered with placeholders whose summary says ``dead``, not raised."""
+    logged and answered with placeholders whose summary says ``dead``, not raised.
+    ``on_death(rank, why)`` tells others at once (the allreduce's shrink census)."""
     read, write = os.pipe()
     parent = os.getpid()
     pid = os.fork()
@@ -59,6 +65,8 @@ def shielded(body: Callable[[], list[RankResult]], rank: int, count: int) -> lis
     if os.waitstatus_to_exitcode(status) == 0 and outcome is not None and outcome[0] == "ok":
         return outcome[1]
     why = outcome[1] if outcome is not None else exit_reason(status)
+    if on_death is not None:
+        on_death(rank, why)
     log.warning("rank %d died (%s); the job goes on without it", rank, why)
     dead = RunRecord(summary={"dead": why})
     return [RankResult(rank, dead, np.zeros(0)) for _ in range(count)]

@@ -64,6 +64,7 @@ import torch.distributed as dist
 
 from tailtrain.core.session import check_entry
 from tailtrain.errors import TailtrainError, UsageError
+from tailtrain.runtime.allreduce.shrink import check_shrink, note_dead
 from tailtrain.runtime.config import RankResult, TrainConfig, build_world
 from tailtrain.runtime.control import RuleDriver
 from tailtrain.runtime.expendable import shielded
@@ -207,6 +208,11 @@ def launch(
                 raise Interrupted(interrupted_line(kept)) from None
             last = read_note(note, restart=first.max_restarts)
             line = describe_failure(exc, last)
+            if first.on_rank_loss == "shrink":  # only rank 0 is not shielded
+                line += (
+                    "; --on-rank-loss shrink goes on without any rank but 0, which keeps the "
+                    "record: add --max-restarts 1 and --out DIR to go on from a checkpoint"
+                )
             if last is None:  # nobody outlived the failure to note it (a killed server)
                 line += resume_hint(first.out)
             raise JobFailed(line) from None
@@ -261,8 +267,9 @@ def rank_entry(
     gc.freeze()
     rank = int(os.environ.get("RANK", "0"))
     try:
-        if own_launcher and rank > 0 and spec_of(configs[0].strategy).expendable_workers:
-            results = shielded(lambda: run_rank(configs, entry), rank, len(configs))
+        if own_launcher and rank > 0 and expendable(configs[0]):
+            on_death = note_dead if configs[0].on_rank_loss == "shrink" else None
+            results = shielded(lambda: run_rank(configs, entry), rank, len(configs), on_death)
         else:
             results = run_rank(configs, entry)
     except BaseException:
@@ -272,6 +279,12 @@ def rank_entry(
     if own_launcher and interrupt_requested():
         leave_interrupted()
     return results
+
+
+def expendable(config: TrainConfig) -> bool:
+    """Whether a local worker rank's death leaves the job going (``runtime.expendable``): a
+    parameter server's workers, and every rank but 0 of an allreduce that shrinks."""
+    return spec_of(config.strategy).expendable_workers or config.on_rank_loss == "shrink"
 
 
 def leave_interrupted() -> None:
@@ -372,6 +385,8 @@ def validate(config: TrainConfig, *, local: bool) -> None:
     # every rank's own entry check (a task with no model, among others), before any starts
     check_entry(world, spec.processes(scenario.workers), servers=spec.extra_ranks)
     check_rule(strategy, spec, world.context, local=local)
+    if config.on_rank_loss == "shrink":
+        check_shrink(strategy, str(spec.topology), local=local)
 
 
 def check_rule(strategy: Strategy, spec: TopologySpec, ctx: Context, *, local: bool) -> None:

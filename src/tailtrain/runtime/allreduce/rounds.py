@@ -59,6 +59,7 @@ D-vector in the allreduce and no allreduce rule reads it, so it is NaN here.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import os
 import time
@@ -75,6 +76,14 @@ from tailtrain.core.scenario import World, budget_spent
 from tailtrain.core.session import RunKeeper, check_entry
 from tailtrain.core.update import GradientStats, WeightedUpdate, key_workers, screen_own
 from tailtrain.errors import TailtrainError
+from tailtrain.runtime.allreduce.shrink import (
+    Broken,
+    Census,
+    GroupCollectives,
+    OnRankLoss,
+    Refused,
+    Shrinker,
+)
 from tailtrain.runtime.config import RankResult, TrainConfig, build_world
 from tailtrain.runtime.control import (
     RankWeighting,
@@ -96,7 +105,7 @@ from tailtrain.runtime.keep import (
     stop_on_sigterm,
 )
 from tailtrain.runtime.rank import Updates, drive_rank
-from tailtrain.runtime.reduce import Collectives, SumBuffer, WeightedSum
+from tailtrain.runtime.reduce import Collectives, PeerFailure, SumBuffer, WeightedSum
 from tailtrain.runtime.telemetry import (
     RankLog,
     Settled,
@@ -163,6 +172,10 @@ class Unsettled:
 
     ex: Exchange
     stats: StepStats | None = None
+    #: under ``--on-rank-loss shrink``: the original ranks of the round's generation, in
+    #: their order (its arrival n is rank ``live[n]``'s), and the ranks lost just before it
+    live: tuple[int, ...] | None = None
+    dead: tuple[int, ...] = ()
 
 
 @dataclass
@@ -182,6 +195,8 @@ class _Rank:
     update: WeightedUpdate
     grads: ModuleGrads
     keeper: Keeper
+    #: this rank's original rank (its data shard and delays), whatever its generation's
+    rank: int = 0
     #: the agreed clock: settled rounds' wall seconds plus the latest round's estimate
     now: float = 0.0
     #: wall seconds of the settled rounds
@@ -199,12 +214,21 @@ class _Rank:
     sums: SumBuffer | None = None
     #: a rank asked to stop (Ctrl-C) in the latest round's allreduce: every rank stops there
     interrupted: bool = False
+    #: ``--on-rank-loss shrink``'s protocol (``runtime.allreduce.shrink``; None: stop)
+    shrinker: Shrinker | None = None
+    #: under shrink: the delay draws as they stood before the round in flight drew its own
+    drawn: dict[str, Any] | None = None
+    #: under shrink: the ranks lost since the latest round, for its row
+    lost: tuple[int, ...] = ()
 
     # ---- the topology's contract (``runtime.rank.RankRun``) ----------------------------------
     def updates(self) -> Updates:
         return rounds(self)
 
     def failed(self, exc: BaseException) -> BaseException:
+        if isinstance(exc, Refused):  # the survivors went on without it: nothing to keep
+            self.log.warning("%s", exc)
+            return exc
         return failed(self, exc)
 
     def finish(self) -> RankResult:
@@ -254,12 +278,103 @@ def rounds(run: _Rank) -> Updates:
     ):
         before = scorer(run)
         yield run.step
-        one_round(run, plan)
-        if keeper.stepped(run.evals, run.step, run.now, before, scorer(run)):
-            run.comm.barrier()
+        if run.shrinker is None:
+            one_round(run, plan)
+            if keeper.stepped(run.evals, run.step, run.now, before, scorer(run)):
+                run.comm.barrier()
+        else:
+            try:
+                shrinkable_round(run, plan, before)
+            except (Broken, PeerFailure) as exc:
+                run.log.warning("%s", exc)
+                shrink(run)
+                continue
         run.keeper.completed(run.step, lambda: state_of(run))
     settle_last(run)
     keeper.end(run.evals, run.step, run.now, scorer(run), interrupted=run.interrupted)
+
+
+def shrinkable_round(run: _Rank, plan: Plan, before: Any) -> None:
+    """One round under ``--on-rank-loss shrink``: the delay draws kept before it draws its own
+    (a round in flight is computed again after a shrink), the barrier after rank 0's
+    evaluation bounded by --timeout rather than the deadline."""
+    assert run.shrinker is not None
+    run.drawn = {
+        "clock": checkpoint.with_comm(run.injector.clock, ("process",)),
+        "delays": checkpoint.delay_state(run.world.process),
+    }
+    one_round(run, plan)
+    if run.keeper.run.stepped(run.evals, run.step, run.now, before, scorer(run)):
+        watch = run.comm.watch
+        watch.patient = True
+        try:
+            run.comm.barrier()
+        finally:
+            watch.patient = False
+
+
+def shrink(run: _Rank) -> None:
+    """The survivors' census, their new generation and its sync from the lead member
+    (``runtime.allreduce.shrink``); this rank goes on from the round the lead completed."""
+    shrinker = run.shrinker
+    assert shrinker is not None
+    flush(run)
+    comm, found = shrinker.regroup(
+        run.comm, run.step, len(run.record.steps), lambda new, f: sync_from_lead(run, new, f)
+    )
+    run.comm, run.sums = comm, None
+    ctx = dataclasses.replace(run.world.context, n_workers=len(found.members))
+    run.rule = RuleDriver(run.rule.strategy, ctx)  # a fixed rule, started for the live world
+    run.lost = tuple(sorted({*run.lost, *found.dead}))
+
+
+def sync_from_lead(run: _Rank, comm: GroupCollectives, found: Census) -> None:
+    """The lead member's state on every member of the new generation (module docstring of
+    ``runtime.allreduce.shrink``, SYNCING); nothing changes here before it has come."""
+    shrinker = run.shrinker
+    assert shrinker is not None
+    lead = max(found.members, key=lambda m: (found.steps[m], -m))
+    fewest = min(found.rows.values())
+    mine = lead_state(run, fewest) if shrinker.rank == lead else None
+    state = comm.broadcast_object(mine, found.members.index(lead))
+    if shrinker.rank != lead:
+        take_state(run, state, found.rows[shrinker.rank] - fewest)
+
+
+def lead_state(run: _Rank, fewest: int) -> dict[str, Any]:
+    """What the others take from the lead: its state after its last completed round and the
+    record rows past the ``fewest`` any member holds."""
+    return {
+        "step": run.step,
+        "clocks": (run.now, run.settled, run.comm_time, run.timing),
+        "learner": checkpoint.capture(run.learner, checkpoint.MODEL_STATIC),
+        "update": run.update.state_dict(),
+        "unsettled": run.unsettled,
+        "rows": run.record.steps[fewest:],
+        "evaluator": RunKeeper.evaluator_state(run.evals),
+        "drawn": run.drawn,
+        "torch_rng": torch.get_rng_state(),
+        "longest": run.shrinker.deadline.longest if run.shrinker is not None else 0.0,
+    }
+
+
+def take_state(run: _Rank, state: dict[str, Any], have: int) -> None:
+    """Go on from the lead's ``state``; ``have``: the rows of ``state["rows"]`` this rank
+    already holds (every rank's rows are the same, made from gathered data)."""
+    run.step = int(state["step"])
+    run.now, run.settled, run.comm_time, run.timing = state["clocks"]
+    checkpoint.restore(run.learner, state["learner"])
+    run.update.load_state_dict(state["update"])
+    run.unsettled, run.settling = state["unsettled"], []
+    for row in state["rows"][have:]:
+        run.record.add_step(row)
+    checkpoint.restore(run.evals, state["evaluator"])
+    if state["drawn"] is not None:
+        checkpoint.restore_with_comm(run.injector.clock, state["drawn"]["clock"])
+        checkpoint.restore(run.world.process, state["drawn"]["delays"])
+    torch.set_rng_state(state["torch_rng"])
+    if run.shrinker is not None:
+        run.shrinker.deadline.seen(float(state["longest"]))
 
 
 def scorer(run: _Rank):
@@ -298,7 +413,10 @@ def start(config: TrainConfig, comm: Collectives) -> _Rank:
         update=WeightedUpdate(world.lr, config.on_nonfinite),
         grads=grads,
         keeper=keeper,
+        rank=comm.rank,
     )
+    if config.on_rank_loss == OnRankLoss.SHRINK:
+        run.shrinker = Shrinker.start(comm, config.timeout)
     if keeper.saved is not None:
         resume(run, keeper.saved)
     elif config.out is not None and comm.rank == 0:
@@ -390,8 +508,21 @@ def row_of(
     times = split_round(rows, timing)
     # rank n's round is arrival n (round_arrivals), so the used ranks are the used keys' own
     used = sorted(key_workers(stats.used).tolist())
+    if done.live is not None:  # arrival n is the generation's n-th member (original rank)
+        used = [done.live[n] for n in used]
     row = allreduce_row(done.ex.plan, stats, times, used, done.ex.m, settled)
+    if done.live is not None:
+        row |= shrink_columns(run, done)
     return RunKeeper.note_nonfinite(row, int(done.ex.extras[3]))
+
+
+def shrink_columns(run: _Rank, done: Unsettled) -> dict[str, Any]:
+    """A shrinking run's row columns (``runtime.allreduce.shrink``): the ranks that stepped,
+    those lost just before the round, and the samples of the lost shards it did without."""
+    n = run.world.scenario.workers
+    units = done.ex.plan.local_steps * done.ex.m
+    skipped = (n - len(done.live)) * units * run.world.task.batch_size
+    return {"live": list(done.live), "dead": list(done.dead), "skipped": int(skipped)}
 
 
 def one_round(run: _Rank, plan: Plan) -> None:
@@ -420,7 +551,11 @@ def one_round(run: _Rank, plan: Plan) -> None:
     rows, timing, screened = reduced.rows
     run.interrupted = reduced.extras[5] > 0
     if plan.requeue_dropped:
-        run.learner.requeue(batches, rows[:, 0].astype(np.int64))
+        done_units = rows[:, 0].astype(np.int64)
+        if run.shrinker is not None:  # the gathered rows are the live ranks', in order
+            done_units = np.full(len(batches), batches.shape[1], dtype=np.int64)
+            done_units[run.shrinker.members] = rows[:, 0]
+        run.learner.requeue(batches, done_units)
     if run.unsettled is not None:
         settle(run, timing)
     # the agreed clock (module docstring, 5.): the slowest compute and the latest T^c
@@ -441,6 +576,8 @@ def one_round(run: _Rank, plan: Plan) -> None:
         own.divisor,
     )
     done = Unsettled(ex)
+    if run.shrinker is not None:
+        done.live, done.dead, run.lost = tuple(run.shrinker.members), run.lost, ()
     # a static rule's next plan owes nothing to this round's statistics: they wait for its row
     divisor = own.divisor if run.rule.keeps_state else account(run, done).divisor
     apply(run, reduced, divisor, plan.lr_scale)
@@ -540,10 +677,24 @@ def settle(run: _Rank, timing: np.ndarray) -> None:
     done, run.unsettled = run.unsettled, None
     # every entry is a measured time: a round is settled by the one after it
     run.comm_time, elapsed = round_times(timing)
+    if run.shrinker is not None:  # the deadline is learned from the settled rounds
+        run.shrinker.deadline.seen(elapsed)
     run.settled += elapsed
     run.now = run.settled
     run.trace.charge(done.ex.step, elapsed)
+    if done.live is not None and run.shrinker is not None and len(done.live) != len(timing):
+        timing = lost_timings(done.live, run.shrinker.members, timing)
     run.settling.append((done, Settled(run.settled, run.comm_time), timing))
+
+
+def lost_timings(live: tuple[int, ...], members: list[int], timing: np.ndarray) -> np.ndarray:
+    """A round's timings laid out for its own generation's ``live`` ranks, from ``timing``
+    gathered over the next generation's ``members``: NaN for the ranks lost between."""
+    full = np.full((len(live), timing.shape[1]), np.nan)
+    for n, rank in enumerate(members):
+        if rank in live:
+            full[live.index(rank)] = timing[n]
+    return full
 
 
 def flush(run: _Rank) -> None:
@@ -576,4 +727,7 @@ def finish(run: _Rank) -> RankResult:
             run.keeper.finish(run.record)
     if run.interrupted:
         run.keeper.interrupted(run.record, run.step)
-    return RankResult(run.comm.rank, run.record, run.learner.theta.numpy().copy())
+    if run.shrinker is not None:
+        # each shrink: [generation, the round in flight, the ranks lost, seconds it took]
+        run.record.summary["generations"] = [list(h) for h in run.shrinker.history]
+    return RankResult(run.rank, run.record, run.learner.theta.numpy().copy())

@@ -1,0 +1,417 @@
+"""Lose a rank, keep training: the allreduce topology's shrink in place (issue 26).
+
+With ``--on-rank-loss shrink`` (``TrainConfig.on_rank_loss``; the default ``stop`` keeps the
+census, exit and ``--max-restarts`` restart of ``runtime.keep``), the ranks of a local launch
+go on without a rank that died or stayed silent, with no restart and no checkpoint read.
+
+**Generations.** The ranks step in a *generation* g: its members (original ranks, sorted)
+and a process group among them. Generation 0 is the job's default group. Generation g > 0 is a
+fresh ``ProcessGroupGloo`` over ``PrefixStore(f"gen{g}", store)`` with the members renumbered
+0..L-1 in order, as torchft's ``ProcessGroupGloo.configure`` builds each quorum's group:
+``torch.distributed.new_group`` needs every member of the broken group, and ``shrink_group``'s
+abort path still hangs survivors. The group a generation leaves is aborted
+(``ProcessGroupGloo.abort``), so its stuck collective never holds the process at exit.
+``store`` is the elastic agent's (``MASTER_ADDR:MASTER_PORT`` with
+``TORCHELASTIC_USE_AGENT_STORE``): it lives in the launcher, not in a rank, so it outlives any
+rank, and its keys sit under ``tailtrain/shrink/{run id}/{restart}``.
+
+**States** (:class:`Phase`) of one rank:
+
+* ``STEPPING``: rounds as ``runtime.allreduce.rounds``; each collective is waited for by
+  polling (:meth:`Watch.wait`, 0.5 ms sleeps), so that every wait has two bounds: the
+  *deadline* and the generation's ``broken`` key. The deadline is learned as the parameter
+  server's ``--worker-timeout`` is (``runtime.ps.liveness``): :data:`FACTOR` times the longest
+  settled round, at least :data:`MIN_BOUND` seconds, never more than ``--timeout``; before a
+  round settled, and at the barriers around rank 0's evaluations, it is ``--timeout``.
+  A collective that fails (a peer's socket closed: SIGKILL) or outlives the deadline (a hung
+  peer: SIGSTOP, a frozen thread) sets ``gen{g}/broken``; every member sees that key within
+  :data:`CHECK` seconds of entering its next collective, and leaves it.
+* ``CENSUS``: the rank flushes its record rows, checks in (``gen{g}/in/{rank}`` = the rounds
+  it completed and its rows) and waits until every member of g has checked in or is known dead
+  (``dead/{rank}``, set by the shield of ``runtime.expendable`` the moment the rank's process
+  dies), or until the census window passes: :data:`WINDOW_FACTOR` times the longest round (a
+  live member may be inside one compute), at least :data:`MIN_WINDOW`, at most the deadline.
+  The first rank to close it (``store.add`` on ``gen{g}/closer``) writes the members of g + 1,
+  the ranks checked in at that moment; everyone waits (bounded) for that list.
+* ``REFUSED``: a rank not in the list (it checked in late: it hung past the deadline and
+  woke, or it was slower than the window) leaves with :class:`Refused`; its work after the
+  last round it completed counts nowhere, so nothing is counted twice.
+* ``FORMING``: the members build generation g + 1's group (bounded by the deadline). When a
+  member dies meanwhile (a death during the census or the forming), forming fails or the first
+  collective breaks, and the protocol runs again from g + 1: at most once per member.
+* ``SYNCING``: the lead member, the one that completed the most rounds (the lowest rank among
+  equals), broadcasts its state over the new group: parameters, update and rule state, the
+  clock, the unsettled round, the delay draws as they stood before its round in flight, and
+  the record rows the others lack. A rank can be at most one round ahead of another (a round
+  completes only once every member reduced into it), so the group goes on from the last round
+  any survivor completed, and the round in flight is computed again by the live ranks.
+
+**The smaller world.** Each live rank keeps its own data shard and per-rank batch (the global
+batch shrinks to L ranks' batches: "the same per-rank batch"); the dead rank's shard is
+skipped, and each round's record row counts it: ``live`` (the original ranks that stepped),
+``dead`` (the ranks lost at that round) and ``skipped`` (samples the lost ranks' shards did not
+contribute, in this round). The update is the average over the live ranks' gradients: the rule
+is started again for the live world (``Strategy.init`` with ``n_workers`` = L: sync's k = L).
+Only rules whose state is their initial one (``Strategy.keeps_state``: sync) can be started
+again so; a rule that adapts (DropCompute, whose tau and divisor, and Local-SGD, whose period
+and weights are held in its state) refuses shrink in one line at start (:func:`check_shrink`):
+making their state follow the live world is not done yet.
+
+**Not covered.** Rank 0 keeps the record and answers the launcher: its death stops the job as
+with ``stop`` (the launcher's line says to restart with ``--max-restarts``). A rank that comes
+back is not taken in again (no heal yet): it is refused. Under torchrun shrink is refused:
+torchrun's agent stops the job when any rank dies.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import json
+import logging
+import os
+import pickle
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from tailtrain.errors import TailtrainError, UsageError
+from tailtrain.runtime.reduce import Collectives, RankRow
+
+log = logging.getLogger(__name__)
+
+#: the deadline: FACTOR times the longest settled round, at least MIN_BOUND seconds (the
+#: parameter server's ``runtime.ps.liveness`` bound, the same figures)
+FACTOR = 10.0
+MIN_BOUND = 2.0
+#: the census window: WINDOW_FACTOR times the longest round, at least MIN_WINDOW seconds
+WINDOW_FACTOR = 3.0
+MIN_WINDOW = 0.5
+#: seconds between two looks at the generation's ``broken`` key while a collective runs
+CHECK = 0.02
+#: seconds a waiting rank sleeps between two looks at its collective
+POLL = 0.0005
+
+
+class OnRankLoss(StrEnum):
+    """What the allreduce's survivors do when a rank dies or hangs (``--on-rank-loss``)."""
+
+    STOP = "stop"
+    SHRINK = "shrink"
+
+
+class Phase(StrEnum):
+    """A rank's state in the shrink protocol (module docstring)."""
+
+    STEPPING = "stepping"
+    CENSUS = "census"
+    REFUSED = "refused"
+    FORMING = "forming"
+    SYNCING = "syncing"
+
+
+class Broken(TailtrainError):
+    """This rank's generation broke: a collective failed, outlived the deadline, or a peer
+    said so (``gen{g}/broken``)."""
+
+
+class Refused(TailtrainError):
+    """The survivors formed their new group without this rank (it came after the census)."""
+
+
+def check_shrink(strategy: Any, topology: str, *, local: bool) -> None:
+    """``--on-rank-loss shrink``'s one-line refusals, before any process starts."""
+    if topology != "allreduce":
+        raise UsageError(
+            f"--on-rank-loss shrink is for the allreduce topology; {strategy.describe()!r} "
+            f"runs on {topology}: use --on-rank-loss stop"
+        )
+    if not local:
+        raise UsageError(
+            "--on-rank-loss shrink needs a local launch (--workers N): torchrun's agent stops "
+            "the job when any rank dies; use --on-rank-loss stop under torchrun"
+        )
+    if not strategy.keeps_state:
+        raise UsageError(
+            f"--on-rank-loss shrink: {strategy.describe()!r} adapts its state to the world it "
+            "measured, which a smaller world would start again and lose; shrink takes rules "
+            "with no state of their own (sync); use --on-rank-loss stop for this one"
+        )
+
+
+# ---- the store ---------------------------------------------------------------------------------
+def prefix(env: Any = os.environ) -> str:
+    """This run's keys in the agent's store (module docstring)."""
+    run = env.get("TORCHELASTIC_RUN_ID", "local")
+    return f"tailtrain/shrink/{run}/{env.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+
+
+def open_store(timeout: datetime.timedelta, env: Any = os.environ) -> dist.Store:
+    """A client of the agent's store, under this run's prefix."""
+    host, port = env["MASTER_ADDR"], int(env["MASTER_PORT"])
+    base = dist.TCPStore(host, port, is_master=False, timeout=timeout)
+    return dist.PrefixStore(prefix(env), base)
+
+
+def note_dead(rank: int, why: str) -> None:
+    """The shield of a dead rank (``runtime.expendable``) says so in the store at once, so the
+    census need not wait its window for it."""
+    try:
+        open_store(datetime.timedelta(seconds=5)).set(f"dead/{rank}", why)
+    except Exception as exc:  # the census's window still closes without it
+        log.warning("could not note rank %d dead: %s", rank, exc)
+
+
+# ---- the deadline and the watched wait ---------------------------------------------------------
+@dataclass
+class Deadline:
+    """The learned deadline (module docstring): ``longest`` settled round seconds so far."""
+
+    timeout: float
+    longest: float = 0.0
+
+    def seen(self, seconds: float) -> None:
+        if seconds == seconds:  # not NaN
+            self.longest = max(self.longest, seconds)
+
+    @property
+    def bound(self) -> float:
+        if self.longest <= 0.0:
+            return self.timeout
+        return min(self.timeout, max(MIN_BOUND, FACTOR * self.longest))
+
+    @property
+    def window(self) -> float:
+        if self.longest <= 0.0:
+            return min(self.timeout, MIN_BOUND)
+        return min(self.bound, max(MIN_WINDOW, WINDOW_FACTOR * self.longest))
+
+
+class Watch:
+    """Waits for one generation's collectives (``Collectives.watch``): each wait ends when the
+    collective does, at the deadline, or when the generation's ``broken`` key appears; the
+    last two raise :class:`Broken` after setting the key for the others."""
+
+    def __init__(self, store: dist.Store, generation: int, deadline: Deadline) -> None:
+        self.store, self.generation, self.deadline = store, generation, deadline
+        self.key = f"gen{generation}/broken"
+        #: a barrier around rank 0's evaluation waits up to --timeout, not the deadline
+        self.patient = False
+
+    def __call__(self, work: dist.Work) -> None:
+        start = time.monotonic()
+        bound = self.deadline.timeout if self.patient else self.deadline.bound
+        look = start + CHECK
+        while not work.is_completed():
+            now = time.monotonic()
+            if now - start > bound:
+                self.broken(f"no answer within the deadline {bound:.2f}s")
+            if now >= look:
+                if self.store.check([self.key]):
+                    raise Broken(f"generation {self.generation} broke ({self.store_why()})")
+                look = now + CHECK
+            time.sleep(POLL)
+        try:
+            work.wait()
+        except Exception as exc:  # gloo: a peer's socket closed
+            self.broken(f"a collective failed: {str(exc).strip().splitlines()[0][:120]}")
+
+    def broken(self, why: str) -> None:
+        try:
+            self.store.set(self.key, why)
+        except Exception as exc:
+            log.warning("could not mark generation %d broken: %s", self.generation, exc)
+        raise Broken(f"generation {self.generation}: {why}")
+
+    def store_why(self) -> str:
+        try:
+            return self.store.get(self.key).decode()
+        except Exception:
+            return "unknown"
+
+
+# ---- a generation's collectives ----------------------------------------------------------------
+class GroupCollectives(Collectives):
+    """``Collectives`` over a group that torch.distributed does not know (a generation's own
+    ``ProcessGroupGloo``): its gathers are allreduces of block rows, and its barrier one of a
+    single value, called on the group itself."""
+
+    def gather(self, row: RankRow) -> np.ndarray:
+        mine = np.asarray(row, dtype=np.float64)
+        block = torch.zeros(self.world_size, len(mine), dtype=torch.float64)
+        block[self.rank] = torch.from_numpy(mine)
+        with self._guard("all_gather"):
+            self._wait(self.group.allreduce([block]))
+        return block.numpy()
+
+    def barrier(self) -> None:
+        with self._guard("barrier"):
+            self._wait(self.group.allreduce([torch.zeros(1)]))
+
+    def gather_objects(self, obj: Any) -> list[Any] | None:
+        data = pickle.dumps(obj)
+        sizes = self.gather([len(data)])[:, 0].astype(np.int64)
+        block = torch.zeros(self.world_size, int(sizes.max()), dtype=torch.uint8)
+        block[self.rank, : len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+        with self._guard("gather_object"):
+            # uint8 sums of one row and zeros: exact, as long as the other rows are zero
+            self._wait(self.group.allreduce([block]))
+        if self.rank != 0:
+            return None
+        return [pickle.loads(block[r, : sizes[r]].numpy().tobytes()) for r in range(len(sizes))]
+
+    def broadcast_object(self, obj: Any, src: int) -> Any:
+        """``obj`` of member ``src`` on every member (the sync's payload)."""
+        data = pickle.dumps(obj) if self.rank == src else b""
+        size = int(self.gather([len(data)])[src, 0])
+        buf = torch.zeros(size, dtype=torch.uint8)
+        if self.rank == src:
+            buf.copy_(torch.frombuffer(bytearray(data), dtype=torch.uint8))
+        opts = dist.BroadcastOptions()
+        opts.rootRank = src
+        with self._guard("broadcast"):
+            self._wait(self.group.broadcast([buf], opts))
+        return obj if self.rank == src else pickle.loads(buf.numpy().tobytes())
+
+
+# ---- the protocol ------------------------------------------------------------------------------
+@dataclass
+class Census:
+    """What the census of a generation found: the next members, and what each checked in
+    with (the rounds it completed, its record rows)."""
+
+    members: list[int]
+    steps: dict[int, int]
+    rows: dict[int, int]
+    dead: list[int]
+
+
+@dataclass
+class Shrinker:
+    """One rank's part in the protocol (module docstring): its original ``rank``, the current
+    generation, its members and its collectives."""
+
+    rank: int
+    store: dist.Store
+    deadline: Deadline
+    device: torch.device
+    members: list[int]
+    generation: int = 0
+    phase: Phase = Phase.STEPPING
+    #: groups of the generations left, aborted (module docstring)
+    left: list[Any] = field(default_factory=list)
+    #: every shrink so far: (generation, the round in flight, the ranks lost, seconds)
+    history: list[tuple[int, int, list[int], float]] = field(default_factory=list)
+
+    @classmethod
+    def start(cls, comm: Collectives, timeout: float) -> Shrinker:
+        deadline = Deadline(timeout)
+        store = open_store(datetime.timedelta(seconds=timeout))
+        shrinker = cls(comm.rank, store, deadline, comm.device, list(range(comm.world_size)))
+        comm.watch = Watch(store, 0, deadline)
+        comm.grace = 0.0  # the launcher names nobody here: the census does
+        return shrinker
+
+    def census(self, step: int, rows: int) -> Census:
+        """Check in with ``step`` completed rounds and ``rows`` record rows; the next
+        generation's members (bounded by the census window, then the deadline)."""
+        self.phase = Phase.CENSUS
+        g, store = self.generation, self.store
+        store.set(f"gen{g}/broken", "census")  # whoever has not seen it yet
+        store.set(f"gen{g}/in/{self.rank}", json.dumps([step, rows]))
+        ins = [f"gen{g}/in/{m}" for m in self.members]
+        deads = [f"dead/{m}" for m in self.members]
+        end = time.monotonic() + self.deadline.window
+        while time.monotonic() < end and not store.check([f"gen{g}/members"]):
+            known = [store.check([i]) or store.check([d]) for i, d in zip(ins, deads, strict=True)]
+            if all(known):
+                break
+            time.sleep(0.005)
+        if store.add(f"gen{g}/closer", 1) == 1:
+            here = [m for m, key in zip(self.members, ins, strict=True) if store.check([key])]
+            store.set(f"gen{g}/members", json.dumps(here))
+        store.wait([f"gen{g}/members"], datetime.timedelta(seconds=self.deadline.bound))
+        members = json.loads(store.get(f"gen{g}/members"))
+        if self.rank not in members:
+            self.phase = Phase.REFUSED
+            raise Refused(
+                f"rank {self.rank} came after generation {g}'s census (it was silent past the "
+                f"deadline, or slower than the census window {self.deadline.window:.2f}s): "
+                "the others went on without it, and its round in flight counts nowhere"
+            )
+        steps, rows_of = {}, {}
+        for m in members:
+            s, r = json.loads(store.get(f"gen{g}/in/{m}"))
+            steps[m], rows_of[m] = int(s), int(r)
+        dead = [m for m in self.members if m not in members]
+        return Census(members, steps, rows_of, dead)
+
+    def form(self, members: list[int], old: Collectives) -> GroupCollectives:
+        """Generation g + 1's group among ``members`` (bounded by the deadline); the old
+        generation's group is aborted first, so its stuck collective holds nothing."""
+        self.phase = Phase.FORMING
+        abort(old.group if old.group is not None else dist.group.WORLD)
+        self.left.append(old.group)
+        self.generation, self.members = self.generation + 1, members
+        g, me = self.generation, members.index(self.rank)
+        timeout = datetime.timedelta(seconds=self.deadline.bound)
+        store = dist.PrefixStore(f"gen{g}", self.store)
+        group = dist.ProcessGroupGloo(store, me, len(members), timeout)
+        comm = GroupCollectives(me, len(members), self.device, grace=0.0, group=group)
+        comm.arm(old.drill)
+        comm.watch = Watch(self.store, g, self.deadline)
+        return comm
+
+    def regroup(
+        self,
+        old: Collectives,
+        step: int,
+        rows: int,
+        sync: Callable[[GroupCollectives, Census], None],
+    ) -> tuple[GroupCollectives, Census]:
+        """Census, forming and sync until a generation holds: a member lost meanwhile (a
+        death during the census, the forming or the sync) breaks the new generation, and the
+        protocol runs again from it, at most once per member."""
+        began, in_flight, lost, comm = time.monotonic(), step, [], old
+        for _ in range(len(self.members)):
+            found = self.census(step, rows)
+            lost += found.dead
+            try:
+                comm = self.form(found.members, comm)
+                self.phase = Phase.SYNCING
+                sync(comm, found)
+            except (Broken, RuntimeError) as exc:  # gloo's own errors are RuntimeErrors
+                log.warning("generation %d failed as it formed: %s", self.generation, exc)
+                if isinstance(comm, GroupCollectives) and comm.watch is not None:
+                    with contextlib.suppress(Broken):  # mark it broken for every member
+                        comm.watch.broken(f"forming failed: {exc}")
+                continue
+            self.phase = Phase.STEPPING
+            seconds = time.monotonic() - began
+            self.history.append((self.generation, in_flight, sorted(lost), seconds))
+            log.warning(
+                "lost rank %s at step %d: generation %d of ranks %s goes on after %.2fs",
+                ", ".join(map(str, sorted(lost))) or "none",
+                in_flight,
+                self.generation,
+                found.members,
+                seconds,
+            )
+            return comm, found
+        raise TailtrainError(f"rank {self.rank}: no generation held after losing {lost}")
+
+
+def abort(group: Any) -> None:
+    """Abort a left generation's group: its stuck collective must not hold the exit."""
+    try:
+        if hasattr(group, "_get_backend"):  # the default group: its gloo backend
+            group = group._get_backend(torch.device("cpu"))
+        group.abort()
+    except Exception as exc:
+        log.info("could not abort a left group: %s", exc)
