@@ -18,8 +18,8 @@ from tailtrain.core.scenario import Scenario
 from tailtrain.errors import UsageError
 from tailtrain.faults import FaultPlan
 from tailtrain.runtime.allreduce.shrink import (
-    FACTOR,
-    MIN_BOUND,
+    DEADLINE_FACTOR,
+    MIN_DEADLINE,
     Deadline,
     Refused,
     check_shrink,
@@ -103,10 +103,10 @@ def test_the_deadline_is_learned_from_the_rounds_within_the_timeout():
     d = Deadline(timeout=30.0)
     assert d.bound == 30.0  # nothing measured yet: --timeout
     d.seen(0.01)
-    assert d.bound == MIN_BOUND
+    assert d.bound == MIN_DEADLINE
     d.seen(0.5)
     d.seen(math.nan)
-    assert d.bound == FACTOR * 0.5
+    assert d.bound == DEADLINE_FACTOR * 0.5
     d.seen(10.0)
     assert d.bound == 30.0
     assert d.window <= d.bound
@@ -141,7 +141,7 @@ def test_two_ranks_dying_together_leave_one_generation_without_both():
 @pytest.mark.slow
 @pytest.mark.timeout(150)
 def test_a_hung_rank_is_dropped_past_the_deadline_and_refused_when_it_wakes():
-    # the freeze (8 s) outlasts the learned deadline (MIN_BOUND: these rounds take ms)
+    # the freeze (8 s) outlasts the learned deadline (MIN_DEADLINE: these rounds take ms)
     cfg = config(3, ["freeze:worker=2,step=4,seconds=8"], iterations=30)
     by_rank = run(cfg)
     steps = check_run(cfg, by_rank, [0, 1])

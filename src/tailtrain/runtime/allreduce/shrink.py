@@ -15,14 +15,15 @@ abort path still hangs survivors. The group a generation leaves is aborted
 ``TORCHELASTIC_USE_AGENT_STORE``): it lives in the launcher, not in a rank, so it outlives any
 rank, and its keys sit under ``tailtrain/shrink/{run id}/{restart}``.
 
-**States** (:class:`Phase`) of one rank:
+**States** (:class:`ShrinkPhase`) of one rank:
 
 * ``STEPPING``: rounds as ``runtime.allreduce.rounds``; each collective is waited for by
   polling (:meth:`Watch.wait`, 0.5 ms sleeps), so that every wait has two bounds: the
   *deadline* and the generation's ``broken`` key. The deadline is learned as the parameter
-  server's ``--worker-timeout`` is (``runtime.ps.liveness``): :data:`FACTOR` times the longest
-  settled round, at least :data:`MIN_BOUND` seconds, never more than ``--timeout``; before a
-  round settled, and at the barriers around rank 0's evaluations, it is ``--timeout``.
+  server's ``--worker-timeout`` is (``runtime.ps.liveness``): :data:`DEADLINE_FACTOR` times
+  the longest settled round, at least :data:`MIN_DEADLINE` seconds, never more than
+  ``--timeout``; before a round settled, and at the barriers around rank 0's evaluations,
+  it is ``--timeout``.
   A collective that fails (a peer's socket closed: SIGKILL) or outlives the deadline (a hung
   peer: SIGSTOP, a frozen thread) sets ``gen{g}/broken``; every member sees that key within
   :data:`CHECK` seconds of entering its next collective, and leaves it.
@@ -86,10 +87,10 @@ from tailtrain.runtime.reduce import Collectives, RankRow
 
 log = logging.getLogger(__name__)
 
-#: the deadline: FACTOR times the longest settled round, at least MIN_BOUND seconds (the
-#: parameter server's ``runtime.ps.liveness`` bound, the same figures)
-FACTOR = 10.0
-MIN_BOUND = 2.0
+#: the deadline: DEADLINE_FACTOR times the longest settled round, at least MIN_DEADLINE
+#: seconds (the parameter server's ``runtime.ps.liveness`` bound, the same figures)
+DEADLINE_FACTOR = 10.0
+MIN_DEADLINE = 2.0
 #: the census window: WINDOW_FACTOR times the longest round, at least MIN_WINDOW seconds
 WINDOW_FACTOR = 3.0
 MIN_WINDOW = 0.5
@@ -106,7 +107,7 @@ class OnRankLoss(StrEnum):
     SHRINK = "shrink"
 
 
-class Phase(StrEnum):
+class ShrinkPhase(StrEnum):
     """A rank's state in the shrink protocol (module docstring)."""
 
     STEPPING = "stepping"
@@ -184,12 +185,12 @@ class Deadline:
     def bound(self) -> float:
         if self.longest <= 0.0:
             return self.timeout
-        return min(self.timeout, max(MIN_BOUND, FACTOR * self.longest))
+        return min(self.timeout, max(MIN_DEADLINE, DEADLINE_FACTOR * self.longest))
 
     @property
     def window(self) -> float:
         if self.longest <= 0.0:
-            return min(self.timeout, MIN_BOUND)
+            return min(self.timeout, MIN_DEADLINE)
         return min(self.bound, max(MIN_WINDOW, WINDOW_FACTOR * self.longest))
 
 
@@ -303,7 +304,7 @@ class Shrinker:
     device: torch.device
     members: list[int]
     generation: int = 0
-    phase: Phase = Phase.STEPPING
+    phase: ShrinkPhase = ShrinkPhase.STEPPING
     #: groups of the generations left, aborted (module docstring)
     left: list[Any] = field(default_factory=list)
     #: every shrink so far: (generation, the round in flight, the ranks lost, seconds)
@@ -321,7 +322,7 @@ class Shrinker:
     def census(self, step: int, rows: int) -> Census:
         """Check in with ``step`` completed rounds and ``rows`` record rows; the next
         generation's members (bounded by the census window, then the deadline)."""
-        self.phase = Phase.CENSUS
+        self.phase = ShrinkPhase.CENSUS
         g, store = self.generation, self.store
         store.set(f"gen{g}/broken", "census")  # whoever has not seen it yet
         store.set(f"gen{g}/in/{self.rank}", json.dumps([step, rows]))
@@ -339,7 +340,7 @@ class Shrinker:
         store.wait([f"gen{g}/members"], datetime.timedelta(seconds=self.deadline.bound))
         members = json.loads(store.get(f"gen{g}/members"))
         if self.rank not in members:
-            self.phase = Phase.REFUSED
+            self.phase = ShrinkPhase.REFUSED
             raise Refused(
                 f"rank {self.rank} came after generation {g}'s census (it was silent past the "
                 f"deadline, or slower than the census window {self.deadline.window:.2f}s): "
@@ -355,7 +356,7 @@ class Shrinker:
     def form(self, members: list[int], old: Collectives) -> GroupCollectives:
         """Generation g + 1's group among ``members`` (bounded by the deadline); the old
         generation's group is aborted first, so its stuck collective holds nothing."""
-        self.phase = Phase.FORMING
+        self.phase = ShrinkPhase.FORMING
         abort(old.group if old.group is not None else dist.group.WORLD)
         self.left.append(old.group)
         self.generation, self.members = self.generation + 1, members
@@ -384,7 +385,7 @@ class Shrinker:
             lost += found.dead
             try:
                 comm = self.form(found.members, comm)
-                self.phase = Phase.SYNCING
+                self.phase = ShrinkPhase.SYNCING
                 sync(comm, found)
             except (Broken, RuntimeError) as exc:  # gloo's own errors are RuntimeErrors
                 log.warning("generation %d failed as it formed: %s", self.generation, exc)
@@ -392,7 +393,7 @@ class Shrinker:
                     with contextlib.suppress(Broken):  # mark it broken for every member
                         comm.watch.broken(f"forming failed: {exc}")
                 continue
-            self.phase = Phase.STEPPING
+            self.phase = ShrinkPhase.STEPPING
             seconds = time.monotonic() - began
             self.history.append((self.generation, in_flight, sorted(lost), seconds))
             log.warning(
