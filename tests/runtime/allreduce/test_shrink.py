@@ -34,8 +34,11 @@ SEED = 5
 LR = 0.1
 
 
-def config(workers: int, faults: list[str], iterations: int = 12, **kw) -> TrainConfig:
-    s = Scenario(task="logreg", workers=workers, iterations=iterations, eval_every=100)
+def config(
+    workers: int, faults: list[str], iterations: int = 12, delay: str | None = None, **kw
+) -> TrainConfig:
+    delays = {} if delay is None else {"delay": delay}
+    s = Scenario(task="logreg", workers=workers, iterations=iterations, eval_every=1000, **delays)
     plan = FaultPlan.parse(faults, workers)
     return TrainConfig(
         scenario=s,
@@ -44,6 +47,7 @@ def config(workers: int, faults: list[str], iterations: int = 12, **kw) -> Train
         timeout=60,
         faults=plan,
         on_rank_loss="shrink",
+        inject=delay is not None,
         **kw,
     )
 
@@ -140,8 +144,9 @@ def test_two_ranks_dying_together_leave_one_generation_without_both():
 
 @pytest.mark.slow
 @pytest.mark.timeout(150)
-def test_a_hung_rank_is_dropped_past_the_deadline_and_refused_when_it_wakes():
-    # the freeze (8 s) outlasts the learned deadline (MIN_DEADLINE: these rounds take ms)
+def test_a_hung_rank_that_wakes_after_the_run_is_refused_and_counts_nowhere():
+    # the freeze (8 s) outlasts the learned deadline (MIN_DEADLINE: these rounds take ms) and
+    # the run: the rank that wakes finds it over
     cfg = config(3, ["freeze:worker=2,step=4,seconds=8"], iterations=30)
     by_rank = run(cfg)
     steps = check_run(cfg, by_rank, [0, 1])
@@ -157,3 +162,20 @@ def test_a_killed_rank_0_stops_the_job_with_a_line_that_says_what_to_do():
         JobFailed, match=r"^rank 0 .*shrink goes on without any rank but 0.*--max-restarts 1"
     ):
         run(config(2, ["kill:worker=0,step=2"]))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(150)
+def test_a_hung_rank_that_wakes_rejoins_healed_from_a_live_peer():
+    # 50 ms rounds: the deadline is MIN_DEADLINE (2 s); rank 2 hangs 3 s from step 4, is
+    # dropped, wakes, asks to join and is taken in at a step boundary with the others' state
+    cfg = config(3, ["freeze:worker=2,step=4,seconds=3"], iterations=90, delay="const:value=0.05")
+    by_rank = run(cfg)
+    steps = check_run(cfg, by_rank, [0, 1, 2])  # the healed rank ends equal to the others
+    lives = [tuple(r["live"]) for r in steps]
+    back = next(i for i, r in enumerate(steps) if r["rejoined"])
+    assert steps[back]["rejoined"] == [2]
+    assert lives[:4] == [(0, 1, 2)] * 4
+    assert set(lives[4:back]) == {(0, 1)} and back > 4
+    assert set(lives[back:]) == {(0, 1, 2)}
+    assert [g[2:4] for g in by_rank[0][0].record.summary["generations"]] == [[[2], []], [[], [2]]]

@@ -132,8 +132,9 @@ from tailtrain.topology.allreduce import (
 
 #: column of the first unit time in a gathered row [C_n, T~_n, injected, t_n^(1..U)]
 TIMES = 3
-#: the allreduce's extras: [loss sum, units, ||G_n||^2, non-finite, weight withheld, Ctrl-C]
-EXTRAS = 6
+#: the allreduce's extras: [loss sum, units, ||G_n||^2, non-finite, weight withheld, Ctrl-C,
+#: a rank asks to join (``runtime.allreduce.shrink``)]
+EXTRAS = 7
 #: settled rounds whose record rows are made together (:func:`flush`), a static rule's
 #: accounted with them: one a round costs ~50-90 us (~150 accounted) with its code cold from
 #: the compute, a batch a fraction of that
@@ -176,6 +177,13 @@ class Unsettled:
     #: their order (its arrival n is rank ``live[n]``'s), and the ranks lost just before it
     live: tuple[int, ...] | None = None
     dead: tuple[int, ...] = ()
+    rejoined: tuple[int, ...] = ()
+    #: under shrink: the index in its generation of the rank that made the exchange, and the
+    #: rule as started for that generation's world
+    index: int | None = None
+    rule: RuleDriver | None = None
+    #: under shrink: the wall clock (Unix seconds) when this rank applied the round's update
+    committed: float = math.nan
 
 
 @dataclass
@@ -218,8 +226,13 @@ class _Rank:
     shrinker: Shrinker | None = None
     #: under shrink: the delay draws as they stood before the round in flight drew its own
     drawn: dict[str, Any] | None = None
-    #: under shrink: the ranks lost since the latest round, for its row
+    #: under shrink: the ranks lost and taken in again since the latest round, for its row
     lost: tuple[int, ...] = ()
+    joined: tuple[int, ...] = ()
+    #: under shrink: this rank (the lowest member) saw a rank ask to join; the latest round's
+    #: allreduce said some rank did, so every member takes it in after the round
+    joins_waiting: bool = False
+    grow: bool = False
 
     # ---- the topology's contract (``runtime.rank.RankRun``) ----------------------------------
     def updates(self) -> Updates:
@@ -285,11 +298,15 @@ def rounds(run: _Rank) -> Updates:
         else:
             try:
                 shrinkable_round(run, plan, before)
+                if run.grow:  # a rank asked to join: every member takes it in now
+                    shrink(run, grow=True)
             except (Broken, PeerFailure) as exc:
                 run.log.warning("%s", exc)
                 shrink(run)
                 continue
         run.keeper.completed(run.step, lambda: state_of(run))
+    if run.shrinker is not None:
+        run.shrinker.finished()
     settle_last(run)
     keeper.end(run.evals, run.step, run.now, scorer(run), interrupted=run.interrupted)
 
@@ -299,10 +316,7 @@ def shrinkable_round(run: _Rank, plan: Plan, before: Any) -> None:
     (a round in flight is computed again after a shrink), the barrier after rank 0's
     evaluation bounded by --timeout rather than the deadline."""
     assert run.shrinker is not None
-    run.drawn = {
-        "clock": checkpoint.with_comm(run.injector.clock, ("process",)),
-        "delays": checkpoint.delay_state(run.world.process),
-    }
+    run.drawn = drawn_now(run)
     one_round(run, plan)
     if run.keeper.run.stepped(run.evals, run.step, run.now, before, scorer(run)):
         watch = run.comm.watch
@@ -313,19 +327,32 @@ def shrinkable_round(run: _Rank, plan: Plan, before: Any) -> None:
             watch.patient = False
 
 
-def shrink(run: _Rank) -> None:
-    """The survivors' census, their new generation and its sync from the lead member
-    (``runtime.allreduce.shrink``); this rank goes on from the round the lead completed."""
+def drawn_now(run: _Rank) -> dict[str, Any]:
+    """The delay draws as they stand (the clock and the delay process)."""
+    return {
+        "clock": checkpoint.with_comm(run.injector.clock, ("process",)),
+        "delays": checkpoint.delay_state(run.world.process),
+    }
+
+
+def shrink(run: _Rank, grow: bool = False) -> None:
+    """The survivors' census (``grow``: the members' step boundary that takes joiners in),
+    their new generation and its sync from the lead member (``runtime.allreduce.shrink``);
+    this rank goes on from the round the lead completed."""
     shrinker = run.shrinker
     assert shrinker is not None
+    run.grow = run.joins_waiting = False
+    if grow:  # at a step boundary the draws are the next round's
+        run.drawn = drawn_now(run)
     flush(run)
-    comm, found = shrinker.regroup(
-        run.comm, run.step, len(run.record.steps), lambda new, f: sync_from_lead(run, new, f)
-    )
+    rows = len(run.record.steps)
+    sync = lambda new, found: sync_from_lead(run, new, found)  # noqa: E731
+    comm, found = shrinker.regroup(run.comm, run.step, rows, sync, grow=grow)
     run.comm, run.sums = comm, None
     ctx = dataclasses.replace(run.world.context, n_workers=len(found.members))
     run.rule = RuleDriver(run.rule.strategy, ctx)  # a fixed rule, started for the live world
     run.lost = tuple(sorted({*run.lost, *found.dead}))
+    run.joined = tuple(sorted({*run.joined, *found.joined}))
 
 
 def sync_from_lead(run: _Rank, comm: GroupCollectives, found: Census) -> None:
@@ -518,11 +545,15 @@ def row_of(
 
 def shrink_columns(run: _Rank, done: Unsettled) -> dict[str, Any]:
     """A shrinking run's row columns (``runtime.allreduce.shrink``): the ranks that stepped,
-    those lost just before the round, and the samples of the lost shards it did without."""
+    those lost just before the round, the samples of the lost shards it did without, and
+    when (Unix seconds) the round's update was applied here: the time from a fault to the
+    next committed step is read off it and ``drills.jsonl``'s ``at``."""
     n = run.world.scenario.workers
     units = done.ex.plan.local_steps * done.ex.m
     skipped = (n - len(done.live)) * units * run.world.task.batch_size
-    return {"live": list(done.live), "dead": list(done.dead), "skipped": int(skipped)}
+    columns = {"live": list(done.live), "dead": list(done.dead), "skipped": int(skipped)}
+    columns["rejoined"] = list(done.rejoined)
+    return columns | {"committed_at": done.committed}
 
 
 def one_round(run: _Rank, plan: Plan) -> None:
@@ -550,6 +581,7 @@ def one_round(run: _Rank, plan: Plan) -> None:
         reduced, excluded = reduce(run, work, own.weight, sums)
     rows, timing, screened = reduced.rows
     run.interrupted = reduced.extras[5] > 0
+    run.grow = reduced.extras[6] > 0
     if plan.requeue_dropped:
         done_units = rows[:, 0].astype(np.int64)
         if run.shrinker is not None:  # the gathered rows are the live ranks', in order
@@ -578,9 +610,13 @@ def one_round(run: _Rank, plan: Plan) -> None:
     done = Unsettled(ex)
     if run.shrinker is not None:
         done.live, done.dead, run.lost = tuple(run.shrinker.members), run.lost, ()
+        done.rejoined, run.joined, done.index = run.joined, (), run.comm.rank
+        done.rule = run.rule
     # a static rule's next plan owes nothing to this round's statistics: they wait for its row
     divisor = own.divisor if run.rule.keeps_state else account(run, done).divisor
     apply(run, reduced, divisor, plan.lr_scale)
+    if run.shrinker is not None:
+        done.committed = time.time()
     run.unsettled, run.now = done, end
     cap = plan.threshold if plan.preempt else math.inf  # telemetry.TraceRows.add
     run.trace.add(run.step, m, plan.local_steps, work.times, work.cut, cap)
@@ -613,11 +649,14 @@ def reduce(run: _Rank, work: RankWork, weight: float, sums: SumBuffer) -> tuple[
         run.log.warning("non-finite gradient: this rank joins the round with weight 0")
         loss_sum, done, excluded, weight = 0.0, 0, weight, 0.0
     gsq = sq_norm if done > 0 else 0.0
-    extras = (loss_sum, done, gsq, float(bad), excluded, float(interrupt_requested()))
+    joins = float(run.joins_waiting)
+    extras = (loss_sum, done, gsq, float(bad), excluded, float(interrupt_requested()), joins)
     # lists, not arrays: the buffer takes them in one write (SumBuffer.fill)
     row = [work.done, work.compute, work.injected, *work.times]
     rows = (row, run.timing, (float(bad),))
     pending = run.comm.start(sums, weight, extras, rows, None if grad is sums.grad else grad)
+    if run.shrinker is not None and run.comm.rank == 0:  # in the collective's shadow
+        run.joins_waiting = run.shrinker.joins_waiting()
     if len(run.settling) >= ROWS_AT_ONCE:  # in the collective's shadow
         try:
             flush(run)
@@ -648,11 +687,15 @@ def account(run: _Rank, done: Unsettled) -> RankWeighting:
     ex = done.ex
     plan, step = ex.plan, ex.step
     arrivals = round_arrivals(step, ex.start, ex.rows[:, 0], ex.rows[:, 1], plan.local_steps * ex.m)
-    weighting = run.rule.weights(arrivals, run.comm.rank)
+    # the rank whose weight the exchange holds, in its round's generation (a shrink may hand
+    # this rank another member's round: ``runtime.allreduce.shrink``, SYNCING)
+    index = run.comm.rank if done.index is None else done.index
+    rule = run.rule if done.rule is None else done.rule  # the rule of the round's world
+    weighting = rule.weights(arrivals, index)
     try:
         check_own_weight(ex.weight, weighting.weight)
         check_agreement(weighting.total, ex.total)
-        if run.rule.keeps_state:  # its update went ahead with ex.divisor
+        if rule.keeps_state:  # its update went ahead with ex.divisor
             check_divisor(ex.divisor, weighting.divisor)
     except TailtrainError as err:  # a static rule's is checked rounds later: say which
         raise TailtrainError(f"round {step}: {err}") from None
@@ -667,7 +710,7 @@ def account(run: _Rank, done: Unsettled) -> RankWeighting:
     done.stats = round_stats(
         step, plan.k, ex.time, arrivals, used, scalars, lr, times, ex.comm_time
     )
-    run.rule.adapt(done.stats)
+    rule.adapt(done.stats)
     return weighting
 
 
@@ -718,6 +761,9 @@ def finish(run: _Rank) -> RankResult:
     """Gather the traces on rank 0, write the outputs, summarise (partial after Ctrl-C)."""
     if run.comm.rank == 0:
         topology = {**summarise(run.record), **time_means(run.record)}
+        if run.shrinker is not None:
+            # each shrink: [generation, the round in flight, the ranks lost, seconds it took]
+            topology["generations"] = [list(h) for h in run.shrinker.history]
         run.record.summary = run.keeper.run.summary(
             run.world, run.rule.strategy, run.record, topology
         )
@@ -727,7 +773,4 @@ def finish(run: _Rank) -> RankResult:
             run.keeper.finish(run.record)
     if run.interrupted:
         run.keeper.interrupted(run.record, run.step)
-    if run.shrinker is not None:
-        # each shrink: [generation, the round in flight, the ranks lost, seconds it took]
-        run.record.summary["generations"] = [list(h) for h in run.shrinker.history]
     return RankResult(run.rank, run.record, run.learner.theta.numpy().copy())

@@ -58,10 +58,23 @@ again so; a rule that adapts (DropCompute, whose tau and divisor, and Local-SGD,
 and weights are held in its state) refuses shrink in one line at start (:func:`check_shrink`):
 making their state follow the live world is not done yet.
 
-**Not covered.** Rank 0 keeps the record and answers the launcher: its death stops the job as
-with ``stop`` (the launcher's line says to restart with ``--max-restarts``). A rank that comes
-back is not taken in again (no heal yet): it is refused. Under torchrun shrink is refused:
-torchrun's agent stops the job when any rank dies.
+* ``JOINING``: a rank that came after a census (it woke from a hang) does not leave: it asks to
+  join (``join/{rank}`` = its step and rows, and the ``joins`` counter) and waits, up to
+  ``--timeout``, for ``joined/{rank}``; if the run ends first (``finished``) it is
+  :class:`Refused`. Its round in flight counts nowhere, so nothing is counted twice.
+* ``GROWING``: the lowest member looks at the ``joins`` counter at most every
+  :data:`JOIN_LOOK` seconds, while a round's allreduce runs, and says what it saw in the next
+  round's allreduce (an extra), so every member learns it after the same round. At that step
+  boundary the lowest member takes in the ranks that asked (``gen{g}/grow``, ``joined/{j}``),
+  and the members and joiners form generation g + 1 and sync from the lead (a member) as
+  above: the heal takes the model, update, rule, clock and record from a live peer, never
+  from disk. The rows record ``rejoined``.
+
+**Rank 0** keeps the record and answers the launcher: its death stops the job as with
+``stop`` (the launcher's line says to restart with ``--max-restarts``), and a census that
+lost it (rank 0 hung) ends every rank with a line saying so. Under torchrun shrink is refused:
+torchrun's agent stops the job when any rank dies. A killed rank does not come back by itself
+(the shield does not start it again); a hung one that wakes does.
 """
 
 from __future__ import annotations
@@ -98,6 +111,8 @@ MIN_WINDOW = 0.5
 CHECK = 0.02
 #: seconds a waiting rank sleeps between two looks at its collective
 POLL = 0.0005
+#: seconds between two looks of the lowest member for ranks asking to join
+JOIN_LOOK = 0.2
 
 
 class OnRankLoss(StrEnum):
@@ -112,6 +127,8 @@ class ShrinkPhase(StrEnum):
 
     STEPPING = "stepping"
     CENSUS = "census"
+    JOINING = "joining"
+    GROWING = "growing"
     REFUSED = "refused"
     FORMING = "forming"
     SYNCING = "syncing"
@@ -291,6 +308,8 @@ class Census:
     steps: dict[int, int]
     rows: dict[int, int]
     dead: list[int]
+    #: ranks taken in again (a heal)
+    joined: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -303,18 +322,30 @@ class Shrinker:
     deadline: Deadline
     device: torch.device
     members: list[int]
+    #: the job's ranks
+    world: int = 0
     generation: int = 0
+    #: join requests seen so far, and when the lowest member looks again (:meth:`joins_waiting`)
+    joins_seen: int = 0
+    next_look: float = 0.0
     phase: ShrinkPhase = ShrinkPhase.STEPPING
     #: groups of the generations left, aborted (module docstring)
     left: list[Any] = field(default_factory=list)
-    #: every shrink so far: (generation, the round in flight, the ranks lost, seconds)
-    history: list[tuple[int, int, list[int], float]] = field(default_factory=list)
+    #: every new generation: (generation, the round in flight, the ranks lost, the ranks
+    #: taken in, seconds)
+    history: list[tuple[int, int, list[int], list[int], float]] = field(default_factory=list)
+
+    def finished(self) -> None:
+        """The run's rounds are over: a rank waiting to join is refused now."""
+        with contextlib.suppress(Exception):
+            self.store.set("finished", "1")
 
     @classmethod
     def start(cls, comm: Collectives, timeout: float) -> Shrinker:
         deadline = Deadline(timeout)
         store = open_store(datetime.timedelta(seconds=timeout))
-        shrinker = cls(comm.rank, store, deadline, comm.device, list(range(comm.world_size)))
+        members = list(range(comm.world_size))
+        shrinker = cls(comm.rank, store, deadline, comm.device, members, comm.world_size)
         comm.watch = Watch(store, 0, deadline)
         comm.grace = 0.0  # the launcher names nobody here: the census does
         return shrinker
@@ -339,19 +370,95 @@ class Shrinker:
             store.set(f"gen{g}/members", json.dumps(here))
         store.wait([f"gen{g}/members"], datetime.timedelta(seconds=self.deadline.bound))
         members = json.loads(store.get(f"gen{g}/members"))
-        if self.rank not in members:
-            self.phase = ShrinkPhase.REFUSED
-            raise Refused(
-                f"rank {self.rank} came after generation {g}'s census (it was silent past the "
-                f"deadline, or slower than the census window {self.deadline.window:.2f}s): "
-                "the others went on without it, and its round in flight counts nowhere"
+        if 0 in self.members and 0 not in members:
+            raise TailtrainError(
+                f"rank 0, which keeps the record and answers the launcher, was lost at step "
+                f"{step}: --on-rank-loss shrink cannot go on without it; add --max-restarts 1 "
+                "and --out DIR to go on from a checkpoint"
             )
+        if self.rank not in members:
+            return self.join(step, rows)
         steps, rows_of = {}, {}
         for m in members:
             s, r = json.loads(store.get(f"gen{g}/in/{m}"))
             steps[m], rows_of[m] = int(s), int(r)
         dead = [m for m in self.members if m not in members]
         return Census(members, steps, rows_of, dead)
+
+    def join(self, step: int, rows: int) -> Census:
+        """JOINING (module docstring): this rank came after a census; it asks to be taken in
+        at a step boundary and waits, up to --timeout, for the generation that takes it (or
+        for the run's end: :class:`Refused`). Its round in flight counts nowhere."""
+        self.phase = ShrinkPhase.JOINING
+        store, me = self.store, self.rank
+        log.warning(
+            "rank %d came after the census of generation %d: asks to join", me, self.generation
+        )
+        with contextlib.suppress(Exception):  # a rank the shield noted dead is back
+            store.delete_key(f"dead/{me}")
+        store.set(f"join/{me}", json.dumps([step, rows]))
+        store.add("joins", 1)
+        end = time.monotonic() + self.deadline.timeout
+        while not store.check([f"joined/{me}"]):
+            if store.check(["finished"]) or time.monotonic() > end:
+                self.phase = ShrinkPhase.REFUSED
+                raise Refused(
+                    f"rank {me} came after generation {self.generation}'s census (silent past "
+                    "the deadline) and the run ended before it could join: its round in flight "
+                    "counts nowhere"
+                )
+            time.sleep(0.01)
+        generation, census = json.loads(store.get(f"joined/{me}"))
+        store.delete_key(f"joined/{me}")
+        self.generation = int(generation) - 1  # form() makes it this generation
+        return Census(
+            census["members"],
+            {int(k): v for k, v in census["steps"].items()},
+            {int(k): v for k, v in census["rows"].items()},
+            [],
+            joined=census["joined"],
+        )
+
+    def joins_waiting(self) -> bool:
+        """The lowest member asks the store, at most every :data:`JOIN_LOOK` seconds, whether
+        a rank asked to join (the answer rides on the next round's allreduce)."""
+        now = time.monotonic()
+        if now < self.next_look:
+            return False
+        self.next_look = now + JOIN_LOOK
+        seen = self.store.add("joins", 0)
+        waiting, self.joins_seen = seen > self.joins_seen, max(seen, self.joins_seen)
+        return waiting
+
+    def grow(self, step: int, rows: int) -> Census:
+        """GROWING: every member at the same step boundary; the lowest member takes in the
+        ranks that asked to join, and tells them the generation and what it knows."""
+        self.phase = ShrinkPhase.GROWING
+        g, store = self.generation, self.store
+        key = f"gen{g}/grow"
+        if self.rank == self.members[0]:
+            joiners = [
+                r for r in range(self.world) if r not in self.members and store.check([f"join/{r}"])
+            ]
+            steps = dict.fromkeys(map(str, self.members), step)
+            rows_of = dict.fromkeys(map(str, self.members), rows)
+            for j in joiners:
+                steps[str(j)], rows_of[str(j)] = json.loads(store.get(f"join/{j}"))
+                store.delete_key(f"join/{j}")
+            members = sorted(self.members + joiners)
+            census = {"members": members, "steps": steps, "rows": rows_of, "joined": joiners}
+            for j in joiners:
+                store.set(f"joined/{j}", json.dumps([g + 1, census]))
+            store.set(key, json.dumps(census))
+        store.wait([key], datetime.timedelta(seconds=self.deadline.bound))
+        census = json.loads(store.get(key))
+        return Census(
+            census["members"],
+            {int(k): v for k, v in census["steps"].items()},
+            {int(k): v for k, v in census["rows"].items()},
+            [],
+            joined=census["joined"],
+        )
 
     def form(self, members: list[int], old: Collectives) -> GroupCollectives:
         """Generation g + 1's group among ``members`` (bounded by the deadline); the old
@@ -375,13 +482,15 @@ class Shrinker:
         step: int,
         rows: int,
         sync: Callable[[GroupCollectives, Census], None],
+        grow: bool = False,
     ) -> tuple[GroupCollectives, Census]:
-        """Census, forming and sync until a generation holds: a member lost meanwhile (a
-        death during the census, the forming or the sync) breaks the new generation, and the
-        protocol runs again from it, at most once per member."""
+        """Census (or, with ``grow``, the step boundary that takes joiners in), forming and
+        sync until a generation holds: a member lost meanwhile (a death during the census,
+        the forming, the sync or a heal) breaks the new generation, and the protocol runs
+        again from it, at most once per rank of the job."""
         began, in_flight, lost, comm = time.monotonic(), step, [], old
-        for _ in range(len(self.members)):
-            found = self.census(step, rows)
+        for attempt in range(self.world):
+            found = self.grow(step, rows) if grow and attempt == 0 else self.census(step, rows)
             lost += found.dead
             try:
                 comm = self.form(found.members, comm)
@@ -395,14 +504,17 @@ class Shrinker:
                 continue
             self.phase = ShrinkPhase.STEPPING
             seconds = time.monotonic() - began
-            self.history.append((self.generation, in_flight, sorted(lost), seconds))
+            self.history.append(
+                (self.generation, in_flight, sorted(lost), sorted(found.joined), seconds)
+            )
             log.warning(
-                "lost rank %s at step %d: generation %d of ranks %s goes on after %.2fs",
-                ", ".join(map(str, sorted(lost))) or "none",
+                "step %d: generation %d of ranks %s goes on after %.2fs (lost %s, joined %s)",
                 in_flight,
                 self.generation,
                 found.members,
                 seconds,
+                sorted(lost),
+                sorted(found.joined),
             )
             return comm, found
         raise TailtrainError(f"rank {self.rank}: no generation held after losing {lost}")
