@@ -140,6 +140,14 @@ def register(sub: argparse._SubParsersAction) -> None:
         "local launch, sync; give it again with --resume). Default: stop",
     )
     p.add_argument(
+        "--restart-lost",
+        type=int,
+        default=0,
+        metavar="N",
+        help="with --on-rank-loss shrink: start a rank that died again, up to N times; it "
+        "rejoins the live ranks at a step boundary with a live peer's state (default: 0)",
+    )
+    p.add_argument(
         "--rdzv-endpoint",
         default="127.0.0.1:0",
         metavar="HOST:PORT",
@@ -261,6 +269,7 @@ def fresh(args: argparse.Namespace):
         worker_timeout=args.worker_timeout,
         tensorboard=args.tensorboard,
         on_rank_loss=args.on_rank_loss,
+        restart_lost=args.restart_lost,
     )
     folder = args.out
     # under torchrun, rank 0 claims the folder; a restarted rank continues the run in it
@@ -313,6 +322,7 @@ def resumed(args: argparse.Namespace):
         worker_timeout=runtime["worker_timeout"],
         tensorboard=args.tensorboard,
         on_rank_loss=args.on_rank_loss,
+        restart_lost=args.restart_lost,
     )
     return config, None
 

@@ -54,7 +54,9 @@ class TrainConfig:
     ``stop`` (the default: census, checkpoint, exit, and ``max_restarts`` restarts of the
     whole group, ``runtime.keep``) or ``shrink`` (go on without it, in place:
     ``runtime.allreduce.shrink``). ``stop`` stays the default: shrink changes what a run
-    computes after a loss (fewer ranks a step), which a user asks for.
+    computes after a loss (fewer ranks a step), which a user asks for. ``restart_lost``:
+    under shrink, how often a local rank that died is started again; it rejoins the live ranks
+    at a step boundary, healed from a live peer.
     """
 
     scenario: Scenario
@@ -78,6 +80,7 @@ class TrainConfig:
     progress: bool = False
     device: str | None = None
     on_rank_loss: str = "stop"
+    restart_lost: int = 0
 
     def __post_init__(self) -> None:
         if isinstance(self.strategy, str):  # a frozen dataclass: set the parsed rule in place
@@ -99,6 +102,10 @@ class TrainConfig:
         if self.on_rank_loss not in ON_RANK_LOSS:
             known = ", ".join(ON_RANK_LOSS)
             raise UsageError(f"--on-rank-loss must be one of {known}, got {self.on_rank_loss!r}")
+        if self.restart_lost < 0 or (self.restart_lost and self.on_rank_loss != "shrink"):
+            raise UsageError(
+                f"--restart-lost {self.restart_lost}: give a count >= 0, with --on-rank-loss shrink"
+            )
         if self.on_nonfinite not in ("skip", "raise"):
             raise UsageError(f"--on-nonfinite must be skip or raise, got {self.on_nonfinite!r}")
         if self.threads < 1:

@@ -64,7 +64,7 @@ import torch.distributed as dist
 
 from tailtrain.core.session import check_entry
 from tailtrain.errors import TailtrainError, UsageError
-from tailtrain.runtime.allreduce.shrink import check_shrink, note_dead
+from tailtrain.runtime.allreduce.shrink import REJOIN, check_shrink, note_dead
 from tailtrain.runtime.config import RankResult, TrainConfig, build_world
 from tailtrain.runtime.control import RuleDriver
 from tailtrain.runtime.expendable import shielded
@@ -268,8 +268,11 @@ def rank_entry(
     rank = int(os.environ.get("RANK", "0"))
     try:
         if own_launcher and rank > 0 and expendable(configs[0]):
-            on_death = note_dead if configs[0].on_rank_loss == "shrink" else None
-            results = shielded(lambda: run_rank(configs, entry), rank, len(configs), on_death)
+            first = configs[0]
+            on_death = note_dead if first.on_rank_loss == "shrink" else None
+            again = (lambda: run_rank(configs, entry, rejoin=True)) if first.restart_lost else None
+            body = lambda: run_rank(configs, entry)  # noqa: E731
+            results = shielded(body, rank, len(configs), on_death, again, first.restart_lost)
         else:
             results = run_rank(configs, entry)
     except BaseException:
@@ -296,10 +299,20 @@ def leave_interrupted() -> None:
     os._exit(130)
 
 
-def run_rank(configs: list[TrainConfig], entry: RankEntry | None) -> list[RankResult]:
+def run_rank(
+    configs: list[TrainConfig], entry: RankEntry | None, rejoin: bool = False
+) -> list[RankResult]:
+    """This rank's runs; ``rejoin``: a rank started again after it died
+    (``--restart-lost``), which joins the live ranks' generation instead of the job's
+    process group (``runtime.allreduce.shrink``)."""
     first = configs[0]
     torch.set_num_threads(first.threads)
-    comm = join(first)
+    if rejoin:
+        os.environ[REJOIN] = "1"
+        rank, size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+        comm = Collectives(rank, size, torch.device("cpu"))
+    else:
+        comm = join(first)
     tag_logs(comm.rank, first.verbose)
     results = []
     for config in configs:  # after a Ctrl-C, no config starts (rank_entry leaves)
@@ -312,7 +325,8 @@ def run_rank(configs: list[TrainConfig], entry: RankEntry | None) -> list[RankRe
             break
     for result in results:  # flush TensorBoard; a sink does not go back by pickle
         close_record(result.record)
-    dist.destroy_process_group()  # only on success: after a failure the launcher stops us
+    if dist.is_initialized():  # a rank started again never joined the job's group
+        dist.destroy_process_group()  # only on success: after a failure the launcher stops us
     return results
 
 

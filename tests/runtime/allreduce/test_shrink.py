@@ -179,3 +179,20 @@ def test_a_hung_rank_that_wakes_rejoins_healed_from_a_live_peer():
     assert set(lives[4:back]) == {(0, 1)} and back > 4
     assert set(lives[back:]) == {(0, 1, 2)}
     assert [g[2:4] for g in by_rank[0][0].record.summary["generations"]] == [[[2], []], [[], [2]]]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(150)
+def test_a_killed_rank_started_again_rejoins_healed_from_a_live_peer():
+    cfg = config(
+        3,
+        ["kill:worker=2,step=4"],
+        iterations=80,
+        delay="const:value=0.1",  # 8 s of rounds: time for a new process to start and join
+        restart_lost=1,
+    )
+    by_rank = run(cfg)
+    steps = check_run(cfg, by_rank, [0, 1, 2])  # started again, it ends equal to the others
+    back = next(i for i, r in enumerate(steps) if r["rejoined"])
+    assert steps[4]["dead"] == [2] and back > 4 and steps[back]["rejoined"] == [2]
+    assert {tuple(r["live"]) for r in steps[back:]} == {(0, 1, 2)}

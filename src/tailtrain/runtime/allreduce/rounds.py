@@ -285,7 +285,10 @@ def rounds(run: _Rank) -> Updates:
     each round's index is yielded as its work starts (``runtime.rank``: the drills)."""
     scenario, keeper = run.world.scenario, run.keeper.run
     keeper.begin(run.evals, scorer(run), resumed=run.keeper.saved is not None)
-    run.comm.barrier()  # round 0 starts together, as the simulator's workers all start at 0
+    if run.shrinker is not None and run.shrinker.rejoining:  # started again: join the others
+        shrink(run, join=True)
+    else:
+        run.comm.barrier()  # round 0 starts together, as the simulator's workers all start at 0
     while not run.interrupted and not budget_spent(
         scenario, run.step, run.now, (plan := run.rule.plan()).iteration_scale
     ):
@@ -335,7 +338,7 @@ def drawn_now(run: _Rank) -> dict[str, Any]:
     }
 
 
-def shrink(run: _Rank, grow: bool = False) -> None:
+def shrink(run: _Rank, grow: bool = False, join: bool = False) -> None:
     """The survivors' census (``grow``: the members' step boundary that takes joiners in),
     their new generation and its sync from the lead member (``runtime.allreduce.shrink``);
     this rank goes on from the round the lead completed."""
@@ -347,7 +350,7 @@ def shrink(run: _Rank, grow: bool = False) -> None:
     flush(run)
     rows = len(run.record.steps)
     sync = lambda new, found: sync_from_lead(run, new, found)  # noqa: E731
-    comm, found = shrinker.regroup(run.comm, run.step, rows, sync, grow=grow)
+    comm, found = shrinker.regroup(run.comm, run.step, rows, sync, grow=grow, join=join)
     run.comm, run.sums = comm, None
     ctx = dataclasses.replace(run.world.context, n_workers=len(found.members))
     run.rule = RuleDriver(run.rule.strategy, ctx)  # a fixed rule, started for the live world
@@ -402,6 +405,9 @@ def take_state(run: _Rank, state: dict[str, Any], have: int) -> None:
     torch.set_rng_state(state["torch_rng"])
     if run.shrinker is not None:
         run.shrinker.deadline.seen(float(state["longest"]))
+    # the drills of the rounds this rank skipped are past (a kill would fire again)
+    drill = run.comm.drill
+    drill.reached = max(drill.reached, run.step - 1)
 
 
 def scorer(run: _Rank):
@@ -444,8 +450,8 @@ def start(config: TrainConfig, comm: Collectives) -> _Rank:
     )
     if config.on_rank_loss == OnRankLoss.SHRINK:
         run.shrinker = Shrinker.start(comm, config.timeout)
-    if keeper.saved is not None:
-        resume(run, keeper.saved)
+    if keeper.saved is not None and (run.shrinker is None or not run.shrinker.rejoining):
+        resume(run, keeper.saved)  # a rank started again takes a live peer's state instead
     elif config.out is not None and comm.rank == 0:
         attach(run.record, reopen_records(config.out, None, None)[0])
     return run

@@ -74,7 +74,9 @@ making their state follow the live world is not done yet.
 ``stop`` (the launcher's line says to restart with ``--max-restarts``), and a census that
 lost it (rank 0 hung) ends every rank with a line saying so. Under torchrun shrink is refused:
 torchrun's agent stops the job when any rank dies. A killed rank does not come back by itself
-(the shield does not start it again); a hung one that wakes does.
+unless ``--restart-lost N``: the shield (``runtime.expendable``) then starts it again, up to
+N times, without the job's process group, and it asks to join at once (JOINING) and is
+healed as a woken rank is; a hung one that wakes always asks.
 """
 
 from __future__ import annotations
@@ -113,6 +115,8 @@ CHECK = 0.02
 POLL = 0.0005
 #: seconds between two looks of the lowest member for ranks asking to join
 JOIN_LOOK = 0.2
+#: set (to "1") in a rank started again after it died (``--restart-lost``): it joins
+REJOIN = "TAILTRAIN_REJOIN"
 
 
 class OnRankLoss(StrEnum):
@@ -328,6 +332,8 @@ class Shrinker:
     #: join requests seen so far, and when the lowest member looks again (:meth:`joins_waiting`)
     joins_seen: int = 0
     next_look: float = 0.0
+    #: a rank started again after it died: it joins the live ranks before its first round
+    rejoining: bool = False
     phase: ShrinkPhase = ShrinkPhase.STEPPING
     #: groups of the generations left, aborted (module docstring)
     left: list[Any] = field(default_factory=list)
@@ -346,6 +352,7 @@ class Shrinker:
         store = open_store(datetime.timedelta(seconds=timeout))
         members = list(range(comm.world_size))
         shrinker = cls(comm.rank, store, deadline, comm.device, members, comm.world_size)
+        shrinker.rejoining = os.environ.get(REJOIN) == "1"
         comm.watch = Watch(store, 0, deadline)
         comm.grace = 0.0  # the launcher names nobody here: the census does
         return shrinker
@@ -391,9 +398,7 @@ class Shrinker:
         for the run's end: :class:`Refused`). Its round in flight counts nowhere."""
         self.phase = ShrinkPhase.JOINING
         store, me = self.store, self.rank
-        log.warning(
-            "rank %d came after the census of generation %d: asks to join", me, self.generation
-        )
+        log.warning("rank %d asks to join the live ranks", me)
         with contextlib.suppress(Exception):  # a rank the shield noted dead is back
             store.delete_key(f"dead/{me}")
         store.set(f"join/{me}", json.dumps([step, rows]))
@@ -403,9 +408,8 @@ class Shrinker:
             if store.check(["finished"]) or time.monotonic() > end:
                 self.phase = ShrinkPhase.REFUSED
                 raise Refused(
-                    f"rank {me} came after generation {self.generation}'s census (silent past "
-                    "the deadline) and the run ended before it could join: its round in flight "
-                    "counts nowhere"
+                    f"rank {me} asked to join the live ranks (it came after a census, or was "
+                    "started again) and the run ended first: its round in flight counts nowhere"
                 )
             time.sleep(0.01)
         generation, census = json.loads(store.get(f"joined/{me}"))
@@ -483,14 +487,19 @@ class Shrinker:
         rows: int,
         sync: Callable[[GroupCollectives, Census], None],
         grow: bool = False,
+        join: bool = False,
     ) -> tuple[GroupCollectives, Census]:
         """Census (or, with ``grow``, the step boundary that takes joiners in), forming and
         sync until a generation holds: a member lost meanwhile (a death during the census,
         the forming, the sync or a heal) breaks the new generation, and the protocol runs
-        again from it, at most once per rank of the job."""
+        again from it, at most once per rank of the job. ``join``: this rank was started
+        again and asks to join first."""
         began, in_flight, lost, comm = time.monotonic(), step, [], old
         for attempt in range(self.world):
-            found = self.grow(step, rows) if grow and attempt == 0 else self.census(step, rows)
+            if attempt == 0 and (grow or join):
+                found = self.grow(step, rows) if grow else self.join(step, rows)
+            else:
+                found = self.census(step, rows)
             lost += found.dead
             try:
                 comm = self.form(found.members, comm)
