@@ -7,7 +7,10 @@ parameters check which ranks contributed to each step, and that no rank was coun
 
 from __future__ import annotations
 
+import json
 import math
+import os
+import signal
 
 import numpy as np
 import pytest
@@ -17,15 +20,18 @@ import torch.nn.functional as F
 from tailtrain.core.scenario import Scenario
 from tailtrain.errors import UsageError
 from tailtrain.faults import FaultPlan
+from tailtrain.runtime.allreduce.rounds import train_allreduce
 from tailtrain.runtime.allreduce.shrink import (
     DEADLINE_FACTOR,
     MIN_DEADLINE,
     Deadline,
     Refused,
+    Shrinker,
     check_shrink,
 )
 from tailtrain.runtime.config import TrainConfig
 from tailtrain.runtime.launch import Endpoint, JobFailed, launch, reserve, validate
+from tailtrain.runtime.reduce import Collectives
 from tailtrain.strategies.registry import parse_strategy
 from tailtrain.tasks import parse_partition, parse_task
 from tailtrain.tasks.stream import job_batches
@@ -52,8 +58,27 @@ def config(
     )
 
 
-def run(cfg: TrainConfig):
-    return launch([cfg], reserve(Endpoint("127.0.0.1", 0)))
+def run(cfg: TrainConfig, entry=None):
+    return launch([cfg], reserve(Endpoint("127.0.0.1", 0)), entry)
+
+
+def dies_in_census(cfg: TrainConfig, comm: Collectives):
+    """Rank 2 checks in to the first census, then dies (SIGKILL) before the group forms."""
+    if comm.rank == 2:
+
+        def census(self, step, rows):
+            self.store.set(f"gen{self.generation}/in/{self.rank}", json.dumps([step, rows]))
+            os.kill(os.getpid(), signal.SIGKILL)
+
+        Shrinker.census = census
+    return train_allreduce(cfg, comm)
+
+
+def dies_in_heal(cfg: TrainConfig, comm: Collectives):
+    """Rank 1 dies (SIGKILL) as the members take a joiner in."""
+    if comm.rank == 1:
+        Shrinker.grow = lambda self, step, rows: os.kill(os.getpid(), signal.SIGKILL)
+    return train_allreduce(cfg, comm)
 
 
 def reference(cfg: TrainConfig, steps: list[dict]) -> torch.Tensor:
@@ -196,3 +221,26 @@ def test_a_killed_rank_started_again_rejoins_healed_from_a_live_peer():
     back = next(i for i, r in enumerate(steps) if r["rejoined"])
     assert steps[4]["dead"] == [2] and back > 4 and steps[back]["rejoined"] == [2]
     assert {tuple(r["live"]) for r in steps[back:]} == {(0, 1, 2)}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(150)
+def test_a_death_during_the_census_breaks_the_new_generation_and_the_next_holds():
+    # rank 3 is killed at step 4; rank 2 checks in to that census and dies before forming
+    cfg = config(4, ["kill:worker=3,step=4"], iterations=10)
+    by_rank = run(cfg, dies_in_census)
+    steps = check_run(cfg, by_rank, [0, 1])
+    assert [tuple(r["live"]) for r in steps] == [(0, 1, 2, 3)] * 4 + [(0, 1)] * 6
+    assert steps[4]["dead"] == [2, 3]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(150)
+def test_a_death_during_a_heal_leaves_the_joiner_and_the_other_members():
+    # rank 2 hangs and is dropped; as it is taken in again, rank 1 dies
+    cfg = config(3, ["freeze:worker=2,step=4,seconds=3"], iterations=90, delay="const:value=0.05")
+    by_rank = run(cfg, dies_in_heal)
+    steps = check_run(cfg, by_rank, [0, 2])
+    back = next(i for i, r in enumerate(steps) if r["rejoined"])
+    assert steps[back]["rejoined"] == [2] and steps[back]["dead"] == [1]
+    assert {tuple(r["live"]) for r in steps[back:]} == {(0, 2)}

@@ -574,9 +574,7 @@ def one_round(run: _Rank, plan: Plan) -> None:
     with phase("compute"):
         # the gradient goes straight into the reduce buffer when both are on the CPU
         into = sums.grad if sums.host is not None else None
-        work = compute(
-            run.grads, run.learner.theta, plan, batches[run.comm.rank], injected, m, lr, into
-        )
+        work = compute(run.grads, run.learner.theta, plan, batches[run.rank], injected, m, lr, into)
     if work.done:
         run.comm.drill.poison(run.step, work.grad)
     rank, step, now = run.comm.rank, run.step, run.now

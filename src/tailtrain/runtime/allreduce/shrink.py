@@ -494,36 +494,36 @@ class Shrinker:
         the forming, the sync or a heal) breaks the new generation, and the protocol runs
         again from it, at most once per rank of the job. ``join``: this rank was started
         again and asks to join first."""
-        began, in_flight, lost, comm = time.monotonic(), step, [], old
+        began, in_flight, lost, joined, comm = time.monotonic(), step, [], [], old
         for attempt in range(self.world):
             if attempt == 0 and (grow or join):
                 found = self.grow(step, rows) if grow else self.join(step, rows)
             else:
                 found = self.census(step, rows)
             lost += found.dead
+            joined += [j for j in found.joined if j not in joined]
             try:
                 comm = self.form(found.members, comm)
                 self.phase = ShrinkPhase.SYNCING
                 sync(comm, found)
             except (Broken, RuntimeError) as exc:  # gloo's own errors are RuntimeErrors
                 log.warning("generation %d failed as it formed: %s", self.generation, exc)
-                if isinstance(comm, GroupCollectives) and comm.watch is not None:
-                    with contextlib.suppress(Broken):  # mark it broken for every member
-                        comm.watch.broken(f"forming failed: {exc}")
+                with contextlib.suppress(Exception):  # every member leaves it for a census
+                    self.store.set(f"gen{self.generation}/broken", "forming failed")
                 continue
             self.phase = ShrinkPhase.STEPPING
             seconds = time.monotonic() - began
-            self.history.append(
-                (self.generation, in_flight, sorted(lost), sorted(found.joined), seconds)
-            )
+            joined = [j for j in joined if j in found.members]  # a joiner lost again is lost
+            found.dead, found.joined = sorted(set(lost)), sorted(joined)
+            self.history.append((self.generation, in_flight, found.dead, found.joined, seconds))
             log.warning(
                 "step %d: generation %d of ranks %s goes on after %.2fs (lost %s, joined %s)",
                 in_flight,
                 self.generation,
                 found.members,
                 seconds,
-                sorted(lost),
-                sorted(found.joined),
+                found.dead,
+                found.joined,
             )
             return comm, found
         raise TailtrainError(f"rank {self.rank}: no generation held after losing {lost}")
