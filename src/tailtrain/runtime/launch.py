@@ -400,7 +400,7 @@ def validate(config: TrainConfig, *, local: bool) -> None:
     check_entry(world, spec.processes(scenario.workers), servers=spec.extra_ranks)
     check_rule(strategy, spec, world.context, local=local)
     if config.on_rank_loss == "shrink":
-        check_shrink(strategy, str(spec.topology), local=local)
+        check_shrink(strategy, str(spec.topology), local=local, ctx=world.context)
 
 
 def check_rule(strategy: Strategy, spec: TopologySpec, ctx: Context, *, local: bool) -> None:

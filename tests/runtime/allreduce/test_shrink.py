@@ -41,14 +41,19 @@ LR = 0.1
 
 
 def config(
-    workers: int, faults: list[str], iterations: int = 12, delay: str | None = None, **kw
+    workers: int,
+    faults: list[str],
+    iterations: int = 12,
+    delay: str | None = None,
+    strategy: str = "sync",
+    **kw,
 ) -> TrainConfig:
     delays = {} if delay is None else {"delay": delay}
     s = Scenario(task="logreg", workers=workers, iterations=iterations, eval_every=1000, **delays)
     plan = FaultPlan.parse(faults, workers)
     return TrainConfig(
         scenario=s,
-        strategy="sync",
+        strategy=strategy,
         seed=SEED,
         timeout=60,
         faults=plan,
@@ -121,6 +126,8 @@ def test_a_rule_that_adapts_refuses_shrink_in_one_line():
     with pytest.raises(UsageError, match="torchrun"):
         check_shrink(parse_strategy("sync"), "allreduce", local=False)
     check_shrink(parse_strategy("sync"), "allreduce", local=True)
+    check_shrink(parse_strategy("dropcompute:threshold=0.3"), "allreduce", local=True)
+    check_shrink(parse_strategy("local-sgd:period=2"), "allreduce", local=True)
     with pytest.raises(UsageError, match="adapts its state"):
         s = Scenario(task="logreg", workers=2, iterations=2)
         validate(TrainConfig(s, "dropcompute:threshold=auto", on_rank_loss="shrink"), local=True)
@@ -244,3 +251,14 @@ def test_a_death_during_a_heal_leaves_the_joiner_and_the_other_members():
     back = next(i for i, r in enumerate(steps) if r["rejoined"])
     assert steps[back]["rejoined"] == [2] and steps[back]["dead"] == [1]
     assert {tuple(r["live"]) for r in steps[back:]} == {(0, 2)}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(150)
+def test_a_fixed_dropcompute_divides_by_the_live_world():
+    # divide-by=m weighs C_n/M over N (Eq. 1): N must become the live ranks, or the smaller
+    # world's steps would shrink by (N-1)/N; with tau = inf nothing drops, so it is sync's SGD
+    cfg = config(3, ["kill:worker=1,step=3"], iterations=8, strategy="dropcompute:threshold=inf")
+    by_rank = run(cfg)
+    steps = check_run(cfg, by_rank, [0, 2])
+    assert [tuple(r["live"]) for r in steps] == [(0, 1, 2)] * 3 + [(0, 2)] * 5

@@ -353,7 +353,9 @@ def shrink(run: _Rank, grow: bool = False, join: bool = False) -> None:
     comm, found = shrinker.regroup(run.comm, run.step, rows, sync, grow=grow, join=join)
     run.comm, run.sums = comm, None
     ctx = dataclasses.replace(run.world.context, n_workers=len(found.members))
-    run.rule = RuleDriver(run.rule.strategy, ctx)  # a fixed rule, started for the live world
+    state = run.rule.strategy.follow_world(run.rule.state, ctx)  # checked at start: not None
+    run.rule = RuleDriver(run.rule.strategy, ctx)
+    run.rule.state = state
     run.lost = tuple(sorted({*run.lost, *found.dead}))
     run.joined = tuple(sorted({*run.joined, *found.joined}))
 
@@ -379,6 +381,7 @@ def lead_state(run: _Rank, fewest: int) -> dict[str, Any]:
         "clocks": (run.now, run.settled, run.comm_time, run.timing),
         "learner": checkpoint.capture(run.learner, checkpoint.MODEL_STATIC),
         "update": run.update.state_dict(),
+        "rule": run.rule.state_dict(),
         "unsettled": run.unsettled,
         "rows": run.record.steps[fewest:],
         "evaluator": RunKeeper.evaluator_state(run.evals),
@@ -395,6 +398,7 @@ def take_state(run: _Rank, state: dict[str, Any], have: int) -> None:
     run.now, run.settled, run.comm_time, run.timing = state["clocks"]
     checkpoint.restore(run.learner, state["learner"])
     run.update.load_state_dict(state["update"])
+    run.rule.load_state_dict(state["rule"])
     run.unsettled, run.settling = state["unsettled"], []
     for row in state["rows"][have:]:
         run.record.add_step(row)

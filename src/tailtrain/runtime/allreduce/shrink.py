@@ -52,11 +52,11 @@ batch shrinks to L ranks' batches: "the same per-rank batch"); the dead rank's s
 skipped, and each round's record row counts it: ``live`` (the original ranks that stepped),
 ``dead`` (the ranks lost at that round) and ``skipped`` (samples the lost ranks' shards did not
 contribute, in this round). The update is the average over the live ranks' gradients: the rule
-is started again for the live world (``Strategy.init`` with ``n_workers`` = L: sync's k = L).
-Only rules whose state is their initial one (``Strategy.keeps_state``: sync) can be started
-again so; a rule that adapts (DropCompute, whose tau and divisor, and Local-SGD, whose period
-and weights are held in its state) refuses shrink in one line at start (:func:`check_shrink`):
-making their state follow the live world is not done yet.
+follows the live world (``Strategy.follow_world`` with ``n_workers`` = L, applied to the
+lead's rule state): sync starts again (k = L), a fixed DropCompute tau and Local-SGD's period
+stay and their divisor N becomes L (Eq. 1). A rule whose state came from calibration samples
+of the world it measured (DropCompute's ``threshold=auto``, a drop rate, a larger batch)
+cannot follow: it refuses shrink in one line at start (:func:`check_shrink`).
 
 * ``JOINING``: a rank that came after a census (it woke from a hang) does not leave: it asks to
   join (``join/{rank}`` = its step and rows, and the ``joins`` counter) and waits, up to
@@ -82,6 +82,7 @@ healed as a woken rank is; a hung one that wakes always asks.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime
 import json
 import logging
@@ -99,6 +100,7 @@ import torch.distributed as dist
 
 from tailtrain.errors import TailtrainError, UsageError
 from tailtrain.runtime.reduce import Collectives, RankRow
+from tailtrain.strategies.base import Context
 
 log = logging.getLogger(__name__)
 
@@ -147,7 +149,7 @@ class Refused(TailtrainError):
     """The survivors formed their new group without this rank (it came after the census)."""
 
 
-def check_shrink(strategy: Any, topology: str, *, local: bool) -> None:
+def check_shrink(strategy: Any, topology: str, *, local: bool, ctx: Any = None) -> None:
     """``--on-rank-loss shrink``'s one-line refusals, before any process starts."""
     if topology != "allreduce":
         raise UsageError(
@@ -159,11 +161,14 @@ def check_shrink(strategy: Any, topology: str, *, local: bool) -> None:
             "--on-rank-loss shrink needs a local launch (--workers N): torchrun's agent stops "
             "the job when any rank dies; use --on-rank-loss stop under torchrun"
         )
-    if not strategy.keeps_state:
+    ctx = ctx if ctx is not None else Context(n_workers=2)
+    smaller = dataclasses.replace(ctx, n_workers=max(1, ctx.n_workers - 1))
+    if strategy.follow_world(strategy.init(ctx), smaller) is None:
         raise UsageError(
             f"--on-rank-loss shrink: {strategy.describe()!r} adapts its state to the world it "
-            "measured, which a smaller world would start again and lose; shrink takes rules "
-            "with no state of their own (sync); use --on-rank-loss stop for this one"
+            "measured (a calibrated tau or batch), which a smaller world cannot take over; "
+            "shrink takes sync and fixed thresholds (dropcompute:threshold=T, local-sgd); "
+            "use --on-rank-loss stop for this one"
         )
 
 
