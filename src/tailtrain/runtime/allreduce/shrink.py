@@ -18,7 +18,7 @@ rank, and its keys sit under ``tailtrain/shrink/{run id}/{restart}``.
 **States** (:class:`ShrinkPhase`) of one rank:
 
 * ``STEPPING``: rounds as ``runtime.allreduce.rounds``; each collective is waited for by
-  polling (:meth:`Watch.wait`, 0.5 ms sleeps), so that every wait has two bounds: the
+  polling (:class:`Watch`, 0.5 ms sleeps), so that every wait has two bounds: the
   *deadline* and the generation's ``broken`` key. The deadline is learned as the parameter
   server's ``--worker-timeout`` is (``runtime.ps.liveness``): :data:`DEADLINE_FACTOR` times
   the longest settled round, at least :data:`MIN_DEADLINE` seconds, never more than
@@ -34,9 +34,9 @@ rank, and its keys sit under ``tailtrain/shrink/{run id}/{restart}``.
   live member may be inside one compute), at least :data:`MIN_WINDOW`, at most the deadline.
   The first rank to close it (``store.add`` on ``gen{g}/closer``) writes the members of g + 1,
   the ranks checked in at that moment; everyone waits (bounded) for that list.
-* ``REFUSED``: a rank not in the list (it checked in late: it hung past the deadline and
-  woke, or it was slower than the window) leaves with :class:`Refused`; its work after the
-  last round it completed counts nowhere, so nothing is counted twice.
+* A rank not in the list (it checked in late: it hung past the deadline and woke, or it was
+  slower than the window) goes on to JOINING below; its work after the last round it
+  completed counts nowhere, so nothing is counted twice.
 * ``FORMING``: the members build generation g + 1's group (bounded by the deadline). When a
   member dies meanwhile (a death during the census or the forming), forming fails or the first
   collective breaks, and the protocol runs again from g + 1: at most once per member.
@@ -46,6 +46,21 @@ rank, and its keys sit under ``tailtrain/shrink/{run id}/{restart}``.
   the record rows the others lack. A rank can be at most one round ahead of another (a round
   completes only once every member reduced into it), so the group goes on from the last round
   any survivor completed, and the round in flight is computed again by the live ranks.
+* ``JOINING``: a rank that came after a census (it woke from a hang) does not leave: it asks to
+  join (``join/{rank}`` = its step and rows, and the ``joins`` counter) and waits, up to
+  ``--timeout``, for ``joined/{rank}``; if the run ends first (``finished``) it is
+  ``REFUSED`` (:class:`Refused`) and leaves. Its round in flight counts nowhere, so nothing
+  is counted twice.
+* ``GROWING``: the lowest member looks at the ``joins`` counter at most every
+  :data:`JOIN_LOOK` seconds, while a round's allreduce runs, and says what it saw in the next
+  round's allreduce (an extra), so every member learns it after the same round. At that step
+  boundary the lowest member takes in the ranks that asked (``gen{g}/grow``, ``joined/{j}``),
+  and the members and joiners form generation g + 1 and sync from the lead (a member) as
+  above: the heal takes the model, update, rule, clock and record from a live peer, never
+  from disk. The rows record ``rejoined``. A heal that loses a member runs the census again.
+
+Every wait above is bounded: by the deadline, the census window or ``--timeout`` (``timedelta``
+timeouts on the store and on each generation's group).
 
 **The smaller world.** Each live rank keeps its own data shard and per-rank batch (the global
 batch shrinks to L ranks' batches: "the same per-rank batch"); the dead rank's shard is
@@ -57,18 +72,6 @@ lead's rule state): sync starts again (k = L), a fixed DropCompute tau and Local
 stay and their divisor N becomes L (Eq. 1). A rule whose state came from calibration samples
 of the world it measured (DropCompute's ``threshold=auto``, a drop rate, a larger batch)
 cannot follow: it refuses shrink in one line at start (:func:`check_shrink`).
-
-* ``JOINING``: a rank that came after a census (it woke from a hang) does not leave: it asks to
-  join (``join/{rank}`` = its step and rows, and the ``joins`` counter) and waits, up to
-  ``--timeout``, for ``joined/{rank}``; if the run ends first (``finished``) it is
-  :class:`Refused`. Its round in flight counts nowhere, so nothing is counted twice.
-* ``GROWING``: the lowest member looks at the ``joins`` counter at most every
-  :data:`JOIN_LOOK` seconds, while a round's allreduce runs, and says what it saw in the next
-  round's allreduce (an extra), so every member learns it after the same round. At that step
-  boundary the lowest member takes in the ranks that asked (``gen{g}/grow``, ``joined/{j}``),
-  and the members and joiners form generation g + 1 and sync from the lead (a member) as
-  above: the heal takes the model, update, rule, clock and record from a live peer, never
-  from disk. The rows record ``rejoined``.
 
 **Rank 0** keeps the record and answers the launcher: its death stops the job as with
 ``stop`` (the launcher's line says to restart with ``--max-restarts``), and a census that
