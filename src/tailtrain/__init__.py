@@ -15,7 +15,8 @@ Everything a user needs is one attribute of this package:
 * simulate, compare and train your own model: a factory returning
   [`TaskParts`][tailtrain.TaskParts], named as `--task package.module:factory`;
 * bring your own model or loop: [`train_own_model`][tailtrain.train_own_model] (a parameter
-  server), [`StragglerStep`][tailtrain.StragglerStep] (your loop), or
+  server), [`StragglerStep`][tailtrain.StragglerStep] (your loop; with
+  [`ShareSampler`][tailtrain.ShareSampler] for `rebalance`'s per-rank shares), or
   [`StragglerHookState`][tailtrain.StragglerHookState] with
   [`weighted_allreduce_hook`][tailtrain.weighted_allreduce_hook] (a
   `DistributedDataParallel` comm hook).
@@ -49,6 +50,7 @@ _FACE: dict[str, tuple[str, str]] = {
     "train_own_model": ("tailtrain.runtime.ps.runner", "train_own_model"),
     "advise": ("tailtrain.face", "advise"),
     "StragglerStep": ("tailtrain.integrate.step", "StragglerStep"),
+    "ShareSampler": ("tailtrain.integrate.sampler", "ShareSampler"),
     "StragglerHookState": ("tailtrain.integrate.ddp", "StragglerHookState"),
     "StragglerProbe": ("tailtrain.integrate.probe", "StragglerProbe"),
     "weighted_allreduce_hook": ("tailtrain.integrate.ddp", "weighted_allreduce_hook"),
@@ -97,6 +99,7 @@ if TYPE_CHECKING:  # the same paths as _FACE, for type checkers (tests/test_face
     )
     from tailtrain.integrate.ddp import StragglerHookState, weighted_allreduce_hook
     from tailtrain.integrate.probe import StragglerProbe
+    from tailtrain.integrate.sampler import ShareSampler
     from tailtrain.integrate.step import StragglerStep
     from tailtrain.prediction.scenario import Prediction
     from tailtrain.runtime.config import RankResult
@@ -113,6 +116,7 @@ __all__ = [
     "RankResult",
     "RunRecord",
     "Scenario",
+    "ShareSampler",
     "StragglerHookState",
     "StragglerProbe",
     "StragglerStep",

@@ -15,7 +15,11 @@ ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = {
     "custom_loop.py": "custom_loop: 60 steps on 2 ranks",
     "ddp_loop.py": "ddp_loop: 60 steps on 2 ranks",
+    # rank 1 twice as slow a micro-batch: its share halves, every sample once an epoch
+    "rebalance_loop.py": "rebalance_loop: 30 steps on 2 ranks, shares [6, 6] -> [8, 4],",
 }
+#: what else an example's last line says
+ALSO = {"rebalance_loop.py": "every sample once an epoch: True"}
 
 
 def free_port() -> int:
@@ -49,6 +53,7 @@ def test_example_runs_under_torchrun(name):
     assert done.returncode == 0, done.stderr[-3000:]
     last = done.stdout.strip().splitlines()[-1]
     assert last.startswith(EXAMPLES[name]), done.stdout
+    assert ALSO.get(name, "") in last, done.stdout
     accuracy = float(last.rsplit("test accuracy ", 1)[1])
     assert accuracy > 0.5  # ten classes: far above chance after 60 steps
 

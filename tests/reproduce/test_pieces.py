@@ -11,7 +11,7 @@ from tailtrain.core.records import RunRecord
 from tailtrain.reproduce.lgc import UnscaledLgc, lgc
 from tailtrain.reproduce.report import Report, Table, gap
 from tailtrain.reproduce.runs import Sizes
-from tailtrain.reproduce.stale import _fig11_verdict, _mean_time
+from tailtrain.reproduce.stale import _fig11_verdict, _seed_times
 from tailtrain.strategies.base import Context
 from tailtrain.strategies.registry import parse_strategy
 from tailtrain.strategies.testing import arrivals, weights
@@ -86,8 +86,27 @@ def test_fig11_times_come_from_the_evaluations_and_never_reached_is_inf():
         return r
 
     fast, slow = record([2.0, 1.0, 0.5]), record([2.0, 1.5, 1.0])
-    assert _mean_time([fast], 0.5) == 2.0 and _mean_time([fast], 0.75) == 1.5
-    assert _mean_time([fast, slow], 0.5) == math.inf  # one run never got there
-    assert "beats every fixed K" in _fig11_verdict("r", "k-sync", 0.5, 1.0, 2.0)
-    assert "1.5x" in _fig11_verdict("r", "k-sync", 0.5, 3.0, 2.0)
-    assert "neither" in _fig11_verdict("r", "k-sync", 0.5, math.inf, math.inf)
+    assert _seed_times(fast, (0.5, 0.75)) == [2.0, 1.5]
+    assert _seed_times(slow, (0.5,)) == [math.inf]  # never got there
+
+
+def test_fig11_verdict_needs_a_win_in_every_seed():
+    names = ["ada", "k=2", "k=4"]
+    # seed times per strategy, one target: AdaSync first in both seeds
+    wins = {"ada": [[1.0], [2.0]], "k=2": [[1.5], [2.5]], "k=4": [[3.0], [2.1]]}
+    ada, best, ratio, first, verdict = _fig11_verdict(wins, names, 0)
+    assert (ada, first, verdict) == (1.5, "2/2", "AdaSync beats every fixed K")
+    assert best.endswith("(k=2)") and ratio == pytest.approx(1.5 / 2.0)
+    # first in one seed of two: within the spread, whatever the means say
+    mixed = {**wins, "k=4": [[0.5], [2.1]]}
+    assert _fig11_verdict(mixed, names, 0)[-1] == "within the seed-to-seed spread"
+    # a fixed K first in every seed
+    loses = {"ada": [[3.0], [math.inf]], "k=2": [[1.5], [2.5]], "k=4": [[3.0], [2.1]]}
+    assert _fig11_verdict(loses, names, 0)[-1] == "does not: k=2 is faster"
+    tie = {**wins, "k=2": [[1.0], [2.0]]}  # AdaSync had not left K0 = 2 yet
+    assert _fig11_verdict(tie, names, 0)[-1].startswith("tie")
+    # the same as K0 = 4 but k=2 faster: not a tie
+    slower = {"ada": [[2.0], [2.0]], "k=2": [[1.5], [1.5]], "k=4": [[2.0], [2.0]]}
+    assert _fig11_verdict(slower, names, 0)[-1] == "does not: k=2 is faster"
+    never = {n: [[math.inf], [math.inf]] for n in names}
+    assert _fig11_verdict(never, names, 0)[-1] == "neither reaches it in every seed"

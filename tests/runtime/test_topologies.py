@@ -47,6 +47,8 @@ def test_every_topology_has_one_spec_naming_the_simulators_engine_for_it():
     for topology, spec in TOPOLOGY_SPECS.items():
         assert spec.topology is topology
         assert ENGINES[topology].__name__ == spec.engine
+        # train deals what simulate deals (Strategy.needs): the same rules run in both
+        assert spec.does == getattr(ENGINES[topology], "does", frozenset())
 
 
 def test_a_parameter_servers_rank_0_is_no_worker():

@@ -108,6 +108,42 @@ def test_nan_statistics_break_the_chain_of_lipschitz_estimates():
     assert est.lipschitz == ()  # no L+ across the gap
 
 
+def test_pooled_lipschitz_is_eq12_summed_over_every_iteration():
+    # noisy losses around a steady decrease: Eq. (15)'s mean of the last D = 2 L+ follows
+    # the noise, the pooled ratio of sums divides the telescoped decrease by all the terms
+    losses = [2.0, 1.90, 1.95, 1.70, 1.80, 1.55]
+    windowed, pooled = GainEstimates(window=2), GainEstimates(window=2, pooled=True)
+    for loss in losses:
+        windowed = windowed.observe(loss, 14.0, 2.0, 3, 0.1)
+        pooled = pooled.observe(loss, 14.0, 2.0, 3, 0.1)
+    # every iteration: V+ = 4, |grad|+ = 2/3, k = 3, eta = 0.1
+    den = 0.01 * (2 / 3 + 4 / 3)
+    decreases = -np.diff(losses)
+    lips = 2 * (0.1 * 2 / 3 - decreases) / den
+    assert windowed.lipschitz == pooled.lipschitz == pytest.approx(tuple(lips[-2:]))
+    assert windowed.lipschitz_estimate == pytest.approx(lips[-2:].mean())
+    telescoped = losses[0] - losses[-1]
+    expected = 2 * (5 * 0.1 * 2 / 3 - telescoped) / (5 * den)
+    assert pooled.lipschitz_estimate == pytest.approx(expected)
+    k = np.arange(1, 4)
+    np.testing.assert_allclose(
+        pooled.gains(k, np.full(3, 0.1)), gain(k, np.full(3, 0.1), expected, 2 / 3, 4.0)
+    )
+    # a NaN step adds no term, and the estimate is NaN until the first term
+    assert math.isnan(GainEstimates(window=2, pooled=True).lipschitz_estimate)
+    gap = pooled.observe(math.nan, math.nan, math.nan, 3, 0.1)
+    assert gap.lipschitz_estimate == pytest.approx(expected)
+
+
+def test_lipschitz_option_reaches_the_estimator_and_the_spec():
+    strategy = parse_strategy("dbw:mode=psw,lipschitz=pooled")
+    assert strategy.pooled_lipschitz and "lipschitz=pooled" in strategy.describe()
+    assert strategy.init(Context(n_workers=3)).gains.pooled
+    assert parse_strategy(strategy.describe()) == strategy
+    assert parse_strategy("dbw:lipschitz=window") == parse_strategy("dbw")
+    assert "lipschitz" not in parse_strategy("dbw").describe()
+
+
 # --- Eqs. (18)-(19) -------------------------------------------------------------------------
 
 
@@ -274,6 +310,8 @@ def test_specs_parse(text, name, window, beta):
         "dbw:lr=linear",
         "b-dbw:window=5",
         "dbw:time-window=-1",
+        "dbw:lipschitz=median",
+        "b-dbw:lipschitz=pooled",
     ],
 )
 def test_bad_specs_raise_usage_errors(text):

@@ -17,7 +17,16 @@ import numpy as np
 
 from tailtrain.advice.adopt import Adoption, adoption, check_setup, runnable
 from tailtrain.advice.cost import Cost, sync_cost
-from tailtrain.advice.recommend import Ranked, equivalents, rank, reason, trace_spread
+from tailtrain.advice.recommend import (
+    Ranked,
+    dominate,
+    equivalents,
+    rank,
+    reason,
+    rebalanced,
+    simplicity,
+    trace_spread,
+)
 from tailtrain.advice.source import trace_file
 from tailtrain.advice.stragglers import MIN_ITERATIONS, WorkerScore, iteration_times, score_workers
 from tailtrain.delays.base import DelayModel
@@ -118,7 +127,7 @@ def advise(
     ranked, more = rank(model, times, n, m, seed, samples, comm, trace_spread(times, recorded))
     ranked, more = _runnable(ranked, setup, more)
     cost = _as_in_the_table(cost, ranked)
-    tied = equivalents(ranked)
+    tied = rebalanced(equivalents(ranked), dominate(cost, without))
     choice = tied[0]
     text = reason(choice, cost, without, persistent) + _tie_text(tied)
     if (note := comm_note(delay, comm_spec)) is not None:
@@ -158,10 +167,10 @@ def _tie_text(tied: list[Ranked]) -> str:
     if len(tied) < 2:
         return ""
     others = ", ".join(row_spec(r.row) for r in tied[1:])
-    return (
-        f" Equivalent within the forecasts' uncertainty: {others}; chosen by the rule fresh "
-        "gradients first, then the simpler spec."
-    )
+    rule = "fresh gradients first, then the simpler spec"
+    if tied[0].row.strategy == "rebalance" and tied[0] is not min(tied, key=simplicity):
+        rule = "rebalance first (persistent stragglers dominate and it drops no sample)"
+    return f" Equivalent within the forecasts' uncertainty: {others}; chosen by the rule {rule}."
 
 
 def _trust_notes(times: np.ndarray, scores: list[WorkerScore], workers: int) -> list[str]:

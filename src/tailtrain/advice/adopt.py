@@ -3,8 +3,9 @@
 * ``ddp``: a job that keeps ``DistributedDataParallel`` can run what a DDP comm hook can do,
   sync and DropCompute (``StragglerHookState`` + ``weighted_allreduce_hook``; Local-SGD
   averages models, which a hook cannot);
-* ``loop``: an own loop with :class:`tailtrain.StragglerStep` runs sync, DropCompute and
-  Local-SGD (DropCompute App. B.3);
+* ``loop``: an own loop with :class:`tailtrain.StragglerStep` runs sync, DropCompute,
+  Local-SGD (DropCompute App. B.3) and rebalance (its shares dealt by
+  :class:`tailtrain.ShareSampler`: each epoch's global batches from the dataset);
 * ``tailtrain-train``: ``tailtrain train`` runs every strategy;
 * ``any``: no restriction (every row, as before ``--for``).
 
@@ -22,13 +23,14 @@ from tailtrain.errors import UsageError
 #: setup -> the strategies it can run (None: every one)
 RUNNABLE: dict[str, tuple[str, ...] | None] = {
     "ddp": ("sync", "dropcompute"),
-    "loop": ("sync", "dropcompute", "local-sgd"),
+    "loop": ("sync", "dropcompute", "local-sgd", "rebalance"),
     "tailtrain-train": None,
     "any": None,
 }
 #: the job's own names the lines use: its model (``ddp`` for a DDP job), optimizer, the step's
-#: list of micro-batches and a loss of one micro-batch
-NAMES = ("model", "ddp", "optimizer", "micro_batches", "loss_fn")
+#: list of micro-batches and a loss of one micro-batch; for rebalance its dataset, a
+#: ``collate(dataset, indices)`` making one micro-batch, sync's M and the micro-batch size B
+NAMES = ("model", "ddp", "optimizer", "micro_batches", "loss_fn", "dataset", "collate", "M", "B")
 
 
 @dataclass(frozen=True)
@@ -41,11 +43,13 @@ class Adoption:
     once: tuple[str, ...]  # after the model, its optimizer (and DDP wrapper) exist
     step: tuple[str, ...]  # one training step, in place of the old one
     command: str | None = None  # tailtrain train's command line
+    #: what ``step`` is run for: one training step, or (rebalance's sampler) one epoch
+    each: str = "each step"
 
     def lines(self) -> list[str]:
         if self.command is not None:
             return [self.command]
-        return [*self.imports, *self.once, "# each step:", *self.step]
+        return [*self.imports, *self.once, f"# {self.each}:", *self.step]
 
     def as_dict(self) -> dict[str, object]:
         return {"for": self.setup, "spec": self.spec, "lines": self.lines()}
@@ -88,6 +92,23 @@ def adoption(spec: str, strategy: str, setup: str) -> Adoption:
                 "optimizer.step()",
                 "optimizer.zero_grad()",
             ),
+        )
+    if strategy == "rebalance":  # the sampler deals each step's global batch by the shares
+        return Adoption(
+            setup,
+            spec,
+            ("from tailtrain import ShareSampler, StragglerStep",),
+            (
+                f'step = StragglerStep(model, optimizer, "{spec}", micro_batches=M)',
+                "sampler = ShareSampler(len(dataset), step, micro_batch_size=B)",
+            ),
+            (
+                "sampler.set_epoch(epoch)",
+                "for indices in sampler:  # this rank's share of the step's global batch",
+                "    batches = [collate(dataset, i) for i in indices]",
+                "    step(batches, lambda batch: loss_fn(model, batch))",
+            ),
+            each="each epoch",
         )
     return Adoption(
         setup,

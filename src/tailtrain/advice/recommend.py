@@ -46,7 +46,9 @@ from tailtrain.prediction import DelayScenario, Row, best_k, k_grid, predict
 from tailtrain.prediction.families import SIM_MAX_WORKERS, row_spec, simulated_row, with_families
 
 FULL_MAX_WORKERS = SIM_MAX_WORKERS  #: predict + simulation up to this many workers
-FRESH = ("sync", "k-sync", "k-batch-sync", "dropcompute", "local-sgd")
+FRESH = ("sync", "k-sync", "k-batch-sync", "dropcompute", "local-sgd", "rebalance")
+#: rebalance's rows (issue 25): its shares alone, and DropCompute's threshold on top
+REBALANCE = ("rebalance", "rebalance:then=dropcompute")
 REPLAY = "replay(trace, all iterations)"
 #: batches of the trace's iterations for the batch-means standard error of its sync E[T]
 TRACE_BATCHES = 10
@@ -127,6 +129,7 @@ def rank(
     )
     prediction = with_families(predict(scenario))
     best = [r for r in prediction.rows if r.best or r.strategy in ("sync", "async", "local-sgd")]
+    best += _rebalance_rows(prediction.rows, micro_batches)
     ranked = []
     for r in best:
         simulated = _simulate(scenario, r)
@@ -142,12 +145,24 @@ def rank(
     return _sorted(ranked), [*notes, note]
 
 
+def _rebalance_rows(rows: list[Row], micro_batches: int | None) -> list[Row]:
+    """predict's rebalance row as each of :data:`REBALANCE`'s specs (the combination's
+    predicted figures are the shares' alone; its threshold is simulated), where shares can
+    move: with M > 1 micro-batches (a per-iteration trace without --micro-batches has none)."""
+    found = [r for r in rows if r.strategy == "rebalance"]
+    if not found or (micro_batches or 1) < 2:
+        return []
+    return [replace(found[0], spec=spec) for spec in REBALANCE]
+
+
 def simplicity(ranked: Ranked) -> tuple[int, float]:
     """How far a fresh-gradient row is from sync: its strategy's place in :data:`FRESH`,
     then its setting's distance (fewer workers waited for, more work dropped, a longer
-    period: larger)."""
+    period, a threshold on top of the shares: larger)."""
     row = ranked.row
-    if row.strategy == "local-sgd":
+    if row.strategy == "rebalance":
+        distance = float(REBALANCE.index(row_spec(row)))
+    elif row.strategy == "local-sgd":
         distance = float(row_spec(row).rpartition("=")[2])
     elif row.strategy == "dropcompute":
         distance = row.drop_rate or 0.0
@@ -167,6 +182,23 @@ def equivalents(ranked: list[Ranked]) -> list[Ranked]:
         return gap <= np.hypot(top.uncertainty, r.uncertainty) + 1e-12 * top.effective_speedup
 
     return sorted((r for r in fresh if tied(r)), key=simplicity)
+
+
+def dominate(cost: Cost, excluded: Cost | None) -> bool:
+    """Whether persistent stragglers dominate sync's wait: excluding them saves at least half
+    of it (``excluded``: sync's cost without them; None: there are none)."""
+    return excluded is not None and (
+        cost.iteration_time - excluded.iteration_time >= 0.5 * cost.overhead
+    )
+
+
+def rebalanced(tied: list[Ranked], persistent_dominate: bool) -> list[Ranked]:
+    """The :func:`equivalents`, rebalance's rows first where persistent stragglers dominate:
+    of the remedies that tie, it alone keeps every sample (DropCompute and K-sync drop the
+    same ranks' work every step, so their data is under-represented in every update)."""
+    if not persistent_dominate:
+        return tied
+    return sorted(tied, key=lambda r: r.row.strategy != "rebalance")  # stable: simplest first
 
 
 def recommend(ranked: list[Ranked]) -> Ranked:
@@ -189,13 +221,25 @@ def reason(choice: Ranked, cost: Cost, excluded: Cost | None, persistent: list[i
         return text
     saving = cost.iteration_time - excluded.iteration_time
     who = ", ".join(str(w) for w in persistent)
-    lead = "Persistent stragglers dominate: " if saving >= 0.5 * cost.overhead else ""
-    return (
+    lead = "Persistent stragglers dominate: " if dominate(cost, excluded) else ""
+    found = (
         f"{lead or 'Persistent stragglers: '}excluding worker(s) {who} saves {saving:.4g} s per "
         f"step ({cost.iteration_time:.4g} -> {excluded.iteration_time:.4g} s, "
-        f"{saving / cost.iteration_time:.0%} of sync's time per step); fix or replace them. "
-        f"Meanwhile: {text}"
+        f"{saving / cost.iteration_time:.0%} of sync's time per step); "
     )
+    if choice.row.strategy == "rebalance":
+        simulated = (
+            ""
+            if choice.simulated is None
+            else (f", simulated {choice.simulated.effective_speedup:.2f}x")
+        )
+        return (
+            f"{found}rather than fix or replace them, give each rank the share of the global "
+            f"batch it can finish: {row_spec(choice.row)} drops no sample (predicted "
+            f"{choice.row.effective_speedup:.2f}x the gradients per second of sync{simulated}). "
+            f"{text}"
+        )
+    return f"{found}fix or replace them. Meanwhile: {text}"
 
 
 def _simulate(scenario: DelayScenario, row: Row) -> Row | None:

@@ -1,7 +1,9 @@
 """Adopt a tailtrain strategy in your own PyTorch training loop.
 
 * :class:`StragglerStep`: a training-loop step that owns the micro-batch loop, the threshold,
-  the weighted allreduce and the rule (``sync``, ``dropcompute``, ``local-sgd``).
+  the weighted allreduce and the rule (``sync``, ``dropcompute``, ``local-sgd``, ``rebalance``).
+* :class:`ShareSampler`: deals each step's global batch to the ranks by ``rebalance``'s
+  shares, for a :class:`StragglerStep` (every sample of an epoch once).
 * :class:`StragglerHookState` and :func:`weighted_allreduce_hook`: DropCompute for a job that
   keeps ``DistributedDataParallel`` (a comm hook, ``no_sync`` accumulation).
 
@@ -15,10 +17,12 @@ The first two drive the simulator's own rule objects (``tailtrain.runtime.contro
 from tailtrain.integrate.ddp import StragglerHookState, weighted_allreduce_hook
 from tailtrain.integrate.probe import ProbeReport, StragglerProbe
 from tailtrain.integrate.rounds import StepRecord
+from tailtrain.integrate.sampler import ShareSampler
 from tailtrain.integrate.step import StragglerStep
 
 __all__ = [
     "ProbeReport",
+    "ShareSampler",
     "StepRecord",
     "StragglerHookState",
     "StragglerProbe",

@@ -89,6 +89,12 @@ class StepRecord:
     comm_time: float
     time: float
     nonfinite: int = 0
+    #: micro-batches each rank was dealt this round under ``rebalance`` (None: any rule that
+    #: takes what the loop gives); ``completed`` counts those it computed
+    shares: list[int] | None = None
+    #: micro-batches this rank's next call should compute (``rebalance``'s share for it: the
+    #: rule moved the shares in this round's ``adapt``); None: as many as the loop gives
+    wants: int | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -118,15 +124,16 @@ class Agreement(NamedTuple):
     mine: RankWeighting
 
 
-def as_strategy(strategy: str | Strategy) -> Strategy:
-    """A strategy spec (``"dropcompute:threshold=auto"``) or object, checked for a loop."""
+def as_strategy(strategy: str | Strategy, does: frozenset[str] = frozenset()) -> Strategy:
+    """A strategy spec (``"dropcompute:threshold=auto"``) or object, checked for a loop whose
+    entry ``does`` these extras (``Strategy.needs``: ``StragglerStep`` deals ``shares``)."""
     rule = parse_strategy(strategy) if isinstance(strategy, str) else strategy
     if topology_of(rule) is not Topology.ALLREDUCE:
         raise UsageError(
             f"strategy {rule.describe()!r} needs the {topology_of(rule)} topology; a training loop "
-            "adopts allreduce strategies: sync, dropcompute, local-sgd"
+            "adopts allreduce strategies: sync, dropcompute, local-sgd, rebalance"
         )
-    check_contract(rule, Topology.ALLREDUCE)
+    check_contract(rule, Topology.ALLREDUCE, does)
     if getattr(rule, "compensate", "none") in LOADER_COMPENSATIONS:
         raise UsageError(
             f"{rule.describe()!r}: compensate={rule.compensate} changes which micro-batches a "
@@ -135,13 +142,41 @@ def as_strategy(strategy: str | Strategy) -> Strategy:
     return rule
 
 
-class Rounds:
-    """The rule, its state and the round protocol on one rank of ``comm``'s group."""
+def check_micro_batches(rule: Strategy, micro_batches: int | None) -> Strategy:
+    """``rule``, once it has the M it needs: a rule of per-rank shares (``rebalance``) deals
+    N M micro-batches a round, so it needs sync's M; refused in one line otherwise."""
+    if micro_batches is not None and micro_batches < 1:
+        raise UsageError(f"micro_batches must be >= 1, got {micro_batches}")
+    if rule.needs and micro_batches is None:
+        raise UsageError(
+            f"{rule.describe()!r} deals sync's global batch of N M micro-batches by per-rank "
+            "shares: give micro_batches=M, the micro-batches a rank computes per step under sync"
+        )
+    return rule
 
-    def __init__(self, strategy: str | Strategy, comm: Collectives, lr: float = 0.1) -> None:
+
+class Rounds:
+    """The rule, its state and the round protocol on one rank of ``comm``'s group.
+
+    ``micro_batches`` is sync's M, which a rule of per-rank shares (``rebalance``) deals
+    N M micro-batches of each round by; ``does`` what the caller's loop deals
+    (:func:`as_strategy`)."""
+
+    def __init__(
+        self,
+        strategy: str | Strategy,
+        comm: Collectives,
+        lr: float = 0.1,
+        *,
+        micro_batches: int | None = None,
+        does: frozenset[str] = frozenset(),
+    ) -> None:
         self.comm = comm
         self.lr = lr
-        self.rule = RuleDriver(as_strategy(strategy), Context(n_workers=comm.world_size, lr=lr))
+        rule = check_micro_batches(as_strategy(strategy, does), micro_batches)
+        self.micro_batches = micro_batches
+        ctx = Context(n_workers=comm.world_size, lr=lr, micro_batches=micro_batches or 1)
+        self.rule = RuleDriver(rule, ctx)
         self.step = 0
         self.now = 0.0
         self.sync = torch.cuda.synchronize if comm.device.type == "cuda" else None
@@ -153,6 +188,15 @@ class Rounds:
     def plan(self, units: int) -> tuple[AllreducePlan, int]:
         """The round's plan and its micro-batches per local step M, for ``units`` given."""
         plan = self.rule.plan()
+        if plan.shares is not None:
+            wants = plan.shares[self.comm.rank]
+            if units != wants:
+                raise UsageError(
+                    f"{self.strategy.describe()!r} deals this rank {wants} micro-batches "
+                    f"this step, got {units}: give the count ``wants`` says (the step "
+                    "record's, or the step's), or draw them with tailtrain.ShareSampler"
+                )
+            return plan, self.micro_batches or units
         h = plan.local_steps
         if units < 1 or units % h:
             raise UsageError(
@@ -181,11 +225,24 @@ class Rounds:
             work.times[u] = self.clock() - began
         work.compute = self.clock() - start
 
-    def agree(self, work: RoundProgress) -> Agreement:
-        """All-gather every rank's counts and times; the rule's selection on them."""
-        row = np.concatenate([[work.done, work.compute, work.loss_sum], work.times])
+    def wants(self) -> int | None:
+        """Micro-batches this rank's next round computes: its share under a rule of shares
+        (``rebalance``), None under any other (as many as the loop gives)."""
+        shares = self.rule.plan().shares
+        return None if shares is None else int(shares[self.comm.rank])
+
+    def agree(self, work: RoundProgress, plan: AllreducePlan | None = None) -> Agreement:
+        """All-gather every rank's counts and times; the rule's selection on them. Under a
+        ``plan`` of shares the rows are as wide as the largest share and a rank's arrival
+        counts its micro-batches against M (its weight C_n / M over N, as in ``train``)."""
+        times, units = work.times, len(work.times)
+        if plan is not None and plan.shares is not None:
+            times = np.full(max(plan.shares), np.nan)
+            times[: len(work.times)] = work.times
+            units = self.micro_batches or units
+        row = np.concatenate([[work.done, work.compute, work.loss_sum], times])
         rows = self.comm.gather(row)
-        arrivals = round_arrivals(self.step, self.now, rows[:, 0], rows[:, 1], len(work.times))
+        arrivals = round_arrivals(self.step, self.now, rows[:, 0], rows[:, 1], units)
         selection = self.rule.select(arrivals)
         return Agreement(rows, arrivals, selection, weighting(selection, self.comm.rank))
 
@@ -220,20 +277,25 @@ class Rounds:
         self.rule.adapt(stats)
         applied = without(agreed.selection.now, screened_keys(arrivals, flags))
         coefficients = applied.over(arrivals.keys)
+        units = len(work.times)
+        if plan.shares is not None:  # the global batch is N M, however it was dealt
+            units = self.micro_batches or units
         record = StepRecord(
             step=self.step,
             threshold=plan.threshold,
-            micro_batches=len(work.times) // plan.local_steps,
+            micro_batches=units // plan.local_steps,
             local_steps=plan.local_steps,
             completed=done.tolist(),
             weights=coefficients.tolist(),
             ranks=np.flatnonzero(coefficients != 0).tolist(),
             loss=loss,
-            drop_rate=1.0 - float(done.sum()) / (len(done) * len(work.times)),
+            drop_rate=1.0 - float(done.sum()) / (len(done) * units),
             compute_time=float(rows[:, 1].max()),
             comm_time=comm,
             time=elapsed,
             nonfinite=int(flags.sum()),
+            shares=None if plan.shares is None else list(plan.shares),
+            wants=self.wants(),
         )
         self.step, self.now = self.step + 1, stats.time
         return record

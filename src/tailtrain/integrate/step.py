@@ -20,6 +20,22 @@ the optimizer steps on the result:
   U = H M: the average of the local models when nobody dropped work, and for plain SGD
   exactly ``tailtrain train``'s update (``runtime.allreduce``).
 
+``rebalance`` (give ``micro_batches=M``, sync's micro-batches per rank and step) deals sync's
+global batch of N M micro-batches to the ranks by shares that follow their measured speed:
+each call takes this rank's share, :attr:`StragglerStep.wants` (and the returned record's
+``wants``: the next call's), and :class:`~tailtrain.integrate.sampler.ShareSampler` draws
+exactly that many from your dataset, every sample once an epoch::
+
+    step = StragglerStep(model, optimizer, "rebalance", micro_batches=M)
+    sampler = ShareSampler(len(dataset), step, micro_batch_size=B)
+    for epoch in range(epochs):
+        sampler.set_epoch(epoch)
+        for indices in sampler:                        # this rank's share of the step
+            step([collate(dataset, i) for i in indices], loss_fn)
+
+G_n is then the mean over the rank's m_n micro-batches and its weight m_n / M over N, so the
+update is SGD on the whole global batch (``strategies.rebalance``).
+
 A rank whose gradient holds a NaN or an infinity joins with weight 0, as ``train`` does.
 Ranks start from rank 0's parameters and buffers (broadcast once, as DDP does).
 """
@@ -35,13 +51,22 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from tailtrain.integrate.rounds import Agreement, RoundProgress, Rounds, StepRecord, as_strategy
+from tailtrain.integrate.rounds import (
+    Agreement,
+    RoundProgress,
+    Rounds,
+    StepRecord,
+    as_strategy,
+    check_micro_batches,
+)
 from tailtrain.runtime.control import check_agreement
 from tailtrain.runtime.reduce import Collectives
 from tailtrain.strategies.base import Strategy
 
 #: DDP's default bucket size
 BUCKET_CAP_MB = 25.0
+#: what a call deals beyond the allreduce protocol (``Strategy.needs``): per-rank shares
+DEALS = frozenset({"shares"})
 
 
 class StragglerStep:
@@ -49,6 +74,7 @@ class StragglerStep:
 
     ``timeout`` bounds each of its collectives (None: the group's own timeout). Every call
     returns the round's :class:`StepRecord` (who took part, with which weight, under which tau).
+    ``micro_batches`` is sync's M, which ``rebalance`` needs (module docstring).
     """
 
     def __init__(
@@ -60,14 +86,17 @@ class StragglerStep:
         process_group: dist.ProcessGroup | None = None,
         timeout: datetime.timedelta | None = None,
         bucket_cap_mb: float = BUCKET_CAP_MB,
+        micro_batches: int | None = None,
     ) -> None:
-        strategy = as_strategy(strategy)  # a wrong strategy is refused before any collective
+        # a wrong strategy is refused before any collective
+        strategy = check_micro_batches(as_strategy(strategy, DEALS), micro_batches)
         self.model = model
         self.optimizer = optimizer
         self.params = [p for p in model.parameters() if p.requires_grad]
         device = self.params[0].device
         comm = Collectives.of_group(process_group, device, timeout)
-        self.rounds = Rounds(strategy, comm, lr=float(optimizer.param_groups[0]["lr"]))
+        lr = float(optimizer.param_groups[0]["lr"])
+        self.rounds = Rounds(strategy, comm, lr=lr, micro_batches=micro_batches, does=DEALS)
         self.buckets = buckets(self.params, bucket_cap_mb)
         broadcast_from_first(model, process_group)
 
@@ -89,12 +118,37 @@ class StragglerStep:
                 pending = 0
         if local and pending:
             self._local_step(m)
-        agreed = self.rounds.agree(work)
+        agreed = self.rounds.agree(work, plan)
         began = self.rounds.clock()
         with torch.no_grad():
             screened = self._reduce_and_apply(agreed, work, start, plan.lr_scale)
         reduce = self.rounds.clock() - began
         return self.rounds.close(plan, work, agreed, reduce, screened)
+
+    @property
+    def wants(self) -> int | None:
+        """Micro-batches the next call computes on this rank: its share under ``rebalance``;
+        None under any other rule (as many as you give)."""
+        return self.rounds.wants()
+
+    @property
+    def shares(self) -> tuple[int, ...] | None:
+        """Every rank's micro-batches in the next call (``rebalance``), summing to N M; None
+        under any other rule. Every rank holds the same (the rule's state is agreed)."""
+        return self.rounds.rule.plan().shares
+
+    @property
+    def micro_batches(self) -> int | None:
+        """Sync's M, as given (``micro_batches=``)."""
+        return self.rounds.micro_batches
+
+    @property
+    def rank(self) -> int:
+        return self.rounds.comm.rank
+
+    @property
+    def world_size(self) -> int:
+        return self.rounds.comm.world_size
 
     def _local_step(self, m: int) -> None:
         """Local-SGD: theta_n <- optimizer step on (1/M) sum of the step's gradients."""

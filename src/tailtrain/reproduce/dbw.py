@@ -211,21 +211,32 @@ def _dbw_vs_static(results: dict, best_static: dict) -> str:
 FIG9 = Sizes(
     quick={"task": "logreg", "lr": None, "target": None, "at": 160.0, "budget": 500.0,
            "seeds": 1, "static": False},
-    full={"task": "digits-mlp", "lr": 0.5, "target": None, "at": 160.0, "budget": 960.0,
+    full={"task": "digits-mlp", "lr": 0.08, "target": None, "at": 160.0, "budget": 960.0,
           "seeds": 1, "static": True},
 )  # fmt: skip
+#: full size: Fig. 9's eta for DBW, the proportional rule's eta(n) = 0.005 n (§4). At eta =
+#: 0.5 the pooled L_hat (about 1.8 on digits-mlp) makes L eta / 2 = 0.45 and G_hat_8 < 0 once
+#: ||grad F||^2 is small against V, so DBW waits for all 16 (§3.3's 'errs on the side of
+#: caution'); at 0.08 that term is 6x smaller.
 #: DBW §4 runs push & wait (PsW)
 FIG9_MODE = "mode=psw"
 #: Eq. (17) over each cell's last D = 5 samples (the captions' D) and a loss guard above the
 #: step-to-step noise of a 32-sample loss (the option's reading: ``strategies.dbw``)
 FIG9_OPTION = "time-window=5,beta=1.2"
+#: and for DBW's gain, L_hat pooled over every iteration (Eq. 12 summed), not Eq. (15)'s last D
+FIG9_DBW_OPTION = f"{FIG9_OPTION},lipschitz=pooled"
+#: the done-when of issue 23: k_t = 8 in at least this share of the updates after SETTLE
+FIG9_GOAL = 0.9
 #: Fig. 9 is read from this long after the slowdown on (100 s: about 20 slow round trips)
 SETTLE = 100.0
 
 
 def fig9_strategies(static_too: bool) -> list[str]:
-    """DBW and B-DBW as Eq. (17) is written and with :data:`FIG9_OPTION`, PsW."""
-    dynamic = [f"{d}:{FIG9_MODE}{o}" for d in DYNAMIC for o in ("", f",{FIG9_OPTION}")]
+    """DBW and B-DBW as written and with the options of the reading that follows the slowdown
+    (:data:`FIG9_DBW_OPTION`, :data:`FIG9_OPTION`), and DBW with the time options only; PsW."""
+    dbw, b_dbw = (f"{d}:{FIG9_MODE}" for d in DYNAMIC)
+    dynamic = [dbw, f"{dbw},{FIG9_OPTION}", f"{dbw},{FIG9_DBW_OPTION}"]
+    dynamic += [b_dbw, f"{b_dbw},{FIG9_OPTION}"]
     return [*dynamic, "sync", static(8)] if static_too else dynamic
 
 
@@ -264,6 +275,12 @@ def fig9(out: Path, quick: bool) -> Report:
         label(bottom, "virtual time (s)", "k_t (gradients awaited)")
     share = {row[0]: row[4] for row in table.rows}
     dbw, b_dbw = (f"{d}:{FIG9_MODE}" for d in DYNAMIC)
+    chosen = {"DBW": f"{dbw},{FIG9_DBW_OPTION}", "B-DBW": f"{b_dbw},{FIG9_OPTION}"}
+    verdict = "; ".join(
+        f"{who} (`{spec}`) {share[spec]:.3g}, "
+        + ("holds" if share[spec] >= FIG9_GOAL else "does NOT hold")
+        for who, spec in chosen.items()
+    )
     return Report(
         name="dbw-fig9",
         paper=PAPER,
@@ -273,9 +290,12 @@ def fig9(out: Path, quick: bool) -> Report:
         f"(a seeded half of the workers become 5x slower at t = {p.at:g} s), budget "
         f"{p.budget:g} virtual s, eta = {p.lr or 'the task default'}, push & wait as in DBW "
         f"§4. `{FIG9_OPTION}`: Eq. (17) over each cell's last 5 round-trip samples and the "
-        "loss guard of Eq. (19) at beta = 1.2 (see `strategies.dbw`). 'first k_t <= 9' is "
-        "the virtual time of the first update after the slowdown that waits for at most 9 "
-        "gradients; 'last half' is the second half of the time after the slowdown.",
+        "loss guard of Eq. (19) at beta = 1.2; `lipschitz=pooled`: DBW's L_hat is Eq. (12) "
+        "over every iteration so far (the sum of its numerators over the sum of its "
+        "denominators) instead of Eq. (15)'s mean of the last D = 5 (see `strategies.dbw`). "
+        "'first k_t <= 9' is the virtual time of the first update after the slowdown that "
+        "waits for at most 9 gradients; 'last half' is the second half of the time after the "
+        "slowdown.",
         paper_shows=[
             "§4.3: before the slowdown 'the optimal setting is k_t = n = 16'; at t = 160 s "
             "half of the workers slow down by a factor 5 and 'DBW detects the slowdowns in "
@@ -284,28 +304,35 @@ def fig9(out: Path, quick: bool) -> Report:
         tables=[table],
         plots=[plot],
         gaps=[
+            f"Share of updates at k = 8 from t = {since:g} s, goal >= {FIG9_GOAL:g} (issue "
+            f"23): {verdict}.",
             gap(
-                f"B-DBW's share of updates at k = 8 from t = {since:g} s, `{FIG9_OPTION}`",
+                f"DBW's share of updates at k = 8 from t = {since:g} s, `{FIG9_DBW_OPTION}`",
                 1.0,
-                share[f"{b_dbw},{FIG9_OPTION}"],
-                f"as Eq. (17) is written (every sample since t = 0) it is "
-                f"{share[b_dbw]:.3g}: T_hat_16 rises only as the 5 s samples outweigh the "
-                "160 earlier 1 s ones. The window follows the slowdown; beta = 1.2 keeps the "
-                "loss guard from firing on the step-to-step noise of the loss (about 5% with "
-                "32-sample batches, against the paper's 500).",
+                share[chosen["DBW"]],
+                f"As written it is {share[dbw]:.3g}, and {share[f'{dbw},{FIG9_OPTION}']:.3g} "
+                "with the time options alone: those give the right times (T_hat_8 = 1 s, "
+                "T_hat_16 = 5 s), but Eq. (12)'s L+ divides the step-to-step change of a "
+                "32-sample loss (a few 0.01) by eta^2 (||grad F||^2 + V/k) (about 5e-4 on "
+                "`logreg`), so there the mean of five L+ swings between about -80 and +110; "
+                "whenever it is large, every G_hat_k < 0 and Eq. (18) falls back to k = n. "
+                "Pooled over every iteration, the decreases telescope (the loss noise enters "
+                "twice, not once per step) and on `logreg` L_hat settles at about -1 (clipped "
+                "to 0 in Eq. 16, so the gain hardly depends on k and the fastest k wins). "
+                "Any L below logreg's bound lambda_max(X^T X / S) / 2 = 5.7 gives the same "
+                "choice: with ||grad F||^2 ~ 0.013-0.03 and V ~ 0.2, G_8 > G_16 / 5 for L "
+                "below 6.3-8.3. The paper's MNIST losses average 16 x 500 samples, where a "
+                "window of D = 5 is enough.",
                 unit=" (share)",
             ),
             gap(
-                f"DBW's share of updates at k = 8 from t = {since:g} s, `{FIG9_OPTION}`",
+                f"B-DBW's share of updates at k = 8 from t = {since:g} s, `{FIG9_OPTION}`",
                 1.0,
-                share[f"{dbw},{FIG9_OPTION}"],
-                f"(as written: {share[dbw]:.3g}). The window gives DBW the right times "
-                "(T_hat_8 = 1 s, T_hat_16 = 5 s), but its gain estimate (Eqs. 9-16) puts "
-                "G_8 below G_16 / 5 once the gradient norm is small against the variance of "
-                "32-sample gradients, so it goes back to k = 16; the paper's MNIST batches "
-                "of 500 have a 16x smaller variance. The paper allows for it (§3.3): 'it may "
-                "happen then that G_hat < 0, even if E[Delta F] > 0. In this situation, DBW's "
-                "choice of k_t may not be optimal, as we observe in some settings in Sect. 4.3'.",
+                share[chosen["B-DBW"]],
+                f"as Eq. (17) is written (every sample since t = 0) it is "
+                f"{share[b_dbw]:.3g}: T_hat_16 rises only as the 5 s samples outweigh the "
+                "160 earlier 1 s ones. B-DBW has no gain estimate (G = k), so the time "
+                "options alone suffice.",
                 unit=" (share)",
             ),
             f"DBW's k_t before the slowdown: {table.rows[0][1]:.3g} (paper: 16). With constant "

@@ -291,7 +291,10 @@ def allreduce_row(
     plan: Plan, stats: StepStats, times: RoundTimes, used: list[int], m: int, settled: Settled
 ) -> dict[str, Any]:
     """The record row of an allreduce round adapted on ``stats`` and timed by ``settled``."""
-    stops = Stops(times.done, times.compute, times.full(plan.local_steps * m))
+    full = times.full(plan.local_steps * m)
+    if plan.shares is not None:  # sync's T_n^(M) is a rank's compute only where its share is M
+        full = np.where(np.asarray(plan.shares) == m, full, np.nan)
+    stops = Stops(times.done, times.compute, full)
     row = step_row(plan, stats, stops, used, m, settled.comm_time)
     row["time"] = settled.time
     row["step_time"] = times.wall

@@ -40,6 +40,9 @@ class TopologySpec:
     expendable_workers: bool = False
     #: whether its runs keep checkpoints, so ``--checkpoint-every`` and ``--resume`` apply
     checkpoints: bool = True
+    #: what its rank entry does beyond the topology's protocol (``Strategy.needs``), as the
+    #: simulator's engine names it (``does``): the allreduce's rounds deal per-rank shares
+    does: frozenset[str] = frozenset()
 
     def processes(self, workers: int) -> int:
         """Processes a job of ``workers`` workers needs."""
@@ -52,7 +55,9 @@ class TopologySpec:
 
 #: topology -> its spec; the one table (module docstring)
 TOPOLOGY_SPECS: dict[Topology, TopologySpec] = {
-    Topology.ALLREDUCE: TopologySpec(Topology.ALLREDUCE, "AllreduceEngine", train_allreduce),
+    Topology.ALLREDUCE: TopologySpec(
+        Topology.ALLREDUCE, "AllreduceEngine", train_allreduce, does=frozenset({"shares"})
+    ),
     Topology.PARTIAL_COLLECTIVE: TopologySpec(
         Topology.PARTIAL_COLLECTIVE, "PartialCollectiveEngine", train_partial
     ),
@@ -68,7 +73,8 @@ TOPOLOGY_SPECS: dict[Topology, TopologySpec] = {
 
 def check_topology(strategy: Strategy) -> None:
     """A one-line error when ``train`` cannot run ``strategy``: no runtime topology for it,
-    or one that cannot apply its weights (``Strategy.weights``, ``Strategy.defers``)."""
+    or one that cannot apply its weights (``Strategy.weights``, ``Strategy.defers``) or deal
+    its plans (``Strategy.needs``)."""
     topology = topology_of(strategy)
     if topology not in TOPOLOGY_SPECS:
         have = ", ".join(sorted(TOPOLOGY_SPECS))
@@ -76,7 +82,7 @@ def check_topology(strategy: Strategy) -> None:
             f"strategy {strategy.describe()!r} needs the {topology} topology, which "
             f"`train` does not have yet; it has: {have}"
         )
-    check_contract(strategy, topology)
+    check_contract(strategy, topology, TOPOLOGY_SPECS[topology].does)
 
 
 def spec_of(strategy: Strategy) -> TopologySpec:

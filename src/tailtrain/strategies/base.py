@@ -495,7 +495,8 @@ def engine_refusal(strategy: Strategy, does: frozenset[str]) -> str | None:
         return None
     return (
         f"strategy {strategy.describe()!r} needs {', '.join(missing)}, which this entry's "
-        f"{strategy.topology} topology does not deal yet; run it with `simulate` or `predict`"
+        f"{strategy.topology} topology does not deal; run it with `simulate`, `predict`, "
+        "`train` or StragglerStep"
     )
 
 

@@ -28,6 +28,21 @@ so ``beta`` must lie above their step-to-step noise: the paper's 1.01 fits its 1
 MNIST losses, not 32-sample ones (about 5% apart), where ``beta=1.2`` keeps it for real rises.
 ``reproduce dbw-fig9`` measures both.
 
+``lipschitz=pooled`` (``dbw``; default ``window``, Eq. 15) estimates L from Eq. (12) over every
+iteration so far, as the sum of its numerators over the sum of its denominators, instead of
+the mean of the last D values of L+. Eq. (5) makes L one constant of F, unlike ||grad F||^2
+and V, which move with w_t and keep Eqs. (13)-(14)'s window. Each L+ divides the change of the
+step's loss estimate F_hat_{t-1} - F_hat_t by eta^2 (||grad F||^2 + V/k); with 32-sample batches
+that change is noise of a few 0.01 against a denominator near 5e-4, so on DBW §4.3's slowdown
+(``logreg``) the mean of five L+ swings between about -80 and +110, every G_hat_k turns
+negative whenever it is large, and Eq. (18) falls back to k = n (DBW as written spends 36% of
+the updates from t = 260 s at k = 8). Summed, the decreases telescope to F_hat_first -
+F_hat_t, so the loss noise enters twice instead of once per step; L_hat then stays below the
+value (about 6 there) above which G_8 < G_16 / 5, and with ``time-window=5,beta=1.2`` DBW
+keeps k = 8 after the slowdown as Fig. 9 shows (100% of those updates). The paper's window
+suffices for its MNIST losses over 16 x 500 samples; the option leaves the default records
+unchanged. ``reproduce dbw-fig9`` measures every combination.
+
 DBW drops stale gradients. It runs push & interrupt by default, like every sync-family strategy
 here; ``mode=psw`` gives DBW §4's push & wait ("we refer only to PsW", §2), where late workers'
 arrivals also feed the time estimator. Start: ``k = n`` until every estimate the rule needs
@@ -42,6 +57,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from tailtrain.errors import UsageError
 from tailtrain.spec import Spec
 from tailtrain.strategies.base import (
     ArrivalColumns,
@@ -57,6 +73,7 @@ from tailtrain.strategies.time_estimator import RoundTripTimes
 DEFAULT_DBW_WINDOW = 5  # D = 5 in all of DBW §4's experiments
 DEFAULT_TIME_WINDOW = 0  # Eq. (17) as written: every round-trip sample since the start
 DEFAULT_BETA = 1.01  # DBW §3.3
+WINDOWED, POOLED = "window", "pooled"  # the two readings of L_hat (``lipschitz=``)
 
 
 # --- gain estimator, DBW Eqs. (10)-(16) -------------------------------------------------------
@@ -77,15 +94,23 @@ def grad_norm_plus(mean_grad_sq: float, variance: float, k: int) -> float:
     return max(mean_grad_sq - variance / k, 0.0)
 
 
+def lipschitz_terms(
+    eta: float, grad_norm: float, variance: float, k: int, decrease: float
+) -> tuple[float, float]:
+    """Numerator and denominator of DBW Eq. (12); the denominator is NaN if not > 0."""
+    denominator = eta**2 * (grad_norm + variance / k)
+    if not denominator > 0:
+        return math.nan, math.nan
+    return 2.0 * (eta * grad_norm - decrease), denominator
+
+
 def lipschitz_plus(eta: float, grad_norm: float, variance: float, k: int, decrease: float) -> float:
     """DBW Eq. (12): L from the observed decrease F_hat_{t-1} - F_hat_t of iteration t-1.
 
     ``eta``, ``grad_norm``, ``variance`` and ``k`` are iteration t-1's; NaN if undefined.
     """
-    denominator = eta**2 * (grad_norm + variance / k)
-    if not denominator > 0:
-        return math.nan
-    return 2.0 * (eta * grad_norm - decrease) / denominator
+    numerator, denominator = lipschitz_terms(eta, grad_norm, variance, k, decrease)
+    return numerator / denominator
 
 
 def gain(
@@ -112,13 +137,20 @@ class Iterate:
 
 @dataclass(frozen=True)
 class GainEstimates:
-    """The last D values of Eqs. (10), (11) and (12) (fewer while t <= D)."""
+    """The last D values of Eqs. (10), (11) and (12) (fewer while t <= D).
+
+    ``pooled``: L_hat is Eq. (12) over every iteration so far, the sum of its numerators over
+    the sum of its denominators, instead of Eq. (15)'s mean of the last D (see the module doc).
+    """
 
     window: int
     variances: tuple[float, ...] = ()
     grad_norms: tuple[float, ...] = ()
     lipschitz: tuple[float, ...] = ()
     last: Iterate | None = None
+    pooled: bool = False
+    lipschitz_numerator: float = 0.0  # sums of Eq. (12)'s terms since the start (pooled)
+    lipschitz_denominator: float = 0.0
 
     def observe(
         self, loss: float, grad_sq_sum: float, mean_grad_sq: float, k: int, eta: float
@@ -130,16 +162,22 @@ class GainEstimates:
         v_plus = variance_plus(grad_sq_sum, mean_grad_sq, k)
         variance = v_plus if math.isfinite(v_plus) else self.mean(self.variances)
         norm = grad_norm_plus(mean_grad_sq, variance, k) if math.isfinite(variance) else math.nan
-        lip = math.nan
+        numerator = denominator = math.nan
         p = self.last
         if p is not None and math.isfinite(p.grad_norm):
-            lip = lipschitz_plus(p.eta, p.grad_norm, p.variance, p.k, p.loss - loss)
+            numerator, denominator = lipschitz_terms(
+                p.eta, p.grad_norm, p.variance, p.k, p.loss - loss
+            )
+        pooled = math.isfinite(denominator)
         return GainEstimates(
             self.window,
             self.push(self.variances, v_plus),
             self.push(self.grad_norms, norm),
-            self.push(self.lipschitz, lip),
+            self.push(self.lipschitz, numerator / denominator),
             Iterate(loss, variance, norm, k, eta),
+            self.pooled,
+            self.lipschitz_numerator + (numerator if pooled else 0.0),
+            self.lipschitz_denominator + (denominator if pooled else 0.0),
         )
 
     def push(self, values: tuple[float, ...], value: float) -> tuple[float, ...]:
@@ -153,10 +191,19 @@ class GainEstimates:
     def ready(self) -> bool:
         return bool(self.variances and self.grad_norms and self.lipschitz)
 
+    @property
+    def lipschitz_estimate(self) -> float:
+        """L_hat_t: Eq. (15), or with ``pooled`` Eq. (12) over every iteration so far."""
+        if self.pooled:
+            if not self.lipschitz_denominator > 0:
+                return math.nan
+            return self.lipschitz_numerator / self.lipschitz_denominator
+        return self.mean(self.lipschitz)
+
     def gains(self, k: np.ndarray, eta: np.ndarray) -> np.ndarray:
         """DBW Eq. (16) with the averages of Eqs. (13)-(15); call only when ``ready``."""
         variance, norm = self.mean(self.variances), self.mean(self.grad_norms)
-        return gain(k, eta, self.mean(self.lipschitz), norm, variance)
+        return gain(k, eta, self.lipschitz_estimate, norm, variance)
 
 
 # --- choice rule, DBW Eqs. (18)-(19) ----------------------------------------------------------
@@ -260,12 +307,15 @@ class Dbw(Strategy):
     blind: bool = False
     #: latest samples per cell (h, i) that Eq. (17) uses; 0: all (see the module doc)
     time_window: int = DEFAULT_TIME_WINDOW
+    #: L_hat from Eq. (12) over every iteration so far instead of Eq. (15)'s last D
+    pooled_lipschitz: bool = False
 
     def init(self, ctx: Context) -> DbwState:
         n = ctx.n_workers
         first = OpenVersion(0, math.nan, n)
         times = RoundTripTimes.empty(n, self.time_window)
-        return DbwState(n, ctx.lr, n, math.nan, GainEstimates(self.window), times, (first,))
+        gains = GainEstimates(self.window, pooled=self.pooled_lipschitz)
+        return DbwState(n, ctx.lr, n, math.nan, gains, times, (first,))
 
     def plan(self, state: DbwState) -> ServerPlan:
         scale = lr_scale(self.lr_rule, state.k, state.n)
@@ -311,13 +361,16 @@ class Dbw(Strategy):
             parts.append(f"lr={self.lr_rule}")
         if self.time_window:
             parts.append(f"time-window={self.time_window}")
+        if self.pooled_lipschitz:
+            parts.append(f"lipschitz={POOLED}")
         return f"{self.name}:{','.join(parts)}"
 
 
 def build_dbw(spec: Spec) -> Dbw:
-    spec.require_known(["window", "beta", "mode", "lr", "time-window"])
+    spec.require_known(["window", "beta", "mode", "lr", "time-window", "lipschitz"])
     window = spec.get_int("window", DEFAULT_DBW_WINDOW, minimum=1)
-    return Dbw("dbw", window, *common_params(spec), time_window=time_window(spec))
+    dbw = Dbw("dbw", window, *common_params(spec), time_window=time_window(spec))
+    return replace(dbw, pooled_lipschitz=pooled_lipschitz(spec))
 
 
 def build_b_dbw(spec: Spec) -> Dbw:
@@ -329,6 +382,17 @@ def build_b_dbw(spec: Spec) -> Dbw:
 def common_params(spec: Spec) -> tuple[float, SyncMode, str]:
     beta = spec.get_float("beta", DEFAULT_BETA, minimum=1.0)
     return beta, parse_mode(spec, SyncMode.PSI), parse_lr_rule(spec)
+
+
+def pooled_lipschitz(spec: Spec) -> bool:
+    """``lipschitz=window`` (Eq. 15, the default) or ``lipschitz=pooled`` (see the module doc)."""
+    raw = spec.get_str("lipschitz", WINDOWED)
+    if raw not in (WINDOWED, POOLED):
+        raise UsageError(
+            f"{spec.text!r}: lipschitz={raw!r} is unknown; use {WINDOWED} (Eq. 15, the last "
+            f"D iterations) or {POOLED} (Eq. 12 over every iteration)"
+        )
+    return raw == POOLED
 
 
 def time_window(spec: Spec) -> int:

@@ -146,10 +146,13 @@ def round_stats(
 def step_row(
     plan: AllreducePlan, stats: StepStats, stops: Stops, used: list[int], m: int, comm: float
 ) -> dict[str, Any]:
+    """A round's record row, both engines' (``sim.allreduce.engine``, ``runtime.allreduce``).
+    A plan of per-rank shares (``strategies.rebalance``) adds ``shares``: the micro-batches
+    each rank was dealt (``completed``: those it counted)."""
     n, units = stops.done.size, plan.local_steps * m
     share = float(stops.done.sum()) / (n * units)
     compute, sync = float(stops.compute.max()), float(stops.full.max())
-    return {
+    row = {
         "step": stats.step,
         "time": stats.time,
         "k": int(np.count_nonzero(stops.done)),
@@ -168,6 +171,9 @@ def step_row(
         "comm_time": comm,
         "sync_time": sync + comm,
     }
+    if plan.shares is not None:
+        row["shares"] = list(plan.shares)
+    return row
 
 
 def summarise(record: RunRecord) -> dict[str, Any]:

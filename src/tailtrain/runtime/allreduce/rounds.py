@@ -1,9 +1,13 @@
-"""The allreduce topology of `tailtrain train`: sync, DropCompute and Local-SGD on real ranks.
+"""The allreduce topology of `tailtrain train`: sync, DropCompute, Local-SGD and rebalance on
+real ranks.
 
 Rank n runs round r exactly like worker n of ``sim.allreduce.engine``, with wall time for the
 virtual clock and the same rule object deciding (``runtime.control``):
 
-1. ``plan``: tau, M, H (identical on every rank: same state).
+1. ``plan``: tau, M, H and, for rebalance, the per-rank shares (identical on every rank:
+   same state). A plan of shares has rank n compute ``shares[n]`` micro-batches of sync's
+   global batch, dealt as the simulator deals it (:func:`dealt`); the gathered rows are as
+   wide as the largest share, so every rank's measured times reach every rank's rule.
 2. Compute (``runtime.units``: DropCompute Algorithm 1, Local-SGD App. B.3): the
    micro-batches of ``tasks.stream.job_batches`` keyed by (seed, n, r), as in the
    simulator, one at a time with the task's flat-parameter gradients, each unit then sleeping
@@ -122,6 +126,7 @@ from tailtrain.runtime.telemetry import (
 from tailtrain.runtime.units import RankWork, compute
 from tailtrain.strategies.base import AllreducePlan as Plan
 from tailtrain.strategies.base import StepStats
+from tailtrain.tasks.stream import deal
 from tailtrain.topology.allreduce import (
     RoundData,
     own_arrival,
@@ -570,15 +575,22 @@ def one_round(run: _Rank, plan: Plan) -> None:
     m = plan.micro_batches or run.world.scenario.micro_batches or 1
     units = plan.local_steps * m
     run.log.step = run.step
-    batches = run.learner.batches(run.step, units)
-    injected = run.injector.unit_times(plan.local_steps, m, run.now)
+    if plan.shares is None:
+        batches = run.learner.batches(run.step, units)
+        # this rank's own shard, whatever its index in a shrunk generation
+        mine, width = batches[run.rank], units
+        injected = run.injector.unit_times(plan.local_steps, m, run.now)
+    else:
+        batches, mine, injected, width = dealt(run, plan, m)
     started = time.perf_counter()
     lr = run.world.lr * plan.lr_scale
-    sums = sum_buffer(run, units)
+    sums = sum_buffer(run, width)
     with phase("compute"):
         # the gradient goes straight into the reduce buffer when both are on the CPU
         into = sums.grad if sums.host is not None else None
-        work = compute(run.grads, run.learner.theta, plan, batches[run.rank], injected, m, lr, into)
+        work = compute(run.grads, run.learner.theta, plan, mine, injected, m, lr, into)
+    if len(work.times) < width:  # a share below the largest: the gathered rows align
+        work = work._replace(times=work.times + [math.nan] * (width - len(work.times)))
     if work.done:
         run.comm.drill.poison(run.step, work.grad)
     rank, step, now = run.comm.rank, run.step, run.now
@@ -627,9 +639,28 @@ def one_round(run: _Rank, plan: Plan) -> None:
         done.committed = time.time()
     run.unsettled, run.now = done, end
     cap = plan.threshold if plan.preempt else math.inf  # telemetry.TraceRows.add
-    run.trace.add(run.step, m, plan.local_steps, work.times, work.cut, cap)
+    # a round of shares is one delay iteration of M units in the trace (telemetry.TraceRows)
+    traced = work.times if plan.shares is None else (work.times + [math.nan] * m)[:m]
+    run.trace.add(run.step, m, plan.local_steps, traced, work.cut, cap)
     run.step += 1
     run.timing = (reducing.seconds, time.perf_counter() - started)
+
+
+def dealt(run: _Rank, plan: Plan, m: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+    """A round of per-rank shares (``strategies.rebalance``), as the simulator plays it
+    (``sim.allreduce.engine``): sync's global batch (N, M, B) dealt by the shares
+    (``tasks.stream.deal``), this rank's ``shares[n]`` micro-batches of it, their injected
+    seconds (the rank's delay draws run on into the next iteration's, one delay iteration per
+    M units, so equal shares draw what sync does) and the gathered rows' width, the largest
+    share. Returns (the global batch, this rank's micro-batches, their seconds, width)."""
+    shares = np.asarray(plan.shares, dtype=np.int64)
+    if plan.local_steps != 1 or plan.requeue_dropped or shares.size != run.comm.world_size:
+        raise TailtrainError(f"a plan of shares needs one local step per rank: {plan!r}")
+    share, width = int(shares[run.comm.rank]), int(shares.max())
+    batches = run.learner.batches(run.step, m)
+    mine = deal(batches, shares)[run.comm.rank, :share]
+    injected = run.injector.unit_times(-(-width // m), m, run.now)[:share]
+    return batches, mine, injected, width
 
 
 def sum_buffer(run: _Rank, units: int) -> SumBuffer:

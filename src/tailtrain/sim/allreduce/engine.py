@@ -13,7 +13,8 @@ plus: threshold, micro_batches (M), local_steps (H), completed (units done per w
 drop_rate, s_eff (Algorithm 2's S_i on this round's draws), compute_time, comm_time and
 sync_time (what the round would have taken without a threshold, T_i + T^c_i). A plan of
 per-rank shares (``AllreducePlan.shares``, ``strategies.rebalance``) deals sync's global
-batch to the ranks by them (``tasks.stream.deal``); its rows add ``shares`` and its
+batch to the ranks by them (``tasks.stream.deal``); its rows add ``shares``
+(``topology.allreduce.step_row``) and its
 sync_time is sync's round on the same draws.
 """
 
@@ -126,12 +127,9 @@ class AllreduceEngine:
     def row(
         self, plan: AllreducePlan, selection: Selection, played: Played, stats: StepStats
     ) -> dict[str, Any]:
-        _, stops, m, comm, shares = played.detail
+        _, stops, m, comm, _ = played.detail
         used = played.candidates.worker[stats.used_mask()].tolist()
-        row = step_row(plan, stats, stops, used, m, comm)
-        if shares is not None:  # the micro-batches each rank was dealt (its count: completed)
-            row["shares"] = shares.tolist()
-        return row
+        return step_row(plan, stats, stops, used, m, comm)  # with the shares dealt, if any
 
     def advance(self) -> None:
         self.now = self._closes

@@ -1,0 +1,97 @@
+"""advise recommends rebalance when a persistent straggler dominates (issue 25), with its
+predicted and simulated speed-up, and the recommended spec runs through `train`.
+
+The trace: 3 workers, 6 micro-batches of ~40 ms each (5% log-normal noise), worker 2 always
+1.5x slower (60 ms: 20 ms apart, so the real run's shares are the simulated ones): the
+optimal shares are 7, 7 and 4 of 18 (0.28 s a step against sync's 0.36 s).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tailtrain.advice import advise
+from tailtrain.advice.adopt import RUNNABLE
+from tailtrain.core.scenario import Scenario
+from tailtrain.runtime.config import TrainConfig
+from tailtrain.runtime.launch import Endpoint, launch, reserve
+from tailtrain.sim.run import simulate
+from tailtrain.strategies.registry import parse_strategy
+
+W, M, ITERATIONS = 3, 6, 120
+
+
+@pytest.fixture(scope="module")
+def slow_micro_trace(tmp_path_factory):
+    rng = np.random.default_rng(0)
+    seconds = 0.04 * rng.lognormal(0.0, 0.05, (ITERATIONS, W, M))
+    seconds[:, 2] *= 1.5
+    i, w, m = np.meshgrid(np.arange(ITERATIONS), np.arange(W), np.arange(M), indexing="ij")
+    path = tmp_path_factory.mktemp("rebalance") / "trace.csv"
+    table = np.column_stack([i.ravel(), w.ravel(), m.ravel(), seconds.ravel()])
+    header = "iteration,worker,micro_batch,seconds"
+    np.savetxt(
+        path, table, fmt=["%d", "%d", "%d", "%.9f"], delimiter=",", header=header, comments=""
+    )
+    return path
+
+
+@pytest.fixture(scope="module")
+def advised(slow_micro_trace):
+    return advise(slow_micro_trace, samples=400)
+
+
+@pytest.mark.timeout(300)
+def test_a_dominating_persistent_straggler_gets_rebalance_with_its_speedups(advised):
+    assert advised.persistent == [2]
+    assert advised.recommendation == "rebalance"
+    choice = advised.choice
+    assert choice.simulated is not None and choice.row.effective_speedup > 1.2
+    assert choice.simulated.effective_speedup > 1.2
+    assert advised.reason.startswith("Persistent stragglers dominate: excluding worker(s) 2")
+    assert "rather than fix or replace them" in advised.reason
+    assert f"predicted {choice.row.effective_speedup:.2f}x" in advised.reason
+    assert f"simulated {choice.simulated.effective_speedup:.2f}x" in advised.reason
+    specs = [r["spec"] for r in advised.to_json()["results"]]
+    assert {"rebalance", "rebalance:then=dropcompute"} <= set(specs)
+    assert any(note.startswith("rebalance:") for note in advised.notes)  # its row is ranked
+
+
+@pytest.mark.timeout(300)
+def test_for_a_loop_the_lines_deal_by_the_sampler_and_a_ddp_job_is_not_offered_it(
+    slow_micro_trace,
+):
+    loop = advise(slow_micro_trace, samples=400, setup="loop")
+    assert loop.recommendation == "rebalance"
+    lines = loop.adopt.lines()
+    assert lines[:3] == [
+        "from tailtrain import ShareSampler, StragglerStep",
+        'step = StragglerStep(model, optimizer, "rebalance", micro_batches=M)',
+        "sampler = ShareSampler(len(dataset), step, micro_batch_size=B)",
+    ]
+    assert "# each epoch:" in lines
+    compile("\n".join(lines), "adopt", "exec")
+    ddp = advise(slow_micro_trace, samples=400, setup="ddp")
+    assert "rebalance" not in RUNNABLE["ddp"]
+    assert all(r.row.strategy != "rebalance" for r in ddp.ranked)
+
+
+@pytest.mark.timeout(300)
+def test_the_recommended_spec_trains_and_moves_the_slow_ranks_share(advised, slow_micro_trace):
+    scenario = Scenario(
+        task="logreg",
+        workers=W,
+        micro_batches=M,
+        iterations=14,
+        eval_every=100,
+        delay=f"trace:path={slow_micro_trace}",
+    )
+    spec = advised.recommendation
+    config = TrainConfig(scenario, spec, seed=0, inject=True, timeout=60)
+    steps = launch([config], reserve(Endpoint("127.0.0.1", 0)))[0][0].record.steps
+    assert len(steps) == 14
+    assert all(sum(row["shares"]) == W * M == sum(row["completed"]) for row in steps)
+    simulated = simulate(scenario, parse_strategy(spec), 0).steps
+    assert sorted(simulated[-1]["shares"]) == [4, 7, 7]
+    assert steps[-1]["shares"][2] == 4 and sorted(steps[-1]["shares"]) == [4, 7, 7]
