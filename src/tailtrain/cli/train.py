@@ -131,6 +131,23 @@ def register(sub: argparse._SubParsersAction) -> None:
         "round trip seen, at least 2 s, at most --timeout)",
     )
     p.add_argument(
+        "--on-rank-loss",
+        choices=("stop", "shrink"),
+        default="stop",
+        help="allreduce: when a rank dies or stays silent past a deadline learned from the "
+        "round times (at most --timeout), stop (census, checkpoint, exit; --max-restarts "
+        "restarts the group) or shrink (the others go on without it, in place, no restart; "
+        "local launch; sync and fixed thresholds; give it again with --resume). Default: stop",
+    )
+    p.add_argument(
+        "--restart-lost",
+        type=int,
+        default=0,
+        metavar="N",
+        help="with --on-rank-loss shrink: start a rank that died again, up to N times; it "
+        "rejoins the live ranks at a step boundary with a live peer's state (default: 0)",
+    )
+    p.add_argument(
         "--rdzv-endpoint",
         default="127.0.0.1:0",
         metavar="HOST:PORT",
@@ -251,6 +268,8 @@ def fresh(args: argparse.Namespace):
         max_restarts=args.max_restarts,
         worker_timeout=args.worker_timeout,
         tensorboard=args.tensorboard,
+        on_rank_loss=args.on_rank_loss,
+        restart_lost=args.restart_lost,
     )
     folder = args.out
     # under torchrun, rank 0 claims the folder; a restarted rank continues the run in it
@@ -302,6 +321,8 @@ def resumed(args: argparse.Namespace):
         max_restarts=runtime["max_restarts"] if args.max_restarts is None else args.max_restarts,
         worker_timeout=runtime["worker_timeout"],
         tensorboard=args.tensorboard,
+        on_rank_loss=args.on_rank_loss,
+        restart_lost=args.restart_lost,
     )
     return config, None
 

@@ -24,6 +24,8 @@ from tailtrain.strategies.registry import parse_strategy
 BACKENDS = ("gloo", "nccl")
 #: where a rank's collectives keep their tensors; None: the backend's own (nccl: cuda)
 DEVICES = ("cpu", "cuda")
+#: ``--on-rank-loss``: stop (census, exit, restart) or shrink in place
+ON_RANK_LOSS = ("stop", "shrink")
 
 
 @dataclass(frozen=True)
@@ -48,6 +50,13 @@ class TrainConfig:
     ``tensorboard`` receives rank 0's step and evaluation scalars as they are recorded
     (``telemetry.run_record``); with ``progress``, rank 0 draws a progress bar of the rounds
     as they are recorded, when its standard error is a terminal.
+    ``on_rank_loss``: what the allreduce topology's survivors do when a rank dies or hangs:
+    ``stop`` (the default: census, checkpoint, exit, and ``max_restarts`` restarts of the
+    whole group, ``runtime.keep``) or ``shrink`` (go on without it, in place:
+    ``runtime.allreduce.shrink``). ``stop`` stays the default: shrink changes what a run
+    computes after a loss (fewer ranks a step), which a user asks for. ``restart_lost``:
+    under shrink, how often a local rank that died is started again; it rejoins the live ranks
+    at a step boundary, healed from a live peer.
     """
 
     scenario: Scenario
@@ -70,6 +79,8 @@ class TrainConfig:
     tensorboard: Path | None = None
     progress: bool = False
     device: str | None = None
+    on_rank_loss: str = "stop"
+    restart_lost: int = 0
 
     def __post_init__(self) -> None:
         if isinstance(self.strategy, str):  # a frozen dataclass: set the parsed rule in place
@@ -87,6 +98,13 @@ class TrainConfig:
         if self.worker_timeout is not None and not 0 < self.worker_timeout < math.inf:
             raise UsageError(
                 f"--worker-timeout must be finite seconds > 0, got {self.worker_timeout}"
+            )
+        if self.on_rank_loss not in ON_RANK_LOSS:
+            known = ", ".join(ON_RANK_LOSS)
+            raise UsageError(f"--on-rank-loss must be one of {known}, got {self.on_rank_loss!r}")
+        if self.restart_lost < 0 or (self.restart_lost and self.on_rank_loss != "shrink"):
+            raise UsageError(
+                f"--restart-lost {self.restart_lost}: give a count >= 0, with --on-rank-loss shrink"
             )
         if self.on_nonfinite not in ("skip", "raise"):
             raise UsageError(f"--on-nonfinite must be skip or raise, got {self.on_nonfinite!r}")

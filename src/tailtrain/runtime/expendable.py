@@ -37,9 +37,38 @@ log = logging.getLogger(__name__)
 PR_SET_PDEATHSIG = 1
 
 
-def shielded(body: Callable[[], list[RankResult]], rank: int, count: int) -> list[RankResult]:
+def shielded(
+    body: Callable[[], list[RankResult]],
+    rank: int,
+    count: int,
+    on_death: Callable[[int, str], None] | None = None,
+    again: Callable[[], list[RankResult]] | None = None,
+    restarts: int = 0,
+) -> list[RankResult]:
     """``body()`` (rank ``rank``'s ``count`` results) in a child process; its death is
-    logged and answered with placeholders whose summary says ``dead``, not raised."""
+    logged and answered with placeholders whose summary says ``dead``, not raised.
+    ``on_death(rank, why)`` tells others at once (the allreduce's shrink census). With
+    ``again``, a child that died (killed: it handed back nothing) is replaced by a new child
+    running ``again()`` (a rank that rejoins the live ones), up to ``restarts`` times."""
+    attempt = 0
+    while True:
+        outcome, status = in_child(body if attempt == 0 else again)
+        if os.waitstatus_to_exitcode(status) == 0 and outcome is not None and outcome[0] == "ok":
+            return outcome[1]
+        why = outcome[1] if outcome is not None else exit_reason(status)
+        if on_death is not None:
+            on_death(rank, why)
+        if again is None or outcome is not None or attempt >= restarts:
+            break
+        attempt += 1
+        log.warning("rank %d died (%s); started again (%d of %d)", rank, why, attempt, restarts)
+    log.warning("rank %d died (%s); the job goes on without it", rank, why)
+    dead = RunRecord(summary={"dead": why})
+    return [RankResult(rank, dead, np.zeros(0)) for _ in range(count)]
+
+
+def in_child(body: Callable[[], list[RankResult]]) -> tuple[Any, int]:
+    """Run ``body`` in a child process (module docstring); its outcome and wait status."""
     read, write = os.pipe()
     parent = os.getpid()
     pid = os.fork()
@@ -55,13 +84,7 @@ def shielded(body: Callable[[], list[RankResult]], rank: int, count: int) -> lis
         _, status = os.waitpid(pid, 0)
     finally:
         signal.signal(signal.SIGTERM, previous)
-    outcome = pickle.loads(data) if data else None
-    if os.waitstatus_to_exitcode(status) == 0 and outcome is not None and outcome[0] == "ok":
-        return outcome[1]
-    why = outcome[1] if outcome is not None else exit_reason(status)
-    log.warning("rank %d died (%s); the job goes on without it", rank, why)
-    dead = RunRecord(summary={"dead": why})
-    return [RankResult(rank, dead, np.zeros(0)) for _ in range(count)]
+    return (pickle.loads(data) if data else None), status
 
 
 def run_child(body: Callable[[], Any], fd: int) -> None:

@@ -170,7 +170,7 @@ def fired_drills(folder: Path | None) -> set[str]:
 def note_drill(folder: Path, fault: str, step: int) -> None:
     """Note on disk (flushed, fsync'ed) that ``fault`` fires now, before it fires."""
     with (Path(folder) / DRILLS).open("a") as fh:
-        fh.write(json.dumps({"fault": fault, "step": step}) + "\n")
+        fh.write(json.dumps({"fault": fault, "step": step, "at": time.time()}) + "\n")
         fh.flush()
         os.fsync(fh.fileno())
 

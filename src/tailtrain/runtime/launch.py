@@ -64,6 +64,7 @@ import torch.distributed as dist
 
 from tailtrain.core.session import check_entry
 from tailtrain.errors import TailtrainError, UsageError
+from tailtrain.runtime.allreduce.shrink import REJOIN, check_shrink, note_dead
 from tailtrain.runtime.config import RankResult, TrainConfig, build_world
 from tailtrain.runtime.control import RuleDriver
 from tailtrain.runtime.expendable import shielded
@@ -207,6 +208,11 @@ def launch(
                 raise Interrupted(interrupted_line(kept)) from None
             last = read_note(note, restart=first.max_restarts)
             line = describe_failure(exc, last)
+            if first.on_rank_loss == "shrink":  # only rank 0 is not shielded
+                line += (
+                    "; --on-rank-loss shrink goes on without any rank but 0, which keeps the "
+                    "record: add --max-restarts 1 and --out DIR to go on from a checkpoint"
+                )
             if last is None:  # nobody outlived the failure to note it (a killed server)
                 line += resume_hint(first.out)
             raise JobFailed(line) from None
@@ -261,8 +267,12 @@ def rank_entry(
     gc.freeze()
     rank = int(os.environ.get("RANK", "0"))
     try:
-        if own_launcher and rank > 0 and spec_of(configs[0].strategy).expendable_workers:
-            results = shielded(lambda: run_rank(configs, entry), rank, len(configs))
+        if own_launcher and rank > 0 and expendable(configs[0]):
+            first = configs[0]
+            on_death = note_dead if first.on_rank_loss == "shrink" else None
+            again = (lambda: run_rank(configs, entry, rejoin=True)) if first.restart_lost else None
+            body = lambda: run_rank(configs, entry)  # noqa: E731
+            results = shielded(body, rank, len(configs), on_death, again, first.restart_lost)
         else:
             results = run_rank(configs, entry)
     except BaseException:
@@ -274,6 +284,12 @@ def rank_entry(
     return results
 
 
+def expendable(config: TrainConfig) -> bool:
+    """Whether a local worker rank's death leaves the job going (``runtime.expendable``): a
+    parameter server's workers, and every rank but 0 of an allreduce that shrinks."""
+    return spec_of(config.strategy).expendable_workers or config.on_rank_loss == "shrink"
+
+
 def leave_interrupted() -> None:
     """A local rank after Ctrl-C, its part kept (``runtime.keep``): exit now, status 130.
     Returning would leave it waiting for a launcher that no longer collects results (torch
@@ -283,10 +299,20 @@ def leave_interrupted() -> None:
     os._exit(130)
 
 
-def run_rank(configs: list[TrainConfig], entry: RankEntry | None) -> list[RankResult]:
+def run_rank(
+    configs: list[TrainConfig], entry: RankEntry | None, rejoin: bool = False
+) -> list[RankResult]:
+    """This rank's runs; ``rejoin``: a rank started again after it died
+    (``--restart-lost``), which joins the live ranks' generation instead of the job's
+    process group (``runtime.allreduce.shrink``)."""
     first = configs[0]
     torch.set_num_threads(first.threads)
-    comm = join(first)
+    if rejoin:
+        os.environ[REJOIN] = "1"
+        rank, size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+        comm = Collectives(rank, size, torch.device("cpu"))
+    else:
+        comm = join(first)
     tag_logs(comm.rank, first.verbose)
     results = []
     for config in configs:  # after a Ctrl-C, no config starts (rank_entry leaves)
@@ -299,7 +325,8 @@ def run_rank(configs: list[TrainConfig], entry: RankEntry | None) -> list[RankRe
             break
     for result in results:  # flush TensorBoard; a sink does not go back by pickle
         close_record(result.record)
-    dist.destroy_process_group()  # only on success: after a failure the launcher stops us
+    if dist.is_initialized():  # a rank started again never joined the job's group
+        dist.destroy_process_group()  # only on success: after a failure the launcher stops us
     return results
 
 
@@ -372,6 +399,8 @@ def validate(config: TrainConfig, *, local: bool) -> None:
     # every rank's own entry check (a task with no model, among others), before any starts
     check_entry(world, spec.processes(scenario.workers), servers=spec.extra_ranks)
     check_rule(strategy, spec, world.context, local=local)
+    if config.on_rank_loss == "shrink":
+        check_shrink(strategy, str(spec.topology), local=local, ctx=world.context)
 
 
 def check_rule(strategy: Strategy, spec: TopologySpec, ctx: Context, *, local: bool) -> None:

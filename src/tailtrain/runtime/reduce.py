@@ -29,7 +29,7 @@ from __future__ import annotations
 import datetime
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
@@ -91,6 +91,9 @@ class Collectives:
         self.group = group
         self.timeout = timeout
         self._drill: FaultDrill | None = None
+        #: waits for this group's collectives instead of ``Work.wait`` when set: the
+        #: allreduce's shrink bounds each by a learned deadline (``runtime.allreduce.shrink``)
+        self.watch: Callable[[dist.Work], None] | None = None
 
     @property
     def drill(self) -> FaultDrill:
@@ -120,7 +123,9 @@ class Collectives:
     def _wait(self, work: dist.Work | None) -> None:
         if work is None:
             return
-        if self.timeout is None:
+        if self.watch is not None:
+            self.watch(work)
+        elif self.timeout is None:
             work.wait()
         else:
             work.wait(self.timeout)

@@ -257,8 +257,9 @@ def split_round(rows: np.ndarray, timing: np.ndarray | None) -> RoundTimes:
     if timing is None:
         unknown = np.full(len(compute), np.nan)
         return RoundTimes(done, compute, injected, unknown, unknown, unknown, math.nan)
-    allreduce, wall = timing[:, 0], float(timing[:, 1].max())
-    return _parts(rows, allreduce, np.full(len(compute), float(allreduce.min())), wall)
+    # NaN: a rank lost before it could send its timings (``runtime.allreduce.shrink``)
+    allreduce, wall = timing[:, 0], float(np.nanmax(timing[:, 1]))
+    return _parts(rows, allreduce, np.full(len(compute), float(np.nanmin(allreduce))), wall)
 
 
 def split_step(compute: float, injected: float, call: float, comm: float, wall: float):
@@ -318,12 +319,18 @@ def time_means(steps: Sequence[dict[str, Any]]) -> dict[str, float]:
     rows = [r for r in steps if "rank_overhead" in r]
     if not rows:
         return {key: math.nan for key in TIME_PARTS.values()}
-    table = {c: np.array([r[c] for r in rows], dtype=np.float64) for c in TIME_PARTS if c[0] == "r"}
-    table["compute"] = np.array([r["rank_compute"] for r in rows]) - table["rank_injected"]
-    keep = ~np.isnan(table["rank_overhead"]).any(axis=1)
-    if not keep.any():
+    # rows of a shrinking run hold fewer ranks after a loss: one flat array per part
+    keep = [r for r in rows if not np.isnan(np.asarray(r["rank_overhead"], np.float64)).any()]
+    if not keep:
         return {key: math.nan for key in TIME_PARTS.values()}
-    return {key: float(table[c][keep].mean()) for c, key in TIME_PARTS.items()}
+    table = {
+        c: np.concatenate([np.asarray(r[c], np.float64) for r in keep])
+        for c in TIME_PARTS
+        if c[0] == "r"
+    }
+    compute = np.concatenate([np.asarray(r["rank_compute"], np.float64) for r in keep])
+    table["compute"] = compute - table["rank_injected"]
+    return {key: float(table[c].mean()) for c, key in TIME_PARTS.items()}
 
 
 def allreduce_row(

@@ -424,6 +424,12 @@ class Strategy(ABC):
         del stats
         return state
 
+    def follow_world(self, state: Any, ctx: Context) -> Any | None:
+        """The state for a live world of ``ctx.n_workers`` ranks after some were lost or came
+        back (``train --on-rank-loss shrink``, ``runtime.allreduce.shrink``), or None where
+        the rule cannot follow it. A rule that never changes its state starts again."""
+        return self.init(ctx) if self.keeps_state else None
+
     @property
     def keeps_state(self) -> bool:
         """Whether the rule never changes its state: it keeps :meth:`adapt` as it is here. The

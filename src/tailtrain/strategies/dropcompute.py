@@ -145,6 +145,15 @@ class DropCompute(Strategy):
             return state
         return self._calibrated(state)
 
+    def follow_world(self, state: DropComputeState, ctx: Context) -> DropComputeState | None:
+        """A fixed tau (Local-SGD's period is fixed too) follows the live world: the divisor
+        N of divide-by=m (Eq. 1) becomes the live ranks, the counts go on. A tau or M' drawn
+        from calibration samples of the world measured (Algorithm 2, a drop rate, a larger
+        batch) cannot: its window holds rows of the ranks it had (None)."""
+        if self.calibrates:
+            return None
+        return replace(state, n_workers=ctx.n_workers)
+
     # ---- calibration (Algorithm 2) ------------------------------------------------------------
     @property
     def calibrates(self) -> bool:

@@ -63,6 +63,7 @@ D-vector in the allreduce and no allreduce rule reads it, so it is NaN here.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import os
 import time
@@ -79,6 +80,14 @@ from tailtrain.core.scenario import World, budget_spent
 from tailtrain.core.session import RunKeeper, check_entry
 from tailtrain.core.update import GradientStats, WeightedUpdate, key_workers, screen_own
 from tailtrain.errors import TailtrainError
+from tailtrain.runtime.allreduce.shrink import (
+    Broken,
+    Census,
+    GroupCollectives,
+    OnRankLoss,
+    Refused,
+    Shrinker,
+)
 from tailtrain.runtime.config import RankResult, TrainConfig, build_world
 from tailtrain.runtime.control import (
     RankWeighting,
@@ -100,7 +109,7 @@ from tailtrain.runtime.keep import (
     stop_on_sigterm,
 )
 from tailtrain.runtime.rank import Updates, drive_rank
-from tailtrain.runtime.reduce import Collectives, SumBuffer, WeightedSum
+from tailtrain.runtime.reduce import Collectives, PeerFailure, SumBuffer, WeightedSum
 from tailtrain.runtime.telemetry import (
     RankLog,
     Settled,
@@ -128,8 +137,9 @@ from tailtrain.topology.allreduce import (
 
 #: column of the first unit time in a gathered row [C_n, T~_n, injected, t_n^(1..U)]
 TIMES = 3
-#: the allreduce's extras: [loss sum, units, ||G_n||^2, non-finite, weight withheld, Ctrl-C]
-EXTRAS = 6
+#: the allreduce's extras: [loss sum, units, ||G_n||^2, non-finite, weight withheld, Ctrl-C,
+#: a rank asks to join (``runtime.allreduce.shrink``)]
+EXTRAS = 7
 #: settled rounds whose record rows are made together (:func:`flush`), a static rule's
 #: accounted with them: one a round costs ~50-90 us (~150 accounted) with its code cold from
 #: the compute, a batch a fraction of that
@@ -168,6 +178,17 @@ class Unsettled:
 
     ex: Exchange
     stats: StepStats | None = None
+    #: under ``--on-rank-loss shrink``: the original ranks of the round's generation, in
+    #: their order (its arrival n is rank ``live[n]``'s), and the ranks lost just before it
+    live: tuple[int, ...] | None = None
+    dead: tuple[int, ...] = ()
+    rejoined: tuple[int, ...] = ()
+    #: under shrink: the index in its generation of the rank that made the exchange, and the
+    #: rule as started for that generation's world
+    index: int | None = None
+    rule: RuleDriver | None = None
+    #: under shrink: the wall clock (Unix seconds) when this rank applied the round's update
+    committed: float = math.nan
 
 
 @dataclass
@@ -187,6 +208,8 @@ class _Rank:
     update: WeightedUpdate
     grads: ModuleGrads
     keeper: Keeper
+    #: this rank's original rank (its data shard and delays), whatever its generation's
+    rank: int = 0
     #: the agreed clock: settled rounds' wall seconds plus the latest round's estimate
     now: float = 0.0
     #: wall seconds of the settled rounds
@@ -204,12 +227,26 @@ class _Rank:
     sums: SumBuffer | None = None
     #: a rank asked to stop (Ctrl-C) in the latest round's allreduce: every rank stops there
     interrupted: bool = False
+    #: ``--on-rank-loss shrink``'s protocol (``runtime.allreduce.shrink``; None: stop)
+    shrinker: Shrinker | None = None
+    #: under shrink: the delay draws as they stood before the round in flight drew its own
+    drawn: dict[str, Any] | None = None
+    #: under shrink: the ranks lost and taken in again since the latest round, for its row
+    lost: tuple[int, ...] = ()
+    joined: tuple[int, ...] = ()
+    #: under shrink: this rank (the lowest member) saw a rank ask to join; the latest round's
+    #: allreduce said some rank did, so every member takes it in after the round
+    joins_waiting: bool = False
+    grow: bool = False
 
     # ---- the topology's contract (``runtime.rank.RankRun``) ----------------------------------
     def updates(self) -> Updates:
         return rounds(self)
 
     def failed(self, exc: BaseException) -> BaseException:
+        if isinstance(exc, Refused):  # the survivors went on without it: nothing to keep
+            self.log.warning("%s", exc)
+            return exc
         return failed(self, exc)
 
     def finish(self) -> RankResult:
@@ -253,18 +290,133 @@ def rounds(run: _Rank) -> Updates:
     each round's index is yielded as its work starts (``runtime.rank``: the drills)."""
     scenario, keeper = run.world.scenario, run.keeper.run
     keeper.begin(run.evals, scorer(run), resumed=run.keeper.saved is not None)
-    run.comm.barrier()  # round 0 starts together, as the simulator's workers all start at 0
+    if run.shrinker is not None and run.shrinker.rejoining:  # started again: join the others
+        shrink(run, join=True)
+    else:
+        run.comm.barrier()  # round 0 starts together, as the simulator's workers all start at 0
     while not run.interrupted and not budget_spent(
         scenario, run.step, run.now, (plan := run.rule.plan()).iteration_scale
     ):
         before = scorer(run)
         yield run.step
-        one_round(run, plan)
-        if keeper.stepped(run.evals, run.step, run.now, before, scorer(run)):
-            run.comm.barrier()
+        if run.shrinker is None:
+            one_round(run, plan)
+            if keeper.stepped(run.evals, run.step, run.now, before, scorer(run)):
+                run.comm.barrier()
+        else:
+            try:
+                shrinkable_round(run, plan, before)
+                if run.grow:  # a rank asked to join: every member takes it in now
+                    shrink(run, grow=True)
+            except (Broken, PeerFailure) as exc:
+                run.log.warning("%s", exc)
+                shrink(run)
+                continue
         run.keeper.completed(run.step, lambda: state_of(run))
+    if run.shrinker is not None:
+        run.shrinker.finished()
     settle_last(run)
     keeper.end(run.evals, run.step, run.now, scorer(run), interrupted=run.interrupted)
+
+
+def shrinkable_round(run: _Rank, plan: Plan, before: Any) -> None:
+    """One round under ``--on-rank-loss shrink``: the delay draws kept before it draws its own
+    (a round in flight is computed again after a shrink), the barrier after rank 0's
+    evaluation bounded by --timeout rather than the deadline."""
+    assert run.shrinker is not None
+    run.drawn = drawn_now(run)
+    one_round(run, plan)
+    if run.keeper.run.stepped(run.evals, run.step, run.now, before, scorer(run)):
+        watch = run.comm.watch
+        watch.patient = True
+        try:
+            run.comm.barrier()
+        finally:
+            watch.patient = False
+
+
+def drawn_now(run: _Rank) -> dict[str, Any]:
+    """The delay draws as they stand (the clock and the delay process)."""
+    return {
+        "clock": checkpoint.with_comm(run.injector.clock, ("process",)),
+        "delays": checkpoint.delay_state(run.world.process),
+    }
+
+
+def shrink(run: _Rank, grow: bool = False, join: bool = False) -> None:
+    """The survivors' census (``grow``: the members' step boundary that takes joiners in),
+    their new generation and its sync from the lead member (``runtime.allreduce.shrink``);
+    this rank goes on from the round the lead completed."""
+    shrinker = run.shrinker
+    assert shrinker is not None
+    run.grow = run.joins_waiting = False
+    if grow:  # at a step boundary the draws are the next round's
+        run.drawn = drawn_now(run)
+    flush(run)
+    rows = len(run.record.steps)
+    sync = lambda new, found: sync_from_lead(run, new, found)  # noqa: E731
+    comm, found = shrinker.regroup(run.comm, run.step, rows, sync, grow=grow, join=join)
+    run.comm, run.sums = comm, None
+    ctx = dataclasses.replace(run.world.context, n_workers=len(found.members))
+    state = run.rule.strategy.follow_world(run.rule.state, ctx)  # checked at start: not None
+    run.rule = RuleDriver(run.rule.strategy, ctx)
+    run.rule.state = state
+    run.lost = tuple(sorted({*run.lost, *found.dead}))
+    run.joined = tuple(sorted({*run.joined, *found.joined}))
+
+
+def sync_from_lead(run: _Rank, comm: GroupCollectives, found: Census) -> None:
+    """The lead member's state on every member of the new generation (module docstring of
+    ``runtime.allreduce.shrink``, SYNCING); nothing changes here before it has come."""
+    shrinker = run.shrinker
+    assert shrinker is not None
+    lead = max(found.members, key=lambda m: (found.steps[m], -m))
+    fewest = min(found.rows.values())
+    mine = lead_state(run, fewest) if shrinker.rank == lead else None
+    state = comm.broadcast_object(mine, found.members.index(lead))
+    if shrinker.rank != lead:
+        take_state(run, state, found.rows[shrinker.rank] - fewest)
+
+
+def lead_state(run: _Rank, fewest: int) -> dict[str, Any]:
+    """What the others take from the lead: its state after its last completed round and the
+    record rows past the ``fewest`` any member holds."""
+    return {
+        "step": run.step,
+        "clocks": (run.now, run.settled, run.comm_time, run.timing),
+        "learner": checkpoint.capture(run.learner, checkpoint.MODEL_STATIC),
+        "update": run.update.state_dict(),
+        "rule": run.rule.state_dict(),
+        "unsettled": run.unsettled,
+        "rows": run.record.steps[fewest:],
+        "evaluator": RunKeeper.evaluator_state(run.evals),
+        "drawn": run.drawn,
+        "torch_rng": torch.get_rng_state(),
+        "longest": run.shrinker.deadline.longest if run.shrinker is not None else 0.0,
+    }
+
+
+def take_state(run: _Rank, state: dict[str, Any], have: int) -> None:
+    """Go on from the lead's ``state``; ``have``: the rows of ``state["rows"]`` this rank
+    already holds (every rank's rows are the same, made from gathered data)."""
+    run.step = int(state["step"])
+    run.now, run.settled, run.comm_time, run.timing = state["clocks"]
+    checkpoint.restore(run.learner, state["learner"])
+    run.update.load_state_dict(state["update"])
+    run.rule.load_state_dict(state["rule"])
+    run.unsettled, run.settling = state["unsettled"], []
+    for row in state["rows"][have:]:
+        run.record.add_step(row)
+    checkpoint.restore(run.evals, state["evaluator"])
+    if state["drawn"] is not None:
+        checkpoint.restore_with_comm(run.injector.clock, state["drawn"]["clock"])
+        checkpoint.restore(run.world.process, state["drawn"]["delays"])
+    torch.set_rng_state(state["torch_rng"])
+    if run.shrinker is not None:
+        run.shrinker.deadline.seen(float(state["longest"]))
+    # the drills of the rounds this rank skipped are past (a kill would fire again)
+    drill = run.comm.drill
+    drill.reached = max(drill.reached, run.step - 1)
 
 
 def scorer(run: _Rank):
@@ -303,9 +455,12 @@ def start(config: TrainConfig, comm: Collectives) -> _Rank:
         update=WeightedUpdate(world.lr, config.on_nonfinite),
         grads=grads,
         keeper=keeper,
+        rank=comm.rank,
     )
-    if keeper.saved is not None:
-        resume(run, keeper.saved)
+    if config.on_rank_loss == OnRankLoss.SHRINK:
+        run.shrinker = Shrinker.start(comm, config.timeout)
+    if keeper.saved is not None and (run.shrinker is None or not run.shrinker.rejoining):
+        resume(run, keeper.saved)  # a rank started again takes a live peer's state instead
     elif config.out is not None and comm.rank == 0:
         attach(run.record, reopen_records(config.out, None, None)[0])
     return run
@@ -395,8 +550,25 @@ def row_of(
     times = split_round(rows, timing)
     # rank n's round is arrival n (round_arrivals), so the used ranks are the used keys' own
     used = sorted(key_workers(stats.used).tolist())
+    if done.live is not None:  # arrival n is the generation's n-th member (original rank)
+        used = [done.live[n] for n in used]
     row = allreduce_row(done.ex.plan, stats, times, used, done.ex.m, settled)
+    if done.live is not None:
+        row |= shrink_columns(run, done)
     return RunKeeper.note_nonfinite(row, int(done.ex.extras[3]))
+
+
+def shrink_columns(run: _Rank, done: Unsettled) -> dict[str, Any]:
+    """A shrinking run's row columns (``runtime.allreduce.shrink``): the ranks that stepped,
+    those lost just before the round, the samples of the lost shards it did without, and
+    when (Unix seconds) the round's update was applied here: the time from a fault to the
+    next committed step is read off it and ``drills.jsonl``'s ``at``."""
+    n = run.world.scenario.workers
+    units = done.ex.plan.local_steps * done.ex.m
+    skipped = (n - len(done.live)) * units * run.world.task.batch_size
+    columns = {"live": list(done.live), "dead": list(done.dead), "skipped": int(skipped)}
+    columns["rejoined"] = list(done.rejoined)
+    return columns | {"committed_at": done.committed}
 
 
 def one_round(run: _Rank, plan: Plan) -> None:
@@ -405,7 +577,8 @@ def one_round(run: _Rank, plan: Plan) -> None:
     run.log.step = run.step
     if plan.shares is None:
         batches = run.learner.batches(run.step, units)
-        mine, width = batches[run.comm.rank], units
+        # this rank's own shard, whatever its index in a shrunk generation
+        mine, width = batches[run.rank], units
         injected = run.injector.unit_times(plan.local_steps, m, run.now)
     else:
         batches, mine, injected, width = dealt(run, plan, m)
@@ -428,8 +601,13 @@ def one_round(run: _Rank, plan: Plan) -> None:
         reduced, excluded = reduce(run, work, own.weight, sums)
     rows, timing, screened = reduced.rows
     run.interrupted = reduced.extras[5] > 0
+    run.grow = reduced.extras[6] > 0
     if plan.requeue_dropped:
-        run.learner.requeue(batches, rows[:, 0].astype(np.int64))
+        done_units = rows[:, 0].astype(np.int64)
+        if run.shrinker is not None:  # the gathered rows are the live ranks', in order
+            done_units = np.full(len(batches), batches.shape[1], dtype=np.int64)
+            done_units[run.shrinker.members] = rows[:, 0]
+        run.learner.requeue(batches, done_units)
     if run.unsettled is not None:
         settle(run, timing)
     # the agreed clock (module docstring, 5.): the slowest compute and the latest T^c
@@ -450,9 +628,15 @@ def one_round(run: _Rank, plan: Plan) -> None:
         own.divisor,
     )
     done = Unsettled(ex)
+    if run.shrinker is not None:
+        done.live, done.dead, run.lost = tuple(run.shrinker.members), run.lost, ()
+        done.rejoined, run.joined, done.index = run.joined, (), run.comm.rank
+        done.rule = run.rule
     # a static rule's next plan owes nothing to this round's statistics: they wait for its row
     divisor = own.divisor if run.rule.keeps_state else account(run, done).divisor
     apply(run, reduced, divisor, plan.lr_scale)
+    if run.shrinker is not None:
+        done.committed = time.time()
     run.unsettled, run.now = done, end
     cap = plan.threshold if plan.preempt else math.inf  # telemetry.TraceRows.add
     # a round of shares is one delay iteration of M units in the trace (telemetry.TraceRows)
@@ -504,11 +688,14 @@ def reduce(run: _Rank, work: RankWork, weight: float, sums: SumBuffer) -> tuple[
         run.log.warning("non-finite gradient: this rank joins the round with weight 0")
         loss_sum, done, excluded, weight = 0.0, 0, weight, 0.0
     gsq = sq_norm if done > 0 else 0.0
-    extras = (loss_sum, done, gsq, float(bad), excluded, float(interrupt_requested()))
+    joins = float(run.joins_waiting)
+    extras = (loss_sum, done, gsq, float(bad), excluded, float(interrupt_requested()), joins)
     # lists, not arrays: the buffer takes them in one write (SumBuffer.fill)
     row = [work.done, work.compute, work.injected, *work.times]
     rows = (row, run.timing, (float(bad),))
     pending = run.comm.start(sums, weight, extras, rows, None if grad is sums.grad else grad)
+    if run.shrinker is not None and run.comm.rank == 0:  # in the collective's shadow
+        run.joins_waiting = run.shrinker.joins_waiting()
     if len(run.settling) >= ROWS_AT_ONCE:  # in the collective's shadow
         try:
             flush(run)
@@ -539,11 +726,15 @@ def account(run: _Rank, done: Unsettled) -> RankWeighting:
     ex = done.ex
     plan, step = ex.plan, ex.step
     arrivals = round_arrivals(step, ex.start, ex.rows[:, 0], ex.rows[:, 1], plan.local_steps * ex.m)
-    weighting = run.rule.weights(arrivals, run.comm.rank)
+    # the rank whose weight the exchange holds, in its round's generation (a shrink may hand
+    # this rank another member's round: ``runtime.allreduce.shrink``, SYNCING)
+    index = run.comm.rank if done.index is None else done.index
+    rule = run.rule if done.rule is None else done.rule  # the rule of the round's world
+    weighting = rule.weights(arrivals, index)
     try:
         check_own_weight(ex.weight, weighting.weight)
         check_agreement(weighting.total, ex.total)
-        if run.rule.keeps_state:  # its update went ahead with ex.divisor
+        if rule.keeps_state:  # its update went ahead with ex.divisor
             check_divisor(ex.divisor, weighting.divisor)
     except TailtrainError as err:  # a static rule's is checked rounds later: say which
         raise TailtrainError(f"round {step}: {err}") from None
@@ -558,7 +749,7 @@ def account(run: _Rank, done: Unsettled) -> RankWeighting:
     done.stats = round_stats(
         step, plan.k, ex.time, arrivals, used, scalars, lr, times, ex.comm_time
     )
-    run.rule.adapt(done.stats)
+    rule.adapt(done.stats)
     return weighting
 
 
@@ -568,10 +759,24 @@ def settle(run: _Rank, timing: np.ndarray) -> None:
     done, run.unsettled = run.unsettled, None
     # every entry is a measured time: a round is settled by the one after it
     run.comm_time, elapsed = round_times(timing)
+    if run.shrinker is not None:  # the deadline is learned from the settled rounds
+        run.shrinker.deadline.seen(elapsed)
     run.settled += elapsed
     run.now = run.settled
     run.trace.charge(done.ex.step, elapsed)
+    if done.live is not None and run.shrinker is not None and len(done.live) != len(timing):
+        timing = lost_timings(done.live, run.shrinker.members, timing)
     run.settling.append((done, Settled(run.settled, run.comm_time), timing))
+
+
+def lost_timings(live: tuple[int, ...], members: list[int], timing: np.ndarray) -> np.ndarray:
+    """A round's timings laid out for its own generation's ``live`` ranks, from ``timing``
+    gathered over the next generation's ``members``: NaN for the ranks lost between."""
+    full = np.full((len(live), timing.shape[1]), np.nan)
+    for n, rank in enumerate(members):
+        if rank in live:
+            full[live.index(rank)] = timing[n]
+    return full
 
 
 def flush(run: _Rank) -> None:
@@ -595,6 +800,9 @@ def finish(run: _Rank) -> RankResult:
     """Gather the traces on rank 0, write the outputs, summarise (partial after Ctrl-C)."""
     if run.comm.rank == 0:
         topology = {**summarise(run.record), **time_means(run.record.steps)}
+        if run.shrinker is not None:
+            # each shrink: [generation, the round in flight, the ranks lost, seconds it took]
+            topology["generations"] = [list(h) for h in run.shrinker.history]
         run.record.summary = run.keeper.run.summary(
             run.world, run.rule.strategy, run.record, topology
         )
@@ -604,4 +812,4 @@ def finish(run: _Rank) -> RankResult:
             run.keeper.finish(run.record)
     if run.interrupted:
         run.keeper.interrupted(run.record, run.step)
-    return RankResult(run.comm.rank, run.record, run.learner.theta.numpy().copy())
+    return RankResult(run.rank, run.record, run.learner.theta.numpy().copy())

@@ -1,0 +1,547 @@
+"""Lose a rank, keep training: the allreduce topology's shrink in place (issue 26).
+
+With ``--on-rank-loss shrink`` (``TrainConfig.on_rank_loss``; the default ``stop`` keeps the
+census, exit and ``--max-restarts`` restart of ``runtime.keep``), the ranks of a local launch
+go on without a rank that died or stayed silent, with no restart and no checkpoint read.
+
+**Generations.** The ranks step in a *generation* g: its members (original ranks, sorted)
+and a process group among them. Generation 0 is the job's default group. Generation g > 0 is a
+fresh ``ProcessGroupGloo`` over ``PrefixStore(f"gen{g}", store)`` with the members renumbered
+0..L-1 in order, as torchft's ``ProcessGroupGloo.configure`` builds each quorum's group:
+``torch.distributed.new_group`` needs every member of the broken group, and ``shrink_group``'s
+abort path still hangs survivors. The group a generation leaves is aborted
+(``ProcessGroupGloo.abort``), so its stuck collective never holds the process at exit.
+``store`` is the elastic agent's (``MASTER_ADDR:MASTER_PORT`` with
+``TORCHELASTIC_USE_AGENT_STORE``): it lives in the launcher, not in a rank, so it outlives any
+rank, and its keys sit under ``tailtrain/shrink/{run id}/{restart}``.
+
+**States** (:class:`ShrinkPhase`) of one rank:
+
+* ``STEPPING``: rounds as ``runtime.allreduce.rounds``; each collective is waited for by
+  polling (:class:`Watch`, 0.5 ms sleeps), so that every wait has two bounds: the
+  *deadline* and the generation's ``broken`` key. The deadline is learned as the parameter
+  server's ``--worker-timeout`` is (``runtime.ps.liveness``): :data:`DEADLINE_FACTOR` times
+  the longest settled round, at least :data:`MIN_DEADLINE` seconds, never more than
+  ``--timeout``; before a round settled, and at the barriers around rank 0's evaluations,
+  it is ``--timeout``.
+  A collective that fails (a peer's socket closed: SIGKILL) or outlives the deadline (a hung
+  peer: SIGSTOP, a frozen thread) sets ``gen{g}/broken``; every member sees that key within
+  :data:`CHECK` seconds of entering its next collective, and leaves it.
+* ``CENSUS``: the rank flushes its record rows, checks in (``gen{g}/in/{rank}`` = the rounds
+  it completed and its rows) and waits until every member of g has checked in or is known dead
+  (``dead/{rank}``, set by the shield of ``runtime.expendable`` the moment the rank's process
+  dies), or until the census window passes: :data:`WINDOW_FACTOR` times the longest round (a
+  live member may be inside one compute), at least :data:`MIN_WINDOW`, at most the deadline.
+  The first rank to close it (``store.add`` on ``gen{g}/closer``) writes the members of g + 1,
+  the ranks checked in at that moment; everyone waits (bounded) for that list.
+* A rank not in the list (it checked in late: it hung past the deadline and woke, or it was
+  slower than the window) goes on to JOINING below; its work after the last round it
+  completed counts nowhere, so nothing is counted twice.
+* ``FORMING``: the members build generation g + 1's group (bounded by the deadline). When a
+  member dies meanwhile (a death during the census or the forming), forming fails or the first
+  collective breaks, and the protocol runs again from g + 1: at most once per member.
+* ``SYNCING``: the lead member, the one that completed the most rounds (the lowest rank among
+  equals), broadcasts its state over the new group: parameters, update and rule state, the
+  clock, the unsettled round, the delay draws as they stood before its round in flight, and
+  the record rows the others lack. A rank can be at most one round ahead of another (a round
+  completes only once every member reduced into it), so the group goes on from the last round
+  any survivor completed, and the round in flight is computed again by the live ranks.
+* ``JOINING``: a rank that came after a census (it woke from a hang) does not leave: it asks to
+  join (``join/{rank}`` = its step and rows, and the ``joins`` counter) and waits, up to
+  ``--timeout``, for ``joined/{rank}``; if the run ends first (``finished``) it is
+  ``REFUSED`` (:class:`Refused`) and leaves. Its round in flight counts nowhere, so nothing
+  is counted twice.
+* ``GROWING``: the lowest member looks at the ``joins`` counter at most every
+  :data:`JOIN_LOOK` seconds, while a round's allreduce runs, and says what it saw in the next
+  round's allreduce (an extra), so every member learns it after the same round. At that step
+  boundary the lowest member takes in the ranks that asked (``gen{g}/grow``, ``joined/{j}``),
+  and the members and joiners form generation g + 1 and sync from the lead (a member) as
+  above: the heal takes the model, update, rule, clock and record from a live peer, never
+  from disk. The rows record ``rejoined``. A heal that loses a member runs the census again.
+
+Every wait above is bounded: by the deadline, the census window or ``--timeout`` (``timedelta``
+timeouts on the store and on each generation's group).
+
+**The smaller world.** Each live rank keeps its own data shard and per-rank batch (the global
+batch shrinks to L ranks' batches: "the same per-rank batch"); the dead rank's shard is
+skipped, and each round's record row counts it: ``live`` (the original ranks that stepped),
+``dead`` (the ranks lost at that round) and ``skipped`` (samples the lost ranks' shards did not
+contribute, in this round). The update is the average over the live ranks' gradients: the rule
+follows the live world (``Strategy.follow_world`` with ``n_workers`` = L, applied to the
+lead's rule state): sync starts again (k = L), a fixed DropCompute tau and Local-SGD's period
+stay and their divisor N becomes L (Eq. 1). A rule whose state came from calibration samples
+of the world it measured (DropCompute's ``threshold=auto``, a drop rate, a larger batch)
+cannot follow: it refuses shrink in one line at start (:func:`check_shrink`).
+
+**Rank 0** keeps the record and answers the launcher: its death stops the job as with
+``stop`` (the launcher's line says to restart with ``--max-restarts``), and a census that
+lost it (rank 0 hung) ends every rank with a line saying so. Under torchrun shrink is refused:
+torchrun's agent stops the job when any rank dies. A killed rank does not come back by itself
+unless ``--restart-lost N``: the shield (``runtime.expendable``) then starts it again, up to
+N times, without the job's process group, and it asks to join at once (JOINING) and is
+healed as a woken rank is; a hung one that wakes always asks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import datetime
+import json
+import logging
+import os
+import pickle
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from tailtrain.errors import TailtrainError, UsageError
+from tailtrain.runtime.reduce import Collectives, RankRow
+from tailtrain.strategies.base import Context
+
+log = logging.getLogger(__name__)
+
+#: the deadline: DEADLINE_FACTOR times the longest settled round, at least MIN_DEADLINE
+#: seconds (the parameter server's ``runtime.ps.liveness`` bound, the same figures)
+DEADLINE_FACTOR = 10.0
+MIN_DEADLINE = 2.0
+#: the census window: WINDOW_FACTOR times the longest round, at least MIN_WINDOW seconds
+WINDOW_FACTOR = 3.0
+MIN_WINDOW = 0.5
+#: seconds between two looks at the generation's ``broken`` key while a collective runs
+CHECK = 0.02
+#: seconds a waiting rank sleeps between two looks at its collective
+POLL = 0.0005
+#: seconds between two looks of the lowest member for ranks asking to join
+JOIN_LOOK = 0.2
+#: set (to "1") in a rank started again after it died (``--restart-lost``): it joins
+REJOIN = "TAILTRAIN_REJOIN"
+
+
+class OnRankLoss(StrEnum):
+    """What the allreduce's survivors do when a rank dies or hangs (``--on-rank-loss``)."""
+
+    STOP = "stop"
+    SHRINK = "shrink"
+
+
+class ShrinkPhase(StrEnum):
+    """A rank's state in the shrink protocol (module docstring)."""
+
+    STEPPING = "stepping"
+    CENSUS = "census"
+    JOINING = "joining"
+    GROWING = "growing"
+    REFUSED = "refused"
+    FORMING = "forming"
+    SYNCING = "syncing"
+
+
+class Broken(TailtrainError):
+    """This rank's generation broke: a collective failed, outlived the deadline, or a peer
+    said so (``gen{g}/broken``)."""
+
+
+class Refused(TailtrainError):
+    """The survivors formed their new group without this rank (it came after the census)."""
+
+
+def check_shrink(strategy: Any, topology: str, *, local: bool, ctx: Any = None) -> None:
+    """``--on-rank-loss shrink``'s one-line refusals, before any process starts."""
+    if topology != "allreduce":
+        raise UsageError(
+            f"--on-rank-loss shrink is for the allreduce topology; {strategy.describe()!r} "
+            f"runs on {topology}: use --on-rank-loss stop"
+        )
+    if not local:
+        raise UsageError(
+            "--on-rank-loss shrink needs a local launch (--workers N): torchrun's agent stops "
+            "the job when any rank dies; use --on-rank-loss stop under torchrun"
+        )
+    ctx = ctx if ctx is not None else Context(n_workers=2)
+    smaller = dataclasses.replace(ctx, n_workers=max(1, ctx.n_workers - 1))
+    if strategy.follow_world(strategy.init(ctx), smaller) is None:
+        raise UsageError(
+            f"--on-rank-loss shrink: {strategy.describe()!r} adapts its state to the world it "
+            "measured (a calibrated tau or batch), which a smaller world cannot take over; "
+            "shrink takes sync and fixed thresholds (dropcompute:threshold=T, local-sgd); "
+            "use --on-rank-loss stop for this one"
+        )
+
+
+# ---- the store ---------------------------------------------------------------------------------
+def prefix(env: Any = os.environ) -> str:
+    """This run's keys in the agent's store (module docstring)."""
+    run = env.get("TORCHELASTIC_RUN_ID", "local")
+    return f"tailtrain/shrink/{run}/{env.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+
+
+def open_store(timeout: datetime.timedelta, env: Any = os.environ) -> dist.Store:
+    """A client of the agent's store, under this run's prefix."""
+    host, port = env["MASTER_ADDR"], int(env["MASTER_PORT"])
+    base = dist.TCPStore(host, port, is_master=False, timeout=timeout)
+    return dist.PrefixStore(prefix(env), base)
+
+
+def note_dead(rank: int, why: str) -> None:
+    """The shield of a dead rank (``runtime.expendable``) says so in the store at once, so the
+    census need not wait its window for it."""
+    try:
+        open_store(datetime.timedelta(seconds=5)).set(f"dead/{rank}", why)
+    except Exception as exc:  # the census's window still closes without it
+        log.warning("could not note rank %d dead: %s", rank, exc)
+
+
+# ---- the deadline and the watched wait ---------------------------------------------------------
+@dataclass
+class Deadline:
+    """The learned deadline (module docstring): ``longest`` settled round seconds so far."""
+
+    timeout: float
+    longest: float = 0.0
+
+    def seen(self, seconds: float) -> None:
+        if seconds == seconds:  # not NaN
+            self.longest = max(self.longest, seconds)
+
+    @property
+    def bound(self) -> float:
+        if self.longest <= 0.0:
+            return self.timeout
+        return min(self.timeout, max(MIN_DEADLINE, DEADLINE_FACTOR * self.longest))
+
+    @property
+    def window(self) -> float:
+        if self.longest <= 0.0:
+            return min(self.timeout, MIN_DEADLINE)
+        return min(self.bound, max(MIN_WINDOW, WINDOW_FACTOR * self.longest))
+
+
+class Watch:
+    """Waits for one generation's collectives (``Collectives.watch``): each wait ends when the
+    collective does, at the deadline, or when the generation's ``broken`` key appears; the
+    last two raise :class:`Broken` after setting the key for the others."""
+
+    def __init__(self, store: dist.Store, generation: int, deadline: Deadline) -> None:
+        self.store, self.generation, self.deadline = store, generation, deadline
+        self.key = f"gen{generation}/broken"
+        #: a barrier around rank 0's evaluation waits up to --timeout, not the deadline
+        self.patient = False
+
+    def __call__(self, work: dist.Work) -> None:
+        start = time.monotonic()
+        bound = self.deadline.timeout if self.patient else self.deadline.bound
+        look = start + CHECK
+        while not work.is_completed():
+            now = time.monotonic()
+            if now - start > bound:
+                self.broken(f"no answer within the deadline {bound:.2f}s")
+            if now >= look:
+                if self.store.check([self.key]):
+                    raise Broken(f"generation {self.generation} broke ({self.store_why()})")
+                look = now + CHECK
+            time.sleep(POLL)
+        try:
+            work.wait()
+        except Exception as exc:  # gloo: a peer's socket closed
+            self.broken(f"a collective failed: {str(exc).strip().splitlines()[0][:120]}")
+
+    def broken(self, why: str) -> None:
+        try:
+            self.store.set(self.key, why)
+        except Exception as exc:
+            log.warning("could not mark generation %d broken: %s", self.generation, exc)
+        raise Broken(f"generation {self.generation}: {why}")
+
+    def store_why(self) -> str:
+        try:
+            return self.store.get(self.key).decode()
+        except Exception:
+            return "unknown"
+
+
+# ---- a generation's collectives ----------------------------------------------------------------
+class GroupCollectives(Collectives):
+    """``Collectives`` over a group that torch.distributed does not know (a generation's own
+    ``ProcessGroupGloo``): its gathers are allreduces of block rows, and its barrier one of a
+    single value, called on the group itself."""
+
+    def gather(self, row: RankRow) -> np.ndarray:
+        mine = np.asarray(row, dtype=np.float64)
+        block = torch.zeros(self.world_size, len(mine), dtype=torch.float64)
+        block[self.rank] = torch.from_numpy(mine)
+        with self._guard("all_gather"):
+            self._wait(self.group.allreduce([block]))
+        return block.numpy()
+
+    def barrier(self) -> None:
+        with self._guard("barrier"):
+            self._wait(self.group.allreduce([torch.zeros(1)]))
+
+    def gather_objects(self, obj: Any) -> list[Any] | None:
+        data = pickle.dumps(obj)
+        sizes = self.gather([len(data)])[:, 0].astype(np.int64)
+        block = torch.zeros(self.world_size, int(sizes.max()), dtype=torch.uint8)
+        block[self.rank, : len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+        with self._guard("gather_object"):
+            # uint8 sums of one row and zeros: exact, as long as the other rows are zero
+            self._wait(self.group.allreduce([block]))
+        if self.rank != 0:
+            return None
+        return [pickle.loads(block[r, : sizes[r]].numpy().tobytes()) for r in range(len(sizes))]
+
+    def broadcast_object(self, obj: Any, src: int) -> Any:
+        """``obj`` of member ``src`` on every member (the sync's payload)."""
+        data = pickle.dumps(obj) if self.rank == src else b""
+        size = int(self.gather([len(data)])[src, 0])
+        buf = torch.zeros(size, dtype=torch.uint8)
+        if self.rank == src:
+            buf.copy_(torch.frombuffer(bytearray(data), dtype=torch.uint8))
+        opts = dist.BroadcastOptions()
+        opts.rootRank = src
+        with self._guard("broadcast"):
+            self._wait(self.group.broadcast([buf], opts))
+        return obj if self.rank == src else pickle.loads(buf.numpy().tobytes())
+
+
+# ---- the protocol ------------------------------------------------------------------------------
+@dataclass
+class Census:
+    """What the census of a generation found: the next members, and what each checked in
+    with (the rounds it completed, its record rows)."""
+
+    members: list[int]
+    steps: dict[int, int]
+    rows: dict[int, int]
+    dead: list[int]
+    #: ranks taken in again (a heal)
+    joined: list[int] = field(default_factory=list)
+
+
+@dataclass
+class Shrinker:
+    """One rank's part in the protocol (module docstring): its original ``rank``, the current
+    generation, its members and its collectives."""
+
+    rank: int
+    store: dist.Store
+    deadline: Deadline
+    device: torch.device
+    members: list[int]
+    #: the job's ranks
+    world: int = 0
+    generation: int = 0
+    #: join requests seen so far, and when the lowest member looks again (:meth:`joins_waiting`)
+    joins_seen: int = 0
+    next_look: float = 0.0
+    #: a rank started again after it died: it joins the live ranks before its first round
+    rejoining: bool = False
+    phase: ShrinkPhase = ShrinkPhase.STEPPING
+    #: groups of the generations left, aborted (module docstring)
+    left: list[Any] = field(default_factory=list)
+    #: every new generation: (generation, the round in flight, the ranks lost, the ranks
+    #: taken in, seconds)
+    history: list[tuple[int, int, list[int], list[int], float]] = field(default_factory=list)
+
+    def finished(self) -> None:
+        """The run's rounds are over: a rank waiting to join is refused now."""
+        with contextlib.suppress(Exception):
+            self.store.set("finished", "1")
+
+    @classmethod
+    def start(cls, comm: Collectives, timeout: float) -> Shrinker:
+        deadline = Deadline(timeout)
+        store = open_store(datetime.timedelta(seconds=timeout))
+        members = list(range(comm.world_size))
+        shrinker = cls(comm.rank, store, deadline, comm.device, members, comm.world_size)
+        shrinker.rejoining = os.environ.get(REJOIN) == "1"
+        comm.watch = Watch(store, 0, deadline)
+        comm.grace = 0.0  # the launcher names nobody here: the census does
+        return shrinker
+
+    def census(self, step: int, rows: int) -> Census:
+        """Check in with ``step`` completed rounds and ``rows`` record rows; the next
+        generation's members (bounded by the census window, then the deadline)."""
+        self.phase = ShrinkPhase.CENSUS
+        g, store = self.generation, self.store
+        store.set(f"gen{g}/broken", "census")  # whoever has not seen it yet
+        store.set(f"gen{g}/in/{self.rank}", json.dumps([step, rows]))
+        ins = [f"gen{g}/in/{m}" for m in self.members]
+        deads = [f"dead/{m}" for m in self.members]
+        end = time.monotonic() + self.deadline.window
+        while time.monotonic() < end and not store.check([f"gen{g}/members"]):
+            known = [store.check([i]) or store.check([d]) for i, d in zip(ins, deads, strict=True)]
+            if all(known):
+                break
+            time.sleep(0.005)
+        if store.add(f"gen{g}/closer", 1) == 1:
+            here = [m for m, key in zip(self.members, ins, strict=True) if store.check([key])]
+            store.set(f"gen{g}/members", json.dumps(here))
+        store.wait([f"gen{g}/members"], datetime.timedelta(seconds=self.deadline.bound))
+        members = json.loads(store.get(f"gen{g}/members"))
+        if 0 in self.members and 0 not in members:
+            raise TailtrainError(
+                f"rank 0, which keeps the record and answers the launcher, was lost at step "
+                f"{step}: --on-rank-loss shrink cannot go on without it; add --max-restarts 1 "
+                "and --out DIR to go on from a checkpoint"
+            )
+        if self.rank not in members:
+            return self.join(step, rows)
+        steps, rows_of = {}, {}
+        for m in members:
+            s, r = json.loads(store.get(f"gen{g}/in/{m}"))
+            steps[m], rows_of[m] = int(s), int(r)
+        dead = [m for m in self.members if m not in members]
+        return Census(members, steps, rows_of, dead)
+
+    def join(self, step: int, rows: int) -> Census:
+        """JOINING (module docstring): this rank came after a census; it asks to be taken in
+        at a step boundary and waits, up to --timeout, for the generation that takes it (or
+        for the run's end: :class:`Refused`). Its round in flight counts nowhere."""
+        self.phase = ShrinkPhase.JOINING
+        store, me = self.store, self.rank
+        log.warning("rank %d asks to join the live ranks", me)
+        with contextlib.suppress(Exception):  # a rank the shield noted dead is back
+            store.delete_key(f"dead/{me}")
+        store.set(f"join/{me}", json.dumps([step, rows]))
+        store.add("joins", 1)
+        end = time.monotonic() + self.deadline.timeout
+        while not store.check([f"joined/{me}"]):
+            if store.check(["finished"]) or time.monotonic() > end:
+                self.phase = ShrinkPhase.REFUSED
+                raise Refused(
+                    f"rank {me} asked to join the live ranks (it came after a census, or was "
+                    "started again) and the run ended first: its round in flight counts nowhere"
+                )
+            time.sleep(0.01)
+        generation, census = json.loads(store.get(f"joined/{me}"))
+        store.delete_key(f"joined/{me}")
+        self.generation = int(generation) - 1  # form() makes it this generation
+        return Census(
+            census["members"],
+            {int(k): v for k, v in census["steps"].items()},
+            {int(k): v for k, v in census["rows"].items()},
+            [],
+            joined=census["joined"],
+        )
+
+    def joins_waiting(self) -> bool:
+        """The lowest member asks the store, at most every :data:`JOIN_LOOK` seconds, whether
+        a rank asked to join (the answer rides on the next round's allreduce)."""
+        now = time.monotonic()
+        if now < self.next_look:
+            return False
+        self.next_look = now + JOIN_LOOK
+        seen = self.store.add("joins", 0)
+        waiting, self.joins_seen = seen > self.joins_seen, max(seen, self.joins_seen)
+        return waiting
+
+    def grow(self, step: int, rows: int) -> Census:
+        """GROWING: every member at the same step boundary; the lowest member takes in the
+        ranks that asked to join, and tells them the generation and what it knows."""
+        self.phase = ShrinkPhase.GROWING
+        g, store = self.generation, self.store
+        key = f"gen{g}/grow"
+        if self.rank == self.members[0]:
+            joiners = [
+                r for r in range(self.world) if r not in self.members and store.check([f"join/{r}"])
+            ]
+            steps = dict.fromkeys(map(str, self.members), step)
+            rows_of = dict.fromkeys(map(str, self.members), rows)
+            for j in joiners:
+                steps[str(j)], rows_of[str(j)] = json.loads(store.get(f"join/{j}"))
+                store.delete_key(f"join/{j}")
+            members = sorted(self.members + joiners)
+            census = {"members": members, "steps": steps, "rows": rows_of, "joined": joiners}
+            for j in joiners:
+                store.set(f"joined/{j}", json.dumps([g + 1, census]))
+            store.set(key, json.dumps(census))
+        store.wait([key], datetime.timedelta(seconds=self.deadline.bound))
+        census = json.loads(store.get(key))
+        return Census(
+            census["members"],
+            {int(k): v for k, v in census["steps"].items()},
+            {int(k): v for k, v in census["rows"].items()},
+            [],
+            joined=census["joined"],
+        )
+
+    def form(self, members: list[int], old: Collectives) -> GroupCollectives:
+        """Generation g + 1's group among ``members`` (bounded by the deadline); the old
+        generation's group is aborted first, so its stuck collective holds nothing."""
+        self.phase = ShrinkPhase.FORMING
+        abort(old.group if old.group is not None else dist.group.WORLD)
+        self.left.append(old.group)
+        self.generation, self.members = self.generation + 1, members
+        g, me = self.generation, members.index(self.rank)
+        timeout = datetime.timedelta(seconds=self.deadline.bound)
+        store = dist.PrefixStore(f"gen{g}", self.store)
+        group = dist.ProcessGroupGloo(store, me, len(members), timeout)
+        comm = GroupCollectives(me, len(members), self.device, grace=0.0, group=group)
+        comm.arm(old.drill)
+        comm.watch = Watch(self.store, g, self.deadline)
+        return comm
+
+    def regroup(
+        self,
+        old: Collectives,
+        step: int,
+        rows: int,
+        sync: Callable[[GroupCollectives, Census], None],
+        grow: bool = False,
+        join: bool = False,
+    ) -> tuple[GroupCollectives, Census]:
+        """Census (or, with ``grow``, the step boundary that takes joiners in), forming and
+        sync until a generation holds: a member lost meanwhile (a death during the census,
+        the forming, the sync or a heal) breaks the new generation, and the protocol runs
+        again from it, at most once per rank of the job. ``join``: this rank was started
+        again and asks to join first."""
+        began, in_flight, lost, joined, comm = time.monotonic(), step, [], [], old
+        for attempt in range(self.world):
+            if attempt == 0 and (grow or join):
+                found = self.grow(step, rows) if grow else self.join(step, rows)
+            else:
+                found = self.census(step, rows)
+            lost += found.dead
+            joined += [j for j in found.joined if j not in joined]
+            try:
+                comm = self.form(found.members, comm)
+                self.phase = ShrinkPhase.SYNCING
+                sync(comm, found)
+            except (Broken, RuntimeError) as exc:  # gloo's own errors are RuntimeErrors
+                log.warning("generation %d failed as it formed: %s", self.generation, exc)
+                with contextlib.suppress(Exception):  # every member leaves it for a census
+                    self.store.set(f"gen{self.generation}/broken", "forming failed")
+                continue
+            self.phase = ShrinkPhase.STEPPING
+            seconds = time.monotonic() - began
+            joined = [j for j in joined if j in found.members]  # a joiner lost again is lost
+            found.dead, found.joined = sorted(set(lost)), sorted(joined)
+            self.history.append((self.generation, in_flight, found.dead, found.joined, seconds))
+            log.warning(
+                "step %d: generation %d of ranks %s goes on after %.2fs (lost %s, joined %s)",
+                in_flight,
+                self.generation,
+                found.members,
+                seconds,
+                found.dead,
+                found.joined,
+            )
+            return comm, found
+        raise TailtrainError(f"rank {self.rank}: no generation held after losing {lost}")
+
+
+def abort(group: Any) -> None:
+    """Abort a left generation's group: its stuck collective must not hold the exit."""
+    try:
+        if hasattr(group, "_get_backend"):  # the default group: its gloo backend
+            group = group._get_backend(torch.device("cpu"))
+        group.abort()
+    except Exception as exc:
+        log.info("could not abort a left group: %s", exc)

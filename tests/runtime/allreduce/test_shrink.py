@@ -1,0 +1,264 @@
+"""`--on-rank-loss shrink`: the allreduce goes on without a killed or hung rank (issue 26).
+
+Each end-to-end test is one local job of logreg ranks under ``sync``; the reference is plain
+SGD on the concatenated batches of the ranks each record row names ``live``, so the final
+parameters check which ranks contributed to each step, and that no rank was counted twice.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from tailtrain.core.scenario import Scenario
+from tailtrain.errors import UsageError
+from tailtrain.faults import FaultPlan
+from tailtrain.runtime.allreduce.rounds import train_allreduce
+from tailtrain.runtime.allreduce.shrink import (
+    DEADLINE_FACTOR,
+    MIN_DEADLINE,
+    Deadline,
+    Refused,
+    Shrinker,
+    check_shrink,
+)
+from tailtrain.runtime.config import TrainConfig
+from tailtrain.runtime.launch import Endpoint, JobFailed, launch, reserve, validate
+from tailtrain.runtime.reduce import Collectives
+from tailtrain.strategies.registry import parse_strategy
+from tailtrain.tasks import parse_partition, parse_task
+from tailtrain.tasks.stream import job_batches
+
+SEED = 5
+LR = 0.1
+
+
+def config(
+    workers: int,
+    faults: list[str],
+    iterations: int = 12,
+    delay: str | None = None,
+    strategy: str = "sync",
+    **kw,
+) -> TrainConfig:
+    delays = {} if delay is None else {"delay": delay}
+    s = Scenario(task="logreg", workers=workers, iterations=iterations, eval_every=1000, **delays)
+    plan = FaultPlan.parse(faults, workers)
+    return TrainConfig(
+        scenario=s,
+        strategy=strategy,
+        seed=SEED,
+        timeout=60,
+        faults=plan,
+        on_rank_loss="shrink",
+        inject=delay is not None,
+        **kw,
+    )
+
+
+def run(cfg: TrainConfig, entry=None):
+    return launch([cfg], reserve(Endpoint("127.0.0.1", 0)), entry)
+
+
+def dies_in_census(cfg: TrainConfig, comm: Collectives):
+    """Rank 2 checks in to the first census, then dies (SIGKILL) before the group forms."""
+    if comm.rank == 2:
+
+        def census(self, step, rows):
+            self.store.set(f"gen{self.generation}/in/{self.rank}", json.dumps([step, rows]))
+            os.kill(os.getpid(), signal.SIGKILL)
+
+        Shrinker.census = census
+    return train_allreduce(cfg, comm)
+
+
+def dies_in_heal(cfg: TrainConfig, comm: Collectives):
+    """Rank 1 dies (SIGKILL) as the members take a joiner in."""
+    if comm.rank == 1:
+        Shrinker.grow = lambda self, step, rows: os.kill(os.getpid(), signal.SIGKILL)
+    return train_allreduce(cfg, comm)
+
+
+def reference(cfg: TrainConfig, steps: list[dict]) -> torch.Tensor:
+    """SGD on the concatenated batches of each row's live ranks, keyed (seed, rank, step)."""
+    s, n = cfg.scenario, cfg.scenario.workers
+    task = parse_task(s.task, seed=SEED)
+    partition = parse_partition(s.partition).assign(task, n, np.random.default_rng(SEED))
+    theta = task.init_params(SEED)
+    for row in steps:
+        live = np.asarray(row["live"])
+        batches = job_batches(
+            partition, SEED, task.batch_size, live, np.full(len(live), row["step"]), 1
+        )
+        model = task.module_at(theta)
+        idx = batches.reshape(-1)
+        loss = F.cross_entropy(model(task.data.x_train[idx]), task.data.y_train[idx])
+        grads = torch.autograd.grad(loss, list(model.parameters()))
+        theta = theta - LR * torch.cat([g.reshape(-1) for g in grads])
+    return theta
+
+
+def check_run(cfg: TrainConfig, by_rank, survivors: list[int]) -> list[dict]:
+    steps = by_rank[0][0].record.steps
+    assert [r["step"] for r in steps] == list(range(cfg.scenario.iterations))
+    assert sorted(steps[-1]["live"]) == survivors
+    want = reference(cfg, steps).numpy()
+    for rank in survivors:
+        np.testing.assert_allclose(by_rank[rank][0].theta, want, rtol=1e-4, atol=1e-5)
+    for rank in set(range(cfg.scenario.workers)) - set(survivors):
+        assert "dead" in by_rank[rank][0].record.summary
+    return steps
+
+
+# ---- no process: the refusals and the deadline -------------------------------------------------
+def test_a_rule_that_adapts_refuses_shrink_in_one_line():
+    with pytest.raises(UsageError, match="adapts its state"):
+        check_shrink(parse_strategy("dropcompute:threshold=auto"), "allreduce", local=True)
+    with pytest.raises(UsageError, match="allreduce topology"):
+        check_shrink(parse_strategy("eager:mode=majority"), "partial-collective", local=True)
+    with pytest.raises(UsageError, match="torchrun"):
+        check_shrink(parse_strategy("sync"), "allreduce", local=False)
+    check_shrink(parse_strategy("sync"), "allreduce", local=True)
+    check_shrink(parse_strategy("dropcompute:threshold=0.3"), "allreduce", local=True)
+    check_shrink(parse_strategy("local-sgd:period=2"), "allreduce", local=True)
+    with pytest.raises(UsageError, match="adapts its state"):
+        s = Scenario(task="logreg", workers=2, iterations=2)
+        validate(TrainConfig(s, "dropcompute:threshold=auto", on_rank_loss="shrink"), local=True)
+    with pytest.raises(UsageError, match="--on-rank-loss"):
+        TrainConfig(Scenario(task="logreg", workers=2, iterations=2), "sync", on_rank_loss="grow")
+
+
+def test_the_deadline_is_learned_from_the_rounds_within_the_timeout():
+    d = Deadline(timeout=30.0)
+    assert d.bound == 30.0  # nothing measured yet: --timeout
+    d.seen(0.01)
+    assert d.bound == MIN_DEADLINE
+    d.seen(0.5)
+    d.seen(math.nan)
+    assert d.bound == DEADLINE_FACTOR * 0.5
+    d.seen(10.0)
+    assert d.bound == 30.0
+    assert d.window <= d.bound
+
+
+# ---- real processes ----------------------------------------------------------------------------
+@pytest.mark.slow
+@pytest.mark.timeout(150)
+def test_killed_ranks_leave_a_run_that_shrinks_to_one_rank_and_matches_the_record():
+    # rank 2 dies at step 3, rank 1 at step 7: 3 ranks, then 2, then 1
+    cfg = config(3, ["kill:worker=2,step=3", "kill:worker=1,step=7"])
+    by_rank = run(cfg)
+    steps = check_run(cfg, by_rank, [0])
+    lives = [tuple(r["live"]) for r in steps]
+    assert lives == [(0, 1, 2)] * 3 + [(0, 1)] * 4 + [(0,)] * 5
+    assert [r["dead"] for r in steps if r["dead"]] == [[2], [1]]
+    batch = parse_task("logreg", seed=SEED).batch_size
+    assert [r["skipped"] for r in steps] == [0] * 3 + [batch] * 4 + [2 * batch] * 5
+    generations = by_rank[0][0].record.summary["generations"]
+    assert [g[:3] for g in generations] == [[1, 3, [2]], [2, 7, [1]]]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(150)
+def test_two_ranks_dying_together_leave_one_generation_without_both():
+    cfg = config(4, ["kill:worker=2,step=4", "kill:worker=3,step=4"], iterations=8)
+    by_rank = run(cfg)
+    steps = check_run(cfg, by_rank, [0, 1])
+    assert [tuple(r["live"]) for r in steps] == [(0, 1, 2, 3)] * 4 + [(0, 1)] * 4
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(150)
+def test_a_hung_rank_that_wakes_after_the_run_is_refused_and_counts_nowhere():
+    # the freeze (8 s) outlasts the learned deadline (MIN_DEADLINE: these rounds take ms) and
+    # the run: the rank that wakes finds it over
+    cfg = config(3, ["freeze:worker=2,step=4,seconds=8"], iterations=30)
+    by_rank = run(cfg)
+    steps = check_run(cfg, by_rank, [0, 1])
+    assert [tuple(r["live"]) for r in steps[:4]] == [(0, 1, 2)] * 4
+    assert {tuple(r["live"]) for r in steps[4:]} == {(0, 1)}
+    assert Refused.__name__ in by_rank[2][0].record.summary["dead"]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(150)
+def test_a_killed_rank_0_stops_the_job_with_a_line_that_says_what_to_do():
+    with pytest.raises(
+        JobFailed, match=r"^rank 0 .*shrink goes on without any rank but 0.*--max-restarts 1"
+    ):
+        run(config(2, ["kill:worker=0,step=2"]))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(150)
+def test_a_hung_rank_that_wakes_rejoins_healed_from_a_live_peer():
+    # 50 ms rounds: the deadline is MIN_DEADLINE (2 s); rank 2 hangs 3 s from step 4, is
+    # dropped, wakes, asks to join and is taken in at a step boundary with the others' state
+    cfg = config(3, ["freeze:worker=2,step=4,seconds=3"], iterations=90, delay="const:value=0.05")
+    by_rank = run(cfg)
+    steps = check_run(cfg, by_rank, [0, 1, 2])  # the healed rank ends equal to the others
+    lives = [tuple(r["live"]) for r in steps]
+    back = next(i for i, r in enumerate(steps) if r["rejoined"])
+    assert steps[back]["rejoined"] == [2]
+    assert lives[:4] == [(0, 1, 2)] * 4
+    assert set(lives[4:back]) == {(0, 1)} and back > 4
+    assert set(lives[back:]) == {(0, 1, 2)}
+    assert [g[2:4] for g in by_rank[0][0].record.summary["generations"]] == [[[2], []], [[], [2]]]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(150)
+def test_a_killed_rank_started_again_rejoins_healed_from_a_live_peer():
+    cfg = config(
+        3,
+        ["kill:worker=2,step=4"],
+        iterations=80,
+        delay="const:value=0.1",  # 8 s of rounds: time for a new process to start and join
+        restart_lost=1,
+    )
+    by_rank = run(cfg)
+    steps = check_run(cfg, by_rank, [0, 1, 2])  # started again, it ends equal to the others
+    back = next(i for i, r in enumerate(steps) if r["rejoined"])
+    assert steps[4]["dead"] == [2] and back > 4 and steps[back]["rejoined"] == [2]
+    assert {tuple(r["live"]) for r in steps[back:]} == {(0, 1, 2)}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(150)
+def test_a_death_during_the_census_breaks_the_new_generation_and_the_next_holds():
+    # rank 3 is killed at step 4; rank 2 checks in to that census and dies before forming
+    cfg = config(4, ["kill:worker=3,step=4"], iterations=10)
+    by_rank = run(cfg, dies_in_census)
+    steps = check_run(cfg, by_rank, [0, 1])
+    assert [tuple(r["live"]) for r in steps] == [(0, 1, 2, 3)] * 4 + [(0, 1)] * 6
+    assert steps[4]["dead"] == [2, 3]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(150)
+def test_a_death_during_a_heal_leaves_the_joiner_and_the_other_members():
+    # rank 2 hangs and is dropped; as it is taken in again, rank 1 dies
+    cfg = config(3, ["freeze:worker=2,step=4,seconds=3"], iterations=90, delay="const:value=0.05")
+    by_rank = run(cfg, dies_in_heal)
+    steps = check_run(cfg, by_rank, [0, 2])
+    back = next(i for i, r in enumerate(steps) if r["rejoined"])
+    assert steps[back]["rejoined"] == [2] and steps[back]["dead"] == [1]
+    assert {tuple(r["live"]) for r in steps[back:]} == {(0, 2)}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(150)
+def test_a_fixed_dropcompute_divides_by_the_live_world():
+    # divide-by=m weighs C_n/M over N (Eq. 1): N must become the live ranks, or the smaller
+    # world's steps would shrink by (N-1)/N; with tau = inf nothing drops, so it is sync's SGD
+    cfg = config(3, ["kill:worker=1,step=3"], iterations=8, strategy="dropcompute:threshold=inf")
+    by_rank = run(cfg)
+    steps = check_run(cfg, by_rank, [0, 2])
+    assert [tuple(r["live"]) for r in steps] == [(0, 1, 2)] * 3 + [(0, 2)] * 5
