@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import platform
 import subprocess
@@ -113,20 +114,28 @@ def class_accuracy(task: Any, theta: torch.Tensor, classes: list[int]) -> float 
     return float((out.argmax(-1) == y[keep]).float().mean())
 
 
-def one_run(args: tuple[str, str, int, Scenario]) -> dict[str, Any]:
-    """One simulate run's figures (module docstring)."""
-    name, spec, seed, base = args
+def one_run(job: tuple[str, str, int, Scenario, bool, tuple[int, int]]) -> dict[str, Any]:
+    """One simulate run's figures (module docstring). Without ``learn`` it runs timing only
+    (``--task none``): the virtual clock, the shares and DropCompute's threshold depend on the
+    drawn times alone, so its timing figures are the model run's, at a fraction of the cost."""
+    name, spec, seed, base, learn, sizes = job
     scenario = scenario_of(name, base)
+    if not learn:
+        scenario = replace(scenario, task="none", target_loss=None)
     world = World.build(scenario, seed)
     task = CaptureTask(world.task)
     record = simulate(scenario, parse_strategy(spec), seed, task=task)
-    return {"scenario": name, "strategy": spec, "seed": seed, **figures(record, world, task)}
+    head = {"scenario": name, "strategy": spec, "seed": seed, "learned": learn}
+    return head | figures(record, world, task, sizes, learn)
 
 
-def figures(record: Any, world: World, task: CaptureTask) -> dict[str, Any]:
+def figures(
+    record: Any, world: World, task: CaptureTask, sizes: tuple[int, int], learn: bool
+) -> dict[str, Any]:
     """Counts in micro-batches of B samples: ``used`` entered an update; without a carried
     cut the rest of the N M a step drew is dropped, with one it is deferred and only the last
     step's cut (``left``) was never computed. Per epoch: per n_train samples drawn."""
+    batch, n_train = sizes
     steps, summary = record.steps, record.summary
     n, m = world.scenario.workers, world.scenario.micro_batches
     dealt = len(steps) * n * m
@@ -139,17 +148,19 @@ def figures(record: Any, world: World, task: CaptureTask) -> dict[str, Any]:
     left = summary["dropped_micro_batches"] if carried else 0
     dropped = 0 if carried else dealt - used
     drawn = used + left if carried else dealt  # fresh micro-batches taken from the stream
-    per_epoch = task.n_train / drawn
+    per_epoch = n_train / drawn
     out = {
         "iterations": len(steps),
         "mean_iteration_time": summary["mean_iteration_time"],
-        "samples_per_s": used * task.batch_size / steps[-1]["time"],
+        "samples_per_s": used * batch / steps[-1]["time"],
         "dropped_per_epoch": dropped * per_epoch,
         "deferred_per_epoch": deferred * per_epoch,
-        "left_at_end": left * task.batch_size,
-        "time_to_target": summary.get("time_to_target"),
-        "final_accuracy": summary.get("final_eval"),
+        "left_at_end": left * batch,
     }
+    if not learn:
+        return out
+    out["time_to_target"] = summary.get("time_to_target")
+    out["final_accuracy"] = summary.get("final_eval")
     if world.partition is not None and world.partition.classes is not None:
         slow = slow_ranks(world)
         held = world.partition.classes
@@ -178,6 +189,41 @@ def optimal_share_time(name: str, base: Scenario, seed: int = 0) -> dict[str, fl
     return {"time": mean, "stderr": stderr, "closed_form": closed, "shares": shares.tolist()}
 
 
+def feasibility(name: str, base: Scenario, seed: int = 0) -> dict[str, float]:
+    """What any scheme can reach on scenario ``name``'s laws, in micro-batches per second.
+
+    ``ceiling``: every rank busy all the time, sum_n 1/mu_n (no scheme computes faster, with
+    or without drops; T^c is 0 here). ``fluid_step``: N M / ceiling, the step of a no-drop
+    scheme that splits work perfectly. ``greedy_step``: a no-drop step whose N M micro-batches
+    go, one by one, to whichever rank is free (dynamic dealing, the best a no-drop scheme can
+    do without knowing the draws): Monte Carlo over 2000 steps of the same draws the rule sees.
+    """
+    scenario = scenario_of(name, base)
+    n, m = scenario.workers, scenario.micro_batches
+    factor = World.build(replace(scenario, task="none"), seed).process.time_factor(
+        np.zeros(n), np.arange(n)
+    )
+    delay = parse_delay(scenario.delay)
+    ceiling = float((1.0 / (delay.mean * factor)).sum())
+    rng = np.random.default_rng(seed)
+    steps = 2000
+    t = delay.sample(rng, (steps, n, n * m)) * factor[None, :, None]
+    greedy = np.empty(steps)
+    for step in range(steps):  # list scheduling, the next micro-batch to the first free rank
+        free, used = np.zeros(n), np.zeros(n, dtype=np.int64)
+        for _ in range(n * m):
+            rank = int(np.argmin(free))
+            free[rank] += t[step, rank, used[rank]]
+            used[rank] += 1
+        greedy[step] = free.max()
+    return {
+        "ceiling_micro_batches_per_s": ceiling,
+        "fluid_step": n * m / ceiling,
+        "greedy_step": float(greedy.mean()),
+        "greedy_step_stderr": float(greedy.std(ddof=1) / math.sqrt(steps)),
+    }
+
+
 def best_k_sync(name: str, base: Scenario) -> dict[str, Any]:
     """K in N/2..N-1 with the most samples per second, timing only (``--task none``), seed 0."""
     scenario = replace(scenario_of(name, base), task="none", target_loss=None)
@@ -197,18 +243,40 @@ def spread(values: list[float | None]) -> dict[str, float | None]:
     return {"mean": float(np.mean(values)), "min": min(values), "max": max(values)}
 
 
+TIMING = (
+    "iterations",
+    "mean_iteration_time",
+    "samples_per_s",
+    "dropped_per_epoch",
+    "deferred_per_epoch",
+    "left_at_end",
+)
+LEARNING = (
+    "time_to_target",
+    "final_accuracy",
+    "accuracy_slow_classes",
+    "accuracy_slow_own_classes",
+)
+
+
 def aggregate(runs: list[dict[str, Any]]) -> dict[str, Any]:
-    keys = [k for k, v in runs[0].items() if isinstance(v, float | int) and k != "seed"]
-    keys += [k for k in ("time_to_target", "accuracy_slow_own_classes") if k not in keys]
-    keys = [k for k in keys if k in runs[0]]
-    return {k: spread([r[k] for r in runs]) for k in keys} | {
-        k: runs[0][k] for k in ("slow_classes", "slow_own_classes") if k in runs[0]
-    }
+    """Timing figures over every seed, learning figures over the seeds that trained a model."""
+    learned = [r for r in runs if r["learned"]]
+    out = {k: spread([r[k] for r in runs]) | {"seeds": len(runs)} for k in TIMING}
+    for key in LEARNING:
+        if learned and key in learned[0]:
+            out[key] = spread([r[key] for r in learned]) | {"seeds": len(learned)}
+    if learned and "slow_classes" in learned[0]:
+        out["slow_classes"] = learned[0]["slow_classes"]
+        out["slow_own_classes"] = learned[0]["slow_own_classes"]
+    return out
 
 
 def simulate_part(args: argparse.Namespace, base: Scenario) -> dict[str, Any]:
     out: dict[str, Any] = {}
     jobs, specs = [], {}
+    task = World.build(replace(base, iterations=1, time_budget=None), 0).task
+    sizes = (task.batch_size, task.n_train)
     for name in args.scenarios:
         k_sync = best_k_sync(name, base)
         specs[name] = [SYNC, DROPCOMPUTE, k_sync["spec"], *REBALANCE]
@@ -216,16 +284,21 @@ def simulate_part(args: argparse.Namespace, base: Scenario) -> dict[str, Any]:
             "flags": scenario_flags(scenario_of(name, base)),
             "best_k_sync": k_sync,
             "optimal_share_time": optimal_share_time(name, base),
+            "feasibility": feasibility(name, base),
         }
-        jobs += [(name, spec, seed, base) for spec in specs[name] for seed in args.seeds]
+        for spec in specs[name]:
+            for seed in args.seeds:
+                learn = name in args.learn_scenarios and seed in args.learn_seeds
+                jobs.append((name, spec, seed, base, learn, sizes))
+    jobs.sort(key=lambda job: not job[4])  # the long model runs first
     with ProcessPoolExecutor(args.jobs) as pool:
         runs = list(pool.map(one_run, jobs))
     for name in args.scenarios:
+        mine = [r for r in runs if r["scenario"] == name]
         out[name]["strategies"] = {
-            spec: aggregate([r for r in runs if r["scenario"] == name and r["strategy"] == spec])
-            for spec in specs[name]
+            spec: aggregate([r for r in mine if r["strategy"] == spec]) for spec in specs[name]
         }
-        out[name]["runs"] = [r for r in runs if r["scenario"] == name]
+        out[name]["runs"] = mine
     return out
 
 
@@ -259,9 +332,12 @@ def not_longer(part: dict[str, Any], spec: str, other: str) -> bool:
 
 
 def persistent_goals(part: dict[str, Any], spec: str, with_classes: bool) -> dict[str, Any]:
+    """Issue 25's goals in (a)-(c) for ``spec``; None where the run measured nothing to judge
+    (no model trained), and then ``all`` is None too."""
     rate = mean(part, spec, "samples_per_s")
     optimal = part["optimal_share_time"]["time"]
     others = [s for s in part["strategies"] if s != spec]
+    learned = "time_to_target" in part["strategies"][spec]
     out: dict[str, Any] = {
         "time_over_optimal_share": mean(part, spec, "mean_iteration_time") / optimal,
         "samples_per_s_over_sync": rate / mean(part, SYNC, "samples_per_s"),
@@ -271,14 +347,26 @@ def persistent_goals(part: dict[str, Any], spec: str, with_classes: bool) -> dic
     out["at_least_1.3x_sync"] = out["samples_per_s_over_sync"] >= 1.3
     out["at_least_0.97x_dropcompute"] = out["samples_per_s_over_dropcompute"] >= 0.97
     out["drops_no_sample"] = part["strategies"][spec]["dropped_per_epoch"]["max"] == 0
-    out["time_to_target_not_longer_than_any"] = all(not_longer(part, spec, o) for o in others)
+    out["time_to_target_not_longer_than_any"] = (
+        all(not_longer(part, spec, o) for o in others) if learned else None
+    )
     if with_classes:
-        key = "accuracy_slow_own_classes" if part["runs"][0]["slow_own_classes"] else None
-        key = key or "accuracy_slow_classes"
-        bar = max(mean(part, DROPCOMPUTE, key), mean(part, SYNC, key)) - 0.005
-        out["slow_class_accuracy"] = {s: mean(part, s, key) for s in part["strategies"]}
-        out["slow_class_accuracy_at_least_dc_and_sync_minus_0.5pt"] = mean(part, spec, key) >= bar
-    out["all"] = all(v for k, v in out.items() if isinstance(v, bool))
+        own = learned and part["strategies"][spec].get("slow_own_classes")
+        key = "accuracy_slow_own_classes" if own else "accuracy_slow_classes"
+        out["slow_class_accuracy_key"] = key
+        out["slow_class_accuracy"] = (
+            {s: mean(part, s, key) for s in part["strategies"]} if learned else None
+        )
+        bar = max(mean(part, DROPCOMPUTE, key), mean(part, SYNC, key)) if learned else None
+        out["slow_class_accuracy_at_least_dc_and_sync_minus_0.5pt"] = (
+            mean(part, spec, key) >= bar - 0.005 if learned else None
+        )
+    verdicts = [
+        v
+        for k, v in out.items()
+        if k.startswith(("within", "at_", "drops", "time_to", "slow_class_accuracy_at"))
+    ]
+    out["all"] = None if None in verdicts else all(verdicts)
     return out
 
 
@@ -298,7 +386,8 @@ def goals(sim: dict[str, Any]) -> dict[str, Any]:
             )
             continue
         out[name] = {spec: persistent_goals(part, spec, name == "c") for spec in REBALANCE}
-        out[name]["met"] = any(out[name][spec]["all"] for spec in REBALANCE)
+        verdicts = [out[name][spec]["all"] for spec in REBALANCE]
+        out[name]["met"] = True if True in verdicts else None if None in verdicts else False
     return out
 
 
@@ -361,15 +450,25 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", action="store_true", help="print one JSON document")
     parser.add_argument("--quick", action="store_true", help="a smoke test: short, one seed")
-    parser.add_argument("--part", choices=("simulate", "real", "both"), default="both")
+    parser.add_argument(
+        "--part", choices=("simulate", "real", "both", "feasibility"), default="both"
+    )
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--scenarios", nargs="+", default=list(SCENARIOS), choices=SCENARIOS)
     parser.add_argument("--jobs", type=int, default=1, help="simulate runs in parallel")
+    parser.add_argument(
+        "--learn-scenarios", nargs="+", default=list(SCENARIOS), help="train the model in these"
+    )
+    parser.add_argument(
+        "--learn-seeds", type=int, nargs="+", help="train the model for these (default: all)"
+    )
     parser.add_argument("--real-scenarios", nargs="+", default=list(SCENARIOS))
     parser.add_argument("--real-scale", type=float, default=10.0, help="delay multiple")
     parser.add_argument("--real-iterations", type=int, default=30)
     parser.add_argument("--real-timeout", type=float, default=600.0)
     args = parser.parse_args()
+    if args.learn_seeds is None:
+        args.learn_seeds = args.seeds
     base = BASE
     if args.quick:
         base = replace(BASE, time_budget=3.0, target_loss=2.0)
@@ -385,6 +484,11 @@ def main() -> None:
         }
     }
     k_specs: dict[str, str] = {}
+    if args.part == "feasibility":  # the bounds alone: cheap, no run
+        report["feasibility"] = {
+            n: {"optimal_share_time": optimal_share_time(n, base)} | feasibility(n, base)
+            for n in args.scenarios
+        }
     if args.part in ("simulate", "both"):
         report["simulate"] = simulate_part(args, base)
         report["goals"] = goals(report["simulate"])
@@ -402,13 +506,14 @@ def print_table(report: dict[str, Any]) -> None:
         opt = part["optimal_share_time"]
         print(f"({name}) optimal-share time {opt['time']:.4f} s (+- {opt['stderr']:.4f})")
         for spec, row in part["strategies"].items():
-            t2t = row["time_to_target"]["mean"]
+            t2t = row.get("time_to_target", {}).get("mean")
+            acc = row.get("final_accuracy", {}).get("mean")
             print(
                 f"  {spec:28s} {row['mean_iteration_time']['mean']:.4f} s/iter "
                 f"{row['samples_per_s']['mean']:8.1f} samples/s "
                 f"dropped/epoch {row['dropped_per_epoch']['mean']:7.1f} "
                 f"target {'-' if t2t is None else f'{t2t:.1f} s'} "
-                f"acc {row['final_accuracy']['mean']:.3f}"
+                f"acc {'-' if acc is None else f'{acc:.3f}'}"
             )
     print(json.dumps(report.get("goals", {}), indent=1))
 

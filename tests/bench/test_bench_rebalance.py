@@ -15,7 +15,9 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
 def test_the_virtual_clock_part_reports_figures_and_goals():
     base = replace(bench.BASE, task="logreg", time_budget=6.0, target_loss=5.0)
-    args = argparse.Namespace(scenarios=["c", "d"], seeds=[0], jobs=1)
+    args = argparse.Namespace(
+        scenarios=["c", "d"], seeds=[0], jobs=1, learn_scenarios=["c"], learn_seeds=[0]
+    )
     part = bench.simulate_part(args, base)
     combined = part["c"]["strategies"]["rebalance:then=dropcompute"]
     dropcompute = part["c"]["strategies"][bench.DROPCOMPUTE]
