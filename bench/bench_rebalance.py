@@ -5,8 +5,8 @@ Four scenarios on ``digits-cnn``, 8 workers, 12 micro-batches of
 (a) one rank persistently 1.5x slower; (b) mixed hardware, half the ranks 1.4x slower;
 (c) as (b) with ``noniid:classes=2``, so the slow ranks hold classes of their own;
 (d) i.i.d. noise only. Strategies: ``sync``, ``dropcompute:threshold=auto``, the best
-``k-sync:k=K`` on the parameter server (K in N/2..N-1 with the most samples per second in a
-timing-only simulate of seed 0), ``rebalance`` and ``rebalance:then=dropcompute`` (its
+``k-sync:k=K`` on the parameter server (K among N/2, 3N/4, N-1 with the most samples per
+second in a timing-only simulate of seed 0), ``rebalance`` and ``rebalance:then=dropcompute`` (its
 threshold's cut carried to the next step, so it drops no sample).
 
 Two parts:
@@ -50,6 +50,7 @@ import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, replace
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -225,11 +226,12 @@ def feasibility(name: str, base: Scenario, seed: int = 0) -> dict[str, float]:
 
 
 def best_k_sync(name: str, base: Scenario) -> dict[str, Any]:
-    """K in N/2..N-1 with the most samples per second, timing only (``--task none``), seed 0."""
+    """K among N/2, 3N/4 and N-1 with the most samples per second, timing only (``--task
+    none``), seed 0 (three candidates, not every K: this machine is shared)."""
     scenario = replace(scenario_of(name, base), task="none", target_loss=None)
     n = scenario.workers
     rates = {}
-    for k in range(n // 2, n):
+    for k in sorted({n // 2, 3 * n // 4, n - 1}):
         record = simulate(scenario, parse_strategy(f"k-sync:k={k}"), 0)
         rates[k] = k / record.summary["mean_iteration_time"]
     k = max(rates, key=rates.get)
@@ -309,6 +311,23 @@ def scenario_flags(scenario: Scenario) -> list[str]:
         if value is not None and value != getattr(Scenario, key, None):
             flags += [f"--{key.replace('_', '-')}", str(value)]
     return flags
+
+
+def merged(reports: list[dict[str, Any]]) -> dict[str, Any]:
+    """The simulate parts of several runs of this benchmark (other seeds) as one: each
+    scenario's runs pooled and aggregated again; its other entries from the first report."""
+    out: dict[str, Any] = {}
+    for report in reports:
+        for name, part in report["simulate"].items():
+            if name not in out:
+                out[name] = {k: v for k, v in part.items() if k != "strategies"} | {"runs": []}
+            out[name]["runs"] += [r for r in part["runs"] if r not in out[name]["runs"]]
+    for part in out.values():
+        specs = list(dict.fromkeys(r["strategy"] for r in part["runs"]))
+        part["strategies"] = {
+            spec: aggregate([r for r in part["runs"] if r["strategy"] == spec]) for spec in specs
+        }
+    return out
 
 
 # ---- goals (issue 25's "Done when", as booleans) -------------------------------------------
@@ -451,6 +470,12 @@ def main() -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON document")
     parser.add_argument("--quick", action="store_true", help="a smoke test: short, one seed")
     parser.add_argument(
+        "--merge",
+        nargs="+",
+        metavar="JSON",
+        help="re-aggregate the simulate runs of earlier --json outputs (other seeds)",
+    )
+    parser.add_argument(
         "--part", choices=("simulate", "real", "both", "feasibility"), default="both"
     )
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
@@ -484,6 +509,11 @@ def main() -> None:
         }
     }
     k_specs: dict[str, str] = {}
+    if args.merge:
+        report["simulate"] = merged([json.loads(Path(p).read_text()) for p in args.merge])
+        report["goals"] = goals(report["simulate"])
+        print(json.dumps(report, indent=1, default=float))
+        return
     if args.part == "feasibility":  # the bounds alone: cheap, no run
         report["feasibility"] = {
             n: {"optimal_share_time": optimal_share_time(n, base)} | feasibility(n, base)

@@ -27,6 +27,9 @@ def test_the_virtual_clock_part_reports_figures_and_goals():
     assert combined["dropped_per_epoch"]["max"] == 0 < combined["deferred_per_epoch"]["mean"]
     assert part["c"]["runs"][0]["slow_classes"]  # the slow ranks' classes, from the partition
     assert part["c"]["optimal_share_time"]["stderr"] < part["c"]["optimal_share_time"]["time"]
+    # a second report of the same seeds adds no run: merging keeps the figures
+    again = bench.merged([{"simulate": part}, {"simulate": part}])
+    assert again["c"]["strategies"] == part["c"]["strategies"]
     found = bench.goals(part)
     assert isinstance(found["c"]["met"], bool) and isinstance(found["d"]["met"], bool)
     assert found["c"]["rebalance:then=dropcompute"]["drops_no_sample"] is True
