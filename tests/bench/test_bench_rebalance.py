@@ -19,7 +19,7 @@ def test_the_virtual_clock_part_reports_figures_and_goals():
         scenarios=["c", "d"], seeds=[0], jobs=1, learn_scenarios=["c"], learn_seeds=[0]
     )
     part = bench.simulate_part(args, base)
-    combined = part["c"]["strategies"]["rebalance:then=dropcompute"]
+    combined = part["c"]["strategies"]["rebalance:then=dropcompute,defer=true"]
     dropcompute = part["c"]["strategies"][bench.DROPCOMPUTE]
     # DropCompute's threshold is in force after its 20 calibration steps: it drops, the
     # combination defers the same cut to the next step instead
@@ -32,12 +32,12 @@ def test_the_virtual_clock_part_reports_figures_and_goals():
     assert again["c"]["strategies"] == part["c"]["strategies"]
     found = bench.goals(part)
     assert isinstance(found["c"]["met"], bool) and isinstance(found["d"]["met"], bool)
-    assert found["c"]["rebalance:then=dropcompute"]["drops_no_sample"] is True
+    assert found["c"]["rebalance:then=dropcompute,defer=true"]["drops_no_sample"] is True
 
 
 def test_the_real_part_reports_what_train_refuses_without_running_it():
     scenario = replace(bench.BASE, task="logreg", time_budget=None, iterations=2)
-    out = bench.real_run("rebalance:then=dropcompute", scenario, 0, timeout=120)
+    out = bench.real_run("rebalance:then=dropcompute,defer=true", scenario, 0, timeout=120)
     if out["status"] == "ran":  # train deals shares and carries the cut: nothing to refuse
         return
     assert out["status"] == "not supported by train yet"

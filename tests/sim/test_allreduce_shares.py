@@ -52,12 +52,10 @@ def test_deal_hands_out_the_global_batch_in_order():
     np.testing.assert_array_equal(deal(batches, np.array([2, 2, 2])), batches)
 
 
-@pytest.mark.parametrize(
-    "text", ["rebalance:warmup=2", "rebalance:warmup=2,then=dropcompute,defer=false"]
-)
+@pytest.mark.parametrize("text", ["rebalance:warmup=2", "rebalance:warmup=2,then=dropcompute"])
 def test_equal_speeds_give_syncs_run_bit_for_bit(text):
     """i.i.d. noise moves no share, so rebalance is sync's run (and with DropCompute on top,
-    dropping its cut, DropCompute's): same draws, same data, same parameters, same clock."""
+    DropCompute's): same draws, same data, same parameters, same clock."""
     scenario = Scenario(
         task="logreg", workers=4, micro_batches=3, delay=NOISE, iterations=30, eval_every=10
     )
@@ -70,13 +68,13 @@ def test_equal_speeds_give_syncs_run_bit_for_bit(text):
 
 
 def test_a_deferred_cut_keeps_dropcomputes_clock_and_loses_no_micro_batch():
-    """With the cut carried (the default), the threshold, counts and clock are DropCompute's
+    """With the cut carried (``defer=true``), the threshold, counts and clock are DropCompute's
     bit for bit; what it cut is dealt first in the next step, so only the last step's cut
     is never computed, and the data (hence the parameters) differ."""
     scenario = Scenario(
         task="logreg", workers=4, micro_batches=3, delay=NOISE, iterations=30, eval_every=10
     )
-    record, theta = run("rebalance:warmup=2,then=dropcompute,calibrate=5", scenario)
+    record, theta = run("rebalance:warmup=2,then=dropcompute,calibrate=5,defer=true", scenario)
     base, base_theta = run("dropcompute:calibrate=5", scenario)
     for key in ("time", "threshold", "drop_rate"):
         assert record.column(key).tolist() == base.column(key).tolist()

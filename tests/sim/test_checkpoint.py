@@ -72,7 +72,7 @@ CASES = {
     # the threshold's cut carried to the next step (``tasks.stream.CarryOver``)
     "allreduce-rebalance-carry": [
         "--strategy",
-        "rebalance:warmup=2,then=dropcompute,calibrate=2",
+        "rebalance:warmup=2,then=dropcompute,calibrate=2,defer=true",
         "--pattern",
         "heterogeneous:low=1,high=3",
         "--micro-batches",

@@ -29,9 +29,10 @@ the threshold tau and the weights, which are the same C_n/M over N). DropCompute
 Algorithm 2 measures rounds of M units; a rank with m_n != M is shown to it as M units along
 its measured cumulative time (:func:`on_nominal_units`), exact when m_n = M. The
 micro-batches the threshold cuts are not lost: they are dealt first in the next step's global
-batch (``defer``, on by default; ``AllreducePlan.carry_cut``, ``tasks.stream.CarryOver``), so
-every micro-batch of the stream is still computed exactly once and the combination drops no
-sample; ``defer=false`` drops them, as DropCompute does.
+batch with ``defer=true`` (``AllreducePlan.carry_cut``, ``tasks.stream.CarryOver``), so every
+micro-batch of the stream is still computed exactly once and the combination drops no sample;
+the default, ``defer=false``, drops them, as DropCompute does (and runs wherever shares are
+dealt; the carry needs an engine that does ``carry``).
 """
 
 from __future__ import annotations
@@ -92,7 +93,7 @@ class Rebalance(Strategy):
     floor: int = 1
     then: DropCompute | None = None
     #: with ``then``: deal the micro-batches its threshold cuts in the next step
-    defer: bool = True
+    defer: bool = False
     text: str = field(default="", compare=False)
     topology: ClassVar[Topology] = Topology.ALLREDUCE
     #: C_n / M over N: a rank's weight is its own count (DropCompute Eq. 1)
@@ -312,7 +313,7 @@ def build_rebalance(spec: Spec) -> Rebalance:
 
 
 def _defer(spec: Spec) -> bool:
-    value = spec.get_str("defer", "true")
+    value = spec.get_str("defer", "false")
     if value not in ("true", "false"):
         raise UsageError(f"{spec.text!r}: defer={value!r}; use defer=true or defer=false")
     return value == "true"
