@@ -321,9 +321,13 @@ def merged(reports: list[dict[str, Any]]) -> dict[str, Any]:
     for report in reports:
         for name, part in report["simulate"].items():
             if name not in out:
-                out[name] = {k: v for k, v in part.items() if k != "strategies"} | {"runs": []}
-            out[name]["runs"] += [r for r in part["runs"] if r not in out[name]["runs"]]
+                out[name] = {k: v for k, v in part.items() if k != "strategies"} | {"runs": {}}
+            for run in part["runs"]:  # one run a (strategy, seed): a model run over timing only
+                key = (run["strategy"], run["seed"])
+                if key not in out[name]["runs"] or run["learned"]:
+                    out[name]["runs"][key] = run
     for part in out.values():
+        part["runs"] = list(part["runs"].values())
         specs = list(dict.fromkeys(r["strategy"] for r in part["runs"]))
         part["strategies"] = {
             spec: aggregate([r for r in part["runs"] if r["strategy"] == spec]) for spec in specs
