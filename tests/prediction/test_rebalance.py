@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tailtrain.delays import parse_delay, parse_pattern
 from tailtrain.prediction import DelayScenario, predict
@@ -22,6 +24,22 @@ def test_successive_steps_cut_each_workers_stream_by_its_share():
     # worker 0's stream 1 2 3 7 8 9, worker 1's 4 5 6 10 11 12; shares 4 and 2
     steps = stepped_times(t, np.array([4, 2]))
     np.testing.assert_allclose(steps, [max(1 + 2 + 3 + 7, 4 + 5)])
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(1, 4), st.integers(1, 6), st.integers(1, 5), st.data())
+def test_grouped_cuts_equal_each_workers_stream_cut_one_by_one(iterations, workers, m, data):
+    shares = np.array(
+        data.draw(st.lists(st.integers(1, 2 * m), min_size=workers, max_size=workers))
+    )
+    t = np.random.default_rng(workers * 100 + m).exponential(size=(iterations, workers, m))
+    steps = iterations * m // shares.max()
+    streams = [t[:, n, :].reshape(-1) for n in range(workers)]
+    naive = [
+        max(streams[n][j * shares[n] : (j + 1) * shares[n]].sum() for n in range(workers))
+        for j in range(steps)
+    ]
+    np.testing.assert_allclose(stepped_times(t, shares), naive, rtol=1e-12)
 
 
 def test_constant_times_meet_the_closed_form():

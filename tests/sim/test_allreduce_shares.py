@@ -67,6 +67,25 @@ def test_equal_speeds_give_syncs_run_bit_for_bit(text):
     assert torch.equal(theta, base_theta)
 
 
+def test_a_deferred_cut_keeps_dropcomputes_clock_and_loses_no_micro_batch():
+    """With the cut carried (``defer=true``), the threshold, counts and clock are DropCompute's
+    bit for bit; what it cut is dealt first in the next step, so only the last step's cut
+    is never computed, and the data (hence the parameters) differ."""
+    scenario = Scenario(
+        task="logreg", workers=4, micro_batches=3, delay=NOISE, iterations=30, eval_every=10
+    )
+    record, theta = run("rebalance:warmup=2,then=dropcompute,calibrate=5,defer=true", scenario)
+    base, base_theta = run("dropcompute:calibrate=5", scenario)
+    for key in ("time", "threshold", "drop_rate"):
+        assert record.column(key).tolist() == base.column(key).tolist()
+    cut = [sum(r["shares"]) - sum(r["completed"]) for r in record.steps]
+    assert [r["deferred"] for r in record.steps] == cut and sum(cut) > 0
+    summary = record.summary
+    assert summary["deferred_rate"] == pytest.approx(sum(cut) / (30 * 12))
+    assert summary["dropped_micro_batches"] == cut[-1]
+    assert not torch.equal(theta, base_theta)
+
+
 def test_the_weighted_update_is_single_process_sgd_on_the_dealt_samples():
     scenario = Scenario(
         task="logreg", workers=4, micro_batches=4, delay="const:value=1", iterations=1

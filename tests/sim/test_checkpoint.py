@@ -69,6 +69,19 @@ CASES = {
         "--eval-every",
         "3",
     ],
+    # the threshold's cut carried to the next step (``tasks.stream.CarryOver``)
+    "allreduce-rebalance-carry": [
+        "--strategy",
+        "rebalance:warmup=2,then=dropcompute,calibrate=2,defer=true",
+        "--pattern",
+        "heterogeneous:low=1,high=3",
+        "--micro-batches",
+        "3",
+        "--iterations",
+        "14",
+        "--eval-every",
+        "3",
+    ],
     "partial-eager": ["--strategy", "eager:mode=majority", "--iterations", "14"],
     "ps-lgc-time": [
         "--strategy",

@@ -271,6 +271,9 @@ class AllreducePlan(Plan):
     #: micro-batches of each rank, summing to N M: the global batch dealt by shares
     #: (``strategies.rebalance``); None: every rank computes ``micro_batches``
     shares: tuple[int, ...] | None = None
+    #: micro-batches the threshold cut are dealt first in the next step's global batch
+    #: (``tasks.stream.CarryOver``), so none is lost; needs ``shares``
+    carry_cut: bool = False
 
 
 @dataclass(frozen=True, eq=False)

@@ -27,7 +27,12 @@ to the ranks by their shares, so no sample is lost and no rank's data is under-r
 that no share can predict (optax-style ``chain``: rebalance supplies the shares, DropCompute
 the threshold tau and the weights, which are the same C_n/M over N). DropCompute's
 Algorithm 2 measures rounds of M units; a rank with m_n != M is shown to it as M units along
-its measured cumulative time (:func:`on_nominal_units`), exact when m_n = M.
+its measured cumulative time (:func:`on_nominal_units`), exact when m_n = M. The
+micro-batches the threshold cuts are not lost: they are dealt first in the next step's global
+batch with ``defer=true`` (``AllreducePlan.carry_cut``, ``tasks.stream.CarryOver``), so every
+micro-batch of the stream is still computed exactly once and the combination drops no sample;
+the default, ``defer=false``, drops them, as DropCompute does (and runs wherever shares are
+dealt; the carry needs an engine that does ``carry``).
 """
 
 from __future__ import annotations
@@ -59,7 +64,7 @@ from tailtrain.strategies.dropcompute import DropCompute, parse_options
 NOISE_Z = 3.0
 #: median absolute deviation to standard deviation (normal), and the median's efficiency
 MAD_SCALE, MEDIAN_SE = 1.4826, 1.2533
-REBALANCE_KEYS = ("warmup", "window", "hysteresis", "floor", "then")
+REBALANCE_KEYS = ("warmup", "window", "hysteresis", "floor", "then", "defer")
 THEN = ("dropcompute",)
 
 
@@ -87,12 +92,23 @@ class Rebalance(Strategy):
     hysteresis: float = 0.05
     floor: int = 1
     then: DropCompute | None = None
+    #: with ``then``: deal the micro-batches its threshold cuts in the next step
+    defer: bool = False
     text: str = field(default="", compare=False)
     topology: ClassVar[Topology] = Topology.ALLREDUCE
     #: C_n / M over N: a rank's weight is its own count (DropCompute Eq. 1)
     weights: ClassVar[WeightContract] = WeightContract.OWN_COUNTS
-    #: the plan deals per-rank shares (``AllreducePlan.shares``): only engines that deal them
-    needs: ClassVar[frozenset[str]] = frozenset({"shares"})
+
+    @property
+    def needs(self) -> frozenset[str]:  # type: ignore[override]
+        """Engines must deal per-rank shares (``AllreducePlan.shares``) and, when a composed
+        threshold's cut is deferred, carry it to the next step (``carry_cut``)."""
+        return frozenset({"shares", "carry"}) if self.carries else frozenset({"shares"})
+
+    @property
+    def carries(self) -> bool:
+        """Whether the plans ask for the cut micro-batches to be dealt again."""
+        return self.then is not None and self.defer
 
     def init(self, ctx: Context) -> RebalanceState:
         n, m = ctx.n_workers, ctx.micro_batches
@@ -115,7 +131,7 @@ class Rebalance(Strategy):
         base = (
             AllreducePlan(k=state.n_workers) if self.then is None else self.then.plan(state.inner)
         )
-        return replace(base, shares=tuple(state.shares.tolist()))
+        return replace(base, shares=tuple(state.shares.tolist()), carry_cut=self.carries)
 
     def select(self, state: RebalanceState, arrivals: ArrivalColumns) -> Selection:
         """Weights (C_n / M) / N: each rank by the samples it contributed."""
@@ -272,7 +288,7 @@ def on_nominal_units(times: np.ndarray, shares: np.ndarray, micro_batches: int) 
 # ---- builder ------------------------------------------------------------------------------
 def build_rebalance(spec: Spec) -> Rebalance:
     """``rebalance[:warmup=STEPS][,window=STEPS][,hysteresis=GAIN][,floor=MICRO_BATCHES]
-    [,then=dropcompute[,DropCompute's options]]``.
+    [,then=dropcompute[,defer=BOOL][,DropCompute's options]]``.
 
     ``then=dropcompute`` composes DropCompute's threshold (``threshold=auto`` by default)
     rather than adding a ``dropcompute=`` option: its own options then read as they do in
@@ -281,6 +297,8 @@ def build_rebalance(spec: Spec) -> Rebalance:
     if then is not None and then not in THEN:
         raise UsageError(f"{spec.text!r}: then={then!r} is unknown; use one of {', '.join(THEN)}")
     spec.require_known(REBALANCE_KEYS + (DROPCOMPUTE_KEYS if then else ()))
+    if spec.has("defer") and then is None:
+        raise UsageError(f"{spec.text!r}: defer= applies to then=dropcompute's cut; add it")
     window = spec.get_int("window", 50, minimum=1)
     warmup = spec.get_int("warmup", min(10, window), minimum=1)
     return Rebalance(
@@ -288,9 +306,17 @@ def build_rebalance(spec: Spec) -> Rebalance:
         window=window,
         hysteresis=spec.get_float("hysteresis", 0.05, minimum=0.0),
         floor=spec.get_int("floor", 1, minimum=1),
+        defer=_defer(spec),
         then=None if then is None else _dropcompute(spec),
         text=spec.text,
     )
+
+
+def _defer(spec: Spec) -> bool:
+    value = spec.get_str("defer", "false")
+    if value not in ("true", "false"):
+        raise UsageError(f"{spec.text!r}: defer={value!r}; use defer=true or defer=false")
+    return value == "true"
 
 
 def _dropcompute(spec: Spec) -> DropCompute:

@@ -2,11 +2,14 @@
 
 Every engine draws mini-batches here, so worker w's j-th job (its j-th gradient, or its
 j-th allreduce round) sees the same data under every strategy and in the runtime.
-:class:`Draws` reads an allreduce run's rounds from it many rounds at a time, and
-:func:`deal` hands a round's global batch out by per-rank shares (``strategies.rebalance``).
+:class:`Draws` reads an allreduce run's rounds from it many rounds at a time,
+:func:`deal` hands a round's global batch out by per-rank shares (``strategies.rebalance``),
+and :class:`CarryOver` re-deals the micro-batches a threshold cut in the next step.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -74,6 +77,41 @@ def deal(batches: np.ndarray, shares: np.ndarray) -> np.ndarray:
     first = np.cumsum(shares) - shares
     unit = np.minimum(np.arange(int(shares.max()))[None, :], shares[:, None] - 1)
     return flat[first[:, None] + unit]
+
+
+@dataclass
+class CarryOver:
+    """Micro-batches a threshold cut, dealt first in the next step's global batch (issue 25).
+
+    The fresh stream is sync's global batches one after another, N M micro-batches a round,
+    worker-major. A step's global batch is the cut micro-batches ``queue`` (K, B), in order,
+    then the next N M - K fresh ones (``taken`` counts the fresh ones dealt so far), so every
+    micro-batch of the stream is computed exactly once, some a step later, and none is lost
+    but the last step's cut. With nothing cut it is sync's round as it is (``taken`` = r N M).
+    A dataclass of arrays and ints, so a checkpoint keeps it (``core.checkpoint.pack``).
+    """
+
+    taken: int = 0
+    queue: np.ndarray = field(default_factory=lambda: np.zeros((0, 0), dtype=np.int64))
+
+    def global_batch(self, draws: Draws, n: int, m: int) -> np.ndarray:
+        """This step's N M micro-batches (N, M, B): the carried ones, then fresh ones."""
+        per_round = n * m
+        need = per_round - len(self.queue)
+        first, last = self.taken // per_round, (self.taken + need - 1) // per_round
+        rounds = [draws.round(r, m).reshape(per_round, -1) for r in range(first, last + 1)]
+        start = self.taken - first * per_round
+        fresh = [np.concatenate(rounds)[start : start + need]] if need else []
+        self.taken += need
+        parts = [self.queue, *fresh] if len(self.queue) else fresh
+        return np.concatenate(parts).reshape(n, m, -1)
+
+    def cut(self, dealt: np.ndarray, shares: np.ndarray, done: np.ndarray) -> int:
+        """Keep every dealt micro-batch (N, max share, B) past its rank's ``done`` count,
+        rank by rank, for the next step; how many."""
+        kept = [dealt[rank, done[rank] : shares[rank]] for rank in range(len(shares))]
+        self.queue = np.concatenate(kept)
+        return len(self.queue)
 
 
 def keyed_uniform(key: np.ndarray, counter: np.ndarray) -> np.ndarray:

@@ -14,8 +14,10 @@ drop_rate, s_eff (Algorithm 2's S_i on this round's draws), compute_time, comm_t
 sync_time (what the round would have taken without a threshold, T_i + T^c_i). A plan of
 per-rank shares (``AllreducePlan.shares``, ``strategies.rebalance``) deals sync's global
 batch to the ranks by them (``tasks.stream.deal``); its rows add ``shares``
-(``topology.allreduce.step_row``) and its
-sync_time is sync's round on the same draws.
+(``topology.allreduce.step_row``) and its sync_time is sync's round on the same draws. A plan
+that carries its cut (``AllreducePlan.carry_cut``) deals the micro-batches the threshold cut
+first in the next step (``tasks.stream.CarryOver``); its rows add ``deferred``, how many were
+cut and carried.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from tailtrain.sim.allreduce.learner import RoundLearner
 from tailtrain.sim.allreduce.timing import measured, share_rule, stop_rule
 from tailtrain.sim.driver import Played, Scorer
 from tailtrain.strategies.base import AllreducePlan, ArrivalColumns, Selection, StepStats
-from tailtrain.tasks.stream import deal
+from tailtrain.tasks.stream import CarryOver, deal
 from tailtrain.topology.allreduce import round_arrivals, round_stats, step_row, summarise
 
 
@@ -43,7 +45,7 @@ class AllreduceEngine:
     """Synchronous allreduce rounds on a virtual clock (``sim.driver.Engine``)."""
 
     #: what it does beyond the allreduce protocol (``Strategy.needs``): per-rank shares
-    does = frozenset({"shares"})
+    does = frozenset({"shares", "carry"})
 
     def __init__(self, world: World) -> None:
         scenario = world.scenario
@@ -58,6 +60,7 @@ class AllreduceEngine:
         self.now = 0.0
         self.step = 0
         self._closes = 0.0
+        self.carry = CarryOver()
 
     def finished(self, plan: AllreducePlan) -> bool:
         return self.world.finished(self.step, self.now, plan.iteration_scale)
@@ -102,10 +105,7 @@ class AllreduceEngine:
         times, stops, m, comm, shares = played.detail
         scalars = GradientStats()
         if self.learner is not None:
-            batches = self.learner.batches(self.step, plan.local_steps * m)
-            width = m
-            if shares is not None:  # sync's global batch, dealt by the shares
-                batches, width = deal(batches, shares), int(shares.max())
+            batches, width = self._batches(plan, m, shares, stops.done)
             work = self.learner.work(batches, stops.done, width, plan.local_steps, plan.lr_scale)
             self.learner.apply(selection, played.candidates.keys, work, plan.lr_scale)
             if plan.requeue_dropped:
@@ -124,19 +124,44 @@ class AllreduceEngine:
             comm,
         )
 
+    def _batches(
+        self, plan: AllreducePlan, m: int, shares: np.ndarray | None, done: np.ndarray
+    ) -> tuple[np.ndarray, int]:
+        """The round's micro-batches (N, width, B): each rank's own, or sync's global batch
+        dealt by the shares, the last step's cut first when the plan carries it."""
+        if shares is None:
+            return self.learner.batches(self.step, plan.local_steps * m), m
+        if not plan.carry_cut:
+            return deal(self.learner.batches(self.step, m), shares), int(shares.max())
+        dealt = deal(self.carry.global_batch(self.learner.drawn, self.n, m), shares)
+        self.carry.cut(dealt, shares, done)
+        return dealt, int(shares.max())
+
     def row(
         self, plan: AllreducePlan, selection: Selection, played: Played, stats: StepStats
     ) -> dict[str, Any]:
-        _, stops, m, comm, _ = played.detail
+        _, stops, m, comm, shares = played.detail
         used = played.candidates.worker[stats.used_mask()].tolist()
-        return step_row(plan, stats, stops, used, m, comm)  # with the shares dealt, if any
+        row = step_row(plan, stats, stops, used, m, comm)  # with the shares dealt, if any
+        if plan.carry_cut:  # cut this step, dealt first in the next
+            row["deferred"] = int((shares - stops.done).sum())
+        return row
 
     def advance(self) -> None:
         self.now = self._closes
         self.step += 1
 
     def summary(self, record: RunRecord) -> dict[str, Any]:
-        return summarise(record)
+        """``summarise``'s figures; a carried cut adds ``deferred_rate`` (the share of the
+        dealt micro-batches computed a step later) and ``dropped_micro_batches`` (still
+        carried when the run ended: the only ones never computed)."""
+        out = summarise(record)
+        deferred = [row["deferred"] for row in record.steps if "deferred" in row]
+        if deferred:
+            dealt = len(record.steps) * self.n * self.micro_batches
+            out["deferred_rate"] = sum(deferred) / dealt
+            out["dropped_micro_batches"] = deferred[-1]
+        return out
 
     @property
     def weighted_update(self) -> WeightedUpdate | None:
