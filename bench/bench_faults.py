@@ -20,8 +20,11 @@ Rows:
   restart brings W back, so its ``heal`` is its ``kill`` run (not run twice);
 * ``torchft-default`` / ``torchft-tuned``: torchft's ``Manager`` + ``DistributedDataParallel``
   on its ``ProcessGroupGloo``, one ``torchrun --nproc-per-node 1`` per replica, its lighthouse
-  (``torchft_lighthouse``) on 127.0.0.1, ``min_replica_size=1``; default timeouts (60 s), or
-  ``--tuned`` seconds for the manager, quorum, process group and lighthouse join and heartbeat;
+  (``torchft_lighthouse``) on 127.0.0.1, ``min_replica_size=1``; default timeouts (60 s;
+  the lighthouse's heartbeat 5 s), or ``--tuned`` seconds (2) for the manager's collectives,
+  its process group and the lighthouse's join and heartbeat timeouts, and 3x that for the
+  manager's quorum call (at 1x, a frozen replica made every replica die of the quorum call's
+  "Timeout expired" while the lighthouse still waited for it to join);
   ``kill``: W's torchrun has no restart; ``heal``: ``--max-restarts 1``, W rejoins and heals
   from a live peer;
 * ``ddp``: plain ``DistributedDataParallel`` under ``torchrun --max-restarts 1``, a checkpoint
@@ -106,8 +109,12 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+#: the tree whose tailtrain the tailtrain rows run (``--tailtrain-src``; default this one's)
+SRC = {"tailtrain": ROOT / "src"}
+
+
 def env(stamps: Path | None = None) -> dict[str, str]:
-    paths = [str(ROOT / "src"), str(ROOT)]
+    paths = [str(SRC["tailtrain"] if stamps is not None else ROOT / "src"), str(ROOT)]
     out = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     if stamps is not None:
         paths.insert(0, str(STAMP))
@@ -185,13 +192,14 @@ def stopper(
 
 
 # ---- runs --------------------------------------------------------------------------------------
-def has_flag(flag: str) -> bool:
+def has_flag(flag: str, scratch: Path) -> bool:
+    """Whether the tailtrain rows' ``train --help`` lists ``flag``."""
     done = subprocess.run(
         [sys.executable, "-m", "tailtrain", "train", "--help"],
         capture_output=True,
         text=True,
         timeout=180,
-        env=env(),
+        env=env(stamps=scratch),
     )
     return flag in done.stdout
 
@@ -248,10 +256,16 @@ def run_tailtrain(
         fired = {"kind": drill, "worker": w, "step": s, "t": first["t"] if first else None}
     else:
         fired = stop
+    live = [(int(r["step"]), len(r["live"])) for r in steps if r.get("live") is not None]
     extra = {
-        "live_ranks": [len(r.get("workers") or []) for r in steps][-1:] or None,
-        "dead": summary.get("dead_workers", summary.get("dead")),
-        "rejoined": summary.get("rejoined"),
+        # under --on-rank-loss shrink: [step, live ranks] where the count changes
+        "live_ranks": [[st, n] for i, (st, n) in enumerate(live) if i == 0 or n != live[i - 1][1]]
+        or None,
+        "dead": sorted({int(d) for r in steps for d in r.get("dead") or []})
+        or summary.get("dead_workers"),
+        "rejoined": sorted({int(d) for r in steps for d in r.get("rejoined") or []})
+        or summary.get("rejoined"),
+        "skipped_recorded": sum(int(r.get("skipped") or 0) for r in steps) or None,
         "hung": summary.get("hung_workers"),
         "deadline": summary.get("hang_deadline", summary.get("deadline")),
         "failures": read_jsonl([out / "failures.jsonl"])
@@ -550,7 +564,16 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--run-timeout", type=float, default=None, help="seconds per run")
     parser.add_argument("--out", type=Path, default=None, help="keep the run folders here")
+    parser.add_argument(
+        "--tailtrain-src",
+        type=Path,
+        default=None,
+        help="the tailtrain rows import tailtrain from this src folder (another branch's, "
+        "e.g. to try the shrink rows before it is merged); default: this tree's",
+    )
     cfg = parser.parse_args()
+    if cfg.tailtrain_src is not None:
+        SRC["tailtrain"] = cfg.tailtrain_src.resolve()
     rows = [r for r in cfg.rows.split(",") if r]
     drills = [d for d in cfg.drills.split(",") if d]
     bad = [r for r in rows if r not in ROWS] + [d for d in drills if d not in DRILLS]
@@ -568,10 +591,10 @@ def main() -> None:
             k: getattr(cfg, k)
             for k in ("workers", "steps", "hold", "tuned", "delay", "pattern", "seed")
         }
-        | {"target_loss": cfg.target_loss, "fault": fault, "quick": cfg.quick},
+        | {"target_loss": cfg.target_loss, "fault": fault, "quick": cfg.quick}
+        | {"tailtrain_src": str(SRC["tailtrain"])},
         "load_average_before": [round(x, 2) for x in os.getloadavg()],
     }
-    shrink_ok = any(r in SHRINK for r in rows) and has_flag("--on-rank-loss")
     try:
         import torchft  # noqa: F401
 
@@ -581,6 +604,7 @@ def main() -> None:
     results: dict[str, dict[str, Any]] = {}
     with tempfile.TemporaryDirectory(prefix="faults-") as scratch:
         top = cfg.out or Path(scratch)
+        shrink_ok = any(r in SHRINK for r in rows) and has_flag("--on-rank-loss", Path(scratch))
         for row in rows:
             if row in SHRINK and not shrink_ok:
                 results[row] = {
