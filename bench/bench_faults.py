@@ -500,6 +500,9 @@ def goals(rows: dict[str, dict[str, Any]], cfg: argparse.Namespace) -> dict[str,
         None if mine is None or deadline is None else mine <= float(deadline) + 1.0,
         tailtrain=mine,
         deadline=deadline,
+        why=None
+        if deadline is not None
+        else "the run's summary.json gives no learned deadline (read as hang_deadline or deadline)",
     )
     theirs = [val(r, "freeze", "fault_to_next_step") for r in ft]
     check(

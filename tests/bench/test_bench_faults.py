@@ -102,3 +102,28 @@ def test_a_quick_run_measures_a_stopped_rank_and_says_what_is_missing():
     shrink = report["rows"]["tailtrain-shrink-sync"]
     assert "not available in this tree" in shrink.get("unavailable", "") or "stop" in shrink
     assert len(report["load_average_before"]) == 3
+
+
+def test_goals_compare_the_shrink_row_with_torchft_and_the_restart_path():
+    def row(next_step: float, **more: float) -> dict:
+        return {
+            d: {"fault_to_next_step": next_step, "samples_replayed": 0, **more}
+            for d in ("none", "kill", "stop", "freeze", "heal")
+        }
+
+    rows = {
+        "tailtrain-shrink-sync": row(0.4, heal_seconds=3.0, time_to_target=10.0),
+        "torchft-default": row(5.0, heal_seconds=16.0, time_to_target=20.0),
+        "torchft-tuned": row(2.0, heal_seconds=17.0, time_to_target=18.0),
+        "tailtrain-before": row(16.0),
+    }
+    goals = bf.goals(rows, CFG)
+    assert goals["kill_next_step_no_later_than_torchft"]["holds"] is True
+    assert goals["stop_next_step_5x_sooner_than_restart"]["holds"] is True  # 0.4 * 5 <= 16
+    assert goals["freeze_sooner_than_torchft_default_and_tuned"]["holds"] is True
+    assert goals["freeze_within_deadline_plus_1s"]["holds"] is None  # no deadline recorded
+    assert goals["heal_no_slower_than_torchft"]["holds"] is True
+    assert goals["no_sample_replayed"]["holds"] is True
+    assert goals["time_to_target_at_most_0.67x_torchft"]["holds"] is True  # 10 / 18
+    rows["tailtrain-shrink-sync"]["kill"]["fault_to_next_step"] = 2.5
+    assert bf.goals(rows, CFG)["kill_next_step_no_later_than_torchft"]["holds"] is False
