@@ -8,7 +8,8 @@ straggler throughout) and the same drills, each fired at the start of worker W's
 (W in 1..N-1 and S drawn from ``--seed``; W's SIGSTOP lands in its injected sleep of step S):
 
 * ``none``: no fault (the reference for the drills' cost);
-* ``kill``: SIGKILL of W; ``heal``: the same, and W comes back;
+* ``kill``: SIGKILL of W; ``heal``: the same, and W comes back (its run ``--heal-extra``
+  steps longer, so that W is back before the end);
 * ``stop``: SIGSTOP of W for ``--hold`` seconds (sent by this script), then SIGCONT;
 * ``freeze``: W's training thread sleeps ``--hold`` seconds, its process stays alive
   (tailtrain's ``--inject-fault freeze:``; the same in ``faults_peer.py``).
@@ -192,6 +193,13 @@ def stopper(
 
 
 # ---- runs --------------------------------------------------------------------------------------
+def run_steps(cfg: argparse.Namespace, drill: str) -> int:
+    """A heal run goes on ``--heal-extra`` steps longer: a restarted process takes 15-20 s to
+    import and rejoin on a loaded 2-core machine, and at 150 steps torchft's returning replica
+    sometimes found the run over (measured: healed at step 147, or not at all)."""
+    return cfg.steps + (cfg.heal_extra if drill == "heal" else 0)
+
+
 def has_flag(flag: str, scratch: Path) -> bool:
     """Whether the tailtrain rows' ``train --help`` lists ``flag``."""
     done = subprocess.run(
@@ -210,9 +218,10 @@ def run_tailtrain(
     strategy = SHRINK.get(row, "sync")
     out = folder / "run"
     argv = [sys.executable, "-m", "tailtrain", "train", "--workers", str(cfg.workers)]
-    argv += ["--task", "digits-cnn", "--strategy", strategy, "--iterations", str(cfg.steps)]
+    steps = str(run_steps(cfg, drill))
+    argv += ["--task", "digits-cnn", "--strategy", strategy, "--iterations", steps]
     argv += ["--delay", cfg.delay, "--pattern", cfg.pattern, "--seed", str(cfg.seed)]
-    argv += ["--eval-every", str(cfg.steps), "--out", str(out), "--json", "--no-progress"]
+    argv += ["--eval-every", steps, "--out", str(out), "--json", "--no-progress"]
     if row in SHRINK:
         argv += ["--on-rank-loss", "shrink"]
     w, s = fault["worker"], fault["step"]
@@ -281,7 +290,8 @@ def run_peer(
 ) -> dict[str, Any]:
     mode = "ddp" if row == "ddp" else "torchft"
     w, s = fault["worker"], fault["step"]
-    base = [str(PEER), "--mode", mode, "--out", str(folder), "--steps", str(cfg.steps)]
+    steps = str(run_steps(cfg, drill))
+    base = [str(PEER), "--mode", mode, "--out", str(folder), "--steps", steps]
     base += ["--workers", str(cfg.workers), "--delay", cfg.delay, "--pattern", cfg.pattern]
     base += ["--seed", str(cfg.seed)]
     if drill in ("kill", "heal"):
@@ -561,6 +571,7 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=4)
     parser.add_argument("--steps", type=int, default=None, help="default 150 (quick: 60)")
     parser.add_argument("--hold", type=float, default=None, help="stop/freeze s (10; quick 4)")
+    parser.add_argument("--heal-extra", type=int, default=None, help="heal: steps more (150)")
     parser.add_argument("--tuned", type=float, default=2.0, help="torchft's tuned timeout, s")
     parser.add_argument("--delay", default="shifted-exp:shift=0.08,scale=0.02")
     parser.add_argument("--target-loss", type=float, default=None)
@@ -583,6 +594,7 @@ def main() -> None:
     if bad or not 2 <= cfg.workers <= 8:
         parser.error(f"unknown rows/drills {bad} (rows: {ROWS}; drills: {DRILLS}), workers 2-8")
     cfg.steps = cfg.steps or (60 if cfg.quick else 150)
+    cfg.heal_extra = cfg.heal_extra if cfg.heal_extra is not None else (60 if cfg.quick else 150)
     cfg.hold = cfg.hold if cfg.hold is not None else (4.0 if cfg.quick else 10.0)
     cfg.run_timeout = cfg.run_timeout or (150.0 if cfg.quick else 300.0)
     cfg.target_loss = cfg.target_loss or (2.2 if cfg.quick else 0.8)
@@ -592,7 +604,7 @@ def main() -> None:
     report: dict[str, Any] = {
         "config": {
             k: getattr(cfg, k)
-            for k in ("workers", "steps", "hold", "tuned", "delay", "pattern", "seed")
+            for k in ("workers", "steps", "heal_extra", "hold", "tuned", "delay", "pattern", "seed")
         }
         | {"target_loss": cfg.target_loss, "fault": fault, "quick": cfg.quick}
         | {"tailtrain_src": str(SRC["tailtrain"])},
