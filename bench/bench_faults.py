@@ -171,11 +171,18 @@ def read_jsonl(paths: list[Path]) -> list[dict[str, Any]]:
 
 
 def stopper(
-    folder: Path, pattern: str, worker: int, step: int, hold: float, deadline: float
+    folder: Path,
+    pattern: str,
+    worker: int,
+    step: int,
+    hold: float,
+    deadline: float,
+    procs: list[subprocess.Popen],
 ) -> dict[str, Any] | None:
     """SIGSTOP worker ``worker`` as it starts step ``step`` (its log or stamps say it), hold
-    ``hold`` s, SIGCONT. The fault as this script sent it, or None if the step never came."""
-    while time.monotonic() < deadline:
+    ``hold`` s, SIGCONT. The fault as this script sent it, or None if the step never came
+    (the run ended, or was refused, first)."""
+    while time.monotonic() < deadline and any(p.poll() is None for p in procs):
         for path in folder.glob(pattern.format(worker=worker)):
             for row in read_jsonl([path]):
                 # peers log a step's end: ending step-1, W is in step's injected sleep;
@@ -238,7 +245,7 @@ def run_tailtrain(
     try:
         proc = group.start(argv, "train", env(stamps=folder))
         if drill == "stop":
-            stop = stopper(folder, "stamps-w{worker}-*.jsonl", w, s, cfg.hold, deadline)
+            stop = stopper(folder, "stamps-w{worker}-*.jsonl", w, s, cfg.hold, deadline, [proc])
         ended = group.wait([proc], deadline)
         status = proc.returncode if ended else "timed out"
     finally:
@@ -329,7 +336,7 @@ def run_peer(
                     argv += ["--timeout", f"{cfg.tuned:g}"]
                 procs.append(group.start(argv, f"replica{replica}", environ))
         if drill == "stop":
-            stop = stopper(folder, "log-w{worker}-*.jsonl", w, s, cfg.hold, deadline)
+            stop = stopper(folder, "log-w{worker}-*.jsonl", w, s, cfg.hold, deadline, procs)
         ended = group.wait(procs, deadline)
         status: Any = [p.returncode for p in procs] if ended else "timed out"
     finally:
@@ -462,8 +469,9 @@ def goals(rows: dict[str, dict[str, Any]], cfg: argparse.Namespace) -> dict[str,
     """Issue 26's goals, each a boolean from this run's rows, or null with why."""
     out: dict[str, Any] = {}
     shrink = rows.get("tailtrain-shrink-sync", {})
-    if not shrink or "unavailable" in shrink:
-        why = "tailtrain-shrink-sync did not run: " + str(shrink.get("unavailable", "not selected"))
+    if not shrink or "unavailable" in shrink or "refused" in shrink:
+        missing = shrink.get("unavailable", shrink.get("refused", "not selected"))
+        why = f"tailtrain-shrink-sync did not run: {missing}"
         for name in (
             "kill_next_step_no_later_than_torchft",
             "kill_next_step_5x_sooner_than_restart",
@@ -640,9 +648,14 @@ def main() -> None:
                 runner = run_peer if row in ("ddp", "torchft-default", "torchft-tuned") else None
                 runner = runner or run_tailtrain
                 results[row][drill] = runner(row, drill, folder, cfg, fault)
+                tail = results[row][drill].get("log_tail") or [""]
+                if results[row][drill]["status"] == 2 and "error:" in tail[-1]:
+                    # refused before any process started (a usage error): so is every drill
+                    results[row] = {"refused": tail[-1]}
+                    break
                 if not cfg.json:
                     print(row, drill, json.dumps(results[row][drill]), flush=True)
-            if "heal" in results[row] and "same_run_as" in results[row]["heal"]:
+            if "same_run_as" in results[row].get("heal", {}):
                 results[row]["heal"] = {"same_run_as": "kill", **results[row]["kill"]}
     report["rows"] = results
     report["goals"] = goals(results, cfg)
