@@ -32,7 +32,7 @@ Rows:
   every 20 steps; ``heal`` is its ``kill`` run;
 * ``tailtrain-shrink-{sync,dropcompute,eager}``: ``tailtrain train --on-rank-loss shrink`` with
   ``sync``, ``dropcompute:threshold=auto`` and ``eager:mode=majority`` (``heal``: with
-  ``--max-restarts 1``, W restarted and rejoining); when ``train --help`` has no
+  ``--restart-lost 1``, W started again and rejoining); when ``train --help`` has no
   ``--on-rank-loss`` they say "not available in this tree" and nothing else.
 
 Measured, every instant a process's own ``time.time()``: the peers log each step's start and
@@ -236,8 +236,10 @@ def run_tailtrain(
         argv += ["--inject-fault", f"kill:worker={w},step={s}"]
     if drill == "freeze":
         argv += ["--inject-fault", f"freeze:worker={w},step={s},seconds={cfg.hold:g}"]
-    if row == "tailtrain-before" or drill == "heal":
+    if row == "tailtrain-before":
         argv += ["--max-restarts", "1"]
+    elif drill == "heal":  # shrink: the launcher starts the killed rank again, it rejoins
+        argv += ["--restart-lost", "1"]
     group = Group(folder)
     deadline = time.monotonic() + cfg.run_timeout
     began = time.time()
@@ -280,7 +282,7 @@ def run_tailtrain(
         "dead": sorted({int(d) for r in steps for d in r.get("dead") or []})
         or summary.get("dead_workers"),
         "rejoined": sorted({int(d) for r in steps for d in r.get("rejoined") or []})
-        or summary.get("rejoined"),
+        or summary.get("rejoins"),
         "skipped_recorded": sum(int(r.get("skipped") or 0) for r in steps) or None,
         "hung": summary.get("hung_workers"),
         "deadline": summary.get("hang_deadline", summary.get("deadline")),
