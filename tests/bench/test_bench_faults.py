@@ -1,0 +1,129 @@
+"""bench/bench_faults.py: its measures on made-up commits (fast), and one quick real run
+(slow: real processes, about a minute on a loaded 2-core machine)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from bench import bench_faults as bf
+
+ROOT = Path(__file__).resolve().parents[2]
+CFG = SimpleNamespace(workers=2, batch=32, target_loss=1.0)
+
+
+def commit(worker: int, pid: int, step: int, t: float) -> dict:
+    return {"worker": worker, "pid": pid, "step": step, "t": t}
+
+
+def history(steps: range, loss: float = 2.0, contributors: int = 2) -> dict:
+    return {s: {"loss": loss, "contributors": contributors} for s in steps}
+
+
+def test_a_restart_from_a_checkpoint_counts_its_replayed_steps(tmp_path):
+    # both workers commit 0..4 at t = 1..5; worker 1 is killed at t = 5.5 starting step 5;
+    # the group restarts (new pids) from the checkpoint of step 3: 3 and 4 again, then 5
+    before = [commit(w, 10 + w, s, 1.0 + s) for w in (0, 1) for s in range(5)]
+    after = [commit(w, 20 + w, s, 6.0 + s) for w in (0, 1) for s in range(3, 8)]
+    fault = {"kind": "kill", "worker": 1, "step": 5, "t": 5.5}
+    got = bf.measure(before + after, history(range(8)), fault, 0.0, 0, CFG, tmp_path, "x", {})
+    assert got["fault_to_next_step"] == pytest.approx(11.0 - 5.5)  # step 5, not the replays
+    assert got["restart_seconds"] == pytest.approx(9.0 - 5.5)
+    assert got["steps_replayed"] == 2
+    assert got["samples_replayed"] == 2 * 2 * 32
+    assert got["heal_from"] == "checkpoint"
+    assert got["samples_absent"] == 0
+
+
+def test_a_replica_that_heals_from_a_peer_joins_at_the_head(tmp_path):
+    # worker 0 goes on alone after worker 1's kill at t = 5.5; worker 1's new process
+    # commits step 9 first, when worker 0 has committed up to 9 too
+    w0 = [commit(0, 10, s, 1.0 + s) for s in range(12)]
+    w1 = [commit(1, 11, s, 1.0 + s) for s in range(5)] + [commit(1, 21, 9, 10.5)]
+    hist = {**history(range(5)), **history(range(5, 12), contributors=1)}
+    hist[9] = {"loss": 2.0, "contributors": 2}
+    fault = {"kind": "heal", "worker": 1, "step": 5, "t": 5.5}
+    got = bf.measure(w0 + w1, hist, fault, 0.0, 0, CFG, tmp_path, "x", {})
+    assert got["fault_to_next_step"] == pytest.approx(6.0 - 5.5)
+    assert got["heal_seconds"] == pytest.approx(10.5 - 5.5)
+    assert got["heal_from"] == "peer"
+    assert got["healed_behind"] == 0
+    assert got["steps_replayed"] == 0
+    assert got["samples_absent"] == 6 * 32  # steps 5-8 and 10-11 without worker 1
+
+
+def test_time_to_target_reads_the_moving_mean_of_the_final_history(tmp_path):
+    commits = [commit(0, 10, s, 1.0 + s) for s in range(30)]
+    hist = {s: {"loss": 2.0 if s < 15 else 0.5, "contributors": 2} for s in range(30)}
+    got = bf.measure(commits, hist, None, 0.0, 0, CFG, tmp_path, "x", {})
+    # the mean of 10 steps reaches 1.0 once 7 of them are at 0.5: step 21, committed 21 s
+    # after step 0's commit
+    assert got["time_to_target"] == pytest.approx(21.0)
+    assert got["final_loss"] == pytest.approx(0.5)
+
+
+def test_tailtrain_stamps_become_commits_per_process():
+    stamps = [
+        {"worker": 0, "pid": 1, "step": 0, "t": 0.0},
+        {"worker": 0, "pid": 1, "step": 1, "t": 1.0},
+        {"worker": 0, "pid": 1, "step": 2, "t": 2.0},  # killed in 2
+        {"worker": 0, "pid": 2, "step": 1, "t": 9.0},  # restarted from the checkpoint of 1
+        {"worker": 0, "pid": 2, "step": 2, "t": 10.0},
+    ]
+    got = sorted((c["pid"], c["step"], c["t"]) for c in bf.commits_from_starts(stamps))
+    assert got == [(1, 0, 1.0), (1, 1, 2.0), (2, 1, 10.0)]
+
+
+def test_goals_are_null_with_a_reason_without_the_shrink_rows():
+    rows = {"tailtrain-shrink-sync": {"unavailable": "not available in this tree"}}
+    goals = bf.goals(rows, CFG)
+    assert goals and all(g["holds"] is None for g in goals.values())
+    assert all("not available in this tree" in g["why"] for g in goals.values())
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(420)
+def test_a_quick_run_measures_a_stopped_rank_and_says_what_is_missing():
+    argv = [sys.executable, str(ROOT / "bench" / "bench_faults.py"), "--quick", "--json"]
+    argv += ["--rows", "tailtrain-before,tailtrain-shrink-sync", "--drills", "stop"]
+    argv += ["--steps", "24", "--hold", "1", "--run-timeout", "240"]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=400, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-2000:]
+    report = json.loads(done.stdout)
+    stop = report["rows"]["tailtrain-before"]["stop"]
+    assert stop["fault"]["kind"] == "stop"
+    assert stop["fault_to_next_step"] > 0
+    assert stop["steps"] == 24 and stop["steps_replayed"] == 0
+    shrink = report["rows"]["tailtrain-shrink-sync"]
+    assert "not available in this tree" in shrink.get("unavailable", "") or "stop" in shrink
+    assert len(report["load_average_before"]) == 3
+
+
+def test_goals_compare_the_shrink_row_with_torchft_and_the_restart_path():
+    def row(next_step: float, **more: float) -> dict:
+        return {
+            d: {"fault_to_next_step": next_step, "samples_replayed": 0, **more}
+            for d in ("none", "kill", "stop", "freeze", "heal")
+        }
+
+    rows = {
+        "tailtrain-shrink-sync": row(0.4, heal_seconds=3.0, time_to_target=10.0),
+        "torchft-default": row(5.0, heal_seconds=16.0, time_to_target=20.0),
+        "torchft-tuned": row(2.0, heal_seconds=17.0, time_to_target=18.0),
+        "tailtrain-before": row(16.0),
+    }
+    goals = bf.goals(rows, CFG)
+    assert goals["kill_next_step_no_later_than_torchft"]["holds"] is True
+    assert goals["stop_next_step_5x_sooner_than_restart"]["holds"] is True  # 0.4 * 5 <= 16
+    assert goals["freeze_sooner_than_torchft_default_and_tuned"]["holds"] is True
+    assert goals["freeze_within_deadline_plus_1s"]["holds"] is None  # no deadline recorded
+    assert goals["heal_no_slower_than_torchft"]["holds"] is True
+    assert goals["no_sample_replayed"]["holds"] is True
+    assert goals["time_to_target_at_most_0.67x_torchft"]["holds"] is True  # 10 / 18
+    rows["tailtrain-shrink-sync"]["kill"]["fault_to_next_step"] = 2.5
+    assert bf.goals(rows, CFG)["kill_next_step_no_later_than_torchft"]["holds"] is False
