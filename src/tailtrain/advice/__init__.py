@@ -162,7 +162,7 @@ def _tie_text(tied: list[Ranked]) -> str:
     others = ", ".join(row_spec(r.row) for r in tied[1:])
     rule = "fresh gradients first, then the simpler spec"
     if tied[0].row.strategy == "rebalance" and tied[0] is not min(tied, key=simplicity):
-        rule = "rebalance first (persistent stragglers dominate and it drops no sample)"
+        rule = "rebalance first (persistent stragglers dominate: shares keep their work)"
     return f" Equivalent within the forecasts' uncertainty: {others}; chosen by the rule {rule}."
 
 

@@ -313,9 +313,18 @@ def reason(choice: Ranked, cost: Cost, excluded: Cost | None, persistent: list[i
             if choice.simulated is None
             else (f", simulated {choice.simulated.effective_speedup:.2f}x")
         )
+        spec = row_spec(choice.row)
+        # the combination drops what its threshold cuts (unless defer=true carries it)
+        cuts = "then=dropcompute" in spec and "defer=true" not in spec
+        what = (
+            "deals the shares and cuts only the noise on top at DropCompute's threshold "
+            "(predicted for the shares alone"
+            if cuts
+            else "drops no sample (predicted"
+        )
         return (
             f"{found}rather than fix or replace them, give each rank the share of the global "
-            f"batch it can finish: {row_spec(choice.row)} drops no sample (predicted "
+            f"batch it can finish: {spec} {what} "
             f"{choice.row.effective_speedup:.2f}x the gradients per second of sync{simulated}). "
             f"{text}"
         )
