@@ -2,6 +2,7 @@
 
     python bench/bench_detect.py --json            # the full run (>= 100 drills)
     python bench/bench_detect.py --quick --json    # one drill per kind
+    python bench/bench_detect.py --only overhead --overhead-pairs 80 --json
 
 One forked job of ``--ranks`` gloo processes (default 6) runs drill after drill. A drill is a
 DDP loop on a tiny model whose step is dominated by injected sleeps (data 10 ms, forward 45 ms,
@@ -45,9 +46,12 @@ blocks of 10 steps, the order alternating pair by pair, many pairs; the median o
 the ratio with / without, and its 95% confidence interval (order statistics of the ratios).
 On a loaded machine a block's wall time swings by tens of percent, so that median resolves a
 percent only with many pairs; ``probe_cpu_share_of_step`` measures the probe's own cost
-directly: the CPU seconds spent inside its calls (the marks in DDP's hook, each step's close
+directly: the CPU seconds spent inside its calls (the marks in the gradient hooks, each step's close
 with the window's all-gather and rank 0's verdicts), per step, over the median step's wall
-seconds without the probe; the largest over the ranks (rank 0 judges).
+seconds without the probe; the largest over the ranks (rank 0 judges). In the same blocks a
+third DDP copy runs the probe's first way of timing DDP, a Python comm hook wrapping
+``allreduce_hook`` (:class:`HookPathProbe`, kept here only to compare): ``overhead_hook_path``
+is its ratio to the loop without a probe, ``hook_path_over_probe`` its ratio to the probe.
 
 Every rank runs on one core (``--cpu``): the machine's other load then delays them alike.
 Spread over the two cores, whose queues differ, a healthy rank ran 1.2-1.3x the others for a
@@ -61,6 +65,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import itertools
 import json
 import logging
 import os
@@ -77,6 +82,7 @@ import torch.multiprocessing as mp
 import torch.nn.functional as F
 from scipy import stats
 from torch import nn
+from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 from torch.nn.parallel import DistributedDataParallel
 
 from tailtrain import StragglerProbe
@@ -144,7 +150,7 @@ class Model(nn.Module):
 
 class TimedProbe(StragglerProbe):
     """The probe, with the CPU seconds of this thread spent inside its calls summed (the marks
-    in DDP's hook, the step's close with its window's gather and rank 0's verdicts): the
+    in the gradient hooks, the step's close with its window's gather and rank 0's verdicts): the
     probe's own cost, measured directly."""
 
     spent = 0.0
@@ -164,6 +170,27 @@ class TimedProbe(StragglerProbe):
 
     def _close_step(self) -> None:
         self._timed(StragglerProbe._close_step)
+
+
+class HookPathProbe(TimedProbe):
+    """The probe as it first timed DDP, for the overhead's comparison only: a Python comm hook
+    that marks "ready" as a bucket's hook is called and "synced" as its allreduce's future
+    completes (the last bucket's marks are the step's)."""
+
+    def watch(self, ddp_model: DistributedDataParallel) -> HookPathProbe:
+        ddp_model.register_comm_hook(self, _hook_path)
+        return self
+
+
+def _hook_path(probe, bucket):  # no annotations: DDP checks them as objects
+    probe._mark_ready()
+    future = allreduce_hook(probe.group, bucket)
+
+    def done(reduced):
+        probe._mark_synced()
+        return reduced.value()
+
+    return future.then(done)
 
 
 def run_drill(rank: int, drill: Drill) -> dict:
@@ -215,36 +242,45 @@ def run_drill(rank: int, drill: Drill) -> dict:
     return {"reports": reports, "sections": sections, "history": history, "wall": wall}
 
 
-def overhead_pairs(pairs: int, every: int = 10) -> tuple[list[tuple[float, float]], float]:
-    """The same healthy loop on two DDP copies of the model, one watched by a probe, in
-    interleaved blocks of BLOCK steps (the order alternating pair by pair): per pair the wall
-    seconds (with, without); and the probe's own CPU seconds per step."""
+#: the loops of the overhead blocks: without a probe, with it, with its first (hook) path
+LOOPS = ("plain", "probe", "hook_path")
+
+
+def overhead_pairs(pairs: int, every: int = 10) -> tuple[list[dict[str, float]], float]:
+    """The same healthy loop on three DDP copies of the model (no probe, the probe, the
+    probe's comm-hook path), in interleaved blocks of BLOCK steps (the order cycling through
+    the six permutations, group by group): per group the wall seconds of each loop; and the
+    probe's own CPU seconds per step."""
     x, y = torch.randn(8, 16), torch.randn(8, 4)
-    plain, watched = Model(), Model()
-    plain.fwd = watched.fwd = FWD
-    plain.bwd = watched.bwd = BWD
-    loops = {False: DistributedDataParallel(plain), True: DistributedDataParallel(watched)}
-    probe = TimedProbe(None, every=every).watch(loops[True])
-    optimizers = {on: torch.optim.SGD(m.parameters(), lr=0.01) for on, m in loops.items()}
+    models = {name: Model() for name in LOOPS}
+    for m in models.values():
+        m.fwd, m.bwd = FWD, BWD
+    loops = {name: DistributedDataParallel(m) for name, m in models.items()}
+    probes = {
+        "probe": TimedProbe(None, every=every).watch(loops["probe"]),
+        "hook_path": HookPathProbe(None, every=every).watch(loops["hook_path"]),
+    }
+    optimizers = {name: torch.optim.SGD(m.parameters(), lr=0.01) for name, m in loops.items()}
+    orders = list(itertools.permutations(LOOPS))
 
     def loader():
         for _ in range(BLOCK):
             time.sleep(DATA)
             yield x, y
 
-    def block(on: bool) -> float:
+    def block(name: str) -> float:
         began = time.perf_counter()
-        for bx, by in probe.batches(loader()) if on else loader():
-            optimizers[on].zero_grad()
-            F.mse_loss(loops[on](bx), by).backward()
-            optimizers[on].step()
+        probe = probes.get(name)
+        for bx, by in probe.batches(loader()) if probe else loader():
+            optimizers[name].zero_grad()
+            F.mse_loss(loops[name](bx), by).backward()
+            optimizers[name].step()
         return time.perf_counter() - began
 
     walls = []
-    for pair in range(pairs):
-        order = (True, False) if pair % 2 == 0 else (False, True)
-        got = {on: block(on) for on in order}
-        walls.append((got[True], got[False]))
+    for group in range(pairs):
+        walls.append({name: block(name) for name in orders[group % len(orders)]})
+    probe = probes["probe"]
     return walls, probe.spent / max(probe.steps, 1)
 
 
@@ -494,11 +530,12 @@ def main() -> None:
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--cpu", type=int, default=os.cpu_count() - 1, help="every rank's core")
     parser.add_argument("--dump", help="also write every drill's raw results (JSON) here")
+    parser.add_argument("--only", choices=["overhead"], help="run only this part (no drills)")
     args = parser.parse_args()
     if not 4 <= args.ranks <= 8:
         parser.error("--ranks must be 4..8")
     seeds, pairs = (1, 4) if args.quick else (args.seeds, args.overhead_pairs)
-    plan = drills(args.ranks, seeds)
+    plan = [] if args.only == "overhead" else drills(args.ranks, seeds)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     # every rank on one core: the machine's other load then delays them alike, where ranks
     # spread over two cores with unequal queues differ by 1.3x for whole drills (measured)
@@ -517,10 +554,43 @@ def main() -> None:
     if args.dump:
         with open(args.dump, "w") as fh:
             json.dump(got, fh)
+    walls = {name: np.array([w[name] for w in got["walls"]]) for name in LOOPS}
+    ratios = walls["probe"] / walls["plain"]
+    step = float(np.median(walls["plain"])) / BLOCK  # seconds a step without the probe
+    overhead = {
+        "overhead": float(np.median(ratios)),
+        "overhead_ci95": median_ci(ratios),
+        "overhead_pairs": len(ratios),
+        "overhead_steps_per_block": BLOCK,
+        "overhead_ratios": ratios.round(4).tolist(),
+        "overhead_hook_path": float(np.median(walls["hook_path"] / walls["plain"])),
+        "overhead_hook_path_ci95": median_ci(walls["hook_path"] / walls["plain"]),
+        "hook_path_over_probe": float(np.median(walls["hook_path"] / walls["probe"])),
+        "hook_path_over_probe_ci95": median_ci(walls["hook_path"] / walls["probe"]),
+        "step_seconds_without_probe": round(step, 5),
+        "probe_cpu_seconds_per_step": [round(c, 7) for c in got["probe_cpu"]],
+        "probe_cpu_share_of_step": round(max(got["probe_cpu"]) / step, 5),
+    }
+    machine = (
+        f"{os.cpu_count()} cores (the ranks on core {args.cpu}), torch {torch.__version__}, gloo"
+    )
+    if args.only == "overhead":
+        report = {
+            "ranks": args.ranks,
+            "seconds": round(time.time() - began, 1),
+            "load_average_1_5_15_min": {"start": load, "end": os.getloadavg()},
+            **overhead,
+            "machine": machine,
+        }
+        if args.json:
+            json.dump(report, sys.stdout, indent=1)
+            sys.stdout.write("\n")
+        else:
+            print(
+                f"overhead {report['overhead']:.4f}, hook path {report['overhead_hook_path']:.4f}"
+            )
+        return
     clean = [i for i, r in enumerate(got["results"]) if noise(r) <= NOISE_LIMIT]
-    walls = np.array(got["walls"])
-    ratios = walls[:, 0] / walls[:, 1]
-    step = float(np.median(walls[:, 1])) / BLOCK  # seconds a step without the probe
     report = {
         "drills": len(plan),
         "ranks": args.ranks,
@@ -542,17 +612,9 @@ def main() -> None:
             for d, r in zip(plan, got["results"], strict=True)
         ],
         "healthy_slowdown": healthy_slowdown(plan, got["results"]),
-        "overhead": float(np.median(ratios)),
-        "overhead_ci95": median_ci(ratios),
-        "overhead_pairs": len(ratios),
-        "overhead_steps_per_block": BLOCK,
-        "overhead_ratios": ratios.round(4).tolist(),
-        "step_seconds_without_probe": round(step, 5),
-        "probe_cpu_seconds_per_step": [round(c, 7) for c in got["probe_cpu"]],
-        "probe_cpu_share_of_step": round(max(got["probe_cpu"]) / step, 5),
+        **overhead,
         "nvidia_resiliency_ext": nvidia_error(),
-        "machine": f"{os.cpu_count()} cores (the ranks on core {args.cpu}), torch "
-        f"{torch.__version__}, gloo",
+        "machine": machine,
     }
     if args.json:
         json.dump(report, sys.stdout, indent=1)

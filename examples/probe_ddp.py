@@ -4,10 +4,10 @@ Run: ``torchrun --nproc-per-node 2 examples/probe_ddp.py [--slow-rank 1] [--out 
 (CPU, gloo), then ``tailtrain advise runs/probe``.
 
 The loop is the tutorial's (``DistributedSampler``, ``DataLoader``, ``DDP``, SGD); the probe
-adds the two lines marked ``# <- probe``: it wraps DDP's comm hook (DDP's own allreduce, its
-overlap kept) and the loader, and every 10 steps rank 0 logs each rank's score and verdict and
-appends to ``runs/probe/trace.csv``. ``--slow-rank R`` makes rank R's forward 20 ms slower (a
-slow GPU, a noisy neighbour); ``--slow-ms`` sets by how much.
+adds the two lines marked ``# <- probe``: it hooks DDP's gradients (DDP's own allreduce and
+its overlap kept, no comm hook) and wraps the loader, and every 10 steps rank 0 logs each
+rank's score and verdict and appends to ``runs/probe/trace.csv``. ``--slow-rank R`` makes
+rank R's forward 20 ms slower (a slow GPU, a noisy neighbour); ``--slow-ms`` sets by how much.
 """
 
 from __future__ import annotations

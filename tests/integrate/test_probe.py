@@ -25,11 +25,22 @@ X = torch.randn(STEPS * N * 8, 6, generator=torch.Generator().manual_seed(0))
 Y = torch.randn(STEPS * N * 8, 2, generator=torch.Generator().manual_seed(1))
 
 
+#: DDP's options the probe must time alike (``accumulate``: every other micro-batch in
+#: ``no_sync()``; ``spare``: a parameter forward never uses)
+VARIANTS = {
+    "find_unused": {"find_unused_parameters": True, "spare": True},
+    "static_graph": {"static_graph": True},
+    "bucket_view": {"gradient_as_bucket_view": True},
+    "no_sync": {"accumulate": True},
+}
+
+
 class Slow(nn.Module):
-    def __init__(self, delay: float) -> None:
+    def __init__(self, delay: float, spare: bool = False) -> None:
         super().__init__()
         torch.manual_seed(3)
         self.net = nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 2))
+        self.spare = nn.Linear(2, 2) if spare else None
         self.delay = delay
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -45,19 +56,28 @@ def flat(m: nn.Module) -> torch.Tensor:
     return torch.cat([p.detach().reshape(-1) for p in m.parameters()])
 
 
-def run_ddp(rank: int, folder: str | None) -> dict:
-    ddp = DistributedDataParallel(Slow(SLOW if rank == 1 else 0.0))
+def run_ddp(rank: int, folder: str | None, variant: str | None = None) -> dict:
+    options = dict(VARIANTS[variant]) if variant else {}
+    spare, accumulate = options.pop("spare", False), options.pop("accumulate", False)
+    ddp = DistributedDataParallel(Slow(SLOW if rank == 1 else 0.0, spare), **options)
     optimizer = torch.optim.SGD(ddp.parameters(), lr=LR)
     batches = loader(rank)
     reports = []
+    probe = None
     if folder is not None:
         probe = StragglerProbe(folder, every=8, on_report=reports.append).watch(ddp)
         batches = probe.batches(batches)
-    for x, y in batches:
-        optimizer.zero_grad()
+    for i, (x, y) in enumerate(batches):
+        if accumulate and i % 2 == 0:
+            with ddp.no_sync():
+                F.mse_loss(ddp(x), y).backward()
+            continue
         F.mse_loss(ddp(x), y).backward()
         optimizer.step()
-    return {"theta": flat(ddp.module), "reports": [r.as_dict() for r in reports]}
+        optimizer.zero_grad()
+    history = probe.history if probe is not None and rank == 0 else None
+    reports = [r.as_dict() for r in reports]
+    return {"theta": flat(ddp.module), "reports": reports, "history": history}
 
 
 def run_loop(rank: int, folder: str) -> dict:
@@ -90,6 +110,9 @@ def rank_main(rank: int, port: int, folder: str) -> None:
         "probe": run_ddp(rank, f"{folder}/ddp"),
         "loop": run_loop(rank, f"{folder}/loop"),
     }
+    for variant in VARIANTS:
+        out[f"{variant}-plain"] = run_ddp(rank, None, variant)
+        out[variant] = run_ddp(rank, f"{folder}/{variant}", variant)
     torch.save(out, f"{folder}/rank{rank}.pt")
     dist.barrier()
     dist.destroy_process_group()
@@ -129,3 +152,18 @@ def test_the_trace_and_the_verdicts_agree_with_the_injected_delay(results, case)
     assert report["sections"]["wait"][0] >= SLOW / 2  # rank 0 waits for rank 1, not vice versa
     assert [r["verdict"] for r in report["ranks"]] == ["healthy", "persistent"]
     assert ranks[1][case if case == "loop" else "probe"]["reports"] == []  # rank 0 reports
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_the_probe_times_ddp_options_alike(results, variant):
+    """Each DDP option: no parameter changed, and rank 0 waits for the slow rank 1 in the
+    steps that reduce (under ``no_sync()`` nobody waits)."""
+    _, ranks = results
+    for out in ranks:
+        assert torch.equal(out[variant]["theta"], out[f"{variant}-plain"]["theta"])
+    wait = ranks[0][variant]["history"][:, :, 2]  # (steps, ranks)
+    reducing = np.arange(STEPS) % 2 == 1 if variant == "no_sync" else np.ones(STEPS, bool)
+    assert (wait[~reducing] == 0).all()
+    assert np.median(wait[reducing, 0]) >= SLOW / 2
+    assert np.median(wait[reducing, 1]) < SLOW / 2

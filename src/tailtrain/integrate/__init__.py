@@ -7,7 +7,7 @@
 * :class:`StragglerHookState` and :func:`weighted_allreduce_hook`: DropCompute for a job that
   keeps ``DistributedDataParallel`` (a comm hook, ``no_sync`` accumulation).
 
-* :class:`StragglerProbe`: measures any loop (a DDP job by its comm hook) and names the slow
+* :class:`StragglerProbe`: measures any loop (a DDP job by gradient hooks) and names the slow
   ranks, writing the trace ``tailtrain advise`` reads.
 
 The first two drive the simulator's own rule objects (``tailtrain.runtime.control``) and return a

@@ -1,7 +1,7 @@
 """A straggler probe for an unmodified PyTorch loop: who is slow, measured on every rank.
 
-Two lines in a DDP job (DDP keeps its own allreduce and its overlap; the probe wraps its comm
-hook, ``allreduce_hook`` unless you give yours)::
+Two lines in a DDP job (DDP keeps its own C++ allreduce and its overlap, and any comm hook you
+registered: the probe adds no comm hook, only two gradient hooks and a forward pre-hook)::
 
     probe = StragglerProbe("runs/probe").watch(ddp)            # after DDP(...)
     for x, y in probe.batches(loader):                         # was: for x, y in loader:
@@ -15,12 +15,24 @@ Per rank and step it measures, on the host clock (``time.perf_counter``) or, for
 with CUDA events read back once per window (no synchronisation in a step):
 
 * **data**: the seconds inside the loader's ``next`` (where the loader is wrapped);
-* **wait**: from the moment this rank's gradients are all ready (DDP: its last bucket's hook
-  call; any loop: entering ``sync()``) until the reduction is done (the last bucket's
-  allreduce future; leaving ``sync()``). A fast rank waits there for the slow one;
-* **compute**: the rest of the step (forward, backward up to the last bucket, the optimizer).
-  The last bucket, not the first, ends it: while the first bucket reduces, backward is still
-  computing the others, and a rank slow only in backward must show in its compute.
+* **wait**: from the moment this rank's gradients are all ready (DDP: the gradient produced
+  last has been accumulated; any loop: entering ``sync()``) until the reduction is done (DDP:
+  the end of ``backward()``, after DDP's reducer has waited for every bucket and written the
+  gradients back; leaving ``sync()``). A fast rank waits there for the slow one;
+* **compute**: the rest of the step (forward, backward up to its last gradient, the
+  optimizer). The last gradient, not the first bucket, ends it: while the first bucket
+  reduces, backward is still computing the others, and a rank slow only in backward must show
+  in its compute.
+
+In a DDP job the first backward learns which parameter's gradient comes first and which last
+(hooks on every parameter, then only those two kept): the last one's
+``register_post_accumulate_grad_hook`` marks "ready", the first one's queues the end-of-backward
+mark on autograd's final callbacks (queued from a final callback, so it runs after DDP's
+reducer finalises). A comm hook in Python instead (as the probe first did) made DDP call back
+into Python on gloo's thread for every bucket, which cost about 3% of a step on a loaded
+machine (``bench/bench_detect.py --only overhead``). Micro-batches under ``no_sync()`` reduce
+nothing: all their time is compute. A step whose last-learned gradient was not produced
+(``find_unused_parameters``, a branch not taken) shows no wait (its wait counts as compute).
 
 Every ``every`` steps the ranks all-gather those three numbers of the window's steps (one small
 collective between steps, outside any timed section); rank 0 appends them to ``trace.csv``
@@ -29,11 +41,12 @@ collective between steps, outside any timed section); rank 0 appends them to ``t
 ``horizon`` steps (``tailtrain.persistence``, the rule ``advise`` applies to a trace: score,
 persistent / intermittent / healthy; no verdict before :data:`LIVE_MIN_STEPS` steps), logs the
 verdicts through ``logging`` (logger ``tailtrain.probe``), appends them to ``verdicts.jsonl``
-and, with ``tensorboard=``, logs the scores. The probe changes no tensor: the wrapped hook's
-result is returned as it is.
+and, with ``tensorboard=``, logs the scores. The probe changes no tensor: its hooks only read
+the clock.
 """
 
-# no ``from __future__ import annotations``: DDP checks the hook's annotations as objects
+from __future__ import annotations
+
 import json
 import logging
 import time
@@ -46,7 +59,6 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed as dist
-from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
 from tailtrain.delays.trace import write_trace_rows
 from tailtrain.persistence import Slowness, classify_workers
@@ -172,18 +184,18 @@ class StragglerProbe:
                 (self.out / name).unlink(missing_ok=True)
 
     # ---- the two lines ---------------------------------------------------------------------
-    def watch(
-        self,
-        ddp_model: torch.nn.parallel.DistributedDataParallel,
-        hook: Callable[[Any, dist.GradBucket], torch.futures.Future] = allreduce_hook,
-        state: Any = None,
-    ) -> "StragglerProbe":
-        """Register a comm hook on ``ddp_model`` that times ``hook`` (``state``: its state;
-        for the default ``allreduce_hook``, the process group) and returns its result."""
+    def watch(self, ddp_model: torch.nn.parallel.DistributedDataParallel) -> StragglerProbe:
+        """Time ``ddp_model``'s steps with gradient hooks, leaving its reduction as it is (its
+        built-in allreduce or the comm hook you registered)."""
+        if not isinstance(ddp_model, torch.nn.parallel.DistributedDataParallel):
+            raise TypeError(
+                f"StragglerProbe.watch needs a DistributedDataParallel model, got "
+                f"{type(ddp_model).__name__}; for another loop use probe.step() and probe.sync()"
+            )
         if ddp_model.device_type == "cuda" and self.device.type != "cuda":
             self.device = torch.device("cuda", torch.cuda.current_device())
             self.clock = _CudaClock()
-        ddp_model.register_comm_hook(_TimedHook(self, hook, state), _timed_hook)
+        self._ddp_watch = _DdpWatch(self, ddp_model)
         return self
 
     def batches(self, iterable: Iterable[Any]) -> Iterator[Any]:
@@ -340,21 +352,57 @@ class StragglerProbe:
         return TensorBoardLog(Path(folder))
 
 
-class _TimedHook:
-    """The state of :func:`_timed_hook`: the probe, and the hook it times with its state."""
+class _DdpWatch:
+    """The probe's hooks on a DDP model. A forward pre-hook notes whether this backward will
+    reduce (DDP's own test: grad enabled and not in ``no_sync``). The first backward hooks
+    every parameter to learn which gradient is accumulated first and which last, then keeps
+    only those two hooks: the last marks "ready"; whichever of them fires first queues a final
+    callback that queues another, which marks "synced" once DDP's finalise (queued when its
+    last bucket became ready, so before ours) has waited for every bucket."""
 
-    def __init__(self, probe: StragglerProbe, hook: Callable, state: Any) -> None:
-        self.probe, self.hook, self.state = probe, hook, state
+    def __init__(self, probe: StragglerProbe, ddp: torch.nn.parallel.DistributedDataParallel):
+        self.probe, self.ddp = probe, ddp
+        self.params = [p for p in ddp.module.parameters() if p.requires_grad]
+        self.reduces = False  # the coming backward reduces (set at each forward)
+        self.queued = False  # this backward's end-of-backward callback is queued
+        self.order: list[int] | None = []  # first backward: the parameters in grad order
+        self.first = self.last = -1
+        self.handles = [self._hook(i) for i in range(len(self.params))]
+        ddp.register_forward_pre_hook(self._forward)
+
+    def _hook(self, index: int) -> Any:
+        return self.params[index].register_post_accumulate_grad_hook(
+            lambda _param: self._grad(index)
+        )
+
+    def _forward(self, _module: Any, _inputs: Any) -> None:
+        self.reduces = torch.is_grad_enabled() and self.ddp.require_backward_grad_sync
+
+    def _grad(self, index: int) -> None:
+        if self.order is not None:
+            self.order.append(index)
+        if not self.queued:
+            self.queued = True
+            _queue_callback(self._backward_ending)
+        if self.reduces and (self.order is not None or index == self.last):
+            self.probe._mark_ready()
+
+    def _backward_ending(self) -> None:
+        _queue_callback(self._backward_ended)  # runs after every callback queued so far
+
+    def _backward_ended(self) -> None:
+        self.queued = False
+        if self.reduces:
+            self.probe._mark_synced()
+        if self.order:  # the first backward: keep the first and the last gradient's hooks
+            self.first, self.last = self.order[0], self.order[-1]
+            self.order = None
+            for handle in self.handles:
+                handle.remove()
+            self.handles = [self._hook(i) for i in {self.first, self.last}]
 
 
-def _timed_hook(timed: _TimedHook, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
-    """Mark the bucket ready, run the wrapped hook, mark its reduction done; the last bucket's
-    marks are the step's (hooks fire in bucket order, the last bucket last)."""
-    timed.probe._mark_ready()
-    future = timed.hook(timed.state, bucket)
-
-    def done(reduced: torch.futures.Future[torch.Tensor]) -> torch.Tensor:
-        timed.probe._mark_synced()
-        return reduced.value()
-
-    return future.then(done)
+def _queue_callback(callback: Callable[[], None]) -> None:
+    """Run ``callback`` when the current backward ends (autograd's final callbacks, where DDP
+    queues its finalise; a private hook of autograd's engine, as FSDP uses it)."""
+    torch.autograd.Variable._execution_engine.queue_callback(callback)
