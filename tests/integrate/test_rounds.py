@@ -55,7 +55,7 @@ def loop_round(strategy: str, timing: np.ndarray, screened: bool = False):
 
 def train_settles(timing: np.ndarray) -> SimpleNamespace:
     done = SimpleNamespace(ex=SimpleNamespace(step=0))
-    run = SimpleNamespace(unsettled=done, settled=0.0, now=0.0, settling=[])
+    run = SimpleNamespace(unsettled=done, settled=0.0, now=0.0, settling=[], shrinker=None)
     run.comm_time = math.nan
     run.trace = TraceRows(0, per_micro_batch=False, charged=True)
     settle(run, timing)

@@ -51,6 +51,7 @@ def test_a_reproduction_runs_on_a_factory_and_names_it(factory_module, tmp_path,
     report = (out / "report.md").read_text()
     assert f"`{factory_module}" in report
     assert "digits-mlp" not in report
+    assert "eta = None" not in report and "eta = the task default" in report
 
 
 @pytest.mark.parametrize(

@@ -197,7 +197,7 @@ def test_a_topology_train_lacks_is_refused_in_one_line(text, topology, monkeypat
 
 
 #: a rule's methods that decide (``strategies.base.Strategy``): only the driver calls them
-RULE_METHODS = {"init", "plan", "select", "adapt", "state_dict", "load_state_dict"}
+RULE_METHODS = {"init", "plan", "select", "adapt", "state_dict", "load_state_dict", "follow_world"}
 
 
 def rule_calls(path: Path) -> list[str]:

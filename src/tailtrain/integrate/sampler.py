@@ -11,8 +11,10 @@ every sample of an epoch is computed exactly once, by whichever rank its share r
 rank's data is under-represented however slow that rank is.
 
 The shares are read from the step as each step's indices are yielded, after the previous call
-moved them: iterate lazily (``DataLoader(batch_sampler=...)`` with ``num_workers=0``, or index
-the dataset yourself), since a prefetching loader would read the shares a step early.
+moved them: iterate it lazily and index the dataset yourself, one micro-batch per list of
+indices (``[collate(dataset, i) for i in indices]``). Not ``DataLoader(batch_sampler=...)``:
+it would collate the whole share into one batch, and a prefetching loader would read the
+shares a step early.
 """
 
 from __future__ import annotations

@@ -20,6 +20,7 @@ from tailtrain.reproduce.report import FIGURE_ONLY, Report, Table, gap
 from tailtrain.reproduce.runs import (
     Sizes,
     best,
+    eta,
     mean_of,
     name_of,
     run,
@@ -116,7 +117,7 @@ def _scenario(p, delay: str, budget: float, **extra) -> Scenario:
 def _setup(p, budget_words: str, strategies: list[str]) -> str:
     return (
         f"Task `{p.task}` (scikit-learn digits in place of MNIST), n = {N} workers, every "
-        f"worker sees the whole data set (`shared`, as DBW's MNIST runs), eta = {p.lr} for "
+        f"worker sees the whole data set (`shared`, as DBW's MNIST runs), eta = {eta(p)} for "
         f"DBW and B-DBW and eta k/n for static k; {budget_words} {p.sync_steps} expected sync "
         f"iterations; {p.seeds} seed(s) on common random numbers; strategies "
         + ", ".join(f"`{s}`" for s in strategies)
@@ -298,7 +299,7 @@ def fig9(out: Path, quick: bool) -> Report:
         title="robustness to a slowdown of half the workers",
         setup=f"Task `{p.task}`, n = {N}, round trips constant 1 s, pattern `{pattern}` "
         f"(a seeded half of the workers become 5x slower at t = {p.at:g} s), budget "
-        f"{p.budget:g} virtual s, eta = {p.lr or 'the task default'}, push & wait as in DBW "
+        f"{p.budget:g} virtual s, eta = {eta(p)}, push & wait as in DBW "
         f"§4. `{FIG9_OPTION}`: Eq. (17) over each cell's last 5 round-trip samples and the "
         "loss guard of Eq. (19) at beta = 1.2; `lipschitz=pooled`: DBW's L_hat is Eq. (12) "
         "over every iteration so far (the sum of its numerators over the sum of its "
@@ -381,7 +382,7 @@ def fig10(out: Path, quick: bool) -> Report:
     cases = {a: _scenario(p, round_trip(a), p.sync_steps * sync_time(a)) for a in p.alphas}
     strategies = ["dbw", ADASYNC]
     table, results = target_table(
-        f"Time to train loss {p.target} (virtual s), eta = {p.lr} for both", "alpha", cases,
+        f"Time to train loss {p.target} (virtual s), eta = {eta(p)} for both", "alpha", cases,
         strategies, p.seeds,
     )  # fmt: skip
     names = [name_of(s) for s in strategies]

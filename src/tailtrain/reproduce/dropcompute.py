@@ -18,7 +18,7 @@ from tailtrain.core.scenario import Scenario
 from tailtrain.delays import DelayProcess, parse_delay
 from tailtrain.reproduce.figures import bars, eval_curve, figure, label
 from tailtrain.reproduce.report import FIGURE_ONLY, Report, Table, gap
-from tailtrain.reproduce.runs import Sizes, mean_of, run, runs
+from tailtrain.reproduce.runs import Sizes, eta, mean_of, run, runs
 from tailtrain.strategies.dropcompute import COMPENSATIONS
 from tailtrain.theory import (
     analytic_speedup,
@@ -431,7 +431,7 @@ def table1(out: Path, quick: bool) -> Report:
         title="accuracy against drop rate, with and without compensation",
         setup=f"Task `{p.task}`, {p.workers} workers, 4 micro-batches per worker with the "
         f"App. B.1 noise, {p.iterations} updates (the same step budget for every drop rate, "
-        f"as in Table 1a), eta = {p.lr}, {p.seeds} seed(s). `dropcompute:drop-rate=p` picks "
+        f"as in Table 1a), eta = {eta(p)}, {p.seeds} seed(s). `dropcompute:drop-rate=p` picks "
         f"tau for drop rate p after {CALIBRATE} calibration rounds; compensations of Sec. 4.5.",
         paper_shows=[
             "Table 1a, BERT-Large fine-tuned on SQuAD (F1): 0% 91.32 +- 0.15, 2.5-3% 91.34, "

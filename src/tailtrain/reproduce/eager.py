@@ -16,7 +16,7 @@ import numpy as np
 from tailtrain.core.scenario import Scenario
 from tailtrain.reproduce.figures import bars, eval_curve, figure, label
 from tailtrain.reproduce.report import FIGURE_ONLY, Report, Table, gap
-from tailtrain.reproduce.runs import Sizes, mean_of, name_of, runs
+from tailtrain.reproduce.runs import Sizes, eta, mean_of, name_of, runs
 from tailtrain.sim.partial.microbench import Microbenchmark, run_microbenchmark
 
 PAPER = "eager-SGD (Li et al. 2020)"
@@ -169,7 +169,7 @@ def fig10(out: Path, quick: bool) -> Report:
         title="hyperplane regression with injected load imbalance",
         setup=f"Task `{p.task}` (the paper's d = 8192 scaled down), 8 processes, each step "
         f"computes `{STEP}` and one process chosen at random each step gets +200/300/400 ms "
-        f"(`subset:s=1,delay=`), {p.iterations} steps, eta = {p.lr}, {p.seeds} seed(s).",
+        f"(`subset:s=1,delay=`), {p.iterations} steps, eta = {eta(p)}, {p.seeds} seed(s).",
         paper_shows=[
             "§7.2.1: 'With 200, 300, and 400 ms load imbalance injection, eager-SGD achieves "
             "1.50x, 1.75x, and 2.01x speedup over synch-SGD'; majority is slower than solo "
@@ -268,7 +268,7 @@ def fig12(out: Path, quick: bool) -> Report:
         setup=f"Task `{p.task}` (in place of ResNet-32 on CIFAR-10), 8 processes, compute "
         f"`{STEP}` per step plus `{SKEW}` (50 to 400 ms spread over the ranks, shifted by one "
         f"rank every step, §7.2.3), {p.iterations} steps for every strategy (the paper trains "
-        f"each for 190 epochs), eta = {p.lr}, {p.seeds} seed(s).",
+        f"each for 190 epochs), eta = {eta(p)}, {p.seeds} seed(s).",
         paper_shows=[
             "§7.2.3: 'Eager-SGD using solo allreduce has the highest training speed but with "
             "lower test accuracy'; majority 'achieves approximately equivalent accuracy to "

@@ -62,6 +62,12 @@ def on_task(task: str | None) -> Iterator[None]:
         _TASK.reset(token)
 
 
+def eta(knobs: SimpleNamespace) -> str:
+    """The learning rate a report names: the experiment's, or under ``--task`` the task's own
+    (``lr`` None, which the scenario resolves)."""
+    return "the task default" if knobs.lr is None else str(knobs.lr)
+
+
 def task_with(spec: str, key: str, value: Any) -> str:
     """``spec`` with one more ``key=value`` (``digits-mlp`` -> ``digits-mlp:batch=16``,
     ``pkg.mod:make:width=4`` -> ``pkg.mod:make:width=4,batch=16``)."""

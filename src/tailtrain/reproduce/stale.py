@@ -18,7 +18,7 @@ from tailtrain.delays import parse_delay
 from tailtrain.prediction import DelayScenario, predict
 from tailtrain.reproduce.figures import figure, k_curve, label
 from tailtrain.reproduce.report import FIGURE_ONLY, Report, Table, gap
-from tailtrain.reproduce.runs import Sizes, best, mean_of, name_of, run, runs, target_table
+from tailtrain.reproduce.runs import Sizes, best, eta, mean_of, name_of, run, runs, target_table
 from tailtrain.theory import async_speedup, expected_order_stat
 
 PAPER = "Slow and stale gradients (Dutta et al.)"
@@ -261,7 +261,7 @@ def _setup(p) -> str:
     return (
         f"Task `{p.task}` (digits in place of CIFAR-10), P = 8 workers, each mini-batch takes "
         f"{BASE} s plus an exponential delay of mean {', '.join(f'{m:g}' for m in p.means)} s "
-        f"(0: none); eta = {p.lr} for every K; budget {p.sync_steps} expected sync "
+        f"(0: none); eta = {eta(p)} for every K; budget {p.sync_steps} expected sync "
         f"iterations; {p.seeds} seed(s); target: train loss {p.target}."
     )
 
@@ -358,7 +358,7 @@ def fig11(out: Path, quick: bool) -> Report:
         + ". The paper gives d = 0.02 s and K0 (2 for K-sync, 4 for K-async, 'fine-tuned') "
         "but not c; §VI re-sets K every 60 s, 'about 10 epochs' of CIFAR-10 at 8 x 32 "
         "samples per round, so about 6 s per epoch = 195 (c + d) s, c about 0.01 s. "
-        f"eta = {p.lr}; budget {p.sync_steps} expected sync iterations; {p.seeds} seeds on "
+        f"eta = {eta(p)}; budget {p.sync_steps} expected sync iterations; {p.seeds} seeds on "
         f"common random numbers. AdaSync re-decides K {p.intervals} times per run from K0 = 2 "
         "(K-sync) and 4 (K-async) as in §VI. Targets: train loss "
         + " and ".join(f"{t:g}" for t in p.targets)

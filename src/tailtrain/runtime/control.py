@@ -190,6 +190,16 @@ class RuleDriver:
     def adapt(self, stats: StepStats) -> None:
         self.state = self.strategy.adapt(self.state, stats)
 
+    def followed(self, ctx: Context) -> RuleDriver | None:
+        """This rule for a live world of ``ctx.n_workers`` ranks (``Strategy.follow_world``:
+        ``--on-rank-loss shrink``, or a resume after one), or None where it cannot follow."""
+        state = self.strategy.follow_world(self.state, ctx)
+        if state is None:
+            return None
+        driver = RuleDriver(self.strategy, ctx)
+        driver.state = state
+        return driver
+
     def state_dict(self) -> dict[str, Any]:
         """The rule's state for a checkpoint (``Strategy.state_dict``)."""
         return self.strategy.state_dict(self.state)

@@ -326,6 +326,7 @@ def shrinkable_round(run: _Rank, plan: Plan, before: Any) -> None:
     assert run.shrinker is not None
     run.drawn = drawn_now(run)
     one_round(run, plan)
+    run.drawn = drawn_now(run)  # completed: a break in the barrier below redoes no round
     if run.keeper.run.stepped(run.evals, run.step, run.now, before, scorer(run)):
         watch = run.comm.watch
         watch.patient = True
@@ -358,9 +359,9 @@ def shrink(run: _Rank, grow: bool = False, join: bool = False) -> None:
     comm, found = shrinker.regroup(run.comm, run.step, rows, sync, grow=grow, join=join)
     run.comm, run.sums = comm, None
     ctx = dataclasses.replace(run.world.context, n_workers=len(found.members))
-    state = run.rule.strategy.follow_world(run.rule.state, ctx)  # checked at start: not None
-    run.rule = RuleDriver(run.rule.strategy, ctx)
-    run.rule.state = state
+    followed = run.rule.followed(ctx)
+    assert followed is not None  # check_shrink refused a rule that cannot follow, at start
+    run.rule = followed
     run.lost = tuple(sorted({*run.lost, *found.dead}))
     run.joined = tuple(sorted({*run.joined, *found.joined}))
 
@@ -376,6 +377,8 @@ def sync_from_lead(run: _Rank, comm: GroupCollectives, found: Census) -> None:
     state = comm.broadcast_object(mine, found.members.index(lead))
     if shrinker.rank != lead:
         take_state(run, state, found.rows[shrinker.rank] - fewest)
+    else:  # the lead drew its round in flight too: every member redraws it alike
+        restore_drawn(run, run.drawn)
 
 
 def lead_state(run: _Rank, fewest: int) -> dict[str, Any]:
@@ -408,15 +411,20 @@ def take_state(run: _Rank, state: dict[str, Any], have: int) -> None:
     for row in state["rows"][have:]:
         run.record.add_step(row)
     checkpoint.restore(run.evals, state["evaluator"])
-    if state["drawn"] is not None:
-        checkpoint.restore_with_comm(run.injector.clock, state["drawn"]["clock"])
-        checkpoint.restore(run.world.process, state["drawn"]["delays"])
+    restore_drawn(run, state["drawn"])
     torch.set_rng_state(state["torch_rng"])
     if run.shrinker is not None:
         run.shrinker.deadline.seen(float(state["longest"]))
     # the drills of the rounds this rank skipped are past (a kill would fire again)
     drill = run.comm.drill
     drill.reached = max(drill.reached, run.step - 1)
+
+
+def restore_drawn(run: _Rank, drawn: dict[str, Any] | None) -> None:
+    """The delay draws as :func:`drawn_now` kept them (None: nothing kept yet)."""
+    if drawn is not None:
+        checkpoint.restore_with_comm(run.injector.clock, drawn["clock"])
+        checkpoint.restore(run.world.process, drawn["delays"])
 
 
 def scorer(run: _Rank):
@@ -497,6 +505,10 @@ def resume(run: _Rank, saved: dict[str, Any]) -> None:
     checkpoint.restore(run.learner, saved["learner"])
     run.update.load_state_dict(saved["update"])
     run.rule.load_state_dict(saved["rule"])
+    # a checkpoint taken after a shrink holds the rule for the smaller world; this run is whole
+    followed = run.rule.followed(run.world.context)
+    if followed is not None:
+        run.rule = followed
     checkpoint.restore_with_comm(run.injector.clock, saved["clock"])
     checkpoint.restore(run.world.process, saved["delays"])
     checkpoint.restore(run.evals, saved["evaluator"])
@@ -764,7 +776,12 @@ def settle(run: _Rank, timing: np.ndarray) -> None:
     run.settled += elapsed
     run.now = run.settled
     run.trace.charge(done.ex.step, elapsed)
-    if done.live is not None and run.shrinker is not None and len(done.live) != len(timing):
+    # identities, not counts: a heal that also lost a member keeps the count, not the ranks
+    if (
+        run.shrinker is not None
+        and done.live is not None
+        and tuple(done.live) != tuple(run.shrinker.members)
+    ):
         timing = lost_timings(done.live, run.shrinker.members, timing)
     run.settling.append((done, Settled(run.settled, run.comm_time), timing))
 
@@ -801,7 +818,7 @@ def finish(run: _Rank) -> RankResult:
     if run.comm.rank == 0:
         topology = {**summarise(run.record), **time_means(run.record.steps)}
         if run.shrinker is not None:
-            # each shrink: [generation, the round in flight, the ranks lost, seconds it took]
+            # each regroup: [generation, the round in flight, the ranks lost, taken in, seconds]
             topology["generations"] = [list(h) for h in run.shrinker.history]
         run.record.summary = run.keeper.run.summary(
             run.world, run.rule.strategy, run.record, topology

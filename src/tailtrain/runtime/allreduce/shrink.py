@@ -31,7 +31,9 @@ rank, and its keys sit under ``tailtrain/shrink/{run id}/{restart}``.
   it completed and its rows) and waits until every member of g has checked in or is known dead
   (``dead/{rank}``, set by the shield of ``runtime.expendable`` the moment the rank's process
   dies), or until the census window passes: :data:`WINDOW_FACTOR` times the longest round (a
-  live member may be inside one compute), at least :data:`MIN_WINDOW`, at most the deadline.
+  live member may be inside one compute), at least :data:`MIN_WINDOW`, at most the deadline;
+  for rank 0 (a census without it ends the job, and it may be inside an evaluation) until it
+  checks in or is known dead, at most ``--timeout``.
   The first rank to close it (``store.add`` on ``gen{g}/closer``) writes the members of g + 1,
   the ranks checked in at that moment; everyone waits (bounded) for that list.
 * A rank not in the list (it checked in late: it hung past the deadline and woke, or it was
@@ -102,6 +104,7 @@ import torch
 import torch.distributed as dist
 
 from tailtrain.errors import TailtrainError, UsageError
+from tailtrain.runtime.control import RuleDriver
 from tailtrain.runtime.reduce import Collectives, RankRow
 from tailtrain.strategies.base import Context
 
@@ -166,7 +169,7 @@ def check_shrink(strategy: Any, topology: str, *, local: bool, ctx: Any = None) 
         )
     ctx = ctx if ctx is not None else Context(n_workers=2)
     smaller = dataclasses.replace(ctx, n_workers=max(1, ctx.n_workers - 1))
-    if strategy.follow_world(strategy.init(ctx), smaller) is None:
+    if RuleDriver(strategy, ctx).followed(smaller) is None:
         raise UsageError(
             f"--on-rank-loss shrink: {strategy.describe()!r} adapts its state to the world it "
             "measured (a calibrated tau or batch), which a smaller world cannot take over; "
@@ -374,10 +377,16 @@ class Shrinker:
         store.set(f"gen{g}/in/{self.rank}", json.dumps([step, rows]))
         ins = [f"gen{g}/in/{m}" for m in self.members]
         deads = [f"dead/{m}" for m in self.members]
-        end = time.monotonic() + self.deadline.window
-        while time.monotonic() < end and not store.check([f"gen{g}/members"]):
+        started = time.monotonic()
+        end, bound = started + self.deadline.window, started + self.deadline.timeout
+        while not store.check([f"gen{g}/members"]):
             known = [store.check([i]) or store.check([d]) for i, d in zip(ins, deads, strict=True)]
             if all(known):
+                break
+            # a census without rank 0 ends the job, and rank 0 may be evaluating (longer than
+            # any round, as the patient barrier allows): wait for it up to --timeout
+            waits_for_zero = 0 in self.members and not known[self.members.index(0)]
+            if time.monotonic() >= (bound if waits_for_zero else end):
                 break
             time.sleep(0.005)
         if store.add(f"gen{g}/closer", 1) == 1:
