@@ -60,34 +60,8 @@ def test_train_exports_every_second_of_a_ranks_steps(tmp_path, capfd):
     """Partial collective (eager-SGD, solo): every rank's every step (a job: compute, call,
     adopt) in five parts >= 0 that sum to its wall seconds (rank-steps.jsonl), the summary's
     means of them, and each job's noncompute in the trace: its step less its unit (issue 23)."""
-    import json
+    from tests.cli.helpers import trained_time_parts
 
-    import numpy as np
-    import pandas as pd
-    from tests.cli.helpers import run
-
-    from tailtrain.delays.trace import read_trace
-
-    out = tmp_path / "run"
-    argv = ["train", "--task", "logreg", "--workers", "3", "--strategy", "eager:mode=solo"]
-    argv += ["--delay", "const:value=0.03", "--pattern", "rotating:low=0,high=0.06"]
-    argv += ["--iterations", "12", "--eval-every", "100", "--out", str(out), "--json"]
-    code, printed, err = run(argv, capfd)
-    assert code == 0, err
-    summary = json.loads(printed)
-    steps = pd.read_json(out / "rank-steps.jsonl", lines=True)
-    assert sorted(steps["rank"].unique()) == [0, 1, 2]
-    columns = ("rank_compute", "rank_injected", "rank_wait", "rank_comm", "rank_overhead")
-    compute, injected, wait, comm, overhead = (np.concatenate(steps[c].tolist()) for c in columns)
-    for part in (compute - injected, injected, wait, comm, overhead):
-        assert (part >= 0).all()
+    injected, means = trained_time_parts("eager:mode=solo", tmp_path / "run", capfd, [0, 1, 2])
     assert (injected > 0).all()  # the injected sleeps are measured as such
-    np.testing.assert_allclose(compute + wait + comm + overhead, steps["step_time"])
-    parts = ("compute", "injected", "wait", "comm", "overhead")
-    means = [summary[f"mean_{p}_time"] for p in parts]
-    assert sum(means) == pytest.approx(steps["step_time"].mean())
     assert means[1] == pytest.approx(injected.mean())
-    trace = read_trace(out / "trace.csv")
-    by_job = steps.set_index(["rank", "job"])
-    expected = by_job.loc[list(zip(trace.worker, trace.iteration, strict=True)), "step_time"]
-    np.testing.assert_allclose(trace.noncompute, expected.to_numpy() - trace.seconds)

@@ -340,33 +340,7 @@ def test_train_exports_every_second_of_a_workers_steps(tmp_path, capfd):
     for its next job) in five parts >= 0 that sum to its wall seconds (rank-steps.jsonl, the
     workers' ranks), the summary's means of them, and each finished job's noncompute in the
     trace: its step less its seconds (issue 23)."""
-    import json
+    from tests.cli.helpers import trained_time_parts
 
-    import pandas as pd
-    from tests.cli.helpers import run
-
-    from tailtrain.delays.trace import read_trace
-
-    out = tmp_path / "run"
-    argv = ["train", "--task", "logreg", "--workers", "3", "--strategy", "k-async:k=2"]
-    argv += ["--delay", "const:value=0.03", "--pattern", "rotating:low=0,high=0.06"]
-    argv += ["--iterations", "12", "--eval-every", "100", "--out", str(out), "--json"]
-    code, printed, err = run(argv, capfd)
-    assert code == 0, err
-    summary = json.loads(printed)
-    steps = pd.read_json(out / "rank-steps.jsonl", lines=True)
-    assert sorted(steps["rank"].unique()) == [1, 2, 3]
-    columns = ("rank_compute", "rank_injected", "rank_wait", "rank_comm", "rank_overhead")
-    compute, injected, wait, comm, overhead = (np.concatenate(steps[c].tolist()) for c in columns)
-    for part in (compute - injected, injected, wait, comm, overhead):
-        assert (part >= 0).all()
+    injected, _ = trained_time_parts("k-async:k=2", tmp_path / "run", capfd, [1, 2, 3], 1)
     assert injected.mean() > 0.01  # the injected rests are measured as such
-    np.testing.assert_allclose(compute + wait + comm + overhead, steps["step_time"])
-    parts = ("compute", "injected", "wait", "comm", "overhead")
-    means = [summary[f"mean_{p}_time"] for p in parts]
-    assert sum(means) == pytest.approx(steps["step_time"].mean())
-    trace = read_trace(out / "trace.csv")
-    by_job = steps.set_index(["rank", "job"])
-    keys = list(zip(trace.worker + 1, trace.iteration, strict=True))
-    expected = by_job.loc[keys, "step_time"].to_numpy() - trace.seconds
-    np.testing.assert_allclose(trace.noncompute, expected)
