@@ -80,10 +80,13 @@ from tailtrain.core.scenario import World, budget_spent
 from tailtrain.core.session import RunKeeper, check_entry
 from tailtrain.core.update import GradientStats, WeightedUpdate, key_workers, screen_own
 from tailtrain.errors import TailtrainError
+from tailtrain.runtime.allreduce.handover import (
+    drawn_now,
+    lost_timings,
+    sync_from_lead,
+)
 from tailtrain.runtime.allreduce.shrink import (
     Broken,
-    Census,
-    GroupCollectives,
     OnRankLoss,
     Refused,
     Shrinker,
@@ -336,14 +339,6 @@ def shrinkable_round(run: _Rank, plan: Plan, before: Any) -> None:
             watch.patient = False
 
 
-def drawn_now(run: _Rank) -> dict[str, Any]:
-    """The delay draws as they stand (the clock and the delay process)."""
-    return {
-        "clock": checkpoint.with_comm(run.injector.clock, ("process",)),
-        "delays": checkpoint.delay_state(run.world.process),
-    }
-
-
 def shrink(run: _Rank, grow: bool = False, join: bool = False) -> None:
     """The survivors' census (``grow``: the members' step boundary that takes joiners in),
     their new generation and its sync from the lead member (``runtime.allreduce.shrink``);
@@ -364,67 +359,6 @@ def shrink(run: _Rank, grow: bool = False, join: bool = False) -> None:
     run.rule = followed
     run.lost = tuple(sorted({*run.lost, *found.dead}))
     run.joined = tuple(sorted({*run.joined, *found.joined}))
-
-
-def sync_from_lead(run: _Rank, comm: GroupCollectives, found: Census) -> None:
-    """The lead member's state on every member of the new generation (module docstring of
-    ``runtime.allreduce.shrink``, SYNCING); nothing changes here before it has come."""
-    shrinker = run.shrinker
-    assert shrinker is not None
-    lead = max(found.members, key=lambda m: (found.steps[m], -m))
-    fewest = min(found.rows.values())
-    mine = lead_state(run, fewest) if shrinker.rank == lead else None
-    state = comm.broadcast_object(mine, found.members.index(lead))
-    if shrinker.rank != lead:
-        take_state(run, state, found.rows[shrinker.rank] - fewest)
-    else:  # the lead drew its round in flight too: every member redraws it alike
-        restore_drawn(run, run.drawn)
-
-
-def lead_state(run: _Rank, fewest: int) -> dict[str, Any]:
-    """What the others take from the lead: its state after its last completed round and the
-    record rows past the ``fewest`` any member holds."""
-    return {
-        "step": run.step,
-        "clocks": (run.now, run.settled, run.comm_time, run.timing),
-        "learner": checkpoint.capture(run.learner, checkpoint.MODEL_STATIC),
-        "update": run.update.state_dict(),
-        "rule": run.rule.state_dict(),
-        "unsettled": run.unsettled,
-        "rows": run.record.steps[fewest:],
-        "evaluator": RunKeeper.evaluator_state(run.evals),
-        "drawn": run.drawn,
-        "torch_rng": torch.get_rng_state(),
-        "longest": run.shrinker.deadline.longest if run.shrinker is not None else 0.0,
-    }
-
-
-def take_state(run: _Rank, state: dict[str, Any], have: int) -> None:
-    """Go on from the lead's ``state``; ``have``: the rows of ``state["rows"]`` this rank
-    already holds (every rank's rows are the same, made from gathered data)."""
-    run.step = int(state["step"])
-    run.now, run.settled, run.comm_time, run.timing = state["clocks"]
-    checkpoint.restore(run.learner, state["learner"])
-    run.update.load_state_dict(state["update"])
-    run.rule.load_state_dict(state["rule"])
-    run.unsettled, run.settling = state["unsettled"], []
-    for row in state["rows"][have:]:
-        run.record.add_step(row)
-    checkpoint.restore(run.evals, state["evaluator"])
-    restore_drawn(run, state["drawn"])
-    torch.set_rng_state(state["torch_rng"])
-    if run.shrinker is not None:
-        run.shrinker.deadline.seen(float(state["longest"]))
-    # the drills of the rounds this rank skipped are past (a kill would fire again)
-    drill = run.comm.drill
-    drill.reached = max(drill.reached, run.step - 1)
-
-
-def restore_drawn(run: _Rank, drawn: dict[str, Any] | None) -> None:
-    """The delay draws as :func:`drawn_now` kept them (None: nothing kept yet)."""
-    if drawn is not None:
-        checkpoint.restore_with_comm(run.injector.clock, drawn["clock"])
-        checkpoint.restore(run.world.process, drawn["delays"])
 
 
 def scorer(run: _Rank):
@@ -784,16 +718,6 @@ def settle(run: _Rank, timing: np.ndarray) -> None:
     ):
         timing = lost_timings(done.live, run.shrinker.members, timing)
     run.settling.append((done, Settled(run.settled, run.comm_time), timing))
-
-
-def lost_timings(live: tuple[int, ...], members: list[int], timing: np.ndarray) -> np.ndarray:
-    """A round's timings laid out for its own generation's ``live`` ranks, from ``timing``
-    gathered over the next generation's ``members``: NaN for the ranks lost between."""
-    full = np.full((len(live), timing.shape[1]), np.nan)
-    for n, rank in enumerate(members):
-        if rank in live:
-            full[live.index(rank)] = timing[n]
-    return full
 
 
 def flush(run: _Rank) -> None:
