@@ -1,0 +1,179 @@
+"""`--on-rank-loss shrink` under eager-SGD's partial collective (issue 26): the survivors of a
+killed rank go on in a new generation (``runtime.partial.regroup``).
+
+Each end-to-end test is one local job of logreg ranks with injected delays (so ranks are late,
+skip rounds and contribute stale gradients); the reference rebuilds the run from its record
+alone, with the partial collective's semantics: each round sums the gradients its row names
+(rank, job, version), each computed at its rank's own model (the generation's starting model
+less the rounds that rank had adopted, ``adopted``), divided by the round's live ranks; a new
+generation starts from the agreed model (every round applied); the final parameters are the
+average of the last generation's models, each less the rounds its rank adopted (``calls``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+
+import numpy as np
+import pytest
+import torch
+
+from tailtrain.core.scenario import Scenario
+from tailtrain.errors import UsageError
+from tailtrain.faults import FaultPlan
+from tailtrain.runtime.allreduce.shrink import Shrinker
+from tailtrain.runtime.config import TrainConfig, build_world
+from tailtrain.runtime.launch import Endpoint, JobFailed, launch, reserve, validate
+from tailtrain.runtime.partial.regroup import check_partial_shrink
+from tailtrain.runtime.partial.rounds import batch, train_partial
+from tailtrain.runtime.reduce import Collectives
+from tailtrain.strategies.base import Context
+from tailtrain.strategies.registry import parse_strategy
+
+SEED = 3
+
+
+def config(workers: int, faults: list[str], strategy: str, iterations: int = 16) -> TrainConfig:
+    s = Scenario(
+        task="logreg", workers=workers, iterations=iterations, eval_every=1000, delay="exp:rate=40"
+    )
+    return TrainConfig(
+        scenario=s,
+        strategy=strategy,
+        seed=SEED,
+        timeout=60,
+        faults=FaultPlan.parse(faults, workers),
+        on_rank_loss="shrink",
+        inject=True,
+    )
+
+
+def run(cfg: TrainConfig, entry=None):
+    return launch([cfg], reserve(Endpoint("127.0.0.1", 0)), entry)
+
+
+def dies_in_census(cfg: TrainConfig, comm: Collectives):
+    """Rank 2 checks in to the first census, then dies (SIGKILL) before the group forms."""
+    if comm.rank == 2:
+
+        def census(self, step, rows):
+            self.store.set(f"gen{self.generation}/in/{self.rank}", json.dumps([step, rows]))
+            os.kill(os.getpid(), signal.SIGKILL)
+
+        Shrinker.census = census
+    return train_partial(cfg, comm)
+
+
+def reference(cfg: TrainConfig, steps: list[dict], calls: dict[str, list]) -> np.ndarray:
+    """The run's final parameters rebuilt from its record (module docstring)."""
+    world, _ = build_world(cfg)
+    task = world.task
+    start = task.init_params(world.seed).double()  # the generation's starting model
+    agreed, applied, generation = start.clone(), {}, 0
+    steps_of: dict[int, torch.Tensor] = {}
+    for row in steps:
+        if row["generation"] != generation:  # a new generation: from the agreed model
+            start, applied, generation = agreed.clone(), {}, row["generation"]
+        total = torch.zeros_like(start)
+        # within a generation a rank's gradients come in order: its j-th was computed at
+        # its model less every round it had adopted before (the ``adopted`` of its jobs so far)
+        for worker, job, adopted in zip(row["workers"], row["jobs"], row["adopted"], strict=True):
+            seen = applied.setdefault(worker, [])
+            if adopted >= 0 and adopted not in seen:
+                seen.append(adopted)
+            model = start - sum((steps_of[a] for a in seen), torch.zeros_like(start))
+            _, grad = task.grads(model.float(), batch(world, worker, job))
+            total += grad[0].double()
+        steps_of[row["step"]] = row["lr"] * total / len(row["live"])
+        agreed = agreed - steps_of[row["step"]]
+    last = steps[-1]["generation"]
+    finals = []
+    for worker in steps[-1]["live"]:
+        adopted = [c[3] for c in calls[str(worker)] if c[0] == last and c[3] is not None]
+        finals.append(start - sum((steps_of[a] for a in adopted), torch.zeros_like(start)))
+    return torch.stack(finals).mean(0).numpy()
+
+
+def check_run(cfg: TrainConfig, by_rank, survivors: list[int]) -> list[dict]:
+    record = by_rank[0][0].record
+    steps = record.steps
+    assert [r["step"] for r in steps] == list(range(cfg.scenario.iterations))
+    assert steps[-1]["live"] == survivors
+    want = reference(cfg, steps, record.summary["calls"])
+    for rank in survivors:
+        np.testing.assert_allclose(by_rank[rank][0].theta, want, rtol=1e-4, atol=1e-6)
+    return steps
+
+
+# ---- no process: the refusals and the rule -----------------------------------------------------
+def test_the_partial_collective_refuses_what_it_cannot_shrink_in_one_line():
+    ctx = Context(n_workers=4)
+    majority = parse_strategy("eager:mode=majority")
+    check_partial_shrink(majority, local=True, ctx=ctx, restart_lost=0)
+    check_partial_shrink(parse_strategy("eager:mode=solo"), local=True, ctx=ctx, restart_lost=0)
+    with pytest.raises(UsageError, match="torchrun"):
+        check_partial_shrink(majority, local=False, ctx=ctx, restart_lost=0)
+    with pytest.raises(UsageError, match="no heal"):
+        check_partial_shrink(majority, local=True, ctx=ctx, restart_lost=1)
+    with pytest.raises(UsageError, match="gloo"):
+        check_partial_shrink(majority, local=True, ctx=ctx, restart_lost=0, on_cuda=True)
+    with pytest.raises(UsageError, match="adapts its state"):
+        check_partial_shrink(parse_strategy("dbw-quorum"), local=True, ctx=ctx, restart_lost=0)
+    s = Scenario(task="logreg", workers=3, iterations=2)
+    validate(TrainConfig(s, "eager:mode=majority", on_rank_loss="shrink"), local=True)
+
+
+def test_eager_follows_the_live_world():
+    ctx = Context(n_workers=4, seed=1)
+    for spec, k in (("eager:mode=majority", 1), ("eager:mode=quorum", 2)):
+        rule = parse_strategy(spec)
+        state = rule.adapt(rule.init(ctx), None)  # one round on
+        smaller = rule.follow_world(state, Context(n_workers=3, seed=1))
+        assert (smaller.n_workers, smaller.k, smaller.round) == (3, k, 1)
+        plan = rule.plan(smaller)
+        assert plan.initiator < 3
+    quorum = parse_strategy("eager:mode=quorum,k=4")
+    state = quorum.follow_world(quorum.init(ctx), Context(n_workers=2, seed=1))
+    assert state.k == 2  # a K above the live ranks becomes all of them
+
+
+# ---- real processes ----------------------------------------------------------------------------
+@pytest.mark.slow
+@pytest.mark.timeout(150)
+def test_a_killed_rank_under_majority_leaves_a_run_that_matches_its_record():
+    cfg = config(4, ["kill:worker=3,step=5"], "eager:mode=majority")
+    by_rank = run(cfg)
+    steps = check_run(cfg, by_rank, [0, 1, 2])
+    lives = [tuple(r["live"]) for r in steps]
+    cut = lives.index((0, 1, 2))
+    assert 5 <= cut < 16 and lives == [(0, 1, 2, 3)] * cut + [(0, 1, 2)] * (16 - cut)
+    assert [r["dead"] for r in steps if r["dead"]] == [[3]]
+    assert all(3 not in r["workers"] for r in steps[cut:])
+    assert {r["quorum"] for r in steps} == {1}
+    # the majority initiator is drawn among the live ranks after the shrink
+    assert all(r["initiator"] in r["live"] for r in steps)
+    generations = by_rank[0][0].record.summary["generations"]
+    assert [g[0] for g in generations] == [1] and generations[0][2] == [3]
+    assert "dead" in by_rank[3][0].record.summary
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(150)
+def test_a_death_during_the_census_under_solo_leaves_one_generation_without_both():
+    # rank 3 dies at step 4; rank 2 checks in to that census and dies before the group forms
+    cfg = config(4, ["kill:worker=3,step=4"], "eager:mode=solo", iterations=12)
+    by_rank = run(cfg, dies_in_census)
+    steps = check_run(cfg, by_rank, [0, 1])
+    assert {tuple(r["live"]) for r in steps} == {(0, 1, 2, 3), (0, 1)}
+    assert [sorted(r["dead"]) for r in steps if r["dead"]] == [[2, 3]]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(150)
+def test_a_killed_rank_0_stops_the_job_with_a_line_that_says_what_to_do():
+    with pytest.raises(
+        JobFailed, match=r"^rank 0 .*shrink goes on without any rank but 0.*--max-restarts 1"
+    ):
+        run(config(3, ["kill:worker=0,step=2"], "eager:mode=majority"))
