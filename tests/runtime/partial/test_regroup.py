@@ -23,7 +23,7 @@ import torch
 from tailtrain.core.scenario import Scenario
 from tailtrain.errors import UsageError
 from tailtrain.faults import FaultPlan
-from tailtrain.runtime.allreduce.shrink import Shrinker
+from tailtrain.runtime.allreduce.shrink import Refused, Shrinker
 from tailtrain.runtime.config import TrainConfig, build_world
 from tailtrain.runtime.launch import Endpoint, JobFailed, launch, reserve, validate
 from tailtrain.runtime.partial.regroup import check_partial_shrink
@@ -177,3 +177,19 @@ def test_a_killed_rank_0_stops_the_job_with_a_line_that_says_what_to_do():
         JobFailed, match=r"^rank 0 .*shrink goes on without any rank but 0.*--max-restarts 1"
     ):
         run(config(3, ["kill:worker=0,step=2"], "eager:mode=majority"))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(150)
+def test_a_hung_initiator_is_left_behind_and_refused_when_it_wakes():
+    # rank 2's main thread freezes (6 s) past the learned deadline (MIN_DEADLINE: these rounds
+    # take ms); a majority round it initiates stalls the others, who go on without it; it
+    # wakes after the run and asks to join: refused, its work counted nowhere
+    cfg = config(3, ["freeze:worker=2,step=4,seconds=6"], "eager:mode=majority", iterations=30)
+    by_rank = run(cfg)
+    steps = check_run(cfg, by_rank, [0, 1])
+    lives = [tuple(r["live"]) for r in steps]
+    cut = lives.index((0, 1))
+    assert cut >= 4 and lives[cut:] == [(0, 1)] * (30 - cut)
+    assert steps[cut]["dead"] == [2]
+    assert Refused.__name__ in by_rank[2][0].record.summary["dead"]

@@ -399,7 +399,12 @@ class PartialCollective:
         message = encode_message(kind, value, self.rank)
         with self.send_lock:
             for peer in peers:  # every group holds every rank: group rank = rank
-                self.pending.append((self.act_group.send([message], peer, 0), message))
+                try:
+                    work = self.act_group.send([message], peer, 0)
+                except RuntimeError as exc:  # gloo: the peer's connection closed
+                    line = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else ""
+                    raise CollectiveFailed(f"rank {self.rank}: a send failed: {line}") from exc
+                self.pending.append((work, message))
                 self.sent[peer] += 1
 
     def _drain(self, everything: bool = False) -> None:
