@@ -405,7 +405,6 @@ def validate(config: TrainConfig, *, local: bool) -> None:
             strategy,
             local=local,
             ctx=world.context,
-            restart_lost=config.restart_lost,
             on_cuda=config.on_cuda,
         )
     elif config.on_rank_loss == "shrink":

@@ -6,12 +6,14 @@ skip rounds and contribute stale gradients); the reference rebuilds the run from
 alone, with the partial collective's semantics: each round sums the gradients its row names
 (rank, job, version), each computed at its rank's own model (the generation's starting model
 less the rounds that rank had adopted, ``adopted``), divided by the round's live ranks; a new
-generation starts from the agreed model (every round applied); the final parameters are the
-average of the last generation's models, each less the rounds its rank adopted (``calls``).
+generation (after a loss or a heal) starts from the agreed model (every round applied); the
+final parameters are the average of the last generation's models, each less the rounds its
+rank adopted (``calls``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -111,16 +113,14 @@ def check_run(cfg: TrainConfig, by_rank, survivors: list[int]) -> list[dict]:
 def test_the_partial_collective_refuses_what_it_cannot_shrink_in_one_line():
     ctx = Context(n_workers=4)
     majority = parse_strategy("eager:mode=majority")
-    check_partial_shrink(majority, local=True, ctx=ctx, restart_lost=0)
-    check_partial_shrink(parse_strategy("eager:mode=solo"), local=True, ctx=ctx, restart_lost=0)
+    check_partial_shrink(majority, local=True, ctx=ctx)
+    check_partial_shrink(parse_strategy("eager:mode=solo"), local=True, ctx=ctx)
     with pytest.raises(UsageError, match="torchrun"):
-        check_partial_shrink(majority, local=False, ctx=ctx, restart_lost=0)
-    with pytest.raises(UsageError, match="no heal"):
-        check_partial_shrink(majority, local=True, ctx=ctx, restart_lost=1)
+        check_partial_shrink(majority, local=False, ctx=ctx)
     with pytest.raises(UsageError, match="gloo"):
-        check_partial_shrink(majority, local=True, ctx=ctx, restart_lost=0, on_cuda=True)
+        check_partial_shrink(majority, local=True, ctx=ctx, on_cuda=True)
     with pytest.raises(UsageError, match="adapts its state"):
-        check_partial_shrink(parse_strategy("dbw-quorum"), local=True, ctx=ctx, restart_lost=0)
+        check_partial_shrink(parse_strategy("dbw-quorum"), local=True, ctx=ctx)
     s = Scenario(task="logreg", workers=3, iterations=2)
     validate(TrainConfig(s, "eager:mode=majority", on_rank_loss="shrink"), local=True)
 
@@ -193,3 +193,26 @@ def test_a_hung_initiator_is_left_behind_and_refused_when_it_wakes():
     assert cut >= 4 and lives[cut:] == [(0, 1)] * (30 - cut)
     assert steps[cut]["dead"] == [2]
     assert Refused.__name__ in by_rank[2][0].record.summary["dead"]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(150)
+def test_a_killed_rank_started_again_heals_from_a_live_peer():
+    # rank 2 dies at step 4 and is started again (--restart-lost 1): it asks to join, rank 0
+    # says so in a round, and at that round's end every member takes it in with the lead's
+    # agreed model (no checkpoint); the run is long enough for the restart (~1 s)
+    cfg = config(3, ["kill:worker=2,step=4"], "eager:mode=majority", iterations=100)
+    cfg = dataclasses.replace(cfg, restart_lost=1)
+    by_rank = run(cfg)
+    steps = check_run(cfg, by_rank, [0, 1, 2])
+    lives = [tuple(r["live"]) for r in steps]
+    cut, healed = lives.index((0, 1)), [r["step"] for r in steps if r["rejoined"]]
+    assert len(healed) == 1 and healed[0] > cut >= 4
+    assert lives == [(0, 1, 2)] * cut + [(0, 1)] * (healed[0] - cut) + [(0, 1, 2)] * (
+        100 - healed[0]
+    )
+    assert steps[healed[0]]["rejoined"] == [2]
+    # the rank started again took no job it may have done before it died
+    after = steps[healed[0] :]
+    jobs = [j for r in after for w, j in zip(r["workers"], r["jobs"], strict=True) if w == 2]
+    assert min(jobs) > healed[0]

@@ -256,6 +256,8 @@ class PartialCollective:
         #: (looked at while the main thread waits for a round), and the learned deadline of
         #: that wait (``runtime.partial.regroup``)
         self.watch, self.bound = watch, bound
+        #: set by the main thread: the next snapshot says a rank asks to join (a heal)
+        self.grow_asked = False
         self.cond = threading.Condition()
         self.send_lock = threading.Lock()
         self.state = _Shared(plans={0: first})
@@ -478,6 +480,7 @@ class PartialCollective:
         taken = [e for e in s.buffer if e.not_before <= r][: self.capacity]
         s.buffer = [e for e in s.buffer if not any(e is t for t in taken)]
         head = [float(r in s.initiated), s.activated[r], self.now(), len(taken)]
+        head.append(float(self.grow_asked))
         grads = [(e.grad, int(e.row[1]) == r) for e in taken]
         payload = pack_round(
             self.dim, self.procs, self.width, self.rank, grads, head, [e.row for e in taken]

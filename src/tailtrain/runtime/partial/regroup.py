@@ -25,13 +25,24 @@ the shield, the closer, the retry when a member dies during the census or the fo
   socket closed; the watch; the deadline). It freezes the rule (``Rule.freeze_for_regroup``:
   a round its reducer completes from now on counts nowhere here), sends ``ABORT``
   (``PartialCollective.abort``), aborts the generation's activation and reduce groups
-  (``ProcessGroupGloo.abort``, so no thread stays in a collective), and joins the threads
-  (bounded). What it completed: the rounds its reducer finished (``done``).
+  (``ProcessGroupGloo.abort``, so no thread stays in a collective), and goes to the census
+  at once (the threads leave on their own). What it completed: the rounds its reducer
+  finished (``done``).
 * ``REGROUPING``: ``Shrinker.regroup`` with ``done`` for the step: CENSUS, FORMING and
   SYNCING as the allreduce's module says. A member that died meanwhile breaks the new
-  generation and the census runs again; a rank that checked in late is not among the
-  members and asks to join (JOINING): a partial collective does not heal yet, so it is
-  ``REFUSED`` when the run ends (or after ``--timeout``) and its rounds count nowhere.
+  generation and the census runs again. A rank that checked in late (it hung past the
+  deadline and woke) is not among the members and asks to join (JOINING, below).
+* ``GROWING`` (a heal): a rank asks to join, started again by the shield after it died
+  (``--restart-lost N``: it skips the job's process group and asks at once) or woken after a
+  census went on without it (``join/{rank}`` and the ``joins`` counter, as the allreduce's
+  JOINING). Rank 0's main thread looks at the counter at most every ``JOIN_LOOK`` seconds
+  (``Shrinker.joins_waiting``) and says so in its next slot (the head's ``grow``), so every
+  member learns it from the same round r: the rule ends the generation after r, every member
+  closes its collective cleanly (no round lost), and ``Shrinker.regroup(grow=True)`` takes the
+  joiners in at that boundary (``Shrinker.grow``), then FORMING and HANDOVER as after a loss:
+  the joiner takes the model, rule, clock and rows from the lead, never from disk. A joiner
+  that finds the run over (``finished``) or waits past ``--timeout`` is ``REFUSED`` and its
+  work counts nowhere.
 * ``HANDOVER`` (SYNCING): the lead member, the one whose reducer completed the most rounds
   (the lowest rank among equals; a round completes everywhere or on some survivors only, when
   a peer died inside its allreduce), broadcasts over the generation's ``GroupCollectives``
@@ -60,8 +71,8 @@ them). A model average pending at the failure (``sync-every``) is replaced by th
 model, which every member takes.
 
 **The record.** Rows of a shrinking run gain ``live`` (original ranks of the round's
-generation), ``dead`` (lost just before it), ``skipped``, ``rejoined`` (always empty: no heal
-yet), ``committed_at`` (Unix seconds when this rank's reducer completed the round),
+generation), ``dead`` (lost just before it), ``skipped``, ``rejoined`` (taken in just
+before it), ``committed_at`` (Unix seconds when this rank's reducer completed the round),
 ``generation``, and, aligned with ``workers``, ``jobs`` and ``adopted`` (the round each
 gradient's rank had adopted last when it computed it: ``runtime.partial.wire``'s slot column);
 ``workers``, ``initiators`` and ``active`` name original ranks. The summary gains
@@ -73,8 +84,10 @@ failure cut). From these a run's final parameters can be rebuilt
 **Refused** (one line at start, :func:`check_partial_shrink`): a launch under torchrun (its
 agent stops the job when any rank dies), a rule that cannot follow a smaller world
 (``dbw-quorum``'s time estimates), a run on nccl or CUDA tensors (a generation's groups are
-gloo's), and ``--restart-lost`` (a heal of the partial collective is not built). Rank 0's
-loss stops the job as with the allreduce: it keeps the record and answers the launcher.
+gloo's). Rank 0's loss stops the job as with the allreduce: it keeps the record and
+answers the launcher. A joiner's job count starts past the lead's rounds (a rank's j-th job
+is never past the run's round j: one call per round), so a rank started again uses no
+mini-batch it may have used before it died.
 """
 
 from __future__ import annotations
@@ -111,12 +124,13 @@ class CollectivePhase(StrEnum):
     RUNNING = "running"
     ABORTING = "aborting"
     REGROUPING = "regrouping"
+    GROWING = "growing"
     HANDOVER = "handover"
     REFUSED = "refused"
 
 
 def check_partial_shrink(
-    strategy: Any, *, local: bool, ctx: Context, restart_lost: int, on_cuda: bool = False
+    strategy: Any, *, local: bool, ctx: Context, on_cuda: bool = False
 ) -> None:
     """``--on-rank-loss shrink``'s one-line refusals for the partial collective, before any
     process starts (module docstring)."""
@@ -129,12 +143,6 @@ def check_partial_shrink(
         raise UsageError(
             "--on-rank-loss shrink needs a local launch (--workers N): torchrun's agent stops "
             "the job when any rank dies; use --on-rank-loss stop under torchrun"
-        )
-    if restart_lost:
-        raise UsageError(
-            f"--restart-lost {restart_lost}: {strategy.describe()!r} shrinks in place but does "
-            "not take a restarted rank back (no heal for the partial collective yet); "
-            "drop --restart-lost"
         )
     smaller = dataclasses.replace(ctx, n_workers=max(1, ctx.n_workers - 1))
     if RuleDriver(strategy, ctx, shape=None, remember=False).followed(smaller) is None:
@@ -208,30 +216,32 @@ def new_collective(
     )
 
 
-def regroup_run(run: _Run, exc: BaseException) -> None:
-    """ABORTING, then REGROUPING and HANDOVER (module docstring): ``run`` goes on in a new
+def regroup_run(
+    run: _Run, exc: BaseException | None, grow: bool = False, join: bool = False
+) -> None:
+    """After ``exc``: ABORTING, then REGROUPING and HANDOVER (module docstring); with
+    ``grow`` (the generation ended cleanly: a rank asks to join) or ``join`` (this rank was
+    started again), GROWING or JOINING instead of the census. ``run`` goes on in the new
     generation with its collective (``run.coll``), or with none when the lead's rounds
     already spent the run's budget."""
     shrinker, rule, coll = run.shrinker, run.rule, run.coll
-    assert shrinker is not None and coll is not None
-    log.warning("rank %d: %s", run.rank, exc)
-    run.phase = CollectivePhase.ABORTING
-    rule.freeze_for_regroup()
-    coll.abort()  # ABORT to the peers, then no thread may stay inside a collective
-    abort(coll.act_group)
-    abort(coll.red_group)
-    if not coll.abort(ABORT_JOIN):
-        log.info("the collective's threads are still leaving; they hold nothing")
-    run.phase = CollectivePhase.REGROUPING
+    assert shrinker is not None
+    if exc is not None and coll is not None:
+        log.warning("rank %d: %s", run.rank, exc)
+        run.phase = CollectivePhase.ABORTING
+        rule.freeze_for_regroup()
+        coll.abort()  # ABORT to the peers, then no thread may stay inside a collective
+        abort(coll.act_group)
+        abort(coll.red_group)
+        # no wait for the threads: the census window does not wait for this rank, and the
+        # frozen rule lets no thread change what it checks in with; they leave on their own
+    run.phase = CollectivePhase.GROWING if grow or join else CollectivePhase.REGROUPING
     done = rule.done
     sync = lambda comm, found: handover(run, comm, found)  # noqa: E731
-    run.comm, found = shrinker.regroup(run.comm, done, done, sync)
-    rule.lost = list(found.dead)  # the next row's (regroup gathered them over its tries)
+    run.comm, found = shrinker.regroup(run.comm, done, done, sync, grow=grow, join=join)
+    # the next row's (regroup gathered them over its tries)
+    rule.lost, rule.joined = list(found.dead), list(found.joined)
     run.phase = CollectivePhase.RUNNING
-
-
-#: seconds ABORTING waits for the collective's threads (their groups are aborted already)
-ABORT_JOIN = 1.0
 
 
 def handover(run: _Run, comm: GroupCollectives, found: Census) -> None:
@@ -246,7 +256,8 @@ def handover(run: _Run, comm: GroupCollectives, found: Census) -> None:
     dones = comm.gather([rule.done])[:, 0].astype(np.int64)
     lead = int(np.argmax(dones))  # the most rounds; the lowest rank among equals
     clock = rule.origin + (run.coll.now() if run.coll is not None else rule.now)
-    mine = rule.handover_state(int(dones.min()), clock) if comm.rank == lead else None
+    # the rows rank 0 lacks (member 0: it keeps the record; a joiner far behind needs none)
+    mine = rule.handover_state(int(dones[0]), clock) if comm.rank == lead else None
     state = comm.broadcast_object(mine, lead)
     dropped, carried = dropped_calls(run, state)
     drops = comm.gather([dropped])[:, 0]
@@ -254,6 +265,13 @@ def handover(run: _Run, comm: GroupCollectives, found: Census) -> None:
     rule.skipped += int(drops.sum()) * run.world.task.batch_size
     run.theta, run.accounted = rule.agreed.clone(), len(run.calls)
     run.job += int(carried)  # else the job in flight is computed again, with its own key
+    if shrinker.rank in found.joined:
+        # a rank's j-th job is never past the run's round j (one call per round), so a
+        # joiner that lost its count (started again) takes none it may have used
+        run.job = max(run.job, rule.done + 1)
+    # the drills of the rounds this rank did not reach are past (a kill would fire again)
+    drill = comm.drill
+    drill.reached = max(drill.reached, rule.done - 1)
     if run.world.finished(rule.done, rule.now):
         run.coll = None
         return

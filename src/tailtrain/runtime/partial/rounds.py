@@ -189,6 +189,10 @@ class Rule:
         #: carried (``runtime.partial.regroup``: what a regroup dropped), and the generation
         self.carried: set[int] = set()
         self.generation = 0
+        #: a round said a rank asks to join: the generation ends after it (a heal), and the
+        #: ranks taken in, for the next row's ``rejoined``
+        self.growing = False
+        self.joined: list[int] = []
 
     def first(self) -> RoundPlan:
         return self.driver.plan()
@@ -223,6 +227,9 @@ class Rule:
             self.keep(r, step, plan.average_models)
             if self.world.finished(self.done, self.now):
                 return None
+            if self.members is not None and result.grow:  # every rank ends it after r
+                self.growing = True
+                return None
             return self.driver.plan()
 
     def shrink_columns(self, result: RoundResult) -> dict[str, Any]:
@@ -232,8 +239,8 @@ class Rule:
         me, rows = self.members.index(self.rank), result.rows
         self.carried.update(int(v) + self.base for v in rows[rows[:, 0] == me, 2])
         columns = {"live": list(self.members), "dead": self.lost, "skipped": self.skipped}
-        self.lost, self.skipped = [], 0
-        columns |= {"rejoined": [], "committed_at": time.time()}
+        columns |= {"rejoined": self.joined, "committed_at": time.time()}
+        self.lost, self.skipped, self.joined = [], 0, []
         # each summed gradient's job and the round its rank had adopted (-1: none since the
         # generation began), aligned with ``workers``: the record rebuilds the parameters
         summed = rows[np.isfinite(rows[:, 5])]
@@ -308,7 +315,7 @@ class Rule:
     def handover_state(self, fewest: int, clock: float) -> dict[str, Any]:
         """What the lead hands over (HANDOVER): its agreed model after its last completed
         round, the rule, the clock (``clock``: the run's seconds now), the communication
-        draws, the update and the rows of its rounds past the ``fewest`` a member holds."""
+        draws, the update and the rows of its rounds past the ``fewest`` rank 0 holds."""
         with self.lock:
             owed = self.done - fewest
             if owed > len(self.recent):
@@ -326,8 +333,8 @@ class Rule:
 
     def owed_rows(self, state: dict[str, Any]) -> list[dict[str, Any]]:
         """The rows of ``state`` (:meth:`handover_state`) past this rank's last round."""
-        rows = state["rows"]
-        return rows[len(rows) - (int(state["done"]) - self.done) :] if rows else []
+        rows, need = state["rows"], int(state["done"]) - self.done
+        return rows[max(0, len(rows) - need) :] if need > 0 else []
 
     def take_over(self, state: dict[str, Any], members: list[int], generation: int) -> None:
         """Go on from the lead's ``state`` in the generation of ``members`` (HANDOVER): the
@@ -351,7 +358,7 @@ class Rule:
             self.update.load_state_dict(state["update"])
             self.steps, self.averages, self.pending, self.applied = {}, [], None, -1
             self.members, self.keeper, self.frozen = members, None, False
-            self.carried, self.generation = set(), generation
+            self.carried, self.generation, self.growing = set(), generation, False
 
     def freeze(self) -> None:
         """The group failed: no more snapshots, so the census writes the one it counted."""
@@ -501,7 +508,8 @@ def start(config: TrainConfig, comm: Collectives) -> _Run:
     if config.on_rank_loss == OnRankLoss.SHRINK:
         run.shrinker = Shrinker.start(comm, config.timeout)
         rule.members = list(range(n))
-    if keeper.saved is not None:
+    rejoining = run.shrinker is not None and run.shrinker.rejoining
+    if keeper.saved is not None and not rejoining:  # a restarted rank heals from a live peer
         resume(run, keeper.saved)
     elif config.out is not None and rank == 0:
         attach(rule.record, reopen_records(config.out, None, None)[0])
@@ -528,17 +536,26 @@ def resume(run: _Run, saved: dict[str, Any]) -> None:
 def rounds(run: _Run) -> Updates:
     """Every round until the plan ends, then the final model average; each round's index is
     yielded as this rank starts its gradient for it (``runtime.rank``: the drills)."""
-    world, rule = run.world, run.rule
+    world, rule, shrinker = run.world, run.rule, run.shrinker
     if not world.finished(rule.done, rule.now):
-        run.coll = new_collective(run)
+        if shrinker is not None and shrinker.rejoining:  # started again: join the live ranks
+            regroup_run(run, None, join=True)
+        else:
+            run.coll = new_collective(run)
+        # each turn: a generation's rounds, then (shrink) a new generation's collective, or
+        # None when the run is over
         while run.coll is not None:
             try:
                 yield from run_rounds(run)
-                break
+                if not rule.growing:
+                    break
+                run.coll.close()  # a rank asks to join: this generation ends cleanly
             except (CollectiveFailed, CollectiveTimeout, Broken) as exc:
-                if run.shrinker is None:
+                if shrinker is None:
                     raise
-                regroup_run(run, exc)  # a new generation's collective, or None: the run is over
+                regroup_run(run, exc)
+                continue
+            regroup_run(run, None, grow=True)
         if run.coll is not None:
             run.coll.close()
     if run.shrinker is not None:
@@ -666,9 +683,11 @@ def run_rounds(run: _Run) -> Updates:
         seen = adopted if run.shrinker is not None else -1
         out = coll.call(step, grad, row(run.job, step, start, called, loss, gsq, seen))
         returned = coll.now()
-        if run.shrinker is not None:  # the learned deadline: the longest wait for a round
+        if run.shrinker is not None:  # the record of calls, and the learned deadline
             call[3] = adopted = rule.base + out.result.index
-            run.shrinker.deadline.seen(out.latency)
+            # a live member may be anywhere in a step when a peer fails: the census window
+            # and the deadline follow whole steps (compute, delay, call), not the calls alone
+            run.shrinker.deadline.seen(returned - start)
         # the call waited for the round it adopts to close (its last snapshot), then the
         # round was the collective's own: its data phase, the rule, an injected T^c
         own = returned - max(out.result.closed, called)
@@ -682,6 +701,8 @@ def run_rounds(run: _Run) -> Updates:
             averaged += 1
         written = run.keeper.save_due(written)
         step, run.job = done + 1, run.job + 1
+        if run.shrinker is not None and comm.rank == 0 and run.shrinker.joins_waiting():
+            coll.grow_asked = True  # the next snapshot says so: every rank learns it alike
     if timed is not None:
         time_step(run, *timed, coll.now())
 

@@ -37,7 +37,8 @@ ACT, CALL, STOP, ABORT = 1, 2, 3, 4
 #: when it computed it (-1: none since its start or its last regroup), from which a shrinking
 #: run's parameters can be rebuilt (``runtime.partial.regroup``)
 SLOT_COLUMNS = ("job", "version", "start", "finish", "loss", "gsq", "adopted")
-HEAD = ("initiated", "activated", "snapshot", "rows")
+#: a slot's head; ``grow``: the rank saw a rank ask to join (``runtime.partial.regroup``)
+HEAD = ("initiated", "activated", "snapshot", "rows", "grow")
 #: buffers up to this size are summed by recursive doubling (latency-bound), larger by gloo's ring
 RECURSIVE_DOUBLING_BYTES = 1 << 18
 
@@ -118,6 +119,11 @@ class RoundResult:
     def arrivals(self) -> ArrivalColumns:
         rows = self.rows
         return ArrivalColumns(rows[:, 0], rows[:, 1], rows[:, 2], rows[:, 3], rows[:, 4])
+
+    @property
+    def grow(self) -> bool:
+        """Whether a rank said, in this round, that a rank asks to join (a heal)."""
+        return bool((self.slots[:, 4] > 0).any())
 
     @property
     def initiators(self) -> np.ndarray:
