@@ -216,3 +216,23 @@ def test_a_killed_rank_started_again_heals_from_a_live_peer():
     after = steps[healed[0] :]
     jobs = [j for r in after for w, j in zip(r["workers"], r["jobs"], strict=True) if w == 2]
     assert min(jobs) > healed[0]
+
+
+def dies_in_heal(cfg: TrainConfig, comm: Collectives):
+    """Rank 1 dies (SIGKILL) as the members take a joiner in."""
+    if comm.rank == 1:
+        Shrinker.grow = lambda self, step, rows: os.kill(os.getpid(), signal.SIGKILL)
+    return train_partial(cfg, comm)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(150)
+def test_a_death_during_a_heal_runs_the_census_again_and_keeps_the_joiner():
+    # rank 2 hangs (a majority round it initiates stalls the others) and is dropped; it wakes
+    # and asks to join; as the members take it in, rank 1 dies: the census runs again
+    cfg = config(3, ["freeze:worker=2,step=4,seconds=3"], "eager:mode=majority", iterations=150)
+    by_rank = run(cfg, dies_in_heal)
+    steps = check_run(cfg, by_rank, [0, 2])
+    healed = [r for r in steps if r["rejoined"]]
+    assert [(r["rejoined"], r["dead"], r["live"]) for r in healed] == [([2], [1], [0, 2])]
+    assert "dead" in by_rank[1][0].record.summary

@@ -92,6 +92,7 @@ mini-batch it may have used before it died.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime
 import logging
@@ -116,6 +117,10 @@ log = logging.getLogger(__name__)
 
 #: seconds between two looks of a waiting main thread at the store (``broken``, ``dead/{m}``)
 LOOK = 0.05
+#: the store key where rank 0 keeps the longest step its deadline learned, for a rank started
+#: again (its own deadline knows no step yet); rewritten when it grows by PUBLISH_GROWTH
+LONGEST = "partial/longest"
+PUBLISH_GROWTH = 1.2
 
 
 class CollectivePhase(StrEnum):
@@ -177,6 +182,17 @@ class DeathWatch:
                 raise Broken(f"rank {member} died")
 
 
+def publish_deadline(run: _Run) -> None:
+    """Rank 0 keeps the longest step its deadline learned in the store (:data:`LONGEST`), so
+    that a rank started again forms its first generation within the live ranks' deadline,
+    not ``--timeout``; written only when it grew by :data:`PUBLISH_GROWTH`."""
+    assert run.shrinker is not None
+    longest = run.shrinker.deadline.longest
+    if longest > run.published * PUBLISH_GROWTH:
+        run.shrinker.store.set(LONGEST, repr(longest))
+        run.published = longest
+
+
 def generation_groups(
     shrinker: Shrinker, timeout: float
 ) -> tuple[dist.ProcessGroup, dist.ProcessGroup]:
@@ -236,6 +252,10 @@ def regroup_run(
         # no wait for the threads: the census window does not wait for this rank, and the
         # frozen rule lets no thread change what it checks in with; they leave on their own
     run.phase = CollectivePhase.GROWING if grow or join else CollectivePhase.REGROUPING
+    if join:  # started again: the live ranks' deadline, not --timeout, bounds its forming
+        with contextlib.suppress(Exception):
+            if shrinker.store.check([LONGEST]):
+                shrinker.deadline.seen(float(shrinker.store.get(LONGEST)))
     done = rule.done
     sync = lambda comm, found: handover(run, comm, found)  # noqa: E731
     run.comm, found = shrinker.regroup(run.comm, done, done, sync, grow=grow, join=join)
@@ -259,13 +279,15 @@ def handover(run: _Run, comm: GroupCollectives, found: Census) -> None:
     # the rows rank 0 lacks (member 0: it keeps the record; a joiner far behind needs none)
     mine = rule.handover_state(int(dones[0]), clock) if comm.rank == lead else None
     state = comm.broadcast_object(mine, lead)
+    # a joiner (started again, or woken after a census) is not of the lead's generation
+    joiner = run.rank not in state["members"]
     dropped, carried = dropped_calls(run, state)
     drops = comm.gather([dropped])[:, 0]
     rule.take_over(state, list(found.members), shrinker.generation)
     rule.skipped += int(drops.sum()) * run.world.task.batch_size
     run.theta, run.accounted = rule.agreed.clone(), len(run.calls)
     run.job += int(carried)  # else the job in flight is computed again, with its own key
-    if shrinker.rank in found.joined:
+    if joiner:
         # a rank's j-th job is never past the run's round j (one call per round), so a
         # joiner that lost its count (started again) takes none it may have used
         run.job = max(run.job, rule.done + 1)

@@ -113,7 +113,12 @@ from tailtrain.runtime.partial.collective import (
     CollectiveTimeout,
     PartialCollective,
 )
-from tailtrain.runtime.partial.regroup import CollectivePhase, new_collective, regroup_run
+from tailtrain.runtime.partial.regroup import (
+    CollectivePhase,
+    new_collective,
+    publish_deadline,
+    regroup_run,
+)
 from tailtrain.runtime.partial.wire import RoundResult, row
 from tailtrain.runtime.rank import Updates, drive_rank
 from tailtrain.runtime.reduce import GRACE, Collectives
@@ -329,6 +334,7 @@ class Rule:
                 "comm": checkpoint.capture(self.comm, checkpoint.COMM_STATIC),
                 "update": self.update.state_dict(),
                 "rows": list(self.recent)[len(self.recent) - owed :],
+                "members": list(self.members or []),
             }
 
     def owed_rows(self, state: dict[str, Any]) -> list[dict[str, Any]]:
@@ -462,8 +468,10 @@ class _Run:
     #: under shrink: each call ``[generation, job, version, adopted]`` (module docstring of
     #: ``runtime.partial.regroup``), and the calls made in the current generation
     calls: list[list[Any]] = field(default_factory=list)
-    #: the calls a regroup has accounted for (``runtime.partial.regroup``, HANDOVER)
+    #: the calls a regroup has accounted for (``runtime.partial.regroup``, HANDOVER), and
+    #: the longest step rank 0 last told the store (``regroup.publish_deadline``)
     accounted: int = 0
+    published: float = 0.0
 
     # ---- the topology's contract (``runtime.rank.RankRun``) ----------------------------------
     def updates(self) -> Updates:
@@ -701,8 +709,10 @@ def run_rounds(run: _Run) -> Updates:
             averaged += 1
         written = run.keeper.save_due(written)
         step, run.job = done + 1, run.job + 1
-        if run.shrinker is not None and comm.rank == 0 and run.shrinker.joins_waiting():
-            coll.grow_asked = True  # the next snapshot says so: every rank learns it alike
+        if run.shrinker is not None and comm.rank == 0:
+            publish_deadline(run)
+            if run.shrinker.joins_waiting():
+                coll.grow_asked = True  # the next snapshot says so: every rank learns it alike
     if timed is not None:
         time_step(run, *timed, coll.now())
 
