@@ -161,6 +161,20 @@ def test_a_killed_rank_under_majority_leaves_a_run_that_matches_its_record():
 
 @pytest.mark.slow
 @pytest.mark.timeout(150)
+def test_two_ranks_dying_together_leave_the_other_two():
+    # both die at their own step 5; a partial collective's ranks reach it at different
+    # times (late ranks skip rounds), so one census or two, never a rank counted after it died
+    cfg = config(4, ["kill:worker=2,step=5", "kill:worker=3,step=5"], "eager:mode=majority")
+    by_rank = run(cfg)
+    steps = check_run(cfg, by_rank, [0, 1])
+    assert sorted(d for r in steps for d in r["dead"]) == [2, 3]
+    for dead in (2, 3):
+        gone = next(i for i, r in enumerate(steps) if dead in r["dead"])
+        assert all(dead not in r["workers"] + r["live"] for r in steps[gone:])
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(150)
 def test_a_death_during_the_census_under_solo_leaves_one_generation_without_both():
     # rank 3 dies at step 4; rank 2 checks in to that census and dies before the group forms
     cfg = config(4, ["kill:worker=3,step=4"], "eager:mode=solo", iterations=12)
