@@ -196,7 +196,8 @@ class RuleDriver:
         state = self.strategy.follow_world(self.state, ctx)
         if state is None:
             return None
-        driver = RuleDriver(self.strategy, ctx)
+        # the topology's own shape and asking (the partial collective's: none, every time)
+        driver = RuleDriver(self.strategy, ctx, self.shape, remember=self.remember)
         driver.state = state
         return driver
 

@@ -81,6 +81,7 @@ from tailtrain.runtime.keep import (
     restarts,
     resume_hint,
 )
+from tailtrain.runtime.partial.regroup import check_partial_shrink
 from tailtrain.runtime.reduce import Collectives
 from tailtrain.runtime.telemetry import close_record
 from tailtrain.runtime.topologies import RankEntry, TopologySpec, spec_of
@@ -399,7 +400,14 @@ def validate(config: TrainConfig, *, local: bool) -> None:
     # every rank's own entry check (a task with no model, among others), before any starts
     check_entry(world, spec.processes(scenario.workers), servers=spec.extra_ranks)
     check_rule(strategy, spec, world.context, local=local)
-    if config.on_rank_loss == "shrink":
+    if config.on_rank_loss == "shrink" and spec.topology is Topology.PARTIAL_COLLECTIVE:
+        check_partial_shrink(
+            strategy,
+            local=local,
+            ctx=world.context,
+            on_cuda=config.on_cuda,
+        )
+    elif config.on_rank_loss == "shrink":
         check_shrink(strategy, str(spec.topology), local=local, ctx=world.context)
 
 

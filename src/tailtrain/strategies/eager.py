@@ -153,6 +153,16 @@ class EagerSGD(Strategy):
         del stats  # the counters depend on the plan alone
         return advance(self, state)
 
+    def follow_world(self, state: EagerState, ctx: Context) -> EagerState:
+        """The live world of ``ctx.n_workers`` ranks (``--on-rank-loss shrink``,
+        ``runtime.partial.regroup``): Alg. 2's divisor P and majority's initiator draw become
+        the live ranks, the quorum K is taken again for them (⌈L/2⌉ by default; a K above L
+        becomes L, the most a smaller world can reach), and the round counters go on, so the
+        bounds (staleness, model averages) keep their period."""
+        n = ctx.n_workers
+        k = None if self.k is None else min(self.k, n)
+        return replace(state, n_workers=n, k=quorum_size(self.mode, k, n))
+
     def describe(self) -> str:
         parts = [f"mode={self.mode.value}"]
         if self.mode is Collective.QUORUM and self.k is not None:

@@ -32,13 +32,15 @@ def test_the_summed_buffers_give_every_ranks_slot_and_the_fresh_sum():
     dim, procs, width = 2, 2, slot_width(2)
     fresh, stale = torch.tensor([1.0, 2.0]), torch.tensor([10.0, 0.0])
     rows = [row(5, 3, 0.1, 0.2, 0.5, 4.0), row(4, 2, 0.0, 0.1, 0.7, 9.0)]
-    mine = pack_round(dim, procs, width, 0, [(fresh, True), (stale, False)], [1, 0.0, 0.3, 2], rows)
-    theirs = pack_round(dim, procs, width, 1, [], [0, 0.05, 0.4, 0], [])
+    grads = [(fresh, True), (stale, False)]
+    mine = pack_round(dim, procs, width, 0, grads, [1, 0.0, 0.3, 2, 0], rows)
+    theirs = pack_round(dim, procs, width, 1, [], [0, 0.05, 0.4, 0, 1], [])
     plan = RoundPlan(k=1, collective=Collective.SOLO)
     result = unpack_round(3, plan, mine + theirs, dim, procs, done=0.5)
     torch.testing.assert_close(result.total, torch.tensor([11.0, 2.0], dtype=torch.float64))
     torch.testing.assert_close(result.fresh, torch.tensor([1.0, 2.0], dtype=torch.float64))
-    assert result.slots.shape == (procs, width) and len(HEAD) == 4
+    assert result.slots.shape == (procs, width) and len(HEAD) == 5
     np.testing.assert_array_equal(result.rows[:, 0], [0, 0])  # both rows are rank 0's
     assert result.active.tolist() == [0] and result.initiators.tolist() == [0]
     assert result.closed == 0.4 and result.reach == 0.05
+    assert result.grow  # rank 1 said a rank asks to join (runtime.partial.regroup)

@@ -121,6 +121,8 @@ KEPT_ROUNDS = 64
 #: up to this many processes an initiator activates everyone itself: one hop of P - 1 messages
 #: instead of ⌈log2 P⌉ sequential hops and P ⌈log2 P⌉ messages, each a thread wake-up
 DIRECT_ACTIVATION = 8
+#: seconds between two looks of a watched wait at its ``watch`` (``--on-rank-loss shrink``)
+WATCH_SLICE = 0.02
 
 
 class CollectiveTimeout(TailtrainError):
@@ -235,6 +237,9 @@ class PartialCollective:
         timeout: float = 300.0,
         hop_delay: float = 0.0,
         capacity: int = CAPACITY,
+        groups: tuple[dist.ProcessGroup, dist.ProcessGroup] | None = None,
+        watch: Callable[[], None] | None = None,
+        bound: Callable[[], float] | None = None,
     ) -> None:
         self.rank, self.procs, self.dim, self.capacity = rank, procs, dim, capacity
         self.device = device or torch.device("cpu")
@@ -242,8 +247,17 @@ class PartialCollective:
         self.hop_delay = hop_delay  # emulated extra latency per activation hop (tests)
         self.after_round = after_round
         span = datetime.timedelta(seconds=timeout)
-        self.act_group = dist.new_group(backend="gloo", timeout=span)
-        self.red_group = dist.new_group(backend=backend, timeout=span)
+        if groups is None:  # every rank of the job
+            self.act_group = dist.new_group(backend="gloo", timeout=span)
+            self.red_group = dist.new_group(backend=backend, timeout=span)
+        else:  # a shrunk generation's own (``runtime.partial.regroup``): rank = its index
+            self.act_group, self.red_group = groups
+        #: under ``--on-rank-loss shrink``: raises when the generation broke or a member died
+        #: (looked at while the main thread waits for a round), and the learned deadline of
+        #: that wait (``runtime.partial.regroup``)
+        self.watch, self.bound = watch, bound
+        #: set by the main thread: the next snapshot says a rank asks to join (a heal)
+        self.grow_asked = False
         self.cond = threading.Condition()
         self.send_lock = threading.Lock()
         self.state = _Shared(plans={0: first})
@@ -253,7 +267,8 @@ class PartialCollective:
         self._switch = sys.getswitchinterval()
         self._aborted = False  # ABORT goes out once, even after a close() that failed
         sys.setswitchinterval(min(self._switch, SWITCH_INTERVAL))
-        dist.barrier(group=self.act_group)
+        # the groups' own collectives: a generation's group is unknown to torch.distributed
+        self.act_group.allreduce([torch.zeros(1)]).wait()  # the start barrier
         self.t0 = shared_origin(self.act_group)
         self.threads = [
             threading.Thread(target=self._guarded, args=(f, n), name=n, daemon=True)
@@ -269,7 +284,7 @@ class PartialCollective:
     def plan(self, step: int) -> RoundPlan | None:
         """The plan of round ``step`` (None: the run is over); known once ``step - 1`` is."""
         with self.cond:
-            self._wait(lambda: step in self.state.plans, f"the plan of round {step}")
+            self._wait(lambda: step in self.state.plans, f"the plan of round {step}", watched=True)
             return self.state.plans[step]
 
     def call(self, step: int, grad: torch.Tensor, row: np.ndarray) -> Outcome:
@@ -289,8 +304,14 @@ class PartialCollective:
                 kind = CallKind.ACTIVE
                 s.buffer.append(_Entry(row, grad, step))
                 self._internal(step, plan)
-            self._wait(lambda: s.latest >= step, f"round {step}")
+            bound = None if self.bound is None else self.bound()
+            self._wait(lambda: s.latest >= step, f"round {step}", bound=bound, watched=True)
             return Outcome(kind, step, s.results[s.latest], self.now() - began)
+
+    def unsent(self) -> int:
+        """Gradients called but in no round yet (a regroup drops them: they are counted)."""
+        with self.cond:
+            return len(self.state.buffer)
 
     def _internal(self, step: int, plan: RoundPlan) -> None:
         """This process's own call of round ``step`` may activate it (who may initiate)."""
@@ -315,7 +336,7 @@ class PartialCollective:
         receiver, reducer = self.threads
         reducer.join(self.timeout)
         if self.state.error is None:  # every rank is past its last round and its last send
-            dist.all_reduce(torch.zeros(1, device=self.device), group=self.red_group)
+            self.red_group.allreduce([torch.zeros(1, device=self.device)]).wait()
             for peer in range(self.procs):
                 self._send([peer], STOP, int(self.sent[peer]) + 1)
             receiver.join(self.timeout)
@@ -380,7 +401,12 @@ class PartialCollective:
         message = encode_message(kind, value, self.rank)
         with self.send_lock:
             for peer in peers:  # every group holds every rank: group rank = rank
-                self.pending.append((self.act_group.send([message], peer, 0), message))
+                try:
+                    work = self.act_group.send([message], peer, 0)
+                except RuntimeError as exc:  # gloo: the peer's connection closed
+                    line = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else ""
+                    raise CollectiveFailed(f"rank {self.rank}: a send failed: {line}") from exc
+                self.pending.append((work, message))
                 self.sent[peer] += 1
 
     def _drain(self, everything: bool = False) -> None:
@@ -445,7 +471,7 @@ class PartialCollective:
         small = payload.numel() * payload.element_size() <= RECURSIVE_DOUBLING_BYTES
         if payload.device.type == "cpu" and small and self.procs > 1:
             return recursive_doubling(payload, self.rank, self.procs, self.red_group)
-        dist.all_reduce(payload, group=self.red_group)
+        self.red_group.allreduce([payload]).wait()  # a SUM; the group's own (``__init__``)
         return payload
 
     def _snapshot(self, r: int) -> torch.Tensor:
@@ -454,6 +480,7 @@ class PartialCollective:
         taken = [e for e in s.buffer if e.not_before <= r][: self.capacity]
         s.buffer = [e for e in s.buffer if not any(e is t for t in taken)]
         head = [float(r in s.initiated), s.activated[r], self.now(), len(taken)]
+        head.append(float(self.grow_asked))
         grads = [(e.grad, int(e.row[1]) == r) for e in taken]
         payload = pack_round(
             self.dim, self.procs, self.width, self.rank, grads, head, [e.row for e in taken]
@@ -464,18 +491,30 @@ class PartialCollective:
         return unpack_round(r, plan, payload, self.dim, self.procs, self.now())
 
     # ---- helpers -------------------------------------------------------------------------
-    def _wait(self, ready: Callable[[], bool], what: str) -> None:
-        """Wait on ``cond`` (held) until ``ready``, at most ``timeout`` seconds."""
-        deadline = time.monotonic() + self.timeout
+    def _wait(
+        self,
+        ready: Callable[[], bool],
+        what: str,
+        bound: float | None = None,
+        watched: bool = False,
+    ) -> None:
+        """Wait on ``cond`` (held) until ``ready``, at most ``bound`` seconds (``timeout``
+        unless given); ``watched`` (the main thread's waits): with a ``watch``, look at it
+        every :data:`WATCH_SLICE` seconds."""
+        limit = self.timeout if bound is None else min(bound, self.timeout)
+        deadline = time.monotonic() + limit
+        watch = self.watch if watched else None
         while not ready():
             if self.state.error is not None:
                 raise self._failed()
+            if watch is not None:
+                watch()
             left = deadline - time.monotonic()
             if left <= 0:
                 raise CollectiveTimeout(
-                    f"rank {self.rank}: waited {self.timeout:g}s for {what}; a peer may be gone"
+                    f"rank {self.rank}: waited {limit:.3g}s for {what}; a peer may be gone"
                 )
-            self.cond.wait(min(left, 1.0))
+            self.cond.wait(min(left, 1.0 if watch is None else WATCH_SLICE))
 
     def _failed(self) -> CollectiveFailed:
         """The error of a failed progress thread, in one line that names its cause."""

@@ -62,7 +62,9 @@ leaves on this rank's ``ABORT``), takes part in the census with the rounds its r
 completed, and leaves; the launcher's line names the dead rank and the round in flight. A
 thread blocked inside a collective leaves once a peer exits; the census does not need it, and
 a rank waits at most :data:`ABORT_WAIT` seconds for it. A rank that only hangs is no failure
-here: the others go on without it (it is late).
+here: the others go on without it (it is late). With ``--on-rank-loss shrink`` the survivors
+go on in place instead (``runtime.partial.regroup``): a new generation of the live ranks from
+the lead's agreed model, no restart, no checkpoint read.
 
 **Ctrl-C** (``runtime.keep``) reaches every rank as a request that its main thread takes
 before its next gradient: it leaves as from a failure (the census writes the checkpoint of the
@@ -72,11 +74,13 @@ partial (``Keeper.interrupted``).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import os
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -91,6 +95,7 @@ from tailtrain.core.session import RunKeeper, check_entry
 from tailtrain.core.update import GradientStats, WeightedUpdate, screen_own
 from tailtrain.delays.schedule import COLLECTIVE_COMM_KEY, CommStream
 from tailtrain.errors import TailtrainError
+from tailtrain.runtime.allreduce.shrink import Broken, OnRankLoss, Refused, Shrinker
 from tailtrain.runtime.config import RankResult, TrainConfig, build_world
 from tailtrain.runtime.control import RuleDriver
 from tailtrain.runtime.keep import (
@@ -107,6 +112,12 @@ from tailtrain.runtime.partial.collective import (
     CollectiveFailed,
     CollectiveTimeout,
     PartialCollective,
+)
+from tailtrain.runtime.partial.regroup import (
+    CollectivePhase,
+    new_collective,
+    publish_deadline,
+    regroup_run,
 )
 from tailtrain.runtime.partial.wire import RoundResult, row
 from tailtrain.runtime.rank import Updates, drive_rank
@@ -132,6 +143,8 @@ log = logging.getLogger(__name__)
 
 #: seconds a failed rank waits, after its census, for the collective's threads to leave
 ABORT_WAIT = 1.0
+#: the latest rows every rank keeps, which a regroup's lead hands to a member that lacks them
+HANDED_ROWS = 8
 
 
 class Rule:
@@ -165,36 +178,80 @@ class Rule:
         self.keeper, self.evals = keeper, None  # evals: the Evaluator, for the snapshots
         self.agreed = theta  # the model a rank that adopted every round holds (docstring)
         self.update = WeightedUpdate(world.lr)
-        self.lock = threading.Lock()  # the agreed model: reducer thread and main thread
+        # the agreed model and, under shrink, the whole state: reducer thread and main thread
+        self.lock = threading.RLock()
         self.pending: int | None = None  # a round whose model average is not known yet
         self.last_row: dict[str, Any] | None = None
+        #: under ``--on-rank-loss shrink`` (``runtime.partial.regroup``): the original ranks of
+        #: the generation (collective index n is ``members[n]``), whether a regroup froze the
+        #: state, the rows a handover may owe, and the next row's ``dead`` and ``skipped``
+        self.members: list[int] | None = None
+        self.frozen = False
+        self.recent: deque[dict[str, Any]] = deque(maxlen=HANDED_ROWS)
+        self.lost: list[int] = []
+        self.skipped = 0
+        #: the run's versions of this rank's gradients that the rounds of its generation
+        #: carried (``runtime.partial.regroup``: what a regroup dropped), and the generation
+        self.carried: set[int] = set()
+        self.generation = 0
+        #: a round said a rank asks to join: the generation ends after it (a heal), and the
+        #: ranks taken in, for the next row's ``rejoined``
+        self.growing = False
+        self.joined: list[int] = []
 
     def first(self) -> RoundPlan:
         return self.driver.plan()
 
     def after_round(self, result: RoundResult) -> RoundPlan | None:
-        """select -> the round's step, StepStats -> adapt; the next plan (None: done)."""
+        """select -> the round's step, StepStats -> adapt; the next plan (None: done). Under
+        the lock: a regroup (``runtime.partial.regroup``) freezes the state, and a round
+        completed after that counts nowhere on this rank."""
         arrivals, plan, r = self.arrivals(result), result.plan, result.index
         weight, divisor = uniform_weight(self.driver.select(arrivals), arrivals.keys)
         step = (weight * result.total, divisor, plan.lr_scale)
-        self.steps[r] = step
-        # a rank can still adopt the steps of the rounds the collective keeps (one that slept
-        # through more adopts a later one)
-        self.steps.pop(r - KEPT_ROUNDS, None)
-        if plan.average_models:
-            self.averages.append(r)
         stats = self.stats(result, arrivals)
-        self.driver.adapt(stats)
         time.sleep(self.comm.next() * (2 if plan.average_models else 1))
-        self.now = stats.time
-        self.last_row = measured_round_row(result, stats)
-        if self.record is not None:
-            self.record.add_step(self.last_row)
-        self.done = self.base + r + 1
-        self.keep(r, step, plan.average_models)
-        if self.world.finished(self.done, self.now):
-            return None
-        return self.driver.plan()
+        with self.lock:
+            if self.frozen:
+                return None
+            self.steps[r] = step
+            # a rank can still adopt the steps of the rounds the collective keeps (one that
+            # slept through more adopts a later one)
+            self.steps.pop(r - KEPT_ROUNDS, None)
+            if plan.average_models:
+                self.averages.append(r)
+            self.driver.adapt(stats)
+            self.now = stats.time
+            self.last_row = measured_round_row(result, stats, self.members)
+            if self.members is not None:
+                self.last_row |= self.shrink_columns(result)
+            if self.record is not None:
+                self.record.add_step(self.last_row)
+            self.recent.append(self.last_row)
+            self.done = self.base + r + 1
+            self.keep(r, step, plan.average_models)
+            if self.world.finished(self.done, self.now):
+                return None
+            if self.members is not None and result.grow:  # every rank ends it after r
+                self.growing = True
+                return None
+            return self.driver.plan()
+
+    def shrink_columns(self, result: RoundResult) -> dict[str, Any]:
+        """A shrinking run's row columns (``runtime.partial.regroup``); counts this rank's
+        contributions to the round."""
+        assert self.members is not None
+        me, rows = self.members.index(self.rank), result.rows
+        self.carried.update(int(v) + self.base for v in rows[rows[:, 0] == me, 2])
+        columns = {"live": list(self.members), "dead": self.lost, "skipped": self.skipped}
+        columns |= {"rejoined": self.joined, "committed_at": time.time()}
+        self.lost, self.skipped, self.joined = [], 0, []
+        # each summed gradient's job and the round its rank had adopted (-1: none since the
+        # generation began), aligned with ``workers``: the record rebuilds the parameters
+        summed = rows[np.isfinite(rows[:, 5])]
+        jobs, adopted = summed[:, 1].astype(np.int64), summed[:, 7].astype(np.int64)
+        columns |= {"jobs": jobs.tolist(), "adopted": adopted.tolist()}
+        return columns | {"generation": self.generation}
 
     def arrivals(self, result: RoundResult) -> ArrivalColumns:
         """The round's arrivals in the run's rounds and clock."""
@@ -228,29 +285,86 @@ class Rule:
         """Round ``r``'s step on the agreed model; the snapshot unless an average is pending.
         The step and ``applied`` change together under the lock, so a :meth:`rebase` replays
         exactly the rounds already on the model it replaces, never this one twice."""
-        if self.keeper is None:
+        if self.keeper is None and self.members is None:
             return
         total, divisor, lr_scale = step
         with self.lock:
-            if self.keeper is None:  # frozen by a failure
+            if self.keeper is None and self.members is None:  # frozen by a failure
                 return
             self.agreed = self._apply(self.agreed, total, divisor, lr_scale)
             self.applied = r
             if average:
                 self.pending = r
-            if self.pending is None:
+            if self.pending is None and self.keeper is not None:
                 self.keeper.completed(self.done, self.state_dict, save=False)
 
     def rebase(self, r: int, theta: torch.Tensor) -> None:
         """Round ``r``'s model average is ``theta`` (main thread): the agreed model from it on,
         with the rounds the reducer completed since."""
-        if self.keeper is None:
+        if self.keeper is None and self.members is None:
             return
         with self.lock:
+            if self.frozen:  # a regroup hands the agreed model over instead
+                return
             model = theta
             for later in range(r + 1, self.applied + 1):
                 model = self._apply(model, *self.steps[later])
             self.agreed, self.pending = model, None
+
+    # ---- a regroup under --on-rank-loss shrink (``runtime.partial.regroup``) --------------
+    def freeze_for_regroup(self) -> None:
+        """ABORTING: a round the reducer completes from now on counts nowhere here."""
+        with self.lock:
+            self.frozen = True
+
+    def handover_state(self, fewest: int, clock: float) -> dict[str, Any]:
+        """What the lead hands over (HANDOVER): its agreed model after its last completed
+        round, the rule, the clock (``clock``: the run's seconds now), the communication
+        draws, the update and the rows of its rounds past the ``fewest`` rank 0 holds."""
+        with self.lock:
+            owed = self.done - fewest
+            if owed > len(self.recent):
+                raise TailtrainError(f"a regroup owes {owed} rows; ranks keep {HANDED_ROWS}")
+            return {
+                "done": self.done,
+                "now": self.now,
+                "clock": clock,
+                "agreed": self.agreed.clone(),
+                "rule": self.driver.state_dict(),
+                "comm": checkpoint.capture(self.comm, checkpoint.COMM_STATIC),
+                "update": self.update.state_dict(),
+                "rows": list(self.recent)[len(self.recent) - owed :],
+                "members": list(self.members or []),
+            }
+
+    def owed_rows(self, state: dict[str, Any]) -> list[dict[str, Any]]:
+        """The rows of ``state`` (:meth:`handover_state`) past this rank's last round."""
+        rows, need = state["rows"], int(state["done"]) - self.done
+        return rows[max(0, len(rows) - need) :] if need > 0 else []
+
+    def take_over(self, state: dict[str, Any], members: list[int], generation: int) -> None:
+        """Go on from the lead's ``state`` in the generation of ``members`` (HANDOVER): the
+        rule follows the live world; no checkpoint is taken after a shrink (a resume would
+        be a whole world's launch)."""
+        with self.lock:
+            for row in self.owed_rows(state):
+                if self.record is not None:
+                    self.record.add_step(row)
+                self.recent.append(row)
+                self.last_row = row
+            self.base = self.done = int(state["done"])
+            self.now, self.origin = float(state["now"]), float(state["clock"])
+            self.agreed = state["agreed"]
+            self.driver.load_state_dict(state["rule"])
+            ctx = dataclasses.replace(self.world.context, n_workers=len(members))
+            followed = self.driver.followed(ctx)
+            assert followed is not None  # check_partial_shrink refused it at start
+            self.driver = followed
+            checkpoint.restore(self.comm, state["comm"])
+            self.update.load_state_dict(state["update"])
+            self.steps, self.averages, self.pending, self.applied = {}, [], None, -1
+            self.members, self.keeper, self.frozen = members, None, False
+            self.carried, self.generation, self.growing = set(), generation, False
 
     def freeze(self) -> None:
         """The group failed: no more snapshots, so the census writes the one it counted."""
@@ -300,8 +414,11 @@ def uniform_weight(selection: Selection, keys: np.ndarray) -> tuple[float, float
     return (float(weights[0]) if len(keys) else 0.0), selection.now.divisor or 1.0
 
 
-def measured_round_row(result: RoundResult, stats: StepStats) -> dict[str, Any]:
-    """The simulator's partial-collective row (``sim.partial.engine``), measured."""
+def measured_round_row(
+    result: RoundResult, stats: StepStats, members: list[int] | None = None
+) -> dict[str, Any]:
+    """The simulator's partial-collective row (``sim.partial.engine``), measured; with
+    ``members`` (a shrunk generation's original ranks) the ranks it names are original."""
     rows, r, plan = result.rows, result.index, result.plan
     active = result.active
     initiators = result.initiators
@@ -309,6 +426,10 @@ def measured_round_row(result: RoundResult, stats: StepStats) -> dict[str, Any]:
     nonfinite = int(np.count_nonzero(~summed))
     if plan.synchronous:  # everyone activates itself; the last call completes it (the sim's)
         initiators = np.array([int(np.argmax(result.slots[:, 1]))])
+    if members is not None:
+        ids = np.asarray(members, dtype=np.int64)
+        rows = np.column_stack([ids[rows[:, 0].astype(np.int64)], rows[:, 1:]])
+        active, initiators = ids[active], ids[initiators]
     measured = {
         "initiators": initiators.tolist(),
         "active": active.tolist(),
@@ -338,12 +459,29 @@ class _Run:
     step_times: list[dict[str, Any]] = field(default_factory=list)
     job: int = 0  # this rank's next job (module docstring: Resume)
     coll: PartialCollective | None = field(default=None, repr=False)
+    #: this rank's original rank: its data shard and delays, whatever its index in a shrunk
+    #: generation (``comm.rank``)
+    rank: int = 0
+    #: ``--on-rank-loss shrink``'s protocol (``runtime.partial.regroup``; None: stop)
+    shrinker: Shrinker | None = None
+    phase: CollectivePhase = CollectivePhase.RUNNING
+    #: under shrink: each call ``[generation, job, version, adopted]`` (module docstring of
+    #: ``runtime.partial.regroup``), and the calls made in the current generation
+    calls: list[list[Any]] = field(default_factory=list)
+    #: the calls a regroup has accounted for (``runtime.partial.regroup``, HANDOVER), and
+    #: the longest step rank 0 last told the store (``regroup.publish_deadline``)
+    accounted: int = 0
+    published: float = 0.0
 
     # ---- the topology's contract (``runtime.rank.RankRun``) ----------------------------------
     def updates(self) -> Updates:
         return rounds(self)
 
     def failed(self, exc: BaseException) -> BaseException:
+        if isinstance(exc, Refused):  # the survivors went on without it: nothing to keep
+            self.phase = CollectivePhase.REFUSED
+            log.warning("%s", exc)
+            return exc
         return failed(self, exc)
 
     def finish(self) -> RankResult:
@@ -374,8 +512,12 @@ def start(config: TrainConfig, comm: Collectives) -> _Run:
     # every rank follows the schedule, the others into a record of their own, without scoring
     rule.evals = evals = Evaluator(scenario.evaluation, rule.record or RunRecord(), True)
     trace = TraceRows(rank, per_micro_batch=False, charged=True)
-    run = _Run(config, world, strategy, comm, rule, evals, keeper, theta, trace)
-    if keeper.saved is not None:
+    run = _Run(config, world, strategy, comm, rule, evals, keeper, theta, trace, rank=rank)
+    if config.on_rank_loss == OnRankLoss.SHRINK:
+        run.shrinker = Shrinker.start(comm, config.timeout)
+        rule.members = list(range(n))
+    rejoining = run.shrinker is not None and run.shrinker.rejoining
+    if keeper.saved is not None and not rejoining:  # a restarted rank heals from a live peer
         resume(run, keeper.saved)
     elif config.out is not None and rank == 0:
         attach(rule.record, reopen_records(config.out, None, None)[0])
@@ -402,20 +544,31 @@ def resume(run: _Run, saved: dict[str, Any]) -> None:
 def rounds(run: _Run) -> Updates:
     """Every round until the plan ends, then the final model average; each round's index is
     yielded as this rank starts its gradient for it (``runtime.rank``: the drills)."""
-    config, world, rule, comm = run.config, run.world, run.rule, run.comm
+    world, rule, shrinker = run.world, run.rule, run.shrinker
     if not world.finished(rule.done, rule.now):
-        run.coll = PartialCollective(
-            comm.rank,
-            comm.world_size,
-            int(world.task.dim),
-            rule.first(),
-            rule.after_round,
-            backend=config.backend,
-            device=comm.device,
-            timeout=config.timeout,
-        )
-        yield from run_rounds(run)
-        run.coll.close()
+        if shrinker is not None and shrinker.rejoining:  # started again: join the live ranks
+            regroup_run(run, None, join=True)
+        else:
+            run.coll = new_collective(run)
+        # each turn: a generation's rounds, then (shrink) a new generation's collective, or
+        # None when the run is over
+        while run.coll is not None:
+            try:
+                yield from run_rounds(run)
+                if not rule.growing:
+                    break
+                run.coll.close()  # a rank asks to join: this generation ends cleanly
+            except (CollectiveFailed, CollectiveTimeout, Broken) as exc:
+                if shrinker is None:
+                    raise
+                regroup_run(run, exc)
+                continue
+            regroup_run(run, None, grow=True)
+        if run.coll is not None:
+            run.coll.close()
+    if run.shrinker is not None:
+        run.shrinker.finished()  # a rank waiting to join is refused now
+    comm = run.comm
     run.theta = comm.weighted_sum(run.theta, 1.0 / comm.world_size).numerator  # the final sync
 
 
@@ -448,7 +601,14 @@ def finish(run: _Run) -> RankResult:
     step = rule.done  # the run's round count
     if run.config.out is not None:  # every rank: rank 0 gathers the traces
         write_traces(run.config.out, run.trace, run.comm)
-    steps = run.comm.gather_objects(run.step_times)  # every rank: rank 0 takes the means
+    calls: dict[str, list[list[Any]]] = {}
+    if run.shrinker is None:
+        steps = run.comm.gather_objects(run.step_times)  # every rank: rank 0 takes the means
+    else:  # and each member's calls, from which its parameters can be rebuilt
+        both = run.comm.gather_objects((run.step_times, run.calls))
+        steps = None if both is None else [times for times, _ in both]
+        members = run.rule.members or []
+        calls = {str(m): c for m, (_, c) in zip(members, both or [], strict=False)}
     if rank == 0 and run.config.out is not None:
         write_rank_steps(run.config.out, steps)
     final = evaluate_once(world.task, run.theta) if rank == 0 else dict
@@ -458,6 +618,10 @@ def finish(run: _Run) -> RankResult:
     record = rule.record or RunRecord()
     if rank == 0:
         record.summary = summarise(run, record, [row for rows in steps or [] for row in rows])
+        if run.shrinker is not None:
+            # each regroup: [generation, its first round, the ranks lost, taken in, seconds]
+            record.summary["generations"] = [list(h) for h in run.shrinker.history]
+            record.summary["calls"] = calls
         if run.config.out is not None:
             run.keeper.finish(record)
     return RankResult(rank, record, run.theta.numpy().copy())
@@ -494,12 +658,13 @@ def run_rounds(run: _Run) -> Updates:
     ``step`` counts this launch's rounds (the collective's), ``rule.base + step`` the run's."""
     config, world, coll, rule, comm = run.config, run.world, run.coll, run.rule, run.comm
     assert coll is not None
-    rank, n = comm.rank, comm.world_size
+    rank, n = run.rank, comm.world_size  # the original rank: shard and delays (a shrink)
     durations = world.durations(round_trips=False)
     durations.next_job[rank] = run.job  # the j-th job sleeps the simulator's j-th delay
     me = np.array([rank])
     update = WeightedUpdate(world.lr)
     step, averaged, written = 0, 0, rule.done
+    adopted = -1  # the run's last round this rank adopted in this generation (shrink)
     timed = None  # the last job's (job, start, parts): its step ends where the next begins
     while coll.plan(step) is not None:
         check_interrupt(rule.base + step)  # Ctrl-C: leave before the next gradient
@@ -520,8 +685,17 @@ def run_rounds(run: _Run) -> Updates:
         comm.drill.poison(rule.base + step, grad)
         grad, loss, _, gsq = screen_own(grad, loss, config.on_nonfinite, rank, rule.base + step)
         called = coll.now()
-        out = coll.call(step, grad, row(run.job, step, start, called, loss, gsq))
+        if run.shrinker is not None:  # the record of calls (``runtime.partial.regroup``)
+            call = [run.shrinker.generation, run.job, rule.base + step, None]
+            run.calls.append(call)
+        seen = adopted if run.shrinker is not None else -1
+        out = coll.call(step, grad, row(run.job, step, start, called, loss, gsq, seen))
         returned = coll.now()
+        if run.shrinker is not None:  # the record of calls, and the learned deadline
+            call[3] = adopted = rule.base + out.result.index
+            # a live member may be anywhere in a step when a peer fails: the census window
+            # and the deadline follow whole steps (compute, delay, call), not the calls alone
+            run.shrinker.deadline.seen(returned - start)
         # the call waited for the round it adopts to close (its last snapshot), then the
         # round was the collective's own: its data phase, the rule, an injected T^c
         own = returned - max(out.result.closed, called)
@@ -535,6 +709,10 @@ def run_rounds(run: _Run) -> Updates:
             averaged += 1
         written = run.keeper.save_due(written)
         step, run.job = done + 1, run.job + 1
+        if run.shrinker is not None and comm.rank == 0:
+            publish_deadline(run)
+            if run.shrinker.joins_waiting():
+                coll.grow_asked = True  # the next snapshot says so: every rank learns it alike
     if timed is not None:
         time_step(run, *timed, coll.now())
 

@@ -33,9 +33,12 @@ from tailtrain.strategies.base import ArrivalColumns
 from tailtrain.strategies.eager import RoundPlan
 
 ACT, CALL, STOP, ABORT = 1, 2, 3, 4
-#: columns of one contributed gradient's row
-SLOT_COLUMNS = ("job", "version", "start", "finish", "loss", "gsq")
-HEAD = ("initiated", "activated", "snapshot", "rows")
+#: columns of one contributed gradient's row; ``adopted``: the round its rank had adopted last
+#: when it computed it (-1: none since its start or its last regroup), from which a shrinking
+#: run's parameters can be rebuilt (``runtime.partial.regroup``)
+SLOT_COLUMNS = ("job", "version", "start", "finish", "loss", "gsq", "adopted")
+#: a slot's head; ``grow``: the rank saw a rank ask to join (``runtime.partial.regroup``)
+HEAD = ("initiated", "activated", "snapshot", "rows", "grow")
 #: buffers up to this size are summed by recursive doubling (latency-bound), larger by gloo's ring
 RECURSIVE_DOUBLING_BYTES = 1 << 18
 
@@ -118,6 +121,11 @@ class RoundResult:
         return ArrivalColumns(rows[:, 0], rows[:, 1], rows[:, 2], rows[:, 3], rows[:, 4])
 
     @property
+    def grow(self) -> bool:
+        """Whether a rank said, in this round, that a rank asks to join (a heal)."""
+        return bool((self.slots[:, 4] > 0).any())
+
+    @property
     def initiators(self) -> np.ndarray:
         return np.flatnonzero(self.slots[:, 0] > 0)
 
@@ -157,7 +165,9 @@ def shared_origin(group) -> float:
     per machine), so activation times compare across ranks; else its own reading."""
     mine = time.perf_counter()
     stamp = torch.tensor([mine, float(machine_id())], dtype=torch.float64)
-    dist.broadcast(stamp, 0, group=group)
+    opts = dist.BroadcastOptions()  # the group's own: a generation's is unknown to dist
+    opts.rootRank = 0
+    group.broadcast([stamp], opts).wait()
     return float(stamp[0]) if int(stamp[1]) == machine_id() else mine
 
 
@@ -191,6 +201,14 @@ def recursive_doubling(x: torch.Tensor, rank: int, procs: int, group) -> torch.T
     return x
 
 
-def row(job: int, version: int, start: float, finish: float, loss: float, gsq: float) -> np.ndarray:
+def row(
+    job: int,
+    version: int,
+    start: float,
+    finish: float,
+    loss: float,
+    gsq: float,
+    adopted: int = -1,
+) -> np.ndarray:
     """One contributed gradient's row (``SLOT_COLUMNS``)."""
-    return np.array([job, version, start, finish, loss, gsq], dtype=np.float64)
+    return np.array([job, version, start, finish, loss, gsq, adopted], dtype=np.float64)
