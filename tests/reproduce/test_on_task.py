@@ -9,7 +9,7 @@ import textwrap
 import pytest
 
 from tailtrain.cli import main
-from tailtrain.reproduce.runs import task_with
+from tailtrain.reproduce.runs import stand_in, task_with
 
 MODULE = """
 import torch
@@ -52,6 +52,8 @@ def test_a_reproduction_runs_on_a_factory_and_names_it(factory_module, tmp_path,
     assert f"`{factory_module}" in report
     assert "digits-mlp" not in report
     assert "eta = None" not in report and "eta = the task default" in report
+    assert f"--task {factory_module}`" in report  # the line that wrote it says how
+    assert f"Run on `{factory_module}` in place of the experiment's own task" in report
 
 
 @pytest.mark.parametrize(
@@ -74,3 +76,10 @@ def test_task_with_adds_a_key_to_any_spec():
     assert task_with("digits-mlp:hidden=8", "batch", 16) == "digits-mlp:hidden=8,batch=16"
     assert task_with("pkg.mod:make", "batch", 16) == "pkg.mod:make:batch=16"
     assert task_with("pkg.mod:make:width=4", "batch", 16) == "pkg.mod:make:width=4,batch=16"
+
+
+def test_only_the_digits_tasks_are_called_digits():
+    assert stand_in("logreg", "MNIST") == "scikit-learn digits in place of MNIST"
+    assert stand_in("digits-cnn:batch=8", "CIFAR-10") == "scikit-learn digits in place of CIFAR-10"
+    assert stand_in("tiny-gpt", "CIFAR-10") == "in place of CIFAR-10"
+    assert stand_in("pkg.mod:make:width=4", "MNIST") == "in place of MNIST"

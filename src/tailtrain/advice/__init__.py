@@ -20,11 +20,10 @@ from tailtrain.advice.cost import Cost, sync_cost
 from tailtrain.advice.recommend import (
     Ranked,
     dominate,
-    equivalents,
     priced_comm,
     rank,
     reason,
-    rebalanced,
+    recommend,
     simplicity,
     trace_spread,
 )
@@ -128,7 +127,7 @@ def advise(
     ranked, more = rank(model, times, n, m, seed, samples, comm, spread, recorded.size > 0)
     ranked, more = _runnable(ranked, setup, more)
     cost = _as_in_the_table(cost, ranked)
-    tied = rebalanced(equivalents(ranked), dominate(cost, without))
+    tied = recommend(ranked, dominate(cost, without))
     choice = tied[0]
     text = reason(choice, cost, without, persistent) + _tie_text(tied)
     if (note := comm_note(delay, comm_spec)) is not None:

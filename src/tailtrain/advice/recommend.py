@@ -281,10 +281,12 @@ def rebalanced(tied: list[Ranked], persistent_dominate: bool) -> list[Ranked]:
     return sorted(tied, key=lambda r: r.row.strategy != "rebalance")  # stable: simplest first
 
 
-def recommend(ranked: list[Ranked]) -> Ranked:
-    """The simplest of the :func:`equivalents` of the top fresh-gradient row (module
-    docstring): identical runs get the same advice."""
-    return equivalents(ranked)[0]
+def recommend(ranked: list[Ranked], persistent_dominate: bool = False) -> list[Ranked]:
+    """The remedies advise offers, best first: the :func:`equivalents` of the top
+    fresh-gradient row, simplest first (module docstring), rebalance first where persistent
+    stragglers dominate (:func:`rebalanced`). The first is the recommendation; identical runs
+    get the same advice."""
+    return rebalanced(equivalents(ranked), persistent_dominate)
 
 
 def reason(choice: Ranked, cost: Cost, excluded: Cost | None, persistent: list[int]) -> str:

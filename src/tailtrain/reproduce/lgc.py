@@ -15,7 +15,7 @@ import numpy as np
 from tailtrain.core.scenario import Scenario
 from tailtrain.reproduce.figures import eval_curve, figure, label
 from tailtrain.reproduce.report import FIGURE_ONLY, Report, Table, gap
-from tailtrain.reproduce.runs import Sizes, eta, mean_of, name_of
+from tailtrain.reproduce.runs import Sizes, eta, mean_of, name_of, stand_in
 from tailtrain.sim.compare import compare
 from tailtrain.strategies.base import ArrivalColumns, Selection
 from tailtrain.strategies.lgc import Lgc, LgcState, compensated_weights
@@ -50,7 +50,7 @@ def _run(scenario: Scenario, strategies: list, seeds: int):
 
 def _setup(p, extra: str = "") -> str:
     return (
-        f"Task `{p.task}` (digits in place of CIFAR-10 with VGG-11), N = {N} workers, "
+        f"Task `{p.task}` ({stand_in(p.task, 'CIFAR-10 with VGG-11')}), N = {N} workers, "
         f"per-iteration time `{DELAY}` held for h iterations, {p.iterations} updates for "
         f"every method (the paper compares after the same iterations), eta = {eta(p)}, "
         f"{p.seeds} seed(s). LGC: s = 4 blocks, {WARMUP_EPOCHS} warm-up epochs of Full-SGD "

@@ -35,6 +35,7 @@ class Experiment:
         with on_task(task):
             report = self.run(out, quick)
         report.seconds = time.perf_counter() - start
+        report.task = task
         report.write(out)
         return report
 

@@ -61,6 +61,8 @@ class Report:
     gaps: list[str] = field(default_factory=list)
     quick: bool = False
     seconds: float = math.nan
+    #: ``reproduce --task``'s task, run in place of the experiment's own (None: its own)
+    task: str | None = None
 
     def markdown(self) -> str:
         size = "--quick" if self.quick else "full size"
@@ -68,7 +70,8 @@ class Report:
             f"# {self.paper}, {self.figure}: {self.title}",
             "",
             f"Experiment `{self.name}` ({size}), written by "
-            f"`tailtrain reproduce {self.name} --out DIR{' --quick' if self.quick else ''}` "
+            f"`tailtrain reproduce {self.name} --out DIR{' --quick' if self.quick else ''}"
+            f"{'' if self.task is None else f' --task {self.task}'}` "
             f"in {self.seconds:.1f} s of wall-clock time.",
             "",
             "## Setup",
@@ -85,7 +88,16 @@ class Report:
         for table in self.tables:
             lines += [table.markdown(), ""]
         lines += [f"![{plot.stem}]({plot.name})" for plot in self.plots]
-        lines += ["", "## Gaps", "", *[f"- {gap}" for gap in self.gaps], ""]
+        lines += ["", "## Gaps", ""]
+        if self.task is not None:
+            # the gaps' reasons were worked out on the experiment's own task, not on this one
+            lines += [
+                f"Run on `{self.task}` in place of the experiment's own task: the figures are "
+                "this run's, but the reasons given for each gap were worked out on the "
+                "experiment's own task and may not hold here.",
+                "",
+            ]
+        lines += [*[f"- {gap}" for gap in self.gaps], ""]
         return "\n".join(lines)
 
     def write(self, out: Path) -> Path:

@@ -68,6 +68,17 @@ def eta(knobs: SimpleNamespace) -> str:
     return "the task default" if knobs.lr is None else str(knobs.lr)
 
 
+#: the built-in tasks that train on scikit-learn's digits (the stand-in for the papers' images)
+DIGITS_TASKS = frozenset({"digits-cnn", "digits-mlp", "logreg"})
+
+
+def stand_in(task: str, paper_data: str) -> str:
+    """What a report's task stands in for: ``scikit-learn digits in place of MNIST`` for the
+    built-in digits tasks, ``in place of MNIST`` for any other (a ``--task`` of the user's)."""
+    name = task.split(":", 1)[0]
+    return f"{'scikit-learn digits ' if name in DIGITS_TASKS else ''}in place of {paper_data}"
+
+
 def task_with(spec: str, key: str, value: Any) -> str:
     """``spec`` with one more ``key=value`` (``digits-mlp`` -> ``digits-mlp:batch=16``,
     ``pkg.mod:make:width=4`` -> ``pkg.mod:make:width=4,batch=16``)."""

@@ -18,7 +18,17 @@ from tailtrain.delays import parse_delay
 from tailtrain.prediction import DelayScenario, predict
 from tailtrain.reproduce.figures import figure, k_curve, label
 from tailtrain.reproduce.report import FIGURE_ONLY, Report, Table, gap
-from tailtrain.reproduce.runs import Sizes, best, eta, mean_of, name_of, run, runs, target_table
+from tailtrain.reproduce.runs import (
+    Sizes,
+    best,
+    eta,
+    mean_of,
+    name_of,
+    run,
+    runs,
+    stand_in,
+    target_table,
+)
 from tailtrain.theory import async_speedup, expected_order_stat
 
 PAPER = "Slow and stale gradients (Dutta et al.)"
@@ -259,7 +269,7 @@ def _scenario(p, mean: float) -> Scenario:
 
 def _setup(p) -> str:
     return (
-        f"Task `{p.task}` (digits in place of CIFAR-10), P = 8 workers, each mini-batch takes "
+        f"Task `{p.task}` ({stand_in(p.task, 'CIFAR-10')}), P = 8 workers, each mini-batch takes "
         f"{BASE} s plus an exponential delay of mean {', '.join(f'{m:g}' for m in p.means)} s "
         f"(0: none); eta = {eta(p)} for every K; budget {p.sync_steps} expected sync "
         f"iterations; {p.seeds} seed(s); target: train loss {p.target}."
