@@ -137,7 +137,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="allreduce: when a rank dies or stays silent past a deadline learned from the "
         "round times (at most --timeout), stop (census, checkpoint, exit; --max-restarts "
         "restarts the group) or shrink (the others go on without it, in place, no restart; "
-        "local launch; sync and fixed thresholds; give it again with --resume). Default: stop",
+        "local launch; sync, DropCompute (tau chosen again for the live ranks) and "
+        "Local-SGD; give it again with --resume). Default: stop",
     )
     p.add_argument(
         "--restart-lost",

@@ -174,6 +174,17 @@ class Rebalance(Strategy):
             return state
         return replace(state, shares=candidate, moves=state.moves + 1)
 
+    def follow_refusal(self) -> str:
+        """Why a smaller world is refused (``Strategy.follow_world`` stays None): the shares
+        would follow (the live ranks' columns of the window, m_n redealt to sum_n m_n = L M,
+        the live ranks' own batches, as sync's shrink keeps the per-rank batch), but the
+        runtime deals the global batch of all N shards by the shares (``runtime.allreduce``'s
+        ``dealt``), so a lost rank's shard would be dealt to the live ranks."""
+        return (
+            "its per-rank shares are dealt from the global batch of every rank's shard, and "
+            "the runtime has no dealing of the live ranks' shards alone (sum m_n = L M)"
+        )
+
     def describe(self) -> str:
         return self.text or self.name
 

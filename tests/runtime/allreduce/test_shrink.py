@@ -7,6 +7,7 @@ parameters check which ranks contributed to each step, and that no rank was coun
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -32,9 +33,11 @@ from tailtrain.runtime.allreduce.shrink import (
 from tailtrain.runtime.config import TrainConfig
 from tailtrain.runtime.launch import Endpoint, JobFailed, launch, reserve, validate
 from tailtrain.runtime.reduce import Collectives
+from tailtrain.strategies.dropcompute import DropCompute
 from tailtrain.strategies.registry import parse_strategy
 from tailtrain.tasks import parse_partition, parse_task
 from tailtrain.tasks.stream import job_batches
+from tailtrain.theory.dropcompute import empirical_threshold
 
 SEED = 5
 LR = 0.1
@@ -86,20 +89,42 @@ def dies_in_heal(cfg: TrainConfig, comm: Collectives):
     return train_allreduce(cfg, comm)
 
 
+def tells_follow_world(cfg: TrainConfig, comm: Collectives):
+    """Each (state, ctx, followed state) of ``DropCompute.follow_world`` on this rank, in its
+    result's summary (``followed``)."""
+    pure, seen = DropCompute.follow_world, []
+
+    def follow_world(self, state, ctx):
+        seen.append((state, ctx, pure(self, state, ctx)))
+        return seen[-1][2]
+
+    DropCompute.follow_world = follow_world
+    result = train_allreduce(cfg, comm)
+    result.record.summary["followed"] = seen
+    return result
+
+
 def reference(cfg: TrainConfig, steps: list[dict]) -> torch.Tensor:
-    """SGD on the concatenated batches of each row's live ranks, keyed (seed, rank, step)."""
+    """SGD on the concatenated batches of each row's live ranks, keyed (seed, rank, step):
+    of the first ``completed[n]`` of rank n's M micro-batches where rows count them
+    (DropCompute's weights (C_n/M)/L, Eq. 1: the sum of their mean losses over L M)."""
     s, n = cfg.scenario, cfg.scenario.workers
     task = parse_task(s.task, seed=SEED)
     partition = parse_partition(s.partition).assign(task, n, np.random.default_rng(SEED))
     theta = task.init_params(SEED)
     for row in steps:
         live = np.asarray(row["live"])
+        m = row.get("micro_batches") or 1
         batches = job_batches(
-            partition, SEED, task.batch_size, live, np.full(len(live), row["step"]), 1
+            partition, SEED, task.batch_size, live, np.full(len(live), row["step"]), m
         )
+        done = row.get("completed") or [m] * len(live)
         model = task.module_at(theta)
-        idx = batches.reshape(-1)
-        loss = F.cross_entropy(model(task.data.x_train[idx]), task.data.y_train[idx])
+        loss = sum(
+            F.cross_entropy(model(task.data.x_train[b]), task.data.y_train[b])
+            for k, c in zip(range(len(live)), done, strict=True)
+            for b in batches[k, : int(c)]
+        ) / (len(live) * m)
         grads = torch.autograd.grad(loss, list(model.parameters()))
         theta = theta - LR * torch.cat([g.reshape(-1) for g in grads])
     return theta
@@ -118,9 +143,14 @@ def check_run(cfg: TrainConfig, by_rank, survivors: list[int]) -> list[dict]:
 
 
 # ---- no process: the refusals and the deadline -------------------------------------------------
-def test_a_rule_that_adapts_refuses_shrink_in_one_line():
-    with pytest.raises(UsageError, match="adapts its state"):
-        check_shrink(parse_strategy("dropcompute:threshold=auto"), "allreduce", local=True)
+def test_a_rule_that_cannot_follow_a_smaller_world_refuses_shrink_in_one_line():
+    check_shrink(parse_strategy("dropcompute:threshold=auto"), "allreduce", local=True)
+    check_shrink(parse_strategy("dropcompute:drop-rate=0.1"), "allreduce", local=True)
+    with pytest.raises(UsageError, match="larger-batch sizes every rank's batch"):
+        larger = "dropcompute:threshold=0.2,compensate=larger-batch"
+        check_shrink(parse_strategy(larger), "allreduce", local=True)
+    with pytest.raises(UsageError, match=r"^--on-rank-loss shrink: 'rebalance' .*shares"):
+        check_shrink(parse_strategy("rebalance"), "allreduce", local=True)
     with pytest.raises(UsageError, match="allreduce topology"):
         check_shrink(parse_strategy("eager:mode=majority"), "partial-collective", local=True)
     with pytest.raises(UsageError, match="torchrun"):
@@ -128,9 +158,9 @@ def test_a_rule_that_adapts_refuses_shrink_in_one_line():
     check_shrink(parse_strategy("sync"), "allreduce", local=True)
     check_shrink(parse_strategy("dropcompute:threshold=0.3"), "allreduce", local=True)
     check_shrink(parse_strategy("local-sgd:period=2"), "allreduce", local=True)
-    with pytest.raises(UsageError, match="adapts its state"):
-        s = Scenario(task="logreg", workers=2, iterations=2)
-        validate(TrainConfig(s, "dropcompute:threshold=auto", on_rank_loss="shrink"), local=True)
+    with pytest.raises(UsageError, match="cannot follow a smaller world"):
+        s = Scenario(task="logreg", workers=2, iterations=2, micro_batches=2)
+        validate(TrainConfig(s, "rebalance:then=dropcompute", on_rank_loss="shrink"), local=True)
     with pytest.raises(UsageError, match="--on-rank-loss"):
         TrainConfig(Scenario(task="logreg", workers=2, iterations=2), "sync", on_rank_loss="grow")
 
@@ -262,3 +292,28 @@ def test_a_fixed_dropcompute_divides_by_the_live_world():
     by_rank = run(cfg)
     steps = check_run(cfg, by_rank, [0, 2])
     assert [tuple(r["live"]) for r in steps] == [(0, 1, 2)] * 3 + [(0, 2)] * 5
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(150)
+def test_a_calibrated_dropcompute_chooses_tau_again_for_the_live_ranks():
+    # Algorithm 2 over 3 calibration rounds of 3 ranks; rank 1 is killed at step 5, and tau*
+    # is chosen again on the two live ranks' samples (strategies.dropcompute.follow_world)
+    cfg = config(
+        3,
+        ["kill:worker=1,step=5"],
+        iterations=9,
+        delay="uniform:low=0.01,high=0.05",
+        strategy="dropcompute:threshold=auto,calibrate=3",
+    )
+    cfg = dataclasses.replace(cfg, scenario=dataclasses.replace(cfg.scenario, micro_batches=3))
+    by_rank = run(cfg, tells_follow_world)
+    steps = check_run(cfg, by_rank, [0, 2])  # the counted micro-batches of the live ranks
+    assert [tuple(r["live"]) for r in steps] == [(0, 1, 2)] * 5 + [(0, 2)] * 4
+    [(state, ctx, after)] = by_rank[0][0].record.summary["followed"]
+    assert ctx.live == (0, 2) and state.sample_ranks == (0, 1, 2)
+    whole = empirical_threshold(state.samples, state.sample_comm).threshold
+    live = empirical_threshold(state.samples[:, [0, 2]], state.sample_comm).threshold
+    assert [r["threshold"] for r in steps[:3]] == [math.inf] * 3
+    assert {r["threshold"] for r in steps[3:5]} == {whole}  # the samples calibration used
+    assert after.tau == live and {r["threshold"] for r in steps[5:]} == {live}

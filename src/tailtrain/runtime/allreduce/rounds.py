@@ -353,7 +353,8 @@ def shrink(run: _Rank, grow: bool = False, join: bool = False) -> None:
     sync = lambda new, found: sync_from_lead(run, new, found)  # noqa: E731
     comm, found = shrinker.regroup(run.comm, run.step, rows, sync, grow=grow, join=join)
     run.comm, run.sums = comm, None
-    ctx = dataclasses.replace(run.world.context, n_workers=len(found.members))
+    live = tuple(found.members)
+    ctx = dataclasses.replace(run.world.context, n_workers=len(live), live=live)
     followed = run.rule.followed(ctx)
     assert followed is not None  # check_shrink refused a rule that cannot follow, at start
     run.rule = followed

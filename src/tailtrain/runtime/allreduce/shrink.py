@@ -69,11 +69,14 @@ batch shrinks to L ranks' batches: "the same per-rank batch"); the dead rank's s
 skipped, and each round's record row counts it: ``live`` (the original ranks that stepped),
 ``dead`` (the ranks lost at that round) and ``skipped`` (samples the lost ranks' shards did not
 contribute, in this round). The update is the average over the live ranks' gradients: the rule
-follows the live world (``Strategy.follow_world`` with ``n_workers`` = L, applied to the
-lead's rule state): sync starts again (k = L), a fixed DropCompute tau and Local-SGD's period
-stay and their divisor N becomes L (Eq. 1). A rule whose state came from calibration samples
-of the world it measured (DropCompute's ``threshold=auto``, a drop rate, a larger batch)
-cannot follow: it refuses shrink in one line at start (:func:`check_shrink`).
+follows the live world (``Strategy.follow_world`` with ``n_workers`` = L and ``live`` the
+members, applied to the lead's rule state): sync starts again (k = L), a fixed DropCompute tau
+and Local-SGD's period stay and their divisor N becomes L (Eq. 1); a calibrated tau
+(``threshold=auto``, ``drop-rate=p``) is chosen again by Algorithm 2 on the live ranks' kept
+calibration samples, and a calibration under way goes on with the live ranks' columns
+(``strategies.dropcompute``). A rule that cannot follow (``Strategy.follow_refusal`` says
+why: DropCompute's ``compensate=larger-batch``, rebalance) refuses shrink in one line at
+start (:func:`check_shrink`).
 
 **Rank 0** keeps the record and answers the launcher: its death stops the job as with
 ``stop`` (the launcher's line says to restart with ``--max-restarts``), and a census that
@@ -169,12 +172,11 @@ def check_shrink(strategy: Any, topology: str, *, local: bool, ctx: Any = None) 
         )
     ctx = ctx if ctx is not None else Context(n_workers=2)
     smaller = dataclasses.replace(ctx, n_workers=max(1, ctx.n_workers - 1))
+    smaller = dataclasses.replace(smaller, live=tuple(range(smaller.n_workers)))
     if RuleDriver(strategy, ctx).followed(smaller) is None:
         raise UsageError(
-            f"--on-rank-loss shrink: {strategy.describe()!r} adapts its state to the world it "
-            "measured (a calibrated tau or batch), which a smaller world cannot take over; "
-            "shrink takes sync and fixed thresholds (dropcompute:threshold=T, local-sgd); "
-            "use --on-rank-loss stop for this one"
+            f"--on-rank-loss shrink: {strategy.describe()!r} cannot follow a smaller world: "
+            f"{strategy.follow_refusal()}; use --on-rank-loss stop for this one"
         )
 
 
