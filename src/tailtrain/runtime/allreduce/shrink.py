@@ -108,6 +108,7 @@ import torch.distributed as dist
 
 from tailtrain.errors import TailtrainError, UsageError
 from tailtrain.runtime.control import RuleDriver
+from tailtrain.runtime.expendable import LeftAlive
 from tailtrain.runtime.reduce import Collectives, RankRow
 from tailtrain.strategies.base import Context
 
@@ -154,8 +155,9 @@ class Broken(TailtrainError):
     said so (``gen{g}/broken``)."""
 
 
-class Refused(TailtrainError):
-    """The survivors formed their new group without this rank (it came after the census)."""
+class Refused(LeftAlive):
+    """The survivors formed their new group without this rank (it came after the census);
+    it leaves alive, and the shield logs that, not a death (``runtime.expendable``)."""
 
 
 def check_shrink(strategy: Any, topology: str, *, local: bool, ctx: Any = None) -> None:
