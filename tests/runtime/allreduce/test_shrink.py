@@ -12,6 +12,7 @@ import json
 import math
 import os
 import signal
+import time
 
 import numpy as np
 import pytest
@@ -21,16 +22,20 @@ import torch.nn.functional as F
 from tailtrain.core.scenario import Scenario
 from tailtrain.errors import UsageError
 from tailtrain.faults import FaultPlan
+from tailtrain.runtime.allreduce import rounds as rounds_module
 from tailtrain.runtime.allreduce.rounds import train_allreduce
 from tailtrain.runtime.allreduce.shrink import (
     DEADLINE_FACTOR,
     MIN_DEADLINE,
+    MIN_WINDOW,
+    ROUNDS_SEEN,
     Deadline,
     Refused,
     Shrinker,
     check_shrink,
 )
 from tailtrain.runtime.config import TrainConfig
+from tailtrain.runtime.keep import Keeper
 from tailtrain.runtime.launch import Endpoint, JobFailed, launch, reserve, validate
 from tailtrain.runtime.reduce import Collectives
 from tailtrain.strategies.dropcompute import DropCompute
@@ -86,6 +91,28 @@ def dies_in_heal(cfg: TrainConfig, comm: Collectives):
     """Rank 1 dies (SIGKILL) as the members take a joiner in."""
     if comm.rank == 1:
         Shrinker.grow = lambda self, step, rows: os.kill(os.getpid(), signal.SIGKILL)
+    return train_allreduce(cfg, comm)
+
+
+#: seconds rank 0 pauses in each evaluation and checkpoint write (:func:`pauses`): longer
+#: than the deadline these millisecond rounds teach (MIN_DEADLINE)
+PAUSE = 1.5 * MIN_DEADLINE
+
+
+def pauses(cfg: TrainConfig, comm: Collectives):
+    """Rank 0 takes PAUSE seconds more in each evaluation and each checkpoint write."""
+    if comm.rank == 0:
+        save, score = Keeper._save, rounds_module.scorer
+
+        def slow_save(self, snapshot):
+            time.sleep(PAUSE)
+            save(self, snapshot)
+
+        def slow_scorer(run):
+            scores = score(run)
+            return lambda: (time.sleep(PAUSE), scores())[1]
+
+        Keeper._save, rounds_module.scorer = slow_save, slow_scorer
     return train_allreduce(cfg, comm)
 
 
@@ -165,17 +192,25 @@ def test_a_rule_that_cannot_follow_a_smaller_world_refuses_shrink_in_one_line():
         TrainConfig(Scenario(task="logreg", workers=2, iterations=2), "sync", on_rank_loss="grow")
 
 
-def test_the_deadline_is_learned_from_the_rounds_within_the_timeout():
+def test_the_deadline_is_learned_from_the_recent_rounds_within_the_timeout():
     d = Deadline(timeout=30.0)
-    assert d.bound == 30.0  # nothing measured yet: --timeout
+    assert d.bound == 30.0 and "--timeout" in d.describe()  # nothing measured yet
     d.seen(0.01)
-    assert d.bound == MIN_DEADLINE
+    assert d.bound == MIN_DEADLINE < 2.0
     d.seen(0.5)
     d.seen(math.nan)
-    assert d.bound == DEADLINE_FACTOR * 0.5
+    assert d.bound == DEADLINE_FACTOR * 0.5 and "0.500 s" in d.describe()
     d.seen(10.0)
     assert d.bound == 30.0
     assert d.window <= d.bound
+    # one slow round ages out: the deadline follows the last ROUNDS_SEEN rounds
+    for _ in range(ROUNDS_SEEN):
+        d.seen(0.3)
+    assert d.bound == pytest.approx(max(MIN_DEADLINE, DEADLINE_FACTOR * 0.3))
+    assert d.window == pytest.approx(max(MIN_WINDOW, 1.5 * 0.3))
+    other = Deadline(timeout=30.0)
+    other.adopt(list(d.recent))
+    assert (other.bound, other.longest) == (d.bound, d.longest)
 
 
 # ---- real processes ----------------------------------------------------------------------------
@@ -318,3 +353,23 @@ def test_a_calibrated_dropcompute_chooses_tau_again_for_the_live_ranks():
     assert [r["threshold"] for r in steps[:3]] == [math.inf] * 3
     assert {r["threshold"] for r in steps[3:5]} == {whole}  # the samples calibration used
     assert after.tau == live and {r["threshold"] for r in steps[5:]} == {live}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(150)
+def test_rank_0s_evaluations_and_checkpoint_writes_longer_than_the_deadline_shrink_nothing(
+    tmp_path,
+):
+    # millisecond rounds teach the floor MIN_DEADLINE; rank 0 pauses PAUSE > it in each
+    # evaluation (every 5 rounds) and checkpoint write (every 4): the others wait for those
+    # up to --timeout, and the rounds that hold a write are left out of the rounds seen
+    (tmp_path / "run").mkdir()
+    cfg = config(3, [], iterations=10, out=tmp_path / "run", checkpoint_every=4)
+    cfg = dataclasses.replace(cfg, scenario=dataclasses.replace(cfg.scenario, eval_every=5))
+    by_rank = run(cfg, pauses)
+    steps = check_run(cfg, by_rank, [0, 1, 2])
+    assert {tuple(r["live"]) for r in steps} == {(0, 1, 2)}
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["generations"] == [] and summary["hang_deadline"] < PAUSE
+    assert "at the end" in summary["hang_deadline_learned"]
+    assert len(by_rank[0][0].record.evals) >= 2

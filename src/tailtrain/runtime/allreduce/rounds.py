@@ -328,7 +328,14 @@ def shrinkable_round(run: _Rank, plan: Plan, before: Any) -> None:
     evaluation bounded by --timeout rather than the deadline."""
     assert run.shrinker is not None
     run.drawn = drawn_now(run)
-    one_round(run, plan)
+    watch = run.comm.watch
+    # rank 0 wrote a checkpoint after the last round (runtime.keep): the others wait for the
+    # write in this round's allreduce up to --timeout, not the deadline
+    watch.patient = run.keeper.run.due(run.step)
+    try:
+        one_round(run, plan)
+    finally:
+        watch.patient = False
     run.drawn = drawn_now(run)  # completed: a break in the barrier below redoes no round
     if run.keeper.run.stepped(run.evals, run.step, run.now, before, scorer(run)):
         watch = run.comm.watch
@@ -706,7 +713,9 @@ def settle(run: _Rank, timing: np.ndarray) -> None:
     done, run.unsettled = run.unsettled, None
     # every entry is a measured time: a round is settled by the one after it
     run.comm_time, elapsed = round_times(timing)
-    if run.shrinker is not None:  # the deadline is learned from the settled rounds
+    # the deadline is learned from the settled rounds; a round after rank 0 wrote a
+    # checkpoint holds the write, which is no round time (and is waited for: shrinkable_round)
+    if run.shrinker is not None and not run.keeper.run.due(done.ex.step):
         run.shrinker.deadline.seen(elapsed)
     run.settled += elapsed
     run.now = run.settled
@@ -745,6 +754,7 @@ def finish(run: _Rank) -> RankResult:
         if run.shrinker is not None:
             # each regroup: [generation, the round in flight, the ranks lost, taken in, seconds]
             topology["generations"] = [list(h) for h in run.shrinker.history]
+            topology |= run.shrinker.deadline_summary()
         run.record.summary = run.keeper.run.summary(
             run.world, run.rule.strategy, run.record, topology
         )
