@@ -139,8 +139,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="allreduce: when a rank dies or stays silent past a deadline learned from the "
         "round times (at most --timeout), stop (census, checkpoint, exit; --max-restarts "
         "restarts the group) or shrink (the others go on without it, in place, no restart; "
-        "local launch; sync, DropCompute (tau chosen again for the live ranks) and "
-        f"Local-SGD). Default: {DEFAULT_ON_RANK_LOSS}, or the run's own with --resume",
+        "local launch; sync, DropCompute (tau chosen again for the live ranks), Local-SGD "
+        "and rebalance (shares dealt again over the live ranks). Default: "
+        f"{DEFAULT_ON_RANK_LOSS}, or the run's own with --resume",
     )
     p.add_argument(
         "--restart-lost",

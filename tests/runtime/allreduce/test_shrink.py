@@ -145,7 +145,8 @@ def reference(cfg: TrainConfig, steps: list[dict]) -> torch.Tensor:
         batches = job_batches(
             partition, SEED, task.batch_size, live, np.full(len(live), row["step"]), m
         )
-        done = row.get("completed") or [m] * len(live)
+        # a round of shares (rebalance) deals the live ranks' L M micro-batches, all counted
+        done = [m] * len(live) if "shares" in row else row.get("completed") or [m] * len(live)
         model = task.module_at(theta)
         loss = sum(
             F.cross_entropy(model(task.data.x_train[b]), task.data.y_train[b])
@@ -176,8 +177,10 @@ def test_a_rule_that_cannot_follow_a_smaller_world_refuses_shrink_in_one_line():
     with pytest.raises(UsageError, match="larger-batch sizes every rank's batch"):
         larger = "dropcompute:threshold=0.2,compensate=larger-batch"
         check_shrink(parse_strategy(larger), "allreduce", local=True)
-    with pytest.raises(UsageError, match=r"^--on-rank-loss shrink: 'rebalance' .*shares"):
-        check_shrink(parse_strategy("rebalance"), "allreduce", local=True)
+    check_shrink(parse_strategy("rebalance:then=dropcompute"), "allreduce", local=True)
+    with pytest.raises(UsageError, match=r"^--on-rank-loss shrink: 'rebalance.*defer=true"):
+        deferred = "rebalance:then=dropcompute,defer=true"
+        check_shrink(parse_strategy(deferred), "allreduce", local=True)
     with pytest.raises(UsageError, match="allreduce topology"):
         check_shrink(parse_strategy("eager:mode=majority"), "partial-collective", local=True)
     with pytest.raises(UsageError, match="torchrun"):
@@ -187,7 +190,8 @@ def test_a_rule_that_cannot_follow_a_smaller_world_refuses_shrink_in_one_line():
     check_shrink(parse_strategy("local-sgd:period=2"), "allreduce", local=True)
     with pytest.raises(UsageError, match="cannot follow a smaller world"):
         s = Scenario(task="logreg", workers=2, iterations=2, micro_batches=2)
-        validate(TrainConfig(s, "rebalance:then=dropcompute", on_rank_loss="shrink"), local=True)
+        larger = "dropcompute:threshold=auto,compensate=larger-batch"
+        validate(TrainConfig(s, larger, on_rank_loss="shrink"), local=True)
     with pytest.raises(UsageError, match="--on-rank-loss"):
         TrainConfig(Scenario(task="logreg", workers=2, iterations=2), "sync", on_rank_loss="grow")
 
@@ -373,3 +377,27 @@ def test_rank_0s_evaluations_and_checkpoint_writes_longer_than_the_deadline_shri
     assert summary["generations"] == [] and summary["hang_deadline"] < PAUSE
     assert "at the end" in summary["hang_deadline_learned"]
     assert len(by_rank[0][0].record.evals) >= 2
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(150)
+def test_rebalanced_shares_are_dealt_again_over_the_live_ranks():
+    # a persistent 3x straggler moves the shares after the warm-up; rank 1 is killed at step
+    # 6, and the live ranks' L M micro-batches are dealt again: no sample of theirs is lost,
+    # none of the dead rank's is used (the reference: sync's SGD on the live ranks' batches)
+    cfg = config(
+        3,
+        ["kill:worker=1,step=6"],
+        iterations=10,
+        delay="const:value=0.01",
+        strategy="rebalance:warmup=2,window=4",
+    )
+    scenario = dataclasses.replace(
+        cfg.scenario, micro_batches=4, pattern="slowdown:at=0,fraction=0.34,factor=3"
+    )
+    cfg = dataclasses.replace(cfg, scenario=scenario)
+    steps = check_run(cfg, run(cfg), [0, 2])
+    assert [tuple(r["live"]) for r in steps] == [(0, 1, 2)] * 6 + [(0, 2)] * 4
+    assert {sum(r["shares"]) for r in steps[:6]} == {12}
+    assert {(len(r["shares"]), sum(r["shares"])) for r in steps[6:]} == {(2, 8)}
+    assert any(len(set(r["shares"])) > 1 for r in steps)  # the straggler's share moved

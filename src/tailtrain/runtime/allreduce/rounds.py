@@ -602,7 +602,8 @@ def one_round(run: _Rank, plan: Plan) -> None:
 
 def dealt(run: _Rank, plan: Plan, m: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
     """A round of per-rank shares (``strategies.rebalance``), as the simulator plays it
-    (``sim.allreduce.engine``): sync's global batch (N, M, B) dealt by the shares
+    (``sim.allreduce.engine``): sync's global batch (N, M, B; under shrink the live ranks'
+    (L, M, B), ``Rebalance.follow_world``) dealt by the shares
     (``tasks.stream.deal``), this rank's ``shares[n]`` micro-batches of it, their injected
     seconds (the rank's delay draws run on into the next iteration's, one delay iteration per
     M units, so equal shares draw what sync does) and the gathered rows' width, the largest
@@ -612,6 +613,8 @@ def dealt(run: _Rank, plan: Plan, m: int) -> tuple[np.ndarray, np.ndarray, np.nd
         raise TailtrainError(f"a plan of shares needs one local step per rank: {plan!r}")
     share, width = int(shares[run.comm.rank]), int(shares.max())
     batches = run.learner.batches(run.step, m)
+    if run.shrinker is not None:  # the live ranks' shards only (Rebalance.follow_world)
+        batches = batches[run.shrinker.members]
     mine = deal(batches, shares)[run.comm.rank, :share]
     injected = run.injector.unit_times(-(-width // m), m, run.now)[:share]
     return batches, mine, injected, width

@@ -83,9 +83,10 @@ members, applied to the lead's rule state): sync starts again (k = L), a fixed D
 and Local-SGD's period stay and their divisor N becomes L (Eq. 1); a calibrated tau
 (``threshold=auto``, ``drop-rate=p``) is chosen again by Algorithm 2 on the live ranks' kept
 calibration samples, and a calibration under way goes on with the live ranks' columns
-(``strategies.dropcompute``). A rule that cannot follow (``Strategy.follow_refusal`` says
-why: DropCompute's ``compensate=larger-batch``, rebalance) refuses shrink in one line at
-start (:func:`check_shrink`).
+(``strategies.dropcompute``); rebalance deals its shares again over the live ranks' own
+batches, sum_n m_n = L M (``strategies.rebalance``). A rule that cannot follow
+(``Strategy.follow_refusal`` says why: DropCompute's ``compensate=larger-batch``,
+rebalance's ``defer=true``) refuses shrink in one line at start (:func:`check_shrink`).
 
 **Rank 0** keeps the record and answers the launcher: its death stops the job as with
 ``stop`` (the launcher's line says to restart with ``--max-restarts``), and a census that
