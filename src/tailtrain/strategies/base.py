@@ -205,6 +205,11 @@ class Context:
     #: shrink: ``Strategy.follow_world``); None: every rank 0..n_workers-1
     live: tuple[int, ...] | None = None
 
+    @property
+    def ranks(self) -> tuple[int, ...]:
+        """The original ranks of this world, in order (:attr:`live`, or 0..n_workers-1)."""
+        return tuple(range(self.n_workers)) if self.live is None else tuple(self.live)
+
 
 @dataclass(frozen=True)
 class Plan:

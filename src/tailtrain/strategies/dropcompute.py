@@ -182,7 +182,7 @@ class DropCompute(Strategy):
         would need a new M' and a new global batch layout in mid-run."""
         if self.compensate == "larger-batch":
             return None
-        live, known = world_ranks(ctx), state.window_ranks or old_ranks(state)
+        live, known = ctx.ranks, state.window_ranks or old_ranks(state)
         state = replace(state, n_workers=ctx.n_workers, ranks=live)
         if self.threshold is not None:
             return state  # tau is fixed: the window stays empty
@@ -269,11 +269,6 @@ class DropCompute(Strategy):
 
     def describe(self) -> str:
         return self.text or self.name
-
-
-def world_ranks(ctx: Context) -> tuple[int, ...]:
-    """The original ranks of ``ctx``'s world, in order (``Context.live``; None: 0..n-1)."""
-    return tuple(range(ctx.n_workers)) if ctx.live is None else tuple(ctx.live)
 
 
 def old_ranks(state: DropComputeState) -> tuple[int, ...]:

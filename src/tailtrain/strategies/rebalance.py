@@ -194,7 +194,7 @@ class Rebalance(Strategy):
         inner = None if self.then is None else self.then.follow_world(state.inner, ctx)
         if self.then is not None and inner is None:
             return None
-        live = tuple(range(ctx.n_workers)) if ctx.live is None else tuple(ctx.live)
+        live = ctx.ranks
         known = tuple(range(state.n_workers)) if state.ranks is None else state.ranks
         window = np.full((self.window, len(live)), np.nan)
         for n, rank in enumerate(live):
