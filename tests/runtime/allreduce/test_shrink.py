@@ -26,6 +26,7 @@ from tailtrain.runtime.allreduce import rounds as rounds_module
 from tailtrain.runtime.allreduce.rounds import train_allreduce
 from tailtrain.runtime.allreduce.shrink import (
     DEADLINE_FACTOR,
+    LONGEST_FACTOR,
     MIN_DEADLINE,
     MIN_WINDOW,
     ROUNDS_SEEN,
@@ -203,18 +204,25 @@ def test_the_deadline_is_learned_from_the_recent_rounds_within_the_timeout():
     assert d.bound == MIN_DEADLINE < 2.0
     d.seen(0.5)
     d.seen(math.nan)
-    assert d.bound == DEADLINE_FACTOR * 0.5 and "0.500 s" in d.describe()
-    d.seen(10.0)
+    assert d.bound == max(MIN_DEADLINE, LONGEST_FACTOR * 0.5) and "0.500 s" in d.describe()
+    d.seen(2.0)
+    assert d.bound == LONGEST_FACTOR * 2.0  # the longest round seen never trips it
+    d.seen(30.0)
     assert d.bound == 30.0
     assert d.window <= d.bound
-    # one slow round ages out: the deadline follows the last ROUNDS_SEEN rounds
+    # a burst of load on a few rounds moves the quantile not, and the longest only by 1.5 x
+    d = Deadline(timeout=30.0)
+    for seconds in [0.3] * 95 + [1.0] * 5:
+        d.seen(seconds)
+    assert d.quantile == 0.3 and d.bound == pytest.approx(max(5 * 0.3, LONGEST_FACTOR * 1.0))
+    assert d.window == pytest.approx(max(MIN_WINDOW, 1.5 * 1.0))
+    # they age out: the deadline follows the last ROUNDS_SEEN rounds
     for _ in range(ROUNDS_SEEN):
         d.seen(0.3)
     assert d.bound == pytest.approx(max(MIN_DEADLINE, DEADLINE_FACTOR * 0.3))
-    assert d.window == pytest.approx(max(MIN_WINDOW, 1.5 * 0.3))
     other = Deadline(timeout=30.0)
     other.adopt(list(d.recent))
-    assert (other.bound, other.longest) == (d.bound, d.longest)
+    assert (other.bound, other.longest, other.quantile) == (d.bound, d.longest, d.quantile)
 
 
 # ---- real processes ----------------------------------------------------------------------------

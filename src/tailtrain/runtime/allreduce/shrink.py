@@ -21,11 +21,12 @@ rank, and its keys sit under ``tailtrain/shrink/{run id}/{restart}``.
   polling (:class:`Watch`, 0.5 ms sleeps), so that every wait has two bounds: the
   *deadline* and the generation's ``broken`` key. The deadline is learned from the measured
   round times, as the parameter server's ``--worker-timeout`` is (``runtime.ps.liveness``):
-  :data:`DEADLINE_FACTOR` times the longest of the last :data:`ROUNDS_SEEN` settled rounds
-  (their empirical 99th percentile, so one slow round ages out), at least
-  :data:`MIN_DEADLINE` seconds, never more than ``--timeout``; before a round settled it is
-  ``--timeout``. The pauses of rank 0 that are no hang are waited for up to ``--timeout``:
-  the barrier after its evaluation, and the allreduce of a round after it wrote a checkpoint
+  :data:`DEADLINE_FACTOR` times the :data:`QUANTILE` quantile of the last
+  :data:`ROUNDS_SEEN` settled rounds (a burst of load on a few rounds does not move it) and
+  at least :data:`LONGEST_FACTOR` times the longest of them, at least :data:`MIN_DEADLINE`
+  seconds, never more than ``--timeout``; before a round settled it is ``--timeout``. The
+  pauses of rank 0 that are no hang are waited for up to ``--timeout``: the barrier after
+  its evaluation, and the allreduce of a round after it wrote a checkpoint
   (``--checkpoint-every``: every rank knows when one is due); that round, which holds the
   write, is left out of the rounds seen. The summary keeps the deadline that decided the
   latest break and how it was learned (``hang_deadline``, ``hang_deadline_learned``).
@@ -37,8 +38,9 @@ rank, and its keys sit under ``tailtrain/shrink/{run id}/{restart}``.
   it completed and its rows) and waits until every member of g has checked in or is known dead
   (``dead/{rank}``, set by the shield of ``runtime.expendable`` the moment the rank's process
   dies), or until the census window passes. After a hang (``gen{g}/hung``) that is
-  :data:`HANG_WINDOW`: the deadline is longer than any compute, so every live member is
-  already waiting in the collective that broke and checks in within :data:`CHECK` seconds;
+  :data:`HANG_WINDOW`: the deadline is longer than any recent round, so every live member
+  is already waiting in the collective that broke and checks in within :data:`CHECK` seconds
+  (one slower than that misses the generation and asks to join: JOINING);
   after a failure, :data:`WINDOW_FACTOR` times the longest recent round (a live member may
   be inside one compute), at least :data:`MIN_WINDOW`, at most the deadline; for rank 0 (a
   census without it ends the job, and it may be inside an evaluation) until it checks in or
@@ -125,12 +127,16 @@ from tailtrain.strategies.base import Context
 
 log = logging.getLogger(__name__)
 
-#: the deadline: DEADLINE_FACTOR times the longest of the last ROUNDS_SEEN settled rounds
-#: (their empirical 99th percentile: one slow round ages out), at least MIN_DEADLINE seconds.
-#: Tighter than the parameter server's ``runtime.ps.liveness`` bound (10 x, 2 s): the pauses
-#: that are no hang (rank 0's evaluations, its checkpoint writes) are waited for up to
-#: --timeout and kept out of the rounds seen, and a false alarm costs a regroup, not a rank
-DEADLINE_FACTOR = 4.0
+#: the deadline: DEADLINE_FACTOR times the QUANTILE of the last ROUNDS_SEEN settled rounds
+#: (a burst of load on a few rounds does not move it), and at least LONGEST_FACTOR times the
+#: longest of them (a round as slow as any recent one never trips it), at least MIN_DEADLINE
+#: seconds. Tighter than the parameter server's ``runtime.ps.liveness`` bound (10 x the
+#: longest, 2 s): the pauses that are no hang (rank 0's evaluations, its checkpoint writes)
+#: are waited for up to --timeout and kept out of the rounds seen, and a false alarm costs a
+#: regroup, not a rank
+DEADLINE_FACTOR = 5.0
+QUANTILE = 0.9
+LONGEST_FACTOR = 1.5
 MIN_DEADLINE = 1.0
 ROUNDS_SEEN = 100
 #: the census window after a failure (a peer's socket closed): WINDOW_FACTOR times the
@@ -138,8 +144,8 @@ ROUNDS_SEEN = 100
 WINDOW_FACTOR = 1.5
 MIN_WINDOW = 0.2
 #: the census window after a hang (the deadline passed): every live member is already
-#: waiting in the collective that broke (the deadline is longer than any compute), and sees
-#: the break within CHECK seconds
+#: waiting in the collective that broke (the deadline is longer than any recent round), and
+#: sees the break within CHECK seconds
 HANG_WINDOW = 0.2
 #: seconds between two looks at the generation's ``broken`` key while a collective runs
 CHECK = 0.02
@@ -232,13 +238,18 @@ class Deadline:
 
     timeout: float
     recent: deque[float] = field(default_factory=lambda: deque(maxlen=ROUNDS_SEEN))
-    #: the longest of ``recent`` (0: none yet), kept as rounds are seen: read every collective
+    #: the longest of ``recent`` and their QUANTILE (0: none yet), kept as rounds are seen:
+    #: the bound is read at every collective
     longest: float = 0.0
+    quantile: float = 0.0
 
     def seen(self, seconds: float) -> None:
         if seconds == seconds:  # not NaN
             self.recent.append(seconds)
-            self.longest = max(self.recent)
+            # sorted() on <= ROUNDS_SEEN floats: a few us once a round, less than np.quantile
+            ordered = sorted(self.recent)
+            self.longest = ordered[-1]
+            self.quantile = ordered[int(QUANTILE * (len(ordered) - 1))]  # nearest rank below
 
     def adopt(self, recent: list[float]) -> None:
         """The lead's rounds seen (a sync: every member learns from the same rounds)."""
@@ -250,7 +261,8 @@ class Deadline:
     def bound(self) -> float:
         if self.longest <= 0.0:
             return self.timeout
-        return min(self.timeout, max(MIN_DEADLINE, DEADLINE_FACTOR * self.longest))
+        learned = max(DEADLINE_FACTOR * self.quantile, LONGEST_FACTOR * self.longest)
+        return min(self.timeout, max(MIN_DEADLINE, learned))
 
     @property
     def window(self) -> float:
@@ -264,8 +276,9 @@ class Deadline:
         if self.longest <= 0.0:
             return f"--timeout {self.timeout:g} s: no round had settled"
         return (
-            f"{DEADLINE_FACTOR:g} x the longest of the last {len(self.recent)} settled rounds "
-            f"({self.longest:.3f} s), at least {MIN_DEADLINE:g} s, at most --timeout "
+            f"{DEADLINE_FACTOR:g} x the {QUANTILE:g} quantile ({self.quantile:.3f} s) and at "
+            f"least {LONGEST_FACTOR:g} x the longest ({self.longest:.3f} s) of the last "
+            f"{len(self.recent)} settled rounds, at least {MIN_DEADLINE:g} s, at most --timeout "
             f"{self.timeout:g} s; rounds after a checkpoint write left out"
         )
 
