@@ -187,8 +187,9 @@ class Rebalance(Strategy):
         nobody. After the warm-up, with every live rank measured, they are the
         makespan-optimal shares of the window's estimates (no hysteresis: the old shares are
         for another world); otherwise equal, m_n = M, until the estimates move them. A
-        composed DropCompute follows too (its tau* for the live ranks). ``defer=true``
-        cannot follow (None, :meth:`follow_refusal`)."""
+        composed DropCompute follows too (its tau* for the live ranks). The same world (a
+        resume) keeps the state as it is. ``defer=true`` cannot follow (None,
+        :meth:`follow_refusal`)."""
         if self.carries:
             return None
         inner = None if self.then is None else self.then.follow_world(state.inner, ctx)
@@ -196,6 +197,8 @@ class Rebalance(Strategy):
             return None
         live = ctx.ranks
         known = tuple(range(state.n_workers)) if state.ranks is None else state.ranks
+        if live == known:  # the same world (a resume): the shares in force stay
+            return state
         window = np.full((self.window, len(live)), np.nan)
         for n, rank in enumerate(live):
             if rank in known:
