@@ -308,6 +308,31 @@ def test_resume_honours_an_explicit_max_restarts_0_and_the_default_timeout(tmp_p
     assert (config.max_restarts, config.timeout) == (0, 300.0)  # a start's defaults
 
 
+def test_resume_keeps_the_runs_on_rank_loss_and_restart_lost(tmp_path):
+    """--on-rank-loss and --restart-lost are the run's (run.json): --resume need not repeat
+    them, may give them anew, and a run.json from before they were kept resumes with stop."""
+    from tailtrain.cli import build_parser
+    from tailtrain.cli.train import fresh, resumed
+
+    folder = tmp_path / "run"
+    start = ["train", "--task", "logreg", "--workers", "2", "--out", str(folder)]
+    shrink = ["--on-rank-loss", "shrink", "--restart-lost", "2"]
+    _, prepare = fresh(build_parser().parse_args([*start, *shrink]))
+    prepare()
+    info = json.loads((folder / "run.json").read_text())
+    assert (info["runtime"]["on_rank_loss"], info["runtime"]["restart_lost"]) == ("shrink", 2)
+    config, _ = resumed(build_parser().parse_args(["train", "--resume", str(folder)]))
+    assert (config.on_rank_loss, config.restart_lost) == ("shrink", 2)
+    again = ["train", "--resume", str(folder), "--restart-lost", "0"]
+    config, _ = resumed(build_parser().parse_args(again))
+    assert (config.on_rank_loss, config.restart_lost) == ("shrink", 0)
+    for key in ("on_rank_loss", "restart_lost"):
+        del info["runtime"][key]
+    (folder / "run.json").write_text(json.dumps(info))
+    config, _ = resumed(build_parser().parse_args(["train", "--resume", str(folder)]))
+    assert (config.on_rank_loss, config.restart_lost) == ("stop", 0)
+
+
 def test_fail_at_is_kept_as_a_raise_drill_and_an_old_runs_fail_at_resumes_as_one(tmp_path):
     from tailtrain.cli import build_parser
     from tailtrain.cli.train import fresh, resumed
@@ -337,4 +362,11 @@ def test_the_cli_defaults_are_train_configs():
     assert (
         fields["timeout"],
         fields["max_restarts"],
-    ) == (train.DEFAULT_TIMEOUT, train.DEFAULT_MAX_RESTARTS)
+        fields["on_rank_loss"],
+        fields["restart_lost"],
+    ) == (
+        train.DEFAULT_TIMEOUT,
+        train.DEFAULT_MAX_RESTARTS,
+        train.DEFAULT_ON_RANK_LOSS,
+        train.DEFAULT_RESTART_LOST,
+    )

@@ -122,6 +122,72 @@ def test_recalibration_replaces_the_threshold_from_new_samples():
     assert state.tau == second != plans[3].threshold
 
 
+# ---- a changing world (train --on-rank-loss shrink) ---------------------------------------
+def test_a_calibrated_tau_is_algorithm_2_again_on_the_live_ranks_samples():
+    # rank 3 is a persistent straggler: without it T_i, and so tau*, changes (App. C.1)
+    rule = parse_strategy("dropcompute:calibrate=6")
+    rng = np.random.default_rng(3)
+    state = rule.init(Context(n_workers=4))
+    slow = np.array([[1.0], [1.0], [1.0], [3.0]])
+    samples = [rng.exponential(1.0, (4, 4)) * slow for _ in range(6)]
+    for step, t in enumerate(samples):
+        state = rule.adapt(state, stats(step, t))
+    t = np.stack(samples)
+    assert state.tau == empirical_threshold(t, np.full(6, 0.1)).threshold
+    live = (0, 1, 2)
+    after = rule.follow_world(state, Context(n_workers=3, live=live))
+    want = empirical_threshold(t[:, [0, 1, 2]], np.full(6, 0.1)).threshold
+    assert after.tau == want != state.tau and after.n_workers == 3
+    # the rank comes back: tau* is the whole world's again, from the same samples
+    back = rule.follow_world(after, Context(n_workers=4))
+    assert back.tau == state.tau and back.n_workers == 4
+    # a drop rate picks its tau on the live ranks' samples likewise
+    rate = parse_strategy("dropcompute:drop-rate=0.2,calibrate=6")
+    s = rate.init(Context(n_workers=4))
+    for step, x in enumerate(samples):
+        s = rate.adapt(s, stats(step, x))
+    moved = rate.follow_world(s, Context(n_workers=2, live=(1, 3)))
+    assert moved.tau == threshold_for_drop_rate(t[:, [1, 3]], 0.2, True)
+
+
+def test_a_calibration_under_way_goes_on_with_the_live_ranks_columns():
+    rule = parse_strategy("dropcompute:calibrate=4")
+    rng = np.random.default_rng(4)
+    state = rule.init(Context(n_workers=3))
+    whole = [rng.exponential(1.0, (3, 2)) for _ in range(2)]
+    for step, t in enumerate(whole):
+        state = rule.adapt(state, stats(step, t))
+    state = rule.follow_world(state, Context(n_workers=2, live=(0, 2)))
+    assert rule.plan(state).threshold == math.inf  # still calibrating
+    smaller = [rng.exponential(1.0, (2, 2)) for _ in range(2)]
+    for step, t in enumerate(smaller, start=2):
+        state = rule.adapt(state, stats(step, t))
+    t = np.stack([w[[0, 2]] for w in whole] + smaller)
+    assert state.tau == empirical_threshold(t, np.full(4, 0.1)).threshold
+    # rank 1, back before the next calibration, is measured by it; not by this one
+    assert rule.follow_world(state, Context(n_workers=3)).tau == state.tau
+
+
+def test_a_rank_back_during_calibration_is_left_out_of_its_window():
+    rule = parse_strategy("dropcompute:calibrate=3")
+    state = rule.init(Context(n_workers=2, live=(0, 2)))
+    first = np.ones((2, 2))
+    state = rule.adapt(state, stats(0, first))
+    state = rule.follow_world(state, Context(n_workers=3, live=(0, 1, 2)))
+    later = [np.full((3, 2), 2.0), np.full((3, 2), 3.0)]
+    for step, t in enumerate(later, start=1):
+        state = rule.adapt(state, stats(step, t))
+    t = np.stack([first] + [x[[0, 2]] for x in later])
+    assert state.tau == empirical_threshold(t, np.full(3, 0.1)).threshold
+    assert state.sample_ranks == (0, 2)
+
+
+def test_larger_batch_compensation_refuses_a_changing_world_with_its_reason():
+    rule = parse_strategy("dropcompute:threshold=auto,compensate=larger-batch")
+    assert rule.follow_world(rule.init(Context(n_workers=3)), Context(n_workers=2)) is None
+    assert "larger-batch" in rule.follow_refusal()
+
+
 def test_plan_and_adapt_are_pure():
     rule = parse_strategy("dropcompute:calibrate=2")
     state = rule.init(Context(n_workers=2))

@@ -236,3 +236,33 @@ def test_an_engine_that_does_not_deal_shares_refuses_it():
     with pytest.raises(UsageError, match="needs shares, which this entry"):
         check_contract(rule, Topology.ALLREDUCE)
     check_contract(rule, Topology.ALLREDUCE, frozenset({"shares"}))
+
+
+# ---- a changing world (train --on-rank-loss shrink) ---------------------------------------
+def test_a_shrinking_world_deals_the_live_ranks_batch_by_their_measured_speeds():
+    rule = parse_strategy("rebalance:warmup=3")
+    state = run_steps(rule)  # rank 3 twice as slow: it has the smallest share
+    assert state.shares[3] < state.shares[0]
+    # rank 1 is lost: L M = 3 x 6 micro-batches over ranks 0, 2, 3, from their own columns
+    after = rule.follow_world(state, Context(n_workers=3, micro_batches=6, live=(0, 2, 3)))
+    t = np.nanmedian(state.window[:, [0, 2, 3]], axis=0)
+    np.testing.assert_array_equal(after.shares, optimal_shares(t, 18))
+    np.testing.assert_array_equal(after.window, state.window[:, [0, 2, 3]])
+    assert after.shares.sum() == 18 and after.n_workers == 3 and rule.plan(after).k == 3
+    # rank 1 comes back unmeasured: equal shares until the window knows its speed
+    back = rule.follow_world(after, Context(n_workers=4, micro_batches=6))
+    assert back.shares.tolist() == [6] * 4 and np.isnan(back.window[:, 1]).all()
+    times = np.array([[1.0] * 12, [1.0] * 12, [1.0] * 12, [2.0] * 12])
+    moved = feed(rule, back, times, 25)
+    assert moved.shares.sum() == 24 and moved.shares[3] < moved.shares[1]
+
+
+def test_a_composed_dropcompute_follows_and_a_deferred_cut_refuses():
+    rule = parse_strategy("rebalance:warmup=3,then=dropcompute,calibrate=3")
+    state = run_steps(rule)
+    after = rule.follow_world(state, Context(n_workers=2, micro_batches=6, live=(0, 3)))
+    assert after.inner.n_workers == 2 and after.inner.ranks == (0, 3)
+    deferred = parse_strategy("rebalance:then=dropcompute,defer=true")
+    ctx = Context(n_workers=2, micro_batches=6)
+    assert deferred.follow_world(deferred.init(ctx), ctx) is None
+    assert "defer=true" in deferred.follow_refusal()

@@ -267,6 +267,8 @@ def train_info(args: argparse.Namespace, scenario: Scenario, faults: Any) -> dic
             "max_restarts": args.max_restarts,
             "fail_at": None,  # --fail-at is a raise drill in inject_fault; older runs kept it here
             "worker_timeout": args.worker_timeout,
+            "on_rank_loss": args.on_rank_loss,
+            "restart_lost": args.restart_lost,
         },
     }
 
@@ -283,13 +285,15 @@ def resume_train(args: argparse.Namespace) -> tuple[dict[str, Any], Scenario]:
     kinds = {"inject": bool, "backend": (str, type(None)), "timeout": (int, float)}
     kinds |= {"max_restarts": int, "fail_at": (list, type(None))}
     kinds |= {"worker_timeout": (int, float, type(None))}
+    # kept since issue 26; a run.json from before has neither (it ran with the defaults)
+    later = {"on_rank_loss": str, "restart_lost": int}
     fail_at = runtime.get("fail_at")
     bad_fail_at = fail_at is not None and (
         len(fail_at) != 2 or not all(type(v) is int and v >= 0 for v in fail_at)
     )
     if (
-        set(runtime) != set(kinds)
-        or not all(isinstance(runtime[k], t) for k, t in kinds.items())
+        not set(kinds) <= set(runtime) <= set(kinds) | set(later)
+        or not all(isinstance(runtime[k], t) for k, t in (kinds | later).items() if k in runtime)
         or bad_fail_at
     ):
         raise UsageError(f"{folder / RUN_JSON}: runtime is not train's (keys or types differ)")

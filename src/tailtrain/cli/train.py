@@ -34,6 +34,8 @@ DEFAULT_WORKERS = 16
 #: --timeout and --max-restarts when a run starts without them (TrainConfig's defaults)
 DEFAULT_TIMEOUT = 300.0  # written out: the CLI imports the runtime (and torch) only to run
 DEFAULT_MAX_RESTARTS = 0
+DEFAULT_ON_RANK_LOSS = "stop"
+DEFAULT_RESTART_LOST = 0
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -133,19 +135,22 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--on-rank-loss",
         choices=("stop", "shrink"),
-        default="stop",
+        default=None,
         help="allreduce: when a rank dies or stays silent past a deadline learned from the "
         "round times (at most --timeout), stop (census, checkpoint, exit; --max-restarts "
         "restarts the group) or shrink (the others go on without it, in place, no restart; "
-        "local launch; sync and fixed thresholds; give it again with --resume). Default: stop",
+        "local launch; sync, DropCompute (tau chosen again for the live ranks), Local-SGD "
+        "and rebalance (shares dealt again over the live ranks). Default: "
+        f"{DEFAULT_ON_RANK_LOSS}, or the run's own with --resume",
     )
     p.add_argument(
         "--restart-lost",
         type=int,
-        default=0,
+        default=None,
         metavar="N",
         help="with --on-rank-loss shrink: start a rank that died again, up to N times; it "
-        "rejoins the live ranks at a step boundary with a live peer's state (default: 0)",
+        "rejoins the live ranks at a step boundary with a live peer's state (default: "
+        f"{DEFAULT_RESTART_LOST}, or the run's own with --resume)",
     )
     p.add_argument(
         "--rdzv-endpoint",
@@ -246,6 +251,8 @@ def fresh(args: argparse.Namespace):
     torchrun = in_torchrun()
     args.timeout = DEFAULT_TIMEOUT if args.timeout is None else args.timeout
     args.max_restarts = DEFAULT_MAX_RESTARTS if args.max_restarts is None else args.max_restarts
+    args.on_rank_loss = args.on_rank_loss or DEFAULT_ON_RANK_LOSS
+    args.restart_lost = DEFAULT_RESTART_LOST if args.restart_lost is None else args.restart_lost
     args.workers = workers(args.workers, os.environ if torchrun else None, extra)
     if args.fail_at is not None:  # the deprecated alias joins the drills it stands for
         args.inject_fault = [*(args.inject_fault or ()), args.fail_at]
@@ -321,8 +328,11 @@ def resumed(args: argparse.Namespace):
         max_restarts=runtime["max_restarts"] if args.max_restarts is None else args.max_restarts,
         worker_timeout=runtime["worker_timeout"],
         tensorboard=args.tensorboard,
-        on_rank_loss=args.on_rank_loss,
-        restart_lost=args.restart_lost,
+        # a run.json from before these were kept: the defaults it ran with
+        on_rank_loss=args.on_rank_loss or runtime.get("on_rank_loss", DEFAULT_ON_RANK_LOSS),
+        restart_lost=runtime.get("restart_lost", DEFAULT_RESTART_LOST)
+        if args.restart_lost is None
+        else args.restart_lost,
     )
     return config, None
 

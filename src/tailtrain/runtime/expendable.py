@@ -29,9 +29,17 @@ from typing import Any
 import numpy as np
 
 from tailtrain.core.records import RunRecord
+from tailtrain.errors import TailtrainError
 from tailtrain.runtime.config import RankResult
 
 log = logging.getLogger(__name__)
+
+
+class LeftAlive(TailtrainError):
+    """A shielded rank that ends on purpose, alive, because the others went on without it
+    (the allreduce's shrink refused a hung rank that woke too late): the shield says what
+    happened, tells nobody it died, and its placeholder summary says ``left``."""
+
 
 #: prctl(2) option: the signal a process gets when its parent dies
 PR_SET_PDEATHSIG = 1
@@ -46,7 +54,8 @@ def shielded(
     restarts: int = 0,
 ) -> list[RankResult]:
     """``body()`` (rank ``rank``'s ``count`` results) in a child process; its death is
-    logged and answered with placeholders whose summary says ``dead``, not raised.
+    logged and answered with placeholders whose summary says ``dead``, not raised (a rank
+    that ends with :class:`LeftAlive` is logged as leaving, and its summary says ``left``).
     ``on_death(rank, why)`` tells others at once (the allreduce's shrink census). With
     ``again``, a child that died (killed: it handed back nothing) is replaced by a new child
     running ``again()`` (a rank that rejoins the live ones), up to ``restarts`` times."""
@@ -55,6 +64,10 @@ def shielded(
         outcome, status = in_child(body if attempt == 0 else again)
         if os.waitstatus_to_exitcode(status) == 0 and outcome is not None and outcome[0] == "ok":
             return outcome[1]
+        if outcome is not None and outcome[0] == "left":  # alive, not dead: no death to tell
+            log.warning("rank %d left the job: %s", rank, outcome[1])
+            left = RunRecord(summary={"left": outcome[1]})
+            return [RankResult(rank, left, np.zeros(0)) for _ in range(count)]
         why = outcome[1] if outcome is not None else exit_reason(status)
         if on_death is not None:
             on_death(rank, why)
@@ -95,7 +108,8 @@ def run_child(body: Callable[[], Any], fd: int) -> None:
         code = 0
     except BaseException as exc:  # handed to the parent, which reports it
         text = str(exc).strip().splitlines()
-        outcome = ("failed", f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__)
+        kind = "left" if isinstance(exc, LeftAlive) else "failed"
+        outcome = (kind, f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__)
     try:
         with os.fdopen(fd, "wb") as pipe:
             pickle.dump(outcome, pipe)

@@ -201,6 +201,14 @@ class Context:
     seed: int = 0
     #: M, the micro-batches each rank computes per step (1 without micro-batches)
     micro_batches: int = 1
+    #: the original ranks of a live world smaller or other than the job's, in order (a
+    #: shrink: ``Strategy.follow_world``); None: every rank 0..n_workers-1
+    live: tuple[int, ...] | None = None
+
+    @property
+    def ranks(self) -> tuple[int, ...]:
+        """The original ranks of this world, in order (:attr:`live`, or 0..n_workers-1)."""
+        return tuple(range(self.n_workers)) if self.live is None else tuple(self.live)
 
 
 @dataclass(frozen=True)
@@ -432,6 +440,11 @@ class Strategy(ABC):
         back (``train --on-rank-loss shrink``, ``runtime.allreduce.shrink``), or None where
         the rule cannot follow it. A rule that never changes its state starts again."""
         return self.init(ctx) if self.keeps_state else None
+
+    def follow_refusal(self) -> str:
+        """Why :meth:`follow_world` answers None for this rule (``--on-rank-loss shrink``
+        refuses it at start with this reason)."""
+        return "it adapts its state to the world it measured"
 
     @property
     def keeps_state(self) -> bool:

@@ -72,6 +72,18 @@ class DropComputeState:
     window_comm: tuple[float, ...] = ()
     computed: float = 0.0
     possible: float = 0.0
+    #: the original ranks of the world the state plays for, in the order of its arrivals and
+    #: of ``StepStats.micro_batch_times`` (None: 0..n_workers-1); a shrink changes it
+    ranks: tuple[int, ...] | None = None
+    #: the original ranks whose columns the calibration window holds (None: ``ranks``)
+    window_ranks: tuple[int, ...] | None = None
+    #: the last calibration's samples t[i, n, m] and T^c_i, and the original ranks of their
+    #: columns, kept so that a changed world can run Algorithm 2 again (:meth:`follow_world`);
+    #: equality leaves the arrays out (an array has no single truth value): tau, from them, is
+    #: compared
+    samples: np.ndarray | None = field(default=None, compare=False)
+    sample_comm: np.ndarray | None = field(default=None, compare=False)
+    sample_ranks: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -99,7 +111,8 @@ class DropCompute(Strategy):
     # ---- the rule ---------------------------------------------------------------------------
     def init(self, ctx: Context) -> DropComputeState:
         tau = math.inf if self.threshold is None else self.threshold
-        return DropComputeState(n_workers=ctx.n_workers, tau=tau)
+        live = None if ctx.live is None else tuple(ctx.live)
+        return DropComputeState(n_workers=ctx.n_workers, tau=tau, ranks=live)
 
     def plan(self, state: DropComputeState) -> AllreducePlan:
         """tau (infinite in calibration rounds), M, H and the compensation for the round."""
@@ -138,7 +151,7 @@ class DropCompute(Strategy):
             return state
         state = replace(
             state,
-            window_times=(*state.window_times, times),
+            window_times=(*state.window_times, measured_columns(state, times)),
             window_comm=(*state.window_comm, stats.comm_time),
         )
         if len(state.window_times) < self.calibrate:
@@ -146,13 +159,52 @@ class DropCompute(Strategy):
         return self._calibrated(state)
 
     def follow_world(self, state: DropComputeState, ctx: Context) -> DropComputeState | None:
-        """A fixed tau (Local-SGD's period is fixed too) follows the live world: the divisor
-        N of divide-by=m (Eq. 1) becomes the live ranks, the counts go on. A tau or M' drawn
-        from calibration samples of the world measured (Algorithm 2, a drop rate, a larger
-        batch) cannot: its window holds rows of the ranks it had (None)."""
-        if self.calibrates:
+        """The rule for the live world ``ctx.live`` (original ranks; None: 0..n-1) after ranks
+        were lost or came back (``train --on-rank-loss shrink``). The divisor N of
+        divide-by=m (Eq. 1) becomes the live count L; a fixed tau (and Local-SGD's period)
+        stays, the counts go on.
+
+        A calibrated tau follows too. Algorithm 2 (App. C.1) takes "number of workers N" as
+        an input: T_i = max_n T_{i,n}^(M) is the slowest *live* worker's compute and
+        M~_i(tau) counts over the live workers, so tau* is a function of the world. On a
+        change it is run again on the kept samples of the live ranks only (the columns of the
+        ranks lost are dropped; ``drop-rate=p`` picks its tau on them likewise): the tau
+        the paper's rule gives for L workers with the same measurements, no new calibration
+        rounds. A calibration still running keeps the live ranks' columns of the rounds it
+        measured and goes on in the live world; it ends, as it would have, after
+        ``calibrate`` rounds, and Algorithm 2 then sees only the live ranks. A rank taken in
+        again that the samples never measured (it was lost before the calibration ended) is
+        left out of them: tau* is the measured ranks', Assumption C.1's identical workers
+        standing for it.
+
+        ``compensate=larger-batch`` cannot follow (None): M' = ceil(M/(1-p)) (Sec. 4.5) sizes
+        every rank's batch from the drop rate of the tau of the world measured; a new tau*
+        would need a new M' and a new global batch layout in mid-run."""
+        if self.compensate == "larger-batch":
             return None
-        return replace(state, n_workers=ctx.n_workers)
+        live, known = ctx.ranks, state.window_ranks or old_ranks(state)
+        state = replace(state, n_workers=ctx.n_workers, ranks=live)
+        if self.threshold is not None:
+            return state  # tau is fixed: the window stays empty
+        if state.window_times:
+            keep = [i for i, r in enumerate(known) if r in live]
+            window = tuple(t[keep] for t in state.window_times)
+            state = replace(state, window_times=window, window_ranks=tuple(known[i] for i in keep))
+        if state.samples is None:
+            return state
+        cols = [i for i, r in enumerate(state.sample_ranks) if r in live]
+        if not cols:  # none of the measured ranks is live: tau stays the measured world's
+            return state
+        tau = self._choose_tau(state.samples[:, cols], state.sample_comm)
+        log.info("%s: tau = %.6g s for the live ranks %s", self.describe(), tau, list(live))
+        return replace(state, tau=tau)
+
+    def follow_refusal(self) -> str:
+        return (
+            "compensate=larger-batch sizes every rank's batch M' = ceil(M/(1-p)) from the drop "
+            "rate of the world it measured (Sec. 4.5); a new world's tau* would need a new M' "
+            "in mid-run"
+        )
 
     # ---- calibration (Algorithm 2) ------------------------------------------------------------
     @property
@@ -179,7 +231,18 @@ class DropCompute(Strategy):
         if self.compensate == "larger-batch" and m is None:
             m = larger_batch(t.shape[2], expected_drop_rate(t, tau, self.preempt))
         log.info("%s: tau = %.6g s after %d calibration rounds", self.describe(), tau, len(t))
-        return replace(state, tau=tau, micro_batches=m, window_times=(), window_comm=())
+        ranks = state.window_ranks or old_ranks(state)
+        return replace(
+            state,
+            tau=tau,
+            micro_batches=m,
+            window_times=(),
+            window_comm=(),
+            window_ranks=None,  # the next calibration measures every rank of the world
+            samples=t,
+            sample_comm=comm,
+            sample_ranks=ranks,
+        )
 
     def _choose_tau(self, t: np.ndarray, comm: np.ndarray) -> float:
         if self.drop_rate is not None:
@@ -206,6 +269,21 @@ class DropCompute(Strategy):
 
     def describe(self) -> str:
         return self.text or self.name
+
+
+def old_ranks(state: DropComputeState) -> tuple[int, ...]:
+    """The original ranks of the world ``state`` plays for (``DropComputeState.ranks``)."""
+    return tuple(range(state.n_workers)) if state.ranks is None else state.ranks
+
+
+def measured_columns(state: DropComputeState, times: np.ndarray) -> np.ndarray:
+    """The rows of ``times`` (one per rank of the world, in order) of the ranks the window
+    measures: all of them unless a rank was taken in during the calibration (it joins the
+    next one, :meth:`DropCompute.follow_world`)."""
+    if state.window_ranks is None or state.window_ranks == old_ranks(state):
+        return times
+    live = old_ranks(state)
+    return times[[live.index(r) for r in state.window_ranks]]
 
 
 def expected_drop_rate(t: np.ndarray, tau: float, preempt: bool) -> float:

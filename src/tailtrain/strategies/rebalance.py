@@ -80,6 +80,9 @@ class RebalanceState:
     step: int = 0
     moves: int = 0
     inner: Any = None
+    #: the original ranks of the world the shares are for, in order (None: 0..n_workers-1);
+    #: a shrink changes it (:meth:`Rebalance.follow_world`)
+    ranks: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -123,6 +126,7 @@ class Rebalance(Strategy):
             shares=np.full(n, m, dtype=np.int64),
             window=np.full((self.window, n), np.nan),
             inner=None if self.then is None else self.then.init(ctx),
+            ranks=None if ctx.live is None else tuple(ctx.live),
         )
 
     def plan(self, state: RebalanceState) -> AllreducePlan:
@@ -173,6 +177,48 @@ class Rebalance(Strategy):
         if now <= best * (1.0 + self.hysteresis + noise):
             return state
         return replace(state, shares=candidate, moves=state.moves + 1)
+
+    def follow_world(self, state: RebalanceState, ctx: Context) -> RebalanceState | None:
+        """The shares for the live world ``ctx.live`` (``train --on-rank-loss shrink``): the
+        window keeps the live ranks' columns (a rank taken in again starts unmeasured, NaN),
+        and the shares are dealt again, sum_n m_n = L M: each live rank keeps its own M
+        micro-batches' worth of the global batch, as sync's shrink keeps the per-rank batch,
+        so the global batch is the live ranks' shards and a lost rank's shard is dealt to
+        nobody. After the warm-up, with every live rank measured, they are the
+        makespan-optimal shares of the window's estimates (no hysteresis: the old shares are
+        for another world); otherwise equal, m_n = M, until the estimates move them. A
+        composed DropCompute follows too (its tau* for the live ranks). The same world (a
+        resume) keeps the state as it is. ``defer=true`` cannot follow (None,
+        :meth:`follow_refusal`)."""
+        if self.carries:
+            return None
+        inner = None if self.then is None else self.then.follow_world(state.inner, ctx)
+        if self.then is not None and inner is None:
+            return None
+        live = ctx.ranks
+        known = tuple(range(state.n_workers)) if state.ranks is None else state.ranks
+        if live == known:  # the same world (a resume): the shares in force stay
+            return state
+        window = np.full((self.window, len(live)), np.nan)
+        for n, rank in enumerate(live):
+            if rank in known:
+                window[:, n] = state.window[:, known.index(rank)]
+        shares = np.full(len(live), state.micro_batches, dtype=np.int64)
+        estimate = robust_estimate(window[: min(state.step, self.window)])
+        if state.step >= self.warmup and estimate is not None:
+            shares = optimal_shares(estimate[0], len(live) * state.micro_batches, self.floor)
+        return replace(
+            state, n_workers=len(live), ranks=live, shares=shares, window=window, inner=inner
+        )
+
+    def follow_refusal(self) -> str:
+        """Why ``defer=true`` refuses a changing world: the cut it carries is dealt first in
+        the next step's global batch (``tasks.stream.CarryOver``), which a lost rank's share
+        of it would leave dealt to nobody or twice."""
+        return (
+            "defer=true carries the micro-batches tau cut into the next step's global batch, "
+            "and a lost rank's carried share has no owner; use defer=false"
+        )
 
     def describe(self) -> str:
         return self.text or self.name

@@ -7,10 +7,12 @@ parameters check which ranks contributed to each step, and that no rank was coun
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
 import signal
+import time
 
 import numpy as np
 import pytest
@@ -20,21 +22,28 @@ import torch.nn.functional as F
 from tailtrain.core.scenario import Scenario
 from tailtrain.errors import UsageError
 from tailtrain.faults import FaultPlan
+from tailtrain.runtime.allreduce import rounds as rounds_module
 from tailtrain.runtime.allreduce.rounds import train_allreduce
 from tailtrain.runtime.allreduce.shrink import (
     DEADLINE_FACTOR,
+    LONGEST_FACTOR,
     MIN_DEADLINE,
+    MIN_WINDOW,
+    ROUNDS_SEEN,
     Deadline,
     Refused,
     Shrinker,
     check_shrink,
 )
 from tailtrain.runtime.config import TrainConfig
+from tailtrain.runtime.keep import Keeper
 from tailtrain.runtime.launch import Endpoint, JobFailed, launch, reserve, validate
 from tailtrain.runtime.reduce import Collectives
+from tailtrain.strategies.dropcompute import DropCompute
 from tailtrain.strategies.registry import parse_strategy
 from tailtrain.tasks import parse_partition, parse_task
 from tailtrain.tasks.stream import job_batches
+from tailtrain.theory.dropcompute import empirical_threshold
 
 SEED = 5
 LR = 0.1
@@ -86,20 +95,65 @@ def dies_in_heal(cfg: TrainConfig, comm: Collectives):
     return train_allreduce(cfg, comm)
 
 
+#: seconds rank 0 pauses in each evaluation and checkpoint write (:func:`pauses`): longer
+#: than the deadline these millisecond rounds teach (MIN_DEADLINE)
+PAUSE = 1.5 * MIN_DEADLINE
+
+
+def pauses(cfg: TrainConfig, comm: Collectives):
+    """Rank 0 takes PAUSE seconds more in each evaluation and each checkpoint write."""
+    if comm.rank == 0:
+        save, score = Keeper._save, rounds_module.scorer
+
+        def slow_save(self, snapshot):
+            time.sleep(PAUSE)
+            save(self, snapshot)
+
+        def slow_scorer(run):
+            scores = score(run)
+            return lambda: (time.sleep(PAUSE), scores())[1]
+
+        Keeper._save, rounds_module.scorer = slow_save, slow_scorer
+    return train_allreduce(cfg, comm)
+
+
+def tells_follow_world(cfg: TrainConfig, comm: Collectives):
+    """Each (state, ctx, followed state) of ``DropCompute.follow_world`` on this rank, in its
+    result's summary (``followed``)."""
+    pure, seen = DropCompute.follow_world, []
+
+    def follow_world(self, state, ctx):
+        seen.append((state, ctx, pure(self, state, ctx)))
+        return seen[-1][2]
+
+    DropCompute.follow_world = follow_world
+    result = train_allreduce(cfg, comm)
+    result.record.summary["followed"] = seen
+    return result
+
+
 def reference(cfg: TrainConfig, steps: list[dict]) -> torch.Tensor:
-    """SGD on the concatenated batches of each row's live ranks, keyed (seed, rank, step)."""
+    """SGD on the concatenated batches of each row's live ranks, keyed (seed, rank, step):
+    of the first ``completed[n]`` of rank n's M micro-batches where rows count them
+    (DropCompute's weights (C_n/M)/L, Eq. 1: the sum of their mean losses over L M)."""
     s, n = cfg.scenario, cfg.scenario.workers
     task = parse_task(s.task, seed=SEED)
     partition = parse_partition(s.partition).assign(task, n, np.random.default_rng(SEED))
     theta = task.init_params(SEED)
     for row in steps:
         live = np.asarray(row["live"])
+        m = row.get("micro_batches") or 1
         batches = job_batches(
-            partition, SEED, task.batch_size, live, np.full(len(live), row["step"]), 1
+            partition, SEED, task.batch_size, live, np.full(len(live), row["step"]), m
         )
+        # a round of shares (rebalance) deals the live ranks' L M micro-batches, all counted
+        done = [m] * len(live) if "shares" in row else row.get("completed") or [m] * len(live)
         model = task.module_at(theta)
-        idx = batches.reshape(-1)
-        loss = F.cross_entropy(model(task.data.x_train[idx]), task.data.y_train[idx])
+        loss = sum(
+            F.cross_entropy(model(task.data.x_train[b]), task.data.y_train[b])
+            for k, c in zip(range(len(live)), done, strict=True)
+            for b in batches[k, : int(c)]
+        ) / (len(live) * m)
         grads = torch.autograd.grad(loss, list(model.parameters()))
         theta = theta - LR * torch.cat([g.reshape(-1) for g in grads])
     return theta
@@ -113,14 +167,21 @@ def check_run(cfg: TrainConfig, by_rank, survivors: list[int]) -> list[dict]:
     for rank in survivors:
         np.testing.assert_allclose(by_rank[rank][0].theta, want, rtol=1e-4, atol=1e-5)
     for rank in set(range(cfg.scenario.workers)) - set(survivors):
-        assert "dead" in by_rank[rank][0].record.summary
+        assert {"dead", "left"} & set(by_rank[rank][0].record.summary)
     return steps
 
 
 # ---- no process: the refusals and the deadline -------------------------------------------------
-def test_a_rule_that_adapts_refuses_shrink_in_one_line():
-    with pytest.raises(UsageError, match="adapts its state"):
-        check_shrink(parse_strategy("dropcompute:threshold=auto"), "allreduce", local=True)
+def test_a_rule_that_cannot_follow_a_smaller_world_refuses_shrink_in_one_line():
+    check_shrink(parse_strategy("dropcompute:threshold=auto"), "allreduce", local=True)
+    check_shrink(parse_strategy("dropcompute:drop-rate=0.1"), "allreduce", local=True)
+    with pytest.raises(UsageError, match="larger-batch sizes every rank's batch"):
+        larger = "dropcompute:threshold=0.2,compensate=larger-batch"
+        check_shrink(parse_strategy(larger), "allreduce", local=True)
+    check_shrink(parse_strategy("rebalance:then=dropcompute"), "allreduce", local=True)
+    with pytest.raises(UsageError, match=r"^--on-rank-loss shrink: 'rebalance.*defer=true"):
+        deferred = "rebalance:then=dropcompute,defer=true"
+        check_shrink(parse_strategy(deferred), "allreduce", local=True)
     with pytest.raises(UsageError, match="allreduce topology"):
         check_shrink(parse_strategy("eager:mode=majority"), "partial-collective", local=True)
     with pytest.raises(UsageError, match="torchrun"):
@@ -128,24 +189,40 @@ def test_a_rule_that_adapts_refuses_shrink_in_one_line():
     check_shrink(parse_strategy("sync"), "allreduce", local=True)
     check_shrink(parse_strategy("dropcompute:threshold=0.3"), "allreduce", local=True)
     check_shrink(parse_strategy("local-sgd:period=2"), "allreduce", local=True)
-    with pytest.raises(UsageError, match="adapts its state"):
-        s = Scenario(task="logreg", workers=2, iterations=2)
-        validate(TrainConfig(s, "dropcompute:threshold=auto", on_rank_loss="shrink"), local=True)
+    with pytest.raises(UsageError, match="cannot follow a smaller world"):
+        s = Scenario(task="logreg", workers=2, iterations=2, micro_batches=2)
+        larger = "dropcompute:threshold=auto,compensate=larger-batch"
+        validate(TrainConfig(s, larger, on_rank_loss="shrink"), local=True)
     with pytest.raises(UsageError, match="--on-rank-loss"):
         TrainConfig(Scenario(task="logreg", workers=2, iterations=2), "sync", on_rank_loss="grow")
 
 
-def test_the_deadline_is_learned_from_the_rounds_within_the_timeout():
+def test_the_deadline_is_learned_from_the_recent_rounds_within_the_timeout():
     d = Deadline(timeout=30.0)
-    assert d.bound == 30.0  # nothing measured yet: --timeout
+    assert d.bound == 30.0 and "--timeout" in d.describe()  # nothing measured yet
     d.seen(0.01)
-    assert d.bound == MIN_DEADLINE
+    assert d.bound == MIN_DEADLINE < 2.0
     d.seen(0.5)
     d.seen(math.nan)
-    assert d.bound == DEADLINE_FACTOR * 0.5
-    d.seen(10.0)
+    assert d.bound == max(MIN_DEADLINE, LONGEST_FACTOR * 0.5) and "0.500 s" in d.describe()
+    d.seen(2.0)
+    assert d.bound == LONGEST_FACTOR * 2.0  # the longest round seen never trips it
+    d.seen(30.0)
     assert d.bound == 30.0
     assert d.window <= d.bound
+    # a burst of load on a few rounds moves the quantile not, and the longest only by 1.5 x
+    d = Deadline(timeout=30.0)
+    for seconds in [0.3] * 95 + [1.0] * 5:
+        d.seen(seconds)
+    assert d.quantile == 0.3 and d.bound == pytest.approx(max(5 * 0.3, LONGEST_FACTOR * 1.0))
+    assert d.window == pytest.approx(max(MIN_WINDOW, 1.5 * 1.0))
+    # they age out: the deadline follows the last ROUNDS_SEEN rounds
+    for _ in range(ROUNDS_SEEN):
+        d.seen(0.3)
+    assert d.bound == pytest.approx(max(MIN_DEADLINE, DEADLINE_FACTOR * 0.3))
+    other = Deadline(timeout=30.0)
+    other.adopt(list(d.recent))
+    assert (other.bound, other.longest, other.quantile) == (d.bound, d.longest, d.quantile)
 
 
 # ---- real processes ----------------------------------------------------------------------------
@@ -184,7 +261,8 @@ def test_a_hung_rank_that_wakes_after_the_run_is_refused_and_counts_nowhere():
     steps = check_run(cfg, by_rank, [0, 1])
     assert [tuple(r["live"]) for r in steps[:4]] == [(0, 1, 2)] * 4
     assert {tuple(r["live"]) for r in steps[4:]} == {(0, 1)}
-    assert Refused.__name__ in by_rank[2][0].record.summary["dead"]
+    # it left alive: the shield says so, and tells nobody it died
+    assert Refused.__name__ in by_rank[2][0].record.summary["left"]
 
 
 @pytest.mark.slow
@@ -262,3 +340,72 @@ def test_a_fixed_dropcompute_divides_by_the_live_world():
     by_rank = run(cfg)
     steps = check_run(cfg, by_rank, [0, 2])
     assert [tuple(r["live"]) for r in steps] == [(0, 1, 2)] * 3 + [(0, 2)] * 5
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(150)
+def test_a_calibrated_dropcompute_chooses_tau_again_for_the_live_ranks():
+    # Algorithm 2 over 3 calibration rounds of 3 ranks; rank 1 is killed at step 5, and tau*
+    # is chosen again on the two live ranks' samples (strategies.dropcompute.follow_world)
+    cfg = config(
+        3,
+        ["kill:worker=1,step=5"],
+        iterations=9,
+        delay="uniform:low=0.01,high=0.05",
+        strategy="dropcompute:threshold=auto,calibrate=3",
+    )
+    cfg = dataclasses.replace(cfg, scenario=dataclasses.replace(cfg.scenario, micro_batches=3))
+    by_rank = run(cfg, tells_follow_world)
+    steps = check_run(cfg, by_rank, [0, 2])  # the counted micro-batches of the live ranks
+    assert [tuple(r["live"]) for r in steps] == [(0, 1, 2)] * 5 + [(0, 2)] * 4
+    [(state, ctx, after)] = by_rank[0][0].record.summary["followed"]
+    assert ctx.live == (0, 2) and state.sample_ranks == (0, 1, 2)
+    whole = empirical_threshold(state.samples, state.sample_comm).threshold
+    live = empirical_threshold(state.samples[:, [0, 2]], state.sample_comm).threshold
+    assert [r["threshold"] for r in steps[:3]] == [math.inf] * 3
+    assert {r["threshold"] for r in steps[3:5]} == {whole}  # the samples calibration used
+    assert after.tau == live and {r["threshold"] for r in steps[5:]} == {live}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(150)
+def test_rank_0s_evaluations_and_checkpoint_writes_longer_than_the_deadline_shrink_nothing(
+    tmp_path,
+):
+    # millisecond rounds teach the floor MIN_DEADLINE; rank 0 pauses PAUSE > it in each
+    # evaluation (every 5 rounds) and checkpoint write (every 4): the others wait for those
+    # up to --timeout, and the rounds that hold a write are left out of the rounds seen
+    (tmp_path / "run").mkdir()
+    cfg = config(3, [], iterations=10, out=tmp_path / "run", checkpoint_every=4)
+    cfg = dataclasses.replace(cfg, scenario=dataclasses.replace(cfg.scenario, eval_every=5))
+    by_rank = run(cfg, pauses)
+    steps = check_run(cfg, by_rank, [0, 1, 2])
+    assert {tuple(r["live"]) for r in steps} == {(0, 1, 2)}
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["generations"] == [] and summary["hang_deadline"] < PAUSE
+    assert "at the end" in summary["hang_deadline_learned"]
+    assert len(by_rank[0][0].record.evals) >= 2
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(150)
+def test_rebalanced_shares_are_dealt_again_over_the_live_ranks():
+    # a persistent 3x straggler moves the shares after the warm-up; rank 1 is killed at step
+    # 6, and the live ranks' L M micro-batches are dealt again: no sample of theirs is lost,
+    # none of the dead rank's is used (the reference: sync's SGD on the live ranks' batches)
+    cfg = config(
+        3,
+        ["kill:worker=1,step=6"],
+        iterations=10,
+        delay="const:value=0.01",
+        strategy="rebalance:warmup=2,window=4",
+    )
+    scenario = dataclasses.replace(
+        cfg.scenario, micro_batches=4, pattern="slowdown:at=0,fraction=0.34,factor=3"
+    )
+    cfg = dataclasses.replace(cfg, scenario=scenario)
+    steps = check_run(cfg, run(cfg), [0, 2])
+    assert [tuple(r["live"]) for r in steps] == [(0, 1, 2)] * 6 + [(0, 2)] * 4
+    assert {sum(r["shares"]) for r in steps[:6]} == {12}
+    assert {(len(r["shares"]), sum(r["shares"])) for r in steps[6:]} == {(2, 8)}
+    assert any(len(set(r["shares"])) > 1 for r in steps)  # the straggler's share moved

@@ -55,7 +55,7 @@ def lead_state(run: _Rank, fewest: int) -> dict[str, Any]:
         "evaluator": RunKeeper.evaluator_state(run.evals),
         "drawn": run.drawn,
         "torch_rng": torch.get_rng_state(),
-        "longest": run.shrinker.deadline.longest if run.shrinker is not None else 0.0,
+        "recent": list(run.shrinker.deadline.recent) if run.shrinker is not None else [],
     }
 
 
@@ -74,7 +74,7 @@ def take_state(run: _Rank, state: dict[str, Any], have: int) -> None:
     restore_drawn(run, state["drawn"])
     torch.set_rng_state(state["torch_rng"])
     if run.shrinker is not None:
-        run.shrinker.deadline.seen(float(state["longest"]))
+        run.shrinker.deadline.adopt(state["recent"])  # every member learns alike
     # the drills of the rounds this rank skipped are past (a kill would fire again)
     drill = run.comm.drill
     drill.reached = max(drill.reached, run.step - 1)

@@ -328,7 +328,14 @@ def shrinkable_round(run: _Rank, plan: Plan, before: Any) -> None:
     evaluation bounded by --timeout rather than the deadline."""
     assert run.shrinker is not None
     run.drawn = drawn_now(run)
-    one_round(run, plan)
+    watch = run.comm.watch
+    # rank 0 wrote a checkpoint after the last round (runtime.keep): the others wait for the
+    # write in this round's allreduce up to --timeout, not the deadline
+    watch.patient = run.keeper.run.due(run.step)
+    try:
+        one_round(run, plan)
+    finally:
+        watch.patient = False
     run.drawn = drawn_now(run)  # completed: a break in the barrier below redoes no round
     if run.keeper.run.stepped(run.evals, run.step, run.now, before, scorer(run)):
         watch = run.comm.watch
@@ -353,7 +360,8 @@ def shrink(run: _Rank, grow: bool = False, join: bool = False) -> None:
     sync = lambda new, found: sync_from_lead(run, new, found)  # noqa: E731
     comm, found = shrinker.regroup(run.comm, run.step, rows, sync, grow=grow, join=join)
     run.comm, run.sums = comm, None
-    ctx = dataclasses.replace(run.world.context, n_workers=len(found.members))
+    live = tuple(found.members)
+    ctx = dataclasses.replace(run.world.context, n_workers=len(live), live=live)
     followed = run.rule.followed(ctx)
     assert followed is not None  # check_shrink refused a rule that cannot follow, at start
     run.rule = followed
@@ -594,7 +602,8 @@ def one_round(run: _Rank, plan: Plan) -> None:
 
 def dealt(run: _Rank, plan: Plan, m: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
     """A round of per-rank shares (``strategies.rebalance``), as the simulator plays it
-    (``sim.allreduce.engine``): sync's global batch (N, M, B) dealt by the shares
+    (``sim.allreduce.engine``): sync's global batch (N, M, B; under shrink the live ranks'
+    (L, M, B), ``Rebalance.follow_world``) dealt by the shares
     (``tasks.stream.deal``), this rank's ``shares[n]`` micro-batches of it, their injected
     seconds (the rank's delay draws run on into the next iteration's, one delay iteration per
     M units, so equal shares draw what sync does) and the gathered rows' width, the largest
@@ -604,6 +613,8 @@ def dealt(run: _Rank, plan: Plan, m: int) -> tuple[np.ndarray, np.ndarray, np.nd
         raise TailtrainError(f"a plan of shares needs one local step per rank: {plan!r}")
     share, width = int(shares[run.comm.rank]), int(shares.max())
     batches = run.learner.batches(run.step, m)
+    if run.shrinker is not None:  # the live ranks' shards only (Rebalance.follow_world)
+        batches = batches[run.shrinker.members]
     mine = deal(batches, shares)[run.comm.rank, :share]
     injected = run.injector.unit_times(-(-width // m), m, run.now)[:share]
     return batches, mine, injected, width
@@ -705,7 +716,9 @@ def settle(run: _Rank, timing: np.ndarray) -> None:
     done, run.unsettled = run.unsettled, None
     # every entry is a measured time: a round is settled by the one after it
     run.comm_time, elapsed = round_times(timing)
-    if run.shrinker is not None:  # the deadline is learned from the settled rounds
+    # the deadline is learned from the settled rounds; a round after rank 0 wrote a
+    # checkpoint holds the write, which is no round time (and is waited for: shrinkable_round)
+    if run.shrinker is not None and not run.keeper.run.due(done.ex.step):
         run.shrinker.deadline.seen(elapsed)
     run.settled += elapsed
     run.now = run.settled
@@ -744,6 +757,7 @@ def finish(run: _Rank) -> RankResult:
         if run.shrinker is not None:
             # each regroup: [generation, the round in flight, the ranks lost, taken in, seconds]
             topology["generations"] = [list(h) for h in run.shrinker.history]
+            topology |= run.shrinker.deadline_summary()
         run.record.summary = run.keeper.run.summary(
             run.world, run.rule.strategy, run.record, topology
         )

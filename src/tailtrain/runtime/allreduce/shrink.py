@@ -19,21 +19,32 @@ rank, and its keys sit under ``tailtrain/shrink/{run id}/{restart}``.
 
 * ``STEPPING``: rounds as ``runtime.allreduce.rounds``; each collective is waited for by
   polling (:class:`Watch`, 0.5 ms sleeps), so that every wait has two bounds: the
-  *deadline* and the generation's ``broken`` key. The deadline is learned as the parameter
-  server's ``--worker-timeout`` is (``runtime.ps.liveness``): :data:`DEADLINE_FACTOR` times
-  the longest settled round, at least :data:`MIN_DEADLINE` seconds, never more than
-  ``--timeout``; before a round settled, and at the barriers around rank 0's evaluations,
-  it is ``--timeout``.
+  *deadline* and the generation's ``broken`` key. The deadline is learned from the measured
+  round times, as the parameter server's ``--worker-timeout`` is (``runtime.ps.liveness``):
+  :data:`DEADLINE_FACTOR` times the :data:`QUANTILE` quantile of the last
+  :data:`ROUNDS_SEEN` settled rounds (a burst of load on a few rounds does not move it) and
+  at least :data:`LONGEST_FACTOR` times the longest of them, at least :data:`MIN_DEADLINE`
+  seconds, never more than ``--timeout``; before a round settled it is ``--timeout``. The
+  pauses of rank 0 that are no hang are waited for up to ``--timeout``: the barrier after
+  its evaluation, and the allreduce of a round after it wrote a checkpoint
+  (``--checkpoint-every``: every rank knows when one is due); that round, which holds the
+  write, is left out of the rounds seen. The summary keeps the deadline that decided the
+  latest break and how it was learned (``hang_deadline``, ``hang_deadline_learned``).
   A collective that fails (a peer's socket closed: SIGKILL) or outlives the deadline (a hung
-  peer: SIGSTOP, a frozen thread) sets ``gen{g}/broken``; every member sees that key within
-  :data:`CHECK` seconds of entering its next collective, and leaves it.
+  peer: SIGSTOP, a frozen thread; it sets ``gen{g}/hung`` too) sets ``gen{g}/broken``; every
+  member sees that key within :data:`CHECK` seconds of entering its next collective, and
+  leaves it.
 * ``CENSUS``: the rank flushes its record rows, checks in (``gen{g}/in/{rank}`` = the rounds
   it completed and its rows) and waits until every member of g has checked in or is known dead
   (``dead/{rank}``, set by the shield of ``runtime.expendable`` the moment the rank's process
-  dies), or until the census window passes: :data:`WINDOW_FACTOR` times the longest round (a
-  live member may be inside one compute), at least :data:`MIN_WINDOW`, at most the deadline;
-  for rank 0 (a census without it ends the job, and it may be inside an evaluation) until it
-  checks in or is known dead, at most ``--timeout``.
+  dies), or until the census window passes. After a hang (``gen{g}/hung``) that is
+  :data:`HANG_WINDOW`: the deadline is longer than any recent round, so every live member
+  is already waiting in the collective that broke and checks in within :data:`CHECK` seconds
+  (one slower than that misses the generation and asks to join: JOINING);
+  after a failure, :data:`WINDOW_FACTOR` times the longest recent round (a live member may
+  be inside one compute), at least :data:`MIN_WINDOW`, at most the deadline; for rank 0 (a
+  census without it ends the job, and it may be inside an evaluation) until it checks in or
+  is known dead, at most ``--timeout``.
   The first rank to close it (``store.add`` on ``gen{g}/closer``) writes the members of g + 1,
   the ranks checked in at that moment; everyone waits (bounded) for that list.
 * A rank not in the list (it checked in late: it hung past the deadline and woke, or it was
@@ -69,11 +80,15 @@ batch shrinks to L ranks' batches: "the same per-rank batch"); the dead rank's s
 skipped, and each round's record row counts it: ``live`` (the original ranks that stepped),
 ``dead`` (the ranks lost at that round) and ``skipped`` (samples the lost ranks' shards did not
 contribute, in this round). The update is the average over the live ranks' gradients: the rule
-follows the live world (``Strategy.follow_world`` with ``n_workers`` = L, applied to the
-lead's rule state): sync starts again (k = L), a fixed DropCompute tau and Local-SGD's period
-stay and their divisor N becomes L (Eq. 1). A rule whose state came from calibration samples
-of the world it measured (DropCompute's ``threshold=auto``, a drop rate, a larger batch)
-cannot follow: it refuses shrink in one line at start (:func:`check_shrink`).
+follows the live world (``Strategy.follow_world`` with ``n_workers`` = L and ``live`` the
+members, applied to the lead's rule state): sync starts again (k = L), a fixed DropCompute tau
+and Local-SGD's period stay and their divisor N becomes L (Eq. 1); a calibrated tau
+(``threshold=auto``, ``drop-rate=p``) is chosen again by Algorithm 2 on the live ranks' kept
+calibration samples, and a calibration under way goes on with the live ranks' columns
+(``strategies.dropcompute``); rebalance deals its shares again over the live ranks' own
+batches, sum_n m_n = L M (``strategies.rebalance``). A rule that cannot follow
+(``Strategy.follow_refusal`` says why: DropCompute's ``compensate=larger-batch``,
+rebalance's ``defer=true``) refuses shrink in one line at start (:func:`check_shrink`).
 
 **Rank 0** keeps the record and answers the launcher: its death stops the job as with
 ``stop`` (the launcher's line says to restart with ``--max-restarts``), and a census that
@@ -94,6 +109,7 @@ import logging
 import os
 import pickle
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -105,18 +121,32 @@ import torch.distributed as dist
 
 from tailtrain.errors import TailtrainError, UsageError
 from tailtrain.runtime.control import RuleDriver
+from tailtrain.runtime.expendable import LeftAlive
 from tailtrain.runtime.reduce import Collectives, RankRow
 from tailtrain.strategies.base import Context
 
 log = logging.getLogger(__name__)
 
-#: the deadline: DEADLINE_FACTOR times the longest settled round, at least MIN_DEADLINE
-#: seconds (the parameter server's ``runtime.ps.liveness`` bound, the same figures)
-DEADLINE_FACTOR = 10.0
-MIN_DEADLINE = 2.0
-#: the census window: WINDOW_FACTOR times the longest round, at least MIN_WINDOW seconds
-WINDOW_FACTOR = 3.0
-MIN_WINDOW = 0.5
+#: the deadline: DEADLINE_FACTOR times the QUANTILE of the last ROUNDS_SEEN settled rounds
+#: (a burst of load on a few rounds does not move it), and at least LONGEST_FACTOR times the
+#: longest of them (a round as slow as any recent one never trips it), at least MIN_DEADLINE
+#: seconds. Tighter than the parameter server's ``runtime.ps.liveness`` bound (10 x the
+#: longest, 2 s): the pauses that are no hang (rank 0's evaluations, its checkpoint writes)
+#: are waited for up to --timeout and kept out of the rounds seen, and a false alarm costs a
+#: regroup, not a rank
+DEADLINE_FACTOR = 5.0
+QUANTILE = 0.9
+LONGEST_FACTOR = 1.5
+MIN_DEADLINE = 1.0
+ROUNDS_SEEN = 100
+#: the census window after a failure (a peer's socket closed): WINDOW_FACTOR times the
+#: longest recent round (a live member may be inside one compute), at least MIN_WINDOW seconds
+WINDOW_FACTOR = 1.5
+MIN_WINDOW = 0.2
+#: the census window after a hang (the deadline passed): every live member is already
+#: waiting in the collective that broke (the deadline is longer than any recent round), and
+#: sees the break within CHECK seconds
+HANG_WINDOW = 0.2
 #: seconds between two looks at the generation's ``broken`` key while a collective runs
 CHECK = 0.02
 #: seconds a waiting rank sleeps between two looks at its collective
@@ -151,8 +181,9 @@ class Broken(TailtrainError):
     said so (``gen{g}/broken``)."""
 
 
-class Refused(TailtrainError):
-    """The survivors formed their new group without this rank (it came after the census)."""
+class Refused(LeftAlive):
+    """The survivors formed their new group without this rank (it came after the census);
+    it leaves alive, and the shield logs that, not a death (``runtime.expendable``)."""
 
 
 def check_shrink(strategy: Any, topology: str, *, local: bool, ctx: Any = None) -> None:
@@ -169,12 +200,11 @@ def check_shrink(strategy: Any, topology: str, *, local: bool, ctx: Any = None) 
         )
     ctx = ctx if ctx is not None else Context(n_workers=2)
     smaller = dataclasses.replace(ctx, n_workers=max(1, ctx.n_workers - 1))
+    smaller = dataclasses.replace(smaller, live=tuple(range(smaller.n_workers)))
     if RuleDriver(strategy, ctx).followed(smaller) is None:
         raise UsageError(
-            f"--on-rank-loss shrink: {strategy.describe()!r} adapts its state to the world it "
-            "measured (a calibrated tau or batch), which a smaller world cannot take over; "
-            "shrink takes sync and fixed thresholds (dropcompute:threshold=T, local-sgd); "
-            "use --on-rank-loss stop for this one"
+            f"--on-rank-loss shrink: {strategy.describe()!r} cannot follow a smaller world: "
+            f"{strategy.follow_refusal()}; use --on-rank-loss stop for this one"
         )
 
 
@@ -204,26 +234,53 @@ def note_dead(rank: int, why: str) -> None:
 # ---- the deadline and the watched wait ---------------------------------------------------------
 @dataclass
 class Deadline:
-    """The learned deadline (module docstring): ``longest`` settled round seconds so far."""
+    """The learned deadline (module docstring) from the ``recent`` settled rounds' seconds."""
 
     timeout: float
+    recent: deque[float] = field(default_factory=lambda: deque(maxlen=ROUNDS_SEEN))
+    #: the longest of ``recent`` and their QUANTILE (0: none yet), kept as rounds are seen:
+    #: the bound is read at every collective
     longest: float = 0.0
+    quantile: float = 0.0
 
     def seen(self, seconds: float) -> None:
         if seconds == seconds:  # not NaN
-            self.longest = max(self.longest, seconds)
+            self.recent.append(seconds)
+            # sorted() on <= ROUNDS_SEEN floats: a few us once a round, less than np.quantile
+            ordered = sorted(self.recent)
+            self.longest = ordered[-1]
+            self.quantile = ordered[int(QUANTILE * (len(ordered) - 1))]  # nearest rank below
+
+    def adopt(self, recent: list[float]) -> None:
+        """The lead's rounds seen (a sync: every member learns from the same rounds)."""
+        self.recent.clear()
+        for seconds in recent:
+            self.seen(float(seconds))
 
     @property
     def bound(self) -> float:
         if self.longest <= 0.0:
             return self.timeout
-        return min(self.timeout, max(MIN_DEADLINE, DEADLINE_FACTOR * self.longest))
+        learned = max(DEADLINE_FACTOR * self.quantile, LONGEST_FACTOR * self.longest)
+        return min(self.timeout, max(MIN_DEADLINE, learned))
 
     @property
     def window(self) -> float:
+        """The census window after a failure (after a hang: :data:`HANG_WINDOW`)."""
         if self.longest <= 0.0:
-            return min(self.timeout, MIN_DEADLINE)
+            return min(self.timeout, max(MIN_WINDOW, MIN_DEADLINE))
         return min(self.bound, max(MIN_WINDOW, WINDOW_FACTOR * self.longest))
+
+    def describe(self) -> str:
+        """How :attr:`bound` was learned, in words (the run's summary)."""
+        if self.longest <= 0.0:
+            return f"--timeout {self.timeout:g} s: no round had settled"
+        return (
+            f"{DEADLINE_FACTOR:g} x the {QUANTILE:g} quantile ({self.quantile:.3f} s) and at "
+            f"least {LONGEST_FACTOR:g} x the longest ({self.longest:.3f} s) of the last "
+            f"{len(self.recent)} settled rounds, at least {MIN_DEADLINE:g} s, at most --timeout "
+            f"{self.timeout:g} s; rounds after a checkpoint write left out"
+        )
 
 
 class Watch:
@@ -244,7 +301,7 @@ class Watch:
         while not work.is_completed():
             now = time.monotonic()
             if now - start > bound:
-                self.broken(f"no answer within the deadline {bound:.2f}s")
+                self.broken(f"no answer within the deadline {bound:.2f}s", hung=True)
             if now >= look:
                 if self.store.check([self.key]):
                     raise Broken(f"generation {self.generation} broke ({self.store_why()})")
@@ -255,8 +312,10 @@ class Watch:
         except Exception as exc:  # gloo: a peer's socket closed
             self.broken(f"a collective failed: {str(exc).strip().splitlines()[0][:120]}")
 
-    def broken(self, why: str) -> None:
+    def broken(self, why: str, hung: bool = False) -> None:
         try:
+            if hung:  # before the break: a census that sees the break sees the hang
+                self.store.set(f"gen{self.generation}/hung", "1")
             self.store.set(self.key, why)
         except Exception as exc:
             log.warning("could not mark generation %d broken: %s", self.generation, exc)
@@ -351,6 +410,19 @@ class Shrinker:
     #: every new generation: (generation, the round in flight, the ranks lost, the ranks
     #: taken in, seconds)
     history: list[tuple[int, int, list[int], list[int], float]] = field(default_factory=list)
+    #: the deadline in force when the latest generation broke: (round in flight, seconds, how
+    #: it was learned); None while none broke
+    broke_at: tuple[int, float, str] | None = None
+
+    def deadline_summary(self) -> dict[str, Any]:
+        """The learned hang deadline for the run's summary: the one in force when the latest
+        generation broke (the one that decided a fault), or at the end where none broke."""
+        if self.broke_at is None:
+            bound, how = self.deadline.bound, f"at the end: {self.deadline.describe()}"
+        else:
+            step, bound, how = self.broke_at
+            how = f"in force when step {step} broke: {how}"
+        return {"hang_deadline": bound, "hang_deadline_learned": how}
 
     def finished(self) -> None:
         """The run's rounds are over: a rank waiting to join is refused now."""
@@ -378,7 +450,7 @@ class Shrinker:
         ins = [f"gen{g}/in/{m}" for m in self.members]
         deads = [f"dead/{m}" for m in self.members]
         started = time.monotonic()
-        end, bound = started + self.deadline.window, started + self.deadline.timeout
+        bound = started + self.deadline.timeout
         while not store.check([f"gen{g}/members"]):
             known = [store.check([i]) or store.check([d]) for i, d in zip(ins, deads, strict=True)]
             if all(known):
@@ -386,6 +458,8 @@ class Shrinker:
             # a census without rank 0 ends the job, and rank 0 may be evaluating (longer than
             # any round, as the patient barrier allows): wait for it up to --timeout
             waits_for_zero = 0 in self.members and not known[self.members.index(0)]
+            hung = store.check([f"gen{g}/hung"])
+            end = started + (HANG_WINDOW if hung else self.deadline.window)
             if time.monotonic() >= (bound if waits_for_zero else end):
                 break
             time.sleep(0.005)
@@ -512,6 +586,8 @@ class Shrinker:
         again from it, at most once per rank of the job. ``join``: this rank was started
         again and asks to join first."""
         began, in_flight, lost, joined, comm = time.monotonic(), step, [], [], old
+        if not (grow or join):  # a break: the deadline that was in force decided it
+            self.broke_at = (step, self.deadline.bound, self.deadline.describe())
         for attempt in range(self.world):
             if attempt == 0 and (grow or join):
                 found = self.grow(step, rows) if grow else self.join(step, rows)
