@@ -206,7 +206,7 @@ def test_a_hung_initiator_is_left_behind_and_refused_when_it_wakes():
     cut = lives.index((0, 1))
     assert cut >= 4 and lives[cut:] == [(0, 1)] * (30 - cut)
     assert steps[cut]["dead"] == [2]
-    assert Refused.__name__ in by_rank[2][0].record.summary["dead"]
+    assert Refused.__name__ in by_rank[2][0].record.summary["left"]
 
 
 @pytest.mark.slow
