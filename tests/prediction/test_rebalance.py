@@ -10,8 +10,9 @@ from hypothesis import strategies as st
 
 from tailtrain.delays import parse_delay, parse_pattern
 from tailtrain.prediction import DelayScenario, predict
-from tailtrain.prediction.rebalance import rebalance_times, stepped_times
+from tailtrain.prediction.rebalance import rebalance_quadrature, rebalance_times, stepped_times
 from tailtrain.strategies.rebalance import makespan, optimal_shares
+from tailtrain.theory.sums import partial_sum_laws
 
 
 def rows_of(**kw):
@@ -74,3 +75,17 @@ def test_noise_puts_the_expected_step_above_the_closed_form():
     t = mu[None, :, None] * np.random.default_rng(1).exponential(1.0, (3, n, 2))
     mean, _, closed, shares = rebalance_times(t, np.zeros(3), mu)
     assert shares.sum() == 2 * n and mean > 1.5 * closed
+
+
+@pytest.mark.parametrize("m", [1, 6])
+def test_quadrature_over_the_speeds_is_the_monte_carlo_of_one_step(m):
+    """rebalance_quadrature (predict above LARGE_N under heterogeneous speeds): E[max_n s_n
+    S_n(m_n)] for given speeds against a Monte Carlo of one step with those speeds."""
+    rng = np.random.default_rng(m)
+    n, laws = 1000, partial_sum_laws(parse_delay("exp:rate=1"), 4 * m)
+    speeds = rng.uniform(1.0, 1.5, n)
+    value, closed, shares = rebalance_quadrature(speeds, 1.0, lambda j: laws[j - 1], n * m)
+    np.testing.assert_array_equal(shares, optimal_shares(speeds, n * m))
+    assert closed == pytest.approx(float((shares * speeds).max()))
+    steps = np.array([(speeds * rng.gamma(shares, 1.0)).max() for _ in range(3000)])
+    assert abs(value - steps.mean()) <= 4 * steps.std(ddof=1) / np.sqrt(steps.size)
