@@ -22,8 +22,9 @@ Above ``LARGE_N`` workers under ``heterogeneous`` speeds no draws are made
 (:func:`rebalance_quadrature`): given a run's speeds s_n and shares m_n, the workers are
 independent, so E[max_n s_n S_n(m_n)] = int_0^inf (1 - prod_n F_{m_n}(x / s_n)) dx with F_m
 the law of the sum of m micro-batches, integrated numerically with the speeds binned per
-share (:data:`SPEED_BINS` bins, each at its members' mean speed); the runs' spread gives the
-standard error.
+share (:data:`SPEED_BINS` bins, each at its members' mean speed), from where P(max <= x)
+reaches 1e-16 to where P(max > x) falls to 1e-13 (or the support ends); the runs' spread
+gives the standard error.
 """
 
 from __future__ import annotations
@@ -38,7 +39,8 @@ from tailtrain.strategies.rebalance import optimal_shares
 
 SPEED_BINS = 1024  #: speed bins per share in :func:`rebalance_quadrature`
 _PANELS, _NODES = 64, 8  # Gauss-Legendre panels over the max's range, nodes per panel
-_EDGE = 1e-16  # the range: from P(max <= x) = _EDGE up to P(max > x) = _EDGE
+_EDGE = 1e-16  # the range: from P(max <= x) = _EDGE ...
+_TAIL = 1e-13  # ... up to P(max > x) = _TAIL (a sum law's cdf may stop short of 1 by ~1e-15)
 _SCAN = 512  # points of the scan for the lower end of that range
 
 
@@ -117,8 +119,12 @@ def rebalance_quadrature(
         return out
 
     hi = max(closed, 1e-300)
-    while log_cdf(np.array([hi]))[0] < -_EDGE:  # P(max > hi) still above _EDGE
+    top = max(float(speed.max()) * law.support[1] for law, speed, _ in groups)
+    for _ in range(64):  # P(max > hi) above _TAIL: double, up to the support's top
+        if hi >= top or log_cdf(np.array([hi]))[0] >= -_TAIL:
+            break
         hi *= 2
+    hi = min(hi, top)
     # below the last x where P(max <= x) < _EDGE, 1 - P(max <= x) is 1 (to _EDGE)
     coarse = hi * np.arange(1, _SCAN + 1) / _SCAN
     below = coarse[log_cdf(coarse) < np.log(_EDGE)]

@@ -29,6 +29,7 @@ from tailtrain.delays.base import DelayModel, FloatArray, Shape
 
 _NODES = 24  # Gauss-Legendre nodes per smooth piece of [low, high]
 _TABLE = 16384  # logit(u) points of the quantile table, on each of X's two scalings
+_CELLS = 4_000_000  # numbers per batch of cdf evaluations, bounds memory
 _LOGIT = 37.0  # the table spans u = expit(+-37): beyond double precision's 1 - u
 
 
@@ -87,9 +88,16 @@ class ScaleMixture(DelayModel):
         return np.where(q <= zero_mass, 0.0, out)
 
     def _integral(self, x: ArrayLike, *, density: bool) -> NDArray[np.float64]:
-        """F(x) (or its density) as the integral over s, plus the atoms' exact part."""
+        """F(x) (or its density) as the integral over s, plus the atoms' exact part; in
+        batches of x, so that nodes times atoms stay within :data:`_CELLS` numbers."""
         x = np.asarray(x, dtype=float)
-        flat = x.ravel()[:, None]
+        flat = x.ravel()
+        step = max(1, _CELLS // (3 * _NODES * (1 + self._atoms[0].size)))
+        parts = [self._batch(flat[i : i + step], density) for i in range(0, flat.size, step)]
+        return (np.concatenate(parts) if parts else np.empty(0)).reshape(x.shape)
+
+    def _batch(self, x: NDArray[np.float64], density: bool) -> NDArray[np.float64]:
+        flat = x[:, None]
         width = self.high - self.low
         # kinks of F_X(x / s) in s: where x / s crosses an end of X's support
         ends = [e for e in self.base.support if 0 < e < np.inf]
@@ -118,9 +126,7 @@ class ScaleMixture(DelayModel):
                 out += np.where(flat[:, 0] >= 0, p, 0.0)
             else:
                 out += p * np.clip((flat[:, 0] / a - self.low) / width, 0.0, 1.0)
-        if not density:
-            out = np.clip(out, 0.0, 1.0)
-        return out.reshape(x.shape)
+        return out if density else np.clip(out, 0.0, 1.0)
 
     @cached_property
     def _table(self) -> tuple[FloatArray, FloatArray, float]:
