@@ -61,11 +61,14 @@ def test_a_million_heterogeneous_workers_get_every_row_from_the_speeds_law():
 
 def test_just_above_large_n_sync_is_the_patterns_monte_carlo():
     """At N = LARGE_N + 1 the mixture's E[max] against a Monte Carlo of the pattern itself
-    (fresh runs, one iteration each: a run draws its speeds once)."""
+    (fresh runs, one iteration each: a run draws its speeds once); K-async at K = N - 1."""
     n, runs, rng = LARGE_N + 1, 1500, np.random.default_rng(25)
     base, pattern = parse_delay("exp:rate=1"), parse_pattern(SPEEDS)
     draws = [DelayProcess(base, pattern, c, n).next_block(1).max() for c in rng.spawn(runs)]
-    p = predict(DelayScenario(n, base, pattern=pattern, ks=(n,)))
-    sync = by_strategy(p)["sync"][n]
+    p = predict(DelayScenario(n, base, pattern=pattern, ks=(n - 1, n)))
+    rows = by_strategy(p)
+    sync = rows["sync"][n]
     assert sync.method == "numerical-integration"
     assert abs(sync.iteration_time - np.mean(draws)) <= Z * np.std(draws, ddof=1) / math.sqrt(runs)
+    # K-async just below N has no large-N method with kept speeds: left out, with a note
+    assert set(rows["k-async"]) == {n} and any(f"k-async K={n - 1}" in x for x in p.notes)

@@ -256,7 +256,7 @@ def _k_async_rows(ctx: _Context) -> list[Row]:
     if s.iid and 1 in grid:
         job = ctx.m * ctx.exact_delay.mean + s.comm_mean
         rows.insert(0, _row("k-async", 1, job / n, 0.0, EXACT))
-    return _mark_family(ctx, rows)
+    return _mark_family(ctx, rows) if rows else []  # e.g. --k N-1 alone, left out above
 
 
 def _k_async_row(ctx: _Context, k: int) -> Row:
