@@ -72,3 +72,26 @@ def test_just_above_large_n_sync_is_the_patterns_monte_carlo():
     assert abs(sync.iteration_time - np.mean(draws)) <= Z * np.std(draws, ddof=1) / math.sqrt(runs)
     # K-async just below N has no large-N method with kept speeds: left out, with a note
     assert set(rows["k-async"]) == {n} and any(f"k-async K={n - 1}" in x for x in p.notes)
+
+
+def test_one_speed_for_all_is_the_scaled_delay_itself():
+    """heterogeneous:low=high=1.25 scales every time by 1.25: the rows are those of i.i.d.
+    Exp(0.8) workers (exact forms there, the speeds' law here)."""
+    n = 4096
+    one = predict(
+        DelayScenario(
+            n,
+            parse_delay("exp:rate=1"),
+            pattern=parse_pattern("heterogeneous:low=1.25,high=1.25"),
+            micro_batches=2,
+            ks=(n // 2, n),
+        )
+    )
+    iid = predict(DelayScenario(n, parse_delay("exp:rate=0.8"), micro_batches=2, ks=(n // 2, n)))
+    a, b = by_strategy(one), by_strategy(iid)
+    for strategy, k in [("sync", n), ("k-sync", n // 2), ("async", 1), ("dropcompute", n)]:
+        assert a[strategy][k].iteration_time == pytest.approx(
+            b[strategy][k].iteration_time, rel=1e-6
+        )
+    gap = abs(a["rebalance"][n].iteration_time - b["sync"][n].iteration_time)
+    assert gap <= 1e-4 * b["sync"][n].iteration_time  # equal speeds: equal shares, sync

@@ -199,8 +199,8 @@ class _Context:
 
 def _heterogeneous_speeds(s: DelayScenario) -> tuple[float, float] | None:
     """(low, high) when the speeds' law replaces the Monte Carlo: above :data:`LARGE_N`
-    workers, a lone ``heterogeneous`` pattern with a spread, a delay that is not a replay."""
+    workers, a lone ``heterogeneous`` pattern, a delay that is not a replay."""
     p = s.pattern
     if s.workers <= LARGE_N or not isinstance(p, Heterogeneous) or s.delay.per_worker:
         return None
-    return (p.low, p.high) if p.high > p.low else None
+    return (p.low, p.high)

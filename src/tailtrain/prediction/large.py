@@ -148,8 +148,8 @@ def async_renewal(ctx: _Context) -> float:
     K-batch-async waits for K jobs: K times this."""
     low, high = ctx.speeds
     a, c = ctx.m * ctx.exact_delay.mean, ctx.scenario.comm_mean
-    if a == 0:
-        return c / ctx.scenario.workers
+    if a == 0 or high == low:  # one job law: Lemma 5 itself
+        return (a * low + c) / ctx.scenario.workers
     rate = math.log((a * high + c) / (a * low + c)) / (a * (high - low))
     return 1.0 / (ctx.scenario.workers * rate)
 

@@ -103,7 +103,7 @@ def rebalance_quadrature(
     groups = []  # (law, bin speeds, bin counts) per distinct share
     for m in np.flatnonzero(np.bincount(shares)):
         mine = speeds[shares == m]
-        index = np.minimum(((mine - low) * scale).astype(np.int64), SPEED_BINS - 1)
+        index = np.clip((mine - low) * scale, 0, SPEED_BINS - 1).astype(np.int64)
         count = np.bincount(index, minlength=SPEED_BINS)
         total_speed = np.bincount(index, weights=mine, minlength=SPEED_BINS)
         used = count > 0

@@ -1,4 +1,5 @@
-"""The law of s X, a delay X scaled by an independent speed s ~ U(low, high).
+"""The law of s X, a delay X scaled by an independent speed s ~ U(low, high) (low <= high:
+with low = high, X scaled).
 
 Under the ``heterogeneous:low=,high=`` pattern worker n's times are s_n X with s_n ~ U(low,
 high) drawn once per run (``delays.patterns.Heterogeneous``). The workers' speeds are i.i.d.,
@@ -37,8 +38,8 @@ class ScaleMixture(DelayModel):
     """s X with s ~ U(``low``, ``high``) independent of X (``base``, non-negative)."""
 
     def __init__(self, base: DelayModel, low: float, high: float) -> None:
-        if not 0 < low < high:
-            raise ValueError(f"need 0 < low < high, got low={low}, high={high}")
+        if not 0 < low <= high:
+            raise ValueError(f"need 0 < low <= high, got low={low}, high={high}")
         self.base, self.low, self.high = base, float(low), float(high)
         self.spec = f"({base.spec}) scaled by U({low:g}, {high:g})"
         values, probs = base.atoms
@@ -68,18 +69,27 @@ class ScaleMixture(DelayModel):
 
     @property
     def atoms(self) -> tuple[FloatArray, FloatArray]:
-        """Only an atom at 0 survives the scaling."""
+        """Only an atom at 0 survives the scaling (all of them, scaled, with one speed)."""
         values, probs = self._atoms
+        if self.low == self.high:
+            return self.low * values, probs
         zero = values == 0
         return values[zero], probs[zero]
 
     def cdf(self, x: ArrayLike) -> NDArray[np.float64]:
+        if self.low == self.high:  # one speed: X scaled
+            return np.asarray(self.base.cdf(np.asarray(x, dtype=float) / self.low), dtype=float)
         return self._integral(x, density=False)
 
     def pdf(self, x: ArrayLike) -> NDArray[np.float64]:
+        if self.low == self.high:
+            x = np.asarray(x, dtype=float)
+            return np.asarray(self.base.pdf(x / self.low), dtype=float) / self.low
         return self._integral(x, density=True)
 
     def quantile(self, q: ArrayLike) -> NDArray[np.float64]:
+        if self.low == self.high:
+            return self.low * np.asarray(self.base.quantile(q), dtype=float)
         q = np.asarray(q, dtype=float)
         z, _, zero_mass = self._table
         with np.errstate(divide="ignore"):
