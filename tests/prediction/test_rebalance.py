@@ -10,8 +10,9 @@ from hypothesis import strategies as st
 
 from tailtrain.delays import parse_delay, parse_pattern
 from tailtrain.prediction import DelayScenario, predict
-from tailtrain.prediction.rebalance import rebalance_times, stepped_times
+from tailtrain.prediction.rebalance import rebalance_quadrature, rebalance_times, stepped_times
 from tailtrain.strategies.rebalance import makespan, optimal_shares
+from tailtrain.theory.sums import partial_sum_laws
 
 
 def rows_of(**kw):
@@ -74,3 +75,22 @@ def test_noise_puts_the_expected_step_above_the_closed_form():
     t = mu[None, :, None] * np.random.default_rng(1).exponential(1.0, (3, n, 2))
     mean, _, closed, shares = rebalance_times(t, np.zeros(3), mu)
     assert shares.sum() == 2 * n and mean > 1.5 * closed
+
+
+@pytest.mark.parametrize("spec", ["exp:rate=1", "uniform:low=0.5,high=1.5"])
+@pytest.mark.parametrize("m", [1, 6])
+def test_quadrature_over_the_speeds_is_the_monte_carlo_of_one_step(spec, m):
+    """rebalance_quadrature (predict above LARGE_N under heterogeneous speeds): E[max_n s_n
+    S_n(m_n)] for given speeds against a Monte Carlo of one step with those speeds (a bounded
+    law too: its sums' cdf ends at the support's top)."""
+    rng = np.random.default_rng(m)
+    n, model = 500, parse_delay(spec)
+    laws = partial_sum_laws(model, 4 * m)
+    speeds = rng.uniform(1.0, 1.5, n)
+    value, closed, shares = rebalance_quadrature(speeds, model.mean, lambda j: laws[j - 1], n * m)
+    np.testing.assert_array_equal(shares, optimal_shares(speeds * model.mean, n * m))
+    assert closed == pytest.approx(float((shares * speeds * model.mean).max()))
+    draws = model.sample(rng, (2000, n, int(shares.max())))
+    sums = np.where(np.arange(draws.shape[2]) < shares[:, None], draws, 0.0).sum(axis=2)
+    steps = (speeds * sums).max(axis=1)
+    assert abs(value - steps.mean()) <= 4 * steps.std(ddof=1) / np.sqrt(steps.size)

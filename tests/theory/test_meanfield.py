@@ -8,7 +8,11 @@ import pytest
 
 from tailtrain.delays import parse_delay
 from tailtrain.errors import UsageError
-from tailtrain.theory.meanfield import k_async_mean_field, k_batch_sync_mean_field
+from tailtrain.theory.meanfield import (
+    k_async_mean_field,
+    k_async_mean_field_mixed,
+    k_batch_sync_mean_field,
+)
 from tailtrain.theory.montecarlo import (
     equilibrium_residuals,
     k_async_iteration_time,
@@ -91,3 +95,39 @@ def test_k_batch_sync_mean_field_agrees_with_the_monte_carlo(spec, rng):
 def test_k_batch_sync_mean_field_says_when_sequences_are_too_short(rng):
     _, _, enough = k_batch_sync_mean_field(rng.exponential(1.0, (2**12, 2)), 100, [100])
     assert not enough.any()
+
+
+def step_by_step_k_async_with_speeds(model, n, k, speeds, rng, chains=16, measured=200):
+    """The step-by-step Monte Carlo with worker n at its own speed for the whole run (the
+    heterogeneous pattern): chains draw their own speeds; jobs and residuals scale by them."""
+    warmup = n // k + 10
+    speed = rng.uniform(*speeds, size=(chains, n))
+    first = equilibrium_residuals(model.sample(rng, (4096, 1)), chains * n, rng)
+    rows = np.arange(chains)[:, None]
+    draw = lambda workers, index: speed[rows, workers] * model.sample(rng, workers.shape)  # noqa: E731
+    return k_async_iteration_time(
+        speed * first.reshape(chains, n), draw, k, warmup + measured, warmup
+    )
+
+
+def test_mixed_mean_field_with_one_class_is_the_iid_one(rng):
+    jobs = rng.exponential(1.0, 2**14)
+    one = k_async_mean_field(jobs, 1.0, 10**6, [2, 1000, 500_000])
+    mixed = k_async_mean_field_mixed(jobs[None], np.ones(1), np.ones(1), 10**6, [2, 1000, 500_000])
+    np.testing.assert_allclose(mixed, one, rtol=1e-12)
+
+
+@pytest.mark.parametrize("spec", ["exp:rate=1", "uniform:low=0.5,high=1.5"])
+@pytest.mark.parametrize("k", [4, 1000, 1750])
+def test_mixed_mean_field_agrees_with_the_step_by_step_monte_carlo(spec, k, rng):
+    """Workers at speeds U(1, 1.5) kept for the whole run, N = 2000; the speeds' law on 12
+    Gauss-Legendre classes. Within sampling error plus the limit's O(1/N) bias."""
+    n, model = 2000, parse_delay(spec)
+    mean, mc_stderr = step_by_step_k_async_with_speeds(model, n, k, (1.0, 1.5), rng)
+    x, w = np.polynomial.legendre.leggauss(12)
+    speed = 1.0 + 0.5 * (x + 1) / 2
+    jobs = speed[:, None] * model.sample(rng, 2**14)
+    tau, stderr = k_async_mean_field_mixed(jobs, speed * model.mean, w / 2, n, [k])
+    assert abs(tau[0] - mean) <= 4 * np.hypot(stderr[0], mc_stderr) + mean / n
+    # the renewal-reward bracket's lower end: K / (N E[1 / E[J_s]])
+    assert tau[0] >= k / (n * np.sum(w / 2 / (speed * model.mean))) * (1 - 1e-12)

@@ -46,7 +46,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         default=None,
         metavar="P",
         help="worker pattern, e.g. subset:s=2,delay=1 "
-        "(default: iid; any other pattern is predicted by Monte Carlo)",
+        "(default: iid; any other pattern is predicted by Monte Carlo, except heterogeneous "
+        "above 2048 workers: from its speeds' law)",
     )
     p.add_argument(
         "--micro-batches",

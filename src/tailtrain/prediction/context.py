@@ -1,11 +1,19 @@
 """The scenario context of one prediction: the laws and seeded samplers that every strategy's
-estimate in ``prediction.estimates`` (and at large N, ``prediction.large``) draws on."""
+estimate in ``prediction.estimates`` (and at large N, ``prediction.large``) draws on.
+
+Above :data:`LARGE_N` workers under a ``heterogeneous`` pattern (speeds s_n ~ U(low, high)
+drawn once per run), a Monte Carlo of N workers per iteration is too costly (N = 10^4
+already needed over 13 GB), so the context carries the speeds' law instead
+(``_Context.speeds``): within one iteration the workers' times are N i.i.d. draws of the
+scale mixture (``theory.scale_mixture``), which becomes the job law and the partial-sum
+laws, and the rows that span iterations (where a worker keeps its speed) use it through
+``prediction.large``."""
 
 from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -13,15 +21,19 @@ from numpy.typing import NDArray
 
 from tailtrain.core.capacity import check_memory
 from tailtrain.delays import DelayModel, DelayProcess, parse_delay
+from tailtrain.delays.patterns import Heterogeneous
 from tailtrain.delays.process import trace_notes, trace_terms
+from tailtrain.errors import UsageError
 from tailtrain.prediction.scenario import DelayScenario, k_grid
 from tailtrain.theory.estimate import monte_carlo
 from tailtrain.theory.families import NonNegative, nonnegative
+from tailtrain.theory.scale_mixture import ScaleMixture
 from tailtrain.theory.sums import partial_sum_laws
 
 log = logging.getLogger(__name__)
 
 _RUNS = 16  # independent runs under a worker pattern (their spread gives the standard error)
+LARGE_N = 2048  #: above this many workers, the large-N methods (``prediction.large``)
 
 
 @dataclass
@@ -39,7 +51,10 @@ class _Context:
     notes: list[str]
     sync_time: float = math.nan  # E[T_sync], set by the sync rows (needed to pick best K)
     k_sync: tuple[Any, ...] = ()  # (K, E[T], stderr, method) of K-sync, set by the sync rows
+    #: (low, high) of the workers' speeds, when their laws stand in for a Monte Carlo of N
+    speeds: tuple[float, float] | None = None
     _sync_sample: list[tuple[NDArray[np.float64], NDArray[np.float64]]] | None = None
+    _sums: list[DelayModel] = field(default_factory=list)  # laws of sums, see sum_law
 
     @classmethod
     def build(cls, s: DelayScenario) -> _Context:
@@ -53,8 +68,16 @@ class _Context:
         for note in trace_notes(s.delay, s.workers).values():
             log.warning("%s", note)
             notes.append(note)
-        log.info("predict: exact job law %s", "known" if s.iid else "unused (pattern)")
-        sums = partial_sum_laws(exact_delay, s.micro_batches or 1) if s.iid else None
+        speeds = _heterogeneous_speeds(s)
+        log.info("predict: exact job law %s", "known" if s.iid or speeds else "unused (pattern)")
+        sums = partial_sum_laws(exact_delay, s.micro_batches or 1) if s.iid or speeds else None
+        if speeds is not None and sums is not None:
+            sums = [ScaleMixture(law, *speeds) for law in sums]
+            notes.append(
+                f"N > {LARGE_N} under {s.pattern.spec!r}: a worker's time in one iteration is "
+                f"its micro-batch law scaled by U{speeds}, i.i.d. across workers (numerical "
+                f"mixture law); rows spanning iterations keep each worker's speed"
+            )
         return cls(
             scenario=s,
             exact_delay=exact_delay,
@@ -65,6 +88,7 @@ class _Context:
             ks=sorted(s.ks) if s.ks else np.arange(1, s.workers + 1),
             listed=np.asarray(s.ks or k_grid(s.workers), dtype=np.int64),
             notes=notes,
+            speeds=speeds if sums is not None else None,
         )
 
     @property
@@ -111,6 +135,15 @@ class _Context:
         jobs = self.sampled_delay.sample(rng, (*shape, self.m)).sum(axis=-1)
         return jobs + self.comm_times(rng, shape)
 
+    def worker_jobs(self, rng: np.random.Generator, shape: tuple[int, int]) -> NDArray[np.float64]:
+        """Job times (jobs of M micro-batches plus T^c) of shape (workers, jobs): row w is one
+        worker's successive jobs, under :attr:`speeds` all at the row's own speed."""
+        if self.speeds is None:
+            return self.iid_jobs(rng, shape)
+        speed = rng.uniform(*self.speeds, size=(shape[0], 1))
+        jobs = self.sampled_delay.sample(rng, (*shape, self.m)).sum(axis=-1) * speed
+        return jobs + self.comm_times(rng, shape)
+
     def sync_sample(self) -> list[tuple[NDArray[np.float64], NDArray[np.float64]]]:
         """Shared Monte Carlo sample: per run, micro-batch times t[i, n, m] and T^c[i]."""
         if self._sync_sample is None:
@@ -127,6 +160,13 @@ class _Context:
         (same seeds, so the same pattern state: a heterogeneous speed, a subset's picks) over
         the delay's mean instead of its draws, so a worker's law is known, not estimated from
         a few draws. A trace replayed per worker has no one mean: its own draws are averaged."""
+        if self.speeds is not None:  # a worker's speed is its whole state: one draw each
+            s = self.scenario
+            mean = parse_delay(f"const:value={float(self.sampled_delay.mean)!r}")
+            return [
+                DelayProcess(mean, s.pattern, child, s.workers).next_block(1)[0]
+                for child in self.rng(0).spawn(self.runs)
+            ]
         sample = self.sync_sample()
         if self.scenario.delay.per_worker:
             return [t.mean(axis=(0, 2)) for t, _ in sample]
@@ -139,6 +179,15 @@ class _Context:
             out.append(t.reshape(iterations, s.workers, -1).mean(axis=(0, 2)))
         return out
 
+    def sum_law(self, m: int) -> DelayModel:
+        """The law of the sum of m micro-batch times (unscaled), for any m >= 1."""
+        if len(self._sums) < m:
+            laws = partial_sum_laws(self.exact_delay, max(m, 2 * len(self._sums)))
+            if laws is None:
+                raise UsageError(f"no law for sums of {self.scenario.delay.spec!r}")
+            self._sums = laws
+        return self._sums[m - 1]
+
     def iterations_for(self, wanted: int) -> int:
         """At most ``wanted`` iterations (or all of a replayed trace) and ~8M micro-batch
         draws, at least 100."""
@@ -146,3 +195,12 @@ class _Context:
         replayed = [t.replay.lengths.max() for t in trace_terms(self.scenario.delay)]
         wanted = max(wanted, *replayed) if self.scenario.delay.per_worker else wanted
         return int(max(100, min(wanted, 8_000_000 // per_iteration)))
+
+
+def _heterogeneous_speeds(s: DelayScenario) -> tuple[float, float] | None:
+    """(low, high) when the speeds' law replaces the Monte Carlo: above :data:`LARGE_N`
+    workers, a lone ``heterogeneous`` pattern, a delay that is not a replay."""
+    p = s.pattern
+    if s.workers <= LARGE_N or not isinstance(p, Heterogeneous) or s.delay.per_worker:
+        return None
+    return (p.low, p.high)

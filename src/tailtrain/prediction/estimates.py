@@ -18,7 +18,10 @@ standard error comes from the spread of the run means; job j of worker n is row 
 pattern's sampled block, as in the simulator. A trace replayed per worker
 (``trace:path=FILE``) is not i.i.d. across workers either, so it is simulated the same way;
 its runs replay consecutive segments of the trace, together covering all of it when the
-sample budget allows, and the output notes how the workers map onto the trace's.
+sample budget allows, and the output notes how the workers map onto the trace's. The one
+exception: above ``LARGE_N`` workers under ``heterogeneous`` speeds, the rows come from the
+speeds' law instead of N workers' draws (``prediction.context``, ``prediction.large``), and
+each row's method says so.
 
 Best setting. Rows are compared by the effective speedup, the rate at which mini-batch
 gradients (or samples) are applied relative to sync: K E[T_sync] / (N E[T_K]) for the K-family
@@ -45,14 +48,14 @@ from numpy.typing import ArrayLike, NDArray
 from tailtrain.delays import DelayModel
 from tailtrain.delays.sum import SumDelay
 from tailtrain.errors import UsageError
-from tailtrain.prediction.context import _Context
+from tailtrain.prediction.context import LARGE_N, _Context
 from tailtrain.prediction.large import (
-    LARGE_N,
+    async_renewal,
     k_async_estimates,
     k_batch_sync_estimates,
     search,
 )
-from tailtrain.prediction.rebalance import rebalance_times
+from tailtrain.prediction.rebalance import rebalance_quadrature, rebalance_times
 from tailtrain.prediction.scenario import (
     ALL_K_UP_TO,
     DelayScenario,
@@ -80,6 +83,7 @@ from tailtrain.theory.montecarlo import (
 from tailtrain.theory.order_stats import OrderStats, expected_order_stats
 from tailtrain.theory.sums import sum_method
 
+RENEWAL = "renewal(N->inf, per-worker speeds)"  #: method of async_renewal's rows
 _CHAINS = 16  # independent K-async chains (their spread gives the standard error)
 _JOB_BUDGET = 100_000  # jobs per K-async / K-batch-sync estimate, bounds time and memory
 
@@ -199,7 +203,7 @@ def _k_batch_sync_rows(ctx: _Context) -> list[Row]:
     if rate is not None and ctx.scenario.comm_mean == 0:
         k = np.asarray(ks, dtype=float)
         return _family_rows(ctx, "k-batch-sync", ks, k / (n * rate), np.zeros(k.size), EXACT)
-    if ctx.scenario.iid and n > LARGE_N:
+    if (ctx.scenario.iid or ctx.speeds) and n > LARGE_N:
         grid = np.asarray(ctx.scenario.ks or ctx.listed, dtype=np.int64)
         found, notes = k_batch_sync_estimates(ctx, grid, ctx.k_sync)
         ctx.notes.extend(notes)
@@ -232,19 +236,27 @@ def _k_async_rows(ctx: _Context) -> list[Row]:
         stats = expected_order_stats(ctx.job_law, n, ctx.ks)
         return _family_rows(ctx, "k-async", stats.k, stats.mean, stats.stderr, EXACT)
     grid = ctx.ks if s.ks or n <= ALL_K_UP_TO else k_grid(n)
-    if s.iid and n > LARGE_N:
+    if (s.iid or ctx.speeds) and n > LARGE_N:
         sync = (ctx.sync_time, float(ctx.k_sync[2][-1]), ctx.k_sync[3])
-        found = k_async_estimates(ctx, [k for k in grid if k > 1], sync)
+        wanted = [k for k in grid if k > 1]
+        found = k_async_estimates(ctx, wanted, sync)
         rows = [
             _row("k-async", *estimate) if estimate[3] else _k_async_row(ctx, estimate[0])
             for estimate in found
         ]
+        if missing := sorted(set(wanted) - {r.k for r in rows}):
+            ctx.notes.append(
+                f"k-async K={', '.join(map(str, missing))}: no large-N method with per-worker "
+                f"speeds near K = N; simulate it"
+            )
+        if ctx.speeds and 1 in grid:
+            rows.insert(0, _row("k-async", 1, async_renewal(ctx), 0.0, RENEWAL))
     else:
         rows = [_k_async_row(ctx, k) for k in grid if k > 1 or not s.iid]
     if s.iid and 1 in grid:
         job = ctx.m * ctx.exact_delay.mean + s.comm_mean
         rows.insert(0, _row("k-async", 1, job / n, 0.0, EXACT))
-    return _mark_family(ctx, rows)
+    return _mark_family(ctx, rows) if rows else []  # e.g. --k N-1 alone, left out above
 
 
 def _k_async_row(ctx: _Context, k: int) -> Row:
@@ -273,9 +285,16 @@ def _k_async_row(ctx: _Context, k: int) -> Row:
 
 
 def _k_batch_async_rows(ctx: _Context) -> list[Row]:
-    """K (E[X] + E[T^c]) / N for i.i.d. jobs (Lemma 5), else the renewal rate of sampled jobs."""
+    """K (E[X] + E[T^c]) / N for i.i.d. jobs (Lemma 5), its per-worker-speed limit
+    (``prediction.large.async_renewal``) above LARGE_N under heterogeneous speeds, else the
+    renewal rate of sampled jobs."""
     s = ctx.scenario
     n = s.workers
+    if ctx.speeds:
+        ks = np.asarray(ctx.ks, dtype=np.int64)
+        each = async_renewal(ctx)
+        rows = _family_rows(ctx, "k-batch-async", ks, ks * each, np.zeros(ks.size), RENEWAL)
+        return [*rows, _row("async", 1, each, 0.0, RENEWAL)]
     if s.iid:
         job = ctx.m * ctx.exact_delay.mean + s.comm_mean
         ks = np.asarray(ctx.ks, dtype=np.int64)
@@ -331,10 +350,13 @@ def _dropcompute_row(ctx: _Context) -> Row:
 def _rebalance_row(ctx: _Context) -> Row:
     """Optimal shares (``prediction.rebalance``): i.i.d. workers share equally, so the row is
     the allreduce sync's E[max_n X_n] + E[T^c]; else E[max_n S_n(m_n)] + E[T^c] by Monte
-    Carlo on the shared sample, with the closed form T* in a note."""
+    Carlo on the shared sample (by quadrature over each run's speeds above LARGE_N under
+    heterogeneous speeds), with the closed form T* in a note."""
     s = ctx.scenario
     if s.iid:
         return _row("rebalance", s.workers, *_allreduce_sync_stats(ctx))
+    if ctx.speeds:
+        return _rebalance_quadrature_row(ctx)
     sample = ctx.sync_sample()
     means = ctx.worker_means()
     found = [rebalance_times(t, comm, mu) for (t, comm), mu in zip(sample, means, strict=True)]
@@ -348,6 +370,24 @@ def _rebalance_row(ctx: _Context) -> Row:
     )
     steps = sum(t.shape[0] for t, _ in sample)
     return _row("rebalance", s.workers, float(time), float(time_se), ctx.method(steps))
+
+
+def _rebalance_quadrature_row(ctx: _Context) -> Row:
+    """Above LARGE_N under heterogeneous speeds: per run, E[max_n s_n S_n(m_n)] by
+    quadrature over the run's speeds (``prediction.rebalance.rebalance_quadrature``)."""
+    s, mean = ctx.scenario, float(ctx.sampled_delay.mean)
+    total = s.workers * ctx.m
+    found = [rebalance_quadrature(mu / mean, mean, ctx.sum_law, total) for mu in ctx.worker_means()]
+    time, time_se = _pooled([(value, 0.0) for value, _, _ in found])
+    closed = float(np.mean([c for _, c, _ in found])) + s.comm_mean
+    fewest = min(int(shares.min()) for *_, shares in found)
+    ctx.notes.append(
+        f"rebalance: shares optimal for each worker's mean micro-batch time (the fewest "
+        f"{fewest} of M={ctx.m}); closed form T* + E[T^c] = {closed:.4g} s, exact for constant "
+        f"times; E[T] by quadrature over each run's {s.workers} speeds ({len(found)} runs)"
+    )
+    method = f"numerical-integration({len(found)} runs of speeds, seed={s.seed})"
+    return _row("rebalance", s.workers, time + s.comm_mean, float(time_se), method)
 
 
 def _law_method(ctx: _Context, method: str) -> str:

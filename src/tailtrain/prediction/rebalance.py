@@ -17,14 +17,31 @@ once per run); a trace replayed per worker gives each worker's mean over its own
 Nothing is dropped, so the effective speedup (samples per second over sync) is the speedup.
 Everything is vectorised over workers: a few reshaped sums over the draws per run (one per
 distinct share), no gather.
+
+Above ``LARGE_N`` workers under ``heterogeneous`` speeds no draws are made
+(:func:`rebalance_quadrature`): given a run's speeds s_n and shares m_n, the workers are
+independent, so E[max_n s_n S_n(m_n)] = int_0^inf (1 - prod_n F_{m_n}(x / s_n)) dx with F_m
+the law of the sum of m micro-batches, integrated numerically with the speeds binned per
+share (:data:`SPEED_BINS` bins, each at its members' mean speed), from where P(max <= x)
+reaches 1e-16 to where P(max > x) falls to 1e-13 (or the support ends); the runs' spread
+gives the standard error.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 from numpy.typing import NDArray
 
+from tailtrain.delays.base import DelayModel
 from tailtrain.strategies.rebalance import optimal_shares
+
+SPEED_BINS = 1024  #: speed bins per share in :func:`rebalance_quadrature`
+_PANELS, _NODES = 64, 8  # Gauss-Legendre panels over the max's range, nodes per panel
+_EDGE = 1e-16  # the range: from P(max <= x) = _EDGE ...
+_TAIL = 1e-13  # ... up to P(max > x) = _TAIL (a sum law's cdf may stop short of 1 by ~1e-15)
+_SCAN = 512  # points of the scan for the lower end of that range
 
 
 def stepped_times(t: NDArray[np.float64], shares: NDArray[np.int64]) -> NDArray[np.float64]:
@@ -67,3 +84,53 @@ def rebalance_times(
     steps = stepped_times(t, shares) + comm[: iterations * m // int(shares.max())]
     stderr = float(steps.std(ddof=1) / np.sqrt(steps.size)) if steps.size > 1 else 0.0
     return float(steps.mean()), stderr, closed, shares
+
+
+def rebalance_quadrature(
+    speeds: NDArray[np.float64],
+    mean: float,
+    sum_law: Callable[[int], DelayModel],
+    total: int,
+) -> tuple[float, float, NDArray[np.int64]]:
+    """One run's (E[max_n s_n S_n(m_n)], T*, shares) with worker n at speed ``speeds[n]``
+    (micro-batch times s_n X, E[X] = ``mean``), the shares optimal for the means s_n E[X]
+    (the rule's ``optimal_shares``) and ``sum_law(m)`` the law of the sum of m micro-batches.
+    See the module docstring."""
+    shares = optimal_shares(speeds * mean, total)
+    closed = float((shares * speeds * mean).max())
+    low, high = float(speeds.min()), float(speeds.max())
+    scale = SPEED_BINS / max(high - low, 1e-300)
+    groups = []  # (law, bin speeds, bin counts) per distinct share
+    for m in np.flatnonzero(np.bincount(shares)):
+        mine = speeds[shares == m]
+        index = np.clip((mine - low) * scale, 0, SPEED_BINS - 1).astype(np.int64)
+        count = np.bincount(index, minlength=SPEED_BINS)
+        total_speed = np.bincount(index, weights=mine, minlength=SPEED_BINS)
+        used = count > 0
+        groups.append((sum_law(int(m)), total_speed[used] / count[used], count[used]))
+
+    def log_cdf(x: NDArray[np.float64]) -> NDArray[np.float64]:
+        """log P(max <= x) for each x."""
+        out = np.zeros(x.shape)
+        with np.errstate(divide="ignore"):
+            for law, speed, count in groups:
+                cdf = np.asarray(law.cdf(x[:, None] / speed[None, :]), dtype=float)
+                out += (count * np.log(cdf)).sum(axis=1)
+        return out
+
+    hi = max(closed, 1e-300)
+    top = max(float(speed.max()) * law.support[1] for law, speed, _ in groups)
+    for _ in range(64):  # P(max > hi) above _TAIL: double, up to the support's top
+        if hi >= top or log_cdf(np.array([hi]))[0] >= -_TAIL:
+            break
+        hi *= 2
+    hi = min(hi, top)
+    # below the last x where P(max <= x) < _EDGE, 1 - P(max <= x) is 1 (to _EDGE)
+    coarse = hi * np.arange(1, _SCAN + 1) / _SCAN
+    below = coarse[log_cdf(coarse) < np.log(_EDGE)]
+    start = float(below[-1]) if below.size else 0.0
+    nodes, weights = np.polynomial.legendre.leggauss(_NODES)
+    width = (hi - start) / _PANELS
+    x = start + width * (np.arange(_PANELS)[:, None] + (nodes + 1) / 2)
+    tail = -np.expm1(log_cdf(x.ravel())).reshape(x.shape)
+    return start + float((tail * weights).sum() * width / 2), closed, shares

@@ -1,4 +1,5 @@
-"""Large-N (mean-field) iteration times of K-async and K-batch-sync with i.i.d. jobs.
+"""Large-N (mean-field) iteration times of K-async and K-batch-sync with i.i.d. jobs (and
+K-async's with workers of several speeds, :func:`k_async_mean_field_mixed`).
 
 At N = 10^6 workers a Monte Carlo of these variants must warm up for about N/K iterations of
 O(N) work each, so ``predict`` uses these N -> infinity limits with K/N fixed instead. Both
@@ -64,6 +65,54 @@ def k_async_mean_field(
     ratio = jobs[:, None] / tau
     spread = (np.ceil(ratio) - ratio).std(axis=0, ddof=1) / math.sqrt(jobs.size)
     return tau, tau**2 / mean * spread
+
+
+def k_async_mean_field_mixed(
+    jobs: NDArray[np.float64],
+    means: NDArray[np.float64],
+    weights: NDArray[np.float64],
+    workers: int,
+    ks: ArrayLike,
+) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+    """K-async's mean-field tau when workers differ in speed: a share ``weights[g]`` of them
+    has jobs J_g (sample ``jobs[g]``, mean ``means[g]``). A worker of class g restarts once
+    every E[ceil(J_g / tau)] updates, so the renewal balance of the module docstring becomes
+
+        sum_g weights[g] / E[ceil(J_g / tau)] = K / N,
+
+    the same as E[ceil(J/tau)] = N/K for one class (a harmonic, not arithmetic, mean: a slow
+    worker restarts less often). E[ceil(J_g/tau)] = E[J_g]/tau + delta_g(tau) as above, with
+    delta_g on the sample. tau is bisected from its renewal-reward lower bound
+    (K/N) / sum_g weights[g] / E[J_g] up; the standard error is propagated from the deltas'
+    (jointly, the classes share their random numbers)."""
+    k = np.asarray(ks, dtype=float)
+    if np.any(k < 1) or np.any(k >= workers) or not np.all(means > 0) or jobs.ndim != 2:
+        raise UsageError(f"need 1 <= K < N={workers}, every E[J] > 0 and jobs[class, draw]")
+    w, mu = weights[:, None, None], means[:, None, None]
+    target = k / workers
+
+    def rate(tau: NDArray[np.float64]) -> tuple[NDArray, NDArray]:
+        ratio = jobs[:, :, None] / tau
+        frac = np.ceil(ratio) - ratio
+        cycles = mu[:, :, 0] / tau + frac.mean(axis=1)  # (class, K)
+        return (weights[:, None] / cycles).sum(axis=0), frac
+
+    low = target / float((weights / means).sum())
+    high = 2 * low
+    while np.any(few := rate(high)[0] < target):  # fewer than K restarts: tau too small
+        high = np.where(few, 2 * high, high)
+    for _ in range(_BISECTIONS):
+        mid = 0.5 * (low + high)
+        few = rate(mid)[0] < target
+        low, high = np.where(few, mid, low), np.where(few, high, mid)
+    tau = high
+    _, frac = rate(tau)
+    cycles = mu / tau + frac.mean(axis=1, keepdims=True)
+    # d(rate) per draw, and d(rate)/d(tau) with delta held: tau's error by the delta method
+    per_draw = -(w * (frac - frac.mean(axis=1, keepdims=True)) / cycles**2).sum(axis=0)
+    slope = (w * mu / tau**2 / cycles**2).sum(axis=0)[0]
+    stderr = per_draw.std(axis=0, ddof=1) / math.sqrt(jobs.shape[1]) / slope
+    return tau, stderr
 
 
 def k_batch_sync_mean_field(
