@@ -275,7 +275,8 @@ class WeightedUpdate:
         lr_scale: float,
     ) -> torch.Tensor:
         """theta - lr * lr_scale * d_t."""
-        return theta - self.lr * lr_scale * self.direction(grads, keys, selection)
+        # d_t is a new tensor of ours: scaled in place, one temporary of D less
+        return theta - self.direction(grads, keys, selection).mul_(self.lr * lr_scale)
 
     def apply_reduced(
         self, theta: torch.Tensor, weighted_sum: torch.Tensor, divisor: float, lr_scale: float

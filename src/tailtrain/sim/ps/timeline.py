@@ -92,7 +92,8 @@ class ServerTimeline:
         """
         update = ps.Update(version, mode, accept_stale)
         self.schedule, starts = ps.transition(self.schedule, update)
-        self.cancel(np.array([a.worker for a in starts if a.cancels], dtype=np.int64))
+        # an interrupted job (``Start.cancels``) is replaced by the job this launch starts,
+        # which overwrites its finish time: no separate cancel
         self._start(sorted(starts, key=lambda a: a.worker), np.full(len(starts), self.now))
 
     def _start(self, starts: list[ps.Start] | tuple[ps.Start, ...], at: np.ndarray) -> None:
