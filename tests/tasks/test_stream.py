@@ -1,6 +1,7 @@
 """The data stream's carry-over (``tasks.stream.CarryOver``): micro-batches a threshold cuts
 are dealt first in the next step, so every micro-batch of the stream is computed exactly once,
-and nothing cut means sync's rounds as they are."""
+and nothing cut means sync's rounds as they are. A parameter server's jobs drawn a block at a
+time (``JobDraws``) are the jobs ``job_batches`` draws one by one."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tailtrain.tasks.stream import CarryOver, deal
+from tailtrain.tasks.partition import PartitionState
+from tailtrain.tasks.stream import CarryOver, JobDraws, deal, job_batches
 
 
 class NumberedDraws:
@@ -48,3 +50,19 @@ def test_nothing_cut_is_syncs_rounds_as_they_are():
         np.testing.assert_array_equal(batch, draws.round(index, 4))
         carry.cut(deal(batch, np.array([4, 4, 4])), np.array([4, 4, 4]), np.array([4, 4, 4]))
     assert carry.taken == 3 * 12 and len(carry.queue) == 0
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    st.integers(1, 6), st.lists(st.lists(st.integers(0, 300), min_size=1, max_size=8), max_size=6)
+)
+def test_job_draws_are_the_jobs_drawn_one_by_one(n, reads):
+    # shards of unequal sizes; reads in any order, a worker's jobs near and far apart
+    sizes = np.arange(3, 3 + n)
+    part = PartitionState(np.arange(int(sizes.sum())), np.cumsum(sizes) - sizes, sizes)
+    drawn = JobDraws(part, 7, 4, n)
+    for jobs in reads:
+        jobs = np.array(jobs, dtype=np.int64)
+        workers = np.arange(jobs.size, dtype=np.int64) % n
+        got = drawn.batches(workers, jobs)
+        assert np.array_equal(got, job_batches(part, 7, 4, workers, jobs)[:, 0])

@@ -58,6 +58,19 @@ def finite_rows(grads: torch.Tensor) -> np.ndarray:
     return ok
 
 
+def _screen_rows(grads: torch.Tensor) -> tuple[np.ndarray, float | None]:
+    """Which rows are finite, and sum_i ||g_i||^2 when all are. A finite sum of squares proves
+    every entry finite (as in :func:`screen_own`) and is a statistic the step reports anyway
+    (``gradient_stats``); only a non-finite or overflowing one is settled row by row."""
+    if not grads.shape[0]:
+        return np.ones(0, dtype=bool), None
+    flat = grads.reshape(-1)
+    sq_sum = float(flat @ flat)
+    if math.isfinite(sq_sum):
+        return np.ones(grads.shape[0], dtype=bool), sq_sum
+    return finite_rows(grads), None
+
+
 #: below this many comparisons :func:`isin` compares all pairs (np.isin sorts: ~20 us)
 SMALL_ISIN = 4096
 
@@ -153,11 +166,16 @@ def closed_step_stats(
 
 
 def gradient_stats(
-    losses: torch.Tensor, grads: torch.Tensor, finite: np.ndarray | None = None
+    losses: torch.Tensor,
+    grads: torch.Tensor,
+    finite: np.ndarray | None = None,
+    sq_sum: float | None = None,
 ) -> GradientStats:
     """Mean loss, sum_i ||g_i||^2 and ||mean_i g_i||^2 over the rows given (DBW Eqs. 10-11);
     rows with a non-finite gradient or loss are left out, as the update leaves them out.
-    ``finite``: which rows are finite, when the caller knows it (the update just checked)."""
+    ``finite``: which rows are finite, when the caller knows it (the update just checked);
+    ``sq_sum``: sum_i ||g_i||^2 of these very rows, when the caller has it (the update's
+    screen computes it: :attr:`WeightedUpdate.sq_sum`)."""
     if finite is None:
         finite = finite_rows(grads) if grads.shape[0] else np.ones(0, dtype=bool)
     ok = finite
@@ -165,16 +183,20 @@ def gradient_stats(
         if losses.shape[:1] == grads.shape[:1]:  # one loss per gradient: drop it with it
             losses = losses[torch.from_numpy(ok)]
         grads = grads[torch.from_numpy(ok)]
-    if not bool(torch.isfinite(losses).all()):
-        losses = losses[torch.isfinite(losses)]
+        sq_sum = None  # of other rows
     if grads.shape[0] == 0:
         return GradientStats()
-    flat = grads.reshape(-1)
-    sq_sum = float(flat @ flat)
+    # a finite mean proves every loss finite (one reduction, not a mask and a second one)
+    loss = float(losses.mean())
+    if not math.isfinite(loss):
+        loss = float(losses[torch.isfinite(losses)].mean())
+    if sq_sum is None:
+        flat = grads.reshape(-1)
+        sq_sum = float(flat @ flat)
     if grads.shape[0] == 1:  # the mean of one gradient is that gradient
-        return GradientStats(float(losses.mean()), sq_sum, sq_sum)
+        return GradientStats(loss, sq_sum, sq_sum)
     mean = grads.mean(0)
-    return GradientStats(float(losses.mean()), sq_sum, float(mean @ mean))
+    return GradientStats(loss, sq_sum, float(mean @ mean))
 
 
 class WeightedUpdate:
@@ -189,6 +211,9 @@ class WeightedUpdate:
         #: which rows of the last ``direction``'s gradients were finite (for ``gradient_stats``
         #: of the same rows: one pass over them less); None before the first
         self.finite: np.ndarray | None = None
+        #: sum_i ||g_i||^2 of the last ``direction``'s gradients where all were finite (the
+        #: screen's proof of it), else None: ``gradient_stats`` of the same rows reuses it
+        self.sq_sum: float | None = None
         #: (workers, values): the next ``direction`` sets those workers' weighed gradients to
         #: their values (a fault drill: ``tailtrain.faults``); consumed by that call
         self.inject: tuple[np.ndarray, np.ndarray] | None = None
@@ -214,7 +239,7 @@ class WeightedUpdate:
     ) -> tuple[torch.Tensor, Selection]:
         """Drop the rows with a NaN or an infinity from ``selection`` (and zero them, since
         0 * NaN is NaN); remember their keys in ``dropped``. ``raise`` stops instead."""
-        ok = finite_rows(grads) if grads.shape[0] else np.ones(0, dtype=bool)
+        ok, self.sq_sum = _screen_rows(grads)
         self.finite = ok
         self.dropped = np.asarray(keys, dtype=np.int64)[~ok]
         if ok.all():
@@ -250,7 +275,8 @@ class WeightedUpdate:
         lr_scale: float,
     ) -> torch.Tensor:
         """theta - lr * lr_scale * d_t."""
-        return theta - self.lr * lr_scale * self.direction(grads, keys, selection)
+        # d_t is a new tensor of ours: scaled in place, one temporary of D less
+        return theta - self.direction(grads, keys, selection).mul_(self.lr * lr_scale)
 
     def apply_reduced(
         self, theta: torch.Tensor, weighted_sum: torch.Tensor, divisor: float, lr_scale: float
@@ -275,5 +301,14 @@ class WeightedUpdate:
 def rows_weighed(keys: np.ndarray, selection: Selection) -> np.ndarray:
     """Positions (sorted) of the arrivals a Selection weighs now or later: the only gradients
     an engine has to compute."""
-    wanted = np.concatenate([selection.now.keys, selection.later.keys])
+    now = selection.now.keys
+    if not len(selection.later) and same_keys(keys, now):  # a step's usual selection
+        return np.arange(len(keys))
+    wanted = np.concatenate([now, selection.later.keys])
     return np.flatnonzero(isin(keys, wanted))
+
+
+def same_keys(a: np.ndarray, b: np.ndarray) -> bool:
+    """Whether two key columns are equal, element by element: most steps weigh every
+    arrival offered, in order, and then no membership test is needed."""
+    return len(a) == len(b) and bool((a == b).all())

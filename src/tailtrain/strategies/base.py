@@ -167,7 +167,8 @@ class ArrivalColumns:
         return arrival_keys(self.worker, self.job)
 
     def take(self, index: np.ndarray) -> ArrivalColumns:
-        return ArrivalColumns(
+        # the columns keep their dtypes: nothing to convert
+        return ArrivalColumns.trusted(
             self.worker[index],
             self.job[index],
             self.version[index],
@@ -179,7 +180,8 @@ class ArrivalColumns:
 
     @staticmethod
     def concat(parts: Sequence[ArrivalColumns]) -> ArrivalColumns:
-        return ArrivalColumns(*(np.concatenate([getattr(p, c) for p in parts]) for c in COLUMNS))
+        columns = (np.concatenate([getattr(p, c) for p in parts]) for c in COLUMNS)
+        return ArrivalColumns.trusted(*columns)
 
 
 #: the columns of ``ArrivalColumns``, in constructor order

@@ -2,7 +2,8 @@
 
 Every engine draws mini-batches here, so worker w's j-th job (its j-th gradient, or its
 j-th allreduce round) sees the same data under every strategy and in the runtime.
-:class:`Draws` reads an allreduce run's rounds from it many rounds at a time,
+:class:`Draws` reads an allreduce run's rounds from it many rounds at a time, :class:`JobDraws`
+a parameter server's jobs many jobs per worker at a time,
 :func:`deal` hands a round's global batch out by per-rank shares (``strategies.rebalance``),
 and :class:`CarryOver` re-deals the micro-batches a threshold cut in the next step.
 """
@@ -62,6 +63,63 @@ class Draws:
             self.rounds = drawn.reshape(count, self.n, units, self.batch)
             self.first, self.units = index, units
         return self.rounds[index - self.first]
+
+
+class JobDraws:
+    """The mini-batches of each worker's next jobs, drawn many jobs at a time per worker.
+
+    A parameter server's workers advance through their jobs at their own pace, so the blocks
+    are per worker: worker w's jobs ``first[w]`` to ``first[w] + jobs - 1``. ``job_batches``
+    is keyed by (seed, worker, job), so a job's draws do not depend on the block it was drawn
+    in; one call for a block of jobs saves the simulator ~0.1 ms of numpy calls a step (of a
+    few ms of gradients). Rebuilt from the scenario and seed, it is not part of a checkpoint.
+    """
+
+    #: jobs drawn per worker in one call, unless that would exceed ``Draws.VALUES`` indices
+    JOBS = 64
+
+    def __init__(self, partition, seed: int, batch: int, n_workers: int) -> None:
+        self.partition, self.seed, self.batch = partition, seed, batch
+        self.jobs = max(1, min(self.JOBS, Draws.VALUES // max(1, n_workers * batch)))
+        # far below any job: every worker's first read draws its block
+        self.first = np.full(n_workers, -(1 << 62), dtype=np.int64)
+        self.blocks = np.zeros((n_workers, self.jobs, batch), dtype=np.int64)
+
+    def batches(self, workers: np.ndarray, jobs: np.ndarray) -> np.ndarray:
+        """Train indices (R, B) of job ``jobs[r]`` of worker ``workers[r]`` (int64 columns),
+        a new array."""
+        at = jobs - self.first[workers]
+        miss = (at < 0) | (at >= self.jobs)
+        if miss.any():
+            self._draw(workers[miss], jobs[miss])
+            at = jobs - self.first[workers]
+            miss = (at < 0) | (at >= self.jobs)
+            if miss.any():  # one worker's jobs too far apart for one block: draw them as they are
+                out = np.empty((workers.size, self.batch), dtype=np.int64)
+                out[~miss] = self.blocks[workers[~miss], at[~miss]]
+                out[miss] = job_batches(
+                    self.partition, self.seed, self.batch, workers[miss], jobs[miss]
+                )[:, 0]
+                return out
+        return self.blocks[workers, at]
+
+    def _draw(self, workers: np.ndarray, jobs: np.ndarray) -> None:
+        """New blocks for ``workers``, each from the lowest of its ``jobs``."""
+        order = np.lexsort((jobs, workers))
+        workers, jobs = workers[order], jobs[order]
+        first = np.ones(workers.size, dtype=bool)
+        first[1:] = workers[1:] != workers[:-1]
+        workers, jobs = workers[first], jobs[first]
+        span = np.arange(self.jobs, dtype=np.int64)
+        drawn = job_batches(
+            self.partition,
+            self.seed,
+            self.batch,
+            np.repeat(workers, self.jobs),
+            (jobs[:, None] + span).reshape(-1),
+        )
+        self.blocks[workers] = drawn.reshape(workers.size, self.jobs, self.batch)
+        self.first[workers] = jobs
 
 
 def deal(batches: np.ndarray, shares: np.ndarray) -> np.ndarray:

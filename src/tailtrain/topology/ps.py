@@ -53,7 +53,7 @@ from typing import Any
 
 import numpy as np
 
-from tailtrain.core.update import GradientStats, closed_step_stats, isin
+from tailtrain.core.update import GradientStats, closed_step_stats, isin, same_keys
 from tailtrain.errors import TailtrainError
 from tailtrain.strategies.base import ArrivalColumns, StepStats, SyncMode, uses_tokens
 
@@ -135,96 +135,148 @@ class Start:
 
 def transition(s: Schedule, event: Event) -> tuple[Schedule, tuple[Start, ...]]:
     """The schedule after ``event`` and the jobs it starts (module docstring)."""
-    if isinstance(event, Update):
-        return _update(s, event)
-    if isinstance(event, Delivered):
-        return _delivered(s, event)
-    if isinstance(event, Ask):
-        if not s.asking[event.worker]:
-            return s, ()
-        return _serve(_set(s, event.worker, IDLE, False), event.worker)
-    if isinstance(event, Lost):
-        return _set(s, event.worker, IDLE, False), ()
-    raise TypeError(f"not a parameter-server event: {event!r}")
+    if isinstance(event, Ask) and not s.asking[event.worker]:
+        return s, ()  # nothing to serve: the same schedule
+    ledger = _Ledger(s)
+    starts: list[Start] = []
+    ledger.apply(event, starts)
+    return ledger.freeze(), tuple(starts)
 
 
 def transition_all(s: Schedule, events: list[Event]) -> tuple[Schedule, list[Start]]:
     """Apply ``events`` in order; every job they start, in order."""
+    if not events:
+        return s, []
+    ledger = _Ledger(s)
     starts: list[Start] = []
     for event in events:
-        s, acts = transition(s, event)
-        starts.extend(acts)
-    return s, starts
+        ledger.apply(event, starts)
+    return ledger.freeze(), starts
 
 
 def follows(s: Schedule, workers: list[int]) -> list[bool]:
     """Which of ``workers``, delivering in this order, would start a next job at once."""
+    ledger = _Ledger(s)
+    if not ledger.with_tokens:  # no queue: whoever asks is served, so who asks follows
+        return [ledger.wants(w) for w in workers]
+    starts: list[Start] = []
     out = []
     for w in workers:
-        s, acts = transition(s, Delivered(w))
-        out.append(bool(acts))
+        before = len(starts)
+        ledger.delivered(w, False, starts)
+        out.append(len(starts) > before)
     return out
 
 
-def _set(s: Schedule, worker: int, job: int, asking: bool) -> Schedule:
-    jobs = (*s.jobs[:worker], job, *s.jobs[worker + 1 :])
-    ask = (*s.asking[:worker], asking, *s.asking[worker + 1 :])
-    # the constructor, not dataclasses.replace: this runs for every worker event (~40 a step)
-    return Schedule(s.version, jobs, ask, s.tokens, s.mode, s.accept_stale)
+class _Ledger:
+    """A ``Schedule`` as mutable lists while a run of events applies: the one implementation
+    of every event, and one immutable Schedule at the end of the run, not two n-tuples
+    rebuilt per event (the simulator applies ~40 events a step)."""
 
+    __slots__ = (
+        "accept_stale",
+        "asking",
+        "jobs",
+        "mode",
+        "refills",
+        "tokens",
+        "version",
+        "with_tokens",
+    )
 
-def _update(s: Schedule, e: Update) -> tuple[Schedule, tuple[Start, ...]]:
-    # one pass over mutable copies of the workers' columns, one Schedule at the end: the
-    # same events as a _set per worker, without rebuilding n-tuples n times
-    mode = SyncMode(e.mode)
-    jobs, asking = list(s.jobs), list(s.asking)
-    tokens = s.tokens
-    starts: list[Start] = []
-    if mode.interrupts:
-        for w in range(s.n):
-            if jobs[w] != IDLE:
-                starts.append(Start(w, e.version, cancels=True))
-                jobs[w], asking[w] = e.version, False
-    with_tokens = uses_tokens(mode, e.accept_stale)
-    if with_tokens:
-        tokens = (*tokens, (e.version, s.n - len(e.absent)))
-    for w in range(s.n):
-        if jobs[w] != IDLE or w in e.absent:
-            continue
-        asking[w] = False
-        if not with_tokens:  # _serve without tokens: start at the new version
-            jobs[w] = e.version
-            starts.append(Start(w, e.version))
-        elif tokens:  # _serve with tokens: the oldest token's version
-            (version, count), rest = tokens[0], tokens[1:]
-            tokens = rest if count == 1 else ((version, count - 1), *rest)
-            jobs[w] = version
-            starts.append(Start(w, version))
-    out = Schedule(e.version, tuple(jobs), tuple(asking), tokens, mode.value, e.accept_stale)
-    return out, tuple(starts)
+    def __init__(self, s: Schedule) -> None:
+        self.version = s.version
+        self.jobs, self.asking = list(s.jobs), list(s.asking)
+        self.tokens = s.tokens
+        self._set_mode(SyncMode(s.mode), s.accept_stale)
 
+    def _set_mode(self, mode: SyncMode, accept_stale: bool) -> None:
+        # read on every delivery: the mode's properties once per run of events
+        self.mode, self.accept_stale = mode, accept_stale
+        self.refills = mode.refills
+        self.with_tokens = uses_tokens(mode, accept_stale)
 
-def _delivered(s: Schedule, e: Delivered) -> tuple[Schedule, tuple[Start, ...]]:
-    w = e.worker
-    if s.jobs[w] == IDLE:
-        raise TailtrainError(f"worker {w} delivered without a job")
-    stale = s.jobs[w] < s.version
-    wants = SyncMode(s.mode).refills or (stale and not s.accept_stale)
-    if not wants or e.hold:
-        return _set(s, w, IDLE, wants), ()
-    return _serve(_set(s, w, IDLE, False), w)  # it asks and is served at once
+    def freeze(self) -> Schedule:
+        return Schedule(
+            self.version,
+            tuple(self.jobs),
+            tuple(self.asking),
+            self.tokens,
+            self.mode.value,
+            self.accept_stale,
+        )
 
+    def apply(self, event: Event, starts: list[Start]) -> None:
+        """Apply ``event``; append the jobs it starts to ``starts``."""
+        if isinstance(event, Delivered):
+            self.delivered(event.worker, event.hold, starts)
+        elif isinstance(event, Ask):
+            w = event.worker
+            if self.asking[w]:
+                self.jobs[w], self.asking[w] = IDLE, False
+                self._serve(w, starts)
+        elif isinstance(event, Update):
+            self._update(event, starts)
+        elif isinstance(event, Lost):
+            self.jobs[event.worker], self.asking[event.worker] = IDLE, False
+        else:
+            raise TypeError(f"not a parameter-server event: {event!r}")
 
-def _serve(s: Schedule, w: int) -> tuple[Schedule, tuple[Start, ...]]:
-    """Start free worker ``w`` at the version, or at the oldest token's (none: it waits)."""
-    if not uses_tokens(SyncMode(s.mode), s.accept_stale):
-        return _set(s, w, s.version, False), (Start(w, s.version),)
-    if not s.tokens:
-        return s, ()
-    (version, count), rest = s.tokens[0], s.tokens[1:]
-    tokens = rest if count == 1 else ((version, count - 1), *rest)
-    s = Schedule(s.version, s.jobs, s.asking, tokens, s.mode, s.accept_stale)
-    return _set(s, w, version, False), (Start(w, version),)
+    def _update(self, e: Update, starts: list[Start]) -> None:
+        mode = SyncMode(e.mode)
+        jobs, asking, n = self.jobs, self.asking, len(self.jobs)
+        if mode.interrupts:
+            for w in range(n):
+                if jobs[w] != IDLE:
+                    starts.append(Start(w, e.version, cancels=True))
+                    jobs[w], asking[w] = e.version, False
+        with_tokens = uses_tokens(mode, e.accept_stale)
+        tokens = self.tokens
+        if with_tokens:
+            tokens = (*tokens, (e.version, n - len(e.absent)))
+        for w in range(n):
+            if jobs[w] != IDLE or w in e.absent:
+                continue
+            asking[w] = False
+            if not with_tokens:  # served without tokens: start at the new version
+                jobs[w] = e.version
+                starts.append(Start(w, e.version))
+            elif tokens:  # served with tokens: the oldest token's version
+                (version, count), rest = tokens[0], tokens[1:]
+                tokens = rest if count == 1 else ((version, count - 1), *rest)
+                jobs[w] = version
+                starts.append(Start(w, version))
+        self.version, self.tokens = e.version, tokens
+        self._set_mode(mode, e.accept_stale)
+
+    def wants(self, w: int) -> bool:
+        """Whether worker ``w``, delivering now, asks for a next job at once: under pull, or
+        (push) when its gradient is stale and dropped (DBW §2, PsW)."""
+        if self.jobs[w] == IDLE:
+            raise TailtrainError(f"worker {w} delivered without a job")
+        return self.refills or (self.jobs[w] < self.version and not self.accept_stale)
+
+    def delivered(self, w: int, hold: bool, starts: list[Start]) -> None:
+        wants = self.wants(w)
+        self.jobs[w] = IDLE
+        if not wants or hold:
+            self.asking[w] = wants
+            return
+        self.asking[w] = False
+        self._serve(w, starts)  # it asks and is served at once
+
+    def _serve(self, w: int, starts: list[Start]) -> None:
+        """Start free worker ``w`` at the version, or at the oldest token's (none: it waits)."""
+        if not self.with_tokens:
+            self.jobs[w], self.asking[w] = self.version, False
+            starts.append(Start(w, self.version))
+            return
+        if not self.tokens:
+            return
+        (version, count), rest = self.tokens[0], self.tokens[1:]
+        self.tokens = rest if count == 1 else ((version, count - 1), *rest)
+        self.jobs[w], self.asking[w] = version, False
+        starts.append(Start(w, version))
 
 
 # ---- the step's ledger -------------------------------------------------------------------------
@@ -274,7 +326,10 @@ def step_stats(
 def step_row(stats: StepStats, k: int, candidates: ArrivalColumns) -> dict[str, Any]:
     """The ``ROW`` columns of a step: the used candidates' workers and staleness, the
     stragglers whose partial work was offered (LGC), and how many arrived in all."""
-    idx = np.flatnonzero(isin(candidates.keys, stats.used))
+    keys = candidates.keys
+    # every candidate used, in order (most steps): no membership test
+    idx = slice(None) if same_keys(keys, stats.used) else np.flatnonzero(isin(keys, stats.used))
+    partial = candidates.partial
     return {
         "step": stats.step,
         "time": stats.time,
@@ -283,6 +338,6 @@ def step_row(stats: StepStats, k: int, candidates: ArrivalColumns) -> dict[str, 
         "loss": stats.loss,
         "workers": candidates.worker[idx].tolist(),
         "staleness": (stats.version - 1 - candidates.version[idx]).tolist(),
-        "partial_workers": candidates.worker[candidates.partial].tolist(),
+        "partial_workers": candidates.worker[partial].tolist() if partial.any() else [],
         "arrivals": len(stats.arrivals),
     }

@@ -110,7 +110,8 @@ class AllreduceEngine:
             self.learner.apply(selection, played.candidates.keys, work, plan.lr_scale)
             if plan.requeue_dropped:
                 self.learner.requeue(batches, stops.done)
-            scalars = work.stats(self.learner.update.finite)
+            update = self.learner.update
+            scalars = work.stats(update.finite, update.sq_sum)
         self._closes = self.now + float(stops.compute.max()) + comm
         return round_stats(
             self.step,

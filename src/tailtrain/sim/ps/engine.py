@@ -61,7 +61,8 @@ class ServerEngine:
 
     def _candidates(self, plan: ServerPlan, got: StepArrivals) -> ArrivalColumns:
         """The usable arrivals, then the stragglers' partial work (LGC Alg. 1)."""
-        fresh = got.arrivals.take(np.flatnonzero(got.usable))
+        # every arrival usable (K-async, or no stale one this step): the columns as they are
+        fresh = got.arrivals if got.usable.all() else got.arrivals.take(np.flatnonzero(got.usable))
         if plan.partial_blocks <= 0:
             return fresh
         tl = self.timeline
@@ -93,8 +94,10 @@ class ServerEngine:
             scalars = self.trainer.apply(
                 self.version + 1, self.version, selection, candidates, plan.lr_scale
             )
-        late = candidates.take(np.flatnonzero(candidates.partial))
-        arrivals = ArrivalColumns.concat([got.arrivals, late])
+        arrivals = got.arrivals
+        if candidates.partial.any():  # LGC: the stragglers' partial work arrived too
+            late = candidates.take(np.flatnonzero(candidates.partial))
+            arrivals = ArrivalColumns.concat([got.arrivals, late])
         lr = self.world.lr * plan.lr_scale
         return ps.step_stats(self.step, plan.k, got.close, arrivals, selection.used(), scalars, lr)
 
@@ -107,9 +110,10 @@ class ServerEngine:
         self.version += 1
         self.step += 1
         if self.trainer is not None:
-            jobs = self.timeline.version
-            busy = jobs[jobs != IDLE]
-            self.trainer.retain({self.version, *np.unique(busy).tolist()})
+            # the versions jobs in flight compute: the schedule's plain ints, as a set at once
+            busy = set(self.timeline.schedule.jobs)
+            busy.discard(IDLE)
+            self.trainer.retain({self.version, *busy})
 
     def summary(self, record: RunRecord) -> dict[str, Any]:
         return {}

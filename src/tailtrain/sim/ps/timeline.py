@@ -92,7 +92,8 @@ class ServerTimeline:
         """
         update = ps.Update(version, mode, accept_stale)
         self.schedule, starts = ps.transition(self.schedule, update)
-        self.cancel(np.array([a.worker for a in starts if a.cancels], dtype=np.int64))
+        # an interrupted job (``Start.cancels``) is replaced by the job this launch starts,
+        # which overwrites its finish time: no separate cancel
         self._start(sorted(starts, key=lambda a: a.worker), np.full(len(starts), self.now))
 
     def _start(self, starts: list[ps.Start] | tuple[ps.Start, ...], at: np.ndarray) -> None:
@@ -150,16 +151,26 @@ class ServerTimeline:
             self._release_waiting()
             batch, fit = self._next_batch(k - have, version, accept_stale, drain)
             have += int(fit.sum())
-            rest = self._older_running(version) if drain else np.zeros(self.n, dtype=bool)
-            rest[batch] = False
-            closes = step_closes(have, k, bool(rest.any()))
+            older = False
+            if drain:
+                rest = self._older_running(version)
+                rest[batch] = False
+                older = bool(rest.any())
+            closes = step_closes(have, k, older)
             # a straggler drained as the step closes goes on to this version, not the next
             carry_on = closes and drain
             chunks.append(self._commit(batch, fit, closes, carry_on))
-        cols = (np.concatenate(c) for c in zip(*chunks, strict=True))
-        worker, ver, start, finish, job, fits = cols
+        if len(chunks) == 1:  # the usual step: one event batch, nothing to join
+            worker, ver, start, finish, job, fits = chunks[0]
+        else:
+            cols = (np.concatenate(c) for c in zip(*chunks, strict=True))
+            worker, ver, start, finish, job, fits = cols
         self.now = float(finish[-1])
-        arrivals = ArrivalColumns(worker, job, ver, start, finish)
+        n = worker.size
+        # columns of the timeline's own dtypes: no conversion to check
+        arrivals = ArrivalColumns.trusted(
+            worker, job, ver, start, finish, np.ones(n), np.zeros(n, dtype=bool)
+        )
         return StepArrivals(arrivals, job, fits, self.now)
 
     def _older_running(self, version: int) -> np.ndarray:
@@ -219,16 +230,10 @@ class ServerTimeline:
     ) -> tuple[np.ndarray, ...]:
         """Record the batch and start follow-up jobs; who finishes as the step closes waits
         for the update, so that it starts from the new version, unless ``carry_on``."""
-        record = (
-            batch.copy(),
-            self.version[batch].copy(),
-            self.start[batch].copy(),
-            self.finish[batch].copy(),
-            self.job[batch].copy(),
-            fits,
-        )
-        # who finishes at the batch's last instant is held (``ps.Delivered``), unless carry_on
+        # indexing by an array copies: the record keeps these as they are now
         done = self.finish[batch]
+        record = (batch, self.version[batch], self.start[batch], done, self.job[batch], fits)
+        # who finishes at the batch's last instant is held (``ps.Delivered``), unless carry_on
         hold = (done == done[-1]) & (not carry_on)
         self.cancel(batch)
         self._deliver(batch, done, hold)

@@ -7,12 +7,14 @@ sees the same mini-batch for a given seed, so strategies compare on the same dat
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import torch
 
 from tailtrain.core.update import GradientStats, WeightedUpdate, gradient_stats, rows_weighed
 from tailtrain.strategies.base import ArrivalColumns, Selection
-from tailtrain.tasks.stream import job_batches
+from tailtrain.tasks.stream import JobDraws
 
 
 class Trainer:
@@ -24,6 +26,8 @@ class Trainer:
         self.seed = seed
         self.versions: dict[int, torch.Tensor] = {0: task.init_params(seed)}
         self.update = WeightedUpdate(lr)
+        # mini-batches drawn a block of jobs at a time (not checkpointed: rebuilt alike)
+        self.drawn = JobDraws(partition_state, seed, task.batch_size, partition_state.n_workers)
 
     @classmethod
     def of(cls, world) -> Trainer:
@@ -36,15 +40,19 @@ class Trainer:
 
     def batches(self, workers: np.ndarray, jobs: np.ndarray) -> np.ndarray:
         """Mini-batches (R, B) of the jobs ``(workers[r], jobs[r])``."""
-        return job_batches(self.partition, self.seed, self.task.batch_size, workers, jobs)[:, 0]
+        return self.drawn.batches(workers, jobs)
 
     def _grads(
         self, arrivals: ArrivalColumns, index: np.ndarray
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Losses and gradients of ``arrivals[index]``, each over its ``units`` of the batch."""
+        versions = arrivals.version[index]
+        # the common case: one version, whole batches; no key columns to build and compare
+        if index.size and (versions == versions[0]).all() and (arrivals.units[index] == 1).all():
+            return self._group_grads(arrivals, index, (int(versions[0]), BLOCK_SCALE))
         blocks = np.round(arrivals.units[index] * BLOCK_SCALE).astype(np.int64)
         keys = np.stack([arrivals.version[index], blocks], axis=1)
-        # the common case: one version, whole batches; no copy (and no np.unique over rows)
+        # one version, equal parts of the batch: no copy (and no np.unique over rows)
         if index.size and (keys == keys[0]).all():
             return self._group_grads(arrivals, index, keys[0])
         groups = np.unique(keys, axis=0)
@@ -57,12 +65,14 @@ class Trainer:
         return losses, grads
 
     def _group_grads(
-        self, arrivals: ArrivalColumns, rows: np.ndarray, key: np.ndarray
+        self, arrivals: ArrivalColumns, rows: np.ndarray, key: Any
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """One batched call: jobs that share a model version and a number of blocks."""
+        """One batched call: jobs that share a model version and a number of blocks
+        (``key``: the version and the blocks in ``BLOCK_SCALE``)."""
         batch = self.batches(arrivals.worker[rows], arrivals.job[rows])
-        size = max(1, round(batch.shape[1] * key[1] / BLOCK_SCALE))
-        return self.task.grads(self.versions[int(key[0])], batch[:, :size])
+        if key[1] != BLOCK_SCALE:  # partial work: the first blocks of the batch
+            batch = batch[:, : max(1, round(batch.shape[1] * key[1] / BLOCK_SCALE))]
+        return self.task.grads(self.versions[int(key[0])], batch)
 
     def apply(
         self,
@@ -74,15 +84,16 @@ class Trainer:
     ) -> GradientStats:
         """theta_{v+1} = theta_v - lr * lr_scale * d_t (``tailtrain.core.update``); the statistics
         cover the whole gradients computed (partial work excluded)."""
-        index = rows_weighed(arrivals.keys, selection)
+        keys = arrivals.keys
+        index = rows_weighed(keys, selection)
         losses, grads = self._grads(arrivals, index)
         theta = self.versions[base_version]
-        keys = arrivals.keys[index]
+        keys = keys[index]
         self.versions[new_version] = self.update.apply(theta, grads, keys, selection, lr_scale)
         whole = ~arrivals.partial[index]
         finite = self.update.finite  # the update's screen just checked these rows
         if whole.all():
-            return gradient_stats(losses, grads, finite)
+            return gradient_stats(losses, grads, finite, self.update.sq_sum)
         mask = torch.from_numpy(whole)
         return gradient_stats(losses[mask], grads[mask], None if finite is None else finite[whole])
 
