@@ -59,8 +59,8 @@ percent only with many pairs; ``probe_cpu_share_of_step`` measures the probe's o
 directly: the CPU seconds spent inside its calls (the marks in the gradient hooks, each step's
 close with the window's all-gather and rank 0's verdicts), per step, over the median step's
 wall seconds without the probe; the largest over the ranks (rank 0 judges). (The probe's
-first way of timing DDP, a Python comm hook, was compared here until commit 1b9c0bd, where it
-cost 1.03x the probe's gradient hooks.)
+first way of timing DDP, a Python comm hook, was compared here until commit 1b9c0bd: about 3%
+of a step; see the probe's module docstring.)
 
 Every rank runs on one core (``--cpu``): the machine's other load then delays them alike.
 Spread over the two cores, whose queues differ, a healthy rank ran 1.2-1.3x the others for a
@@ -80,6 +80,7 @@ import os
 import socket
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 
@@ -165,18 +166,24 @@ class Model(nn.Module):
 
 
 class TimedProbe(StragglerProbe):
-    """The probe, with the CPU seconds of this thread spent inside its calls summed (the marks
-    in the gradient hooks, the step's close with its window's gather and rank 0's verdicts): the
-    probe's own cost, measured directly."""
+    """The probe, with the CPU seconds spent inside its calls summed, on whichever thread (the
+    marks in the gradient hooks, the step's close with its window's gather, rank 0's verdicts
+    on its reporting thread): the probe's own cost, measured directly."""
 
     spent = 0.0
+    inside = threading.local()  # a call timed already on this thread: not twice
+    lock = threading.Lock()
 
     def _timed(self, method, *args):
-        began = time.thread_time()
+        if getattr(self.inside, "busy", False):
+            return method(self, *args)
+        self.inside.busy, began = True, time.thread_time()
         try:
             return method(self, *args)
         finally:
-            self.spent += time.thread_time() - began
+            with self.lock:
+                self.spent += time.thread_time() - began
+            self.inside.busy = False
 
     def _mark_ready(self) -> None:
         self._timed(StragglerProbe._mark_ready)
@@ -186,6 +193,9 @@ class TimedProbe(StragglerProbe):
 
     def _close_step(self) -> None:
         self._timed(StragglerProbe._close_step)
+
+    def _report(self, window) -> None:
+        self._timed(StragglerProbe._report, window)
 
 
 def run_drill(rank: int, drill: Drill) -> dict:

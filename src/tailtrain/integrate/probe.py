@@ -27,26 +27,29 @@ with CUDA events read back once per window (no synchronisation in a step):
 In a DDP job the first backward learns which parameter's gradient comes first and which last
 (hooks on every parameter, then only those two kept): the last one's
 ``register_post_accumulate_grad_hook`` marks "ready", the first one's queues the end-of-backward
-mark on autograd's final callbacks (queued from a final callback, so it runs after DDP's
-reducer finalises). A comm hook in Python instead (as the probe first did) made DDP call back
-into Python on gloo's thread for every bucket, which cost about 3% of a step on a loaded
-machine (``bench/bench_detect.py --only overhead``). Micro-batches under ``no_sync()`` reduce
-nothing: all their time is compute. A step whose last-learned gradient was not produced
+mark on autograd's final callbacks (queued from a final callback, so it runs after DDP's reducer
+finalises). A comm hook in Python instead (as the probe first did) made DDP call back into
+Python on gloo's thread for every bucket, which cost about 3% of a step on a loaded machine
+(``bench/bench_detect.py --only overhead`` at commit 1b9c0bd). Micro-batches under ``no_sync()``
+reduce nothing: all their time is compute. A step whose last-learned gradient was not produced
 (``find_unused_parameters``, a branch not taken) shows no wait (its wait counts as compute).
 
 About every ``interval`` seconds (default :data:`INTERVAL`) the ranks all-gather those three
 numbers of the window's steps: one all-gather of one small tensor, issued between steps outside
 any timed section without waiting for it (``async_op``), and taken at the next step's close,
 when it has long arrived; no other collective. Waiting for it at once made every rank sit
-through its round trips, which on six ranks sharing one loaded core cost about 3% of a 100 ms
-step at a gather every 13 steps (``bench/bench_detect.py --only overhead``), where the probe's
-hooks cost about 0.1%. When to gather next is a number of steps every rank computes alike from
-the window last taken (:func:`window_steps`: the interval over the window's mean step, in
-integer microseconds, so no rounding can set two ranks apart), hence the ranks agree without a
-word more; the first window is the steps a first verdict needs (``warmup`` +
-:data:`LIVE_MIN_STEPS`), taken at once. A cadence in seconds, not steps, keeps the cost and the
-verdict's delay alike for 1 ms steps and for 10 s steps. ``every=K`` gathers every K steps
-instead (reports at known steps, as tests want). Rank 0 appends the window to ``trace.csv``
+through its round trips, which on six ranks sharing one loaded core cost 2-3% of a 100 ms step
+at a gather every 13 steps (interleaved blocks as in ``bench/bench_detect.py --only overhead``,
+at a load of 14-18), where the probe's own CPU time is about 0.15% of a step. When to gather
+next is a number of steps every rank computes alike from the window last taken
+(:func:`window_steps`: the interval over the window's mean step, in integer microseconds, so no
+rounding can set two ranks apart), hence the ranks agree without a word more; the first window
+is the steps a first verdict needs (``warmup`` + :data:`LIVE_MIN_STEPS`), taken at once. A
+cadence in seconds, not steps, keeps the cost and the verdict's delay alike for 1 ms steps and
+for 10 s steps. ``every=K`` gathers every K steps instead (reports at known steps, as tests
+want). Rank 0 reports a window taken between steps on a thread of its own (one, in order;
+``flush`` waits for it), so that its milliseconds of judging do not make it, and every rank
+waiting for it, late for the next reduction: it appends the window to ``trace.csv``
 (``iteration,worker,seconds``, seconds = data + compute, the format ``trace:path=`` and
 ``tailtrain advise`` read, written by ``delays.trace.write_trace_rows``), judges the last
 ``horizon`` steps (``tailtrain.persistence``, the rule ``advise`` applies to a trace: score,
@@ -62,6 +65,7 @@ import json
 import logging
 import time
 from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -155,6 +159,7 @@ class _Flight:
     work: Any
     sent: torch.Tensor
     parts: list[torch.Tensor]
+    waited: bool = False  # taken at once (flush, the first gather), not between steps
 
 
 @dataclass
@@ -179,7 +184,8 @@ class StragglerProbe:
     rebuilds its buckets); ``group``: the process group (None: the default, or the watched
     model's); ``device``: CUDA to time with CUDA events (``watch`` picks it for a CUDA model;
     NCCL then gathers the window there); ``tensorboard``: a folder for the scores (rank 0);
-    ``on_report``: called on rank 0 with each :class:`ProbeReport`.
+    ``on_report``: called on rank 0 with each :class:`ProbeReport`, in order (on the probe's
+    reporting thread, but for the first window's and ``flush``'s).
     """
 
     def __init__(
@@ -218,6 +224,9 @@ class StragglerProbe:
         self.pending: list[_Step] = []  # closed steps of the window, not yet gathered
         self.flight: _Flight | None = None  # the gather issued, not yet taken
         self.taken: np.ndarray | None = None  # the window last taken: plans the next gather
+        #: rank 0: reports of windows taken between steps, made in order on one thread
+        self.reporter: ThreadPoolExecutor | None = None
+        self.reports: list[Future[None]] = []
         self.current: _Step | None = None
         self.history = np.empty((0, self.world, len(SECTIONS)))  # rank 0: every step
         self.last: ProbeReport | None = None
@@ -280,6 +289,7 @@ class StragglerProbe:
             self._take()
         if self.pending:
             self._gather(wait=True)
+        self._drain()
 
     def close(self) -> None:
         """Flush and close TensorBoard (every rank)."""
@@ -339,19 +349,40 @@ class StragglerProbe:
         else:
             self.flight = _Flight(None, window, [window])
         if wait or self.taken is None:
+            self.flight.waited = True
             self._take()
         # every rank plans from the same window, taken at the same step: no extra collective
         self.next_gather = self.steps + (self.every or window_steps(self.taken, self.interval))
 
     def _take(self) -> None:
         """Wait for the gather in flight (long done, but for ``flush`` and the first) and hand
-        its window to rank 0's report."""
+        its window to rank 0's report: made on the reporting thread when taken between steps
+        (rank 0 would be late for the next step's reduction by the report's milliseconds, and
+        every rank with it), at once by ``flush`` and the first gather."""
         flight, self.flight = self.flight, None
         if flight.work is not None:
             flight.work.wait()
         self.taken = torch.stack(flight.parts, dim=1).cpu().numpy()
-        if self.rank == 0:
+        if self.rank != 0:
+            return
+        if flight.waited:
+            self._drain()
             self._report(self.taken)
+            return
+        for done in [f for f in self.reports if f.done()]:
+            self.reports.remove(done)
+            done.result()  # a report that failed raises here
+        self.reporter = self.reporter or ThreadPoolExecutor(1, "tailtrain-probe")
+        self.reports.append(self.reporter.submit(self._report, self.taken))
+
+    def _drain(self) -> None:
+        """Wait for rank 0's reports so far (raising a failed one's error) and end the thread."""
+        reports, self.reports = self.reports, []
+        for report in reports:
+            report.result()
+        if self.reporter is not None:
+            self.reporter.shutdown()
+            self.reporter = None
 
     # ---- rank 0 ----------------------------------------------------------------------------
     def _report(self, window: np.ndarray) -> None:
