@@ -2,7 +2,7 @@
 
     python bench/bench_detect.py --json            # the full run (>= 100 drills)
     python bench/bench_detect.py --quick --json    # one drill per kind
-    python bench/bench_detect.py --only overhead --overhead-pairs 80 --json
+    python bench/bench_detect.py --only overhead --overhead-pairs 120 --json
 
 One forked job of ``--ranks`` gloo processes (default 6) runs drill after drill. A drill is a
 DDP loop on a tiny model whose step is dominated by injected sleeps (data 10 ms, forward 45 ms,
@@ -21,12 +21,16 @@ shared 2-core machine is. Kinds, with the truth they carry:
 Detectors, each one JSON row:
 
 * ``tailtrain-probe``: :class:`tailtrain.StragglerProbe` as a user adds it (``watch`` +
-  ``batches``), reporting every 5 steps; its verdicts are read live, as rank 0 logs them.
+  ``batches``) at its default setting, the one the overhead below is measured at: a first
+  report after ``warmup`` + ``LIVE_MIN_STEPS`` steps, then a gather and report about every
+  ``probe.INTERVAL`` seconds, and the last at the drill's end (the loader's end flushes); its
+  verdicts are read live, as rank 0 logs them.
 * ``nvidia-resiliency-ext rule (implemented here)``: the documented rule of
   ``nvidia_resiliency_ext.straggler`` (relative score = the fastest rank's median section time
   over the rank's; individual score = the rank's best median over its current one; straggler
   below the default threshold 0.75) on the sections its usage guide marks, ``data_loading``
-  and ``fwd``, timed on the host per step and scored per report window of 5 steps. The package
+  and ``fwd``, timed on the host per step and scored per report window of ``PEER_WINDOW``
+  steps (their own cadence: these rules are scored on the sections afterwards). The package
   itself needs CUDA (the note carries the exact error); ``bench/gpu_detect.py`` runs the real
   Detector on a GPU.
 * ``TraceML rule (implemented here)``: per report window, the culprit is the rank that waited
@@ -41,17 +45,22 @@ more (every kind but the 1.1x ones), verdict within 30 s. ``healthy_slowdown``: 
 slowdowns the probe gives ranks healthy in truth, the noise its least effect must sit above.
 
 Overhead, two ways. ``overhead``: the same healthy loop on two DDP copies of the model, one
-watched by a probe as a user adds it (its defaults: a gather every 10 steps), in interleaved
-blocks of 10 steps, the order alternating pair by pair, many pairs; the median over pairs of
-the ratio with / without, and its 95% confidence interval (order statistics of the ratios).
+watched by the probe at its defaults, as in the drills (``watch``, and ``probe.step()`` per
+step: see :func:`overhead_pairs`), in interleaved pairs of blocks, the order alternating
+pair by pair, many pairs. A block is one of the probe's windows: the steps from one gather to
+the next, which the probe plans at each gather (``probe.next_gather``); the loop without the
+probe runs as many steps. So every probe block holds exactly one gather (issued at its last
+step, taken at the next block's first) and rank 0's report, as the probe's cadence spreads
+them over a run (a block of fixed steps would hold one gather or none by chance). The median
+over pairs of the ratio with / without, and its 95% confidence interval (order statistics of
+the ratios).
 On a loaded machine a block's wall time swings by tens of percent, so that median resolves a
 percent only with many pairs; ``probe_cpu_share_of_step`` measures the probe's own cost
-directly: the CPU seconds spent inside its calls (the marks in the gradient hooks, each step's close
-with the window's all-gather and rank 0's verdicts), per step, over the median step's wall
-seconds without the probe; the largest over the ranks (rank 0 judges). In the same blocks a
-third DDP copy runs the probe's first way of timing DDP, a Python comm hook wrapping
-``allreduce_hook`` (:class:`HookPathProbe`, kept here only to compare): ``overhead_hook_path``
-is its ratio to the loop without a probe, ``hook_path_over_probe`` its ratio to the probe.
+directly: the CPU seconds spent inside its calls (the marks in the gradient hooks, each step's
+close with the window's all-gather and rank 0's verdicts), per step, over the median step's
+wall seconds without the probe; the largest over the ranks (rank 0 judges). (The probe's
+first way of timing DDP, a Python comm hook, was compared here until commit 1b9c0bd: about 3%
+of a step; see the probe's module docstring.)
 
 Every rank runs on one core (``--cpu``): the machine's other load then delays them alike.
 Spread over the two cores, whose queues differ, a healthy rank ran 1.2-1.3x the others for a
@@ -65,13 +74,13 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import itertools
 import json
 import logging
 import os
 import socket
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 
@@ -82,15 +91,23 @@ import torch.multiprocessing as mp
 import torch.nn.functional as F
 from scipy import stats
 from torch import nn
-from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 from torch.nn.parallel import DistributedDataParallel
 
 from tailtrain import StragglerProbe
+from tailtrain.integrate import probe as probe_module
 from tailtrain.persistence import MIN_EFFECT
 
 DATA, FWD, BWD = 0.01, 0.045, 0.045  # seconds a step, before any drill
-STEPS, EVERY, STALL = 40, 5, 3.0
-BLOCK = 10  #: steps per block of the overhead pairs
+STEPS, STALL = 40, 3.0
+PEER_WINDOW = 5  #: steps per report window of the peers' rules
+#: the probe's setting in the drills and in the overhead pairs alike: its defaults
+PROBE_SETTING = {
+    "interval_s": probe_module.INTERVAL,
+    "every": None,
+    "first_window_steps": StragglerProbe.__init__.__kwdefaults__["warmup"]
+    + probe_module.LIVE_MIN_STEPS,
+    "max_window_steps": probe_module.MAX_WINDOW,
+}
 NVIDIA_THRESHOLD, TRACEML_SKEW = 0.75, 0.10
 SLOWDOWNS = (1.1, 1.2, 1.5, 2.0)
 #: a drill is clean when no rank's median step ran this much past its injected sleeps: there
@@ -149,18 +166,24 @@ class Model(nn.Module):
 
 
 class TimedProbe(StragglerProbe):
-    """The probe, with the CPU seconds of this thread spent inside its calls summed (the marks
-    in the gradient hooks, the step's close with its window's gather and rank 0's verdicts): the
-    probe's own cost, measured directly."""
+    """The probe, with the CPU seconds spent inside its calls summed, on whichever thread (the
+    marks in the gradient hooks, the step's close with its window's gather, rank 0's verdicts
+    on its reporting thread): the probe's own cost, measured directly."""
 
     spent = 0.0
+    inside = threading.local()  # a call timed already on this thread: not twice
+    lock = threading.Lock()
 
     def _timed(self, method, *args):
-        began = time.thread_time()
+        if getattr(self.inside, "busy", False):
+            return method(self, *args)
+        self.inside.busy, began = True, time.thread_time()
         try:
             return method(self, *args)
         finally:
-            self.spent += time.thread_time() - began
+            with self.lock:
+                self.spent += time.thread_time() - began
+            self.inside.busy = False
 
     def _mark_ready(self) -> None:
         self._timed(StragglerProbe._mark_ready)
@@ -171,26 +194,8 @@ class TimedProbe(StragglerProbe):
     def _close_step(self) -> None:
         self._timed(StragglerProbe._close_step)
 
-
-class HookPathProbe(TimedProbe):
-    """The probe as it first timed DDP, for the overhead's comparison only: a Python comm hook
-    that marks "ready" as a bucket's hook is called and "synced" as its allreduce's future
-    completes (the last bucket's marks are the step's)."""
-
-    def watch(self, ddp_model: DistributedDataParallel) -> HookPathProbe:
-        ddp_model.register_comm_hook(self, _hook_path)
-        return self
-
-
-def _hook_path(probe, bucket):  # no annotations: DDP checks them as objects
-    probe._mark_ready()
-    future = allreduce_hook(probe.group, bucket)
-
-    def done(reduced):
-        probe._mark_synced()
-        return reduced.value()
-
-    return future.then(done)
+    def _report(self, window) -> None:
+        self._timed(StragglerProbe._report, window)
 
 
 def run_drill(rank: int, drill: Drill) -> dict:
@@ -204,9 +209,11 @@ def run_drill(rank: int, drill: Drill) -> dict:
     def keep(report) -> None:
         slowdown = {v.worker: round(v.slowdown, 4) for v in report.verdicts}
         elapsed = time.perf_counter() - started
-        reports.append({"elapsed": elapsed, "named": report.named(), "slowdown": slowdown})
+        reports.append(
+            {"step": report.step, "elapsed": elapsed, "named": report.named(), "slowdown": slowdown}
+        )
 
-    probe = StragglerProbe(None, every=EVERY, horizon=STEPS, on_report=keep).watch(ddp)
+    probe = StragglerProbe(None, horizon=STEPS, on_report=keep).watch(ddp)  # its defaults
     mult = drill.factor.get(rank, (1.0, 1.0, 1.0))
     x, y = torch.randn(8, 16), torch.randn(8, 4)
     data_times, fwd_times, injected = [], [], []
@@ -242,45 +249,47 @@ def run_drill(rank: int, drill: Drill) -> dict:
     return {"reports": reports, "sections": sections, "history": history, "wall": wall}
 
 
-#: the loops of the overhead blocks: without a probe, with it, with its first (hook) path
-LOOPS = ("plain", "probe", "hook_path")
+#: the loops of the overhead blocks: without a probe, with it
+LOOPS = ("plain", "probe")
 
 
-def overhead_pairs(pairs: int, every: int = 10) -> tuple[list[dict[str, float]], float]:
-    """The same healthy loop on three DDP copies of the model (no probe, the probe, the
-    probe's comm-hook path), in interleaved blocks of BLOCK steps (the order cycling through
-    the six permutations, group by group): per group the wall seconds of each loop; and the
-    probe's own CPU seconds per step."""
+def overhead_pairs(pairs: int) -> tuple[list[dict[str, float]], float]:
+    """The same healthy loop on two DDP copies of the model (no probe, the probe at its
+    defaults), in interleaved blocks of one probe window each (the order alternating pair by
+    pair): per pair the steps and the wall seconds of each loop; and the probe's own CPU
+    seconds per step. The probe times each step with ``probe.step()``, the loader's sleep
+    inside: ``batches`` would end each block as a loader's end, whose flush waits for the
+    window's gather, where a run's blocks of steps are no epochs and its gathers are waited
+    for at the next step's close."""
     x, y = torch.randn(8, 16), torch.randn(8, 4)
     models = {name: Model() for name in LOOPS}
     for m in models.values():
         m.fwd, m.bwd = FWD, BWD
     loops = {name: DistributedDataParallel(m) for name, m in models.items()}
-    probes = {
-        "probe": TimedProbe(None, every=every).watch(loops["probe"]),
-        "hook_path": HookPathProbe(None, every=every).watch(loops["hook_path"]),
-    }
+    probe = TimedProbe(None).watch(loops["probe"])
     optimizers = {name: torch.optim.SGD(m.parameters(), lr=0.01) for name, m in loops.items()}
-    orders = list(itertools.permutations(LOOPS))
 
-    def loader():
-        for _ in range(BLOCK):
-            time.sleep(DATA)
-            yield x, y
+    def one_step(name: str) -> None:
+        time.sleep(DATA)  # the loader
+        optimizers[name].zero_grad()
+        F.mse_loss(loops[name](x), y).backward()
+        optimizers[name].step()
 
-    def block(name: str) -> float:
+    def block(name: str, steps: int) -> float:
         began = time.perf_counter()
-        probe = probes.get(name)
-        for bx, by in probe.batches(loader()) if probe else loader():
-            optimizers[name].zero_grad()
-            F.mse_loss(loops[name](bx), by).backward()
-            optimizers[name].step()
+        for _ in range(steps):
+            if name == "probe":
+                with probe.step():  # not batches(): a block is no epoch (see overhead_pairs)
+                    one_step(name)
+            else:
+                one_step(name)
         return time.perf_counter() - began
 
     walls = []
-    for group in range(pairs):
-        walls.append({name: block(name) for name in orders[group % len(orders)]})
-    probe = probes["probe"]
+    for pair in range(pairs):
+        steps = probe.next_gather - probe.steps  # the probe's window: it ends with a gather
+        order = LOOPS if pair % 2 == 0 else LOOPS[::-1]
+        walls.append({"steps": steps} | {name: block(name, steps) for name in order})
     return walls, probe.spent / max(probe.steps, 1)
 
 
@@ -307,17 +316,17 @@ def rank_main(rank: int, world: int, port: int, plan: list[Drill], overhead: int
 
 # ---- the peers' rules, on the sections every drill recorded ----------------------------
 def nvidia_rule(sections: list, history: np.ndarray) -> list[dict]:
-    """Per window of EVERY steps: a rank is a straggler when a section's relative score
+    """Per window of PEER_WINDOW steps: a rank is a straggler when a section's relative score
     (fastest rank's median / its median) or individual score (its best median so far / its
     current median) is below 0.75 (nvidia_resiliency_ext.straggler Report.identify_stragglers
     defaults), sections data_loading and fwd."""
     out, best = [], {}
     data = np.array([s[0] for s in sections]).T  # steps x ranks
     fwd = np.array([s[1] for s in sections]).T
-    for end in range(EVERY, STEPS + 1, EVERY):
+    for end in range(PEER_WINDOW, STEPS + 1, PEER_WINDOW):
         named = {}
         for name, table in (("data_loading", data), ("fwd", fwd)):
-            median = np.median(table[end - EVERY : end], axis=0)
+            median = np.median(table[end - PEER_WINDOW : end], axis=0)
             relative = median.min() / median
             best[name] = np.minimum(best.get(name, median), median)
             individual = best[name] / median
@@ -332,8 +341,8 @@ def nvidia_rule(sections: list, history: np.ndarray) -> list[dict]:
 def traceml_rule(history: np.ndarray) -> list[dict]:
     """Per window: the rank that waited least is the culprit, named at a skew of 10%."""
     out = []
-    for end in range(EVERY, STEPS + 1, EVERY):
-        window = history[end - EVERY : end]
+    for end in range(PEER_WINDOW, STEPS + 1, PEER_WINDOW):
+        window = history[end - PEER_WINDOW : end]
         own = np.median(window[:, :, 0] + window[:, :, 1], axis=0)
         wait = np.median(window[:, :, 2], axis=0)
         skew = (own.max() - own.min()) / own.max()
@@ -554,19 +563,17 @@ def main() -> None:
     if args.dump:
         with open(args.dump, "w") as fh:
             json.dump(got, fh)
-    walls = {name: np.array([w[name] for w in got["walls"]]) for name in LOOPS}
+    walls = {name: np.array([w[name] for w in got["walls"]]) for name in (*LOOPS, "steps")}
     ratios = walls["probe"] / walls["plain"]
-    step = float(np.median(walls["plain"])) / BLOCK  # seconds a step without the probe
+    # seconds a step without the probe
+    step = float(np.median(walls["plain"] / walls["steps"])) if len(ratios) else float("nan")
     overhead = {
+        "probe_setting": PROBE_SETTING,
         "overhead": float(np.median(ratios)),
         "overhead_ci95": median_ci(ratios),
         "overhead_pairs": len(ratios),
-        "overhead_steps_per_block": BLOCK,
+        "overhead_steps_per_block": np.unique(walls["steps"], return_counts=True)[0].tolist(),
         "overhead_ratios": ratios.round(4).tolist(),
-        "overhead_hook_path": float(np.median(walls["hook_path"] / walls["plain"])),
-        "overhead_hook_path_ci95": median_ci(walls["hook_path"] / walls["plain"]),
-        "hook_path_over_probe": float(np.median(walls["hook_path"] / walls["probe"])),
-        "hook_path_over_probe_ci95": median_ci(walls["hook_path"] / walls["probe"]),
         "step_seconds_without_probe": round(step, 5),
         "probe_cpu_seconds_per_step": [round(c, 7) for c in got["probe_cpu"]],
         "probe_cpu_share_of_step": round(max(got["probe_cpu"]) / step, 5),
@@ -586,9 +593,7 @@ def main() -> None:
             json.dump(report, sys.stdout, indent=1)
             sys.stdout.write("\n")
         else:
-            print(
-                f"overhead {report['overhead']:.4f}, hook path {report['overhead_hook_path']:.4f}"
-            )
+            print(f"overhead {report['overhead']:.4f} {report['overhead_ci95']}")
         return
     clean = [i for i, r in enumerate(got["results"]) if noise(r) <= NOISE_LIMIT]
     report = {

@@ -5,8 +5,9 @@ Run: ``torchrun --nproc-per-node 2 examples/probe_ddp.py [--slow-rank 1] [--out 
 
 The loop is the tutorial's (``DistributedSampler``, ``DataLoader``, ``DDP``, SGD); the probe
 adds the two lines marked ``# <- probe``: it hooks DDP's gradients (DDP's own allreduce and
-its overlap kept, no comm hook) and wraps the loader, and every 10 steps rank 0 logs each
-rank's score and verdict and appends to ``runs/probe/trace.csv``. ``--slow-rank R`` makes
+its overlap kept, no comm hook) and wraps the loader, and about every 2 seconds (the first
+time after 10 steps, then at the end of each epoch) rank 0 logs each rank's score and verdict
+and appends to ``runs/probe/trace.csv``. ``--slow-rank R`` makes
 rank R's forward 20 ms slower (a slow GPU, a noisy neighbour); ``--slow-ms`` sets by how much.
 """
 

@@ -1,6 +1,7 @@
 """The probe on two real gloo ranks: it changes no parameter, and its trace and verdicts agree
 with a delay injected on rank 1 (a 40 ms sleep in every forward; the model computes in well
-under a millisecond), in a DDP job and in a loop with its own allreduce."""
+under a millisecond), in a DDP job and in a loop with its own allreduce; the ranks agree on
+when to gather by its default cadence in seconds (a run at ``INTERVAL_S``)."""
 
 from __future__ import annotations
 
@@ -19,8 +20,10 @@ from torch.nn.parallel import DistributedDataParallel
 
 from tailtrain.delays.trace import read_trace
 from tailtrain.integrate import StragglerProbe
+from tailtrain.integrate.probe import LIVE_MIN_STEPS, MAX_WINDOW, window_steps
 
 N, STEPS, SLOW, LR = 2, 24, 0.04, 0.1
+INTERVAL_S = 0.3  #: the cadence-in-seconds run: windows of about 7 steps of 40 ms
 X = torch.randn(STEPS * N * 8, 6, generator=torch.Generator().manual_seed(0))
 Y = torch.randn(STEPS * N * 8, 2, generator=torch.Generator().manual_seed(1))
 
@@ -56,7 +59,11 @@ def flat(m: nn.Module) -> torch.Tensor:
     return torch.cat([p.detach().reshape(-1) for p in m.parameters()])
 
 
-def run_ddp(rank: int, folder: str | None, variant: str | None = None) -> dict:
+def run_ddp(
+    rank: int, folder: str | None, variant: str | None = None, cadence: dict | None = None
+) -> dict:
+    """The DDP loop, with the probe where ``folder`` is given (at ``cadence``: its gather
+    setting, default every 8 steps)."""
     options = dict(VARIANTS[variant]) if variant else {}
     spare, accumulate = options.pop("spare", False), options.pop("accumulate", False)
     ddp = DistributedDataParallel(Slow(SLOW if rank == 1 else 0.0, spare), **options)
@@ -65,7 +72,8 @@ def run_ddp(rank: int, folder: str | None, variant: str | None = None) -> dict:
     reports = []
     probe = None
     if folder is not None:
-        probe = StragglerProbe(folder, every=8, on_report=reports.append).watch(ddp)
+        cadence = cadence or {"every": 8}
+        probe = StragglerProbe(folder, **cadence, on_report=reports.append).watch(ddp)
         batches = probe.batches(batches)
     for i, (x, y) in enumerate(batches):
         if accumulate and i % 2 == 0:
@@ -77,7 +85,8 @@ def run_ddp(rank: int, folder: str | None, variant: str | None = None) -> dict:
         optimizer.zero_grad()
     history = probe.history if probe is not None and rank == 0 else None
     reports = [r.as_dict() for r in reports]
-    return {"theta": flat(ddp.module), "reports": reports, "history": history}
+    planned = probe.next_gather if probe is not None else None
+    return {"theta": flat(ddp.module), "reports": reports, "history": history, "planned": planned}
 
 
 def run_loop(rank: int, folder: str) -> dict:
@@ -109,6 +118,7 @@ def rank_main(rank: int, port: int, folder: str) -> None:
         "plain": run_ddp(rank, None),
         "probe": run_ddp(rank, f"{folder}/ddp"),
         "loop": run_loop(rank, f"{folder}/loop"),
+        "interval": run_ddp(rank, f"{folder}/interval", cadence={"interval": INTERVAL_S}),
     }
     for variant in VARIANTS:
         out[f"{variant}-plain"] = run_ddp(rank, None, variant)
@@ -167,3 +177,45 @@ def test_the_probe_times_ddp_options_alike(results, variant):
     assert (wait[~reducing] == 0).all()
     assert np.median(wait[reducing, 0]) >= SLOW / 2
     assert np.median(wait[reducing, 1]) < SLOW / 2
+
+
+@pytest.mark.timeout(120)
+def test_the_ranks_agree_on_a_cadence_in_seconds(results):
+    """At ``interval=``, each gather comes after the steps every rank planned from the window
+    last taken when it issued the one before (the first window, after warm-up +
+    LIVE_MIN_STEPS, is taken at once; a later one at the next step); the parameters stay bit
+    for bit those of the loop without the probe."""
+    folder, ranks = results
+    for out in ranks:
+        assert torch.equal(out["interval"]["theta"], out["plain"]["theta"])
+    assert ranks[0]["interval"]["planned"] == ranks[1]["interval"]["planned"]
+    history = ranks[0]["interval"]["history"]
+    steps = [r["step"] for r in ranks[0]["interval"]["reports"]]
+    assert steps[0] == 2 + LIVE_MIN_STEPS and steps[-1] == STEPS  # the loader's end flushes
+    assert len(steps) >= 3  # 24 steps of about 40 ms: windows of about 7 steps
+    windows = [history[a:b] for a, b in zip([0, *steps], steps, strict=False)]
+    for k in range(len(steps) - 1):
+        planned = window_steps(windows[max(k - 1, 0)], INTERVAL_S)
+        gap = steps[k + 1] - steps[k]
+        assert gap == planned or (steps[k + 1] == STEPS and gap < planned)
+    assert len(read_trace(folder / "interval" / "trace.csv").iteration) == STEPS * N
+
+
+def test_window_steps_is_the_interval_over_the_mean_step():
+    """A step's wall time is its longest rank's data + compute + wait; the plan is integer
+    microseconds, so every rank that holds the window gets the same count."""
+    window = np.zeros((4, 3, 3))
+    window[:, :, 1] = 0.06  # compute
+    window[:, :, 2] = 0.02  # wait
+    window[:, 1, 0] = [0.02, 0.02, 0.02, 0.02]  # rank 1's data: its steps take 0.1 s
+    assert window_steps(window, 2.0) == 20
+    assert window_steps(window, 0.25) == 2  # rounded down: never later than the interval
+    assert window_steps(window, 0.01) == 1
+    assert window_steps(window, 1e4) == MAX_WINDOW
+    assert window_steps(np.zeros((2, 2, 3)), 2.0) == MAX_WINDOW
+
+
+def test_the_probe_needs_a_positive_cadence():
+    for bad in ({"interval": 0.0}, {"every": 0}):
+        with pytest.raises(ValueError, match="interval > 0"):
+            StragglerProbe(None, **bad)

@@ -27,15 +27,29 @@ with CUDA events read back once per window (no synchronisation in a step):
 In a DDP job the first backward learns which parameter's gradient comes first and which last
 (hooks on every parameter, then only those two kept): the last one's
 ``register_post_accumulate_grad_hook`` marks "ready", the first one's queues the end-of-backward
-mark on autograd's final callbacks (queued from a final callback, so it runs after DDP's
-reducer finalises). A comm hook in Python instead (as the probe first did) made DDP call back
-into Python on gloo's thread for every bucket, which cost about 3% of a step on a loaded
-machine (``bench/bench_detect.py --only overhead``). Micro-batches under ``no_sync()`` reduce
-nothing: all their time is compute. A step whose last-learned gradient was not produced
+mark on autograd's final callbacks (queued from a final callback, so it runs after DDP's reducer
+finalises). A comm hook in Python instead (as the probe first did) made DDP call back into
+Python on gloo's thread for every bucket, which cost about 3% of a step on a loaded machine
+(``bench/bench_detect.py --only overhead`` at commit 1b9c0bd). Micro-batches under ``no_sync()``
+reduce nothing: all their time is compute. A step whose last-learned gradient was not produced
 (``find_unused_parameters``, a branch not taken) shows no wait (its wait counts as compute).
 
-Every ``every`` steps the ranks all-gather those three numbers of the window's steps (one small
-collective between steps, outside any timed section); rank 0 appends them to ``trace.csv``
+About every ``interval`` seconds (default :data:`INTERVAL`) the ranks all-gather those three
+numbers of the window's steps: one all-gather of one small tensor, issued between steps outside
+any timed section without waiting for it (``async_op``), and taken at the next step's close,
+when it has long arrived; no other collective. Waiting for it at once made every rank sit
+through its round trips, which on six ranks sharing one loaded core cost 2-3% of a 100 ms step
+at a gather every 13 steps (interleaved blocks as in ``bench/bench_detect.py --only overhead``,
+at a load of 14-18), where the probe's own CPU time is about 0.15% of a step. When to gather
+next is a number of steps every rank computes alike from the window last taken
+(:func:`window_steps`: the interval over the window's mean step, in integer microseconds, so no
+rounding can set two ranks apart), hence the ranks agree without a word more; the first window
+is the steps a first verdict needs (``warmup`` + :data:`LIVE_MIN_STEPS`), taken at once. A
+cadence in seconds, not steps, keeps the cost and the verdict's delay alike for 1 ms steps and
+for 10 s steps. ``every=K`` gathers every K steps instead (reports at known steps, as tests
+want). Rank 0 reports a window taken between steps on a thread of its own (one, in order;
+``flush`` waits for it), so that its milliseconds of judging do not make it, and every rank
+waiting for it, late for the next reduction: it appends the window to ``trace.csv``
 (``iteration,worker,seconds``, seconds = data + compute, the format ``trace:path=`` and
 ``tailtrain advise`` read, written by ``delays.trace.write_trace_rows``), judges the last
 ``horizon`` steps (``tailtrain.persistence``, the rule ``advise`` applies to a trace: score,
@@ -51,6 +65,7 @@ import json
 import logging
 import time
 from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -68,6 +83,21 @@ log = logging.getLogger("tailtrain.probe")
 #: the columns of a probe's window, per rank and step
 SECTIONS = ("data", "compute", "wait")
 LIVE_MIN_STEPS = 8  #: fewer steps to judge (after the warm-up): no verdict yet
+INTERVAL = 2.0  #: seconds between the ranks' gathers (and rank 0's reports), by default
+MAX_WINDOW = 1000  #: most steps per window (fast steps): bounds the marks held between gathers
+
+
+def window_steps(window: np.ndarray, interval: float) -> int:
+    """Steps until the next gather: ``interval`` over the mean wall seconds of a step in the
+    gathered ``window`` (steps x ranks x :data:`SECTIONS`; a step's wall time is the longest
+    over the ranks of data + compute + wait), in 1..:data:`MAX_WINDOW`. Every rank holds the
+    same window after the gather and computes in integer microseconds (exact on any machine),
+    so every rank gets the same number: the ranks agree on the next gather without
+    communicating."""
+    micros = np.rint(np.asarray(window, dtype=np.float64) * 1e6).astype(np.int64)
+    total = int(micros.sum(axis=2).max(axis=1).sum())  # wall microseconds of the window
+    target = round(interval * 1e6) * micros.shape[0]
+    return max(1, min(MAX_WINDOW, target // total if total > 0 else MAX_WINDOW))
 
 
 @dataclass(frozen=True)
@@ -75,7 +105,7 @@ class ProbeReport:
     """Rank 0's view after a window: per-rank verdicts over the last steps, and the medians
     of each section (seconds per step, ranks in order)."""
 
-    step: int  # steps recorded so far
+    step: int  # steps gathered so far
     elapsed: float  # wall seconds since the probe started
     verdicts: list[Slowness]  # ``worker`` is the rank
     sections: dict[str, list[float]] = field(default_factory=dict)
@@ -123,6 +153,16 @@ class _CudaClock:
 
 
 @dataclass
+class _Flight:
+    """A gather on its way: its work (None on one rank), what it sends and where it lands."""
+
+    work: Any
+    sent: torch.Tensor
+    parts: list[torch.Tensor]
+    waited: bool = False  # taken at once (flush, the first gather), not between steps
+
+
+@dataclass
 class _Step:
     """One step's marks: host seconds of data loading, clock marks of its start, of the
     gradients being ready, of the reduction done, of its end."""
@@ -138,20 +178,22 @@ class StragglerProbe:
     """Measure every rank's steps and name the slow ranks (see the module docstring).
 
     ``out``: the folder of ``trace.csv`` and ``verdicts.jsonl`` (rank 0 writes; None: write
-    nothing); ``every``: steps per all-gather and report; ``horizon``: the steps a verdict
-    looks back on; ``warmup``: first steps left out of verdicts (DDP's first step rebuilds its
-    buckets); ``group``: the process group (None: the default, or the watched model's);
-    ``device``: CUDA to time with CUDA events (``watch`` picks it for a CUDA model; NCCL
-    then gathers the window there);
-    ``tensorboard``: a folder for the scores (rank 0); ``on_report``: called on rank 0 with
-    each :class:`ProbeReport`.
+    nothing); ``interval``: about the seconds between all-gathers and reports; ``every``:
+    steps per all-gather and report instead (None: by ``interval``); ``horizon``: the steps a
+    verdict looks back on; ``warmup``: first steps left out of verdicts (DDP's first step
+    rebuilds its buckets); ``group``: the process group (None: the default, or the watched
+    model's); ``device``: CUDA to time with CUDA events (``watch`` picks it for a CUDA model;
+    NCCL then gathers the window there); ``tensorboard``: a folder for the scores (rank 0);
+    ``on_report``: called on rank 0 with each :class:`ProbeReport`, in order (on the probe's
+    reporting thread, but for the first window's and ``flush``'s).
     """
 
     def __init__(
         self,
         out: str | Path | None = None,
         *,
-        every: int = 10,
+        interval: float = INTERVAL,
+        every: int | None = None,
         horizon: int = 200,
         warmup: int = 2,
         group: dist.ProcessGroup | None = None,
@@ -159,10 +201,14 @@ class StragglerProbe:
         tensorboard: str | Path | None = None,
         on_report: Callable[[ProbeReport], None] | None = None,
     ) -> None:
-        if every < 1 or horizon < 1 or warmup < 0:
-            raise ValueError("StragglerProbe needs every >= 1, horizon >= 1 and warmup >= 0")
+        if not interval > 0 or (every is not None and every < 1) or horizon < 1 or warmup < 0:
+            raise ValueError(
+                "StragglerProbe needs interval > 0, every >= 1 (or None), horizon >= 1 and "
+                "warmup >= 0"
+            )
         self.out = None if out is None else Path(out)
-        self.every, self.horizon, self.warmup = every, horizon, warmup
+        self.interval, self.every = interval, every
+        self.horizon, self.warmup = horizon, warmup
         self.group = group
         self.device = torch.device(device or "cpu")
         self.clock: _HostClock | _CudaClock = (
@@ -173,7 +219,14 @@ class StragglerProbe:
         self.world = dist.get_world_size(group) if dist.is_initialized() else 1
         self.started = time.perf_counter()
         self.steps = 0  # steps closed so far
+        #: the step count at which the ranks next gather (the same on every rank)
+        self.next_gather = every or warmup + LIVE_MIN_STEPS
         self.pending: list[_Step] = []  # closed steps of the window, not yet gathered
+        self.flight: _Flight | None = None  # the gather issued, not yet taken
+        self.taken: np.ndarray | None = None  # the window last taken: plans the next gather
+        #: rank 0: reports of windows taken between steps, made in order on one thread
+        self.reporter: ThreadPoolExecutor | None = None
+        self.reports: list[Future[None]] = []
         self.current: _Step | None = None
         self.history = np.empty((0, self.world, len(SECTIONS)))  # rank 0: every step
         self.last: ProbeReport | None = None
@@ -229,10 +282,14 @@ class StragglerProbe:
         self._mark_synced()
 
     def flush(self) -> None:
-        """Gather the window so far (a collective: every rank calls it at the same step)."""
+        """Gather the window so far and take it (a collective: every rank calls it at the same
+        step); ``batches`` calls it at the loader's end, so the trace and ``last`` are whole."""
         self._close_step()
+        if self.flight is not None:
+            self._take()
         if self.pending:
-            self._gather()
+            self._gather(wait=True)
+        self._drain()
 
     def close(self) -> None:
         """Flush and close TensorBoard (every rank)."""
@@ -257,7 +314,9 @@ class StragglerProbe:
         self.pending.append(self.current)
         self.current = None
         self.steps += 1
-        if len(self.pending) >= self.every:
+        if self.flight is not None:  # issued at an earlier step's close: done by now
+            self._take()
+        if self.steps >= self.next_gather:
             self._gather()
 
     def _window(self) -> torch.Tensor:
@@ -279,16 +338,51 @@ class StragglerProbe:
         nccl = self.world > 1 and dist.get_backend(self.group) == "nccl"
         return self.device if nccl else torch.device("cpu")
 
-    def _gather(self) -> None:
+    def _gather(self, wait: bool = False) -> None:
+        """Issue the all-gather of the window without waiting for it (``wait``: take it at
+        once, as the first gather and ``flush`` do), and plan the next one."""
         window = self._window().to(self._wire())
         if self.world > 1:
             parts = [torch.empty_like(window) for _ in range(self.world)]
-            dist.all_gather(parts, window, group=self.group)
-            gathered = torch.stack(parts, dim=1).cpu().numpy()
+            work = dist.all_gather(parts, window, group=self.group, async_op=True)
+            self.flight = _Flight(work, window, parts)
         else:
-            gathered = window.cpu().numpy()[:, None, :]
-        if self.rank == 0:
-            self._report(gathered)
+            self.flight = _Flight(None, window, [window])
+        if wait or self.taken is None:
+            self.flight.waited = True
+            self._take()
+        # every rank plans from the same window, taken at the same step: no extra collective
+        self.next_gather = self.steps + (self.every or window_steps(self.taken, self.interval))
+
+    def _take(self) -> None:
+        """Wait for the gather in flight (long done, but for ``flush`` and the first) and hand
+        its window to rank 0's report: made on the reporting thread when taken between steps
+        (rank 0 would be late for the next step's reduction by the report's milliseconds, and
+        every rank with it), at once by ``flush`` and the first gather."""
+        flight, self.flight = self.flight, None
+        if flight.work is not None:
+            flight.work.wait()
+        self.taken = torch.stack(flight.parts, dim=1).cpu().numpy()
+        if self.rank != 0:
+            return
+        if flight.waited:
+            self._drain()
+            self._report(self.taken)
+            return
+        for done in [f for f in self.reports if f.done()]:
+            self.reports.remove(done)
+            done.result()  # a report that failed raises here
+        self.reporter = self.reporter or ThreadPoolExecutor(1, "tailtrain-probe")
+        self.reports.append(self.reporter.submit(self._report, self.taken))
+
+    def _drain(self) -> None:
+        """Wait for rank 0's reports so far (raising a failed one's error) and end the thread."""
+        reports, self.reports = self.reports, []
+        for report in reports:
+            report.result()
+        if self.reporter is not None:
+            self.reporter.shutdown()
+            self.reporter = None
 
     # ---- rank 0 ----------------------------------------------------------------------------
     def _report(self, window: np.ndarray) -> None:
@@ -302,7 +396,8 @@ class StragglerProbe:
                     for i, name in enumerate(SECTIONS)}  # fmt: skip
         enough = own.shape[0] >= LIVE_MIN_STEPS and own.shape[1] >= 2
         verdicts = classify_workers(own) if enough else []
-        report = ProbeReport(self.steps, time.perf_counter() - self.started, verdicts, sections)
+        elapsed = time.perf_counter() - self.started
+        report = ProbeReport(self.history.shape[0], elapsed, verdicts, sections)
         self.last = report
         self._log(report)
         if self.on_report is not None:
