@@ -49,15 +49,37 @@ committed (peers) commits s, resp. s-1. Per row and drill:
   ``peer`` when no other rank restarted, else ``checkpoint``; ``healed_behind``: steps the
   others had committed beyond W's first one (0: W joined at the head);
 * ``steps_replayed`` / ``samples_replayed``: (worker, step) commits made twice (a restart
-  from a checkpoint plays its steps again); ``samples_absent``: mini-batches of the N ranks
-  missing from the final history's steps (a dead, stopped or healing rank's shard), counted;
+  from a checkpoint plays its steps again; a step in flight at the fault, computed again by
+  the others, is committed once and not counted); ``samples_absent``: samples of the N ranks'
+  shards missing from the final history's steps because of the fault (a shrinking run: the
+  ranks not ``live``; otherwise those not contributing); ``samples_counted_skipped``: those
+  the record counts (``skipped``; peers count none); ``steps_lost``: steps missing from the
+  final history; ``samples_lost``: absent and not counted, plus the missing steps' samples;
 * ``time_to_target``: from the commit of the first step (step 0) to the commit of the step
-  whose mean loss over the last 10 steps first reaches ``--target-loss`` (loss: the mean of
-  the contributing ranks' batch losses); ``final_loss``: that mean over the last 10 steps.
+  (``target_step``) whose mean loss over the last 10 steps first reaches ``--target-loss``
+  (loss: the mean of the contributing ranks' batch losses); ``absence_steps_to_target``: the
+  ranks absent up to it, in steps of the whole world; ``final_loss``: the last 10 steps' mean;
+* ``hang_deadline_s`` (shrink rows): the learned hang deadline, as the run's ``summary.json``
+  records it (null where this tree's ``train`` does not record it);
+* ``load_1min_at_start``: the machine's 1-minute load average as the run started.
 
-Goals (issue 26) are booleans in ``goals`` when their rows ran, null with the reason otherwise.
+The rows run drill by drill, interleaved. A row that cannot run (not in this tree, torchft not
+installed, or refused at start: a rule that cannot shrink) is one entry with its reason, and
+every goal that needs it says so.
+
+Goals (issue 26's "Done when"), in ``goals``, each computed from this run's rows with its
+figures (``by_row``) and its ``rule``; null with ``why`` when a row or figure is missing.
+"tailtrain" is each shrink row that ran: the latency and accounting goals must hold for every
+one; the time-to-target goals for one of them on every drill (the straggler-tolerant rule is
+the one meant). The calm allowance is 1.10 times the row's own ``none`` time to target plus
+``absence_steps_to_target`` times that run's seconds per step to target.
 
     python bench/bench_faults.py [--quick] [--json] [--rows ROW,...] [--drills kill,...]
+    python bench/bench_faults.py --goals-from REPORT.json  # score a saved report again
+
+One full run (7 rows, 5 drills: 23 runs, a refused row one line) took 25.5 min on this
+2-core machine at load averages 10 to 22; ``--quick`` (60 steps, 4 s holds) is a smoke test,
+and ``--rows``/``--drills`` pick a part.
 """
 
 from __future__ import annotations
@@ -67,6 +89,7 @@ import contextlib
 import itertools
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -281,12 +304,23 @@ def run_tailtrain(
         "hung": summary.get("hung_workers"),
         # the learned hang deadline of the shrink protocol, as the run's summary records it
         "hang_deadline_s": summary.get("hang_deadline_s"),
+        "deadlines_logged_s": logged_deadlines(folder / "train.out"),
         "failures": read_jsonl([out / "failures.jsonl"])
         if (out / "failures.jsonl").exists()
         else [],
         "stamps": len(stamps),
     }
     return measure(commits, history, fired, began, status, cfg, folder, "train.out", extra=extra)
+
+
+def logged_deadlines(log: Path) -> list[float] | None:
+    """The deadlines the ranks' warnings name as they give up on a collective ("no answer
+    within the deadline 2.68s"): shown beside the goals, never scored (the goal reads
+    summary.json's ``hang_deadline_s``; a log line's wording may change)."""
+    if not log.exists():
+        return None
+    found = re.findall(r"within the deadline ([0-9.]+)s", log.read_text(errors="replace"))
+    return [float(x) for x in found] or None
 
 
 def tailtrain_step(row: dict[str, Any], cfg: argparse.Namespace) -> dict[str, Any]:
@@ -558,162 +592,180 @@ def verdict(per_row: dict[str, dict[str, Any]], rule: str, every: bool = True) -
     return {"holds": holds, "rule": rule, "by_row": per_row}
 
 
-def goals(rows: dict[str, dict[str, Any]], cfg: argparse.Namespace) -> dict[str, Any]:
+Rows = dict[str, dict[str, Any]]
+
+
+def goals(rows: Rows, cfg: argparse.Namespace) -> dict[str, Any]:
     """Issue 26's Done-when goals, each a boolean computed from this run's rows with its
     figures, or null with why (a row not selected, refused at start, or a figure missing).
     "tailtrain" is every shrink row that ran (sync, DropCompute, eager): a latency or
     accounting goal holds when it holds for each of them; a time-to-target goal when it holds
     for one of them on every drill (the straggler-tolerant rule is the one meant)."""
     ran = [r for r in SHRINK if blocked(rows.get(r)) is None]
-    out: dict[str, Any] = {}
     if not ran:
         why = "no shrink row ran: " + "; ".join(f"{r}: {blocked(rows.get(r))}" for r in SHRINK)
         return {name: {"holds": None, "why": why} for name in GOAL_NAMES}
+    out: dict[str, Any] = {}
     for drill in ("kill", "stop"):
-        theirs = best(rows, TORCHFT, drill, "fault_to_next_step")
-        before = figure(rows, "tailtrain-before", drill, "fault_to_next_step")
-        near, fast = {}, {}
-        for r in ran:
-            mine = figure(rows, r, drill, "fault_to_next_step")
-            has = drill in rows[r]
-            near[r] = compared(has, mine, theirs, "torchft", lambda m, o: m <= o)
-            near[r] |= {"tailtrain": mine, "torchft_best": theirs}
-            fast[r] = compared(has, mine, before, "tailtrain-before", lambda m, o: 5 * m <= o)
-            ratio = None if not mine or before is None else round(before / mine, 2)
-            fast[r] |= {"tailtrain": mine, "before": before, "before_over_tailtrain": ratio}
-        out[f"{drill}_next_step_no_later_than_torchft"] = verdict(
-            near,
-            "fault_to_next_step <= the smaller of torchft default's and tuned's",
-        )
-        out[f"{drill}_next_step_5x_sooner_than_restart"] = verdict(
-            fast,
-            "5 * fault_to_next_step <= tailtrain-before's",
-        )
+        out |= next_step_goals(rows, ran, drill)
+    return (
+        out
+        | freeze_goals(rows, ran)
+        | heal_goal(rows, ran)
+        | books_goal(rows, ran)
+        | (target_goals(rows, ran))
+    )
+
+
+def next_step_goals(rows: Rows, ran: list[str], drill: str) -> dict[str, Any]:
+    """After a SIGKILL or a SIGSTOP: no later than torchft's best, 5x sooner than the restart."""
+    theirs = best(rows, TORCHFT, drill, "fault_to_next_step")
+    before = figure(rows, "tailtrain-before", drill, "fault_to_next_step")
+    near, fast = {}, {}
+    for r in ran:
+        mine = figure(rows, r, drill, "fault_to_next_step")
+        has = drill in rows[r]
+        near[r] = compared(has, mine, theirs, "torchft", lambda m, o: m <= o)
+        near[r] |= {"tailtrain": mine, "torchft_best": theirs}
+        fast[r] = compared(has, mine, before, "tailtrain-before", lambda m, o: 5 * m <= o)
+        ratio = None if not mine or before is None else round(before / mine, 2)
+        fast[r] |= {"tailtrain": mine, "before": before, "before_over_tailtrain": ratio}
+    return {
+        f"{drill}_next_step_no_later_than_torchft": verdict(
+            near, "fault_to_next_step <= the smaller of torchft default's and tuned's"
+        ),
+        f"{drill}_next_step_5x_sooner_than_restart": verdict(
+            fast, "5 * fault_to_next_step <= tailtrain-before's"
+        ),
+    }
+
+
+def freeze_goals(rows: Rows, ran: list[str]) -> dict[str, Any]:
+    """After a frozen thread: within the learned deadline + 1 s, sooner than both torchfts."""
+    theirs = {r: figure(rows, r, "freeze", "fault_to_next_step") for r in TORCHFT}
+    missing = [t for t, v in theirs.items() if v is None]
     within, sooner = {}, {}
-    theirs_freeze = {r: figure(rows, r, "freeze", "fault_to_next_step") for r in TORCHFT}
     for r in ran:
         mine = figure(rows, r, "freeze", "fault_to_next_step")
         has = "freeze" in rows[r]
         deadline = rows[r].get("freeze", {}).get("hang_deadline_s")
-        cell = {"tailtrain": mine, "hang_deadline_s": deadline}
-        if not has:
-            cell |= {"holds": None, "why": "no freeze run"}
-        elif deadline is None:
-            cell |= {
-                "holds": None,
-                "why": "the run's summary.json has no hang_deadline_s (the learned deadline)",
-            }
-        else:
-            cell["holds"] = mine is not None and mine <= float(deadline) + 1.0
-        within[r] = cell
-        missing = [t for t, v in theirs_freeze.items() if v is None]
-        cell = {"tailtrain": mine, "torchft": theirs_freeze}
-        if not has or missing:
-            cell |= {
-                "holds": None,
-                "why": "no freeze run" if not has else f"no freeze figure of {missing}",
-            }
-        else:
-            cell["holds"] = mine is not None and all(mine < v for v in theirs_freeze.values())
-        sooner[r] = cell
-    out["freeze_within_deadline_plus_1s"] = verdict(
-        within, "fault_to_next_step <= summary.json's hang_deadline_s + 1"
-    )
-    out["freeze_sooner_than_torchft_default_and_tuned"] = verdict(
-        sooner, "fault_to_next_step < torchft default's and < tuned's"
-    )
-    heal = {}
+        within[r] = compared(
+            has,
+            mine,
+            deadline,
+            "summary.json's hang_deadline_s (the learned deadline; this run does not record it)",
+            lambda m, o: m <= float(o) + 1.0,
+        )
+        within[r] |= {"tailtrain": mine, "hang_deadline_s": deadline}
+        within[r]["deadlines_logged_s"] = rows[r].get("freeze", {}).get("deadlines_logged_s")
+        worst = None if missing else min(v for v in theirs.values() if v is not None)
+        sooner[r] = compared(has, mine, worst, " and ".join(missing), lambda m, o: m < o)
+        sooner[r] |= {"tailtrain": mine, "torchft": theirs}
+    return {
+        "freeze_within_deadline_plus_1s": verdict(
+            within, "fault_to_next_step <= summary.json's hang_deadline_s + 1"
+        ),
+        "freeze_sooner_than_torchft_default_and_tuned": verdict(
+            sooner, "fault_to_next_step < torchft default's and < tuned's"
+        ),
+    }
+
+
+def heal_goal(rows: Rows, ran: list[str]) -> dict[str, Any]:
+    """A returning rank heals from a live peer, no slower than torchft's best heal."""
     theirs = best(rows, TORCHFT, "heal", "heal_seconds")
+    heal = {}
     for r in ran:
-        cell = rows[r].get("heal")
+        source = rows[r].get("heal", {}).get("heal_from")
         mine = figure(rows, r, "heal", "heal_seconds")
-        entry = {
-            "tailtrain": mine,
-            "torchft_best": theirs,
-            "heal_from": (cell or {}).get("heal_from"),
-        }
-        if cell is None or theirs is None:
-            entry |= {
-                "holds": None,
-                "why": "no heal run" if cell is None else "no torchft heal figure",
-            }
-        else:
-            entry["holds"] = mine is not None and mine <= theirs and entry["heal_from"] == "peer"
-        heal[r] = entry
-    out["heal_no_slower_than_torchft"] = verdict(
-        heal, "heal_seconds <= the smaller of torchft's, healed from a peer"
-    )
+        heal[r] = compared(
+            "heal" in rows[r],
+            mine,
+            theirs,
+            "torchft",
+            lambda m, o, peer=source == "peer": m <= o and peer,
+        )
+        heal[r] |= {"tailtrain": mine, "torchft_best": theirs, "heal_from": source}
+    return {
+        "heal_no_slower_than_torchft": verdict(
+            heal, "heal_seconds <= the smaller of torchft's, healed from a peer"
+        )
+    }
+
+
+def books_goal(rows: Rows, ran: list[str]) -> dict[str, Any]:
+    """No sample lost (absent and uncounted) or done twice, beyond the step in flight."""
     books = {}
+    keys = ("samples_replayed", "samples_lost", "steps_lost")
     for r in ran:
-        cells = {d: rows[r][d] for d in GOAL_DRILLS if d in rows[r]}
-        figures = {
-            d: {k: c.get(k) for k in ("samples_replayed", "samples_lost", "steps_lost")}
-            for d, c in cells.items()
-        }
-        bad = [d for d, f in figures.items() if any(v is None or v != 0 for v in f.values())]
-        books[r] = {"holds": not bad if cells else None, "by_drill": figures}
-        if not cells:
-            books[r]["why"] = "no run"
-    out["no_sample_lost_or_done_twice"] = verdict(
-        books, "samples_replayed == samples_lost == steps_lost == 0 on every drill"
-    )
-    ratio, calm = {}, {}
-    for r in ran:
-        mine = {d: figure(rows, r, d, "time_to_target") for d in GOAL_DRILLS if d in rows[r]}
-        theirs = {d: best(rows, TORCHFT, d, "time_to_target") for d in mine}
-        ratios = {
-            d: None if mine[d] is None or not theirs[d] else round(mine[d] / theirs[d], 3)
-            for d in mine
-        }
-        known = [v for d, v in ratios.items() if theirs[d] is not None]
-        ratio[r] = {
-            "holds": None if not known else all(v is not None and v <= 0.67 for v in known),
-            "ratios": ratios,
-            "tailtrain": mine,
-            "torchft_best": theirs,
-        }
-        if not known:
-            ratio[r]["why"] = "no torchft time to target"
-        base = mine.get("none")
-        step = figure(rows, r, "none", "target_step")
-        per_step = base / step if base and step else None
-        limits = {}
-        for d in (d for d in mine if d != "none"):
-            gone = figure(rows, r, d, "absence_steps_to_target")
-            if per_step is not None and gone is not None:
-                limits[d] = round(1.10 * base + gone * per_step, 3)
-            elif per_step is not None and mine[d] is None:
-                limits[d] = round(1.10 * base, 3)  # the target never reached: fails below
-        calm[r] = {
-            "tailtrain": mine,
-            "limit": limits,
-            "calm_seconds_per_step": None if per_step is None else round(per_step, 4),
-            "absence_steps_to_target": {
-                d: figure(rows, r, d, "absence_steps_to_target") for d in limits
-            },
-        }
-        if not limits:
-            calm[r] |= {"holds": None, "why": "no none-drill time to target, or no drill"}
-        else:
-            calm[r]["holds"] = all(
-                mine[d] is not None and mine[d] <= lim for d, lim in limits.items()
-            )
-    out["time_to_target_at_most_0.67x_torchft"] = verdict(
-        ratio,
-        "time_to_target / the smaller of torchft's <= 0.67 on every drill "
-        "(none included: the straggler alone), for at least one shrink row",
-        every=False,
-    )
-    out["time_to_target_within_10pct_of_calm_plus_absence"] = verdict(
-        calm,
-        "time_to_target <= 1.10 * the same row's none-drill time_to_target + "
-        "absence_steps_to_target * its seconds per step to target (the absent ranks' work "
-        "in whole-world steps), on every drill, for at least one shrink row",
-        every=False,
-    )
+        figures = {d: {k: rows[r][d].get(k) for k in keys} for d in GOAL_DRILLS if d in rows[r]}
+        bad = [d for d, f in figures.items() if any(v != 0 for v in f.values())]
+        books[r] = {"holds": not bad, "by_drill": figures} if figures else {"holds": None}
+        books[r] |= {} if figures else {"why": "no run"}
+    return {
+        "no_sample_lost_or_done_twice": verdict(
+            books, "samples_replayed == samples_lost == steps_lost == 0 on every drill"
+        )
+    }
+
+
+def target_goals(rows: Rows, ran: list[str]) -> dict[str, Any]:
+    """Time to the target loss with the straggler and the drills: at most 0.67x torchft's
+    best, and within 10% of the row's own calm run plus what the absent ranks cost."""
+    ratio = {r: target_vs_torchft(rows, r) for r in ran}
+    calm = {r: target_vs_calm(rows, r) for r in ran}
     both = [r for r in ran if ratio[r]["holds"] and calm[r]["holds"]]
-    out["time_to_target_goals_same_row"] = {"holds": bool(both), "rows": both}
-    return out
+    return {
+        "time_to_target_at_most_0.67x_torchft": verdict(
+            ratio,
+            "time_to_target / the smaller of torchft's <= 0.67 on every drill "
+            "(none included: the straggler alone), for at least one shrink row",
+            every=False,
+        ),
+        "time_to_target_within_10pct_of_calm_plus_absence": verdict(
+            calm,
+            "time_to_target <= 1.10 * the same row's none-drill time_to_target + "
+            "absence_steps_to_target * that run's seconds per step to target (the absent "
+            "ranks' work in whole-world steps), on every drill, for at least one shrink row",
+            every=False,
+        ),
+        "time_to_target_goals_same_row": {"holds": bool(both), "rows": both},
+    }
+
+
+def target_vs_torchft(rows: Rows, r: str) -> dict[str, Any]:
+    mine = {d: figure(rows, r, d, "time_to_target") for d in GOAL_DRILLS if d in rows[r]}
+    theirs = {d: best(rows, TORCHFT, d, "time_to_target") for d in mine}
+    ratios = {d: None if mine[d] is None or not theirs[d] else mine[d] / theirs[d] for d in mine}
+    known = [v for d, v in ratios.items() if theirs[d] is not None]
+    cell = {"ratios": {d: v if v is None else round(v, 3) for d, v in ratios.items()}}
+    cell |= {"tailtrain": mine, "torchft_best": theirs}
+    if not known:
+        return {"holds": None, "why": "no torchft time to target", **cell}
+    return {"holds": all(v is not None and v <= 0.67 for v in known), **cell}
+
+
+def target_vs_calm(rows: Rows, r: str) -> dict[str, Any]:
+    mine = {d: figure(rows, r, d, "time_to_target") for d in GOAL_DRILLS if d in rows[r]}
+    base, step = mine.get("none"), figure(rows, r, "none", "target_step")
+    if not base or not step or len(mine) < 2:
+        return {
+            "holds": None,
+            "why": "no none-drill time to target, or no drill",
+            "tailtrain": mine,
+        }
+    per_step = base / step
+    gone = {d: figure(rows, r, d, "absence_steps_to_target") or 0.0 for d in mine if d != "none"}
+    # a drill whose run never reached the target has no absence figure (0): it fails anyway
+    limits = {d: round(1.10 * base + g * per_step, 3) for d, g in gone.items()}
+    holds = all(mine[d] is not None and mine[d] <= lim for d, lim in limits.items())
+    return {
+        "holds": holds,
+        "tailtrain": mine,
+        "limit": limits,
+        "calm_seconds_per_step": round(per_step, 4),
+        "absence_steps_to_target": gone,
+    }
 
 
 GOAL_NAMES = (

@@ -119,7 +119,7 @@ def test_a_rule_dropping_a_contributor_is_no_fault_absence():
 
 @pytest.mark.slow
 @pytest.mark.timeout(420)
-def test_a_quick_run_measures_a_stopped_rank_and_says_what_is_missing():
+def test_a_quick_run_measures_a_stopped_rank_in_both_tailtrain_paths():
     argv = [sys.executable, str(ROOT / "bench" / "bench_faults.py"), "--quick", "--json"]
     argv += ["--rows", "tailtrain-before,tailtrain-shrink-sync", "--drills", "stop"]
     argv += ["--steps", "24", "--hold", "1", "--run-timeout", "240"]
@@ -130,9 +130,12 @@ def test_a_quick_run_measures_a_stopped_rank_and_says_what_is_missing():
     assert stop["fault"]["kind"] == "stop"
     assert stop["fault_to_next_step"] > 0
     assert stop["steps"] == 24 and stop["steps_replayed"] == 0
-    shrink = report["rows"]["tailtrain-shrink-sync"]
-    assert "not available in this tree" in shrink.get("unavailable", "") or "stop" in shrink
-    assert len(report["load_average_before"]) == 3
+    shrink = report["rows"]["tailtrain-shrink-sync"]["stop"]
+    assert shrink["fault"]["kind"] == "stop" and shrink["fault_to_next_step"] > 0
+    assert shrink["samples_lost"] == 0 and shrink["samples_replayed"] == 0
+    assert report["shrink_rows"]["tailtrain-shrink-eager"] == "not selected (--rows)"
+    assert set(bf.GOAL_NAMES) <= set(report["goals"])
+    assert len(report["load_average_before"]) == 3 and report["wall_s"] > 0
 
 
 def made_up_rows() -> dict:
@@ -196,3 +199,18 @@ def test_a_goal_fails_on_one_row_or_a_missing_figure():
     del rows["torchft-default"]
     freeze = bf.goals(rows, CFG)["freeze_sooner_than_torchft_default_and_tuned"]
     assert freeze["holds"] is None and "torchft-default" in freeze["why"]
+
+
+def test_the_logged_deadline_is_read_beside_the_goal_not_scored(tmp_path):
+    log = tmp_path / "train.out"
+    log.write_text(
+        "WARNING rank 0 tailtrain.runtime: step 64: all_reduce failed, a peer may have died: "
+        "generation 0: no answer within the deadline 2.68s\n"
+    )
+    assert bf.logged_deadlines(log) == [2.68]
+    assert bf.logged_deadlines(tmp_path / "absent.out") is None
+    rows = made_up_rows()
+    del rows["tailtrain-shrink-sync"]["freeze"]["hang_deadline_s"]
+    rows["tailtrain-shrink-sync"]["freeze"]["deadlines_logged_s"] = [2.68]
+    cell = bf.goals(rows, CFG)["freeze_within_deadline_plus_1s"]["by_row"]["tailtrain-shrink-sync"]
+    assert cell["holds"] is None and cell["deadlines_logged_s"] == [2.68]
