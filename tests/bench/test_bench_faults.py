@@ -80,15 +80,46 @@ def test_tailtrain_stamps_become_commits_per_process():
 
 
 def test_goals_are_null_with_a_reason_without_the_shrink_rows():
-    rows = {"tailtrain-shrink-sync": {"unavailable": "not available in this tree"}}
+    rows = {
+        "tailtrain-shrink-sync": {"unavailable": "not available in this tree"},
+        "tailtrain-shrink-eager": {"refused": "tailtrain train: error: shrink is for allreduce"},
+    }
     goals = bf.goals(rows, CFG)
-    assert goals and all(g["holds"] is None for g in goals.values())
+    assert set(goals) == set(bf.GOAL_NAMES)
+    assert all(g["holds"] is None for g in goals.values())
     assert all("not available in this tree" in g["why"] for g in goals.values())
+    assert all("shrink is for allreduce" in g["why"] for g in goals.values())
+
+
+def test_a_shrunk_step_counts_its_dead_shard_and_a_gap_is_lost(tmp_path):
+    # worker 1 dies in step 2: steps 2-3 run with rank 0 only; the record counts the dead
+    # shard's 32 samples in step 2 but not in step 3, and step 4 is missing from it
+    commits = [commit(0, 10, s, 1.0 + s) for s in range(6)] + [
+        commit(1, 11, s, 1.0 + s) for s in range(2)
+    ]
+    hist = history(range(2))
+    hist[2] = {"loss": 2.0, "contributors": 1, "absent": 1, "per_rank": 32, "counted": 32}
+    hist[3] = {"loss": 2.0, "contributors": 1, "absent": 1, "per_rank": 32, "counted": 0}
+    hist[5] = {"loss": 2.0, "contributors": 1, "absent": 1, "per_rank": 32, "counted": 32}
+    got = bf.accounting(commits, hist, CFG)
+    assert got["samples_absent"] == 3 * 32 and got["samples_counted_skipped"] == 2 * 32
+    assert got["steps_lost"] == 1
+    assert got["samples_lost"] == 32 + 2 * 32  # step 3's uncounted shard + step 4's two
+    assert got["samples_replayed"] == 0
+
+
+def test_a_rule_dropping_a_contributor_is_no_fault_absence():
+    # a shrinking run's row: all four ranks live, the rule used three (eager's late one)
+    row = {"step": 7, "loss": 1.0, "workers": [0, 1, 2], "live": [0, 1, 2, 3], "skipped": 0}
+    cfg = SimpleNamespace(workers=4, batch=32)
+    got = bf.tailtrain_step(row | {"micro_batches": 2}, cfg)
+    assert got["absent"] == 0 and got["contributors"] == 3 and got["per_rank"] == 64
+    assert bf.tailtrain_step({**row, "live": [0, 2, 3]}, cfg)["absent"] == 1
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(420)
-def test_a_quick_run_measures_a_stopped_rank_and_says_what_is_missing():
+def test_a_quick_run_measures_a_stopped_rank_in_both_tailtrain_paths():
     argv = [sys.executable, str(ROOT / "bench" / "bench_faults.py"), "--quick", "--json"]
     argv += ["--rows", "tailtrain-before,tailtrain-shrink-sync", "--drills", "stop"]
     argv += ["--steps", "24", "--hold", "1", "--run-timeout", "240"]
@@ -99,31 +130,87 @@ def test_a_quick_run_measures_a_stopped_rank_and_says_what_is_missing():
     assert stop["fault"]["kind"] == "stop"
     assert stop["fault_to_next_step"] > 0
     assert stop["steps"] == 24 and stop["steps_replayed"] == 0
-    shrink = report["rows"]["tailtrain-shrink-sync"]
-    assert "not available in this tree" in shrink.get("unavailable", "") or "stop" in shrink
-    assert len(report["load_average_before"]) == 3
+    shrink = report["rows"]["tailtrain-shrink-sync"]["stop"]
+    assert shrink["fault"]["kind"] == "stop" and shrink["fault_to_next_step"] > 0
+    assert shrink["samples_lost"] == 0 and shrink["samples_replayed"] == 0
+    assert report["shrink_rows"]["tailtrain-shrink-eager"] == "not selected (--rows)"
+    assert set(bf.GOAL_NAMES) <= set(report["goals"])
+    assert len(report["load_average_before"]) == 3 and report["wall_s"] > 0
 
 
-def test_goals_compare_the_shrink_row_with_torchft_and_the_restart_path():
-    def row(next_step: float, **more: float) -> dict:
-        return {
-            d: {"fault_to_next_step": next_step, "samples_replayed": 0, **more}
-            for d in ("none", "kill", "stop", "freeze", "heal")
-        }
+def made_up_rows() -> dict:
+    def row(next_step: float, heal: float, target: float, **more) -> dict:
+        cells = {}
+        for d in ("none", "kill", "stop", "freeze", "heal"):
+            cells[d] = {"fault_to_next_step": next_step, "heal_seconds": heal}
+            cells[d] |= {"samples_replayed": 0, "samples_lost": 0, "steps_lost": 0}
+            cells[d] |= {"time_to_target": target, "target_step": 100}
+            cells[d] |= {"absence_steps_to_target": 0.0 if d == "none" else 5.0, **more}
+        cells["heal"]["heal_from"] = "peer"
+        return cells
 
-    rows = {
-        "tailtrain-shrink-sync": row(0.4, heal_seconds=3.0, time_to_target=10.0),
-        "torchft-default": row(5.0, heal_seconds=16.0, time_to_target=20.0),
-        "torchft-tuned": row(2.0, heal_seconds=17.0, time_to_target=18.0),
-        "tailtrain-before": row(16.0),
+    return {
+        "tailtrain-shrink-sync": row(0.4, 3.0, 19.0, hang_deadline_s=2.5),
+        "tailtrain-shrink-dropcompute": row(0.5, 2.0, 10.0),
+        "tailtrain-shrink-eager": {"refused": "tailtrain train: error: no partial shrink"},
+        "torchft-default": row(5.0, 16.0, 20.0),
+        "torchft-tuned": row(2.0, 17.0, 18.0),
+        "tailtrain-before": row(16.0, 0.0, 20.0),
     }
+
+
+def test_goals_compare_the_shrink_rows_with_torchft_and_the_restart_path():
+    rows = made_up_rows()
     goals = bf.goals(rows, CFG)
     assert goals["kill_next_step_no_later_than_torchft"]["holds"] is True
-    assert goals["stop_next_step_5x_sooner_than_restart"]["holds"] is True  # 0.4 * 5 <= 16
+    assert goals["stop_next_step_5x_sooner_than_restart"]["holds"] is True  # 0.5 * 5 <= 16
     assert goals["freeze_sooner_than_torchft_default_and_tuned"]["holds"] is True
-    assert goals["freeze_within_deadline_plus_1s"]["holds"] is None  # no deadline recorded
+    # sync's deadline 2.5 s + 1 >= 0.4; dropcompute's summary has none: no verdict for it
+    freeze = goals["freeze_within_deadline_plus_1s"]
+    assert freeze["holds"] is True
+    assert freeze["by_row"]["tailtrain-shrink-dropcompute"]["holds"] is None
+    assert "hang_deadline_s" in freeze["by_row"]["tailtrain-shrink-dropcompute"]["why"]
     assert goals["heal_no_slower_than_torchft"]["holds"] is True
-    assert goals["no_sample_replayed"]["holds"] is True
-    assert goals["time_to_target_at_most_0.67x_torchft"]["holds"] is True  # 10 / 18
-    rows["tailtrain-shrink-sync"]["kill"]["fault_to_next_step"] = 2.5
+    assert goals["no_sample_lost_or_done_twice"]["holds"] is True
+    # sync 19/18 > 0.67 but dropcompute 10/18 <= 0.67: one straggler-tolerant row is enough
+    target = goals["time_to_target_at_most_0.67x_torchft"]
+    assert target["holds"] is True
+    assert target["by_row"]["tailtrain-shrink-sync"]["holds"] is False
+    # calm 10 s at step 100: 0.1 s a step; 5 absent whole-world steps allow 11 + 0.5 s
+    calm = goals["time_to_target_within_10pct_of_calm_plus_absence"]
+    assert calm["by_row"]["tailtrain-shrink-dropcompute"]["limit"]["kill"] == pytest.approx(11.5)
+    assert calm["holds"] is True
+    assert goals["time_to_target_goals_same_row"]["rows"] == ["tailtrain-shrink-dropcompute"]
+
+
+def test_a_goal_fails_on_one_row_or_a_missing_figure():
+    rows = made_up_rows()
+    rows["tailtrain-shrink-dropcompute"]["kill"]["fault_to_next_step"] = 2.5
     assert bf.goals(rows, CFG)["kill_next_step_no_later_than_torchft"]["holds"] is False
+    rows["tailtrain-shrink-sync"]["stop"]["fault_to_next_step"] = None  # no next step came
+    assert bf.goals(rows, CFG)["stop_next_step_no_later_than_torchft"]["holds"] is False
+    rows["tailtrain-shrink-sync"]["heal"]["heal_from"] = "checkpoint"
+    assert bf.goals(rows, CFG)["heal_no_slower_than_torchft"]["holds"] is False
+    rows["tailtrain-shrink-dropcompute"]["freeze"]["samples_lost"] = 32
+    assert bf.goals(rows, CFG)["no_sample_lost_or_done_twice"]["holds"] is False
+    rows["tailtrain-shrink-dropcompute"]["stop"]["time_to_target"] = 11.6  # over 11.5
+    calm = bf.goals(rows, CFG)["time_to_target_within_10pct_of_calm_plus_absence"]
+    assert calm["by_row"]["tailtrain-shrink-dropcompute"]["holds"] is False
+    del rows["torchft-default"]
+    freeze = bf.goals(rows, CFG)["freeze_sooner_than_torchft_default_and_tuned"]
+    assert freeze["holds"] is None and "torchft-default" in freeze["why"]
+
+
+def test_the_logged_deadline_is_read_beside_the_goal_not_scored(tmp_path):
+    log = tmp_path / "train.out"
+    log.write_text(
+        "WARNING rank 0 tailtrain.runtime: step 64: all_reduce failed, a peer may have died: "
+        "generation 0: no answer within the deadline 2.68s\n"
+    )
+    assert bf.logged_deadlines(log) == [2.68]
+    assert bf.logged_deadlines(tmp_path / "absent.out") is None
+    rows = made_up_rows()
+    del rows["tailtrain-shrink-sync"]["freeze"]["hang_deadline_s"]
+    rows["tailtrain-shrink-sync"]["freeze"]["deadlines_logged_s"] = [2.68]
+    cell = bf.goals(rows, CFG)["freeze_within_deadline_plus_1s"]["by_row"]["tailtrain-shrink-sync"]
+    assert cell["holds"] is None and cell["deadlines_logged_s"] == [2.68]
