@@ -60,7 +60,7 @@ committed (peers) commits s, resp. s-1. Per row and drill:
   (loss: the mean of the contributing ranks' batch losses); ``absence_steps_to_target``: the
   ranks absent up to it, in steps of the whole world; ``final_loss``: the last 10 steps' mean;
 * ``hang_deadline_s`` (shrink rows): the learned hang deadline, as the run's ``summary.json``
-  records it (null where this tree's ``train`` does not record it);
+  records it (its ``hang_deadline``) (null where this tree's ``train`` does not record it);
 * ``load_1min_at_start``: the machine's 1-minute load average as the run started.
 
 The rows run drill by drill, interleaved. A row that cannot run (not in this tree, torchft not
@@ -303,7 +303,7 @@ def run_tailtrain(
         "skipped_recorded": sum(int(r.get("skipped") or 0) for r in steps) or None,
         "hung": summary.get("hung_workers"),
         # the learned hang deadline of the shrink protocol, as the run's summary records it
-        "hang_deadline_s": summary.get("hang_deadline_s"),
+        "hang_deadline_s": summary.get("hang_deadline"),
         "deadlines_logged_s": logged_deadlines(folder / "train.out"),
         "failures": read_jsonl([out / "failures.jsonl"])
         if (out / "failures.jsonl").exists()
@@ -316,7 +316,7 @@ def run_tailtrain(
 def logged_deadlines(log: Path) -> list[float] | None:
     """The deadlines the ranks' warnings name as they give up on a collective ("no answer
     within the deadline 2.68s"): shown beside the goals, never scored (the goal reads
-    summary.json's ``hang_deadline_s``; a log line's wording may change)."""
+    summary.json's ``hang_deadline``; a log line's wording may change)."""
     if not log.exists():
         return None
     found = re.findall(r"within the deadline ([0-9.]+)s", log.read_text(errors="replace"))
@@ -653,7 +653,7 @@ def freeze_goals(rows: Rows, ran: list[str]) -> dict[str, Any]:
             has,
             mine,
             deadline,
-            "summary.json's hang_deadline_s (the learned deadline; this run does not record it)",
+            "summary.json's hang_deadline (the learned deadline; this run does not record it)",
             lambda m, o: m <= float(o) + 1.0,
         )
         within[r] |= {"tailtrain": mine, "hang_deadline_s": deadline}
@@ -663,7 +663,7 @@ def freeze_goals(rows: Rows, ran: list[str]) -> dict[str, Any]:
         sooner[r] |= {"tailtrain": mine, "torchft": theirs}
     return {
         "freeze_within_deadline_plus_1s": verdict(
-            within, "fault_to_next_step <= summary.json's hang_deadline_s + 1"
+            within, "fault_to_next_step <= summary.json's hang_deadline + 1"
         ),
         "freeze_sooner_than_torchft_default_and_tuned": verdict(
             sooner, "fault_to_next_step < torchft default's and < tuned's"
