@@ -207,6 +207,10 @@ def test_a_hung_initiator_is_left_behind_and_refused_when_it_wakes():
     assert cut >= 4 and lives[cut:] == [(0, 1)] * (30 - cut)
     assert steps[cut]["dead"] == [2]
     assert Refused.__name__ in by_rank[2][0].record.summary["left"]
+    # the summary keeps the deadline that decided the break, as the allreduce's does
+    summary = by_rank[0][0].record.summary
+    assert 0 < summary["hang_deadline"] < 6
+    assert summary["hang_deadline_learned"].startswith("in force when step")
 
 
 @pytest.mark.slow

@@ -622,6 +622,8 @@ def finish(run: _Run) -> RankResult:
             # each regroup: [generation, its first round, the ranks lost, taken in, seconds]
             record.summary["generations"] = [list(h) for h in run.shrinker.history]
             record.summary["calls"] = calls
+            # the allreduce's keys: the deadline that decided the latest break (bench_faults)
+            record.summary |= run.shrinker.deadline_summary()
         if run.config.out is not None:
             run.keeper.finish(record)
     return RankResult(rank, record, run.theta.numpy().copy())
