@@ -36,6 +36,7 @@ dropped; only what is still carried when the run ends was never computed (``left
 
     python bench/bench_rebalance.py --json [--seeds 0 1 2] [--jobs 2]   # the full benchmark
     python bench/bench_rebalance.py --quick --json                       # a smoke test
+    python bench/bench_rebalance.py --part real --out real.json          # real/simulated only
 """
 
 from __future__ import annotations
@@ -554,6 +555,9 @@ def real_part(args: argparse.Namespace, base: Scenario, k_specs: dict[str, str])
                     "within_5pct": abs(ratio - 1) <= 0.05,
                 }
             rows[spec] = row
+            ratio = row.get("real_over_simulated")
+            said = real["status"] if ratio is None else f"real/sim {ratio:.3f}"
+            print(f"({name}) {spec}: {said}, load {row['load_after']}", file=sys.stderr, flush=True)
         out[name] = {"flags": scenario_flags(scenario), "strategies": rows}
     out["load_after"] = os.getloadavg()
     return out
@@ -563,6 +567,7 @@ def real_part(args: argparse.Namespace, base: Scenario, k_specs: dict[str, str])
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", action="store_true", help="print one JSON document")
+    parser.add_argument("--out", type=Path, help="also write the JSON document to this file")
     parser.add_argument("--quick", action="store_true", help="a smoke test: short, one seed")
     parser.add_argument(
         "--merge",
@@ -627,6 +632,8 @@ def main() -> None:
         k_specs = {n: p["best_k_sync"]["spec"] for n, p in report["simulate"].items()}
     if args.part in ("real", "both"):
         report["real"] = real_part(args, base, k_specs)
+    if args.out:
+        args.out.write_text(json.dumps(report, indent=1, default=float))
     if args.json:
         print(json.dumps(report, indent=1, default=float))
         return
@@ -647,7 +654,25 @@ def print_table(report: dict[str, Any]) -> None:
                 f"target {'-' if t2t is None else f'{t2t:.1f} s'} "
                 f"acc {'-' if acc is None else f'{acc:.3f}'}"
             )
-    print(json.dumps(report.get("goals", {}), indent=1))
+    real = report.get("real")
+    if real:
+        print(f"real processes (delays x{real['delay_scale']:g}), load {real['load_before']}")
+        for name, part in real.items():
+            if not isinstance(part, dict) or "strategies" not in part:
+                continue
+            print(f"({name})")
+            for spec, row in part["strategies"].items():
+                if "real_over_simulated" not in row:
+                    print(f"  {spec:38s} {row['real']['status']}")
+                    continue
+                load = ", ".join(f"{x:.2f}" for x in row["load_after"])
+                print(
+                    f"  {spec:38s} real {row['real_mean_iteration_time']:.4f} s "
+                    f"sim {row['simulated_mean_iteration_time']:.4f} s "
+                    f"real/sim {row['real_over_simulated']:.3f} load after {load}"
+                )
+    if "goals" in report:
+        print(json.dumps(report["goals"], indent=1))
 
 
 if __name__ == "__main__":
