@@ -36,6 +36,7 @@ dropped; only what is still carried when the run ends was never computed (``left
 
     python bench/bench_rebalance.py --json [--seeds 0 1 2] [--jobs 2]   # the full benchmark
     python bench/bench_rebalance.py --quick --json                       # a smoke test
+    python bench/bench_rebalance.py --part real --out real.json          # real/simulated only
 """
 
 from __future__ import annotations
@@ -223,6 +224,91 @@ def feasibility(name: str, base: Scenario, seed: int = 0) -> dict[str, float]:
         "fluid_step": n * m / ceiling,
         "greedy_step": float(greedy.mean()),
         "greedy_step_stderr": float(greedy.std(ddof=1) / math.sqrt(steps)),
+    }
+
+
+class StepLog:
+    """Wraps a rule and keeps, per step, each rank's counted busy seconds (the sum of its
+    completed micro-batches' measured times) and compute seconds (until it stopped): what
+    ``adapt`` is shown (``StepStats``), which the record rows do not keep per rank."""
+
+    def __init__(self, rule: Any) -> None:
+        self._rule = rule
+        self.busy: list[np.ndarray] = []
+        self.compute: list[np.ndarray] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._rule, name)
+
+    def adapt(self, state: Any, stats: Any) -> Any:
+        self.busy.append(np.nansum(stats.micro_batch_times, axis=1))
+        self.compute.append(stats.arrivals.finish - stats.arrivals.start)
+        return self._rule.adapt(state, stats)
+
+
+def boundary_cost(name: str, base: Scenario, seeds: list[int]) -> dict[str, Any]:
+    """What a synchronous step boundary costs the carried combination, measured on its
+    timing-only simulated runs (``--task none``, 60 virtual seconds, ``seeds``), and whether
+    ``ceiling`` x (1 - that cost) bounds what a no-drop scheme reaches.
+
+    Per rank and step, the step T (its slowest rank's compute plus T^c) minus the rank's
+    counted busy seconds is idle (it finished its share and waits) plus wasted (the part of the
+    micro-batch in flight when the threshold cut it, computed again next step).
+    ``fraction``: the mean of that per rank per step over the mean step; ``weighted_fraction``
+    the same weighted by the ranks' speeds 1/mu_n, so that ceiling x (1 - it) is
+    sum_n (1 - f_n) / mu_n: what the ranks would compute at their laws' means mu_n in the time
+    they were busy. That is an upper bound on the micro-batches per second only if a counted
+    micro-batch takes mu_n on average; ``own_rate_over_it`` checks it on the runs' own count
+    (``is_an_upper_bound``: at most 1 on every seed), and ``counted_mean_over_law_mean``
+    (each rank's counted micro-batches' mean time over mu_n) says why it may not be: the
+    threshold cuts the long micro-batches in flight and a fresh draw computes them again."""
+    scenario = replace(scenario_of(name, base), task="none", target_loss=None)
+    n, law = scenario.workers, parse_delay(scenario.delay).mean
+    spec = REBALANCE[1]
+    lost, steps, computes, own, sync_rates, speed_lost, counted_means = [], [], [], [], [], [], []
+    for seed in seeds:
+        # the seed picks which ranks are slow: each run's own laws
+        mu = law * World.build(scenario, seed).process.time_factor(np.zeros(n), np.arange(n))
+        log = StepLog(parse_strategy(spec))
+        record = simulate(scenario, log, seed)
+        step = record.column("compute_time") + record.column("comm_time")
+        done = np.array([row["completed"] for row in record.steps])
+        idle_wasted = step[:, None] - np.array(log.busy)
+        lost.append(idle_wasted)
+        steps.append(step)
+        computes.append(np.array(log.compute))
+        speed_lost.append(float((idle_wasted.sum(axis=0) / mu).sum()))
+        counted_means.append((np.array(log.busy).sum(axis=0) / done.sum(axis=0) / mu).tolist())
+        own.append(done.sum() / step.sum())
+        sync = simulate(scenario, parse_strategy(SYNC), seed)
+        sync_rates.append(sum(sum(row["completed"]) for row in sync.steps) / sync.steps[-1]["time"])
+    ceiling = float((1.0 / mu).sum())  # the same for every seed: the same factors, permuted
+    step, idle_wasted = np.concatenate(steps), np.concatenate(lost)
+    compute = np.concatenate(computes)
+    weighted = sum(speed_lost) / (step.sum() * ceiling)
+    bound = ceiling * (1.0 - weighted)
+    sync_rate = float(np.mean(sync_rates))
+    over = [float(rate / bound) for rate in own]
+    return {
+        "strategy": spec,
+        "seeds": seeds,
+        "steps": len(step),
+        "mean_step": float(step.mean()),
+        "idle_wasted_per_rank_per_step": float(idle_wasted.mean()),
+        "wasted_per_rank_per_step": float((compute - (step[:, None] - idle_wasted)).mean()),
+        "idle_per_rank_per_step": float((step[:, None] - compute).mean()),
+        "fraction": float(idle_wasted.mean() / step.mean()),
+        "weighted_fraction": float(weighted),
+        "ceiling_micro_batches_per_s": ceiling,
+        "ceiling_x_1_minus_f": float(bound),
+        "sync_micro_batches_per_s": sync_rate,
+        "ceiling_x_1_minus_f_over_sync": float(bound / sync_rate),
+        "reaches_1.3x_sync": bool(bound / sync_rate >= 1.3),
+        # the largest weighted_fraction with which ceiling x (1 - it) still makes 1.3x sync
+        "fraction_that_allows_1.3x_sync": 1.0 - 1.3 * sync_rate / ceiling,
+        "own_rate_over_it": over,
+        "is_an_upper_bound": bool(max(over) <= 1.0),
+        "counted_mean_over_law_mean": counted_means,
     }
 
 
@@ -452,9 +538,11 @@ def real_part(args: argparse.Namespace, base: Scenario, k_specs: dict[str, str])
             target_loss=None,
         )
         rows = {}
-        k_sync = k_specs.get(name, "k-sync:k=7")
-        # the combination that drops runs on train; its clock is the carried one's
-        for spec in [SYNC, DROPCOMPUTE, k_sync, "rebalance:then=dropcompute", *REBALANCE]:
+        # the simulate part's choice, or the same choice made here (timing only, cheap)
+        k_sync = k_specs.get(name) or best_k_sync(name, base)["spec"]
+        # the combination that drops has the carried one's clock (both run on train)
+        specs = [SYNC, DROPCOMPUTE, k_sync, "rebalance:then=dropcompute", *REBALANCE]
+        for spec in [s for s in specs if args.real_strategies is None or s in args.real_strategies]:
             real = real_run(spec, scenario, 0, args.real_timeout)
             row = {"real": real, "load_after": os.getloadavg()}
             if real["status"] == "ran":
@@ -467,7 +555,11 @@ def real_part(args: argparse.Namespace, base: Scenario, k_specs: dict[str, str])
                     "within_5pct": abs(ratio - 1) <= 0.05,
                 }
             rows[spec] = row
+            ratio = row.get("real_over_simulated")
+            said = real["status"] if ratio is None else f"real/sim {ratio:.3f}"
+            print(f"({name}) {spec}: {said}, load {row['load_after']}", file=sys.stderr, flush=True)
         out[name] = {"flags": scenario_flags(scenario), "strategies": rows}
+    out["load_after"] = os.getloadavg()
     return out
 
 
@@ -475,6 +567,7 @@ def real_part(args: argparse.Namespace, base: Scenario, k_specs: dict[str, str])
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", action="store_true", help="print one JSON document")
+    parser.add_argument("--out", type=Path, help="also write the JSON document to this file")
     parser.add_argument("--quick", action="store_true", help="a smoke test: short, one seed")
     parser.add_argument(
         "--merge",
@@ -498,6 +591,11 @@ def main() -> None:
     parser.add_argument("--real-scale", type=float, default=10.0, help="delay multiple")
     parser.add_argument("--real-iterations", type=int, default=30)
     parser.add_argument("--real-timeout", type=float, default=600.0)
+    parser.add_argument(
+        "--real-strategies",
+        nargs="+",
+        help="run only these specs in the real part (default: all six, the best k-sync too)",
+    )
     args = parser.parse_args()
     if args.learn_seeds is None:
         args.learn_seeds = args.seeds
@@ -523,7 +621,9 @@ def main() -> None:
         return
     if args.part == "feasibility":  # the bounds alone: cheap, no run
         report["feasibility"] = {
-            n: {"optimal_share_time": optimal_share_time(n, base)} | feasibility(n, base)
+            n: {"optimal_share_time": optimal_share_time(n, base)}
+            | feasibility(n, base)
+            | {"boundary": boundary_cost(n, base, args.seeds)}
             for n in args.scenarios
         }
     if args.part in ("simulate", "both"):
@@ -532,6 +632,8 @@ def main() -> None:
         k_specs = {n: p["best_k_sync"]["spec"] for n, p in report["simulate"].items()}
     if args.part in ("real", "both"):
         report["real"] = real_part(args, base, k_specs)
+    if args.out:
+        args.out.write_text(json.dumps(report, indent=1, default=float))
     if args.json:
         print(json.dumps(report, indent=1, default=float))
         return
@@ -552,7 +654,25 @@ def print_table(report: dict[str, Any]) -> None:
                 f"target {'-' if t2t is None else f'{t2t:.1f} s'} "
                 f"acc {'-' if acc is None else f'{acc:.3f}'}"
             )
-    print(json.dumps(report.get("goals", {}), indent=1))
+    real = report.get("real")
+    if real:
+        print(f"real processes (delays x{real['delay_scale']:g}), load {real['load_before']}")
+        for name, part in real.items():
+            if not isinstance(part, dict) or "strategies" not in part:
+                continue
+            print(f"({name})")
+            for spec, row in part["strategies"].items():
+                if "real_over_simulated" not in row:
+                    print(f"  {spec:38s} {row['real']['status']}")
+                    continue
+                load = ", ".join(f"{x:.2f}" for x in row["load_after"])
+                print(
+                    f"  {spec:38s} real {row['real_mean_iteration_time']:.4f} s "
+                    f"sim {row['simulated_mean_iteration_time']:.4f} s "
+                    f"real/sim {row['real_over_simulated']:.3f} load after {load}"
+                )
+    if "goals" in report:
+        print(json.dumps(report["goals"], indent=1))
 
 
 if __name__ == "__main__":

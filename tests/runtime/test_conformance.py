@@ -44,8 +44,12 @@ SPECS = {
     "dbw-quorum": "dbw-quorum",
     "rebalance": "rebalance:warmup=1",
 }
+#: combinations an engine must deal beyond a strategy's plain spec: rebalance's carried cut
+#: (``AllreducePlan.carry_cut``), here with a threshold that cuts the slower rank's unit
+VARIANTS = ("rebalance:warmup=1,then=dropcompute,threshold=0.03,defer=true",)
 BY_TOPOLOGY = {
-    t: [s for s in SPECS.values() if topology_of(parse_strategy(s)) is t] for t in Topology
+    t: [s for s in (*SPECS.values(), *VARIANTS) if topology_of(parse_strategy(s)) is t]
+    for t in Topology
 }
 
 
@@ -122,8 +126,19 @@ def test_the_user_loop_runs_allreduce_rules_and_refuses_the_rest(spec):
     assert "\n" not in str(refused.value)
 
 
+@pytest.mark.parametrize("spec", VARIANTS)
+def test_the_user_loop_refuses_the_carried_cut_in_one_line(spec):
+    """``StragglerStep`` deals shares but does not carry a cut (``Strategy.needs``)."""
+    from tailtrain.integrate.rounds import as_strategy
+    from tailtrain.integrate.step import DEALS
+
+    with pytest.raises(UsageError, match="carry") as refused:
+        as_strategy(parse_strategy(spec), DEALS)
+    assert "\n" not in str(refused.value)
+
+
 def test_simulate_runs_every_strategy():
-    for spec in SPECS.values():
+    for spec in (*SPECS.values(), *VARIANTS):
         record = simulate(scenario(), parse_strategy(spec), SEED)
         assert len(record.steps) == ITERATIONS and np.isfinite(record.column("loss")).all()
 

@@ -39,11 +39,6 @@ def test_train_runs_a_sync_with_a_mode_on_the_parameter_server():
     assert spec_of(parse_strategy("sync:mode=pull")).entry is train_parameter_server
 
 
-#: what the simulator's engines do that train's do not yet: rebalance's carried cut
-#: (``rebalance:then=dropcompute,defer=true``, ``tasks.stream.CarryOver``)
-SIMULATE_ONLY = frozenset({"carry"})
-
-
 def test_every_topology_has_one_spec_naming_the_simulators_engine_for_it():
     """The runtime names the simulator's engine without importing it; the names hold."""
     from tailtrain.sim.run import ENGINES
@@ -52,10 +47,8 @@ def test_every_topology_has_one_spec_naming_the_simulators_engine_for_it():
     for topology, spec in TOPOLOGY_SPECS.items():
         assert spec.topology is topology
         assert ENGINES[topology].__name__ == spec.engine
-        # train deals what simulate deals (Strategy.needs): the same rules run in both, but
-        # for what simulate alone does so far, which train refuses in one line
-        simulated = getattr(ENGINES[topology], "does", frozenset())
-        assert spec.does == simulated - SIMULATE_ONLY
+        # train deals what simulate deals (Strategy.needs): the same rules run in both
+        assert spec.does == getattr(ENGINES[topology], "does", frozenset())
 
 
 def test_a_parameter_servers_rank_0_is_no_worker():

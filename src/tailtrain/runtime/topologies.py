@@ -42,6 +42,7 @@ class TopologySpec:
     checkpoints: bool = True
     #: what its rank entry does beyond the topology's protocol (``Strategy.needs``), as the
     #: simulator's engine names it (``does``): the allreduce's rounds deal per-rank shares
+    #: and carry a threshold's cut to the next round
     does: frozenset[str] = frozenset()
 
     def processes(self, workers: int) -> int:
@@ -56,7 +57,7 @@ class TopologySpec:
 #: topology -> its spec; the one table (module docstring)
 TOPOLOGY_SPECS: dict[Topology, TopologySpec] = {
     Topology.ALLREDUCE: TopologySpec(
-        Topology.ALLREDUCE, "AllreduceEngine", train_allreduce, does=frozenset({"shares"})
+        Topology.ALLREDUCE, "AllreduceEngine", train_allreduce, does=frozenset({"shares", "carry"})
     ),
     Topology.PARTIAL_COLLECTIVE: TopologySpec(
         Topology.PARTIAL_COLLECTIVE, "PartialCollectiveEngine", train_partial

@@ -10,6 +10,7 @@ differ between the two engines: ``sim.allreduce.timing`` stops units on a virtua
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,7 +21,7 @@ from tailtrain.core.records import RunRecord
 from tailtrain.core.update import GradientStats, closed_step_stats
 from tailtrain.errors import TailtrainError
 from tailtrain.strategies.base import AllreducePlan, ArrivalColumns, Plan, StepStats
-from tailtrain.tasks.stream import Draws
+from tailtrain.tasks.stream import CarryOver, Draws, deal
 
 
 def round_arrivals(
@@ -105,6 +106,8 @@ class RoundData:
         self.theta: torch.Tensor = task.init_params(seed)
         self.queues: list[list[np.ndarray]] = [[] for _ in range(n_workers)]
         self.drawn = Draws(partition_state, seed, task.batch_size, n_workers)
+        #: a carried cut's micro-batches, dealt first in the next step (``carry_cut``)
+        self.carry = CarryOver()
 
     def batches(self, round_index: int, units: int) -> np.ndarray:
         """Sample indices (N, U, B) of every worker's units: re-queued ones first, then fresh.
@@ -119,6 +122,32 @@ class RoundData:
             queued = np.asarray(taken, dtype=fresh.dtype).reshape(-1, fresh.shape[1])
             out.append(np.concatenate([queued, fresh])[:units])
         return np.stack(out)
+
+    def dealt(
+        self,
+        round_index: int,
+        m: int,
+        shares: np.ndarray,
+        carries: bool,
+        members: Sequence[int] | None = None,
+    ) -> np.ndarray:
+        """Sync's global batch of round ``round_index`` dealt by ``shares``
+        (``tasks.stream.deal``; out (N, max share, B)), the micro-batches the last step's
+        threshold cut first when the plan ``carries`` them (``tasks.stream.CarryOver``). Both
+        engines deal here, so simulate and train carry alike. ``members``: after a shrink,
+        the live ranks whose shards make the global batch (``Rebalance.follow_world``; a
+        carried cut refuses shrinking, its cut would have no owner)."""
+        if carries:
+            if members is not None:
+                raise TailtrainError("a carried cut cannot follow a shrinking world")
+            return deal(self.carry.global_batch(self.drawn, len(shares), m), shares)
+        batches = self.batches(round_index, m)
+        return deal(batches if members is None else batches[list(members)], shares)
+
+    def carry_cut(self, dealt: np.ndarray, shares: np.ndarray, done: np.ndarray) -> int:
+        """Keep what each rank of :meth:`dealt`'s round left undone (``done`` of its
+        ``shares``) for the next step's global batch; how many micro-batches."""
+        return self.carry.cut(dealt, shares, done)
 
     def requeue(self, batches: np.ndarray, done: np.ndarray) -> None:
         """Put every dropped micro-batch back at the end of its worker's queue (Sec. 4.5)."""
@@ -175,6 +204,8 @@ def step_row(
     }
     if plan.shares is not None:
         row["shares"] = list(plan.shares)
+    if plan.carry_cut:  # cut this step, dealt first in the next (``RoundData.carry_cut``)
+        row["deferred"] = int((np.asarray(plan.shares) - stops.done).sum())
     return row
 
 
@@ -184,6 +215,9 @@ def summarise(record: RunRecord) -> dict[str, Any]:
     ``effective_speedup`` is Eq. (6) over the run: the share of micro-batches computed times
     sum_i (T_i + T^c_i) / sum_i (T~_i + T^c_i), the ratio of throughputs with and without the
     threshold on the same draws (as ``theory.dropcompute.evaluate_threshold`` estimates it).
+    A carried cut (rows with ``deferred``) adds ``deferred_rate``, the share of the dealt
+    micro-batches computed a step later, and ``dropped_micro_batches``, those still carried
+    when the run ended: the only ones never computed.
     """
     if not record.steps:
         return {"threshold": None, "drop_rate": math.nan, "effective_speedup": math.nan}
@@ -193,7 +227,7 @@ def summarise(record: RunRecord) -> dict[str, Any]:
     done = np.array([sum(r["completed"]) for r in record.steps])
     used = record.column("compute_time") + record.column("comm_time")
     share = done.sum() / possible.sum()
-    return {
+    out = {
         "threshold": float(record.steps[-1]["threshold"]),
         "drop_rate": float(1.0 - share),
         "effective_speedup": float(share * record.column("sync_time").sum() / used.sum())
@@ -201,3 +235,8 @@ def summarise(record: RunRecord) -> dict[str, Any]:
         else 1.0,
         "mean_completed": float(done.sum() / sum(len(r["completed"]) for r in record.steps)),
     }
+    deferred = [row["deferred"] for row in record.steps if "deferred" in row]
+    if deferred:
+        out["deferred_rate"] = sum(deferred) / int(possible.sum())
+        out["dropped_micro_batches"] = deferred[-1]
+    return out

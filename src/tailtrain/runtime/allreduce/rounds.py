@@ -7,7 +7,10 @@ virtual clock and the same rule object deciding (``runtime.control``):
 1. ``plan``: tau, M, H and, for rebalance, the per-rank shares (identical on every rank:
    same state). A plan of shares has rank n compute ``shares[n]`` micro-batches of sync's
    global batch, dealt as the simulator deals it (:func:`dealt`); the gathered rows are as
-   wide as the largest share, so every rank's measured times reach every rank's rule.
+   wide as the largest share, so every rank's measured times reach every rank's rule. A plan
+   that carries its cut (``rebalance:then=dropcompute,defer=true``) deals the micro-batches
+   the threshold cut first in the next round (``RoundData.dealt``): every rank reads every
+   rank's count from the gathered rows (3.) and keeps the same queue.
 2. Compute (``runtime.units``: DropCompute Algorithm 1, Local-SGD App. B.3): the
    micro-batches of ``tasks.stream.job_batches`` keyed by (seed, n, r), as in the
    simulator, one at a time with the task's flat-parameter gradients, each unit then sleeping
@@ -56,8 +59,9 @@ evaluation schedule (Local-SGD's local copies live only inside a round, whose en
 synchronisation). Any rank's state after a round is thus the run's: rank 0 writes it every
 ``--checkpoint-every`` rounds, and after a failure the surviving rank that completed the most
 rounds writes it. The data position is the round index (``job_batches`` is keyed by it) plus
-the re-queued micro-batches. ``StepStats.mean_grad_sq`` would need a second
-D-vector in the allreduce and no allreduce rule reads it, so it is NaN here.
+the re-queued micro-batches or the carried cut (``RoundData.carry``).
+``StepStats.mean_grad_sq`` would need a second D-vector in the allreduce and no allreduce rule
+reads it, so it is NaN here.
 """
 
 from __future__ import annotations
@@ -129,7 +133,6 @@ from tailtrain.runtime.telemetry import (
 from tailtrain.runtime.units import RankWork, compute
 from tailtrain.strategies.base import AllreducePlan as Plan
 from tailtrain.strategies.base import StepStats
-from tailtrain.tasks.stream import deal
 from tailtrain.topology.allreduce import (
     RoundData,
     own_arrival,
@@ -562,6 +565,9 @@ def one_round(run: _Rank, plan: Plan) -> None:
             done_units = np.full(len(batches), batches.shape[1], dtype=np.int64)
             done_units[run.shrinker.members] = rows[:, 0]
         run.learner.requeue(batches, done_units)
+    if plan.carry_cut:  # every rank keeps what every rank left undone, as the simulator does
+        shares = np.asarray(plan.shares, dtype=np.int64)
+        run.learner.carry_cut(batches, shares, rows[:, 0].astype(np.int64))
     if run.unsettled is not None:
         settle(run, timing)
     # the agreed clock (module docstring, 5.): the slowest compute and the latest T^c
@@ -603,19 +609,19 @@ def one_round(run: _Rank, plan: Plan) -> None:
 def dealt(run: _Rank, plan: Plan, m: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
     """A round of per-rank shares (``strategies.rebalance``), as the simulator plays it
     (``sim.allreduce.engine``): sync's global batch (N, M, B; under shrink the live ranks'
-    (L, M, B), ``Rebalance.follow_world``) dealt by the shares
-    (``tasks.stream.deal``), this rank's ``shares[n]`` micro-batches of it, their injected
-    seconds (the rank's delay draws run on into the next iteration's, one delay iteration per
-    M units, so equal shares draw what sync does) and the gathered rows' width, the largest
-    share. Returns (the global batch, this rank's micro-batches, their seconds, width)."""
+    (L, M, B), ``Rebalance.follow_world``) dealt by the shares, a carried cut first
+    (``RoundData.dealt``, shared with the simulator), this rank's ``shares[n]`` micro-batches
+    of it, their injected seconds (the rank's delay draws run on into the next iteration's,
+    one delay iteration per M units, so equal shares draw what sync does) and the gathered
+    rows' width, the largest share. Returns (the dealt global batch, this rank's
+    micro-batches, their seconds, width)."""
     shares = np.asarray(plan.shares, dtype=np.int64)
     if plan.local_steps != 1 or plan.requeue_dropped or shares.size != run.comm.world_size:
         raise TailtrainError(f"a plan of shares needs one local step per rank: {plan!r}")
     share, width = int(shares[run.comm.rank]), int(shares.max())
-    batches = run.learner.batches(run.step, m)
-    if run.shrinker is not None:  # the live ranks' shards only (Rebalance.follow_world)
-        batches = batches[run.shrinker.members]
-    mine = deal(batches, shares)[run.comm.rank, :share]
+    members = None if run.shrinker is None else run.shrinker.members
+    batches = run.learner.dealt(run.step, m, shares, plan.carry_cut, members)
+    mine = batches[run.comm.rank, :share]
     injected = run.injector.unit_times(-(-width // m), m, run.now)[:share]
     return batches, mine, injected, width
 

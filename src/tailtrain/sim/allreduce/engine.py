@@ -16,8 +16,8 @@ per-rank shares (``AllreducePlan.shares``, ``strategies.rebalance``) deals sync'
 batch to the ranks by them (``tasks.stream.deal``); its rows add ``shares``
 (``topology.allreduce.step_row``) and its sync_time is sync's round on the same draws. A plan
 that carries its cut (``AllreducePlan.carry_cut``) deals the micro-batches the threshold cut
-first in the next step (``tasks.stream.CarryOver``); its rows add ``deferred``, how many were
-cut and carried.
+first in the next step (``tasks.stream.CarryOver``, kept with the round data that train's
+ranks keep too: ``RoundData.dealt``); its rows add ``deferred``, how many were cut and carried.
 """
 
 from __future__ import annotations
@@ -37,7 +37,6 @@ from tailtrain.sim.allreduce.learner import RoundLearner
 from tailtrain.sim.allreduce.timing import measured, share_rule, stop_rule
 from tailtrain.sim.driver import Played, Scorer
 from tailtrain.strategies.base import AllreducePlan, ArrivalColumns, Selection, StepStats
-from tailtrain.tasks.stream import CarryOver, deal
 from tailtrain.topology.allreduce import round_arrivals, round_stats, step_row, summarise
 
 
@@ -60,7 +59,6 @@ class AllreduceEngine:
         self.now = 0.0
         self.step = 0
         self._closes = 0.0
-        self.carry = CarryOver()
 
     def finished(self, plan: AllreducePlan) -> bool:
         return self.world.finished(self.step, self.now, plan.iteration_scale)
@@ -132,37 +130,26 @@ class AllreduceEngine:
         dealt by the shares, the last step's cut first when the plan carries it."""
         if shares is None:
             return self.learner.batches(self.step, plan.local_steps * m), m
-        if not plan.carry_cut:
-            return deal(self.learner.batches(self.step, m), shares), int(shares.max())
-        dealt = deal(self.carry.global_batch(self.learner.drawn, self.n, m), shares)
-        self.carry.cut(dealt, shares, done)
+        dealt = self.learner.dealt(self.step, m, shares, plan.carry_cut)
+        if plan.carry_cut:
+            self.learner.carry_cut(dealt, shares, done)
         return dealt, int(shares.max())
 
     def row(
         self, plan: AllreducePlan, selection: Selection, played: Played, stats: StepStats
     ) -> dict[str, Any]:
-        _, stops, m, comm, shares = played.detail
+        _, stops, m, comm, _ = played.detail
         used = played.candidates.worker[stats.used_mask()].tolist()
-        row = step_row(plan, stats, stops, used, m, comm)  # with the shares dealt, if any
-        if plan.carry_cut:  # cut this step, dealt first in the next
-            row["deferred"] = int((shares - stops.done).sum())
-        return row
+        return step_row(plan, stats, stops, used, m, comm)  # shares and the carried cut
 
     def advance(self) -> None:
         self.now = self._closes
         self.step += 1
 
     def summary(self, record: RunRecord) -> dict[str, Any]:
-        """``summarise``'s figures; a carried cut adds ``deferred_rate`` (the share of the
-        dealt micro-batches computed a step later) and ``dropped_micro_batches`` (still
-        carried when the run ended: the only ones never computed)."""
-        out = summarise(record)
-        deferred = [row["deferred"] for row in record.steps if "deferred" in row]
-        if deferred:
-            dealt = len(record.steps) * self.n * self.micro_batches
-            out["deferred_rate"] = sum(deferred) / dealt
-            out["dropped_micro_batches"] = deferred[-1]
-        return out
+        """``summarise``'s figures (with a carried cut's ``deferred_rate`` and
+        ``dropped_micro_batches``)."""
+        return summarise(record)
 
     @property
     def weighted_update(self) -> WeightedUpdate | None:
