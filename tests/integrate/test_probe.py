@@ -290,3 +290,12 @@ def test_a_failing_report_is_raised_at_close_and_changes_nothing_else(tmp_path, 
     assert board.closed and probe.reporter is None and probe.reports == []
     assert "the report at step 6 failed" in caplog.text
     probe.close()  # raised once: a second close has nothing to raise
+
+
+def test_leaving_the_probe_on_an_error_gathers_nothing_more():
+    """An exception out of the loop: the other ranks may never reach a gather, so leaving
+    the ``with`` only ends the reporting thread and lets the exception through."""
+    with pytest.raises(KeyError), StragglerProbe(None, every=10) as probe:
+        run_steps(probe, 25)
+        raise KeyError("the loop failed")
+    assert probe.history.shape[0] == 20 and probe.reporter is None and probe.pending
