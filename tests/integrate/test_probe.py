@@ -219,3 +219,83 @@ def test_the_probe_needs_a_positive_cadence():
     for bad in ({"interval": 0.0}, {"every": 0}):
         with pytest.raises(ValueError, match="interval > 0"):
             StragglerProbe(None, **bad)
+
+
+def run_steps(probe: StragglerProbe, steps: int) -> list[int]:
+    """``steps`` empty ``with probe.step():`` steps; the step counts at which the probe
+    gathers (the list grows by ``flush``'s gather, if any)."""
+    gathered = []
+    gather = probe._gather
+
+    def noted(wait: bool = False) -> None:
+        gathered.append(probe.steps)
+        gather(wait)
+
+    probe._gather = noted
+    for _ in range(steps):
+        with probe.step():
+            pass
+    return gathered
+
+
+def test_a_step_loop_reports_its_last_window_at_close(tmp_path):
+    """In a ``step()`` loop the last gather is taken at the next step or at ``flush``: the
+    steps after it are reported only by ``close``, or by leaving the probe's ``with``."""
+    probe = StragglerProbe(tmp_path / "open", every=10)
+    run_steps(probe, 40)
+    probe._drain()  # the reports made so far (on the reporting thread)
+    assert probe.history.shape[0] == 30 and probe.last.step == 30  # the last window is out
+    probe.close()
+    assert probe.history.shape[0] == 40 and probe.last.step == 40
+    assert read_trace(tmp_path / "open" / "trace.csv").iteration.max() == 39
+    with StragglerProbe(tmp_path / "with", every=10) as probe:
+        run_steps(probe, 40)
+    assert probe.history.shape[0] == 40 and probe.last.step == 40 and probe.reporter is None
+    assert read_trace(tmp_path / "with" / "trace.csv").iteration.tolist() == list(range(40))
+
+
+class Board:
+    """Stands in for the TensorBoard log: notes that it was closed."""
+
+    closed = False
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def test_a_failing_report_is_raised_at_close_and_changes_nothing_else(tmp_path, caplog):
+    """``on_report`` raising on its 2nd call (step 6, on the reporting thread): it is logged,
+    every window still enters the history and the trace, the gathers come at the same steps
+    as without the error, and ``close`` raises it once the last window is taken, the thread
+    ended and TensorBoard closed."""
+    calls = []
+
+    def on_report(report) -> None:
+        calls.append(report.step)
+        if len(calls) == 2:
+            raise RuntimeError("report 2 failed")
+
+    clean = StragglerProbe(None, every=3)
+    planned = run_steps(clean, 40)
+    clean.close()
+    probe = StragglerProbe(tmp_path, every=3, on_report=on_report)
+    probe.board = board = Board()
+    gathered = run_steps(probe, 40)
+    with pytest.raises(RuntimeError, match="report 2 failed"):
+        probe.close()
+    assert gathered == planned == [*range(3, 40, 3), 40]  # no gather skipped or moved
+    assert calls == [*range(3, 40, 3), 40]  # every window reported, in order
+    assert probe.history.shape[0] == 40 and probe.last.step == 40
+    assert read_trace(tmp_path / "trace.csv").iteration.tolist() == list(range(40))
+    assert board.closed and probe.reporter is None and probe.reports == []
+    assert "the report at step 6 failed" in caplog.text
+    probe.close()  # raised once: a second close has nothing to raise
+
+
+def test_leaving_the_probe_on_an_error_gathers_nothing_more():
+    """An exception out of the loop: the other ranks may never reach a gather, so leaving
+    the ``with`` only ends the reporting thread and lets the exception through."""
+    with pytest.raises(KeyError), StragglerProbe(None, every=10) as probe:
+        run_steps(probe, 25)
+        raise KeyError("the loop failed")
+    assert probe.history.shape[0] == 20 and probe.reporter is None and probe.pending

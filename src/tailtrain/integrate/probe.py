@@ -9,7 +9,16 @@ registered: the probe adds no comm hook, only two gradient hooks and a forward p
 
 and in any other loop, ``with probe.sync():`` around the collective that makes ranks wait for
 each other (an allreduce, a ``StragglerStep``), or ``with probe.step():`` in place of
-``probe.batches`` when there is no loader to wrap.
+``probe.batches`` when there is no loader to wrap. Such a loop ends with ``probe.close()`` (on
+every rank), or runs inside ``with StragglerProbe(...) as probe:``, which closes it: the last
+window is gathered only then (``batches`` gathers it at the loader's end by itself)::
+
+    with StragglerProbe("runs/probe", every=10) as probe:
+        for x, y in pairs:
+            with probe.step():
+                ...                                            # forward, backward
+                with probe.sync():
+                    ...                                        # the allreduce
 
 Per rank and step it measures, on the host clock (``time.perf_counter``) or, for a CUDA model,
 with CUDA events read back once per window (no synchronisation in a step):
@@ -56,7 +65,11 @@ waiting for it, late for the next reduction: it appends the window to ``trace.cs
 persistent / intermittent / healthy; no verdict before :data:`LIVE_MIN_STEPS` steps), logs the
 verdicts through ``logging`` (logger ``tailtrain.probe``), appends them to ``verdicts.jsonl``
 and, with ``tensorboard=``, logs the scores. The probe changes no tensor: its hooks only read
-the clock.
+the clock. A report that fails (``on_report`` raising, a full disk) is logged at once and
+changes nothing else: every window still enters ``history`` and ``trace.csv`` and the ranks
+keep gathering in step (rank 0 raising between steps would skip a gather the others issue);
+the first such error is raised again by ``flush`` or ``close``, after the last window is
+taken, the reporting thread ended and TensorBoard closed.
 """
 
 from __future__ import annotations
@@ -185,7 +198,13 @@ class StragglerProbe:
     model's); ``device``: CUDA to time with CUDA events (``watch`` picks it for a CUDA model;
     NCCL then gathers the window there); ``tensorboard``: a folder for the scores (rank 0);
     ``on_report``: called on rank 0 with each :class:`ProbeReport`, in order (on the probe's
-    reporting thread, but for the first window's and ``flush``'s).
+    reporting thread, but for the first window's and ``flush``'s); an error it raises is
+    logged, and the first one is raised again by ``flush`` / ``close``.
+
+    The last window is gathered by ``flush``: ``batches`` calls it at the loader's end; a loop
+    of ``step()`` / ``sync()`` ends with ``close()`` (every rank), or uses the probe as a
+    context manager (``with StragglerProbe(...) as probe:``), which closes it on leaving;
+    without either, the steps after the last gather are never reported.
     """
 
     def __init__(
@@ -227,6 +246,7 @@ class StragglerProbe:
         #: rank 0: reports of windows taken between steps, made in order on one thread
         self.reporter: ThreadPoolExecutor | None = None
         self.reports: list[Future[None]] = []
+        self.error: BaseException | None = None  # rank 0: the first report that failed
         self.current: _Step | None = None
         self.history = np.empty((0, self.world, len(SECTIONS)))  # rank 0: every step
         self.last: ProbeReport | None = None
@@ -283,7 +303,34 @@ class StragglerProbe:
 
     def flush(self) -> None:
         """Gather the window so far and take it (a collective: every rank calls it at the same
-        step); ``batches`` calls it at the loader's end, so the trace and ``last`` are whole."""
+        step); ``batches`` calls it at the loader's end, so the trace and ``last`` are whole.
+        Raises the first error of a report since the last flush, once all that is done."""
+        self._flush()
+        self._raise()
+
+    def close(self) -> None:
+        """Flush and close TensorBoard (every rank), then raise the first error of a report."""
+        try:
+            self._flush()
+        finally:
+            self._close_board()
+        self._raise()
+
+    def __enter__(self) -> StragglerProbe:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, *_: Any) -> None:
+        """Close the probe; leaving on an exception, gather nothing (the other ranks may not
+        reach the gather, so it could hang) and let that exception through."""
+        if kind is None:
+            self.close()
+            return
+        try:
+            self._drain()
+        finally:
+            self._close_board()
+
+    def _flush(self) -> None:
         self._close_step()
         if self.flight is not None:
             self._take()
@@ -291,12 +338,16 @@ class StragglerProbe:
             self._gather(wait=True)
         self._drain()
 
-    def close(self) -> None:
-        """Flush and close TensorBoard (every rank)."""
-        self.flush()
+    def _close_board(self) -> None:
         if self.board is not None:
             self.board.close()
             self.board = None
+
+    def _raise(self) -> None:
+        """Raise the first failed report's error, once (its traceback is the report's)."""
+        error, self.error = self.error, None
+        if error is not None:
+            raise error
 
     # ---- marks -----------------------------------------------------------------------------
     def _mark_ready(self) -> None:
@@ -367,24 +418,39 @@ class StragglerProbe:
             return
         if flight.waited:
             self._drain()
-            self._report(self.taken)
+            self._report_kept(self.taken)
             return
-        for done in [f for f in self.reports if f.done()]:
-            self.reports.remove(done)
-            done.result()  # a report that failed raises here
+        self.reports = [f for f in self.reports if not f.done()]
         self.reporter = self.reporter or ThreadPoolExecutor(1, "tailtrain-probe")
-        self.reports.append(self.reporter.submit(self._report, self.taken))
+        self.reports.append(self.reporter.submit(self._report_kept, self.taken))
 
     def _drain(self) -> None:
-        """Wait for rank 0's reports so far (raising a failed one's error) and end the thread."""
+        """Wait for rank 0's reports so far and end the thread (``_report_kept`` keeps their
+        errors: none raises here)."""
         reports, self.reports = self.reports, []
-        for report in reports:
-            report.result()
-        if self.reporter is not None:
-            self.reporter.shutdown()
-            self.reporter = None
+        try:
+            for report in reports:
+                error = report.exception()  # waits; None but for what _report_kept lets by
+                if error is not None and self.error is None:
+                    self.error = error
+        finally:
+            if self.reporter is not None:
+                self.reporter.shutdown()
+                self.reporter = None
 
     # ---- rank 0 ----------------------------------------------------------------------------
+    def _report_kept(self, window: np.ndarray) -> None:
+        """``_report``, its error logged and the first one kept for ``flush`` / ``close``:
+        raised between steps, it would come at a later gather than the one that failed, drop
+        that window and, caught by the loop, leave rank 0 one gather behind the others."""
+        try:
+            self._report(window)
+        except Exception as error:
+            log.error("probe: the report at step %d failed: %r", self.history.shape[0], error)
+            log.debug("probe: the failed report's traceback", exc_info=error)
+            if self.error is None:
+                self.error = error
+
     def _report(self, window: np.ndarray) -> None:
         first = self.history.shape[0]
         self.history = np.concatenate([self.history, window])
