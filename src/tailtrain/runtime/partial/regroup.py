@@ -34,9 +34,11 @@ the shield, the closer, the retry when a member dies during the census or the fo
   deadline and woke) is not among the members and asks to join (JOINING, below).
 * ``GROWING`` (a heal): a rank asks to join, started again by the shield after it died
   (``--restart-lost N``: it skips the job's process group and asks at once) or woken after a
-  census went on without it (``join/{rank}`` and the ``joins`` counter, as the allreduce's
-  JOINING). Rank 0's main thread looks at the counter at most every ``JOIN_LOOK`` seconds
-  (``Shrinker.joins_waiting``) and says so in its next slot (the head's ``grow``), so every
+  census went on without it (``join/{rank}``, as the allreduce's JOINING). Rank 0's main
+  thread looks for those keys at most every ``JOIN_LOOK`` seconds
+  (``Shrinker.joins_waiting``; a key stays until a grow takes its rank in, so a request
+  whose grow a failure overtook is seen again in the next generation) and says so in its
+  next slot (the head's ``grow``), so every
   member learns it from the same round r: the rule ends the generation after r, every member
   closes its collective cleanly (no round lost), and ``Shrinker.regroup(grow=True)`` takes the
   joiners in at that boundary (``Shrinker.grow``), then FORMING and HANDOVER as after a loss:
