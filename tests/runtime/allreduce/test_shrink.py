@@ -225,6 +225,35 @@ def test_the_deadline_is_learned_from_the_recent_rounds_within_the_timeout():
     assert (other.bound, other.longest, other.quantile) == (d.bound, d.longest, d.quantile)
 
 
+def test_a_join_request_a_break_overtook_is_seen_again_and_a_refused_one_is_withdrawn():
+    store = torch.distributed.HashStore()
+    lowest = Shrinker(0, store, Deadline(timeout=5.0), torch.device("cpu"), [0, 1], world=3)
+
+    def look() -> bool:
+        lowest.next_look = 0.0  # JOIN_LOOK's rate limit is no part of the answer
+        return lowest.joins_waiting()
+
+    store.set("join/1", json.dumps([4, 4]))  # a member's own (it died and came back): not yet
+    assert not look()
+    store.set("join/2", json.dumps([3, 3]))
+    assert look() and not lowest.joins_waiting()  # at most every JOIN_LOOK seconds
+    # the round that carries the grow breaks first; rank 1 is lost by the census, and the
+    # next generation still sees both requests, which no counter rise announces again
+    lowest.members = [0]
+    assert look() and look()
+    taken = lowest.grow(step=5, rows=5)
+    assert taken.members == [0, 1, 2] and taken.joined == [1, 2]
+    assert not store.check(["join/2"]) and not look()
+    # a joiner the run ended for withdraws its request: no later grow waits for it
+    store = lowest.store = torch.distributed.HashStore()
+    joiner = Shrinker(2, store, Deadline(timeout=5.0), torch.device("cpu"), [0], world=3)
+    lowest.members = [0]
+    store.set("finished", "1")
+    with pytest.raises(Refused):
+        joiner.join(step=6, rows=6)
+    assert not store.check(["join/2"]) and not look()
+
+
 # ---- real processes ----------------------------------------------------------------------------
 @pytest.mark.slow
 @pytest.mark.timeout(150)

@@ -32,6 +32,7 @@ from tailtrain.runtime.microbench import (
 from tailtrain.runtime.partial.collective import (
     DIRECT_ACTIVATION,
     CallKind,
+    CollectiveFailed,
     PartialCollective,
     RoundState,
     _Shared,
@@ -307,6 +308,63 @@ def test_abort_after_a_failed_close_still_tells_the_peers():
     coll._send = lambda peers, kind, r: sent.append((tuple(peers), kind))
     assert coll.abort() and coll.abort()
     assert sent == [((0,), module.ABORT), ((1,), module.ABORT), ((2,), module.ABORT)]
+
+
+def test_a_peer_lost_while_closing_fails_as_the_collective_and_the_joins_take_the_deadline():
+    """close() meets gloo's RuntimeError when a peer died (its barrier, its last sends): a
+    shrinking survivor must see CollectiveFailed, which sends it to the census, and wait for
+    its threads at most the learned deadline, not --timeout."""
+    import sys
+    import threading
+
+    from tailtrain.runtime.partial import collective as module
+
+    class Thread:
+        def __init__(self) -> None:
+            self.waited: list[float] = []
+
+        def join(self, timeout: float) -> None:
+            self.waited.append(timeout)
+
+        def is_alive(self) -> bool:
+            return False
+
+    class Work:
+        def wait(self) -> None:
+            raise RuntimeError("[gloo/transport/tcp/pair.cc:598] Connection closed by peer")
+
+    class Done:
+        def wait(self) -> None:
+            pass
+
+    class Group:
+        def __init__(self, barrier: type) -> None:
+            self.barrier = barrier
+
+        def allreduce(self, tensors):
+            return self.barrier()
+
+        def send(self, tensors, peer, tag):
+            return Work()
+
+    def closing(barrier_fails: bool) -> tuple[PartialCollective, Thread]:
+        coll = object.__new__(PartialCollective)
+        coll.cond, coll.procs, coll.rank, coll.timeout = threading.Condition(), 2, 0, 300.0
+        coll.threads, coll.state = (Thread(), Thread()), module._Shared()
+        coll.send_lock, coll.pending, coll.sent = threading.Lock(), module.deque(), np.zeros(2)
+        coll._switch, coll.device, coll.bound = sys.getswitchinterval(), torch.device("cpu"), None
+        coll.act_group = coll.red_group = Group(Work if barrier_fails else Done)
+        return coll, coll.threads[1]
+
+    coll, reducer = closing(barrier_fails=True)
+    coll.bound = lambda: 2.5
+    with pytest.raises(CollectiveFailed, match=r"closing failed.*Connection closed"):
+        coll.close()
+    assert reducer.waited == [2.5]
+    coll, reducer = closing(barrier_fails=False)  # the barrier held; a last send's wait fails
+    with pytest.raises(CollectiveFailed, match="closing failed"):
+        coll.close()
+    assert reducer.waited == [300.0]
 
 
 # ---- states as types (issue 22) ---------------------------------------------------------------

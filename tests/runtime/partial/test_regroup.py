@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import signal
 
 import numpy as np
@@ -119,8 +120,11 @@ def test_the_partial_collective_refuses_what_it_cannot_shrink_in_one_line():
         check_partial_shrink(majority, local=False, ctx=ctx)
     with pytest.raises(UsageError, match="gloo"):
         check_partial_shrink(majority, local=True, ctx=ctx, on_cuda=True)
-    with pytest.raises(UsageError, match="adapts its state"):
+    with pytest.raises(UsageError, match="cannot follow a smaller world: it adapts its state"):
         check_partial_shrink(parse_strategy("dbw-quorum"), local=True, ctx=ctx)
+    larger = parse_strategy("dropcompute:threshold=auto,compensate=larger-batch")
+    with pytest.raises(UsageError, match=re.escape(larger.follow_refusal())):  # its own reason
+        check_partial_shrink(larger, local=True, ctx=ctx)
     s = Scenario(task="logreg", workers=3, iterations=2)
     validate(TrainConfig(s, "eager:mode=majority", on_rank_loss="shrink"), local=True)
 

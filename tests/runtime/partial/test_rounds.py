@@ -55,6 +55,46 @@ def test_a_rebase_after_later_rounds_replays_them_on_the_average():
     torch.testing.assert_close(r.agreed, average - LR * torch.tensor([4.0, 2.0]))
 
 
+def test_a_frozen_rule_draws_no_communication_time_and_draws_under_its_lock(monkeypatch):
+    """handover_state captures the communication stream under the lock; an aborted reducer
+    thread's after_round must neither draw once frozen nor draw outside the lock."""
+    import threading
+
+    from tailtrain.runtime.partial import rounds as module
+
+    r = rule()
+    monkeypatch.setattr(module, "uniform_weight", lambda selection, keys: (1.0, 1.0))
+    r.arrivals = lambda result: SimpleNamespace(keys=None)
+    r.stats = lambda result, arrivals: None
+    r.driver = SimpleNamespace(select=lambda arrivals: None)
+    held: list[bool] = []
+
+    def free_elsewhere() -> bool:  # whether another thread could take the lock now
+        got: list[bool] = []
+
+        def probe() -> None:
+            got.append(r.lock.acquire(blocking=False))
+            if got[0]:
+                r.lock.release()
+
+        thread = threading.Thread(target=probe)
+        thread.start()
+        thread.join()
+        return got[0]
+
+    def draw() -> float:
+        held.append(not free_elsewhere())
+        r.freeze_for_regroup()  # the main thread freezes the rule as the reducer sleeps
+        return 0.0
+
+    r.comm = SimpleNamespace(next=draw)
+    plan = SimpleNamespace(average_models=False, lr_scale=1.0)
+    result = SimpleNamespace(plan=plan, index=0, total=torch.zeros(2))
+    assert r.after_round(result) is None  # frozen after the draw: counts nowhere
+    assert held == [True] and r.done == 0
+    assert r.after_round(result) is None and held == [True]  # frozen before: no draw
+
+
 @pytest.mark.timeout(120)
 def test_train_exports_every_second_of_a_ranks_steps(tmp_path, capfd):
     """Partial collective (eager-SGD, solo): every rank's every step (a job: compute, call,

@@ -60,13 +60,15 @@ rank, and its keys sit under ``tailtrain/shrink/{run id}/{restart}``.
   completes only once every member reduced into it), so the group goes on from the last round
   any survivor completed, and the round in flight is computed again by the live ranks.
 * ``JOINING``: a rank that came after a census (it woke from a hang) does not leave: it asks to
-  join (``join/{rank}`` = its step and rows, and the ``joins`` counter) and waits, up to
-  ``--timeout``, for ``joined/{rank}``; if the run ends first (``finished``) it is
-  ``REFUSED`` (:class:`Refused`) and leaves. Its round in flight counts nowhere, so nothing
+  join (``join/{rank}`` = its step and rows) and waits, up to ``--timeout``, for
+  ``joined/{rank}``; if the run ends first (``finished``) it is ``REFUSED`` (:class:`Refused`),
+  withdraws its ``join/{rank}`` and leaves. Its round in flight counts nowhere, so nothing
   is counted twice.
-* ``GROWING``: the lowest member looks at the ``joins`` counter at most every
-  :data:`JOIN_LOOK` seconds, while a round's allreduce runs, and says what it saw in the next
-  round's allreduce (an extra), so every member learns it after the same round. At that step
+* ``GROWING``: the lowest member looks for the ``join/{rank}`` keys of the ranks that are no
+  members at most every :data:`JOIN_LOOK` seconds, while a round's allreduce runs, and says
+  what it saw in the next round's allreduce (an extra), so every member learns it after the
+  same round; a key stays until a grow takes its rank in, so a request whose grow a break
+  overtook is seen again in the next generation. At that step
   boundary the lowest member takes in the ranks that asked (``gen{g}/grow``, ``joined/{j}``),
   and the members and joiners form generation g + 1 and sync from the lead (a member) as
   above: the heal takes the model, update, rule, clock and record from a live peer, never
@@ -399,8 +401,7 @@ class Shrinker:
     #: the job's ranks
     world: int = 0
     generation: int = 0
-    #: join requests seen so far, and when the lowest member looks again (:meth:`joins_waiting`)
-    joins_seen: int = 0
+    #: when the lowest member looks again for ranks asking to join (:meth:`joins_waiting`)
     next_look: float = 0.0
     #: a rank started again after it died: it joins the live ranks before its first round
     rejoining: bool = False
@@ -493,11 +494,13 @@ class Shrinker:
         with contextlib.suppress(Exception):  # a rank the shield noted dead is back
             store.delete_key(f"dead/{me}")
         store.set(f"join/{me}", json.dumps([step, rows]))
-        store.add("joins", 1)
         end = time.monotonic() + self.deadline.timeout
         while not store.check([f"joined/{me}"]):
             if store.check(["finished"]) or time.monotonic() > end:
                 self.phase = ShrinkPhase.REFUSED
+                # withdrawn: a later grow must not take in a rank that left
+                with contextlib.suppress(Exception):
+                    store.delete_key(f"join/{me}")
                 raise Refused(
                     f"rank {me} asked to join the live ranks (it came after a census, or was "
                     "started again) and the run ended first: its round in flight counts nowhere"
@@ -516,14 +519,16 @@ class Shrinker:
 
     def joins_waiting(self) -> bool:
         """The lowest member asks the store, at most every :data:`JOIN_LOOK` seconds, whether
-        a rank asked to join (the answer rides on the next round's allreduce)."""
+        a rank that is no member asked to join (the answer rides on the next round's
+        allreduce). It reads the ``join/{rank}`` keys themselves, which only a grow takes
+        away: a request whose grow a break overtook is seen again after the census."""
         now = time.monotonic()
         if now < self.next_look:
             return False
         self.next_look = now + JOIN_LOOK
-        seen = self.store.add("joins", 0)
-        waiting, self.joins_seen = seen > self.joins_seen, max(seen, self.joins_seen)
-        return waiting
+        return any(
+            self.store.check([f"join/{r}"]) for r in range(self.world) if r not in self.members
+        )
 
     def grow(self, step: int, rows: int) -> Census:
         """GROWING: every member at the same step boundary; the lowest member takes in the

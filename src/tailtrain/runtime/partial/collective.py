@@ -329,19 +329,28 @@ class PartialCollective:
 
     def close(self) -> None:
         """Leave after the last round: join the reducer, announce the messages sent, wait for
-        every announced one, join the receiver."""
+        every announced one, join the receiver. A peer lost meanwhile raises
+        :class:`CollectiveFailed` (gloo's own error is a RuntimeError), so a shrinking run
+        counts it in a census as any failure; with a learned ``bound`` the joins wait at most
+        that long, not ``timeout``."""
         with self.cond:
             self.state.closing = True
             self.cond.notify_all()
         receiver, reducer = self.threads
-        reducer.join(self.timeout)
-        if self.state.error is None:  # every rank is past its last round and its last send
-            self.red_group.allreduce([torch.zeros(1, device=self.device)]).wait()
-            for peer in range(self.procs):
-                self._send([peer], STOP, int(self.sent[peer]) + 1)
-            receiver.join(self.timeout)
-            self._drain(everything=True)
-        sys.setswitchinterval(self._switch)
+        limit = self.timeout if self.bound is None else min(self.bound(), self.timeout)
+        reducer.join(limit)
+        try:
+            if self.state.error is None:  # every rank is past its last round and its last send
+                self.red_group.allreduce([torch.zeros(1, device=self.device)]).wait()
+                for peer in range(self.procs):
+                    self._send([peer], STOP, int(self.sent[peer]) + 1)
+                receiver.join(limit)
+                self._drain(everything=True)
+        except RuntimeError as exc:  # gloo: a peer's connection closed, or its timeout
+            line = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else ""
+            raise CollectiveFailed(f"rank {self.rank}: closing failed: {line}") from exc
+        finally:
+            sys.setswitchinterval(self._switch)
         if self.state.error is not None:
             raise self._failed()
         if any(t.is_alive() for t in self.threads):

@@ -16,9 +16,13 @@ the shield, the closer, the retry when a member dies during the census or the fo
   other member m, at most every :data:`LOOK` seconds, so a dead initiator (majority's
   designated rank, the counter of a quorum round), whose round would never be activated,
   stops nobody for longer than that. A wait for a round is bounded by the learned deadline
-  (``runtime.allreduce.shrink.Deadline``: ``DEADLINE_FACTOR`` times the longest call seen,
-  at least ``MIN_DEADLINE``, at most ``--timeout``): a hung initiator or a stopped process
-  (its reducer stalls every round's data phase) is found there. The progress threads' own
+  (``runtime.allreduce.shrink.Deadline``, the allreduce's rule: ``DEADLINE_FACTOR`` times
+  the ``QUANTILE`` quantile of the last ``ROUNDS_SEEN`` steps seen, at least
+  ``LONGEST_FACTOR`` times the longest of them, at least ``MIN_DEADLINE`` seconds, at most
+  ``--timeout``; a step is a whole job, compute, delay and call, since a live member may be
+  anywhere in one when a peer fails): a hung initiator or a stopped process (its reducer
+  stalls every round's data phase) is found there. The same deadline bounds the wait for the
+  threads when a generation closes. The progress threads' own
   waits stay bounded by ``--timeout`` (the groups' timeouts) and end at the latest when the
   groups are aborted below.
 * ``ABORTING``: the main thread saw the failure (a thread's collective raised: a peer's
@@ -34,9 +38,11 @@ the shield, the closer, the retry when a member dies during the census or the fo
   deadline and woke) is not among the members and asks to join (JOINING, below).
 * ``GROWING`` (a heal): a rank asks to join, started again by the shield after it died
   (``--restart-lost N``: it skips the job's process group and asks at once) or woken after a
-  census went on without it (``join/{rank}`` and the ``joins`` counter, as the allreduce's
-  JOINING). Rank 0's main thread looks at the counter at most every ``JOIN_LOOK`` seconds
-  (``Shrinker.joins_waiting``) and says so in its next slot (the head's ``grow``), so every
+  census went on without it (``join/{rank}``, as the allreduce's JOINING). Rank 0's main
+  thread looks for those keys at most every ``JOIN_LOOK`` seconds
+  (``Shrinker.joins_waiting``; a key stays until a grow takes its rank in, so a request
+  whose grow a failure overtook is seen again in the next generation) and says so in its
+  next slot (the head's ``grow``), so every
   member learns it from the same round r: the rule ends the generation after r, every member
   closes its collective cleanly (no round lost), and ``Shrinker.regroup(grow=True)`` takes the
   joiners in at that boundary (``Shrinker.grow``), then FORMING and HANDOVER as after a loss:
@@ -151,10 +157,10 @@ def check_partial_shrink(
         )
     smaller = dataclasses.replace(ctx, n_workers=max(1, ctx.n_workers - 1))
     if RuleDriver(strategy, ctx, shape=None, remember=False).followed(smaller) is None:
-        raise UsageError(
-            f"--on-rank-loss shrink: {strategy.describe()!r} adapts its state to the world it "
-            "measured, which a smaller world cannot take over; the partial collective shrinks "
-            "under eager (solo, majority, quorum); use --on-rank-loss stop for this one"
+        raise UsageError(  # the rule's own reason, as the allreduce's check_shrink says it
+            f"--on-rank-loss shrink: {strategy.describe()!r} cannot follow a smaller world: "
+            f"{strategy.follow_refusal()}; the partial collective shrinks under eager (solo, "
+            "majority, quorum); use --on-rank-loss stop for this one"
         )
 
 

@@ -210,7 +210,12 @@ class Rule:
         weight, divisor = uniform_weight(self.driver.select(arrivals), arrivals.keys)
         step = (weight * result.total, divisor, plan.lr_scale)
         stats = self.stats(result, arrivals)
-        time.sleep(self.comm.next() * (2 if plan.average_models else 1))
+        # the draw under the lock, and none once frozen: handover_state captures the stream
+        with self.lock:
+            if self.frozen:
+                return None
+            comm = self.comm.next()
+        time.sleep(comm * (2 if plan.average_models else 1))
         with self.lock:
             if self.frozen:
                 return None
