@@ -8,6 +8,7 @@ import pytest
 from scipy import integrate
 
 from tailtrain.delays import DelayProcess, parse_delay, parse_pattern
+from tailtrain.delays.atomic import AtomicDelay
 from tailtrain.theory.families import closed_form
 from tailtrain.theory.order_stats import expected_order_stats
 from tailtrain.theory.scale_mixture import ScaleMixture
@@ -70,3 +71,41 @@ def test_expected_max_is_the_heterogeneous_patterns_sync_time(rng, mc):
     mean, stderr = mc.mean(draws)
     law = ScaleMixture(base, 1.0, 1.5)
     mc.within(expected_order_stats(law, n, [n]).mean[0], mean, stderr)
+
+
+ATOM_BASES = [
+    parse_delay("const:value=0.1"),
+    AtomicDelay("lattice", [0.1, 0.25], [0.3, 0.7]),  # two atoms whose ranges overlap
+    AtomicDelay("lattice", [0.1, 1.0], [0.4, 0.6]),  # ... and apart: F is flat between
+    parse_delay("bernoulli:p=0.5,value=0.45"),  # an atom at 0
+]
+
+
+@pytest.mark.parametrize("base", ATOM_BASES, ids=["const", "overlap", "gap", "zero-atom"])
+def test_an_atom_only_base_has_the_exact_quantile_down_to_tiny_u(base):
+    """Atoms only: F is piecewise linear between the points 0.5 a and 3 a, so the quantile
+    inverts it exactly, also below u ~ 6e-5 where a table clipped at its first point."""
+    law = ScaleMixture(base, 0.5, 3.0)
+    u = np.logspace(-9, 0, 200) * (1 - 1e-9)  # [1e-9, 1 - 1e-9]
+    u = np.concatenate([u, 1 - u])
+    zero = base.cdf(0.0)
+    u = u[u > zero]  # the atom at 0 takes u <= its mass, all to x = 0
+    np.testing.assert_allclose(law.cdf(law.quantile(u)), u, rtol=1e-7, atol=0)
+    values, probs = base.atoms
+    # the cdf is the sum of the atoms' uniforms on [0.5 a, 3 a], by definition
+    x = np.linspace(0.0, 3.5, 101)
+    parts = [
+        p * (np.clip((x / a - 0.5) / 2.5, 0, 1) if a else x >= 0)
+        for a, p in zip(values, probs, strict=True)
+    ]
+    np.testing.assert_allclose(law.cdf(x), np.sum(parts, axis=0), atol=1e-15)
+    assert np.all(law.quantile([0.0, zero]) == (0.0 if zero else 0.5 * values.min()))
+
+
+def test_a_constant_base_quantile_is_the_uniforms():
+    """const:value=0.1 on U(0.5, 3) is U(0.05, 0.3): Q(1e-6) = 0.05 + 2.5e-7 (the review's
+    case, which the table gave as 0.0500153)."""
+    law = ScaleMixture(parse_delay("const:value=0.1"), 0.5, 3.0)
+    u = np.logspace(-9, 0, 50)
+    np.testing.assert_allclose(law.quantile(u), 0.05 + 0.25 * u, rtol=1e-12)
+    assert law.quantile(1e-6) == pytest.approx(0.05000025, rel=1e-12)

@@ -321,6 +321,8 @@ def _integral_of_max_sf(law: DelayModel, n: int, lo: float, hi: float) -> float:
     """int_lo^hi (1 - F^n) dx; the atoms of a lattice law are breakpoints for the quadrature."""
     if not hi > lo:
         return 0.0
+    if np.isfinite(hi) and hi - lo <= 4 * np.spacing(hi):
+        return 0.0  # a few ulps wide (tau at the top of T): under 1e-15, and quad warns on it
     atoms = law.atoms[0]
     inside = atoms[(atoms > lo) & (atoms < hi)]
     if np.isfinite(hi) and inside.size:

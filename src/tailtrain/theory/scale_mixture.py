@@ -12,10 +12,13 @@ above a few thousand workers, where a Monte Carlo of N workers is too costly).
 
 The integral over s is composite Gauss-Legendre, split where x / s crosses an end of X's
 support (a kink of F_X); X's atoms are integrated exactly (an atom a contributes
-P(s <= x / a)), so a lattice or constant X gives the exact piecewise-linear cdf. The quantile
-inverts a table of the cdf over logit(u) (monotone cubic, PCHIP), as ``theory.sums`` does.
-Accuracy (tests/theory/test_scale_mixture.py): the cdf agrees with adaptive quadrature to
-1e-10 and the quantile inverts it to 1e-7 relative.
+P(s <= x / a)). An X made of atoms only (constant, lattice) gives a piecewise-linear cdf,
+linear between the points low a and high a: its cdf is that sum alone and its quantile the
+exact linear interpolation on those breakpoints (a table would clip at low u, where F rises
+linearly from low min(a)). Otherwise the quantile inverts a table of the cdf over logit(u)
+(monotone cubic, PCHIP), as ``theory.sums`` does. Accuracy
+(tests/theory/test_scale_mixture.py): the cdf agrees with adaptive quadrature to 1e-10 and
+the quantile inverts it to 1e-7 relative.
 """
 
 from __future__ import annotations
@@ -44,6 +47,8 @@ class ScaleMixture(DelayModel):
         self.spec = f"({base.spec}) scaled by U({low:g}, {high:g})"
         values, probs = base.atoms
         self._atoms = (np.asarray(values, dtype=float), np.asarray(probs, dtype=float))
+        # no continuous part: the cdf is the atoms' exact piecewise-linear sum
+        self._atoms_only = bool(probs.size) and abs(float(np.sum(probs)) - 1.0) < 1e-12
 
     def sample(self, rng: np.random.Generator, shape: Shape) -> NDArray[np.float64]:
         draws = self.base.sample(rng, shape)
@@ -79,6 +84,8 @@ class ScaleMixture(DelayModel):
     def cdf(self, x: ArrayLike) -> NDArray[np.float64]:
         if self.low == self.high:  # one speed: X scaled
             return np.asarray(self.base.cdf(np.asarray(x, dtype=float) / self.low), dtype=float)
+        if self._atoms_only:
+            return self._atoms_cdf(np.asarray(x, dtype=float))
         return self._integral(x, density=False)
 
     def pdf(self, x: ArrayLike) -> NDArray[np.float64]:
@@ -91,11 +98,47 @@ class ScaleMixture(DelayModel):
         if self.low == self.high:
             return self.low * np.asarray(self.base.quantile(q), dtype=float)
         q = np.asarray(q, dtype=float)
+        if self._atoms_only:
+            return self._atoms_quantile(q)
         z, _, zero_mass = self._table
         with np.errstate(divide="ignore"):
             logit = special.logit(np.clip(q, 0.0, 1.0))
         out = np.asarray(self._inverse(np.clip(logit, z[0], z[-1])), dtype=float)
         return np.where(q <= zero_mass, 0.0, out)
+
+    def _atoms_cdf(self, x: NDArray[np.float64]) -> NDArray[np.float64]:
+        """F(x) = sum_a p_a P(s <= x / a) for an X of atoms only (an atom at 0: a step)."""
+        values, probs = self._atoms
+        width = self.high - self.low
+        out = np.zeros(x.shape)
+        for a, p in zip(values, probs, strict=True):
+            if a == 0:
+                out += np.where(x >= 0, p, 0.0)
+            else:
+                out += p * np.clip((x / a - self.low) / width, 0.0, 1.0)
+        return np.clip(out, 0.0, 1.0)
+
+    @cached_property
+    def _breakpoints(self) -> tuple[FloatArray, FloatArray]:
+        """(x, F(x)) at every low a and high a (and 0 for an atom at 0), increasing in x:
+        F is linear between consecutive points, non-decreasing along them."""
+        values, _ = self._atoms
+        x = np.unique(np.concatenate([self.low * values, self.high * values]))
+        return x, self._atoms_cdf(x)
+
+    def _atoms_quantile(self, q: NDArray[np.float64]) -> NDArray[np.float64]:
+        """Q(u) = inf{x : F(x) >= u}: the first breakpoint with F >= u, then exact linear
+        interpolation back into the piece below it, where F rises (np.interp would need
+        strictly increasing F, which a gap between atoms' ranges breaks)."""
+        x, f = self._breakpoints
+        u = np.clip(q, 0.0, 1.0)
+        i = np.minimum(np.searchsorted(f, u, side="left"), x.size - 1)
+        below = np.maximum(i - 1, 0)
+        rise = f[i] - f[below]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            frac = np.clip((u - f[below]) / rise, 0.0, 1.0)
+        out = np.where(rise > 0, x[below] + frac * (x[i] - x[below]), x[i])
+        return np.asarray(out, dtype=float)
 
     def _integral(self, x: ArrayLike, *, density: bool) -> NDArray[np.float64]:
         """F(x) (or its density) as the integral over s, plus the atoms' exact part; in
