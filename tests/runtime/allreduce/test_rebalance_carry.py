@@ -3,13 +3,13 @@
 batch, as `simulate` deals them (``topology.allreduce.RoundData.dealt``), so every micro-batch
 of the stream is computed exactly once.
 
-Three ranks; ranks 0 and 1 are 2x slower (80 ms a micro-batch against 40 ms, injected; the
+Three ranks; ranks 0 and 1 are 2x slower (160 ms a micro-batch against 80 ms, injected; the
 compute is ~1 ms). After the warm-up the shares are 3, 3 and 6 of 12, the only ones that
-finish in 240 ms (the next best take 280), and the threshold, 0.23 s, lets the slow ranks
-finish 2 (160 ms; the 3rd would end at 240) and the fast one 5 (200 ms; the 6th would end at
-240): 3 micro-batches are carried every step, one from every rank. Every cut sits >= 10 ms
-above and >= 30 ms below the threshold (a sleep never ends early), so the decisions are the
-simulator's.
+finish in 480 ms (the next best take 560), and the threshold, 0.46 s, lets the slow ranks
+finish 2 (320 ms; the 3rd would end at 480) and the fast one 5 (400 ms; the 6th would end at
+480): 3 micro-batches are carried every step, one from every rank. Every cut sits >= 20 ms
+above and >= 60 ms below the threshold (a sleep never ends early; at half these delays a
+loaded machine moved a cut by the 30 ms margin), so the decisions are the simulator's.
 """
 
 from __future__ import annotations
@@ -33,14 +33,14 @@ from tailtrain.tasks.stream import job_batches
 
 N, M, SEED, ITERATIONS, LR = 3, 4, 3, 8, 0.1
 SLOW = "slowdown:at=0,fraction=0.67,factor=2"
-CARRIED = "rebalance:warmup=2,window=4,then=dropcompute,threshold=0.23,defer=true"
+CARRIED = "rebalance:warmup=2,window=4,then=dropcompute,threshold=0.46,defer=true"
 SCENARIO = Scenario(
     task="logreg",
     workers=N,
     micro_batches=M,
     iterations=ITERATIONS,
     eval_every=100,
-    delay="const:value=0.04",
+    delay="const:value=0.08",
     pattern=SLOW,
 )
 DECISIONS = ("shares", "completed", "deferred")
@@ -146,7 +146,7 @@ def test_the_carried_cut_survives_a_checkpoint_and_resume(tmp_path, capfd, train
     argv = [
         "train", "--task", "logreg", "--workers", str(N), "--micro-batches", str(M),
         "--iterations", str(ITERATIONS), "--eval-every", "100", "--seed", str(SEED),
-        "--timeout", "30", "--delay", "const:value=0.04", "--pattern", SLOW,
+        "--timeout", "30", "--delay", "const:value=0.08", "--pattern", SLOW,
         "--strategy", CARRIED, "--out", str(folder), "--checkpoint-every", "2",
     ]  # fmt: skip
     code, _, err = run([*argv, "--inject-fault", "kill:worker=1,step=5"], capfd)
