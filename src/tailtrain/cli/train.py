@@ -136,11 +136,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--on-rank-loss",
         choices=("stop", "shrink"),
         default=None,
-        help="allreduce: when a rank dies or stays silent past a deadline learned from the "
-        "round times (at most --timeout), stop (census, checkpoint, exit; --max-restarts "
-        "restarts the group) or shrink (the others go on without it, in place, no restart; "
-        "local launch; sync, DropCompute (tau chosen again for the live ranks), Local-SGD "
-        "and rebalance (shares dealt again over the live ranks). Default: "
+        help="allreduce and partial collectives: when a rank dies or stays silent past a "
+        "deadline learned from the round times (at most --timeout), stop (census, "
+        "checkpoint, exit; --max-restarts restarts the group) or shrink (the others go on "
+        "without it, in place, no restart; local launch; sync, DropCompute (tau chosen again "
+        "for the live ranks), Local-SGD, rebalance (shares dealt again over the live ranks) "
+        "and eager (its quorum over the live ranks). Default: "
         f"{DEFAULT_ON_RANK_LOSS}, or the run's own with --resume",
     )
     p.add_argument(
