@@ -277,7 +277,11 @@ def overhead_pairs(pairs: int) -> tuple[list[dict], float]:
     shares) would land in whichever block comes next, a loop without the probe half the time
     (measured in ``settle``: the seconds that wait took); rank 0's report thread too. Waiting
     for them inside the probe block charges the probe with all its cost, a little more than a
-    run pays, where the gather overlaps the next steps."""
+    run pays, where the gather overlaps the next steps. Every block, of every loop, then ends
+    with a barrier, timed: the wall seconds are rank 0's, and a rank still finishing a block
+    when rank 0 starts the next would hold that block's first reduction, so its lag would be
+    charged to the next block's loop; with the barrier each block holds its own ranks' lag and
+    starts with them together."""
     x, y = torch.randn(8, 16), torch.randn(8, 4)
     models = {name: Model() for name in LOOPS}
     for m in models.values():
@@ -305,8 +309,9 @@ def overhead_pairs(pairs: int) -> tuple[list[dict], float]:
             if probe.flight is not None and probe.flight.work is not None:
                 probe.flight.work.wait()
             futures.wait(probe.reports)
-        ended = time.perf_counter()
-        return ended - began, ended - settling
+        settled = time.perf_counter()
+        dist.barrier()  # every rank done with this block (see overhead_pairs)
+        return time.perf_counter() - began, settled - settling
 
     walls = []
     for pair in range(pairs):
