@@ -611,6 +611,10 @@ def main() -> None:
         "overhead_ci95": median_ci(ratios),
         "overhead_aa": float(np.median(aa)),
         "overhead_aa_ci95": median_ci(aa),
+        # the probe blocks less their settling wait: the gather's latency, which a run overlaps
+        "overhead_less_settle": float(
+            np.median((walls["probe"] - walls["settle"]) / walls["plain"])
+        ),
         "overhead_probe_vs_twin": float(np.median(walls["probe"] / walls["twin"])),
         "overhead_position_effect": [round(float(np.median(np.array(a) / mean)), 4) for a in at],
         "overhead_settle_seconds_median_max": [
