@@ -44,16 +44,20 @@ correct. ``goals`` checks precision >= 0.99 and recall >= 0.95 over the drills o
 more (every kind but the 1.1x ones), verdict within 30 s. ``healthy_slowdown``: the
 slowdowns the probe gives ranks healthy in truth, the noise its least effect must sit above.
 
-Overhead, two ways. ``overhead``: the same healthy loop on two DDP copies of the model, one
+Overhead, two ways. ``overhead``: the same healthy loop on three DDP copies of the model, one
 watched by the probe at its defaults, as in the drills (``watch``, and ``probe.step()`` per
-step: see :func:`overhead_pairs`), in interleaved pairs of blocks, the order alternating
-pair by pair, many pairs. A block is one of the probe's windows: the steps from one gather to
-the next, which the probe plans at each gather (``probe.next_gather``); the loop without the
-probe runs as many steps. So every probe block holds exactly one gather (issued at its last
-step, taken at the next block's first) and rank 0's report, as the probe's cadence spreads
-them over a run (a block of fixed steps would hold one gather or none by chance). The median
-over pairs of the ratio with / without, and its 95% confidence interval (order statistics of
-the ratios).
+step: see :func:`overhead_pairs`), and two without (``plain`` and ``twin``), in interleaved
+sets of three blocks (called pairs), the order cycling through the six permutations pair by
+pair, many pairs. A block is one of the probe's windows: the steps from one gather to the
+next, which the probe plans at each gather (``probe.next_gather``); the loops without the
+probe run as many steps. So every probe block holds exactly one gather (issued at its last
+step, settled before the block ends: see :func:`overhead_pairs`) and rank 0's report, as the
+probe's cadence spreads them over a run (a block of fixed steps would hold one gather or none
+by chance). The median over pairs of the ratio with / without (probe / plain), and its 95%
+confidence interval (order statistics of the ratios); beside it ``overhead_aa``, twin / plain
+with its interval: what two identical loops give, the method's own bias and resolution
+(``overhead_position_effect``: per position in a pair, a block's median wall over its pair's
+mean).
 On a loaded machine a block's wall time swings by tens of percent, so that median resolves a
 percent only with many pairs; ``probe_cpu_share_of_step`` measures the probe's own cost
 directly: the CPU seconds spent inside its calls (the marks in the gradient hooks, each step's
@@ -74,6 +78,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import itertools
 import json
 import logging
 import os
@@ -82,6 +87,7 @@ import sys
 import tempfile
 import threading
 import time
+from concurrent import futures
 from dataclasses import dataclass
 
 import numpy as np
@@ -249,18 +255,33 @@ def run_drill(rank: int, drill: Drill) -> dict:
     return {"reports": reports, "sections": sections, "history": history, "wall": wall}
 
 
-#: the loops of the overhead blocks: without a probe, with it
-LOOPS = ("plain", "probe")
+#: the loops of the overhead blocks: without a probe, with it, and a second one without (the
+#: A/A control: what ratio two identical loops on two DDP copies give in this method)
+LOOPS = ("plain", "probe", "twin")
+#: the orders of the three blocks, cycled pair by pair: each loop holds each position, and
+#: follows each other loop, equally often over a multiple of six pairs
+ORDERS = list(itertools.permutations(LOOPS))
 
 
-def overhead_pairs(pairs: int) -> tuple[list[dict[str, float]], float]:
-    """The same healthy loop on two DDP copies of the model (no probe, the probe at its
-    defaults), in interleaved blocks of one probe window each (the order alternating pair by
-    pair): per pair the steps and the wall seconds of each loop; and the probe's own CPU
-    seconds per step. The probe times each step with ``probe.step()``, the loader's sleep
-    inside: ``batches`` would end each block as a loader's end, whose flush waits for the
-    window's gather, where a run's blocks of steps are no epochs and its gathers are waited
-    for at the next step's close."""
+def overhead_pairs(pairs: int) -> tuple[list[dict], float]:
+    """The same healthy loop on three DDP copies of the model (no probe, the probe at its
+    defaults, and no probe again as the A/A control), in interleaved blocks of one probe window
+    each (the order cycling through the six permutations pair by pair): per pair the steps, the
+    order and the wall seconds of each loop; and the probe's own CPU seconds per step. The
+    probe times each step with ``probe.step()``, the loader's sleep inside: ``batches`` would
+    end each block as a loader's end, whose flush waits for the window's gather, where a run's
+    blocks of steps are no epochs and its gathers are waited for at the next step's close.
+
+    A probe block ends with its window settled: the all-gather issued at its last step's close
+    runs on gloo's own thread, and, left in flight, its work (on the one core every rank
+    shares) would land in whichever block comes next, a loop without the probe half the time
+    (measured in ``settle``: the seconds that wait took); rank 0's report thread too. Waiting
+    for them inside the probe block charges the probe with all its cost, a little more than a
+    run pays, where the gather overlaps the next steps. Every block, of every loop, then ends
+    with a barrier, timed: the wall seconds are rank 0's, and a rank still finishing a block
+    when rank 0 starts the next would hold that block's first reduction, so its lag would be
+    charged to the next block's loop; with the barrier each block holds its own ranks' lag and
+    starts with them together."""
     x, y = torch.randn(8, 16), torch.randn(8, 4)
     models = {name: Model() for name in LOOPS}
     for m in models.values():
@@ -275,7 +296,7 @@ def overhead_pairs(pairs: int) -> tuple[list[dict[str, float]], float]:
         F.mse_loss(loops[name](x), y).backward()
         optimizers[name].step()
 
-    def block(name: str, steps: int) -> float:
+    def block(name: str, steps: int) -> tuple[float, float]:
         began = time.perf_counter()
         for _ in range(steps):
             if name == "probe":
@@ -283,13 +304,24 @@ def overhead_pairs(pairs: int) -> tuple[list[dict[str, float]], float]:
                     one_step(name)
             else:
                 one_step(name)
-        return time.perf_counter() - began
+        settling = time.perf_counter()
+        if name == "probe":  # the window settled inside its block (see overhead_pairs)
+            if probe.flight is not None and probe.flight.work is not None:
+                probe.flight.work.wait()
+            futures.wait(probe.reports)
+        settled = time.perf_counter()
+        dist.barrier()  # every rank done with this block (see overhead_pairs)
+        return time.perf_counter() - began, settled - settling
 
     walls = []
     for pair in range(pairs):
         steps = probe.next_gather - probe.steps  # the probe's window: it ends with a gather
-        order = LOOPS if pair % 2 == 0 else LOOPS[::-1]
-        walls.append({"steps": steps} | {name: block(name, steps) for name in order})
+        order = ORDERS[pair % len(ORDERS)]
+        timed = {name: block(name, steps) for name in order}
+        walls.append(
+            {"steps": steps, "order": order, "settle": timed["probe"][1]}
+            | {name: wall for name, (wall, _) in timed.items()}
+        )
     return walls, probe.spent / max(probe.steps, 1)
 
 
@@ -563,14 +595,34 @@ def main() -> None:
     if args.dump:
         with open(args.dump, "w") as fh:
             json.dump(got, fh)
-    walls = {name: np.array([w[name] for w in got["walls"]]) for name in (*LOOPS, "steps")}
+    walls = {
+        name: np.array([w[name] for w in got["walls"]]) for name in (*LOOPS, "steps", "settle")
+    }
     ratios = walls["probe"] / walls["plain"]
+    aa = walls["twin"] / walls["plain"]  # two identical loops: the method's own bias
+    # per position in a pair, the median of a block's wall over its pair's mean (1: no effect)
+    mean = sum(walls[name] for name in LOOPS) / len(LOOPS)
+    at = [[w[w["order"][k]] for w in got["walls"]] for k in range(len(LOOPS))]
     # seconds a step without the probe
     step = float(np.median(walls["plain"] / walls["steps"])) if len(ratios) else float("nan")
     overhead = {
         "probe_setting": PROBE_SETTING,
         "overhead": float(np.median(ratios)),
         "overhead_ci95": median_ci(ratios),
+        "overhead_aa": float(np.median(aa)),
+        "overhead_aa_ci95": median_ci(aa),
+        # the probe blocks less their settling wait: the gather's latency, which a run overlaps
+        "overhead_less_settle": float(
+            np.median((walls["probe"] - walls["settle"]) / walls["plain"])
+        ),
+        "overhead_probe_vs_twin": float(np.median(walls["probe"] / walls["twin"])),
+        "overhead_position_effect": [round(float(np.median(np.array(a) / mean)), 4) for a in at],
+        "overhead_settle_seconds_median_max": [
+            round(float(np.median(walls["settle"])), 5),
+            round(float(walls["settle"].max()), 5),
+        ]
+        if len(ratios)
+        else [],
         "overhead_pairs": len(ratios),
         "overhead_steps_per_block": np.unique(walls["steps"], return_counts=True)[0].tolist(),
         "overhead_ratios": ratios.round(4).tolist(),
@@ -593,7 +645,10 @@ def main() -> None:
             json.dump(report, sys.stdout, indent=1)
             sys.stdout.write("\n")
         else:
-            print(f"overhead {report['overhead']:.4f} {report['overhead_ci95']}")
+            print(
+                f"overhead {report['overhead']:.4f} {report['overhead_ci95']}, A/A "
+                f"{report['overhead_aa']:.4f} {report['overhead_aa_ci95']}"
+            )
         return
     clean = [i for i, r in enumerate(got["results"]) if noise(r) <= NOISE_LIMIT]
     report = {
