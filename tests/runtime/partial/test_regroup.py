@@ -34,8 +34,11 @@ from tailtrain.runtime.partial.rounds import batch, train_partial
 from tailtrain.runtime.reduce import Collectives
 from tailtrain.strategies.base import Context
 from tailtrain.strategies.registry import parse_strategy
+from tailtrain.tasks import parse_task
 
 SEED = 3
+#: the samples of one job of one rank (logreg's batch, one micro-batch)
+SAMPLES_A_JOB = parse_task("logreg", seed=SEED).batch_size
 
 
 def config(workers: int, faults: list[str], strategy: str, iterations: int = 16) -> TrainConfig:
@@ -155,6 +158,9 @@ def test_a_killed_rank_under_majority_leaves_a_run_that_matches_its_record():
     assert 5 <= cut < 16 and lives == [(0, 1, 2, 3)] * cut + [(0, 1, 2)] * (16 - cut)
     assert [r["dead"] for r in steps if r["dead"]] == [[3]]
     assert all(3 not in r["workers"] for r in steps[cut:])
+    # the lost shard is counted, not silently missing: a job of rank 3's every round
+    assert all(r["skipped"] == 0 for r in steps[:cut])
+    assert all(r["skipped"] >= SAMPLES_A_JOB for r in steps[cut:])
     assert {r["quorum"] for r in steps} == {1}
     # the majority initiator is drawn among the live ranks after the shrink
     assert all(r["initiator"] in r["live"] for r in steps)

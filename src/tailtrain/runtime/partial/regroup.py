@@ -71,9 +71,10 @@ looks at the calls it made since the last one (:func:`dropped_calls`): the call 
 done again with the same job key (nothing lost, nothing twice) unless a round the lead
 completed carried it (then it counts there and the job moves on); a gradient parked in its
 send buffer (a late or waiting call) that no such round carried is dropped, and the first
-round of the new generation counts every member's in ``skipped`` (samples). The dead rank's
-gradients that no round carried before it died are lost with it (not counted: nobody knows
-them). A model average pending at the failure (``sync-every``) is replaced by the agreed
+round of the new generation counts every member's in ``skipped`` (samples), as every row
+counts the lost ranks' shards (one job of each a round, as the allreduce counts them). The
+dead rank's gradients that no round carried before it died are lost with it (not counted:
+nobody knows them). A model average pending at the failure (``sync-every``) is replaced by the agreed
 model, which every member takes.
 
 **The record.** Rows of a shrinking run gain ``live`` (original ranks of the round's

@@ -248,7 +248,12 @@ class Rule:
         assert self.members is not None
         me, rows = self.members.index(self.rank), result.rows
         self.carried.update(int(v) + self.base for v in rows[rows[:, 0] == me, 2])
-        columns = {"live": list(self.members), "dead": self.lost, "skipped": self.skipped}
+        # the lost ranks' shards, one job of each a round, as the allreduce counts them
+        # (``runtime.allreduce.rounds.shrink_columns``), plus the parked gradients dropped
+        units = max(1, self.world.scenario.micro_batches or 1)
+        absent = self.world.scenario.workers - len(self.members)
+        skipped = self.skipped + absent * units * self.world.task.batch_size
+        columns = {"live": list(self.members), "dead": self.lost, "skipped": skipped}
         columns |= {"rejoined": self.joined, "committed_at": time.time()}
         self.lost, self.skipped, self.joined = [], 0, []
         # each summed gradient's job and the round its rank had adopted (-1: none since the
