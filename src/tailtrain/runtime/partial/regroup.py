@@ -74,8 +74,8 @@ send buffer (a late or waiting call) that no such round carried is dropped, and 
 round of the new generation counts every member's in ``skipped`` (samples), as every row
 counts the lost ranks' shards (one job of each a round, as the allreduce counts them). The
 dead rank's gradients that no round carried before it died are lost with it (not counted:
-nobody knows them). A model average pending at the failure (``sync-every``) is replaced by the agreed
-model, which every member takes.
+nobody knows them). A model average pending at the failure (``sync-every``) is replaced by
+the agreed model, which every member takes.
 
 **The record.** Rows of a shrinking run gain ``live`` (original ranks of the round's
 generation), ``dead`` (lost just before it), ``skipped``, ``rejoined`` (taken in just
