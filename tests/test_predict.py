@@ -53,6 +53,20 @@ def test_best_k_follows_the_documented_criterion():
     assert sum(r.best for r in p.rows if r.strategy == "dropcompute") == 1
 
 
+def test_a_delay_law_with_mass_at_zero_is_refused_in_one_line_not_a_traceback():
+    # half the jobs take no time: the first K of 16 finish at once, E[T_K] = 0 for small K
+    with pytest.raises(UsageError, match="no mass at 0"):
+        predict(DelayScenario(workers=16, delay=parse_delay("bernoulli:p=0.5,value=0.45")))
+
+
+def test_best_k_leaves_out_a_k_without_a_finite_speedup():
+    from tailtrain.prediction.estimates import best_k
+
+    best, close = best_k([1, 2, 4], [np.inf, 1.5, 1.2], [np.nan, 0.01, 0.01])
+    assert best == 2 and close.tolist() == [False, True, False]
+    assert best_k([1, 2], [np.inf, np.inf], [np.nan, np.nan])[0] == 2
+
+
 def test_comm_time_is_per_round_trip_for_every_parameter_server_family():
     """Every job takes X + c: K-sync waits for (X + c)_{K:N} = X_{K:N} + c, the renewal rate
     of K-batch-async and async is N / (1 + c), and K-batch-sync's first arrival is c + X_{1:N}."""

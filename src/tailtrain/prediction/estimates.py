@@ -456,8 +456,9 @@ def _relative(row: Row, sync_time: float, workers: int) -> Row:
     """Fill in E[T_sync]/E[T] and, for the K-family, K E[T_sync] / (N E[T])."""
     if not row.iteration_time > 0:
         raise UsageError(
-            f"{row.strategy}'s expected iteration time is {row.iteration_time} s; give delays "
-            "with a positive mean in a representable range (e.g. seconds)"
+            f"{row.strategy}'s expected iteration time is {row.iteration_time} s at K = "
+            f"{row.k}: give delays with a positive mean in a representable range (e.g. "
+            "seconds) and no mass at 0 (then the first K of N finish at once)"
         )
     speedup = sync_time / row.iteration_time
     if row.strategy == "dropcompute":
@@ -478,10 +479,15 @@ def _mark_best(rows: list[Row]) -> list[Row]:
 def best_k(ks: ArrayLike, effective: ArrayLike, stderr: ArrayLike) -> tuple[int, NDArray[np.bool_]]:
     """The largest K whose effective speedup is within 2 standard errors (or 1e-9) of the
     highest (the module's criterion), vectorised; also the mask of K within that slack."""
-    ks, value, error = (np.asarray(a) for a in (ks, effective, stderr))
-    top = int(np.argmax(value))
+    ks, value, error = (np.asarray(a, dtype=float) for a in (ks, effective, stderr))
+    # a K whose E[T] is 0 (a law with an atom at 0) has no finite speedup: not a candidate
+    usable = np.isfinite(value)
+    if not usable.any():
+        return int(ks.max()), usable
+    top = int(np.argmax(np.where(usable, value, -np.inf)))
+    error = np.nan_to_num(error, nan=0.0, posinf=0.0)
     slack = 2 * np.hypot(error[top], error) + 1e-9 * value[top]
-    close = value >= value[top] - slack
+    close = usable & (value >= value[top] - slack)
     return int(ks[close].max()), close
 
 
@@ -500,7 +506,8 @@ def _family_rows(
     mean, stderr = np.asarray(mean, dtype=float), np.asarray(stderr, dtype=float)
     with np.errstate(divide="ignore", invalid="ignore"):  # E[T] = 0 is refused later
         effective = ks * ctx.sync_time / (ctx.scenario.workers * mean)
-    best, _ = best_k(ks, effective, effective * stderr / mean)
+        error = effective * stderr / mean
+    best, _ = best_k(ks, effective, error)
     keep = np.flatnonzero(np.isin(ks, ctx.listed) | (ks == best))
     return [
         replace(_row(strategy, ks[i], mean[i], stderr[i], method), best=bool(ks[i] == best))
