@@ -8,6 +8,7 @@ parameters check which ranks contributed to each step, and that no rank was coun
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 import os
@@ -18,6 +19,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from tests.runtime import census_drill
 
 from tailtrain.core.scenario import Scenario
 from tailtrain.errors import UsageError
@@ -76,16 +78,8 @@ def run(cfg: TrainConfig, entry=None):
     return launch([cfg], reserve(Endpoint("127.0.0.1", 0)), entry)
 
 
-def dies_in_census(cfg: TrainConfig, comm: Collectives):
-    """Rank 2 checks in to the first census, then dies (SIGKILL) before the group forms."""
-    if comm.rank == 2:
-
-        def census(self, step, rows):
-            self.store.set(f"gen{self.generation}/in/{self.rank}", json.dumps([step, rows]))
-            os.kill(os.getpid(), signal.SIGKILL)
-
-        Shrinker.census = census
-    return train_allreduce(cfg, comm)
+#: rank 2 checks in to the first census, then dies before the group forms
+dies_in_census = functools.partial(census_drill.dies_in_census, train_allreduce)
 
 
 def dies_in_heal(cfg: TrainConfig, comm: Collectives):

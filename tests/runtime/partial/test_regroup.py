@@ -14,7 +14,7 @@ rank adopted (``calls``).
 from __future__ import annotations
 
 import dataclasses
-import json
+import functools
 import os
 import re
 import signal
@@ -22,6 +22,7 @@ import signal
 import numpy as np
 import pytest
 import torch
+from tests.runtime import census_drill
 
 from tailtrain.core.scenario import Scenario
 from tailtrain.errors import UsageError
@@ -60,16 +61,8 @@ def run(cfg: TrainConfig, entry=None):
     return launch([cfg], reserve(Endpoint("127.0.0.1", 0)), entry)
 
 
-def dies_in_census(cfg: TrainConfig, comm: Collectives):
-    """Rank 2 checks in to the first census, then dies (SIGKILL) before the group forms."""
-    if comm.rank == 2:
-
-        def census(self, step, rows):
-            self.store.set(f"gen{self.generation}/in/{self.rank}", json.dumps([step, rows]))
-            os.kill(os.getpid(), signal.SIGKILL)
-
-        Shrinker.census = census
-    return train_partial(cfg, comm)
+#: rank 2 checks in to the first census, then dies before the group forms
+dies_in_census = functools.partial(census_drill.dies_in_census, train_partial)
 
 
 def reference(cfg: TrainConfig, steps: list[dict], calls: dict[str, list]) -> np.ndarray:
