@@ -13,7 +13,18 @@ from collections.abc import Sequence
 from tailtrain import __version__
 from tailtrain.errors import TailtrainError
 
-SUBCOMMANDS = ("predict", "advise", "simulate", "compare", "reproduce", "train", "bench")
+SUBCOMMANDS = (
+    "predict",
+    "advise",
+    "simulate",
+    "compare",
+    "reproduce",
+    "train",
+    "bench",
+    "launch",
+)
+#: commands whose arguments after a script are the script's own
+SCRIPT_COMMANDS = ("launch",)
 #: commands that run torch: they get --threads torch threads
 TORCH_COMMANDS = ("simulate", "compare", "advise", "reproduce", "train", "bench")
 
@@ -72,6 +83,8 @@ def misplaced_option(parser: argparse.ArgumentParser, argv: Sequence[str]) -> st
                     f"put it after the command, e.g. tailtrain {owners[0]} {flag} ..."
                 )
             continue
+        if command in SCRIPT_COMMANDS:  # the script's own options follow: argparse checks ours
+            return None
         if f"{command} {token}" in subs:
             command = f"{command} {token}"
         elif token.startswith("--"):

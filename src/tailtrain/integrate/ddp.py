@@ -63,6 +63,9 @@ class StragglerHookState:
     the small gathers around the hook. Pickling and :meth:`state_dict` leave the process group
     out (as ``torch.distributed.algorithms``' hook states do); an unpickled state uses the
     default group.
+
+    ``on_rank_loss`` is ``"stop"`` only: DDP holds its process group, which no rank may leave
+    (``"shrink"`` is refused in one line: :class:`~tailtrain.integrate.StragglerStep` shrinks).
     """
 
     def __init__(
@@ -71,7 +74,15 @@ class StragglerHookState:
         process_group: dist.ProcessGroup | None = None,
         timeout: datetime.timedelta | None = None,
         device: torch.device | None = None,
+        on_rank_loss: str = "stop",
     ) -> None:
+        if on_rank_loss != "stop":
+            raise UsageError(
+                f"on_rank_loss={on_rank_loss!r}: the DDP hook cannot shrink, as "
+                "DistributedDataParallel holds its process group for good; use "
+                'tailtrain.StragglerStep(model, optimizer, strategy, on_rank_loss="shrink") '
+                "in place of DDP"
+            )
         self.process_group = process_group
         self.timeout = timeout
         device = device or torch.device("cpu")

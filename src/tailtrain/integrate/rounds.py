@@ -95,6 +95,15 @@ class StepRecord:
     #: micro-batches this rank's next call should compute (``rebalance``'s share for it: the
     #: rule moved the shares in this round's ``adapt``); None: as many as the loop gives
     wants: int | None = None
+    #: the job's ranks that stepped in this round, in order: ``completed[n]`` and
+    #: ``weights[n]`` (and ``ranks``) are rank ``live[n]``'s. Every rank of the job unless a
+    #: shrink (``StragglerStep(on_rank_loss="shrink")``) left some out
+    live: list[int] = field(default_factory=list)
+    #: ranks of the job lost since the previous round (a shrink went on without them)
+    lost: list[int] = field(default_factory=list)
+    #: whether the survivors computed this round again after a shrink (its first try was
+    #: abandoned when a rank died or hung in it)
+    redone: bool = False
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -176,10 +185,14 @@ class Rounds:
         rule = check_micro_batches(as_strategy(strategy, does), micro_batches)
         self.micro_batches = micro_batches
         ctx = Context(n_workers=comm.world_size, lr=lr, micro_batches=micro_batches or 1)
+        #: the rule's world (a shrink replaces it with the live one: ``RuleDriver.followed``)
+        self.ctx = ctx
         self.rule = RuleDriver(rule, ctx)
         self.step = 0
         self.now = 0.0
         self.sync = torch.cuda.synchronize if comm.device.type == "cuda" else None
+        #: the job's ranks of ``comm``'s group, in order (a shrink's live ranks)
+        self.live = tuple(range(comm.world_size))
 
     @property
     def strategy(self) -> Strategy:
@@ -256,8 +269,18 @@ class Rounds:
     ) -> StepRecord:
         """Agree on T^c, the round's time and who was screened out (``screened``: this rank's
         gradient held a NaN or an infinity and joined with weight 0), ``adapt``, and record
-        the round."""
-        timing = self.comm.gather(np.array([reduce, self.clock() - work.started, screened]))
+        the round: :meth:`timing`, then :meth:`finish`."""
+        return self.finish(plan, work, agreed, self.timing(reduce, work, screened))
+
+    def timing(self, reduce: float, work: RoundProgress, screened: bool) -> np.ndarray:
+        """The round's last collective: every rank's [reduce seconds, round seconds, screened].
+        Past it the round is complete on this rank (a shrink goes on from there)."""
+        return self.comm.gather(np.array([reduce, self.clock() - work.started, screened]))
+
+    def finish(
+        self, plan: AllreducePlan, work: RoundProgress, agreed: Agreement, timing: np.ndarray
+    ) -> StepRecord:
+        """:meth:`close` after its gather: ``adapt`` and the round's record, no collective."""
         comm, elapsed = round_times(timing)
         flags = timing[:, 2] > 0
         rows, arrivals = agreed.rows, agreed.arrivals
@@ -296,6 +319,7 @@ class Rounds:
             nonfinite=int(flags.sum()),
             shares=None if plan.shares is None else list(plan.shares),
             wants=self.wants(),
+            live=list(self.live),
         )
         self.step, self.now = self.step + 1, stats.time
         return record

@@ -38,12 +38,54 @@ update is SGD on the whole global batch (``strategies.rebalance``).
 
 A rank whose gradient holds a NaN or an infinity joins with weight 0, as ``train`` does.
 Ranks start from rank 0's parameters and buffers (broadcast once, as DDP does).
+
+**Losing a rank** (``on_rank_loss="shrink"``, under ``tailtrain launch --on-rank-loss shrink``,
+``runtime.scripts``; the default ``"stop"`` leaves a dead rank's peers failing in their next
+collective, as DDP's do). Every collective of a call is watched (``runtime.allreduce.shrink``:
+:class:`~tailtrain.runtime.allreduce.shrink.Watch`, the learned
+:class:`~tailtrain.runtime.allreduce.shrink.Deadline` over the seconds from one call's end to
+the next, so the loop's own work between calls counts; at most ``timeout``). When a rank dies
+or stays silent past the deadline, the survivors run ``train``'s protocol, the same
+:class:`~tailtrain.runtime.allreduce.shrink.Shrinker`: CENSUS, FORMING (a fresh gloo group,
+generation g + 1, over the launcher's store), SYNCING from the lead survivor, the one that
+completed the most rounds (the lowest rank among equals): the model's ``state_dict``, the
+optimizer's, the rule's (:meth:`Rounds.state_dict`) and the deadline's rounds seen. The rule
+follows the live world (``RuleDriver.followed``: ``Strategy.follow_world`` with the L live
+ranks; a rule that cannot, ``Strategy.follow_refusal``, or one of per-rank shares, whose
+redone round would need another draw from the loader, is refused in one line at
+construction). No rank is special: the store lives in the launcher, so rank 0 may die too.
+
+A call's round (:class:`StepCall`, the states of a call) applies its update only after its
+last collective (``Rounds.timing``), so a round is complete on a rank or not begun at all
+there, and one rank is at most one round ahead of another. When a round breaks, the call:
+
+* returns the lead's record of that round, when the lead completed it (every rank's
+  gradient was in its allreduce: nothing lost, nothing counted twice);
+* else computes it again among the survivors, from the same micro-batches, and returns
+  that record (``redone=True``; local-SGD's local steps start again from the round's start,
+  kept with the optimizer's state). The first record after a shrink names the ranks ``lost``.
+
+So the loop does not change: one call, one record, ``record.step`` the call's index; the
+dead rank's shard is skipped (the same per-rank batch: the global batch is the L live ranks'
+batches), and ``record.live`` says whose ``completed`` and ``weights`` these are. A rank that
+hung past the deadline and woke is not taken back: its call raises
+:class:`~tailtrain.runtime.allreduce.shrink.Refused` (the survivors went on without it), and
+the launcher logs that it left. After a shrink the default process group is broken: leave
+the loop without collectives of your own (``dist.destroy_process_group()`` is fine). A pause
+of one rank between two calls longer than the learned deadline (at least 1 s) reads as a
+hang: evaluate on every rank, or not between calls.
 """
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import datetime
+import logging
+import os
+import time
 from collections.abc import Callable, Sequence
+from enum import StrEnum
 from typing import Any
 
 import numpy as np
@@ -51,6 +93,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from tailtrain.errors import UsageError
 from tailtrain.integrate.rounds import (
     Agreement,
     RoundProgress,
@@ -59,14 +102,43 @@ from tailtrain.integrate.rounds import (
     as_strategy,
     check_micro_batches,
 )
+from tailtrain.runtime.allreduce.shrink import (
+    Broken,
+    Census,
+    GroupCollectives,
+    OnRankLoss,
+    Shrinker,
+    check_follows,
+)
 from tailtrain.runtime.control import check_agreement
-from tailtrain.runtime.reduce import Collectives
-from tailtrain.strategies.base import Strategy
+from tailtrain.runtime.reduce import Collectives, PeerFailure
+from tailtrain.strategies.base import Context, Strategy
+
+log = logging.getLogger(__name__)
 
 #: DDP's default bucket size
 BUCKET_CAP_MB = 25.0
 #: what a call deals beyond the allreduce protocol (``Strategy.needs``): per-rank shares
 DEALS = frozenset({"shares"})
+#: the bound on a shrinking step's waits where no ``timeout`` is given (``train``'s --timeout)
+SHRINK_TIMEOUT = 300.0
+#: the variable ``tailtrain launch`` sets in every rank (``runtime.scripts.ON_RANK_LOSS``)
+LAUNCHED = "TAILTRAIN_ON_RANK_LOSS"
+
+
+class StepCall(StrEnum):
+    """Where a shrinking call's round stands (module docstring)."""
+
+    #: computing and reducing; nothing applied yet
+    IN_FLIGHT = "in flight"
+    #: its last collective done: the update applied, the record made
+    COMPLETED = "completed"
+    #: a rank died or hung in it: the survivors regroup (``runtime.allreduce.shrink``)
+    BROKEN = "broken"
+    #: the lead completed it: this rank returns the lead's record
+    TAKEN = "taken"
+    #: nobody completed it: the survivors compute it again
+    REDONE = "redone"
 
 
 class StragglerStep:
@@ -75,6 +147,8 @@ class StragglerStep:
     ``timeout`` bounds each of its collectives (None: the group's own timeout). Every call
     returns the round's :class:`StepRecord` (who took part, with which weight, under which tau).
     ``micro_batches`` is sync's M, which ``rebalance`` needs (module docstring).
+    ``on_rank_loss="shrink"`` goes on without a rank that dies or hangs (module docstring;
+    under ``tailtrain launch --on-rank-loss shrink``); ``"stop"``, the default, does not.
     """
 
     def __init__(
@@ -87,6 +161,7 @@ class StragglerStep:
         timeout: datetime.timedelta | None = None,
         bucket_cap_mb: float = BUCKET_CAP_MB,
         micro_batches: int | None = None,
+        on_rank_loss: str = "stop",
     ) -> None:
         # a wrong strategy is refused before any collective
         strategy = check_micro_batches(as_strategy(strategy, DEALS), micro_batches)
@@ -96,16 +171,63 @@ class StragglerStep:
         device = self.params[0].device
         comm = Collectives.of_group(process_group, device, timeout)
         lr = float(optimizer.param_groups[0]["lr"])
+        shrinks = check_on_rank_loss(on_rank_loss, strategy, process_group, comm, lr)
         self.rounds = Rounds(strategy, comm, lr=lr, micro_batches=micro_batches, does=DEALS)
         self.buckets = buckets(self.params, bucket_cap_mb)
         broadcast_from_first(model, process_group)
+        #: the shrink protocol's part of this rank (None: ``on_rank_loss="stop"``)
+        self.shrinker: Shrinker | None = None
+        #: the state of the call in flight (:class:`StepCall`)
+        self.call = StepCall.COMPLETED
+        #: the latest record (a lead hands it to the ranks its shrink finds behind)
+        self.last: StepRecord | None = None
+        #: ranks lost since the previous record
+        self._lost: list[int] = []
+        #: where the round in flight started (local steps): parameters and optimizer state
+        self._start: tuple[list[torch.Tensor], dict[str, Any]] | None = None
+        self._ended: float | None = None
+        if shrinks:
+            bound = SHRINK_TIMEOUT if timeout is None else timeout.total_seconds()
+            self.shrinker = Shrinker.start(comm, bound, keeper=None, heals=False)
+            self._ended = time.perf_counter()
 
     def __call__(self, micro_batches: Sequence[Any], loss_fn: Callable[[Any], torch.Tensor]):
-        """One round over ``micro_batches``; returns its :class:`StepRecord`."""
+        """One round over ``micro_batches``; returns its :class:`StepRecord`. Under
+        ``on_rank_loss="shrink"`` a round a lost rank broke is the lead's or redone (module
+        docstring)."""
         batches = list(micro_batches)
+        if self.shrinker is None:
+            return self._round(batches, loss_fn)
+        redone = False
+        while True:
+            self.call = StepCall.IN_FLIGHT
+            try:
+                record = self._round(batches, loss_fn)
+            except (Broken, PeerFailure) as exc:
+                self.call = StepCall.BROKEN
+                log.warning("rank %d: step %d broke: %s", self.shrinker.rank, self.rounds.step, exc)
+                taken = self._shrink()
+                if taken is None:  # nobody completed it: compute it again among the survivors
+                    self.call, redone = StepCall.REDONE, True
+                    continue
+                self.call = StepCall.TAKEN
+                return taken
+            self.call = StepCall.COMPLETED
+            record = dataclasses.replace(record, lost=self._lost, redone=redone)
+            self._lost, self.last = [], record
+            ended, self._ended = self._ended, time.perf_counter()
+            if ended is not None:  # a round's seconds, from the last call's end: the deadline
+                self.shrinker.deadline.seen(self._ended - ended)
+            return record
+
+    def _round(self, batches: list[Any], loss_fn: Callable[[Any], torch.Tensor]) -> StepRecord:
+        """One round; its update is applied only after its last collective (module
+        docstring), so a round that breaks has changed nothing but local steps' state."""
         plan, m = self.rounds.plan(len(batches))
         local = plan.local_steps > 1
         start = [p.detach().clone() for p in self.params] if local else None
+        if local and self.shrinker is not None:  # a redo starts its local steps again here
+            self._start = (start, copy.deepcopy(self.optimizer.state_dict()))
         self.optimizer.zero_grad(set_to_none=True)
         work, pending = RoundProgress(np.empty(0)), 0
         for u, batch in enumerate(self.rounds.units(batches, plan, work)):
@@ -121,9 +243,65 @@ class StragglerStep:
         agreed = self.rounds.agree(work, plan)
         began = self.rounds.clock()
         with torch.no_grad():
-            screened = self._reduce_and_apply(agreed, work, start, plan.lr_scale)
+            averaged, screened = self._reduce(agreed, work, start)
         reduce = self.rounds.clock() - began
-        return self.rounds.close(plan, work, agreed, reduce, screened)
+        timing = self.rounds.timing(reduce, work, screened)
+        with torch.no_grad():  # past the last collective: the round completes here
+            self._apply(averaged, start, plan.lr_scale)
+        return self.rounds.finish(plan, work, agreed, timing)
+
+    def _shrink(self) -> StepRecord | None:
+        """The survivors' census, new generation and sync from the lead
+        (``Shrinker.regroup``); the lead's record of this rank's round when the lead completed
+        it, else None (the round is computed again)."""
+        shrinker = self.shrinker
+        assert shrinker is not None
+        if self._start is not None:  # local steps of the broken round: back to its start
+            params, state = self._start
+            with torch.no_grad():
+                for p, s in zip(self.params, params, strict=True):
+                    p.copy_(s)
+            self.optimizer.load_state_dict(state)
+            self._start = None
+        mine = self.rounds.step
+        sync = lambda comm, found: self._sync(comm, found)  # noqa: E731
+        comm, found = shrinker.regroup(self.rounds.comm, mine, 0, sync)
+        live = tuple(found.members)
+        self.rounds.comm, self.rounds.live = comm, live
+        ctx = dataclasses.replace(self.rounds.ctx, n_workers=len(live), live=live)
+        followed = self.rounds.rule.followed(ctx)
+        assert followed is not None  # check_on_rank_loss refused a rule that cannot follow
+        self.rounds.rule, self.rounds.ctx = followed, ctx
+        self._lost = sorted({*self._lost, *found.dead})
+        self._ended = None  # the regroup's seconds are no round's
+        if self.rounds.step > mine:  # the lead completed this rank's round
+            assert self.last is not None and self.last.step == mine
+            return self.last
+        return None
+
+    def _sync(self, comm: GroupCollectives, found: Census) -> None:
+        """SYNCING: the lead member's model, optimizer, rule state, deadline and latest
+        record on every member of the new generation."""
+        shrinker = self.shrinker
+        assert shrinker is not None
+        lead = max(found.members, key=lambda m: (found.steps[m], -m))
+        mine = None
+        if shrinker.rank == lead:
+            mine = {
+                "model": self.model.state_dict(),
+                "optimizer": self.optimizer.state_dict(),
+                "rounds": self.rounds.state_dict(),
+                "recent": list(shrinker.deadline.recent),
+                "last": self.last,
+            }
+        state = comm.broadcast_object(mine, found.members.index(lead))
+        if shrinker.rank == lead:
+            return
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.rounds.load_state_dict(state["rounds"])
+        shrinker.deadline.adopt(state["recent"])
+        self.last = state["last"]
 
     @property
     def wants(self) -> int | None:
@@ -144,11 +322,18 @@ class StragglerStep:
 
     @property
     def rank(self) -> int:
+        """This rank's index in the live group (its job rank until a shrink)."""
         return self.rounds.comm.rank
 
     @property
     def world_size(self) -> int:
+        """The live world: the job's ranks less those a shrink went on without."""
         return self.rounds.comm.world_size
+
+    @property
+    def live(self) -> tuple[int, ...]:
+        """The job's ranks that step now, in order."""
+        return self.rounds.live
 
     def _local_step(self, m: int) -> None:
         """Local-SGD: theta_n <- optimizer step on (1/M) sum of the step's gradients."""
@@ -158,13 +343,10 @@ class StragglerStep:
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
 
-    def _reduce_and_apply(
-        self,
-        agreed: Agreement,
-        work: RoundProgress,
-        start: list[torch.Tensor] | None,
-        lr_scale: float,
-    ) -> bool:
+    def _reduce(
+        self, agreed: Agreement, work: RoundProgress, start: list[torch.Tensor] | None
+    ) -> tuple[list[torch.Tensor], bool]:
+        """The weighted average over the ranks, and whether this rank was screened out."""
         done, units = work.done, len(work.times)
         if start is None:  # G_n: the mean gradient of the counted micro-batches
             mine = [grad_of(p) for p in self.params]
@@ -172,7 +354,12 @@ class StragglerStep:
         else:  # P_n: the local displacement per counted unit, times U
             mine = [p.detach() - s for p, s in zip(self.params, start, strict=True)]
             scale = units / max(done, 1)
-        averaged, screened = weighted_average(self.rounds.comm, self.buckets, mine, scale, agreed)
+        return weighted_average(self.rounds.comm, self.buckets, mine, scale, agreed)
+
+    def _apply(
+        self, averaged: list[torch.Tensor], start: list[torch.Tensor] | None, lr_scale: float
+    ) -> None:
+        """The optimizer's step on the average (H = 1), or the model average (H > 1)."""
         if start is None:
             for p, avg in zip(self.params, averaged, strict=True):
                 p.grad = avg.mul_(lr_scale)
@@ -180,7 +367,6 @@ class StragglerStep:
         else:
             for p, s, avg in zip(self.params, start, averaged, strict=True):
                 p.copy_(s + lr_scale * avg)
-        return screened
 
     # ---- checkpoints (PyTorch's convention; the process group is left out) -----------------
     def state_dict(self) -> dict[str, Any]:
@@ -190,6 +376,45 @@ class StragglerStep:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.rounds.load_state_dict(state)
+
+
+def check_on_rank_loss(
+    on_rank_loss: str,
+    strategy: Strategy,
+    group: dist.ProcessGroup | None,
+    comm: Collectives,
+    lr: float,
+    env: Any = os.environ,
+) -> bool:
+    """Whether the step shrinks; one-line refusals before any round (module docstring)."""
+    if on_rank_loss not in tuple(OnRankLoss):
+        raise UsageError(
+            f"on_rank_loss must be one of {', '.join(OnRankLoss)}, got {on_rank_loss!r}"
+        )
+    if on_rank_loss == OnRankLoss.STOP:
+        return False
+    option = 'on_rank_loss="shrink"'
+    if env.get(LAUNCHED) != OnRankLoss.SHRINK:
+        raise UsageError(
+            f"{option} needs ranks whose death the job survives: start the script with "
+            "`tailtrain launch --nproc-per-node N --on-rank-loss shrink script.py` (torchrun "
+            "stops every rank when one exits)"
+        )
+    if group is not None:
+        raise UsageError(f"{option} shrinks the job's default group: leave process_group unset")
+    if dist.get_backend() != "gloo" or comm.device.type != "cpu":
+        raise UsageError(
+            f"{option} forms each new group with gloo on the CPU: "
+            'dist.init_process_group("gloo") and a model on the CPU, or on_rank_loss="stop"'
+        )
+    if strategy.needs:
+        raise UsageError(
+            f"{option}: {strategy.describe()!r} deals per-rank shares the loader draws, and a "
+            "round redone after a shrink would need another draw; use sync or dropcompute"
+        )
+    ctx = Context(n_workers=comm.world_size, lr=lr)
+    check_follows(strategy, ctx, option, 'use on_rank_loss="stop" for this one')
+    return True
 
 
 def grad_of(p: torch.Tensor) -> torch.Tensor:

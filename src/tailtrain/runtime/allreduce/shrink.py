@@ -115,7 +115,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 import torch
@@ -200,13 +200,20 @@ def check_shrink(strategy: Any, topology: str, *, local: bool, ctx: Any = None) 
             "--on-rank-loss shrink needs a local launch (--workers N): torchrun's agent stops "
             "the job when any rank dies; use --on-rank-loss stop under torchrun"
         )
+    check_follows(strategy, ctx, "--on-rank-loss shrink", "use --on-rank-loss stop for this one")
+
+
+def check_follows(strategy: Any, ctx: Any, option: str, fix: str) -> None:
+    """A rule that cannot follow a world one rank smaller (``Strategy.follow_world``) refuses
+    shrinking in one line: ``option`` names what asked for it, ``fix`` what to do instead.
+    ``train`` and ``integrate.StragglerStep`` both ask it before any round."""
     ctx = ctx if ctx is not None else Context(n_workers=2)
     smaller = dataclasses.replace(ctx, n_workers=max(1, ctx.n_workers - 1))
     smaller = dataclasses.replace(smaller, live=tuple(range(smaller.n_workers)))
     if RuleDriver(strategy, ctx).followed(smaller) is None:
         raise UsageError(
-            f"--on-rank-loss shrink: {strategy.describe()!r} cannot follow a smaller world: "
-            f"{strategy.follow_refusal()}; use --on-rank-loss stop for this one"
+            f"{option}: {strategy.describe()!r} cannot follow a smaller world: "
+            f"{strategy.follow_refusal()}; {fix}"
         )
 
 
@@ -414,6 +421,13 @@ class Shrinker:
     #: the deadline in force when the latest generation broke: (round in flight, seconds, how
     #: it was learned); None while none broke
     broke_at: tuple[int, float, str] | None = None
+    #: the rank the job cannot lose (``train``'s rank 0 keeps the record and answers the
+    #: launcher: a census without it ends the job, and waits for it up to --timeout); None:
+    #: any rank may be lost (``integrate.StragglerStep`` under ``tailtrain launch``)
+    keeper: int | None = 0
+    #: whether a rank that came after a census may ask to join (JOINING); False: it is
+    #: REFUSED at once (``integrate.StragglerStep`` does not heal)
+    heals: bool = True
 
     def deadline_summary(self) -> dict[str, Any]:
         """The learned hang deadline for the run's summary: the one in force when the latest
@@ -431,11 +445,14 @@ class Shrinker:
             self.store.set("finished", "1")
 
     @classmethod
-    def start(cls, comm: Collectives, timeout: float) -> Shrinker:
+    def start(
+        cls, comm: Collectives, timeout: float, *, keeper: int | None = 0, heals: bool = True
+    ) -> Shrinker:
         deadline = Deadline(timeout)
         store = open_store(datetime.timedelta(seconds=timeout))
         members = list(range(comm.world_size))
         shrinker = cls(comm.rank, store, deadline, comm.device, members, comm.world_size)
+        shrinker.keeper, shrinker.heals = keeper, heals
         shrinker.rejoining = os.environ.get(REJOIN) == "1"
         comm.watch = Watch(store, 0, deadline)
         comm.grace = 0.0  # the launcher names nobody here: the census does
@@ -456,9 +473,11 @@ class Shrinker:
             known = [store.check([i]) or store.check([d]) for i, d in zip(ins, deads, strict=True)]
             if all(known):
                 break
-            # a census without rank 0 ends the job, and rank 0 may be evaluating (longer than
-            # any round, as the patient barrier allows): wait for it up to --timeout
-            waits_for_zero = 0 in self.members and not known[self.members.index(0)]
+            # a census without the keeper (train's rank 0) ends the job, and it may be
+            # evaluating (longer than any round, as the patient barrier allows): wait for it
+            # up to --timeout
+            keeper = self.keeper
+            waits_for_zero = keeper in self.members and not known[self.members.index(keeper)]
             hung = store.check([f"gen{g}/hung"])
             end = started + (HANG_WINDOW if hung else self.deadline.window)
             if time.monotonic() >= (bound if waits_for_zero else end):
@@ -469,7 +488,7 @@ class Shrinker:
             store.set(f"gen{g}/members", json.dumps(here))
         store.wait([f"gen{g}/members"], datetime.timedelta(seconds=self.deadline.bound))
         members = json.loads(store.get(f"gen{g}/members"))
-        if 0 in self.members and 0 not in members:
+        if self.keeper is not None and self.keeper in self.members and self.keeper not in members:
             raise TailtrainError(
                 f"rank 0, which keeps the record and answers the launcher, was lost at step "
                 f"{step}: --on-rank-loss shrink cannot go on without it; add --max-restarts 1 "
@@ -488,8 +507,13 @@ class Shrinker:
         """JOINING (module docstring): this rank came after a census; it asks to be taken in
         at a step boundary and waits, up to --timeout, for the generation that takes it (or
         for the run's end: :class:`Refused`). Its round in flight counts nowhere."""
-        self.phase = ShrinkPhase.JOINING
         store, me = self.store, self.rank
+        if not self.heals:
+            self.refuse(
+                f"rank {me} came after the census at step {step}: the survivors went on "
+                "without it and this run takes no rank back; its round in flight counts nowhere"
+            )
+        self.phase = ShrinkPhase.JOINING
         log.warning("rank %d asks to join the live ranks", me)
         with contextlib.suppress(Exception):  # a rank the shield noted dead is back
             store.delete_key(f"dead/{me}")
@@ -497,11 +521,10 @@ class Shrinker:
         end = time.monotonic() + self.deadline.timeout
         while not store.check([f"joined/{me}"]):
             if store.check(["finished"]) or time.monotonic() > end:
-                self.phase = ShrinkPhase.REFUSED
                 # withdrawn: a later grow must not take in a rank that left
                 with contextlib.suppress(Exception):
                     store.delete_key(f"join/{me}")
-                raise Refused(
+                self.refuse(
                     f"rank {me} asked to join the live ranks (it came after a census, or was "
                     "started again) and the run ended first: its round in flight counts nowhere"
                 )
@@ -516,6 +539,14 @@ class Shrinker:
             [],
             joined=census["joined"],
         )
+
+    def refuse(self, why: str) -> NoReturn:
+        """REFUSED: this rank leaves alive. ``left/{rank}`` tells a launcher that watches the
+        ranks itself (``runtime.scripts``) that its exit is no failure."""
+        self.phase = ShrinkPhase.REFUSED
+        with contextlib.suppress(Exception):
+            self.store.set(f"left/{self.rank}", why)
+        raise Refused(why)
 
     def joins_waiting(self) -> bool:
         """The lowest member asks the store, at most every :data:`JOIN_LOOK` seconds, whether

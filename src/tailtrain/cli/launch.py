@@ -1,0 +1,53 @@
+"""`tailtrain launch`: your own training script on N local ranks, as torchrun starts it, whose
+ranks' deaths the job survives with ``--on-rank-loss shrink`` (``runtime.scripts``)."""
+
+from __future__ import annotations
+
+import argparse
+
+from tailtrain.runtime.allreduce.shrink import OnRankLoss
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "launch",
+        help="run your own training script on N local ranks (torchrun's env://)",
+        description="Start N local processes of `python SCRIPT ARGS...` with torch's env:// "
+        "variables, the store hosted here (not in rank 0). With --on-rank-loss shrink a rank "
+        "that dies is noted and the others go on: tailtrain.StragglerStep(..., "
+        'on_rank_loss="shrink") shrinks to the survivors. Exit 0 when the job finished, 1 when '
+        "it failed (one line), 130 after Ctrl-C.",
+    )
+    p.add_argument("--nproc-per-node", type=int, default=1, help="local ranks N (default: 1)")
+    p.add_argument(
+        "--on-rank-loss",
+        default=OnRankLoss.STOP.value,
+        help="stop: a rank that fails stops the others (torchrun's way; default); shrink: the "
+        "job goes on without it",
+    )
+    p.add_argument(
+        "--rdzv-endpoint",
+        default="127.0.0.1:0",
+        help="HOST:PORT of the store this launcher hosts (default 127.0.0.1 and a free port)",
+    )
+    p.add_argument(
+        "--timeout", type=float, default=300.0, help="seconds the store waits (default 300)"
+    )
+    p.add_argument("script", nargs="?", help="the training script (a Python file)")
+    p.add_argument("script_args", nargs=argparse.REMAINDER, help="the script's own arguments")
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from tailtrain.runtime.scripts import INTERRUPTED, check_launch, launch_script
+
+    plan = check_launch(
+        args.script,
+        args.nproc_per_node,
+        args.on_rank_loss,
+        args.rdzv_endpoint,
+        args.timeout,
+        args.script_args,
+    )
+    outcome = launch_script(plan)
+    return INTERRUPTED if outcome.interrupted else 0

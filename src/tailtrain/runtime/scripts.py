@@ -1,0 +1,270 @@
+"""Run your own training script on local ranks whose death the job survives (issue 26).
+
+``tailtrain launch --nproc-per-node N [--on-rank-loss shrink] script.py args...`` starts N
+processes of ``python script.py args...`` on this machine, as ``torchrun --standalone`` does:
+each gets torch's ``env://`` variables (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``,
+``LOCAL_WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``, ``TORCHELASTIC_RUN_ID``,
+``TORCHELASTIC_RESTART_COUNT``), so ``dist.init_process_group("gloo")`` works unchanged. What
+differs from torchrun:
+
+* **The store lives in the launcher.** The launcher hosts the ``TCPStore`` at
+  ``MASTER_ADDR:MASTER_PORT`` and sets ``TORCHELASTIC_USE_AGENT_STORE=True``, so every rank
+  is a client of it (as of torchrun's agent store), rank 0 included: any rank may die and the
+  store, the shrink protocol's meeting place (``runtime.allreduce.shrink``), stays.
+* **The launcher is each rank's shield.** It is every rank's parent and watches them
+  (:class:`RankState`). Under ``--on-rank-loss stop`` (the default: torchrun's behaviour) the
+  first rank that exits non-zero stops the others and the launch fails with one line naming
+  it. Under ``--on-rank-loss shrink`` a rank that dies (a non-zero exit or a signal, SIGKILL
+  included) is logged in one line and noted ``dead/{rank}`` in the store at once, as
+  ``runtime.expendable``'s shield does for ``train``, so the survivors' census need not wait
+  its window; the others go on (``integrate.StragglerStep(..., on_rank_loss="shrink")``, which
+  refuses to shrink anywhere else: it reads :data:`ON_RANK_LOSS` from its environment). A rank
+  the survivors told to leave (``left/{rank}``: it hung past the deadline and woke) is logged
+  as leaving, not as a death.
+* **The outcome.** The launch succeeds (exit 0) when every rank finished (status 0), or,
+  under shrink, when at least one did and every other one died or left; otherwise it fails
+  with one line (:class:`~tailtrain.runtime.launch.JobFailed`, exit 1) naming the first rank
+  that failed and why.
+* **Ctrl-C** (SIGINT, or SIGTERM to the launcher) is forwarded once to every rank, each in a
+  process group of its own (a terminal's Ctrl-C would otherwise reach each twice); the
+  launcher waits up to :data:`GRACE` seconds for them, kills what is left, and exits 130.
+  A rank dies with the launcher (``PR_SET_PDEATHSIG``), so a killed launcher leaves nothing.
+
+Every wait is bounded: the watch polls every :data:`POLL` seconds; a stop waits :data:`GRACE`
+seconds before SIGKILL. Bad input (the script, the count, the option) is one line and exit 2,
+checked before any process starts (:func:`check_launch`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+from pathlib import Path
+
+import torch.distributed as dist
+
+from tailtrain.errors import UsageError
+from tailtrain.runtime.allreduce.shrink import OnRankLoss, prefix
+from tailtrain.runtime.expendable import die_with, exit_reason
+from tailtrain.runtime.launch import (
+    JobFailed,
+    max_local_workers,
+    parse_endpoint,
+    reserve,
+)
+
+log = logging.getLogger(__name__)
+
+#: set in every rank's environment: the launch's ``--on-rank-loss``, which
+#: ``StragglerStep(on_rank_loss="shrink")`` needs to be ``shrink``
+ON_RANK_LOSS = "TAILTRAIN_ON_RANK_LOSS"
+#: seconds between two looks at the ranks
+POLL = 0.05
+#: seconds a stopped rank has to leave before it is killed
+GRACE = 10.0
+#: exit status after Ctrl-C (128 + SIGINT), as ``tailtrain train``'s
+INTERRUPTED = 130
+
+
+class RankState(StrEnum):
+    """One rank as the launcher sees it."""
+
+    RUNNING = "running"
+    #: exited with status 0
+    FINISHED = "finished"
+    #: exited non-zero or by a signal
+    DIED = "died"
+    #: exited after the survivors told it to leave (``left/{rank}``)
+    LEFT = "left"
+    #: stopped by the launcher (another rank failed under ``stop``, or Ctrl-C)
+    STOPPED = "stopped"
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    """What ``tailtrain launch`` runs: ``script`` with ``args`` on ``nproc`` local ranks."""
+
+    script: Path
+    args: tuple[str, ...]
+    nproc: int
+    on_rank_loss: OnRankLoss = OnRankLoss.STOP
+    endpoint: str = "127.0.0.1:0"
+    timeout: float = 300.0
+
+
+@dataclass
+class Rank:
+    rank: int
+    process: subprocess.Popen
+    state: RankState = RankState.RUNNING
+    why: str = ""
+
+
+@dataclass
+class Outcome:
+    """The ranks' end states and the first failure (None: the job succeeded)."""
+
+    states: dict[int, RankState] = field(default_factory=dict)
+    failure: str | None = None
+    interrupted: bool = False
+
+
+def check_launch(
+    script: str | None,
+    nproc: int,
+    on_rank_loss: str,
+    endpoint: str = "127.0.0.1:0",
+    timeout: float = 300.0,
+    args: Sequence[str] = (),
+) -> LaunchPlan:
+    """Every check before any process starts; one-line :class:`UsageError` s."""
+    if script is None:
+        raise UsageError(
+            "tailtrain launch needs a script: tailtrain launch --nproc-per-node N script.py"
+        )
+    if nproc < 1:
+        raise UsageError(f"--nproc-per-node must be >= 1, got {nproc}")
+    if nproc > max_local_workers():
+        raise UsageError(
+            f"--nproc-per-node {nproc} local processes is too many: at most "
+            f"{max_local_workers()} here; use torchrun across machines for more"
+        )
+    if on_rank_loss not in tuple(OnRankLoss):
+        choices = ", ".join(OnRankLoss)
+        raise UsageError(f"--on-rank-loss must be one of {choices}, got {on_rank_loss!r}")
+    if not timeout > 0 or timeout == float("inf"):
+        raise UsageError(f"--timeout must be finite seconds > 0, got {timeout}")
+    path = Path(script)
+    if not path.is_file():
+        raise UsageError(f"no script {script!r}: give the path of a Python file to run")
+    parse_endpoint(endpoint)
+    return LaunchPlan(path, tuple(args), nproc, OnRankLoss(on_rank_loss), endpoint, timeout)
+
+
+def launch_script(plan: LaunchPlan) -> Outcome:
+    """Run ``plan`` (module docstring); raises :class:`JobFailed` with one line when the job
+    failed. Ctrl-C ends with ``outcome.interrupted`` (the CLI's exit 130)."""
+    where = reserve(parse_endpoint(plan.endpoint))
+    timeout = datetime.timedelta(seconds=plan.timeout)
+    store = dist.TCPStore(
+        where.host, where.port, plan.nproc, is_master=True, timeout=timeout, wait_for_workers=False
+    )
+    run_id = f"tailtrain-launch-{uuid.uuid4().hex[:12]}"
+    env = dict(
+        os.environ,
+        MASTER_ADDR=where.host,
+        MASTER_PORT=str(store.port),
+        WORLD_SIZE=str(plan.nproc),
+        LOCAL_WORLD_SIZE=str(plan.nproc),
+        GROUP_RANK="0",
+        TORCHELASTIC_RUN_ID=run_id,
+        TORCHELASTIC_RESTART_COUNT="0",
+        TORCHELASTIC_USE_AGENT_STORE="True",
+        **{ON_RANK_LOSS: str(plan.on_rank_loss)},
+    )
+    notes = dist.PrefixStore(prefix(env), store)  # the shrink protocol's keys
+    parent = os.getpid()
+    ranks = []
+    asked: list[int] = []
+    previous = {
+        sig: signal.signal(sig, lambda s, _f: asked.append(s))
+        for sig in (signal.SIGINT, signal.SIGTERM)
+    }
+    try:
+        for r in range(plan.nproc):
+            mine = dict(env, RANK=str(r), LOCAL_RANK=str(r))
+            process = subprocess.Popen(
+                [sys.executable, str(plan.script), *plan.args],
+                env=mine,
+                process_group=0,  # a terminal's Ctrl-C reaches it once: from us
+                preexec_fn=lambda: die_with(parent),
+            )
+            ranks.append(Rank(r, process))
+        return watch(ranks, plan.on_rank_loss, notes, asked)
+    finally:
+        stop(ranks, signal.SIGTERM)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def watch(
+    ranks: list[Rank], on_rank_loss: OnRankLoss, notes: dist.Store, asked: list[int]
+) -> Outcome:
+    """Poll the ranks until none runs (module docstring)."""
+    outcome = Outcome()
+    while any(r.state is RankState.RUNNING for r in ranks):
+        if asked:  # Ctrl-C: forward it once and wait for them
+            outcome.interrupted = True
+            stop(ranks, asked[0])
+            break
+        for r in ranks:
+            if r.state is not RankState.RUNNING or (code := r.process.poll()) is None:
+                continue
+            if code == 0:
+                r.state = RankState.FINISHED
+                continue
+            r.why = exit_reason(_status(code))
+            if notes.check([f"left/{r.rank}"]):
+                r.state = RankState.LEFT
+                log.warning(
+                    "rank %d left the job: %s", r.rank, notes.get(f"left/{r.rank}").decode()
+                )
+                continue
+            r.state = RankState.DIED
+            if on_rank_loss is OnRankLoss.SHRINK:
+                notes.set(f"dead/{r.rank}", r.why)  # the census need not wait its window
+                log.warning("rank %d died (%s); the job goes on without it", r.rank, r.why)
+            else:
+                outcome.failure = f"rank {r.rank} failed ({r.why}); the other ranks were stopped"
+                stop(ranks, signal.SIGTERM)
+                break
+        time.sleep(POLL)
+    outcome.states = {r.rank: r.state for r in ranks}
+    if outcome.interrupted:
+        return outcome
+    if outcome.failure is None:
+        outcome.failure = judged(ranks)
+    if outcome.failure is not None:
+        raise JobFailed(outcome.failure)
+    return outcome
+
+
+def judged(ranks: list[Rank]) -> str | None:
+    """Under shrink: the job failed when no rank finished (one line), else None."""
+    if any(r.state is RankState.FINISHED for r in ranks):
+        return None
+    first = next((r for r in ranks if r.state is RankState.DIED), ranks[0])
+    return f"no rank finished: rank {first.rank} failed first ({first.why})"
+
+
+def stop(ranks: list[Rank], sig: int) -> None:
+    """Send ``sig`` to every running rank, wait up to :data:`GRACE` seconds, kill the rest."""
+    running = [r for r in ranks if r.process.poll() is None]
+    for r in running:
+        with contextlib.suppress(ProcessLookupError):
+            r.process.send_signal(sig)
+    end = time.monotonic() + GRACE
+    for r in running:
+        try:
+            r.process.wait(max(0.0, end - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            r.process.kill()
+            r.process.wait()
+        if r.state is RankState.RUNNING:
+            r.state = RankState.STOPPED
+
+
+def _status(code: int) -> int:
+    """A wait status for :func:`~tailtrain.runtime.expendable.exit_reason` from Popen's code
+    (negative: the signal)."""
+    return -code if code < 0 else code << 8

@@ -1,0 +1,149 @@
+"""``StragglerStep(on_rank_loss="shrink")`` under ``tailtrain launch --on-rank-loss shrink``:
+a rank SIGKILLed inside a step leaves survivors that finish with N - 1 ranks, agree on every
+record, hold equal parameters, and equal a reference rebuilt from the records (which ranks
+contributed to each step); the one-line refusals where shrinking cannot work."""
+
+from __future__ import annotations
+
+import datetime
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from tailtrain.errors import UsageError
+from tailtrain.integrate import StragglerHookState, StragglerStep
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE = ROOT / "examples" / "shrink_loop.py"
+#: three ranks, rank 1 killed inside step 6 (of the example's 40)
+N, VICTIM, AT = 3, 1, 6
+
+
+def example():
+    """examples/shrink_loop.py as a module: its model, data and micro-batches."""
+    spec = importlib.util.spec_from_file_location("shrink_loop", EXAMPLE)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def environment() -> dict[str, str]:
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), env.get("PYTHONPATH", "")])
+    return env
+
+
+@pytest.fixture(scope="module")
+def killed(tmp_path_factory):
+    out = tmp_path_factory.mktemp("shrink")
+    command = [
+        sys.executable, "-m", "tailtrain", "launch", "--nproc-per-node", str(N),
+        "--on-rank-loss", "shrink", str(EXAMPLE),
+        "--kill-rank", str(VICTIM), "--kill-step", str(AT), "--out", str(out),
+    ]  # fmt: skip
+    done = subprocess.run(
+        command, cwd=ROOT, env=environment(), capture_output=True, text=True, timeout=280
+    )
+    files = {r: out / f"rank{r}.pt" for r in range(N)}
+    return done, {r: torch.load(f, weights_only=False) for r, f in files.items() if f.exists()}
+
+
+@pytest.mark.slow  # three ranks that each import torch and sklearn: ~10 s on a quiet machine
+@pytest.mark.timeout(300)
+def test_a_killed_rank_leaves_survivors_that_equal_the_reference_from_the_records(killed):
+    done, kept = killed
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert f"rank {VICTIM} died (killed by SIGKILL); the job goes on without it" in done.stderr
+    survivors = [r for r in range(N) if r != VICTIM]
+    assert sorted(kept) == survivors  # the killed rank wrote nothing
+    records = [kept[r]["records"] for r in survivors]
+    assert all(r == records[0] for r in records)  # every record agreed on
+    records = records[0]
+    m = example()
+    assert [r["step"] for r in records] == list(range(m.STEPS))
+    assert all(r["live"] == list(range(N)) for r in records[:AT])
+    assert all(r["live"] == survivors for r in records[AT:])
+    # the round the kill broke was computed again by the survivors; it names the lost rank
+    assert [r["step"] for r in records if r["redone"]] == [AT]
+    assert [r["step"] for r in records if r["lost"]] == [AT] and records[AT]["lost"] == [VICTIM]
+    # equal parameters on every survivor
+    models = [kept[r]["model"] for r in survivors]
+    for name, value in models[0].items():
+        assert all(torch.equal(value, other[name]) for other in models[1:]), name
+    # a reference: SGD with momentum on sum_n w_n G_n over the ranks each record names
+    x, y, _, _ = m.digits()
+    net = m.make_model()
+    optimizer = torch.optim.SGD(net.parameters(), lr=m.LR, momentum=m.MOMENTUM)
+    for record in records:
+        total = [torch.zeros_like(p) for p in net.parameters()]
+        for n in record["ranks"]:
+            rank, weight = record["live"][n], record["weights"][n]
+            batches = m.micro_batches(x, y, rank, N, record["step"])
+            net.zero_grad()
+            for bx, by in batches:
+                F.cross_entropy(net(bx), by).backward()
+            for t, p in zip(total, net.parameters(), strict=True):
+                t.add_(p.grad, alpha=weight / len(batches))
+        for p, t in zip(net.parameters(), total, strict=True):
+            p.grad = t
+        optimizer.step()
+    for name, value in net.state_dict().items():
+        torch.testing.assert_close(models[0][name], value, rtol=1e-4, atol=1e-6)
+
+
+# ---- one-line refusals ----------------------------------------------------------------------
+@pytest.fixture
+def alone():
+    """A process group of this process alone (gloo)."""
+    dist.init_process_group(
+        "gloo", store=dist.HashStore(), rank=0, world_size=1,
+        timeout=datetime.timedelta(seconds=10),
+    )  # fmt: skip
+    yield
+    dist.destroy_process_group()
+
+
+def refusal(monkeypatch, launched: str | None, strategy="sync", on_rank_loss="shrink") -> str:
+    if launched is None:
+        monkeypatch.delenv("TAILTRAIN_ON_RANK_LOSS", raising=False)
+    else:
+        monkeypatch.setenv("TAILTRAIN_ON_RANK_LOSS", launched)
+    net = torch.nn.Linear(2, 2)
+    optimizer = torch.optim.SGD(net.parameters(), lr=0.1)
+    with pytest.raises(UsageError) as caught:
+        StragglerStep(net, optimizer, strategy, on_rank_loss=on_rank_loss, micro_batches=2)
+    assert "\n" not in str(caught.value)
+    return str(caught.value)
+
+
+@pytest.mark.timeout(30)
+def test_shrink_is_refused_in_one_line_where_it_cannot_work(alone, monkeypatch):
+    assert "tailtrain launch --nproc-per-node N --on-rank-loss shrink" in refusal(monkeypatch, None)
+    assert "tailtrain launch" in refusal(monkeypatch, "stop")
+    assert "on_rank_loss must be one of stop, shrink" in refusal(
+        monkeypatch, None, on_rank_loss="grow"
+    )
+    assert "per-rank shares" in refusal(monkeypatch, "shrink", strategy="rebalance")
+    with pytest.raises(UsageError, match=r"the DDP hook cannot shrink.*StragglerStep"):
+        StragglerHookState("dropcompute", on_rank_loss="shrink")
+
+
+@pytest.mark.timeout(30)
+def test_shrink_is_taken_under_the_launcher(alone, monkeypatch):
+    monkeypatch.setenv("TAILTRAIN_ON_RANK_LOSS", "shrink")
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    store = dist.TCPStore("127.0.0.1", 0, 1, is_master=True, wait_for_workers=False)
+    monkeypatch.setenv("MASTER_PORT", str(store.port))
+    net = torch.nn.Linear(2, 1)
+    optimizer = torch.optim.SGD(net.parameters(), lr=0.1)
+    step = StragglerStep(net, optimizer, "sync", on_rank_loss="shrink")
+    record = step([(torch.ones(2), torch.zeros(1))], lambda b: F.mse_loss(net(b[0]), b[1]))
+    assert (record.live, record.lost, record.redone) == ([0], [], False)
+    assert step.live == (0,) and step.shrinker is not None
