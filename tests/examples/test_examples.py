@@ -98,3 +98,26 @@ def test_probe_example_names_the_slow_rank_and_advise_reads_its_folder(tmp_path)
     assert advised.returncode == 0, advised.stderr[-3000:]
     verdicts = {s["worker"]: s["verdict"] for s in json.loads(advised.stdout)["stragglers"]}
     assert verdicts == {0: "healthy", 1: "persistent"}
+
+
+@pytest.mark.slow  # three ranks that each import torch and sklearn: ~10 s on a quiet machine
+@pytest.mark.timeout(300)
+def test_shrink_example_goes_on_without_a_killed_rank_0():
+    """examples/shrink_loop.py as its docstring runs it: rank 0 (no rank is special: the store
+    lives in the launcher) SIGKILLed inside step 10 of 40; ranks 1 and 2 redo the step and
+    finish."""
+    command = [
+        sys.executable, "-m", "tailtrain", "launch", "--nproc-per-node", "3",
+        "--on-rank-loss", "shrink", str(ROOT / "examples" / "shrink_loop.py"),
+        "--kill-rank", "0", "--kill-step", "10",
+    ]  # fmt: skip
+    done = subprocess.run(
+        command, cwd=ROOT, env=environment(), capture_output=True, text=True, timeout=280
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    last = done.stdout.strip().splitlines()[-1]
+    assert last.startswith(
+        "shrink_loop: 40 steps, ranks [1, 2] of 3 finished, lost [0], redone [10],"
+    ), done.stdout
+    assert "rank 0 died (killed by SIGKILL); the job goes on without it" in done.stderr
+    assert float(last.rsplit("test accuracy ", 1)[1]) > 0.5

@@ -4,6 +4,7 @@ ranks' deaths the job survives with ``--on-rank-loss shrink`` (``runtime.scripts
 from __future__ import annotations
 
 import argparse
+import sys
 
 from tailtrain.runtime.allreduce.shrink import OnRankLoss
 
@@ -39,6 +40,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from tailtrain.runtime.launch import JobFailed
     from tailtrain.runtime.scripts import INTERRUPTED, check_launch, launch_script
 
     plan = check_launch(
@@ -49,5 +51,12 @@ def run(args: argparse.Namespace) -> int:
         args.timeout,
         args.script_args,
     )
-    outcome = launch_script(plan)
-    return INTERRUPTED if outcome.interrupted else 0
+    try:
+        outcome = launch_script(plan)
+    except JobFailed as exc:  # the job failed: one line, status 1 (2 is for bad input)
+        print(f"tailtrain launch: error: {exc}", file=sys.stderr)
+        return 1
+    if outcome.interrupted:
+        print("tailtrain launch: interrupted; the ranks were stopped", file=sys.stderr)
+        return INTERRUPTED
+    return 0

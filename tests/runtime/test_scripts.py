@@ -1,0 +1,107 @@
+"""``tailtrain launch`` (``runtime.scripts``): its one-line refusals before any process starts,
+and how it ends a job of tiny scripts (no torch in the ranks: each starts in a fraction of a
+second): torchrun's stop by default, a death the job survives under shrink."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+
+import pytest
+
+from tailtrain.cli import main
+from tailtrain.errors import UsageError
+from tailtrain.runtime.allreduce.shrink import OnRankLoss
+from tailtrain.runtime.scripts import RankState, check_launch, launch_script
+
+#: a rank's whole script: RANK 1 ends as its first argument says, the others after a while
+SCRIPT = """\
+import os, signal, sys, time
+rank, how = int(os.environ["RANK"]), sys.argv[1]
+assert os.environ["WORLD_SIZE"] == "3" and os.environ["TORCHELASTIC_USE_AGENT_STORE"] == "True"
+if rank == 1 and how == "kill":
+    os.kill(os.getpid(), signal.SIGKILL)
+if rank == 1 and how == "exit":
+    sys.exit(3)
+time.sleep(float(sys.argv[2]))
+"""
+
+
+@pytest.fixture
+def script(tmp_path):
+    path = tmp_path / "job.py"
+    path.write_text(SCRIPT)
+    return path
+
+
+def test_bad_launches_are_refused_in_one_line(script):
+    cases = {
+        "needs a script": (None, 2, "stop"),
+        "--nproc-per-node must be >= 1, got 0": (str(script), 0, "stop"),
+        "--on-rank-loss must be one of stop, shrink, got 'grow'": (str(script), 2, "grow"),
+        "no script 'nowhere.py'": ("nowhere.py", 2, "stop"),
+    }
+    for message, (path, n, loss) in cases.items():
+        with pytest.raises(UsageError, match=message):
+            check_launch(path, n, loss)
+    with pytest.raises(UsageError, match="HOST:PORT"):
+        check_launch(str(script), 2, "stop", endpoint="nowhere")
+    with pytest.raises(UsageError, match="too many"):
+        check_launch(str(script), 10_000, "stop")
+    plan = check_launch(str(script), 3, "shrink", args=["kill", "0"])
+    assert (plan.nproc, plan.on_rank_loss, plan.args) == (3, OnRankLoss.SHRINK, ("kill", "0"))
+
+
+def test_the_command_line_says_one_line_and_exits_2(script, capsys):
+    assert main(["launch", "--nproc-per-node", "0", str(script)]) == 2
+    assert capsys.readouterr().err == (
+        "tailtrain launch: error: --nproc-per-node must be >= 1, got 0\n"
+    )
+    with pytest.raises(SystemExit) as caught:  # an option of ours that does not exist
+        main(["launch", "--bogus", str(script)])
+    assert caught.value.code == 2
+    assert capsys.readouterr().err.count("\n") == 1
+
+
+@pytest.mark.timeout(60)
+def test_the_script_s_own_options_pass_through_and_a_job_finishes(script, capsys):
+    assert main(["launch", "--nproc-per-node", "3", str(script), "none", "0.0"]) == 0
+
+
+@pytest.mark.timeout(60)
+def test_under_stop_a_failed_rank_stops_the_others_and_fails_in_one_line(script, capsys):
+    assert main(["launch", "--nproc-per-node", "3", str(script), "exit", "30"]) == 1
+    err = capsys.readouterr().err
+    assert err == (
+        "tailtrain launch: error: rank 1 failed (exit status 3); the other ranks were stopped\n"
+    )
+
+
+@pytest.mark.timeout(60)
+def test_under_shrink_a_killed_rank_is_noted_and_the_job_goes_on(script):
+    plan = check_launch(str(script), 3, "shrink", args=["kill", "1.0"])
+    outcome = launch_script(plan)
+    assert outcome.states == {0: RankState.FINISHED, 1: RankState.DIED, 2: RankState.FINISHED}
+    assert outcome.failure is None and not outcome.interrupted
+
+
+@pytest.mark.timeout(60)
+def test_under_shrink_a_job_where_no_rank_finished_fails(tmp_path, capsys):
+    path = tmp_path / "fails.py"
+    path.write_text("import sys\nsys.exit(1)\n")
+    assert main(["launch", "--nproc-per-node", "2", "--on-rank-loss", "shrink", str(path)]) == 1
+    assert "no rank finished: rank 0 failed first (exit status 1)" in capsys.readouterr().err
+
+
+@pytest.mark.timeout(60)
+def test_ctrl_c_is_forwarded_to_every_rank_and_the_launch_says_it_was_interrupted(script):
+    plan = check_launch(str(script), 3, "shrink", args=["none", "600"])
+    timer = threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGINT))
+    timer.start()
+    try:
+        outcome = launch_script(plan)  # the ranks would sleep 600 s
+    finally:
+        timer.cancel()
+    assert outcome.interrupted
+    assert set(outcome.states.values()) == {RankState.STOPPED}
