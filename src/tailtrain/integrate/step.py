@@ -103,6 +103,7 @@ from tailtrain.integrate.rounds import (
     check_micro_batches,
 )
 from tailtrain.runtime.allreduce.shrink import (
+    LAUNCHED,
     Broken,
     Census,
     GroupCollectives,
@@ -122,8 +123,6 @@ BUCKET_CAP_MB = 25.0
 DEALS = frozenset({"shares"})
 #: the bound on a shrinking step's waits where no ``timeout`` is given (``train``'s --timeout)
 SHRINK_TIMEOUT = 300.0
-#: the variable ``tailtrain launch`` sets in every rank (``runtime.scripts.ON_RANK_LOSS``)
-LAUNCHED = "TAILTRAIN_ON_RANK_LOSS"
 
 
 class StepCall(StrEnum):

@@ -17,22 +17,25 @@ differs from torchrun:
   it. Under ``--on-rank-loss shrink`` a rank that dies (a non-zero exit or a signal, SIGKILL
   included) is logged in one line and noted ``dead/{rank}`` in the store at once, as
   ``runtime.expendable``'s shield does for ``train``, so the survivors' census need not wait
-  its window; the others go on (``integrate.StragglerStep(..., on_rank_loss="shrink")``, which
-  refuses to shrink anywhere else: it reads :data:`ON_RANK_LOSS` from its environment). A rank
-  the survivors told to leave (``left/{rank}``: it hung past the deadline and woke) is logged
-  as leaving, not as a death.
+  its window; the others go on (``integrate.StragglerStep(..., on_rank_loss="shrink")``,
+  which refuses to shrink elsewhere: it reads ``LAUNCHED``, ``runtime.allreduce.shrink``,
+  from its environment). A rank the survivors told to leave (``left/{rank}``: it hung past
+  the deadline and woke) is logged as leaving, not as a death.
 * **The outcome.** The launch succeeds (exit 0) when every rank finished (status 0), or,
   under shrink, when at least one did and every other one died or left; otherwise it fails
   with one line (:class:`~tailtrain.runtime.launch.JobFailed`, exit 1) naming the first rank
   that failed and why.
 * **Ctrl-C** (SIGINT, or SIGTERM to the launcher) is forwarded once to every rank, each in a
   process group of its own (a terminal's Ctrl-C would otherwise reach each twice); the
-  launcher waits up to :data:`GRACE` seconds for them, kills what is left, and exits 130.
-  A rank dies with the launcher (``PR_SET_PDEATHSIG``), so a killed launcher leaves nothing.
+  launcher waits up to :data:`STOP_GRACE` seconds for them, kills what is left, and exits
+  130. A rank dies with the launcher (``PR_SET_PDEATHSIG``), so a killed launcher leaves
+  nothing behind.
 
-Every wait is bounded: the watch polls every :data:`POLL` seconds; a stop waits :data:`GRACE`
-seconds before SIGKILL. Bad input (the script, the count, the option) is one line and exit 2,
-checked before any process starts (:func:`check_launch`).
+Every wait is bounded: the watch looks at the ranks every :data:`WATCH_POLL` seconds; a stop
+waits :data:`STOP_GRACE` seconds before SIGKILL. Bad input (the script, the count, the
+option) is one line and exit 2, checked before any process starts (:func:`check_launch`).
+The launcher does not restart a rank (``train``'s ``--restart-lost``): a user's script has no
+join path, and ``StragglerStep`` takes no rank back.
 """
 
 from __future__ import annotations
@@ -54,7 +57,7 @@ from pathlib import Path
 import torch.distributed as dist
 
 from tailtrain.errors import UsageError
-from tailtrain.runtime.allreduce.shrink import OnRankLoss, prefix
+from tailtrain.runtime.allreduce.shrink import LAUNCHED, OnRankLoss, prefix
 from tailtrain.runtime.expendable import die_with, exit_reason
 from tailtrain.runtime.launch import (
     JobFailed,
@@ -65,13 +68,10 @@ from tailtrain.runtime.launch import (
 
 log = logging.getLogger(__name__)
 
-#: set in every rank's environment: the launch's ``--on-rank-loss``, which
-#: ``StragglerStep(on_rank_loss="shrink")`` needs to be ``shrink``
-ON_RANK_LOSS = "TAILTRAIN_ON_RANK_LOSS"
 #: seconds between two looks at the ranks
-POLL = 0.05
+WATCH_POLL = 0.05
 #: seconds a stopped rank has to leave before it is killed
-GRACE = 10.0
+STOP_GRACE = 10.0
 #: exit status after Ctrl-C (128 + SIGINT), as ``tailtrain train``'s
 INTERRUPTED = 130
 
@@ -111,7 +111,7 @@ class Rank:
 
 
 @dataclass
-class Outcome:
+class LaunchOutcome:
     """The ranks' end states and the first failure (None: the job succeeded)."""
 
     states: dict[int, RankState] = field(default_factory=dict)
@@ -151,7 +151,7 @@ def check_launch(
     return LaunchPlan(path, tuple(args), nproc, OnRankLoss(on_rank_loss), endpoint, timeout)
 
 
-def launch_script(plan: LaunchPlan) -> Outcome:
+def launch_script(plan: LaunchPlan) -> LaunchOutcome:
     """Run ``plan`` (module docstring); raises :class:`JobFailed` with one line when the job
     failed. Ctrl-C ends with ``outcome.interrupted`` (the CLI's exit 130)."""
     where = reserve(parse_endpoint(plan.endpoint))
@@ -170,7 +170,7 @@ def launch_script(plan: LaunchPlan) -> Outcome:
         TORCHELASTIC_RUN_ID=run_id,
         TORCHELASTIC_RESTART_COUNT="0",
         TORCHELASTIC_USE_AGENT_STORE="True",
-        **{ON_RANK_LOSS: str(plan.on_rank_loss)},
+        **{LAUNCHED: str(plan.on_rank_loss)},
     )
     notes = dist.PrefixStore(prefix(env), store)  # the shrink protocol's keys
     parent = os.getpid()
@@ -199,9 +199,9 @@ def launch_script(plan: LaunchPlan) -> Outcome:
 
 def watch(
     ranks: list[Rank], on_rank_loss: OnRankLoss, notes: dist.Store, asked: list[int]
-) -> Outcome:
+) -> LaunchOutcome:
     """Poll the ranks until none runs (module docstring)."""
-    outcome = Outcome()
+    outcome = LaunchOutcome()
     while any(r.state is RankState.RUNNING for r in ranks):
         if asked:  # Ctrl-C: forward it once and wait for them
             outcome.interrupted = True
@@ -228,7 +228,7 @@ def watch(
                 outcome.failure = f"rank {r.rank} failed ({r.why}); the other ranks were stopped"
                 stop(ranks, signal.SIGTERM)
                 break
-        time.sleep(POLL)
+        time.sleep(WATCH_POLL)
     outcome.states = {r.rank: r.state for r in ranks}
     if outcome.interrupted:
         return outcome
@@ -248,12 +248,12 @@ def judged(ranks: list[Rank]) -> str | None:
 
 
 def stop(ranks: list[Rank], sig: int) -> None:
-    """Send ``sig`` to every running rank, wait up to :data:`GRACE` seconds, kill the rest."""
+    """Send ``sig`` to every running rank, wait up to :data:`STOP_GRACE` seconds, kill the rest."""
     running = [r for r in ranks if r.process.poll() is None]
     for r in running:
         with contextlib.suppress(ProcessLookupError):
             r.process.send_signal(sig)
-    end = time.monotonic() + GRACE
+    end = time.monotonic() + STOP_GRACE
     for r in running:
         try:
             r.process.wait(max(0.0, end - time.monotonic()))

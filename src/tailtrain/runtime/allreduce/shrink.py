@@ -157,6 +157,9 @@ POLL = 0.0005
 JOIN_LOOK = 0.2
 #: set (to "1") in a rank started again after it died (``--restart-lost``): it joins
 REJOIN = "TAILTRAIN_REJOIN"
+#: set by ``tailtrain launch`` (``runtime.scripts``) in every rank: its ``--on-rank-loss``,
+#: which ``integrate.StragglerStep(on_rank_loss="shrink")`` needs to be ``shrink``
+LAUNCHED = "TAILTRAIN_ON_RANK_LOSS"
 
 
 class OnRankLoss(StrEnum):
