@@ -147,3 +147,29 @@ def test_shrink_is_taken_under_the_launcher(alone, monkeypatch):
     record = step([(torch.ones(2), torch.zeros(1))], lambda b: F.mse_loss(net(b[0]), b[1]))
     assert (record.live, record.lost, record.redone) == ([0], [], False)
     assert step.live == (0,) and step.shrinker is not None
+
+
+@pytest.mark.slow  # three ranks that each import torch and sklearn, and a learned deadline
+@pytest.mark.timeout(300)
+def test_a_frozen_rank_is_left_behind_and_told_to_leave_when_it_wakes(tmp_path):
+    """Rank 2's training thread freezes inside step 5 (its process alive): the others find it
+    silent past the learned deadline, go on as two from step 5 (computed again), and rank 2,
+    once it wakes, is told to leave; its late work counts nowhere."""
+    script = ROOT / "tests" / "integrate" / "frozen_loop.py"
+    command = [
+        sys.executable, "-m", "tailtrain", "launch", "--nproc-per-node", "3",
+        "--on-rank-loss", "shrink", str(script), "2", "5", str(tmp_path),
+    ]  # fmt: skip
+    done = subprocess.run(
+        command, cwd=ROOT, env=environment(), capture_output=True, text=True, timeout=280
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "rank 2 left the job: rank 2 came after the census at step 5" in done.stderr
+    assert not (tmp_path / "rank2.pt").exists()
+    kept = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in (0, 1)]
+    records = kept[0]["records"]
+    assert records == kept[1]["records"]
+    assert [r["live"] for r in records] == [[0, 1, 2]] * 5 + [[0, 1]] * 11
+    assert [(r["step"], r["lost"], r["redone"]) for r in records if r["lost"]] == [(5, [2], True)]
+    for name, value in kept[0]["model"].items():
+        assert torch.equal(value, kept[1]["model"][name]), name

@@ -13,6 +13,7 @@ import pytest
 from tailtrain.cli import main
 from tailtrain.errors import UsageError
 from tailtrain.runtime.allreduce.shrink import OnRankLoss
+from tailtrain.runtime.launch import JobFailed
 from tailtrain.runtime.scripts import RankState, check_launch, launch_script
 
 #: a rank's whole script: RANK 1 ends as its first argument says, the others after a while
@@ -24,6 +25,8 @@ if rank == 1 and how == "kill":
     os.kill(os.getpid(), signal.SIGKILL)
 if rank == 1 and how == "exit":
     sys.exit(3)
+if rank == 1 and how == "hang":
+    os.kill(os.getpid(), signal.SIGSTOP)
 time.sleep(float(sys.argv[2]))
 """
 
@@ -105,3 +108,13 @@ def test_ctrl_c_is_forwarded_to_every_rank_and_the_launch_says_it_was_interrupte
         timer.cancel()
     assert outcome.interrupted
     assert set(outcome.states.values()) == {RankState.STOPPED}
+
+
+@pytest.mark.timeout(60)
+def test_a_rank_still_running_after_the_others_finished_is_stopped_at_the_timeout(script):
+    plan = check_launch(str(script), 3, "shrink", timeout=1.0, args=["hang", "0"])
+    outcome = launch_script(plan)  # rank 1 stopped itself (SIGSTOP): only SIGKILL ends it
+    assert outcome.states == {0: RankState.FINISHED, 1: RankState.STOPPED, 2: RankState.FINISHED}
+    plan = check_launch(str(script), 3, "stop", timeout=1.0, args=["hang", "0"])
+    with pytest.raises(JobFailed, match=r"ranks \[1\] still ran 1s after the first rank finished"):
+        launch_script(plan)

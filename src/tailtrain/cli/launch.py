@@ -32,7 +32,11 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="HOST:PORT of the store this launcher hosts (default 127.0.0.1 and a free port)",
     )
     p.add_argument(
-        "--timeout", type=float, default=300.0, help="seconds the store waits (default 300)"
+        "--timeout",
+        type=float,
+        default=300.0,
+        help="seconds the store waits, and a rank may still run after the first one finished "
+        "(then it is stopped: a hung rank the others went on without; default 300)",
     )
     p.add_argument("script", nargs="?", help="the training script (a Python file)")
     p.add_argument("script_args", nargs=argparse.REMAINDER, help="the script's own arguments")

@@ -12,6 +12,11 @@
 
 The first two drive the simulator's own rule objects (``tailtrain.runtime.control``) and return a
 :class:`StepRecord` per round: who took part, with which weight, under which threshold.
+
+``StragglerStep(..., on_rank_loss="shrink")``, started by ``tailtrain launch --nproc-per-node N
+--on-rank-loss shrink script.py``, goes on without a rank that dies or hangs (``integrate.step``);
+a rank the survivors went on without raises :class:`Refused`; the DDP hook refuses shrinking
+in one line (DDP holds its process group).
 """
 
 from tailtrain.integrate.ddp import StragglerHookState, weighted_allreduce_hook
@@ -19,9 +24,11 @@ from tailtrain.integrate.probe import ProbeReport, StragglerProbe
 from tailtrain.integrate.rounds import StepRecord
 from tailtrain.integrate.sampler import ShareSampler
 from tailtrain.integrate.step import StragglerStep
+from tailtrain.runtime.allreduce.shrink import Refused
 
 __all__ = [
     "ProbeReport",
+    "Refused",
     "ShareSampler",
     "StepRecord",
     "StragglerHookState",

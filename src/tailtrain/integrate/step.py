@@ -62,8 +62,11 @@ there, and one rank is at most one round ahead of another. When a round breaks, 
 * returns the lead's record of that round, when the lead completed it (every rank's
   gradient was in its allreduce: nothing lost, nothing counted twice);
 * else computes it again among the survivors, from the same micro-batches, and returns
-  that record (``redone=True``; local-SGD's local steps start again from the round's start,
-  kept with the optimizer's state). The first record after a shrink names the ranks ``lost``.
+  that record (local-SGD's local steps start again from the round's start, kept with the
+  optimizer's state).
+
+The first round completed after a shrink is the one the lead broke in, computed again: its
+record says ``redone=True`` and names the ranks ``lost``, on every survivor alike.
 
 So the loop does not change: one call, one record, ``record.step`` the call's index; the
 dead rank's shard is skipped (the same per-rank batch: the global batch is the L live ranks'
@@ -180,8 +183,10 @@ class StragglerStep:
         self.call = StepCall.COMPLETED
         #: the latest record (a lead hands it to the ranks its shrink finds behind)
         self.last: StepRecord | None = None
-        #: ranks lost since the previous record
+        #: ranks lost since the previous record, and whether the next record is the round a
+        #: shrink computes again
         self._lost: list[int] = []
+        self._redo = False
         #: where the round in flight started (local steps): parameters and optimizer state
         self._start: tuple[list[torch.Tensor], dict[str, Any]] | None = None
         self._ended: float | None = None
@@ -197,7 +202,6 @@ class StragglerStep:
         batches = list(micro_batches)
         if self.shrinker is None:
             return self._round(batches, loss_fn)
-        redone = False
         while True:
             self.call = StepCall.IN_FLIGHT
             try:
@@ -207,13 +211,15 @@ class StragglerStep:
                 log.warning("rank %d: step %d broke: %s", self.shrinker.rank, self.rounds.step, exc)
                 taken = self._shrink()
                 if taken is None:  # nobody completed it: compute it again among the survivors
-                    self.call, redone = StepCall.REDONE, True
+                    self.call = StepCall.REDONE
                     continue
                 self.call = StepCall.TAKEN
                 return taken
             self.call = StepCall.COMPLETED
-            record = dataclasses.replace(record, lost=self._lost, redone=redone)
-            self._lost, self.last = [], record
+            # the first round after a shrink: the lead broke in it, so on every survivor it is
+            # a redone round that names the ranks lost (the records agree)
+            record = dataclasses.replace(record, lost=self._lost, redone=self._redo)
+            self._lost, self._redo, self.last = [], False, record
             ended, self._ended = self._ended, time.perf_counter()
             if ended is not None:  # a round's seconds, from the last call's end: the deadline
                 self.shrinker.deadline.seen(self._ended - ended)
@@ -271,7 +277,7 @@ class StragglerStep:
         followed = self.rounds.rule.followed(ctx)
         assert followed is not None  # check_on_rank_loss refused a rule that cannot follow
         self.rounds.rule, self.rounds.ctx = followed, ctx
-        self._lost = sorted({*self._lost, *found.dead})
+        self._lost, self._redo = sorted({*self._lost, *found.dead}), True
         self._ended = None  # the regroup's seconds are no round's
         if self.rounds.step > mine:  # the lead completed this rank's round
             assert self.last is not None and self.last.step == mine

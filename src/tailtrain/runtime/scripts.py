@@ -22,9 +22,11 @@ differs from torchrun:
   from its environment). A rank the survivors told to leave (``left/{rank}``: it hung past
   the deadline and woke) is logged as leaving, not as a death.
 * **The outcome.** The launch succeeds (exit 0) when every rank finished (status 0), or,
-  under shrink, when at least one did and every other one died or left; otherwise it fails
-  with one line (:class:`~tailtrain.runtime.launch.JobFailed`, exit 1) naming the first rank
-  that failed and why.
+  under shrink, when at least one did and every other one died, left, or was stopped because
+  it still ran ``--timeout`` seconds after the first rank finished (a hung rank the survivors
+  went on without: SIGKILL, which a stopped process takes too); otherwise it fails with one
+  line (:class:`~tailtrain.runtime.launch.JobFailed`, exit 1) naming the first rank that
+  failed and why.
 * **Ctrl-C** (SIGINT, or SIGTERM to the launcher) is forwarded once to every rank, each in a
   process group of its own (a terminal's Ctrl-C would otherwise reach each twice); the
   launcher waits up to :data:`STOP_GRACE` seconds for them, kills what is left, and exits
@@ -190,7 +192,7 @@ def launch_script(plan: LaunchPlan) -> LaunchOutcome:
                 preexec_fn=lambda: die_with(parent),
             )
             ranks.append(Rank(r, process))
-        return watch(ranks, plan.on_rank_loss, notes, asked)
+        return watch(ranks, plan.on_rank_loss, notes, asked, plan.timeout)
     finally:
         stop(ranks, signal.SIGTERM)
         for sig, handler in previous.items():
@@ -198,20 +200,36 @@ def launch_script(plan: LaunchPlan) -> LaunchOutcome:
 
 
 def watch(
-    ranks: list[Rank], on_rank_loss: OnRankLoss, notes: dist.Store, asked: list[int]
+    ranks: list[Rank],
+    on_rank_loss: OnRankLoss,
+    notes: dist.Store,
+    asked: list[int],
+    timeout: float = 300.0,
 ) -> LaunchOutcome:
-    """Poll the ranks until none runs (module docstring)."""
+    """Poll the ranks until none runs (module docstring); a rank still running ``timeout``
+    seconds after another finished is stopped (a hung rank the survivors left behind)."""
     outcome = LaunchOutcome()
+    first_done: float | None = None
     while any(r.state is RankState.RUNNING for r in ranks):
         if asked:  # Ctrl-C: forward it once and wait for them
             outcome.interrupted = True
             stop(ranks, asked[0])
+            break
+        if first_done is not None and time.monotonic() > first_done + timeout:
+            late = [r.rank for r in ranks if r.state is RankState.RUNNING]
+            line = f"ranks {late} still ran {timeout:g}s after the first rank finished"
+            stop(ranks, signal.SIGKILL)  # a stopped (SIGSTOP) process takes no SIGTERM
+            if on_rank_loss is OnRankLoss.SHRINK:
+                log.warning("%s; stopped", line)
+            else:
+                outcome.failure = f"{line}; they were stopped"
             break
         for r in ranks:
             if r.state is not RankState.RUNNING or (code := r.process.poll()) is None:
                 continue
             if code == 0:
                 r.state = RankState.FINISHED
+                first_done = time.monotonic() if first_done is None else first_done
                 continue
             r.why = exit_reason(_status(code))
             if notes.check([f"left/{r.rank}"]):

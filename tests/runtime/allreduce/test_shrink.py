@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from tests.runtime import census_drill
 
 from tailtrain.core.scenario import Scenario
-from tailtrain.errors import UsageError
+from tailtrain.errors import TailtrainError, UsageError
 from tailtrain.faults import FaultPlan
 from tailtrain.runtime.allreduce import rounds as rounds_module
 from tailtrain.runtime.allreduce.rounds import train_allreduce
@@ -246,6 +246,32 @@ def test_a_join_request_a_break_overtook_is_seen_again_and_a_refused_one_is_with
     with pytest.raises(Refused):
         joiner.join(step=6, rows=6)
     assert not store.check(["join/2"]) and not look()
+
+
+def test_a_census_that_lost_rank_0_goes_on_where_no_rank_is_kept_and_a_late_rank_leaves():
+    """``keeper=None`` (``integrate.StragglerStep`` under ``tailtrain launch``): rank 0, noted
+    dead by the launcher, is lost like any rank; with ``heals=False`` a rank that came after the
+    census is refused at once, leaving ``left/{rank}`` for the launcher and no join request."""
+    store = torch.distributed.HashStore()
+    members = [0, 1, 2]
+    one = Shrinker(1, store, Deadline(timeout=5.0), torch.device("cpu"), members, world=3)
+    one.keeper, one.heals = None, False
+    store.set("dead/0", "killed by SIGKILL")
+    store.set("gen0/in/2", json.dumps([7, 0]))
+    found = one.census(step=7, rows=0)
+    assert (found.members, found.dead, found.steps) == ([1, 2], [0], {1: 7, 2: 7})
+    # the same census where rank 0 keeps the record (train) ends the job in one line
+    kept = Shrinker(2, torch.distributed.HashStore(), Deadline(timeout=5.0), torch.device("cpu"),
+                    list(members), world=3)  # fmt: skip
+    kept.store.set("dead/0", "killed by SIGKILL")
+    kept.store.set("gen0/in/1", json.dumps([7, 0]))
+    with pytest.raises(TailtrainError, match="rank 0, which keeps the record"):
+        kept.census(step=7, rows=0)
+    late = Shrinker(0, store, Deadline(timeout=5.0), torch.device("cpu"), members, world=3)
+    late.keeper, late.heals = None, False
+    with pytest.raises(Refused, match="takes no rank back"):
+        late.census(step=7, rows=0)  # generation 0's members are written: it is not one
+    assert store.check(["left/0"]) and not store.check(["join/0"])
 
 
 # ---- real processes ----------------------------------------------------------------------------

@@ -99,6 +99,16 @@ torchrun's agent stops the job when any rank dies. A killed rank does not come b
 unless ``--restart-lost N``: the shield (``runtime.expendable``) then starts it again, up to
 N times, without the job's process group, and it asks to join at once (JOINING) and is
 healed as a woken rank is; a hung one that wakes always asks.
+
+**A user's own loop** (``integrate.StragglerStep(..., on_rank_loss="shrink")`` under
+``tailtrain launch --on-rank-loss shrink``, ``runtime.scripts``) runs this same protocol
+through the same :class:`Shrinker`, with two of its options: ``keeper=None`` (the launcher
+hosts the store and no rank keeps a record, so rank 0 is lost like any other: the census
+neither waits for it past the window nor ends the job without it) and ``heals=False`` (a rank
+that came after a census is REFUSED at once rather than JOINING: the loop has no step
+boundary the members could take it in at). A refused rank leaves ``left/{rank}`` in the store,
+so a launcher that watches the ranks itself logs it as leaving, not as a death. The loop's
+rounds, their sync and what a broken call returns are ``integrate.step``'s.
 """
 
 from __future__ import annotations
