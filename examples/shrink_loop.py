@@ -7,7 +7,7 @@ Run: ``tailtrain launch --nproc-per-node 3 --on-rank-loss shrink examples/shrink
 unchanged), but hosts the store itself and lets a rank die without stopping the others. The
 loop is the plain one; only the ``on_rank_loss`` argument is new::
 
-    step_fn = StragglerStep(model, optimizer, "sync", on_rank_loss="shrink")   # <-
+    step_fn = StragglerStep(model, optimizer, args.strategy, on_rank_loss="shrink")   # <-
     for step in range(STEPS):
         record = step_fn(micro_batches(step), loss_fn)
 
@@ -18,6 +18,8 @@ steps, and compute the broken step again without the dead rank (``record.redone`
 call still returns one record: ``record.live`` names the ranks that stepped, ``record.lost``
 those lost just before. The dead rank's shard is skipped from then on.
 
+``--strategy`` takes any allreduce rule but rebalance (``"dropcompute:threshold=auto"``,
+``"local-sgd:period=2"``, ...): the rule follows the live world, as ``tailtrain train``'s does.
 With ``--out DIR`` every surviving rank writes ``DIR/rank{r}.pt``: its records and final
 parameters (tests/integrate/test_shrink_step.py rebuilds the run from them).
 """
@@ -67,6 +69,7 @@ def main() -> None:
     parser.add_argument("--kill-rank", type=int, default=None)
     parser.add_argument("--kill-step", type=int, default=10)
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--strategy", default="sync")  # any but rebalance: "dropcompute", ...
     args = parser.parse_args()
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
@@ -74,7 +77,7 @@ def main() -> None:
     x, y, x_test, y_test = digits()
     model = make_model()
     optimizer = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
-    step_fn = StragglerStep(model, optimizer, "sync", on_rank_loss="shrink")
+    step_fn = StragglerStep(model, optimizer, args.strategy, on_rank_loss="shrink")
     step = 0
 
     def loss_fn(batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
