@@ -6,15 +6,20 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
+import subprocess
+import sys
 import threading
 
 import pytest
+import torch.distributed as dist
 
 from tailtrain.cli import main
 from tailtrain.errors import UsageError
+from tailtrain.runtime import scripts
 from tailtrain.runtime.allreduce.shrink import OnRankLoss
 from tailtrain.runtime.launch import JobFailed
-from tailtrain.runtime.scripts import RankState, check_launch, launch_script
+from tailtrain.runtime.scripts import Rank, RankState, check_launch, launch_script, watch
 
 #: a rank's whole script: RANK 1 ends as its first argument says, the others after a while
 SCRIPT = """\
@@ -118,3 +123,33 @@ def test_a_rank_still_running_after_the_others_finished_is_stopped_at_the_timeou
     plan = check_launch(str(script), 3, "stop", timeout=1.0, args=["hang", "0"])
     with pytest.raises(JobFailed, match=r"ranks \[1\] still ran 1s after the first rank finished"):
         launch_script(plan)
+
+
+@pytest.mark.timeout(60)
+def test_a_rank_that_left_and_exited_0_does_not_start_the_clock_on_the_survivors():
+    """A loop that catches ``Refused`` exits 0 long before the survivors finish: it left (its
+    ``left/{rank}`` says so), so the --timeout after the first finished rank is not started by
+    it and the survivor still training is not stopped as a hung rank."""
+    notes = dist.HashStore()
+    notes.set("left/0", "rank 0 came after the census at step 5")
+    ranks = [
+        Rank(0, subprocess.Popen([sys.executable, "-c", "pass"])),
+        Rank(1, subprocess.Popen([sys.executable, "-c", "import time; time.sleep(1.5)"])),
+    ]
+    outcome = watch(ranks, OnRankLoss.SHRINK, notes, [], timeout=0.3)
+    assert outcome.states == {0: RankState.LEFT, 1: RankState.FINISHED}
+
+
+@pytest.mark.timeout(60)
+def test_a_port_taken_after_it_was_found_free_is_refused_in_one_line(script, monkeypatch):
+    """Another process may bind the port between reserve()'s look and the store's bind: one
+    line, before any rank starts, not the store's traceback."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        monkeypatch.setattr(scripts, "reserve", lambda endpoint: endpoint)  # it looked earlier
+        plan = check_launch(str(script), 1, "stop", endpoint=f"127.0.0.1:{port}")
+        with pytest.raises(UsageError, match="the store cannot listen there") as caught:
+            launch_script(plan)
+    assert "\n" not in str(caught.value)

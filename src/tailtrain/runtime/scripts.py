@@ -156,11 +156,21 @@ def check_launch(
 def launch_script(plan: LaunchPlan) -> LaunchOutcome:
     """Run ``plan`` (module docstring); raises :class:`JobFailed` with one line when the job
     failed. Ctrl-C ends with ``outcome.interrupted`` (the CLI's exit 130)."""
-    where = reserve(parse_endpoint(plan.endpoint))
+    wanted = parse_endpoint(plan.endpoint)
+    where = reserve(wanted)  # the host resolves and the port is usable: one line if not
     timeout = datetime.timedelta(seconds=plan.timeout)
-    store = dist.TCPStore(
-        where.host, where.port, plan.nproc, is_master=True, timeout=timeout, wait_for_workers=False
-    )
+    try:  # on the port asked for: 0 lets the store take a free one itself, so no other
+        # process can take the port reserve() saw free before the store binds it
+        store = dist.TCPStore(
+            where.host, wanted.port, plan.nproc, is_master=True, timeout=timeout,
+            wait_for_workers=False,
+        )  # fmt: skip
+    except RuntimeError as exc:  # the port was taken since reserve() looked
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise UsageError(
+            f"--rdzv-endpoint {plan.endpoint}: the store cannot listen there ({first}); "
+            "choose another port, or 0 (a free one)"
+        ) from None
     run_id = f"tailtrain-launch-{uuid.uuid4().hex[:12]}"
     env = dict(
         os.environ,
@@ -227,16 +237,18 @@ def watch(
         for r in ranks:
             if r.state is not RankState.RUNNING or (code := r.process.poll()) is None:
                 continue
-            if code == 0:
-                r.state = RankState.FINISHED
-                first_done = time.monotonic() if first_done is None else first_done
-                continue
             r.why = exit_reason(_status(code))
+            # asked before its status: a loop that catches Refused exits 0, and a rank told to
+            # leave must not start the clock that stops the survivors still training
             if notes.check([f"left/{r.rank}"]):
                 r.state = RankState.LEFT
                 log.warning(
                     "rank %d left the job: %s", r.rank, notes.get(f"left/{r.rank}").decode()
                 )
+                continue
+            if code == 0:
+                r.state = RankState.FINISHED
+                first_done = time.monotonic() if first_done is None else first_done
                 continue
             r.state = RankState.DIED
             if on_rank_loss is OnRankLoss.SHRINK:
