@@ -5,6 +5,7 @@ contributed to each step); the one-line refusals where shrinking cannot work."""
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import importlib.util
 import os
@@ -19,6 +20,7 @@ import torch.nn.functional as F
 
 from tailtrain.errors import UsageError
 from tailtrain.integrate import StragglerHookState, StragglerStep
+from tailtrain.runtime.allreduce.shrink import Census
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "shrink_loop.py"
@@ -147,6 +149,36 @@ def test_shrink_is_taken_under_the_launcher(alone, monkeypatch):
     record = step([(torch.ones(2), torch.zeros(1))], lambda b: F.mse_loss(net(b[0]), b[1]))
     assert (record.live, record.lost, record.redone) == ([0], [], False)
     assert step.live == (0,) and step.shrinker is not None
+
+
+@pytest.mark.timeout(30)
+def test_a_rank_behind_the_lead_does_not_name_the_ranks_lost_before_twice(alone, monkeypatch):
+    """A second death in the round redone after a shrink, which the lead completed and this
+    rank did not: the lead's record that this rank returns already names the rank the first
+    shrink lost, so its next record names only the rank lost now, as the lead's next does."""
+    monkeypatch.setenv("TAILTRAIN_ON_RANK_LOSS", "shrink")
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    store = dist.TCPStore("127.0.0.1", 0, 1, is_master=True, wait_for_workers=False)
+    monkeypatch.setenv("MASTER_PORT", str(store.port))
+    net = torch.nn.Linear(2, 1)
+    step = StragglerStep(
+        net, torch.optim.SGD(net.parameters(), lr=0.1), "sync", on_rank_loss="shrink"
+    )
+    batches = [(torch.ones(2), torch.zeros(1))]
+    loss = lambda b: F.mse_loss(net(b[0]), b[1])  # noqa: E731
+    first = step(batches, loss)
+    # the first shrink lost rank 2; this rank's redo of step 1 broke when rank 3 died
+    step._lost, step._redo = [2], True
+    lead = dataclasses.replace(first, step=1, lost=[2], redone=True)  # the lead completed it
+
+    def regroup(old, mine, rows, sync):  # the census and the lead's sync, one round ahead
+        step.rounds.step, step.last = mine + 1, lead
+        return old, Census([0], {0: mine + 1}, {0: 0}, [3])
+
+    monkeypatch.setattr(step.shrinker, "regroup", regroup)
+    assert step._shrink() is lead
+    after = step(batches, loss)
+    assert (after.step, after.lost, after.redone) == (2, [3], True)
 
 
 @pytest.mark.slow  # three ranks that each import torch and sklearn, and a learned deadline

@@ -277,9 +277,13 @@ class StragglerStep:
         followed = self.rounds.rule.followed(ctx)
         assert followed is not None  # check_on_rank_loss refused a rule that cannot follow
         self.rounds.rule, self.rounds.ctx = followed, ctx
-        self._lost, self._redo = sorted({*self._lost, *found.dead}), True
+        taken = self.rounds.step > mine  # the lead completed this rank's round
+        # the lead's record of it already names the ranks lost before it (this rank's pending
+        # ones, the same generations): the next record names only the ranks lost now
+        self._lost = sorted({*([] if taken else self._lost), *found.dead})
+        self._redo = True
         self._ended = None  # the regroup's seconds are no round's
-        if self.rounds.step > mine:  # the lead completed this rank's round
+        if taken:
             assert self.last is not None and self.last.step == mine
             return self.last
         return None
