@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 
 import pytest
 import torch.distributed as dist
@@ -153,3 +154,41 @@ def test_a_port_taken_after_it_was_found_free_is_refused_in_one_line(script, mon
         with pytest.raises(UsageError, match="the store cannot listen there") as caught:
             launch_script(plan)
     assert "\n" not in str(caught.value)
+
+
+def gone(pid: int) -> bool:
+    """Whether process ``pid`` ended (a zombie no one reaped counts: it runs nothing)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] in "ZX"
+    except FileNotFoundError:
+        return True
+
+
+@pytest.mark.timeout(60)
+def test_ctrl_c_reaches_what_a_rank_started_too(tmp_path):
+    """A rank's own child (a data loader's worker, a tool) gets the forwarded Ctrl-C with it,
+    as it would from a terminal, instead of running on after the launch ended."""
+    pids = tmp_path / "child.pid"
+    path = tmp_path / "spawns.py"
+    path.write_text(
+        "import subprocess, sys, time\n"
+        "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'])\n"
+        f"open({str(pids)!r}, 'w').write(str(child.pid))\n"
+        "time.sleep(600)\n"
+    )
+    plan = check_launch(str(path), 1, "stop")
+    timer = threading.Timer(1.5, os.kill, (os.getpid(), signal.SIGINT))
+    timer.start()
+    try:
+        assert launch_script(plan).interrupted
+    finally:
+        timer.cancel()
+    child = int(pids.read_text())
+    end = time.monotonic() + 10.0
+    while not gone(child) and time.monotonic() < end:
+        time.sleep(0.05)
+    alive = not gone(child)
+    if alive:
+        os.kill(child, signal.SIGKILL)
+    assert not alive

@@ -28,10 +28,11 @@ differs from torchrun:
   line (:class:`~tailtrain.runtime.launch.JobFailed`, exit 1) naming the first rank that
   failed and why.
 * **Ctrl-C** (SIGINT, or SIGTERM to the launcher) is forwarded once to every rank, each in a
-  process group of its own (a terminal's Ctrl-C would otherwise reach each twice); the
-  launcher waits up to :data:`STOP_GRACE` seconds for them, kills what is left, and exits
-  130. A rank dies with the launcher (``PR_SET_PDEATHSIG``), so a killed launcher leaves
-  nothing behind.
+  process group of its own (a terminal's Ctrl-C would otherwise reach each twice) that the
+  signal goes to whole, so what a rank started goes too; the launcher waits up to
+  :data:`STOP_GRACE` seconds for them, kills what is left, and exits 130. A rank dies with
+  the launcher (``PR_SET_PDEATHSIG``), so a killed launcher leaves no rank behind (what a
+  rank started is the rank's to end, as under torchrun).
 
 Every wait is bounded: the watch looks at the ranks every :data:`WATCH_POLL` seconds; a stop
 waits :data:`STOP_GRACE` seconds before SIGKILL. Bad input (the script, the count, the
@@ -278,20 +279,31 @@ def judged(ranks: list[Rank]) -> str | None:
 
 
 def stop(ranks: list[Rank], sig: int) -> None:
-    """Send ``sig`` to every running rank, wait up to :data:`STOP_GRACE` seconds, kill the rest."""
+    """Send ``sig`` to every running rank and what it started, wait up to :data:`STOP_GRACE`
+    seconds, kill the rest."""
     running = [r for r in ranks if r.process.poll() is None]
     for r in running:
-        with contextlib.suppress(ProcessLookupError):
-            r.process.send_signal(sig)
+        signal_rank(r.process, sig)
     end = time.monotonic() + STOP_GRACE
     for r in running:
         try:
             r.process.wait(max(0.0, end - time.monotonic()))
         except subprocess.TimeoutExpired:
-            r.process.kill()
+            signal_rank(r.process, signal.SIGKILL)
             r.process.wait()
         if r.state is RankState.RUNNING:
             r.state = RankState.STOPPED
+
+
+def signal_rank(process: subprocess.Popen, sig: int) -> None:
+    """``sig`` to the rank's own process group (it leads one), so that what the rank started
+    (a data loader's workers, a tool it runs) goes with it, as a terminal's Ctrl-C would take
+    them all; to the rank alone where it is no group's leader."""
+    try:
+        os.killpg(process.pid, sig)
+    except (ProcessLookupError, PermissionError):
+        with contextlib.suppress(ProcessLookupError):
+            process.send_signal(sig)
 
 
 def _status(code: int) -> int:
