@@ -5,6 +5,7 @@ contributed to each step); the one-line refusals where shrinking cannot work."""
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import datetime
 import importlib.util
@@ -21,6 +22,7 @@ import torch.nn.functional as F
 from tailtrain.errors import UsageError
 from tailtrain.integrate import StragglerHookState, StragglerStep
 from tailtrain.runtime.allreduce.shrink import Census
+from tailtrain.runtime.reduce import PeerFailure
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "shrink_loop.py"
@@ -179,6 +181,48 @@ def test_a_rank_behind_the_lead_does_not_name_the_ranks_lost_before_twice(alone,
     assert step._shrink() is lead
     after = step(batches, loss)
     assert (after.step, after.lost, after.redone) == (2, [3], True)
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("strategy", ["sync", "local-sgd:period=2"])
+def test_a_redone_round_moves_the_model_s_buffers_once(alone, monkeypatch, strategy):
+    """BatchNorm's statistics move in the forward passes, before any collective: a round that
+    breaks in its last collective and is computed again must not move them twice (nor, under
+    local steps, the parameters and the optimizer's state)."""
+    monkeypatch.setenv("TAILTRAIN_ON_RANK_LOSS", "shrink")
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    store = dist.TCPStore("127.0.0.1", 0, 1, is_master=True, wait_for_workers=False)
+    monkeypatch.setenv("MASTER_PORT", str(store.port))
+    net = torch.nn.Sequential(torch.nn.Linear(2, 3), torch.nn.BatchNorm1d(3))
+    optimizer = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
+    reference = StragglerStep(net, optimizer, strategy)  # the same rounds, none broken
+    step = StragglerStep(net, optimizer, strategy, on_rank_loss="shrink")
+    batches = [torch.randn(4, 2, generator=torch.Generator().manual_seed(i)) for i in range(2)]
+    loss = lambda b: net(b).square().mean()  # noqa: E731
+    start = copy.deepcopy((net.state_dict(), optimizer.state_dict()))
+    for _ in range(2):
+        reference(batches, loss)
+    expected = copy.deepcopy(net.state_dict())
+    net.load_state_dict(start[0])
+    optimizer.load_state_dict(start[1])
+    step(batches, loss)
+    timing, broken = step.rounds.timing, []
+
+    def breaks(*args):  # the second round's last collective fails once
+        if not broken:
+            broken.append(True)
+            raise PeerFailure("all_gather failed, a peer may have died: drill")
+        return timing(*args)
+
+    def regroup(old, mine, rows, sync):  # nobody completed it: it is computed again
+        return old, Census([0], {0: mine}, {0: 0}, [])
+
+    monkeypatch.setattr(step.rounds, "timing", breaks)
+    monkeypatch.setattr(step.shrinker, "regroup", regroup)
+    record = step(batches, loss)
+    assert broken and record.redone and record.step == 1
+    for name, value in net.state_dict().items():
+        torch.testing.assert_close(value, expected[name], msg=name)
 
 
 @pytest.mark.slow  # three ranks that each import torch and sklearn, and a learned deadline

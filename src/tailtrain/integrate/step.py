@@ -62,8 +62,8 @@ there, and one rank is at most one round ahead of another. When a round breaks, 
 * returns the lead's record of that round, when the lead completed it (every rank's
   gradient was in its allreduce: nothing lost, nothing counted twice);
 * else computes it again among the survivors, from the same micro-batches, and returns
-  that record (local-SGD's local steps start again from the round's start, kept with the
-  optimizer's state).
+  that record (from the round's start, kept as it began: the model's buffers, which its
+  forward passes moved, and local-SGD's parameters and optimizer state).
 
 The first round completed after a shrink is the one the lead broke in, computed again: its
 record says ``redone=True`` and names the ranks ``lost``, on every survivor alike.
@@ -187,8 +187,12 @@ class StragglerStep:
         #: shrink computes again
         self._lost: list[int] = []
         self._redo = False
-        #: where the round in flight started (local steps): parameters and optimizer state
-        self._start: tuple[list[torch.Tensor], dict[str, Any]] | None = None
+        #: where the round in flight started, which a break puts back so that a redone round
+        #: moves it once: the model's buffers (a forward moves BatchNorm's statistics before
+        #: any collective) and, under local steps, the parameters and the optimizer's state
+        self._start: (
+            tuple[list[torch.Tensor] | None, dict[str, Any] | None, list[torch.Tensor]] | None
+        ) = None
         self._ended: float | None = None
         if shrinks:
             bound = SHRINK_TIMEOUT if timeout is None else timeout.total_seconds()
@@ -215,7 +219,7 @@ class StragglerStep:
                     continue
                 self.call = StepCall.TAKEN
                 return taken
-            self.call = StepCall.COMPLETED
+            self.call, self._start = StepCall.COMPLETED, None
             # the first round after a shrink: the lead broke in it, so on every survivor it is
             # a redone round that names the ranks lost (the records agree)
             record = dataclasses.replace(record, lost=self._lost, redone=self._redo)
@@ -227,12 +231,14 @@ class StragglerStep:
 
     def _round(self, batches: list[Any], loss_fn: Callable[[Any], torch.Tensor]) -> StepRecord:
         """One round; its update is applied only after its last collective (module
-        docstring), so a round that breaks has changed nothing but local steps' state."""
+        docstring), so a round that breaks has changed nothing but what ``_start`` keeps (its
+        buffers, local steps' state), which a break puts back."""
         plan, m = self.rounds.plan(len(batches))
         local = plan.local_steps > 1
         start = [p.detach().clone() for p in self.params] if local else None
-        if local and self.shrinker is not None:  # a redo starts its local steps again here
-            self._start = (start, copy.deepcopy(self.optimizer.state_dict()))
+        if self.shrinker is not None:  # a redo starts again from here
+            kept = copy.deepcopy(self.optimizer.state_dict()) if local else None
+            self._start = (start, kept, [b.detach().clone() for b in self.model.buffers()])
         self.optimizer.zero_grad(set_to_none=True)
         work, pending = RoundProgress(np.empty(0)), 0
         for u, batch in enumerate(self.rounds.units(batches, plan, work)):
@@ -261,12 +267,15 @@ class StragglerStep:
         it, else None (the round is computed again)."""
         shrinker = self.shrinker
         assert shrinker is not None
-        if self._start is not None:  # local steps of the broken round: back to its start
-            params, state = self._start
+        if self._start is not None:  # the broken round's buffers and local steps: its start
+            params, state, kept = self._start
             with torch.no_grad():
-                for p, s in zip(self.params, params, strict=True):
+                for b, s in zip(self.model.buffers(), kept, strict=True):
+                    b.copy_(s)
+                for p, s in zip(self.params, params or [], strict=params is not None):
                     p.copy_(s)
-            self.optimizer.load_state_dict(state)
+            if state is not None:
+                self.optimizer.load_state_dict(state)
             self._start = None
         mine = self.rounds.step
         sync = lambda comm, found: self._sync(comm, found)  # noqa: E731
