@@ -192,3 +192,17 @@ def test_ctrl_c_reaches_what_a_rank_started_too(tmp_path):
     if alive:
         os.kill(child, signal.SIGKILL)
     assert not alive
+
+
+@pytest.mark.timeout(60)
+def test_under_shrink_the_failure_names_the_rank_that_failed_first_not_the_lowest(tmp_path):
+    path = tmp_path / "fails.py"
+    path.write_text(
+        "import os, sys, time\n"
+        "if os.environ['RANK'] == '0':\n"
+        "    time.sleep(1.0)\n"
+        "sys.exit(4 if os.environ['RANK'] == '1' else 1)\n"
+    )
+    plan = check_launch(str(path), 2, "shrink")
+    with pytest.raises(JobFailed, match=r"rank 1 failed first \(exit status 4\)"):
+        launch_script(plan)

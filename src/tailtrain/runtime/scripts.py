@@ -111,6 +111,8 @@ class Rank:
     process: subprocess.Popen
     state: RankState = RankState.RUNNING
     why: str = ""
+    #: when the launcher saw it die (monotonic seconds): the first to fail is named
+    died: float = float("inf")
 
 
 @dataclass
@@ -251,7 +253,7 @@ def watch(
                 r.state = RankState.FINISHED
                 first_done = time.monotonic() if first_done is None else first_done
                 continue
-            r.state = RankState.DIED
+            r.state, r.died = RankState.DIED, time.monotonic()
             if on_rank_loss is OnRankLoss.SHRINK:
                 notes.set(f"dead/{r.rank}", r.why)  # the census need not wait its window
                 log.warning("rank %d died (%s); the job goes on without it", r.rank, r.why)
@@ -274,7 +276,10 @@ def judged(ranks: list[Rank]) -> str | None:
     """Under shrink: the job failed when no rank finished (one line), else None."""
     if any(r.state is RankState.FINISHED for r in ranks):
         return None
-    first = next((r for r in ranks if r.state is RankState.DIED), ranks[0])
+    died = [r for r in ranks if r.state is RankState.DIED]
+    if not died:  # every rank left or was stopped
+        return f"no rank finished: {', '.join(f'rank {r.rank} {r.state}' for r in ranks)}"
+    first = min(died, key=lambda r: r.died)  # in the order they died, not by rank
     return f"no rank finished: rank {first.rank} failed first ({first.why})"
 
 
