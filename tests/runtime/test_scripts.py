@@ -104,9 +104,10 @@ def test_under_shrink_a_job_where_no_rank_finished_fails(tmp_path, capsys):
 
 
 @pytest.mark.timeout(60)
-def test_ctrl_c_is_forwarded_to_every_rank_and_the_launch_says_it_was_interrupted(script):
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGHUP])
+def test_ctrl_c_is_forwarded_to_every_rank_and_the_launch_says_it_was_interrupted(script, sig):
     plan = check_launch(str(script), 3, "shrink", args=["none", "600"])
-    timer = threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGINT))
+    timer = threading.Timer(1.0, os.kill, (os.getpid(), sig))
     timer.start()
     try:
         outcome = launch_script(plan)  # the ranks would sleep 600 s

@@ -27,9 +27,9 @@ differs from torchrun:
   went on without: SIGKILL, which a stopped process takes too); otherwise it fails with one
   line (:class:`~tailtrain.runtime.launch.JobFailed`, exit 1) naming the first rank that
   failed and why.
-* **Ctrl-C** (SIGINT, or SIGTERM to the launcher) is forwarded once to every rank, each in a
-  process group of its own (a terminal's Ctrl-C would otherwise reach each twice) that the
-  signal goes to whole, so what a rank started goes too; the launcher waits up to
+* **Ctrl-C** (SIGINT, or SIGTERM or SIGHUP to the launcher) is forwarded once to every
+  rank, each in a process group of its own (a terminal's Ctrl-C would otherwise reach each
+  twice) that the signal goes to whole, so what a rank started goes too; the launcher waits up to
   :data:`STOP_GRACE` seconds for them, kills what is left, and exits 130. A rank dies with
   the launcher (``PR_SET_PDEATHSIG``), so a killed launcher leaves no rank behind (what a
   rank started is the rank's to end, as under torchrun).
@@ -75,6 +75,9 @@ log = logging.getLogger(__name__)
 WATCH_POLL = 0.05
 #: seconds a stopped rank has to leave before it is killed
 STOP_GRACE = 10.0
+#: what the launcher forwards to the ranks and then ends on (SIGHUP: its terminal closed,
+#: which would otherwise end it at once, its ranks killed by PR_SET_PDEATHSIG and no stop)
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 #: exit status after Ctrl-C (128 + SIGINT), as ``tailtrain train``'s
 INTERRUPTED = 130
 
@@ -191,10 +194,7 @@ def launch_script(plan: LaunchPlan) -> LaunchOutcome:
     parent = os.getpid()
     ranks = []
     asked: list[int] = []
-    previous = {
-        sig: signal.signal(sig, lambda s, _f: asked.append(s))
-        for sig in (signal.SIGINT, signal.SIGTERM)
-    }
+    previous = {sig: signal.signal(sig, lambda s, _f: asked.append(s)) for sig in STOP_SIGNALS}
     try:
         for r in range(plan.nproc):
             mine = dict(env, RANK=str(r), LOCAL_RANK=str(r))
