@@ -274,6 +274,23 @@ def test_a_census_that_lost_rank_0_goes_on_where_no_rank_is_kept_and_a_late_rank
     assert store.check(["left/0"]) and not store.check(["join/0"])
 
 
+def test_a_census_holds_when_a_rank_that_began_closing_it_died_before_writing_the_members():
+    """Closing is no elected role: a rank that began closing the census and died before it
+    wrote the members (here its mark, as the former ``store.add`` election left it) leaves
+    the others the list they write themselves, not a wait that times out."""
+    store = torch.distributed.HashStore()
+    store.add("gen0/closer", 1)  # rank 0 began closing, and died
+    store.set("dead/0", "killed by SIGKILL")
+    store.set("gen0/in/2", json.dumps([7, 0]))
+    one = Shrinker(1, store, Deadline(timeout=1.0), torch.device("cpu"), [0, 1, 2], world=3)
+    one.keeper = None
+    found = one.census(step=7, rows=0)
+    assert (found.members, found.dead) == ([1, 2], [0])
+    two = Shrinker(2, store, Deadline(timeout=1.0), torch.device("cpu"), [0, 1, 2], world=3)
+    two.keeper = None
+    assert two.census(step=7, rows=0).members == [1, 2]  # the list that stands
+
+
 # ---- real processes ----------------------------------------------------------------------------
 @pytest.mark.slow
 @pytest.mark.timeout(150)

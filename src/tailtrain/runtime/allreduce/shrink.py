@@ -45,8 +45,10 @@ rank, and its keys sit under ``tailtrain/shrink/{run id}/{restart}``.
   be inside one compute), at least :data:`MIN_WINDOW`, at most the deadline; for rank 0 (a
   census without it ends the job, and it may be inside an evaluation) until it checks in or
   is known dead, at most ``--timeout``.
-  The first rank to close it (``store.add`` on ``gen{g}/closer``) writes the members of g + 1,
-  the ranks checked in at that moment; everyone waits (bounded) for that list.
+  The first rank to close it writes the members of g + 1, the ranks checked in at that
+  moment (``store.compare_set`` on the absent ``gen{g}/members``: every closing rank
+  offers its list and the first stands, so no rank's death between two steps leaves the
+  list unwritten); every rank reads that list.
 * A rank not in the list (it checked in late: it hung past the deadline and woke, or it was
   slower than the window) goes on to JOINING below; its work after the last round it
   completed counts nowhere, so nothing is counted twice.
@@ -496,11 +498,11 @@ class Shrinker:
             if time.monotonic() >= (bound if waits_for_zero else end):
                 break
             time.sleep(0.005)
-        if store.add(f"gen{g}/closer", 1) == 1:
-            here = [m for m, key in zip(self.members, ins, strict=True) if store.check([key])]
-            store.set(f"gen{g}/members", json.dumps(here))
-        store.wait([f"gen{g}/members"], datetime.timedelta(seconds=self.deadline.bound))
-        members = json.loads(store.get(f"gen{g}/members"))
+        # every rank that closes it offers the ranks checked in now and the first offer
+        # stands (compare_set on an absent key), so no elected closer can die between its
+        # election and its write and leave the others waiting for a list that never comes
+        here = [m for m, key in zip(self.members, ins, strict=True) if store.check([key])]
+        members = json.loads(store.compare_set(f"gen{g}/members", "", json.dumps(here)))
         if self.keeper is not None and self.keeper in self.members and self.keeper not in members:
             raise TailtrainError(
                 f"rank 0, which keeps the record and answers the launcher, was lost at step "
