@@ -57,6 +57,11 @@ def digits() -> tuple[torch.Tensor, ...]:
 
 def main() -> None:
     torch.set_num_threads(1)
+    # the model and its optimizer before the process group: the first optimizer imports
+    # torch._dynamo, which keeps references to a default group alive at that moment, so
+    # destroy_process_group could not end gloo's threads (examples/ddp_loop.py says more)
+    model = make_model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=LR)
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     x, y, x_test, y_test = digits()
@@ -71,8 +76,6 @@ def main() -> None:
             time.sleep(0.05)
         return F.cross_entropy(model(batch[0]), batch[1])
 
-    model = make_model()
-    optimizer = torch.optim.SGD(model.parameters(), lr=LR)
     step_fn = StragglerStep(model, optimizer, STRATEGY)
     records = [step_fn(micro_batches(step), loss_fn) for step in range(STEPS)]
 

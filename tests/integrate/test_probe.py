@@ -6,8 +6,10 @@ when to gather by its default cadence in seconds (a run at ``INTERVAL_S``)."""
 from __future__ import annotations
 
 import datetime
+import gc
 import socket
 import time
+import weakref
 
 import numpy as np
 import pytest
@@ -299,3 +301,23 @@ def test_leaving_the_probe_on_an_error_gathers_nothing_more():
         run_steps(probe, 25)
         raise KeyError("the loop failed")
     assert probe.history.shape[0] == 20 and probe.reporter is None and probe.pending
+
+
+@pytest.mark.timeout(60)
+def test_the_probe_keeps_no_ddp_model_alive():
+    """A watched DDP model dropped by the loop is freed although the probe lives on: a probe
+    holding it would hold DDP's reducer and so its process group past
+    ``destroy_process_group``, gloo's threads running into the process's exit."""
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        ddp = DistributedDataParallel(nn.Linear(3, 2))
+        probe = StragglerProbe(None, every=2, warmup=0).watch(ddp)
+        for x in probe.batches([torch.ones(4, 3)] * 3):
+            ddp(x).sum().backward()
+        assert probe.steps == 3
+        freed = weakref.ref(ddp)
+        del ddp
+        gc.collect()
+        assert freed() is None
+    finally:
+        dist.destroy_process_group()

@@ -519,10 +519,15 @@ class _DdpWatch:
     every parameter to learn which gradient is accumulated first and which last, then keeps
     only those two hooks: the last marks "ready"; whichever of them fires first queues a final
     callback that queues another, which marks "synced" once DDP's finalise (queued when its
-    last bucket became ready, so before ours) has waited for every bucket."""
+    last bucket became ready, so before ours) has waited for every bucket.
+
+    It keeps no reference to the DDP model (the forward pre-hook is handed it): the probe
+    outlives the loop, and a model it kept would keep DDP's reducer and with it the process
+    group alive past ``destroy_process_group``, gloo's threads running into the process's
+    exit, where a rank may abort ("terminate called without an active exception")."""
 
     def __init__(self, probe: StragglerProbe, ddp: torch.nn.parallel.DistributedDataParallel):
-        self.probe, self.ddp = probe, ddp
+        self.probe = probe
         self.params = [p for p in ddp.module.parameters() if p.requires_grad]
         self.reduces = False  # the coming backward reduces (set at each forward)
         self.queued = False  # this backward's end-of-backward callback is queued
@@ -536,8 +541,8 @@ class _DdpWatch:
             lambda _param: self._grad(index)
         )
 
-    def _forward(self, _module: Any, _inputs: Any) -> None:
-        self.reduces = torch.is_grad_enabled() and self.ddp.require_backward_grad_sync
+    def _forward(self, ddp: Any, _inputs: Any) -> None:
+        self.reduces = torch.is_grad_enabled() and ddp.require_backward_grad_sync
 
     def _grad(self, index: int) -> None:
         if self.order is not None:
