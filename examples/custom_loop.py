@@ -5,8 +5,8 @@ Run: ``torchrun --nproc-per-node 2 examples/custom_loop.py`` (CPU, gloo, digits 
 Without tailtrain, a data-parallel loop with M micro-batches per step reads (the lines that
 change are marked ``# <-``)::
 
-    dist.init_process_group("gloo")
     model, optimizer = make_model(), torch.optim.SGD(model.parameters(), lr=LR)
+    dist.init_process_group("gloo")
     ddp = DDP(model)                                                        # <-
     for step in range(STEPS):
         optimizer.zero_grad()                                               # <-
@@ -17,8 +17,8 @@ change are marked ``# <-``)::
 With tailtrain (``dropcompute``: each rank stops computing at a threshold tau, found by
 Algorithm 2 from the times of the first rounds, and the rest is averaged by weight)::
 
-    dist.init_process_group("gloo")
     model, optimizer = make_model(), torch.optim.SGD(model.parameters(), lr=LR)
+    dist.init_process_group("gloo")
     step_fn = StragglerStep(model, optimizer, "dropcompute:threshold=auto")   # <-
     for step in range(STEPS):
         step_fn(micro_batches(step), lambda b: F.cross_entropy(model(b[0]), b[1]))  # <-
