@@ -5,8 +5,8 @@ Run: ``torchrun --nproc-per-node 2 examples/custom_loop.py`` (CPU, gloo, digits 
 Without tailtrain, a data-parallel loop with M micro-batches per step reads (the lines that
 change are marked ``# <-``)::
 
-    dist.init_process_group("gloo")
     model, optimizer = make_model(), torch.optim.SGD(model.parameters(), lr=LR)
+    dist.init_process_group("gloo")
     ddp = DDP(model)                                                        # <-
     for step in range(STEPS):
         optimizer.zero_grad()                                               # <-
@@ -17,8 +17,8 @@ change are marked ``# <-``)::
 With tailtrain (``dropcompute``: each rank stops computing at a threshold tau, found by
 Algorithm 2 from the times of the first rounds, and the rest is averaged by weight)::
 
-    dist.init_process_group("gloo")
     model, optimizer = make_model(), torch.optim.SGD(model.parameters(), lr=LR)
+    dist.init_process_group("gloo")
     step_fn = StragglerStep(model, optimizer, "dropcompute:threshold=auto")   # <-
     for step in range(STEPS):
         step_fn(micro_batches(step), lambda b: F.cross_entropy(model(b[0]), b[1]))  # <-
@@ -57,6 +57,11 @@ def digits() -> tuple[torch.Tensor, ...]:
 
 def main() -> None:
     torch.set_num_threads(1)
+    # the model and its optimizer before the process group: the first optimizer imports
+    # torch._dynamo, which keeps references to a default group alive at that moment, so
+    # destroy_process_group could not end gloo's threads (examples/ddp_loop.py says more)
+    model = make_model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=LR)
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     x, y, x_test, y_test = digits()
@@ -71,8 +76,6 @@ def main() -> None:
             time.sleep(0.05)
         return F.cross_entropy(model(batch[0]), batch[1])
 
-    model = make_model()
-    optimizer = torch.optim.SGD(model.parameters(), lr=LR)
     step_fn = StragglerStep(model, optimizer, STRATEGY)
     records = [step_fn(micro_batches(step), loss_fn) for step in range(STEPS)]
 

@@ -65,6 +65,11 @@ def digits() -> tuple[torch.Tensor, ...]:
 
 def main() -> None:
     torch.set_num_threads(1)
+    # the model and its optimizer before the process group: the first optimizer imports
+    # torch._dynamo, which keeps references to a default group alive at that moment; the
+    # group could then outlive destroy_process_group, its gloo threads running into exit
+    model = make_model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=LR)
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     x, y, x_test, y_test = digits()
@@ -74,17 +79,17 @@ def main() -> None:
         idx = rng.choice(np.arange(rank, len(x), world), (M, BATCH))  # this rank's shard
         return [(x[i], y[i]) for i in idx]
 
-    ddp = DDP(make_model())
+    ddp = DDP(model)
     state = StragglerHookState(STRATEGY)
     ddp.register_comm_hook(state, weighted_allreduce_hook)
-    optimizer = torch.optim.SGD(ddp.parameters(), lr=LR)
     drop_rates = []
     for step in range(STEPS):
         for bx, by in state.micro_batches(ddp, micro_batches(step)):
             if rank == 1 and rng.random() < 0.2:  # the straggler
                 time.sleep(0.05)
             F.cross_entropy(ddp(bx), by).backward()
-        optimizer.step()
+        if not state.last.empty:  # no rank computed anything: no update (momentum included)
+            optimizer.step()
         optimizer.zero_grad()
         drop_rates.append(state.last.drop_rate)
 
@@ -96,7 +101,9 @@ def main() -> None:
             f"drop rate {np.mean(drop_rates[10:]):.3f}, test accuracy {accuracy:.3f}"
         )
     # Tear down together, the reducer before its group: a rank that exits while its peer still
-    # uses the group sometimes aborts ("terminate called without an active exception").
+    # uses the group sometimes aborts ("terminate called without an active exception"). So
+    # does one whose group outlives destroy_process_group, gloo's threads still running at
+    # exit: why the optimizer above comes before init_process_group.
     dist.barrier()
     del ddp
     dist.destroy_process_group()

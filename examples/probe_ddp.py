@@ -51,17 +51,21 @@ def main() -> None:
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
     torch.set_num_threads(1)
+    # torch._dynamo, which the first optimizer imports, keeps references to a default group
+    # alive when it is imported: before the group, so destroy_process_group ends gloo's
+    # threads (examples/ddp_loop.py says why that matters)
+    torch.manual_seed(0)
+    data = TensorDataset(torch.randn(1280, 10), torch.randn(1280, 5))
+    model = ToyModel()
+    optimizer = torch.optim.SGD(model.parameters(), lr=LR)
     dist.init_process_group("gloo")
     rank = dist.get_rank()
 
-    torch.manual_seed(0)
-    data = TensorDataset(torch.randn(1280, 10), torch.randn(1280, 5))
     sampler = DistributedSampler(data, shuffle=True, seed=0)
     loader = DataLoader(data, batch_size=BATCH, sampler=sampler)
-    delay = args.slow_ms / 1e3 if rank == args.slow_rank else 0.0
-    ddp = DDP(ToyModel(delay))
+    model.delay = args.slow_ms / 1e3 if rank == args.slow_rank else 0.0
+    ddp = DDP(model)
     probe = StragglerProbe(args.out).watch(ddp)  # <- probe
-    optimizer = torch.optim.SGD(ddp.parameters(), lr=LR)
     for epoch in range(EPOCHS):
         sampler.set_epoch(epoch)
         for x, y in probe.batches(loader):  # <- probe (was: for x, y in loader:)

@@ -52,16 +52,19 @@ def digits() -> tuple[torch.Tensor, ...]:
 
 def main() -> None:
     torch.set_num_threads(1)
+    # the model and its optimizer before the process group: the first optimizer imports
+    # torch._dynamo, which keeps references to a default group alive at that moment, so
+    # destroy_process_group could not end gloo's threads (examples/ddp_loop.py says more)
+    model = make_model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=LR)
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     x, y, x_test, y_test = digits()
-    model = make_model()
 
     def loss_fn(batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         time.sleep(SECONDS[rank % len(SECONDS)])  # the hardware: rank 1 is the older GPU
         return F.cross_entropy(model(batch[0]), batch[1])
 
-    optimizer = torch.optim.SGD(model.parameters(), lr=LR)
     step_fn = StragglerStep(model, optimizer, STRATEGY, micro_batches=M)
     sampler = ShareSampler(len(x), step_fn, micro_batch_size=BATCH, seed=0)
     records, seen = [], []

@@ -33,6 +33,16 @@ X = torch.randn(64, D, generator=torch.Generator().manual_seed(0))
 Y = torch.randint(0, C, (64,), generator=torch.Generator().manual_seed(1))
 TAU, SLOW = 0.5, 1.0
 DROP = f"dropcompute:threshold={TAU},stop=between"
+#: a threshold every rank passes before its first micro-batch can start
+NOTHING = "dropcompute:threshold=1e-9"
+
+
+def optimizer(params, decay: bool) -> torch.optim.Optimizer:
+    """SGD; with ``decay``, momentum and weight decay, which move parameters on a zero
+    gradient too (what a round that ran nothing must not do)."""
+    if decay:
+        return torch.optim.SGD(params, lr=LR, momentum=0.9, weight_decay=0.5)
+    return torch.optim.SGD(params, lr=LR)
 
 
 def model() -> nn.Module:
@@ -51,9 +61,9 @@ def flat(m: nn.Module) -> torch.Tensor:
 
 
 # ---- what each rank runs ------------------------------------------------------------------------
-def run_step(rank, strategy, rounds, units, slow=False, nan_at=None):
+def run_step(rank, strategy, rounds, units, slow=False, nan_at=None, decay=False):
     net = model()
-    step = StragglerStep(net, torch.optim.SGD(net.parameters(), lr=LR), strategy)
+    step = StragglerStep(net, optimizer(net.parameters(), decay), strategy)
 
     def loss_fn(xy):
         loss = F.cross_entropy(net(xy[0]), xy[1])
@@ -69,11 +79,11 @@ def run_step(rank, strategy, rounds, units, slow=False, nan_at=None):
     return flat(net), records, step.state_dict()
 
 
-def run_ddp(rank, strategy, rounds, units):
+def run_ddp(rank, strategy, rounds, units, decay=False):
     ddp = DistributedDataParallel(model())
     state = StragglerHookState(strategy)
     ddp.register_comm_hook(state, weighted_allreduce_hook)
-    optimizer = torch.optim.SGD(ddp.parameters(), lr=LR)
+    opt = optimizer(ddp.parameters(), decay)
     records = []
     for r in range(rounds):
         for u, (x, y) in enumerate(
@@ -82,8 +92,9 @@ def run_ddp(rank, strategy, rounds, units):
             if rank == 1 and u == 0:
                 time.sleep(SLOW)
             F.cross_entropy(ddp(x), y).backward()
-        optimizer.step()
-        optimizer.zero_grad()
+        if not state.last.empty:  # as ``StragglerStep`` does for itself
+            opt.step()
+        opt.zero_grad()
         records.append(state.last.as_dict())
     return flat(ddp.module), records, pickle.loads(pickle.dumps(state)).state_dict()
 
@@ -109,6 +120,8 @@ def rank_main(rank: int, port: int, folder: str) -> None:
         "local-sgd": run_step(rank, "local-sgd:period=2", 2, 2),
         "auto": run_step(rank, "dropcompute:calibrate=2", 4, 2),
         "nan": run_step(rank, "sync", 1, 2, nan_at=(1, 0)),
+        "empty": run_step(rank, NOTHING, 2, 2, decay=True),
+        "ddp-empty": run_ddp(rank, NOTHING, 2, 2, decay=True),
         "refused": refused("local-sgd:period=2"),
     }
     torch.save(out, f"{folder}/rank{rank}.pt")
@@ -240,3 +253,18 @@ def test_a_sync_with_a_parameter_server_mode_is_refused_in_one_line():
     with pytest.raises(UsageError, match="parameter-server topology") as err:
         StragglerStep(model(), torch.optim.SGD(model().parameters(), lr=LR), "sync:mode=pull")
     assert "\n" not in str(err.value)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("case", ["empty", "ddp-empty"])
+def test_a_round_that_ran_nothing_leaves_the_parameters(results, case):
+    """Every rank stops before its first micro-batch: the record says the round was empty and
+    measured no loss, and the parameters are the initial ones although the optimizer has
+    momentum and weight decay, which a zero-gradient step would apply."""
+    for theta, records, _ in (out[case] for out in results):
+        torch.testing.assert_close(theta, flat(model()), rtol=0, atol=0)
+        for record in records:
+            assert record["empty"] and record["completed"] == [0] * N and record["ranks"] == []
+            assert math.isnan(record["loss"])
+    # a round that ran something is not empty
+    assert not any(r["empty"] for out in results for r in out["drop"][1])

@@ -6,8 +6,10 @@ when to gather by its default cadence in seconds (a run at ``INTERVAL_S``)."""
 from __future__ import annotations
 
 import datetime
+import gc
 import socket
 import time
+import weakref
 
 import numpy as np
 import pytest
@@ -21,6 +23,7 @@ from torch.nn.parallel import DistributedDataParallel
 from tailtrain.delays.trace import read_trace
 from tailtrain.integrate import StragglerProbe
 from tailtrain.integrate.probe import LIVE_MIN_STEPS, MAX_WINDOW, window_steps
+from tailtrain.persistence import classify_workers
 
 N, STEPS, SLOW, LR = 2, 24, 0.04, 0.1
 INTERVAL_S = 0.3  #: the cadence-in-seconds run: windows of about 7 steps of 40 ms
@@ -299,3 +302,51 @@ def test_leaving_the_probe_on_an_error_gathers_nothing_more():
         run_steps(probe, 25)
         raise KeyError("the loop failed")
     assert probe.history.shape[0] == 20 and probe.reporter is None and probe.pending
+
+
+@pytest.mark.timeout(60)
+def test_the_probe_keeps_no_ddp_model_alive():
+    """A watched DDP model dropped by the loop is freed although the probe lives on: a probe
+    holding it would hold DDP's reducer and so its process group past
+    ``destroy_process_group``, gloo's threads running into the process's exit."""
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        ddp = DistributedDataParallel(nn.Linear(3, 2))
+        probe = StragglerProbe(None, every=2, warmup=0).watch(ddp)
+        for x in probe.batches([torch.ones(4, 3)] * 3):
+            ddp(x).sum().backward()
+        assert probe.steps == 3
+        freed = weakref.ref(ddp)
+        del ddp
+        gc.collect()
+        assert freed() is None
+    finally:
+        dist.destroy_process_group()
+
+
+def test_rank_zero_keeps_only_the_steps_a_verdict_reads():
+    """Five windows of 100 steps, horizon 150: the history holds the last 150 steps, however
+    long the run, and the verdicts are those of the whole history's last 150 steps after the
+    warm-up (what an unbounded history gave). Rank 2 is slow only in the first 300 steps (out
+    of the horizon: healthy), rank 3 only in the last 150 (persistent)."""
+    rng = np.random.default_rng(0)
+    full = rng.uniform(0.009, 0.011, size=(500, 4, 3))
+    full[:300, 2, 1] *= 3
+    full[350:, 3, 1] *= 3
+    probe = StragglerProbe(None, every=10**6, horizon=150, warmup=2)
+    probe.world = 4
+    probe.history = np.empty((0, 4, 3))
+    for start in range(0, 500, 100):
+        probe._report(full[start : start + 100])
+    assert probe.history.shape == (150, 4, 3) and probe.reported == probe.last.step == 500
+    np.testing.assert_array_equal(probe.history, full[-150:])
+    recent = full[max(2, 500 - 150) :]
+    expected = classify_workers(recent[:, :, 0] + recent[:, :, 1])
+    assert probe.last.verdicts == expected
+    assert [v.verdict for v in expected] == ["healthy", "healthy", "healthy", "persistent"]
+    # a horizon reaching back into the warm-up still leaves the warm-up out
+    short = StragglerProbe(None, every=10**6, horizon=150, warmup=60)
+    short.world, short.history = 4, np.empty((0, 4, 3))
+    short._report(full[:100])
+    assert short.history.shape[0] == 100
+    assert short.last.verdicts == classify_workers(full[60:100, :, 0] + full[60:100, :, 1])

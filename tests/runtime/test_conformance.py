@@ -29,7 +29,10 @@ WORKERS, ITERATIONS, SEED = 2, 3, 0
 #: a spec of every registered strategy, runnable with 2 workers
 SPECS = {
     "sync": "sync",
-    "dropcompute": "dropcompute:threshold=auto,calibrate=1",
+    # two calibration rounds: Algorithm 2's S_eff averages them, so a tau* that cuts the fast
+    # rank must clear both of its measured rounds (one round let a single stall of the slow
+    # rank put tau* a hair above the fast rank's time); the third round runs under tau*
+    "dropcompute": "dropcompute:threshold=auto,calibrate=2",
     "local-sgd": "local-sgd:period=2",
     "k-sync": "k-sync:k=1",
     "k-batch-sync": "k-batch-sync:k=1",
@@ -77,6 +80,18 @@ SIMULATED_ONLY = {
 }
 
 
+def check_losses(spec: str, steps: list[dict]) -> None:
+    """Every round that ran something has a finite loss; one that ran nothing (a measured
+    tau* may stop every rank before its first micro-batch on a loaded machine) is marked
+    ``empty``, with no rank used and no loss (``topology.allreduce.step_row``); some ran."""
+    for row in steps:
+        if row.get("empty"):
+            assert row["k"] == 0 and row["workers"] == [] and math.isnan(row["loss"]), spec
+        else:
+            assert math.isfinite(row["loss"]), (spec, row)
+    assert not all(row.get("empty") for row in steps), spec
+
+
 @pytest.fixture(scope="module", params=list(Topology), ids=str)
 def trained(request):
     specs = BY_TOPOLOGY[request.param]
@@ -92,7 +107,7 @@ def test_every_strategy_trains_on_its_runtime_topology_and_keeps_the_simulators_
         rule = parse_strategy(spec)
         check_topology(rule)  # what launch.validate checks first
         assert len(record.steps) == ITERATIONS, spec
-        assert all(math.isfinite(row["loss"]) for row in record.steps), spec
+        check_losses(spec, record.steps)
         simulated = simulate(scenario(), rule, SEED)
         # one ledger per topology: the measured rows and summary carry every key the
         # simulated ones do (a measured wall_time stands for the virtual_time), but the
@@ -194,7 +209,7 @@ def trained_user(request, user_scenario):
 def test_every_strategy_trains_a_user_factory_on_its_runtime_topology(trained_user):
     for spec, record in trained_user.items():
         assert len(record.steps) == ITERATIONS, spec
-        assert all(math.isfinite(row["loss"]) for row in record.steps), spec
+        check_losses(spec, record.steps)
         assert record.summary["gradients"] == "vmap", spec
 
 

@@ -356,3 +356,33 @@ def test_a_worker_with_nothing_done_joins_with_weight_zero():
     row = record.steps[0]
     assert row["completed"] == [2, 0] and row["workers"] == [0] and row["k"] == 1
     assert math.isfinite(row["loss"])
+
+
+@pytest.mark.parametrize("divide_by", ["m", "computed"])
+def test_a_round_that_ran_nothing_makes_no_update_and_says_so(divide_by):
+    """Round 1's units are 3 s (a slowdown), above tau = 1.5 s on every worker: Algorithm 1
+    stops both before their first micro-batch. No update (the parameters score as before it),
+    no measured loss, the row and the summary say so; the rounds around it train."""
+    scenario = Scenario(
+        task="logreg",
+        workers=2,
+        iterations=3,
+        eval_every=1,
+        delay="const:value=1",
+        pattern="slowdown:at=1,fraction=1,factor=3,until=2",
+    )
+    text = f"dropcompute:threshold=1.5,divide-by={divide_by}"
+    record = simulate(scenario, parse_strategy(text), 0)
+    ran, empty, after = record.steps
+    assert empty["completed"] == [0, 0] and empty["k"] == 0 and empty["workers"] == []
+    assert empty["empty"] is True and math.isnan(empty["loss"])
+    assert "empty" not in ran and "empty" not in after
+    assert math.isfinite(ran["loss"]) and math.isfinite(after["loss"])
+    losses = [row["train_loss"] for row in record.evals]  # before each round, and at the end
+    assert losses[2] == losses[1] != losses[3] and losses[1] != losses[0]
+    assert record.summary["empty_steps"] == 1
+    # a run in which every round ran something has no such key
+    assert (
+        "empty_steps"
+        not in simulate(scenario, parse_strategy("dropcompute:threshold=4"), 0).summary
+    )

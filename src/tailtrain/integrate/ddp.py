@@ -5,7 +5,9 @@
     for micro_batches in loader:
         for x, y in state.micro_batches(ddp_model, micro_batches):   # no_sync + threshold
             F.cross_entropy(ddp_model(x), y).backward()
-        optimizer.step(); optimizer.zero_grad()
+        if not state.last.empty:      # a round that ran nothing makes no update
+            optimizer.step()
+        optimizer.zero_grad()
 
 :meth:`StragglerHookState.micro_batches` runs a round of ``tailtrain.integrate.rounds``: it
 yields micro-batches inside ``ddp_model.no_sync()`` (gradients accumulate locally) while the

@@ -66,10 +66,11 @@ persistent / intermittent / healthy; no verdict before :data:`LIVE_MIN_STEPS` st
 verdicts through ``logging`` (logger ``tailtrain.probe``), appends them to ``verdicts.jsonl``
 and, with ``tensorboard=``, logs the scores. The probe changes no tensor: its hooks only read
 the clock. A report that fails (``on_report`` raising, a full disk) is logged at once and
-changes nothing else: every window still enters ``history`` and ``trace.csv`` and the ranks
-keep gathering in step (rank 0 raising between steps would skip a gather the others issue);
-the first such error is raised again by ``flush`` or ``close``, after the last window is
-taken, the reporting thread ended and TensorBoard closed.
+changes nothing else: every window still enters ``history`` (rank 0 keeps the last
+``horizon`` steps, all a verdict reads; ``reported`` counts them all) and ``trace.csv``, and
+the ranks keep gathering in step (rank 0 raising between steps would skip a gather the
+others issue); the first such error is raised again by ``flush`` or ``close``, after the last
+window is taken, the reporting thread ended and TensorBoard closed.
 """
 
 from __future__ import annotations
@@ -248,7 +249,11 @@ class StragglerProbe:
         self.reports: list[Future[None]] = []
         self.error: BaseException | None = None  # rank 0: the first report that failed
         self.current: _Step | None = None
-        self.history = np.empty((0, self.world, len(SECTIONS)))  # rank 0: every step
+        #: rank 0: the last ``horizon`` steps (steps x ranks x sections), all a verdict reads:
+        #: kept whole, a long run's history would grow without bound and be copied at every
+        #: report (``trace.csv`` has every step)
+        self.history = np.empty((0, self.world, len(SECTIONS)))
+        self.reported = 0  # rank 0: steps reported so far
         self.last: ProbeReport | None = None
         self.board = self._board(tensorboard) if self.rank == 0 else None
         if self.out is not None and self.rank == 0:
@@ -446,24 +451,27 @@ class StragglerProbe:
         try:
             self._report(window)
         except Exception as error:
-            log.error("probe: the report at step %d failed: %r", self.history.shape[0], error)
+            log.error("probe: the report at step %d failed: %r", self.reported, error)
             log.debug("probe: the failed report's traceback", exc_info=error)
             if self.error is None:
                 self.error = error
 
     def _report(self, window: np.ndarray) -> None:
-        first = self.history.shape[0]
-        self.history = np.concatenate([self.history, window])
+        first, self.reported = self.reported, self.reported + window.shape[0]
+        self.history = np.concatenate([self.history, window])[-self.horizon :]
         if self.out is not None:
             self._write_trace(first, window)
-        recent = self.history[max(self.warmup, self.history.shape[0] - self.horizon) :]
+        # the last ``horizon`` steps after the warm-up, by step count (history[0] is step
+        # reported - len(history))
+        kept_from = self.reported - self.history.shape[0]
+        recent = self.history[max(self.warmup, self.reported - self.horizon) - kept_from :]
         own = recent[:, :, 0] + recent[:, :, 1]
         sections = {name: np.median(recent[:, :, i], axis=0).tolist()
                     for i, name in enumerate(SECTIONS)}  # fmt: skip
         enough = own.shape[0] >= LIVE_MIN_STEPS and own.shape[1] >= 2
         verdicts = classify_workers(own) if enough else []
         elapsed = time.perf_counter() - self.started
-        report = ProbeReport(self.history.shape[0], elapsed, verdicts, sections)
+        report = ProbeReport(self.reported, elapsed, verdicts, sections)
         self.last = report
         self._log(report)
         if self.on_report is not None:
@@ -519,10 +527,15 @@ class _DdpWatch:
     every parameter to learn which gradient is accumulated first and which last, then keeps
     only those two hooks: the last marks "ready"; whichever of them fires first queues a final
     callback that queues another, which marks "synced" once DDP's finalise (queued when its
-    last bucket became ready, so before ours) has waited for every bucket."""
+    last bucket became ready, so before ours) has waited for every bucket.
+
+    It keeps no reference to the DDP model (the forward pre-hook is handed it): the probe
+    outlives the loop, and a model it kept would keep DDP's reducer and with it the process
+    group alive past ``destroy_process_group``, gloo's threads running into the process's
+    exit, where a rank may abort ("terminate called without an active exception")."""
 
     def __init__(self, probe: StragglerProbe, ddp: torch.nn.parallel.DistributedDataParallel):
-        self.probe, self.ddp = probe, ddp
+        self.probe = probe
         self.params = [p for p in ddp.module.parameters() if p.requires_grad]
         self.reduces = False  # the coming backward reduces (set at each forward)
         self.queued = False  # this backward's end-of-backward callback is queued
@@ -536,8 +549,8 @@ class _DdpWatch:
             lambda _param: self._grad(index)
         )
 
-    def _forward(self, _module: Any, _inputs: Any) -> None:
-        self.reduces = torch.is_grad_enabled() and self.ddp.require_backward_grad_sync
+    def _forward(self, ddp: Any, _inputs: Any) -> None:
+        self.reduces = torch.is_grad_enabled() and ddp.require_backward_grad_sync
 
     def _grad(self, index: int) -> None:
         if self.order is not None:

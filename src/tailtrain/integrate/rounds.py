@@ -73,7 +73,11 @@ class StepRecord:
     ``time`` the round's wall seconds (slowest rank), ``compute_time`` the slowest rank's
     compute seconds and ``comm_time`` T^c, the smallest reduce seconds over the ranks.
     ``loss`` is the mean loss of the counted micro-batches over all ranks (NaN where the loop
-    does not report losses).
+    does not report losses, or where none was counted). ``empty``: no rank counted a
+    micro-batch (the threshold stopped every rank before its first), so the update is zero:
+    ``StragglerStep`` does not step the optimizer; under the DDP hook, skip
+    ``optimizer.step()`` yourself when it is set (a zero gradient still moves momentum and
+    weight decay), as ``train`` makes no update (``topology.allreduce.step_row``).
     """
 
     step: int
@@ -104,6 +108,8 @@ class StepRecord:
     #: whether the survivors computed this round again after a shrink (its first try was
     #: abandoned when a rank died or hung in it)
     redone: bool = False
+    #: no rank counted a micro-batch: no update (class docstring)
+    empty: bool = False
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -320,6 +326,7 @@ class Rounds:
             shares=None if plan.shares is None else list(plan.shares),
             wants=self.wants(),
             live=list(self.live),
+            empty=not done.any(),
         )
         self.step, self.now = self.step + 1, stats.time
         return record

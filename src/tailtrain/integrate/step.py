@@ -37,6 +37,10 @@ G_n is then the mean over the rank's m_n micro-batches and its weight m_n / M ov
 update is SGD on the whole global batch (``strategies.rebalance``).
 
 A rank whose gradient holds a NaN or an infinity joins with weight 0, as ``train`` does.
+A round in which no rank's gradient entered (every rank stopped before its first micro-batch,
+the record's ``empty``, or every one was screened out) makes no update: the optimizer does not
+step, so momentum or weight decay move nothing (under H > 1 the parameters return to the
+round's start), as ``train``'s parameters stay (``topology.allreduce.step_row``).
 Ranks start from rank 0's parameters and buffers (broadcast once, as DDP does).
 
 **Losing a rank** (``on_rank_loss="shrink"``, under ``tailtrain launch --on-rank-loss shrink``,
@@ -254,11 +258,11 @@ class StragglerStep:
         agreed = self.rounds.agree(work, plan)
         began = self.rounds.clock()
         with torch.no_grad():
-            averaged, screened = self._reduce(agreed, work, start)
+            averaged, screened, total = self._reduce(agreed, work, start)
         reduce = self.rounds.clock() - began
         timing = self.rounds.timing(reduce, work, screened)
         with torch.no_grad():  # past the last collective: the round completes here
-            self._apply(averaged, start, plan.lr_scale)
+            self._apply(averaged, start, plan.lr_scale, total)
         return self.rounds.finish(plan, work, agreed, timing)
 
     def _shrink(self) -> StepRecord | None:
@@ -363,8 +367,9 @@ class StragglerStep:
 
     def _reduce(
         self, agreed: Agreement, work: RoundProgress, start: list[torch.Tensor] | None
-    ) -> tuple[list[torch.Tensor], bool]:
-        """The weighted average over the ranks, and whether this rank was screened out."""
+    ) -> tuple[list[torch.Tensor], bool, float]:
+        """The weighted average over the ranks, whether this rank was screened out, and the
+        sum of the weights that entered (``weighted_average``)."""
         done, units = work.done, len(work.times)
         if start is None:  # G_n: the mean gradient of the counted micro-batches
             mine = [grad_of(p) for p in self.params]
@@ -375,10 +380,17 @@ class StragglerStep:
         return weighted_average(self.rounds.comm, self.buckets, mine, scale, agreed)
 
     def _apply(
-        self, averaged: list[torch.Tensor], start: list[torch.Tensor] | None, lr_scale: float
+        self,
+        averaged: list[torch.Tensor],
+        start: list[torch.Tensor] | None,
+        lr_scale: float,
+        total: float,
     ) -> None:
-        """The optimizer's step on the average (H = 1), or the model average (H > 1)."""
+        """The optimizer's step on the average (H = 1), or the model average (H > 1); none
+        where no rank's gradient entered (``total`` = sum_n w_n = 0: module docstring)."""
         if start is None:
+            if total == 0:  # no gradient entered: no update (module docstring)
+                return
             for p, avg in zip(self.params, averaged, strict=True):
                 p.grad = avg.mul_(lr_scale)
             self.optimizer.step()
@@ -460,9 +472,10 @@ def weighted_average(
     tensors: list[torch.Tensor],
     scale: float,
     agreed: Agreement,
-) -> tuple[list[torch.Tensor], bool]:
+) -> tuple[list[torch.Tensor], bool, float]:
     """sum_n w_n (scale_n x_n) / divisor for each tensor, one weighted allreduce per bucket,
-    and whether this rank was screened out.
+    whether this rank was screened out, and sum_n w_n over the ranks not screened out (0: no
+    rank's values entered).
 
     Screened like ``runtime.allreduce.rounds.reduce_and_apply``: a rank holding a non-finite value
     joins with weight 0, and reports the weight it withheld so the agreement check holds."""
@@ -470,7 +483,7 @@ def weighted_average(
     bad = not all(bool(torch.isfinite(t).all()) for t in tensors)
     weight, excluded = (0.0, mine.weight) if bad else (mine.weight, 0.0)
     out: list[torch.Tensor] = [torch.empty(0)] * len(tensors)
-    total = None
+    total = 0.0
     for b, index in enumerate(groups):
         parts = [tensors[i] for i in index]
         flat = torch.cat([t.reshape(-1) for t in parts])
@@ -484,7 +497,7 @@ def weighted_average(
         divided = reduced.numerator / (divisor if divisor else 1.0)
         for i, piece in zip(index, divided.split([t.numel() for t in parts]), strict=True):
             out[i] = piece.view_as(tensors[i]).clone()
-    return out, bad
+    return out, bad, total
 
 
 def broadcast_from_first(module: nn.Module, group: dist.ProcessGroup | None) -> None:

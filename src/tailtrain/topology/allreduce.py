@@ -179,7 +179,14 @@ def step_row(
 ) -> dict[str, Any]:
     """A round's record row, both engines' (``sim.allreduce.engine``, ``runtime.allreduce``).
     A plan of per-rank shares (``strategies.rebalance``) adds ``shares``: the micro-batches
-    each rank was dealt (``completed``: those it counted)."""
+    each rank was dealt (``completed``: those it counted).
+
+    A round in which no rank counted a unit (a threshold below every rank's first unit:
+    DropCompute's Algorithm 1 may break before the first micro-batch) adds ``empty``: true.
+    Every weight C_n/(H M) is 0, so is sum_n w_n G_n, and the parameters stay as they were:
+    no update, which is how Theorem 4.1 counts such an iteration (its iterations weigh by
+    their total batch size, here 0). Its ``loss`` is NaN (null in ``steps.jsonl``): no
+    mini-batch loss was measured, and none is made up."""
     n, units = stops.done.size, plan.local_steps * m
     share = float(stops.done.sum()) / (n * units)
     compute, sync = float(stops.compute.max()), float(stops.full.max())
@@ -202,6 +209,8 @@ def step_row(
         "comm_time": comm,
         "sync_time": sync + comm,
     }
+    if n and not stops.done.any():  # nothing ran: no update (docstring)
+        row["empty"] = True
     if plan.shares is not None:
         row["shares"] = list(plan.shares)
     if plan.carry_cut:  # cut this step, dealt first in the next (``RoundData.carry_cut``)
@@ -217,7 +226,8 @@ def summarise(record: RunRecord) -> dict[str, Any]:
     threshold on the same draws (as ``theory.dropcompute.evaluate_threshold`` estimates it).
     A carried cut (rows with ``deferred``) adds ``deferred_rate``, the share of the dealt
     micro-batches computed a step later, and ``dropped_micro_batches``, those still carried
-    when the run ended: the only ones never computed.
+    when the run ended: the only ones never computed. Rounds that ran nothing (rows with
+    ``empty``: no update) add ``empty_steps``, their count.
     """
     if not record.steps:
         return {"threshold": None, "drop_rate": math.nan, "effective_speedup": math.nan}
@@ -235,6 +245,9 @@ def summarise(record: RunRecord) -> dict[str, Any]:
         else 1.0,
         "mean_completed": float(done.sum() / sum(len(r["completed"]) for r in record.steps)),
     }
+    empty = sum(1 for row in record.steps if row.get("empty"))
+    if empty:
+        out["empty_steps"] = empty
     deferred = [row["deferred"] for row in record.steps if "deferred" in row]
     if deferred:
         out["deferred_rate"] = sum(deferred) / int(possible.sum())

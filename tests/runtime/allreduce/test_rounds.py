@@ -45,6 +45,8 @@ PATTERN = f"rotating:low={SKEWS[0]},high={SKEWS[-1]}"
 TAU = 0.25
 MARGIN = 0.05
 PARITY_ROUNDS = 20
+#: a threshold no injected unit (UNIT seconds at least) ends before
+EMPTY_TAU = 0.01
 
 
 def scenario(**kw) -> Scenario:
@@ -82,6 +84,8 @@ CASES = {
         "dropcompute:calibrate=3",
         True,
     ),
+    # tau far below every unit's injected 0.1 s: no rank counts a micro-batch in any round
+    "empty": (scenario(delay=DELAY, micro_batches=2), f"dropcompute:threshold={EMPTY_TAU}", True),
 }
 NAMES = list(CASES)
 
@@ -201,6 +205,26 @@ def test_a_rank_that_computed_nothing_joins_with_weight_zero(results):
     assert idle
     for row in idle:
         assert row["workers"] == [n for n, c in enumerate(row["completed"]) if c > 0]
+
+
+@pytest.mark.timeout(120)
+def test_a_round_that_ran_nothing_leaves_the_parameters_and_says_so(results):
+    """tau below every unit: Algorithm 1 stops every rank before its first micro-batch, so
+    every weight is 0 and no update is made; the rows say so as the simulator's do (the rule
+    and the row are shared), with no measured loss, and the summary counts them."""
+    s, text, _ = CASES["empty"]
+    initial = parse_task(s.task, seed=SEED).init_params(SEED).numpy()
+    simulated = simulate(s, parse_strategy(text), SEED).steps
+    assert all(row.get("empty") for row in simulated)
+    for result in results["empty"]:
+        np.testing.assert_array_equal(result.theta, initial)
+        steps = result.record.steps
+        assert len(steps) == len(simulated) == s.iterations
+        for row, sim in zip(steps, simulated, strict=True):
+            assert row["empty"] is True and math.isnan(row["loss"])
+            for key in ("k", "workers", "completed", "threshold", "drop_rate"):
+                assert row[key] == sim[key], key
+    assert results["empty"][0].record.summary["empty_steps"] == s.iterations
 
 
 def dropcompute_sgd(s: Scenario, completed: list[list[int]]) -> torch.Tensor:

@@ -291,6 +291,33 @@ def test_a_census_holds_when_a_rank_that_began_closing_it_died_before_writing_th
     assert two.census(step=7, rows=0).members == [1, 2]  # the list that stands
 
 
+def test_a_joiner_that_died_waiting_is_not_taken_in_and_its_request_is_cleared():
+    """A joiner killed while it waits leaves ``join/2``; the shield sets ``dead/2``. No grow is
+    asked for it and none takes it in (its forming would fail once, before a census), and its
+    key is cleared; a live joiner beside it is taken in; started again, it asks anew."""
+    store = torch.distributed.HashStore()
+    lowest = Shrinker(0, store, Deadline(timeout=5.0), torch.device("cpu"), [0], world=4)
+    store.set("join/2", json.dumps([3, 3]))
+    store.set("dead/2", "killed")
+    assert not lowest.joins_waiting()
+    assert not store.check(["join/2"])
+    store.set("join/2", json.dumps([3, 3]))  # asked again before the look: still stale
+    store.set("join/3", json.dumps([4, 4]))
+    lowest.next_look = 0.0
+    assert lowest.joins_waiting()
+    taken = lowest.grow(step=5, rows=5)
+    assert taken.members == [0, 3] and taken.joined == [3]
+    assert not store.check(["join/2"]) and not store.check(["join/3"])
+    # started again, rank 2 withdraws its dead/ key before it asks: taken in at the next grow
+    joiner = Shrinker(2, store, Deadline(timeout=0.05), torch.device("cpu"), [0, 3], world=4)
+    with pytest.raises(Refused):  # nobody grows in its 50 ms: it withdraws once more
+        joiner.join(step=6, rows=6)
+    assert not store.check(["dead/2"])
+    store.set("join/2", json.dumps([6, 6]))  # as join() asks, without the wait
+    lowest.members, lowest.generation = [0, 3], 1
+    assert lowest.asking() == [2]
+
+
 # ---- real processes ----------------------------------------------------------------------------
 @pytest.mark.slow
 @pytest.mark.timeout(150)

@@ -67,7 +67,8 @@ rank, and its keys sit under ``tailtrain/shrink/{run id}/{restart}``.
   withdraws its ``join/{rank}`` and leaves. Its round in flight counts nowhere, so nothing
   is counted twice.
 * ``GROWING``: the lowest member looks for the ``join/{rank}`` keys of the ranks that are no
-  members at most every :data:`JOIN_LOOK` seconds, while a round's allreduce runs, and says
+  members (and not ``dead/{rank}``: one that died waiting is withdrawn) at most every
+  :data:`JOIN_LOOK` seconds, while a round's allreduce runs, and says
   what it saw in the next round's allreduce (an extra), so every member learns it after the
   same round; a key stays until a grow takes its rank in, so a request whose grow a break
   overtook is seen again in the next generation. At that step
@@ -572,9 +573,24 @@ class Shrinker:
         if now < self.next_look:
             return False
         self.next_look = now + JOIN_LOOK
-        return any(
-            self.store.check([f"join/{r}"]) for r in range(self.world) if r not in self.members
-        )
+        return bool(self.asking())
+
+    def asking(self) -> list[int]:
+        """The ranks, no members, whose ``join/{rank}`` asks to be taken in. A rank whose
+        ``dead/{rank}`` is set died after it asked (a rank started again withdraws its
+        ``dead/`` key before it asks): its request is stale, and taking it in would fail the
+        new generation's forming once, before a census. The lowest member clears it."""
+        asking = []
+        for r in range(self.world):
+            if r in self.members or not self.store.check([f"join/{r}"]):
+                continue
+            if self.store.check([f"dead/{r}"]):
+                log.info("rank %d died waiting to join: its request is withdrawn", r)
+                with contextlib.suppress(Exception):  # gone already (another look cleared it)
+                    self.store.delete_key(f"join/{r}")
+                continue
+            asking.append(r)
+        return asking
 
     def grow(self, step: int, rows: int) -> Census:
         """GROWING: every member at the same step boundary; the lowest member takes in the
@@ -583,9 +599,7 @@ class Shrinker:
         g, store = self.generation, self.store
         key = f"gen{g}/grow"
         if self.rank == self.members[0]:
-            joiners = [
-                r for r in range(self.world) if r not in self.members and store.check([f"join/{r}"])
-            ]
+            joiners = self.asking()
             steps = dict.fromkeys(map(str, self.members), step)
             rows_of = dict.fromkeys(map(str, self.members), rows)
             for j in joiners:

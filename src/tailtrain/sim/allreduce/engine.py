@@ -18,6 +18,8 @@ batch to the ranks by them (``tasks.stream.deal``); its rows add ``shares``
 that carries its cut (``AllreducePlan.carry_cut``) deals the micro-batches the threshold cut
 first in the next step (``tasks.stream.CarryOver``, kept with the round data that train's
 ranks keep too: ``RoundData.dealt``); its rows add ``deferred``, how many were cut and carried.
+A round in which no worker counted a unit adds ``empty``: it made no update and measured no
+loss (``topology.allreduce.step_row``).
 """
 
 from __future__ import annotations
