@@ -92,10 +92,12 @@ class Trainer:
         self.versions[new_version] = self.update.apply(theta, grads, keys, selection, lr_scale)
         whole = ~arrivals.partial[index]
         finite = self.update.finite  # the update's screen just checked these rows
+        moments = self.update.moments
         if whole.all():
-            return gradient_stats(losses, grads, finite, self.update.sq_sum)
+            return gradient_stats(losses, grads, finite, self.update.sq_sum, moments=moments)
         mask = torch.from_numpy(whole)
-        return gradient_stats(losses[mask], grads[mask], None if finite is None else finite[whole])
+        finite = None if finite is None else finite[whole]
+        return gradient_stats(losses[mask], grads[mask], finite, moments=moments)
 
     def retain(self, referenced: set[int]) -> None:
         """Forget model versions that no job in flight and no update needs any more."""
