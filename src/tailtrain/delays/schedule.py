@@ -157,6 +157,8 @@ class JobDurations:
     def peek_progress(self, workers: np.ndarray) -> np.ndarray | None:
         """(W, M) share of each worker's next job done after each of its M micro-batches
         (cumulative micro-batch time over the job's time); None if jobs have no micro-batches."""
+        if self._progress is None and self._table.shape[0]:
+            return None  # drawn jobs have no micro-batches, so no later draw has any
         if workers.size:
             self._ensure(int(self.next_job[workers].max()) + 1)
         if self._progress is None:
