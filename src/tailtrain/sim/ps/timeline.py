@@ -93,8 +93,9 @@ class ServerTimeline:
         update = ps.Update(version, mode, accept_stale)
         self.schedule, starts = ps.transition(self.schedule, update)
         # an interrupted job (``Start.cancels``) is replaced by the job this launch starts,
-        # which overwrites its finish time: no separate cancel
-        self._start(sorted(starts, key=lambda a: a.worker), np.full(len(starts), self.now))
+        # which overwrites its finish time: no separate cancel. Launched by worker: a Start
+        # sorts by its worker first, and an update starts a worker at most once
+        self._start(sorted(starts), np.full(len(starts), self.now))
 
     def _start(self, starts: list[ps.Start] | tuple[ps.Start, ...], at: np.ndarray) -> None:
         """Launch the jobs ``topology.ps`` started, the i-th at time ``at[i]``."""
