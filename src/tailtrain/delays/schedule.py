@@ -151,7 +151,11 @@ class JobDurations:
         idx = self.next_job[workers]
         self._ensure(int(idx.max()) + 1)
         rows = idx - self._offset
-        compute = self._table[rows, workers] * self._process.time_factor(starts, workers)
+        compute = self._table[rows, workers]
+        # a pattern with no schedule slows nothing down (x * 1.0 is x: skipped); a source
+        # without a pattern says its own factor
+        if getattr(getattr(self._process, "pattern", None), "time_scheduled", True):
+            compute = compute * self._process.time_factor(starts, workers)
         return compute + self._comm_table[rows, workers]
 
     def peek_progress(self, workers: np.ndarray) -> np.ndarray | None:
