@@ -42,15 +42,18 @@ script just before, in brackets:
     The denominator is fair for the parameter server: it times exactly the ``Task.grads``
     calls the simulator makes (only the K gradients that enter an update); the strategy is
     now parsed outside the timed region (it was inside, by a few microseconds).
-(b) at issue 27's fourth turn, ``--parts b --repeats 5 --clock cpu``, main at 8d8f7ce run by
-    this script in turns with this tree (load average 5-7), in brackets: digits-cnn sync
-    1.178, 1.179, 1.181 [1.183, 1.185, 1.177]; k-sync:k=8 1.228, 1.229, 1.213 [1.248, 1.260,
-    1.256]; over gradients and evaluations 1.196, 1.194, 1.168 [1.205, 1.221, 1.216]. (Main
-    read 1.233 on a quiet machine, wall clock.) What was cut: the screen's pass over the
-    (K, D) gradients (a finite weighted sum with every row weighed proves every row finite),
-    the statistics' sum of squares and mean when the rule never adapts (only DBW reads them),
-    six column copies a step in the trainer, and the ledger's per-event objects (NamedTuples,
-    the mode's facts once per mode). k-sync:k=8's own time (CPU, 100 steps, gradients
+(b) at issue 27's fourth turn, ``--parts b --repeats 5``, main at 8d8f7ce run by this script
+    in turns with this tree, in brackets: ``--clock cpu`` (load average 8-9.5) digits-cnn
+    sync 1.168, 1.187, 1.182 [1.177, 1.180, 1.176], k-sync:k=8 1.234, 1.226, 1.207 [1.247,
+    1.258, 1.247]; wall clock (load 6.4-7.9) sync 1.182, 1.177 [1.180, 1.185], k-sync:k=8
+    1.221, 1.226 [1.257, 1.260]; k-sync:k=8 over gradients and evaluations 1.17-1.19
+    [1.21-1.23]. sync is unchanged within the noise; k-sync:k=8 is ~0.03 lower, and main read
+    1.233 on a quiet machine (wall clock), so it is at the goal's edge. What was cut: the
+    screen's pass over the (K, D) gradients (a finite weighted sum with every row weighed
+    proves every row finite), the statistics' sum of squares and mean when the rule never
+    adapts (only DBW reads them), six column copies a step in the trainer, the ledger's
+    per-event objects (NamedTuples, the mode's facts once per mode) and a slowdown factor of
+    ones per job drawn. k-sync:k=8's own time (CPU, 100 steps, gradients
     replayed from a log, main and this tree in turns) 53 -> 42 ms and 45 -> 36 ms. What is
     left is spread thin (a CPU-time sampler over the row): the update's one pass ~2% of the
     run, the timeline ~6%, the two evaluations ~3% (~6 ms each), the loop's rest ~2%. Right
