@@ -42,6 +42,24 @@ script just before, in brackets:
     The denominator is fair for the parameter server: it times exactly the ``Task.grads``
     calls the simulator makes (only the K gradients that enter an update); the strategy is
     now parsed outside the timed region (it was inside, by a few microseconds).
+(b) at issue 27's fourth turn, ``--parts b --repeats 5``, main at 8d8f7ce run by this script
+    in turns with this tree, in brackets: ``--clock cpu`` (load average 8-9.5) digits-cnn
+    sync 1.168, 1.187, 1.182 [1.177, 1.180, 1.176], k-sync:k=8 1.234, 1.226, 1.207 [1.247,
+    1.258, 1.247]; wall clock (load 6.4-7.9) sync 1.182, 1.177 [1.180, 1.185], k-sync:k=8
+    1.221, 1.226 [1.257, 1.260]; k-sync:k=8 over gradients and evaluations 1.17-1.19
+    [1.21-1.23]. sync is unchanged within the noise; k-sync:k=8 is ~0.03 lower, and main read
+    1.233 on a quiet machine (wall clock), so it is at the goal's edge. What was cut: the
+    screen's pass over the (K, D) gradients (a finite weighted sum with every row weighed
+    proves every row finite), the statistics' sum of squares and mean when the rule never
+    adapts (only DBW reads them), six column copies a step in the trainer, the ledger's
+    per-event objects (NamedTuples, the mode's facts once per mode) and a slowdown factor of
+    ones per job drawn. k-sync:k=8's own time (CPU, 100 steps, gradients
+    replayed from a log, main and this tree in turns) 53 -> 42 ms and 45 -> 36 ms. What is
+    left is spread thin (a CPU-time sampler over the row): the update's one pass ~2% of the
+    run, the timeline ~6%, the two evaluations ~3% (~6 ms each), the loop's rest ~2%. Right
+    after each ``Task.grads`` call the first numpy or torch call costs 60-90 us instead of
+    3-6 us (measured here: caches refilled after the gradient's kernels), a cost any loop
+    around the same gradient calls would pay; it lands on the simulator's side of the ratio.
 (c) ``--parts b,c`` (load 17-22): tiny-gpt sync 1.174 (23.59 s / 20.09 s), k-sync:k=12
     1.210 (14.40 s / 11.75 s): within 1.3. Batched (vmap) over the per-worker loop: 0.99x
     (loop 1.023 s / batched 1.030 s a step), not the 2x asked, and 2x cannot be had here:

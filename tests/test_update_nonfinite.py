@@ -108,3 +108,35 @@ def test_screen_own_passes_every_finite_gradient_and_only_those(values, screened
 def test_screen_own_raise_names_the_worker_and_step():
     with pytest.raises(NonFiniteGradient, match="3"):
         screen_own(torch.tensor([math.nan]), 0.5, "raise", 3, 7)
+
+
+def test_the_weighted_sum_screens_in_one_pass_and_equals_the_plain_product():
+    # every row weighed now and finite: d_t is now @ grads bit for bit, every row finite
+    grads = torch.randn(3, 50)
+    update = WeightedUpdate(lr=1.0)
+    d = update.direction(grads, KEYS, selection())
+    now = torch.tensor(selection().now.over(KEYS), dtype=torch.float32)
+    assert torch.equal(d, now @ grads)
+    assert update.finite.tolist() == [True] * 3 and update.dropped.size == 0
+
+
+def test_a_non_finite_row_with_zero_weight_is_still_dropped():
+    # a zero weight hides the row from the weighted sum: screened row by row instead
+    update = WeightedUpdate(lr=1.0)
+    weights = Selection(Weighting(KEYS, np.array([1.0, 1.0, 0.0])))
+    d = update.direction(GRADS.clone(), KEYS, weights)
+    assert d.tolist() == [1.5] and update.dropped.tolist() == [KEYS[2]]
+    assert update.finite.tolist() == [True, True, False]
+
+
+def test_a_weighted_sum_that_overflows_is_not_taken_for_a_non_finite_gradient():
+    grads = torch.full((3, 2), 3e38)  # finite rows whose sum overflows float32
+    update = WeightedUpdate(lr=1.0)
+    d = update.direction(grads, KEYS, selection(total=1.0))
+    assert update.dropped.size == 0 and update.finite.all() and torch.isinf(d).all()
+
+
+def test_gradient_stats_without_moments_give_the_loss_only():
+    stats = gradient_stats(torch.tensor([1.0, 3.0]), torch.ones(2, 4), moments=False)
+    assert stats.loss == 2.0
+    assert math.isnan(stats.grad_sq_sum) and math.isnan(stats.mean_grad_sq)

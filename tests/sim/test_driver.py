@@ -115,3 +115,46 @@ def test_strategies_import_no_engine_delay_model_task_or_torch():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+@dataclasses.dataclass(frozen=True)
+class Watching(Strategy):
+    """Wraps a rule and keeps the gradient moments each step's statistics carried."""
+
+    inner: Strategy = None
+    seen: list = dataclasses.field(default_factory=list)
+    name: str = "watching"
+
+    @property
+    def topology(self):  # type: ignore[override]
+        return self.inner.topology
+
+    def init(self, ctx):
+        return self.inner.init(ctx)
+
+    def plan(self, state):
+        return self.inner.plan(state)
+
+    def select(self, state, arrivals):
+        return self.inner.select(state, arrivals)
+
+    def adapt(self, state, stats):
+        self.seen.append((stats.grad_sq_sum, stats.mean_grad_sq))
+        return self.inner.adapt(state, stats)
+
+
+@pytest.mark.parametrize("spec", ["sync", "k-sync:k=2", "eager:mode=quorum,k=3"])
+def test_only_a_rule_that_adapts_gets_the_gradient_moments(spec):
+    """A rule that never adapts reads no statistics, so the engine skips the moments' passes
+    over the gradients; one that adapts gets them (all gradients 1: each has norm 1)."""
+    from tailtrain.core.scenario import World
+    from tailtrain.sim.driver import drive
+    from tailtrain.sim.run import ENGINES
+
+    scenario = Scenario(task="logreg", workers=3, delay="const:value=1", iterations=3, lr=0.5)
+    for strategy in (parse_strategy(spec), Watching(inner=parse_strategy(spec))):
+        world = World.build(scenario, 0, task=ConstantTask())
+        engine = ENGINES[strategy.topology](world)
+        drive(engine, strategy, world)
+        assert engine.weighted_update.moments is not strategy.keeps_state
+    assert strategy.seen and all(m == 1.0 and s >= 1.0 for s, m in strategy.seen)

@@ -170,12 +170,15 @@ def gradient_stats(
     grads: torch.Tensor,
     finite: np.ndarray | None = None,
     sq_sum: float | None = None,
+    *,
+    moments: bool = True,
 ) -> GradientStats:
     """Mean loss, sum_i ||g_i||^2 and ||mean_i g_i||^2 over the rows given (DBW Eqs. 10-11);
     rows with a non-finite gradient or loss are left out, as the update leaves them out.
     ``finite``: which rows are finite, when the caller knows it (the update just checked);
     ``sq_sum``: sum_i ||g_i||^2 of these very rows, when the caller has it (the update's
-    screen computes it: :attr:`WeightedUpdate.sq_sum`)."""
+    screen computes it: :attr:`WeightedUpdate.sq_sum`); ``moments`` False: the loss only,
+    the two gradient moments NaN (:attr:`WeightedUpdate.moments`: no rule will read them)."""
     if finite is None:
         finite = finite_rows(grads) if grads.shape[0] else np.ones(0, dtype=bool)
     ok = finite
@@ -190,6 +193,8 @@ def gradient_stats(
     loss = float(losses.mean())
     if not math.isfinite(loss):
         loss = float(losses[torch.isfinite(losses)].mean())
+    if not moments:  # two passes over the gradients nobody reads
+        return GradientStats(loss)
     if sq_sum is None:
         flat = grads.reshape(-1)
         sq_sum = float(flat @ flat)
@@ -211,9 +216,14 @@ class WeightedUpdate:
         #: which rows of the last ``direction``'s gradients were finite (for ``gradient_stats``
         #: of the same rows: one pass over them less); None before the first
         self.finite: np.ndarray | None = None
-        #: sum_i ||g_i||^2 of the last ``direction``'s gradients where all were finite (the
-        #: screen's proof of it), else None: ``gradient_stats`` of the same rows reuses it
+        #: sum_i ||g_i||^2 of the last ``direction``'s gradients where all were finite and
+        #: the screen summed them (its proof of it), else None: ``gradient_stats`` of the same
+        #: rows reuses it
         self.sq_sum: float | None = None
+        #: whether a step's statistics need sum_i ||g_i||^2 and ||mean_i g_i||^2
+        #: (``gradient_stats``): only a rule that adapts reads them (``Strategy.keeps_state``
+        #: False; DBW's gain estimator); the simulator's driver says which
+        self.moments = True
         #: (workers, values): the next ``direction`` sets those workers' weighed gradients to
         #: their values (a fault drill: ``tailtrain.faults``); consumed by that call
         self.inject: tuple[np.ndarray, np.ndarray] | None = None
@@ -223,15 +233,37 @@ class WeightedUpdate:
     ) -> torch.Tensor:
         """d_t for gradients ``grads`` whose rows have arrival keys ``keys``."""
         self._inject(grads, keys, selection)
-        grads, selection = self.screen(grads, keys, selection)
-        now = torch.as_tensor(selection.now.over(keys), dtype=grads.dtype)
-        step = now @ grads
+        step = self._screened_step(grads, keys, selection)
+        if step is None:  # a row not weighed now, or a non-finite sum: row by row
+            grads, selection = self.screen(grads, keys, selection)
+            step = as_weights(selection.now.over(keys), grads.dtype) @ grads
         if self.deferred is not None:
             step = step + self.deferred
         self.deferred = None
         if len(selection.later):
-            later = torch.as_tensor(selection.later.over(keys), dtype=grads.dtype)
-            self.deferred = later @ grads
+            self.deferred = as_weights(selection.later.over(keys), grads.dtype) @ grads
+        return step
+
+    def _screened_step(
+        self, grads: torch.Tensor, keys: np.ndarray, selection: Selection
+    ) -> torch.Tensor | None:
+        """sum_i now_i g_i when every row is weighed now (no ``later``) and the sum is finite,
+        which proves every row finite: a NaN or an infinity in a row with a non-zero weight
+        reaches the weighted sum (an overflow falls back, and is settled row by row). The
+        step's usual case: one pass over the gradients, not a screening pass before it.
+        None where :meth:`screen` has to look row by row first."""
+        if len(selection.later):
+            return None
+        now = as_weights(selection.now.over(keys), grads.dtype)
+        # a zero weight (after the cast) hides what its row holds: 0 * NaN may be skipped
+        weighed = now.numpy().all() if now.dtype is torch.float32 else now.all()
+        if not weighed:
+            return None
+        step = now @ grads
+        if not math.isfinite(float(step.sum())):
+            return None
+        self.finite, self.sq_sum = np.ones(grads.shape[0], dtype=bool), None
+        self.dropped = np.zeros(0, dtype=np.int64)
         return step
 
     def screen(
@@ -296,6 +328,14 @@ class WeightedUpdate:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.lr = float(state["lr"])
         self.deferred = state["deferred"]
+
+
+def as_weights(weights: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
+    """Float64 weights as a tensor of the gradients' dtype (the same rounding as
+    ``torch.as_tensor``); float32, the usual dtype, cast by numpy at a third of its cost."""
+    if dtype is torch.float32:
+        return torch.from_numpy(weights.astype(np.float32))
+    return torch.as_tensor(weights, dtype=dtype)
 
 
 def rows_weighed(keys: np.ndarray, selection: Selection) -> np.ndarray:

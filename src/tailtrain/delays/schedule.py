@@ -151,12 +151,18 @@ class JobDurations:
         idx = self.next_job[workers]
         self._ensure(int(idx.max()) + 1)
         rows = idx - self._offset
-        compute = self._table[rows, workers] * self._process.time_factor(starts, workers)
+        compute = self._table[rows, workers]
+        # a pattern with no schedule slows nothing down (x * 1.0 is x: skipped); a source
+        # without a pattern says its own factor
+        if getattr(getattr(self._process, "pattern", None), "time_scheduled", True):
+            compute = compute * self._process.time_factor(starts, workers)
         return compute + self._comm_table[rows, workers]
 
     def peek_progress(self, workers: np.ndarray) -> np.ndarray | None:
         """(W, M) share of each worker's next job done after each of its M micro-batches
         (cumulative micro-batch time over the job's time); None if jobs have no micro-batches."""
+        if self._progress is None and self._table.shape[0]:
+            return None  # drawn jobs have no micro-batches, so no later draw has any
         if workers.size:
             self._ensure(int(self.next_job[workers].max()) + 1)
         if self._progress is None:

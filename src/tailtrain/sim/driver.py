@@ -115,6 +115,8 @@ class _Run:
         self.update = engine.weighted_update
         if self.update is not None:
             self.update.on_nonfinite = control.on_nonfinite
+            # a rule that never adapts reads no statistics: no pass for the gradient moments
+            self.update.moments = not strategy.keeps_state
         self.keeper = RunKeeper(
             run_identity(strategy, world),
             folder=control.folder,

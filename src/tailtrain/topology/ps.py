@@ -49,7 +49,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any
+from functools import cache
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -105,8 +106,9 @@ class Update:
     absent: frozenset[int] = frozenset()
 
 
-@dataclass(frozen=True)
-class Delivered:
+class Delivered(NamedTuple):
+    # a NamedTuple, not a frozen dataclass: the simulator makes one per delivery, and a
+    # tuple is built at half the cost
     worker: int
     hold: bool = False
 
@@ -124,9 +126,9 @@ class Lost:
 Event = Update | Delivered | Ask | Lost
 
 
-@dataclass(frozen=True)
-class Start:
-    """Start worker ``worker`` on ``version``; ``cancels``: interrupting the job it computes."""
+class Start(NamedTuple):
+    """Start worker ``worker`` on ``version``; ``cancels``: interrupting the job it computes.
+    A NamedTuple (immutable, built at half a frozen dataclass's cost: one per job started)."""
 
     worker: int
     version: int
@@ -188,13 +190,12 @@ class _Ledger:
         self.version = s.version
         self.jobs, self.asking = list(s.jobs), list(s.asking)
         self.tokens = s.tokens
-        self._set_mode(SyncMode(s.mode), s.accept_stale)
+        self._set_mode(s.mode, s.accept_stale)
 
-    def _set_mode(self, mode: SyncMode, accept_stale: bool) -> None:
+    def _set_mode(self, mode: str, accept_stale: bool) -> None:
         # read on every delivery: the mode's properties once per run of events
-        self.mode, self.accept_stale = mode, accept_stale
-        self.refills = mode.refills
-        self.with_tokens = uses_tokens(mode, accept_stale)
+        self.mode, self.refills, self.with_tokens = _mode_facts(mode, accept_stale)
+        self.accept_stale = accept_stale
 
     def freeze(self) -> Schedule:
         return Schedule(
@@ -223,31 +224,30 @@ class _Ledger:
             raise TypeError(f"not a parameter-server event: {event!r}")
 
     def _update(self, e: Update, starts: list[Start]) -> None:
-        mode = SyncMode(e.mode)
+        self._set_mode(e.mode, e.accept_stale)
         jobs, asking, n = self.jobs, self.asking, len(self.jobs)
-        if mode.interrupts:
+        version, absent, with_tokens = e.version, e.absent, self.with_tokens
+        if self.mode.interrupts:
             for w in range(n):
                 if jobs[w] != IDLE:
-                    starts.append(Start(w, e.version, cancels=True))
-                    jobs[w], asking[w] = e.version, False
-        with_tokens = uses_tokens(mode, e.accept_stale)
+                    starts.append(Start(w, version, cancels=True))
+                    jobs[w], asking[w] = version, False
         tokens = self.tokens
         if with_tokens:
-            tokens = (*tokens, (e.version, n - len(e.absent)))
+            tokens = (*tokens, (version, n - len(absent)))
         for w in range(n):
-            if jobs[w] != IDLE or w in e.absent:
+            if jobs[w] != IDLE or (absent and w in absent):
                 continue
             asking[w] = False
             if not with_tokens:  # served without tokens: start at the new version
-                jobs[w] = e.version
-                starts.append(Start(w, e.version))
-            elif tokens:  # served with tokens: the oldest token's version
-                (version, count), rest = tokens[0], tokens[1:]
-                tokens = rest if count == 1 else ((version, count - 1), *rest)
                 jobs[w] = version
                 starts.append(Start(w, version))
-        self.version, self.tokens = e.version, tokens
-        self._set_mode(mode, e.accept_stale)
+            elif tokens:  # served with tokens: the oldest token's version
+                (token, count), rest = tokens[0], tokens[1:]
+                tokens = rest if count == 1 else ((token, count - 1), *rest)
+                jobs[w] = token
+                starts.append(Start(w, token))
+        self.version, self.tokens = version, tokens
 
     def wants(self, w: int) -> bool:
         """Whether worker ``w``, delivering now, asks for a next job at once: under pull, or
@@ -277,6 +277,14 @@ class _Ledger:
         self.tokens = rest if count == 1 else ((version, count - 1), *rest)
         self.jobs[w], self.asking[w] = version, False
         starts.append(Start(w, version))
+
+
+@cache
+def _mode_facts(mode: str, accept_stale: bool) -> tuple[SyncMode, bool, bool]:
+    """A schedule's mode, whether it refills and whether it runs on tokens: a few enum
+    look-ups that every run of events (several a simulated step) would repeat."""
+    sync = SyncMode(mode)
+    return sync, sync.refills, uses_tokens(sync, accept_stale)
 
 
 # ---- the step's ledger -------------------------------------------------------------------------

@@ -111,7 +111,7 @@ class AllreduceEngine:
             if plan.requeue_dropped:
                 self.learner.requeue(batches, stops.done)
             update = self.learner.update
-            scalars = work.stats(update.finite, update.sq_sum)
+            scalars = work.stats(update.finite, update.sq_sum, update.moments)
         self._closes = self.now + float(stops.compute.max()) + comm
         return round_stats(
             self.step,

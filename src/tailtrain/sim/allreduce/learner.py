@@ -39,17 +39,21 @@ class RoundWork:
     done: np.ndarray
     losses: torch.Tensor
 
-    def stats(self, finite: np.ndarray | None = None, sq_sum: float | None = None) -> GradientStats:
+    def stats(
+        self, finite: np.ndarray | None = None, sq_sum: float | None = None, moments: bool = True
+    ) -> GradientStats:
         """Mean loss of the computed units, sum_n ||G_n||^2 and ||mean_n G_n||^2 over the
         workers that computed; ``finite``: which rows of G are finite, if known; ``sq_sum``:
-        sum_n ||G_n||^2 over every row of G, if known (the update's screen computed it)."""
+        sum_n ||G_n||^2 over every row of G, if known (the update's screen computed it);
+        ``moments`` False: the loss only (``gradient_stats``)."""
         active = self.done > 0
         if not active.any():
             return GradientStats()
         if active.all():  # no copy of G
-            return gradient_stats(self.losses, self.grads, finite, sq_sum)
+            return gradient_stats(self.losses, self.grads, finite, sq_sum, moments=moments)
         ok = None if finite is None else finite[active]
-        return gradient_stats(self.losses, self.grads[torch.from_numpy(active)], ok)
+        grads = self.grads[torch.from_numpy(active)]
+        return gradient_stats(self.losses, grads, ok, moments=moments)
 
 
 class RoundLearner(RoundData):

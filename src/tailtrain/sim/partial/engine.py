@@ -165,7 +165,7 @@ class PartialCollectiveEngine:
         nap = done.active.size
         if nap == 0:
             return GradientStats()
-        return gradient_stats(grads.losses[:nap], grads.grads[:nap])
+        return gradient_stats(grads.losses[:nap], grads.grads[:nap], moments=self.update.moments)
 
     def _adopt(self, who: np.ndarray, complete: float, plan: RoundPlan) -> None:
         """Everyone who waited takes the result at ``complete`` and starts the next gradient."""

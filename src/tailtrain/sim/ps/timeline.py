@@ -93,8 +93,9 @@ class ServerTimeline:
         update = ps.Update(version, mode, accept_stale)
         self.schedule, starts = ps.transition(self.schedule, update)
         # an interrupted job (``Start.cancels``) is replaced by the job this launch starts,
-        # which overwrites its finish time: no separate cancel
-        self._start(sorted(starts, key=lambda a: a.worker), np.full(len(starts), self.now))
+        # which overwrites its finish time: no separate cancel. Launched by worker: a Start
+        # sorts by its worker first, and an update starts a worker at most once
+        self._start(sorted(starts), np.full(len(starts), self.now))
 
     def _start(self, starts: list[ps.Start] | tuple[ps.Start, ...], at: np.ndarray) -> None:
         """Launch the jobs ``topology.ps`` started, the i-th at time ``at[i]``."""
@@ -106,6 +107,8 @@ class ServerTimeline:
         """``workers`` delivered at ``done``, in event order; the held ones ask later."""
         events = [ps.Delivered(w, h) for w, h in zip(workers.tolist(), hold.tolist(), strict=True)]
         self.schedule, starts = ps.transition_all(self.schedule, events)
+        if not starts:  # push: who counts waits for the update
+            return
         at = {a.worker: t for a, t in zip(events, done.tolist(), strict=True)}
         self._start(starts, np.array([at[a.worker] for a in starts]))
 
@@ -237,8 +240,9 @@ class ServerTimeline:
         hold = (done == done[-1]) & (not carry_on)
         self.cancel(batch)
         self._deliver(batch, done, hold)
-        held = np.array([self.schedule.asking[w] for w in batch.tolist()], dtype=bool)
         if not closes:
+            asking = self.schedule.asking
+            held = np.array([asking[w] for w in batch.tolist()], dtype=bool)
             self._waiting = np.concatenate([self._waiting, batch[hold & held]])
             self._waiting_since = done[-1]
             return record

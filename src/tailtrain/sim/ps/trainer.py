@@ -42,30 +42,28 @@ class Trainer:
         """Mini-batches (R, B) of the jobs ``(workers[r], jobs[r])``."""
         return self.drawn.batches(workers, jobs)
 
-    def _grads(
-        self, arrivals: ArrivalColumns, index: np.ndarray
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Losses and gradients of ``arrivals[index]``, each over its ``units`` of the batch."""
-        versions = arrivals.version[index]
+    def _grads(self, arrivals: ArrivalColumns) -> tuple[torch.Tensor, torch.Tensor]:
+        """Losses and gradients of ``arrivals``, each over its ``units`` of the batch."""
+        versions, units = arrivals.version, arrivals.units
         # the common case: one version, whole batches; no key columns to build and compare
-        if index.size and (versions == versions[0]).all() and (arrivals.units[index] == 1).all():
-            return self._group_grads(arrivals, index, (int(versions[0]), BLOCK_SCALE))
-        blocks = np.round(arrivals.units[index] * BLOCK_SCALE).astype(np.int64)
-        keys = np.stack([arrivals.version[index], blocks], axis=1)
+        if len(versions) and (versions == versions[0]).all() and (units == 1).all():
+            return self._group_grads(arrivals, slice(None), (int(versions[0]), BLOCK_SCALE))
+        blocks = np.round(units * BLOCK_SCALE).astype(np.int64)
+        keys = np.stack([versions, blocks], axis=1)
         # one version, equal parts of the batch: no copy (and no np.unique over rows)
-        if index.size and (keys == keys[0]).all():
-            return self._group_grads(arrivals, index, keys[0])
+        if len(keys) and (keys == keys[0]).all():
+            return self._group_grads(arrivals, slice(None), keys[0])
         groups = np.unique(keys, axis=0)
-        dtype = self.versions[int(arrivals.version[index[0]])].dtype
-        losses = torch.empty(index.size, dtype=dtype)
-        grads = torch.empty(index.size, self.task.dim, dtype=dtype)
+        dtype = self.versions[int(versions[0])].dtype
+        losses = torch.empty(len(keys), dtype=dtype)
+        grads = torch.empty(len(keys), self.task.dim, dtype=dtype)
         for key in groups:
             where = np.flatnonzero((keys == key).all(axis=1))
-            losses[where], grads[where] = self._group_grads(arrivals, index[where], key)
+            losses[where], grads[where] = self._group_grads(arrivals, where, key)
         return losses, grads
 
     def _group_grads(
-        self, arrivals: ArrivalColumns, rows: np.ndarray, key: Any
+        self, arrivals: ArrivalColumns, rows: np.ndarray | slice, key: Any
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """One batched call: jobs that share a model version and a number of blocks
         (``key``: the version and the blocks in ``BLOCK_SCALE``)."""
@@ -86,16 +84,19 @@ class Trainer:
         cover the whole gradients computed (partial work excluded)."""
         keys = arrivals.keys
         index = rows_weighed(keys, selection)
-        losses, grads = self._grads(arrivals, index)
+        if index.size < len(keys):  # only the weighed arrivals' gradients are computed
+            arrivals, keys = arrivals.take(index), keys[index]
+        losses, grads = self._grads(arrivals)
         theta = self.versions[base_version]
-        keys = keys[index]
         self.versions[new_version] = self.update.apply(theta, grads, keys, selection, lr_scale)
-        whole = ~arrivals.partial[index]
+        whole = ~arrivals.partial
         finite = self.update.finite  # the update's screen just checked these rows
+        moments = self.update.moments
         if whole.all():
-            return gradient_stats(losses, grads, finite, self.update.sq_sum)
+            return gradient_stats(losses, grads, finite, self.update.sq_sum, moments=moments)
         mask = torch.from_numpy(whole)
-        return gradient_stats(losses[mask], grads[mask], None if finite is None else finite[whole])
+        finite = None if finite is None else finite[whole]
+        return gradient_stats(losses[mask], grads[mask], finite, moments=moments)
 
     def retain(self, referenced: set[int]) -> None:
         """Forget model versions that no job in flight and no update needs any more."""
