@@ -62,7 +62,9 @@ from tailtrain.core.scenario import Scenario, World
 from tailtrain.delays import parse_delay
 from tailtrain.prediction.rebalance import rebalance_times
 from tailtrain.sim.run import simulate
+from tailtrain.strategies.rebalance import optimal_shares
 from tailtrain.strategies.registry import parse_strategy
+from tailtrain.theory.dropcompute import carried_rates
 
 NOISE = "const:value=0.01+dropcompute-noise:scale=0.01"
 BASE = Scenario(
@@ -78,6 +80,10 @@ SYNC, DROPCOMPUTE = "sync", "dropcompute:threshold=auto"
 REBALANCE = ("rebalance", "rebalance:then=dropcompute,defer=true")
 #: Monte Carlo iterations of the optimal-share time (its standard error is reported)
 OPTIMAL_DRAWS = 4000
+#: the rule's default warm-up (``rebalance:warmup=``), steps at equal shares
+WARMUP = 10
+#: steps of draws behind the no-drop rate bounds (``synchronous_bounds``)
+BOUND_DRAWS = 20000
 
 
 class CaptureTask:
@@ -224,7 +230,89 @@ def feasibility(name: str, base: Scenario, seed: int = 0) -> dict[str, float]:
         "fluid_step": n * m / ceiling,
         "greedy_step": float(greedy.mean()),
         "greedy_step_stderr": float(greedy.std(ddof=1) / math.sqrt(steps)),
+    } | synchronous_bounds(delay, factor, m, seed)
+
+
+def synchronous_bounds(delay: Any, factor: np.ndarray, m: int, seed: int) -> dict[str, Any]:
+    """Rates in micro-batches per second of no-drop schemes with one allreduce per step and at
+    most N M micro-batches a step, on ``BOUND_DRAWS`` steps of the scenario's laws (T^c = 0),
+    against sync's long-run rate on the same draws.
+
+    ``static_threshold``: static shares m_n and one threshold tau whose cut is carried (the
+    rule's family, ``rebalance:then=dropcompute,defer=true`` in steady state): the rate
+    sum completed / sum min(tau, T_i) at the best tau
+    (``theory.dropcompute.carried_rates``, the argmax on the draws themselves, so
+    optimistic), for the optimal shares of the means and for the best shares a local search
+    finds (moving one micro-batch between two ranks while the best rate grows).
+    ``dealt_on_demand``: every rank computes until tau or until N M micro-batches are
+    complete in all, whichever is first (the step's N M micro-batches dealt on demand to
+    whichever rank is free, as only a mid-step exchange could), best tau on a grid: the
+    micro-batch in flight at the boundary is lost, nothing else; a reference for what a
+    synchronous step boundary costs at best, not a theorem about every scheme."""
+    n = factor.size
+    total = n * m
+    rng = np.random.default_rng(seed)
+    t = delay.sample(rng, (BOUND_DRAWS, n, 3 * m)) * factor[None, :, None]
+    comm = np.zeros(BOUND_DRAWS)
+    cumulative = np.cumsum(t, axis=2)
+    sync = total / float(cumulative[:, :, m - 1].max(axis=1).mean())
+
+    def best(shares: np.ndarray) -> tuple[float, float]:
+        tau, rate = carried_rates(t[:, :, : int(shares.max())], comm, shares)
+        k = int(np.argmax(rate))
+        return float(rate[k]), float(tau[k])
+
+    shares = optimal_shares(delay.mean * factor, total)
+    start = best(shares)
+    found, rate = shares.copy(), start
+    for _ in range(4 * total):  # local search; each pass tries every one-unit move
+        # ranks of one law and one share are interchangeable: one move per kind of pair
+        kinds = {
+            (factor[i], found[i], factor[j], found[j]): (i, j)
+            for i in range(n)
+            for j in range(n)
+            if i != j and found[i] > 1
+        }
+        tried = [(best(shifted(found, i, j)), shifted(found, i, j)) for i, j in kinds.values()]
+        top = max(tried, key=lambda pair: pair[0][0])
+        if top[0][0] <= rate[0]:
+            break
+        rate, found = top
+    # dealt on demand: the step ends at min(tau, the (N M)-th completion over all ranks)
+    ends = np.sort(cumulative.reshape(BOUND_DRAWS, -1), axis=1)[:, total - 1]
+    grid = np.linspace(0.5, 1.5, 201) * total / float((1.0 / (delay.mean * factor)).sum())
+    done = np.array([np.minimum((cumulative < g).sum(axis=(1, 2)), total).mean() for g in grid])
+    demand = done / np.array([np.minimum(g, ends).mean() for g in grid])
+    k = int(np.argmax(demand))
+    return {
+        "bound_draws": BOUND_DRAWS,
+        "sync_long_run_micro_batches_per_s": sync,
+        "static_threshold_optimal_shares": {
+            "shares": shares.tolist(),
+            "micro_batches_per_s": start[0],
+            "tau": start[1],
+            "over_sync": start[0] / sync,
+        },
+        "static_threshold_best_shares": {
+            "shares": found.tolist(),
+            "micro_batches_per_s": rate[0],
+            "tau": rate[1],
+            "over_sync": rate[0] / sync,
+        },
+        "dealt_on_demand": {
+            "micro_batches_per_s": float(demand[k]),
+            "tau": float(grid[k]),
+            "over_sync": float(demand[k] / sync),
+        },
     }
+
+
+def shifted(shares: np.ndarray, source: int, target: int) -> np.ndarray:
+    """``shares`` with one micro-batch moved from rank ``source`` to rank ``target``."""
+    out = shares.copy()
+    out[source] -= 1
+    out[target] += 1
+    return out
 
 
 class StepLog:
@@ -266,6 +354,7 @@ def boundary_cost(name: str, base: Scenario, seeds: list[int]) -> dict[str, Any]
     n, law = scenario.workers, parse_delay(scenario.delay).mean
     spec = REBALANCE[1]
     lost, steps, computes, own, sync_rates, speed_lost, counted_means = [], [], [], [], [], [], []
+    settled: list[float] = []
     for seed in seeds:
         # the seed picks which ranks are slow: each run's own laws
         mu = law * World.build(scenario, seed).process.time_factor(np.zeros(n), np.arange(n))
@@ -280,6 +369,8 @@ def boundary_cost(name: str, base: Scenario, seeds: list[int]) -> dict[str, Any]
         speed_lost.append(float((idle_wasted.sum(axis=0) / mu).sum()))
         counted_means.append((np.array(log.busy).sum(axis=0) / done.sum(axis=0) / mu).tolist())
         own.append(done.sum() / step.sum())
+        # past the warm-up (the shares move, the threshold is calibrated): its steady pace
+        settled.append(done[WARMUP:].sum() / step[WARMUP:].sum())
         sync = simulate(scenario, parse_strategy(SYNC), seed)
         sync_rates.append(sum(sum(row["completed"]) for row in sync.steps) / sync.steps[-1]["time"])
     ceiling = float((1.0 / mu).sum())  # the same for every seed: the same factors, permuted
@@ -307,6 +398,10 @@ def boundary_cost(name: str, base: Scenario, seeds: list[int]) -> dict[str, Any]
         # the largest weighted_fraction with which ceiling x (1 - it) still makes 1.3x sync
         "fraction_that_allows_1.3x_sync": 1.0 - 1.3 * sync_rate / ceiling,
         "own_rate_over_it": over,
+        "own_micro_batches_per_s": [float(r) for r in own],
+        "own_over_sync": float(np.mean(own) / sync_rate),
+        "own_micro_batches_per_s_after_warmup": [float(r) for r in settled],
+        "own_after_warmup_over_sync": float(np.mean(settled) / sync_rate),
         "is_an_upper_bound": bool(max(over) <= 1.0),
         "counted_mean_over_law_mean": counted_means,
     }

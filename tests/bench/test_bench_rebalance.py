@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import replace
 
+import numpy as np
 import pytest
 
 from bench import bench_rebalance as bench
@@ -49,6 +50,22 @@ def test_the_boundary_cost_is_measured_idle_plus_wasted_and_checked_as_a_bound()
     assert out["ceiling_x_1_minus_f"] < out["ceiling_micro_batches_per_s"]
     # the verdict is the check on the runs' own rate, not a constant
     assert out["is_an_upper_bound"] == (max(out["own_rate_over_it"]) <= 1.0)
+
+
+def test_the_synchronous_bounds_order_the_schemes(monkeypatch):
+    """Sync <= static shares with a carried threshold (the optimal shares, then the local
+    search's, never worse) <= dealt on demand <= the fluid ceiling, on the same draws."""
+    monkeypatch.setattr(bench, "BOUND_DRAWS", 400)
+    delay = bench.parse_delay(bench.NOISE)
+    factor = np.array([1.4] * 2 + [1.0] * 2)
+    out = bench.synchronous_bounds(delay, factor, 6, 0)
+    static = out["static_threshold_optimal_shares"]
+    searched = out["static_threshold_best_shares"]
+    assert sum(static["shares"]) == sum(searched["shares"]) == 24
+    assert out["sync_long_run_micro_batches_per_s"] < static["micro_batches_per_s"]
+    assert static["micro_batches_per_s"] <= searched["micro_batches_per_s"]
+    ceiling = float((1.0 / (delay.mean * factor)).sum())
+    assert out["dealt_on_demand"]["micro_batches_per_s"] < ceiling
 
 
 def test_the_real_part_runs_the_carried_combination_on_train():

@@ -161,3 +161,57 @@ def test_empirical_speedup_is_one_above_every_step(seed, shape):
 def test_exact_speedup_tends_to_one():
     sums = [closed_form(parse_delay("exp:rate=1")).sum_of(j) for j in (1, 2, 3)]
     assert dc.exact_speedup(sums, 8, 1e4, 0.1).effective_speedup == pytest.approx(1.0, abs=1e-9)
+
+
+def carried_rate_by_the_book(t, comm, shares, tau):
+    """Completed micro-batches per second with the cut carried, loop for loop."""
+    completed, seconds = 0, 0.0
+    for i in range(t.shape[0]):
+        step = 0.0
+        for n in range(t.shape[1]):
+            elapsed = 0.0
+            for j in range(shares[n]):
+                elapsed += t[i, n, j]
+                completed += elapsed < tau
+            step = max(step, elapsed)
+        seconds += min(tau, step) + comm[i]
+    return completed / seconds
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    st.integers(0, 2**31 - 1),
+    st.integers(1, 6),
+    st.integers(1, 4),
+    st.lists(st.integers(1, 5), min_size=1, max_size=4),
+)
+def test_carried_threshold_is_the_best_rate_of_completed_micro_batches(
+    seed, iterations, width, shares
+):
+    """Its tau is the largest whose rate is within CARRIED_TOLERANCE of the best over every
+    candidate: each partial sum (just above it) and points in between, where the rate only
+    falls."""
+    rng = np.random.default_rng(seed)
+    shares = np.array(shares)
+    t = rng.lognormal(0.0, 0.7, (iterations, shares.size, max(width, shares.max())))
+    comm = rng.uniform(0.0, 0.5, iterations)
+    tau = dc.carried_threshold(t, comm, shares)
+    sums = np.cumsum(t, axis=2).ravel()
+    candidates = [*np.nextafter(sums, np.inf), *(sums * 1.001), *(sums * 0.999)]
+    rates = {c: carried_rate_by_the_book(t, comm, shares, c) for c in candidates}
+    best = max(rates.values())
+    near = best * (1 - dc.CARRIED_TOLERANCE) * (1 - 1e-12)
+    assert carried_rate_by_the_book(t, comm, shares, tau) >= near
+    # of the candidates (just above a partial sum) no larger one is that close; above every
+    # step's time nothing is cut and the rate is constant: tau stops there
+    ends = [np.cumsum(t[i, n, : shares[n]]) for i in range(iterations) for n in range(shares.size)]
+    top = max(e[-1] for e in ends)
+    above = [c for c in np.nextafter(np.concatenate(ends), np.inf) if tau < c <= top]
+    assert all(carried_rate_by_the_book(t, comm, shares, c) < near for c in above)
+
+
+def test_carried_threshold_cuts_nothing_when_waiting_wastes_no_time():
+    """Constant times and equal shares: nobody waits, and any cut wastes a partial unit."""
+    t = np.ones((3, 4, 5))
+    tau = dc.carried_threshold(t, np.zeros(3), np.full(4, 5))
+    assert tau > 5.0 and tau == np.nextafter(5.0, np.inf)

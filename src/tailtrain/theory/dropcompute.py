@@ -27,6 +27,8 @@ from tailtrain.errors import UsageError
 from tailtrain.theory.order_stats import expected_order_stat
 
 _GRID = 1024  # candidate thresholds per pass of Algorithm 2 (two passes: coarse, then fine)
+#: :func:`carried_threshold` takes the largest tau whose rate is within this of the best
+CARRIED_TOLERANCE = 1e-3
 
 
 def bailey_expected_max(mean: float, std: float, n: int) -> float:
@@ -188,6 +190,58 @@ def empirical_threshold(
     speedups = np.concatenate([coarse_speedups, empirical_speedup(t, comm, fine)[0]])
     order = np.argsort(candidates, kind="stable")
     return _choice(t, comm, candidates[order], speedups[order], step_time)
+
+
+def carried_threshold(t: ArrayLike, comm: ArrayLike, shares: ArrayLike) -> float:
+    """tau* for a threshold whose cut is carried to the next step, not dropped (issue 25).
+
+    With the cut dealt again (``rebalance:then=dropcompute,defer=true``) nothing is lost, so
+    the right score is not S_eff(tau) of Algorithm 2, a mean over rounds of per-round ratios,
+    but the long-run rate of completed micro-batches, a ratio of sums (renewal-reward):
+
+        tau* = argmax_tau  sum_i sum_n #{u <= m_n : T_{i,n}^(u) < tau}
+                           / sum_i (min(tau, T_i) + T^c_i),      T_i = max_n T_{i,n}^(m_n),
+
+    rank n computing its share m_n (``shares``; ``t[i, n, u]`` holds at least max m_n units,
+    those past m_n are ignored). The micro-batch in flight at tau is charged in full to the
+    denominator and counts nothing: its partial time is wasted, as it is when carried. The
+    rate is constant between the partial sums and falls as tau grows, so its maximum lies
+    just above one of them (or at tau = max_i T_i, nothing cut): every partial sum is a
+    candidate. Its top is flat, so its argmax wanders with the draws while the rate barely
+    moves: the candidate returned is the largest whose rate is within ``CARRIED_TOLERANCE``
+    of the best, where the rate falls steeply (and the fewest micro-batches are cut).
+
+    Not the rule's tau: chosen on real unit times (which include each rank's compute) its flat
+    top moves it far enough that the combination's real iteration time left ``simulate``'s
+    by 12-14%, so ``rebalance`` keeps Algorithm 2 (docs/strategies/rebalance.md);
+    ``bench/bench_rebalance.py --part feasibility`` uses :func:`carried_rates` for its bound.
+    """
+    tau, rate = carried_rates(t, comm, shares)
+    near = np.flatnonzero(rate >= rate.max() * (1.0 - CARRIED_TOLERANCE))
+    return float(tau[near[-1]])
+
+
+def carried_rates(
+    t: ArrayLike, comm: ArrayLike, shares: ArrayLike
+) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+    """Every candidate tau of :func:`carried_threshold` (just above each partial sum,
+    increasing) and the rate of completed micro-batches per second at each."""
+    t, comm = _check_samples(t, comm), np.asarray(comm, float)
+    shares = np.asarray(shares, dtype=np.int64)
+    if shares.shape != (t.shape[1],) or shares.min() < 1 or shares.max() > t.shape[2]:
+        raise UsageError(f"shares {shares.tolist()} do not fit samples of shape {t.shape}")
+    cumulative = np.cumsum(t, axis=2)
+    own = np.arange(t.shape[2]) < shares[:, None]
+    ends = np.sort(cumulative[:, own])  # (I, sum m_n): every counted unit's finish time
+    step = np.sort(ends.max(axis=1))
+    # just above each partial sum: that unit (and all below it) counts
+    tau = np.nextafter(np.unique(ends), np.inf)
+    completed = np.searchsorted(np.sort(ends.ravel()), tau, side="left")
+    # sum_i min(tau, T_i): the T_i below tau in full, tau for the rest
+    below = np.searchsorted(step, tau, side="left")
+    partial = np.concatenate([[0.0], np.cumsum(step)])[below]
+    time = partial + tau * (step.size - below) + comm.sum()
+    return tau, completed / np.maximum(time, np.finfo(float).tiny)
 
 
 @dataclass(frozen=True)
