@@ -98,9 +98,10 @@ the one meant). The calm allowance is 1.10 times the row's own ``none`` time to 
     python bench/bench_faults.py [--quick] [--json] [--rows ROW,...] [--drills kill,...]
     python bench/bench_faults.py --goals-from REPORT.json  # score a saved report again
 
-One full run (7 rows, 5 drills: 23 runs, a refused row one line) took 17.2 min on this
-2-core machine at load averages 1.3 to 5 (25.5 min at 10 to 22); ``--quick`` (60 steps, 4 s
-holds) is a smoke test, and ``--rows``/``--drills`` pick a part.
+One full run of the first 7 rows (5 drills: 23 runs, a refused row one line), one
+micro-batch a step, took 17.2 min on this 2-core machine at load averages 1.3 to 5 (25.5 min
+at 10 to 22); ``--quick`` (60 steps, 4 s holds) is a smoke test, and ``--rows``/``--drills``
+pick a part.
 """
 
 from __future__ import annotations
