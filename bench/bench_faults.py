@@ -442,7 +442,8 @@ def run_peer(
     for (_, step), r in last.items():
         by_step[step].append(r["loss"])
     history = {
-        step: {"loss": float(np.mean(v)), "contributors": len(v)} for step, v in by_step.items()
+        step: {"loss": float(np.mean(v)), "contributors": len(v), "per_rank": unit_samples(cfg)}
+        for step, v in by_step.items()
     }
     if drill in ("kill", "heal", "freeze"):
         marks = [r for r in rows if r.get("event") == "fault"]
@@ -540,6 +541,11 @@ def measure(
     return {**result, **extra}
 
 
+def unit_samples(cfg: argparse.Namespace) -> int:
+    """Samples one rank computes in a step of every row: M micro-batches of the batch."""
+    return int(getattr(cfg, "micro_batches", 1)) * cfg.batch
+
+
 def absent_ranks(step: dict[str, Any], cfg: argparse.Namespace) -> int:
     """Ranks of the N missing from one step of the final history because of the fault."""
     return max(0, int(step.get("absent", cfg.workers - step["contributors"])))
@@ -555,7 +561,8 @@ def accounting(
     ``skipped``; a peer counts none), plus whole steps missing from it. Dropped by the rule:
     the micro-batches a threshold cut (DropCompute's Eq. 1 weighs a rank by what it
     completed), counted apart and not lost."""
-    per_rank = {s: int(h.get("per_rank", cfg.batch)) for s, h in history.items()}
+    unit = unit_samples(cfg)
+    per_rank = {s: int(h.get("per_rank", unit)) for s, h in history.items()}
     seen: dict[tuple[int, int], int] = defaultdict(int)
     for c in commits:
         seen[(c["worker"], c["step"])] += 1
@@ -565,12 +572,12 @@ def accounting(
     missing = [s for s in range(max(history) + 1) if s not in history] if history else []
     return {
         "steps_replayed": len({step for _, step in twice}),
-        "samples_replayed": sum(n * per_rank.get(s, cfg.batch) for (_, s), n in twice.items()),
+        "samples_replayed": sum(n * per_rank.get(s, unit) for (_, s), n in twice.items()),
         "samples_absent": absent,
         "samples_counted_skipped": counted,
         "samples_dropped_by_rule": sum(int(h.get("dropped", 0)) for h in history.values()),
         "steps_lost": len(missing),
-        "samples_lost": max(0, absent - counted) + len(missing) * cfg.workers * cfg.batch,
+        "samples_lost": max(0, absent - counted) + len(missing) * cfg.workers * unit,
     }
 
 

@@ -14,7 +14,7 @@ import pytest
 from bench import bench_faults as bf
 
 ROOT = Path(__file__).resolve().parents[2]
-CFG = SimpleNamespace(workers=2, batch=32, target_loss=1.0)
+CFG = SimpleNamespace(workers=2, batch=32, target_loss=1.0, micro_batches=1)
 
 
 def commit(worker: int, pid: int, step: int, t: float) -> dict:
@@ -327,3 +327,13 @@ def test_a_peer_draws_and_computes_the_m_micro_batches_of_a_tailtrain_step():
     assert loss == pytest.approx(float(whole.detach()), rel=1e-5)
     for g, p in zip(got, model.parameters(), strict=True):
         assert torch.allclose(g, p.grad, atol=1e-6)
+
+
+def test_a_peer_step_counts_its_m_micro_batches(tmp_path):
+    # a peer's history has no per-step count: each rank's step is M micro-batches of 32
+    cfg = SimpleNamespace(workers=2, batch=32, target_loss=1.0, micro_batches=8)
+    before = [commit(w, 10 + w, s, 1.0 + s) for w in (0, 1) for s in range(4)]
+    again = [commit(w, 20 + w, s, 6.0 + s) for w in (0, 1) for s in (3, 5)]
+    got = bf.accounting(before + again, history(range(4)) | history(range(5, 6)), cfg)
+    assert got["samples_replayed"] == 2 * 8 * 32  # step 3 again on both ranks
+    assert got["steps_lost"] == 1 and got["samples_lost"] == 2 * 8 * 32  # step 4
