@@ -13,9 +13,10 @@ of the task's 32 samples, one forward and backward each, and the step's update i
 gradient of all of them (tailtrain's ``sync``; DDP's and torchft's allreduce on the last
 micro-batch, ``no_sync`` before it). ``--delay`` is one micro-batch's injected seconds (default
 ``shifted-exp`` with shift 0.08/M and scale 0.02/M: a step sleeps 0.08 s plus the noise,
-whatever M), drawn from the same seeded process in every row: a peer sleeps the sum of its M
-draws of the step before it computes (tailtrain's ``Injector``, one delay iteration of M
-units a step, as ``sync`` draws them), a tailtrain rank sleeps each draw after its micro-batch.
+whatever M), drawn from the same seeded process in every row and slept one micro-batch at a
+time: a peer sleeps its M draws of the step before it computes (tailtrain's ``Injector``, one
+delay iteration of M units a step, as ``sync`` draws them), a tailtrain rank sleeps each
+draw after its micro-batch.
 Rebalance's ranks compute their shares m_n of the N M micro-batches (sum m_n = N M, or L M
 for the L live ranks after a shrink), each share's draws from the same rank's law; DropCompute
 cuts the micro-batches its threshold passes (counted as ``samples_dropped_by_rule``). The

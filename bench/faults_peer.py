@@ -4,8 +4,8 @@ The same task as ``tailtrain train --task digits-cnn``: the model, its initial w
 data shards and the learning rate come from tailtrain's own ``World.build`` of the same
 scenario, and every step sleeps the seconds tailtrain's ``runtime.inject.Injector`` would
 inject into this worker (the same seeded ``--delay``/``--pattern`` process, column ``worker``:
-the sum of its ``--micro-batches`` M draws, one delay iteration a step, as ``sync`` draws
-them), so the straggler noise is the one tailtrain's rows get. A step then computes M
+its ``--micro-batches`` M draws, one delay iteration a step, as ``sync`` draws them, slept
+one by one), so the straggler noise is the one tailtrain's rows get. A step then computes M
 micro-batches of the task's batch size, one forward and backward each, the allreduce on the
 last (``no_sync`` before it), as a tailtrain rank computes its M units. The optimizer is plain
 SGD at the task's lr on the mean gradient of the N M micro-batches, as tailtrain's ``sync``
@@ -82,7 +82,7 @@ class Log:
 
 
 class Noise:
-    """This worker's injected seconds of step s: the sum of its M micro-batches' draws from
+    """This worker's injected seconds of step s: its M micro-batches' draws from
     tailtrain's own ``Injector`` (one delay iteration of M units a step, as tailtrain's
     ``sync`` draws them), read in order (a resumed or healed rank reads past the steps it
     skipped)."""
@@ -95,12 +95,20 @@ class Noise:
         self.next = 0
         self.began = time.time()
 
-    def seconds(self, step: int) -> float:
+    def seconds(self, step: int) -> list[float]:
+        """The M micro-batches' injected seconds of step ``step``."""
         while self.next < step:  # draws of steps this process did not play
             self.injector.unit_times(1, self.m, time.time() - self.began)
             self.next += 1
         self.next += 1
-        return float(self.injector.unit_times(1, self.m, time.time() - self.began).sum())
+        return self.injector.unit_times(1, self.m, time.time() - self.began).tolist()
+
+
+def sleep_units(seconds: list[float]) -> None:
+    """One sleep per micro-batch, as a tailtrain rank sleeps after each of its units: a
+    loaded machine's late wake-ups then cost every row alike."""
+    for s in seconds:
+        time.sleep(s)
 
 
 def fire(drill: dict[str, Any] | None, worker: int, step: int, out: Path, log: Log) -> None:
@@ -207,7 +215,7 @@ def run_ddp(args: argparse.Namespace, world: Any, out: Path) -> None:
     for step in range(start, args.steps):
         t0 = time.time()
         fire(args.drill, worker, step, out, log)
-        time.sleep(noise.seconds(step))
+        sleep_units(noise.seconds(step))
         opt.zero_grad()
         # DDP's allreduce on the last micro-batch: the mean gradient of the N ranks' N M
         loss = accumulate(ddp, world, worker, step, args.seed, args.micro_batches)
@@ -266,7 +274,7 @@ def run_torchft(args: argparse.Namespace, world: Any, out: Path) -> None:
         t0 = time.time()
         step = manager.current_step()
         fire(args.drill, worker, step, out, log)
-        time.sleep(noise.seconds(step))
+        sleep_units(noise.seconds(step))
         manager.start_quorum()
         opt.zero_grad()
         # torchft's allreduce on the last micro-batch, among this quorum's participants
