@@ -4,8 +4,23 @@ Every row trains the same task (``digits-cnn``: tailtrain's model, initial weigh
 lr; ``faults_peer.py`` builds them with tailtrain's own ``World.build``) on N gloo ranks on
 127.0.0.1, with the same injected straggler noise (tailtrain's seeded delay process, slept for
 real: ``--delay`` plus ``slowdown:at=0,fraction=1/N,factor=1.5``, one persistent 1.5x
-straggler throughout) and the same drills, each fired at the start of worker W's step S
-(W in 1..N-1 and S drawn from ``--seed``; W's SIGSTOP lands in its injected sleep of step S):
+straggler throughout, worker 2 of 4) and the same drills, each fired at the start of worker
+W's step S (W in 1..N-1 and S drawn from ``--seed``; W's SIGSTOP lands in its injected sleep
+of step S).
+
+The same work a step in every row: each rank computes ``--micro-batches`` M (8) micro-batches
+of the task's 32 samples, one forward and backward each, and the step's update is the mean
+gradient of all of them (tailtrain's ``sync``; DDP's and torchft's allreduce on the last
+micro-batch, ``no_sync`` before it). ``--delay`` is one micro-batch's injected seconds (default
+``shifted-exp`` with shift 0.08/M and scale 0.02/M: a step sleeps 0.08 s plus the noise,
+whatever M), drawn from the same seeded process in every row and slept one micro-batch at a
+time: a peer sleeps its M draws of the step before it computes (tailtrain's ``Injector``, one
+delay iteration of M units a step, as ``sync`` draws them), a tailtrain rank sleeps each
+draw after its micro-batch.
+Rebalance's ranks compute their shares m_n of the N M micro-batches (sum m_n = N M, or L M
+for the L live ranks after a shrink), each share's draws from the same rank's law; DropCompute
+cuts the micro-batches its threshold passes (counted as ``samples_dropped_by_rule``). The
+drills:
 
 * ``none``: no fault (the reference for the drills' cost);
 * ``kill``: SIGKILL of W; ``heal``: the same, and W comes back (its run ``--heal-extra``
@@ -33,7 +48,12 @@ Rows:
 * ``tailtrain-shrink-{sync,dropcompute,eager}``: ``tailtrain train --on-rank-loss shrink`` with
   ``sync``, ``dropcompute:threshold=auto`` and ``eager:mode=majority`` (``heal``: with
   ``--restart-lost 1``, W started again and rejoining); when ``train --help`` has no
-  ``--on-rank-loss`` they say "not available in this tree" and nothing else.
+  ``--on-rank-loss`` they say "not available in this tree" and nothing else;
+* ``tailtrain-shrink-rebalance``, ``tailtrain-shrink-rebalance-dropcompute``: the same with
+  ``rebalance`` (the persistent straggler's remedy: per-rank shares of the global batch
+  proportional to the measured speeds, dealt again over the live ranks on a shrink) and
+  ``rebalance:then=dropcompute`` (DropCompute's ``threshold=auto`` on top, for the noise);
+  they need M >= 2 (shares of one micro-batch cannot move).
 
 Measured, every instant a process's own ``time.time()``: the peers log each step's start and
 end; tailtrain's ranks are stamped as they start each update (``faults_stamp/
@@ -55,6 +75,8 @@ committed (peers) commits s, resp. s-1. Per row and drill:
   ranks not ``live``; otherwise those not contributing); ``samples_counted_skipped``: those
   the record counts (``skipped``; peers count none); ``steps_lost``: steps missing from the
   final history; ``samples_lost``: absent and not counted, plus the missing steps' samples;
+  ``samples_dropped_by_rule``: the micro-batches a threshold cut (dealt less ``completed``),
+  counted by the record and weighed by DropCompute's Eq. 1, so not lost;
 * ``time_to_target``: from the commit of the first step (step 0) to the commit of the step
   (``target_step``) whose mean loss over the last 10 steps first reaches ``--target-loss``
   (loss: the mean of the contributing ranks' batch losses); ``absence_steps_to_target``: the
@@ -77,9 +99,10 @@ the one meant). The calm allowance is 1.10 times the row's own ``none`` time to 
     python bench/bench_faults.py [--quick] [--json] [--rows ROW,...] [--drills kill,...]
     python bench/bench_faults.py --goals-from REPORT.json  # score a saved report again
 
-One full run (7 rows, 5 drills: 23 runs, a refused row one line) took 17.2 min on this
-2-core machine at load averages 1.3 to 5 (25.5 min at 10 to 22); ``--quick`` (60 steps, 4 s
-holds) is a smoke test, and ``--rows``/``--drills`` pick a part.
+One full run of the first 7 rows (5 drills: 23 runs, a refused row one line), one
+micro-batch a step, took 17.2 min on this 2-core machine at load averages 1.3 to 5 (25.5 min
+at 10 to 22); ``--quick`` (60 steps, 4 s holds) is a smoke test, and ``--rows``/``--drills``
+pick a part.
 """
 
 from __future__ import annotations
@@ -114,16 +137,26 @@ ROWS = (
     "tailtrain-shrink-sync",
     "tailtrain-shrink-dropcompute",
     "tailtrain-shrink-eager",
+    "tailtrain-shrink-rebalance",
+    "tailtrain-shrink-rebalance-dropcompute",
 )
 SHRINK = {
     "tailtrain-shrink-sync": "sync",
     "tailtrain-shrink-dropcompute": "dropcompute:threshold=auto",
     "tailtrain-shrink-eager": "eager:mode=majority",
+    "tailtrain-shrink-rebalance": "rebalance",
+    "tailtrain-shrink-rebalance-dropcompute": "rebalance:then=dropcompute",
 }
+#: rows whose rule deals micro-batch shares: with one micro-batch a rank they cannot move
+SHARES_ROWS = ("tailtrain-shrink-rebalance", "tailtrain-shrink-rebalance-dropcompute")
 DRILLS = ("none", "kill", "stop", "freeze", "heal")
 #: rows whose kill already brings the rank back (a restart of the group): heal = kill
 RESTART_ROWS = ("tailtrain-before", "ddp")
 SMOOTH = 10  # steps in the loss's moving mean
+#: micro-batches a rank computes per step, every row alike (``--micro-batches``)
+MICRO_BATCHES = 8
+#: a step's injected seconds: the shift, and the mean of its exponential noise (default law)
+STEP_SHIFT, STEP_SCALE = 0.08, 0.02
 
 
 # ---- processes ---------------------------------------------------------------------------------
@@ -252,6 +285,8 @@ def run_tailtrain(
     argv += ["--task", "digits-cnn", "--strategy", strategy, "--iterations", steps]
     argv += ["--delay", cfg.delay, "--pattern", cfg.pattern, "--seed", str(cfg.seed)]
     argv += ["--eval-every", steps, "--out", str(out), "--json", "--no-progress"]
+    if cfg.micro_batches > 1:  # --delay is then per micro-batch, as in the peers
+        argv += ["--micro-batches", str(cfg.micro_batches)]
     if row in SHRINK:
         argv += ["--on-rank-loss", "shrink"]
     w, s = fault["worker"], fault["step"]
@@ -327,16 +362,21 @@ def tailtrain_step(row: dict[str, Any], cfg: argparse.Namespace) -> dict[str, An
     """One ``steps.jsonl`` row as :func:`measure` reads it. Ranks absent because of the fault
     are the original ranks missing from ``live`` (a shrinking run), else from ``workers`` (a
     rule's own choice of contributors is not a fault's absence); ``skipped`` counts the samples
-    the record says the missing shards did not contribute."""
+    the record says the missing shards did not contribute; ``dropped``, the samples the rule
+    itself cut (DropCompute's threshold: the units dealt, ``shares`` or M a rank, less the
+    record's ``completed``), counted by the record, never lost."""
     contributors = len(row.get("workers") or [])
     live = row.get("live")
     units = int(row.get("micro_batches") or 1) * int(row.get("local_steps") or 1)
+    completed = [int(c) for c in row.get("completed") or []]
+    dealt = sum(int(n) for n in row["shares"]) if row.get("shares") else units * len(completed)
     return {
         "loss": row.get("loss"),
         "contributors": contributors,
         "absent": cfg.workers - (len(live) if live is not None else contributors),
         "per_rank": units * cfg.batch,
         "counted": int(row.get("skipped") or 0),
+        "dropped": max(0, dealt - sum(completed)) * cfg.batch,
     }
 
 
@@ -348,7 +388,7 @@ def run_peer(
     steps = str(run_steps(cfg, drill))
     base = [str(PEER), "--mode", mode, "--out", str(folder), "--steps", steps]
     base += ["--workers", str(cfg.workers), "--delay", cfg.delay, "--pattern", cfg.pattern]
-    base += ["--seed", str(cfg.seed)]
+    base += ["--seed", str(cfg.seed), "--micro-batches", str(cfg.micro_batches)]
     if drill in ("kill", "heal"):
         base += ["--drill", f"kill:worker={w},step={s}"]
     if drill == "freeze":
@@ -403,7 +443,8 @@ def run_peer(
     for (_, step), r in last.items():
         by_step[step].append(r["loss"])
     history = {
-        step: {"loss": float(np.mean(v)), "contributors": len(v)} for step, v in by_step.items()
+        step: {"loss": float(np.mean(v)), "contributors": len(v), "per_rank": unit_samples(cfg)}
+        for step, v in by_step.items()
     }
     if drill in ("kill", "heal", "freeze"):
         marks = [r for r in rows if r.get("event") == "fault"]
@@ -501,6 +542,11 @@ def measure(
     return {**result, **extra}
 
 
+def unit_samples(cfg: argparse.Namespace) -> int:
+    """Samples one rank computes in a step of every row: M micro-batches of the batch."""
+    return int(getattr(cfg, "micro_batches", 1)) * cfg.batch
+
+
 def absent_ranks(step: dict[str, Any], cfg: argparse.Namespace) -> int:
     """Ranks of the N missing from one step of the final history because of the fault."""
     return max(0, int(step.get("absent", cfg.workers - step["contributors"])))
@@ -513,8 +559,11 @@ def accounting(
     processes (a restart replaying from its checkpoint; a rank's step in flight when the fault
     came is computed again, never committed twice, so it is not counted). Lost: samples of the
     N ranks' shards that the final history neither used nor counted as skipped (the record's
-    ``skipped``; a peer counts none), plus whole steps missing from it."""
-    per_rank = {s: int(h.get("per_rank", cfg.batch)) for s, h in history.items()}
+    ``skipped``; a peer counts none), plus whole steps missing from it. Dropped by the rule:
+    the micro-batches a threshold cut (DropCompute's Eq. 1 weighs a rank by what it
+    completed), counted apart and not lost."""
+    unit = unit_samples(cfg)
+    per_rank = {s: int(h.get("per_rank", unit)) for s, h in history.items()}
     seen: dict[tuple[int, int], int] = defaultdict(int)
     for c in commits:
         seen[(c["worker"], c["step"])] += 1
@@ -524,11 +573,12 @@ def accounting(
     missing = [s for s in range(max(history) + 1) if s not in history] if history else []
     return {
         "steps_replayed": len({step for _, step in twice}),
-        "samples_replayed": sum(n * per_rank.get(s, cfg.batch) for (_, s), n in twice.items()),
+        "samples_replayed": sum(n * per_rank.get(s, unit) for (_, s), n in twice.items()),
         "samples_absent": absent,
         "samples_counted_skipped": counted,
+        "samples_dropped_by_rule": sum(int(h.get("dropped", 0)) for h in history.values()),
         "steps_lost": len(missing),
-        "samples_lost": max(0, absent - counted) + len(missing) * cfg.workers * cfg.batch,
+        "samples_lost": max(0, absent - counted) + len(missing) * cfg.workers * unit,
     }
 
 
@@ -694,12 +744,16 @@ def heal_goal(rows: Rows, ran: list[str]) -> dict[str, Any]:
 
 
 def books_goal(rows: Rows, ran: list[str]) -> dict[str, Any]:
-    """No sample lost (absent and uncounted) or done twice, beyond the step in flight."""
+    """No sample lost (absent and uncounted) or done twice, beyond the step in flight. The
+    samples a rule's threshold dropped are shown beside, not scored: the record counts them
+    (``completed``), and dropping them is the rule (DropCompute), not a fault's loss."""
     books = {}
     keys = ("samples_replayed", "samples_lost", "steps_lost")
     for r in ran:
         figures = {d: {k: rows[r][d].get(k) for k in keys} for d in GOAL_DRILLS if d in rows[r]}
         bad = [d for d, f in figures.items() if any(v != 0 for v in f.values())]
+        for d, f in figures.items():
+            f["samples_dropped_by_rule"] = rows[r][d].get("samples_dropped_by_rule")
         books[r] = {"holds": not bad, "by_drill": figures} if figures else {"holds": None}
         books[r] |= {} if figures else {"why": "no run"}
     return {
@@ -829,6 +883,31 @@ def run_all(
     return results
 
 
+def default_delay(micro_batches: int) -> str:
+    """One micro-batch's injected seconds: a step of M of them sleeps ``STEP_SHIFT`` plus
+    the sum of M exponentials of mean ``STEP_SCALE`` / M (the same law in every row)."""
+    m = micro_batches
+    return f"shifted-exp:shift={STEP_SHIFT / m:.6g},scale={STEP_SCALE / m:.6g}"
+
+
+def bad_arguments(rows: list[str], drills: list[str], cfg: argparse.Namespace) -> str | None:
+    """One line saying what is wrong with the selection, or None."""
+    bad = [r for r in rows if r not in ROWS] + [d for d in drills if d not in DRILLS]
+    if bad:
+        return f"unknown rows/drills {bad} (rows: {', '.join(ROWS)}; drills: {', '.join(DRILLS)})"
+    if not 2 <= cfg.workers <= 8:
+        return f"--workers {cfg.workers}: use 2 to 8 ranks"
+    if cfg.micro_batches < 1:
+        return f"--micro-batches {cfg.micro_batches}: use 1 or more"
+    shares = [r for r in rows if r in SHARES_ROWS]
+    if shares and cfg.micro_batches < 2:
+        return (
+            f"{', '.join(shares)} deal micro-batch shares, which one micro-batch a rank "
+            "cannot move: use --micro-batches 2 or more, or leave the rows out"
+        )
+    return None
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer steps, shorter holds")
@@ -840,7 +919,21 @@ def main() -> None:
     parser.add_argument("--hold", type=float, default=None, help="stop/freeze s (10; quick 4)")
     parser.add_argument("--heal-extra", type=int, default=None, help="heal: steps more (150)")
     parser.add_argument("--tuned", type=float, default=2.0, help="torchft's tuned timeout, s")
-    parser.add_argument("--delay", default="shifted-exp:shift=0.08,scale=0.02")
+    parser.add_argument(
+        "--micro-batches",
+        type=int,
+        default=MICRO_BATCHES,
+        metavar="M",
+        help=f"micro-batches a rank computes per step, in every row ({MICRO_BATCHES}); "
+        "--delay is then per micro-batch",
+    )
+    parser.add_argument(
+        "--delay",
+        default=None,
+        help="the injected seconds of one micro-batch (default: shifted-exp with shift "
+        f"{STEP_SHIFT:g}/M and scale {STEP_SCALE:g}/M, so a step sleeps {STEP_SHIFT:g} s plus "
+        "noise whatever M)",
+    )
     parser.add_argument("--target-loss", type=float, default=None)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--run-timeout", type=float, default=None, help="seconds per run")
@@ -868,9 +961,10 @@ def main() -> None:
         SRC["tailtrain"] = cfg.tailtrain_src.resolve()
     rows = [r for r in cfg.rows.split(",") if r]
     drills = [d for d in cfg.drills.split(",") if d]
-    bad = [r for r in rows if r not in ROWS] + [d for d in drills if d not in DRILLS]
-    if bad or not 2 <= cfg.workers <= 8:
-        parser.error(f"unknown rows/drills {bad} (rows: {ROWS}; drills: {DRILLS}), workers 2-8")
+    wrong = bad_arguments(rows, drills, cfg)
+    if wrong:
+        parser.error(wrong)
+    cfg.delay = cfg.delay or default_delay(cfg.micro_batches)
     cfg.steps = cfg.steps or (60 if cfg.quick else 150)
     cfg.heal_extra = cfg.heal_extra if cfg.heal_extra is not None else (60 if cfg.quick else 150)
     cfg.hold = cfg.hold if cfg.hold is not None else (4.0 if cfg.quick else 10.0)
@@ -884,6 +978,7 @@ def main() -> None:
             k: getattr(cfg, k)
             for k in ("workers", "steps", "heal_extra", "hold", "tuned", "delay", "pattern", "seed")
         }
+        | {"micro_batches": cfg.micro_batches}
         | {"target_loss": cfg.target_loss, "fault": fault, "quick": cfg.quick}
         | {"tailtrain_src": str(SRC["tailtrain"])},
         "load_average_before": [round(x, 2) for x in os.getloadavg()],

@@ -3,9 +3,13 @@
 The same task as ``tailtrain train --task digits-cnn``: the model, its initial weights, the
 data shards and the learning rate come from tailtrain's own ``World.build`` of the same
 scenario, and every step sleeps the seconds tailtrain's ``runtime.inject.Injector`` would
-inject into this worker (the same seeded ``--delay``/``--pattern`` process, column ``worker``),
-so the straggler noise is the one tailtrain's rows get. The optimizer is plain SGD at the
-task's lr on the mean gradient, as tailtrain's ``sync`` update (``core.update``).
+inject into this worker (the same seeded ``--delay``/``--pattern`` process, column ``worker``:
+its ``--micro-batches`` M draws, one delay iteration a step, as ``sync`` draws them, slept
+one by one), so the straggler noise is the one tailtrain's rows get. A step then computes M
+micro-batches of the task's batch size, one forward and backward each, the allreduce on the
+last (``no_sync`` before it), as a tailtrain rank computes its M units. The optimizer is plain
+SGD at the task's lr on the mean gradient of the N M micro-batches, as tailtrain's ``sync``
+update (``core.update``).
 
 Modes (``--mode``):
 
@@ -33,6 +37,7 @@ part of it), and a ``fault`` line just before a drill fires.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -77,22 +82,33 @@ class Log:
 
 
 class Noise:
-    """This worker's injected seconds of step s: tailtrain's own ``Injector`` draws, read
-    in order (a resumed or healed rank reads past the steps it skipped)."""
+    """This worker's injected seconds of step s: its M micro-batches' draws from
+    tailtrain's own ``Injector`` (one delay iteration of M units a step, as tailtrain's
+    ``sync`` draws them), read in order (a resumed or healed rank reads past the steps it
+    skipped)."""
 
     def __init__(self, world: Any, worker: int) -> None:
         from tailtrain.runtime.inject import Injector
 
         self.injector = Injector(world, worker, delays=True)
+        self.m = world.scenario.micro_batches or 1
         self.next = 0
         self.began = time.time()
 
-    def seconds(self, step: int) -> float:
+    def seconds(self, step: int) -> list[float]:
+        """The M micro-batches' injected seconds of step ``step``."""
         while self.next < step:  # draws of steps this process did not play
-            self.injector.unit_times(1, 1, time.time() - self.began)
+            self.injector.unit_times(1, self.m, time.time() - self.began)
             self.next += 1
         self.next += 1
-        return float(self.injector.unit_times(1, 1, time.time() - self.began).sum())
+        return self.injector.unit_times(1, self.m, time.time() - self.began).tolist()
+
+
+def sleep_units(seconds: list[float]) -> None:
+    """One sleep per micro-batch, as a tailtrain rank sleeps after each of its units: a
+    loaded machine's late wake-ups then cost every row alike."""
+    for s in seconds:
+        time.sleep(s)
 
 
 def fire(drill: dict[str, Any] | None, worker: int, step: int, out: Path, log: Log) -> None:
@@ -109,13 +125,31 @@ def fire(drill: dict[str, Any] | None, worker: int, step: int, out: Path, log: L
     time.sleep(drill["seconds"])  # freeze: this thread only, the process stays alive
 
 
-def batch(world: Any, worker: int, step: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Worker ``worker``'s mini-batch of step ``step`` from its shard (the same on a replay)."""
+def batch(
+    world: Any, worker: int, step: int, seed: int, micro: int = 0
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Worker ``worker``'s micro-batch ``micro`` of step ``step`` from its shard (the same
+    on a replay)."""
     task = world.task
     shard = world.partition.shard(worker)
-    rng = np.random.default_rng([seed, worker, step])
+    rng = np.random.default_rng([seed, worker, step, micro])
     idx = torch.as_tensor(shard[rng.integers(0, len(shard), task.batch_size)])
     return task.data.trim(task.data.x_train[idx]), task.data.y_train[idx]
+
+
+def accumulate(ddp: Any, world: Any, worker: int, step: int, seed: int, m: int) -> float:
+    """The mean gradient of this rank's M micro-batches, each its own forward and backward
+    (as tailtrain's ranks compute them, ``runtime.units``), the allreduce only on the last
+    one (``no_sync``); returns their mean loss."""
+    losses = []
+    for micro in range(m):
+        x, y = batch(world, worker, step, seed, micro)
+        quiet = ddp.no_sync() if micro < m - 1 else contextlib.nullcontext()
+        with quiet:
+            loss = F.cross_entropy(ddp(x), y)
+            (loss / m).backward()
+        losses.append(float(loss.detach()))
+    return float(np.mean(losses))
 
 
 def build(args: argparse.Namespace) -> Any:
@@ -127,6 +161,7 @@ def build(args: argparse.Namespace) -> Any:
         delay=args.delay,
         pattern=args.pattern,
         iterations=args.steps,
+        micro_batches=args.micro_batches,
     )
     return World.build(scenario, args.seed)
 
@@ -180,15 +215,12 @@ def run_ddp(args: argparse.Namespace, world: Any, out: Path) -> None:
     for step in range(start, args.steps):
         t0 = time.time()
         fire(args.drill, worker, step, out, log)
-        time.sleep(noise.seconds(step))
-        x, y = batch(world, worker, step, args.seed)
+        sleep_units(noise.seconds(step))
         opt.zero_grad()
-        loss = F.cross_entropy(ddp(x), y)
-        loss.backward()  # DDP's allreduce: the mean gradient of the N ranks
+        # DDP's allreduce on the last micro-batch: the mean gradient of the N ranks' N M
+        loss = accumulate(ddp, world, worker, step, args.seed, args.micro_batches)
         opt.step()
-        log.write(
-            step=step, t0=t0, t=time.time(), loss=float(loss.detach()), committed=True, part=True
-        )
+        log.write(step=step, t0=t0, t=time.time(), loss=loss, committed=True, part=True)
         if worker == 0 and (step + 1) % args.checkpoint_every == 0:
             state = {"model": model.state_dict(), "optim": opt.state_dict(), "step": step + 1}
             torch.save(state, out / "ckpt.tmp")
@@ -242,12 +274,11 @@ def run_torchft(args: argparse.Namespace, world: Any, out: Path) -> None:
         t0 = time.time()
         step = manager.current_step()
         fire(args.drill, worker, step, out, log)
-        time.sleep(noise.seconds(step))
-        x, y = batch(world, worker, step, args.seed)
+        sleep_units(noise.seconds(step))
         manager.start_quorum()
         opt.zero_grad()
-        loss = F.cross_entropy(ddp(x), y)
-        loss.backward()  # torchft's allreduce among this quorum's participants
+        # torchft's allreduce on the last micro-batch, among this quorum's participants
+        loss = accumulate(ddp, world, worker, step, args.seed, args.micro_batches)
         part = manager.is_participating()
         committed = manager.should_commit()
         if committed:
@@ -256,7 +287,7 @@ def run_torchft(args: argparse.Namespace, world: Any, out: Path) -> None:
             step=step,
             t0=t0,
             t=time.time(),
-            loss=float(loss.detach()),
+            loss=loss,
             committed=bool(committed),
             part=bool(part),
             participants=manager.num_participants(),
@@ -276,6 +307,7 @@ def main() -> None:
     parser.add_argument("--pattern", default="iid")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--drill", type=parse_drill, default=None)
+    parser.add_argument("--micro-batches", type=int, default=1, help="per rank and step")
     parser.add_argument("--checkpoint-every", type=int, default=20)
     parser.add_argument("--timeout", type=float, default=0.0, help="0: the library's default")
     parser.add_argument("--timeout-ready", type=float, default=120.0)

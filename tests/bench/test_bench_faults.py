@@ -14,7 +14,7 @@ import pytest
 from bench import bench_faults as bf
 
 ROOT = Path(__file__).resolve().parents[2]
-CFG = SimpleNamespace(workers=2, batch=32, target_loss=1.0)
+CFG = SimpleNamespace(workers=2, batch=32, target_loss=1.0, micro_batches=1)
 
 
 def commit(worker: int, pid: int, step: int, t: float) -> dict:
@@ -214,3 +214,126 @@ def test_the_logged_deadline_is_read_beside_the_goal_not_scored(tmp_path):
     rows["tailtrain-shrink-sync"]["freeze"]["deadlines_logged_s"] = [2.68]
     cell = bf.goals(rows, CFG)["freeze_within_deadline_plus_1s"]["by_row"]["tailtrain-shrink-sync"]
     assert cell["holds"] is None and cell["deadlines_logged_s"] == [2.68]
+
+
+def test_the_rebalance_rows_are_shrink_rows_that_need_micro_batches():
+    assert set(bf.SHARES_ROWS) <= set(bf.SHRINK) <= set(bf.ROWS)
+    assert bf.SHRINK["tailtrain-shrink-rebalance"] == "rebalance"
+    assert bf.SHRINK["tailtrain-shrink-rebalance-dropcompute"] == "rebalance:then=dropcompute"
+    cfg = SimpleNamespace(workers=4, micro_batches=1)
+    wrong = bf.bad_arguments(["tailtrain-shrink-rebalance", "torchft-tuned"], ["none"], cfg)
+    assert "tailtrain-shrink-rebalance" in wrong and "--micro-batches 2" in wrong
+    assert bf.bad_arguments(["tailtrain-shrink-sync", "ddp"], ["kill"], cfg) is None
+    assert (
+        bf.bad_arguments(
+            list(bf.ROWS), list(bf.DRILLS), SimpleNamespace(workers=4, micro_batches=8)
+        )
+        is None
+    )
+    assert "--micro-batches 0" in bf.bad_arguments(
+        ["ddp"], ["none"], SimpleNamespace(workers=4, micro_batches=0)
+    )
+    assert "--workers 9" in bf.bad_arguments(
+        ["ddp"], ["none"], SimpleNamespace(workers=9, micro_batches=8)
+    )
+    assert "['nope']" in bf.bad_arguments(["nope"], ["none"], cfg)
+
+
+def test_the_default_delay_sleeps_the_same_step_whatever_the_micro_batches():
+    assert bf.default_delay(1) == "shifted-exp:shift=0.08,scale=0.02"
+    assert bf.default_delay(8) == "shifted-exp:shift=0.01,scale=0.0025"
+
+
+def test_a_threshold_cut_is_dropped_by_the_rule_not_lost():
+    cfg = SimpleNamespace(workers=4, batch=32)
+    # rebalance:then=dropcompute: shares dealt 9+8+6+9, completed 7+7+5+7: 6 micro-batches cut
+    shares = {"step": 3, "loss": 1.0, "workers": [0, 1, 2, 3], "micro_batches": 8}
+    shares |= {"shares": [9, 8, 6, 9], "completed": [7, 7, 5, 7], "live": [0, 1, 2, 3]}
+    # dropcompute after worker 3's loss: three live ranks of 8 micro-batches, 3 cut
+    cut = {"step": 4, "loss": 1.0, "workers": [0, 1, 2], "micro_batches": 8}
+    cut |= {"completed": [8, 8, 5], "live": [0, 1, 2], "skipped": 8 * 32}
+    hist = {3: bf.tailtrain_step(shares, cfg), 4: bf.tailtrain_step(cut, cfg)}
+    assert hist[3]["dropped"] == 6 * 32 and hist[4]["dropped"] == 3 * 32
+    assert bf.tailtrain_step({"step": 0, "loss": 1.0, "workers": [0]}, cfg)["dropped"] == 0
+    commits = [commit(w, 10 + w, s, 1.0 + s) for w in range(3) for s in (3, 4)]
+    got = bf.accounting(commits, hist | {s: dict(hist[3]) for s in range(3)}, cfg)
+    assert got["samples_dropped_by_rule"] == 4 * 6 * 32 + 3 * 32
+    assert got["samples_absent"] == 8 * 32 == got["samples_counted_skipped"]
+    assert got["samples_lost"] == 0
+
+
+def test_a_rebalance_row_alone_can_meet_the_time_to_target_goals():
+    rows = made_up_rows()
+    rows["tailtrain-shrink-dropcompute"] = {"refused": "not selected"}
+    rows["tailtrain-shrink-rebalance-dropcompute"] = made_up_rows()["tailtrain-shrink-dropcompute"]
+    goals = bf.goals(rows, CFG)
+    target = goals["time_to_target_at_most_0.67x_torchft"]
+    assert target["holds"] is True
+    assert target["by_row"]["tailtrain-shrink-rebalance-dropcompute"]["ratios"][
+        "none"
+    ] == pytest.approx(10 / 18, abs=1e-3)
+    assert goals["time_to_target_goals_same_row"]["rows"] == [
+        "tailtrain-shrink-rebalance-dropcompute"
+    ]
+    # the better torchft row on each drill: tuned's 18 s, unless default's is smaller there
+    rows["torchft-default"]["kill"]["time_to_target"] = 14.0
+    cell = bf.goals(rows, CFG)["time_to_target_at_most_0.67x_torchft"]
+    assert cell["by_row"]["tailtrain-shrink-rebalance-dropcompute"]["torchft_best"]["kill"] == 14.0
+    assert cell["holds"] is False  # 10 / 14 > 0.67
+
+
+def test_a_peer_draws_and_computes_the_m_micro_batches_of_a_tailtrain_step():
+    import torch
+    import torch.nn.functional as F
+
+    from bench import faults_peer as fp
+    from tailtrain.runtime.inject import Injector
+
+    args = SimpleNamespace(task="digits-cnn", workers=4, steps=5, seed=0, micro_batches=3)
+    args.delay, args.pattern = bf.default_delay(3), "slowdown:at=0,fraction=0.25,factor=1.5"
+    # the rank's M draws of each step, as tailtrain's sync draws them (each from
+    # its own world: the draws are the world's delay process's, read in order)
+    world = fp.build(args)
+    noise = fp.Noise(world, 2)
+    injector = Injector(fp.build(args), 2, delays=True)
+    for step in range(2):
+        assert noise.seconds(step) == pytest.approx(injector.unit_times(1, 3, 0.0).tolist())
+    # M forward and backward passes, allreduced on the last: the mean gradient of all 3 x 32
+
+    class Wrapped(torch.nn.Module):  # DDP's no_sync, without a process group
+        def __init__(self, module):
+            super().__init__()
+            self.module, self.syncs = module, []
+
+        def forward(self, x):
+            return self.module(x)
+
+        def no_sync(self):
+            import contextlib
+
+            self.syncs.append(False)
+            return contextlib.nullcontext()
+
+    model = world.task.module_at(world.task.init_params(0))
+    wrapped = Wrapped(model)
+    loss = fp.accumulate(wrapped, world, 1, 4, 0, 3)
+    assert wrapped.syncs == [False, False]
+    got = [p.grad.clone() for p in model.parameters()]
+    batches = [fp.batch(world, 1, 4, 0, micro) for micro in range(3)]
+    model.zero_grad()
+    x, y = torch.cat([b[0] for b in batches]), torch.cat([b[1] for b in batches])
+    whole = F.cross_entropy(model(x), y)
+    whole.backward()
+    assert loss == pytest.approx(float(whole.detach()), rel=1e-5)
+    for g, p in zip(got, model.parameters(), strict=True):
+        assert torch.allclose(g, p.grad, atol=1e-6)
+
+
+def test_a_peer_step_counts_its_m_micro_batches(tmp_path):
+    # a peer's history has no per-step count: each rank's step is M micro-batches of 32
+    cfg = SimpleNamespace(workers=2, batch=32, target_loss=1.0, micro_batches=8)
+    before = [commit(w, 10 + w, s, 1.0 + s) for w in (0, 1) for s in range(4)]
+    again = [commit(w, 20 + w, s, 6.0 + s) for w in (0, 1) for s in (3, 5)]
+    got = bf.accounting(before + again, history(range(4)) | history(range(5, 6)), cfg)
+    assert got["samples_replayed"] == 2 * 8 * 32  # step 3 again on both ranks
+    assert got["steps_lost"] == 1 and got["samples_lost"] == 2 * 8 * 32  # step 4
