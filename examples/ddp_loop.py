@@ -88,7 +88,7 @@ def main() -> None:
             if rank == 1 and rng.random() < 0.2:  # the straggler
                 time.sleep(0.05)
             F.cross_entropy(ddp(bx), by).backward()
-        if not state.last.empty:  # no rank computed anything: no update (momentum included)
+        if not state.last.empty:  # no rank's gradient entered: no update (momentum included)
             optimizer.step()
         optimizer.zero_grad()
         drop_rates.append(state.last.drop_rate)

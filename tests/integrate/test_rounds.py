@@ -103,3 +103,16 @@ def test_a_screened_rank_is_not_used_in_the_rules_stats_nor_the_record(strategy,
     assert (screened_out(arrivals.keys, arrivals, screened) == stats.used).all()
     clean, _ = loop_round(strategy, np.array([[0.1, 1.0, 0], [0.1, 1.0, 0]]))
     assert clean.used.tolist() == clean.arrivals.keys.tolist()
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("strategy", ["sync", "dropcompute:threshold=5"])
+def test_a_round_whose_every_gradient_was_screened_out_is_empty(strategy):
+    """Both ranks counted micro-batches but both were screened out (NaN): no gradient entered,
+    so ``StragglerStep`` skips the optimizer (its reduced sum of weights is 0), and the record
+    says ``empty``, which a DDP-hook loop reads to skip ``optimizer.step()`` the same way; one
+    screened rank of two leaves the round a real update."""
+    _, both = loop_round(strategy, np.array([[0.1, 1.0, 1], [0.1, 1.0, 1]]))
+    assert both.ranks == [] and both.completed == [UNITS, UNITS] and both.empty
+    _, one = loop_round(strategy, np.array([[0.1, 1.0, 0], [0.1, 1.0, 1]]))
+    assert one.ranks == [0] and not one.empty

@@ -5,7 +5,7 @@
     for micro_batches in loader:
         for x, y in state.micro_batches(ddp_model, micro_batches):   # no_sync + threshold
             F.cross_entropy(ddp_model(x), y).backward()
-        if not state.last.empty:      # a round that ran nothing makes no update
+        if not state.last.empty:      # no rank's gradient entered: no update
             optimizer.step()
         optimizer.zero_grad()
 

@@ -73,8 +73,9 @@ class StepRecord:
     ``time`` the round's wall seconds (slowest rank), ``compute_time`` the slowest rank's
     compute seconds and ``comm_time`` T^c, the smallest reduce seconds over the ranks.
     ``loss`` is the mean loss of the counted micro-batches over all ranks (NaN where the loop
-    does not report losses, or where none was counted). ``empty``: no rank counted a
-    micro-batch (the threshold stopped every rank before its first), so the update is zero:
+    does not report losses, or where none was counted). ``empty``: no rank's gradient
+    entered the update (no rank counted a micro-batch, the threshold stopping every rank
+    before its first, or every rank that did was screened out), so the update is zero:
     ``StragglerStep`` does not step the optimizer; under the DDP hook, skip
     ``optimizer.step()`` yourself when it is set (a zero gradient still moves momentum and
     weight decay), as ``train`` makes no update (``topology.allreduce.step_row``).
@@ -108,7 +109,8 @@ class StepRecord:
     #: whether the survivors computed this round again after a shrink (its first try was
     #: abandoned when a rank died or hung in it)
     redone: bool = False
-    #: no rank counted a micro-batch: no update (class docstring)
+    #: no rank's gradient entered (none counted a micro-batch, or all that did were
+    #: screened out): no update (class docstring)
     empty: bool = False
 
     def as_dict(self) -> dict[str, Any]:
@@ -326,7 +328,8 @@ class Rounds:
             shares=None if plan.shares is None else list(plan.shares),
             wants=self.wants(),
             live=list(self.live),
-            empty=not done.any(),
+            # the weights that entered, all 0: StragglerStep's total (sum_n w_n) is 0 too
+            empty=not applied.weight.any(),
         )
         self.step, self.now = self.step + 1, stats.time
         return record

@@ -38,7 +38,7 @@ update is SGD on the whole global batch (``strategies.rebalance``).
 
 A rank whose gradient holds a NaN or an infinity joins with weight 0, as ``train`` does.
 A round in which no rank's gradient entered (every rank stopped before its first micro-batch,
-the record's ``empty``, or every one was screened out) makes no update: the optimizer does not
+or every one was screened out: the record's ``empty``) makes no update: the optimizer does not
 step, so momentum or weight decay move nothing (under H > 1 the parameters return to the
 round's start), as ``train``'s parameters stay (``topology.allreduce.step_row``).
 Ranks start from rank 0's parameters and buffers (broadcast once, as DDP does).
