@@ -105,3 +105,20 @@ def test_train_exports_every_second_of_a_ranks_steps(tmp_path, capfd):
     injected, means = trained_time_parts("eager:mode=solo", tmp_path / "run", capfd, [0, 1, 2])
     assert (injected > 0).all()  # the injected sleeps are measured as such
     assert means[1] == pytest.approx(injected.mean())
+
+
+def test_a_lost_ranks_shard_is_skipped_one_mini_batch_a_round_whatever_m():
+    """A partial job is one mini-batch (``batch``), its M micro-batches only the delay's
+    shape: a round without a lost rank skips that one mini-batch's samples, not M of them
+    (as the parked gradients a regroup drops count one mini-batch each)."""
+    world = SimpleNamespace(
+        scenario=SimpleNamespace(workers=4, micro_batches=8), task=SimpleNamespace(batch_size=32)
+    )
+    r = SimpleNamespace(
+        world=world, members=[0, 1, 3], rank=0, base=0, carried=set(), lost=[2], skipped=32,
+        joined=[], generation=1,
+    )  # fmt: skip
+    rows = torch.zeros(0, 8).numpy()
+    columns = Rule.shrink_columns(r, SimpleNamespace(rows=rows))
+    assert columns["skipped"] == 32 + 1 * 32  # one parked gradient dropped, one rank lost
+    assert columns["live"] == [0, 1, 3] and columns["dead"] == [2]

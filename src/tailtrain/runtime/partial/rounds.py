@@ -248,11 +248,12 @@ class Rule:
         assert self.members is not None
         me, rows = self.members.index(self.rank), result.rows
         self.carried.update(int(v) + self.base for v in rows[rows[:, 0] == me, 2])
-        # the lost ranks' shards, one job of each a round, as the allreduce counts them
-        # (``runtime.allreduce.rounds.shrink_columns``), plus the parked gradients dropped
-        units = max(1, self.world.scenario.micro_batches or 1)
+        # the lost ranks' shards, one job of each a round, as the allreduce counts its
+        # rounds (``runtime.allreduce.rounds.shrink_columns``), plus the parked gradients
+        # dropped. A job here is one mini-batch whatever M (``batch``; M only makes its
+        # injected time a sum of M draws), where an allreduce round is M micro-batches
         absent = self.world.scenario.workers - len(self.members)
-        skipped = self.skipped + absent * units * self.world.task.batch_size
+        skipped = self.skipped + absent * self.world.task.batch_size
         columns = {"live": list(self.members), "dead": self.lost, "skipped": skipped}
         columns |= {"rejoined": self.joined, "committed_at": time.time()}
         self.lost, self.skipped, self.joined = [], 0, []
