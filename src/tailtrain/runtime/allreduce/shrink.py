@@ -675,7 +675,10 @@ class Shrinker:
             found.dead, found.joined = sorted(set(lost)), sorted(joined)
             self.history.append((self.generation, in_flight, found.dead, found.joined, seconds))
             log.warning(
-                "step %d: generation %d of ranks %s goes on after %.2fs (lost %s, joined %s)",
+                # every survivor logs it: the rank says whose line it is, as "step broke" does
+                "rank %d: step %d: generation %d of ranks %s goes on after %.2fs (lost %s, "
+                "joined %s)",
+                self.rank,
                 in_flight,
                 self.generation,
                 found.members,
