@@ -46,7 +46,7 @@ def script(tmp_path):
 
 def test_bad_launches_are_refused_in_one_line(script):
     cases = {
-        "needs a script": (None, 2, "stop"),
+        "^no script given: tailtrain launch": (None, 2, "stop"),
         "--nproc-per-node must be >= 1, got 0": (str(script), 0, "stop"),
         "--on-rank-loss must be one of stop, shrink, got 'grow'": (str(script), 2, "grow"),
         "no script 'nowhere.py'": ("nowhere.py", 2, "stop"),

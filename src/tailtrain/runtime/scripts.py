@@ -137,9 +137,7 @@ def check_launch(
 ) -> LaunchPlan:
     """Every check before any process starts; one-line :class:`UsageError` s."""
     if script is None:
-        raise UsageError(
-            "tailtrain launch needs a script: tailtrain launch --nproc-per-node N script.py"
-        )
+        raise UsageError("no script given: tailtrain launch --nproc-per-node N script.py [ARGS...]")
     if nproc < 1:
         raise UsageError(f"--nproc-per-node must be >= 1, got {nproc}")
     if nproc > max_local_workers():
