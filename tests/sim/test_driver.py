@@ -50,12 +50,11 @@ class ConstantTask:
 
 
 @dataclasses.dataclass(frozen=True)
-class Deferred(Strategy):
-    """Wraps a rule and moves all its weight to ``later``: each step applies the previous
-    step's gradients (LGC's one-step delay, for every topology)."""
+class Wrapped(Strategy):
+    """Wraps a rule and hands every call to it; the wrappers below change one call each."""
 
     inner: Strategy = None
-    name: str = "deferred"
+    name: str = "wrapped"
 
     @property
     def topology(self):  # type: ignore[override]
@@ -68,12 +67,23 @@ class Deferred(Strategy):
         return self.inner.plan(state)
 
     def select(self, state, arrivals):
-        now = self.inner.select(state, arrivals).now
-        zero = dataclasses.replace(now, weight=np.zeros_like(now.weight), total=1.0)
-        return Selection(now=zero, later=now)
+        return self.inner.select(state, arrivals)
 
     def adapt(self, state, stats):
         return self.inner.adapt(state, stats)
+
+
+@dataclasses.dataclass(frozen=True)
+class Deferred(Wrapped):
+    """Moves all the rule's weight to ``later``: each step applies the previous step's
+    gradients (LGC's one-step delay, for every topology)."""
+
+    name: str = "deferred"
+
+    def select(self, state, arrivals):
+        now = self.inner.select(state, arrivals).now
+        zero = dataclasses.replace(now, weight=np.zeros_like(now.weight), total=1.0)
+        return Selection(now=zero, later=now)
 
 
 def final_theta(strategy: Strategy, steps: int) -> float:
@@ -118,25 +128,11 @@ def test_strategies_import_no_engine_delay_model_task_or_torch():
 
 
 @dataclasses.dataclass(frozen=True)
-class Watching(Strategy):
-    """Wraps a rule and keeps the gradient moments each step's statistics carried."""
+class Watching(Wrapped):
+    """Keeps the gradient moments each step's statistics carried."""
 
-    inner: Strategy = None
     seen: list = dataclasses.field(default_factory=list)
     name: str = "watching"
-
-    @property
-    def topology(self):  # type: ignore[override]
-        return self.inner.topology
-
-    def init(self, ctx):
-        return self.inner.init(ctx)
-
-    def plan(self, state):
-        return self.inner.plan(state)
-
-    def select(self, state, arrivals):
-        return self.inner.select(state, arrivals)
 
     def adapt(self, state, stats):
         self.seen.append((stats.grad_sq_sum, stats.mean_grad_sq))
