@@ -207,3 +207,46 @@ def test_under_shrink_the_failure_names_the_rank_that_failed_first_not_the_lowes
     plan = check_launch(str(path), 2, "shrink")
     with pytest.raises(JobFailed, match=r"rank 1 failed first \(exit status 4\)"):
         launch_script(plan)
+
+
+def test_restart_lost_is_refused_in_one_line_where_it_cannot_work(script, capsys):
+    with pytest.raises(UsageError, match="--restart-lost must be >= 0, got -1"):
+        check_launch(str(script), 3, "shrink", restart_lost=-1)
+    with pytest.raises(UsageError, match="add --on-rank-loss shrink"):
+        check_launch(str(script), 3, "stop", restart_lost=1)
+    assert main(["launch", "--nproc-per-node", "3", "--restart-lost", "1", str(script)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("tailtrain launch: error: --restart-lost 1 starts a dead rank again")
+    assert err.count("\n") == 1
+    assert check_launch(str(script), 3, "shrink", restart_lost=2).restart_lost == 2
+
+
+@pytest.mark.timeout(60)
+def test_a_killed_rank_is_started_again_at_most_n_times_with_its_rank_and_a_marker(
+    tmp_path, caplog
+):
+    """Rank 1 SIGKILLs itself every time it starts: it is started again twice (the same RANK,
+    ``TAILTRAIN_RESTART`` = 1, then 2), and its third death is the job's loss."""
+    path = tmp_path / "dies.py"
+    path.write_text(
+        "import os, signal, sys, time\n"
+        "rank, again = os.environ['RANK'], os.environ.get('TAILTRAIN_RESTART', '0')\n"
+        "open(os.path.join(sys.argv[1], f'rank{rank}-{again}'), 'w').close()\n"
+        "if rank == '1':\n"
+        "    assert (again != '0') == (os.environ.get('TAILTRAIN_REJOIN') == '1')\n"
+        "    os.kill(os.getpid(), signal.SIGKILL)\n"
+        "time.sleep(float(sys.argv[2]))\n"
+    )
+    plan = check_launch(str(path), 3, "shrink", args=[str(tmp_path), "2.0"], restart_lost=2)
+    with caplog.at_level("WARNING", logger="tailtrain.runtime.scripts"):
+        outcome = launch_script(plan)
+    assert outcome.states == {0: RankState.FINISHED, 1: RankState.DIED, 2: RankState.FINISHED}
+    started = sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("rank"))
+    assert started == ["rank0-0", "rank1-0", "rank1-1", "rank1-2", "rank2-0"]
+    lines = [r.getMessage() for r in caplog.records]
+    assert [line for line in lines if "started again" in line] == [
+        f"rank 1 died (killed by SIGKILL); started again ({k} of 2): it asks the live ranks to "
+        "take it in"
+        for k in (1, 2)
+    ]
+    assert "rank 1 died (killed by SIGKILL); the job goes on without it" in lines

@@ -38,6 +38,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="seconds the store waits, and a rank may still run after the first one finished "
         "(then it is stopped: a hung rank the others went on without; default 300)",
     )
+    p.add_argument(
+        "--restart-lost",
+        type=int,
+        default=0,
+        help="under shrink: start a rank that died again, at most N times per rank; it joins "
+        "the live ranks at a step boundary and takes their state (default 0)",
+    )
     p.add_argument("script", nargs="?", help="the training script (a Python file)")
     p.add_argument("script_args", nargs=argparse.REMAINDER, help="the script's own arguments")
     p.set_defaults(run=run)
@@ -54,6 +61,7 @@ def run(args: argparse.Namespace) -> int:
         args.rdzv_endpoint,
         args.timeout,
         args.script_args,
+        args.restart_lost,
     )
     try:
         outcome = launch_script(plan)

@@ -37,8 +37,16 @@ differs from torchrun:
 Every wait is bounded: the watch looks at the ranks every :data:`WATCH_POLL` seconds; a stop
 waits :data:`STOP_GRACE` seconds before SIGKILL. Bad input (the script, the count, the
 option) is one line and exit 2, checked before any process starts (:func:`check_launch`).
-The launcher does not restart a rank (``train``'s ``--restart-lost``): a user's script has no
-join path, and ``StragglerStep`` takes no rank back.
+
+**Restarts** (``--restart-lost N``, under shrink only): a rank that died is started again, the
+same script with the same ``RANK``, at most N times per rank, each logged in one line; its
+environment says it is a restart (``TAILTRAIN_RESTART`` = how many times it was started
+again, and ``TAILTRAIN_REJOIN=1``, ``runtime.allreduce.shrink``), so the script skips
+``dist.init_process_group`` (the job's group is broken, and joining it again hangs) and
+``StragglerStep`` asks the live ranks to take it in (JOINING), which they do at their next step
+boundary, handing it the model, optimizer and rule state (``integrate.step``). Once a rank
+finished, the launcher sets ``finished`` in the store: a rank still waiting to join is
+refused then and leaves (:class:`RankState` ``LEFT``).
 """
 
 from __future__ import annotations
@@ -52,7 +60,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -60,7 +68,7 @@ from pathlib import Path
 import torch.distributed as dist
 
 from tailtrain.errors import UsageError
-from tailtrain.runtime.allreduce.shrink import LAUNCHED, OnRankLoss, prefix
+from tailtrain.runtime.allreduce.shrink import LAUNCHED, REJOIN, RESTART, OnRankLoss, prefix
 from tailtrain.runtime.expendable import die_with, exit_reason
 from tailtrain.runtime.launch import (
     JobFailed,
@@ -106,6 +114,8 @@ class LaunchPlan:
     on_rank_loss: OnRankLoss = OnRankLoss.STOP
     endpoint: str = "127.0.0.1:0"
     timeout: float = 300.0
+    #: how often a rank that died is started again (``--restart-lost``, under shrink)
+    restart_lost: int = 0
 
 
 @dataclass
@@ -116,6 +126,8 @@ class Rank:
     why: str = ""
     #: when the launcher saw it die (monotonic seconds): the first to fail is named
     died: float = float("inf")
+    #: how many times it was started again (``--restart-lost``)
+    restarts: int = 0
 
 
 @dataclass
@@ -134,6 +146,7 @@ def check_launch(
     endpoint: str = "127.0.0.1:0",
     timeout: float = 300.0,
     args: Sequence[str] = (),
+    restart_lost: int = 0,
 ) -> LaunchPlan:
     """Every check before any process starts; one-line :class:`UsageError` s."""
     if script is None:
@@ -150,11 +163,20 @@ def check_launch(
         raise UsageError(f"--on-rank-loss must be one of {choices}, got {on_rank_loss!r}")
     if not timeout > 0 or timeout == float("inf"):
         raise UsageError(f"--timeout must be finite seconds > 0, got {timeout}")
+    if restart_lost < 0:
+        raise UsageError(f"--restart-lost must be >= 0, got {restart_lost}")
+    if restart_lost and on_rank_loss != OnRankLoss.SHRINK:
+        raise UsageError(
+            f"--restart-lost {restart_lost} starts a dead rank again for the live ranks to take "
+            "in: add --on-rank-loss shrink (under stop a death ends the job)"
+        )
     path = Path(script)
     if not path.is_file():
         raise UsageError(f"no script {script!r}: give the path of a Python file to run")
     parse_endpoint(endpoint)
-    return LaunchPlan(path, tuple(args), nproc, OnRankLoss(on_rank_loss), endpoint, timeout)
+    return LaunchPlan(
+        path, tuple(args), nproc, OnRankLoss(on_rank_loss), endpoint, timeout, restart_lost
+    )
 
 
 def launch_script(plan: LaunchPlan) -> LaunchOutcome:
@@ -193,17 +215,23 @@ def launch_script(plan: LaunchPlan) -> LaunchOutcome:
     ranks = []
     asked: list[int] = []
     previous = {sig: signal.signal(sig, lambda s, _f: asked.append(s)) for sig in STOP_SIGNALS}
+
+    def start(r: int, restarts: int = 0) -> subprocess.Popen:
+        mine = dict(env, RANK=str(r), LOCAL_RANK=str(r))
+        if restarts:  # it joins the live ranks instead of the job's (broken) group
+            mine.update({RESTART: str(restarts), REJOIN: "1"})
+        return subprocess.Popen(
+            [sys.executable, str(plan.script), *plan.args],
+            env=mine,
+            process_group=0,  # a terminal's Ctrl-C reaches it once: from us
+            preexec_fn=lambda: die_with(parent),
+        )
+
     try:
         for r in range(plan.nproc):
-            mine = dict(env, RANK=str(r), LOCAL_RANK=str(r))
-            process = subprocess.Popen(
-                [sys.executable, str(plan.script), *plan.args],
-                env=mine,
-                process_group=0,  # a terminal's Ctrl-C reaches it once: from us
-                preexec_fn=lambda: die_with(parent),
-            )
-            ranks.append(Rank(r, process))
-        return watch(ranks, plan.on_rank_loss, notes, asked, plan.timeout)
+            ranks.append(Rank(r, start(r)))
+        again = Restarts(plan.restart_lost, start) if plan.restart_lost else None
+        return watch(ranks, plan.on_rank_loss, notes, asked, plan.timeout, again)
     finally:
         stop(ranks, signal.SIGTERM)
         for sig, handler in previous.items():
@@ -216,6 +244,7 @@ def watch(
     notes: dist.Store,
     asked: list[int],
     timeout: float = 300.0,
+    again: Restarts | None = None,
 ) -> LaunchOutcome:
     """Poll the ranks until none runs (module docstring); a rank still running ``timeout``
     seconds after another finished is stopped (a hung rank the survivors left behind)."""
@@ -249,11 +278,15 @@ def watch(
                 continue
             if code == 0:
                 r.state = RankState.FINISHED
-                first_done = time.monotonic() if first_done is None else first_done
+                if first_done is None:  # a rank still waiting to join is refused now
+                    first_done = time.monotonic()
+                    notes.set("finished", "1")
                 continue
             r.state, r.died = RankState.DIED, time.monotonic()
             if on_rank_loss is OnRankLoss.SHRINK:
                 notes.set(f"dead/{r.rank}", r.why)  # the census need not wait its window
+                if again is not None and first_done is None and again.restart(r):
+                    continue
                 log.warning("rank %d died (%s); the job goes on without it", r.rank, r.why)
             else:
                 outcome.failure = f"rank {r.rank} failed ({r.why}); the other ranks were stopped"
@@ -268,6 +301,28 @@ def watch(
     if outcome.failure is not None:
         raise JobFailed(outcome.failure)
     return outcome
+
+
+@dataclass
+class Restarts:
+    """``--restart-lost``'s bookkeeping: a rank that died is started again by ``start(rank,
+    k)`` (k: its k-th restart) while it has restarts left, at most ``limit`` per rank."""
+
+    limit: int
+    start: Callable[[int, int], subprocess.Popen]
+
+    def restart(self, r: Rank) -> bool:
+        """Start ``r`` again when it may be (logged); whether it was."""
+        if r.restarts >= self.limit:
+            return False
+        r.restarts += 1
+        log.warning(
+            "rank %d died (%s); started again (%d of %d): it asks the live ranks to take it in",
+            r.rank, r.why, r.restarts, self.limit,
+        )  # fmt: skip
+        r.process = self.start(r.rank, r.restarts)
+        r.state, r.why, r.died = RankState.RUNNING, "", float("inf")
+        return True
 
 
 def judged(ranks: list[Rank]) -> str | None:
