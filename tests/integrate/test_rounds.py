@@ -40,10 +40,11 @@ class Gathers:
 
 def loop_round(strategy: str, timing: np.ndarray, screened: bool = False):
     """One round of the loop on rank 0, its gathered ``timing`` rows [reduce seconds, round
-    seconds, screened] given; the StepStats the rule adapted on and the record."""
+    seconds, screened] given (no rank asks to join: the gather's last column, asks, is 0); the
+    StepStats the rule adapted on and the record."""
     work = RoundProgress(np.full(UNITS, 0.1), compute=0.2, loss_sum=1.0)
     counts = [[UNITS, 0.2, 1.0, 0.1, 0.1], [UNITS, 0.3, 1.0, 0.15, 0.15]]
-    rounds = Rounds(strategy, Gathers(counts, timing))
+    rounds = Rounds(strategy, Gathers(counts, np.c_[timing, np.zeros(len(timing))]))
     seen = []
     adapt = rounds.rule.adapt
     rounds.rule.adapt = lambda stats: (seen.append(stats), adapt(stats))[1]

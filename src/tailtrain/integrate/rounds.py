@@ -109,6 +109,9 @@ class StepRecord:
     #: whether the survivors computed this round again after a shrink (its first try was
     #: abandoned when a rank died or hung in it)
     redone: bool = False
+    #: ranks of the job taken in again just before this round (a heal: a rank started again
+    #: by ``tailtrain launch --restart-lost`` joined at the step boundary before it)
+    rejoined: list[int] = field(default_factory=list)
     #: no rank's gradient entered (none counted a micro-batch, or all that did were
     #: screened out): no update (class docstring)
     empty: bool = False
@@ -280,10 +283,15 @@ class Rounds:
         the round: :meth:`timing`, then :meth:`finish`."""
         return self.finish(plan, work, agreed, self.timing(reduce, work, screened))
 
-    def timing(self, reduce: float, work: RoundProgress, screened: bool) -> np.ndarray:
-        """The round's last collective: every rank's [reduce seconds, round seconds, screened].
-        Past it the round is complete on this rank (a shrink goes on from there)."""
-        return self.comm.gather(np.array([reduce, self.clock() - work.started, screened]))
+    def timing(
+        self, reduce: float, work: RoundProgress, screened: bool, asks: bool = False
+    ) -> np.ndarray:
+        """The round's last collective: every rank's [reduce seconds, round seconds, screened,
+        asks] (``asks``: a shrinking step's lowest member saw a rank ask to join, so every
+        rank takes it in after this round). Past it the round is complete on this rank (a
+        shrink goes on from there)."""
+        row = np.array([reduce, self.clock() - work.started, screened, asks])
+        return self.comm.gather(row)
 
     def finish(
         self, plan: AllreducePlan, work: RoundProgress, agreed: Agreement, timing: np.ndarray

@@ -78,7 +78,20 @@ batches), and ``record.live`` says whose ``completed`` and ``weights`` these are
 hung past the deadline and woke is not taken back: its call raises
 :class:`~tailtrain.runtime.allreduce.shrink.Refused` (the survivors went on without it), and
 the launcher logs that it left. After a shrink the default process group is broken: leave
-the loop without collectives of your own (``dist.destroy_process_group()`` is fine). A pause
+the loop without collectives of your own (``dist.destroy_process_group()`` is fine).
+
+**Healing** (``tailtrain launch ... --restart-lost N``): a rank that died is started again with
+``TAILTRAIN_RESTART`` in its environment; its script skips ``dist.init_process_group`` (the
+job's group is broken) and its ``StragglerStep`` skips rank 0's broadcast: it asks to join
+(JOINING, :meth:`Shrinker.join`) in the constructor. The lowest member looks for requests
+(:meth:`Shrinker.joins_waiting`) before a call's last gather (``Rounds.timing``'s ``asks``
+column), so every member learns it in the same call and, after that call's round completed
+(a step boundary), GROWS (:meth:`Shrinker.grow`): generation g + 1 of the members and the
+joiner, synced from the lead as after a shrink (:meth:`StragglerStep._sync`: model,
+optimizer, rule state, deadline, latest record). The joiner's constructor returns then, and
+its loop goes on from :attr:`StragglerStep.next_step`; every rank's next record names it
+(``record.rejoined``). A rank that asks after the first rank finished is refused (the
+launcher sets ``finished``) and leaves. A pause
 of one rank between two calls longer than the learned deadline (at least 1 s) reads as a
 hang: evaluate on every rank, or not between calls.
 """
@@ -111,6 +124,7 @@ from tailtrain.integrate.rounds import (
 )
 from tailtrain.runtime.allreduce.shrink import (
     LAUNCHED,
+    REJOIN,
     Broken,
     Census,
     GroupCollectives,
@@ -175,12 +189,22 @@ class StragglerStep:
         self.optimizer = optimizer
         self.params = [p for p in model.parameters() if p.requires_grad]
         device = self.params[0].device
-        comm = Collectives.of_group(process_group, device, timeout)
+        # started again by ``tailtrain launch --restart-lost``: the job's group is broken and
+        # this rank is in none; it joins the live ranks' generation (module docstring)
+        rejoining = on_rank_loss == OnRankLoss.SHRINK and os.environ.get(REJOIN) == "1"
+        if rejoining:
+            rank, size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+            comm = Collectives(rank, size, device, timeout=timeout)
+        else:
+            comm = Collectives.of_group(process_group, device, timeout)
         lr = float(optimizer.param_groups[0]["lr"])
-        shrinks = check_on_rank_loss(on_rank_loss, strategy, process_group, comm, lr)
+        shrinks = check_on_rank_loss(
+            on_rank_loss, strategy, process_group, comm, lr, rejoining=rejoining
+        )
         self.rounds = Rounds(strategy, comm, lr=lr, micro_batches=micro_batches, does=DEALS)
         self.buckets = buckets(self.params, bucket_cap_mb)
-        broadcast_from_first(model, process_group)
+        if not rejoining:  # a rank started again takes the lead's state as it joins
+            broadcast_from_first(model, process_group)
         #: the shrink protocol's part of this rank (None: ``on_rank_loss="stop"``)
         self.shrinker: Shrinker | None = None
         #: the state of the call in flight (:class:`StepCall`)
@@ -191,6 +215,10 @@ class StragglerStep:
         #: shrink computes again
         self._lost: list[int] = []
         self._redo = False
+        #: ranks taken in since the previous record (a heal), and whether a rank asked to join
+        #: in the latest round (every member takes it in after that round)
+        self._joined: list[int] = []
+        self._grows = False
         #: where the round in flight started, which a break puts back so that a redone round
         #: moves it once: the model's buffers (a forward moves BatchNorm's statistics before
         #: any collective) and, under local steps, the parameters and the optimizer's state
@@ -200,8 +228,12 @@ class StragglerStep:
         self._ended: float | None = None
         if shrinks:
             bound = SHRINK_TIMEOUT if timeout is None else timeout.total_seconds()
-            self.shrinker = Shrinker.start(comm, bound, keeper=None, heals=False)
+            # a rank that hung and woke is mid-call in a loop that cannot skip ahead: it is
+            # refused; a rank started again asks to join before its first call
+            self.shrinker = Shrinker.start(comm, bound, keeper=None, heals=rejoining)
             self._ended = time.perf_counter()
+            if rejoining:
+                self._heal(join=True)
 
     def __call__(self, micro_batches: Sequence[Any], loss_fn: Callable[[Any], torch.Tensor]):
         """One round over ``micro_batches``; returns its :class:`StepRecord`. Under
@@ -226,11 +258,15 @@ class StragglerStep:
             self.call, self._start = StepCall.COMPLETED, None
             # the first round after a shrink: the lead broke in it, so on every survivor it is
             # a redone round that names the ranks lost (the records agree)
-            record = dataclasses.replace(record, lost=self._lost, redone=self._redo)
-            self._lost, self._redo, self.last = [], False, record
+            record = dataclasses.replace(
+                record, lost=self._lost, redone=self._redo, rejoined=self._joined
+            )
+            self._lost, self._redo, self._joined, self.last = [], False, [], record
             ended, self._ended = self._ended, time.perf_counter()
             if ended is not None:  # a round's seconds, from the last call's end: the deadline
                 self.shrinker.deadline.seen(self._ended - ended)
+            if self._grows:  # a rank asked to join: every member takes it in at this boundary
+                self._heal()
             return record
 
     def _round(self, batches: list[Any], loss_fn: Callable[[Any], torch.Tensor]) -> StepRecord:
@@ -260,7 +296,13 @@ class StragglerStep:
         with torch.no_grad():
             averaged, screened, total = self._reduce(agreed, work, start)
         reduce = self.rounds.clock() - began
-        timing = self.rounds.timing(reduce, work, screened)
+        shrinker = self.shrinker
+        # the lowest member looks for ranks asking to join (at most every JOIN_LOOK seconds)
+        # and says so in the round's last gather, so every member grows after the same round
+        asks = shrinker is not None and shrinker.rank == shrinker.members[0]
+        asks = asks and shrinker is not None and shrinker.joins_waiting()
+        timing = self.rounds.timing(reduce, work, screened, asks)
+        self._grows = bool(timing[:, 3].any())
         with torch.no_grad():  # past the last collective: the round completes here
             self._apply(averaged, start, plan.lr_scale, total)
         return self.rounds.finish(plan, work, agreed, timing)
@@ -284,12 +326,7 @@ class StragglerStep:
         mine = self.rounds.step
         sync = lambda comm, found: self._sync(comm, found)  # noqa: E731
         comm, found = shrinker.regroup(self.rounds.comm, mine, 0, sync)
-        live = tuple(found.members)
-        self.rounds.comm, self.rounds.live = comm, live
-        ctx = dataclasses.replace(self.rounds.ctx, n_workers=len(live), live=live)
-        followed = self.rounds.rule.followed(ctx)
-        assert followed is not None  # check_on_rank_loss refused a rule that cannot follow
-        self.rounds.rule, self.rounds.ctx = followed, ctx
+        self._follow(comm, found)
         taken = self.rounds.step > mine  # the lead completed this rank's round
         # the lead's record of it already names the ranks lost before it (this rank's pending
         # ones, the same generations): the next record names only the ranks lost now
@@ -300,6 +337,33 @@ class StragglerStep:
             assert self.last is not None and self.last.step == mine
             return self.last
         return None
+
+    def _heal(self, join: bool = False) -> None:
+        """GROWING (every member, at the step boundary after the round in which the lowest
+        member saw a rank ask) or, with ``join``, JOINING (a rank started again, before its
+        first call): the new generation and the lead member's state
+        (``Shrinker.regroup``). The next record names the ranks taken in (``rejoined``)."""
+        shrinker = self.shrinker
+        assert shrinker is not None
+        self._grows = False
+        sync = lambda comm, found: self._sync(comm, found)  # noqa: E731
+        comm, found = shrinker.regroup(
+            self.rounds.comm, self.rounds.step, 0, sync, grow=not join, join=join
+        )
+        self._follow(comm, found)
+        # a heal that lost a member ran a census: at a step boundary nothing is redone
+        self._lost = sorted({*self._lost, *found.dead})
+        self._joined = sorted({*self._joined, *found.joined})
+        self._ended = None  # the heal's seconds are no round's
+
+    def _follow(self, comm: GroupCollectives, found: Census) -> None:
+        """The new generation's group and live ranks; the rule follows the live world."""
+        live = tuple(found.members)
+        self.rounds.comm, self.rounds.live = comm, live
+        ctx = dataclasses.replace(self.rounds.ctx, n_workers=len(live), live=live)
+        followed = self.rounds.rule.followed(ctx)
+        assert followed is not None  # check_on_rank_loss refused a rule that cannot follow
+        self.rounds.rule, self.rounds.ctx = followed, ctx
 
     def _sync(self, comm: GroupCollectives, found: Census) -> None:
         """SYNCING: the lead member's model, optimizer, rule state, deadline and latest
@@ -341,6 +405,13 @@ class StragglerStep:
     def micro_batches(self) -> int | None:
         """Sync's M, as given (``micro_batches=``)."""
         return self.rounds.micro_batches
+
+    @property
+    def next_step(self) -> int:
+        """The index of the next call's round (``record.step`` of its record): 0 at first; a
+        rank started again (``tailtrain launch --restart-lost``) learns the live ranks' here
+        once it joined, and its loop goes on from it: ``for i in range(step.next_step, S)``."""
+        return self.rounds.step
 
     @property
     def rank(self) -> int:
@@ -415,8 +486,11 @@ def check_on_rank_loss(
     comm: Collectives,
     lr: float,
     env: Any = os.environ,
+    *,
+    rejoining: bool = False,
 ) -> bool:
-    """Whether the step shrinks; one-line refusals before any round (module docstring)."""
+    """Whether the step shrinks; one-line refusals before any round (module docstring).
+    ``rejoining``: a rank started again, in no process group (its backend is gloo's)."""
     if on_rank_loss not in tuple(OnRankLoss):
         raise UsageError(
             f"on_rank_loss must be one of {', '.join(OnRankLoss)}, got {on_rank_loss!r}"
@@ -432,7 +506,7 @@ def check_on_rank_loss(
         )
     if group is not None:
         raise UsageError(f"{option} shrinks the job's default group: leave process_group unset")
-    if dist.get_backend() != "gloo" or comm.device.type != "cpu":
+    if (not rejoining and dist.get_backend() != "gloo") or comm.device.type != "cpu":
         raise UsageError(
             f"{option} forms each new group with gloo on the CPU: "
             'dist.init_process_group("gloo") and a model on the CPU, or on_rank_loss="stop"'

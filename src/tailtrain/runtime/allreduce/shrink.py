@@ -107,9 +107,14 @@ healed as a woken rank is; a hung one that wakes always asks.
 ``tailtrain launch --on-rank-loss shrink``, ``runtime.scripts``) runs this same protocol
 through the same :class:`Shrinker`, with two of its options: ``keeper=None`` (the launcher
 hosts the store and no rank keeps a record, so rank 0 is lost like any other: the census
-neither waits for it past the window nor ends the job without it) and ``heals=False`` (a rank
-that came after a census is REFUSED at once rather than JOINING: the loop has no step
-boundary the members could take it in at). A refused rank leaves ``left/{rank}`` in the store,
+neither waits for it past the window nor ends the job without it) and ``heals`` False in a
+rank of the job (one that hung and woke after a census is REFUSED at once rather than
+JOINING: its loop is inside a call and cannot skip ahead). A rank that ``tailtrain launch
+--restart-lost`` started again (:data:`REJOIN`, :data:`RESTART`) has ``heals`` True: its
+``StragglerStep`` asks to join before its first call; the lowest member looks for it with
+:meth:`Shrinker.joins_waiting` before a call's last gather and says so in that gather, so
+every member GROWS (:meth:`Shrinker.grow`) after the same call, and the joiner's loop goes on
+from ``StragglerStep.next_step``. A refused rank leaves ``left/{rank}`` in the store,
 so a launcher that watches the ranks itself logs it as leaving, not as a death. The loop's
 rounds, their sync and what a broken call returns are ``integrate.step``'s.
 """
@@ -170,6 +175,9 @@ POLL = 0.0005
 JOIN_LOOK = 0.2
 #: set (to "1") in a rank started again after it died (``--restart-lost``): it joins
 REJOIN = "TAILTRAIN_REJOIN"
+#: set by ``tailtrain launch --restart-lost`` in a rank it started again: how many times (the
+#: script skips ``dist.init_process_group``: ``integrate.StragglerStep`` joins the live ranks)
+RESTART = "TAILTRAIN_RESTART"
 #: set by ``tailtrain launch`` (``runtime.scripts``) in every rank: its ``--on-rank-loss``,
 #: which ``integrate.StragglerStep(on_rank_loss="shrink")`` needs to be ``shrink``
 LAUNCHED = "TAILTRAIN_ON_RANK_LOSS"
@@ -442,7 +450,8 @@ class Shrinker:
     #: any rank may be lost (``integrate.StragglerStep`` under ``tailtrain launch``)
     keeper: int | None = 0
     #: whether a rank that came after a census may ask to join (JOINING); False: it is
-    #: REFUSED at once (``integrate.StragglerStep`` does not heal)
+    #: REFUSED at once (``integrate.StragglerStep`` in a rank of the job: its loop cannot
+    #: skip ahead; a rank started again asks). Members grow either way (:meth:`grow`)
     heals: bool = True
 
     def deadline_summary(self) -> dict[str, Any]:
