@@ -18,6 +18,25 @@ steps, and compute the broken step again without the dead rank (``record.redone`
 call still returns one record: ``record.live`` names the ranks that stepped, ``record.lost``
 those lost just before. The dead rank's shard is skipped from then on.
 
+**Healing** (``tailtrain launch --nproc-per-node 3 --on-rank-loss shrink --restart-lost 1
+examples/shrink_loop.py --kill-rank 1 --kill-step 10 --rejoin-steps 20``): the launcher starts
+the killed rank's script again, with ``TAILTRAIN_RESTART`` in its environment. That process
+must not call ``dist.init_process_group`` (the job's group is broken; joining it again hangs),
+so the script takes its rank from ``RANK``; its ``StragglerStep`` asks the live ranks to take it
+in, they do so at their next step boundary and hand it the model, the optimizer's and the
+rule's state, and the loop goes on from ``step_fn.next_step``::
+
+    if "TAILTRAIN_RESTART" not in os.environ:         # a rank started again is in no group
+        dist.init_process_group("gloo")
+    step_fn = StragglerStep(model, optimizer, args.strategy, on_rank_loss="shrink")
+    for step in range(step_fn.next_step, STEPS):      # 0, or where the live ranks are
+        record = step_fn(micro_batches(step), loss_fn)
+
+Every rank's record of the first step after the heal names it (``record.rejoined``). A restart
+takes seconds (torch's import), so ``--rejoin-steps K`` runs until K steps after the rejoin
+(at least ``--steps``; without a rejoin, at most 100 times ``--steps``): every rank decides
+that from the same records.
+
 ``--strategy`` takes any allreduce rule but rebalance (``"dropcompute:threshold=auto"``,
 ``"local-sgd:period=2"``, ...): the rule follows the live world, as ``tailtrain train``'s does.
 With ``--out DIR`` every surviving rank writes ``DIR/rank{r}.pt``: its records and final
@@ -42,6 +61,8 @@ from torch import nn
 from tailtrain import StragglerStep
 
 STEPS, M, BATCH, LR, MOMENTUM = 40, 2, 16, 0.2, 0.5
+#: set by ``tailtrain launch --restart-lost`` in a rank it started again
+RESTART = "TAILTRAIN_RESTART"
 #: seconds each micro-batch takes on top of its compute (a delay that dominates it)
 SECONDS = 0.02
 
@@ -70,25 +91,36 @@ def main() -> None:
     parser.add_argument("--kill-step", type=int, default=10)
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--strategy", default="sync")  # any but rebalance: "dropcompute", ...
+    parser.add_argument("--steps", type=int, default=STEPS)
+    parser.add_argument("--rejoin-steps", type=int, default=0)
     args = parser.parse_args()
     torch.set_num_threads(1)
-    dist.init_process_group("gloo")
-    rank, world = dist.get_rank(), dist.get_world_size()
+    restarted = RESTART in os.environ
+    if not restarted:  # a rank started again is in no group: its StragglerStep joins the live
+        dist.init_process_group("gloo")
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     x, y, x_test, y_test = digits()
     model = make_model()
     optimizer = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
     step_fn = StragglerStep(model, optimizer, args.strategy, on_rank_loss="shrink")
-    step = 0
+    step = step_fn.next_step  # 0, or the live ranks' next step in a rank started again
 
     def loss_fn(batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         time.sleep(SECONDS)
-        if rank == args.kill_rank and step == args.kill_step:  # dies inside the step
+        if rank == args.kill_rank and step == args.kill_step and not restarted:  # dies here
             os.kill(os.getpid(), signal.SIGKILL)
         return F.cross_entropy(model(batch[0]), batch[1])
 
     records = []
-    for step in range(STEPS):
-        records.append(step_fn(micro_batches(x, y, rank, world, step), loss_fn))
+    # --rejoin-steps: until K steps after a rank rejoined (every rank reads it from the same
+    # records); at most 100 times --steps while none did
+    end, rejoined = args.steps, not args.rejoin_steps
+    while step < end or (not rejoined and step < 100 * args.steps):
+        record = step_fn(micro_batches(x, y, rank, world, step), loss_fn)
+        records.append(record)
+        if record.rejoined and not rejoined:
+            rejoined, end = True, max(end, record.step + args.rejoin_steps)
+        step = step_fn.next_step
 
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
@@ -96,16 +128,20 @@ def main() -> None:
         torch.save(state, args.out / f"rank{rank}.pt")
     with torch.no_grad():
         accuracy = (model(x_test).argmax(1) == y_test).float().mean().item()
-    if rank == step_fn.live[0]:  # the lowest survivor speaks
+    # the lowest survivor that stepped from the start speaks (a rank taken back holds the
+    # records from its return on; every rank reads who that was from the same record)
+    back = sorted({r for record in records for r in record.rejoined})
+    if rank == min((r for r in step_fn.live if r not in back), default=step_fn.live[0]):
         lost = sorted({r for record in records for r in record.lost})
         redone = [record.step for record in records if record.redone]
         print(
-            f"shrink_loop: {STEPS} steps, ranks {list(step_fn.live)} of {world} finished, "
-            f"lost {lost}, redone {redone}, loss {records[-1].loss:.3f}, "
+            f"shrink_loop: {step} steps, ranks {list(step_fn.live)} of {world} finished, "
+            f"lost {lost}, redone {redone}, rejoined {back}, loss {records[-1].loss:.3f}, "
             f"test accuracy {accuracy:.3f}",
             flush=True,
         )
-    dist.destroy_process_group()
+    if dist.is_initialized():  # a rank started again never joined the job's group
+        dist.destroy_process_group()
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
 """``StragglerStep(on_rank_loss="shrink")`` under ``tailtrain launch --on-rank-loss shrink``:
 a rank SIGKILLed inside a step leaves survivors that finish with N - 1 ranks, agree on every
 record, hold equal parameters, and equal a reference rebuilt from the records (which ranks
-contributed to each step); the one-line refusals where shrinking cannot work."""
+contributed to each step); with ``--restart-lost`` the killed rank comes back and heals from a
+live peer; the one-line refusals where shrinking cannot work."""
 
 from __future__ import annotations
 
@@ -81,7 +82,13 @@ def test_a_killed_rank_leaves_survivors_that_equal_the_reference_from_the_record
     models = [kept[r]["model"] for r in survivors]
     for name, value in models[0].items():
         assert all(torch.equal(value, other[name]) for other in models[1:]), name
-    # a reference: SGD with momentum on sum_n w_n G_n over the ranks each record names
+    reference = rebuilt(m, records)
+    for name, value in reference.items():
+        torch.testing.assert_close(models[0][name], value, rtol=1e-4, atol=1e-6)
+
+
+def rebuilt(m, records: list[dict]) -> dict[str, torch.Tensor]:
+    """A reference: SGD with momentum on sum_n w_n G_n over the ranks each record names."""
     x, y, _, _ = m.digits()
     net = m.make_model()
     optimizer = torch.optim.SGD(net.parameters(), lr=m.LR, momentum=m.MOMENTUM)
@@ -98,7 +105,45 @@ def test_a_killed_rank_leaves_survivors_that_equal_the_reference_from_the_record
         for p, t in zip(net.parameters(), total, strict=True):
             p.grad = t
         optimizer.step()
-    for name, value in net.state_dict().items():
+    return net.state_dict()
+
+
+@pytest.mark.slow  # three ranks importing torch and sklearn, and one of them a fourth time
+@pytest.mark.timeout(300)
+def test_a_killed_rank_started_again_heals_from_a_live_peer_and_the_group_grows_back(tmp_path):
+    """Rank 1 is SIGKILLed inside step 6 and started again (``--restart-lost 1``): it joins
+    the two survivors at a step boundary, takes the lead's model, optimizer and rule state (not
+    from disk), and the three finish with equal parameters and the same records from its join
+    on, each equal to the reference rebuilt from the records."""
+    command = [
+        sys.executable, "-m", "tailtrain", "launch", "--nproc-per-node", str(N),
+        "--on-rank-loss", "shrink", "--restart-lost", "1", str(EXAMPLE),
+        "--kill-rank", str(VICTIM), "--kill-step", str(AT), "--rejoin-steps", "5",
+        "--out", str(tmp_path),
+    ]  # fmt: skip
+    done = subprocess.run(
+        command, cwd=ROOT, env=environment(), capture_output=True, text=True, timeout=280
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert f"rank {VICTIM} died (killed by SIGKILL); started again (1 of 1)" in done.stderr
+    kept = {r: torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(N)}
+    records = kept[0]["records"]
+    assert all(kept[r]["records"] == records for r in range(N) if r != VICTIM)
+    back = kept[VICTIM]["records"]
+    at = back[0]["step"]  # the first step after the heal, on every rank alike
+    assert back == records[at:] and len(back) >= 5
+    assert [(r["step"], r["rejoined"]) for r in records if r["rejoined"]] == [(at, [VICTIM])]
+    assert [(r["step"], r["lost"], r["redone"]) for r in records if r["lost"]] == [
+        (AT, [VICTIM], True)
+    ]
+    survivors = [r for r in range(N) if r != VICTIM]
+    assert [r["live"] for r in records] == (
+        [list(range(N))] * AT + [survivors] * (at - AT) + [list(range(N))] * len(back)
+    )
+    models = [kept[r]["model"] for r in range(N)]
+    for name, value in models[0].items():
+        assert all(torch.equal(value, other[name]) for other in models[1:]), name
+    for name, value in rebuilt(example(), records).items():
         torch.testing.assert_close(models[0][name], value, rtol=1e-4, atol=1e-6)
 
 
