@@ -235,9 +235,13 @@ def test_a_killed_rank_is_started_again_at_most_n_times_with_its_rank_and_a_mark
         "if rank == '1':\n"
         "    assert (again != '0') == (os.environ.get('TAILTRAIN_REJOIN') == '1')\n"
         "    os.kill(os.getpid(), signal.SIGKILL)\n"
-        "time.sleep(float(sys.argv[2]))\n"
+        # the others finish once rank 1's last start is in (a restart comes before any finish)
+        "last, end = os.path.join(sys.argv[1], 'rank1-2'), time.monotonic() + 30\n"
+        "while not os.path.exists(last) and time.monotonic() < end:\n"
+        "    time.sleep(0.01)\n"
+        "time.sleep(0.5)\n"
     )
-    plan = check_launch(str(path), 3, "shrink", args=[str(tmp_path), "2.0"], restart_lost=2)
+    plan = check_launch(str(path), 3, "shrink", args=[str(tmp_path)], restart_lost=2)
     with caplog.at_level("WARNING", logger="tailtrain.runtime.scripts"):
         outcome = launch_script(plan)
     assert outcome.states == {0: RankState.FINISHED, 1: RankState.DIED, 2: RankState.FINISHED}
