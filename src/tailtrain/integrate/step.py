@@ -299,8 +299,9 @@ class StragglerStep:
         shrinker = self.shrinker
         # the lowest member looks for ranks asking to join (at most every JOIN_LOOK seconds)
         # and says so in the round's last gather, so every member grows after the same round
-        asks = shrinker is not None and shrinker.rank == shrinker.members[0]
-        asks = asks and shrinker is not None and shrinker.joins_waiting()
+        asks = False
+        if shrinker is not None and shrinker.rank == shrinker.members[0]:
+            asks = shrinker.joins_waiting()
         timing = self.rounds.timing(reduce, work, screened, asks)
         self._grows = bool(timing[:, 3].any())
         with torch.no_grad():  # past the last collective: the round completes here
