@@ -348,7 +348,10 @@ def stop(ranks: list[Rank], sig: int) -> None:
             r.process.wait(max(0.0, end - time.monotonic()))
         except subprocess.TimeoutExpired:
             signal_rank(r.process, signal.SIGKILL)
-            r.process.wait()
+            # SIGKILL ends a process unless it sleeps in the kernel (a stuck disk or NFS
+            # read): bounded too, so the launcher never hangs on a rank it cannot end
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                r.process.wait(STOP_GRACE)
         if r.state is RankState.RUNNING:
             r.state = RankState.STOPPED
 
