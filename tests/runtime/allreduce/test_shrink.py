@@ -8,7 +8,6 @@ parameters check which ranks contributed to each step, and that no rank was coun
 from __future__ import annotations
 
 import dataclasses
-import functools
 import json
 import math
 import os
@@ -78,8 +77,9 @@ def run(cfg: TrainConfig, entry=None):
     return launch([cfg], reserve(Endpoint("127.0.0.1", 0)), entry)
 
 
-#: rank 2 checks in to the first census, then dies before the group forms
-dies_in_census = functools.partial(census_drill.dies_in_census, train_allreduce)
+def dies_in_census(cfg: TrainConfig, comm: Collectives):
+    """Rank 2 checks in to the first census, then dies before the group forms."""
+    return census_drill.dies_in_census(train_allreduce, cfg, comm)
 
 
 def dies_in_heal(cfg: TrainConfig, comm: Collectives):

@@ -14,7 +14,6 @@ rank adopted (``calls``).
 from __future__ import annotations
 
 import dataclasses
-import functools
 import os
 import re
 import signal
@@ -61,8 +60,9 @@ def run(cfg: TrainConfig, entry=None):
     return launch([cfg], reserve(Endpoint("127.0.0.1", 0)), entry)
 
 
-#: rank 2 checks in to the first census, then dies before the group forms
-dies_in_census = functools.partial(census_drill.dies_in_census, train_partial)
+def dies_in_census(cfg: TrainConfig, comm: Collectives):
+    """Rank 2 checks in to the first census, then dies before the group forms."""
+    return census_drill.dies_in_census(train_partial, cfg, comm)
 
 
 def reference(cfg: TrainConfig, steps: list[dict], calls: dict[str, list]) -> np.ndarray:
