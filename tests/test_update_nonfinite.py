@@ -35,6 +35,14 @@ def test_rule_normalised_weights_renormalise_over_the_finite_rows():
     assert update.dropped.tolist() == [KEYS[2]]
 
 
+def test_the_screened_keys_are_taken_once():
+    # the parameter server's step that applies nothing must not report the last step's NaN
+    update = WeightedUpdate(lr=1.0)
+    update.direction(GRADS.clone(), KEYS, selection())
+    assert update.take_dropped().tolist() == [KEYS[2]]
+    assert update.take_dropped().size == 0
+
+
 def test_a_fixed_divisor_stays():
     d = WeightedUpdate(lr=1.0).direction(GRADS.clone(), KEYS, selection(total=3.0))
     assert d.tolist() == [1.0]  # (1 + 2) / 3

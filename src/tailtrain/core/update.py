@@ -228,6 +228,12 @@ class WeightedUpdate:
         #: their values (a fault drill: ``tailtrain.faults``); consumed by that call
         self.inject: tuple[np.ndarray, np.ndarray] | None = None
 
+    def take_dropped(self) -> np.ndarray:
+        """The keys the last ``direction`` screened out, once: a later step that applies
+        nothing (no ``direction``) screened nothing and must not report them again."""
+        dropped, self.dropped = self.dropped, np.zeros(0, dtype=np.int64)
+        return dropped
+
     def direction(
         self, grads: torch.Tensor, keys: np.ndarray, selection: Selection
     ) -> torch.Tensor:

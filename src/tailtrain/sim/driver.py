@@ -158,8 +158,7 @@ class _Run:
     def _dropped(self) -> np.ndarray:
         if self.update is None:
             return np.zeros(0, dtype=np.int64)
-        dropped, self.update.dropped = self.update.dropped, np.zeros(0, dtype=np.int64)
-        return dropped
+        return self.update.take_dropped()
 
     def close(self, *, partial: bool) -> None:
         """The summary (marked partial after an interrupt); written if the run streams."""

@@ -369,7 +369,7 @@ class Server:
         if grads is not None:
             self.update.inject = inject
             theta = self.update.apply(theta, grads, keys[index], applied, plan.lr_scale)
-        dropped = self.update.dropped
+        dropped = self.update.take_dropped()
         used = selection.used()
         finite = None if grads is None else np.ones(index.size, dtype=bool)  # just screened
         if dropped.size:
