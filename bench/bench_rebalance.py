@@ -77,7 +77,11 @@ SCENARIOS = {
     "d": {"pattern": "iid"},
 }
 SYNC, DROPCOMPUTE = "sync", "dropcompute:threshold=auto"
-REBALANCE = ("rebalance", "rebalance:then=dropcompute,defer=true")
+REBALANCE = (
+    "rebalance",
+    "rebalance:then=dropcompute,defer=true",
+    "rebalance:deal=demand",
+)
 #: Monte Carlo iterations of the optimal-share time (its standard error is reported)
 OPTIMAL_DRAWS = 4000
 #: the rule's default warm-up (``rebalance:warmup=``), steps at equal shares
