@@ -6,9 +6,11 @@ Four scenarios on ``digits-cnn``, 8 workers, 12 micro-batches of
 (c) as (b) with ``noniid:classes=2``, so the slow ranks hold classes of their own;
 (d) i.i.d. noise only. Strategies: ``sync``, ``dropcompute:threshold=auto``, the best
 ``k-sync:k=K`` on the parameter server (K among N/2, 3N/4, N-1 with the most samples per
-second in a timing-only simulate of seed 0), ``rebalance`` and
+second in a timing-only simulate of seed 0), ``rebalance``,
 ``rebalance:then=dropcompute,defer=true`` (its threshold's cut carried to the next step, so it
-drops no sample; without ``defer=true`` it has the same clock and drops what this one defers).
+drops no sample; without ``defer=true`` it has the same clock and drops what this one defers)
+and ``rebalance:deal=demand`` (each micro-batch to whichever rank asks next until N M are
+complete, the units in flight then carried).
 
 Two parts:
 
@@ -31,8 +33,9 @@ Two parts:
 "Samples dropped per epoch": of the samples a strategy draws (sync's global batch, N M B a
 step), those whose gradient never enters an update, per epoch of the train set (n_train
 samples drawn): DropCompute's cut micro-batches, K-sync's ignored gradients. The carried cut
-of ``rebalance:then=dropcompute,defer=true`` is "deferred" (computed one step later), not
-dropped; only what is still carried when the run ends was never computed (``left_at_end``).
+of ``rebalance:then=dropcompute,defer=true`` (and the units ``rebalance:deal=demand`` cuts in
+flight) is "deferred" (computed one step later), not dropped; only what is still carried
+when the run ends was never computed (``left_at_end``).
 
     python bench/bench_rebalance.py --json [--seeds 0 1 2] [--jobs 2]   # the full benchmark
     python bench/bench_rebalance.py --quick --json                       # a smoke test
@@ -77,7 +80,11 @@ SCENARIOS = {
     "d": {"pattern": "iid"},
 }
 SYNC, DROPCOMPUTE = "sync", "dropcompute:threshold=auto"
-REBALANCE = ("rebalance", "rebalance:then=dropcompute,defer=true")
+REBALANCE = (
+    "rebalance",
+    "rebalance:then=dropcompute,defer=true",
+    "rebalance:deal=demand",
+)
 #: Monte Carlo iterations of the optimal-share time (its standard error is reported)
 OPTIMAL_DRAWS = 4000
 #: the rule's default warm-up (``rebalance:warmup=``), steps at equal shares
@@ -246,7 +253,7 @@ def synchronous_bounds(delay: Any, factor: np.ndarray, m: int, seed: int) -> dic
     finds (moving one micro-batch between two ranks while the best rate grows).
     ``dealt_on_demand``: every rank computes until tau or until N M micro-batches are
     complete in all, whichever is first (the step's N M micro-batches dealt on demand to
-    whichever rank is free, as only a mid-step exchange could), best tau on a grid: the
+    whichever rank is free, as ``rebalance:deal=demand`` does with no tau), best tau on a grid: the
     micro-batch in flight at the boundary is lost, nothing else; a reference for what a
     synchronous step boundary costs at best, not a theorem about every scheme."""
     n = factor.size

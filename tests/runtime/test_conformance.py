@@ -49,7 +49,10 @@ SPECS = {
 }
 #: combinations an engine must deal beyond a strategy's plain spec: rebalance's carried cut
 #: (``AllreducePlan.carry_cut``), here with a threshold that cuts the slower rank's unit
-VARIANTS = ("rebalance:warmup=1,then=dropcompute,threshold=0.03,defer=true",)
+VARIANTS = (
+    "rebalance:warmup=1,then=dropcompute,threshold=0.03,defer=true",
+    "rebalance:deal=demand",  # the store deals each micro-batch to whichever rank asks
+)
 BY_TOPOLOGY = {
     t: [s for s in (*SPECS.values(), *VARIANTS) if topology_of(parse_strategy(s)) is t]
     for t in Topology

@@ -166,3 +166,85 @@ def test_equal_shares_stop_as_syncs_rounds_do(n, m, tau, preempt, seed):
         np.testing.assert_array_equal(uneven.done, shares)
         own = np.where(np.arange(3 * m) < shares[:, None], times, 0.0).sum(axis=1)
         np.testing.assert_allclose(uneven.compute, own)
+
+
+# ---- dealt on demand (rebalance:deal=demand) ----------------------------------------------
+def test_dealt_on_demand_every_micro_batch_of_the_stream_is_computed_once(monkeypatch):
+    """Each step computes exactly N M micro-batches, the carried ones first; the unit each rank
+    had in flight at the N M-th completion is carried, so over the run every micro-batch of
+    sync's stream is computed exactly once but the last step's cut, still queued."""
+    from tailtrain.tasks.stream import Draws
+    from tailtrain.topology.allreduce import RoundData
+
+    computed, kept = [], []
+    original = RoundData.on_demand
+
+    def spy(self, index, done, m):
+        out = original(self, index, done, m)
+        computed.extend(out[n, j].tolist() for n in range(len(done)) for j in range(done[n]))
+        kept.append(self.carry.queue.tolist())
+        return out
+
+    monkeypatch.setattr(RoundData, "on_demand", spy)
+    scenario = Scenario(
+        task="logreg",
+        workers=3,
+        micro_batches=2,
+        delay=NOISE,
+        pattern="slowdown:at=0,fraction=0.34,factor=2",
+        iterations=25,
+    )
+    record, _ = run("rebalance:deal=demand", scenario)
+    for row in record.steps:
+        assert sum(row["completed"]) == 6 and row["drop_rate"] == 0.0
+        assert all(d - c in (0, 1) for d, c in zip(row["shares"], row["completed"], strict=True))
+        assert row["deferred"] == sum(row["shares"]) - 6
+    assert record.summary["dropped_micro_batches"] == record.steps[-1]["deferred"] == len(kept[-1])
+    world = World.build(scenario, 0)
+    stream = Draws(world.partition, 0, world.task.batch_size, 3)
+    taken = len(computed) + len(kept[-1])
+    rounds = -(-taken // 6)
+    flat = np.concatenate([stream.round(r, 2).reshape(6, -1) for r in range(rounds)])[:taken]
+    assert sorted(computed + kept[-1]) == sorted(flat.tolist())  # each once, none lost
+    assert len(computed) == 25 * 6
+
+
+def test_dealt_on_demand_the_update_is_sgd_on_the_computed_samples():
+    """Weights C_n / M over N with sum_n C_n = N M: the update is single-process SGD on the
+    step's computed micro-batches, whichever rank computed them."""
+    scenario = Scenario(
+        task="logreg", workers=3, micro_batches=2, delay="exp:rate=10", iterations=1
+    )
+    world = World.build(scenario, 1)
+    engine = AllreduceEngine(world)
+    rule = parse_strategy("rebalance:deal=demand")
+    state = rule.init(Context(n_workers=3, micro_batches=2))
+    plan = rule.plan(state)
+    before = engine.learner.theta.clone()
+    played = engine.play(plan)
+    stops = played.detail[1]
+    assert stops.done.sum() == 6 and stops.compute.tolist() == [stops.compute[0]] * 3
+    first = engine.learner.carry.take(engine.learner.drawn, 3, 2, int(stops.dealt.sum()))
+    engine.learner.carry.taken = 0  # the same micro-batches again for the engine's own deal
+    engine.apply(plan, rule.select(state, played.candidates), played)
+    index = played.detail[4][1]
+    counted = index[(index >= 0) & (np.arange(index.shape[1]) < stops.done[:, None])]
+    _, grads = world.task.grads(before, first[np.sort(counted)])
+    expected = before - world.lr * grads.mean(dim=0)
+    torch.testing.assert_close(engine.learner.theta, expected, rtol=1e-5, atol=1e-7)
+
+
+def test_dealt_on_demand_without_stragglers_is_syncs_run():
+    """Constant, equal micro-batch times: every rank completes its M at the same instants and
+    nothing is cut: sync's clock, and sync's global batch each step. The asks are served
+    rank by rank (rank 0 takes micro-batches 0 and N, not 0 and 1), so only the order of the
+    float sums differs from sync's."""
+    scenario = Scenario(
+        task="logreg", workers=3, micro_batches=2, delay="const:value=0.1", iterations=6
+    )
+    record, theta = run("rebalance:deal=demand", scenario)
+    base, base_theta = run("sync", scenario)
+    assert all(row["shares"] == row["completed"] == [2] * 3 for row in record.steps)
+    assert record.column("time").tolist() == base.column("time").tolist()
+    np.testing.assert_allclose(record.column("loss"), base.column("loss"), rtol=1e-6)
+    torch.testing.assert_close(theta, base_theta)

@@ -82,6 +82,19 @@ CASES = {
         "--eval-every",
         "3",
     ],
+    # dealt on demand: the unit in flight at the N M-th completion carried to the next step
+    "allreduce-rebalance-demand": [
+        "--strategy",
+        "rebalance:deal=demand",
+        "--pattern",
+        "heterogeneous:low=1,high=3",
+        "--micro-batches",
+        "3",
+        "--iterations",
+        "14",
+        "--eval-every",
+        "3",
+    ],
     "partial-eager": ["--strategy", "eager:mode=majority", "--iterations", "14"],
     "ps-lgc-time": [
         "--strategy",

@@ -41,7 +41,11 @@ NO_STRAGGLER_SPECS = {
     "local-sgd": ["local-sgd:period=1"],
     "eager": ["eager:mode=solo", "eager:mode=majority", f"eager:mode=quorum,k={N}"],
     "dbw-quorum": ["dbw-quorum"],
-    "rebalance": ["rebalance:warmup=1", "rebalance:warmup=1,then=dropcompute,threshold=inf"],
+    "rebalance": [
+        "rebalance:warmup=1",
+        "rebalance:warmup=1,then=dropcompute,threshold=inf",
+        "rebalance:deal=demand",
+    ],
 }
 
 
@@ -151,6 +155,7 @@ EVOLVING_SPECS = [
     "local-sgd:period=2,threshold=auto,calibrate=2",
     "eager:mode=majority",
     "dbw-quorum",
+    "rebalance:deal=demand",
 ]
 
 

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from tailtrain.errors import UsageError
 from tailtrain.strategies.base import ArrivalColumns, Context, StepStats, Topology, check_contract
-from tailtrain.strategies.rebalance import makespan, on_nominal_units, optimal_shares
+from tailtrain.strategies.rebalance import makespan, on_demand, on_nominal_units, optimal_shares
 from tailtrain.strategies.registry import parse_strategy
 
 
@@ -266,3 +266,90 @@ def test_a_composed_dropcompute_follows_and_a_deferred_cut_refuses():
     ctx = Context(n_workers=2, micro_batches=6)
     assert deferred.follow_world(deferred.init(ctx), ctx) is None
     assert "defer=true" in deferred.follow_refusal()
+
+
+# ---- dealt on demand (deal=demand) --------------------------------------------------------
+def served_one_by_one(times: np.ndarray, pool: int) -> tuple[np.ndarray, np.ndarray]:
+    """A plain event-by-event reference of :func:`on_demand`: a heap of (free time, rank);
+    the earliest free rank asks and is dealt the next micro-batch, until ``pool`` of them
+    are complete (completions in (time, rank) order); the step ends at that completion."""
+    import heapq
+
+    n, units = times.shape
+    index = np.full((n, units), -1)
+    ends = []  # (finish, rank, unit) of every dealt unit
+    free = [(0.0, rank) for rank in range(n)]
+    at = np.zeros(n, dtype=int)
+    dealt = 0
+    while free:
+        start, rank = heapq.heappop(free)
+        if at[rank] == units:
+            continue
+        done = sorted(ends)
+        if len(done) >= pool and start >= done[pool - 1][0]:
+            continue  # the step has ended: this rank asks no more
+        index[rank, at[rank]] = dealt
+        dealt += 1
+        finish = start + times[rank, at[rank]]
+        ends.append((finish, rank, at[rank]))
+        at[rank] += 1
+        heapq.heappush(free, (finish, rank))
+    counted = np.zeros((n, units), dtype=bool)
+    for _, rank, unit in sorted(ends)[:pool]:
+        counted[rank, unit] = True
+    return index, counted
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.integers(1, 5),
+    st.integers(1, 4),
+    st.sampled_from(["exp", "const", "lognormal"]),
+    st.lists(st.floats(0.5, 3.0), min_size=5, max_size=5),
+    st.integers(0, 2**32 - 1),
+)
+def test_dealing_on_demand_is_the_event_by_event_deal(n, m, law, speeds, seed):
+    """The vectorised deal equals a rank-by-rank event loop over per-rank laws (persistent
+    speeds times i.i.d. draws; constant ones make ties, broken by the lower rank), and every
+    micro-batch of the step goes to exactly one unit: N M counted, at most one cut a rank."""
+    rng = np.random.default_rng(seed)
+    draws = {
+        "exp": lambda shape: rng.exponential(1.0, shape),
+        "const": lambda shape: np.ones(shape),
+        "lognormal": lambda shape: rng.lognormal(0.0, 1.0, shape),
+    }[law]((n, n * m))
+    times = draws * np.array(speeds[:n])[:, None]
+    pool = n * m
+    index, counted = on_demand(np.cumsum(times, axis=1), pool)
+    ref_index, ref_counted = served_one_by_one(times, pool)
+    np.testing.assert_array_equal(counted, ref_counted)
+    np.testing.assert_array_equal(index, ref_index)
+    dealt = index >= 0
+    assert sorted(index[dealt].tolist()) == list(range(int(dealt.sum())))
+    assert counted.sum() == pool and not (counted & ~dealt).any()
+    cut = dealt.sum(axis=1) - counted.sum(axis=1)
+    assert ((cut == 0) | (cut == 1)).all()
+    for mask in (dealt, counted):  # prefixes: a rank's units in order
+        assert (np.diff(mask.astype(int), axis=1) <= 0).all()
+
+
+def test_deal_on_demand_is_its_own_spec_and_refuses_what_it_does_not_use():
+    rule = parse_strategy("rebalance:deal=demand")
+    assert rule.carries and rule.needs == frozenset({"shares", "carry", "demand"})
+    state = rule.init(Context(n_workers=3, micro_batches=4))
+    plan = rule.plan(state)
+    assert plan.on_demand and plan.carry_cut and sum(plan.shares) == 12
+    moved = run_steps(rule)  # no share to move: the pool is N M, dealt as ranks ask
+    assert moved.moves == 0 and (moved.shares == moved.micro_batches).all()
+    with pytest.raises(UsageError, match=r"deal=demand deals no shares.*drop then=, warmup="):
+        parse_strategy("rebalance:deal=demand,warmup=2,then=dropcompute")
+    with pytest.raises(UsageError, match=r"deal='all' is unknown"):
+        parse_strategy("rebalance:deal=all")
+    with pytest.raises(
+        UsageError, match=r"needs demand, .*run it with `simulate` or `train`$"
+    ) as refused:
+        check_contract(rule, Topology.ALLREDUCE, frozenset({"shares", "carry"}))
+    assert "\n" not in str(refused.value)
+    ctx = Context(n_workers=2, micro_batches=6)
+    assert rule.follow_world(rule.init(ctx), ctx) is None
+    assert "deal=demand" in rule.follow_refusal()

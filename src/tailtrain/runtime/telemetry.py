@@ -334,13 +334,22 @@ def time_means(steps: Sequence[dict[str, Any]]) -> dict[str, float]:
 
 
 def allreduce_row(
-    plan: Plan, stats: StepStats, times: RoundTimes, used: list[int], m: int, settled: Settled
+    plan: Plan,
+    stats: StepStats,
+    times: RoundTimes,
+    used: list[int],
+    m: int,
+    settled: Settled,
+    dealt: np.ndarray | None = None,
 ) -> dict[str, Any]:
-    """The record row of an allreduce round adapted on ``stats`` and timed by ``settled``."""
+    """The record row of an allreduce round adapted on ``stats`` and timed by ``settled``;
+    ``dealt``: on demand, the micro-batches each rank was dealt."""
     full = times.full(plan.local_steps * m)
     if plan.shares is not None:  # sync's T_n^(M) is a rank's compute only where its share is M
         full = np.where(np.asarray(plan.shares) == m, full, np.nan)
-    stops = Stops(times.done, times.compute, full)
+    if dealt is not None:  # on demand no rank computes sync's units: unmeasured
+        full = np.full(len(full), np.nan)
+    stops = Stops(times.done, times.compute, full, dealt)
     row = step_row(plan, stats, stops, used, m, settled.comm_time)
     row["time"] = settled.time
     row.update(time_row(times))

@@ -41,8 +41,8 @@ class TopologySpec:
     #: whether its runs keep checkpoints, so ``--checkpoint-every`` and ``--resume`` apply
     checkpoints: bool = True
     #: what its rank entry does beyond the topology's protocol (``Strategy.needs``), as the
-    #: simulator's engine names it (``does``): the allreduce's rounds deal per-rank shares
-    #: and carry a threshold's cut to the next round
+    #: simulator's engine names it (``does``): the allreduce's rounds deal per-rank shares,
+    #: carry a threshold's cut to the next round and deal micro-batches on demand
     does: frozenset[str] = frozenset()
 
     def processes(self, workers: int) -> int:
@@ -57,7 +57,10 @@ class TopologySpec:
 #: topology -> its spec; the one table (module docstring)
 TOPOLOGY_SPECS: dict[Topology, TopologySpec] = {
     Topology.ALLREDUCE: TopologySpec(
-        Topology.ALLREDUCE, "AllreduceEngine", train_allreduce, does=frozenset({"shares", "carry"})
+        Topology.ALLREDUCE,
+        "AllreduceEngine",
+        train_allreduce,
+        does=frozenset({"shares", "carry", "demand"}),
     ),
     Topology.PARTIAL_COLLECTIVE: TopologySpec(
         Topology.PARTIAL_COLLECTIVE, "PartialCollectiveEngine", train_partial

@@ -284,6 +284,9 @@ class AllreducePlan(Plan):
     #: micro-batches the threshold cut are dealt first in the next step's global batch
     #: (``tasks.stream.CarryOver``), so none is lost; needs ``shares``
     carry_cut: bool = False
+    #: the stream's micro-batches go to whichever rank asks next until sum(shares) of them
+    #: are complete (``strategies.rebalance.on_demand``); needs ``carry_cut``
+    on_demand: bool = False
 
 
 @dataclass(frozen=True, eq=False)
@@ -511,10 +514,15 @@ def engine_refusal(strategy: Strategy, does: frozenset[str]) -> str | None:
     missing = sorted(strategy.needs - does)
     if not missing:
         return None
+    # a user's loop (StragglerStep) has no store to deal on demand from (issue 25)
+    where = (
+        "`simulate` or `train`"
+        if "demand" in missing
+        else "`simulate`, `predict`, `train` or StragglerStep"
+    )
     return (
         f"strategy {strategy.describe()!r} needs {', '.join(missing)}, which this entry's "
-        f"{strategy.topology} topology does not deal; run it with `simulate`, `predict`, "
-        "`train` or StragglerStep"
+        f"{strategy.topology} topology does not deal; run it with {where}"
     )
 
 

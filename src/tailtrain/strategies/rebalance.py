@@ -33,6 +33,14 @@ batch with ``defer=true`` (``AllreducePlan.carry_cut``, ``tasks.stream.CarryOver
 micro-batch of the stream is still computed exactly once and the combination drops no sample;
 the default, ``defer=false``, drops them, as DropCompute does (and runs wherever shares are
 dealt; the carry needs an engine that does ``carry``).
+
+``deal=demand`` (issue 25) deals no shares: the step's micro-batches (the carried ones first,
+then fresh ones of the stream) go one at a time to whichever rank asks next, until N M of
+them are complete; the micro-batch each rank has in flight then is cut and dealt first in
+the next step, so none is lost and every update holds N M micro-batches, as sync's does.
+Each rank computes all the step long, whatever its speed, with no threshold to calibrate.
+The decision is :func:`on_demand`; the engines own who asks when (the virtual clock in
+``simulate``).
 """
 
 from __future__ import annotations
@@ -57,15 +65,17 @@ from tailtrain.strategies.base import (
     Weighting,
 )
 from tailtrain.strategies.dropcompute import KEYS as DROPCOMPUTE_KEYS
-from tailtrain.strategies.dropcompute import DropCompute, parse_options
+from tailtrain.strategies.dropcompute import DropCompute, elapsed_before, parse_options
 
 #: standard errors of the estimates a predicted gain must exceed before the shares move, on
 #: top of sqrt(2 ln N), the expected largest of N standard normal deviations
 NOISE_Z = 3.0
 #: median absolute deviation to standard deviation (normal), and the median's efficiency
 MAD_SCALE, MEDIAN_SE = 1.4826, 1.2533
-REBALANCE_KEYS = ("warmup", "window", "hysteresis", "floor", "then", "defer")
+REBALANCE_KEYS = ("warmup", "window", "hysteresis", "floor", "then", "defer", "deal")
 THEN = ("dropcompute",)
+#: how the step's global batch reaches the ranks: by the shares, or on demand (issue 25)
+DEAL_MODES = ("shares", "demand")
 
 
 @dataclass(frozen=True)
@@ -97,6 +107,8 @@ class Rebalance(Strategy):
     then: DropCompute | None = None
     #: with ``then``: deal the micro-batches its threshold cuts in the next step
     defer: bool = False
+    #: ``shares``: rank n computes m_n; ``demand``: the pool to whichever rank asks next
+    deal: str = "shares"
     text: str = field(default="", compare=False)
     topology: ClassVar[Topology] = Topology.ALLREDUCE
     #: C_n / M over N: a rank's weight is its own count (DropCompute Eq. 1)
@@ -105,13 +117,16 @@ class Rebalance(Strategy):
     @property
     def needs(self) -> frozenset[str]:  # type: ignore[override]
         """Engines must deal per-rank shares (``AllreducePlan.shares``) and, when a composed
-        threshold's cut is deferred, carry it to the next step (``carry_cut``)."""
+        threshold's cut is deferred, carry it to the next step (``carry_cut``), and deal the
+        pool on demand (``AllreducePlan.on_demand``) under ``deal=demand``."""
+        if self.deal == "demand":
+            return frozenset({"shares", "carry", "demand"})
         return frozenset({"shares", "carry"}) if self.carries else frozenset({"shares"})
 
     @property
     def carries(self) -> bool:
         """Whether the plans ask for the cut micro-batches to be dealt again."""
-        return self.then is not None and self.defer
+        return self.deal == "demand" or (self.then is not None and self.defer)
 
     def init(self, ctx: Context) -> RebalanceState:
         n, m = ctx.n_workers, ctx.micro_batches
@@ -135,7 +150,12 @@ class Rebalance(Strategy):
         base = (
             AllreducePlan(k=state.n_workers) if self.then is None else self.then.plan(state.inner)
         )
-        return replace(base, shares=tuple(state.shares.tolist()), carry_cut=self.carries)
+        return replace(
+            base,
+            shares=tuple(state.shares.tolist()),
+            carry_cut=self.carries,
+            on_demand=self.deal == "demand",
+        )
 
     def select(self, state: RebalanceState, arrivals: ArrivalColumns) -> Selection:
         """Weights (C_n / M) / N: each rank by the samples it contributed."""
@@ -161,7 +181,7 @@ class Rebalance(Strategy):
             window = window.copy()
             window[state.step % self.window] = per_unit_time(times)
         state = replace(state, step=state.step + 1, window=window, inner=inner)
-        if state.step < self.warmup:
+        if state.step < self.warmup or self.deal == "demand":  # on demand: no share moves
             return state
         return self._moved(state)
 
@@ -212,9 +232,14 @@ class Rebalance(Strategy):
         )
 
     def follow_refusal(self) -> str:
-        """Why ``defer=true`` refuses a changing world: the cut it carries is dealt first in
-        the next step's global batch (``tasks.stream.CarryOver``), which a lost rank's share
-        of it would leave dealt to nobody or twice."""
+        """Why ``defer=true`` (and ``deal=demand``) refuses a changing world: the cut it
+        carries is dealt first in the next step's global batch (``tasks.stream.CarryOver``),
+        which a lost rank's share of it would leave dealt to nobody or twice."""
+        if self.deal == "demand":
+            return (
+                "deal=demand carries each rank's cut micro-batch into the next step, and a "
+                "lost rank's has no owner; use rebalance without deal=demand"
+            )
         return (
             "defer=true carries the micro-batches tau cut into the next step's global batch, "
             "and a lost rank's carried share has no owner; use defer=false"
@@ -222,6 +247,38 @@ class Rebalance(Strategy):
 
     def describe(self) -> str:
         return self.text or self.name
+
+
+def on_demand(cumulative: np.ndarray, pool: int) -> tuple[np.ndarray, np.ndarray]:
+    """A step dealt on demand until ``pool`` (N M) micro-batches are complete (issue 25).
+
+    ``cumulative[n, u]`` is T_n^(u), when rank n's u-th unit would end if it kept
+    computing; it asks for unit u at T_n^(u-1) (T^(0) = 0). Completions are counted in
+    time order (ties to the lower rank): the step ends at E, the ``pool``-th completion,
+    and exactly those ``pool`` units count. A rank is dealt every unit it asks for before
+    E, so every rank is busy until E and the unit in flight at E is cut, to be dealt again
+    first in the next step (DropCompute Algorithm 1's preemption, with E for tau). Asks are
+    served in time order (ties to the lower rank), the k-th ask taking the step's k-th
+    micro-batch (the carried ones, then fresh ones of the stream).
+
+    Out (N, U) each: ``index``, the micro-batch each unit is dealt (-1: none), and
+    ``counted``. Per rank both are prefixes and at most one dealt unit is not counted. The
+    engines own the clock: ``simulate`` passes its draws; ``train``'s counter must serve
+    asks and completions in the same order. Vectorised: two stable sorts of the N U units."""
+    n_units = cumulative.size
+    if pool > n_units:
+        raise ValueError(f"a pool of {pool} micro-batches needs as many units, got {n_units}")
+    by_finish = np.argsort(cumulative, axis=None, kind="stable")  # rank-major: ties to rank
+    counted = np.zeros(cumulative.shape, dtype=bool)
+    counted.flat[by_finish[:pool]] = True
+    end = cumulative.flat[by_finish[pool - 1]] if pool else 0.0
+    asks = elapsed_before(cumulative)
+    dealt = counted | (asks < end)
+    order = np.argsort(np.where(dealt, asks, np.inf), axis=None, kind="stable")
+    served = int(np.count_nonzero(dealt))
+    index = np.full(cumulative.shape, -1, dtype=np.int64)
+    index.flat[order[:served]] = np.arange(served)
+    return index, counted
 
 
 def per_unit_time(times: np.ndarray) -> np.ndarray:
@@ -334,7 +391,7 @@ def on_nominal_units(times: np.ndarray, shares: np.ndarray, micro_batches: int) 
 # ---- builder ------------------------------------------------------------------------------
 def build_rebalance(spec: Spec) -> Rebalance:
     """``rebalance[:warmup=STEPS][,window=STEPS][,hysteresis=GAIN][,floor=MICRO_BATCHES]
-    [,then=dropcompute[,defer=BOOL][,DropCompute's options]]``.
+    [,then=dropcompute[,defer=BOOL][,DropCompute's options]]`` or ``rebalance:deal=demand``.
 
     ``then=dropcompute`` composes DropCompute's threshold (``threshold=auto`` by default)
     rather than adding a ``dropcompute=`` option: its own options then read as they do in
@@ -345,6 +402,19 @@ def build_rebalance(spec: Spec) -> Rebalance:
     spec.require_known(REBALANCE_KEYS + (DROPCOMPUTE_KEYS if then else ()))
     if spec.has("defer") and then is None:
         raise UsageError(f"{spec.text!r}: defer= applies to then=dropcompute's cut; add it")
+    deal = spec.get_str("deal", "shares")
+    if deal not in DEAL_MODES:
+        raise UsageError(
+            f"{spec.text!r}: deal={deal!r} is unknown; use one of {', '.join(DEAL_MODES)}"
+        )
+    if deal == "demand":
+        extra = sorted(key for key in spec.params if key != "deal")
+        if extra:  # no shares to estimate, no threshold: the N M-th completion ends a step
+            raise UsageError(
+                f"{spec.text!r}: deal=demand deals no shares and has no threshold "
+                f"(a step ends at its N M-th completed micro-batch); drop "
+                + ", ".join(f"{key}=" for key in extra)
+            )
     window = spec.get_int("window", 50, minimum=1)
     warmup = spec.get_int("warmup", min(10, window), minimum=1)
     return Rebalance(
@@ -353,6 +423,7 @@ def build_rebalance(spec: Spec) -> Rebalance:
         hysteresis=spec.get_float("hysteresis", 0.05, minimum=0.0),
         floor=spec.get_int("floor", 1, minimum=1),
         defer=_defer(spec),
+        deal=deal,
         then=None if then is None else _dropcompute(spec),
         text=spec.text,
     )

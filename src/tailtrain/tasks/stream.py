@@ -154,15 +154,36 @@ class CarryOver:
 
     def global_batch(self, draws: Draws, n: int, m: int) -> np.ndarray:
         """This step's N M micro-batches (N, M, B): the carried ones, then fresh ones."""
+        return self.take(draws, n, m, n * m).reshape(n, m, -1)
+
+    def take(self, draws: Draws, n: int, m: int, count: int) -> np.ndarray:
+        """The next ``count`` micro-batches (count, B): carried ones first, then fresh ones of
+        the stream (sync's global batches of ``n`` ranks' ``m`` micro-batches one after
+        another). What is not taken stays queued (a step dealt on demand may take fewer
+        than were carried)."""
+        rows = self.peek(draws, n, m, count)
+        self.taken += max(0, count - len(self.queue))
+        self.queue = self.queue[count:]
+        return rows
+
+    def peek(self, draws: Draws, n: int, m: int, count: int) -> np.ndarray:
+        """What :meth:`take` would return, taking nothing: a runtime rank dealt on demand
+        reads the step's micro-batches before it knows how many the step takes."""
+        queued = self.queue[:count]
+        need = count - len(queued)
+        if not need:
+            return queued
         per_round = n * m
-        need = per_round - len(self.queue)
         first, last = self.taken // per_round, (self.taken + need - 1) // per_round
         rounds = [draws.round(r, m).reshape(per_round, -1) for r in range(first, last + 1)]
         start = self.taken - first * per_round
-        fresh = [np.concatenate(rounds)[start : start + need]] if need else []
-        self.taken += need
-        parts = [self.queue, *fresh] if len(self.queue) else fresh
-        return np.concatenate(parts).reshape(n, m, -1)
+        fresh = np.concatenate(rounds)[start : start + need]
+        return np.concatenate([queued, fresh]) if len(queued) else fresh
+
+    def keep(self, cut: np.ndarray) -> int:
+        """Queue ``cut`` (K, B) after what is still queued, for the next step; how many."""
+        self.queue = np.concatenate([self.queue, cut]) if len(self.queue) else cut
+        return len(cut)
 
     def cut(self, dealt: np.ndarray, shares: np.ndarray, done: np.ndarray) -> int:
         """Keep every dealt micro-batch (N, max share, B) past its rank's ``done`` count,

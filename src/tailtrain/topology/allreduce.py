@@ -65,11 +65,13 @@ def as_allreduce(plan: Plan) -> AllreducePlan:
 
 @dataclass(frozen=True)
 class Stops:
-    """Per worker: units done ``done``, compute seconds ``compute`` and ``full`` = T_n^(U)."""
+    """Per worker: units done ``done``, compute seconds ``compute`` and ``full`` = T_n^(U);
+    ``dealt``: the micro-batches each was dealt on demand (None: its share)."""
 
     done: np.ndarray
     compute: np.ndarray
     full: np.ndarray
+    dealt: np.ndarray | None = None
 
 
 def worker_grads(total: torch.Tensor, done: np.ndarray, local_steps: int) -> torch.Tensor:
@@ -144,6 +146,22 @@ class RoundData:
         batches = self.batches(round_index, m)
         return deal(batches if members is None else batches[list(members)], shares)
 
+    def on_demand(self, index: np.ndarray, done: np.ndarray, m: int) -> np.ndarray:
+        """A step dealt on demand (``strategies.rebalance.on_demand``): its k-th dealt unit
+        takes the k-th micro-batch of the carried ones then the fresh stream
+        (``CarryOver.take``), and each rank's dealt units past its ``done`` count are
+        carried to the next step. Out (N, most dealt, B), each rank's in its units' order;
+        rows past a rank's dealt units repeat its last (or the step's first) micro-batch and
+        are never computed."""
+        dealt = np.count_nonzero(index >= 0, axis=1)
+        rows = self.carry.take(self.drawn, len(done), m, int(dealt.sum()))
+        width = max(int(dealt.max()), 1)
+        unit = np.minimum(np.arange(width)[None, :], np.maximum(dealt, 1)[:, None] - 1)
+        at = np.take_along_axis(index, unit, axis=1)
+        out = rows[np.maximum(at, 0)]
+        self.carry.keep(np.concatenate([out[n, done[n] : dealt[n]] for n in range(len(done))]))
+        return out
+
     def carry_cut(self, dealt: np.ndarray, shares: np.ndarray, done: np.ndarray) -> int:
         """Keep what each rank of :meth:`dealt`'s round left undone (``done`` of its
         ``shares``) for the next step's global batch; how many micro-batches."""
@@ -179,7 +197,7 @@ def step_row(
 ) -> dict[str, Any]:
     """A round's record row, both engines' (``sim.allreduce.engine``, ``runtime.allreduce``).
     A plan of per-rank shares (``strategies.rebalance``) adds ``shares``: the micro-batches
-    each rank was dealt (``completed``: those it counted).
+    each rank was dealt (``completed``: those it counted; on demand, ``Stops.dealt``).
 
     A round in which no rank counted a unit (a threshold below every rank's first unit:
     DropCompute's Algorithm 1 may break before the first micro-batch) adds ``empty``: true.
@@ -212,9 +230,10 @@ def step_row(
     if n and not stops.done.any():  # nothing ran: no update (docstring)
         row["empty"] = True
     if plan.shares is not None:
-        row["shares"] = list(plan.shares)
+        row["shares"] = list(plan.shares) if stops.dealt is None else stops.dealt.tolist()
     if plan.carry_cut:  # cut this step, dealt first in the next (``RoundData.carry_cut``)
-        row["deferred"] = int((np.asarray(plan.shares) - stops.done).sum())
+        dealt = np.asarray(plan.shares) if stops.dealt is None else stops.dealt
+        row["deferred"] = int((dealt - stops.done).sum())
     return row
 
 

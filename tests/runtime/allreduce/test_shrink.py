@@ -176,6 +176,8 @@ def test_a_rule_that_cannot_follow_a_smaller_world_refuses_shrink_in_one_line():
     with pytest.raises(UsageError, match=r"^--on-rank-loss shrink: 'rebalance.*defer=true"):
         deferred = "rebalance:then=dropcompute,defer=true"
         check_shrink(parse_strategy(deferred), "allreduce", local=True)
+    with pytest.raises(UsageError, match=r"^--on-rank-loss shrink: 'rebalance:deal=demand'"):
+        check_shrink(parse_strategy("rebalance:deal=demand"), "allreduce", local=True)
     with pytest.raises(UsageError, match="allreduce topology"):
         check_shrink(parse_strategy("eager:mode=majority"), "partial-collective", local=True)
     with pytest.raises(UsageError, match="torchrun"):

@@ -10,7 +10,10 @@ virtual clock and the same rule object deciding (``runtime.control``):
    wide as the largest share, so every rank's measured times reach every rank's rule. A plan
    that carries its cut (``rebalance:then=dropcompute,defer=true``) deals the micro-batches
    the threshold cut first in the next round (``RoundData.dealt``): every rank reads every
-   rank's count from the gathered rows (3.) and keeps the same queue.
+   rank's count from the gathered rows (3.) and keeps the same queue. A plan dealt on demand
+   (``rebalance:deal=demand``) has the run's store hand each micro-batch to whichever rank
+   asks next until N M are complete (``runtime.allreduce.demand``); the gathered rows add
+   the units' dealt indices, so every rank carries the same cut units (``RoundData.on_demand``).
 2. Compute (``runtime.units``: DropCompute Algorithm 1, Local-SGD App. B.3): the
    micro-batches of ``tasks.stream.job_batches`` keyed by (seed, n, r), as in the
    simulator, one at a time with the task's flat-parameter gradients, each unit then sleeping
@@ -68,6 +71,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import datetime
 import math
 import os
 import time
@@ -84,6 +88,7 @@ from tailtrain.core.scenario import World, budget_spent
 from tailtrain.core.session import RunKeeper, check_entry
 from tailtrain.core.update import GradientStats, WeightedUpdate, key_workers, screen_own
 from tailtrain.errors import TailtrainError
+from tailtrain.runtime.allreduce.demand import Dealer, compute_on_demand
 from tailtrain.runtime.allreduce.handover import (
     drawn_now,
     lost_timings,
@@ -173,6 +178,8 @@ class Exchange(NamedTuple):  # a tuple: made on every round's critical path
     time: float
     comm_time: float
     divisor: float | None
+    #: on demand: the micro-batches each rank was dealt (its cut one included)
+    dealt: np.ndarray | None = None
 
 
 @dataclass
@@ -231,6 +238,8 @@ class _Rank:
     settling: list[tuple[Unsettled, Settled, np.ndarray]] = field(default_factory=list)
     #: the reduce buffer, kept while the rounds' layout stays (:func:`sum_buffer`)
     sums: SumBuffer | None = None
+    #: the store's counters of rounds dealt on demand (``runtime.allreduce.demand``)
+    dealer: Dealer | None = None
     #: a rank asked to stop (Ctrl-C) in the latest round's allreduce: every rank stops there
     interrupted: bool = False
     #: ``--on-rank-loss shrink``'s protocol (``runtime.allreduce.shrink``; None: stop)
@@ -412,6 +421,8 @@ def start(config: TrainConfig, comm: Collectives) -> _Rank:
     )
     if config.on_rank_loss == OnRankLoss.SHRINK:
         run.shrinker = Shrinker.start(comm, config.timeout)
+    if "demand" in strategy.needs:
+        run.dealer = Dealer.open(datetime.timedelta(seconds=config.timeout), comm.rank == 0)
     if keeper.saved is not None and (run.shrinker is None or not run.shrinker.rejoining):
         resume(run, keeper.saved)  # a rank started again takes a live peer's state instead
     elif config.out is not None and comm.rank == 0:
@@ -509,7 +520,7 @@ def row_of(
     used = sorted(key_workers(stats.used).tolist())
     if done.live is not None:  # arrival n is the generation's n-th member (original rank)
         used = [done.live[n] for n in used]
-    row = allreduce_row(done.ex.plan, stats, times, used, done.ex.m, settled)
+    row = allreduce_row(done.ex.plan, stats, times, used, done.ex.m, settled, done.ex.dealt)
     if done.live is not None:
         row |= shrink_columns(run, done)
     return RunKeeper.note_nonfinite(row, int(done.ex.extras[3]))
@@ -532,20 +543,30 @@ def one_round(run: _Rank, plan: Plan) -> None:
     m = plan.micro_batches or run.world.scenario.micro_batches or 1
     units = plan.local_steps * m
     run.log.step = run.step
+    indices: list[int] | None = None
     if plan.shares is None:
         batches = run.learner.batches(run.step, units)
         # this rank's own shard, whatever its index in a shrunk generation
         mine, width = batches[run.rank], units
         injected = run.injector.unit_times(plan.local_steps, m, run.now)
+    elif plan.on_demand:
+        batches, injected, width = demand_pool(run, plan, m)
     else:
         batches, mine, injected, width = dealt(run, plan, m)
     started = time.perf_counter()
     lr = run.world.lr * plan.lr_scale
-    sums = sum_buffer(run, width)
+    sums = sum_buffer(run, width, plan.on_demand)
     with phase("compute"):
         # the gradient goes straight into the reduce buffer when both are on the CPU
         into = sums.grad if sums.host is not None else None
-        work = compute(run.grads, run.learner.theta, plan, mine, injected, m, lr, into)
+        if plan.on_demand:
+            assert run.dealer is not None
+            deal = run.dealer.round(run.step, int(sum(plan.shares)))
+            work, indices = compute_on_demand(
+                run.grads, run.learner.theta, deal, batches.__getitem__, injected, into
+            )
+        else:
+            work = compute(run.grads, run.learner.theta, plan, mine, injected, m, lr, into)
     if len(work.times) < width:  # a share below the largest: the gathered rows align
         work = work._replace(times=work.times + [math.nan] * (width - len(work.times)))
     if work.done:
@@ -555,8 +576,9 @@ def one_round(run: _Rank, plan: Plan) -> None:
         work.done, lambda: own_arrival(step, now, rank, work.done, work.compute, units)
     )
     with phase("reduce") as reducing:
-        reduced, excluded = reduce(run, work, own.weight, sums)
-    rows, timing, screened = reduced.rows
+        reduced, excluded = reduce(run, work, own.weight, sums, indices)
+    rows, timing, screened = reduced.rows[:3]
+    dealt_counts = None
     run.interrupted = reduced.extras[5] > 0
     run.grow = reduced.extras[6] > 0
     if plan.requeue_dropped:
@@ -565,7 +587,11 @@ def one_round(run: _Rank, plan: Plan) -> None:
             done_units = np.full(len(batches), batches.shape[1], dtype=np.int64)
             done_units[run.shrinker.members] = rows[:, 0]
         run.learner.requeue(batches, done_units)
-    if plan.carry_cut:  # every rank keeps what every rank left undone, as the simulator does
+    if plan.on_demand:  # every rank carries every rank's cut unit, as the simulator does
+        index = reduced.rows[3].astype(np.int64)
+        run.learner.on_demand(index, rows[:, 0].astype(np.int64), m)
+        dealt_counts = np.count_nonzero(index >= 0, axis=1)
+    elif plan.carry_cut:  # every rank keeps what every rank left undone, as the simulator does
         shares = np.asarray(plan.shares, dtype=np.int64)
         run.learner.carry_cut(batches, shares, rows[:, 0].astype(np.int64))
     if run.unsettled is not None:
@@ -586,6 +612,7 @@ def one_round(run: _Rank, plan: Plan) -> None:
         end,
         run.comm_time,
         own.divisor,
+        dealt_counts,
     )
     done = Unsettled(ex)
     if run.shrinker is not None:
@@ -626,16 +653,34 @@ def dealt(run: _Rank, plan: Plan, m: int) -> tuple[np.ndarray, np.ndarray, np.nd
     return batches, mine, injected, width
 
 
-def sum_buffer(run: _Rank, units: int) -> SumBuffer:
-    """The round's reduce buffer: the last one while the layout of the rows stays."""
-    widths = [TIMES + units, 2, 1]  # the gathered row, [allreduce, round seconds], screened
+def demand_pool(run: _Rank, plan: Plan, m: int) -> tuple[np.ndarray, np.ndarray, int]:
+    """A round dealt on demand (``runtime.allreduce.demand``): the micro-batches it may deal,
+    (N M + N, B), the carried ones first (``tasks.stream.CarryOver.peek``: each rank takes at
+    most one past those counted), this rank's injected seconds for up to N M units (its delay
+    draws of N M / M iterations, as the simulator draws them) and the gathered rows' width."""
+    pool = int(sum(plan.shares))
+    if plan.local_steps != 1 or run.shrinker is not None:
+        raise TailtrainError(f"a round dealt on demand needs one local step, whole: {plan!r}")
+    n = run.comm.world_size
+    batches = run.learner.carry.peek(run.learner.drawn, n, m, pool + n)
+    injected = run.injector.unit_times(-(-pool // m), m, run.now)[:pool]
+    return batches, injected, pool
+
+
+def sum_buffer(run: _Rank, units: int, indices: bool = False) -> SumBuffer:
+    """The round's reduce buffer: the last one while the layout of the rows stays. A round
+    dealt on demand adds a block of the units' dealt indices."""
+    # the gathered row, [allreduce, round seconds], screened (and the dealt indices)
+    widths = [TIMES + units, 2, 1] + ([units] if indices else [])
     if run.sums is None or run.sums.widths != widths:
         dim, dtype = run.learner.theta.numel(), run.learner.theta.dtype
         run.sums = SumBuffer(run.comm, dim, EXTRAS, widths, dtype)
     return run.sums
 
 
-def reduce(run: _Rank, work: RankWork, weight: float, sums: SumBuffer) -> tuple[WeightedSum, float]:
+def reduce(
+    run: _Rank, work: RankWork, weight: float, sums: SumBuffer, indices: list[int] | None = None
+) -> tuple[WeightedSum, float]:
     """The round's one allreduce (module docstring, 3.) and the injected T^c; returns it and
     the weight this rank withheld. A rank whose gradient holds a NaN or an infinity joins with
     weight 0 and a zero gradient, as the simulator's update path screens it
@@ -655,7 +700,9 @@ def reduce(run: _Rank, work: RankWork, weight: float, sums: SumBuffer) -> tuple[
     extras = (loss_sum, done, gsq, float(bad), excluded, float(interrupt_requested()), joins)
     # lists, not arrays: the buffer takes them in one write (SumBuffer.fill)
     row = [work.done, work.compute, work.injected, *work.times]
-    rows = (row, run.timing, (float(bad),))
+    rows: tuple = (row, run.timing, (float(bad),))
+    if indices is not None:  # on demand: the micro-batch of each unit, -1 past them
+        rows += (indices + [-1] * (len(work.times) - len(indices)),)
     pending = run.comm.start(sums, weight, extras, rows, None if grad is sums.grad else grad)
     if run.shrinker is not None and run.comm.rank == 0:  # in the collective's shadow
         run.joins_waiting = run.shrinker.joins_waiting()

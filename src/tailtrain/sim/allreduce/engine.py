@@ -18,6 +18,9 @@ batch to the ranks by them (``tasks.stream.deal``); its rows add ``shares``
 that carries its cut (``AllreducePlan.carry_cut``) deals the micro-batches the threshold cut
 first in the next step (``tasks.stream.CarryOver``, kept with the round data that train's
 ranks keep too: ``RoundData.dealt``); its rows add ``deferred``, how many were cut and carried.
+A plan dealt on demand (``AllreducePlan.on_demand``, ``rebalance:deal=demand``) draws N M
+units per rank and ends at the N M-th completion (``sim.allreduce.timing.demand_rule``); its
+rows' ``shares`` are the micro-batches each rank was dealt, the cut one included.
 A round in which no worker counted a unit adds ``empty``: it made no update and measured no
 loss (``topology.allreduce.step_row``).
 """
@@ -36,17 +39,17 @@ from tailtrain.delays.comm import parse_comm_time
 from tailtrain.delays.schedule import RoundClock
 from tailtrain.errors import TailtrainError
 from tailtrain.sim.allreduce.learner import RoundLearner
-from tailtrain.sim.allreduce.timing import measured, share_rule, stop_rule
+from tailtrain.sim.allreduce.timing import demand_rule, measured, share_rule, stop_rule
 from tailtrain.sim.driver import Played, Scorer
 from tailtrain.strategies.base import AllreducePlan, ArrivalColumns, Selection, StepStats
-from tailtrain.topology.allreduce import round_arrivals, round_stats, step_row, summarise
+from tailtrain.topology.allreduce import Stops, round_arrivals, round_stats, step_row, summarise
 
 
 class AllreduceEngine:
     """Synchronous allreduce rounds on a virtual clock (``sim.driver.Engine``)."""
 
     #: what it does beyond the allreduce protocol (``Strategy.needs``): per-rank shares
-    does = frozenset({"shares", "carry"})
+    does = frozenset({"shares", "carry", "demand"})
 
     def __init__(self, world: World) -> None:
         scenario = world.scenario
@@ -95,17 +98,21 @@ class AllreduceEngine:
         shares = np.asarray(plan.shares, dtype=np.int64)
         if plan.local_steps != 1 or plan.requeue_dropped or shares.size != self.n:
             raise TailtrainError(f"a plan of shares needs one local step per rank: {plan!r}")
-        rows = -(-int(shares.max()) // m)
-        times = self.clock.take(rows, m, self.now)
-        stops = share_rule(times, shares, m, plan.threshold, plan.preempt)
+        index = None
+        if plan.on_demand:  # a rank may be dealt the whole pool: one delay iteration per M
+            times = self.clock.take(-(-int(shares.sum()) // m), m, self.now)
+            stops, index = demand_rule(times, int(shares.sum()), m)
+        else:
+            times = self.clock.take(-(-int(shares.max()) // m), m, self.now)
+            stops = share_rule(times, shares, m, plan.threshold, plan.preempt)
         arrivals = round_arrivals(self.step, self.now, stops.done, stops.compute, m)
-        return Played(arrivals, (times, stops, m, self.clock.next_comm(), shares))
+        return Played(arrivals, (times, stops, m, self.clock.next_comm(), (shares, index)))
 
     def apply(self, plan: AllreducePlan, selection: Selection, played: Played) -> StepStats:
-        times, stops, m, comm, shares = played.detail
+        times, stops, m, comm, dealing = played.detail
         scalars = GradientStats()
         if self.learner is not None:
-            batches, width = self._batches(plan, m, shares, stops.done)
+            batches, width = self._batches(plan, m, dealing, stops)
             work = self.learner.work(batches, stops.done, width, plan.local_steps, plan.lr_scale)
             self.learner.apply(selection, played.candidates.keys, work, plan.lr_scale)
             if plan.requeue_dropped:
@@ -126,15 +133,19 @@ class AllreduceEngine:
         )
 
     def _batches(
-        self, plan: AllreducePlan, m: int, shares: np.ndarray | None, done: np.ndarray
+        self, plan: AllreducePlan, m: int, dealing: tuple | None, stops: Stops
     ) -> tuple[np.ndarray, int]:
         """The round's micro-batches (N, width, B): each rank's own, or sync's global batch
-        dealt by the shares, the last step's cut first when the plan carries it."""
-        if shares is None:
+        dealt by the shares, the last step's cut first when the plan carries it, or the
+        stream dealt on demand (``RoundData.on_demand``)."""
+        if dealing is None:
             return self.learner.batches(self.step, plan.local_steps * m), m
+        shares, index = dealing
+        if index is not None:
+            return self.learner.on_demand(index, stops.done, m), int(stops.dealt.max())
         dealt = self.learner.dealt(self.step, m, shares, plan.carry_cut)
         if plan.carry_cut:
-            self.learner.carry_cut(dealt, shares, done)
+            self.learner.carry_cut(dealt, shares, stops.done)
         return dealt, int(shares.max())
 
     def row(

@@ -25,6 +25,7 @@ from __future__ import annotations
 import numpy as np
 
 from tailtrain.strategies.dropcompute import counted
+from tailtrain.strategies.rebalance import on_demand
 from tailtrain.topology.allreduce import Stops
 
 
@@ -54,6 +55,21 @@ def share_rule(times: np.ndarray, shares: np.ndarray, m: int, tau: float, preemp
         last = np.take_along_axis(cumulative, np.maximum(done - 1, 0)[:, None], axis=-1)[:, 0]
         compute = np.where(done > 0, last, 0.0)
     return Stops(done, compute, cumulative[:, m - 1])
+
+
+def demand_rule(times: np.ndarray, pool: int, m: int) -> tuple[Stops, np.ndarray]:
+    """A step dealt on demand until ``pool`` micro-batches are complete (issue 25,
+    ``strategies.rebalance.on_demand``): rank n computes along its draws ``times[n]`` (N, U)
+    until the ``pool``-th completion E, when every rank leaves (its unit in flight is cut).
+    ``dealt`` counts each rank's units including the cut one; ``full`` is sync's T_n^(M) on
+    the same draws, as in :func:`share_rule`. Also the units' dealt indices (N, U)."""
+    cumulative = np.cumsum(times, axis=-1)
+    index, counted = on_demand(cumulative, pool)
+    dealt = np.count_nonzero(index >= 0, axis=-1)
+    end = float(cumulative[counted].max()) if pool else 0.0
+    compute = np.where(dealt > 0, end, 0.0)
+    stops = Stops(np.count_nonzero(counted, axis=-1), compute, cumulative[:, m - 1], dealt)
+    return stops, index
 
 
 def measured(times: np.ndarray, done: np.ndarray) -> np.ndarray:

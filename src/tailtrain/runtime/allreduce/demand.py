@@ -1,0 +1,157 @@
+"""A round dealt on demand on real ranks (``rebalance:deal=demand``, issue 25).
+
+The simulator decides the deal on its virtual clock (``strategies.rebalance.on_demand``); here
+the run's store decides it, in the order the ranks reach it: a rank asks for its next
+micro-batch with ``add`` on the round's ask counter (the k-th ask takes the round's k-th
+micro-batch: the carried ones, then fresh ones of the stream, ``RoundData``), computes it,
+sleeps its injected seconds and reports it with ``add`` on the round's completion counter.
+The completion that makes the count N M sets the round's stop key; every rank then stops at
+once, its unit in flight cut (a waiter thread blocks on the key and wakes the injected
+sleep), and a completion counted after N M is cut too. Every unit a rank was dealt is in
+the round's gathered rows, so every rank carries the same cut micro-batches to the next
+round (``RoundData.on_demand``, the simulator's) and the record row says which each rank
+computed.
+
+The store is the rendezvous's TCPStore (``MASTER_ADDR:MASTER_PORT``, env://), under a
+prefix of this run and restart; each rank holds two clients: one for its counters, one for
+the waiter, whose blocking wait would hold a shared socket. Rank 0 deletes a round's counters
+when the next starts; the stop keys (one byte a round) stay until the run ends.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import math
+import os
+import queue
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from tailtrain.runtime.grads import ModuleGrads
+from tailtrain.runtime.units import RankWork
+from tailtrain.topology.allreduce import worker_grad
+
+
+def store_prefix(env: Any = os.environ) -> str:
+    """This run's keys of the deal in the rendezvous store."""
+    run = env.get("TORCHELASTIC_RUN_ID", "local")
+    return f"tailtrain/deal/{run}/{env.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+
+
+class Dealer:
+    """This rank's side of the deal: the round's counters and the waiter for its stop."""
+
+    def __init__(self, counters: dist.Store, waits: dist.Store, tidy: bool = False) -> None:
+        self.counters, self.tidy = counters, tidy
+        self._rounds: queue.SimpleQueue[tuple[str, threading.Event]] = queue.SimpleQueue()
+        waiter = threading.Thread(target=self._wait, args=(waits,), daemon=True)
+        waiter.start()
+
+    @classmethod
+    def open(cls, timeout: datetime.timedelta, tidy: bool, env: Any = os.environ) -> Dealer:
+        """Two clients of the rendezvous store (module docstring); ``tidy``: this rank (one
+        of the run's) deletes each round's counters once every rank is past it."""
+        host, port = env["MASTER_ADDR"], int(env["MASTER_PORT"])
+
+        def client() -> dist.Store:
+            base = dist.TCPStore(host, port, is_master=False, timeout=timeout)
+            return dist.PrefixStore(store_prefix(env), base)
+
+        return cls(client(), client(), tidy)
+
+    def _wait(self, waits: dist.Store) -> None:
+        """Rounds in order: block until a round's stop key is set, then wake its event. A
+        round ends only once its stop is set, so the next one never waits behind it. A wait
+        that fails (the store gone, or --timeout passed) wakes its round too: the round's
+        allreduce then meets the failure, bounded as every collective is."""
+        while True:
+            key, event = self._rounds.get()
+            with contextlib.suppress(Exception):
+                waits.wait([key])
+            event.set()
+
+    def round(self, step: int, pool: int) -> DealtRound:
+        """Round ``step``'s counters for ``pool`` (N M) completions, its stop watched from
+        now on."""
+        if self.tidy and step > 0:  # every rank passed the last round's allreduce to be here
+            for key in ("asks", "done"):
+                self.counters.delete_key(f"{step - 1}/{key}")
+        stop = threading.Event()
+        self._rounds.put((f"{step}/stop", stop))
+        return DealtRound(self.counters, f"{step}/", pool, stop)
+
+
+class DealtRound:
+    """One round's deal as this rank sees it (:class:`Dealer`)."""
+
+    __slots__ = ("counters", "key", "pool", "stop")
+
+    def __init__(self, counters: dist.Store, key: str, pool: int, stop: threading.Event) -> None:
+        self.counters, self.key, self.pool, self.stop = counters, key, pool, stop
+
+    def ask(self) -> int:
+        """The index of this rank's next micro-batch in the round's stream."""
+        return int(self.counters.add(self.key + "asks", 1)) - 1
+
+    def complete(self) -> bool:
+        """Report a finished unit: whether it counts (one of the first N M); the N M-th
+        sets the stop."""
+        count = int(self.counters.add(self.key + "done", 1))
+        if count == self.pool:
+            self.counters.set(self.key + "stop", "1")
+            self.stop.set()
+        return count <= self.pool
+
+    def sleep(self, seconds: float) -> bool:
+        """Sleep a unit's injected seconds unless the round stops first: whether it stopped."""
+        if seconds <= 0:
+            return self.stop.is_set()
+        return self.stop.wait(seconds)
+
+
+def compute_on_demand(
+    grads: ModuleGrads,
+    theta: torch.Tensor,
+    deal: DealtRound,
+    batch_of: Callable[[int], np.ndarray],
+    injected: np.ndarray,
+    out: torch.Tensor | None = None,
+) -> tuple[RankWork, list[int]]:
+    """This rank's units of a round dealt on demand (module docstring): ask, compute the dealt
+    micro-batch (``batch_of(k)``), sleep its injected seconds, report it; until the round
+    stops. Returns the work (G_n over the counted units) and the index of every unit it was
+    dealt, in order; the counted ones are the first ``done``."""
+    seconds_of = injected.tolist()
+    times, dealt = [math.nan] * len(seconds_of), []
+    done, loss_sum, slept, cut = 0, 0.0, 0.0, math.nan
+    total: torch.Tensor | None = None
+    start = time.perf_counter()
+    for u, seconds in enumerate(seconds_of):
+        if deal.stop.is_set():
+            break
+        k = deal.ask()
+        dealt.append(k)
+        began = time.perf_counter()
+        loss, grad = grads(theta, batch_of(k), out if u == 0 else None)
+        asleep = time.perf_counter()
+        stopped = deal.sleep(seconds)
+        slept += (time.perf_counter() - asleep) if stopped else seconds
+        if stopped or not deal.complete():  # cut in flight, or counted past N M: carried
+            cut = time.perf_counter() - began
+            break
+        times[u] = time.perf_counter() - began
+        done += 1
+        loss_sum += loss
+        total = grad if total is None else total.add_(grad)
+    total = torch.zeros_like(theta) if total is None else total
+    work = RankWork(
+        done, time.perf_counter() - start, slept, times, worker_grad(total, done, 1), loss_sum, cut
+    )
+    return work, dealt
