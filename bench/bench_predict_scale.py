@@ -16,7 +16,7 @@ workers per iteration: N = 10^4 was killed after 150 s at 13.9 GB, 10^6 after 93
 Above 2048 workers its rows now come from the speeds' law (``prediction.context``), and
 ``--pattern`` runs those cases beside i.i.d. ones; each line gives the process's peak RSS so
 far (it only grows), the CPU seconds beside the wall-clock ones (the machine's load moves
-the latter) and the methods of sync and rebalance.
+the latter) and the methods of sync, rebalance and rebalance:deal=demand.
 Run: python bench/bench_predict_scale.py [--workers 100000 1000000] [--delay SPEC ...]
 [--micro-batches 1 4 12] [--pattern iid heterogeneous:low=1,high=1.5]
 """
@@ -68,14 +68,15 @@ def main() -> None:
         prediction = with_families(predict(scenario))
         seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
         best = {r.strategy: r.k for r in prediction.rows if r.best}
-        method = {r.strategy: r.method for r in prediction.rows}
+        method = {r.spec or r.strategy: r.method for r in prediction.rows}
         rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
         print(
             f"N={workers:>8} M={m:>2} {pattern:28s} {spec:44s} {seconds:6.2f} s "
             f"({cpu:5.2f} s CPU), "
             f"peak {rss:5.0f} MB, {len(prediction.rows)} rows, best K: k-sync "
             f"{best['k-sync']}, k-async {best['k-async']}; sync: {method['sync']}, "
-            f"rebalance: {method['rebalance']}",
+            f"rebalance: {method['rebalance']}, "
+            f"rebalance:deal=demand: {method.get('rebalance:deal=demand')}",
             flush=True,
         )
 

@@ -21,7 +21,7 @@ SPEEDS = "heterogeneous:low=1,high=1.5"
 def by_strategy(prediction):
     out: dict[str, dict[int, object]] = {}
     for row in prediction.rows:
-        out.setdefault(row.strategy, {})[row.k] = row
+        out.setdefault(row.spec or row.strategy, {})[row.k] = row  # deal=demand apart
     return out
 
 
@@ -43,6 +43,10 @@ def test_a_million_heterogeneous_workers_get_every_row_from_the_speeds_law():
     assert rebalance.method.startswith("numerical-integration(16 runs of speeds")
     gap = abs(rebalance.iteration_time - sync.iteration_time)
     assert gap <= Z * rebalance.iteration_time_stderr + 1e-5 * sync.iteration_time
+    # deal=demand: N M completions of Exp(1 / s) renewals, as N -> infinity t* E[1/s] = M
+    demand = rows["rebalance:deal=demand"][n]
+    assert demand.method.startswith("mean-field(n=")
+    assert abs(demand.iteration_time - 0.5 / math.log(1.5)) <= Z * demand.iteration_time_stderr
     # async: workers restart at rate 1 / s_n, so updates come every 1 / (N E[1/s])
     each = 1.0 / (n * math.log(1.5) / 0.5)
     assert rows["async"][1].iteration_time == pytest.approx(each, rel=1e-12)

@@ -55,7 +55,13 @@ from tailtrain.prediction.large import (
     k_batch_sync_estimates,
     search,
 )
-from tailtrain.prediction.rebalance import rebalance_quadrature, rebalance_times
+from tailtrain.prediction.rebalance import (
+    DEMAND_SEQUENCES,
+    demand_mean_field,
+    demand_times,
+    rebalance_quadrature,
+    rebalance_times,
+)
 from tailtrain.prediction.scenario import (
     ALL_K_UP_TO,
     DelayScenario,
@@ -83,6 +89,7 @@ from tailtrain.theory.montecarlo import (
 from tailtrain.theory.order_stats import OrderStats, expected_order_stats
 from tailtrain.theory.sums import sum_method
 
+DEMAND = "rebalance:deal=demand"  #: the spec of the rebalance row dealt on demand
 RENEWAL = "renewal(N->inf, per-worker speeds)"  #: method of async_renewal's rows
 _CHAINS = 16  # independent K-async chains (their spread gives the standard error)
 _JOB_BUDGET = 100_000  # jobs per K-async / K-batch-sync estimate, bounds time and memory
@@ -104,6 +111,7 @@ def predict(scenario: DelayScenario) -> Prediction:
         *_k_batch_async_rows(ctx),
         _dropcompute_row(ctx),
         _rebalance_row(ctx),
+        *_demand_rows(ctx),
     ]
     sync_time = ctx.sync_time
     finished = [_relative(r, sync_time, scenario.workers) for r in rows]
@@ -390,6 +398,47 @@ def _rebalance_quadrature_row(ctx: _Context) -> Row:
     return _row("rebalance", s.workers, time + s.comm_mean, float(time_se), method)
 
 
+def _demand_rows(ctx: _Context) -> list[Row]:
+    """``rebalance:deal=demand`` (``prediction.rebalance``): the (N M)-th completion of fresh
+    draws plus E[T^c]; exact for i.i.d. Exp(rate) micro-batches (memoryless: the cut loses
+    nothing in law, as K-batch-sync's Eq. 10), else by Monte Carlo on the shared sample, or
+    above LARGE_N (i.i.d. workers or heterogeneous speeds) its N -> infinity limit; none,
+    with a note, when the sample's draws cannot show a whole step."""
+    s = ctx.scenario
+    rate = _exponential_rate(ctx.exact_delay) if s.iid else None
+    if rate is not None:  # N superposed Poisson processes: the N M-th arrival at rate N rate
+        return [_row("rebalance", s.workers, ctx.m / rate + s.comm_mean, 0.0, EXACT, spec=DEMAND)]
+    if ctx.speeds is not None or (s.iid and s.workers > LARGE_N):
+        draw = ctx.sampled_delay.sample
+        value, stderr, length, exact = demand_mean_field(draw, ctx.speeds, ctx.m, ctx.rng(7))
+        if not exact:
+            ctx.notes.append(
+                f"{DEMAND}: some of {DEMAND_SEQUENCES} sequences of {length} micro-batches "
+                f"ended before t*, so t* is an upper bound"
+            )
+        method = f"mean-field(n={DEMAND_SEQUENCES}x{length}, seed={s.seed})"
+        return [_row("rebalance", s.workers, value + s.comm_mean, stderr, method, spec=DEMAND)]
+    sample = ctx.sync_sample()
+    found = [
+        demand_times(t, comm, mu) for (t, comm), mu in zip(sample, ctx.worker_means(), strict=True)
+    ]
+    if not all(np.isfinite(mean) for mean, *_ in found):
+        ctx.notes.append(f"{DEMAND}: no row, a worker's draws in the sample cannot hold a step")
+        return []
+    time, time_se = _pooled([(mean, se) for mean, se, _, _ in found])
+    closed = float(np.mean([c for _, _, c, _ in found]))
+    steps = sum(
+        t.shape[0] * ctx.m // units for (t, _), (*_, units) in zip(sample, found, strict=True)
+    )
+    ctx.notes.append(
+        f"{DEMAND}: each micro-batch to whichever worker asks next until N M={s.workers * ctx.m} "
+        f"are complete; closed form T* + E[T^c] = {closed:.4g} s, exact for constant times; "
+        f"E[T] by Monte Carlo of the (N M)-th completion on fresh draws"
+    )
+    row = _row("rebalance", s.workers, float(time), float(time_se), ctx.method(steps), spec=DEMAND)
+    return [row]
+
+
 def _law_method(ctx: _Context, method: str) -> str:
     """``method`` naming how the job law was found when it is numerical (a sum of M)."""
     how = sum_method(ctx.job_law)
@@ -436,6 +485,7 @@ def _row(
     threshold: float | None = None,
     drop_rate: float | None = None,
     effective: tuple[float, float] | None = None,
+    spec: str | None = None,
 ) -> Row:
     value, error = effective if effective is not None else (math.nan, math.nan)
     return Row(
@@ -449,6 +499,7 @@ def _row(
         method,
         threshold=threshold,
         drop_rate=drop_rate,
+        spec=spec,
     )
 
 

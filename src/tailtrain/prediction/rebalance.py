@@ -25,10 +25,25 @@ the law of the sum of m micro-batches, integrated numerically with the speeds bi
 share (:data:`SPEED_BINS` bins, each at its members' mean speed), from where P(max <= x)
 reaches 1e-16 to where P(max > x) falls to 1e-13 (or the support ends); the runs' spread
 gives the standard error.
+
+``rebalance:deal=demand`` (:func:`demand_times`, :func:`demand_mean_field`) has no shares:
+each micro-batch goes to whichever rank asks next until N M are complete, and the unit each
+other rank has in flight then is cut (its work lost; carried units draw fresh times). So a
+step takes T = the smallest t with sum_n N_n(t) >= N M, N_n(t) the number of micro-batches
+worker n finishes by t from fresh draws (a renewal count), plus T^c: the (N M)-th smallest
+of the N workers' partial sums of their draws. Constant times give the closed form T*, the
+makespan of ``optimal_shares`` with no floor (a rank may finish none). Up to ``LARGE_N``
+workers E[T] is a Monte Carlo on ``predict``'s shared sample; above it (i.i.d. workers, or
+``heterogeneous`` speeds) the law of large numbers: sum_n N_n(t) / N tends to E_s[m(t / s)],
+m the renewal function, so T tends to the t* with E_s[m(t* / s)] = M, m estimated from
+independent sequences of micro-batch times each at its own speed (as K-batch-sync's
+mean-field, ``theory.meanfield``: t* is the ceil(S M)-th smallest of their pooled partial
+sums).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import numpy as np
@@ -37,6 +52,9 @@ from numpy.typing import NDArray
 from tailtrain.delays.base import DelayModel
 from tailtrain.strategies.rebalance import optimal_shares
 
+DEMAND_SEQUENCES = 2**17  #: micro-batch sequences of :func:`demand_mean_field`
+DEMAND_GROUPS = 16  #: batches of those sequences whose spread gives the standard error
+DEMAND_DRAWS = 2**25  #: at most this many micro-batch draws there (256 MiB)
 SPEED_BINS = 1024  #: speed bins per share in :func:`rebalance_quadrature`
 _PANELS, _NODES = 64, 8  # Gauss-Legendre panels over the max's range, nodes per panel
 _EDGE = 1e-16  # the range: from P(max <= x) = _EDGE ...
@@ -134,3 +152,83 @@ def rebalance_quadrature(
     x = start + width * (np.arange(_PANELS)[:, None] + (nodes + 1) / 2)
     tail = -np.expm1(log_cdf(x.ravel())).reshape(x.shape)
     return start + float((tail * weights).sum() * width / 2), closed, shares
+
+
+def demand_ends(t: NDArray[np.float64], units: int) -> tuple[NDArray[np.float64], bool]:
+    """The (N M)-th completion of each successive step of ``deal=demand`` in draws t[i, n, m]:
+    worker n's draws are one stream, each step takes ``units`` fresh ones per worker, and its
+    end is the (N M)-th smallest of the N workers' partial sums. Also whether that is exact:
+    every worker's ``units`` draws last until the end, so no completion before it is unseen."""
+    iterations, workers, m = t.shape
+    steps = iterations * m // units
+    streams = t.transpose(1, 0, 2).reshape(workers, iterations * m)[:, : steps * units]
+    ends = np.cumsum(streams.reshape(workers, steps, units), axis=2)
+    flat = ends.transpose(1, 0, 2).reshape(steps, workers * units)
+    end = np.partition(flat, workers * m - 1, axis=1)[:, workers * m - 1]
+    return end, bool((ends[:, :, -1] >= end[None, :]).all())
+
+
+def demand_times(
+    t: NDArray[np.float64], comm: NDArray[np.float64], means: NDArray[np.float64]
+) -> tuple[float, float, float, int]:
+    """One run's (E[T], its standard error, T* + mean T^c, draws per worker per step) of
+    ``deal=demand`` (module docstring); E[T] is NaN when no step's draws suffice."""
+    iterations, workers, m = t.shape
+    pool = workers * m
+    shares = optimal_shares(means, pool, floor=0)
+    closed = float((shares * means).max()) + float(comm.mean())
+    # twice each worker's share at the means, doubled while some worker runs out before the
+    # step ends (its later completions unseen); N M draws each always suffice: any one worker
+    # finishing N M alone ends the step
+    units = min(pool, 2 * int(shares.max()) + 2)
+    while units <= iterations * m:
+        end, exact = demand_ends(t, units)
+        if exact:
+            steps = end + comm[: end.size]
+            stderr = float(steps.std(ddof=1) / np.sqrt(steps.size)) if steps.size > 1 else 0.0
+            return float(steps.mean()), stderr, closed, units
+        if units == pool:
+            break
+        units = min(pool, 2 * units)
+    return np.nan, np.nan, closed, units
+
+
+def demand_mean_field(
+    draw: Callable[[np.random.Generator, tuple[int, int]], NDArray[np.float64]],
+    speeds: tuple[float, float] | None,
+    m: int,
+    rng: np.random.Generator,
+    sequences: int = DEMAND_SEQUENCES,
+) -> tuple[float, float, int, bool]:
+    """(t*, its standard error, draws per sequence, whether exact) of ``deal=demand`` as
+    N -> infinity (module docstring): ``sequences`` sequences of micro-batch times
+    ``draw(rng, shape)``, each scaled by its own speed ~ U(``speeds``) (none: i.i.d.
+    workers), lengthened until every one lasts beyond t* (so no partial sum below t* is
+    unseen; not exact if :data:`DEMAND_DRAWS` would not hold them); the spread of
+    :data:`DEMAND_GROUPS` batches of sequences gives the standard error."""
+    sequences = sequences // DEMAND_GROUPS * DEMAND_GROUPS
+    speed = None if speeds is None else rng.uniform(*speeds, size=(sequences, 1))
+    fastest = 1.0 if speeds is None else speeds[1] / speeds[0]
+    length = 2 * m * math.ceil(fastest) + 2  # the fastest finishes ~M high/low units by t*
+
+    def more(count: int) -> NDArray[np.float64]:
+        times = draw(rng, (sequences, count))
+        return times if speed is None else times * speed
+
+    times = more(length)
+    while True:
+        sums = np.cumsum(times, axis=1)
+        value = _demand_quantile(sums, m)
+        exact = bool(sums[:, -1].min() >= value)
+        if exact or 2 * times.size > DEMAND_DRAWS:
+            break
+        times = np.concatenate([times, more(times.shape[1])], axis=1)
+    parts = [_demand_quantile(part, m) for part in np.split(sums, DEMAND_GROUPS)]
+    stderr = float(np.std(parts, ddof=1) / math.sqrt(DEMAND_GROUPS))
+    return value, stderr, times.shape[1], exact
+
+
+def _demand_quantile(sums: NDArray[np.float64], m: int) -> float:
+    """The ceil(S m)-th smallest pooled partial sum of S sequences: m-hat(t) >= m there."""
+    rank = sums.shape[0] * m - 1
+    return float(np.partition(sums.ravel(), rank)[rank])
