@@ -35,6 +35,15 @@ def test_the_virtual_clock_part_reports_figures_and_goals():
     found = bench.goals(part)
     assert isinstance(found["c"]["met"], bool) and isinstance(found["d"]["met"], bool)
     assert found["c"]["rebalance:then=dropcompute,defer=true"]["drops_no_sample"] is True
+    # each spec against its own predicted time: deal=demand's row, the shares' for the others
+    own, static = part["c"]["optimal_demand_time"], part["c"]["optimal_share_time"]
+    assert own["stderr"] < own["time"] < static["time"]
+    for spec, optimal in (("rebalance:deal=demand", own), ("rebalance", static)):
+        time = part["c"]["strategies"][spec]["mean_iteration_time"]["mean"]
+        goal = found["c"][spec]
+        assert goal["time_over_optimal"] == pytest.approx(time / optimal["time"])
+        assert goal["time_over_optimal_share"] == pytest.approx(time / static["time"])
+        assert goal["within_5pct_of_optimal_time"] == (abs(goal["time_over_optimal"] - 1) <= 0.05)
 
 
 def test_the_boundary_cost_is_measured_idle_plus_wasted_and_checked_as_a_bound():
