@@ -1,9 +1,11 @@
 """advise recommends rebalance when a persistent straggler dominates (issue 25), with its
-predicted and simulated speed-up, and the recommended spec runs through `train`.
+predicted and simulated speed-up, dealt on demand (``rebalance:deal=demand``) where that is
+faster than the shares and the job runs ``train``; the recommended spec runs through `train`.
 
 The trace: 3 workers, 6 micro-batches of ~40 ms each (5% log-normal noise), worker 2 always
 1.5x slower (60 ms: 20 ms apart, so the real run's shares are the simulated ones): the
-optimal shares are 7, 7 and 4 of 18 (0.28 s a step against sync's 0.36 s).
+optimal shares are 7, 7 and 4 of 18 (0.28 s a step against sync's 0.36 s); dealt on demand,
+the 18th completion is ranks 0 and 1's 7th, so they complete 7, 7 and 4 too.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import pytest
 
 from tailtrain.advice import advise
 from tailtrain.advice.adopt import RUNNABLE
+from tailtrain.advice.recommend import DEMAND, faster
 from tailtrain.core.scenario import Scenario
 from tailtrain.runtime.config import TrainConfig
 from tailtrain.runtime.launch import Endpoint, launch, reserve
@@ -45,7 +48,11 @@ def advised(slow_micro_trace):
 @pytest.mark.timeout(300)
 def test_a_dominating_persistent_straggler_gets_rebalance_with_its_speedups(advised):
     assert advised.persistent == [2]
-    assert advised.recommendation == "rebalance"
+    ranked = {r.as_dict()["spec"]: r for r in advised.ranked}
+    assert {"rebalance", "rebalance:then=dropcompute", DEMAND} <= set(ranked)
+    # dealt on demand when faster than the shares, predicted and simulated alike
+    demand_first = faster(ranked[DEMAND], ranked["rebalance"])
+    assert advised.recommendation == (DEMAND if demand_first else "rebalance")
     choice = advised.choice
     assert choice.simulated is not None and choice.row.effective_speedup > 1.2
     assert choice.simulated.effective_speedup > 1.2
@@ -53,14 +60,13 @@ def test_a_dominating_persistent_straggler_gets_rebalance_with_its_speedups(advi
     assert "rather than fix or replace them" in advised.reason
     assert f"predicted {choice.row.effective_speedup:.2f}x" in advised.reason
     assert f"simulated {choice.simulated.effective_speedup:.2f}x" in advised.reason
-    specs = [r["spec"] for r in advised.to_json()["results"]]
-    assert {"rebalance", "rebalance:then=dropcompute"} <= set(specs)
     assert any(note.startswith("rebalance:") for note in advised.notes)  # its row is ranked
+    assert any(note.startswith(f"{DEMAND}:") for note in advised.notes)  # and its own
 
 
 @pytest.mark.timeout(300)
 def test_for_a_loop_the_lines_deal_by_the_sampler_and_a_ddp_job_is_not_offered_it(
-    slow_micro_trace,
+    slow_micro_trace, advised
 ):
     loop = advise(slow_micro_trace, samples=400, setup="loop")
     assert loop.recommendation == "rebalance"
@@ -72,13 +78,18 @@ def test_for_a_loop_the_lines_deal_by_the_sampler_and_a_ddp_job_is_not_offered_i
     ]
     assert "# each epoch:" in lines
     compile("\n".join(lines), "adopt", "exec")
+    # a user's loop cannot deal on demand (StragglerStep refuses it): the text says so when
+    # it would have been faster
+    assert all(r.as_dict()["spec"] != DEMAND for r in loop.ranked)
+    if advised.recommendation == DEMAND:
+        assert f"{DEMAND} is faster" in loop.reason and "StragglerStep refuses it" in loop.reason
     ddp = advise(slow_micro_trace, samples=400, setup="ddp")
     assert "rebalance" not in RUNNABLE["ddp"]
     assert all(r.row.strategy != "rebalance" for r in ddp.ranked)
 
 
 @pytest.mark.timeout(300)
-def test_the_recommended_spec_trains_and_moves_the_slow_ranks_share(advised, slow_micro_trace):
+def test_the_recommended_spec_trains_and_gives_the_slow_rank_its_share(advised, slow_micro_trace):
     scenario = Scenario(
         task="logreg",
         workers=W,
@@ -91,7 +102,10 @@ def test_the_recommended_spec_trains_and_moves_the_slow_ranks_share(advised, slo
     config = TrainConfig(scenario, spec, seed=0, inject=True, timeout=60)
     steps = launch([config], reserve(Endpoint("127.0.0.1", 0)))[0][0].record.steps
     assert len(steps) == 14
-    assert all(sum(row["shares"]) == W * M == sum(row["completed"]) for row in steps)
+    assert all(sum(row["completed"]) == W * M for row in steps)
     simulated = simulate(scenario, parse_strategy(spec), 0).steps
-    assert sorted(simulated[-1]["shares"]) == [4, 7, 7]
-    assert steps[-1]["shares"][2] == 4 and sorted(steps[-1]["shares"]) == [4, 7, 7]
+    # shares are what each rank was dealt: on demand, the unit cut in flight too
+    done = "completed" if spec == DEMAND else "shares"
+    assert all(sum(row["shares"]) >= W * M for row in steps)
+    assert sorted(simulated[-1][done]) == [4, 7, 7]
+    assert steps[-1][done][2] == 4 and sorted(steps[-1][done]) == [4, 7, 7]

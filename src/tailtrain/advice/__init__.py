@@ -18,8 +18,10 @@ import numpy as np
 from tailtrain.advice.adopt import Adoption, adoption, check_setup, runnable
 from tailtrain.advice.cost import Cost, sync_cost
 from tailtrain.advice.recommend import (
+    DEMAND,
     Ranked,
     dominate,
+    faster,
     priced_comm,
     rank,
     reason,
@@ -125,11 +127,13 @@ def advise(
     recorded = model.trace.round_comm() if comm_time is None else np.empty(0)
     spread = trace_spread(times, recorded)
     ranked, more = rank(model, times, n, m, seed, samples, comm, spread, recorded.size > 0)
+    demand = next((r for r in ranked if row_spec(r.row) == DEMAND), None)
     ranked, more = _runnable(ranked, setup, more)
     cost = _as_in_the_table(cost, ranked)
     tied = recommend(ranked, dominate(cost, without))
     choice = tied[0]
     text = reason(choice, cost, without, persistent) + _tie_text(tied)
+    text += _train_only_text(choice, demand, setup)
     if (note := comm_note(delay, comm_spec)) is not None:
         more.append(note)
     adopt = adoption(row_spec(choice.row), choice.row.strategy, setup)
@@ -139,8 +143,10 @@ def advise(
 
 def _runnable(ranked: list[Ranked], setup: str, notes: list[str]) -> tuple[list[Ranked], list[str]]:
     """The rows a ``setup`` job can run, and a note on those left out."""
-    kept = [r for r in ranked if runnable(r.row.strategy, setup)]
-    left = sorted({r.row.strategy for r in ranked} - {r.row.strategy for r in kept})
+    kept = [r for r in ranked if runnable(r.row.strategy, setup, row_spec(r.row))]
+    families = {r.row.strategy for r in kept}
+    left = sorted({r.row.strategy for r in ranked} - families)
+    left += sorted(row_spec(r.row) for r in ranked if r not in kept and r.row.strategy in families)
     if left:
         notes = [*notes, f"--for {setup}: left out {', '.join(left)} (a {setup} job cannot run "
                  "them; --for any shows every row)"]  # fmt: skip
@@ -162,7 +168,29 @@ def _tie_text(tied: list[Ranked]) -> str:
     rule = "fresh gradients first, then the simpler spec"
     if tied[0].row.strategy == "rebalance" and tied[0] is not min(tied, key=simplicity):
         rule = "rebalance first (persistent stragglers dominate: shares keep their work)"
+        if row_spec(tied[0].row) == DEMAND:
+            rule = (
+                "rebalance first, dealt on demand where that is faster than its shares "
+                "(persistent stragglers dominate: rebalance keeps their work)"
+            )
     return f" Equivalent within the forecasts' uncertainty: {others}; chosen by the rule {rule}."
+
+
+def _train_only_text(choice: Ranked, demand: Ranked | None, setup: str) -> str:
+    """Why a rebalance choice is not :data:`DEMAND` when a ``setup`` job cannot run it and
+    it would be faster (``advice.recommend.faster``)."""
+    if demand is None or choice.row.strategy != "rebalance" or choice is demand:
+        return ""
+    if runnable(demand.row.strategy, setup, DEMAND) or not faster(demand, choice):
+        return ""
+    simulated = demand.simulated
+    also = "" if simulated is None else f", simulated {simulated.effective_speedup:.2f}x"
+    return (
+        f" {DEMAND} is faster (predicted {demand.row.effective_speedup:.2f}x the gradients per "
+        f"second of sync{also}), but a {setup} job cannot run it: StragglerStep refuses it, as "
+        "a user's own loop has no store to deal micro-batches from on demand (tailtrain train "
+        "runs it)."
+    )
 
 
 def _trust_notes(times: np.ndarray, scores: list[Slowness], workers: int) -> list[str]:

@@ -5,7 +5,8 @@
   averages models, which a hook cannot);
 * ``loop``: an own loop with :class:`tailtrain.StragglerStep` runs sync, DropCompute,
   Local-SGD (DropCompute App. B.3) and rebalance (its shares dealt by
-  :class:`tailtrain.ShareSampler`: each epoch's global batches from the dataset);
+  :class:`tailtrain.ShareSampler`: each epoch's global batches from the dataset), but not
+  ``rebalance:deal=demand`` (:data:`TRAIN_ONLY`);
 * ``tailtrain-train``: ``tailtrain train`` runs every strategy;
 * ``any``: no restriction (every row, as before ``--for``).
 
@@ -27,6 +28,9 @@ RUNNABLE: dict[str, tuple[str, ...] | None] = {
     "tailtrain-train": None,
     "any": None,
 }
+#: options only ``tailtrain train`` runs: ``deal=demand`` deals each micro-batch from the
+#: run's store, which a user's loop (``StragglerStep``) and a DDP hook do not have
+TRAIN_ONLY = ("deal=demand",)
 #: the job's own names the lines use: its model (``ddp`` for a DDP job), optimizer, the step's
 #: list of micro-batches and a loss of one micro-batch; for rebalance its dataset, a
 #: ``collate(dataset, indices)`` making one micro-batch, sync's M and the micro-batch size B
@@ -61,15 +65,18 @@ def check_setup(setup: str) -> str:
     return setup
 
 
-def runnable(strategy: str, setup: str) -> bool:
-    """Whether a ``setup`` job can run ``strategy`` (a row's strategy family)."""
+def runnable(strategy: str, setup: str, spec: str | None = None) -> bool:
+    """Whether a ``setup`` job can run ``strategy`` (a row's strategy family) at ``spec``:
+    a spec of :data:`TRAIN_ONLY` needs ``tailtrain train``."""
     allowed = RUNNABLE[check_setup(setup)]
+    if allowed is not None and spec is not None and any(o in spec for o in TRAIN_ONLY):
+        return False
     return allowed is None or strategy in allowed
 
 
 def adoption(spec: str, strategy: str, setup: str) -> Adoption:
     """The lines that make a ``setup`` job run ``spec`` (of family ``strategy``)."""
-    if not runnable(strategy, setup):
+    if not runnable(strategy, setup, spec):
         raise UsageError(f"a {setup} job cannot run {spec!r}; advise --for {setup} never picks it")
     if setup in ("tailtrain-train", "any"):
         command = f'tailtrain train --strategy "{spec}"  # plus your run\'s other options'

@@ -62,6 +62,8 @@ FULL_MAX_WORKERS = SIM_MAX_WORKERS  #: predict + simulation up to this many work
 FRESH = ("sync", "k-sync", "k-batch-sync", "dropcompute", "local-sgd", "rebalance")
 #: rebalance's rows (issue 25): its shares alone, and DropCompute's threshold on top
 REBALANCE = ("rebalance", "rebalance:then=dropcompute")
+#: rebalance dealt on demand: predict's own row; ``train`` and ``simulate`` only
+DEMAND = "rebalance:deal=demand"
 REPLAY = "replay(trace, all iterations)"
 #: batches of the trace's iterations for the batch-means standard error of its sync E[T]
 TRACE_BATCHES = 10
@@ -227,12 +229,14 @@ def rank(
 
 def _rebalance_rows(rows: list[Row], micro_batches: int | None) -> list[Row]:
     """predict's rebalance row as each of :data:`REBALANCE`'s specs (the combination's
-    predicted figures are the shares' alone; its threshold is simulated), where shares can
-    move: with M > 1 micro-batches (a per-iteration trace without --micro-batches has none)."""
-    found = [r for r in rows if r.strategy == "rebalance"]
+    predicted figures are the shares' alone; its threshold is simulated) and its
+    :data:`DEMAND` row, where shares can move: with M > 1 micro-batches (a per-iteration
+    trace without --micro-batches has none)."""
+    found = [r for r in rows if r.strategy == "rebalance" and r.spec is None]
     if not found or (micro_batches or 1) < 2:
         return []
-    return [replace(found[0], spec=spec) for spec in REBALANCE]
+    demand = [r for r in rows if r.spec == DEMAND]
+    return [*(replace(found[0], spec=spec) for spec in REBALANCE), *demand]
 
 
 def simplicity(ranked: Ranked) -> tuple[int, float]:
@@ -241,7 +245,7 @@ def simplicity(ranked: Ranked) -> tuple[int, float]:
     period, a threshold on top of the shares: larger)."""
     row = ranked.row
     if row.strategy == "rebalance":
-        distance = float(REBALANCE.index(row_spec(row)))
+        distance = float((*REBALANCE, DEMAND).index(row_spec(row)))
     elif row.strategy == "local-sgd":
         distance = float(row_spec(row).rpartition("=")[2])
     elif row.strategy == "dropcompute":
@@ -275,10 +279,26 @@ def dominate(cost: Cost, excluded: Cost | None) -> bool:
 def rebalanced(tied: list[Ranked], persistent_dominate: bool) -> list[Ranked]:
     """The :func:`equivalents`, rebalance's rows first where persistent stragglers dominate:
     of the remedies that tie, it alone keeps every sample (DropCompute and K-sync drop the
-    same ranks' work every step, so their data is under-represented in every update)."""
+    same ranks' work every step, so their data is under-represented in every update). Of
+    its rows the simplest comes first, unless :data:`DEMAND` is faster than it (:func:`faster`):
+    dealing on demand needs no shares and no threshold, only ``train``'s store."""
     if not persistent_dominate:
         return tied
-    return sorted(tied, key=lambda r: r.row.strategy != "rebalance")  # stable: simplest first
+    tied = sorted(tied, key=lambda r: r.row.strategy != "rebalance")  # stable: simplest first
+    demand = next((r for r in tied if row_spec(r.row) == DEMAND), None)
+    if demand is None or not faster(demand, tied[0]):
+        return tied
+    return [demand, *(r for r in tied if r is not demand)]
+
+
+def faster(one: Ranked, other: Ranked) -> bool:
+    """Whether ``one`` applies more gradients per second than ``other`` both as predicted
+    and, where both were simulated, as simulated (the combination's predicted figure is its
+    shares' alone: the simulation is the like-for-like comparison)."""
+    predicted = one.row.effective_speedup > other.row.effective_speedup
+    if one.simulated is None or other.simulated is None:
+        return predicted
+    return predicted and one.simulated.effective_speedup > other.simulated.effective_speedup
 
 
 def recommend(ranked: list[Ranked], persistent_dominate: bool = False) -> list[Ranked]:
@@ -324,9 +344,12 @@ def reason(choice: Ranked, cost: Cost, excluded: Cost | None, persistent: list[i
             if cuts
             else "drops no sample (predicted"
         )
+        how = "give each rank the share of the global batch it can finish"
+        if spec == DEMAND:
+            how = "deal the global batch on demand, each micro-batch to whichever rank asks next"
+            what = "keeps every rank busy and drops no sample (predicted"
         return (
-            f"{found}rather than fix or replace them, give each rank the share of the global "
-            f"batch it can finish: {spec} {what} "
+            f"{found}rather than fix or replace them, {how}: {spec} {what} "
             f"{choice.row.effective_speedup:.2f}x the gradients per second of sync{simulated}). "
             f"{text}"
         )
