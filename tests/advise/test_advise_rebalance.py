@@ -15,7 +15,7 @@ import pytest
 
 from tailtrain.advice import advise
 from tailtrain.advice.adopt import RUNNABLE
-from tailtrain.advice.recommend import DEMAND, faster
+from tailtrain.advice.recommend import DEMAND_SPEC, faster
 from tailtrain.core.scenario import Scenario
 from tailtrain.runtime.config import TrainConfig
 from tailtrain.runtime.launch import Endpoint, launch, reserve
@@ -49,10 +49,10 @@ def advised(slow_micro_trace):
 def test_a_dominating_persistent_straggler_gets_rebalance_with_its_speedups(advised):
     assert advised.persistent == [2]
     ranked = {r.as_dict()["spec"]: r for r in advised.ranked}
-    assert {"rebalance", "rebalance:then=dropcompute", DEMAND} <= set(ranked)
+    assert {"rebalance", "rebalance:then=dropcompute", DEMAND_SPEC} <= set(ranked)
     # dealt on demand when faster than the shares, predicted and simulated alike
-    demand_first = faster(ranked[DEMAND], ranked["rebalance"])
-    assert advised.recommendation == (DEMAND if demand_first else "rebalance")
+    demand_first = faster(ranked[DEMAND_SPEC], ranked["rebalance"])
+    assert advised.recommendation == (DEMAND_SPEC if demand_first else "rebalance")
     choice = advised.choice
     assert choice.simulated is not None and choice.row.effective_speedup > 1.2
     assert choice.simulated.effective_speedup > 1.2
@@ -61,7 +61,7 @@ def test_a_dominating_persistent_straggler_gets_rebalance_with_its_speedups(advi
     assert f"predicted {choice.row.effective_speedup:.2f}x" in advised.reason
     assert f"simulated {choice.simulated.effective_speedup:.2f}x" in advised.reason
     assert any(note.startswith("rebalance:") for note in advised.notes)  # its row is ranked
-    assert any(note.startswith(f"{DEMAND}:") for note in advised.notes)  # and its own
+    assert any(note.startswith(f"{DEMAND_SPEC}:") for note in advised.notes)  # and its own
 
 
 @pytest.mark.timeout(300)
@@ -80,9 +80,11 @@ def test_for_a_loop_the_lines_deal_by_the_sampler_and_a_ddp_job_is_not_offered_i
     compile("\n".join(lines), "adopt", "exec")
     # a user's loop cannot deal on demand (StragglerStep refuses it): the text says so when
     # it would have been faster
-    assert all(r.as_dict()["spec"] != DEMAND for r in loop.ranked)
-    if advised.recommendation == DEMAND:
-        assert f"{DEMAND} is faster" in loop.reason and "StragglerStep refuses it" in loop.reason
+    assert all(r.as_dict()["spec"] != DEMAND_SPEC for r in loop.ranked)
+    if advised.recommendation == DEMAND_SPEC:
+        assert (
+            f"{DEMAND_SPEC} is faster" in loop.reason and "StragglerStep refuses it" in loop.reason
+        )
     ddp = advise(slow_micro_trace, samples=400, setup="ddp")
     assert "rebalance" not in RUNNABLE["ddp"]
     assert all(r.row.strategy != "rebalance" for r in ddp.ranked)
@@ -105,7 +107,7 @@ def test_the_recommended_spec_trains_and_gives_the_slow_rank_its_share(advised, 
     assert all(sum(row["completed"]) == W * M for row in steps)
     simulated = simulate(scenario, parse_strategy(spec), 0).steps
     # shares are what each rank was dealt: on demand, the unit cut in flight too
-    done = "completed" if spec == DEMAND else "shares"
+    done = "completed" if spec == DEMAND_SPEC else "shares"
     assert all(sum(row["shares"]) >= W * M for row in steps)
     assert sorted(simulated[-1][done]) == [4, 7, 7]
     assert steps[-1][done][2] == 4 and sorted(steps[-1][done]) == [4, 7, 7]

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from tailtrain.delays import parse_delay, parse_pattern
 from tailtrain.prediction import DelayScenario, predict
 from tailtrain.prediction.context import _Context
-from tailtrain.prediction.estimates import DEMAND, _demand_rows
+from tailtrain.prediction.estimates import DEMAND_SPEC, _demand_rows
 from tailtrain.prediction.rebalance import (
     demand_ends,
     demand_mean_field,
@@ -194,7 +194,7 @@ def test_the_demand_row_sits_beside_rebalance_and_beats_it_under_noise():
         micro_batches=12,
     )  # fmt: skip
     for rows in (iid, mixed):
-        demand = rows[DEMAND]
+        demand = rows[DEMAND_SPEC]
         assert demand.strategy == "rebalance" and demand.method.startswith("monte-carlo")
         assert demand.iteration_time < rows["rebalance"].iteration_time
         assert demand.effective_speedup == pytest.approx(demand.speedup_vs_sync)

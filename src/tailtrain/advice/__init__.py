@@ -18,7 +18,7 @@ import numpy as np
 from tailtrain.advice.adopt import Adoption, adoption, check_setup, runnable
 from tailtrain.advice.cost import Cost, sync_cost
 from tailtrain.advice.recommend import (
-    DEMAND,
+    DEMAND_SPEC,
     Ranked,
     dominate,
     faster,
@@ -127,7 +127,7 @@ def advise(
     recorded = model.trace.round_comm() if comm_time is None else np.empty(0)
     spread = trace_spread(times, recorded)
     ranked, more = rank(model, times, n, m, seed, samples, comm, spread, recorded.size > 0)
-    demand = next((r for r in ranked if row_spec(r.row) == DEMAND), None)
+    demand = next((r for r in ranked if row_spec(r.row) == DEMAND_SPEC), None)
     ranked, more = _runnable(ranked, setup, more)
     cost = _as_in_the_table(cost, ranked)
     tied = recommend(ranked, dominate(cost, without))
@@ -168,7 +168,7 @@ def _tie_text(tied: list[Ranked]) -> str:
     rule = "fresh gradients first, then the simpler spec"
     if tied[0].row.strategy == "rebalance" and tied[0] is not min(tied, key=simplicity):
         rule = "rebalance first (persistent stragglers dominate: shares keep their work)"
-        if row_spec(tied[0].row) == DEMAND:
+        if row_spec(tied[0].row) == DEMAND_SPEC:
             rule = (
                 "rebalance first, dealt on demand where that is faster than its shares "
                 "(persistent stragglers dominate: rebalance keeps their work)"
@@ -177,17 +177,17 @@ def _tie_text(tied: list[Ranked]) -> str:
 
 
 def _train_only_text(choice: Ranked, demand: Ranked | None, setup: str) -> str:
-    """Why a rebalance choice is not :data:`DEMAND` when a ``setup`` job cannot run it and
+    """Why a rebalance choice is not :data:`DEMAND_SPEC` when a ``setup`` job cannot run it and
     it would be faster (``advice.recommend.faster``)."""
     if demand is None or choice.row.strategy != "rebalance" or choice is demand:
         return ""
-    if runnable(demand.row.strategy, setup, DEMAND) or not faster(demand, choice):
+    if runnable(demand.row.strategy, setup, DEMAND_SPEC) or not faster(demand, choice):
         return ""
     simulated = demand.simulated
     also = "" if simulated is None else f", simulated {simulated.effective_speedup:.2f}x"
     return (
-        f" {DEMAND} is faster (predicted {demand.row.effective_speedup:.2f}x the gradients per "
-        f"second of sync{also}), but a {setup} job cannot run it: StragglerStep refuses it, as "
+        f" {DEMAND_SPEC} is faster (predicted {demand.row.effective_speedup:.2f}x the gradients "
+        f"per second of sync{also}), but a {setup} job cannot run it: StragglerStep refuses it, as "
         "a user's own loop has no store to deal micro-batches from on demand (tailtrain train "
         "runs it)."
     )

@@ -57,13 +57,12 @@ from tailtrain.delays.parse import parse_delay
 from tailtrain.delays.trace import Trace, TraceDelay, replayed_comm, write_trace_rows
 from tailtrain.prediction import DelayScenario, Row, best_k, k_grid, predict
 from tailtrain.prediction.families import SIM_MAX_WORKERS, row_spec, simulated_row, with_families
+from tailtrain.prediction.rebalance import DEMAND_SPEC  # dealt on demand: train and simulate only
 
 FULL_MAX_WORKERS = SIM_MAX_WORKERS  #: predict + simulation up to this many workers
 FRESH = ("sync", "k-sync", "k-batch-sync", "dropcompute", "local-sgd", "rebalance")
 #: rebalance's rows (issue 25): its shares alone, and DropCompute's threshold on top
 REBALANCE = ("rebalance", "rebalance:then=dropcompute")
-#: rebalance dealt on demand: predict's own row; ``train`` and ``simulate`` only
-DEMAND = "rebalance:deal=demand"
 REPLAY = "replay(trace, all iterations)"
 #: batches of the trace's iterations for the batch-means standard error of its sync E[T]
 TRACE_BATCHES = 10
@@ -230,12 +229,12 @@ def rank(
 def _rebalance_rows(rows: list[Row], micro_batches: int | None) -> list[Row]:
     """predict's rebalance row as each of :data:`REBALANCE`'s specs (the combination's
     predicted figures are the shares' alone; its threshold is simulated) and its
-    :data:`DEMAND` row, where shares can move: with M > 1 micro-batches (a per-iteration
+    :data:`DEMAND_SPEC` row, where shares can move: with M > 1 micro-batches (a per-iteration
     trace without --micro-batches has none)."""
     found = [r for r in rows if r.strategy == "rebalance" and r.spec is None]
     if not found or (micro_batches or 1) < 2:
         return []
-    demand = [r for r in rows if r.spec == DEMAND]
+    demand = [r for r in rows if r.spec == DEMAND_SPEC]
     return [*(replace(found[0], spec=spec) for spec in REBALANCE), *demand]
 
 
@@ -245,7 +244,7 @@ def simplicity(ranked: Ranked) -> tuple[int, float]:
     period, a threshold on top of the shares: larger)."""
     row = ranked.row
     if row.strategy == "rebalance":
-        distance = float((*REBALANCE, DEMAND).index(row_spec(row)))
+        distance = float((*REBALANCE, DEMAND_SPEC).index(row_spec(row)))
     elif row.strategy == "local-sgd":
         distance = float(row_spec(row).rpartition("=")[2])
     elif row.strategy == "dropcompute":
@@ -280,12 +279,13 @@ def rebalanced(tied: list[Ranked], persistent_dominate: bool) -> list[Ranked]:
     """The :func:`equivalents`, rebalance's rows first where persistent stragglers dominate:
     of the remedies that tie, it alone keeps every sample (DropCompute and K-sync drop the
     same ranks' work every step, so their data is under-represented in every update). Of
-    its rows the simplest comes first, unless :data:`DEMAND` is faster than it (:func:`faster`):
-    dealing on demand needs no shares and no threshold, only ``train``'s store."""
+    its rows the simplest comes first, unless ``DEMAND_SPEC`` is faster than it
+    (:func:`faster`): dealing on demand needs no shares and no threshold, only ``train``'s
+    store."""
     if not persistent_dominate:
         return tied
     tied = sorted(tied, key=lambda r: r.row.strategy != "rebalance")  # stable: simplest first
-    demand = next((r for r in tied if row_spec(r.row) == DEMAND), None)
+    demand = next((r for r in tied if row_spec(r.row) == DEMAND_SPEC), None)
     if demand is None or not faster(demand, tied[0]):
         return tied
     return [demand, *(r for r in tied if r is not demand)]
@@ -345,7 +345,7 @@ def reason(choice: Ranked, cost: Cost, excluded: Cost | None, persistent: list[i
             else "drops no sample (predicted"
         )
         how = "give each rank the share of the global batch it can finish"
-        if spec == DEMAND:
+        if spec == DEMAND_SPEC:
             how = "deal the global batch on demand, each micro-batch to whichever rank asks next"
             what = "keeps every rank busy and drops no sample (predicted"
         return (

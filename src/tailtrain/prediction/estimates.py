@@ -57,6 +57,7 @@ from tailtrain.prediction.large import (
 )
 from tailtrain.prediction.rebalance import (
     DEMAND_SEQUENCES,
+    DEMAND_SPEC,
     demand_mean_field,
     demand_times,
     rebalance_quadrature,
@@ -89,7 +90,6 @@ from tailtrain.theory.montecarlo import (
 from tailtrain.theory.order_stats import OrderStats, expected_order_stats
 from tailtrain.theory.sums import sum_method
 
-DEMAND = "rebalance:deal=demand"  #: the spec of the rebalance row dealt on demand
 RENEWAL = "renewal(N->inf, per-worker speeds)"  #: method of async_renewal's rows
 _CHAINS = 16  # independent K-async chains (their spread gives the standard error)
 _JOB_BUDGET = 100_000  # jobs per K-async / K-batch-sync estimate, bounds time and memory
@@ -407,23 +407,27 @@ def _demand_rows(ctx: _Context) -> list[Row]:
     s = ctx.scenario
     rate = _exponential_rate(ctx.exact_delay) if s.iid else None
     if rate is not None:  # N superposed Poisson processes: the N M-th arrival at rate N rate
-        return [_row("rebalance", s.workers, ctx.m / rate + s.comm_mean, 0.0, EXACT, spec=DEMAND)]
+        return [
+            _row("rebalance", s.workers, ctx.m / rate + s.comm_mean, 0.0, EXACT, spec=DEMAND_SPEC)
+        ]
     if ctx.speeds is not None or (s.iid and s.workers > LARGE_N):
         draw = ctx.sampled_delay.sample
         value, stderr, length, exact = demand_mean_field(draw, ctx.speeds, ctx.m, ctx.rng(7))
         if not exact:
             ctx.notes.append(
-                f"{DEMAND}: some of {DEMAND_SEQUENCES} sequences of {length} micro-batches "
+                f"{DEMAND_SPEC}: some of {DEMAND_SEQUENCES} sequences of {length} micro-batches "
                 f"ended before t*, so t* is an upper bound"
             )
         method = f"mean-field(n={DEMAND_SEQUENCES}x{length}, seed={s.seed})"
-        return [_row("rebalance", s.workers, value + s.comm_mean, stderr, method, spec=DEMAND)]
+        return [_row("rebalance", s.workers, value + s.comm_mean, stderr, method, spec=DEMAND_SPEC)]
     sample = ctx.sync_sample()
     found = [
         demand_times(t, comm, mu) for (t, comm), mu in zip(sample, ctx.worker_means(), strict=True)
     ]
     if not all(np.isfinite(mean) for mean, *_ in found):
-        ctx.notes.append(f"{DEMAND}: no row, a worker's draws in the sample cannot hold a step")
+        ctx.notes.append(
+            f"{DEMAND_SPEC}: no row, a worker's draws in the sample cannot hold a step"
+        )
         return []
     time, time_se = _pooled([(mean, se) for mean, se, _, _ in found])
     closed = float(np.mean([c for _, _, c, _ in found]))
@@ -431,11 +435,13 @@ def _demand_rows(ctx: _Context) -> list[Row]:
         t.shape[0] * ctx.m // units for (t, _), (*_, units) in zip(sample, found, strict=True)
     )
     ctx.notes.append(
-        f"{DEMAND}: each micro-batch to whichever worker asks next until N M={s.workers * ctx.m} "
-        f"are complete; closed form T* + E[T^c] = {closed:.4g} s, exact for constant times; "
-        f"E[T] by Monte Carlo of the (N M)-th completion on fresh draws"
+        f"{DEMAND_SPEC}: each micro-batch to whichever worker asks next until "
+        f"N M={s.workers * ctx.m} are complete; closed form T* + E[T^c] = {closed:.4g} s, "
+        f"exact for constant times; E[T] by Monte Carlo of the (N M)-th completion on fresh draws"
     )
-    row = _row("rebalance", s.workers, float(time), float(time_se), ctx.method(steps), spec=DEMAND)
+    row = _row(
+        "rebalance", s.workers, float(time), float(time_se), ctx.method(steps), spec=DEMAND_SPEC
+    )
     return [row]
 
 

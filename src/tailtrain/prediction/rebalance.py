@@ -52,6 +52,7 @@ from numpy.typing import NDArray
 from tailtrain.delays.base import DelayModel
 from tailtrain.strategies.rebalance import optimal_shares
 
+DEMAND_SPEC = "rebalance:deal=demand"  #: the spec of predict's rebalance row dealt on demand
 DEMAND_SEQUENCES = 2**17  #: micro-batch sequences of :func:`demand_mean_field`
 DEMAND_GROUPS = 16  #: batches of those sequences whose spread gives the standard error
 DEMAND_DRAWS = 2**25  #: at most this many micro-batch draws there (256 MiB)
