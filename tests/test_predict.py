@@ -36,6 +36,9 @@ def test_exponential_scenario_is_exact_everywhere():
         assert rows_of(p, "k-batch-sync")[k].iteration_time == pytest.approx(k / (n * rate))
         assert rows_of(p, "k-batch-async")[k].iteration_time == k / rate / n
     assert rows_of(p, "async")[1].iteration_time == 1 / rate / n
+    # rebalance:deal=demand: n superposed Poisson processes, the n-th arrival at rate n rate
+    (demand,) = [r for r in p.rows if r.spec == "rebalance:deal=demand"]
+    assert demand.iteration_time == pytest.approx(1 / rate, rel=1e-12)
     assert {r.method for r in p.rows} <= {"exact", "numerical-integration"}
     for r in p.rows:
         assert r.speedup_vs_sync == pytest.approx(sync.iteration_time / r.iteration_time)
