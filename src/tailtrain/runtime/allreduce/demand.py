@@ -14,8 +14,12 @@ computed.
 
 The store is the rendezvous's TCPStore (``MASTER_ADDR:MASTER_PORT``, env://), under a
 prefix of this run and restart; each rank holds two clients: one for its counters, one for
-the waiter, whose blocking wait would hold a shared socket. Rank 0 deletes a round's counters
-when the next starts; the stop keys (one byte a round) stay until the run ends.
+the waiter, whose blocking wait would hold a shared socket. A rank leaves a round only once
+its waiter has seen the round's stop (bounded by --timeout), so when the next round starts
+no waiter can still be waiting on that key: rank 0 then deletes the round's three keys, and
+the store holds one round's keys whatever the run's length (a key a round would grow the
+launcher's store without bound). :meth:`Dealer.close` deletes the last round's and ends the
+waiter.
 """
 
 from __future__ import annotations
@@ -48,11 +52,16 @@ def store_prefix(env: Any = os.environ) -> str:
 class Dealer:
     """This rank's side of the deal: the round's counters and the waiter for its stop."""
 
-    def __init__(self, counters: dist.Store, waits: dist.Store, tidy: bool = False) -> None:
-        self.counters, self.tidy = counters, tidy
-        self._rounds: queue.SimpleQueue[tuple[str, threading.Event]] = queue.SimpleQueue()
-        waiter = threading.Thread(target=self._wait, args=(waits,), daemon=True)
-        waiter.start()
+    def __init__(
+        self, counters: dist.Store, waits: dist.Store, tidy: bool = False, timeout: float = 300.0
+    ) -> None:
+        self.counters, self.tidy, self.timeout = counters, tidy, timeout
+        #: the latest round dealt (None: none yet)
+        self.step: int | None = None
+        self._rounds: queue.SimpleQueue[tuple[str, threading.Event, threading.Event] | None]
+        self._rounds = queue.SimpleQueue()
+        self.waiter = threading.Thread(target=self._wait, args=(waits,), daemon=True)
+        self.waiter.start()
 
     @classmethod
     def open(cls, timeout: datetime.timedelta, tidy: bool, env: Any = os.environ) -> Dealer:
@@ -64,37 +73,64 @@ class Dealer:
             base = dist.TCPStore(host, port, is_master=False, timeout=timeout)
             return dist.PrefixStore(store_prefix(env), base)
 
-        return cls(client(), client(), tidy)
+        return cls(client(), client(), tidy, timeout.total_seconds())
 
     def _wait(self, waits: dist.Store) -> None:
-        """Rounds in order: block until a round's stop key is set, then wake its event. A
-        round ends only once its stop is set, so the next one never waits behind it. A wait
-        that fails (the store gone, or --timeout passed) wakes its round too: the round's
-        allreduce then meets the failure, bounded as every collective is."""
-        while True:
-            key, event = self._rounds.get()
+        """Rounds in order: block until a round's stop key is set, then wake its events (the
+        stop, and ``seen``: this thread is done with the key). A rank leaves a round only
+        once its ``seen`` is set, so the next round never waits behind it. A wait that fails
+        (the store gone, or --timeout passed) wakes its round too: the round's allreduce then
+        meets the failure, bounded as every collective is. None: the run is over."""
+        while (item := self._rounds.get()) is not None:
+            key, stop, seen = item
             with contextlib.suppress(Exception):
                 waits.wait([key])
-            event.set()
+            stop.set()
+            seen.set()
 
     def round(self, step: int, pool: int) -> DealtRound:
         """Round ``step``'s counters for ``pool`` (N M) completions, its stop watched from
         now on."""
-        if self.tidy and step > 0:  # every rank passed the last round's allreduce to be here
-            for key in ("asks", "done"):
-                self.counters.delete_key(f"{step - 1}/{key}")
-        stop = threading.Event()
-        self._rounds.put((f"{step}/stop", stop))
-        return DealtRound(self.counters, f"{step}/", pool, stop)
+        if step > 0:  # every rank passed the last round's allreduce to be here
+            self._forget(step - 1)
+        stop, seen = threading.Event(), threading.Event()
+        self._rounds.put((f"{step}/stop", stop, seen))
+        self.step = step
+        return DealtRound(self.counters, f"{step}/", pool, stop, seen, self.timeout)
+
+    def _forget(self, step: int) -> None:
+        """Rank 0 deletes round ``step``'s keys: every rank left it, and every waiter saw
+        its stop (:meth:`DealtRound.leave`), so nobody reads them again."""
+        if self.tidy:
+            for key in ("asks", "done", "stop"):
+                self.counters.delete_key(f"{step}/{key}")
+
+    def close(self) -> None:
+        """After the run's last round, every rank past it (the last round's settling
+        all-gather): the last round's keys go (rank 0) and the waiter ends."""
+        if self.step is not None:
+            self._forget(self.step)
+            self.step = None
+        self._rounds.put(None)
+        self.waiter.join(self.timeout)
 
 
 class DealtRound:
     """One round's deal as this rank sees it (:class:`Dealer`)."""
 
-    __slots__ = ("counters", "key", "pool", "stop")
+    __slots__ = ("counters", "key", "pool", "seen", "stop", "timeout")
 
-    def __init__(self, counters: dist.Store, key: str, pool: int, stop: threading.Event) -> None:
+    def __init__(
+        self,
+        counters: dist.Store,
+        key: str,
+        pool: int,
+        stop: threading.Event,
+        seen: threading.Event,
+        timeout: float,
+    ) -> None:
         self.counters, self.key, self.pool, self.stop = counters, key, pool, stop
+        self.seen, self.timeout = seen, timeout
 
     def ask(self) -> int:
         """The index of this rank's next micro-batch in the round's stream."""
@@ -108,6 +144,12 @@ class DealtRound:
             self.counters.set(self.key + "stop", "1")
             self.stop.set()
         return count <= self.pool
+
+    def leave(self) -> None:
+        """Wait (up to --timeout) until this rank's waiter saw the round's stop key: rank 0
+        deletes it when the next round starts (:meth:`Dealer.round`). The N M-th completion
+        was counted before this rank left, its stop set right after: a round trip or so."""
+        self.seen.wait(self.timeout)
 
     def sleep(self, seconds: float) -> bool:
         """Sleep a unit's injected seconds unless the round stops first: whether it stopped."""
@@ -150,6 +192,7 @@ def compute_on_demand(
         done += 1
         loss_sum += loss
         total = grad if total is None else total.add_(grad)
+    deal.leave()
     total = torch.zeros_like(theta) if total is None else total
     work = RankWork(
         done, time.perf_counter() - start, slept, times, worker_grad(total, done, 1), loss_sum, cut
