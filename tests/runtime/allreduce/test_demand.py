@@ -83,3 +83,28 @@ def test_closing_the_dealers_leaves_no_key_and_no_waiter():
         dealer.close()
     assert master.num_keys() == 0
     assert not any(dealer.waiter.is_alive() for dealer in dealers)
+
+
+@pytest.mark.timeout(60)
+def test_a_round_longer_than_the_timeout_still_counts_its_pool():
+    """--timeout bounds a wait for a peer, not a round: one rank alone computes a pool of 8
+    units of 0.1 s against a 0.3 s timeout, and its round still ends at its 8th completion
+    (a waiter that took its timed-out wait for the stop cut every round at --timeout)."""
+    short = datetime.timedelta(seconds=0.3)
+    master = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=short)
+
+    def client() -> dist.Store:
+        base = dist.TCPStore("127.0.0.1", master.port, is_master=False, timeout=short)
+        return dist.PrefixStore("tailtrain/deal/test/0", base)
+
+    dealer = Dealer(client(), client(), tidy=True, timeout=short.total_seconds())
+    work, dealt = compute_on_demand(
+        lambda theta, batch, out: (0.0, torch.ones(2)),
+        torch.zeros(2),
+        dealer.round(0, 8),
+        lambda k: np.zeros(1),
+        np.full(8, 0.1),
+    )
+    assert work.done == 8 and dealt == list(range(8))
+    dealer.close()
+    assert not dealer.waiter.is_alive()

@@ -24,7 +24,6 @@ waiter.
 
 from __future__ import annotations
 
-import contextlib
 import datetime
 import math
 import os
@@ -78,13 +77,23 @@ class Dealer:
     def _wait(self, waits: dist.Store) -> None:
         """Rounds in order: block until a round's stop key is set, then wake its events (the
         stop, and ``seen``: this thread is done with the key). A rank leaves a round only
-        once its ``seen`` is set, so the next round never waits behind it. A wait that fails
-        (the store gone, or --timeout passed) wakes its round too: the round's allreduce then
+        once its ``seen`` is set, so the next round never waits behind it. --timeout bounds
+        each wait, not the round: a wait that times out while this rank still computes the
+        round waits again (a round may outlast --timeout, as a sync round's compute may;
+        taking the timeout for the stop cut every such round short). Once the rank left the
+        round, or the store failed otherwise (gone), the round is woken: its allreduce then
         meets the failure, bounded as every collective is. None: the run is over."""
         while (item := self._rounds.get()) is not None:
-            key, stop, seen = item
-            with contextlib.suppress(Exception):
-                waits.wait([key])
+            key, stop, seen, ended = item
+            while True:
+                try:
+                    waits.wait([key])
+                except dist.DistStoreError:  # --timeout passed: again while the round runs
+                    if not ended.is_set():
+                        continue
+                except Exception:  # the store failed (gone): the allreduce will too
+                    pass
+                break
             stop.set()
             seen.set()
 
@@ -93,10 +102,10 @@ class Dealer:
         now on."""
         if step > 0:  # every rank passed the last round's allreduce to be here
             self._forget(step - 1)
-        stop, seen = threading.Event(), threading.Event()
-        self._rounds.put((f"{step}/stop", stop, seen))
+        stop, seen, ended = threading.Event(), threading.Event(), threading.Event()
+        self._rounds.put((f"{step}/stop", stop, seen, ended))
         self.step = step
-        return DealtRound(self.counters, f"{step}/", pool, stop, seen, self.timeout)
+        return DealtRound(self.counters, f"{step}/", pool, stop, seen, ended, self.timeout)
 
     def _forget(self, step: int) -> None:
         """Rank 0 deletes round ``step``'s keys: every rank left it, and every waiter saw
@@ -118,7 +127,7 @@ class Dealer:
 class DealtRound:
     """One round's deal as this rank sees it (:class:`Dealer`)."""
 
-    __slots__ = ("counters", "key", "pool", "seen", "stop", "timeout")
+    __slots__ = ("counters", "ended", "key", "pool", "seen", "stop", "timeout")
 
     def __init__(
         self,
@@ -127,10 +136,12 @@ class DealtRound:
         pool: int,
         stop: threading.Event,
         seen: threading.Event,
+        ended: threading.Event,
         timeout: float,
     ) -> None:
         self.counters, self.key, self.pool, self.stop = counters, key, pool, stop
-        self.seen, self.timeout = seen, timeout
+        #: the waiter is done with the round's stop key; this rank computes no more of it
+        self.seen, self.ended, self.timeout = seen, ended, timeout
 
     def ask(self) -> int:
         """The index of this rank's next micro-batch in the round's stream."""
@@ -146,10 +157,12 @@ class DealtRound:
         return count <= self.pool
 
     def leave(self) -> None:
-        """Wait (up to --timeout) until this rank's waiter saw the round's stop key: rank 0
-        deletes it when the next round starts (:meth:`Dealer.round`). The N M-th completion
-        was counted before this rank left, its stop set right after: a round trip or so."""
-        self.seen.wait(self.timeout)
+        """Wait (up to twice --timeout: a wait of the waiter's may have just begun) until
+        this rank's waiter saw the round's stop key: rank 0 deletes it when the next round
+        starts (:meth:`Dealer.round`). The N M-th completion was counted before this rank
+        left, its stop set right after: a round trip or so."""
+        self.ended.set()
+        self.seen.wait(2 * self.timeout)
 
     def sleep(self, seconds: float) -> bool:
         """Sleep a unit's injected seconds unless the round stops first: whether it stopped."""
@@ -175,23 +188,27 @@ def compute_on_demand(
     done, loss_sum, slept, cut = 0, 0.0, 0.0, math.nan
     total: torch.Tensor | None = None
     start = time.perf_counter()
-    for u, seconds in enumerate(seconds_of):
-        if deal.stop.is_set():
-            break
-        k = deal.ask()
-        dealt.append(k)
-        began = time.perf_counter()
-        loss, grad = grads(theta, batch_of(k), out if u == 0 else None)
-        asleep = time.perf_counter()
-        stopped = deal.sleep(seconds)
-        slept += (time.perf_counter() - asleep) if stopped else seconds
-        if stopped or not deal.complete():  # cut in flight, or counted past N M: carried
-            cut = time.perf_counter() - began
-            break
-        times[u] = time.perf_counter() - began
-        done += 1
-        loss_sum += loss
-        total = grad if total is None else total.add_(grad)
+    try:
+        for u, seconds in enumerate(seconds_of):
+            if deal.stop.is_set():
+                break
+            k = deal.ask()
+            dealt.append(k)
+            began = time.perf_counter()
+            loss, grad = grads(theta, batch_of(k), out if u == 0 else None)
+            asleep = time.perf_counter()
+            stopped = deal.sleep(seconds)
+            slept += (time.perf_counter() - asleep) if stopped else seconds
+            if stopped or not deal.complete():  # cut in flight, or counted past N M: carried
+                cut = time.perf_counter() - began
+                break
+            times[u] = time.perf_counter() - began
+            done += 1
+            loss_sum += loss
+            total = grad if total is None else total.add_(grad)
+    except BaseException:
+        deal.ended.set()  # the waiter stops waiting again for a round this rank left
+        raise
     deal.leave()
     total = torch.zeros_like(theta) if total is None else total
     work = RankWork(
