@@ -15,7 +15,7 @@ computed.
 The store is the rendezvous's TCPStore (``MASTER_ADDR:MASTER_PORT``, env://), under a
 prefix of this run and restart; each rank holds two clients: one for its counters, one for
 the waiter, whose blocking wait would hold a shared socket. A rank leaves a round only once
-its waiter has seen the round's stop (bounded by --timeout), so when the next round starts
+its waiter has seen the round's stop (a bounded wait), so when the next round starts
 no waiter can still be waiting on that key: rank 0 then deletes the round's three keys, and
 the store holds one round's keys whatever the run's length (a key a round would grow the
 launcher's store without bound). :meth:`Dealer.close` deletes the last round's and ends the
