@@ -50,9 +50,12 @@ def test_a_dominating_persistent_straggler_gets_rebalance_with_its_speedups(advi
     assert advised.persistent == [2]
     ranked = {r.as_dict()["spec"]: r for r in advised.ranked}
     assert {"rebalance", "rebalance:then=dropcompute", DEMAND_SPEC} <= set(ranked)
-    # dealt on demand when faster than the shares, predicted and simulated alike
-    demand_first = faster(ranked[DEMAND_SPEC], ranked["rebalance"])
-    assert advised.recommendation == (DEMAND_SPEC if demand_first else "rebalance")
+    # dealt on demand when faster than the shares, predicted and simulated alike: here it
+    # is (1.273x against 1.270x predicted, 1.272x against 1.263x simulated; the figures are
+    # seeded), so the pick cannot pass by falling back to the shares
+    assert faster(ranked[DEMAND_SPEC], ranked["rebalance"])
+    assert not faster(ranked["rebalance"], ranked[DEMAND_SPEC])
+    assert advised.recommendation == DEMAND_SPEC
     choice = advised.choice
     assert choice.simulated is not None and choice.row.effective_speedup > 1.2
     assert choice.simulated.effective_speedup > 1.2
@@ -81,10 +84,8 @@ def test_for_a_loop_the_lines_deal_by_the_sampler_and_a_ddp_job_is_not_offered_i
     # a user's loop cannot deal on demand (StragglerStep refuses it): the text says so when
     # it would have been faster
     assert all(r.as_dict()["spec"] != DEMAND_SPEC for r in loop.ranked)
-    if advised.recommendation == DEMAND_SPEC:
-        assert (
-            f"{DEMAND_SPEC} is faster" in loop.reason and "StragglerStep refuses it" in loop.reason
-        )
+    assert advised.recommendation == DEMAND_SPEC  # faster, so the loop's text says why not
+    assert f"{DEMAND_SPEC} is faster" in loop.reason and "StragglerStep refuses it" in loop.reason
     ddp = advise(slow_micro_trace, samples=400, setup="ddp")
     assert "rebalance" not in RUNNABLE["ddp"]
     assert all(r.row.strategy != "rebalance" for r in ddp.ranked)

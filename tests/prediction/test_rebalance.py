@@ -16,6 +16,9 @@ from tailtrain.prediction import DelayScenario, predict
 from tailtrain.prediction.context import _Context
 from tailtrain.prediction.estimates import DEMAND_SPEC, _demand_rows
 from tailtrain.prediction.rebalance import (
+    DEMAND_DRAWS,
+    DEMAND_GROUPS,
+    DEMAND_SEQUENCES,
     demand_ends,
     demand_mean_field,
     demand_times,
@@ -216,9 +219,30 @@ def test_the_large_n_limit_agrees_with_the_monte_carlo_at_2048_workers(spec):
     )
     (carlo,) = _demand_rows(_Context.build(scenario))
     law = parse_delay(spec)
-    value, stderr, _, exact = demand_mean_field(law.sample, speeds, m, np.random.default_rng(7))
+    value, stderr, _, _, exact = demand_mean_field(law.sample, speeds, m, np.random.default_rng(7))
     assert exact and carlo.method.startswith("monte-carlo")
     gap = abs(carlo.iteration_time - value)
     assert gap <= 4 * math.hypot(carlo.iteration_time_stderr, stderr)
     if spec == "exp:rate=1":
         assert abs(value - m / math.log(2.0)) <= 4 * stderr
+
+
+def test_the_large_n_limit_holds_its_draws_cap_with_many_micro_batches():
+    """``DEMAND_DRAWS`` caps the mean-field's draws from the first: with M = 512 and speeds
+    1 to 3 a sequence starts 3074 draws long, and 2^17 of them (3 GiB, and as much again for
+    their sums) would not fit; fewer sequences (still in whole groups) hold the cap, and
+    the figure is as good as their count allows (Exp(1): M / E[1/s])."""
+    m, speeds, law = 512, (1.0, 3.0), parse_delay("exp:rate=1")
+    asked = []
+
+    def draw(rng, shape):
+        asked.append(shape)
+        assert shape[0] * shape[1] <= DEMAND_DRAWS, shape  # before allocating it
+        return law.sample(rng, shape)
+
+    value, stderr, sequences, length, exact = demand_mean_field(
+        draw, speeds, m, np.random.default_rng(7)
+    )
+    assert sequences * length <= DEMAND_DRAWS and sequences % DEMAND_GROUPS == 0
+    assert sequences == asked[0][0] < DEMAND_SEQUENCES and exact
+    assert abs(value - m * 2.0 / math.log(3.0)) <= 4 * stderr

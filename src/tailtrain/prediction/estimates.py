@@ -56,7 +56,6 @@ from tailtrain.prediction.large import (
     search,
 )
 from tailtrain.prediction.rebalance import (
-    DEMAND_SEQUENCES,
     DEMAND_SPEC,
     demand_mean_field,
     demand_times,
@@ -412,13 +411,13 @@ def _demand_rows(ctx: _Context) -> list[Row]:
         ]
     if ctx.speeds is not None or (s.iid and s.workers > LARGE_N):
         draw = ctx.sampled_delay.sample
-        value, stderr, length, exact = demand_mean_field(draw, ctx.speeds, ctx.m, ctx.rng(7))
+        value, stderr, count, length, exact = demand_mean_field(draw, ctx.speeds, ctx.m, ctx.rng(7))
         if not exact:
             ctx.notes.append(
-                f"{DEMAND_SPEC}: some of {DEMAND_SEQUENCES} sequences of {length} micro-batches "
+                f"{DEMAND_SPEC}: some of {count} sequences of {length} micro-batches "
                 f"ended before t*, so t* is an upper bound"
             )
-        method = f"mean-field(n={DEMAND_SEQUENCES}x{length}, seed={s.seed})"
+        method = f"mean-field(n={count}x{length}, seed={s.seed})"
         return [_row("rebalance", s.workers, value + s.comm_mean, stderr, method, spec=DEMAND_SPEC)]
     sample = ctx.sync_sample()
     found = [

@@ -200,17 +200,20 @@ def demand_mean_field(
     m: int,
     rng: np.random.Generator,
     sequences: int = DEMAND_SEQUENCES,
-) -> tuple[float, float, int, bool]:
-    """(t*, its standard error, draws per sequence, whether exact) of ``deal=demand`` as
-    N -> infinity (module docstring): ``sequences`` sequences of micro-batch times
-    ``draw(rng, shape)``, each scaled by its own speed ~ U(``speeds``) (none: i.i.d.
-    workers), lengthened until every one lasts beyond t* (so no partial sum below t* is
-    unseen; not exact if :data:`DEMAND_DRAWS` would not hold them); the spread of
-    :data:`DEMAND_GROUPS` batches of sequences gives the standard error."""
-    sequences = sequences // DEMAND_GROUPS * DEMAND_GROUPS
-    speed = None if speeds is None else rng.uniform(*speeds, size=(sequences, 1))
+) -> tuple[float, float, int, int, bool]:
+    """(t*, its standard error, sequences, draws per sequence, whether exact) of
+    ``deal=demand`` as N -> infinity (module docstring): ``sequences`` sequences of
+    micro-batch times ``draw(rng, shape)``, each scaled by its own speed ~ U(``speeds``)
+    (none: i.i.d. workers), lengthened until every one lasts beyond t* (so no partial sum
+    below t* is unseen; not exact if :data:`DEMAND_DRAWS` would not hold them); the spread
+    of :data:`DEMAND_GROUPS` batches of sequences gives the standard error. Fewer
+    sequences where the first draws alone would pass :data:`DEMAND_DRAWS` (a large M)."""
     fastest = 1.0 if speeds is None else speeds[1] / speeds[0]
     length = 2 * m * math.ceil(fastest) + 2  # the fastest finishes ~M high/low units by t*
+    # whole groups, at least one sequence each, the first draws within the cap
+    sequences = min(sequences, DEMAND_DRAWS // length)
+    sequences = max(sequences // DEMAND_GROUPS, 1) * DEMAND_GROUPS
+    speed = None if speeds is None else rng.uniform(*speeds, size=(sequences, 1))
 
     def more(count: int) -> NDArray[np.float64]:
         times = draw(rng, (sequences, count))
@@ -226,7 +229,7 @@ def demand_mean_field(
         times = np.concatenate([times, more(times.shape[1])], axis=1)
     parts = [_demand_quantile(part, m) for part in np.split(sums, DEMAND_GROUPS)]
     stderr = float(np.std(parts, ddof=1) / math.sqrt(DEMAND_GROUPS))
-    return value, stderr, times.shape[1], exact
+    return value, stderr, sequences, times.shape[1], exact
 
 
 def _demand_quantile(sums: NDArray[np.float64], m: int) -> float:

@@ -14,13 +14,16 @@ computed.
 
 The store is the rendezvous's TCPStore (``MASTER_ADDR:MASTER_PORT``, env://), under a
 prefix of this run and restart; each rank holds two clients: one for its counters, one for
-the waiter, whose blocking wait would hold a shared socket. Rank 0 deletes a round's counters
-when the next starts; the stop keys (one byte a round) stay until the run ends.
+the waiter, whose blocking wait would hold a shared socket. A rank leaves a round only once
+its waiter has seen the round's stop (a bounded wait), so when the next round starts
+no waiter can still be waiting on that key: rank 0 then deletes the round's three keys, and
+the store holds one round's keys whatever the run's length (a key a round would grow the
+launcher's store without bound). :meth:`Dealer.close` deletes the last round's and ends the
+waiter.
 """
 
 from __future__ import annotations
 
-import contextlib
 import datetime
 import math
 import os
@@ -48,11 +51,16 @@ def store_prefix(env: Any = os.environ) -> str:
 class Dealer:
     """This rank's side of the deal: the round's counters and the waiter for its stop."""
 
-    def __init__(self, counters: dist.Store, waits: dist.Store, tidy: bool = False) -> None:
-        self.counters, self.tidy = counters, tidy
-        self._rounds: queue.SimpleQueue[tuple[str, threading.Event]] = queue.SimpleQueue()
-        waiter = threading.Thread(target=self._wait, args=(waits,), daemon=True)
-        waiter.start()
+    def __init__(
+        self, counters: dist.Store, waits: dist.Store, tidy: bool = False, timeout: float = 300.0
+    ) -> None:
+        self.counters, self.tidy, self.timeout = counters, tidy, timeout
+        #: the latest round dealt (None: none yet)
+        self.step: int | None = None
+        self._rounds: queue.SimpleQueue[tuple[str, threading.Event, threading.Event] | None]
+        self._rounds = queue.SimpleQueue()
+        self.waiter = threading.Thread(target=self._wait, args=(waits,), daemon=True)
+        self.waiter.start()
 
     @classmethod
     def open(cls, timeout: datetime.timedelta, tidy: bool, env: Any = os.environ) -> Dealer:
@@ -64,37 +72,76 @@ class Dealer:
             base = dist.TCPStore(host, port, is_master=False, timeout=timeout)
             return dist.PrefixStore(store_prefix(env), base)
 
-        return cls(client(), client(), tidy)
+        return cls(client(), client(), tidy, timeout.total_seconds())
 
     def _wait(self, waits: dist.Store) -> None:
-        """Rounds in order: block until a round's stop key is set, then wake its event. A
-        round ends only once its stop is set, so the next one never waits behind it. A wait
-        that fails (the store gone, or --timeout passed) wakes its round too: the round's
-        allreduce then meets the failure, bounded as every collective is."""
-        while True:
-            key, event = self._rounds.get()
-            with contextlib.suppress(Exception):
-                waits.wait([key])
-            event.set()
+        """Rounds in order: block until a round's stop key is set, then wake its events (the
+        stop, and ``seen``: this thread is done with the key). A rank leaves a round only
+        once its ``seen`` is set, so the next round never waits behind it. --timeout bounds
+        each wait, not the round: a wait that times out while this rank still computes the
+        round waits again (a round may outlast --timeout, as a sync round's compute may;
+        taking the timeout for the stop cut every such round short). Once the rank left the
+        round, or the store failed otherwise (gone), the round is woken: its allreduce then
+        meets the failure, bounded as every collective is. None: the run is over."""
+        while (item := self._rounds.get()) is not None:
+            key, stop, seen, ended = item
+            while True:
+                try:
+                    waits.wait([key])
+                except dist.DistStoreError:  # --timeout passed: again while the round runs
+                    if not ended.is_set():
+                        continue
+                except Exception:  # the store failed (gone): the allreduce will too
+                    pass
+                break
+            stop.set()
+            seen.set()
 
     def round(self, step: int, pool: int) -> DealtRound:
         """Round ``step``'s counters for ``pool`` (N M) completions, its stop watched from
         now on."""
-        if self.tidy and step > 0:  # every rank passed the last round's allreduce to be here
-            for key in ("asks", "done"):
-                self.counters.delete_key(f"{step - 1}/{key}")
-        stop = threading.Event()
-        self._rounds.put((f"{step}/stop", stop))
-        return DealtRound(self.counters, f"{step}/", pool, stop)
+        if step > 0:  # every rank passed the last round's allreduce to be here
+            self._forget(step - 1)
+        stop, seen, ended = threading.Event(), threading.Event(), threading.Event()
+        self._rounds.put((f"{step}/stop", stop, seen, ended))
+        self.step = step
+        return DealtRound(self.counters, f"{step}/", pool, stop, seen, ended, self.timeout)
+
+    def _forget(self, step: int) -> None:
+        """Rank 0 deletes round ``step``'s keys: every rank left it, and every waiter saw
+        its stop (:meth:`DealtRound.leave`), so nobody reads them again."""
+        if self.tidy:
+            for key in ("asks", "done", "stop"):
+                self.counters.delete_key(f"{step}/{key}")
+
+    def close(self) -> None:
+        """After the run's last round, every rank past it (the last round's settling
+        all-gather): the last round's keys go (rank 0) and the waiter ends."""
+        if self.step is not None:
+            self._forget(self.step)
+            self.step = None
+        self._rounds.put(None)
+        self.waiter.join(self.timeout)
 
 
 class DealtRound:
     """One round's deal as this rank sees it (:class:`Dealer`)."""
 
-    __slots__ = ("counters", "key", "pool", "stop")
+    __slots__ = ("counters", "ended", "key", "pool", "seen", "stop", "timeout")
 
-    def __init__(self, counters: dist.Store, key: str, pool: int, stop: threading.Event) -> None:
+    def __init__(
+        self,
+        counters: dist.Store,
+        key: str,
+        pool: int,
+        stop: threading.Event,
+        seen: threading.Event,
+        ended: threading.Event,
+        timeout: float,
+    ) -> None:
         self.counters, self.key, self.pool, self.stop = counters, key, pool, stop
+        #: the waiter is done with the round's stop key; this rank computes no more of it
+        self.seen, self.ended, self.timeout = seen, ended, timeout
 
     def ask(self) -> int:
         """The index of this rank's next micro-batch in the round's stream."""
@@ -108,6 +155,14 @@ class DealtRound:
             self.counters.set(self.key + "stop", "1")
             self.stop.set()
         return count <= self.pool
+
+    def leave(self) -> None:
+        """Wait (up to twice --timeout: a wait of the waiter's may have just begun) until
+        this rank's waiter saw the round's stop key: rank 0 deletes it when the next round
+        starts (:meth:`Dealer.round`). The N M-th completion was counted before this rank
+        left, its stop set right after: a round trip or so."""
+        self.ended.set()
+        self.seen.wait(2 * self.timeout)
 
     def sleep(self, seconds: float) -> bool:
         """Sleep a unit's injected seconds unless the round stops first: whether it stopped."""
@@ -133,23 +188,28 @@ def compute_on_demand(
     done, loss_sum, slept, cut = 0, 0.0, 0.0, math.nan
     total: torch.Tensor | None = None
     start = time.perf_counter()
-    for u, seconds in enumerate(seconds_of):
-        if deal.stop.is_set():
-            break
-        k = deal.ask()
-        dealt.append(k)
-        began = time.perf_counter()
-        loss, grad = grads(theta, batch_of(k), out if u == 0 else None)
-        asleep = time.perf_counter()
-        stopped = deal.sleep(seconds)
-        slept += (time.perf_counter() - asleep) if stopped else seconds
-        if stopped or not deal.complete():  # cut in flight, or counted past N M: carried
-            cut = time.perf_counter() - began
-            break
-        times[u] = time.perf_counter() - began
-        done += 1
-        loss_sum += loss
-        total = grad if total is None else total.add_(grad)
+    try:
+        for u, seconds in enumerate(seconds_of):
+            if deal.stop.is_set():
+                break
+            k = deal.ask()
+            dealt.append(k)
+            began = time.perf_counter()
+            loss, grad = grads(theta, batch_of(k), out if u == 0 else None)
+            asleep = time.perf_counter()
+            stopped = deal.sleep(seconds)
+            slept += (time.perf_counter() - asleep) if stopped else seconds
+            if stopped or not deal.complete():  # cut in flight, or counted past N M: carried
+                cut = time.perf_counter() - began
+                break
+            times[u] = time.perf_counter() - began
+            done += 1
+            loss_sum += loss
+            total = grad if total is None else total.add_(grad)
+    except BaseException:
+        deal.ended.set()  # the waiter stops waiting again for a round this rank left
+        raise
+    deal.leave()
     total = torch.zeros_like(theta) if total is None else total
     work = RankWork(
         done, time.perf_counter() - start, slept, times, worker_grad(total, done, 1), loss_sum, cut

@@ -805,6 +805,8 @@ def settle_last(run: _Rank) -> None:
 
 def finish(run: _Rank) -> RankResult:
     """Gather the traces on rank 0, write the outputs, summarise (partial after Ctrl-C)."""
+    if run.dealer is not None:  # every rank is past the last round (``settle_last``)
+        run.dealer.close()
     if run.comm.rank == 0:
         topology = {**summarise(run.record), **time_means(run.record.steps)}
         if run.shrinker is not None:
