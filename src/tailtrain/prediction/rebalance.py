@@ -50,7 +50,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from tailtrain.delays.base import DelayModel
-from tailtrain.strategies.rebalance import optimal_shares
+from tailtrain.strategies.rebalance import demand_end, optimal_shares
 
 DEMAND_SPEC = "rebalance:deal=demand"  #: the spec of predict's rebalance row dealt on demand
 DEMAND_SEQUENCES = 2**17  #: micro-batch sequences of :func:`demand_mean_field`
@@ -164,8 +164,7 @@ def demand_ends(t: NDArray[np.float64], units: int) -> tuple[NDArray[np.float64]
     steps = iterations * m // units
     streams = t.transpose(1, 0, 2).reshape(workers, iterations * m)[:, : steps * units]
     ends = np.cumsum(streams.reshape(workers, steps, units), axis=2)
-    flat = ends.transpose(1, 0, 2).reshape(steps, workers * units)
-    end = np.partition(flat, workers * m - 1, axis=1)[:, workers * m - 1]
+    end = demand_end(ends.transpose(1, 0, 2), workers * m)  # the rule's own end, every step
     return end, bool((ends[:, :, -1] >= end[None, :]).all())
 
 

@@ -249,6 +249,14 @@ class Rebalance(Strategy):
         return self.text or self.name
 
 
+def demand_end(cumulative: np.ndarray, pool: int) -> np.ndarray:
+    """When a step dealt on demand ends (:func:`on_demand`): the ``pool``-th smallest of the
+    ranks' completion times ``cumulative[..., n, u]``, for every step of the leading axes at
+    once (``predict`` passes many; a value, so ties need no order)."""
+    flat = cumulative.reshape(*cumulative.shape[:-2], -1)
+    return np.partition(flat, pool - 1, axis=-1)[..., pool - 1]
+
+
 def on_demand(cumulative: np.ndarray, pool: int) -> tuple[np.ndarray, np.ndarray]:
     """A step dealt on demand until ``pool`` (N M) micro-batches are complete (issue 25).
 
@@ -271,7 +279,7 @@ def on_demand(cumulative: np.ndarray, pool: int) -> tuple[np.ndarray, np.ndarray
     by_finish = np.argsort(cumulative, axis=None, kind="stable")  # rank-major: ties to rank
     counted = np.zeros(cumulative.shape, dtype=bool)
     counted.flat[by_finish[:pool]] = True
-    end = cumulative.flat[by_finish[pool - 1]] if pool else 0.0
+    end = demand_end(cumulative, pool) if pool else 0.0
     asks = elapsed_before(cumulative)
     dealt = counted | (asks < end)
     order = np.argsort(np.where(dealt, asks, np.inf), axis=None, kind="stable")
