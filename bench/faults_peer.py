@@ -13,7 +13,12 @@ whose backward starts the allreduce, as a tailtrain rank's allreduce follows its
 sleep). Sleeping all M draws before the compute instead ran a straggler's compute while the
 others sat in the allreduce, alone on the CPU, where a tailtrain straggler's shares it with
 the others' units: on a loaded 2-core machine that gave the peers' steps the difference
-(``bench_faults.py``'s docstring has the figures). The optimizer is plain
+(``bench_faults.py``'s docstring has the figures). torchft's ``start_quorum`` comes before the
+last draw's sleep: the quorum overlaps that sleep and the last micro-batch (before, the M
+micro-batches' compute), and a SIGSTOP in the step's first sleeps lands before the replica
+joins it, as it did when the draws came first (called at the step's start, a replica stopped
+inside its quorum's step timed out every other replica's allreduce, and torchft 0.2.0's DDP
+hook died of ``assert fut._fut`` in all four). The optimizer is plain
 SGD at the task's lr on the mean gradient of the N M micro-batches, as tailtrain's ``sync``
 update (``core.update``).
 
@@ -49,6 +54,7 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -144,15 +150,19 @@ def accumulate(
     seed: int,
     m: int,
     seconds: list[float] | None = None,
+    before_last: Callable[[], Any] | None = None,
 ) -> float:
     """The mean gradient of this rank's M micro-batches, each its own forward and backward
     (as tailtrain's ranks compute them, ``runtime.units``), the allreduce only on the last
     one (``no_sync``), with the M injected ``seconds`` slept between them (module docstring:
     one sleep per micro-batch, as a tailtrain rank sleeps after each of its units, so a
-    loaded machine's late wake-ups cost every row alike); returns their mean loss."""
+    loaded machine's late wake-ups cost every row alike); ``before_last`` (torchft's
+    ``start_quorum``) is called before the last draw's sleep. Returns their mean loss."""
     losses, seconds = [], list(seconds or [])
     for micro in range(m):
         if micro == m - 1:  # the last draw (and any extra) before the allreduce's micro-batch
+            if before_last is not None:
+                before_last()
             for s in seconds[m - 1 :]:
                 time.sleep(s)
         x, y = batch(world, worker, step, seed, micro)
@@ -289,10 +299,11 @@ def run_torchft(args: argparse.Namespace, world: Any, out: Path) -> None:
         step = manager.current_step()
         fire(args.drill, worker, step, out, log)
         seconds = noise.seconds(step)
-        manager.start_quorum()  # at the step's start, as torchft's own examples call it
         opt.zero_grad()
-        # torchft's allreduce on the last micro-batch, among this quorum's participants
-        loss = accumulate(ddp, world, worker, step, args.seed, args.micro_batches, seconds)
+        # torchft's allreduce on the last micro-batch, among this quorum's participants; the
+        # quorum starts before the last draw's sleep (module docstring)
+        m, quorum = args.micro_batches, manager.start_quorum
+        loss = accumulate(ddp, world, worker, step, args.seed, m, seconds, quorum)
         part = manager.is_participating()
         committed = manager.should_commit()
         if committed:

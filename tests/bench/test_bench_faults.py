@@ -357,12 +357,15 @@ def test_a_peer_sleeps_its_draws_between_its_micro_batches_as_a_tailtrain_rank(m
             return contextlib.nullcontext()
 
     model = Logged(world.task.module_at(world.task.init_params(0)))
-    fp.accumulate(model, world, 1, 4, 0, 3, [0.1, 0.2, 0.3])
+    # torchft's quorum starts before the last draw's sleep: a SIGSTOP in the step's first
+    # sleeps lands before the replica joins it
+    fp.accumulate(model, world, 1, 4, 0, 3, [0.1, 0.2, 0.3], lambda: events.append("quorum"))
     assert events == [
         ("micro", None),
         ("sleep", 0.1),
         ("micro", None),
         ("sleep", 0.2),
+        "quorum",
         ("sleep", 0.3),
         ("micro", None),
     ]
