@@ -4,10 +4,21 @@ The same task as ``tailtrain train --task digits-cnn``: the model, its initial w
 data shards and the learning rate come from tailtrain's own ``World.build`` of the same
 scenario, and every step sleeps the seconds tailtrain's ``runtime.inject.Injector`` would
 inject into this worker (the same seeded ``--delay``/``--pattern`` process, column ``worker``:
-its ``--micro-batches`` M draws, one delay iteration a step, as ``sync`` draws them, slept
-one by one), so the straggler noise is the one tailtrain's rows get. A step then computes M
-micro-batches of the task's batch size, one forward and backward each, the allreduce on the
-last (``no_sync`` before it), as a tailtrain rank computes its M units. The optimizer is plain
+its ``--micro-batches`` M draws, one delay iteration a step, as ``sync`` draws them), so the
+straggler noise is the one tailtrain's rows get. A step computes M micro-batches of the
+task's batch size, one forward and backward each, the allreduce on the last (``no_sync``
+before it), as a tailtrain rank computes its M units, and sleeps the draws between them as a
+tailtrain rank does (draw u after micro-batch u; the last draw before the last micro-batch,
+whose backward starts the allreduce, as a tailtrain rank's allreduce follows its last unit's
+sleep). Sleeping all M draws before the compute instead ran a straggler's compute while the
+others sat in the allreduce, alone on the CPU, where a tailtrain straggler's shares it with
+the others' units: on a loaded 2-core machine that gave the peers' steps the difference
+(``bench_faults.py``'s docstring has the figures). torchft's ``start_quorum`` comes before the
+last draw's sleep: the quorum overlaps that sleep and the last micro-batch (before, the M
+micro-batches' compute), and a SIGSTOP in the step's first sleeps lands before the replica
+joins it, as it did when the draws came first (called at the step's start, a replica stopped
+inside its quorum's step timed out every other replica's allreduce, and torchft 0.2.0's DDP
+hook died of ``assert fut._fut`` in all four). The optimizer is plain
 SGD at the task's lr on the mean gradient of the N M micro-batches, as tailtrain's ``sync``
 update (``core.update``).
 
@@ -43,6 +54,7 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -104,13 +116,6 @@ class Noise:
         return self.injector.unit_times(1, self.m, time.time() - self.began).tolist()
 
 
-def sleep_units(seconds: list[float]) -> None:
-    """One sleep per micro-batch, as a tailtrain rank sleeps after each of its units: a
-    loaded machine's late wake-ups then cost every row alike."""
-    for s in seconds:
-        time.sleep(s)
-
-
 def fire(drill: dict[str, Any] | None, worker: int, step: int, out: Path, log: Log) -> None:
     """Worker ``worker``'s drill at the start of its step ``step``, once per run."""
     if drill is None or drill["worker"] != worker or step < drill["step"]:
@@ -137,18 +142,37 @@ def batch(
     return task.data.trim(task.data.x_train[idx]), task.data.y_train[idx]
 
 
-def accumulate(ddp: Any, world: Any, worker: int, step: int, seed: int, m: int) -> float:
+def accumulate(
+    ddp: Any,
+    world: Any,
+    worker: int,
+    step: int,
+    seed: int,
+    m: int,
+    seconds: list[float] | None = None,
+    before_last: Callable[[], Any] | None = None,
+) -> float:
     """The mean gradient of this rank's M micro-batches, each its own forward and backward
     (as tailtrain's ranks compute them, ``runtime.units``), the allreduce only on the last
-    one (``no_sync``); returns their mean loss."""
-    losses = []
+    one (``no_sync``), with the M injected ``seconds`` slept between them (module docstring:
+    one sleep per micro-batch, as a tailtrain rank sleeps after each of its units, so a
+    loaded machine's late wake-ups cost every row alike); ``before_last`` (torchft's
+    ``start_quorum``) is called before the last draw's sleep. Returns their mean loss."""
+    losses, seconds = [], list(seconds or [])
     for micro in range(m):
+        if micro == m - 1:  # the last draw (and any extra) before the allreduce's micro-batch
+            if before_last is not None:
+                before_last()
+            for s in seconds[m - 1 :]:
+                time.sleep(s)
         x, y = batch(world, worker, step, seed, micro)
         quiet = ddp.no_sync() if micro < m - 1 else contextlib.nullcontext()
         with quiet:
             loss = F.cross_entropy(ddp(x), y)
             (loss / m).backward()
         losses.append(float(loss.detach()))
+        if micro < m - 1 and micro < len(seconds):
+            time.sleep(seconds[micro])
     return float(np.mean(losses))
 
 
@@ -215,10 +239,10 @@ def run_ddp(args: argparse.Namespace, world: Any, out: Path) -> None:
     for step in range(start, args.steps):
         t0 = time.time()
         fire(args.drill, worker, step, out, log)
-        sleep_units(noise.seconds(step))
         opt.zero_grad()
         # DDP's allreduce on the last micro-batch: the mean gradient of the N ranks' N M
-        loss = accumulate(ddp, world, worker, step, args.seed, args.micro_batches)
+        seconds = noise.seconds(step)
+        loss = accumulate(ddp, world, worker, step, args.seed, args.micro_batches, seconds)
         opt.step()
         log.write(step=step, t0=t0, t=time.time(), loss=loss, committed=True, part=True)
         if worker == 0 and (step + 1) % args.checkpoint_every == 0:
@@ -274,11 +298,12 @@ def run_torchft(args: argparse.Namespace, world: Any, out: Path) -> None:
         t0 = time.time()
         step = manager.current_step()
         fire(args.drill, worker, step, out, log)
-        sleep_units(noise.seconds(step))
-        manager.start_quorum()
+        seconds = noise.seconds(step)
         opt.zero_grad()
-        # torchft's allreduce on the last micro-batch, among this quorum's participants
-        loss = accumulate(ddp, world, worker, step, args.seed, args.micro_batches)
+        # torchft's allreduce on the last micro-batch, among this quorum's participants; the
+        # quorum starts before the last draw's sleep (module docstring)
+        m, quorum = args.micro_batches, manager.start_quorum
+        loss = accumulate(ddp, world, worker, step, args.seed, m, seconds, quorum)
         part = manager.is_participating()
         committed = manager.should_commit()
         if committed:

@@ -329,6 +329,48 @@ def test_a_peer_draws_and_computes_the_m_micro_batches_of_a_tailtrain_step():
         assert torch.allclose(g, p.grad, atol=1e-6)
 
 
+def test_a_peer_sleeps_its_draws_between_its_micro_batches_as_a_tailtrain_rank(monkeypatch):
+    # draw u after micro-batch u, the last one before the micro-batch whose backward
+    # starts the allreduce: the straggler's compute shares the CPU as a tailtrain rank's does
+    import torch
+
+    from bench import faults_peer as fp
+
+    args = SimpleNamespace(task="digits-cnn", workers=4, steps=5, seed=0, micro_batches=3)
+    args.delay, args.pattern = bf.default_delay(3), "iid"
+    world = fp.build(args)
+    events = []
+    monkeypatch.setattr(fp.time, "sleep", lambda s: events.append(("sleep", s)))
+
+    class Logged(torch.nn.Module):
+        def __init__(self, module):
+            super().__init__()
+            self.module = module
+
+        def forward(self, x):
+            events.append(("micro", None))
+            return self.module(x)
+
+        def no_sync(self):
+            import contextlib
+
+            return contextlib.nullcontext()
+
+    model = Logged(world.task.module_at(world.task.init_params(0)))
+    # torchft's quorum starts before the last draw's sleep: a SIGSTOP in the step's first
+    # sleeps lands before the replica joins it
+    fp.accumulate(model, world, 1, 4, 0, 3, [0.1, 0.2, 0.3], lambda: events.append("quorum"))
+    assert events == [
+        ("micro", None),
+        ("sleep", 0.1),
+        ("micro", None),
+        ("sleep", 0.2),
+        "quorum",
+        ("sleep", 0.3),
+        ("micro", None),
+    ]
+
+
 def test_a_peer_step_counts_its_m_micro_batches(tmp_path):
     # a peer's history has no per-step count: each rank's step is M micro-batches of 32
     cfg = SimpleNamespace(workers=2, batch=32, target_loss=1.0, micro_batches=8)

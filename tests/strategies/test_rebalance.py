@@ -14,7 +14,16 @@ from hypothesis import strategies as st
 
 from tailtrain.errors import UsageError
 from tailtrain.strategies.base import ArrivalColumns, Context, StepStats, Topology, check_contract
-from tailtrain.strategies.rebalance import makespan, on_demand, on_nominal_units, optimal_shares
+from tailtrain.strategies.rebalance import (
+    SCALAR_RANKS,
+    counted_total,
+    counts,
+    makespan,
+    on_demand,
+    on_nominal_units,
+    optimal_shares,
+    robust_estimate,
+)
 from tailtrain.strategies.registry import parse_strategy
 
 
@@ -54,6 +63,28 @@ def test_optimal_shares_minimise_the_step_time(times, per_rank, floor):
     shares = optimal_shares(t, total, floor)
     assert shares.sum() == total and shares.min() >= floor
     assert makespan(shares, t) == pytest.approx(brute_force(t, total, floor), rel=1e-9)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(st.floats(1e-4, 10.0), min_size=1, max_size=2 * SCALAR_RANKS),
+    st.floats(0.0, 50.0),
+    st.integers(0, 3),
+)
+def test_the_counted_total_is_the_sum_of_the_counts_in_python_or_numpy(times, deadline, floor):
+    # the bisection's sum in Python for a few ranks: the very counts numpy gives
+    t = np.array(times)
+    assert counted_total(t, floor)(deadline) == int(counts(deadline, t, floor).sum())
+
+
+def test_the_robust_estimate_is_the_same_with_or_without_nan_aware_medians():
+    window = np.random.default_rng(0).random((20, 4)) + 0.5
+    t, noise = robust_estimate(window)
+    gaps = window.copy()
+    gaps[3, 1] = np.nan  # a rank not measured in one step: the NaN-aware path
+    np.testing.assert_array_equal(t, np.nanmedian(window, axis=0))
+    assert noise > 0 and robust_estimate(gaps) is not None
+    np.testing.assert_array_equal(robust_estimate(gaps)[0], np.nanmedian(gaps, axis=0))
 
 
 @settings(max_examples=40, deadline=None)

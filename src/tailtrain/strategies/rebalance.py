@@ -46,6 +46,7 @@ The decision is :func:`on_demand`; the engines own who asks when (the virtual cl
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
@@ -305,10 +306,14 @@ def robust_estimate(window: np.ndarray) -> tuple[np.ndarray, float] | None:
     seen = np.count_nonzero(~np.isnan(window), axis=0)
     if window.size == 0 or seen.min() == 0:
         return None
-    t = np.nanmedian(window, axis=0)
+    # np.median where nothing is NaN (every round in train and simulate): the same values,
+    # and nanmedian's masked-array path for small arrays cost ~0.4 ms a call, twice a round
+    # on every rank's critical path (bench/bench_faults.py's rebalance rows)
+    median = np.median if seen.min() == window.shape[0] else np.nanmedian
+    t = median(window, axis=0)
     if not (t > 0).all():
         return None
-    spread = MAD_SCALE * np.nanmedian(np.abs(window - t), axis=0) / t
+    spread = MAD_SCALE * median(np.abs(window - t), axis=0) / t
     z = NOISE_Z + math.sqrt(2.0 * math.log(window.shape[1]))
     noise = z * MEDIAN_SE * float(np.median(spread)) / math.sqrt(float(seen.min()))
     return t, noise
@@ -336,19 +341,36 @@ def optimal_shares(t: np.ndarray, total: int, floor: int = 1) -> np.ndarray:
     fluid = total / float((1.0 / t).sum())
     # at fluid + (floor + 1) t_max every rank has >= x_n; below fluid - t_max, at most x_n - 1
     high, low = fluid + float(t.max()) * (floor + 1), max(0.0, fluid - float(t.max()))
-    if counts(low, t, floor).sum() >= total:
+    total_by = counted_total(t, floor)
+    if total_by(low) >= total:
         low = 0.0  # the floors alone reach the total there
+    got = total_by(high)  # kept with high: each pass counts once, at mid
     for _ in range(100):
-        got = counts(high, t, floor).sum()
         if got == total or high - low <= high * 1e-15:
             break  # equal: counts(T*) = counts(high), as counts only grow with T
         mid = 0.5 * (low + high)
-        if counts(mid, t, floor).sum() >= total:
-            high = mid
+        at_mid = total_by(mid)
+        if at_mid >= total:
+            high, got = mid, at_mid
         else:
             low = mid
     shares = counts(high, t, floor)
     return trimmed(shares, t, int(shares.sum()) - total, floor)
+
+
+#: ranks up to which :func:`counted_total` sums in Python rather than numpy
+SCALAR_RANKS = 64
+
+
+def counted_total(t: np.ndarray, floor: int) -> Callable[[float], int]:
+    """sum_n :func:`counts` (deadline, t, floor)_n as a function of the deadline. For a few
+    ranks a Python sum over floats: numpy's four calls on an N = 4 array cost more than the
+    arithmetic, and the bisection makes ~100 of them a step, on every rank's critical path in
+    ``train``; IEEE division and floor give the very same counts."""
+    if t.size > SCALAR_RANKS or not (np.isfinite(t) & (t > 0)).all():
+        return lambda deadline: int(counts(deadline, t, floor).sum())
+    times = t.tolist()
+    return lambda deadline: sum(max(floor, math.floor(deadline / x)) for x in times)
 
 
 def counts(deadline: float, t: np.ndarray, floor: int) -> np.ndarray:

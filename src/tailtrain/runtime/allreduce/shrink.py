@@ -169,7 +169,10 @@ MIN_WINDOW = 0.2
 HANG_WINDOW = 0.2
 #: seconds between two looks at the generation's ``broken`` key while a collective runs
 CHECK = 0.02
-#: seconds a waiting rank sleeps between two looks at its collective
+#: seconds a waiting rank sleeps between two looks at its collective. A poll, not
+#: ``Work.wait(timeout)`` slices: those measured ~2 ms a round slower (the collective's own
+#: time, bench_faults calm, 4 gloo ranks on 2 cores) for no CPU saved; and a slice under
+#: 1 ms is 0 ms, c10d's "no timeout"
 POLL = 0.0005
 #: seconds between two looks of the lowest member for ranks asking to join
 JOIN_LOOK = 0.2
