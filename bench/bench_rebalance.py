@@ -193,10 +193,10 @@ def figures(
     return out
 
 
-def optimal_share_time(name: str, base: Scenario, seed: int = 0) -> dict[str, float]:
-    """``predict``'s rebalance row for scenario ``name``'s injected laws: worker n's micro-batch
-    time is the noise times its slowdown factor (fixed from time 0); shares optimal for the
-    means, E[max_n S_n(m_n)] by Monte Carlo (``prediction.rebalance.rebalance_times``)."""
+def injected_draws(name: str, base: Scenario, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Scenario ``name``'s micro-batch times t[i, n, m] for predict's rows (OPTIMAL_DRAWS
+    iterations: the noise times each worker's slowdown factor, fixed from time 0) and the
+    workers' mean times."""
     scenario = scenario_of(name, base)
     n, m = scenario.workers, scenario.micro_batches
     factor = World.build(replace(scenario, task="none"), seed).process.time_factor(
@@ -205,7 +205,15 @@ def optimal_share_time(name: str, base: Scenario, seed: int = 0) -> dict[str, fl
     delay = parse_delay(scenario.delay)
     rng = np.random.default_rng(seed)
     t = delay.sample(rng, (OPTIMAL_DRAWS, n, m)) * factor[None, :, None]
-    mean, stderr, closed, shares = rebalance_times(t, np.zeros(OPTIMAL_DRAWS), delay.mean * factor)
+    return t, delay.mean * factor
+
+
+def optimal_share_time(name: str, base: Scenario, seed: int = 0) -> dict[str, float]:
+    """``predict``'s rebalance row for scenario ``name``'s injected laws: worker n's micro-batch
+    time is the noise times its slowdown factor (fixed from time 0); shares optimal for the
+    means, E[max_n S_n(m_n)] by Monte Carlo (``prediction.rebalance.rebalance_times``)."""
+    t, means = injected_draws(name, base, seed)
+    mean, stderr, closed, shares = rebalance_times(t, np.zeros(OPTIMAL_DRAWS), means)
     return {"time": mean, "stderr": stderr, "closed_form": closed, "shares": shares.tolist()}
 
 
@@ -214,15 +222,8 @@ def optimal_demand_time(name: str, base: Scenario, seed: int = 0) -> dict[str, A
     draws of :func:`optimal_share_time`): the (N M)-th completion of the workers' fresh
     draws, by Monte Carlo (``prediction.rebalance.demand_times``); its closed form T* (exact
     for constant times) beside it."""
-    scenario = scenario_of(name, base)
-    n, m = scenario.workers, scenario.micro_batches
-    factor = World.build(replace(scenario, task="none"), seed).process.time_factor(
-        np.zeros(n), np.arange(n)
-    )
-    delay = parse_delay(scenario.delay)
-    rng = np.random.default_rng(seed)
-    t = delay.sample(rng, (OPTIMAL_DRAWS, n, m)) * factor[None, :, None]
-    mean, stderr, closed, units = demand_times(t, np.zeros(OPTIMAL_DRAWS), delay.mean * factor)
+    t, means = injected_draws(name, base, seed)
+    mean, stderr, closed, units = demand_times(t, np.zeros(OPTIMAL_DRAWS), means)
     return {"time": mean, "stderr": stderr, "closed_form": closed, "draws_per_step": units}
 
 
