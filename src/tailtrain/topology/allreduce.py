@@ -159,7 +159,9 @@ class RoundData:
         unit = np.minimum(np.arange(width)[None, :], np.maximum(dealt, 1)[:, None] - 1)
         at = np.take_along_axis(index, unit, axis=1)
         out = rows[np.maximum(at, 0)]
-        self.carry.keep(np.concatenate([out[n, done[n] : dealt[n]] for n in range(len(done))]))
+        units = np.arange(width)[None, :]
+        # rank-major, each rank's units in order: what rank n left between done and dealt
+        self.carry.keep(out[(units >= done[:, None]) & (units < dealt[:, None])])
         return out
 
     def carry_cut(self, dealt: np.ndarray, shares: np.ndarray, done: np.ndarray) -> int:

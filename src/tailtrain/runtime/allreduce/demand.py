@@ -57,7 +57,9 @@ class Dealer:
         self.counters, self.tidy, self.timeout = counters, tidy, timeout
         #: the latest round dealt (None: none yet)
         self.step: int | None = None
-        self._rounds: queue.SimpleQueue[tuple[str, threading.Event, threading.Event] | None]
+        self._rounds: queue.SimpleQueue[
+            tuple[str, threading.Event, threading.Event, threading.Event] | None
+        ]
         self._rounds = queue.SimpleQueue()
         self.waiter = threading.Thread(target=self._wait, args=(waits,), daemon=True)
         self.waiter.start()
