@@ -81,15 +81,50 @@ def test_docs_point_only_inside_the_repository(page):
             assert (page.parent / target).exists(), target
 
 
+@pytest.fixture(scope="module")
+def site(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
+    """The site built once for this module's checks: its folder and the build's outcome."""
+    out = tmp_path_factory.mktemp("site")
+    command = [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(out)]
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=170)
+    return out, done
+
+
 @pytest.mark.timeout(180)
-def test_site_and_api_reference_build_without_warnings(tmp_path):
+def test_site_and_api_reference_build_without_warnings(site):
     """mkdocs.yml is strict: a griffe warning (a docstring naming a parameter the signature
     lacks), a broken cross-reference or link, or a page left out of the nav fails the build."""
-    command = [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path)]
-    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=170)
+    out, done = site
     assert done.returncode == 0, done.stderr[-3000:]
     assert "WARNING" not in done.stderr, done.stderr[-3000:]
-    assert (tmp_path / "api" / "index.html").read_text().count('id="tailtrain.') > 20
+    assert (out / "api" / "index.html").read_text().count('id="tailtrain.') > 20
+
+
+#: a Sphinx role the renderer leaves raw (mkdocstrings reads ``[name][tailtrain.X]``)
+RAW_ROLE = re.compile(r":(?:func|class|meth|data|mod|attr|obj|exc):<code>")
+#: a reference to the project's tracker, meaningless to a reader of the site
+TRACKER = re.compile(r"\b[Ii]ssues? \d+|(?<![&\w])#\d+\b")
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="docstrings of tailtrain.integrate (StragglerStep, ShareSampler, StragglerHookState, "
+    "weighted_allreduce_hook, StragglerProbe) still hold Sphinx roles; convert them, then drop "
+    "this mark",
+)
+@pytest.mark.timeout(180)
+def test_rendered_pages_hold_no_raw_roles_nor_tracker_references(site):
+    """What the site shows a reader: cross-references render as links, and nothing points at
+    the tracker (paper citations stay)."""
+    out, done = site
+    assert done.returncode == 0, done.stderr[-3000:]
+    found = []
+    for page in sorted(out.rglob("*.html")):
+        html = re.sub(r"<script.*?</script>", "", page.read_text(), flags=re.S)
+        words = re.sub(r"<[^>]*>", " ", html)  # the text a reader sees, not anchors' ids
+        hits = [*RAW_ROLE.finditer(html), *TRACKER.finditer(words)]
+        found += [f"{page.relative_to(out)}: {m.group(0)}" for m in hits]
+    assert found == []
 
 
 @pytest.mark.parametrize("page", [README, *PAGES], ids=lambda p: p.name)
