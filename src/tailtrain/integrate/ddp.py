@@ -150,22 +150,49 @@ def weighted_allreduce_hook(
             "weighted_allreduce_hook reduces at the end of a round: iterate "
             "state.micro_batches(ddp_model, micro_batches) and backward inside that loop"
         )
-    buffer, mine = bucket.buffer(), pending.mine
+    mine = pending.mine
+    future, screened = weighted_bucket_allreduce(
+        bucket.buffer(), mine.weight, mine.total, mine.divisor, state.process_group,
+        scale=pending.scale, lr_scale=pending.lr_scale,
+    )  # fmt: skip
+    pending.screened = pending.screened or screened
+    return future
+
+
+def weighted_bucket_allreduce(
+    buffer: torch.Tensor,
+    weight: float,
+    total: float,
+    divisor: float | None,
+    process_group: dist.ProcessGroup | None,
+    *,
+    scale: float = 1.0,
+    lr_scale: float = 1.0,
+) -> tuple[torch.futures.Future[torch.Tensor], bool]:
+    """Start ``lr_scale * sum_n w_n (scale_n x_n) / divisor`` of a bucket ``x_n``: one
+    asynchronous allreduce of ``[w_n scale_n x_n, w_n, withheld]``. Returns its future and
+    whether this rank's bucket was screened out.
+
+    ``weight`` is this rank's w_n, ``total`` the sum over every rank that the rule expects,
+    ``divisor`` the one it fixed (None: the reduced sum of the weights). A bucket holding a NaN
+    or an infinity joins with weight 0 and zeros (0 * NaN is NaN) and reports the weight it
+    withheld, so every rank's agreement check (reduced + withheld = expected) holds and the
+    others' mean is divided by their own weights. Both DDP hooks reduce through here, so the
+    screening is decided once."""
     bad = not bool(torch.isfinite(buffer).all())
-    weight, withheld = (0.0, mine.weight) if bad else (mine.weight, 0.0)
-    head = torch.zeros_like(buffer) if bad else buffer * (weight * pending.scale)
+    weight, withheld = (0.0, weight) if bad else (weight, 0.0)
+    head = torch.zeros_like(buffer) if bad else buffer * (weight * scale)
     tail = torch.tensor([weight, withheld], dtype=buffer.dtype, device=buffer.device)
-    pending.screened = pending.screened or bad
-    work = dist.all_reduce(torch.cat([head, tail]), group=state.process_group, async_op=True)
+    work = dist.all_reduce(torch.cat([head, tail]), group=process_group, async_op=True)
 
     def divide(future: torch.futures.Future[list[torch.Tensor]]) -> torch.Tensor:
         reduced = future.value()[0]
-        total, withheld_sum = reduced[-BUCKET_TAIL:].double().cpu().tolist()
-        check_agreement(mine.total, total + withheld_sum)
-        divisor = mine.divisor if mine.divisor is not None else total
-        return reduced[:-BUCKET_TAIL].mul_(pending.lr_scale / (divisor if divisor else 1.0))
+        summed, withheld_sum = reduced[-BUCKET_TAIL:].double().cpu().tolist()
+        check_agreement(total, summed + withheld_sum)
+        by = divisor if divisor is not None else summed
+        return reduced[:-BUCKET_TAIL].mul_(lr_scale / (by if by else 1.0))
 
-    return work.get_future().then(divide)
+    return work.get_future().then(divide), bad
 
 
 def flush_buckets(ddp_model: DistributedDataParallel) -> None:
