@@ -8,8 +8,8 @@ registered: the probe adds no comm hook, only two gradient hooks and a forward p
         ...                                                    # the loop, unchanged
 
 and in any other loop, ``with probe.sync():`` around the collective that makes ranks wait for
-each other (an allreduce, a ``StragglerStep``), or ``with probe.step():`` in place of
-``probe.batches`` when there is no loader to wrap. Such a loop ends with ``probe.close()`` (on
+each other (an allreduce), or ``with probe.step(samples=n):`` in place of ``probe.batches``
+when there is no loader to wrap. Such a loop ends with ``probe.close()`` (on
 every rank), or runs inside ``with StragglerProbe(...) as probe:``, which closes it: the last
 window is gathered only then (``batches`` gathers it at the loader's end by itself)::
 
@@ -31,7 +31,31 @@ with CUDA events read back once per window (no synchronisation in a step):
 * **compute**: the rest of the step (forward, backward up to its last gradient, the
   optimizer). The last gradient, not the first bucket, ends it: while the first bucket
   reduces, backward is still computing the others, and a rank slow only in backward must show
-  in its compute.
+  in its compute;
+* **samples**: the samples the rank computed: the batch's first dimension where the loader is
+  wrapped (:func:`batch_samples`: the batch if it is a tensor, else the first tensor of its
+  tuple, list or dict), ``probe.step(samples=n)`` otherwise, or what a remedy says it
+  computed (:meth:`StragglerProbe.note_samples`, below); unknown when none of these tells.
+
+**Under a remedy** the probe keeps seeing (``tests/integrate/test_probe_remedy.py``: the fast
+rank's wait is the injected skew within 10% under each of these):
+
+* DDP's built-in allreduce, or a comm hook in Python that reduces in DDP's backward (torch's
+  ``allreduce_hook``, ``sample_weighted_hook`` behind ``rebalance_loader``): the gradient hooks
+  below, as they are; the per-rank batches ``rebalance_loader`` deals are the samples.
+* :class:`~tailtrain.integrate.StragglerHookState` with ``weighted_allreduce_hook``: its
+  micro-batches run under ``no_sync`` (no wait there) and its round's collectives after them
+  (the agreement's gather, where the fast rank waits, the zero backward that fires the hook,
+  the closing gather). ``watch(ddp)`` enters the model in a weak table (:func:`watching`), where
+  the hook state finds the probe and runs those collectives inside ``probe.sync()``: they are
+  the wait, the micro-batches the compute, and the gradient hooks mark nothing inside a sync
+  section, so the zero backward is not taken for the step's gradients being ready. The hook
+  state tells the probe the samples of the micro-batches computed (a cut one never is).
+* :class:`~tailtrain.integrate.StragglerStep`: ``probe.watch(step)``, and each call runs its
+  round's collectives (gather, weighted allreduce, gather) inside ``probe.sync()`` and tells
+  the samples it computed, likewise. A ``sync()`` inside another is part of the outer one, so a
+  ``with probe.sync():`` of yours around a call does not shift the marks (it does make the
+  whole call a wait: leave it out).
 
 In a DDP job the first backward learns which parameter's gradient comes first and which last
 (hooks on every parameter, then only those two kept): the last one's
@@ -43,7 +67,7 @@ Python on gloo's thread for every bucket, which cost about 3% of a step on a loa
 reduce nothing: all their time is compute. A step whose last-learned gradient was not produced
 (``find_unused_parameters``, a branch not taken) shows no wait (its wait counts as compute).
 
-About every ``interval`` seconds (default :data:`INTERVAL`) the ranks all-gather those three
+About every ``interval`` seconds (default :data:`INTERVAL`) the ranks all-gather those four
 numbers of the window's steps: one all-gather of one small tensor, issued between steps outside
 any timed section without waiting for it (``async_op``), and taken at the next step's close,
 when it has long arrived; no other collective. Waiting for it at once made every rank sit
@@ -56,21 +80,33 @@ rounding can set two ranks apart), hence the ranks agree without a word more; th
 is the steps a first verdict needs (``warmup`` + :data:`LIVE_MIN_STEPS`), taken at once. A
 cadence in seconds, not steps, keeps the cost and the verdict's delay alike for 1 ms steps and
 for 10 s steps. ``every=K`` gathers every K steps instead (reports at known steps, as tests
-want). Rank 0 reports a window taken between steps on a thread of its own (one, in order;
-``flush`` waits for it), so that its milliseconds of judging do not make it, and every rank
-waiting for it, late for the next reduction: it appends the window to ``trace.csv``
-(``iteration,worker,seconds``, seconds = data + compute, the format ``trace:path=`` and
-``tailtrain advise`` read, written by ``delays.trace.write_trace_rows``), judges the last
+want).
+
+Rank 0 reports a window taken between steps on a thread of its own (one, in order; ``flush``
+waits for it), so that its milliseconds of judging do not make it, and every rank waiting for
+it, late for the next reduction: it appends the window to ``trace.csv``
+(``iteration,worker,seconds,noncompute[,samples],run``, the format ``trace:path=`` and
+``tailtrain advise`` read, written by ``delays.trace.write_trace_rows``: seconds = data +
+compute; noncompute = the wait, which is the rank's step less its seconds, the meaning ``train``
+gives it, so a replay's T^c, the least noncompute of a step, is the slowest rank's wait and max
+seconds + T^c the step; ``samples`` when every step of the run's first window knew them, a later
+step that did not is written as 0, with a warning; ``run`` the run's number), judges the last
 ``horizon`` steps (``tailtrain.persistence``, the rule ``advise`` applies to a trace: score,
-persistent / intermittent / healthy; no verdict before :data:`LIVE_MIN_STEPS` steps), logs the
-verdicts through ``logging`` (logger ``tailtrain.probe``), appends them to ``verdicts.jsonl``
-and, with ``tensorboard=``, logs the scores. The probe changes no tensor: its hooks only read
-the clock. A report that fails (``on_report`` raising, a full disk) is logged at once and
-changes nothing else: every window still enters ``history`` (rank 0 keeps the last
-``horizon`` steps, all a verdict reads; ``reported`` counts them all) and ``trace.csv``, and
-the ranks keep gathering in step (rank 0 raising between steps would skip a gather the
-others issue); the first such error is raised again by ``flush`` or ``close``, after the last
-window is taken, the reporting thread ended and TensorBoard closed.
+persistent / intermittent / healthy; no verdict before :data:`LIVE_MIN_STEPS` steps; seconds per
+sample when the ranks computed different samples, ``persistence.per_sample_times``, so a slow
+rank dealt a smaller share stays persistent), logs the verdicts through ``logging`` (logger
+``tailtrain.probe``), appends them to ``verdicts.jsonl`` (each line with its ``run``) and, with
+``tensorboard=``, logs the scores. A folder keeps its runs: a probe that finds an earlier run's
+``trace.csv`` appends its rows as run last + 1 (rank 0 decides at its first write,
+:func:`prepare_trace`, which rewrites an earlier probe's trace without a ``run`` column once, as
+run 0, and moves a trace of other columns aside whole), so ``advise`` on the folder compares the
+job before and after a remedy. The probe changes no tensor: its hooks only read the clock. A
+report that fails (``on_report`` raising, a full disk) is logged at once and changes nothing
+else: every window still enters ``history`` (rank 0 keeps the last ``horizon`` steps, all a
+verdict reads; ``reported`` counts them all) and ``trace.csv``, and the ranks keep gathering in
+step (rank 0 raising between steps would skip a gather the others issue); the first such error
+is raised again by ``flush`` or ``close``, after the last window is taken, the reporting thread
+ended and TensorBoard closed.
 """
 
 from __future__ import annotations
@@ -209,16 +245,17 @@ class _Step:
 class StragglerProbe:
     """Measure every rank's steps and name the slow ranks (see the module docstring).
 
-    ``out``: the folder of ``trace.csv`` and ``verdicts.jsonl`` (rank 0 writes; None: write
-    nothing); ``interval``: about the seconds between all-gathers and reports; ``every``:
-    steps per all-gather and report instead (None: by ``interval``); ``horizon``: the steps a
-    verdict looks back on; ``warmup``: first steps left out of verdicts (DDP's first step
-    rebuilds its buckets); ``group``: the process group (None: the default, or the watched
-    model's); ``device``: CUDA to time with CUDA events (``watch`` picks it for a CUDA model;
-    NCCL then gathers the window there); ``tensorboard``: a folder for the scores (rank 0);
-    ``on_report``: called on rank 0 with each :class:`ProbeReport`, in order (on the probe's
-    reporting thread, but for the first window's and ``flush``'s); an error it raises is
-    logged, and the first one is raised again by ``flush`` / ``close``.
+    ``out``: the folder of ``trace.csv`` and ``verdicts.jsonl`` (rank 0 writes, appending a run
+    of its own to an earlier one's: module docstring; None: write nothing); ``interval``: about
+    the seconds between all-gathers and reports; ``every``: steps per all-gather and report
+    instead (None: by ``interval``); ``horizon``: the steps a verdict looks back on; ``warmup``:
+    first steps left out of verdicts (DDP's first step rebuilds its buckets); ``group``: the
+    process group (None: the default, or the watched model's); ``device``: CUDA to time with
+    CUDA events (``watch`` picks it for a CUDA model; NCCL then gathers the window there);
+    ``tensorboard``: a folder for the scores (rank 0); ``on_report``: called on rank 0 with each
+    :class:`ProbeReport`, in order (on the probe's reporting thread, but for the first window's
+    and ``flush``'s); an error it raises is logged, and the first one is raised again by
+    ``flush`` / ``close``.
 
     The last window is gathered by ``flush``: ``batches`` calls it at the loader's end; a loop
     of ``step()`` / ``sync()`` ends with ``close()`` (every rank), or uses the probe as a
