@@ -24,11 +24,21 @@ G_n = (bucket) / C_n the mean over the rank's counted micro-batches, and returns
 asynchronous (``torch.futures``), hence its own small allreduce rather than
 ``runtime.reduce.Collectives.weighted_sum``. Local-SGD averages models, not gradients, so it
 has no hook: use :class:`tailtrain.integrate.StragglerStep`.
+
+Under a :class:`~tailtrain.integrate.StragglerProbe` that watches the DDP model
+(``probe.watch(ddp_model)``, which registers the model in ``integrate.probe``'s weak table:
+:func:`~tailtrain.integrate.probe.watching`), :meth:`StragglerHookState.micro_batches` runs
+the round's collectives (the agreement's gather, where a fast rank waits for the slow one, the
+zero backward that fires the hook, and the closing gather) inside ``probe.sync()``: the probe
+counts them as this rank's wait and not its compute, ignores the zero backward's gradient
+hooks (they are no step's gradients being ready), and takes the samples of the micro-batches
+computed (cut ones never are) as the step's ``samples``.
 """
 
 # no ``from __future__ import annotations``: DDP checks the hook's annotations as objects
 import datetime
 from collections.abc import Iterator, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,6 +48,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from tailtrain.errors import UsageError
+from tailtrain.integrate.probe import batch_samples, watching
 from tailtrain.integrate.rounds import RoundProgress, Rounds, StepRecord
 from tailtrain.runtime.control import RankWeighting, check_agreement
 from tailtrain.runtime.reduce import Collectives
@@ -106,18 +117,27 @@ class StragglerHookState:
                 "StragglerStep (or torch's PostLocalSGDOptimizer)"
             )
         work = RoundProgress(np.empty(0))
+        computed: int | None = 0  # samples of the micro-batches computed (None: not known)
         for batch in self.rounds.units(batches, plan, work):
             with ddp_model.no_sync():
                 yield batch
-        agreed = self.rounds.agree(work)
-        self._pending = _Pending(agreed.mine, 1.0 / max(work.done, 1), plan.lr_scale)
-        began = self.rounds.clock()
-        try:
-            flush_buckets(ddp_model)
-        finally:
-            pending, self._pending = self._pending, None
-        reduce = self.rounds.clock() - began
-        self.last = self.rounds.close(plan, work, agreed, reduce, pending.screened)
+            size = batch_samples(batch)
+            computed = None if computed is None or size is None else computed + size
+        # a probe watching the model (``StragglerProbe.watch``) times the round's collectives
+        # as this rank's wait, and skips the zero backward's gradient hooks (module docstring)
+        probe = watching(ddp_model)
+        with probe.sync() if probe is not None else nullcontext():
+            agreed = self.rounds.agree(work)
+            self._pending = _Pending(agreed.mine, 1.0 / max(work.done, 1), plan.lr_scale)
+            began = self.rounds.clock()
+            try:
+                flush_buckets(ddp_model)
+            finally:
+                pending, self._pending = self._pending, None
+            reduce = self.rounds.clock() - began
+            self.last = self.rounds.close(plan, work, agreed, reduce, pending.screened)
+        if probe is not None:
+            probe.note_samples(computed)
 
     # ---- checkpoints ----------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
