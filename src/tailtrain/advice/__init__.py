@@ -352,8 +352,9 @@ def _in_job_units(
     if not job.equal:
         notes = [
             *notes,
-            f"the ranks compute unequal batches {job.samples.tolist()}: the "
-            "K-family rows count gradients, not samples",
+            f"the ranks compute unequal batches {job.samples.tolist()} (the job already deals "
+            "shares): sync is the job as measured, its shares kept; the K-family rows count "
+            "gradients, not samples",
         ]
     return sorted(ranked, key=lambda r: -r.effective_speedup), notes
 

@@ -166,7 +166,8 @@ def ddp_dropcompute(spec: str, m: int) -> Adoption:
         edit_list=(
             _import(names),
             _edit(DDP_ANCHOR, state, "ddp"),
-            _edit(BATCH_ANCHOR, [], "x"),
+            _edit(LOADER_ANCHOR, [], "loader"),  # binds only: the batch is drawn from it
+            _edit(BATCH_ANCHOR, [], "x"),  # binds x and y, the batch split below
             _edit(
                 STEP_ANCHOR,
                 [split, "    \\g<body>"],
