@@ -21,14 +21,20 @@ LOOPS = Path(__file__).parent / "loops"
 SHAPES = ("one_batch", "trainer", "accumulate")
 N = 2
 SHARES = (24, 8)  # the per-rank batch of 16 on 2 ranks, dealt 3:1
+BATCH = {"accumulate": 8}  # the per-rank loader batch (16 elsewhere)
 
 
-def edits(strategy: str) -> list[dict]:
+def edits(strategy: str, shape: str = "one_batch") -> list[dict]:
     if strategy == "sync":
         return adoption("sync", "sync", "ddp").edits()
     if strategy == "dropcompute":
         return adoption("dropcompute:threshold=auto", "dropcompute", "ddp", 4).edits()
-    return adoption("rebalance", "rebalance", "ddp", None, SHARES).edits()
+    shares = tuple(s * BATCH.get(shape, 16) // 16 for s in SHARES)
+    return adoption("rebalance", "rebalance", "ddp", None, shares).edits()
+
+
+def edits_shares(shape: str) -> tuple[int, ...]:
+    return tuple(s * BATCH.get(shape, 16) // 16 for s in SHARES)
 
 
 def free_port() -> int:
@@ -78,7 +84,7 @@ def test_sync_changes_nothing_and_says_keep_your_loop():
 def test_rebalance_inserts_the_two_lines_after_the_loader_and_the_ddp_model(shape):
     # runs on the ranks once rebalance_loader is importable (test below)
     source = (LOOPS / f"{shape}.py").read_text()
-    patched = apply_edits(source, edits("rebalance"))
+    patched = apply_edits(source, edits("rebalance", shape))
     compile(patched, shape, "exec")
     added = [
         line[1:].strip()
@@ -89,7 +95,7 @@ def test_rebalance_inserts_the_two_lines_after_the_loader_and_the_ddp_model(shap
     loader, ddp = (f"{owner}train_data", f"{owner}model") if owner else ("loader", "ddp")
     assert added == [
         "from tailtrain import rebalance_loader, sample_weighted_hook",
-        f"{loader} = rebalance_loader({loader}, shares=[24, 8])",
+        f"{loader} = rebalance_loader({loader}, shares={list(edits_shares(shape))})",
         f"{ddp}.register_comm_hook({loader}.batch_sampler, sample_weighted_hook)",
     ]
     lines = patched.splitlines()
@@ -133,7 +139,7 @@ def test_the_patched_script_trains_on_two_ranks(shape, strategy, tmp_path):
     if strategy == "rebalance" and not hasattr(tailtrain, "rebalance_loader"):
         pytest.skip("rebalance_loader is not in this tree yet (issue 34's DDP rebalance)")
     script = tmp_path / f"{shape}.py"
-    script.write_text(apply_edits((LOOPS / f"{shape}.py").read_text(), edits(strategy)))
+    script.write_text(apply_edits((LOOPS / f"{shape}.py").read_text(), edits(strategy, shape)))
     out = tmp_path / "out"
     out.mkdir()
     ranks = train(script, out)
