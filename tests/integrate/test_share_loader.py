@@ -117,6 +117,16 @@ def test_set_epoch_moves_every_rank_to_the_same_new_permutation():
     assert before == expected(size, shares, b, 11, 0, True)
 
 
+def test_the_loaders_sampler_is_still_the_users_distributed_sampler():
+    # PyTorch's DDP tutorial calls self.train_data.sampler.set_epoch(epoch) on its loader
+    plain, samplers = loaders(60, 3, 4, seed=11)
+    dealt = [rebalance_loader(loader, [7, 4, 1]) for loader in plain]
+    assert all(d.sampler is s for d, s in zip(dealt, samplers, strict=True))
+    for d in dealt:
+        d.sampler.set_epoch(1)
+    assert [batches(d) for d in dealt] == expected(60, [7, 4, 1], 4, 11, 1, True)
+
+
 @pytest.mark.parametrize(
     "shares",
     [[4, 4], [4, 4, 3], [5, 5, 3], [12, 0, 0], [6.0, 4, 2], "6,4,2", None, [-1, 7, 6]],

@@ -226,4 +226,20 @@ def rebalance_loader(
             )
     dealt = ShareBatchSampler(sampler, shares, batch_size, process_group=process_group)
     carried = {name: getattr(loader, name) for name in CARRIED if hasattr(loader, name)}
-    return DataLoader(loader.dataset, batch_sampler=dealt, **carried)
+    return SharedLoader(loader.dataset, batch_sampler=dealt, **carried)
+
+
+class SharedLoader(DataLoader):
+    """The loader :func:`rebalance_loader` returns: a ``DataLoader`` whose ``sampler`` is still
+    the user's ``DistributedSampler``, so a loop that calls ``loader.sampler.set_epoch(epoch)``
+    (PyTorch's DDP tutorial does) keeps working; the batch sampler deals, and reads the epoch
+    from it."""
+
+    @property  # type: ignore[override]
+    def sampler(self) -> Sampler[int]:
+        return self.batch_sampler.sampler
+
+    @sampler.setter
+    def sampler(self, _: Sampler[int]) -> None:
+        # DataLoader.__init__ sets a SequentialSampler it never uses under a batch sampler
+        pass
