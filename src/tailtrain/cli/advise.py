@@ -6,17 +6,18 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from rich.console import Console
-from rich.table import Table
-
-from tailtrain.advice import Advice, advise
-from tailtrain.advice.heatmap import plot_heatmap
 from tailtrain.cli.predict import _finite
 from tailtrain.cli.scenario_args import seed_value
-from tailtrain.core.records import prepare_folder
-from tailtrain.delays.trace import TRACE_FORMAT
 from tailtrain.errors import UsageError
+
+if TYPE_CHECKING:  # the advice pulls in numpy, scipy and the theory: only when advise runs
+    from tailtrain.advice import Advice
+
+#: the trace's columns for the help, written out: ``delays.trace.TRACE_FORMAT``'s (the parser
+#: imports no numpy or scipy; tests/cli/test_cli_imports.py checks they stay the same)
+TRACE_FORMAT = "iteration,worker[,micro_batch][,censored],seconds[,noncompute]"
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -75,6 +76,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from tailtrain.advice import advise
+    from tailtrain.advice.heatmap import plot_heatmap
+    from tailtrain.core.records import prepare_folder
+
     if (args.source is None) == (args.trace is None):
         raise UsageError(
             "advise reads one trace: give a trace file or a probe's folder (advise DIR), "
@@ -105,6 +110,9 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _print(found: Advice) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
     console = Console(file=sys.stdout, width=140, highlight=False)
     slow = [s for s in found.stragglers if s.verdict != "healthy"]
     iterations, trace_workers = found.times.shape

@@ -6,7 +6,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from tailtrain.runtime.allreduce.shrink import OnRankLoss
+#: ``runtime.allreduce.shrink.OnRankLoss.STOP``, written out: the parser imports no torch
+#: (tests/cli/test_cli_imports.py checks it stays the same)
+DEFAULT_ON_RANK_LOSS = "stop"
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -22,7 +24,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--nproc-per-node", type=int, default=1, help="local ranks N (default: 1)")
     p.add_argument(
         "--on-rank-loss",
-        default=OnRankLoss.STOP.value,
+        default=DEFAULT_ON_RANK_LOSS,
         help="stop: a rank that fails stops the others (torchrun's way; default); shrink: the "
         "job goes on without it",
     )
