@@ -1,5 +1,6 @@
 """The documentation's commands stay valid: every example parses, every strategy has a page,
-and the site with its API reference builds without a warning."""
+the README keeps its two set-up commands and stays a short path into the site, and the site
+with its API reference builds without a warning."""
 
 from __future__ import annotations
 
@@ -18,6 +19,9 @@ from tailtrain.tasks.registry import KNOWN_TASKS
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
 PAGES = sorted(DOCS.rglob("*.md"))
+README = ROOT / "README.md"
+#: the command-line reference, where a user looks up a spec's options
+CLI = DOCS / "cli.md"
 
 
 def commands(page: Path) -> list[list[str]]:
@@ -31,22 +35,31 @@ def test_every_strategy_has_a_page():
     assert {p.stem for p in (DOCS / "strategies").glob("*.md")} == set(BUILDERS)
 
 
-def test_the_readmes_strategy_list_names_every_strategy():
-    # the list under **Strategies** is where a user looks up a spec's options
-    readme = (ROOT / "README.md").read_text()
-    listed = readme.split("- **Strategies**", 1)[1].split("- **Tasks**", 1)[0]
+def test_the_cli_references_strategy_list_names_every_strategy():
+    listed = CLI.read_text().split("- **Strategies**", 1)[1].split("- **Tasks**", 1)[0]
     named = set(re.findall(r"^\s+- `([a-z-]+)", listed, flags=re.M))
     named |= set(re.findall(r"`([a-z-]+)[:[`]", listed))
     assert set(BUILDERS) - named == set()
 
 
-def test_the_readmes_task_list_names_every_built_in_task():
-    readme = (ROOT / "README.md").read_text()
-    listed = readme.split("- **Tasks**", 1)[1].split("- **Partitions**", 1)[0]
+def test_the_cli_references_task_list_names_every_built_in_task():
+    listed = CLI.read_text().split("- **Tasks**", 1)[1].split("- **Partitions**", 1)[0]
     assert set(KNOWN_TASKS) - set(re.findall(r"`([a-z0-9-]+)[:[`]", listed)) == set()
 
 
-@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+def test_the_readme_keeps_its_two_set_up_commands_and_stays_short():
+    """The first command sets up and runs the main job, the second is what CI runs (.ci/run,
+    less pip's -q); everything past the loop belongs on the site (docs/)."""
+    readme = README.read_text()
+    blocks = [b.strip() for b in re.findall(r"```bash\n(.*?)```", readme, flags=re.S)]
+    ci = (ROOT / ".ci" / "run").read_text().strip().splitlines()[-1]
+    assert blocks[1] == ci.replace("pip install -q ", "pip install ")
+    assert blocks[0].startswith("python3 -m venv .venv && .venv/bin/pip install")
+    assert "&& .venv/bin/tailtrain compare " in blocks[0]
+    assert len(readme.splitlines()) <= 250
+
+
+@pytest.mark.parametrize("page", [README, *PAGES], ids=lambda p: p.name)
 def test_example_commands_parse(page):
     found = commands(page)
     if page.parent.name == "strategies":
@@ -59,7 +72,7 @@ def test_example_commands_parse(page):
             assert parse_strategies(args.strategies)
 
 
-@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+@pytest.mark.parametrize("page", [README, *PAGES], ids=lambda p: p.name)
 def test_docs_point_only_inside_the_repository(page):
     text = page.read_text()
     assert "shared/papers" not in text and "/work/" not in text
@@ -68,23 +81,60 @@ def test_docs_point_only_inside_the_repository(page):
             assert (page.parent / target).exists(), target
 
 
+@pytest.fixture(scope="module")
+def site(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
+    """The site built once for this module's checks: its folder and the build's outcome."""
+    out = tmp_path_factory.mktemp("site")
+    command = [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(out)]
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=170)
+    return out, done
+
+
 @pytest.mark.timeout(180)
-def test_site_and_api_reference_build_without_warnings(tmp_path):
+def test_site_and_api_reference_build_without_warnings(site):
     """mkdocs.yml is strict: a griffe warning (a docstring naming a parameter the signature
     lacks), a broken cross-reference or link, or a page left out of the nav fails the build."""
-    command = [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path)]
-    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=170)
+    out, done = site
     assert done.returncode == 0, done.stderr[-3000:]
     assert "WARNING" not in done.stderr, done.stderr[-3000:]
-    assert (tmp_path / "api" / "index.html").read_text().count('id="tailtrain.') > 20
+    assert (out / "api" / "index.html").read_text().count('id="tailtrain.') > 20
 
 
-def test_the_readme_library_section_uses_only_the_public_face():
-    """Library code in the README imports `tailtrain` alone, never its internal modules."""
-    readme = (ROOT / "README.md").read_text()
-    blocks = re.findall(r"```python\n(.*?)```", readme, flags=re.S)
+#: a Sphinx role the renderer leaves raw (mkdocstrings reads ``[name][tailtrain.X]``)
+RAW_ROLE = re.compile(r":(?:func|class|meth|data|mod|attr|obj|exc):<code>")
+#: a reference to the project's tracker, meaningless to a reader of the site
+TRACKER = re.compile(r"\b[Ii]ssues? \d+|(?<![&\w])#\d+\b")
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="docstrings of tailtrain.integrate (StragglerStep, ShareSampler, StragglerHookState, "
+    "weighted_allreduce_hook, StragglerProbe) still hold Sphinx roles; convert them, then drop "
+    "this mark",
+)
+@pytest.mark.timeout(180)
+def test_rendered_pages_hold_no_raw_roles_nor_tracker_references(site):
+    """What the site shows a reader: cross-references render as links, and nothing points at
+    the tracker (paper citations stay)."""
+    out, done = site
+    assert done.returncode == 0, done.stderr[-3000:]
+    found = []
+    for page in sorted(out.rglob("*.html")):
+        html = re.sub(r"<script.*?</script>", "", page.read_text(), flags=re.S)
+        words = re.sub(r"<[^>]*>", " ", html)  # the text a reader sees, not anchors' ids
+        hits = [*RAW_ROLE.finditer(html), *TRACKER.finditer(words)]
+        found += [f"{page.relative_to(out)}: {m.group(0)}" for m in hits]
+    assert found == []
+
+
+@pytest.mark.parametrize("page", [README, *PAGES], ids=lambda p: p.name)
+def test_user_code_uses_only_the_public_face(page):
+    """Code a user copies imports `tailtrain` alone, never its internal modules; the library
+    page shows `import tailtrain` itself."""
+    blocks = re.findall(r"```python\n(.*?)```", page.read_text(), flags=re.S)
     imports = [line.strip() for b in blocks for line in b.splitlines() if "tailtrain" in line]
     imports = [line for line in imports if line.startswith(("import ", "from "))]
-    assert "import tailtrain" in imports
+    if page.name == "library.md":
+        assert "import tailtrain" in imports
     for line in imports:
         assert line == "import tailtrain" or line.startswith("from tailtrain import "), line

@@ -36,7 +36,7 @@ def strategy(spec: str | Strategy) -> Strategy:
     ``"dropcompute:threshold=auto"``; a [`Strategy`][tailtrain.Strategy] comes back unchanged.
 
     Args:
-        spec: a strategy spec (README, "Specs") or a strategy object.
+        spec: a strategy spec (the command-line reference's "Specs") or a strategy object.
 
     Returns:
         The strategy: its rule (``init``, ``plan``, ``select``, ``adapt``) and its topology.

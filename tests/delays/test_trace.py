@@ -11,6 +11,7 @@ from scipy import stats
 
 from tailtrain.delays import DelayProcess, TraceDelay, parse_delay, read_trace
 from tailtrain.delays.process import trace_notes
+from tailtrain.delays.trace import TRACE_FORMAT
 from tailtrain.errors import UsageError
 
 
@@ -106,7 +107,8 @@ def test_a_header_error_names_every_column_a_trace_may_have(tmp_path: Path, text
     # columns `tailtrain train` writes, as well as micro_batch
     with pytest.raises(UsageError) as caught:
         parse_delay(f"trace:path={write(tmp_path, text)}")
-    assert "iteration,worker[,micro_batch][,censored],seconds[,noncompute]" in str(caught.value)
+    assert TRACE_FORMAT in str(caught.value)
+    assert "[,samples][,run]" in TRACE_FORMAT
 
 
 def test_missing_and_unreadable_trace_files(tmp_path: Path) -> None:
@@ -235,3 +237,29 @@ def test_unknown_sampling_is_a_one_line_usage_error(tmp_path: Path, seconds) -> 
     with pytest.raises(UsageError, match="unknown sampling='bootstrap'; use sampling=per-worker"):
         parse_delay(f"trace:path={path},sampling=bootstrap")
     assert parse_delay(f"trace:path={path},sampling=per-worker").per_worker
+
+
+def test_samples_and_runs_round_trip_and_a_replay_reads_the_last_run(tmp_path: Path) -> None:
+    # a probe appends a second run to the same file: the replay must not mix the two
+    from tailtrain.delays.trace import read_run, write_trace_rows
+
+    path = tmp_path / "trace.csv"
+    first = np.array([[0, 0, 0.1, 0.02, 32, 0], [0, 1, 0.3, 0.0, 32, 0]])
+    second = np.array([[0, 0, 0.15, 0.01, 48, 1], [0, 1, 0.05, 0.11, 16, 1]])
+    for rows in (first, second):
+        write_trace_rows(path, rows, False, append=True, noncompute=True, samples=True, run=True)
+    assert path.read_text().splitlines()[0] == "iteration,worker,seconds,noncompute,samples,run"
+    whole = read_trace(path)
+    assert whole.runs == [0, 1] and whole.samples.tolist() == [32, 32, 48, 16]
+    assert read_run(path).seconds.tolist() == [0.15, 0.05]
+    assert read_run(path, 0).samples.tolist() == [32, 32]
+    assert parse_delay(f"trace:path={path}").trace.samples.tolist() == [48, 16]
+    assert parse_delay(f"trace:path={path},run=0").trace.seconds.tolist() == [0.1, 0.3]
+    with pytest.raises(UsageError, match=r"holds runs \[0, 1\], not run 3"):
+        parse_delay(f"trace:path={path},run=3")
+
+
+def test_samples_and_run_must_be_integers(tmp_path: Path) -> None:
+    path = write(tmp_path, "iteration,worker,seconds,samples\n0,0,0.1,2.5\n")
+    with pytest.raises(UsageError, match=r"samples=2.5 must be an integer >= 0"):
+        parse_delay(f"trace:path={path}")

@@ -199,7 +199,7 @@ def test_a_built_in_task_with_a_malformed_key_is_not_taken_for_a_factory():
 
 
 def test_the_readme_example_factory_builds(monkeypatch):
-    """examples/my_model.py, as the README runs it from the repository's root."""
+    """examples/my_model.py, as docs/your-model.md runs it from the repository's root."""
     from pathlib import Path
 
     monkeypatch.chdir(Path(__file__).parents[2])

@@ -17,7 +17,7 @@ if TYPE_CHECKING:  # the advice pulls in numpy, scipy and the theory: only when 
 
 #: the trace's columns for the help, written out: ``delays.trace.TRACE_FORMAT``'s (the parser
 #: imports no numpy or scipy; tests/cli/test_cli_imports.py checks they stay the same)
-TRACE_FORMAT = "iteration,worker[,micro_batch][,censored],seconds[,noncompute]"
+TRACE_FORMAT = "iteration,worker[,micro_batch][,censored],seconds[,noncompute][,samples][,run]"
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -4,9 +4,9 @@
 gradients entered it and their staleness. ``evals.jsonl`` has the periodic evaluations and
 ``summary.json`` the run's summary.
 
-A run streaming to a folder (:class:`RecordSink`) appends each row as it comes and flushes it,
+A run streaming to a folder (``RecordSink``) appends each row as it comes and flushes it,
 so a crash loses at most the step in flight; ``summary.json`` is replaced atomically. A folder
-that already holds a run is never written over silently (:func:`claim_folder`).
+that already holds a run is never written over silently (``claim_folder``).
 """
 
 from __future__ import annotations
@@ -72,7 +72,7 @@ TRAIN_EXTRA = (
 class RecordSink:
     """Appends rows to ``steps.jsonl`` and ``evals.jsonl`` as a run makes them, flushed.
 
-    ``offsets`` (bytes per file, from :meth:`offsets`) continues a record: each file is cut
+    ``offsets`` (bytes per file, from ``offsets``) continues a record: each file is cut
     back to what it held then, so rows written after a checkpoint are not written twice.
     """
 
@@ -133,7 +133,7 @@ def claim_folder(
 ) -> Path:
     """``folder``, created, for a new run: refused if it holds one (``names``) unless
     ``overwrite``. Nothing is removed here: the run clears the old one as it starts
-    (:func:`clear_run`), once its input has been checked."""
+    (``clear_run``), once its input has been checked."""
     folder = prepare_folder(folder)
     held = held_run(folder, names)
     if held and not overwrite:

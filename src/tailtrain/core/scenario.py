@@ -86,7 +86,7 @@ class Scenario:
         replayed_comm``): ``comm_time`` when given, else the rounds' ``noncompute`` seconds a
         trace delay recorded, else none. The one resolution of T^c that ``simulate``,
         ``compare`` and ``predict`` apply, on the command line and in the library alike, so
-        one trace prices the same sync everywhere (issue 23, item 2)."""
+        one trace prices the same sync everywhere."""
         from tailtrain.delays.trace import replayed_comm
 
         comm_time = replayed_comm(self.delay, self.comm_time)

@@ -1,5 +1,5 @@
 """``--comm-time``: T^c as seconds or a delay spec (per job on a parameter server, per update
-for an allreduce, per collective for eager-SGD; README, Specs)."""
+for an allreduce, per collective for eager-SGD; docs/cli.md, Specs)."""
 
 from __future__ import annotations
 

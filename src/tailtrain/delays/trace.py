@@ -1,9 +1,15 @@
 """Compute times from a measured trace: replayed per worker, or resampled pooled.
 
 The CSV has a header row with columns ``iteration,worker[,micro_batch][,censored],seconds``
-``[,noncompute]`` (any order; :data:`TRACE_FORMAT`). Each row is one unit of work: one
-micro-batch when the ``micro_batch`` column is present, otherwise one worker's whole
-iteration. A row with ``censored=1`` was cut by a threshold: its seconds is a lower bound, and
+``[,noncompute][,samples][,run]`` (any order; :data:`TRACE_FORMAT`). Each row is one unit of
+work: one micro-batch when the ``micro_batch`` column is present, otherwise one worker's whole
+iteration. ``samples`` counts the samples the worker computed in that unit (under DropCompute
+the cut micro-batches are never computed, so it is also what entered the update); a probe
+writes it, so ``advise`` can price a job in samples per second. ``run`` numbers the runs kept
+in one file (a probe that finds an earlier run's trace appends with the next number, its
+iterations counted from 0 again): everything that replays a trace reads one run, the last
+unless ``run=K`` names another (:func:`read_run`), and ``advise`` compares the runs.
+A row with ``censored=1`` was cut by a threshold: its seconds is a lower bound, and
 the row is completed from the worker's law fitted with censoring before anything else reads
 the trace (``delays.censored``).
 
@@ -59,9 +65,9 @@ from tailtrain.errors import UsageError
 from tailtrain.spec import Spec, parse_spec
 
 REQUIRED = ("iteration", "worker", "seconds")
-OPTIONAL = ("micro_batch", "censored", "noncompute")
+OPTIONAL = ("micro_batch", "censored", "noncompute", "samples", "run")
 #: the columns as error messages and help texts name them (module docstring)
-TRACE_FORMAT = "iteration,worker[,micro_batch][,censored],seconds[,noncompute]"
+TRACE_FORMAT = "iteration,worker[,micro_batch][,censored],seconds[,noncompute][,samples][,run]"
 #: ``of=``: the units' seconds, or each recorded round's T^c (module docstring)
 PARTS = ("seconds", "noncompute")
 SAMPLING = ("per-worker", "pooled")
@@ -81,6 +87,37 @@ class Trace:
     #: recorded wait, communication and overhead (NaN: no round ends on that row); None:
     #: the trace has no such column
     noncompute: FloatArray | None = None
+    #: samples computed in the row's unit; None: the trace has no such column
+    samples: np.ndarray | None = None
+    #: which run of the file the row belongs to; None: the file holds one run
+    run: np.ndarray | None = None
+
+    @property
+    def runs(self) -> list[int]:
+        """The run numbers the file holds, in order (``[0]`` without a ``run`` column)."""
+        return [0] if self.run is None else [int(r) for r in np.unique(self.run)]
+
+    def of_run(self, run: int) -> Trace:
+        """The rows of one run (the trace itself when it has no ``run`` column)."""
+        if self.run is None:
+            return self
+        keep = self.run == run
+        if not keep.any():
+            raise UsageError(f"the trace holds runs {self.runs}, not run {run}")
+
+        def part(column: np.ndarray | None) -> np.ndarray | None:
+            return None if column is None else column[keep]
+
+        return Trace(
+            self.iteration[keep],
+            self.worker[keep],
+            part(self.micro_batch),
+            self.seconds[keep],
+            part(self.censored),
+            part(self.noncompute),
+            part(self.samples),
+            self.run[keep],
+        )
 
     def round_comm(self) -> FloatArray:
         """Each recorded round's T^c, in iteration order: the smallest ``noncompute`` over
@@ -231,7 +268,15 @@ def read_trace(path: str | Path) -> Trace:
         seconds=np.ascontiguousarray(column["seconds"]),
         censored=column["censored"] > 0 if "censored" in column else None,
         noncompute=column.get("noncompute"),
+        samples=column["samples"].astype(np.int64) if "samples" in column else None,
+        run=column["run"].astype(np.int64) if "run" in column else None,
     )
+
+
+def read_run(path: str | Path, run: int | None = None) -> Trace:
+    """One run of the trace at ``path``: ``run``, or the last the file holds."""
+    found = read_trace(path)
+    return found.of_run(found.runs[-1] if run is None else run)
 
 
 def _read_header(path: Path) -> list[str]:
@@ -321,17 +366,21 @@ def write_trace_rows(
     append: bool = False,
     censored: bool = False,
     noncompute: bool = False,
+    samples: bool = False,
+    run: bool = False,
 ) -> None:
-    """Write rows [iteration, worker, (micro_batch,) (censored,) seconds(, noncompute)] in the
-    format :func:`read_trace` reads, sorted by iteration, worker and micro-batch; ``append``
-    adds them to a file this wrote (the header only when the file is new): a probe writes its
-    trace a window at a time, and the reader takes rows in any order; ``censored``: the column
-    before seconds is the censoring flag; ``noncompute``: the last column is the recorded
-    wait, communication and overhead."""
+    """Write rows [iteration, worker, (micro_batch,) (censored,) seconds(, noncompute)
+    (, samples)(, run)] in the format :func:`read_trace` reads, sorted by iteration, worker and
+    micro-batch; ``append`` adds them to a file this wrote (the header only when the file is
+    new): a probe writes its trace a window at a time, and the reader takes rows in any order;
+    ``censored``: the column before seconds is the censoring flag; ``noncompute``: the
+    recorded wait, communication and overhead follows seconds; ``samples`` and ``run``: the
+    samples computed and the run number come last."""
     path = Path(path)
     header = [*REQUIRED[:2], *(OPTIONAL[:1] if per_micro_batch else ())]
     header += ["censored"] * censored + ["seconds"] + ["noncompute"] * noncompute
-    ints = len(header) - 1 - noncompute  # every column before seconds is an integer
+    header += ["samples"] * samples + ["run"] * run
+    floats = {header.index("seconds"), *([header.index("noncompute")] if noncompute else [])}
     keys = 2 + per_micro_batch
     order = np.lexsort(table[:, :keys].T[::-1]) if len(table) else np.arange(0)
     fresh = not append or not path.exists() or path.stat().st_size == 0
@@ -340,13 +389,14 @@ def write_trace_rows(
         if fresh:
             writer.writerow(header)
         for row in table[order]:
-            writer.writerow([*(int(v) for v in row[:ints]), *(repr(float(v)) for v in row[ints:])])
+            writer.writerow([repr(float(v)) if i in floats else int(v) for i, v in enumerate(row)])
 
 
 def trace(spec: Spec) -> TraceDelay:
-    """``trace:path=FILE[,sampling=per-worker|pooled][,of=seconds|noncompute]``: replay or
-    bootstrap FILE's seconds, or (``of=noncompute``) bootstrap its rounds' recorded T^c."""
-    spec.require_known(("path", "sampling", "of"))
+    """``trace:path=FILE[,sampling=per-worker|pooled][,of=seconds|noncompute][,run=K]``:
+    replay or bootstrap FILE's seconds, or (``of=noncompute``) bootstrap its rounds' recorded
+    T^c, of run K (default: the file's last run)."""
+    spec.require_known(("path", "sampling", "of", "run"))
     sampling = spec.get_str("sampling", SAMPLING[0])
     if sampling not in SAMPLING:
         raise UsageError(
@@ -359,7 +409,7 @@ def trace(spec: Spec) -> TraceDelay:
             f"{spec.text!r}: unknown of={part!r}; use of=seconds (the units' times, the "
             "default) or of=noncompute (each recorded round's wait, communication and overhead)"
         )
-    found = read_trace(spec.get_str("path"))
+    found = read_run(spec.get_str("path"), _run_of(spec))
     if part == "seconds":
         return TraceDelay(spec.text, found, sampling)
     comm = found.round_comm()
@@ -378,8 +428,11 @@ def replayed_comm(delay: str, comm_time: str | None) -> str | None:
     None (no communication)."""
     if comm_time is not None or not _is_trace(delay):
         return comm_time
-    path = parse_spec(delay).get_str("path")
-    return f"trace:path={path},of=noncompute" if read_trace(path).round_comm().size else None
+    spec = parse_spec(delay)
+    path, run = spec.get_str("path"), _run_of(spec)
+    if not read_run(path, run).round_comm().size:
+        return None
+    return f"trace:path={path},of=noncompute" + ("" if run is None else f",run={run}")
 
 
 def comm_note(delay: str, comm_time: str | None) -> str | None:
@@ -388,16 +441,22 @@ def comm_note(delay: str, comm_time: str | None) -> str | None:
     (nothing to choose from: ``--comm-time`` or none, as before such traces existed)."""
     if not _is_trace(delay):
         return None
-    recorded = read_trace(parse_spec(delay).get_str("path")).round_comm()
+    spec = parse_spec(delay)
+    recorded = read_run(spec.get_str("path"), _run_of(spec)).round_comm()
     if recorded.size == 0:
         return None
-    if comm_time is not None and comm_time.endswith(",of=noncompute"):
+    if comm_time is not None and ",of=noncompute" in comm_time:
         return (
             f"T^c replayed from the trace: its {recorded.size} rounds' recorded wait, "
             f"communication and overhead (mean {recorded.mean():.4g} s per round; "
             "--comm-time overrides it)"
         )
     return f"T^c from --comm-time {comm_time} in place of the trace's recorded noncompute"
+
+
+def _run_of(spec: Spec) -> int | None:
+    """``run=K`` of a trace spec, or None (the file's last run)."""
+    return spec.get_int("run", minimum=0) if spec.has("run") else None
 
 
 def _is_trace(delay: str) -> bool:

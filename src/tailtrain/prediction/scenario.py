@@ -124,7 +124,8 @@ class Row:
 
 @dataclass(frozen=True)
 class Prediction:
-    """All rows of a scenario; ``rows`` holds every K evaluated, see :meth:`shown`."""
+    """All rows of a scenario; ``rows`` holds every K evaluated, see
+    [`shown`][tailtrain.Prediction.shown]."""
 
     scenario: DelayScenario
     rows: tuple[Row, ...]

@@ -1,6 +1,6 @@
 """What one rank needs to run one training job: the scenario, the rule, the process group.
 
-A :class:`TrainConfig` is plain, picklable data: the launcher hands the same one to every rank,
+A ``TrainConfig`` is plain, picklable data: the launcher hands the same one to every rank,
 and each rank rebuilds its own task, data partition, delay process and strategy state from it
 with the seed, exactly as the simulator does (``core.scenario.World.build``).
 """

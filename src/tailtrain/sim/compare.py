@@ -53,7 +53,7 @@ def compare(
     on_done: Callable[[str, int, RunRecord], None] | None = None,
 ) -> Comparison:
     """Every strategy on every seed. ``on_done`` sees each run as it finishes (to keep it
-    at once); Ctrl-C raises :class:`CompareInterrupted` with the runs that finished."""
+    at once); Ctrl-C raises ``CompareInterrupted`` with the runs that finished."""
     runs: dict[str, list[RunRecord]] = {}
     names = [s.describe() for s in strategies]
     twice = sorted({n for n in names if names.count(n) > 1})

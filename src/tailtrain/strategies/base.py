@@ -209,7 +209,7 @@ class Context:
 
     @property
     def ranks(self) -> tuple[int, ...]:
-        """The original ranks of this world, in order (:attr:`live`, or 0..n_workers-1)."""
+        """The original ranks of this world, in order (``live``, or 0..n_workers-1)."""
         return tuple(range(self.n_workers)) if self.live is None else tuple(self.live)
 
 
@@ -413,7 +413,7 @@ class Strategy(ABC):
     name: str
     #: how its workers exchange gradients; the engine family picks its engine from it
     topology: ClassVar[Topology] = Topology.PARAMETER_SERVER
-    #: what ``select``'s ``now`` weights depend on (:class:`WeightContract`)
+    #: what ``select``'s ``now`` weights depend on (``WeightContract``)
     weights: ClassVar[WeightContract] = WeightContract.EQUAL
     #: whether ``select`` may return ``later`` weights, applied with a later update (LGC's
     #: e_t); a rule that does keeps its ``now`` weights independent of the late work
@@ -447,13 +447,13 @@ class Strategy(ABC):
         return self.init(ctx) if self.keeps_state else None
 
     def follow_refusal(self) -> str:
-        """Why :meth:`follow_world` answers None for this rule (``--on-rank-loss shrink``
+        """Why ``follow_world`` answers None for this rule (``--on-rank-loss shrink``
         refuses it at start with this reason)."""
         return "it adapts its state to the world it measured"
 
     @property
     def keeps_state(self) -> bool:
-        """Whether the rule never changes its state: it keeps :meth:`adapt` as it is here. The
+        """Whether the rule never changes its state: it keeps ``adapt`` as it is here. The
         next step's plan then owes nothing to this step's statistics, so an engine may gather
         them after it has started the next step (``runtime.allreduce`` does)."""
         return type(self).adapt is Strategy.adapt
@@ -464,7 +464,8 @@ class Strategy(ABC):
         return {"strategy": self.describe(), "state": to_state_dict(state)}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> Any:
-        """The state :meth:`state_dict` wrote; refuses a state of another strategy."""
+        """The state [`state_dict`][tailtrain.Strategy.state_dict] wrote; refuses a state of another
+        strategy."""
         if state_dict.get("strategy") != self.describe():
             raise UsageError(
                 f"the saved strategy state is {state_dict.get('strategy')!r}, not "
@@ -529,7 +530,7 @@ def engine_refusal(strategy: Strategy, does: frozenset[str]) -> str | None:
 def check_contract(
     strategy: Strategy, topology: Topology, does: frozenset[str] = frozenset()
 ) -> None:
-    """A one-line :class:`UsageError` when ``topology`` cannot apply ``strategy``'s weights
+    """A one-line ``UsageError`` when ``topology`` cannot apply ``strategy``'s weights
     or an engine that ``does`` these extras cannot run its plans (``Strategy.needs``)."""
     refusal = contract_refusal(strategy, topology) or engine_refusal(strategy, does)
     if refusal is not None:

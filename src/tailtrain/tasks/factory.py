@@ -1,12 +1,12 @@
 """A task from the user's own code: ``--task package.module:factory[:key=value,...]``.
 
-The factory is a callable that returns a :class:`TaskParts`: a model, a per-example loss,
+The factory is a callable that returns a ``TaskParts``: a model, a per-example loss,
 train and test tensors, and optionally a metric, a batch size and a learning rate. The keys
 after it are passed to it as keyword arguments (each value an ``int``, else a ``float``,
 else the string as written). It is called under ``torch.manual_seed(seed)``, so the model's
 own initialisation is the run's θ_0 and a seed gives the same θ_0 on every run and rank.
 
-:func:`load_factory_task` turns the parts into the same :class:`~tailtrain.tasks.task.Task`
+``load_factory_task`` turns the parts into the same ``Task``
 a built-in task is, so every engine (simulate, compare, train, the parameter server) runs it
 unchanged. Everything is checked when the task is built, which ``simulate`` does before
 its first step and ``train`` does in the parent before any rank starts: an import error, a
@@ -134,7 +134,7 @@ def call_factory(text: str, seed: int) -> TaskParts:
 
 
 def check_parts(parts: Any, who: str) -> TaskParts:
-    """``parts`` as a :class:`TaskParts` (a mapping with its field names is accepted), each
+    """``parts`` as a ``TaskParts`` (a mapping with its field names is accepted), each
     part of the right kind; one line naming the first part that is missing or wrong."""
     if isinstance(parts, Mapping):
         missing = [k for k in REQUIRED_PARTS if k not in parts]
@@ -183,7 +183,7 @@ def _check_split(split: Any, name: str, who: str) -> None:
 
 
 def parts_dataset(parts: TaskParts) -> Dataset:
-    """The parts' tensors as a :class:`Dataset`; class labels (for ``noniid``) when the
+    """The parts' tensors as a ``Dataset``; class labels (for ``noniid``) when the
     targets are one integer per example."""
     (x_tr, y_tr), (x_te, y_te) = parts.train, parts.test
     labels = y_tr.ndim == 1 and not y_tr.is_floating_point() and not y_tr.is_complex()
@@ -244,7 +244,7 @@ def task_from_parts(
     data: Dataset | None = None,
     eval_size: int | None = None,
 ) -> Task:
-    """The :class:`~tailtrain.tasks.task.Task` of ``parts``: θ_0 is the model's parameters as
+    """The ``Task`` of ``parts``: θ_0 is the model's parameters as
     returned, and the gradient method is chosen by the task (``Task.gradient_method``).
     ``data`` replaces the plain dataset of the parts (one that trims padding); ``eval_size``
     bounds the train examples each evaluation scores."""
