@@ -1,0 +1,77 @@
+"""Advice in the user's units on probe-like traces (samples, noncompute, runs)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tailtrain.advice import advise
+from tailtrain.advice.units import measured_rate
+from tailtrain.delays.trace import read_trace, write_trace_rows
+from tailtrain.strategies.rebalance import optimal_shares
+
+
+def probe_trace(path, runs=((32, 32),), slow=3.0, steps=60, seed=0):
+    """2 ranks, rank 1 ``slow`` x slower per sample; each run deals its shares."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for run, shares in enumerate(runs):
+        for i in range(steps):
+            per = np.array([0.05, 0.05 * slow]) / 32 * rng.lognormal(0, 0.1, 2)
+            seconds = per * np.array(shares)
+            wall = seconds.max() + 0.004
+            rows += [[i, w, seconds[w], wall - seconds[w], shares[w], run] for w in range(2)]
+    write_trace_rows(path, np.array(rows), False, noncompute=True, samples=True, run=True)
+    return path
+
+
+@pytest.fixture(scope="module")
+def straggler(tmp_path_factory):
+    path = probe_trace(tmp_path_factory.mktemp("units") / "trace.csv")
+    return path, advise(path, setup="ddp", samples=400)
+
+
+def test_a_persistent_straggler_in_a_ddp_job_gets_shares_from_the_one_rule(straggler):
+    path, found = straggler
+    assert found.recommendation == "rebalance"
+    trace = read_trace(path)
+    per_sample = [np.median(trace.seconds[trace.worker == w] / 32) for w in (0, 1)]
+    assert found.choice.shares == tuple(optimal_shares(np.array(per_sample), 64, 1))
+    assert found.choice.shares == (48, 16)
+    assert "rebalance_loader(loader, shares=[48, 16])" in found.adopt.lines()[1]
+    # sync's step waits for rank 1's 32 samples (0.15 s), rebalance's for 48 or 3 x 16
+    # (0.075 s), each plus T^c 0.004 s
+    assert found.choice.effective_speedup == pytest.approx(0.154 / 0.079, rel=0.1)
+    payload = found.to_json()
+    row = next(r for r in payload["results"] if r["spec"] == "rebalance")
+    assert row["samples_applied_per_second"] == pytest.approx(
+        row["samples_applied_ratio"] * measured_rate(trace)[0]
+    )
+    assert payload["exclusion"]["excluded"] == [1]
+
+
+def test_dropcompute_on_a_one_batch_step_states_the_m_it_needs(straggler):
+    _, found = straggler
+    rows = [r for r in found.ranked if r.row.strategy == "dropcompute"]
+    assert len(rows) == 1 and rows[0].micro_batches in (2, 4, 8)
+    assert found.to_json()["results"][found.ranked.index(rows[0])]["micro_batches"] in (2, 4, 8)
+
+
+def test_before_and_after_in_the_same_units(tmp_path):
+    path = probe_trace(tmp_path / "trace.csv", runs=((32, 32), (48, 16)))
+    found = advise(path, setup="ddp", samples=400)
+    report = found.before_after()
+    trace = read_trace(path)
+    before, after = (measured_rate(trace.of_run(r))[0] for r in (0, 1))
+    assert report["last_over"]["0"] == pytest.approx(after / before)
+    assert after / before == pytest.approx(2.0, rel=0.15)
+    # judged per sample: the rebalanced rank 1 is still the slow one
+    assert [s.verdict for s in found.runs[1].verdicts] == ["healthy", "persistent"]
+    assert found.recommendation == "sync"  # the last run already deals the shares
+
+
+def test_micro_batches_on_a_per_step_trace_is_no_longer_refused(straggler):
+    path, _ = straggler
+    found = advise(path, setup="ddp", samples=400, micro_batches=4)
+    assert any("per-step trace" in note for note in found.notes)
+    assert all(r.micro_batches in (None, 4) for r in found.ranked)
