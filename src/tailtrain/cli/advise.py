@@ -9,11 +9,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from tailtrain.cli.scenario_args import seed_value
-from tailtrain.delays.trace import TRACE_FORMAT
 from tailtrain.errors import UsageError
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # the advice pulls in numpy, scipy and the theory: only when advise runs
     from tailtrain.advice import Advice
+
+#: the trace's columns for the help, written out: ``delays.trace.TRACE_FORMAT``'s (the parser
+#: imports no numpy or scipy; tests/cli/test_cli_imports.py checks they stay the same)
+TRACE_FORMAT = "iteration,worker[,micro_batch][,censored],seconds[,noncompute][,samples][,run]"
 
 
 def register(sub: argparse._SubParsersAction) -> None:

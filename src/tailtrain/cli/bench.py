@@ -14,7 +14,9 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
-from tailtrain.strategies.eager import Collective
+#: ``strategies.eager.Collective``'s values, written out: the parser imports no strategy (nor
+#: numpy); tests/cli/test_cli_imports.py checks they stay the same
+COLLECTIVES = ("allreduce", "solo", "majority", "quorum")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -75,7 +77,7 @@ def register_hang(what: argparse._SubParsersAction) -> None:
     h.add_argument("--procs", type=int, default=4, help="local processes P (default: 4)")
     h.add_argument(
         "--collective",
-        choices=[c.value for c in Collective],
+        choices=COLLECTIVES,
         default="solo",
         help="the collective of every round; quorum's K is P - 1 (default: solo)",
     )
@@ -94,6 +96,7 @@ def register_hang(what: argparse._SubParsersAction) -> None:
 def run_hang(args: argparse.Namespace) -> int:
     from tailtrain.runtime.hang import HangDrill, run_hang_drill
     from tailtrain.runtime.launch import JobFailed
+    from tailtrain.strategies.eager import Collective
 
     drill = HangDrill(
         procs=args.procs,

@@ -5,14 +5,13 @@ from __future__ import annotations
 import argparse
 import json
 from dataclasses import asdict
-
-from rich.console import Console
-from rich.table import Table
+from typing import TYPE_CHECKING
 
 from tailtrain.errors import UsageError
 from tailtrain.network import DEFAULT_HOP, NetworkModel, parse_network
-from tailtrain.sim.partial.microbench import Microbenchmark, run_microbenchmark
-from tailtrain.topology.partial import CollectiveStats
+
+if TYPE_CHECKING:  # the simulator pulls in torch: import it only when the command runs
+    from tailtrain.topology.partial import CollectiveStats
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -86,6 +85,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from tailtrain.core.capacity import check_memory
+    from tailtrain.sim.partial.microbench import Microbenchmark, run_microbenchmark
 
     if args.procs >= 1 and args.iterations >= 1:  # the skew and delay draws, a few copies
         need = 8 * 4 * args.procs * args.iterations
@@ -131,6 +131,9 @@ def network_of(args: argparse.Namespace) -> NetworkModel:
 def print_collective_stats(
     bench, results: dict[str, CollectiveStats], command: str = "simulate collectives"
 ) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
     base = results["allreduce"].latency
     table = Table(
         title=f"tailtrain {command}: {bench.procs} processes, {bench.skew}, "

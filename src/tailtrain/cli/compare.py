@@ -8,13 +8,13 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from rich.table import Table
-
 from tailtrain.cli.progress import console, step_progress
 from tailtrain.cli.scenario_args import add_scenario_arguments, scenario_from_args, seed_value
 from tailtrain.errors import UsageError
 
 if TYPE_CHECKING:
+    from rich.table import Table
+
     from tailtrain.sim.compare import Comparison
 
 
@@ -161,6 +161,8 @@ def print_table(rows: list[dict], target: float | None, metric: str | None = Non
 def results_table(
     rows: list[dict], target: float | None, metric: str | None, narrow: bool
 ) -> Table:
+    from rich.table import Table
+
     from tailtrain.plots import wrap_spec
 
     sep = "\n± " if narrow else " ± "

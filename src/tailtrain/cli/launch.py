@@ -6,7 +6,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from tailtrain.runtime.allreduce.shrink import OnRankLoss
+#: ``runtime.allreduce.shrink.OnRankLoss.STOP``, written out: the parser imports no torch
+#: (tests/cli/test_cli_imports.py checks it stays the same)
+DEFAULT_ON_RANK_LOSS = "stop"
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -16,13 +18,15 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Start N local processes of `python SCRIPT ARGS...` with torch's env:// "
         "variables, the store hosted here (not in rank 0). With --on-rank-loss shrink a rank "
         "that dies is noted and the others go on: tailtrain.StragglerStep(..., "
-        'on_rank_loss="shrink") shrinks to the survivors. Exit 0 when the job finished, 1 when '
-        "it failed (one line), 130 after Ctrl-C.",
+        'on_rank_loss="shrink") shrinks to the survivors. Exit 0 when the job finished; 2 when '
+        "the script refused its input (argparse, or a tailtrain.UsageError: its one line, "
+        "once, not once per rank); 1 when a rank failed (its traceback, then one line naming "
+        "it); 130 after Ctrl-C (one line).",
     )
     p.add_argument("--nproc-per-node", type=int, default=1, help="local ranks N (default: 1)")
     p.add_argument(
         "--on-rank-loss",
-        default=OnRankLoss.STOP.value,
+        default=DEFAULT_ON_RANK_LOSS,
         help="stop: a rank that fails stops the others (torchrun's way; default); shrink: the "
         "job goes on without it",
     )
@@ -52,6 +56,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from tailtrain.runtime.launch import JobFailed
+    from tailtrain.runtime.script_rank import BAD_INPUT
     from tailtrain.runtime.scripts import INTERRUPTED, check_launch, launch_script
 
     plan = check_launch(
@@ -68,6 +73,9 @@ def run(args: argparse.Namespace) -> int:
     except JobFailed as exc:  # the job failed: one line, status 1 (2 is for bad input)
         print(f"tailtrain launch: error: {exc}", file=sys.stderr)
         return 1
+    if outcome.refused is not None:  # the script's bad input, as its rank put it: once
+        print(outcome.refused, file=sys.stderr)
+        return BAD_INPUT
     if outcome.interrupted:
         print("tailtrain launch: interrupted; the ranks were stopped", file=sys.stderr)
         return INTERRUPTED

@@ -7,18 +7,21 @@ import dataclasses
 import json
 import math
 import sys
-from typing import Any
-
-from rich.console import Console
-from rich.table import Table
+from typing import TYPE_CHECKING, Any
 
 from tailtrain.cli.scenario_args import seed_value
-from tailtrain.delays import DelayModel, parse_delay, parse_pattern
-from tailtrain.delays.comm import parse_comm_time
-from tailtrain.delays.trace import comm_note, replayed_comm
 from tailtrain.errors import UsageError
-from tailtrain.prediction import ALL_K_UP_TO, DelayScenario, Prediction, Row, k_grid, predict
-from tailtrain.prediction.families import SIM_MAX_WORKERS, with_families
+
+if TYPE_CHECKING:  # the theory pulls in numpy and scipy: import it only when predict runs
+    from tailtrain.delays import DelayModel
+    from tailtrain.prediction import Prediction, Row
+
+# the help's figures, written out: the parser imports neither the theory nor the simulator
+# (tests/cli/test_cli_imports.py checks they stay prediction.scenario's and .families')
+#: scenarios with at most this many workers get one row per K (``prediction.ALL_K_UP_TO``)
+ALL_K_UP_TO = 32
+#: predict's timing-only simulation up to this many workers (``prediction.families``)
+SIM_MAX_WORKERS = 1024
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -86,6 +89,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from tailtrain.core.capacity import check_memory
+    from tailtrain.delays import parse_delay, parse_pattern
+    from tailtrain.delays.trace import comm_note, replayed_comm
+    from tailtrain.prediction import DelayScenario, k_grid, predict
+    from tailtrain.prediction.families import with_families
 
     if args.workers >= 1:  # arrays of one number per K (predict checks its Monte Carlo draws)
         check_memory(64 * args.workers, f"--workers {args.workers}", "per-K arrays")
@@ -115,6 +122,8 @@ def run(args: argparse.Namespace) -> int:
 
 def parse_comm(text: str) -> float | DelayModel:
     """``--comm-time``: a number of seconds (kept as a float), or a delay spec."""
+    from tailtrain.delays.comm import parse_comm_time
+
     model = parse_comm_time(text)
     return model.mean if model.var == 0 else model
 
@@ -138,6 +147,9 @@ def parse_ks(text: str | None, workers: int) -> tuple[int, ...] | None:
 
 
 def _print_table(prediction: Prediction, ks: list[int]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
     s = prediction.scenario.describe()
     title = (
         f"N={s['workers']}  delay={s['delay']}  pattern={s['pattern']}  "

@@ -7,8 +7,6 @@ import json
 import sys
 from pathlib import Path
 
-from rich.table import Table
-
 from tailtrain.cli import collectives
 from tailtrain.cli.progress import console, step_progress
 from tailtrain.cli.run_folder import add_run_arguments
@@ -106,6 +104,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def print_summary(summary: dict, command: str = "simulate") -> None:
+    from rich.table import Table
+
     clock = "virtual seconds of the simulated clock" if command == "simulate" else "wall seconds"
     table = Table(
         title=f"tailtrain {command}: {summary['strategy']}",

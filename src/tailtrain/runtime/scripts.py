@@ -1,7 +1,8 @@
 """Run your own training script on local ranks whose death the job survives (issue 26).
 
 ``tailtrain launch --nproc-per-node N [--on-rank-loss shrink] script.py args...`` starts N
-processes of ``python script.py args...`` on this machine, as ``torchrun --standalone`` does:
+processes of ``python script.py args...`` on this machine (through ``runtime.script_rank``,
+which runs the script as that command would), as ``torchrun --standalone`` does:
 each gets torch's ``env://`` variables (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``,
 ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``, ``TORCHELASTIC_RUN_ID``,
 ``TORCHELASTIC_RESTART_COUNT``), so ``dist.init_process_group("gloo")`` works unchanged. What
@@ -21,6 +22,12 @@ differs from torchrun:
   which refuses to shrink elsewhere: it reads ``LAUNCHED``, ``runtime.allreduce.shrink``,
   from its environment). A rank the survivors told to leave (``left/{rank}``: it hung past
   the deadline and woke) is logged as leaving, not as a death.
+* **One line for the user** (``runtime.script_rank``, each rank's bootstrap). Bad input (the
+  script's argparse refusing its arguments, or a :class:`~tailtrain.UsageError`) is found by
+  every rank: the ranks say nothing and leave their line here, and the launch prints it once
+  and ends with ``outcome.refused`` (exit 2), under shrink too. A crashed rank's traceback
+  is printed by that rank alone (one whose collective failed because a peer left first is
+  stopped before it speaks), and the launcher's line names it with its exception's last line.
 * **The outcome.** The launch succeeds (exit 0) when every rank finished (status 0), or,
   under shrink, when at least one did and every other one died, left, or was stopped because
   it still ran ``--timeout`` seconds after the first rank finished (a hung rank the survivors
@@ -28,8 +35,9 @@ differs from torchrun:
   line (:class:`~tailtrain.runtime.launch.JobFailed`, exit 1) naming the first rank that
   failed and why.
 * **Ctrl-C** (SIGINT, or SIGTERM or SIGHUP to the launcher) is forwarded once to every
-  rank, each in a process group of its own (a terminal's Ctrl-C would otherwise reach each
-  twice) that the signal goes to whole, so what a rank started goes too; the launcher waits up to
+  rank (whose ``KeyboardInterrupt`` ends it with status 130, no traceback), each in a
+  process group of its own (a terminal's Ctrl-C would otherwise reach each twice) that the
+  signal goes to whole, so what a rank started goes too; the launcher waits up to
   :data:`STOP_GRACE` seconds for them, kills what is left, and exits 130. A rank dies with
   the launcher (``PR_SET_PDEATHSIG``), so a killed launcher leaves no rank behind (what a
   rank started is the rank's to end, as under torchrun).
@@ -55,9 +63,11 @@ import contextlib
 import datetime
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -68,6 +78,7 @@ from pathlib import Path
 import torch.distributed as dist
 
 from tailtrain.errors import UsageError
+from tailtrain.runtime import script_rank
 from tailtrain.runtime.allreduce.shrink import LAUNCHED, REJOIN, RESTART, OnRankLoss, prefix
 from tailtrain.runtime.expendable import die_with, exit_reason
 from tailtrain.runtime.launch import (
@@ -86,8 +97,8 @@ STOP_GRACE = 10.0
 #: what the launcher forwards to the ranks and then ends on (SIGHUP: its terminal closed,
 #: which would otherwise end it at once, its ranks killed by PR_SET_PDEATHSIG and no stop)
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-#: exit status after Ctrl-C (128 + SIGINT), as ``tailtrain train``'s
-INTERRUPTED = 130
+#: exit status after Ctrl-C (128 + SIGINT), as ``tailtrain train``'s and a launched rank's
+INTERRUPTED = script_rank.INTERRUPTED
 
 
 class RankState(StrEnum):
@@ -137,6 +148,8 @@ class LaunchOutcome:
     states: dict[int, RankState] = field(default_factory=dict)
     failure: str | None = None
     interrupted: bool = False
+    #: a rank's one line on bad input (its arguments, a UsageError): the CLI's exit 2
+    refused: str | None = None
 
 
 def check_launch(
@@ -211,6 +224,8 @@ def launch_script(plan: LaunchPlan) -> LaunchOutcome:
         **{LAUNCHED: str(plan.on_rank_loss)},
     )
     notes = dist.PrefixStore(prefix(env), store)  # the shrink protocol's keys
+    said = Path(tempfile.mkdtemp(prefix="tailtrain-launch-"))  # the ranks' one lines
+    env[script_rank.NOTES] = str(said)
     parent = os.getpid()
     ranks = []
     asked: list[int] = []
@@ -220,8 +235,8 @@ def launch_script(plan: LaunchPlan) -> LaunchOutcome:
         mine = dict(env, RANK=str(r), LOCAL_RANK=str(r))
         if restarts:  # it joins the live ranks instead of the job's (broken) group
             mine.update({RESTART: str(restarts), REJOIN: "1"})
-        return subprocess.Popen(
-            [sys.executable, str(plan.script), *plan.args],
+        return subprocess.Popen(  # the script as `python script.py` runs it (script_rank)
+            [sys.executable, "-m", script_rank.__name__, str(plan.script), *plan.args],
             env=mine,
             process_group=0,  # a terminal's Ctrl-C reaches it once: from us
             preexec_fn=lambda: die_with(parent),
@@ -231,11 +246,12 @@ def launch_script(plan: LaunchPlan) -> LaunchOutcome:
         for r in range(plan.nproc):
             ranks.append(Rank(r, start(r)))
         again = Restarts(plan.restart_lost, start) if plan.restart_lost else None
-        return watch(ranks, plan.on_rank_loss, notes, asked, plan.timeout, again)
+        return watch(ranks, plan.on_rank_loss, notes, asked, plan.timeout, again, said)
     finally:
         stop(ranks, signal.SIGTERM)
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+        shutil.rmtree(said, ignore_errors=True)
 
 
 def watch(
@@ -245,14 +261,19 @@ def watch(
     asked: list[int],
     timeout: float = 300.0,
     again: Restarts | None = None,
+    said: Path | None = None,
 ) -> LaunchOutcome:
     """Poll the ranks until none runs (module docstring); a rank still running ``timeout``
-    seconds after another finished is stopped (a hung rank the survivors left behind)."""
+    seconds after another finished is stopped (a hung rank the survivors left behind).
+    ``said``: the folder where a rank that ends on bad input or a crash leaves its one line
+    (``runtime.script_rank``); bad input stops the job, under shrink too."""
     outcome = LaunchOutcome()
     first_done: float | None = None
     while any(r.state is RankState.RUNNING for r in ranks):
         if asked:  # Ctrl-C: forward it once and wait for them
             outcome.interrupted = True
+            if said is not None:  # a rank whose peer left on it ends silent (script_rank)
+                (said / script_rank.INTERRUPTED_MARK).touch()
             stop(ranks, asked[0])
             break
         if first_done is not None and time.monotonic() > first_done + timeout:
@@ -268,6 +289,13 @@ def watch(
             if r.state is not RankState.RUNNING or (code := r.process.poll()) is None:
                 continue
             r.why = exit_reason(_status(code))
+            note = script_rank.take_note(said, r.rank) if said is not None and code else None
+            if note is not None and note["kind"] == script_rank.USAGE:
+                outcome.refused = note["line"]  # every rank finds it: said once, status 2
+                stop(ranks, signal.SIGTERM)
+                break
+            if note is not None:  # a crash: its exception's last line names the cause
+                r.why = f"{note['line']}; {r.why}"
             # asked before its status: a loop that catches Refused exits 0, and a rank told to
             # leave must not start the clock that stops the survivors still training
             if notes.check([f"left/{r.rank}"]):
@@ -294,7 +322,7 @@ def watch(
                 break
         time.sleep(WATCH_POLL)
     outcome.states = {r.rank: r.state for r in ranks}
-    if outcome.interrupted:
+    if outcome.interrupted or outcome.refused is not None:
         return outcome
     if outcome.failure is None:
         outcome.failure = judged(ranks)
