@@ -106,12 +106,6 @@ RAW_ROLE = re.compile(r":(?:func|class|meth|data|mod|attr|obj|exc):<code>")
 TRACKER = re.compile(r"\b[Ii]ssues? \d+|(?<![&\w])#\d+\b")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="docstrings of tailtrain.integrate (StragglerStep, ShareSampler, StragglerHookState, "
-    "weighted_allreduce_hook, StragglerProbe) still hold Sphinx roles; convert them, then drop "
-    "this mark",
-)
 @pytest.mark.timeout(180)
 def test_rendered_pages_hold_no_raw_roles_nor_tracker_references(site):
     """What the site shows a reader: cross-references render as links, and nothing points at

@@ -1,24 +1,27 @@
 """Adopt a tailtrain strategy in your own PyTorch training loop.
 
-* :class:`StragglerStep`: a training-loop step that owns the micro-batch loop, the threshold,
-  the weighted allreduce and the rule (``sync``, ``dropcompute``, ``local-sgd``, ``rebalance``).
-* :class:`ShareSampler`: deals each step's global batch to the ranks by ``rebalance``'s
-  shares, for a :class:`StragglerStep` (every sample of an epoch once).
-* :class:`StragglerHookState` and :func:`weighted_allreduce_hook`: DropCompute for a job that
-  keeps ``DistributedDataParallel`` (a comm hook, ``no_sync`` accumulation).
+* [`StragglerStep`][tailtrain.StragglerStep]: a training-loop step that owns the micro-batch loop,
+  the threshold, the weighted allreduce and the rule (``sync``, ``dropcompute``, ``local-sgd``,
+  ``rebalance``).
+* [`ShareSampler`][tailtrain.ShareSampler]: deals each step's global batch to the ranks by
+  ``rebalance``'s shares, for a [`StragglerStep`][tailtrain.StragglerStep] (every sample of an epoch
+  once).
+* [`StragglerHookState`][tailtrain.StragglerHookState] and
+  [`weighted_allreduce_hook`][tailtrain.weighted_allreduce_hook]: DropCompute for a job that keeps
+  ``DistributedDataParallel`` (a comm hook, ``no_sync`` accumulation).
 * ``rebalance_loader``, ``ShareBatchSampler`` and ``sample_weighted_hook``: per-rank batch
   shares for a ``DistributedDataParallel`` job with a ``DistributedSampler``, each rank weighted
   by its samples so the update is the global batch's mean (``integrate.share_loader``).
 
-* :class:`StragglerProbe`: measures any loop (a DDP job by gradient hooks) and names the slow
-  ranks, writing the trace ``tailtrain advise`` reads.
+* [`StragglerProbe`][tailtrain.StragglerProbe]: measures any loop (a DDP job by gradient hooks) and
+  names the slow ranks, writing the trace ``tailtrain advise`` reads.
 
 The first two drive the simulator's own rule objects (``tailtrain.runtime.control``) and return a
-:class:`StepRecord` per round: who took part, with which weight, under which threshold.
+``StepRecord`` per round: who took part, with which weight, under which threshold.
 
 ``StragglerStep(..., on_rank_loss="shrink")``, started by ``tailtrain launch --nproc-per-node N
 --on-rank-loss shrink script.py``, goes on without a rank that dies or hangs (``integrate.step``);
-a rank the survivors went on without raises :class:`Refused`; the DDP hook refuses shrinking
+a rank the survivors went on without raises ``Refused``; the DDP hook refuses shrinking
 in one line (DDP holds its process group).
 """
 

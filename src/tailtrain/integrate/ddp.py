@@ -9,7 +9,7 @@
             optimizer.step()
         optimizer.zero_grad()
 
-:meth:`StragglerHookState.micro_batches` runs a round of ``tailtrain.integrate.rounds``: it
+``micro_batches`` runs a round of ``tailtrain.integrate.rounds``: it
 yields micro-batches inside ``ddp_model.no_sync()`` (gradients accumulate locally) while the
 threshold allows, all-gathers the counts and times and takes the rule's weights, and then lets
 DDP reduce. DDP reduces only in a backward that its forward armed, and which micro-batch is a
@@ -18,16 +18,16 @@ rank's last is known only after it ran; so the round ends with DDP's own pre- an
 that touches every parameter, and its backward fires the hook on every bucket with the
 accumulated gradients. That backward computes nothing but zeros.
 
-:func:`weighted_allreduce_hook` reduces ``[w_n G_n, w_n, withheld, non-finite]`` per bucket,
-G_n = (bucket) / C_n the mean over the rank's counted micro-batches, and returns
-``lr_scale * sum_n w_n G_n / divisor`` (DropCompute Eq. (1) under its weights). It is
+[`weighted_allreduce_hook`][tailtrain.weighted_allreduce_hook] reduces ``[w_n G_n, w_n, withheld,
+non-finite]`` per bucket, G_n = (bucket) / C_n the mean over the rank's counted micro-batches, and
+returns ``lr_scale * sum_n w_n G_n / divisor`` (DropCompute Eq. (1) under its weights). It is
 asynchronous (``torch.futures``), hence its own small allreduce rather than
-``runtime.reduce.Collectives.weighted_sum``. Local-SGD averages models, not gradients, so it
-has no hook: use :class:`tailtrain.integrate.StragglerStep`.
+``runtime.reduce.Collectives.weighted_sum``. Local-SGD averages models, not gradients, so it has no
+hook: use [`StragglerStep`][tailtrain.StragglerStep].
 
-Under a :class:`~tailtrain.integrate.StragglerProbe` that watches the DDP model
+Under a [`StragglerProbe`][tailtrain.StragglerProbe] that watches the DDP model
 (``probe.watch(ddp_model)``, which registers the model in ``integrate.probe``'s weak table:
-:func:`~tailtrain.integrate.probe.watching`), :meth:`StragglerHookState.micro_batches` runs
+``watching``), ``micro_batches`` runs
 the round's collectives (the agreement's gather, where a fast rank waits for the slow one, the
 zero backward that fires the hook, and the closing gather) inside ``probe.sync()``: the probe
 counts them as this rank's wait and not its compute, ignores the zero backward's gradient
@@ -70,15 +70,16 @@ class _Pending:
 
 
 class StragglerHookState:
-    """The state of :func:`weighted_allreduce_hook`: the rule, its state, the last round.
+    """The state of [`weighted_allreduce_hook`][tailtrain.weighted_allreduce_hook]: the rule, its
+    state, the last round.
 
     ``process_group`` should be the DDP model's (None: the default group); ``timeout`` bounds
-    the small gathers around the hook. Pickling and :meth:`state_dict` leave the process group
+    the small gathers around the hook. Pickling and ``state_dict`` leave the process group
     out (as ``torch.distributed.algorithms``' hook states do); an unpickled state uses the
     default group.
 
     ``on_rank_loss`` is ``"stop"`` only: DDP holds its process group, which no rank may leave
-    (``"shrink"`` is refused in one line: :class:`~tailtrain.integrate.StragglerStep` shrinks).
+    (``"shrink"`` is refused in one line: [`StragglerStep`][tailtrain.StragglerStep] shrinks).
     """
 
     def __init__(

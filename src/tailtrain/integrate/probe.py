@@ -33,9 +33,9 @@ with CUDA events read back once per window (no synchronisation in a step):
   reduces, backward is still computing the others, and a rank slow only in backward must show
   in its compute;
 * **samples**: the samples the rank computed: the batch's first dimension where the loader is
-  wrapped (:func:`batch_samples`: the batch if it is a tensor, else the first tensor of its
+  wrapped (``batch_samples``: the batch if it is a tensor, else the first tensor of its
   tuple, list or dict), ``probe.step(samples=n)`` otherwise, or what a remedy says it
-  computed (:meth:`StragglerProbe.note_samples`, below); unknown when none of these tells.
+  computed (``note_samples``, below); unknown when none of these tells.
 
 **Under a remedy** the probe keeps seeing (``tests/integrate/test_probe_remedy.py``: the fast
 rank's wait is the injected skew within 10% under each of these):
@@ -43,15 +43,15 @@ rank's wait is the injected skew within 10% under each of these):
 * DDP's built-in allreduce, or a comm hook in Python that reduces in DDP's backward (torch's
   ``allreduce_hook``, ``sample_weighted_hook`` behind ``rebalance_loader``): the gradient hooks
   below, as they are; the per-rank batches ``rebalance_loader`` deals are the samples.
-* :class:`~tailtrain.integrate.StragglerHookState` with ``weighted_allreduce_hook``: its
+* [`StragglerHookState`][tailtrain.StragglerHookState] with ``weighted_allreduce_hook``: its
   micro-batches run under ``no_sync`` (no wait there) and its round's collectives after them
   (the agreement's gather, where the fast rank waits, the zero backward that fires the hook,
-  the closing gather). ``watch(ddp)`` enters the model in a weak table (:func:`watching`), where
+  the closing gather). ``watch(ddp)`` enters the model in a weak table (``watching``), where
   the hook state finds the probe and runs those collectives inside ``probe.sync()``: they are
   the wait, the micro-batches the compute, and the gradient hooks mark nothing inside a sync
   section, so the zero backward is not taken for the step's gradients being ready. The hook
   state tells the probe the samples of the micro-batches computed (a cut one never is).
-* :class:`~tailtrain.integrate.StragglerStep`: ``probe.watch(step)``, and each call runs its
+* [`StragglerStep`][tailtrain.StragglerStep]: ``probe.watch(step)``, and each call runs its
   round's collectives (gather, weighted allreduce, gather) inside ``probe.sync()`` and tells
   the samples it computed, likewise. A ``sync()`` inside another is part of the outer one, so a
   ``with probe.sync():`` of yours around a call does not shift the marks (it does make the
@@ -67,7 +67,7 @@ Python on gloo's thread for every bucket, which cost about 3% of a step on a loa
 reduce nothing: all their time is compute. A step whose last-learned gradient was not produced
 (``find_unused_parameters``, a branch not taken) shows no wait (its wait counts as compute).
 
-About every ``interval`` seconds (default :data:`INTERVAL`) the ranks all-gather those four
+About every ``interval`` seconds (default ``INTERVAL``) the ranks all-gather those four
 numbers of the window's steps: one all-gather of one small tensor, issued between steps outside
 any timed section without waiting for it (``async_op``), and taken at the next step's close,
 when it has long arrived; no other collective. Waiting for it at once made every rank sit
@@ -75,9 +75,9 @@ through its round trips, which on six ranks sharing one loaded core cost 2-3% of
 at a gather every 13 steps (interleaved blocks as in ``bench/bench_detect.py --only overhead``,
 at a load of 14-18), where the probe's own CPU time is about 0.15% of a step. When to gather
 next is a number of steps every rank computes alike from the window last taken
-(:func:`window_steps`: the interval over the window's mean step, in integer microseconds, so no
+(``window_steps``: the interval over the window's mean step, in integer microseconds, so no
 rounding can set two ranks apart), hence the ranks agree without a word more; the first window
-is the steps a first verdict needs (``warmup`` + :data:`LIVE_MIN_STEPS`), taken at once. A
+is the steps a first verdict needs (``warmup`` + ``LIVE_MIN_STEPS``), taken at once. A
 cadence in seconds, not steps, keeps the cost and the verdict's delay alike for 1 ms steps and
 for 10 s steps. ``every=K`` gathers every K steps instead (reports at known steps, as tests
 want).
@@ -92,13 +92,13 @@ gives it, so a replay's T^c, the least noncompute of a step, is the slowest rank
 seconds + T^c the step; ``samples`` when every step of the run's first window knew them, a later
 step that did not is written as 0, with a warning; ``run`` the run's number), judges the last
 ``horizon`` steps (``tailtrain.persistence``, the rule ``advise`` applies to a trace: score,
-persistent / intermittent / healthy; no verdict before :data:`LIVE_MIN_STEPS` steps; seconds per
+persistent / intermittent / healthy; no verdict before ``LIVE_MIN_STEPS`` steps; seconds per
 sample when the ranks computed different samples, ``persistence.per_sample_times``, so a slow
 rank dealt a smaller share stays persistent), logs the verdicts through ``logging`` (logger
 ``tailtrain.probe``), appends them to ``verdicts.jsonl`` (each line with its ``run``) and, with
 ``tensorboard=``, logs the scores. A folder keeps its runs: a probe that finds an earlier run's
 ``trace.csv`` appends its rows as run last + 1 (rank 0 decides at its first write,
-:func:`prepare_trace`, which rewrites an earlier probe's trace without a ``run`` column once, as
+``prepare_trace``, which rewrites an earlier probe's trace without a ``run`` column once, as
 run 0, and moves a trace of other columns aside whole), so ``advise`` on the folder compares the
 job before and after a remedy. The probe changes no tensor: its hooks only read the clock. A
 report that fails (``on_report`` raising, a full disk) is logged at once and changes nothing
@@ -138,7 +138,7 @@ log = logging.getLogger("tailtrain.probe")
 #: the seconds of a probe's window, per rank and step; a last column holds its samples
 SECTIONS = ("data", "compute", "wait")
 SAMPLES = len(SECTIONS)  #: the window's column of samples per step (NaN: not known)
-#: what a probe trace's rows hold (:func:`trace_header`; ``samples`` where they are known)
+#: what a probe trace's rows hold (``trace_header``; ``samples`` where they are known)
 TRACE_COLUMNS = ("iteration", "worker", "seconds", "noncompute", "samples", "run")
 LIVE_MIN_STEPS = 8  #: fewer steps to judge (after the warm-up): no verdict yet
 INTERVAL = 2.0  #: seconds between the ranks' gathers (and rank 0's reports), by default
@@ -147,9 +147,9 @@ MAX_WINDOW = 1000  #: most steps per window (fast steps): bounds the marks held 
 
 def window_steps(window: np.ndarray, interval: float) -> int:
     """Steps until the next gather: ``interval`` over the mean wall seconds of a step in the
-    gathered ``window`` (steps x ranks x :data:`SECTIONS`; a step's wall time is the longest
+    gathered ``window`` (steps x ranks x ``SECTIONS``; a step's wall time is the longest
     over the ranks of data + compute + wait; a samples column after them is not a time), in
-    1..:data:`MAX_WINDOW`. Every rank holds the same window after the gather and computes in
+    1..``MAX_WINDOW``. Every rank holds the same window after the gather and computes in
     integer microseconds (exact on any machine), so every rank gets the same number: the
     ranks agree on the next gather without communicating."""
     seconds = np.asarray(window, dtype=np.float64)[:, :, : len(SECTIONS)]
@@ -253,7 +253,7 @@ class StragglerProbe:
     process group (None: the default, or the watched model's); ``device``: CUDA to time with
     CUDA events (``watch`` picks it for a CUDA model; NCCL then gathers the window there);
     ``tensorboard``: a folder for the scores (rank 0); ``on_report``: called on rank 0 with each
-    :class:`ProbeReport`, in order (on the probe's reporting thread, but for the first window's
+    ``ProbeReport``, in order (on the probe's reporting thread, but for the first window's
     and ``flush``'s); an error it raises is logged, and the first one is raised again by
     ``flush`` / ``close``.
 
@@ -311,7 +311,7 @@ class StragglerProbe:
         self.reported = 0  # rank 0: steps reported so far
         self.last: ProbeReport | None = None
         #: rank 0: this run's number in ``trace.csv`` and whether its rows have ``samples``,
-        #: both decided at the first write (:func:`prepare_trace`)
+        #: both decided at the first write (``prepare_trace``)
         self.run: int | None = None
         self.with_samples = False
         self._unknown_noted = False  # rank 0: a step without samples in a run with them, logged
@@ -324,9 +324,9 @@ class StragglerProbe:
     def watch(self, model: Any) -> StragglerProbe:
         """Time ``model``'s steps: a ``DistributedDataParallel`` model with gradient hooks,
         leaving its reduction as it is (its built-in allreduce or the comm hook you
-        registered; a :class:`~tailtrain.integrate.StragglerHookState` finds the probe and
+        registered; a [`StragglerHookState`][tailtrain.StragglerHookState] finds the probe and
         times its round's collectives as the wait); a
-        :class:`~tailtrain.integrate.StragglerStep` by its own collectives (module
+        [`StragglerStep`][tailtrain.StragglerStep] by its own collectives (module
         docstring)."""
         from tailtrain.integrate.step import StragglerStep  # step.py imports this module
 
@@ -573,7 +573,7 @@ class StragglerProbe:
         seconds = data + compute, noncompute = the wait (the step's wall seconds on that
         rank less its seconds, as ``train`` writes it). The run's first write decides its
         number and whether it has ``samples`` (every step of its first window known), and
-        makes room for it in the folder (:func:`prepare_trace`)."""
+        makes room for it in the folder (``prepare_trace``)."""
         assert self.out is not None
         samples = window[:, :, SAMPLES]
         if self.run is None:
@@ -729,7 +729,7 @@ def _or_nan(samples: int | None) -> float:
 
 
 def trace_header(samples: bool) -> list[str]:
-    """A probe trace's columns: :data:`TRACE_COLUMNS`, ``samples`` only where known."""
+    """A probe trace's columns: ``TRACE_COLUMNS``, ``samples`` only where known."""
     return [c for c in TRACE_COLUMNS if samples or c != "samples"]
 
 
@@ -738,7 +738,7 @@ def prepare_trace(out: Path, samples: bool) -> int:
     write): one more than the last run of ``trace.csv`` and ``verdicts.jsonl`` (a file or
     line without a ``run`` holds run 0), 0 in an empty folder. ``trace.csv`` is kept:
 
-    * with this run's columns (:func:`trace_header`): the rows are appended;
+    * with this run's columns (``trace_header``): the rows are appended;
     * lacking only ``run`` or ``noncompute`` (an earlier probe's): rewritten once with run 0
       and noncompute NaN (the format's "not recorded"), to a temporary file then
       ``os.replace``, so a crash leaves the old file or the new, whole;

@@ -4,20 +4,20 @@ The same protocol as ``tailtrain.runtime.allreduce.rounds`` (which documents it 
 the user's model doing the compute and the wall clock deciding:
 
 1. ``plan`` (``runtime.control.RuleDriver``): tau, H, the stopping convention.
-2. :meth:`Rounds.units` yields the round's micro-batches one at a time; between two of them it
+2. ``units`` yields the round's micro-batches one at a time; between two of them it
    compares the round's elapsed compute time with tau (DropCompute Algorithm 1; a unit in
    flight is never cut, so ``stop=preempt`` and ``stop=between`` differ only in ``<`` against
    ``<=``: ``strategies.dropcompute.may_start``). The seconds between a yield and the next request
    are that unit's measured time t_n^(u).
-3. :meth:`Rounds.agree` all-gathers ``[C_n, T~_n, loss sum, t_n^(1..U)]`` so that every rank
+3. ``agree`` all-gathers ``[C_n, T~_n, loss sum, t_n^(1..U)]`` so that every rank
    builds the same arrivals (``topology.allreduce.round_arrivals``), the rule's ``select`` gives
    every rank the same weights, and Algorithm 2's measured times are the same everywhere.
 4. The caller reduces ``[sum_n w_n G_n, sum_n w_n]`` (``runtime.reduce.Collectives`` or a DDP
    comm hook) and applies it.
-5. :meth:`Rounds.close` all-gathers ``[reduce seconds, round seconds]`` (T^c is the
+5. ``close`` all-gathers ``[reduce seconds, round seconds]`` (T^c is the
    smallest reduce seconds, the round's time the slowest rank's, as in ``train``:
    ``runtime.control.round_times``), calls ``adapt`` (Algorithm 2 for ``threshold=auto``)
-   and returns the round's :class:`StepRecord`.
+   and returns the round's ``StepRecord``.
 """
 
 from __future__ import annotations
@@ -180,7 +180,7 @@ class Rounds:
 
     ``micro_batches`` is sync's M, which a rule of per-rank shares (``rebalance``) deals
     N M micro-batches of each round by; ``does`` what the caller's loop deals
-    (:func:`as_strategy`)."""
+    (``as_strategy``)."""
 
     def __init__(
         self,
@@ -280,7 +280,7 @@ class Rounds:
     ) -> StepRecord:
         """Agree on T^c, the round's time and who was screened out (``screened``: this rank's
         gradient held a NaN or an infinity and joined with weight 0), ``adapt``, and record
-        the round: :meth:`timing`, then :meth:`finish`."""
+        the round: ``timing``, then ``finish``."""
         return self.finish(plan, work, agreed, self.timing(reduce, work, screened))
 
     def timing(
@@ -296,7 +296,7 @@ class Rounds:
     def finish(
         self, plan: AllreducePlan, work: RoundProgress, agreed: Agreement, timing: np.ndarray
     ) -> StepRecord:
-        """:meth:`close` after its gather: ``adapt`` and the round's record, no collective."""
+        """``close`` after its gather: ``adapt`` and the round's record, no collective."""
         comm, elapsed = round_times(timing)
         flags = timing[:, 2] > 0
         rows, arrivals = agreed.rows, agreed.arrivals

@@ -3,10 +3,10 @@
 Sync's global batch is N M micro-batches of B samples; ``rebalance`` (``strategies.rebalance``)
 has rank n compute m_n of them, sum_n m_n = N M, m_n following its measured speed. For a
 user's loop the global batch must then be drawn once for all ranks and dealt, not drawn from
-per-rank shards: :class:`ShareSampler` permutes the dataset once an epoch (the same seeded
-permutation on every rank, as ``torch.utils.data.DistributedSampler``), cuts it into global
-batches of N M B samples and deals step s's micro-batches in order (``tasks.stream.deal``, the
-simulator's and ``train``'s dealing): rank n gets the m_n after the first sum_{k<n} m_k. So
+per-rank shards: [`ShareSampler`][tailtrain.ShareSampler] permutes the dataset once an epoch (the
+same seeded permutation on every rank, as ``torch.utils.data.DistributedSampler``), cuts it into
+global batches of N M B samples and deals step s's micro-batches in order (``tasks.stream.deal``,
+the simulator's and ``train``'s dealing): rank n gets the m_n after the first sum_{k<n} m_k. So
 every sample of an epoch is computed exactly once, by whichever rank its share reaches, and no
 rank's data is under-represented however slow that rank is.
 
@@ -51,8 +51,9 @@ class ShareSampler(Sampler[list[list[int]]]):
 
     ``size``: the dataset's length; ``micro_batch_size``: B. An epoch has
     ``size // (N M B)`` steps; the last ``size mod (N M B)`` samples of its permutation wait
-    for the next epoch's (``drop_last``). Call :meth:`set_epoch` before each epoch. Under a
-    rule without shares every rank gets M micro-batches of its own: sync's global batch.
+    for the next epoch's (``drop_last``). Call [`set_epoch`][tailtrain.ShareSampler.set_epoch]
+    before each epoch. Under a rule without shares every rank gets M micro-batches of its own:
+    sync's global batch.
     """
 
     def __init__(

@@ -230,10 +230,10 @@ def rebalance_loader(
 
 
 class SharedLoader(DataLoader):
-    """The loader :func:`rebalance_loader` returns: a ``DataLoader`` whose ``sampler`` is still
-    the user's ``DistributedSampler``, so a loop that calls ``loader.sampler.set_epoch(epoch)``
-    (PyTorch's DDP tutorial does) keeps working; the batch sampler deals, and reads the epoch
-    from it."""
+    """The loader [`rebalance_loader`][tailtrain.rebalance_loader] returns: a ``DataLoader`` whose
+    ``sampler`` is still the user's ``DistributedSampler``, so a loop that calls
+    ``loader.sampler.set_epoch(epoch)`` (PyTorch's DDP tutorial does) keeps working; the batch
+    sampler deals, and reads the epoch from it."""
 
     @property  # type: ignore[override]
     def sampler(self) -> Sampler[int]:

@@ -22,8 +22,8 @@ the optimizer steps on the result:
 
 ``rebalance`` (give ``micro_batches=M``, sync's micro-batches per rank and step) deals sync's
 global batch of N M micro-batches to the ranks by shares that follow their measured speed:
-each call takes this rank's share, :attr:`StragglerStep.wants` (and the returned record's
-``wants``: the next call's), and :class:`~tailtrain.integrate.sampler.ShareSampler` draws
+each call takes this rank's share, ``wants`` (and the returned record's
+``wants``: the next call's), and [`ShareSampler`][tailtrain.ShareSampler] draws
 exactly that many from your dataset, every sample once an epoch::
 
     step = StragglerStep(model, optimizer, "rebalance", micro_batches=M)
@@ -43,7 +43,7 @@ step, so momentum or weight decay move nothing (under H > 1 the parameters retur
 round's start), as ``train``'s parameters stay (``topology.allreduce.step_row``).
 Ranks start from rank 0's parameters and buffers (broadcast once, as DDP does).
 
-Under a :class:`~tailtrain.integrate.StragglerProbe` that watches the step
+Under a [`StragglerProbe`][tailtrain.StragglerProbe] that watches the step
 (``probe.watch(step)``, then ``for micro_batches in probe.batches(loader): step(...)``), a
 call runs its round's collectives (the agreement's gather, the weighted allreduce, the
 closing gather) inside ``probe.sync()``: the probe counts them as this rank's wait and the
@@ -53,20 +53,20 @@ micro-batches computed as the step's ``samples``.
 **Losing a rank** (``on_rank_loss="shrink"``, under ``tailtrain launch --on-rank-loss shrink``,
 ``runtime.scripts``; the default ``"stop"`` leaves a dead rank's peers failing in their next
 collective, as DDP's do). Every collective of a call is watched (``runtime.allreduce.shrink``:
-:class:`~tailtrain.runtime.allreduce.shrink.Watch`, the learned
-:class:`~tailtrain.runtime.allreduce.shrink.Deadline` over the seconds from one call's end to
+``Watch``, the learned
+``Deadline`` over the seconds from one call's end to
 the next, so the loop's own work between calls counts; at most ``timeout``). When a rank dies
 or stays silent past the deadline, the survivors run ``train``'s protocol, the same
-:class:`~tailtrain.runtime.allreduce.shrink.Shrinker`: CENSUS, FORMING (a fresh gloo group,
+``Shrinker``: CENSUS, FORMING (a fresh gloo group,
 generation g + 1, over the launcher's store), SYNCING from the lead survivor, the one that
 completed the most rounds (the lowest rank among equals): the model's ``state_dict``, the
-optimizer's, the rule's (:meth:`Rounds.state_dict`) and the deadline's rounds seen. The rule
+optimizer's, the rule's (``state_dict``) and the deadline's rounds seen. The rule
 follows the live world (``RuleDriver.followed``: ``Strategy.follow_world`` with the L live
 ranks; a rule that cannot, ``Strategy.follow_refusal``, or one of per-rank shares, whose
 redone round would need another draw from the loader, is refused in one line at
 construction). No rank is special: the store lives in the launcher, so rank 0 may die too.
 
-A call's round (:class:`StepCall`, the states of a call) applies its update only after its
+A call's round (``StepCall``, the states of a call) applies its update only after its
 last collective (``Rounds.timing``), so a round is complete on a rank or not begun at all
 there, and one rank is at most one round ahead of another. When a round breaks, the call:
 
@@ -83,20 +83,20 @@ So the loop does not change: one call, one record, ``record.step`` the call's in
 dead rank's shard is skipped (the same per-rank batch: the global batch is the L live ranks'
 batches), and ``record.live`` says whose ``completed`` and ``weights`` these are. A rank that
 hung past the deadline and woke is not taken back: its call raises
-:class:`~tailtrain.runtime.allreduce.shrink.Refused` (the survivors went on without it), and
+``Refused`` (the survivors went on without it), and
 the launcher logs that it left. After a shrink the default process group is broken: leave
 the loop without collectives of your own (``dist.destroy_process_group()`` is fine).
 
 **Healing** (``tailtrain launch ... --restart-lost N``): a rank that died is started again with
 ``TAILTRAIN_RESTART`` in its environment; its script skips ``dist.init_process_group`` (the
 job's group is broken) and its ``StragglerStep`` skips rank 0's broadcast: it asks to join
-(JOINING, :meth:`Shrinker.join`) in the constructor. The lowest member looks for requests
-(:meth:`Shrinker.joins_waiting`) before a call's last gather (``Rounds.timing``'s ``asks``
+(JOINING, ``join``) in the constructor. The lowest member looks for requests
+(``joins_waiting``) before a call's last gather (``Rounds.timing``'s ``asks``
 column), so every member learns it in the same call and, after that call's round completed
-(a step boundary), GROWS (:meth:`Shrinker.grow`): generation g + 1 of the members and the
-joiner, synced from the lead as after a shrink (:meth:`StragglerStep._sync`: model,
+(a step boundary), GROWS (``grow``): generation g + 1 of the members and the
+joiner, synced from the lead as after a shrink (``_sync``: model,
 optimizer, rule state, deadline, latest record). The joiner's constructor returns then, and
-its loop goes on from :attr:`StragglerStep.next_step`; every rank's next record names it
+its loop goes on from ``next_step``; every rank's next record names it
 (``record.rejoined``). A rank that asks after the first rank finished is refused (the
 launcher sets ``finished``) and leaves. A pause
 of one rank between two calls longer than the learned deadline (at least 1 s) reads as a
@@ -174,7 +174,7 @@ class StragglerStep:
     """Runs one round per call on ``process_group`` (None: the default group).
 
     ``timeout`` bounds each of its collectives (None: the group's own timeout). Every call
-    returns the round's :class:`StepRecord` (who took part, with which weight, under which tau).
+    returns the round's ``StepRecord`` (who took part, with which weight, under which tau).
     ``micro_batches`` is sync's M, which ``rebalance`` needs (module docstring).
     ``on_rank_loss="shrink"`` goes on without a rank that dies or hangs (module docstring;
     under ``tailtrain launch --on-rank-loss shrink``); ``"stop"``, the default, does not.
@@ -216,7 +216,7 @@ class StragglerStep:
             broadcast_from_first(model, process_group)
         #: the shrink protocol's part of this rank (None: ``on_rank_loss="stop"``)
         self.shrinker: Shrinker | None = None
-        #: the state of the call in flight (:class:`StepCall`)
+        #: the state of the call in flight (``StepCall``)
         self.call = StepCall.COMPLETED
         #: the latest record (a lead hands it to the ranks its shrink finds behind)
         self.last: StepRecord | None = None
@@ -245,7 +245,7 @@ class StragglerStep:
                 self._heal(join=True)
 
     def __call__(self, micro_batches: Sequence[Any], loss_fn: Callable[[Any], torch.Tensor]):
-        """One round over ``micro_batches``; returns its :class:`StepRecord`. Under
+        """One round over ``micro_batches``; returns its ``StepRecord``. Under
         ``on_rank_loss="shrink"`` a round a lost rank broke is the lead's or redone (module
         docstring)."""
         batches = list(micro_batches)
