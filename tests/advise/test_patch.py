@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import tailtrain
-from tailtrain.advice.adopt import adoption
+from tailtrain.advice.adopt import adoption, probe_adoption
 from tailtrain.advice.patch import apply_edits, unified_diff
 from tailtrain.errors import UsageError
 
@@ -101,7 +101,25 @@ def test_rebalance_inserts_the_two_lines_after_the_loader_and_the_ddp_model(shap
     lines = patched.splitlines()
     at = {text: next(i for i, line in enumerate(lines) if line.strip() == text) for text in added}
     assert at[added[1]] < at[added[2]]  # the hook holds the rebalanced loader's sampler
-    assert lines[at[added[1]] - 1].strip().startswith(f"{loader} = DataLoader(")
+    assigned = "train_data" if shape == "trainer" else "DataLoader("  # the tutorial's helper
+    assert lines[at[added[1]] - 1].strip().startswith(f"{loader} = {assigned}")
+
+
+@pytest.mark.parametrize("strategy", ["rebalance", "dropcompute"])
+def test_the_probes_lines_then_the_remedy_apply_to_the_tutorial_shape(strategy):
+    # the README's loop: paste the probe, advise, paste the remedy into the probed script;
+    # the probe lives beside the DDP model, as the hook state does, so every method sees it
+    source = (LOOPS / "trainer.py").read_text()
+    probed = apply_edits(source, probe_adoption("runs/probe").edits())
+    assert '        self.probe = StragglerProbe("runs/probe").watch(self.model)' in probed
+    assert "for source, targets in self.probe.batches(self.train_data):" in probed
+    patched = apply_edits(probed, edits(strategy, "trainer"))
+    compile(patched, "trainer", "exec")
+    if strategy == "rebalance":
+        assert "self.train_data = rebalance_loader(self.train_data, shares=[24, 8])" in patched
+    else:
+        assert "in self.state.micro_batches(self.model, list(zip(source.chunk(4)" in patched
+    assert "self.probe.batches(self.train_data)" in patched
 
 
 def test_the_hook_goes_after_the_rebalanced_loader_when_ddp_comes_first():

@@ -53,14 +53,21 @@ NAMES = ("model", "ddp", "optimizer", "micro_batches", "loss_fn", "dataset", "co
 CANONICAL = ("loader", "ddp", "optimizer", "model", "loss", "x", "y", "sampler")
 #: the first top-level import (not ``__future__``): the imports go after it
 IMPORT_ANCHOR = r"^(?:import|from)[ \t]+(?!__future__\b)\S"
-#: ``loader = DataLoader(...)`` (``self.train_data = torch.utils.data.DataLoader(...)``)
-LOADER_ANCHOR = r"^[ \t]*(?P<loader>[\w.]+)[ \t]*=[ \t]*(?:[\w.]+\.)?DataLoader\("
+#: the first assignment of the loader the step's batches come from (bound by
+#: :data:`BATCH_ANCHOR`): ``loader = DataLoader(...)``, or the DDP tutorial's
+#: ``self.train_data = train_data`` with the ``DataLoader`` built in a helper
+LOADER_ANCHOR = r"^[ \t]*loader[ \t]*=(?!=)"
 #: ``ddp = DDP(model, ...)`` or ``DistributedDataParallel(...)``
 DDP_ANCHOR = r"^[ \t]*(?P<ddp>[\w.]+)[ \t]*=[ \t]*(?:[\w.]+\.)?(?:DistributedDataParallel|DDP)\("
-#: the step's batch: ``for x, y in loader:`` (or ``enumerate(loader)``)
+#: the step's batch: ``for x, y in loader:`` (or ``enumerate(loader)``, or the probe's
+#: ``probe.batches(loader)``); binds ``x``, ``y`` and the loader
 BATCH_ANCHOR = (
     r"^[ \t]*for[ \t]+(?:\w+[ \t]*,[ \t]*\(?)?\(?(?P<x>\w+)[ \t]*,[ \t]*(?P<y>\w+)\)?\)?"
-    r"[ \t]+in[ \t]+(?:enumerate\()?loader\b"
+    r"[ \t]+in[ \t]+(?:enumerate\()?(?:[\w.]*probe\.batches\()?(?P<loader>[\w.]+)\b"
+)
+#: the loop header the probe wraps: ``for x, y in loader:`` (its two names kept)
+PROBED_ANCHOR = (
+    r"^[ \t]*for[ \t]+(?P<x>\w+)[ \t]*,[ \t]*(?P<y>\w+)[ \t]+in[ \t]+(?P<loader>[\w.]+)[ \t]*:"
 )
 #: the step's forward through its backward, lines at one indentation: wrapped per micro-batch
 STEP_ANCHOR = (
@@ -130,6 +137,7 @@ def ddp_rebalance(spec: str, shares: tuple[int, ...]) -> Adoption:
         (),
         edit_list=(
             _import(names),
+            _edit(BATCH_ANCHOR, [], "loader"),  # binds only: the loader the batches come from
             _edit(LOADER_ANCHOR, [deal], "loader"),
             _edit(DDP_ANCHOR, [hook], "ddp"),
         ),
@@ -166,8 +174,7 @@ def ddp_dropcompute(spec: str, m: int) -> Adoption:
         edit_list=(
             _import(names),
             _edit(DDP_ANCHOR, state, "ddp"),
-            _edit(LOADER_ANCHOR, [], "loader"),  # binds only: the batch is drawn from it
-            _edit(BATCH_ANCHOR, [], "x"),  # binds x and y, the batch split below
+            _edit(BATCH_ANCHOR, [], "x"),  # binds x, y and the loader: the batch split below
             _edit(
                 STEP_ANCHOR,
                 [split, "    \\g<body>"],
@@ -177,6 +184,27 @@ def ddp_dropcompute(spec: str, m: int) -> Adoption:
                 why=ACCUMULATION,
             ),
             _edit(OPTIMIZER_ANCHOR, guard, "optimizer", "replace"),
+        ),
+    )
+
+
+def probe_adoption(out_dir: str = "runs/probe") -> Adoption:
+    """The probe's two lines in a DDP job with a loader (the README's "measure" step), as
+    lines and as edits for ``advice.patch.apply_edits``: the probe watches the DDP model and
+    wraps the loop's loader."""
+    watch = f'probe = StragglerProbe("{out_dir}").watch(ddp)'
+    loop = "for x, y in probe.batches(loader):"
+    return Adoption(
+        "ddp",
+        "probe",
+        ("from tailtrain import StragglerProbe",),
+        (f"{watch}  # after ddp = DDP(model)",),
+        (f"{loop}  # was: for x, y in loader:",),
+        each="the loop over the loader",
+        edit_list=(
+            _import("StragglerProbe"),
+            _edit(DDP_ANCHOR, [watch], "ddp"),
+            _edit(PROBED_ANCHOR, [loop], "loader", "replace"),
         ),
     )
 

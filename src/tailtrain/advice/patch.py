@@ -14,7 +14,7 @@ in order, and ``advise --patch SCRIPT`` prints the unified diff. Each edit:
   the lines the match spans, ``\g<name>`` standing for a group's text (its further lines
   keep their indentation relative to its first).
 * ``lines`` use canonical names, renamed to the script's; a name the edits introduce
-  (``state``) lives where the DDP model does (``self.state`` beside ``self.model``).
+  (``state``, ``probe``) lives where the DDP model does (``self.state`` beside ``self.model``).
 * ``unless`` / ``why``: a regex a shape the edit cannot change contains, and why (one line).
 
 Everything that does not fit is a one-line :class:`~tailtrain.errors.UsageError`.
@@ -32,8 +32,10 @@ from tailtrain.advice.adopt import CANONICAL
 from tailtrain.errors import UsageError
 
 #: names the edits introduce, placed beside the object they belong to (module docstring)
-INTRODUCED = {"state": "ddp"}
+INTRODUCED = {"state": "ddp", "probe": "ddp"}
 _GROUP = re.compile(r"\\g<(\w+)>")
+#: a string literal of a printed line (no escapes in the lines advise prints)
+_STRING = re.compile(r"(\"[^\"]*\"|'[^']*')")
 
 
 def _token(name: str) -> re.Pattern[str]:
@@ -42,9 +44,18 @@ def _token(name: str) -> re.Pattern[str]:
 
 
 def _renamed(text: str, names: dict[str, str], regex: bool = False) -> str:
+    """``text`` with each bound canonical name as the script's own; in a line of code
+    (``regex`` False) string literals keep their text (``"runs/probe"``)."""
+    if regex:
+        return _substitute(text, {name: re.escape(own) for name, own in names.items()})
+    parts = _STRING.split(text)  # odd parts are the literals
+    return "".join(p if i % 2 else _substitute(p, names) for i, p in enumerate(parts))
+
+
+def _substitute(text: str, names: dict[str, str]) -> str:
     for name, own in names.items():
         if own != name:
-            text = _token(name).sub((re.escape(own) if regex else own).replace("\\", "\\\\"), text)
+            text = _token(name).sub(own.replace("\\", "\\\\"), text)
     return text
 
 

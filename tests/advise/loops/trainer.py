@@ -1,5 +1,6 @@
 """A DDP job shaped like PyTorch's multi-GPU tutorial: a Trainer holding its model, optimizer
-and loader as attributes, one batch per step."""
+and loader as attributes, one batch per step; the loader is built in a helper and handed in,
+and DDP wraps the attribute in place (``self.model = DDP(self.model)``), as the tutorial does."""
 
 import os
 import sys
@@ -13,10 +14,11 @@ from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 
 class Trainer:
-    def __init__(self, model, data, optimizer):
-        self.train_data = DataLoader(data, batch_size=16, sampler=DistributedSampler(data, seed=0))
-        self.model = DDP(model)
+    def __init__(self, model, train_data, optimizer):
+        self.model = model
+        self.train_data = train_data
         self.optimizer = optimizer
+        self.model = DDP(self.model)
         self.steps = 0
 
     def _run_batch(self, source, targets):
@@ -37,13 +39,17 @@ class Trainer:
             self._run_epoch(epoch)
 
 
+def prepare_dataloader(data):
+    return DataLoader(data, batch_size=16, sampler=DistributedSampler(data, seed=0))
+
+
 def main() -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     torch.manual_seed(0)
     data = TensorDataset(torch.randn(128, 4), torch.randn(128, 2))
     model = nn.Linear(4, 2)
-    trainer = Trainer(model, data, torch.optim.SGD(model.parameters(), lr=0.1))
+    trainer = Trainer(model, prepare_dataloader(data), torch.optim.SGD(model.parameters(), lr=0.1))
     trainer.train(2)
     torch.save({"model": model.state_dict(), "steps": trainer.steps},
                os.path.join(sys.argv[1], f"rank{dist.get_rank()}.pt"))  # fmt: skip
