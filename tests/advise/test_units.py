@@ -75,3 +75,17 @@ def test_micro_batches_on_a_per_step_trace_is_no_longer_refused(straggler):
     found = advise(path, setup="ddp", samples=400, micro_batches=4)
     assert any("per-step trace" in note for note in found.notes)
     assert all(r.micro_batches in (None, 4) for r in found.ranked)
+
+
+def test_a_step_with_an_unknown_count_keeps_the_verdict_per_sample(tmp_path):
+    """advise judges by the probe's one normalisation (``persistence.per_sample_times``): a
+    step the probe wrote with 0 samples (a count it did not know) is left out, not a reason
+    to judge the rebalanced job per step, where its slow rank looks healthy."""
+    path = probe_trace(tmp_path / "trace.csv", runs=((48, 16),))
+    trace = read_trace(path)
+    trace.samples[(trace.iteration == 5) & (trace.worker == 0)] = 0
+    rows = np.column_stack([trace.iteration, trace.worker, trace.seconds, trace.noncompute,
+                            trace.samples, trace.run])  # fmt: skip
+    write_trace_rows(path, rows, False, noncompute=True, samples=True, run=True)
+    found = advise(path, setup="ddp", samples=200)
+    assert [s.verdict for s in found.stragglers] == ["healthy", "persistent"]

@@ -49,7 +49,7 @@ from numpy.typing import NDArray
 
 from tailtrain.delays.trace import Trace, write_trace_rows
 from tailtrain.errors import UsageError
-from tailtrain.persistence import Slowness
+from tailtrain.persistence import Slowness, per_sample_times
 
 #: micro-batch counts DropCompute is priced at on a per-step trace (those dividing B)
 CANDIDATE_M = (2, 4, 8)
@@ -143,11 +143,10 @@ def measured_rate(trace: Trace) -> tuple[float, float, int]:
 def verdict_times(trace: Trace) -> NDArray[np.float64]:
     """t[i, n] that verdicts judge: seconds per sample where the ranks' samples differ (a
     rebalanced job: its slow rank computes fewer samples in the same time and stays slow),
-    else each step's seconds."""
+    else each step's seconds; by ``persistence.per_sample_times``, the rule the probe's live
+    verdicts apply."""
     seconds, _, _, samples = step_table(trace)
-    if samples is None or np.all(samples == samples[:, :1]) or (samples <= 0).any():
-        return seconds
-    return seconds / samples
+    return per_sample_times(seconds, samples)[0]
 
 
 @dataclass(frozen=True)
