@@ -89,3 +89,37 @@ def test_a_step_with_an_unknown_count_keeps_the_verdict_per_sample(tmp_path):
     write_trace_rows(path, rows, False, noncompute=True, samples=True, run=True)
     found = advise(path, setup="ddp", samples=200)
     assert [s.verdict for s in found.stragglers] == ["healthy", "persistent"]
+
+
+def test_the_rebalanced_step_is_each_recorded_steps_slowest_share():
+    """Each recorded step rebalanced: max_n b_n t_n of that step's per-sample times (its
+    ranks slow together on odd steps), not shares cut from streams that mix steps."""
+    from tailtrain.advice.units import rebalance_shares
+    from tailtrain.delays.trace import Trace
+
+    c, steps = 1e-3, 40
+    per = np.array([[1.0, 3.0], [2.0, 6.0]] * (steps // 2)) * c  # seconds per sample
+    found = rebalance_shares(
+        Trace(
+            np.repeat(np.arange(steps), 2),
+            np.tile([0, 1], steps),
+            None,
+            (per * 32).ravel(),
+            samples=np.full(2 * steps, 32),
+        ),
+        comm=0.004,
+    )
+    assert tuple(found.shares) == (48, 16)
+    assert found.iteration_time == pytest.approx((48 + 96) / 2 * c + 0.004)
+
+
+def test_a_short_trace_with_a_dominant_share_still_gets_a_forecast():
+    from tailtrain.advice.units import rebalance_shares
+    from tailtrain.delays.trace import Trace
+
+    per = np.tile([0.001, 0.1, 0.1, 0.1], 2)  # 4 ranks, 2 steps, rank 0 100x faster
+    trace = Trace(np.repeat([0, 1], 4), np.tile(np.arange(4), 2), None, per * 16,
+                  samples=np.full(8, 16))  # fmt: skip
+    found = rebalance_shares(trace, comm=0.0)
+    assert found.shares.max() > 2 * 64 // 4  # more than two recorded steps' worth
+    assert np.isfinite(found.iteration_time)

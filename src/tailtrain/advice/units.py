@@ -26,9 +26,9 @@ Two rows are priced here from the per-step trace, with the project's rules:
 
 * **rebalance for a DDP job** (:func:`rebalance_shares`): t_n = rank n's seconds per sample
   (median over steps), shares b_n = ``strategies.rebalance.optimal_shares(t, N B, 1)``, the
-  one rule; its step replayed by ``prediction.rebalance.stepped_times`` over per-sample
-  units (rank n's seconds per sample of each step, each step's time linear in its samples),
-  plus the step's recorded T^c.
+  one rule; each recorded step i replayed with the shares, max_n b_n t_{i,n} (t_{i,n} rank
+  n's seconds per sample in that step: a step's time linear in its samples, the ranks'
+  common slow steps kept together), plus the step's recorded T^c.
 * **DropCompute at M micro-batches from a per-step trace** (:func:`split_trace`): the hook
   checks its threshold between micro-batches, so a step of one batch has nothing to cut.
   Each recorded step of rank n is split into M parts as M i.i.d. Gamma parts conditioned on
@@ -162,7 +162,6 @@ class Rebalanced:
 def rebalance_shares(trace: Trace, comm: float) -> Rebalanced | None:
     """Shares by ``optimal_shares`` on the per-sample times and their replayed step time
     with ``comm`` seconds of T^c per step; None without ``samples`` (or a rank with none)."""
-    from tailtrain.prediction.rebalance import stepped_times
     from tailtrain.strategies.rebalance import optimal_shares
 
     seconds, _, _, samples = step_table(trace)
@@ -172,10 +171,7 @@ def rebalance_shares(trace: Trace, comm: float) -> Rebalanced | None:
     t = np.median(per_step, axis=0)
     total = int(np.median(samples.sum(axis=1)))
     shares = optimal_shares(t, total, 1)
-    # each step's samples as units of its per-sample time, a step cut by the shares
-    width = int(np.ceil(total / t.size))
-    units = np.repeat(per_step[:, :, None], width, axis=2)
-    steps = stepped_times(units, shares)
+    steps = (per_step * shares).max(axis=1)  # each recorded step, dealt by the shares
     batches = [b.mean() for b in np.array_split(steps, min(_BATCHES, steps.size))]
     stderr = float(np.std(batches, ddof=1) / np.sqrt(len(batches))) if len(batches) > 1 else 0.0
     return Rebalanced(shares, t, float(steps.mean()) + comm, stderr)
