@@ -123,3 +123,17 @@ def test_a_short_trace_with_a_dominant_share_still_gets_a_forecast():
     found = rebalance_shares(trace, comm=0.0)
     assert found.shares.max() > 2 * 64 // 4  # more than two recorded steps' worth
     assert np.isfinite(found.iteration_time)
+
+
+def test_a_step_with_an_unknown_count_is_left_out_of_the_shares(tmp_path):
+    """The probe writes 0 samples for a step whose count it did not know: that step has no
+    per-sample time (as ``per_sample_times`` leaves it out), and the others still price
+    rebalance."""
+    path = probe_trace(tmp_path / "trace.csv")
+    trace = read_trace(path)
+    trace.samples[(trace.iteration == 5) & (trace.worker == 0)] = 0
+    rows = np.column_stack([trace.iteration, trace.worker, trace.seconds, trace.noncompute,
+                            trace.samples, trace.run])  # fmt: skip
+    write_trace_rows(path, rows, False, noncompute=True, samples=True, run=True)
+    found = advise(path, setup="ddp", samples=200)
+    assert found.recommendation == "rebalance" and found.choice.shares == (48, 16)

@@ -161,11 +161,17 @@ class Rebalanced:
 
 def rebalance_shares(trace: Trace, comm: float) -> Rebalanced | None:
     """Shares by ``optimal_shares`` on the per-sample times and their replayed step time
-    with ``comm`` seconds of T^c per step; None without ``samples`` (or a rank with none)."""
+    with ``comm`` seconds of T^c per step, over the steps where every rank's count is known
+    (> 0, as ``persistence.per_sample_times`` keeps them); None without ``samples`` or
+    two such steps."""
     from tailtrain.strategies.rebalance import optimal_shares
 
     seconds, _, _, samples = step_table(trace)
-    if samples is None or (samples <= 0).any() or seconds.shape[0] < 2:
+    if samples is None:
+        return None
+    kept = (samples > 0).all(axis=1)
+    seconds, samples = seconds[kept], samples[kept]
+    if seconds.shape[0] < 2:
         return None
     per_step = seconds / samples  # rank n's seconds per sample in each step
     t = np.median(per_step, axis=0)
