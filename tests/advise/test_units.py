@@ -8,6 +8,7 @@ import pytest
 from tailtrain.advice import advise
 from tailtrain.advice.units import measured_rate
 from tailtrain.delays.trace import read_trace, write_trace_rows
+from tailtrain.errors import UsageError
 from tailtrain.strategies.rebalance import optimal_shares
 
 
@@ -137,3 +138,14 @@ def test_a_step_with_an_unknown_count_is_left_out_of_the_shares(tmp_path):
     write_trace_rows(path, rows, False, noncompute=True, samples=True, run=True)
     found = advise(path, setup="ddp", samples=200)
     assert found.recommendation == "rebalance" and found.choice.shares == (48, 16)
+
+
+def test_one_micro_batch_on_a_per_step_trace_is_the_trace_itself(straggler):
+    """``--micro-batches 1`` says what a probe's trace already is (one batch a step): advised
+    as without it, DropCompute at the M it needs; 0 is refused like any M < 1."""
+    path, found = straggler
+    once = advise(path, setup="ddp", samples=400, micro_batches=1)
+    assert once.recommendation == found.recommendation
+    assert [r.micro_batches for r in once.ranked] == [r.micro_batches for r in found.ranked]
+    with pytest.raises(UsageError, match="--micro-batches must be >= 1, got 0"):
+        advise(path, setup="ddp", samples=400, micro_batches=0)
