@@ -8,6 +8,7 @@ import pytest
 from tailtrain.advice import advise
 from tailtrain.advice.units import measured_rate
 from tailtrain.delays.trace import read_trace, write_trace_rows
+from tailtrain.errors import UsageError
 from tailtrain.strategies.rebalance import optimal_shares
 
 
@@ -75,3 +76,76 @@ def test_micro_batches_on_a_per_step_trace_is_no_longer_refused(straggler):
     found = advise(path, setup="ddp", samples=400, micro_batches=4)
     assert any("per-step trace" in note for note in found.notes)
     assert all(r.micro_batches in (None, 4) for r in found.ranked)
+
+
+def test_a_step_with_an_unknown_count_keeps_the_verdict_per_sample(tmp_path):
+    """advise judges by the probe's one normalisation (``persistence.per_sample_times``): a
+    step the probe wrote with 0 samples (a count it did not know) is left out, not a reason
+    to judge the rebalanced job per step, where its slow rank looks healthy."""
+    path = probe_trace(tmp_path / "trace.csv", runs=((48, 16),))
+    trace = read_trace(path)
+    trace.samples[(trace.iteration == 5) & (trace.worker == 0)] = 0
+    rows = np.column_stack([trace.iteration, trace.worker, trace.seconds, trace.noncompute,
+                            trace.samples, trace.run])  # fmt: skip
+    write_trace_rows(path, rows, False, noncompute=True, samples=True, run=True)
+    found = advise(path, setup="ddp", samples=200)
+    assert [s.verdict for s in found.stragglers] == ["healthy", "persistent"]
+
+
+def test_the_rebalanced_step_is_each_recorded_steps_slowest_share():
+    """Each recorded step rebalanced: max_n b_n t_n of that step's per-sample times (its
+    ranks slow together on odd steps), not shares cut from streams that mix steps."""
+    from tailtrain.advice.units import rebalance_shares
+    from tailtrain.delays.trace import Trace
+
+    c, steps = 1e-3, 40
+    per = np.array([[1.0, 3.0], [2.0, 6.0]] * (steps // 2)) * c  # seconds per sample
+    found = rebalance_shares(
+        Trace(
+            np.repeat(np.arange(steps), 2),
+            np.tile([0, 1], steps),
+            None,
+            (per * 32).ravel(),
+            samples=np.full(2 * steps, 32),
+        ),
+        comm=0.004,
+    )
+    assert tuple(found.shares) == (48, 16)
+    assert found.iteration_time == pytest.approx((48 + 96) / 2 * c + 0.004)
+
+
+def test_a_short_trace_with_a_dominant_share_still_gets_a_forecast():
+    from tailtrain.advice.units import rebalance_shares
+    from tailtrain.delays.trace import Trace
+
+    per = np.tile([0.001, 0.1, 0.1, 0.1], 2)  # 4 ranks, 2 steps, rank 0 100x faster
+    trace = Trace(np.repeat([0, 1], 4), np.tile(np.arange(4), 2), None, per * 16,
+                  samples=np.full(8, 16))  # fmt: skip
+    found = rebalance_shares(trace, comm=0.0)
+    assert found.shares.max() > 2 * 64 // 4  # more than two recorded steps' worth
+    assert np.isfinite(found.iteration_time)
+
+
+def test_a_step_with_an_unknown_count_is_left_out_of_the_shares(tmp_path):
+    """The probe writes 0 samples for a step whose count it did not know: that step has no
+    per-sample time (as ``per_sample_times`` leaves it out), and the others still price
+    rebalance."""
+    path = probe_trace(tmp_path / "trace.csv")
+    trace = read_trace(path)
+    trace.samples[(trace.iteration == 5) & (trace.worker == 0)] = 0
+    rows = np.column_stack([trace.iteration, trace.worker, trace.seconds, trace.noncompute,
+                            trace.samples, trace.run])  # fmt: skip
+    write_trace_rows(path, rows, False, noncompute=True, samples=True, run=True)
+    found = advise(path, setup="ddp", samples=200)
+    assert found.recommendation == "rebalance" and found.choice.shares == (48, 16)
+
+
+def test_one_micro_batch_on_a_per_step_trace_is_the_trace_itself(straggler):
+    """``--micro-batches 1`` says what a probe's trace already is (one batch a step): advised
+    as without it, DropCompute at the M it needs; 0 is refused like any M < 1."""
+    path, found = straggler
+    once = advise(path, setup="ddp", samples=400, micro_batches=1)
+    assert once.recommendation == found.recommendation
+    assert [r.micro_batches for r in once.ranked] == [r.micro_batches for r in found.ranked]
+    with pytest.raises(UsageError, match="--micro-batches must be >= 1, got 0"):
+        advise(path, setup="ddp", samples=400, micro_batches=0)

@@ -62,3 +62,24 @@ def test_bad_input_gets_one_line_and_status_2(tmp_path, capsys, content, extra, 
     code, out, err = run(["advise", "--trace", str(path), *extra], capsys)
     assert code == 2 and out == ""
     assert message in err and err.count("\n") == 1
+
+
+def test_patch_without_edits_for_the_choice_is_one_line_not_an_empty_diff(tmp_path, capsys):
+    # a trace with micro-batches: DropCompute runs the job's own M, whose lines (a step's
+    # micro-batches to the hook) have no edits; an empty diff would read "nothing to change"
+    rng = np.random.default_rng(0)
+    rows = [
+        f"{i},{w},{m},{0.01 + rng.exponential(0.01) * (5 if rng.random() < 0.1 else 1):.9f}"
+        for i in range(80)
+        for w in range(4)
+        for m in range(4)
+    ]
+    path = tmp_path / "t.csv"
+    path.write_text("iteration,worker,micro_batch,seconds\n" + "\n".join(rows) + "\n")
+    script = tmp_path / "train.py"
+    script.write_text("import torch\n")
+    code, out, err = run(["advise", str(path), "--for", "ddp", "--json"], capsys)
+    assert code == 0 and json.loads(out)["recommendation"].startswith("dropcompute"), err
+    code, out, err = run(["advise", str(path), "--for", "ddp", "--patch", str(script)], capsys)
+    assert code == 2 and out == ""
+    assert "adopt the printed lines by hand" in err and err.count("\n") == 1

@@ -204,10 +204,14 @@ def advise(
     check_setup(setup)
     if workers is not None and workers < 1:
         raise UsageError(f"--workers must be >= 1, got {workers}")
+    if micro_batches is not None and micro_batches < 1:
+        raise UsageError(f"--micro-batches must be >= 1, got {micro_batches}")
     path = trace_file(path)  # a probe's folder too
     whole = read_trace(path)
     last = whole.of_run(whole.runs[-1])
     job = job_of(last)
+    if micro_batches == 1 and last.micro_batch is None:
+        micro_batches = None  # one batch a step: what a per-step trace records
     with TemporaryDirectory(prefix="tailtrain-advise-") as folder:
         replayed, split = path, None
         if micro_batches is not None and last.micro_batch is None and micro_batches > 1:

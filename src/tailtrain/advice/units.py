@@ -26,9 +26,9 @@ Two rows are priced here from the per-step trace, with the project's rules:
 
 * **rebalance for a DDP job** (:func:`rebalance_shares`): t_n = rank n's seconds per sample
   (median over steps), shares b_n = ``strategies.rebalance.optimal_shares(t, N B, 1)``, the
-  one rule; its step replayed by ``prediction.rebalance.stepped_times`` over per-sample
-  units (rank n's seconds per sample of each step, each step's time linear in its samples),
-  plus the step's recorded T^c.
+  one rule; each recorded step i replayed with the shares, max_n b_n t_{i,n} (t_{i,n} rank
+  n's seconds per sample in that step: a step's time linear in its samples, the ranks'
+  common slow steps kept together), plus the step's recorded T^c.
 * **DropCompute at M micro-batches from a per-step trace** (:func:`split_trace`): the hook
   checks its threshold between micro-batches, so a step of one batch has nothing to cut.
   Each recorded step of rank n is split into M parts as M i.i.d. Gamma parts conditioned on
@@ -49,7 +49,7 @@ from numpy.typing import NDArray
 
 from tailtrain.delays.trace import Trace, write_trace_rows
 from tailtrain.errors import UsageError
-from tailtrain.persistence import Slowness
+from tailtrain.persistence import Slowness, per_sample_times
 
 #: micro-batch counts DropCompute is priced at on a per-step trace (those dividing B)
 CANDIDATE_M = (2, 4, 8)
@@ -143,11 +143,10 @@ def measured_rate(trace: Trace) -> tuple[float, float, int]:
 def verdict_times(trace: Trace) -> NDArray[np.float64]:
     """t[i, n] that verdicts judge: seconds per sample where the ranks' samples differ (a
     rebalanced job: its slow rank computes fewer samples in the same time and stays slow),
-    else each step's seconds."""
+    else each step's seconds; by ``persistence.per_sample_times``, the rule the probe's live
+    verdicts apply."""
     seconds, _, _, samples = step_table(trace)
-    if samples is None or np.all(samples == samples[:, :1]) or (samples <= 0).any():
-        return seconds
-    return seconds / samples
+    return per_sample_times(seconds, samples)[0]
 
 
 @dataclass(frozen=True)
@@ -162,21 +161,23 @@ class Rebalanced:
 
 def rebalance_shares(trace: Trace, comm: float) -> Rebalanced | None:
     """Shares by ``optimal_shares`` on the per-sample times and their replayed step time
-    with ``comm`` seconds of T^c per step; None without ``samples`` (or a rank with none)."""
-    from tailtrain.prediction.rebalance import stepped_times
+    with ``comm`` seconds of T^c per step, over the steps where every rank's count is known
+    (> 0, as ``persistence.per_sample_times`` keeps them); None without ``samples`` or
+    two such steps."""
     from tailtrain.strategies.rebalance import optimal_shares
 
     seconds, _, _, samples = step_table(trace)
-    if samples is None or (samples <= 0).any() or seconds.shape[0] < 2:
+    if samples is None:
+        return None
+    kept = (samples > 0).all(axis=1)
+    seconds, samples = seconds[kept], samples[kept]
+    if seconds.shape[0] < 2:
         return None
     per_step = seconds / samples  # rank n's seconds per sample in each step
     t = np.median(per_step, axis=0)
     total = int(np.median(samples.sum(axis=1)))
     shares = optimal_shares(t, total, 1)
-    # each step's samples as units of its per-sample time, a step cut by the shares
-    width = int(np.ceil(total / t.size))
-    units = np.repeat(per_step[:, :, None], width, axis=2)
-    steps = stepped_times(units, shares)
+    steps = (per_step * shares).max(axis=1)  # each recorded step, dealt by the shares
     batches = [b.mean() for b in np.array_split(steps, min(_BATCHES, steps.size))]
     stderr = float(np.std(batches, ddof=1) / np.sqrt(len(batches))) if len(batches) > 1 else 0.0
     return Rebalanced(shares, t, float(steps.mean()) + comm, stderr)

@@ -141,10 +141,15 @@ def _read_script(path: Path, setup: str) -> str:
 
 def _diff(found: Advice, script: str, path: Path) -> str:
     """The recommendation's edits applied to ``script``, as a unified diff (empty: sync,
-    nothing to change)."""
+    nothing to change); one line where the recommendation's lines have no edits."""
     from tailtrain.advice.patch import apply_edits, unified_diff
 
     edits = [] if found.adopt is None else found.adopt.edits()
+    if not edits and found.choice.row.strategy != "sync":
+        raise UsageError(
+            f"--patch has no edits for {found.recommendation} at the trace's micro-batches "
+            "(its edits are for a loop of one batch per step): adopt the printed lines by hand"
+        )
     return unified_diff(script, apply_edits(script, edits), path.name)
 
 
