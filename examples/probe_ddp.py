@@ -9,8 +9,8 @@ its overlap kept, no comm hook) and wraps the loader, and about every 2 seconds 
 time after 10 steps, then at the end of each epoch) rank 0 logs each rank's score and verdict
 and appends to ``runs/probe/trace.csv`` (each rank's seconds, wait and samples per step). Run it
 again in the same folder (after adopting a remedy, say) and the trace keeps both runs, the new
-one as ``run`` 1. ``--slow-rank R`` makes rank R's forward 20 ms slower (a slow GPU, a noisy
-neighbour); ``--slow-ms`` sets by how much.
+one as ``run`` 1. ``--slow-rank R`` makes rank R's forward 20 ms slower per batch of 32 samples, in
+proportion to the samples it computes, as a slower GPU would be; ``--slow-ms`` sets by how much.
 """
 
 from __future__ import annotations
@@ -32,7 +32,8 @@ EPOCHS, BATCH, LR = 2, 32, 0.1
 
 
 class ToyModel(nn.Module):
-    """The DDP tutorial's model; ``delay`` seconds of extra forward time on a slow rank."""
+    """The DDP tutorial's model; ``delay`` seconds of extra forward time per batch of
+    ``BATCH`` samples on a slow rank, in proportion to the batch (a slower GPU)."""
 
     def __init__(self, delay: float = 0.0) -> None:
         super().__init__()
@@ -41,7 +42,7 @@ class ToyModel(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.delay:
-            time.sleep(self.delay)  # the injected straggler
+            time.sleep(self.delay * x.shape[0] / BATCH)  # the injected straggler
         return self.net2(self.relu(self.net1(x)))
 
 

@@ -4,6 +4,7 @@ with its API reference builds without a warning."""
 
 from __future__ import annotations
 
+import itertools
 import re
 import shlex
 import subprocess
@@ -25,10 +26,13 @@ CLI = DOCS / "cli.md"
 
 
 def commands(page: Path) -> list[list[str]]:
-    """The `tailtrain ...` commands of a page's bash blocks, continuation lines joined."""
+    """The `tailtrain ...` commands of a page's bash blocks, continuation lines joined, each
+    up to a shell redirection or pipe (the shell's, not the command's)."""
     blocks = re.findall(r"```bash\n(.*?)```", page.read_text(), flags=re.S)
     text = "\n".join(blocks).replace("\\\n", " ")
-    return [shlex.split(line)[1:] for line in text.splitlines() if line.startswith("tailtrain ")]
+    found = [shlex.split(line)[1:] for line in text.splitlines() if line.startswith("tailtrain ")]
+    shell = {">", ">>", "<", "|", "&&", ";"}
+    return [list(itertools.takewhile(lambda word: word not in shell, argv)) for argv in found]
 
 
 def test_every_strategy_has_a_page():
