@@ -9,18 +9,16 @@ and Local-SGD's average of local models. Drops are forced by a 1 s sleep against
 
 from __future__ import annotations
 
-import datetime
 import math
 import pickle
-import socket
 import time
 
 import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 import torch.nn.functional as F
+from tests.integrate.ranks import join, run_ranks
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
@@ -108,11 +106,7 @@ def refused(strategy) -> str:
 
 
 def rank_main(rank: int, port: int, folder: str) -> None:
-    torch.set_num_threads(1)
-    dist.init_process_group(
-        "gloo", f"tcp://127.0.0.1:{port}", rank=rank, world_size=N,
-        timeout=datetime.timedelta(seconds=60),
-    )  # fmt: skip
+    join(rank, port, N)
     out = {
         "sync": run_step(rank, "sync", 3, 2),
         "drop": run_step(rank, DROP, 2, 3, slow=True),
@@ -128,17 +122,10 @@ def rank_main(rank: int, port: int, folder: str) -> None:
     dist.destroy_process_group()
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
     folder = tmp_path_factory.mktemp("integrate")
-    mp.start_processes(rank_main, (free_port(), str(folder)), nprocs=N, start_method="fork")
-    return [torch.load(folder / f"rank{r}.pt", weights_only=False) for r in range(N)]
+    return run_ranks(rank_main, folder, N)
 
 
 # ---- independent references -----------------------------------------------------------------

@@ -5,9 +5,7 @@ when to gather by its default cadence in seconds (a run at ``INTERVAL_S``)."""
 
 from __future__ import annotations
 
-import datetime
 import gc
-import socket
 import time
 import weakref
 
@@ -15,8 +13,8 @@ import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 import torch.nn.functional as F
+from tests.integrate.ranks import join, run_ranks
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
@@ -112,11 +110,7 @@ def run_loop(rank: int, folder: str) -> dict:
 
 
 def rank_main(rank: int, port: int, folder: str) -> None:
-    torch.set_num_threads(1)
-    dist.init_process_group(
-        "gloo", f"tcp://127.0.0.1:{port}", rank=rank, world_size=N,
-        timeout=datetime.timedelta(seconds=60),
-    )  # fmt: skip
+    join(rank, port, N)
     out = {
         "plain": run_ddp(rank, None),
         "probe": run_ddp(rank, f"{folder}/ddp"),
@@ -131,17 +125,10 @@ def rank_main(rank: int, port: int, folder: str) -> None:
     dist.destroy_process_group()
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
     folder = tmp_path_factory.mktemp("probe")
-    mp.start_processes(rank_main, (free_port(), str(folder)), nprocs=N, start_method="fork")
-    return folder, [torch.load(folder / f"rank{r}.pt", weights_only=False) for r in range(N)]
+    return folder, run_ranks(rank_main, folder, N)
 
 
 @pytest.mark.timeout(120)

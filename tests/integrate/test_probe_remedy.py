@@ -11,7 +11,6 @@ steps after the warm-up, so a loaded machine moves them little."""
 
 from __future__ import annotations
 
-import datetime
 import json
 import time
 
@@ -19,9 +18,8 @@ import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 import torch.nn.functional as F
-from tests.integrate.test_probe import free_port
+from tests.integrate.ranks import join, run_ranks
 from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel
@@ -122,11 +120,7 @@ def run_shares(rank: int, folder: str) -> dict:
 
 
 def rank_main(rank: int, port: int, folder: str) -> None:
-    torch.set_num_threads(1)
-    dist.init_process_group(
-        "gloo", f"tcp://127.0.0.1:{port}", rank=rank, world_size=N,
-        timeout=datetime.timedelta(seconds=60),
-    )  # fmt: skip
+    join(rank, port, N)
     out = {remedy: run_remedy(rank, f"{folder}/{remedy}", remedy) for remedy in REMEDIES}
     out["again"] = run_remedy(rank, f"{folder}/builtin", "builtin")  # the same folder: run 1
     out["shares"] = run_shares(rank, f"{folder}/shares")
@@ -138,8 +132,7 @@ def rank_main(rank: int, port: int, folder: str) -> None:
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
     folder = tmp_path_factory.mktemp("remedy")
-    mp.start_processes(rank_main, (free_port(), str(folder)), nprocs=N, start_method="fork")
-    return folder, torch.load(folder / "rank0.pt", weights_only=False)
+    return folder, run_ranks(rank_main, folder, N)[0]
 
 
 @pytest.mark.timeout(180)

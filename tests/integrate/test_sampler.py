@@ -11,6 +11,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from tests.integrate.ranks import join, run_ranks
 
 from tailtrain import ShareSampler
 from tailtrain.errors import UsageError
@@ -122,7 +123,6 @@ def model() -> torch.nn.Module:
 
 
 def rank_main(rank: int, port: int, folder: str) -> None:
-    import datetime
     import time
 
     import torch.distributed as dist
@@ -130,11 +130,7 @@ def rank_main(rank: int, port: int, folder: str) -> None:
 
     from tailtrain import StragglerStep
 
-    torch.set_num_threads(1)
-    dist.init_process_group(
-        "gloo", f"tcp://127.0.0.1:{port}", rank=rank, world_size=N,
-        timeout=datetime.timedelta(seconds=60),
-    )  # fmt: skip
+    join(rank, port, N)
     net = model()
     step = StragglerStep(net, torch.optim.SGD(net.parameters(), lr=LR), SPEC, micro_batches=M)
     sampler = ShareSampler(len(X), step, micro_batch_size=B, seed=4)
@@ -175,15 +171,7 @@ def sgd_on_the_epochs_global_batches() -> torch.Tensor:
 
 @pytest.mark.timeout(120)
 def test_a_loop_with_the_sampler_moves_the_shares_and_is_sgd_on_the_global_batch(tmp_path):
-    import socket
-
-    import torch.multiprocessing as mp
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    mp.start_processes(rank_main, (port, str(tmp_path)), nprocs=N, start_method="fork")
-    ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(N)]
+    ranks = run_ranks(rank_main, tmp_path, N)
     records = ranks[0]["records"]
     assert len(records) == EPOCHS * (len(X) // (N * M * B))
     assert all(sum(r["shares"]) == N * M and r["completed"] == r["shares"] for r in records)

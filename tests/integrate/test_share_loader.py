@@ -10,19 +10,17 @@ single-process SGD on the concatenated global batch.
 
 from __future__ import annotations
 
-import datetime
 import inspect
 import pickle
-import socket
 
 import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from tests.integrate.ranks import join, run_ranks
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, DistributedSampler, IterableDataset, TensorDataset
@@ -257,11 +255,7 @@ def train_ranks(rank: int, loader: DataLoader, state, nan_rank: int | None = Non
 
 
 def rank_main(rank: int, port: int, folder: str) -> None:
-    torch.set_num_threads(1)
-    dist.init_process_group(
-        "gloo", f"tcp://127.0.0.1:{port}", rank=rank, world_size=N,
-        timeout=datetime.timedelta(seconds=60),
-    )  # fmt: skip
+    join(rank, port, N)
     data = TensorDataset(X, Y, torch.arange(SIZE))
     sampler = DistributedSampler(data, seed=SEED)
     loader = rebalance_loader(DataLoader(data, batch_size=B, sampler=sampler), SHARES)
@@ -281,17 +275,10 @@ def rank_main(rank: int, port: int, folder: str) -> None:
     dist.destroy_process_group()
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
     folder = tmp_path_factory.mktemp("share_loader")
-    mp.start_processes(rank_main, (free_port(), str(folder)), nprocs=N, start_method="fork")
-    return [torch.load(folder / f"rank{r}.pt", weights_only=False) for r in range(N)]
+    return run_ranks(rank_main, folder, N)
 
 
 def sgd(steps: list[list[list[int]]]) -> list[torch.Tensor]:
