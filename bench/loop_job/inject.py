@@ -1,0 +1,122 @@
+"""The bench's slow hardware and its stopwatch, installed into a user's script unmodified.
+
+``python -m torch.distributed.run ... bench/loop_job/inject.py SCRIPT ARGS...`` runs SCRIPT as
+``__main__`` (``runpy``) after installing, in this process only:
+
+* **the injected law** (env ``BENCH_LOOP_LAW``, JSON ``{"d": s, "factors": [X_0, ...],
+  "chunk": C, "noise": spec or null, "seed": k}``): every forward of a
+  ``DistributedDataParallel`` module on ``b`` samples sleeps ``d * X_rank * sum_j c_j (1 +
+  e_j)``, the batch cut in chunks of ``c_j <= C`` samples and ``e_j`` the j-th draw of this
+  rank's noise (``noise``, a ``tailtrain`` delay spec of mean ``E e``; 0 without noise). The
+  delay is proportional to the work, as on a slower GPU: a batch dealt in other shares or cut
+  in micro-batches pays the same per sample, and the draws come from one stream seeded by
+  ``(seed, rank)``, so a run before and after a change sees the same noise in the same order.
+* **the stopwatch** (env ``BENCH_LOOP_LOG``, a path; the rank is appended): per optimizer step,
+  the wall clock at its end, the samples this rank forwarded since the last step (under
+  DropCompute the cut micro-batches are never forwarded, so these are the samples that
+  entered the update) and the mean loss of the backward calls since then (weighted by their
+  samples), written as JSON lines when the script ends.
+
+The hooks are global (``register_module_forward_pre_hook``, the optimizer's global step
+post-hook, a wrapper of ``Tensor.backward``): the script is not edited for them.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import runpy
+import sys
+import time
+
+import numpy as np
+import torch
+from torch.nn.parallel import DistributedDataParallel
+from torch.optim.optimizer import register_optimizer_step_post_hook
+
+DRAWS = 1 << 16  #: noise draws made up front (a run uses far fewer)
+
+
+class Injector:
+    """The law's sleeps and the per-step log of one rank (see the module docstring)."""
+
+    def __init__(self, law: dict, rank: int) -> None:
+        self.scale = float(law.get("d", 0.0)) * float(law.get("factors", [1.0])[rank])
+        self.chunk = int(law.get("chunk", 8))
+        self.noise = np.zeros(DRAWS)
+        if law.get("noise"):
+            from tailtrain.delays import parse_delay
+
+            rng = np.random.default_rng([int(law.get("seed", 0)), rank])
+            self.noise = parse_delay(law["noise"]).sample(rng, (DRAWS,))
+        self.drawn = 0
+        self.samples = 0  # forwarded since the last optimizer step
+        self.losses: list[tuple[float, int]] = []  # (loss, samples) of each backward
+        self.forwarded_at_backward = 0
+        self.rows: list[dict] = []
+
+    def delay(self, samples: int) -> float:
+        sizes = [min(self.chunk, samples - i) for i in range(0, samples, self.chunk)]
+        draws = self.noise[self.drawn + np.arange(len(sizes)) % DRAWS]
+        self.drawn = (self.drawn + len(sizes)) % DRAWS
+        return self.scale * float(np.dot(sizes, 1.0 + draws))
+
+    def forward_pre_hook(self, module, args) -> None:
+        if not isinstance(module, DistributedDataParallel) or not args:
+            return
+        first = args[0]
+        samples = int(first.shape[0]) if hasattr(first, "shape") and first.dim() else 1
+        self.samples += samples
+        if self.scale > 0:
+            time.sleep(self.delay(samples))
+
+    def backward(self, tensor: torch.Tensor) -> None:
+        if tensor.numel() == 1:
+            self.losses.append((float(tensor.detach()), self.samples - self.forwarded_at_backward))
+            self.forwarded_at_backward = self.samples
+
+    def step_post_hook(self, optimizer, args, kwargs) -> None:
+        weight = sum(s for _, s in self.losses)
+        loss = sum(v * s for v, s in self.losses) / weight if weight else None
+        self.rows.append({"t": time.perf_counter(), "samples": self.samples, "loss": loss})
+        self.samples = self.forwarded_at_backward = 0
+        self.losses = []
+
+
+def install(law: dict, rank: int, log: str | None) -> Injector:
+    injector = Injector(law, rank)
+    torch.nn.modules.module.register_module_forward_pre_hook(injector.forward_pre_hook)
+    register_optimizer_step_post_hook(injector.step_post_hook)
+    original = torch.Tensor.backward
+
+    def backward(self, *args, **kwargs):
+        injector.backward(self)
+        return original(self, *args, **kwargs)
+
+    torch.Tensor.backward = backward
+    if log:
+        started = time.perf_counter()
+
+        def write() -> None:
+            with open(f"{log}.{rank}.jsonl", "w") as f:
+                f.write(json.dumps({"started": started, "rank": rank}) + "\n")
+                f.writelines(json.dumps(row) + "\n" for row in injector.rows)
+
+        atexit.register(write)
+    return injector
+
+
+def main() -> None:
+    if len(sys.argv) < 2:
+        raise SystemExit("usage: inject.py SCRIPT [ARGS...]")
+    law = json.loads(os.environ.get("BENCH_LOOP_LAW", "{}"))
+    install(law, int(os.environ.get("RANK", "0")), os.environ.get("BENCH_LOOP_LOG"))
+    script = sys.argv[1]
+    sys.argv = sys.argv[1:]
+    sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
+    runpy.run_path(script, run_name="__main__")
+
+
+if __name__ == "__main__":
+    main()
