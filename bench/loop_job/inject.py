@@ -42,7 +42,9 @@ class Injector:
     """The law's sleeps and the per-step log of one rank (see the module docstring)."""
 
     def __init__(self, law: dict, rank: int) -> None:
-        self.scale = float(law.get("d", 0.0)) * float(law.get("factors", [1.0])[rank])
+        factors = law.get("factors") or []
+        factor = float(factors[rank]) if rank < len(factors) else 1.0
+        self.scale = float(law.get("d", 0.0)) * factor
         self.chunk = int(law.get("chunk", 8))
         self.noise = np.zeros(DRAWS)
         if law.get("noise"):

@@ -1,0 +1,109 @@
+"""bench/bench_loop.py: its injected law, its measures and bounds on made-up logs (fast), and
+one ``--quick`` run of the loop end to end (real processes)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from bench.loop_job.inject import Injector
+
+from bench import bench_loop as bl
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_the_delay_is_proportional_to_the_work_however_the_batch_is_cut():
+    # (a)'s law: the same sleep for a batch of 32 and for its two halves, 3x on the slow rank
+    slow = Injector({"d": 1e-3, "factors": [1.0, 3.0], "chunk": 8}, rank=1)
+    assert slow.delay(32) == pytest.approx(3 * 32e-3)
+    assert slow.delay(16) + slow.delay(16) == pytest.approx(slow.delay(32))
+    assert slow.delay(3) == pytest.approx(3 * 3e-3)  # a partial chunk pays per sample
+
+
+def test_the_noise_is_one_stream_per_rank_drawn_per_chunk():
+    law = {"d": 1e-3, "factors": [1.0, 1.0], "chunk": 8, "noise": bl.NOISE, "seed": 5}
+    whole, cut = Injector(law, rank=0), Injector(law, rank=0)
+    # 32 samples at once and in 4 micro-batches of 8 draw the same four chunks
+    assert whole.delay(32) == pytest.approx(sum(cut.delay(8) for _ in range(4)))
+    other = Injector(law, rank=1)
+    assert other.delay(32) != pytest.approx(Injector(law, rank=0).delay(32))
+    # the draws are DropCompute's bounded noise: at least the base, at most (1 + 5.5) of it
+    draws = [whole.delay(8) for _ in range(200)]
+    assert min(draws) >= 8e-3 and max(draws) <= 6.5 * 8e-3
+    assert np.mean(draws) > 8e-3 * 1.3  # E e is about 0.5
+
+
+def rows(ts, samples, losses):
+    return [{"t": t, "samples": s, "loss": v} for t, s, v in zip(ts, samples, losses, strict=True)]
+
+
+def test_samples_per_second_leave_out_the_warm_up_and_sum_the_ranks():
+    ts = [10.0, 11.0] + [11.0 + 0.5 * k for k in range(1, 21)]  # a slow first step
+    r0 = rows(ts, [32] * 22, [2.0] * 22)
+    r1 = rows(ts, [16] * 22, [2.0] * 22)
+    got = bl.measure([r0, r1], target=1.0)
+    assert got["samples_per_second"] == pytest.approx(20 * 48 / 10.0)
+    assert got["seconds_per_step"] == pytest.approx(0.5)
+    assert got["samples_per_rank_per_step"] == [32, 16]
+    assert got["time_to_target"] is None
+
+
+def test_time_to_target_reads_rank_0s_moving_mean():
+    ts = [float(k) for k in range(40)]
+    losses = [2.0] * 20 + [0.5] * 20
+    got = bl.measure([rows(ts, [8] * 40, losses)], target=1.0)
+    # the mean of 10 steps is at most 1.0 once 7 of them are at 0.5: step 26, 26 s after step 0
+    assert got["step_at_target"] == 26
+    assert got["time_to_target"] == pytest.approx(26.0)
+
+
+def test_the_bounds_of_shares_by_speed():
+    a = bl.shares_bound(3.0, 2)
+    assert a["fluid"] == pytest.approx(2.0)
+    assert a["integer_shares"] == [48, 16] and a["integer"] == pytest.approx(2.0)
+    b = bl.shares_bound(25.0, 2)
+    assert b["fluid"] == pytest.approx(13.0)
+    assert sum(b["integer_shares"]) == 64 and b["integer"] <= b["fluid"]
+    assert bl.shares_bound(3.0, 4)["fluid"] == pytest.approx(2.5)
+
+
+def test_goals_without_an_after_half_are_unknown_not_false():
+    case = {
+        "pairs": [{"before": {"verdicts": {1: "persistent"}}}],
+        "advice": {"recommendation": "sync"},
+        "figures": {},
+    }
+    got = bl.goals({"a-2": case, "d-2": case}, {"a-2": {}, "d-2": {}})
+    assert got["a-2"]["holds"] is None and got["a-2"]["verdict_unchanged"] is None
+    assert got["d-2"]["holds"] is None and got["a-2"]["forecast_within_10pct"] is None
+
+
+def test_advise_numbers_are_read_where_they_are():
+    advice = {"adopt": {"lines": [], "forecast": {"samples_per_second": 812.5}}}
+    assert bl.forecast(advice) == 812.5
+    assert bl.forecast({"adopt": {"lines": []}}) is None
+
+
+@pytest.mark.timeout(240)
+def test_quick_runs_the_loop_and_reports_goals(tmp_path):
+    done = subprocess.run(
+        [sys.executable, "bench/bench_loop.py", "--quick", "--json", "--out", str(tmp_path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=230,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout)
+    case = report["cases"]["a-2"]
+    before = case["pairs"][0]["before"]
+    assert before["samples_per_rank_per_step"] == [32, 32]
+    assert before["verdicts"].get("1") == "persistent"  # the injected straggler, named
+    assert report["bounds"]["a-2"]["fluid"] == pytest.approx(2.0)
+    assert set(report["goals"]) == {"a-2"}
+    assert len(report["machine"]["load_start"]) == 3
