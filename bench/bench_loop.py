@@ -72,21 +72,29 @@ EPOCHS = {2: 6, 4: 10}  #: epochs per run by ranks (a few hundred / about 150 st
 TARGET = {2: 0.2, 4: 0.25}  #: rank 0's smoothed loss every sync run reaches by mid-run
 TIMEOUT = 300.0  #: seconds per torchrun
 PLACEHOLDER = "@PROBE_DIR@"  #: the probe's folder in the pasted line, filled per run
-#: the README's two lines as edits of the contract (``tailtrain.advice.patch``)
+#: the README's two lines as edits of the contract (``tailtrain.advice.patch``): a named group
+#: binds the canonical name it is named after to the script's own (``self.model`` for ``ddp``)
 PROBE_EDITS = [
     {
-        "anchor": r"^(import|from) ",
+        "anchor": r"^(?:import|from)[ \t]+(?!__future__\b)\S",
         "action": "insert_after",
         "lines": ["from tailtrain import StragglerProbe"],
+        "binds": None,
     },
     {
-        "anchor": r"=\s*DDP\(",
+        "anchor": (
+            r"^[ \t]*(?P<ddp>[\w.]+)[ \t]*=[ \t]*(?:[\w.]+\.)?(?:DistributedDataParallel|DDP)"
+            r"\("
+        ),
         "action": "insert_after",
         "lines": [f'probe = StragglerProbe("{PLACEHOLDER}").watch(ddp)'],
         "binds": "ddp",
     },
     {
-        "anchor": r"^\s*for\s+\w+\s*,\s*\w+\s+in\s+[\w.]+\s*:",
+        "anchor": (
+            r"^[ \t]*for[ \t]+(?P<x>\w+)[ \t]*,[ \t]*(?P<y>\w+)[ \t]+in[ \t]+"
+            r"(?P<loader>[\w.]+)[ \t]*:"
+        ),
         "action": "replace",
         "lines": ["for x, y in probe.batches(loader):"],
         "binds": "loader",
@@ -198,42 +206,25 @@ def advise(folder: Path) -> dict[str, Any]:
     return json.loads(done.stdout)
 
 
-def find_number(tree: Any, keys: tuple[str, ...]) -> float | None:
-    """The first number under one of ``keys`` (depth first): advise's JSON names are read
-    where they are, so a renamed field reads None rather than failing the bench."""
-    if isinstance(tree, dict):
-        for key in keys:
-            if isinstance(tree.get(key), (int, float)) and not isinstance(tree.get(key), bool):
-                return float(tree[key])
-        for value in tree.values():
-            found = find_number(value, keys)
-            if found is not None:
-                return found
-    elif isinstance(tree, list):
-        for value in tree:
-            found = find_number(value, keys)
-            if found is not None:
-                return found
-    return None
-
-
-FORECAST_KEYS = ("samples_per_second", "forecast_samples_per_second")
-ACHIEVED_KEYS = ("samples_per_second_ratio", "ratio", "speedup", "gain")
-
-
-def forecast(advice: dict[str, Any]) -> float | None:
-    """advise's forecast of the adopted job's samples per second (its ``adopt`` block first)."""
-    adopt = advice.get("adopt") or {}
-    return find_number(adopt, FORECAST_KEYS)
+def forecast(advice: dict[str, Any]) -> dict[str, float | None]:
+    """advise's forecast for the recommendation: samples applied per second (absolute) and
+    as a ratio to the job as measured (its ``results`` row for the recommended spec)."""
+    for row in advice.get("results") or []:
+        if row.get("spec") == advice.get("recommendation"):
+            return {
+                "per_second": row.get("samples_applied_per_second"),
+                "ratio": row.get("samples_applied_ratio"),
+                "time_to_target_ratio": row.get("time_to_target_ratio"),
+            }
+    return {"per_second": None, "ratio": None, "time_to_target_ratio": None}
 
 
 def achieved(advice: dict[str, Any]) -> float | None:
-    """What advise on a folder with runs before and after says the remedy achieved (after /
-    before samples per second)."""
-    for key in ("achieved", "runs", "remedy", "compare"):
-        if key in advice:
-            return find_number(advice[key], ACHIEVED_KEYS)
-    return None
+    """What advise on a folder holding runs before and after says the remedy achieved: the
+    last run's samples per second over the first's (``before_after.last_over``)."""
+    last_over = (advice.get("before_after") or {}).get("last_over") or {}
+    value = last_over.get("0")
+    return None if value is None else float(value)
 
 
 def verdicts(folder: Path, since: int) -> dict[int, str]:
@@ -272,14 +263,19 @@ def one_case(scenario: str, ranks: int, args: argparse.Namespace, out: Path) -> 
             case["advice"] = {
                 "recommendation": advice.get("recommendation"),
                 "adopt": advice.get("adopt"),
-                "forecast_samples_per_second": forecast(advice),
+                "measured_samples_per_second": advice.get("measured_samples_per_second"),
+                "forecast": forecast(advice),
             }
             edits = (advice.get("adopt") or {}).get("edits")
             if edits is None:
                 case["after_unavailable"] = "advise --json has no adopt.edits"
             else:
-                after_src = apply_edits(before_src, edits)
-                (out / f"{scenario}-{ranks}" / "after.diff").write_text(after_src)
+                try:
+                    after_src = apply_edits(before_src, edits)
+                except Exception as err:  # the applier's one-line refusal is the finding
+                    case["after_unavailable"] = f"apply_edits: {type(err).__name__}: {err}"
+                else:
+                    (out / f"{scenario}-{ranks}" / "after.py").write_text(after_src)
         if after_src is not None:
             seen = lines_in(probe / "verdicts.jsonl")
             row["after"] = run_job(after_src, folder, "after", ranks, epochs, job_law, args.seed)
@@ -323,7 +319,7 @@ def figures(case: dict[str, Any]) -> dict[str, Any]:
     after = [p["after"]["samples_per_second"] for p in pairs]
     sps = [a / b for a, b in zip(after, before, strict=True)]
     ttt = [ratio(p["after"]["time_to_target"], p["before"]["time_to_target"]) for p in pairs]
-    predicted = case["advice"]["forecast_samples_per_second"]
+    predicted = case["advice"]["forecast"]["per_second"]
     realised = float(np.median(after))
     reported = [p.get("advise_on_both") for p in pairs]
     out |= {
@@ -334,6 +330,10 @@ def figures(case: dict[str, Any]) -> dict[str, Any]:
         "time_to_target_ratio_median": median(ttt),
         "forecast_samples_per_second": predicted,
         "forecast_over_realised": None if predicted is None else predicted / realised,
+        "forecast_ratio": case["advice"]["forecast"]["ratio"],
+        "forecast_ratio_over_realised": ratio(
+            case["advice"]["forecast"]["ratio"], float(np.median(sps))
+        ),
         "advise_reported_ratio": reported,
         "advise_reported_over_measured": [ratio(r, m) for r, m in zip(reported, sps, strict=True)],
     }

@@ -84,9 +84,21 @@ def test_goals_without_an_after_half_are_unknown_not_false():
 
 
 def test_advise_numbers_are_read_where_they_are():
-    advice = {"adopt": {"lines": [], "forecast": {"samples_per_second": 812.5}}}
-    assert bl.forecast(advice) == 812.5
-    assert bl.forecast({"adopt": {"lines": []}}) is None
+    advice = {
+        "recommendation": "rebalance",
+        "results": [
+            {"spec": "sync", "samples_applied_per_second": 600.0, "samples_applied_ratio": 1.0},
+            {
+                "spec": "rebalance",
+                "samples_applied_per_second": 1200.0,
+                "samples_applied_ratio": 2.0,
+            },
+        ],
+        "before_after": {"last_over": {"0": 1.9}},
+    }
+    assert bl.forecast(advice)["per_second"] == 1200.0 and bl.forecast(advice)["ratio"] == 2.0
+    assert bl.forecast({"recommendation": "sync"})["per_second"] is None
+    assert bl.achieved(advice) == 1.9 and bl.achieved({"before_after": None}) is None
 
 
 @pytest.mark.timeout(240)
