@@ -452,7 +452,7 @@ def goals(cases: dict[str, Any], bound: dict[str, Any]) -> dict[str, Any]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--json", action="store_true", help="print one JSON document")
-    parser.add_argument("--quick", action="store_true", help="(a), 2 ranks, 1 pair, 2 epochs")
+    parser.add_argument("--quick", action="store_true", help="(a), 2 ranks, 1 pair, 4 epochs")
     parser.add_argument("--scenarios", nargs="+", choices=["a", "b", "c", "d"])
     parser.add_argument("--ranks", nargs="+", type=int, choices=[2, 4])
     parser.add_argument("--pairs", type=int, default=2, help="before/after pairs per case")
@@ -462,7 +462,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.quick:
         args.scenarios, args.ranks = args.scenarios or ["a"], args.ranks or [2]
-        args.pairs, args.epochs = 1, args.epochs or 2
+        args.pairs, args.epochs = 1, args.epochs or 4
     args.scenarios = args.scenarios or ["a", "b", "c", "d"]
     args.ranks = args.ranks or [2, 4]
     if args.pairs < 1:

@@ -1,5 +1,5 @@
 """bench/bench_loop.py: its injected law, its measures and bounds on made-up logs (fast), and
-one ``--quick`` run of the loop end to end (real processes)."""
+one ``--quick`` run of the loop end to end (slow: real processes, two advise calls)."""
 
 from __future__ import annotations
 
@@ -101,21 +101,31 @@ def test_advise_numbers_are_read_where_they_are():
     assert bl.achieved(advice) == 1.9 and bl.achieved({"before_after": None}) is None
 
 
-@pytest.mark.timeout(240)
+@pytest.mark.slow  # 35-75 s on the shared 2-core machine: start-ups of torch and advise
+@pytest.mark.timeout(300)
 def test_quick_runs_the_loop_and_reports_goals(tmp_path):
     done = subprocess.run(
         [sys.executable, "bench/bench_loop.py", "--quick", "--json", "--out", str(tmp_path)],
         cwd=ROOT,
         capture_output=True,
         text=True,
-        timeout=230,
+        timeout=290,
     )
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads(done.stdout)
     case = report["cases"]["a-2"]
-    before = case["pairs"][0]["before"]
-    assert before["samples_per_rank_per_step"] == [32, 32]
+    assert "after_unavailable" not in case, case["after_unavailable"]
+    pair = case["pairs"][0]
+    before, after = pair["before"], pair["after"]
+    first, second = before["samples_per_rank_per_step"]
+    assert first == second  # the tutorial's equal batches
     assert before["verdicts"].get("1") == "persistent"  # the injected straggler, named
+    # advise's printed change, applied: rank 1 computes fewer samples of the same global batch
+    fast, slow = after["samples_per_rank_per_step"]
+    assert slow < fast and after["samples_per_step"] == pytest.approx(
+        before["samples_per_step"], rel=0.05
+    )
     assert report["bounds"]["a-2"]["fluid"] == pytest.approx(2.0)
-    assert set(report["goals"]) == {"a-2"}
+    goal = report["goals"]["a-2"]
+    assert goal["samples_per_second_ratio"] > 0 and isinstance(goal["verdict_unchanged"], bool)
     assert len(report["machine"]["load_start"]) == 3
