@@ -7,8 +7,10 @@ The loop is the tutorial's (``DistributedSampler``, ``DataLoader``, ``DDP``, SGD
 adds the two lines marked ``# <- probe``: it hooks DDP's gradients (DDP's own allreduce and
 its overlap kept, no comm hook) and wraps the loader, and about every 2 seconds (the first
 time after 10 steps, then at the end of each epoch) rank 0 logs each rank's score and verdict
-and appends to ``runs/probe/trace.csv``. ``--slow-rank R`` makes
-rank R's forward 20 ms slower (a slow GPU, a noisy neighbour); ``--slow-ms`` sets by how much.
+and appends to ``runs/probe/trace.csv`` (each rank's seconds, wait and samples per step). Run it
+again in the same folder (after adopting a remedy, say) and the trace keeps both runs, the new
+one as ``run`` 1. ``--slow-rank R`` makes rank R's forward 20 ms slower (a slow GPU, a noisy
+neighbour); ``--slow-ms`` sets by how much.
 """
 
 from __future__ import annotations

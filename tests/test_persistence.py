@@ -63,10 +63,12 @@ def test_the_effect_must_hold_across_the_windows_not_in_one_burst():
 
 def probe_verdicts(folder, window: np.ndarray) -> list[str]:
     """The probe's live path on rank 0: its report of a gathered window (steps x ranks x
-    (data, compute, wait)); the gather is a collective, so the window is handed in as it
-    would arrive. Writes the probe's trace.csv in ``folder``."""
+    (data, compute, wait), samples not known); the gather is a collective, so the window is
+    handed in as it would arrive. Writes the probe's trace.csv in ``folder``."""
     probe = StragglerProbe(folder, every=10**6, horizon=10**6, warmup=0)
     probe.world = window.shape[1]
+    unknown = np.full((*window.shape[:2], 1), np.nan)  # the samples column: not known
+    window = np.concatenate([window, unknown], axis=2)
     probe.history = np.empty((0, *window.shape[1:]))
     probe._report(window)
     return [v.verdict for v in probe.last.verdicts]

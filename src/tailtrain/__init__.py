@@ -19,7 +19,10 @@ Everything a user needs is one attribute of this package:
   [`ShareSampler`][tailtrain.ShareSampler] for `rebalance`'s per-rank shares), or
   [`StragglerHookState`][tailtrain.StragglerHookState] with
   [`weighted_allreduce_hook`][tailtrain.weighted_allreduce_hook] (a
-  `DistributedDataParallel` comm hook).
+  `DistributedDataParallel` comm hook);
+* rebalance a DDP job with a persistent straggler: [`rebalance_loader`][tailtrain.rebalance_loader]
+  deals each rank its share of the global batch, and
+  [`sample_weighted_hook`][tailtrain.sample_weighted_hook] weighs each rank by its samples.
 
 `import tailtrain` loads neither torch nor the simulator: each name is imported on first use.
 No subpackage shares a face entry's name (the internals of `predict` and `advise` live in
@@ -54,6 +57,8 @@ _FACE: dict[str, tuple[str, str]] = {
     "StragglerHookState": ("tailtrain.integrate.ddp", "StragglerHookState"),
     "StragglerProbe": ("tailtrain.integrate.probe", "StragglerProbe"),
     "weighted_allreduce_hook": ("tailtrain.integrate.ddp", "weighted_allreduce_hook"),
+    "rebalance_loader": ("tailtrain.integrate.share_loader", "rebalance_loader"),
+    "sample_weighted_hook": ("tailtrain.integrate.share_loader", "sample_weighted_hook"),
     "RunRecord": ("tailtrain.core.records", "RunRecord"),
     "RankResult": ("tailtrain.runtime.config", "RankResult"),
     "Prediction": ("tailtrain.prediction.scenario", "Prediction"),
@@ -100,6 +105,7 @@ if TYPE_CHECKING:  # the same paths as _FACE, for type checkers (tests/test_face
     from tailtrain.integrate.ddp import StragglerHookState, weighted_allreduce_hook
     from tailtrain.integrate.probe import StragglerProbe
     from tailtrain.integrate.sampler import ShareSampler
+    from tailtrain.integrate.share_loader import rebalance_loader, sample_weighted_hook
     from tailtrain.integrate.step import StragglerStep
     from tailtrain.prediction.scenario import Prediction
     from tailtrain.runtime.config import RankResult
@@ -128,6 +134,8 @@ __all__ = [
     "advise",
     "compare",
     "predict",
+    "rebalance_loader",
+    "sample_weighted_hook",
     "simulate",
     "strategy",
     "train",

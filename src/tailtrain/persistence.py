@@ -24,6 +24,14 @@ micro-batches summed), every worker gets:
   others, at least :data:`STALL_FLOOR`): the binomial tail of the count, and the union bound
   (n - L + 1) q^L of a run of L stalled steps (recurring stalls, or one long stall).
 
+Per-sample times. Where the workers compute different numbers of samples per step (after
+``rebalance`` deals a slow worker a smaller share, or under DropCompute), a worker's seconds
+say how much work it was given, not how fast it is: a slow worker dealt a third of the samples
+at a third of the speed takes as long as the others. :func:`per_sample_times` turns
+``t[i, w]`` into seconds per sample whenever the samples per step are known and differ
+between workers, and both the probe's live verdicts and ``advise`` feed the rule that, so
+one rule judges both and a remedied straggler stays named.
+
 Verdicts, at the family-wise level :data:`LEVEL` split over the workers (Bonferroni):
 
 * **persistent** (always slow: fix or replace the node) when the slowdown is at least
@@ -110,6 +118,27 @@ def classify_workers(
         Slowness(w, *map(float, values[:7]), int(values[7]), float(values[8]), values[9])
         for w, *values in columns
     ]
+
+
+def per_sample_times(
+    times: NDArray[np.float64], samples: NDArray[np.float64] | None
+) -> tuple[NDArray[np.float64], bool]:
+    """``times[i, w] / samples[i, w]`` and True when ``samples`` (steps x workers, the samples
+    each worker computed in that step) is given and differs between the workers in some step;
+    ``times`` unchanged and False otherwise (equal samples leave every ratio to the others as
+    it is, and seconds per step read more naturally). Steps in which some worker computed no
+    sample have no per-sample time and are left out; a NaN (a count not known) leaves
+    ``times`` as they are. The one normalisation before :func:`classify_workers` (module
+    docstring): the probe and ``advise`` both call it."""
+    if samples is None:
+        return times, False
+    samples = np.asarray(samples, dtype=np.float64)
+    if samples.shape != times.shape:
+        raise ValueError(f"samples {samples.shape} and times {times.shape} differ in shape")
+    if np.isnan(samples).any() or not (samples != samples[:, :1]).any():
+        return times, False
+    kept = (samples > 0).all(axis=1)
+    return times[kept] / samples[kept], True
 
 
 def _others_median(times: NDArray[np.float64]) -> NDArray[np.float64]:

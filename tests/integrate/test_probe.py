@@ -22,7 +22,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from tailtrain.delays.trace import read_trace
 from tailtrain.integrate import StragglerProbe
-from tailtrain.integrate.probe import LIVE_MIN_STEPS, MAX_WINDOW, window_steps
+from tailtrain.integrate.probe import LIVE_MIN_STEPS, MAX_WINDOW, SAMPLES, window_steps
 from tailtrain.persistence import classify_workers
 
 N, STEPS, SLOW, LR = 2, 24, 0.04, 0.1
@@ -330,15 +330,16 @@ def test_rank_zero_keeps_only_the_steps_a_verdict_reads():
     warm-up (what an unbounded history gave). Rank 2 is slow only in the first 300 steps (out
     of the horizon: healthy), rank 3 only in the last 150 (persistent)."""
     rng = np.random.default_rng(0)
-    full = rng.uniform(0.009, 0.011, size=(500, 4, 3))
+    full = rng.uniform(0.009, 0.011, size=(500, 4, 4))
+    full[:, :, SAMPLES] = 8  # the same samples on every rank: seconds per step are judged
     full[:300, 2, 1] *= 3
     full[350:, 3, 1] *= 3
     probe = StragglerProbe(None, every=10**6, horizon=150, warmup=2)
     probe.world = 4
-    probe.history = np.empty((0, 4, 3))
+    probe.history = np.empty((0, 4, 4))
     for start in range(0, 500, 100):
         probe._report(full[start : start + 100])
-    assert probe.history.shape == (150, 4, 3) and probe.reported == probe.last.step == 500
+    assert probe.history.shape == (150, 4, 4) and probe.reported == probe.last.step == 500
     np.testing.assert_array_equal(probe.history, full[-150:])
     recent = full[max(2, 500 - 150) :]
     expected = classify_workers(recent[:, :, 0] + recent[:, :, 1])
@@ -346,7 +347,7 @@ def test_rank_zero_keeps_only_the_steps_a_verdict_reads():
     assert [v.verdict for v in expected] == ["healthy", "healthy", "healthy", "persistent"]
     # a horizon reaching back into the warm-up still leaves the warm-up out
     short = StragglerProbe(None, every=10**6, horizon=150, warmup=60)
-    short.world, short.history = 4, np.empty((0, 4, 3))
+    short.world, short.history = 4, np.empty((0, 4, 4))
     short._report(full[:100])
     assert short.history.shape[0] == 100
     assert short.last.verdicts == classify_workers(full[60:100, :, 0] + full[60:100, :, 1])

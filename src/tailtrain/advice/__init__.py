@@ -9,8 +9,10 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from tempfile import TemporaryDirectory
 from typing import Any
 
 import numpy as np
@@ -19,6 +21,7 @@ from tailtrain.advice.adopt import Adoption, adoption, check_setup, runnable
 from tailtrain.advice.cost import Cost, sync_cost
 from tailtrain.advice.recommend import (
     DEMAND_SPEC,
+    MODEL_ERROR,
     Ranked,
     dominate,
     faster,
@@ -28,14 +31,31 @@ from tailtrain.advice.recommend import (
     recommend,
     simplicity,
     trace_spread,
+    uncertainty,
 )
 from tailtrain.advice.source import trace_file
 from tailtrain.advice.stragglers import MIN_ITERATIONS, iteration_times, score_workers
+from tailtrain.advice.units import (
+    TIME_TO_TARGET,
+    InUnits,
+    Job,
+    RunReport,
+    candidate_ms,
+    in_units,
+    job_of,
+    measured_rate,
+    rebalance_shares,
+    run_reports,
+    split_trace,
+    verdict_times,
+)
+from tailtrain.delays.base import DelayModel
 from tailtrain.delays.parse import parse_delay
-from tailtrain.delays.trace import TraceDelay, comm_note, replayed_comm
+from tailtrain.delays.trace import Trace, TraceDelay, comm_note, read_trace, replayed_comm
 from tailtrain.errors import UsageError
 from tailtrain.persistence import Slowness
-from tailtrain.prediction.families import row_spec
+from tailtrain.prediction import DelayScenario, Row, predict
+from tailtrain.prediction.families import row_spec, simulated_row
 
 
 @dataclass(frozen=True)
@@ -56,6 +76,77 @@ class Advice:
     adopt: Adoption | None = None
     #: the fresh-gradient rows equivalent to the best one, simplest (the choice) first
     equivalent: list[Ranked] = field(default_factory=list)
+    #: the job's structure as its trace's last run recorded it (``advice.units``)
+    job: Job | None = None
+    #: the last run's samples (or, without them, steps) per second as measured
+    measured: float | None = None
+    #: every run of the file, measured and judged, when it holds more than one
+    runs: list[RunReport] = field(default_factory=list)
+
+    @property
+    def unit(self) -> str:
+        """What the figures count: samples where the trace has them, else steps/gradients."""
+        return "samples" if self.job is not None and self.job.samples is not None else "steps"
+
+    def units(self, r: Ranked) -> InUnits:
+        """``r``'s forecast in the job's units."""
+        return in_units(
+            r.row.strategy,
+            r.row.k,
+            self.workers,
+            r.row.drop_rate,
+            r.effective_speedup,
+            self.job,
+            self.measured,
+        )
+
+    @property
+    def exclusion(self) -> dict[str, Any] | None:
+        """The job without its persistent stragglers ("fix or replace them"), N - P ranks at
+        their pace, per-rank batches unchanged, in the same units as the rows."""
+        if self.without_persistent is None:
+            return None
+        kept = self.without_persistent
+        share = kept.kept_workers / self.workers  # of the global batch, without samples
+        if (
+            self.job is not None
+            and self.job.samples is not None
+            and self.job.workers == self.workers
+        ):
+            keep = [w not in self.persistent for w in range(self.job.workers)]
+            share = float(self.job.samples[keep].sum() / self.job.samples.sum())
+        ratio = share * self.cost.iteration_time / kept.iteration_time
+        found = self.units(
+            Ranked(
+                Row(
+                    "sync",
+                    kept.kept_workers,
+                    kept.iteration_time,
+                    0.0,
+                    math.nan,
+                    ratio,
+                    0.0,
+                    "replay without them",
+                ),
+                None,
+            )
+        )
+        return {
+            "excluded": self.persistent,
+            "iteration_time": kept.iteration_time,
+            **found.as_dict(self.unit),
+        }
+
+    def before_after(self) -> dict[str, Any] | None:
+        """The last run against each earlier one, as measured (``advice.units``)."""
+        if len(self.runs) < 2:
+            return None
+        last = self.runs[-1]
+        return {
+            "unit": self.unit,
+            "runs": [r.as_dict(self.unit) for r in self.runs],
+            "last_over": {str(r.run): last.rate / r.rate for r in self.runs[:-1]},
+        }
 
     @property
     def persistent(self) -> list[int]:
@@ -81,7 +172,12 @@ class Advice:
             "cost_without_persistent": (
                 None if self.without_persistent is None else self.without_persistent.as_dict()
             ),
-            "results": [r.as_dict() for r in self.ranked],
+            "results": [{**r.as_dict(), **self.units(r).as_dict(self.unit)} for r in self.ranked],
+            "job": None if self.job is None else self.job.as_dict(),
+            f"measured_{self.unit}_per_second": self.measured,
+            "time_to_target": TIME_TO_TARGET,
+            "exclusion": self.exclusion,
+            "before_after": self.before_after(),
             "notes": self.notes,
             "for": self.setup,
             "adopt": None if self.adopt is None else self.adopt.as_dict(),
@@ -98,16 +194,65 @@ def advise(
     setup: str = "any",
     comm_time: str | None = None,
 ) -> Advice:
-    """Score the workers of the trace at ``path``, cost them, and rank the strategies for
-    ``workers`` workers (default: the trace's), worker n replaying trace worker n mod W, each
-    round paying T^c: ``comm_time`` (``--comm-time``: seconds or a delay spec) or else the
-    trace's recorded noncompute seconds (``delays.trace``), or none; ``setup``
-    (``advice.adopt``) keeps to the strategies that job can run."""
+    """Score the workers of the trace at ``path`` (its last run), cost them, and rank the
+    strategies for ``workers`` workers (default: the trace's), worker n replaying trace worker
+    n mod W, each round paying T^c: ``comm_time`` (``--comm-time``: seconds or a delay spec)
+    or else the trace's recorded noncompute seconds (``delays.trace``), or none; ``setup``
+    (``advice.adopt``) keeps to the strategies that job can run. Rows are ranked by samples
+    applied per second where the trace counts samples (``advice.units``); ``micro_batches``
+    on a per-step trace splits its steps (``advice.units.split_trace``)."""
     check_setup(setup)
     if workers is not None and workers < 1:
         raise UsageError(f"--workers must be >= 1, got {workers}")
     path = trace_file(path)  # a probe's folder too
-    delay = f"trace:path={path}"
+    whole = read_trace(path)
+    last = whole.of_run(whole.runs[-1])
+    job = job_of(last)
+    with TemporaryDirectory(prefix="tailtrain-advise-") as folder:
+        replayed, split = path, None
+        if micro_batches is not None and last.micro_batch is None and micro_batches > 1:
+            split = split_trace(last, micro_batches, Path(folder) / "split.csv", seed)
+            replayed = split
+        found = _advise(
+            path,
+            replayed,
+            whole,
+            job,
+            workers,
+            micro_batches,
+            seed,
+            samples,
+            setup,
+            comm_time,
+            Path(folder),
+        )
+    if split is not None:
+        found.notes.append(f"--micro-batches {micro_batches} on a per-step trace: {SPLIT_NOTE}")
+    return found
+
+
+#: how a per-step trace is split into micro-batches (``advice.units``), said where it is
+SPLIT_NOTE = (
+    "each recorded step split into M parts as i.i.d. Gamma parts given their sum, fitted "
+    "per rank to its step law's mean and variance (each step's total as recorded); no "
+    "per-micro-batch overhead is assumed"
+)
+
+
+def _advise(
+    path: Path,
+    replayed: Path,
+    whole: Trace,
+    job: Job,
+    workers: int | None,
+    micro_batches: int | None,
+    seed: int,
+    samples: int,
+    setup: str,
+    comm_time: str | None,
+    folder: Path,
+) -> Advice:
+    delay = f"trace:path={replayed}"
     comm_spec = replayed_comm(delay, comm_time)
     comm = priced_comm(comm_spec)
     model = parse_delay(delay)
@@ -116,7 +261,8 @@ def advise(
     n = int(replay.ids.size) if workers is None else workers
     m = micro_batches or (int(replay.counts.max()) if model.per_micro_batch else None)
     times, notes = iteration_times(replay)
-    scores = score_workers(times, replay.ids)
+    last = whole.of_run(whole.runs[-1])
+    scores = score_workers(verdict_times(last)[: times.shape[0]], replay.ids)
     notes += _trust_notes(times, scores, n)
     comm_mean = comm if isinstance(comm, float) else comm.mean
     cost = sync_cost(times, replay.ids, n, comm=comm_mean)
@@ -127,29 +273,156 @@ def advise(
     recorded = model.trace.round_comm() if comm_time is None else np.empty(0)
     spread = trace_spread(times, recorded)
     ranked, more = rank(model, times, n, m, seed, samples, comm, spread, recorded.size > 0)
+    if n == job.workers:
+        ranked, more = _in_job_units(
+            ranked, more, last, job, m, setup, comm, spread, seed, samples, folder
+        )
     demand = next((r for r in ranked if row_spec(r.row) == DEMAND_SPEC), None)
     ranked, more = _runnable(ranked, setup, more)
     cost = _as_in_the_table(cost, ranked)
     tied = recommend(ranked, dominate(cost, without))
     choice = tied[0]
-    text = reason(choice, cost, without, persistent) + _tie_text(tied)
+    unit = "samples" if job.samples is not None else "gradients"
+    text = reason(choice, cost, without, persistent, unit) + _tie_text(tied)
     text += _train_only_text(choice, demand, setup)
     if (note := comm_note(delay, comm_spec)) is not None:
-        more.append(note)
-    adopt = adoption(row_spec(choice.row), choice.row.strategy, setup)
+        more.append(note.replace(str(replayed), str(path)))
+    adopt = adoption(
+        row_spec(choice.row), choice.row.strategy, setup, choice.micro_batches, choice.shares
+    )
     found = (str(path), n, times, scores, cost, without, ranked, choice, text, notes + more)
-    return Advice(*found, setup=setup, adopt=adopt, equivalent=tied)
+    advice = Advice(*found, setup=setup, adopt=adopt, equivalent=tied)
+    measured = measured_rate(last)[0]
+    runs = run_reports(whole) if len(whole.runs) > 1 else []
+    return replace(advice, job=job, measured=measured, runs=runs)
+
+
+def _in_job_units(
+    ranked: list[Ranked],
+    notes: list[str],
+    last: Trace,
+    job: Job,
+    m: int | None,
+    setup: str,
+    comm: float | DelayModel,
+    spread: float,
+    seed: int,
+    samples: int,
+    folder: Path,
+) -> tuple[list[Ranked], list[str]]:
+    """The rows as the job can run them (``advice.units``): DropCompute at the M it needs
+    where the job has one batch per step (it cuts only between micro-batches), and for a
+    DDP job rebalance by per-sample shares where the trace counts samples."""
+    comm_mean = comm if isinstance(comm, (int, float)) else comm.mean
+    if m is None:  # a per-step trace: DropCompute at M = 1 has nothing to cut
+        ranked = [r for r in ranked if r.row.strategy != "dropcompute"]
+        found = _dropcompute_at_m(last, job, comm, spread, seed, samples, folder)
+        if found is not None:
+            ranked.append(found)
+            notes = [
+                *notes,
+                f"dropcompute: {MICRO_NOTE}; at M={found.micro_batches} "
+                f"(priced at M in {candidate_ms(job)}; {SPLIT_NOTE})",
+            ]
+    elif m > job.micro_batches:
+        ranked = [
+            replace(r, micro_batches=m) if r.row.strategy == "dropcompute" else r for r in ranked
+        ]
+    shares = rebalance_shares(last, comm_mean) if setup in ("ddp", "any") else None
+    if shares is not None and np.array_equal(shares.shares, job.samples):
+        shares = None  # the shares the job already deals: that row is the job as measured
+    if shares is not None:
+        sync = next(r for r in ranked if r.row.strategy == "sync").iteration_time
+        row = Row(
+            "rebalance",
+            job.workers,
+            shares.iteration_time,
+            shares.stderr,
+            sync / shares.iteration_time,
+            sync / shares.iteration_time,
+            sync / shares.iteration_time * shares.stderr / shares.iteration_time,
+            PER_SAMPLE,
+            best=True,
+            spec="rebalance",
+        )
+        per_sample = Ranked(
+            row, None, uncertainty(row, None, spread), shares=tuple(int(b) for b in shares.shares)
+        )
+        ranked = [r for r in ranked if r.row.strategy != "rebalance"] + [per_sample]
+    if not job.equal:
+        notes = [
+            *notes,
+            f"the ranks compute unequal batches {job.samples.tolist()} (the job already deals "
+            "shares): sync is the job as measured, its shares kept; the K-family rows count "
+            "gradients, not samples",
+        ]
+    return sorted(ranked, key=lambda r: -r.effective_speedup), notes
+
+
+#: why DropCompute is priced at M micro-batches on a per-step trace
+MICRO_NOTE = (
+    "its threshold is checked between micro-batches (the DDP hook, StragglerStep), so a step "
+    "of one batch has nothing to cut; priced with each step's batch split in M"
+)
+#: the method of the per-sample rebalance row (``advice.units.rebalance_shares``)
+PER_SAMPLE = "replay per sample"
+
+
+def _dropcompute_at_m(
+    last: Trace,
+    job: Job,
+    comm: float | DelayModel,
+    spread: float,
+    seed: int,
+    samples: int,
+    folder: Path,
+) -> Ranked | None:
+    """DropCompute's best row at each M of :func:`candidate_ms` on the per-step trace split
+    in M (``advice.units.split_trace``): predict's tau* and drop rate, simulated; the
+    smallest M within the statistical uncertainty of the best (a micro-batch costs overhead
+    the forecast does not price)."""
+    found = []
+    for m in candidate_ms(job):
+        path = split_trace(last, m, folder / f"split{m}.csv", seed)
+        scenario = DelayScenario(
+            job.workers,
+            parse_delay(f"trace:path={path}"),
+            micro_batches=m,
+            comm=comm,
+            samples=samples,
+            seed=seed,
+        )
+        row = next(r for r in predict(scenario).rows if r.strategy == "dropcompute")
+        sim = simulated_row(scenario, row_spec(row), "dropcompute")
+        found.append(Ranked(row, sim, uncertainty(row, sim, spread), micro_batches=m))
+    if not found:
+        return None
+    top = max(found, key=lambda r: r.effective_speedup)
+
+    def stat(r: Ranked) -> float:  # the model's own error is common to every M
+        return math.sqrt(max(r.uncertainty**2 - (MODEL_ERROR * r.effective_speedup) ** 2, 0.0))
+
+    return next(
+        r
+        for r in found
+        if r.effective_speedup >= top.effective_speedup - math.hypot(stat(r), stat(top))
+    )
 
 
 def _runnable(ranked: list[Ranked], setup: str, notes: list[str]) -> tuple[list[Ranked], list[str]]:
     """The rows a ``setup`` job can run, and a note on those left out."""
     kept = [r for r in ranked if runnable(r.row.strategy, setup, row_spec(r.row))]
+    # a DDP job rebalances per-rank batches: only the row priced with per-sample shares
+    kept = [r for r in kept if setup != "ddp" or r.row.strategy != "rebalance" or r.shares]
     families = {r.row.strategy for r in kept}
     left = sorted({r.row.strategy for r in ranked} - families)
     left += sorted(row_spec(r.row) for r in ranked if r not in kept and r.row.strategy in families)
     if left:
-        notes = [*notes, f"--for {setup}: left out {', '.join(left)} (a {setup} job cannot run "
-                 "them; --for any shows every row)"]  # fmt: skip
+        notes = [
+            *notes,
+            f"--for {setup}: left out {', '.join(left)} (a {setup} job cannot run "
+            "them; --for any shows every row)",
+        ]
     return kept, notes
 
 

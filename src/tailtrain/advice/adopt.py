@@ -1,8 +1,10 @@
-"""What a job can run, and the lines that adopt a recommendation (``advise --for``).
+r"""What a job can run, and the lines that adopt a recommendation (``advise --for``).
 
-* ``ddp``: a job that keeps ``DistributedDataParallel`` can run what a DDP comm hook can do,
-  sync and DropCompute (``StragglerHookState`` + ``weighted_allreduce_hook``; Local-SGD
-  averages models, which a hook cannot);
+* ``ddp``: a job that keeps ``DistributedDataParallel`` can run what a DDP comm hook can do:
+  sync, DropCompute (``StragglerHookState`` + ``weighted_allreduce_hook``, at the M
+  micro-batches per step advise names) and rebalance by per-rank batch shares
+  (``rebalance_loader`` + ``sample_weighted_hook``); Local-SGD averages models, which a hook
+  cannot;
 * ``loop``: an own loop with :class:`tailtrain.StragglerStep` runs sync, DropCompute,
   Local-SGD (DropCompute App. B.3) and rebalance (its shares dealt by
   :class:`tailtrain.ShareSampler`: each epoch's global batches from the dataset), but not
@@ -13,17 +15,29 @@
 :func:`adoption` gives the exact lines: a ``setup`` block run once after the model (and, for
 DDP, its wrapper) exists, and a ``step`` block that replaces one step's forward, backward,
 reduction and optimizer step; :data:`NAMES` are what those lines expect to exist in the job.
+
+For ``--for ddp`` the lines are a complete change to the loop shapes it names (a DDP job with
+one batch per step and ``DistributedSampler``, a ``Trainer`` class holding them as
+attributes, gradient accumulation under ``no_sync``), printed with canonical names
+(:data:`CANONICAL`), and :meth:`Adoption.edits` says the same change as edits that
+``tailtrain.advice.patch.apply_edits`` applies to a script: each an ``anchor`` (a regex the
+loop shape contains; a named group binds the canonical name it is named after to the
+script's own, e.g. ``self.train_data`` for ``loader``), an ``action`` (``insert_after`` the
+anchored statement, or ``replace`` the anchored lines, where ``\g<name>`` inserts a group's
+text), ``lines`` and ``binds``; and, where a shape cannot take the change, ``unless`` (a regex
+such a script contains) and ``why``.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Any
 
 from tailtrain.errors import UsageError
 
 #: setup -> the strategies it can run (None: every one)
 RUNNABLE: dict[str, tuple[str, ...] | None] = {
-    "ddp": ("sync", "dropcompute"),
+    "ddp": ("sync", "dropcompute", "rebalance"),
     "loop": ("sync", "dropcompute", "local-sgd", "rebalance"),
     "tailtrain-train": None,
     "any": None,
@@ -35,6 +49,32 @@ TRAIN_ONLY = ("deal=demand",)
 #: list of micro-batches and a loss of one micro-batch; for rebalance its dataset, a
 #: ``collate(dataset, indices)`` making one micro-batch, sync's M and the micro-batch size B
 NAMES = ("model", "ddp", "optimizer", "micro_batches", "loss_fn", "dataset", "collate", "M", "B")
+#: the names ``--for ddp``'s lines use for the job's own (``advice.patch`` renames them)
+CANONICAL = ("loader", "ddp", "optimizer", "model", "loss", "x", "y", "sampler")
+#: the first top-level import (not ``__future__``): the imports go after it
+IMPORT_ANCHOR = r"^(?:import|from)[ \t]+(?!__future__\b)\S"
+#: ``loader = DataLoader(...)`` (``self.train_data = torch.utils.data.DataLoader(...)``)
+LOADER_ANCHOR = r"^[ \t]*(?P<loader>[\w.]+)[ \t]*=[ \t]*(?:[\w.]+\.)?DataLoader\("
+#: ``ddp = DDP(model, ...)`` or ``DistributedDataParallel(...)``
+DDP_ANCHOR = r"^[ \t]*(?P<ddp>[\w.]+)[ \t]*=[ \t]*(?:[\w.]+\.)?(?:DistributedDataParallel|DDP)\("
+#: the step's batch: ``for x, y in loader:`` (or ``enumerate(loader)``)
+BATCH_ANCHOR = (
+    r"^[ \t]*for[ \t]+(?:\w+[ \t]*,[ \t]*\(?)?\(?(?P<x>\w+)[ \t]*,[ \t]*(?P<y>\w+)\)?\)?"
+    r"[ \t]+in[ \t]+(?:enumerate\()?loader\b"
+)
+#: the step's forward through its backward, lines at one indentation: wrapped per micro-batch
+STEP_ANCHOR = (
+    r"^(?P<indent>[ \t]*)(?P<body>[^\n]*\bddp\([^\n]*\n(?:(?P=indent)(?![ \t\n])[^\n]*\n)*?"
+    r"(?P=indent)(?P<loss>[\w.]+)\.backward\(\)[^\n]*)$"
+)
+#: the optimizer's step, guarded under DropCompute
+OPTIMIZER_ANCHOR = r"^[ \t]*(?P<optimizer>[\w.]*opt\w*)\.step\(\)[ \t]*$"
+#: why DropCompute's edits refuse a loop that accumulates gradients under ``no_sync``
+ACCUMULATION = (
+    "this loop accumulates gradients under no_sync: DropCompute's hook takes a step's "
+    "micro-batches as one list (state.micro_batches(ddp, micro_batches)); make the step one "
+    "loader batch split in M as the printed lines do, or adopt rebalance"
+)
 
 
 @dataclass(frozen=True)
@@ -49,14 +89,96 @@ class Adoption:
     command: str | None = None  # tailtrain train's command line
     #: what ``step`` is run for: one training step, or (rebalance's sampler) one epoch
     each: str = "each step"
+    #: the same change as edits (module docstring); () where none is needed or known
+    edit_list: tuple[dict[str, Any], ...] = ()
 
     def lines(self) -> list[str]:
         if self.command is not None:
             return [self.command]
+        if not self.step:
+            return [*self.imports, *self.once]
         return [*self.imports, *self.once, f"# {self.each}:", *self.step]
 
+    def edits(self) -> list[dict[str, Any]]:
+        return [dict(e) for e in self.edit_list]
+
     def as_dict(self) -> dict[str, object]:
-        return {"for": self.setup, "spec": self.spec, "lines": self.lines()}
+        return {"for": self.setup, "spec": self.spec, "lines": self.lines(), "edits": self.edits()}
+
+
+def _edit(
+    anchor: str, lines: list[str], binds: str | None, action: str = "insert_after", **more: str
+) -> dict[str, Any]:
+    return {"anchor": anchor, "action": action, "lines": lines, "binds": binds, **more}
+
+
+def _import(names: str) -> dict[str, Any]:
+    return _edit(IMPORT_ANCHOR, [f"from tailtrain import {names}"], None)
+
+
+def ddp_rebalance(spec: str, shares: tuple[int, ...]) -> Adoption:
+    """Rebalance a DDP job by per-rank batch shares: two lines, the loop's step unchanged
+    (``tailtrain.integrate`` ``rebalance_loader`` and ``sample_weighted_hook``)."""
+    names = "rebalance_loader, sample_weighted_hook"
+    deal = f"loader = rebalance_loader(loader, shares={list(shares)})"
+    hook = "ddp.register_comm_hook(loader.batch_sampler, sample_weighted_hook)"
+    return Adoption(
+        "ddp",
+        spec,
+        (f"from tailtrain import {names}",),
+        (f"{deal}  # after loader = DataLoader(...)", f"{hook}  # after ddp = DDP(model)"),
+        (),
+        edit_list=(
+            _import(names),
+            _edit(LOADER_ANCHOR, [deal], "loader"),
+            _edit(DDP_ANCHOR, [hook], "ddp"),
+        ),
+    )
+
+
+def ddp_dropcompute(spec: str, m: int) -> Adoption:
+    """DropCompute in a DDP job with one batch per step: the hook, and the step's batch
+    split in ``m`` micro-batches, its forward and backward run per micro-batch, the update
+    guarded (``tailtrain.integrate.ddp``'s loop)."""
+    names = "StragglerHookState, weighted_allreduce_hook"
+    state = [
+        f'state = StragglerHookState("{spec}")',
+        "ddp.register_comm_hook(state, weighted_allreduce_hook)",
+    ]
+    split = f"for x, y in state.micro_batches(ddp, list(zip(x.chunk({m}), y.chunk({m})))):"
+    guard = [
+        "if not state.last.empty:  # no rank's gradient entered: no update",
+        "    optimizer.step()",
+    ]
+    return Adoption(
+        "ddp",
+        spec,
+        (f"from tailtrain import {names}",),
+        (f"{state[0]}  # after ddp = DDP(model)", state[1]),
+        (
+            "optimizer.zero_grad()",
+            split,
+            "    loss = loss_fn(ddp(x), y)  # your forward and loss, now per micro-batch",
+            "    loss.backward()",
+            *guard,
+        ),
+        each=f"each step (its batch x, y split in M={m} micro-batches)",
+        edit_list=(
+            _import(names),
+            _edit(DDP_ANCHOR, state, "ddp"),
+            _edit(LOADER_ANCHOR, [], "loader"),  # binds only: the batch is drawn from it
+            _edit(BATCH_ANCHOR, [], "x"),  # binds x and y, the batch split below
+            _edit(
+                STEP_ANCHOR,
+                [split, "    \\g<body>"],
+                "loss",
+                "replace",
+                unless=r"\.no_sync\(",
+                why=ACCUMULATION,
+            ),
+            _edit(OPTIMIZER_ANCHOR, guard, "optimizer", "replace"),
+        ),
+    )
 
 
 def check_setup(setup: str) -> str:
@@ -71,19 +193,34 @@ def runnable(strategy: str, setup: str, spec: str | None = None) -> bool:
     allowed = RUNNABLE[check_setup(setup)]
     if allowed is not None and spec is not None and any(o in spec for o in TRAIN_ONLY):
         return False
+    if setup == "ddp" and strategy == "rebalance" and spec not in (None, "rebalance"):
+        return False  # a DDP job deals per-rank batches; no threshold on top, no demand
     return allowed is None or strategy in allowed
 
 
-def adoption(spec: str, strategy: str, setup: str) -> Adoption:
-    """The lines that make a ``setup`` job run ``spec`` (of family ``strategy``)."""
+def adoption(
+    spec: str,
+    strategy: str,
+    setup: str,
+    micro_batches: int | None = None,
+    shares: tuple[int, ...] | None = None,
+) -> Adoption:
+    """The lines that make a ``setup`` job run ``spec`` (of family ``strategy``), at
+    ``micro_batches`` per step where it needs more than the job has, with ``shares`` where
+    rebalance deals per-rank batches (a DDP job's; ``advice.units``)."""
     if not runnable(strategy, setup, spec):
         raise UsageError(f"a {setup} job cannot run {spec!r}; advise --for {setup} never picks it")
+    if strategy == "rebalance" and shares is not None and setup in ("ddp", "any"):
+        return replace(ddp_rebalance(spec, shares), setup=setup)
     if setup in ("tailtrain-train", "any"):
         command = f'tailtrain train --strategy "{spec}"  # plus your run\'s other options'
+        if micro_batches is not None:
+            command = command.replace("  #", f" --micro-batches {micro_batches}  #")
         return Adoption(setup, spec, (), (), (), command)
     if strategy == "sync":
-        keep = "# keep your step as it is: sync is what it runs"
-        return Adoption(setup, spec, (), (keep,), ())
+        return Adoption(setup, spec, (), ("# keep your loop as it is: sync is what it runs",), ())
+    if setup == "ddp" and micro_batches is not None:
+        return ddp_dropcompute(spec, micro_batches)
     if setup == "ddp":
         return Adoption(
             setup,
@@ -96,7 +233,8 @@ def adoption(spec: str, strategy: str, setup: str) -> Adoption:
             (
                 "for batch in state.micro_batches(ddp, micro_batches):",
                 "    loss_fn(ddp, batch).backward()",
-                "optimizer.step()",
+                "if not state.last.empty:  # no rank's gradient entered: no update",
+                "    optimizer.step()",
                 "optimizer.zero_grad()",
             ),
         )

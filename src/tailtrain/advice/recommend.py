@@ -83,6 +83,11 @@ class Ranked:
     row: Row
     simulated: Row | None
     uncertainty: float = 0.0
+    #: the micro-batches per step the row needs where the job has fewer (DropCompute priced
+    #: on a per-step trace split in M, ``advice.units``); None: it runs the job's own steps
+    micro_batches: int | None = None
+    #: per-rank batch shares (rebalance priced per sample for a DDP job, ``advice.units``)
+    shares: tuple[int, ...] | None = None
 
     @property
     def effective_speedup(self) -> float:
@@ -100,6 +105,10 @@ class Ranked:
             out["simulated_effective_speedup"] = self.simulated.effective_speedup
             out["simulated_method"] = self.simulated.method
         out["effective_speedup_uncertainty"] = self.uncertainty
+        if self.micro_batches is not None:
+            out["micro_batches"] = self.micro_batches
+        if self.shares is not None:
+            out["shares"] = list(self.shares)
         return out
 
 
@@ -238,10 +247,11 @@ def _rebalance_rows(rows: list[Row], micro_batches: int | None) -> list[Row]:
     return [*(replace(found[0], spec=spec) for spec in REBALANCE), *demand]
 
 
-def simplicity(ranked: Ranked) -> tuple[int, float]:
-    """How far a fresh-gradient row is from sync: its strategy's place in :data:`FRESH`,
-    then its setting's distance (fewer workers waited for, more work dropped, a longer
-    period, a threshold on top of the shares: larger)."""
+def simplicity(ranked: Ranked) -> tuple[bool, int, float]:
+    """How far a fresh-gradient row is from sync: whether it needs micro-batches the job
+    does not have (a remedy that needs none is preferred at equal gain), its strategy's
+    place in :data:`FRESH`, then its setting's distance (fewer workers waited for, more work
+    dropped, a longer period, a threshold on top of the shares: larger)."""
     row = ranked.row
     if row.strategy == "rebalance":
         distance = float((*REBALANCE, DEMAND_SPEC).index(row_spec(row)))
@@ -251,7 +261,7 @@ def simplicity(ranked: Ranked) -> tuple[int, float]:
         distance = row.drop_rate or 0.0
     else:
         distance = -float(row.k)
-    return FRESH.index(row.strategy), distance
+    return ranked.micro_batches is not None, FRESH.index(row.strategy), distance
 
 
 def equivalents(ranked: list[Ranked]) -> list[Ranked]:
@@ -309,12 +319,20 @@ def recommend(ranked: list[Ranked], persistent_dominate: bool = False) -> list[R
     return rebalanced(equivalents(ranked), persistent_dominate)
 
 
-def reason(choice: Ranked, cost: Cost, excluded: Cost | None, persistent: list[int]) -> str:
-    """One sentence on why, and on the persistent stragglers when there are any."""
+def reason(
+    choice: Ranked,
+    cost: Cost,
+    excluded: Cost | None,
+    persistent: list[int],
+    unit: str = "gradients",
+) -> str:
+    """One sentence on why, and on the persistent stragglers when there are any; ``unit``:
+    what the job applies (``samples`` where the trace counts them, ``advice.units``)."""
     source = choice.simulated or choice.row
+    split = "" if choice.micro_batches is None else f" at M={choice.micro_batches} micro-batches"
     text = (
-        f"{row_spec(choice.row)} applies {source.effective_speedup:.2f}x "
-        f"(+-{choice.uncertainty:.2f}) the gradients per "
+        f"{row_spec(choice.row)}{split} applies {choice.effective_speedup:.2f}x "
+        f"(+-{choice.uncertainty:.2f}) the {unit} per "
         f"second of sync ({source.iteration_time:.4g} s per update, {source.method}); "
         f"sync waits {cost.overhead:.4g} s per step for its slowest worker "
         f"({cost.overhead_share:.0%} of sync's {cost.iteration_time:.4g} s per step)."
@@ -345,12 +363,13 @@ def reason(choice: Ranked, cost: Cost, excluded: Cost | None, persistent: list[i
             else "drops no sample (predicted"
         )
         how = "give each rank the share of the global batch it can finish"
+        shares = "" if choice.shares is None else f" with shares {list(choice.shares)}"
         if spec == DEMAND_SPEC:
             how = "deal the global batch on demand, each micro-batch to whichever rank asks next"
             what = "keeps every rank busy and drops no sample (predicted"
         return (
-            f"{found}rather than fix or replace them, {how}: {spec} {what} "
-            f"{choice.row.effective_speedup:.2f}x the gradients per second of sync{simulated}). "
+            f"{found}rather than fix or replace them, {how}: {spec}{shares} {what} "
+            f"{choice.row.effective_speedup:.2f}x the {unit} per second of sync{simulated}). "
             f"{text}"
         )
     return f"{found}fix or replace them. Meanwhile: {text}"

@@ -6,17 +6,14 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from rich.console import Console
-from rich.table import Table
-
-from tailtrain.advice import Advice, advise
-from tailtrain.advice.heatmap import plot_heatmap
-from tailtrain.cli.predict import _finite
 from tailtrain.cli.scenario_args import seed_value
-from tailtrain.core.records import prepare_folder
 from tailtrain.delays.trace import TRACE_FORMAT
 from tailtrain.errors import UsageError
+
+if TYPE_CHECKING:
+    from tailtrain.advice import Advice
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -46,7 +43,14 @@ def register(sub: argparse._SubParsersAction) -> None:
         metavar="N",
         help="workers to advise for (default: the trace's; worker n replays n mod W)",
     )
-    p.add_argument("--micro-batches", type=int, default=None, metavar="M")
+    p.add_argument(
+        "--micro-batches",
+        type=int,
+        default=None,
+        metavar="M",
+        help="micro-batches per step to advise for (a per-step trace is split in M: each "
+        "step as M i.i.d. Gamma parts given its recorded total)",
+    )
     p.add_argument(
         "--for",
         dest="setup",
@@ -65,6 +69,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=seed_value, default=0)
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument(
+        "--patch",
+        type=Path,
+        default=None,
+        metavar="SCRIPT",
+        help="print the recommendation's change to SCRIPT as a unified diff (--for ddp)",
+    )
+    p.add_argument(
         "--out",
         type=Path,
         default=None,
@@ -75,11 +86,16 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from tailtrain.advice import advise
+    from tailtrain.cli.predict import _finite
+
     if (args.source is None) == (args.trace is None):
         raise UsageError(
             "advise reads one trace: give a trace file or a probe's folder (advise DIR), "
             "or --trace FILE"
         )
+    if args.patch is not None:
+        script = _read_script(args.patch, args.setup)
     found = advise(
         args.source or args.trace,
         workers=args.workers,
@@ -88,13 +104,19 @@ def run(args: argparse.Namespace) -> int:
         setup=args.setup,
         comm_time=args.comm_time,
     )
+    if args.patch is not None:
+        sys.stdout.write(_diff(found, script, args.patch))
+        return 0
     payload = _finite(found.to_json())
     if args.out is not None:
+        import numpy as np
+
+        from tailtrain.advice.heatmap import plot_heatmap
+        from tailtrain.core.records import prepare_folder
+
         folder = prepare_folder(args.out)
         (folder / "advice.json").write_text(json.dumps(payload, indent=2) + "\n")
         ids = [s.worker for s in found.stragglers]
-        import numpy as np
-
         plot_heatmap(found.times, np.asarray(ids), found.persistent, folder / "heatmap.png")
     if args.json:
         json.dump(payload, sys.stdout, indent=2)
@@ -104,7 +126,31 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _read_script(path: Path, setup: str) -> str:
+    if setup != "ddp":
+        raise UsageError(f"--patch edits a DDP script: give --for ddp (not --for {setup})")
+    try:
+        return path.read_text()
+    except (OSError, UnicodeDecodeError) as err:
+        reason = getattr(err, "strerror", None) or str(err)
+        raise UsageError(f"cannot read script {str(path)!r}: {reason}") from None
+
+
+def _diff(found: Advice, script: str, path: Path) -> str:
+    """The recommendation's edits applied to ``script``, as a unified diff (empty: sync,
+    nothing to change)."""
+    from tailtrain.advice.patch import apply_edits, unified_diff
+
+    edits = [] if found.adopt is None else found.adopt.edits()
+    return unified_diff(script, apply_edits(script, edits), path.name)
+
+
 def _print(found: Advice) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    from tailtrain.advice.units import TIME_TO_TARGET
+
     console = Console(file=sys.stdout, width=140, highlight=False)
     slow = [s for s in found.stragglers if s.verdict != "healthy"]
     iterations, trace_workers = found.times.shape
@@ -116,6 +162,19 @@ def _print(found: Advice) -> None:
         f"trace rows used: iterations 0..{iterations - 1} of every trace worker "
         f"({iterations * trace_workers} worker-iterations, each the sum of its micro-batches)"
     )
+    unit = found.unit
+    if found.job is not None:
+        job = found.job
+        batch = (
+            "no samples column: figures per step (a rank's gradient), not per sample"
+            if job.samples is None
+            else f"samples per rank per step {job.samples.tolist()}"
+        )
+        rate = "" if found.measured is None else f"; measured {found.measured:.4g} {unit}/s"
+        console.print(
+            f"job: {job.workers} ranks, {job.micro_batches} micro-batch(es) per step, {batch}{rate}"
+        )
+    _print_runs(console, found)
     for s in slow or []:
         console.print(
             f"  worker {s.worker}: {s.verdict}, score {s.score:.2f}, {s.slowdown:.2f}x the "
@@ -132,29 +191,73 @@ def _print(found: Advice) -> None:
         f"worker time {c.mean_worker_time:.4g} s: {c.overhead:.4g} s per step "
         f"({c.overhead_share:.0%} of sync's time) waiting for the slowest"
     )
+    applied = "samples" if unit == "samples" else "gradients"
     table = Table(title_justify="left")
-    headers = ("#", "strategy", "E[T] (s per update)", "speedup (x sync's gradients/s)",
-               "simulated speedup (x)", "+- (x)", "method")  # fmt: skip
+    headers = (
+        "#",
+        "strategy",
+        "needs",
+        f"{applied}/s (x the job)",
+        f"{applied}/s",
+        "dropped",
+        "time to target (x)",
+        "+- (x)",
+        "E[T] (s per update)",
+        "method",
+    )
     for name in headers:
-        table.add_column(name, justify="left" if name in ("strategy", "method") else "right")
+        left = name in ("strategy", "needs", "method")
+        table.add_column(name, justify="left" if left else "right")
     for i, r in enumerate(found.ranked, start=1):
-        sim = "" if r.simulated is None else f"{r.simulated.effective_speedup:.3f}"
-        spec = r.as_dict()["spec"]
+        u = found.units(r)
+        needs = "" if r.micro_batches is None else f"M={r.micro_batches}"
+        needs = needs if r.shares is None else "shares " + "/".join(map(str, r.shares))
         table.add_row(
             str(i),
-            spec,
-            f"{r.row.iteration_time:.4g}",
-            f"{r.row.effective_speedup:.3f}",
-            sim,
+            r.as_dict()["spec"],
+            needs,
+            f"{u.ratio:.3f}",
+            "" if u.per_second is None else f"{u.per_second:.4g}",
+            f"{u.drop_rate:.0%}",
+            "" if u.time_to_target is None else f"{u.time_to_target:.3f}",
             f"{r.uncertainty:.3f}",
-            r.row.method,
+            f"{r.iteration_time:.4g}",
+            (r.simulated or r.row).method,
         )
     console.print(table)
+    if (excluded := found.exclusion) is not None:
+        absolute = excluded[f"{unit}_applied_per_second"]
+        also = "" if absolute is None else f", {absolute:.4g} {unit}/s"
+        console.print(
+            f"fix or replace worker(s) {excluded['excluded']}: the job without them, at their "
+            f"pace, applies {excluded[f'{unit}_applied_ratio']:.3f}x the {applied} per second "
+            f"of the job as measured{also} ({excluded['iteration_time']:.4g} s per step)",
+            soft_wrap=True,
+        )
     console.print(f"recommendation: {found.recommendation}", soft_wrap=True)
     console.print(found.reason, soft_wrap=True)
     if found.adopt is not None:
         console.print(f"to adopt it (--for {found.setup}):", soft_wrap=True)
         for line in found.adopt.lines():
             console.print(f"    {line}", soft_wrap=True, markup=False)
+    console.print(f"note: {TIME_TO_TARGET}", soft_wrap=True)
     for note in found.notes:
         console.print(f"note: {note}", soft_wrap=True)
+
+
+def _print_runs(console, found: Advice) -> None:
+    """Before and after: every run of the file against the last, as measured."""
+    report = found.before_after()
+    if report is None:
+        return
+    unit = found.unit
+    last = found.runs[-1]
+    for r in found.runs:
+        slow = ", ".join(f"{s.worker} {s.verdict}" for s in r.verdicts if s.verdict != "healthy")
+        gain = "" if r is last else f"; the last run applies {last.rate / r.rate:.3f}x this"
+        console.print(
+            f"run {r.run}: {r.rate:.4g} {unit}/s measured over {r.steps} steps "
+            f"({r.step_time:.4g} s per step); not healthy: {slow or 'none'}{gain}",
+            soft_wrap=True,
+        )
+    console.print(f"advising on the last run ({last.run})")

@@ -6,6 +6,9 @@
   shares, for a :class:`StragglerStep` (every sample of an epoch once).
 * :class:`StragglerHookState` and :func:`weighted_allreduce_hook`: DropCompute for a job that
   keeps ``DistributedDataParallel`` (a comm hook, ``no_sync`` accumulation).
+* ``rebalance_loader``, ``ShareBatchSampler`` and ``sample_weighted_hook``: per-rank batch
+  shares for a ``DistributedDataParallel`` job with a ``DistributedSampler``, each rank weighted
+  by its samples so the update is the global batch's mean (``integrate.share_loader``).
 
 * :class:`StragglerProbe`: measures any loop (a DDP job by gradient hooks) and names the slow
   ranks, writing the trace ``tailtrain advise`` reads.
@@ -23,16 +26,24 @@ from tailtrain.integrate.ddp import StragglerHookState, weighted_allreduce_hook
 from tailtrain.integrate.probe import ProbeReport, StragglerProbe
 from tailtrain.integrate.rounds import StepRecord
 from tailtrain.integrate.sampler import ShareSampler
+from tailtrain.integrate.share_loader import (
+    ShareBatchSampler,
+    rebalance_loader,
+    sample_weighted_hook,
+)
 from tailtrain.integrate.step import StragglerStep
 from tailtrain.runtime.allreduce.shrink import Refused
 
 __all__ = [
     "ProbeReport",
     "Refused",
+    "ShareBatchSampler",
     "ShareSampler",
     "StepRecord",
     "StragglerHookState",
     "StragglerProbe",
     "StragglerStep",
+    "rebalance_loader",
+    "sample_weighted_hook",
     "weighted_allreduce_hook",
 ]

@@ -24,11 +24,21 @@ G_n = (bucket) / C_n the mean over the rank's counted micro-batches, and returns
 asynchronous (``torch.futures``), hence its own small allreduce rather than
 ``runtime.reduce.Collectives.weighted_sum``. Local-SGD averages models, not gradients, so it
 has no hook: use :class:`tailtrain.integrate.StragglerStep`.
+
+Under a :class:`~tailtrain.integrate.StragglerProbe` that watches the DDP model
+(``probe.watch(ddp_model)``, which registers the model in ``integrate.probe``'s weak table:
+:func:`~tailtrain.integrate.probe.watching`), :meth:`StragglerHookState.micro_batches` runs
+the round's collectives (the agreement's gather, where a fast rank waits for the slow one, the
+zero backward that fires the hook, and the closing gather) inside ``probe.sync()``: the probe
+counts them as this rank's wait and not its compute, ignores the zero backward's gradient
+hooks (they are no step's gradients being ready), and takes the samples of the micro-batches
+computed (cut ones never are) as the step's ``samples``.
 """
 
 # no ``from __future__ import annotations``: DDP checks the hook's annotations as objects
 import datetime
 from collections.abc import Iterator, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,6 +48,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from tailtrain.errors import UsageError
+from tailtrain.integrate.probe import batch_samples, watching
 from tailtrain.integrate.rounds import RoundProgress, Rounds, StepRecord
 from tailtrain.runtime.control import RankWeighting, check_agreement
 from tailtrain.runtime.reduce import Collectives
@@ -106,18 +117,27 @@ class StragglerHookState:
                 "StragglerStep (or torch's PostLocalSGDOptimizer)"
             )
         work = RoundProgress(np.empty(0))
+        computed: int | None = 0  # samples of the micro-batches computed (None: not known)
         for batch in self.rounds.units(batches, plan, work):
             with ddp_model.no_sync():
                 yield batch
-        agreed = self.rounds.agree(work)
-        self._pending = _Pending(agreed.mine, 1.0 / max(work.done, 1), plan.lr_scale)
-        began = self.rounds.clock()
-        try:
-            flush_buckets(ddp_model)
-        finally:
-            pending, self._pending = self._pending, None
-        reduce = self.rounds.clock() - began
-        self.last = self.rounds.close(plan, work, agreed, reduce, pending.screened)
+            size = batch_samples(batch)
+            computed = None if computed is None or size is None else computed + size
+        # a probe watching the model (``StragglerProbe.watch``) times the round's collectives
+        # as this rank's wait, and skips the zero backward's gradient hooks (module docstring)
+        probe = watching(ddp_model)
+        with probe.sync() if probe is not None else nullcontext():
+            agreed = self.rounds.agree(work)
+            self._pending = _Pending(agreed.mine, 1.0 / max(work.done, 1), plan.lr_scale)
+            began = self.rounds.clock()
+            try:
+                flush_buckets(ddp_model)
+            finally:
+                pending, self._pending = self._pending, None
+            reduce = self.rounds.clock() - began
+            self.last = self.rounds.close(plan, work, agreed, reduce, pending.screened)
+        if probe is not None:
+            probe.note_samples(computed)
 
     # ---- checkpoints ----------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -150,22 +170,49 @@ def weighted_allreduce_hook(
             "weighted_allreduce_hook reduces at the end of a round: iterate "
             "state.micro_batches(ddp_model, micro_batches) and backward inside that loop"
         )
-    buffer, mine = bucket.buffer(), pending.mine
+    mine = pending.mine
+    future, screened = weighted_bucket_allreduce(
+        bucket.buffer(), mine.weight, mine.total, mine.divisor, state.process_group,
+        scale=pending.scale, lr_scale=pending.lr_scale,
+    )  # fmt: skip
+    pending.screened = pending.screened or screened
+    return future
+
+
+def weighted_bucket_allreduce(
+    buffer: torch.Tensor,
+    weight: float,
+    total: float,
+    divisor: float | None,
+    process_group: dist.ProcessGroup | None,
+    *,
+    scale: float = 1.0,
+    lr_scale: float = 1.0,
+) -> tuple[torch.futures.Future[torch.Tensor], bool]:
+    """Start ``lr_scale * sum_n w_n (scale_n x_n) / divisor`` of a bucket ``x_n``: one
+    asynchronous allreduce of ``[w_n scale_n x_n, w_n, withheld]``. Returns its future and
+    whether this rank's bucket was screened out.
+
+    ``weight`` is this rank's w_n, ``total`` the sum over every rank that the rule expects,
+    ``divisor`` the one it fixed (None: the reduced sum of the weights). A bucket holding a NaN
+    or an infinity joins with weight 0 and zeros (0 * NaN is NaN) and reports the weight it
+    withheld, so every rank's agreement check (reduced + withheld = expected) holds and the
+    others' mean is divided by their own weights. Both DDP hooks reduce through here, so the
+    screening is decided once."""
     bad = not bool(torch.isfinite(buffer).all())
-    weight, withheld = (0.0, mine.weight) if bad else (mine.weight, 0.0)
-    head = torch.zeros_like(buffer) if bad else buffer * (weight * pending.scale)
+    weight, withheld = (0.0, weight) if bad else (weight, 0.0)
+    head = torch.zeros_like(buffer) if bad else buffer * (weight * scale)
     tail = torch.tensor([weight, withheld], dtype=buffer.dtype, device=buffer.device)
-    pending.screened = pending.screened or bad
-    work = dist.all_reduce(torch.cat([head, tail]), group=state.process_group, async_op=True)
+    work = dist.all_reduce(torch.cat([head, tail]), group=process_group, async_op=True)
 
     def divide(future: torch.futures.Future[list[torch.Tensor]]) -> torch.Tensor:
         reduced = future.value()[0]
-        total, withheld_sum = reduced[-BUCKET_TAIL:].double().cpu().tolist()
-        check_agreement(mine.total, total + withheld_sum)
-        divisor = mine.divisor if mine.divisor is not None else total
-        return reduced[:-BUCKET_TAIL].mul_(pending.lr_scale / (divisor if divisor else 1.0))
+        summed, withheld_sum = reduced[-BUCKET_TAIL:].double().cpu().tolist()
+        check_agreement(total, summed + withheld_sum)
+        by = divisor if divisor is not None else summed
+        return reduced[:-BUCKET_TAIL].mul_(lr_scale / (by if by else 1.0))
 
-    return work.get_future().then(divide)
+    return work.get_future().then(divide), bad
 
 
 def flush_buckets(ddp_model: DistributedDataParallel) -> None:

@@ -43,6 +43,13 @@ step, so momentum or weight decay move nothing (under H > 1 the parameters retur
 round's start), as ``train``'s parameters stay (``topology.allreduce.step_row``).
 Ranks start from rank 0's parameters and buffers (broadcast once, as DDP does).
 
+Under a :class:`~tailtrain.integrate.StragglerProbe` that watches the step
+(``probe.watch(step)``, then ``for micro_batches in probe.batches(loader): step(...)``), a
+call runs its round's collectives (the agreement's gather, the weighted allreduce, the
+closing gather) inside ``probe.sync()``: the probe counts them as this rank's wait and the
+micro-batches and the optimizer's step as its compute, and takes the samples of the
+micro-batches computed as the step's ``samples``.
+
 **Losing a rank** (``on_rank_loss="shrink"``, under ``tailtrain launch --on-rank-loss shrink``,
 ``runtime.scripts``; the default ``"stop"`` leaves a dead rank's peers failing in their next
 collective, as DDP's do). Every collective of a call is watched (``runtime.allreduce.shrink``:
@@ -105,6 +112,7 @@ import logging
 import os
 import time
 from collections.abc import Callable, Sequence
+from contextlib import nullcontext
 from enum import StrEnum
 from typing import Any
 
@@ -114,6 +122,7 @@ import torch.distributed as dist
 from torch import nn
 
 from tailtrain.errors import UsageError
+from tailtrain.integrate.probe import batch_samples, watching
 from tailtrain.integrate.rounds import (
     Agreement,
     RoundProgress,
@@ -281,28 +290,38 @@ class StragglerStep:
             self._start = (start, kept, [b.detach().clone() for b in self.model.buffers()])
         self.optimizer.zero_grad(set_to_none=True)
         work, pending = RoundProgress(np.empty(0)), 0
+        computed: int | None = 0  # samples of the micro-batches computed (None: not known)
         for u, batch in enumerate(self.rounds.units(batches, plan, work)):
             loss = loss_fn(batch)
             loss.backward()
             work.loss_sum += float(loss.detach())
             pending += 1
+            size = batch_samples(batch)
+            computed = None if computed is None or size is None else computed + size
             if local and (u + 1) % m == 0 and u + 1 < len(batches):  # a local step ends
                 self._local_step(m)
                 pending = 0
         if local and pending:
             self._local_step(m)
-        agreed = self.rounds.agree(work, plan)
-        began = self.rounds.clock()
-        with torch.no_grad():
-            averaged, screened, total = self._reduce(agreed, work, start)
-        reduce = self.rounds.clock() - began
-        shrinker = self.shrinker
-        # the lowest member looks for ranks asking to join (at most every JOIN_LOOK seconds)
-        # and says so in the round's last gather, so every member grows after the same round
-        asks = False
-        if shrinker is not None and shrinker.rank == shrinker.members[0]:
-            asks = shrinker.joins_waiting()
-        timing = self.rounds.timing(reduce, work, screened, asks)
+        # a probe watching this step (``StragglerProbe.watch(step)``) times the round's
+        # collectives as this rank's wait, the rest of the call as its compute
+        probe = watching(self)
+        with probe.sync() if probe is not None else nullcontext():
+            agreed = self.rounds.agree(work, plan)
+            began = self.rounds.clock()
+            with torch.no_grad():
+                averaged, screened, total = self._reduce(agreed, work, start)
+            reduce = self.rounds.clock() - began
+            shrinker = self.shrinker
+            # the lowest member looks for ranks asking to join (at most every JOIN_LOOK
+            # seconds) and says so in the round's last gather, so every member grows after
+            # the same round
+            asks = False
+            if shrinker is not None and shrinker.rank == shrinker.members[0]:
+                asks = shrinker.joins_waiting()
+            timing = self.rounds.timing(reduce, work, screened, asks)
+        if probe is not None:
+            probe.note_samples(computed)
         self._grows = bool(timing[:, 3].any())
         with torch.no_grad():  # past the last collective: the round completes here
             self._apply(averaged, start, plan.lr_scale, total)

@@ -1,0 +1,159 @@
+r"""The one applier of ``advise``'s edits: a script's source in, the adopted source out.
+
+``advise --json`` gives ``adopt.edits`` (``advice.adopt``); :func:`apply_edits` applies them
+in order, and ``advise --patch SCRIPT`` prints the unified diff. Each edit:
+
+* ``anchor``: a regex (multi-line mode) the supported loop shape contains. Canonical names
+  (``advice.adopt.CANONICAL``) already bound are replaced by the script's own before the
+  search; a named group named after a canonical name binds it (``(?P<loader>...)`` on
+  ``self.train_data = DataLoader(...)`` binds ``loader`` to ``self.train_data``).
+* ``action``: ``insert_after`` inserts ``lines`` after the anchored statement (the whole
+  statement, by the parser, when it spans lines) at its indentation, or after a line an
+  earlier edit inserted that assigns a name these lines use, when that comes later in the
+  same block (the hook after the rebalanced loader); ``replace`` puts ``lines`` in place of
+  the lines the match spans, ``\g<name>`` standing for a group's text (its further lines
+  keep their indentation relative to its first).
+* ``lines`` use canonical names, renamed to the script's; a name the edits introduce
+  (``state``) lives where the DDP model does (``self.state`` beside ``self.model``).
+* ``unless`` / ``why``: a regex a shape the edit cannot change contains, and why (one line).
+
+Everything that does not fit is a one-line :class:`~tailtrain.errors.UsageError`.
+"""
+
+from __future__ import annotations
+
+import ast
+import difflib
+import re
+from collections.abc import Sequence
+from typing import Any
+
+from tailtrain.advice.adopt import CANONICAL
+from tailtrain.errors import UsageError
+
+#: names the edits introduce, placed beside the object they belong to (module docstring)
+INTRODUCED = {"state": "ddp"}
+_GROUP = re.compile(r"\\g<(\w+)>")
+
+
+def _token(name: str) -> re.Pattern[str]:
+    """``name`` as an identifier: not an attribute, a longer name or a group's name."""
+    return re.compile(rf"(?:(?<=\\b)|(?<![\w.<=\\])){re.escape(name)}(?![\w>])")
+
+
+def _renamed(text: str, names: dict[str, str], regex: bool = False) -> str:
+    for name, own in names.items():
+        if own != name:
+            text = _token(name).sub((re.escape(own) if regex else own).replace("\\", "\\\\"), text)
+    return text
+
+
+def _statement_end(source: str, line: int) -> int:
+    """The last line (0-based) of the simple statement that starts on ``line`` (a compound
+    one, ``for`` or ``def``, is anchored by its header); ``line`` when none does or the
+    source does not parse."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return line
+    ends = [
+        node.end_lineno - 1
+        for node in ast.walk(tree)
+        if isinstance(node, ast.stmt)
+        and node.lineno - 1 == line
+        and node.end_lineno is not None
+        and not hasattr(node, "body")
+    ]
+    return max(ends, default=line)
+
+
+def _indent(line: str) -> str:
+    return line[: len(line) - len(line.lstrip(" \t"))]
+
+
+def _expand(template: str, match: re.Match[str], base: str) -> list[str]:
+    """``template`` with each ``\\g<name>`` replaced by the group's text: its first line in
+    place, its further lines re-indented from ``base`` to the template line's indentation."""
+    found = _GROUP.search(template)
+    if found is None:
+        return [template]
+    text = match.group(found.group(1)) or ""
+    head, *rest = text.split("\n")
+    prefix = _indent(template)
+    out = [template[: found.start()] + head + template[found.end() :]]
+    for line in rest:
+        out.append(prefix + line[len(base) :] if line.startswith(base) else prefix + line)
+    return out
+
+
+def apply_edits(source: str, edits: Sequence[dict[str, Any]]) -> str:
+    """``source`` with ``edits`` (``advise --json``'s ``adopt.edits``) applied in order,
+    names renamed to the script's own (module docstring)."""
+    names: dict[str, str] = {}
+    assigned: dict[str, str] = {}  # canonical name -> the inserted line assigning it
+    for edit in edits:
+        unless = edit.get("unless")
+        if unless and re.search(unless, source, re.M):
+            raise UsageError(str(edit.get("why") or f"the script matches {unless!r}"))
+        anchor = _renamed(edit["anchor"], names, regex=True)
+        match = re.search(anchor, source, re.M)
+        if match is None:
+            raise UsageError(
+                f"no line of the script matches {edit['anchor']!r} (binds "
+                f"{edit.get('binds')}): the script is not a loop shape advise --for names; "
+                "adopt the printed lines by hand"
+            )
+        for group, value in match.groupdict().items():
+            if group in CANONICAL and value:
+                names[group] = value
+        for name, owner in INTRODUCED.items():
+            if owner in names and "." in names[owner]:
+                names[name] = names[owner].rsplit(".", 1)[0] + "." + name
+        lines = source.split("\n")
+        first = source.count("\n", 0, match.start())
+        last = source.count("\n", 0, match.end())
+        base = _indent(lines[first])
+        rendered: list[str] = []
+        for template in edit["lines"]:
+            rendered += [base + part for part in _expand(_renamed(template, names), match, base)]
+        if edit["action"] == "replace":
+            lines[first : last + 1] = rendered
+        elif edit["action"] == "insert_after":
+            end = max(_statement_end(source, first), last)
+            end = _after_assignments(lines, end, base, edit["lines"], assigned)
+            lines[end + 1 : end + 1] = rendered
+        else:
+            raise UsageError(f"unknown edit action {edit['action']!r}: insert_after or replace")
+        for template, line in zip(edit["lines"], rendered, strict=False):
+            target = re.match(r"(\w+) = ", template)
+            if target is not None and edit["action"] == "insert_after":
+                assigned[target.group(1)] = line
+        source = "\n".join(lines)
+    return source
+
+
+def _after_assignments(
+    lines: list[str], end: int, base: str, templates: Sequence[str], assigned: dict[str, str]
+) -> int:
+    """Where lines using a name an earlier edit assigned go: after that assignment when it
+    comes later at the same indentation (module docstring)."""
+    for name, line in assigned.items():
+        uses = any(_token(name).search(t) for t in templates)
+        if not uses or _indent(line) != base:
+            continue
+        later = [i for i in range(end + 1, len(lines)) if lines[i] == line]
+        if later:
+            end = later[0]
+    return end
+
+
+def unified_diff(source: str, patched: str, name: str) -> str:
+    """The change as ``diff -u`` prints it (``advise --patch``)."""
+    return "".join(
+        difflib.unified_diff(
+            source.splitlines(keepends=True),
+            patched.splitlines(keepends=True),
+            fromfile=f"a/{name}",
+            tofile=f"b/{name}",
+        )
+    )

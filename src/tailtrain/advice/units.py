@@ -1,0 +1,318 @@
+"""Advice in the user's units: samples applied per second, drop rate, time to a target loss.
+
+The job's structure is read from its trace (the last run, as a replay reads it): B_n, rank
+n's samples per step (the ``samples`` column summed over a step's micro-batches, median over
+steps) and M, the micro-batches a step has (1 without a ``micro_batch`` column). A trace
+without ``samples`` is priced per step (a rank's gradient), as before the column existed.
+
+* **Samples applied per second**, as a ratio to the job as measured (its sync replay): for
+  a row of ``predict``'s table its effective speedup (simulated where simulated), which
+  counts the share of each rank's batch that enters an update (DropCompute Eq. 6: C_n / M;
+  K-sync: K of N batches), so with equal B_n it is the ratio of samples applied per
+  second; absolute, that ratio times the run's measured sum of samples / sum of step wall
+  seconds (:func:`measured_rate`; a step's wall = max over ranks of seconds + noncompute).
+* **Drop rate**: the share of the step's samples that never enter an update: DropCompute's
+  cut, 1 - K/N for the K-sync family, 0 where every sample enters (stale ones too).
+* **Time to a target loss**, as a ratio to the job as measured, only for rules that apply
+  fresh gradients (sync, K-sync, DropCompute, rebalance): samples needed / samples applied
+  per second, i.e. 1 / the samples ratio, *assuming each applied sample makes the same
+  progress as under sync at the same global batch* (the linear-scaling regime below the
+  critical batch size; the dropped samples are the slow ranks' every step, which
+  under-represents their data: not priced). Rules that apply stale gradients or average
+  models (async, K-async, eager, Local-SGD) get no forecast: their progress per sample
+  depends on staleness that a timing trace cannot measure.
+
+Two rows are priced here from the per-step trace, with the project's rules:
+
+* **rebalance for a DDP job** (:func:`rebalance_shares`): t_n = rank n's seconds per sample
+  (median over steps), shares b_n = ``strategies.rebalance.optimal_shares(t, N B, 1)``, the
+  one rule; its step replayed by ``prediction.rebalance.stepped_times`` over per-sample
+  units (rank n's seconds per sample of each step, each step's time linear in its samples),
+  plus the step's recorded T^c.
+* **DropCompute at M micro-batches from a per-step trace** (:func:`split_trace`): the hook
+  checks its threshold between micro-batches, so a step of one batch has nothing to cut.
+  Each recorded step of rank n is split into M parts as M i.i.d. Gamma parts conditioned on
+  their sum (a symmetric Dirichlet split of the recorded seconds), the Gamma fitted to the
+  rank's step law (mean mu_n, variance s_n^2: shape mu_n^2 / (M s_n^2)); so every step's
+  total, sync's replay and the persistent differences stay as recorded, and only how a step
+  divides is assumed. No per-micro-batch overhead is assumed (smaller micro-batches can run
+  slower per sample on an accelerator: measure at the M chosen).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from numpy.typing import NDArray
+
+from tailtrain.delays.trace import Trace, write_trace_rows
+from tailtrain.errors import UsageError
+from tailtrain.persistence import Slowness
+
+#: micro-batch counts DropCompute is priced at on a per-step trace (those dividing B)
+CANDIDATE_M = (2, 4, 8)
+#: rules whose gradients are fresh and whose time to target scales as 1 / samples applied
+FRESH_PROGRESS = ("sync", "k-sync", "k-batch-sync", "dropcompute", "rebalance", "dbw")
+#: Gamma shape cap: a step law with no spread is split into equal parts
+_MAX_SHAPE = 1e6
+#: batches of the replayed steps for the standard error of a replayed mean step time
+_BATCHES = 10
+
+
+@dataclass(frozen=True)
+class Job:
+    """The job's structure as its trace recorded it (module docstring)."""
+
+    workers: int
+    micro_batches: int  #: M per step (1: the trace has no micro_batch column)
+    samples: NDArray[np.int64] | None  #: B_n per rank per step; None: no samples column
+
+    @property
+    def unit(self) -> str:
+        return "samples" if self.samples is not None else "steps"
+
+    @property
+    def per_step(self) -> int | None:
+        """Samples per step of the whole job, sum_n B_n (None: unknown)."""
+        return None if self.samples is None else int(self.samples.sum())
+
+    @property
+    def equal(self) -> bool:
+        return self.samples is None or bool(np.all(self.samples == self.samples[0]))
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "workers": self.workers,
+            "micro_batches": self.micro_batches,
+            "samples_per_rank": None if self.samples is None else self.samples.tolist(),
+            "samples_per_step": self.per_step,
+            "unit": self.unit,
+        }
+
+
+def step_table(trace: Trace) -> tuple[NDArray, NDArray, NDArray, NDArray | None]:
+    """Per (step, rank) over the steps every rank recorded: seconds (micro-batches summed),
+    noncompute (0 where none recorded), samples (None without the column), and the ranks."""
+    ranks, w = np.unique(trace.worker, return_inverse=True)
+    steps, i = np.unique(trace.iteration, return_inverse=True)
+    shape = (steps.size, ranks.size)
+    seconds = np.zeros(shape)
+    np.add.at(seconds, (i, w), trace.seconds)
+    seen = np.zeros(shape, dtype=bool)
+    seen[i, w] = True
+    full = seen.all(axis=1)  # steps every rank recorded
+    noncompute = np.zeros(shape)
+    if trace.noncompute is not None:
+        known = ~np.isnan(trace.noncompute)
+        np.add.at(noncompute, (i[known], w[known]), trace.noncompute[known])
+    samples = None
+    if trace.samples is not None:
+        samples = np.zeros(shape, dtype=np.int64)
+        np.add.at(samples, (i, w), trace.samples)
+        samples = samples[full]
+    return seconds[full], noncompute[full], ranks, samples
+
+
+def job_of(trace: Trace) -> Job:
+    """B_n (median over steps) and M of the trace's job."""
+    _, _, ranks, samples = step_table(trace)
+    m = 1
+    if trace.micro_batch is not None:
+        m = int(
+            np.unique(np.column_stack([trace.iteration, trace.worker]), axis=0, return_counts=True)[
+                1
+            ].max()
+        )
+    per_rank = None if samples is None else np.median(samples, axis=0).round().astype(np.int64)
+    return Job(int(ranks.size), m, per_rank)
+
+
+def measured_rate(trace: Trace) -> tuple[float, float, int]:
+    """The run as measured: (units per second, step wall seconds mean, steps): units are
+    samples (sum of samples / sum of step walls) or, without ``samples``, steps; a step's
+    wall = max over ranks of seconds + noncompute (the contract of ``delays.trace``)."""
+    seconds, noncompute, _, samples = step_table(trace)
+    wall = (seconds + noncompute).max(axis=1)
+    total = float(wall.sum())
+    done = float(samples.sum()) if samples is not None else float(wall.size)
+    return (done / total if total > 0 else float("inf")), float(wall.mean()), int(wall.size)
+
+
+def verdict_times(trace: Trace) -> NDArray[np.float64]:
+    """t[i, n] that verdicts judge: seconds per sample where the ranks' samples differ (a
+    rebalanced job: its slow rank computes fewer samples in the same time and stays slow),
+    else each step's seconds."""
+    seconds, _, _, samples = step_table(trace)
+    if samples is None or np.all(samples == samples[:, :1]) or (samples <= 0).any():
+        return seconds
+    return seconds / samples
+
+
+@dataclass(frozen=True)
+class Rebalanced:
+    """Per-sample shares for a DDP job and their replayed step (module docstring)."""
+
+    shares: NDArray[np.int64]
+    per_sample: NDArray[np.float64]  #: t_n, seconds per sample (median over steps)
+    iteration_time: float  #: E[max_n b_n t_n] + E[T^c], replayed
+    stderr: float
+
+
+def rebalance_shares(trace: Trace, comm: float) -> Rebalanced | None:
+    """Shares by ``optimal_shares`` on the per-sample times and their replayed step time
+    with ``comm`` seconds of T^c per step; None without ``samples`` (or a rank with none)."""
+    from tailtrain.prediction.rebalance import stepped_times
+    from tailtrain.strategies.rebalance import optimal_shares
+
+    seconds, _, _, samples = step_table(trace)
+    if samples is None or (samples <= 0).any() or seconds.shape[0] < 2:
+        return None
+    per_step = seconds / samples  # rank n's seconds per sample in each step
+    t = np.median(per_step, axis=0)
+    total = int(np.median(samples.sum(axis=1)))
+    shares = optimal_shares(t, total, 1)
+    # each step's samples as units of its per-sample time, a step cut by the shares
+    width = int(np.ceil(total / t.size))
+    units = np.repeat(per_step[:, :, None], width, axis=2)
+    steps = stepped_times(units, shares)
+    batches = [b.mean() for b in np.array_split(steps, min(_BATCHES, steps.size))]
+    stderr = float(np.std(batches, ddof=1) / np.sqrt(len(batches))) if len(batches) > 1 else 0.0
+    return Rebalanced(shares, t, float(steps.mean()) + comm, stderr)
+
+
+def candidate_ms(job: Job) -> list[int]:
+    """The M DropCompute is priced at on a per-step trace: :data:`CANDIDATE_M` dividing every
+    rank's batch (all of them without ``samples``)."""
+    if job.samples is None:
+        return list(CANDIDATE_M)
+    return [m for m in CANDIDATE_M if all(b % m == 0 and b >= m for b in job.samples)]
+
+
+def split_trace(trace: Trace, m: int, path: Path, seed: int = 0) -> Path:
+    """Write ``trace`` (per step) split into ``m`` micro-batches per step at ``path``: a
+    symmetric Dirichlet split of each step's seconds, its shape from the rank's step law
+    (module docstring); ``samples`` divided evenly, noncompute on the step's last part."""
+    if trace.micro_batch is not None:
+        raise UsageError("the trace already has a micro_batch column: advise at its own M")
+    rng = np.random.default_rng(seed)
+    parts = np.empty((trace.seconds.size, m))
+    for worker in np.unique(trace.worker):
+        rows = trace.worker == worker
+        x = trace.seconds[rows]
+        var = float(x.var())
+        shape = _MAX_SHAPE if var <= 0 else min(_MAX_SHAPE, float(x.mean()) ** 2 / (m * var))
+        g = rng.gamma(shape, 1.0, (x.size, m))
+        parts[rows] = x[:, None] * g / g.sum(axis=1, keepdims=True)
+    n = trace.seconds.size
+    columns = [
+        np.repeat(trace.iteration, m),
+        np.repeat(trace.worker, m),
+        np.tile(np.arange(m), n),
+        parts.ravel(),
+    ]
+    if trace.noncompute is not None:
+        nc = np.full((n, m), np.nan)
+        nc[:, -1] = trace.noncompute
+        columns.append(nc.ravel())
+    if trace.samples is not None:
+        share = np.repeat(trace.samples // m, m).reshape(n, m)
+        share[:, -1] += trace.samples % m
+        columns.append(share.ravel())
+    write_trace_rows(
+        path,
+        np.column_stack(columns).astype(np.float64),
+        True,
+        noncompute=trace.noncompute is not None,
+        samples=trace.samples is not None,
+    )
+    return path
+
+
+@dataclass(frozen=True)
+class RunReport:
+    """One run of the file as measured: units per second and each rank's verdict."""
+
+    run: int
+    rate: float
+    step_time: float
+    steps: int
+    verdicts: list[Slowness]
+
+    def as_dict(self, unit: str) -> dict[str, object]:
+        return {
+            "run": self.run,
+            f"{unit}_per_second": self.rate,
+            "step_time": self.step_time,
+            "steps": self.steps,
+            "verdicts": [
+                {"worker": s.worker, "verdict": s.verdict, "score": s.score} for s in self.verdicts
+            ],
+        }
+
+
+def run_reports(whole: Trace) -> list[RunReport]:
+    """Every run of the file, measured and judged (verdicts by :func:`verdict_times` under
+    the one persistence rule; none for a run too short to score)."""
+    from tailtrain.persistence import classify_workers
+
+    found = []
+    for run in whole.runs:
+        trace = whole.of_run(run)
+        rate, step, steps = measured_rate(trace)
+        times = verdict_times(trace)
+        ranks = np.unique(trace.worker)
+        verdicts = classify_workers(times, ranks) if min(times.shape) >= 2 else []
+        found.append(RunReport(run, rate, step, steps, verdicts))
+    return found
+
+
+#: the assumption behind the time-to-target ratio (module docstring)
+TIME_TO_TARGET = (
+    "time to a target loss = samples needed / samples applied per second, assuming each "
+    "applied sample makes the progress it makes under sync at the same global batch; none "
+    "for stale or model-averaging rules"
+)
+
+
+@dataclass(frozen=True)
+class InUnits:
+    """One row's forecast in the job's units (module docstring)."""
+
+    ratio: float  #: samples (or gradients) applied per second, x the job as measured
+    per_second: float | None  #: absolute, where the trace counts samples
+    drop_rate: float
+    time_to_target: float | None  #: x the job as measured; None: no forecast
+
+    def as_dict(self, unit: str) -> dict[str, object]:
+        return {
+            f"{unit}_applied_ratio": self.ratio,
+            f"{unit}_applied_per_second": self.per_second,
+            "samples_dropped": self.drop_rate,
+            "time_to_target_ratio": self.time_to_target,
+        }
+
+
+def in_units(
+    strategy: str,
+    k: int,
+    workers: int,
+    drop_rate: float | None,
+    ratio: float,
+    job: Job | None,
+    measured: float | None,
+) -> InUnits:
+    """A row of ``strategy`` (K = ``k`` of ``workers``) applying ``ratio`` x the job's
+    samples per second, in the job's units (module docstring)."""
+    if strategy == "dropcompute":
+        dropped = float(drop_rate or 0.0)
+    elif strategy in ("k-sync", "k-batch-sync", "dbw"):
+        dropped = 1.0 - k / workers
+    else:
+        dropped = 0.0
+    absolute = None
+    if job is not None and job.samples is not None and measured is not None:
+        absolute = ratio * measured
+    target = 1.0 / ratio if strategy in FRESH_PROGRESS and ratio > 0 else None
+    return InUnits(ratio, absolute, dropped, target)

@@ -1,0 +1,147 @@
+"""``advise --for ddp``'s edits, applied by the one applier to the loop shapes it names, train
+(two gloo ranks run each patched script as a user would: ``python script.py``)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import tailtrain
+from tailtrain.advice.adopt import adoption
+from tailtrain.advice.patch import apply_edits, unified_diff
+from tailtrain.errors import UsageError
+
+LOOPS = Path(__file__).parent / "loops"
+SHAPES = ("one_batch", "trainer", "accumulate")
+N = 2
+SHARES = (24, 8)  # the per-rank batch of 16 on 2 ranks, dealt 3:1
+
+
+def edits(strategy: str) -> list[dict]:
+    if strategy == "sync":
+        return adoption("sync", "sync", "ddp").edits()
+    if strategy == "dropcompute":
+        return adoption("dropcompute:threshold=auto", "dropcompute", "ddp", 4).edits()
+    return adoption("rebalance", "rebalance", "ddp", None, SHARES).edits()
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def train(script: Path, out: Path) -> list[dict]:
+    """Run ``script`` on N gloo ranks; each rank's saved model and step count."""
+    src = str(Path(tailtrain.__file__).parents[1])
+    env = {
+        **os.environ,
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(free_port()),
+        "WORLD_SIZE": str(N),
+        "OMP_NUM_THREADS": "1",
+        "PYTHONPATH": os.pathsep.join([src, os.environ.get("PYTHONPATH", "")]),
+    }
+    ranks = [
+        subprocess.Popen(
+            [sys.executable, str(script), str(out)],
+            env={**env, "RANK": str(r)},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for r in range(N)
+    ]
+    try:
+        logs = [p.communicate(timeout=120)[0] for p in ranks]
+    finally:
+        for p in ranks:
+            p.kill()
+    assert all(p.returncode == 0 for p in ranks), logs
+    return [torch.load(out / f"rank{r}.pt") for r in range(N)]
+
+
+def test_sync_changes_nothing_and_says_keep_your_loop():
+    found = adoption("sync", "sync", "ddp")
+    assert found.lines() == ["# keep your loop as it is: sync is what it runs"]
+    source = (LOOPS / "one_batch.py").read_text()
+    assert apply_edits(source, found.edits()) == source
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_rebalance_inserts_the_two_lines_after_the_loader_and_the_ddp_model(shape):
+    # runs on the ranks once rebalance_loader is importable (test below)
+    source = (LOOPS / f"{shape}.py").read_text()
+    patched = apply_edits(source, edits("rebalance"))
+    compile(patched, shape, "exec")
+    added = [
+        line[1:].strip()
+        for line in unified_diff(source, patched, shape).splitlines()
+        if line.startswith("+") and not line.startswith("+++")
+    ]
+    owner = "self." if shape == "trainer" else ""
+    loader, ddp = (f"{owner}train_data", f"{owner}model") if owner else ("loader", "ddp")
+    assert added == [
+        "from tailtrain import rebalance_loader, sample_weighted_hook",
+        f"{loader} = rebalance_loader({loader}, shares=[24, 8])",
+        f"{ddp}.register_comm_hook({loader}.batch_sampler, sample_weighted_hook)",
+    ]
+    lines = patched.splitlines()
+    at = {text: next(i for i, line in enumerate(lines) if line.strip() == text) for text in added}
+    assert at[added[1]] < at[added[2]]  # the hook holds the rebalanced loader's sampler
+    assert lines[at[added[1]] - 1].strip().startswith(f"{loader} = DataLoader(")
+
+
+def test_the_hook_goes_after_the_rebalanced_loader_when_ddp_comes_first():
+    source = (LOOPS / "one_batch.py").read_text()
+    moved = source.replace("    model = nn.Linear(4, 2)\n    ddp = DDP(model)\n", "")
+    moved = moved.replace(
+        "    sampler = Dist",
+        "    model = nn.Linear(4, 2)\n    ddp = DDP(model)\n    sampler = Dist",
+    )
+    lines = apply_edits(moved, edits("rebalance")).splitlines()
+    deal = lines.index("    loader = rebalance_loader(loader, shares=[24, 8])")
+    assert (
+        lines[deal + 1] == "    ddp.register_comm_hook(loader.batch_sampler, sample_weighted_hook)"
+    )
+
+
+def test_dropcompute_refuses_a_loop_that_accumulates_under_no_sync():
+    source = (LOOPS / "accumulate.py").read_text()
+    with pytest.raises(UsageError, match="accumulates gradients under no_sync"):
+        apply_edits(source, edits("dropcompute"))
+
+
+def test_an_unsupported_script_gets_one_line():
+    with pytest.raises(UsageError, match="not a loop shape"):
+        apply_edits("import torch\nprint(1)\n", edits("rebalance"))
+
+
+RUNS = [(s, "sync") for s in SHAPES] + [(s, "dropcompute") for s in ("one_batch", "trainer")]
+RUNS += [(s, "rebalance") for s in SHAPES]
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize(("shape", "strategy"), RUNS)
+def test_the_patched_script_trains_on_two_ranks(shape, strategy, tmp_path):
+    if strategy == "rebalance" and not hasattr(tailtrain, "rebalance_loader"):
+        pytest.skip("rebalance_loader is not in this tree yet (issue 34's DDP rebalance)")
+    script = tmp_path / f"{shape}.py"
+    script.write_text(apply_edits((LOOPS / f"{shape}.py").read_text(), edits(strategy)))
+    out = tmp_path / "out"
+    out.mkdir()
+    ranks = train(script, out)
+    steps = {"accumulate": 8}.get(shape, 8)  # 128 samples / 2 ranks / 16 (or 2 x 8) x 2 epochs
+    assert [r["steps"] for r in ranks] == [steps] * N
+    for name, value in ranks[0]["model"].items():
+        assert torch.isfinite(value).all()
+        assert torch.equal(value, ranks[1]["model"][name])  # one model: the ranks reduced
+    torch.manual_seed(0)
+    start = torch.nn.Linear(4, 2).state_dict()
+    assert not torch.equal(start["weight"], ranks[0]["model"]["weight"])  # it trained
