@@ -57,6 +57,8 @@ from typing import Any
 
 import numpy as np
 
+from tailtrain.advice.adopt import DDP_ANCHOR, IMPORT_ANCHOR
+
 ROOT = Path(__file__).resolve().parents[1]
 JOB = ROOT / "bench" / "loop_job" / "multigpu_torchrun.py"
 INJECT = ROOT / "bench" / "loop_job" / "inject.py"
@@ -72,20 +74,18 @@ EPOCHS = {2: 6, 4: 10}  #: epochs per run by ranks (a few hundred / about 150 st
 TARGET = {2: 0.2, 4: 0.25}  #: rank 0's smoothed loss every sync run reaches by mid-run
 TIMEOUT = 300.0  #: seconds per torchrun
 PLACEHOLDER = "@PROBE_DIR@"  #: the probe's folder in the pasted line, filled per run
-#: the README's two lines as edits of the contract (``tailtrain.advice.patch``): a named group
-#: binds the canonical name it is named after to the script's own (``self.model`` for ``ddp``)
+#: the README's two lines as edits of the contract (``tailtrain.advice.patch``), anchored as
+#: advise's own edits are (``advice.adopt``): a named group binds the canonical name it is
+#: named after to the script's own (``self.model`` for ``ddp``)
 PROBE_EDITS = [
     {
-        "anchor": r"^(?:import|from)[ \t]+(?!__future__\b)\S",
+        "anchor": IMPORT_ANCHOR,
         "action": "insert_after",
         "lines": ["from tailtrain import StragglerProbe"],
         "binds": None,
     },
     {
-        "anchor": (
-            r"^[ \t]*(?P<ddp>[\w.]+)[ \t]*=[ \t]*(?:[\w.]+\.)?(?:DistributedDataParallel|DDP)"
-            r"\("
-        ),
+        "anchor": DDP_ANCHOR,
         "action": "insert_after",
         "lines": [f'probe = StragglerProbe("{PLACEHOLDER}").watch(ddp)'],
         "binds": "ddp",
@@ -353,10 +353,14 @@ def shares_bound(factor: float, ranks: int) -> dict[str, Any]:
 
 def predict_bound(ranks: int) -> dict[str, Any]:
     """(c): ``predict``'s rows for the injected law (a micro-batch is a chunk, M = B / 8, no
-    communication): the best rule's samples per second over sync's, and the best a DDP job
-    can run (sync, DropCompute, rebalance with static shares)."""
+    communication), as samples per second over sync's: the best rule that applies fresh
+    gradients (advise's ``FRESH_PROGRESS``: its time to target scales as 1 / samples
+    applied), the best a DDP job can run (sync, DropCompute, rebalance by static shares) and
+    the best of all, stale rules included (whose progress per sample the bench cannot price)."""
+    from tailtrain.advice.units import FRESH_PROGRESS
     from tailtrain.delays import parse_delay
     from tailtrain.prediction.estimates import predict
+    from tailtrain.prediction.families import row_spec
     from tailtrain.prediction.scenario import DelayScenario
 
     u = CHUNK * D["c"]
@@ -364,16 +368,19 @@ def predict_bound(ranks: int) -> dict[str, Any]:
     rows = predict(
         DelayScenario(workers=ranks, delay=parse_delay(spec), micro_batches=BATCH // CHUNK)
     ).rows
-    named = [(r.spec or r.strategy, float(r.effective_speedup)) for r in rows]
-    best = max(named, key=lambda r: r[1])
-    ddp = [r for r in named if r[0].split(":")[0] in ("sync", "dropcompute", "rebalance")]
-    ddp = [r for r in ddp if "deal=demand" not in r[0]]
-    best_ddp = max(ddp, key=lambda r: r[1])
+    named = [(r.strategy, row_spec(r), float(r.effective_speedup)) for r in rows]
+
+    def best(kept: list[tuple[str, str, float]]) -> dict[str, Any]:
+        found = max(kept, key=lambda r: r[2])
+        return {"rule": found[1], "samples_per_second_over_sync": found[2]}
+
+    ddp = [r for r in named if r[0] in ("sync", "dropcompute", "rebalance") and "deal=" not in r[1]]
     return {
         "law_per_micro_batch": spec,
         "micro_batches": BATCH // CHUNK,
-        "best": {"rule": best[0], "samples_per_second_over_sync": best[1]},
-        "best_ddp": {"rule": best_ddp[0], "samples_per_second_over_sync": best_ddp[1]},
+        "best": best([r for r in named if r[0] in FRESH_PROGRESS]),
+        "best_ddp": best(ddp),
+        "best_any_stale_included": best(named),
     }
 
 
