@@ -15,9 +15,10 @@ the loop:
    achieved.
 
 The slowness is the bench's, not the script's: ``bench/loop_job/inject.py`` wraps the script
-(``runpy``) and makes every forward of ``b`` samples on rank r sleep ``d X_r sum_j c_j (1 +
-e_j)`` over chunks of ``c_j <= 8`` samples (see there): proportional to the work, as on a
-slower GPU, so the law is the same before and after a change of shares or micro-batches.
+(``runpy``) and makes each sample k that rank r forwards cost ``d X_r (1 + e_{k // 8})``
+seconds of sleep, one noise draw per 8 consecutive samples of the rank's stream (see there):
+proportional to the work, as on a slower GPU, so the law and its draws are the same before
+and after a change of shares or micro-batches.
 Scenarios: (a) the last rank 3x slower; (b) 25x; (c) DropCompute App. B.1 noise on every rank,
 ``e`` an i.i.d. ``dropcompute-noise:scale=1`` draw per chunk (a chunk is then
 ``const:value=u+dropcompute-noise:scale=u``, u = 8 d: the law of

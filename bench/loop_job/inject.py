@@ -5,12 +5,13 @@
 
 * **the injected law** (env ``BENCH_LOOP_LAW``, JSON ``{"d": s, "factors": [X_0, ...],
   "chunk": C, "noise": spec or null, "seed": k}``): every forward of a
-  ``DistributedDataParallel`` module on ``b`` samples sleeps ``d * X_rank * sum_j c_j (1 +
-  e_j)``, the batch cut in chunks of ``c_j <= C`` samples and ``e_j`` the j-th draw of this
-  rank's noise (``noise``, a ``tailtrain`` delay spec of mean ``E e``; 0 without noise). The
-  delay is proportional to the work, as on a slower GPU: a batch dealt in other shares or cut
-  in micro-batches pays the same per sample, and the draws come from one stream seeded by
-  ``(seed, rank)``, so a run before and after a change sees the same noise in the same order.
+  ``DistributedDataParallel`` module sleeps ``d * X_rank * (1 + e_{k // C})`` for each sample
+  k of this rank's stream of samples it computes, ``e_j`` the j-th draw of this rank's noise
+  (``noise``, a ``tailtrain`` delay spec; 0 without noise): one draw per chunk of C
+  consecutive samples. The delay is proportional to the work, as on a slower GPU, and the law
+  does not depend on how the stream is cut: a batch dealt in other shares or split in
+  micro-batches pays the same per sample and meets the same draws, which come from one
+  stream seeded by ``(seed, rank)``: a run before and after a change sees the same noise.
 * **the stopwatch** (env ``BENCH_LOOP_LOG``, a path; the rank is appended): per optimizer step,
   the wall clock at its end, the samples this rank forwarded since the last step (under
   DropCompute the cut micro-batches are never forwarded, so these are the samples that
@@ -52,17 +53,19 @@ class Injector:
 
             rng = np.random.default_rng([int(law.get("seed", 0)), rank])
             self.noise = parse_delay(law["noise"]).sample(rng, (DRAWS,))
-        self.drawn = 0
+        self.position = 0  # samples of this rank's stream forwarded so far
         self.samples = 0  # forwarded since the last optimizer step
         self.losses: list[tuple[float, int]] = []  # (loss, samples) of each backward
         self.forwarded_at_backward = 0
         self.rows: list[dict] = []
 
     def delay(self, samples: int) -> float:
-        sizes = [min(self.chunk, samples - i) for i in range(0, samples, self.chunk)]
-        draws = self.noise[self.drawn + np.arange(len(sizes)) % DRAWS]
-        self.drawn = (self.drawn + len(sizes)) % DRAWS
-        return self.scale * float(np.dot(sizes, 1.0 + draws))
+        """Seconds for the next ``samples`` of this rank's stream: sample k of the stream
+        pays ``d X (1 + e_{k // C})``, so a chunk of C samples carries one draw however the
+        batches cut it (whole, in shares, in micro-batches)."""
+        k = self.position + np.arange(samples)
+        self.position += samples
+        return self.scale * float(samples + self.noise[(k // self.chunk) % DRAWS].sum())
 
     def forward_pre_hook(self, module, args) -> None:
         if not isinstance(module, DistributedDataParallel) or not args:

@@ -27,11 +27,12 @@ def test_the_delay_is_proportional_to_the_work_however_the_batch_is_cut():
 
 def test_the_noise_is_one_stream_per_rank_drawn_per_chunk():
     law = {"d": 1e-3, "factors": [1.0, 1.0], "chunk": 8, "noise": bl.NOISE, "seed": 5}
-    whole, cut = Injector(law, rank=0), Injector(law, rank=0)
-    # 32 samples at once and in 4 micro-batches of 8 draw the same four chunks
-    assert whole.delay(32) == pytest.approx(sum(cut.delay(8) for _ in range(4)))
-    other = Injector(law, rank=1)
-    assert other.delay(32) != pytest.approx(Injector(law, rank=0).delay(32))
+    whole, quarters, eighths = (Injector(law, rank=0) for _ in range(3))
+    # 32 samples at once, in 4 micro-batches of 8 or in 8 of 4 meet the same four draws
+    once = whole.delay(32)
+    assert once == pytest.approx(sum(quarters.delay(8) for _ in range(4)))
+    assert once == pytest.approx(sum(eighths.delay(4) for _ in range(8)))
+    assert once != pytest.approx(Injector(law, rank=1).delay(32))  # a stream per rank
     # the draws are DropCompute's bounded noise: at least the base, at most (1 + 5.5) of it
     draws = [whole.delay(8) for _ in range(200)]
     assert min(draws) >= 8e-3 and max(draws) <= 6.5 * 8e-3
