@@ -207,6 +207,16 @@ def advise(folder: Path) -> dict[str, Any]:
     return json.loads(done.stdout)
 
 
+#: what the case keeps of advise's ranked rows (the first six)
+RESULT_KEYS = (
+    "spec",
+    "samples_applied_ratio",
+    "samples_applied_per_second",
+    "samples_dropped",
+    "time_to_target_ratio",
+)
+
+
 def forecast(advice: dict[str, Any]) -> dict[str, float | None]:
     """advise's forecast for the recommendation: samples applied per second (absolute) and
     as a ratio to the job as measured (its ``results`` row for the recommended spec)."""
@@ -266,6 +276,13 @@ def one_case(scenario: str, ranks: int, args: argparse.Namespace, out: Path) -> 
                 "adopt": advice.get("adopt"),
                 "measured_samples_per_second": advice.get("measured_samples_per_second"),
                 "forecast": forecast(advice),
+                "stragglers": [
+                    {k: s.get(k) for k in ("worker", "verdict", "score")}
+                    for s in advice.get("stragglers") or []
+                ],
+                "results": [
+                    {k: r.get(k) for k in RESULT_KEYS} for r in (advice.get("results") or [])[:6]
+                ],
             }
             edits = (advice.get("adopt") or {}).get("edits")
             if edits is None:
