@@ -58,7 +58,8 @@ from typing import Any
 
 import numpy as np
 
-from tailtrain.advice.adopt import DDP_ANCHOR, IMPORT_ANCHOR
+from tailtrain.advice.adopt import probe_adoption
+from tailtrain.advice.patch import apply_edits
 
 ROOT = Path(__file__).resolve().parents[1]
 JOB = ROOT / "bench" / "loop_job" / "multigpu_torchrun.py"
@@ -75,39 +76,9 @@ EPOCHS = {2: 6, 4: 10}  #: epochs per run by ranks (a few hundred / about 150 st
 TARGET = {2: 0.2, 4: 0.25}  #: rank 0's smoothed loss every sync run reaches by mid-run
 TIMEOUT = 300.0  #: seconds per torchrun
 PLACEHOLDER = "@PROBE_DIR@"  #: the probe's folder in the pasted line, filled per run
-#: the README's two lines as edits of the contract (``tailtrain.advice.patch``), anchored as
-#: advise's own edits are (``advice.adopt``): a named group binds the canonical name it is
-#: named after to the script's own (``self.model`` for ``ddp``)
-PROBE_EDITS = [
-    {
-        "anchor": IMPORT_ANCHOR,
-        "action": "insert_after",
-        "lines": ["from tailtrain import StragglerProbe"],
-        "binds": None,
-    },
-    {
-        "anchor": DDP_ANCHOR,
-        "action": "insert_after",
-        "lines": [f'probe = StragglerProbe("{PLACEHOLDER}").watch(ddp)'],
-        "binds": "ddp",
-    },
-    {
-        "anchor": (
-            r"^[ \t]*for[ \t]+(?P<x>\w+)[ \t]*,[ \t]*(?P<y>\w+)[ \t]+in[ \t]+"
-            r"(?P<loader>[\w.]+)[ \t]*:"
-        ),
-        "action": "replace",
-        "lines": ["for x, y in probe.batches(loader):"],
-        "binds": "loader",
-    },
-]
-
-
-def apply_edits(source: str, edits: list[dict[str, Any]]) -> str:
-    """The package's one applier (issue 34's contract); an ImportError says it is absent."""
-    from tailtrain.advice.patch import apply_edits as apply
-
-    return apply(source, edits)
+#: the README's two lines as edits (``advice.adopt.probe_adoption``), pasted by the applier
+#: advise's own edits go through (``advice.patch.apply_edits``)
+PROBE_EDITS = probe_adoption(PLACEHOLDER).edits()
 
 
 def free_port() -> int:

@@ -132,8 +132,7 @@ def test_quick_runs_the_loop_and_reports_goals(tmp_path):
     assert len(report["machine"]["load_start"]) == 3
 
 
-# The job is the DDP tutorial's shape; what the after half needs from the package, pinned
-# as strict xfails until the package takes that shape (each then passes and must be unmarked)
+# The job is the DDP tutorial's shape; what the after half needs from the package
 
 
 def probed_job() -> str:
@@ -142,14 +141,12 @@ def probed_job() -> str:
     return apply_edits(bl.JOB.read_text(), bl.PROBE_EDITS)
 
 
-@pytest.mark.xfail(strict=True, reason="advice.patch places only `state` beside self.model")
 def test_the_probe_pasted_into_a_trainer_lives_beside_its_ddp_model():
     job = probed_job()
     assert 'self.probe = StragglerProbe("@PROBE_DIR@").watch(self.model)' in job
     assert "for source, targets in self.probe.batches(self.train_data):" in job
 
 
-@pytest.mark.xfail(strict=True, reason="LOADER_ANCHOR needs `x = DataLoader(`; not the tutorial's")
 def test_rebalance_edits_apply_to_the_tutorial_job():
     from tailtrain.advice.adopt import ddp_rebalance
     from tailtrain.advice.patch import apply_edits
@@ -159,9 +156,6 @@ def test_rebalance_edits_apply_to_the_tutorial_job():
     assert "self.model.register_comm_hook(self.train_data.batch_sampler" in job
 
 
-@pytest.mark.xfail(
-    strict=True, reason="BATCH_ANCHOR needs a bound `loader`, not probe.batches(...)"
-)
 def test_dropcompute_edits_apply_to_the_probed_tutorial_job():
     from tailtrain.advice.adopt import ddp_dropcompute
     from tailtrain.advice.patch import apply_edits
@@ -170,7 +164,6 @@ def test_dropcompute_edits_apply_to_the_probed_tutorial_job():
     assert "self.state.micro_batches(self.model" in job
 
 
-@pytest.mark.xfail(strict=True, reason="rebalance_loader's loader has no DistributedSampler")
 def test_a_rebalanced_loader_keeps_the_tutorials_set_epoch():
     import torch
     from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
