@@ -149,3 +149,24 @@ def test_one_micro_batch_on_a_per_step_trace_is_the_trace_itself(straggler):
     assert [r.micro_batches for r in once.ranked] == [r.micro_batches for r in found.ranked]
     with pytest.raises(UsageError, match="--micro-batches must be >= 1, got 0"):
         advise(path, setup="ddp", samples=400, micro_batches=0)
+
+
+def test_rebalance_on_whole_batches_is_preferred_to_a_split_the_job_does_not_have(tmp_path):
+    # 4 ranks, rank 3 always 3x slower per sample, heavy per-step noise on every rank:
+    # DropCompute's forecast at M micro-batches beats rebalance's beyond the uncertainty,
+    # but it leaves out what each extra micro-batch costs, which whole steps cannot show
+    rng = np.random.default_rng(0)
+    rows = []
+    for i in range(60):
+        seconds = 0.016 * np.array([1, 1, 1, 3.0]) * rng.lognormal(0, 0.8, 4)
+        wall = seconds.max() + 0.002
+        rows += [[i, w, seconds[w], wall - seconds[w], 32, 0] for w in range(4)]
+    path = tmp_path / "trace.csv"
+    write_trace_rows(path, np.array(rows), False, noncompute=True, samples=True, run=True)
+    found = advise(path, setup="ddp", samples=400)
+    split = next(r for r in found.ranked if r.row.strategy == "dropcompute")
+    assert split.micro_batches is not None
+    assert split.effective_speedup - split.uncertainty > found.choice.effective_speedup
+    assert found.recommendation == "rebalance" and found.choice.micro_batches is None
+    assert "splits each batch in micro-batches the job does not have" in found.reason
+    assert "rebalance_loader" in found.adopt.lines()[1]

@@ -441,6 +441,20 @@ def _as_in_the_table(cost: Cost, ranked: list[Ranked]) -> Cost:
 def _tie_text(tied: list[Ranked]) -> str:
     if len(tied) < 2:
         return ""
+    choice = tied[0]
+    split = [
+        r
+        for r in tied[1:]
+        if r.micro_batches is not None and r.effective_speedup > choice.effective_speedup
+    ]
+    if choice.row.strategy == "rebalance" and choice.micro_batches is None and split:
+        best = max(split, key=lambda r: r.effective_speedup)
+        return (
+            f" {row_spec(best.row)} forecasts more ({best.effective_speedup:.2f}x at "
+            f"M={best.micro_batches}), but splits each batch in micro-batches the job does not "
+            "have, whose cost a trace of whole steps cannot show; rebalance keeps the job's "
+            "own batches (persistent stragglers dominate)."
+        )
     others = ", ".join(row_spec(r.row) for r in tied[1:])
     rule = "fresh gradients first, then the simpler spec"
     if tied[0].row.strategy == "rebalance" and tied[0] is not min(tied, key=simplicity):

@@ -314,9 +314,32 @@ def faster(one: Ranked, other: Ranked) -> bool:
 def recommend(ranked: list[Ranked], persistent_dominate: bool = False) -> list[Ranked]:
     """The remedies advise offers, best first: the :func:`equivalents` of the top
     fresh-gradient row, simplest first (module docstring), rebalance first where persistent
-    stragglers dominate (:func:`rebalanced`). The first is the recommendation; identical runs
-    get the same advice."""
-    return rebalanced(equivalents(ranked), persistent_dominate)
+    stragglers dominate (:func:`rebalanced`), and then rebalance on the job's whole batches
+    before a remedy that needs micro-batches the job does not have
+    (:func:`whole_batch_rebalance`). The first is the recommendation; identical runs get the
+    same advice."""
+    tied = rebalanced(equivalents(ranked), persistent_dominate)
+    whole = whole_batch_rebalance(ranked) if persistent_dominate else None
+    if whole is None or tied[0].micro_batches is None:
+        return tied
+    return [whole, *(r for r in tied if r is not whole)]
+
+
+def whole_batch_rebalance(ranked: list[Ranked]) -> Ranked | None:
+    """Rebalance's best row that needs no micro-batches and beats sync beyond its
+    uncertainty, or None. Where persistent stragglers dominate it is preferred to a remedy
+    that would split the job's batch in micro-batches it does not have: that forecast
+    leaves out the cost of each extra micro-batch, which a trace of whole steps cannot show
+    (measured about 1 ms a micro-batch on a CPU, ``bench/bench_loop.py``), while
+    rebalance's step is the job's own."""
+    rows = [
+        r
+        for r in ranked
+        if r.row.strategy == "rebalance"
+        and r.micro_batches is None
+        and r.effective_speedup - r.uncertainty > 1.0
+    ]
+    return max(rows, key=lambda r: r.effective_speedup, default=None)
 
 
 def reason(
