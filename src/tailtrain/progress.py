@@ -9,8 +9,6 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-
 if TYPE_CHECKING:
     from tailtrain.core.scenario import Scenario
     from tailtrain.core.session import Progress as StepCallback
@@ -27,6 +25,9 @@ def step_progress(
     if not enabled or not sys.stderr.isatty():
         yield None
         return
+    # rich only when a bar is shown: the CLI's parser imports this module (``--help`` stays light)
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
     per_run = scenario.iterations or scenario.time_budget
     total = per_run * runs
     with Progress(

@@ -95,7 +95,7 @@ def test_the_parsers_written_out_figures_are_their_sources():
     from tailtrain.runtime.allreduce.shrink import OnRankLoss
     from tailtrain.strategies.eager import Collective
 
-    assert advise_cli.TRACE_FORMAT == TRACE_FORMAT
-    assert (predict.ALL_K_UP_TO, predict.SIM_MAX_WORKERS) == (ALL_K_UP_TO, SIM_MAX_WORKERS)
+    assert advise_cli._TRACE_FORMAT == TRACE_FORMAT
+    assert (predict._ALL_K_UP_TO, predict._SIM_MAX_WORKERS) == (ALL_K_UP_TO, SIM_MAX_WORKERS)
     assert tuple(c.value for c in Collective) == bench.COLLECTIVES
     assert OnRankLoss.STOP.value == launch.DEFAULT_ON_RANK_LOSS

@@ -38,7 +38,7 @@ from tailtrain.advice.stragglers import MIN_ITERATIONS, iteration_times, score_w
 from tailtrain.advice.units import (
     TIME_TO_TARGET,
     InUnits,
-    Job,
+    JobShape,
     RunReport,
     candidate_ms,
     in_units,
@@ -77,7 +77,7 @@ class Advice:
     #: the fresh-gradient rows equivalent to the best one, simplest (the choice) first
     equivalent: list[Ranked] = field(default_factory=list)
     #: the job's structure as its trace's last run recorded it (``advice.units``)
-    job: Job | None = None
+    job: JobShape | None = None
     #: the last run's samples (or, without them, steps) per second as measured
     measured: float | None = None
     #: every run of the file, measured and judged, when it holds more than one
@@ -247,7 +247,7 @@ def _advise(
     path: Path,
     replayed: Path,
     whole: Trace,
-    job: Job,
+    job: JobShape,
     workers: int | None,
     micro_batches: int | None,
     seed: int,
@@ -305,7 +305,7 @@ def _in_job_units(
     ranked: list[Ranked],
     notes: list[str],
     last: Trace,
-    job: Job,
+    job: JobShape,
     m: int | None,
     setup: str,
     comm: float | DelayModel,
@@ -374,7 +374,7 @@ PER_SAMPLE = "replay per sample"
 
 def _dropcompute_at_m(
     last: Trace,
-    job: Job,
+    job: JobShape,
     comm: float | DelayModel,
     spread: float,
     seed: int,

@@ -62,7 +62,7 @@ _BATCHES = 10
 
 
 @dataclass(frozen=True)
-class Job:
+class JobShape:
     """The job's structure as its trace recorded it (module docstring)."""
 
     workers: int
@@ -115,7 +115,7 @@ def step_table(trace: Trace) -> tuple[NDArray, NDArray, NDArray, NDArray | None]
     return seconds[full], noncompute[full], ranks, samples
 
 
-def job_of(trace: Trace) -> Job:
+def job_of(trace: Trace) -> JobShape:
     """B_n (median over steps) and M of the trace's job."""
     _, _, ranks, samples = step_table(trace)
     m = 1
@@ -126,7 +126,7 @@ def job_of(trace: Trace) -> Job:
             ].max()
         )
     per_rank = None if samples is None else np.median(samples, axis=0).round().astype(np.int64)
-    return Job(int(ranks.size), m, per_rank)
+    return JobShape(int(ranks.size), m, per_rank)
 
 
 def measured_rate(trace: Trace) -> tuple[float, float, int]:
@@ -183,7 +183,7 @@ def rebalance_shares(trace: Trace, comm: float) -> Rebalanced | None:
     return Rebalanced(shares, t, float(steps.mean()) + comm, stderr)
 
 
-def candidate_ms(job: Job) -> list[int]:
+def candidate_ms(job: JobShape) -> list[int]:
     """The M DropCompute is priced at on a per-step trace: :data:`CANDIDATE_M` dividing every
     rank's batch (all of them without ``samples``)."""
     if job.samples is None:
@@ -301,7 +301,7 @@ def in_units(
     workers: int,
     drop_rate: float | None,
     ratio: float,
-    job: Job | None,
+    job: JobShape | None,
     measured: float | None,
 ) -> InUnits:
     """A row of ``strategy`` (K = ``k`` of ``workers``) applying ``ratio`` x the job's

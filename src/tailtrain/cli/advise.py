@@ -16,7 +16,7 @@ if TYPE_CHECKING:  # the advice pulls in numpy, scipy and the theory: only when 
 
 #: the trace's columns for the help, written out: ``delays.trace.TRACE_FORMAT``'s (the parser
 #: imports no numpy or scipy; tests/cli/test_cli_imports.py checks they stay the same)
-TRACE_FORMAT = "iteration,worker[,micro_batch][,censored],seconds[,noncompute][,samples][,run]"
+_TRACE_FORMAT = "iteration,worker[,micro_batch][,censored],seconds[,noncompute][,samples][,run]"
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -24,7 +24,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "advise",
         help="score the workers of a trace, cost the stragglers and recommend a strategy",
         description=(
-            f"Reads a trace ({TRACE_FORMAT}), scores every worker "
+            f"Reads a trace ({_TRACE_FORMAT}), scores every worker "
             "(persistent straggler, intermittent or healthy), prices sync's wait for the "
             "slowest, ranks every strategy at its best setting by theory and by a timing-only "
             "simulation replaying the trace, and recommends one."

@@ -6,9 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-#: ``runtime.allreduce.shrink.OnRankLoss.STOP``, written out: the parser imports no torch
-#: (tests/cli/test_cli_imports.py checks it stays the same)
-DEFAULT_ON_RANK_LOSS = "stop"
+from tailtrain.cli.train import DEFAULT_ON_RANK_LOSS  # written out there: the parser loads no torch
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -56,8 +54,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from tailtrain.runtime.launch import JobFailed
-    from tailtrain.runtime.script_rank import BAD_INPUT
-    from tailtrain.runtime.scripts import INTERRUPTED, check_launch, launch_script
+    from tailtrain.runtime.script_rank import BAD_INPUT, INTERRUPTED
+    from tailtrain.runtime.scripts import check_launch, launch_script
 
     plan = check_launch(
         args.script,

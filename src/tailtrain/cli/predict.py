@@ -19,9 +19,9 @@ if TYPE_CHECKING:  # the theory pulls in numpy and scipy: import it only when pr
 # the help's figures, written out: the parser imports neither the theory nor the simulator
 # (tests/cli/test_cli_imports.py checks they stay prediction.scenario's and .families')
 #: scenarios with at most this many workers get one row per K (``prediction.ALL_K_UP_TO``)
-ALL_K_UP_TO = 32
+_ALL_K_UP_TO = 32
 #: predict's timing-only simulation up to this many workers (``prediction.families``)
-SIM_MAX_WORKERS = 1024
+_SIM_MAX_WORKERS = 1024
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -33,7 +33,7 @@ def register(sub: argparse._SubParsersAction) -> None:
             "second relative to sync) of sync, K-sync, K-batch-sync, K-async, K-batch-async, "
             "async, DropCompute, Local-SGD, eager-SGD's partial collectives and DBW, each with "
             "the method that produced it: exact, numerical integration, seeded Monte Carlo or "
-            f"a seeded timing-only simulation (up to N={SIM_MAX_WORKERS})."
+            f"a seeded timing-only simulation (up to N={_SIM_MAX_WORKERS})."
         ),
     )
     p.add_argument("--workers", type=int, required=True, metavar="N", help="number of workers N")
@@ -71,7 +71,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--k",
         default=None,
         metavar="LIST",
-        help=f"K values to list, e.g. 1,4,16 or 'all' (default: every K for N <= {ALL_K_UP_TO}, "
+        help=f"K values to list, e.g. 1,4,16 or 'all' (default: every K for N <= {_ALL_K_UP_TO}, "
         "else a grid of 1, 2, 4, the eighths of N, N-1 and N)",
     )
     p.add_argument(

@@ -1,4 +1,4 @@
-"""The command line's console; its progress bar is :mod:`tailtrain.progress`'s.
+"""The command line's console; its progress bar is ``tailtrain.progress``'s.
 
 Both load rich on first use: building the parser (``--help``, a bad flag) must not pay for it
 (``tests/cli/test_cli_imports.py``)."""
@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from tailtrain.progress import step_progress
 
 if TYPE_CHECKING:
-    from contextlib import AbstractContextManager
-
     from rich.console import Console
 
 __all__ = ["console", "step_progress"]
@@ -24,10 +24,3 @@ def console() -> Console:
     if sys.stdout.isatty() or os.environ.get("COLUMNS", "").isdigit():
         return Console()
     return Console(width=160)
-
-
-def step_progress(*args: Any, **kwargs: Any) -> AbstractContextManager:
-    """:func:`tailtrain.progress.step_progress`, imported when a run starts."""
-    from tailtrain.progress import step_progress as bar
-
-    return bar(*args, **kwargs)

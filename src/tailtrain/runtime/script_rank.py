@@ -46,7 +46,7 @@ NOTES = "TAILTRAIN_LAUNCH_NOTES"
 #: exit status of bad input, and of a rank stopped by Ctrl-C (128 + SIGINT)
 BAD_INPUT, INTERRUPTED = 2, 130
 #: what a note says happened
-USAGE, CRASH = "usage", "crash"
+USAGE_NOTE, CRASH_NOTE = "usage", "crash"
 #: seconds a crashed rank waits before it speaks: the launcher looks every 0.05 s
 #: (``runtime.scripts.WATCH_POLL``), so a rank that failed only because a peer ended first is
 #: stopped in that time, silent, on however loaded a machine
@@ -74,7 +74,7 @@ def note_path(folder: str | os.PathLike, rank: int | str) -> Path:
 
 
 def take_note(folder: str | os.PathLike, rank: int | str) -> dict | None:
-    """Rank ``rank``'s note, ``{"kind": USAGE|CRASH, "line": ...}``, or None; removed, so
+    """Rank ``rank``'s note, ``{"kind": USAGE_NOTE|CRASH_NOTE, "line": ...}``, or None; removed, so
     that a rank started again (``--restart-lost``) leaves its own."""
     path = note_path(folder, rank)
     try:
@@ -88,7 +88,7 @@ def take_note(folder: str | os.PathLike, rank: int | str) -> dict | None:
 def _note(kind: str, line: str) -> None:
     folder = os.environ.get(NOTES)
     if folder is None:  # run by hand, not by the launcher: say it here
-        if kind == USAGE:
+        if kind == USAGE_NOTE:
             print(line, file=sys.stderr)
         return
     path = note_path(folder, os.environ.get("RANK", "0"))
@@ -102,7 +102,7 @@ def _last_line(exc: BaseException) -> str:
     return text
 
 
-def main(argv: list[str]) -> int:
+def run_script(argv: list[str]) -> int:
     """Run ``argv[0]`` with arguments ``argv[1:]`` as ``__main__``; the rank's exit status."""
     script = argv[0]
     sys.argv = list(argv)
@@ -111,10 +111,10 @@ def main(argv: list[str]) -> int:
     try:
         runpy.run_path(script, run_name="__main__")
     except BadArguments as exc:
-        _note(USAGE, exc.line)
+        _note(USAGE_NOTE, exc.line)
         return BAD_INPUT
     except UsageError as exc:
-        _note(USAGE, f"{Path(script).name}: error: {exc}")
+        _note(USAGE_NOTE, f"{Path(script).name}: error: {exc}")
         return BAD_INPUT
     except KeyboardInterrupt:
         return INTERRUPTED
@@ -142,11 +142,11 @@ def crashed(exc: BaseException) -> int:
         ):
             tb = tb.tb_next
         traceback.print_exception(type(exc), exc, tb or exc.__traceback__)
-        _note(CRASH, _last_line(exc))
+        _note(CRASH_NOTE, _last_line(exc))
     except KeyboardInterrupt:
         return INTERRUPTED
     return 1
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(run_script(sys.argv[1:]))

@@ -97,8 +97,6 @@ STOP_GRACE = 10.0
 #: what the launcher forwards to the ranks and then ends on (SIGHUP: its terminal closed,
 #: which would otherwise end it at once, its ranks killed by PR_SET_PDEATHSIG and no stop)
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-#: exit status after Ctrl-C (128 + SIGINT), as ``tailtrain train``'s and a launched rank's
-INTERRUPTED = script_rank.INTERRUPTED
 
 
 class RankState(StrEnum):
@@ -290,7 +288,7 @@ def watch(
                 continue
             r.why = exit_reason(_status(code))
             note = script_rank.take_note(said, r.rank) if said is not None and code else None
-            if note is not None and note["kind"] == script_rank.USAGE:
+            if note is not None and note["kind"] == script_rank.USAGE_NOTE:
                 outcome.refused = note["line"]  # every rank finds it: said once, status 2
                 stop(ranks, signal.SIGTERM)
                 break
