@@ -26,6 +26,16 @@ def probe_trace(path, runs=((32, 32),), slow=3.0, steps=60, seed=0):
     return path
 
 
+def with_an_unknown_count(path):
+    """The trace at ``path`` with rank 0's count of step 5 unknown (0, as the probe writes)."""
+    trace = read_trace(path)
+    trace.samples[(trace.iteration == 5) & (trace.worker == 0)] = 0
+    rows = np.column_stack([trace.iteration, trace.worker, trace.seconds, trace.noncompute,
+                            trace.samples, trace.run])  # fmt: skip
+    write_trace_rows(path, rows, False, noncompute=True, samples=True, run=True)
+    return path
+
+
 @pytest.fixture(scope="module")
 def straggler(tmp_path_factory):
     path = probe_trace(tmp_path_factory.mktemp("units") / "trace.csv")
@@ -82,12 +92,7 @@ def test_a_step_with_an_unknown_count_keeps_the_verdict_per_sample(tmp_path):
     """advise judges by the probe's one normalisation (``persistence.per_sample_times``): a
     step the probe wrote with 0 samples (a count it did not know) is left out, not a reason
     to judge the rebalanced job per step, where its slow rank looks healthy."""
-    path = probe_trace(tmp_path / "trace.csv", runs=((48, 16),))
-    trace = read_trace(path)
-    trace.samples[(trace.iteration == 5) & (trace.worker == 0)] = 0
-    rows = np.column_stack([trace.iteration, trace.worker, trace.seconds, trace.noncompute,
-                            trace.samples, trace.run])  # fmt: skip
-    write_trace_rows(path, rows, False, noncompute=True, samples=True, run=True)
+    path = with_an_unknown_count(probe_trace(tmp_path / "trace.csv", runs=((48, 16),)))
     found = advise(path, setup="ddp", samples=200)
     assert [s.verdict for s in found.stragglers] == ["healthy", "persistent"]
 
@@ -130,12 +135,7 @@ def test_a_step_with_an_unknown_count_is_left_out_of_the_shares(tmp_path):
     """The probe writes 0 samples for a step whose count it did not know: that step has no
     per-sample time (as ``per_sample_times`` leaves it out), and the others still price
     rebalance."""
-    path = probe_trace(tmp_path / "trace.csv")
-    trace = read_trace(path)
-    trace.samples[(trace.iteration == 5) & (trace.worker == 0)] = 0
-    rows = np.column_stack([trace.iteration, trace.worker, trace.seconds, trace.noncompute,
-                            trace.samples, trace.run])  # fmt: skip
-    write_trace_rows(path, rows, False, noncompute=True, samples=True, run=True)
+    path = with_an_unknown_count(probe_trace(tmp_path / "trace.csv"))
     found = advise(path, setup="ddp", samples=200)
     assert found.recommendation == "rebalance" and found.choice.shares == (48, 16)
 
