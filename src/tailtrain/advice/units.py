@@ -154,7 +154,6 @@ class Rebalanced:
     """Per-sample shares for a DDP job and their replayed step (module docstring)."""
 
     shares: NDArray[np.int64]
-    per_sample: NDArray[np.float64]  #: t_n, seconds per sample (median over steps)
     iteration_time: float  #: E[max_n b_n t_n] + E[T^c], replayed
     stderr: float
 
@@ -180,7 +179,7 @@ def rebalance_shares(trace: Trace, comm: float) -> Rebalanced | None:
     steps = (per_step * shares).max(axis=1)  # each recorded step, dealt by the shares
     batches = [b.mean() for b in np.array_split(steps, min(_BATCHES, steps.size))]
     stderr = float(np.std(batches, ddof=1) / np.sqrt(len(batches))) if len(batches) > 1 else 0.0
-    return Rebalanced(shares, t, float(steps.mean()) + comm, stderr)
+    return Rebalanced(shares, float(steps.mean()) + comm, stderr)
 
 
 def candidate_ms(job: JobShape) -> list[int]:

@@ -262,7 +262,8 @@ def _print_runs(console, found: Advice) -> None:
     last = found.runs[-1]
     for r in found.runs:
         slow = ", ".join(f"{s.worker} {s.verdict}" for s in r.verdicts if s.verdict != "healthy")
-        gain = "" if r is last else f"; the last run applies {last.rate / r.rate:.3f}x this"
+        over = report["last_over"].get(str(r.run))
+        gain = "" if over is None else f"; the last run applies {over:.3f}x this"
         console.print(
             f"run {r.run}: {r.rate:.4g} {unit}/s measured over {r.steps} steps "
             f"({r.step_time:.4g} s per step); not healthy: {slow or 'none'}{gain}",
