@@ -82,18 +82,51 @@ def test_a_rank_0_outside_torchrun_hosts_the_store_itself():
 def test_only_an_entry_the_fork_server_can_import_starts_there():
     import functools
 
+    from tailtrain.runtime.ps.runner import own_entry
     from tailtrain.runtime.ps.server import train_parameter_server
 
-    model = object()
-
     def closure(config, comm):
-        return model
+        return config
 
     assert reaches_fork_server(None)
     assert reaches_fork_server(train_parameter_server)
+    assert reaches_fork_server(functools.partial(own_entry, (len, sorted, None, 8)))
     assert not reaches_fork_server(closure)
-    assert not reaches_fork_server(functools.partial(train_parameter_server, task=model))
+    assert not reaches_fork_server(functools.partial(own_entry, (closure, len, None, 8)))
     assert not reaches_fork_server(lambda config, comm: None)
+
+
+SCRIPT = """
+import functools
+from tailtrain.runtime.launch import reaches_fork_server
+from tailtrain.runtime.ps.runner import own_entry
+
+def model():
+    pass
+
+if __name__ == "__main__":
+    def inside():
+        pass
+    print(reaches_fork_server(functools.partial(own_entry, (model, len, None, 8))),
+          reaches_fork_server(functools.partial(own_entry, (inside, len, None, 8))))
+"""
+
+
+def test_a_scripts_own_functions_reach_the_fork_server_when_its_top_level_defines_them(tmp_path):
+    """The fork server's rank re-runs the script's top level, not its ``__main__`` block: a
+    function defined there is found, one defined inside the guard would not be (it forks)."""
+    script = tmp_path / "job.py"
+    script.write_text(SCRIPT)
+    src = Path(__file__).resolve().parents[2] / "src"
+    done = subprocess.run(
+        [sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"PYTHONPATH": str(src), "PATH": "/usr/bin:/bin"},
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["True", "False"]
 
 
 def test_ranks_on_a_gpu_are_spawned_and_cpu_ranks_fork():

@@ -38,6 +38,7 @@ forwards, and rank 0 raises that line.
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import datetime
 import errno
@@ -46,13 +47,13 @@ import logging
 import multiprocessing
 import os
 import pickle
+import pickletools
 import signal
 import socket
 import sys
 import tempfile
 import threading
 import time
-import types
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -224,17 +225,58 @@ def launch(
 
 
 def reaches_fork_server(entry: RankEntry | None) -> bool:
-    """Whether the fork server can run ``entry``: none, or a function it can import by name
-    (``train_parameter_server``), not a closure, a partial or a script's own function."""
+    """Whether the fork server can run ``entry``: none, or one that pickles by reference
+    (a library function, a ``functools.partial`` over such functions). A script's own
+    functions qualify when the fork server's rank can find them: as under ``spawn``, it
+    re-runs the script's top level as ``__mp_main__`` (not its ``if __name__ ==
+    "__main__":`` block), so each must be defined there. A closure, a lambda, or an
+    interactive session's function does not qualify."""
     if entry is None:
         return True
-    if not isinstance(entry, types.FunctionType) or entry.__module__ == "__main__":
-        return False
     try:
-        pickle.dumps(entry)
+        pickled = pickle.dumps(entry, protocol=2)  # protocol 2 names every global in one op
     except (pickle.PicklingError, AttributeError, TypeError):
         return False
-    return True
+    names = {
+        str(arg).split(" ", 1)[1].split(".", 1)[0]
+        for op, arg, _ in pickletools.genops(pickled)
+        if op.name == "GLOBAL" and str(arg).startswith("__main__ ")
+    }
+    return not names or names <= script_top_level_names()
+
+
+def script_top_level_names() -> set[str]:
+    """The names this process's script binds at its top level, outside its ``__main__``
+    guard: what a fork-server (or spawned) rank that re-runs the script will find."""
+    main = sys.modules["__main__"]
+    path = getattr(main, "__file__", None)
+    if path is None:  # an interactive session: nothing to re-run
+        return set()
+    try:
+        tree = ast.parse(Path(path).read_text(encoding="utf-8"))
+    except (OSError, SyntaxError, UnicodeDecodeError):
+        return set()
+    names: set[str] = set()
+    for node in tree.body:
+        if isinstance(node, ast.If) and is_main_guard(node.test):
+            continue
+        for inner in ast.walk(node) if isinstance(node, ast.If | ast.Try) else [node]:
+            if isinstance(inner, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+                names.add(inner.name)
+            elif isinstance(inner, ast.Assign | ast.AnnAssign):
+                targets = inner.targets if isinstance(inner, ast.Assign) else [inner.target]
+                names |= {t.id for t in targets if isinstance(t, ast.Name)}
+            elif isinstance(inner, ast.Import | ast.ImportFrom):
+                names |= {(a.asname or a.name).split(".")[0] for a in inner.names}
+    return names
+
+
+def is_main_guard(test: ast.expr) -> bool:
+    """``__name__ == "__main__"`` (either way round)."""
+    if not (isinstance(test, ast.Compare) and len(test.ops) == 1):
+        return False
+    sides = {ast.dump(test.left), ast.dump(test.comparators[0])}
+    return sides == {ast.dump(ast.Name("__name__", ast.Load())), ast.dump(ast.Constant("__main__"))}
 
 
 def start_method(on_cuda: bool, *, own_entry: bool) -> str:
@@ -242,11 +284,11 @@ def start_method(on_cuda: bool, *, own_entry: bool) -> str:
     (CUDA cannot be used after a fork).
     Gloo ranks fork from a fork server: a clean process that imported torch and tailtrain
     once, so every launch after the first starts in about a second, and no rank inherits the
-    launching process's state: forked straight from a process that had already launched jobs,
-    a rank sometimes never joined the process group (CI saw it again, in the parameter-server
-    tests, while their library entry still forked). Only an entry the fork server cannot
-    import (:func:`reaches_fork_server`: a closure over a user's model) forks from the
-    launching process."""
+    launching process's state: forked straight from the launching process (its agent's store
+    and threads already running), a rank sometimes never joined the process group (CI saw it
+    in the parameter-server tests, and again in a user's script's entry). Only an entry the
+    fork server cannot reach (:func:`reaches_fork_server`: a closure over a user's model)
+    forks from the launching process."""
     if on_cuda:
         return "spawn"
     if own_entry:
