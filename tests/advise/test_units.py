@@ -170,3 +170,39 @@ def test_rebalance_on_whole_batches_is_preferred_to_a_split_the_job_does_not_hav
     assert found.recommendation == "rebalance" and found.choice.micro_batches is None
     assert "splits each batch in micro-batches the job does not have" in found.reason
     assert "rebalance_loader" in found.adopt.lines()[1]
+
+
+def test_a_ranks_fixed_seconds_are_fitted_on_an_epochs_short_last_batch():
+    """Rank n's step a_n + c_n b: the short last batch of each epoch (3 samples here) tells
+    the fixed part from the per-sample part; the shares then give the fast rank fewer than
+    per-sample times alone would (its fixed 3 ms does not grow with its share), and the
+    replay prices the step at those costs."""
+    from tailtrain.advice.units import rebalance_shares, step_costs
+    from tailtrain.delays.trace import Trace
+
+    fixed, per_sample = np.array([0.003, 0.002]), np.array([0.0001, 0.0025])
+    counts = np.array([32] * 28 + [3] * 1) * np.ones((6, 1), dtype=int)  # 6 epochs
+    samples = np.repeat(counts.reshape(-1, 1), 2, axis=1)
+    noise = np.random.default_rng(0).lognormal(0, 0.02, samples.shape)
+    seconds = (fixed + per_sample * samples) * noise
+    costs = step_costs(seconds, samples)
+    assert costs.fitted.all()
+    np.testing.assert_allclose(costs.fixed, fixed, rtol=0.1)
+    np.testing.assert_allclose(costs.per_sample, per_sample, rtol=0.05)
+    steps = samples.shape[0]
+    trace = Trace(np.repeat(np.arange(steps), 2), np.tile([0, 1], steps), None, seconds.ravel(),
+                  samples=samples.ravel())  # fmt: skip
+    found = rebalance_shares(trace, comm=0.001)
+    assert tuple(found.shares) == tuple(optimal_shares(per_sample, 64, 1, fixed=fixed))
+    assert found.shares[1] < optimal_shares(np.median(seconds / samples, axis=0), 64, 1)[1]
+    made = float((fixed + per_sample * found.shares).max()) + 0.001
+    assert found.iteration_time == pytest.approx(made, rel=0.05)
+
+
+def test_one_count_per_rank_keeps_the_step_proportional_to_its_samples():
+    from tailtrain.advice.units import step_costs
+
+    seconds = np.array([[0.01, 0.03], [0.012, 0.029], [0.011, 0.031]])
+    costs = step_costs(seconds, np.full((3, 2), 32))
+    assert not costs.fitted.any() and (costs.fixed == 0).all()
+    np.testing.assert_allclose(costs.per_sample, np.median(seconds, axis=0) / 32)

@@ -67,6 +67,28 @@ def test_optimal_shares_minimise_the_step_time(times, per_rank, floor):
 
 @settings(max_examples=60, deadline=None)
 @given(
+    st.lists(st.tuples(st.floats(0.1, 5.0), st.floats(0.0, 20.0)), min_size=1, max_size=4),
+    st.integers(1, 4),
+    st.integers(0, 2),
+)
+def test_optimal_shares_with_fixed_costs_minimise_the_step_time(ranks, per_rank, floor):
+    """With a_n seconds per step that no share changes: max_n a_n + m_n t_n is the least
+    any shares reach (brute force), and a_n = 0 everywhere gives the fixed-free shares."""
+    t, fixed = (np.array(column) for column in zip(*ranks, strict=True))
+    total = len(t) * max(per_rank, floor, 1)
+    shares = optimal_shares(t, total, floor, fixed=fixed)
+    assert shares.sum() == total and shares.min() >= floor
+    best = np.inf
+    for choice in itertools.product(range(floor, total + 1), repeat=len(t)):
+        if sum(choice) == total:
+            best = min(best, float((fixed + np.array(choice) * t).max()))
+    assert float((fixed + shares * t).max()) == pytest.approx(best, rel=1e-9)
+    no_fixed = optimal_shares(t, total, floor, fixed=np.zeros_like(t))
+    np.testing.assert_array_equal(no_fixed, optimal_shares(t, total, floor))
+
+
+@settings(max_examples=60, deadline=None)
+@given(
     st.lists(st.floats(1e-4, 10.0), min_size=1, max_size=2 * SCALAR_RANKS),
     st.floats(0.0, 50.0),
     st.integers(0, 3),

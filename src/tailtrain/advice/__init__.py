@@ -40,6 +40,7 @@ from tailtrain.advice.units import (
     InUnits,
     JobShape,
     RunReport,
+    StepCosts,
     candidate_ms,
     in_units,
     job_of,
@@ -353,6 +354,7 @@ def _in_job_units(
             row, None, uncertainty(row, None, spread), shares=tuple(int(b) for b in shares.shares)
         )
         ranked = [r for r in ranked if r.row.strategy != "rebalance"] + [per_sample]
+        notes = [*notes, _costs_note(shares.costs)]
     if not job.equal:
         notes = [
             *notes,
@@ -361,6 +363,21 @@ def _in_job_units(
             "gradients, not samples",
         ]
     return sorted(ranked, key=lambda r: -r.effective_speedup), notes
+
+
+def _costs_note(costs: StepCosts) -> str:
+    """How the rebalance row priced each rank's step (``advice.units.step_costs``)."""
+    if costs.fitted.any():
+        fixed = ", ".join(f"{1e3 * a:.3g}" for a in costs.fixed)
+        return (
+            "rebalance: each rank's step fitted as a + c x samples on the trace's steps of "
+            f"other counts (such as an epoch's short last batch): a = [{fixed}] ms per step "
+            "that no share changes"
+        )
+    return (
+        "rebalance: every step of a rank has one count, so each step is taken as "
+        "proportional to its samples; a fixed part per step would make this forecast low"
+    )
 
 
 #: why DropCompute is priced at M micro-batches on a per-step trace

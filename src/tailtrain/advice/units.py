@@ -24,11 +24,16 @@ without ``samples`` is priced per step (a rank's gradient), as before the column
 
 Two rows are priced here from the per-step trace, with the project's rules:
 
-* **rebalance for a DDP job** (:func:`rebalance_shares`): t_n = rank n's seconds per sample
-  (median over steps), shares b_n = ``strategies.rebalance.optimal_shares(t, N B, 1)``, the
-  one rule; each recorded step i replayed with the shares, max_n b_n t_{i,n} (t_{i,n} rank
-  n's seconds per sample in that step: a step's time linear in its samples, the ranks'
-  common slow steps kept together), plus the step's recorded T^c.
+* **rebalance for a DDP job** (:func:`rebalance_shares`): rank n's step as
+  a_n + c_n b seconds for b samples (:func:`step_costs`: a_n, the seconds no share changes,
+  fitted where the trace holds steps of another count, such as each epoch's short last
+  batch; 0 otherwise, the step then proportional to its samples), shares
+  b_n = ``strategies.rebalance.optimal_shares(c, N B, 1, fixed=a)``, the one rule; each
+  recorded step i replayed with the shares, max_n T_{i,n} (a_n + c_n b_n) / (a_n + c_n
+  B_{i,n}) (the step's recorded time scaled to the new count: the ranks' common slow steps
+  kept together), plus T^c, the mean of the steps' recorded T^c. Scaling a rank's whole step
+  by its samples overstated a fast rank that is dealt more: on the bench's tutorial job
+  (``bench/bench_loop.py``, scenario b) the forecast was 0.80x the realised.
 * **DropCompute at M micro-batches from a per-step trace** (:func:`split_trace`): the hook
   checks its threshold between micro-batches, so a step of one batch has nothing to cut.
   Each recorded step of rank n is split into M parts as M i.i.d. Gamma parts conditioned on
@@ -59,6 +64,8 @@ FRESH_PROGRESS = ("sync", "k-sync", "k-batch-sync", "dropcompute", "rebalance", 
 _MAX_SHAPE = 1e6
 #: batches of the replayed steps for the standard error of a replayed mean step time
 _BATCHES = 10
+#: steps a rank needs at a second count before its fixed seconds per step are fitted
+MIN_FIT_STEPS = 3
 
 
 @dataclass(frozen=True)
@@ -150,16 +157,55 @@ def verdict_times(trace: Trace) -> NDArray[np.float64]:
 
 
 @dataclass(frozen=True)
+class StepCosts:
+    """Rank n's step as ``fixed[n] + per_sample[n] * b`` seconds for b samples."""
+
+    fixed: NDArray[np.float64]  #: a_n: seconds per step no share changes
+    per_sample: NDArray[np.float64]  #: c_n
+    fitted: NDArray[np.bool_]  #: whether a_n was fitted (the trace held another count)
+
+    def at(self, samples: NDArray) -> NDArray[np.float64]:
+        return self.fixed + self.per_sample * samples
+
+
+def step_costs(seconds: NDArray, samples: NDArray) -> StepCosts:
+    """a_n and c_n from (steps, ranks) seconds and samples (counts > 0). Rank n's most
+    frequent count b* and its median time T* anchor the line; each other count seen in at
+    least :data:`MIN_FIT_STEPS` steps gives a point (its median time), and the slope is their
+    least squares through the anchor, weighted by steps; a_n is clipped to [0, T*] (neither
+    the fixed part nor the per-sample part negative). A rank whose trace holds one count
+    gets a_n = 0: one count cannot tell the two parts apart."""
+    ranks = seconds.shape[1]
+    fixed, per_sample, fitted = np.zeros(ranks), np.zeros(ranks), np.zeros(ranks, dtype=bool)
+    for n in range(ranks):
+        values, seen = np.unique(samples[:, n], return_counts=True)
+        anchor = values[seen.argmax()]
+        usual = float(np.median(seconds[samples[:, n] == anchor, n]))
+        others = [(v, k) for v, k in zip(values, seen, strict=True) if v != anchor]
+        points = [(float(v), float(np.median(seconds[samples[:, n] == v, n])), float(k))
+                  for v, k in others if k >= MIN_FIT_STEPS]  # fmt: skip
+        per_sample[n] = usual / anchor
+        if points:
+            b, t, w = (np.array(column) for column in zip(*points, strict=True))
+            slope = float((w * (b - anchor) * (t - usual)).sum() / (w * (b - anchor) ** 2).sum())
+            fixed[n] = min(max(usual - slope * anchor, 0.0), usual)
+            per_sample[n] = (usual - fixed[n]) / anchor
+            fitted[n] = True
+    return StepCosts(fixed, per_sample, fitted)
+
+
+@dataclass(frozen=True)
 class Rebalanced:
     """Per-sample shares for a DDP job and their replayed step (module docstring)."""
 
     shares: NDArray[np.int64]
-    iteration_time: float  #: E[max_n b_n t_n] + E[T^c], replayed
+    iteration_time: float  #: E[max_n T_{i,n} scaled to b_n] + E[T^c], replayed
     stderr: float
+    costs: StepCosts
 
 
 def rebalance_shares(trace: Trace, comm: float) -> Rebalanced | None:
-    """Shares by ``optimal_shares`` on the per-sample times and their replayed step time
+    """Shares by ``optimal_shares`` on the ranks' step costs and their replayed step time
     with ``comm`` seconds of T^c per step, over the steps where every rank's count is known
     (> 0, as ``persistence.per_sample_times`` keeps them); None without ``samples`` or
     two such steps."""
@@ -172,14 +218,14 @@ def rebalance_shares(trace: Trace, comm: float) -> Rebalanced | None:
     seconds, samples = seconds[kept], samples[kept]
     if seconds.shape[0] < 2:
         return None
-    per_step = seconds / samples  # rank n's seconds per sample in each step
-    t = np.median(per_step, axis=0)
+    costs = step_costs(seconds, samples)
     total = int(np.median(samples.sum(axis=1)))
-    shares = optimal_shares(t, total, 1)
-    steps = (per_step * shares).max(axis=1)  # each recorded step, dealt by the shares
+    shares = optimal_shares(costs.per_sample, total, 1, fixed=costs.fixed)
+    # each recorded step, its ranks' times scaled from their counts to the shares
+    steps = (seconds * costs.at(shares) / costs.at(samples)).max(axis=1)
     batches = [b.mean() for b in np.array_split(steps, min(_BATCHES, steps.size))]
     stderr = float(np.std(batches, ddof=1) / np.sqrt(len(batches))) if len(batches) > 1 else 0.0
-    return Rebalanced(shares, float(steps.mean()) + comm, stderr)
+    return Rebalanced(shares, float(steps.mean()) + comm, stderr, costs)
 
 
 def candidate_ms(job: JobShape) -> list[int]:

@@ -324,8 +324,11 @@ def makespan(shares: np.ndarray, t: np.ndarray) -> float:
     return float((shares * t).max())
 
 
-def optimal_shares(t: np.ndarray, total: int, floor: int = 1) -> np.ndarray:
-    """Integer shares m_n >= ``floor``, sum ``total``, minimising max_n m_n t_n.
+def optimal_shares(
+    t: np.ndarray, total: int, floor: int = 1, fixed: np.ndarray | None = None
+) -> np.ndarray:
+    """Integer shares m_n >= ``floor``, sum ``total``, minimising max_n m_n t_n (with
+    ``fixed``: max_n a_n + m_n t_n, a_n rank n's seconds per step that no share changes).
 
     T* is the smallest T with sum_n max(floor, floor(T / t_n)) >= total: bisected around
     the fluid optimum total / sum(1/t) (every count only grows with T) until the counts sum
@@ -338,6 +341,8 @@ def optimal_shares(t: np.ndarray, total: int, floor: int = 1) -> np.ndarray:
         raise UsageError(f"a floor of {floor} micro-batches for {n} ranks exceeds {total}")
     if floor * n == total:
         return np.full(n, floor, dtype=np.int64)
+    if fixed is not None and np.any(fixed):
+        return shares_with_fixed(t, total, floor, np.asarray(fixed, dtype=np.float64))
     fluid = total / float((1.0 / t).sum())
     # at fluid + (floor + 1) t_max every rank has >= x_n; below fluid - t_max, at most x_n - 1
     high, low = fluid + float(t.max()) * (floor + 1), max(0.0, fluid - float(t.max()))
@@ -373,18 +378,39 @@ def counted_total(t: np.ndarray, floor: int) -> Callable[[float], int]:
     return lambda deadline: sum(max(floor, math.floor(deadline / x)) for x in times)
 
 
-def counts(deadline: float, t: np.ndarray, floor: int) -> np.ndarray:
-    """Micro-batches each rank finishes by ``deadline``, at least ``floor``."""
+def counts(deadline: float | np.ndarray, t: np.ndarray, floor: int) -> np.ndarray:
+    """Micro-batches each rank finishes by ``deadline`` (one, or one per rank), at least
+    ``floor``."""
     counted = np.floor(deadline / t)
     np.maximum(counted, floor, out=counted)  # in place: N can be 10^6, bisected ~50 times
     return counted.astype(np.int64)
 
 
-def trimmed(shares: np.ndarray, t: np.ndarray, surplus: int, floor: int) -> np.ndarray:
+def shares_with_fixed(t: np.ndarray, total: int, floor: int, fixed: np.ndarray) -> np.ndarray:
+    """:func:`optimal_shares` with a_n = ``fixed``: rank n finishes m_n by T when
+    m_n <= (T - a_n) / t_n, so T* is bisected the same way, on [0, max a + the fixed-free
+    bound] (off the training hot path: advise prices a job's shares with it once)."""
+    fluid = total / float((1.0 / t).sum())
+    low, high = 0.0, float(fixed.max()) + fluid + float(t.max()) * (floor + 1)
+    for _ in range(200):
+        if high - low <= high * 1e-15:
+            break
+        mid = 0.5 * (low + high)
+        if int(counts(mid - fixed, t, floor).sum()) >= total:
+            high = mid
+        else:
+            low = mid
+    shares = counts(high - fixed, t, floor)
+    return trimmed(shares, t, int(shares.sum()) - total, floor, fixed)
+
+
+def trimmed(
+    shares: np.ndarray, t: np.ndarray, surplus: int, floor: int, fixed: np.ndarray | float = 0.0
+) -> np.ndarray:
     """Take ``surplus`` micro-batches back, one at a time from the rank finishing last."""
     shares = shares.copy()
     while surplus > 0:
-        finish = np.where(shares > floor, shares * t, -np.inf)
+        finish = np.where(shares > floor, fixed + shares * t, -np.inf)
         take = np.argsort(-finish, kind="stable")[:surplus]
         take = take[np.isfinite(finish[take])]
         shares[take] -= 1
