@@ -338,14 +338,15 @@ def _in_job_units(
         shares = None  # the shares the job already deals: that row is the job as measured
     if shares is not None:
         sync = next(r for r in ranked if r.row.strategy == "sync").iteration_time
+        ratio = shares.rate / measured_rate(last)[0]  # samples per second, as the row says
         row = Row(
             "rebalance",
             job.workers,
             shares.iteration_time,
             shares.stderr,
             sync / shares.iteration_time,
-            sync / shares.iteration_time,
-            sync / shares.iteration_time * shares.stderr / shares.iteration_time,
+            ratio,
+            ratio * shares.stderr / shares.iteration_time,
             PER_SAMPLE,
             best=True,
             spec="rebalance",

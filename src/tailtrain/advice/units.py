@@ -203,6 +203,13 @@ class Rebalanced:
     stderr: float
     costs: StepCosts
 
+    @property
+    def rate(self) -> float:
+        """Samples per second: every replayed step deals the whole global batch (an epoch's
+        short step too, scaled up), so the ratio to the job as measured, which counts the
+        short steps' fewer samples, is taken in samples, not steps."""
+        return float(self.shares.sum()) / self.iteration_time
+
 
 def rebalance_shares(trace: Trace, comm: float) -> Rebalanced | None:
     """Shares by ``optimal_shares`` on the ranks' step costs and their replayed step time
