@@ -9,14 +9,20 @@ import importlib.util
 import inspect
 import json
 import os
+import pickle
+import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
+import torch.nn.functional as F
+from torch.nn.utils import vector_to_parameters
 
 import tailtrain
+from tailtrain.core.records import clean
 from tailtrain.errors import UsageError
 
 SRC = Path(tailtrain.__file__).resolve().parents[1]
@@ -110,6 +116,33 @@ def test_train_refuses_an_unknown_option_in_one_line():
         tailtrain.train(scenario, "sync", backend="mpi")
 
 
+def own_data() -> tuple[torch.Tensor, torch.Tensor]:
+    """Sixteen labelled points, the same on every rank."""
+    g = torch.Generator().manual_seed(0)
+    return torch.randn(16, 2, generator=g), torch.randint(0, 2, (16,), generator=g)
+
+
+def test_train_own_model_parses_its_strategy_as_every_entry_and_returns_a_run_record():
+    """One parser (``tailtrain.strategy``) for every entry: a wrong type is refused in its
+    words before anything starts; a strategy object runs, and the record is simulate's type,
+    its ``theta`` the server's final parameters: loaded into the user's module, they score
+    the final evaluation's training loss."""
+    parts = {"model": lambda: torch.nn.Linear(2, 2), "loss": F.cross_entropy, "data": own_data}
+    with pytest.raises(UsageError, match="spec such as 'dbw' or a Strategy, got int"):
+        tailtrain.train_own_model(**parts, strategy=3)
+    rule = tailtrain.strategy("k-sync:k=1")
+    record = tailtrain.train_own_model(**parts, strategy=rule, workers=2, iterations=3, lr=0.5)
+    assert type(record) is tailtrain.RunRecord and len(record.steps) == 3
+    assert record.summary["strategy"] == rule.describe()
+    module = torch.nn.Linear(2, 2)
+    vector_to_parameters(torch.as_tensor(record.theta), module.parameters())
+    x, y = own_data()
+    with torch.no_grad():
+        loss = float(F.cross_entropy(module(x), y))
+    assert loss == pytest.approx(record.evals[-1]["train_loss"], rel=1e-6)
+    assert record.evals[-1]["train_loss"] != pytest.approx(record.evals[0]["train_loss"])
+
+
 def test_advise_reads_a_trace_and_names_the_slow_worker(tmp_path):
     rng = np.random.default_rng(0)
     times = rng.lognormal(0.0, 0.3, (60, 4))
@@ -162,3 +195,71 @@ def test_the_face_charges_a_traces_recorded_noncompute_as_the_cli_does(tmp_path,
     assert sync.iteration_time == pytest.approx(2.5, abs=1e-12)
     told = dataclasses.replace(scenario, comm_time="0.25")  # comm_time overrides the trace
     assert tailtrain.simulate(told, "sync").summary["mean_iteration_time"] == pytest.approx(2.25)
+
+
+#: a script that calls ``tailtrain.train`` as one rank of a torchrun job and pickles what
+#: that rank got back to ``rank{RANK}.pkl`` in the folder it is given
+TORCHRUN_SCRIPT = """
+import os, pickle, sys
+from pathlib import Path
+
+import tailtrain
+
+if __name__ == "__main__":
+    strategy, workers, folder = sys.argv[1], int(sys.argv[2]), Path(sys.argv[3])
+    scenario = tailtrain.Scenario(task="logreg", workers=workers, iterations=4)
+    record = tailtrain.train(scenario, strategy, seed=0, timeout=60)
+    (folder / f"rank{os.environ['RANK']}.pkl").write_bytes(pickle.dumps(record))
+"""
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def torchrun_records(tmp_path: Path, strategy: str, workers: int, ranks: int) -> list:
+    """What ``tailtrain.train`` returned on each rank of a ``ranks``-process torchrun job
+    (gloo, c10d rendezvous on a free loopback port)."""
+    script = tmp_path / "train_rank.py"
+    script.write_text(TORCHRUN_SCRIPT)
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    env["PYTHONPATH"] = os.pathsep.join([str(SRC), env.get("PYTHONPATH", "")])
+    command = [
+        sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(ranks),
+        "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}",
+        str(script), strategy, str(workers), str(tmp_path),
+    ]  # fmt: skip
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=100)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return [pickle.loads((tmp_path / f"rank{r}.pkl").read_bytes()) for r in range(ranks)]
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(
+    ("strategy", "workers", "ranks"),
+    [
+        ("sync", 2, 2),  # allreduce: rank 1 held rows of its own, no evaluations, no summary
+        pytest.param("k-sync:k=2", 2, 3, marks=pytest.mark.slow),  # rank 0 serves 2 workers
+    ],
+)
+def test_train_under_torchrun_returns_the_jobs_record_on_every_rank(
+    tmp_path, strategy, workers, ranks
+):
+    """Under torchrun each rank's ``train`` returns to its own script: every one gets a
+    ``RunRecord``, as ``simulate`` returns, with rank 0's steps, evaluations and summary
+    (rank 1 once got a summary without ``mean_iteration_time``), and its own parameters."""
+    records = torchrun_records(tmp_path, strategy, workers, ranks)
+    lead = records[0]
+    assert {type(r) for r in records} == {tailtrain.RunRecord}
+    assert {"mean_iteration_time", "final_loss", "wall_time"} <= set(lead.summary)
+    assert len(lead.steps) == 4 and lead.evals
+    for record in records[1:]:
+        assert clean(record.summary) == clean(lead.summary)
+        assert clean(record.steps) == clean(lead.steps)
+        assert clean(record.evals) == clean(lead.evals)
+    if strategy == "sync":  # every rank applies the same updates: the same parameters
+        assert lead.theta is not None and all(np.array_equal(r.theta, lead.theta) for r in records)
+    else:  # the server's model; its workers hold none
+        assert lead.theta is not None and [r.theta for r in records[1:]] == [None] * workers

@@ -21,7 +21,7 @@ PACKAGE = SRC / "tailtrain"
 PAPERS = r"tailtrain\.reproduce\.(dbw|dropcompute|eager|lgc|stale)"
 
 #: the face's wrappers that share a name with the internal function they call
-FACE_WRAPPERS = "predict|simulate|compare|train|advise"
+FACE_WRAPPERS = "predict|simulate|compare|train|train_own_model|advise"
 
 #: name (a regular expression, matched whole) -> (modules, a regular expression matched
 #: whole, in which it may repeat; why sameness is the point there)

@@ -22,7 +22,11 @@ Everything a user needs is one attribute of this package:
   `DistributedDataParallel` comm hook);
 * rebalance a DDP job with a persistent straggler: [`rebalance_loader`][tailtrain.rebalance_loader]
   deals each rank its share of the global batch, and
-  [`sample_weighted_hook`][tailtrain.sample_weighted_hook] weighs each rank by its samples.
+  [`sample_weighted_hook`][tailtrain.sample_weighted_hook] weighs each rank by its samples;
+* what comes back is here too: [`RunRecord`][tailtrain.RunRecord] (`simulate`, `train` and
+  `train_own_model`, on every rank alike), [`StepRecord`][tailtrain.StepRecord] (a
+  `StragglerStep` step), [`ProbeReport`][tailtrain.ProbeReport] (a `StragglerProbe`), and
+  [`RunControl`][tailtrain.RunControl], what `simulate(control=)` takes.
 
 `import tailtrain` loads neither torch nor the simulator: each name is imported on first use.
 No subpackage shares a face entry's name (the internals of `predict` and `advise` live in
@@ -50,7 +54,7 @@ _FACE: dict[str, tuple[str, str]] = {
     "simulate": ("tailtrain.face", "simulate"),
     "compare": ("tailtrain.face", "compare"),
     "train": ("tailtrain.face", "train"),
-    "train_own_model": ("tailtrain.runtime.ps.runner", "train_own_model"),
+    "train_own_model": ("tailtrain.face", "train_own_model"),
     "advise": ("tailtrain.face", "advise"),
     "StragglerStep": ("tailtrain.integrate.step", "StragglerStep"),
     "ShareSampler": ("tailtrain.integrate.sampler", "ShareSampler"),
@@ -60,7 +64,9 @@ _FACE: dict[str, tuple[str, str]] = {
     "rebalance_loader": ("tailtrain.integrate.share_loader", "rebalance_loader"),
     "sample_weighted_hook": ("tailtrain.integrate.share_loader", "sample_weighted_hook"),
     "RunRecord": ("tailtrain.core.records", "RunRecord"),
-    "RankResult": ("tailtrain.runtime.config", "RankResult"),
+    "RunControl": ("tailtrain.core.session", "RunControl"),
+    "StepRecord": ("tailtrain.integrate.rounds", "StepRecord"),
+    "ProbeReport": ("tailtrain.integrate.probe", "ProbeReport"),
     "Prediction": ("tailtrain.prediction.scenario", "Prediction"),
     "Comparison": ("tailtrain.sim.compare", "Comparison"),
     "Advice": ("tailtrain.advice", "Advice"),
@@ -81,6 +87,7 @@ _INTERNAL: dict[str, tuple[str, str]] = {
     "parse_comm_time": ("tailtrain.delays.comm", "parse_comm_time"),
     "TrainConfig": ("tailtrain.runtime.config", "TrainConfig"),
     "train": ("tailtrain.runtime.launch", "train"),
+    "train_own_model": ("tailtrain.runtime.ps.runner", "train_own_model"),
     "in_torchrun": ("tailtrain.runtime.launch", "in_torchrun"),
     "prepare_folder": ("tailtrain.core.records", "prepare_folder"),
     "held_run": ("tailtrain.core.records", "held_run"),
@@ -94,6 +101,7 @@ if TYPE_CHECKING:  # the same paths as _FACE, for type checkers (tests/test_face
     from tailtrain.advice import Advice
     from tailtrain.core.records import RunRecord
     from tailtrain.core.scenario import Scenario
+    from tailtrain.core.session import RunControl
     from tailtrain.face import (
         advise,
         compare,
@@ -101,15 +109,15 @@ if TYPE_CHECKING:  # the same paths as _FACE, for type checkers (tests/test_face
         simulate,
         strategy,
         train,
+        train_own_model,
     )
     from tailtrain.integrate.ddp import StragglerHookState, weighted_allreduce_hook
-    from tailtrain.integrate.probe import StragglerProbe
+    from tailtrain.integrate.probe import ProbeReport, StragglerProbe
+    from tailtrain.integrate.rounds import StepRecord
     from tailtrain.integrate.sampler import ShareSampler
     from tailtrain.integrate.share_loader import rebalance_loader, sample_weighted_hook
     from tailtrain.integrate.step import StragglerStep
     from tailtrain.prediction.scenario import Prediction
-    from tailtrain.runtime.config import RankResult
-    from tailtrain.runtime.ps.runner import train_own_model
     from tailtrain.sim.compare import Comparison
     from tailtrain.strategies.base import Strategy
     from tailtrain.tasks.factory import TaskParts
@@ -119,10 +127,12 @@ __all__ = [
     "Advice",
     "Comparison",
     "Prediction",
-    "RankResult",
+    "ProbeReport",
+    "RunControl",
     "RunRecord",
     "Scenario",
     "ShareSampler",
+    "StepRecord",
     "StragglerHookState",
     "StragglerProbe",
     "StragglerStep",

@@ -17,11 +17,14 @@ from tailtrain import _internal
 from tailtrain.errors import UsageError
 
 if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
     from tailtrain import (
         Advice,
         Comparison,
         Prediction,
-        RankResult,
+        RunControl,
         RunRecord,
         Scenario,
         Strategy,
@@ -53,7 +56,7 @@ def simulate(
     *,
     seed: int = 0,
     progress: Callable[[int, float], None] | None = None,
-    control: Any = None,
+    control: RunControl | None = None,
     task: Any = None,
     delays: Any = None,
 ) -> RunRecord:
@@ -65,8 +68,8 @@ def simulate(
         strategy: a spec string or a strategy object.
         seed: seeds the task's data, the model, the delays and the rule.
         progress: called with (updates applied, virtual time) after each update.
-        control: a ``core.session.RunControl``: stream the record to a folder, checkpoint,
-            resume, drill faults.
+        control: a [`RunControl`][tailtrain.RunControl]: stream the record to a folder,
+            checkpoint, resume, drill faults.
         task: replaces the scenario's task (tests, own models).
         delays: replaces the scenario's delay process.
 
@@ -174,7 +177,7 @@ def train(
     endpoint: str = "127.0.0.1:0",
     overwrite: bool = False,
     **options: Any,
-) -> RankResult:
+) -> RunRecord:
     """Train ``strategy`` on ``scenario`` with real processes (torch.distributed), as
     [`simulate`][tailtrain.simulate] runs it on the virtual clock: ``scenario.workers`` local
     ranks (plus a server rank for a parameter-server strategy), or this rank of a ``torchrun``
@@ -199,8 +202,12 @@ def train(
             ``tensorboard``, ``progress``, ``device``.
 
     Returns:
-        Rank 0's result (this rank's under torchrun): ``record``, as ``simulate``'s, and the
-        final parameters ``theta``.
+        The job's run record, as ``simulate`` returns it: ``steps``, ``evals`` and the
+        ``summary`` (``wall_time`` where simulate has ``virtual_time``), and ``theta``, the
+        final parameters, flat. Every rank gets the same record: a local launch returns rank
+        0's; under torchrun each rank's ``train`` returns rank 0's steps, evaluations and
+        summary, which rank 0 broadcasts to the others as the run ends, and its own
+        ``theta`` (None on a parameter server's worker ranks, which hold no model).
 
     Raises:
         UsageError: a bad argument, found before any process starts.
@@ -223,7 +230,82 @@ def train(
         out=None if out is None else Path(out),
         **options,
     )
-    return _internal("train")(config, endpoint, _claim(config.out, overwrite))
+    return _record_of(_internal("train")(config, endpoint, _claim(config.out, overwrite)))
+
+
+def train_own_model(
+    model: Callable[[], nn.Module],
+    loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    data: Callable[[], tuple[torch.Tensor, ...]],
+    *,
+    strategy: str | Strategy = "dbw",
+    workers: int = 4,
+    batch_size: int = 32,
+    lr: float = 0.1,
+    iterations: int | None = None,
+    time_budget: float | None = None,
+    delay: str | None = None,
+    pattern: str = "iid",
+    seed: int = 0,
+    timeout: float = 120.0,
+    out: str | Path | None = None,
+    endpoint: str = "127.0.0.1:0",
+) -> RunRecord:
+    """Train your own model with a parameter-server strategy (``dbw``, ``k-sync:k=K``,
+    ``lgc:k=K``, ...) on a server and ``workers`` worker processes.
+
+    ``model()`` builds the ``nn.Module`` (every rank calls it under the same seed, so every
+    rank starts from the same parameters), ``loss(output, target)`` is the mean loss of a
+    batch, and ``data()`` returns ``(x_train, y_train)`` or ``(x_train, y_train, x_test,
+    y_test)`` tensors. Locally the ranks are forked, so the callables may be lambdas; under
+    torchrun every rank runs your script and passes its own.
+
+    Args:
+        model: builds the ``nn.Module``; every rank calls it under the same seed.
+        loss: ``loss(output, target)``, the mean loss of a batch.
+        data: returns ``(x_train, y_train)`` or ``(x_train, y_train, x_test, y_test)``.
+        strategy: a parameter-server strategy, as a spec string or a strategy object.
+        workers: worker processes (the server is one more).
+        batch_size: examples per job.
+        lr: the learning rate.
+        iterations: updates to apply (default 100 unless ``time_budget`` is given).
+        time_budget: seconds to train instead.
+        delay: a delay spec injected per job (None: jobs take their real time).
+        pattern: the worker pattern of the injected delays.
+        seed: seeds the model, the mini-batches and the delays.
+        timeout: seconds that bound every wait.
+        out: the run folder (the server's record and the traces); refused if it holds a run.
+        endpoint: ``HOST:PORT`` of the local rendezvous.
+
+    Returns:
+        The job's run record, as [`train`][tailtrain.train] returns it on every rank:
+        the server's steps, evaluations and summary, and ``theta``, the final parameters,
+        flat, on the server (rank 0; None on a worker rank under torchrun).
+        ``torch.nn.utils.vector_to_parameters(torch.as_tensor(record.theta),
+        module.parameters())`` loads them into a module ``model()`` built.
+
+    Raises:
+        UsageError: a bad argument (a strategy that is not a parameter server's among them),
+            found before any process starts.
+    """
+    result = _internal("train_own_model")(
+        model,
+        loss,
+        data,
+        strategy=_rule(strategy),
+        workers=workers,
+        batch_size=batch_size,
+        lr=lr,
+        iterations=iterations,
+        time_budget=time_budget,
+        delay=delay,
+        pattern=pattern,
+        seed=seed,
+        timeout=timeout,
+        out=out,
+        endpoint=endpoint,
+    )
+    return _record_of(result)
 
 
 def advise(
@@ -277,6 +359,14 @@ def _rule(spec: Any) -> Strategy:
     raise UsageError(
         f"strategy must be a spec such as 'dbw' or a Strategy, got {type(spec).__name__}"
     )
+
+
+def _record_of(result: Any) -> RunRecord:
+    """What a real run hands the user (a rank's ``RankResult``, which holds the job's record
+    on every rank): its record, with this rank's final parameters (None where it has none)."""
+    record = result.record
+    record.theta = result.theta if result.theta.size else None
+    return record
 
 
 def _claim(out: Path | None, overwrite: bool) -> Callable[[], None] | None:

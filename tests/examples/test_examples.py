@@ -73,6 +73,32 @@ def test_face_example_runs_predict_simulate_and_train():
 
 
 @pytest.mark.timeout(120)
+def test_face_example_runs_under_torchrun(tmp_path):
+    """examples/face.py as two torchrun ranks: ``train`` joins torchrun's job, and each rank
+    prints what rank 0 prints locally; rank 1's ``train`` line reads the job's summary (rank
+    1 once died on a summary without ``mean_iteration_time``)."""
+    endpoint = f"127.0.0.1:{free_port()}"
+    logs = tmp_path / "logs"
+    command = torchrun(
+        "--nproc-per-node", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint,
+        "--log-dir", str(logs), "--redirects", "3", str(ROOT / "examples" / "face.py"),
+    )  # fmt: skip
+    done = subprocess.run(
+        command, cwd=ROOT, env=environment(), capture_output=True, text=True, timeout=110
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    printed = {
+        rank: next(logs.glob(f"*/attempt_0/{rank}/stdout.log")).read_text().splitlines()
+        for rank in (0, 1)
+    }
+    lines = printed[0]
+    assert [line.split(":")[0] for line in lines] == ["predict", "simulate", "train"], printed
+    simulated, trained = (line.rsplit("loss ", 1)[1] for line in lines[1:])
+    assert simulated == trained  # as in a local launch: the same model (to 3 digits)
+    assert printed[1] == lines  # the same record on every rank, wall times included
+
+
+@pytest.mark.timeout(120)
 def test_probe_example_names_the_slow_rank_and_advise_reads_its_folder(tmp_path):
     """examples/probe_ddp.py under torchrun with rank 1 slowed by 20 ms a forward (the model
     computes in well under a millisecond): the probe names it live, and ``tailtrain advise``

@@ -7,8 +7,8 @@ import pytest
 import torch
 from torch import nn
 
+import tailtrain
 from tailtrain.errors import UsageError
-from tailtrain.runtime.ps.runner import train_own_model
 from tailtrain.runtime.ps.server import train_parameter_server
 from tailtrain.runtime.topologies import TOPOLOGY_SPECS, spec_of
 from tailtrain.strategies.base import Topology, topology_of
@@ -64,7 +64,7 @@ def test_train_own_model_takes_its_topology_from_topology_of():
     """Plain sync is an allreduce strategy everywhere, so the parameter-server runner refuses
     it before anything starts (and names the synchronous parameter-server strategy)."""
     with pytest.raises(UsageError, match="allreduce topology") as err:
-        train_own_model(
+        tailtrain.train_own_model(
             lambda: nn.Linear(2, 2),
             nn.functional.cross_entropy,
             lambda: (torch.zeros(4, 2), torch.zeros(4, dtype=torch.int64)),
@@ -81,7 +81,7 @@ def test_train_own_model_never_resumes_an_old_runs_checkpoint(tmp_path):
     the run's identity cannot tell the user's model from another."""
     (tmp_path / "checkpoint.pt").write_bytes(b"")
     with pytest.raises(UsageError, match="already holds a run") as err:
-        train_own_model(
+        tailtrain.train_own_model(
             lambda: nn.Linear(2, 2),
             nn.functional.cross_entropy,
             lambda: (torch.zeros(4, 2), torch.zeros(4, dtype=torch.int64)),

@@ -27,13 +27,22 @@ from tailtrain.errors import UsageError
 
 @dataclass
 class RunRecord:
-    """Everything a run produced, kept in memory and optionally written to a folder."""
+    """Everything a run produced, kept in memory and optionally written to a folder.
+
+    What ``simulate``, ``train`` and ``train_own_model`` return: ``steps`` (one row per
+    update), ``evals`` (the periodic evaluations) and the ``summary``. ``theta`` is the final
+    parameters, flat, where a real run hands them back (``train``, ``train_own_model``: this
+    rank's model); None from ``simulate`` and on a rank that holds no model (a parameter
+    server's workers). It is never written to the run folder.
+    """
 
     steps: list[dict[str, Any]] = field(default_factory=list)
     evals: list[dict[str, Any]] = field(default_factory=list)
     summary: dict[str, Any] = field(default_factory=dict)
     #: where rows go as they come (a run streaming to its folder); None: memory only
     sink: RecordSink | None = field(default=None, repr=False, compare=False)
+    #: the final parameters, flat (see above); not part of what two records compare
+    theta: np.ndarray | None = field(default=None, repr=False, compare=False)
 
     def add_step(self, row: dict[str, Any]) -> None:
         self.steps.append(row)

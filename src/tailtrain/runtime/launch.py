@@ -63,6 +63,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from tailtrain.core.records import RunRecord
 from tailtrain.core.session import check_entry
 from tailtrain.errors import TailtrainError, UsageError
 from tailtrain.runtime.allreduce.shrink import REJOIN, check_shrink, note_dead
@@ -131,8 +132,9 @@ def max_local_workers() -> int:
 def train(
     config: TrainConfig, endpoint: str = "127.0.0.1:0", prepare: Callable[[], None] | None = None
 ) -> RankResult:
-    """Run ``config``; returns rank 0's result (this rank's under torchrun). ``prepare`` runs
-    once the input is checked, before any rank starts (the CLI claims the run folder there)."""
+    """Run ``config``; returns rank 0's result (under torchrun, this rank's, holding rank 0's
+    record: :func:`lead_records`). ``prepare`` runs once the input is checked, before any rank
+    starts (the CLI claims the run folder there)."""
     local = not in_torchrun()
     try:
         validate(config, local=local)
@@ -317,7 +319,8 @@ def rank_entry(
             body = lambda: run_rank(configs, entry)  # noqa: E731
             results = shielded(body, rank, len(configs), on_death, again, first.restart_lost)
         else:
-            results = run_rank(configs, entry)
+            # under torchrun each rank returns to its own caller: each gets the job's record
+            results = run_rank(configs, entry, share=not own_launcher)
     except BaseException:
         if own_launcher and interrupt_requested():  # whatever ended an interrupted rank
             leave_interrupted()
@@ -343,11 +346,15 @@ def leave_interrupted() -> None:
 
 
 def run_rank(
-    configs: list[TrainConfig], entry: RankEntry | None, rejoin: bool = False
+    configs: list[TrainConfig],
+    entry: RankEntry | None,
+    rejoin: bool = False,
+    share: bool = False,
 ) -> list[RankResult]:
     """This rank's runs; ``rejoin``: a rank started again after it died
     (``--restart-lost``), which joins the live ranks' generation instead of the job's
-    process group (``runtime.allreduce.shrink``)."""
+    process group (``runtime.allreduce.shrink``); ``share``: every rank's results hold rank
+    0's records (:func:`lead_records`)."""
     first = configs[0]
     torch.set_num_threads(first.threads)
     if rejoin:
@@ -368,9 +375,32 @@ def run_rank(
             break
     for result in results:  # flush TensorBoard; a sink does not go back by pickle
         close_record(result.record)
+    if share:
+        results = lead_records(results, comm)
     if dist.is_initialized():  # a rank started again never joined the job's group
         dist.destroy_process_group()  # only on success: after a failure the launcher stops us
     return results
+
+
+def lead_records(results: list[RankResult], comm: Collectives) -> list[RankResult]:
+    """``results`` with rank 0's records (steps, evaluations, summary) on every rank, each
+    rank's own final parameters kept: one object broadcast after the last run.
+
+    Rank 0 holds the job's record; the others hold a partial view (an allreduce rank's rows
+    without evaluations or summary) or only their own counts (a parameter server's worker).
+    Under torchrun each rank returns to its own caller, so without this a script that reads
+    the summary fails on every rank but 0."""
+    lead = comm.broadcast_object(
+        [(r.record.steps, r.record.evals, r.record.summary) for r in results]
+        if comm.rank == 0
+        else None
+    )
+    if comm.rank == 0:
+        return results
+    return [
+        dataclasses.replace(r, record=RunRecord(steps=steps, evals=evals, summary=summary))
+        for r, (steps, evals, summary) in zip(results, lead, strict=False)
+    ]
 
 
 def tag_logs(rank: int, verbose: bool) -> None:

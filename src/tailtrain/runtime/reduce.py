@@ -199,6 +199,13 @@ class Collectives:
             dist.gather_object(obj, out, group=self.group, group_dst=0)
         return out
 
+    def broadcast_object(self, obj: Any) -> Any:
+        """Rank 0's ``obj`` on every rank (the others' ``obj`` is not sent)."""
+        box = [obj if self.rank == 0 else None]
+        with self._guard("broadcast_object"):
+            dist.broadcast_object_list(box, group=self.group, group_src=0)
+        return box[0]
+
     def _guard(self, name: str) -> _Guard:
         return _Guard(name, self.rank, self.grace)
 

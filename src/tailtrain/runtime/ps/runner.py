@@ -1,15 +1,16 @@
 """Your own model on the parameter-server topology: plain callables in, a trained model out.
 
-    from tailtrain.runtime.ps.runner import train_own_model
+The user's entry is ``tailtrain.train_own_model`` (``tailtrain.face``), which parses the
+strategy as every entry does and hands back a ``RunRecord``; this module runs the job:
 
-    result = train_own_model(
+    record = tailtrain.train_own_model(
         model=lambda: torch.nn.Sequential(torch.nn.Linear(20, 32), torch.nn.ReLU(),
                                           torch.nn.Linear(32, 3)),
         loss=torch.nn.functional.cross_entropy,
         data=lambda: (x_train, y_train, x_test, y_test),
         strategy="dbw", workers=4, iterations=100, delay="shifted-exp:shift=0.01,scale=0.02",
     )
-    result.theta  # the final parameters, flat (``OwnTask.module_at`` gives a module)
+    record.theta  # the final parameters, flat (``vector_to_parameters`` loads them)
 
 ``model()`` builds the ``nn.Module`` (called on every rank under a seeded generator, so every
 rank starts from the same parameters), ``loss(output, target)`` is the mean loss of a batch,
@@ -49,7 +50,6 @@ from tailtrain.runtime.launch import (
 from tailtrain.runtime.ps.server import train_parameter_server
 from tailtrain.runtime.reduce import Collectives
 from tailtrain.strategies.base import Strategy, Topology, topology_of
-from tailtrain.strategies.registry import parse_strategy
 from tailtrain.tasks.task import TRAIN_EVAL_SIZE
 
 
@@ -127,7 +127,7 @@ def train_own_model(
     loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
     data: Callable[[], tuple[torch.Tensor, ...]],
     *,
-    strategy: str | Strategy = "dbw",
+    strategy: Strategy,
     workers: int = 4,
     batch_size: int = 32,
     lr: float = 0.1,
@@ -140,40 +140,14 @@ def train_own_model(
     out: str | Path | None = None,
     endpoint: str = "127.0.0.1:0",
 ) -> RankResult:
-    """Train your own model with a parameter-server strategy (``dbw``, ``k-sync:k=K``,
-    ``lgc:k=K``, ...) on a server and ``workers`` worker processes.
-
-    Args:
-        model: builds the ``nn.Module``; every rank calls it under the same seed.
-        loss: ``loss(output, target)``, the mean loss of a batch.
-        data: returns ``(x_train, y_train)`` or ``(x_train, y_train, x_test, y_test)``.
-        strategy: a parameter-server strategy, as a spec string or an object.
-        workers: worker processes (the server is one more).
-        batch_size: examples per job.
-        lr: the learning rate.
-        iterations: updates to apply (default 100 unless ``time_budget`` is given).
-        time_budget: seconds to train instead.
-        delay: a delay spec injected per job (None: jobs take their real time).
-        pattern: the worker pattern of the injected delays.
-        seed: seeds the model, the mini-batches and the delays.
-        timeout: seconds that bound every wait.
-        out: the run folder (the server's record and the traces).
-        endpoint: ``HOST:PORT`` of the local rendezvous.
-
-    Returns:
-        The server's result (this rank's under torchrun); ``theta`` holds the final
-        parameters, flat.
-    """
-    rule = parse_strategy(strategy) if isinstance(strategy, str) else strategy
-    if not isinstance(rule, Strategy):
-        raise UsageError(
-            f"strategy must be a spec such as 'dbw' or a Strategy, got {type(strategy).__name__}"
-        )
+    """The job ``tailtrain.train_own_model`` describes (its arguments; ``strategy`` parsed
+    there): the server's result, or under torchrun this rank's, holding the server's record
+    (``runtime.launch.lead_records``)."""
     out = None if out is None else Path(out)
-    if topology_of(rule) is not Topology.PARAMETER_SERVER:
+    if topology_of(strategy) is not Topology.PARAMETER_SERVER:
         raise UsageError(
-            f"strategy {rule.describe()!r} runs on the {topology_of(rule)} topology, not on a "
-            f"parameter server; try dbw, or k-sync:k={workers} for synchronous steps"
+            f"strategy {strategy.describe()!r} runs on the {topology_of(strategy)} topology, not "
+            f"on a parameter server; try dbw, or k-sync:k={workers} for synchronous steps"
         )
     if iterations is None and time_budget is None:
         iterations = 100
@@ -191,7 +165,7 @@ def train_own_model(
         if held:
             raise UsageError(f"out={str(out)!r} already holds a run ({held[0]}); give a new folder")
     inject = delay is not None
-    config = TrainConfig(scenario, rule, seed, inject, timeout=timeout, out=out)
+    config = TrainConfig(scenario, strategy, seed, inject, timeout=timeout, out=out)
     entry = functools.partial(own_entry, (model, loss, data, batch_size))
     if in_torchrun():
         check_rendezvous(os.environ, timeout)
