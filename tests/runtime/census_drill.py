@@ -9,7 +9,7 @@ import signal
 from collections.abc import Callable
 from typing import Any
 
-from tailtrain.runtime.allreduce.shrink import Shrinker
+from tailtrain.runtime.elastic.shrink import Shrinker
 from tailtrain.runtime.config import TrainConfig
 from tailtrain.runtime.reduce import Collectives
 
