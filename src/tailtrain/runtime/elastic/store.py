@@ -2,7 +2,9 @@
 
 The store is the launcher's (``MASTER_ADDR:MASTER_PORT`` with ``TORCHELASTIC_USE_AGENT_STORE``):
 it outlives any rank, so the survivors meet there, and a dead rank's shield says so there at
-once. The environment names a launcher sets in a rank for the protocol live here too.
+once. A run's keys sit under ``tailtrain/shrink/{run id}/{restart}`` (:func:`prefix`), so a
+restarted job (``--max-restarts``) starts from an empty store. The environment names a
+launcher sets in a rank for the protocol live here too.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ LAUNCHED = "TAILTRAIN_ON_RANK_LOSS"
 
 
 def prefix(env: Any = os.environ) -> str:
-    """This run's keys in the agent's store (module docstring)."""
+    """Where this run's keys sit in the agent's store (module docstring)."""
     run = env.get("TORCHELASTIC_RUN_ID", "local")
     return f"tailtrain/shrink/{run}/{env.get('TORCHELASTIC_RESTART_COUNT', '0')}"
 
