@@ -25,6 +25,7 @@ from tailtrain.errors import TailtrainError, UsageError
 from tailtrain.faults import FaultPlan
 from tailtrain.runtime.allreduce import rounds as rounds_module
 from tailtrain.runtime.allreduce.rounds import train_allreduce
+from tailtrain.runtime.config import TrainConfig
 from tailtrain.runtime.elastic.deadline import (
     DEADLINE_FACTOR,
     LONGEST_FACTOR,
@@ -35,7 +36,6 @@ from tailtrain.runtime.elastic.deadline import (
 )
 from tailtrain.runtime.elastic.refusals import check_shrink
 from tailtrain.runtime.elastic.shrink import Refused, Shrinker
-from tailtrain.runtime.config import TrainConfig
 from tailtrain.runtime.keep import Keeper
 from tailtrain.runtime.launch import Endpoint, JobFailed, launch, reserve, validate
 from tailtrain.runtime.reduce import Collectives

@@ -26,9 +26,9 @@ from tests.runtime import census_drill
 from tailtrain.core.scenario import Scenario
 from tailtrain.errors import UsageError
 from tailtrain.faults import FaultPlan
+from tailtrain.runtime.config import TrainConfig, build_world
 from tailtrain.runtime.elastic.refusals import check_shrink
 from tailtrain.runtime.elastic.shrink import Refused, Shrinker
-from tailtrain.runtime.config import TrainConfig, build_world
 from tailtrain.runtime.launch import Endpoint, JobFailed, launch, reserve, validate
 from tailtrain.runtime.partial.rounds import batch, train_partial
 from tailtrain.runtime.reduce import Collectives
