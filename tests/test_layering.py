@@ -140,3 +140,58 @@ def test_importing_integrate_loads_no_other_topology():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]", f"import tailtrain.integrate loads {out.stdout.strip()}"
+
+
+# ---- the elastic floor (issue 35) ----------------------------------------------------------------
+#: the runtime's topology wings: each stands on the shared runtime and ``runtime.elastic``,
+#: never on another wing
+WINGS = ("allreduce", "partial", "ps")
+ELASTIC = "tailtrain.runtime.elastic"
+
+
+def reaches(path: Path, packages: tuple[str, ...]) -> list[str]:
+    """The modules of ``packages`` (dotted names) that ``path`` imports."""
+    return sorted(
+        m for m in imported(path) if any(m == p or m.startswith(p + ".") for p in packages)
+    )
+
+
+@pytest.mark.parametrize(
+    "path",
+    [p for wing in WINGS for p in modules_under(f"runtime/{wing}")],
+    ids=lambda p: module_name(p),
+)
+def test_a_topology_wing_imports_no_sibling_wing(path):
+    own = module_name(path).split(".")[2]
+    siblings = tuple(f"tailtrain.runtime.{w}" for w in WINGS if w != own)
+    assert reaches(path, siblings) == [], f"{module_name(path)} reaches into another topology"
+
+
+@pytest.mark.parametrize("path", modules_under("integrate"), ids=lambda p: module_name(p))
+def test_a_users_loop_imports_no_topology_wing(path):
+    wings = tuple(f"tailtrain.runtime.{w}" for w in WINGS)
+    assert reaches(path, wings) == [], f"{module_name(path)} imports a topology: use {ELASTIC}"
+
+
+#: who takes which elastic decision from where (review E1-E3): the lead, the hand-over and the
+#: live world from ``handover``, the refusals from ``refusals``
+ELASTIC_USERS = {
+    "runtime/allreduce/handover.py": "handover",
+    "runtime/allreduce/rounds.py": "handover",
+    "runtime/partial/regroup.py": "handover",
+    "runtime/partial/rounds.py": "handover",
+    "integrate/step.py": "handover",
+    "runtime/launch.py": "refusals",
+}
+
+
+def test_the_shrink_hosts_stand_on_the_elastic_layer():
+    """The hosts of a shrink take their decisions from ``runtime.elastic`` (the table), and
+    the elastic layer stands under them all: it imports no topology wing and no
+    ``integrate``."""
+    for host, room in ELASTIC_USERS.items():
+        assert f"{ELASTIC}.{room}" in imported(PACKAGE / host), f"{host} skips {room}"
+    assert f"{ELASTIC}.refusals" in imported(PACKAGE / "integrate/step.py")
+    below = (*(f"tailtrain.runtime.{w}" for w in WINGS), "tailtrain.integrate")
+    for path in modules_under("runtime/elastic"):
+        assert reaches(path, below) == [], f"{module_name(path)} reaches up"

@@ -92,7 +92,7 @@ def test_the_parsers_written_out_figures_are_their_sources():
     from tailtrain.delays.trace import TRACE_FORMAT
     from tailtrain.prediction.families import SIM_MAX_WORKERS
     from tailtrain.prediction.scenario import ALL_K_UP_TO
-    from tailtrain.runtime.allreduce.shrink import OnRankLoss
+    from tailtrain.runtime.elastic.shrink import OnRankLoss
     from tailtrain.strategies.eager import Collective
 
     assert advise_cli._TRACE_FORMAT == TRACE_FORMAT

@@ -186,6 +186,22 @@ def test_nccl_without_cuda_is_one_line_and_exit_2(capfd):
     assert code == 2 and len(err.strip().splitlines()) == 1 and "CUDA" in err, err
 
 
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("strategy", ["sync", "eager:mode=majority"])
+def test_shrink_on_nccl_is_one_line_and_exit_2_before_any_rank_starts(capfd, monkeypatch, strategy):
+    """Every new generation of a shrink is a gloo group on CPU tensors: ``--on-rank-loss
+    shrink`` refuses nccl for both topologies that shrink, with the same line, on a machine
+    with GPUs or without (``runtime.elastic.refusals``)."""
+    started = []
+    monkeypatch.setattr("tailtrain.runtime.launch.launch", lambda *a, **k: started.append(a))
+    argv = ["train", "--task", "logreg", "--workers", "2", "--strategy", strategy]
+    argv += ["--backend", "nccl"]
+    code, out, err = run([*argv, "--on-rank-loss", "shrink"], capfd)
+    assert code == 2 and out == "" and started == []
+    assert len(err.strip().splitlines()) == 1, err
+    assert "--on-rank-loss shrink forms each new generation's groups with gloo on CPU" in err
+
+
 @pytest.mark.timeout(90)
 def test_a_sync_with_a_mode_trains_on_the_parameter_server(capfd):
     """``train --strategy sync:mode=pull`` honours its mode: it runs where ``simulate`` runs

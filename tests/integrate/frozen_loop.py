@@ -22,7 +22,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from tailtrain import StragglerStep
-from tailtrain.runtime.allreduce.shrink import open_store
+from tailtrain.runtime.elastic.store import open_store
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "shrink_loop.py"
 STEPS = 16

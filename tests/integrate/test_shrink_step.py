@@ -22,7 +22,7 @@ import torch.nn.functional as F
 
 from tailtrain.errors import UsageError
 from tailtrain.integrate import StragglerHookState, StragglerStep
-from tailtrain.runtime.allreduce.shrink import Census
+from tailtrain.runtime.elastic.shrink import Census
 from tailtrain.runtime.reduce import PeerFailure
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -9,8 +9,8 @@ import signal
 from collections.abc import Callable
 from typing import Any
 
-from tailtrain.runtime.allreduce.shrink import Shrinker
 from tailtrain.runtime.config import TrainConfig
+from tailtrain.runtime.elastic.shrink import Shrinker
 from tailtrain.runtime.reduce import Collectives
 
 

@@ -18,7 +18,7 @@ import torch.distributed as dist
 from tailtrain.cli import main
 from tailtrain.errors import UsageError
 from tailtrain.runtime import scripts
-from tailtrain.runtime.allreduce.shrink import OnRankLoss
+from tailtrain.runtime.elastic.shrink import OnRankLoss
 from tailtrain.runtime.launch import JobFailed
 from tailtrain.runtime.scripts import Rank, RankState, check_launch, launch_script, watch
 

@@ -35,7 +35,7 @@ from tailtrain.integrate.share_loader import (
     sample_weighted_hook,
 )
 from tailtrain.integrate.step import StragglerStep
-from tailtrain.runtime.allreduce.shrink import Refused
+from tailtrain.runtime.elastic.shrink import Refused
 
 __all__ = [
     "ProbeReport",

@@ -52,7 +52,7 @@ micro-batches computed as the step's ``samples``.
 
 **Losing a rank** (``on_rank_loss="shrink"``, under ``tailtrain launch --on-rank-loss shrink``,
 ``runtime.scripts``; the default ``"stop"`` leaves a dead rank's peers failing in their next
-collective, as DDP's do). Every collective of a call is watched (``runtime.allreduce.shrink``:
+collective, as DDP's do). Every collective of a call is watched (``runtime.elastic.group``:
 ``Watch``, the learned
 ``Deadline`` over the seconds from one call's end to
 the next, so the loop's own work between calls counts; at most ``timeout``). When a rank dies
@@ -131,17 +131,12 @@ from tailtrain.integrate.rounds import (
     as_strategy,
     check_micro_batches,
 )
-from tailtrain.runtime.allreduce.shrink import (
-    LAUNCHED,
-    REJOIN,
-    Broken,
-    Census,
-    GroupCollectives,
-    OnRankLoss,
-    Shrinker,
-    check_follows,
-)
 from tailtrain.runtime.control import check_agreement
+from tailtrain.runtime.elastic.group import Broken, GroupCollectives
+from tailtrain.runtime.elastic.handover import elect, follow_live, hand_over
+from tailtrain.runtime.elastic.refusals import check_follows, check_gloo_cpu
+from tailtrain.runtime.elastic.shrink import Census, OnRankLoss, Shrinker
+from tailtrain.runtime.elastic.store import LAUNCHED, REJOIN
 from tailtrain.runtime.reduce import Collectives, PeerFailure
 from tailtrain.strategies.base import Context, Strategy
 
@@ -162,7 +157,7 @@ class StepCall(StrEnum):
     IN_FLIGHT = "in flight"
     #: its last collective done: the update applied, the record made
     COMPLETED = "completed"
-    #: a rank died or hung in it: the survivors regroup (``runtime.allreduce.shrink``)
+    #: a rank died or hung in it: the survivors regroup (``runtime.elastic.shrink``)
     BROKEN = "broken"
     #: the lead completed it: this rank returns the lead's record
     TAKEN = "taken"
@@ -378,30 +373,28 @@ class StragglerStep:
 
     def _follow(self, comm: GroupCollectives, found: Census) -> None:
         """The new generation's group and live ranks; the rule follows the live world."""
-        live = tuple(found.members)
-        self.rounds.comm, self.rounds.live = comm, live
-        ctx = dataclasses.replace(self.rounds.ctx, n_workers=len(live), live=live)
-        followed = self.rounds.rule.followed(ctx)
-        assert followed is not None  # check_on_rank_loss refused a rule that cannot follow
-        self.rounds.rule, self.rounds.ctx = followed, ctx
+        rounds = self.rounds
+        rounds.comm, rounds.live = comm, tuple(found.members)
+        rounds.rule, rounds.ctx = follow_live(rounds.rule, rounds.ctx, found.members)
 
     def _sync(self, comm: GroupCollectives, found: Census) -> None:
         """SYNCING: the lead member's model, optimizer, rule state, deadline and latest
         record on every member of the new generation."""
         shrinker = self.shrinker
         assert shrinker is not None
-        lead = max(found.members, key=lambda m: (found.steps[m], -m))
-        mine = None
-        if shrinker.rank == lead:
-            mine = {
+        lead = elect(comm, self.rounds.step)  # the lead: runtime.elastic.handover
+        state = hand_over(
+            comm,
+            lead,
+            lambda: {
                 "model": self.model.state_dict(),
                 "optimizer": self.optimizer.state_dict(),
                 "rounds": self.rounds.state_dict(),
                 "recent": list(shrinker.deadline.recent),
                 "last": self.last,
-            }
-        state = comm.broadcast_object(mine, found.members.index(lead))
-        if shrinker.rank == lead:
+            },
+        )
+        if lead.leads:
             return
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
@@ -526,11 +519,12 @@ def check_on_rank_loss(
         )
     if group is not None:
         raise UsageError(f"{option} shrinks the job's default group: leave process_group unset")
-    if (not rejoining and dist.get_backend() != "gloo") or comm.device.type != "cpu":
-        raise UsageError(
-            f"{option} forms each new group with gloo on the CPU: "
-            'dist.init_process_group("gloo") and a model on the CPU, or on_rank_loss="stop"'
-        )
+    check_gloo_cpu(
+        option,
+        backend="gloo" if rejoining else dist.get_backend(),
+        on_cuda=comm.device.type != "cpu",
+        fix='dist.init_process_group("gloo") and a model on the CPU, or on_rank_loss="stop"',
+    )
     if strategy.needs:
         raise UsageError(
             f"{option}: {strategy.describe()!r} deals per-rank shares the loader draws, and a "

@@ -53,7 +53,7 @@ class TrainConfig:
     ``on_rank_loss``: what the allreduce topology's survivors do when a rank dies or hangs:
     ``stop`` (the default: census, checkpoint, exit, and ``max_restarts`` restarts of the
     whole group, ``runtime.keep``) or ``shrink`` (go on without it, in place:
-    ``runtime.allreduce.shrink``). ``stop`` stays the default: shrink changes what a run
+    ``runtime.elastic.shrink``). ``stop`` stays the default: shrink changes what a run
     computes after a loss (fewer ranks a step), which a user asks for. ``restart_lost``:
     under shrink, how often a local rank that died is started again; it rejoins the live ranks
     at a step boundary, healed from a live peer.

@@ -66,9 +66,10 @@ import torch.distributed as dist
 from tailtrain.core.records import RunRecord
 from tailtrain.core.session import check_entry
 from tailtrain.errors import TailtrainError, UsageError
-from tailtrain.runtime.allreduce.shrink import REJOIN, check_shrink, note_dead
 from tailtrain.runtime.config import RankResult, TrainConfig, build_world
 from tailtrain.runtime.control import RuleDriver
+from tailtrain.runtime.elastic.refusals import check_shrink
+from tailtrain.runtime.elastic.store import REJOIN, note_dead
 from tailtrain.runtime.expendable import shielded
 from tailtrain.runtime.inject import FaultDrill
 from tailtrain.runtime.keep import (
@@ -83,7 +84,6 @@ from tailtrain.runtime.keep import (
     restarts,
     resume_hint,
 )
-from tailtrain.runtime.partial.regroup import check_partial_shrink
 from tailtrain.runtime.reduce import Collectives
 from tailtrain.runtime.telemetry import close_record
 from tailtrain.runtime.topologies import RankEntry, TopologySpec, spec_of
@@ -353,7 +353,7 @@ def run_rank(
 ) -> list[RankResult]:
     """This rank's runs; ``rejoin``: a rank started again after it died
     (``--restart-lost``), which joins the live ranks' generation instead of the job's
-    process group (``runtime.allreduce.shrink``); ``share``: every rank's results hold rank
+    process group (``runtime.elastic.shrink``); ``share``: every rank's results hold rank
     0's records (:func:`lead_records`)."""
     first = configs[0]
     torch.set_num_threads(first.threads)
@@ -464,23 +464,23 @@ def validate(config: TrainConfig, *, local: bool) -> None:
             f"{max_local_workers()} here ({WORKERS_PER_CORE} per CPU core, "
             f"{MAX_LOCAL_WORKERS} in all); use torchrun across machines for more"
         )
-    if config.backend == "nccl":
-        check_cuda(scenario.workers if local else 1)
-    elif config.on_cuda:
-        check_cuda(1, "device cuda")
     world, strategy = build_world(config)  # loads the task and reads trace files
     # every rank's own entry check (a task with no model, among others), before any starts
     check_entry(world, spec.processes(scenario.workers), servers=spec.extra_ranks)
     check_rule(strategy, spec, world.context, local=local)
-    if config.on_rank_loss == "shrink" and spec.topology is Topology.PARTIAL_COLLECTIVE:
-        check_partial_shrink(
+    if config.on_rank_loss == "shrink":  # before the GPUs are counted: the same line anywhere
+        check_shrink(
             strategy,
+            str(spec.topology),
             local=local,
             ctx=world.context,
+            backend=config.backend,
             on_cuda=config.on_cuda,
         )
-    elif config.on_rank_loss == "shrink":
-        check_shrink(strategy, str(spec.topology), local=local, ctx=world.context)
+    if config.backend == "nccl":
+        check_cuda(scenario.workers if local else 1)
+    elif config.on_cuda:
+        check_cuda(1, "device cuda")
 
 
 def check_rule(strategy: Strategy, spec: TopologySpec, ctx: Context, *, local: bool) -> None:

@@ -92,7 +92,7 @@ class Collectives:
         self.timeout = timeout
         self._drill: FaultDrill | None = None
         #: waits for this group's collectives instead of ``Work.wait`` when set: the
-        #: allreduce's shrink bounds each by a learned deadline (``runtime.allreduce.shrink``)
+        #: allreduce's shrink bounds each by a learned deadline (``runtime.elastic.shrink``)
         self.watch: Callable[[dist.Work], None] | None = None
 
     @property

@@ -11,7 +11,7 @@ differs from torchrun:
 * **The store lives in the launcher.** The launcher hosts the ``TCPStore`` at
   ``MASTER_ADDR:MASTER_PORT`` and sets ``TORCHELASTIC_USE_AGENT_STORE=True``, so every rank
   is a client of it (as of torchrun's agent store), rank 0 included: any rank may die and the
-  store, the shrink protocol's meeting place (``runtime.allreduce.shrink``), stays.
+  store, the shrink protocol's meeting place (``runtime.elastic.shrink``), stays.
 * **The launcher is each rank's shield.** It is every rank's parent and watches them
   (:class:`RankState`). Under ``--on-rank-loss stop`` (the default: torchrun's behaviour) the
   first rank that exits non-zero stops the others and the launch fails with one line naming
@@ -19,7 +19,7 @@ differs from torchrun:
   included) is logged in one line and noted ``dead/{rank}`` in the store at once, as
   ``runtime.expendable``'s shield does for ``train``, so the survivors' census need not wait
   its window; the others go on (``integrate.StragglerStep(..., on_rank_loss="shrink")``,
-  which refuses to shrink elsewhere: it reads ``LAUNCHED``, ``runtime.allreduce.shrink``,
+  which refuses to shrink elsewhere: it reads ``LAUNCHED``, ``runtime.elastic.store``,
   from its environment). A rank the survivors told to leave (``left/{rank}``: it hung past
   the deadline and woke) is logged as leaving, not as a death.
 * **One line for the user** (``runtime.script_rank``, each rank's bootstrap). Bad input (the
@@ -49,7 +49,7 @@ option) is one line and exit 2, checked before any process starts (:func:`check_
 **Restarts** (``--restart-lost N``, under shrink only): a rank that died is started again, the
 same script with the same ``RANK``, at most N times per rank, each logged in one line; its
 environment says it is a restart (``TAILTRAIN_RESTART`` = how many times it was started
-again, and ``TAILTRAIN_REJOIN=1``, ``runtime.allreduce.shrink``), so the script skips
+again, and ``TAILTRAIN_REJOIN=1``, ``runtime.elastic.store``), so the script skips
 ``dist.init_process_group`` (the job's group is broken, and joining it again hangs) and
 ``StragglerStep`` asks the live ranks to take it in (JOINING), which they do at their next step
 boundary, handing it the model, optimizer and rule state (``integrate.step``). Once a rank
@@ -79,7 +79,8 @@ import torch.distributed as dist
 
 from tailtrain.errors import UsageError
 from tailtrain.runtime import script_rank
-from tailtrain.runtime.allreduce.shrink import LAUNCHED, REJOIN, RESTART, OnRankLoss, prefix
+from tailtrain.runtime.elastic.shrink import OnRankLoss
+from tailtrain.runtime.elastic.store import LAUNCHED, REJOIN, RESTART, prefix
 from tailtrain.runtime.expendable import die_with, exit_reason
 from tailtrain.runtime.launch import (
     JobFailed,

@@ -257,7 +257,7 @@ def split_round(rows: np.ndarray, timing: np.ndarray | None) -> RoundTimes:
     if timing is None:
         unknown = np.full(len(compute), np.nan)
         return RoundTimes(done, compute, injected, unknown, unknown, unknown, math.nan)
-    # NaN: a rank lost before it could send its timings (``runtime.allreduce.shrink``)
+    # NaN: a rank lost before it could send its timings (``runtime.elastic.shrink``)
     allreduce, wall = timing[:, 0], float(np.nanmax(timing[:, 1]))
     return _parts(rows, allreduce, np.full(len(compute), float(np.nanmin(allreduce))), wall)
 

@@ -442,7 +442,7 @@ class Strategy(ABC):
 
     def follow_world(self, state: Any, ctx: Context) -> Any | None:
         """The state for a live world of ``ctx.n_workers`` ranks after some were lost or came
-        back (``train --on-rank-loss shrink``, ``runtime.allreduce.shrink``), or None where
+        back (``train --on-rank-loss shrink``, ``runtime.elastic.shrink``), or None where
         the rule cannot follow it. A rule that never changes its state starts again."""
         return self.init(ctx) if self.keeps_state else None
 

@@ -25,18 +25,17 @@ from tailtrain.errors import TailtrainError, UsageError
 from tailtrain.faults import FaultPlan
 from tailtrain.runtime.allreduce import rounds as rounds_module
 from tailtrain.runtime.allreduce.rounds import train_allreduce
-from tailtrain.runtime.allreduce.shrink import (
+from tailtrain.runtime.config import TrainConfig
+from tailtrain.runtime.elastic.deadline import (
     DEADLINE_FACTOR,
     LONGEST_FACTOR,
     MIN_DEADLINE,
     MIN_WINDOW,
     ROUNDS_SEEN,
     Deadline,
-    Refused,
-    Shrinker,
-    check_shrink,
 )
-from tailtrain.runtime.config import TrainConfig
+from tailtrain.runtime.elastic.refusals import check_shrink
+from tailtrain.runtime.elastic.shrink import Refused, Shrinker
 from tailtrain.runtime.keep import Keeper
 from tailtrain.runtime.launch import Endpoint, JobFailed, launch, reserve, validate
 from tailtrain.runtime.reduce import Collectives
@@ -178,8 +177,8 @@ def test_a_rule_that_cannot_follow_a_smaller_world_refuses_shrink_in_one_line():
         check_shrink(parse_strategy(deferred), "allreduce", local=True)
     with pytest.raises(UsageError, match=r"^--on-rank-loss shrink: 'rebalance:deal=demand'"):
         check_shrink(parse_strategy("rebalance:deal=demand"), "allreduce", local=True)
-    with pytest.raises(UsageError, match="allreduce topology"):
-        check_shrink(parse_strategy("eager:mode=majority"), "partial-collective", local=True)
+    with pytest.raises(UsageError, match="allreduce and partial-collective topologies"):
+        check_shrink(parse_strategy("lgc:k=2"), "parameter-server", local=True)
     with pytest.raises(UsageError, match="torchrun"):
         check_shrink(parse_strategy("sync"), "allreduce", local=False)
     check_shrink(parse_strategy("sync"), "allreduce", local=True)

@@ -26,10 +26,10 @@ from tests.runtime import census_drill
 from tailtrain.core.scenario import Scenario
 from tailtrain.errors import UsageError
 from tailtrain.faults import FaultPlan
-from tailtrain.runtime.allreduce.shrink import Refused, Shrinker
 from tailtrain.runtime.config import TrainConfig, build_world
+from tailtrain.runtime.elastic.refusals import check_shrink
+from tailtrain.runtime.elastic.shrink import Refused, Shrinker
 from tailtrain.runtime.launch import Endpoint, JobFailed, launch, reserve, validate
-from tailtrain.runtime.partial.regroup import check_partial_shrink
 from tailtrain.runtime.partial.rounds import batch, train_partial
 from tailtrain.runtime.reduce import Collectives
 from tailtrain.strategies.base import Context
@@ -110,17 +110,18 @@ def check_run(cfg: TrainConfig, by_rank, survivors: list[int]) -> list[dict]:
 def test_the_partial_collective_refuses_what_it_cannot_shrink_in_one_line():
     ctx = Context(n_workers=4)
     majority = parse_strategy("eager:mode=majority")
-    check_partial_shrink(majority, local=True, ctx=ctx)
-    check_partial_shrink(parse_strategy("eager:mode=solo"), local=True, ctx=ctx)
+    partial = "partial-collective"
+    check_shrink(majority, partial, local=True, ctx=ctx)
+    check_shrink(parse_strategy("eager:mode=solo"), partial, local=True, ctx=ctx)
     with pytest.raises(UsageError, match="torchrun"):
-        check_partial_shrink(majority, local=False, ctx=ctx)
+        check_shrink(majority, partial, local=False, ctx=ctx)
     with pytest.raises(UsageError, match="gloo"):
-        check_partial_shrink(majority, local=True, ctx=ctx, on_cuda=True)
+        check_shrink(majority, partial, local=True, ctx=ctx, on_cuda=True)
     with pytest.raises(UsageError, match="cannot follow a smaller world: it adapts its state"):
-        check_partial_shrink(parse_strategy("dbw-quorum"), local=True, ctx=ctx)
+        check_shrink(parse_strategy("dbw-quorum"), partial, local=True, ctx=ctx)
     larger = parse_strategy("dropcompute:threshold=auto,compensate=larger-batch")
     with pytest.raises(UsageError, match=re.escape(larger.follow_refusal())):  # its own reason
-        check_partial_shrink(larger, local=True, ctx=ctx)
+        check_shrink(larger, partial, local=True, ctx=ctx)
     s = Scenario(task="logreg", workers=3, iterations=2)
     validate(TrainConfig(s, "eager:mode=majority", on_rank_loss="shrink"), local=True)
 

@@ -1,7 +1,9 @@
-"""A regroup's state handover under ``--on-rank-loss shrink`` (``runtime.allreduce.shrink``,
-SYNCING): what the lead member sends over the new generation, what the others take from it,
-the delay draws kept so that a round in flight is drawn again alike on every member, and a
-round's timings laid out for the ranks it had. ``rounds`` drives these at each regroup."""
+"""The allreduce's payload in a regroup's state handover under ``--on-rank-loss shrink``
+(``runtime.elastic.shrink``, SYNCING): what the lead member sends over the new generation,
+what the others take from it, the delay draws kept so that a round in flight is drawn again
+alike on every member, and a round's timings laid out for the ranks it had. Who leads and how
+the state travels are ``runtime.elastic.handover``'s; ``rounds`` drives these at each
+regroup."""
 
 from __future__ import annotations
 
@@ -12,7 +14,9 @@ import torch
 
 from tailtrain.core import checkpoint
 from tailtrain.core.session import RunKeeper
-from tailtrain.runtime.allreduce.shrink import Census, GroupCollectives
+from tailtrain.runtime.elastic.group import GroupCollectives
+from tailtrain.runtime.elastic.handover import elect, hand_over, pass_drills
+from tailtrain.runtime.elastic.shrink import Census
 
 if TYPE_CHECKING:
     from tailtrain.runtime.allreduce.rounds import _Rank
@@ -27,16 +31,12 @@ def drawn_now(run: _Rank) -> dict[str, Any]:
 
 
 def sync_from_lead(run: _Rank, comm: GroupCollectives, found: Census) -> None:
-    """The lead member's state on every member of the new generation (module docstring of
-    ``runtime.allreduce.shrink``, SYNCING); nothing changes here before it has come."""
-    shrinker = run.shrinker
-    assert shrinker is not None
-    lead = max(found.members, key=lambda m: (found.steps[m], -m))
-    fewest = min(found.rows.values())
-    mine = lead_state(run, fewest) if shrinker.rank == lead else None
-    state = comm.broadcast_object(mine, found.members.index(lead))
-    if shrinker.rank != lead:
-        take_state(run, state, found.rows[shrinker.rank] - fewest)
+    """The lead member's state on every member of the new generation (``found``'s members:
+    ``runtime.elastic.handover``); nothing changes here before it has come."""
+    lead = elect(comm, run.step, len(run.record.steps))
+    state = hand_over(comm, lead, lambda: lead_state(run, lead.fewest))
+    if not lead.leads:
+        take_state(run, state, lead.rows[lead.mine] - lead.fewest)
     else:  # the lead drew its round in flight too: every member redraws it alike
         restore_drawn(run, run.drawn)
 
@@ -75,9 +75,7 @@ def take_state(run: _Rank, state: dict[str, Any], have: int) -> None:
     torch.set_rng_state(state["torch_rng"])
     if run.shrinker is not None:
         run.shrinker.deadline.adopt(state["recent"])  # every member learns alike
-    # the drills of the rounds this rank skipped are past (a kill would fire again)
-    drill = run.comm.drill
-    drill.reached = max(drill.reached, run.step - 1)
+    pass_drills(run.comm, run.step)  # the rounds this rank skipped
 
 
 def restore_drawn(run: _Rank, drawn: dict[str, Any] | None) -> None:

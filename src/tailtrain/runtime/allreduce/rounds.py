@@ -70,7 +70,6 @@ reads it, so it is NaN here.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import datetime
 import math
 import os
@@ -94,12 +93,6 @@ from tailtrain.runtime.allreduce.handover import (
     lost_timings,
     sync_from_lead,
 )
-from tailtrain.runtime.allreduce.shrink import (
-    Broken,
-    OnRankLoss,
-    Refused,
-    Shrinker,
-)
 from tailtrain.runtime.config import RankResult, TrainConfig, build_world
 from tailtrain.runtime.control import (
     RankWeighting,
@@ -110,6 +103,9 @@ from tailtrain.runtime.control import (
     round_times,
     screened_out,
 )
+from tailtrain.runtime.elastic.group import Broken
+from tailtrain.runtime.elastic.handover import follow_live
+from tailtrain.runtime.elastic.shrink import OnRankLoss, Refused, Shrinker
 from tailtrain.runtime.grads import ModuleGrads
 from tailtrain.runtime.inject import Injector, sleep
 from tailtrain.runtime.keep import (
@@ -149,7 +145,7 @@ from tailtrain.topology.allreduce import (
 #: column of the first unit time in a gathered row [C_n, T~_n, injected, t_n^(1..U)]
 TIMES = 3
 #: the allreduce's extras: [loss sum, units, ||G_n||^2, non-finite, weight withheld, Ctrl-C,
-#: a rank asks to join (``runtime.allreduce.shrink``)]
+#: a rank asks to join (``runtime.elastic.shrink``)]
 EXTRAS = 7
 #: settled rounds whose record rows are made together (:func:`flush`), a static rule's
 #: accounted with them: one a round costs ~50-90 us (~150 accounted) with its code cold from
@@ -242,7 +238,7 @@ class _Rank:
     dealer: Dealer | None = None
     #: a rank asked to stop (Ctrl-C) in the latest round's allreduce: every rank stops there
     interrupted: bool = False
-    #: ``--on-rank-loss shrink``'s protocol (``runtime.allreduce.shrink``; None: stop)
+    #: ``--on-rank-loss shrink``'s protocol (``runtime.elastic.shrink``; None: stop)
     shrinker: Shrinker | None = None
     #: under shrink: the delay draws as they stood before the round in flight drew its own
     drawn: dict[str, Any] | None = None
@@ -360,7 +356,7 @@ def shrinkable_round(run: _Rank, plan: Plan, before: Any) -> None:
 
 def shrink(run: _Rank, grow: bool = False, join: bool = False) -> None:
     """The survivors' census (``grow``: the members' step boundary that takes joiners in),
-    their new generation and its sync from the lead member (``runtime.allreduce.shrink``);
+    their new generation and its sync from the lead member (``runtime.elastic.shrink``);
     this rank goes on from the round the lead completed."""
     shrinker = run.shrinker
     assert shrinker is not None
@@ -372,11 +368,7 @@ def shrink(run: _Rank, grow: bool = False, join: bool = False) -> None:
     sync = lambda new, found: sync_from_lead(run, new, found)  # noqa: E731
     comm, found = shrinker.regroup(run.comm, run.step, rows, sync, grow=grow, join=join)
     run.comm, run.sums = comm, None
-    live = tuple(found.members)
-    ctx = dataclasses.replace(run.world.context, n_workers=len(live), live=live)
-    followed = run.rule.followed(ctx)
-    assert followed is not None  # check_shrink refused a rule that cannot follow, at start
-    run.rule = followed
+    run.rule, _ = follow_live(run.rule, run.world.context, found.members)
     run.lost = tuple(sorted({*run.lost, *found.dead}))
     run.joined = tuple(sorted({*run.joined, *found.joined}))
 
@@ -527,7 +519,7 @@ def row_of(
 
 
 def shrink_columns(run: _Rank, done: Unsettled) -> dict[str, Any]:
-    """A shrinking run's row columns (``runtime.allreduce.shrink``): the ranks that stepped,
+    """A shrinking run's row columns (``runtime.elastic.shrink``): the ranks that stepped,
     those lost just before the round, the samples of the lost shards it did without, and
     when (Unix seconds) the round's update was applied here: the time from a fault to the
     next committed step is read off it and ``drills.jsonl``'s ``at``."""
@@ -737,7 +729,7 @@ def account(run: _Rank, done: Unsettled) -> RankWeighting:
     plan, step = ex.plan, ex.step
     arrivals = round_arrivals(step, ex.start, ex.rows[:, 0], ex.rows[:, 1], plan.local_steps * ex.m)
     # the rank whose weight the exchange holds, in its round's generation (a shrink may hand
-    # this rank another member's round: ``runtime.allreduce.shrink``, SYNCING)
+    # this rank another member's round: ``runtime.elastic.shrink``, SYNCING)
     index = run.comm.rank if done.index is None else done.index
     rule = run.rule if done.rule is None else done.rule  # the rule of the round's world
     weighting = rule.weights(arrivals, index)

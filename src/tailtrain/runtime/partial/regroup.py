@@ -3,7 +3,7 @@
 With ``--on-rank-loss shrink`` the ranks of eager-SGD's partial collective
 (``runtime.partial.collective``: solo, majority, quorum) go on without a rank that died or
 hung, with no restart and no checkpoint read. The group protocol is the allreduce's
-(``runtime.allreduce.shrink``, reused as it is: generations of a fresh ``ProcessGroupGloo``
+(``runtime.elastic.shrink``, shared as it is: generations of a fresh ``ProcessGroupGloo``
 over ``PrefixStore("gen{g}", agent store)``, the census with its ``dead/{rank}`` keys from
 the shield, the closer, the retry when a member dies during the census or the forming, the
 ``finished`` key); this module is the collective's own part around it.
@@ -16,7 +16,7 @@ the shield, the closer, the retry when a member dies during the census or the fo
   other member m, at most every :data:`LOOK` seconds, so a dead initiator (majority's
   designated rank, the counter of a quorum round), whose round would never be activated,
   stops nobody for longer than that. A wait for a round is bounded by the learned deadline
-  (``runtime.allreduce.shrink.Deadline``, the allreduce's rule: ``DEADLINE_FACTOR`` times
+  (``runtime.elastic.deadline.Deadline``, the allreduce's rule: ``DEADLINE_FACTOR`` times
   the ``QUANTILE`` quantile of the last ``ROUNDS_SEEN`` steps seen, at least
   ``LONGEST_FACTOR`` times the longest of them, at least ``MIN_DEADLINE`` seconds, at most
   ``--timeout``; a step is a whole job, compute, delay and call, since a live member may be
@@ -88,10 +88,10 @@ gradient's rank had adopted last when it computed it: ``runtime.partial.wire``'s
 failure cut). From these a run's final parameters can be rebuilt
 (``tests/runtime/partial/test_regroup.py``).
 
-**Refused** (one line at start, :func:`check_partial_shrink`): a launch under torchrun (its
-agent stops the job when any rank dies), a rule that cannot follow a smaller world
-(``dbw-quorum``'s time estimates), a run on nccl or CUDA tensors (a generation's groups are
-gloo's). Rank 0's loss stops the job as with the allreduce: it keeps the record and
+**Refused** (one line at start, ``runtime.elastic.refusals.check_shrink``, as the allreduce): a
+launch under torchrun (its agent stops the job when any rank dies), a rule that cannot follow a
+smaller world (``dbw-quorum``'s time estimates), a run on nccl or CUDA tensors (a generation's
+groups are gloo's). Rank 0's loss stops the job as with the allreduce: it keeps the record and
 answers the launcher. A joiner's job count starts past the lead's rounds (a rank's j-th job
 is never past the run's round j: one call per round), so a rank started again uses no
 mini-batch it may have used before it died.
@@ -100,7 +100,6 @@ mini-batch it may have used before it died.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import datetime
 import logging
 import time
@@ -110,14 +109,13 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch.distributed as dist
 
-from tailtrain.errors import UsageError
-from tailtrain.runtime.allreduce.shrink import Broken, GroupCollectives, Shrinker, abort
-from tailtrain.runtime.control import RuleDriver
+from tailtrain.runtime.elastic.group import Broken, GroupCollectives, abort
+from tailtrain.runtime.elastic.handover import elect, hand_over, pass_drills
+from tailtrain.runtime.elastic.shrink import Shrinker
 from tailtrain.runtime.partial.collective import PartialCollective
-from tailtrain.strategies.base import Context
 
 if TYPE_CHECKING:
-    from tailtrain.runtime.allreduce.shrink import Census
+    from tailtrain.runtime.elastic.shrink import Census
     from tailtrain.runtime.partial.rounds import _Run
 
 log = logging.getLogger(__name__)
@@ -141,33 +139,9 @@ class CollectivePhase(StrEnum):
     REFUSED = "refused"
 
 
-def check_partial_shrink(
-    strategy: Any, *, local: bool, ctx: Context, on_cuda: bool = False
-) -> None:
-    """``--on-rank-loss shrink``'s one-line refusals for the partial collective, before any
-    process starts (module docstring)."""
-    if on_cuda:  # a generation's groups are gloo's on the CPU (generation_groups)
-        raise UsageError(
-            "--on-rank-loss shrink: the partial collective's new generations run on gloo with "
-            "CPU tensors; drop --backend nccl / --device cuda, or use --on-rank-loss stop"
-        )
-    if not local:
-        raise UsageError(
-            "--on-rank-loss shrink needs a local launch (--workers N): torchrun's agent stops "
-            "the job when any rank dies; use --on-rank-loss stop under torchrun"
-        )
-    smaller = dataclasses.replace(ctx, n_workers=max(1, ctx.n_workers - 1))
-    if RuleDriver(strategy, ctx, shape=None, remember=False).followed(smaller) is None:
-        raise UsageError(  # the rule's own reason, as the allreduce's check_shrink says it
-            f"--on-rank-loss shrink: {strategy.describe()!r} cannot follow a smaller world: "
-            f"{strategy.follow_refusal()}; the partial collective shrinks under eager (solo, "
-            "majority, quorum); use --on-rank-loss stop for this one"
-        )
-
-
 class DeathWatch:
     """What a waiting main thread looks at (module docstring, RUNNING): raises
-    :class:`~tailtrain.runtime.allreduce.shrink.Broken` once generation g broke or a member
+    :class:`~tailtrain.runtime.elastic.group.Broken` once generation g broke or a member
     is known dead."""
 
     def __init__(self, shrinker: Shrinker) -> None:
@@ -278,14 +252,10 @@ def handover(run: _Run, comm: GroupCollectives, found: Census) -> None:
     shrinker, rule = run.shrinker, run.rule
     assert shrinker is not None
     run.phase = CollectivePhase.HANDOVER
-    # the members' rounds now, not the census's: a handover that failed after a member took
-    # its lead's state leaves that member ahead of what it checked in with
-    dones = comm.gather([rule.done])[:, 0].astype(np.int64)
-    lead = int(np.argmax(dones))  # the most rounds; the lowest rank among equals
+    lead = elect(comm, rule.done, rule.done)  # a round is a row
     clock = rule.origin + (run.coll.now() if run.coll is not None else rule.now)
     # the rows rank 0 lacks (member 0: it keeps the record; a joiner far behind needs none)
-    mine = rule.handover_state(int(dones[0]), clock) if comm.rank == lead else None
-    state = comm.broadcast_object(mine, lead)
+    state = hand_over(comm, lead, lambda: rule.handover_state(lead.rows[0], clock))
     # a joiner (started again, or woken after a census) is not of the lead's generation
     joiner = run.rank not in state["members"]
     dropped, carried = dropped_calls(run, state)
@@ -298,9 +268,7 @@ def handover(run: _Run, comm: GroupCollectives, found: Census) -> None:
         # a rank's j-th job is never past the run's round j (one call per round), so a
         # joiner that lost its count (started again) takes none it may have used
         run.job = max(run.job, rule.done + 1)
-    # the drills of the rounds this rank did not reach are past (a kill would fire again)
-    drill = comm.drill
-    drill.reached = max(drill.reached, rule.done - 1)
+    pass_drills(comm, rule.done)  # the rounds this rank did not reach
     if run.world.finished(rule.done, rule.now):
         run.coll = None
         return

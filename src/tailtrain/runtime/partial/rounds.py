@@ -74,7 +74,6 @@ partial (``Keeper.interrupted``).
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import math
 import os
@@ -95,9 +94,11 @@ from tailtrain.core.session import RunKeeper, check_entry
 from tailtrain.core.update import GradientStats, WeightedUpdate, screen_own
 from tailtrain.delays.schedule import COLLECTIVE_COMM_KEY, CommStream
 from tailtrain.errors import TailtrainError
-from tailtrain.runtime.allreduce.shrink import Broken, OnRankLoss, Refused, Shrinker
 from tailtrain.runtime.config import RankResult, TrainConfig, build_world
 from tailtrain.runtime.control import RuleDriver
+from tailtrain.runtime.elastic.group import Broken
+from tailtrain.runtime.elastic.handover import follow_live
+from tailtrain.runtime.elastic.shrink import OnRankLoss, Refused, Shrinker
 from tailtrain.runtime.keep import (
     Keeper,
     Stopped,
@@ -367,10 +368,7 @@ class Rule:
             self.now, self.origin = float(state["now"]), float(state["clock"])
             self.agreed = state["agreed"]
             self.driver.load_state_dict(state["rule"])
-            ctx = dataclasses.replace(self.world.context, n_workers=len(members))
-            followed = self.driver.followed(ctx)
-            assert followed is not None  # check_partial_shrink refused it at start
-            self.driver = followed
+            self.driver, _ = follow_live(self.driver, self.world.context, members)
             checkpoint.restore(self.comm, state["comm"])
             self.update.load_state_dict(state["update"])
             self.steps, self.averages, self.pending, self.applied = {}, [], None, -1

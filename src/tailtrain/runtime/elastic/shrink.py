@@ -1,4 +1,14 @@
-"""Lose a rank, keep training: the allreduce topology's shrink in place (issue 26).
+"""Lose a rank, keep training: any topology's membership protocol (issue 26).
+
+The protocol below is shared by every rank host that shrinks: the allreduce's rounds
+(``runtime.allreduce.rounds``), eager-SGD's partial collective (``runtime.partial.regroup``)
+and a user's own loop (``integrate.step``). This module holds the states and the
+:class:`Shrinker`; its parts live beside it in ``runtime.elastic``: the learned deadline
+(``deadline``), the watched collectives of a generation (``group``: ``Watch``,
+``GroupCollectives``, ``Broken``, ``abort``), the agent's store and the launcher's environment
+names (``store``), what the members hand over after a regroup (``handover``: the lead, the
+rule following the live world) and the one-line refusals before any process starts
+(``refusals``). The text below tells it as the allreduce runs it.
 
 With ``--on-rank-loss shrink`` (``TrainConfig.on_rank_loss``; the default ``stop`` keeps the
 census, exit and ``--max-restarts`` restart of ``runtime.keep``), the ranks of a local launch
@@ -18,12 +28,12 @@ rank, and its keys sit under ``tailtrain/shrink/{run id}/{restart}``.
 **States** (:class:`ShrinkPhase`) of one rank:
 
 * ``STEPPING``: rounds as ``runtime.allreduce.rounds``; each collective is waited for by
-  polling (:class:`Watch`, 0.5 ms sleeps), so that every wait has two bounds: the
+  polling (``group.Watch``, 0.5 ms sleeps), so that every wait has two bounds: the
   *deadline* and the generation's ``broken`` key. The deadline is learned from the measured
   round times, as the parameter server's ``--worker-timeout`` is (``runtime.ps.liveness``):
-  :data:`DEADLINE_FACTOR` times the :data:`QUANTILE` quantile of the last
-  :data:`ROUNDS_SEEN` settled rounds (a burst of load on a few rounds does not move it) and
-  at least :data:`LONGEST_FACTOR` times the longest of them, at least :data:`MIN_DEADLINE`
+  ``deadline.DEADLINE_FACTOR`` times the ``QUANTILE`` quantile of the last
+  ``ROUNDS_SEEN`` settled rounds (a burst of load on a few rounds does not move it) and
+  at least ``LONGEST_FACTOR`` times the longest of them, at least ``MIN_DEADLINE``
   seconds, never more than ``--timeout``; before a round settled it is ``--timeout``. The
   pauses of rank 0 that are no hang are waited for up to ``--timeout``: the barrier after
   its evaluation, and the allreduce of a round after it wrote a checkpoint
@@ -32,17 +42,17 @@ rank, and its keys sit under ``tailtrain/shrink/{run id}/{restart}``.
   latest break and how it was learned (``hang_deadline``, ``hang_deadline_learned``).
   A collective that fails (a peer's socket closed: SIGKILL) or outlives the deadline (a hung
   peer: SIGSTOP, a frozen thread; it sets ``gen{g}/hung`` too) sets ``gen{g}/broken``; every
-  member sees that key within :data:`CHECK` seconds of entering its next collective, and
+  member sees that key within ``group.CHECK`` seconds of entering its next collective, and
   leaves it.
 * ``CENSUS``: the rank flushes its record rows, checks in (``gen{g}/in/{rank}`` = the rounds
   it completed and its rows) and waits until every member of g has checked in or is known dead
   (``dead/{rank}``, set by the shield of ``runtime.expendable`` the moment the rank's process
   dies), or until the census window passes. After a hang (``gen{g}/hung``) that is
   :data:`HANG_WINDOW`: the deadline is longer than any recent round, so every live member
-  is already waiting in the collective that broke and checks in within :data:`CHECK` seconds
+  is already waiting in the collective that broke and checks in within ``CHECK`` seconds
   (one slower than that misses the generation and asks to join: JOINING);
-  after a failure, :data:`WINDOW_FACTOR` times the longest recent round (a live member may
-  be inside one compute), at least :data:`MIN_WINDOW`, at most the deadline; for rank 0 (a
+  after a failure, ``deadline.WINDOW_FACTOR`` times the longest recent round (a live member may
+  be inside one compute), at least ``MIN_WINDOW``, at most the deadline; for rank 0 (a
   census without it ends the job, and it may be inside an evaluation) until it checks in or
   is known dead, at most ``--timeout``.
   The first rank to close it writes the members of g + 1, the ranks checked in at that
@@ -56,11 +66,12 @@ rank, and its keys sit under ``tailtrain/shrink/{run id}/{restart}``.
   member dies meanwhile (a death during the census or the forming), forming fails or the first
   collective breaks, and the protocol runs again from g + 1: at most once per member.
 * ``SYNCING``: the lead member, the one that completed the most rounds (the lowest rank among
-  equals), broadcasts its state over the new group: parameters, update and rule state, the
-  clock, the unsettled round, the delay draws as they stood before its round in flight, and
-  the record rows the others lack. A rank can be at most one round ahead of another (a round
-  completes only once every member reduced into it), so the group goes on from the last round
-  any survivor completed, and the round in flight is computed again by the live ranks.
+  equals; counted afresh over the new group, ``handover.elect``), broadcasts its state over
+  the new group: parameters, update and rule state, the clock, the unsettled round, the delay
+  draws as they stood before its round in flight, and the record rows the others lack. A rank
+  can be at most one round ahead of another (a round completes only once every member reduced
+  into it), so the group goes on from the last round any survivor completed, and the round in
+  flight is computed again by the live ranks.
 * ``JOINING``: a rank that came after a census (it woke from a hang) does not leave: it asks to
   join (``join/{rank}`` = its step and rows) and waits, up to ``--timeout``, for
   ``joined/{rank}``; if the run ends first (``finished``) it is ``REFUSED`` (:class:`Refused`),
@@ -85,15 +96,15 @@ batch shrinks to L ranks' batches: "the same per-rank batch"); the dead rank's s
 skipped, and each round's record row counts it: ``live`` (the original ranks that stepped),
 ``dead`` (the ranks lost at that round) and ``skipped`` (samples the lost ranks' shards did not
 contribute, in this round). The update is the average over the live ranks' gradients: the rule
-follows the live world (``Strategy.follow_world`` with ``n_workers`` = L and ``live`` the
-members, applied to the lead's rule state): sync starts again (k = L), a fixed DropCompute tau
-and Local-SGD's period stay and their divisor N becomes L (Eq. 1); a calibrated tau
-(``threshold=auto``, ``drop-rate=p``) is chosen again by Algorithm 2 on the live ranks' kept
-calibration samples, and a calibration under way goes on with the live ranks' columns
+follows the live world (``handover.follow_live``: ``Strategy.follow_world`` with ``n_workers``
+= L and ``live`` the members, applied to the lead's rule state): sync starts again (k = L), a
+fixed DropCompute tau and Local-SGD's period stay and their divisor N becomes L (Eq. 1); a
+calibrated tau (``threshold=auto``, ``drop-rate=p``) is chosen again by Algorithm 2 on the live
+ranks' kept calibration samples, and a calibration under way goes on with the live ranks' columns
 (``strategies.dropcompute``); rebalance deals its shares again over the live ranks' own
 batches, sum_n m_n = L M (``strategies.rebalance``). A rule that cannot follow
 (``Strategy.follow_refusal`` says why: DropCompute's ``compensate=larger-batch``,
-rebalance's ``defer=true``) refuses shrink in one line at start (:func:`check_shrink`).
+rebalance's ``defer=true``) refuses shrink in one line at start (``refusals.check_shrink``).
 
 **Rank 0** keeps the record and answers the launcher: its death stops the job as with
 ``stop`` (the launcher's line says to restart with ``--max-restarts``), and a census that
@@ -110,7 +121,7 @@ hosts the store and no rank keeps a record, so rank 0 is lost like any other: th
 neither waits for it past the window nor ends the job without it) and ``heals`` False in a
 rank of the job (one that hung and woke after a census is REFUSED at once rather than
 JOINING: its loop is inside a call and cannot skip ahead). A rank that ``tailtrain launch
---restart-lost`` started again (:data:`REJOIN`, :data:`RESTART`) has ``heals`` True: its
+--restart-lost`` started again (``store.REJOIN``, ``store.RESTART``) has ``heals`` True: its
 ``StragglerStep`` asks to join before its first call; the lowest member looks for it with
 :meth:`Shrinker.joins_waiting` before a call's last gather and says so in that gather, so
 every member GROWS (:meth:`Shrinker.grow`) after the same call, and the joiner's loop goes on
@@ -122,68 +133,34 @@ rounds, their sync and what a broken call returns are ``integrate.step``'s.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import datetime
 import json
 import logging
 import os
-import pickle
 import time
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, NoReturn
 
-import numpy as np
 import torch
 import torch.distributed as dist
 
-from tailtrain.errors import TailtrainError, UsageError
-from tailtrain.runtime.control import RuleDriver
+from tailtrain.errors import TailtrainError
+from tailtrain.runtime.elastic.deadline import Deadline
+from tailtrain.runtime.elastic.group import Broken, GroupCollectives, Watch, abort
+from tailtrain.runtime.elastic.store import REJOIN, open_store
 from tailtrain.runtime.expendable import LeftAlive
-from tailtrain.runtime.reduce import Collectives, RankRow
-from tailtrain.strategies.base import Context
+from tailtrain.runtime.reduce import Collectives
 
 log = logging.getLogger(__name__)
 
-#: the deadline: DEADLINE_FACTOR times the QUANTILE of the last ROUNDS_SEEN settled rounds
-#: (a burst of load on a few rounds does not move it), and at least LONGEST_FACTOR times the
-#: longest of them (a round as slow as any recent one never trips it), at least MIN_DEADLINE
-#: seconds. Tighter than the parameter server's ``runtime.ps.liveness`` bound (10 x the
-#: longest, 2 s): the pauses that are no hang (rank 0's evaluations, its checkpoint writes)
-#: are waited for up to --timeout and kept out of the rounds seen, and a false alarm costs a
-#: regroup, not a rank
-DEADLINE_FACTOR = 5.0
-QUANTILE = 0.9
-LONGEST_FACTOR = 1.5
-MIN_DEADLINE = 1.0
-ROUNDS_SEEN = 100
-#: the census window after a failure (a peer's socket closed): WINDOW_FACTOR times the
-#: longest recent round (a live member may be inside one compute), at least MIN_WINDOW seconds
-WINDOW_FACTOR = 1.5
-MIN_WINDOW = 0.2
 #: the census window after a hang (the deadline passed): every live member is already
 #: waiting in the collective that broke (the deadline is longer than any recent round), and
 #: sees the break within CHECK seconds
 HANG_WINDOW = 0.2
-#: seconds between two looks at the generation's ``broken`` key while a collective runs
-CHECK = 0.02
-#: seconds a waiting rank sleeps between two looks at its collective. A poll, not
-#: ``Work.wait(timeout)`` slices: those measured ~2 ms a round slower (the collective's own
-#: time, bench_faults calm, 4 gloo ranks on 2 cores) for no CPU saved; and a slice under
-#: 1 ms is 0 ms, c10d's "no timeout"
-POLL = 0.0005
 #: seconds between two looks of the lowest member for ranks asking to join
 JOIN_LOOK = 0.2
-#: set (to "1") in a rank started again after it died (``--restart-lost``): it joins
-REJOIN = "TAILTRAIN_REJOIN"
-#: set by ``tailtrain launch --restart-lost`` in a rank it started again: how many times (the
-#: script skips ``dist.init_process_group``: ``integrate.StragglerStep`` joins the live ranks)
-RESTART = "TAILTRAIN_RESTART"
-#: set by ``tailtrain launch`` (``runtime.scripts``) in every rank: its ``--on-rank-loss``,
-#: which ``integrate.StragglerStep(on_rank_loss="shrink")`` needs to be ``shrink``
-LAUNCHED = "TAILTRAIN_ON_RANK_LOSS"
 
 
 class OnRankLoss(StrEnum):
@@ -205,210 +182,11 @@ class ShrinkPhase(StrEnum):
     SYNCING = "syncing"
 
 
-class Broken(TailtrainError):
-    """This rank's generation broke: a collective failed, outlived the deadline, or a peer
-    said so (``gen{g}/broken``)."""
-
-
 class Refused(LeftAlive):
     """The survivors formed their new group without this rank (it came after the census);
     it leaves alive, and the shield logs that, not a death (``runtime.expendable``)."""
 
 
-def check_shrink(strategy: Any, topology: str, *, local: bool, ctx: Any = None) -> None:
-    """``--on-rank-loss shrink``'s one-line refusals, before any process starts."""
-    if topology != "allreduce":
-        raise UsageError(
-            f"--on-rank-loss shrink is for the allreduce topology; {strategy.describe()!r} "
-            f"runs on {topology}: use --on-rank-loss stop"
-        )
-    if not local:
-        raise UsageError(
-            "--on-rank-loss shrink needs a local launch (--workers N): torchrun's agent stops "
-            "the job when any rank dies; use --on-rank-loss stop under torchrun"
-        )
-    check_follows(strategy, ctx, "--on-rank-loss shrink", "use --on-rank-loss stop for this one")
-
-
-def check_follows(strategy: Any, ctx: Any, option: str, fix: str) -> None:
-    """A rule that cannot follow a world one rank smaller (``Strategy.follow_world``) refuses
-    shrinking in one line: ``option`` names what asked for it, ``fix`` what to do instead.
-    ``train`` and ``integrate.StragglerStep`` both ask it before any round."""
-    ctx = ctx if ctx is not None else Context(n_workers=2)
-    smaller = dataclasses.replace(ctx, n_workers=max(1, ctx.n_workers - 1))
-    smaller = dataclasses.replace(smaller, live=tuple(range(smaller.n_workers)))
-    if RuleDriver(strategy, ctx).followed(smaller) is None:
-        raise UsageError(
-            f"{option}: {strategy.describe()!r} cannot follow a smaller world: "
-            f"{strategy.follow_refusal()}; {fix}"
-        )
-
-
-# ---- the store ---------------------------------------------------------------------------------
-def prefix(env: Any = os.environ) -> str:
-    """This run's keys in the agent's store (module docstring)."""
-    run = env.get("TORCHELASTIC_RUN_ID", "local")
-    return f"tailtrain/shrink/{run}/{env.get('TORCHELASTIC_RESTART_COUNT', '0')}"
-
-
-def open_store(timeout: datetime.timedelta, env: Any = os.environ) -> dist.Store:
-    """A client of the agent's store, under this run's prefix."""
-    host, port = env["MASTER_ADDR"], int(env["MASTER_PORT"])
-    base = dist.TCPStore(host, port, is_master=False, timeout=timeout)
-    return dist.PrefixStore(prefix(env), base)
-
-
-def note_dead(rank: int, why: str) -> None:
-    """The shield of a dead rank (``runtime.expendable``) says so in the store at once, so the
-    census need not wait its window for it."""
-    try:
-        open_store(datetime.timedelta(seconds=5)).set(f"dead/{rank}", why)
-    except Exception as exc:  # the census's window still closes without it
-        log.warning("could not note rank %d dead: %s", rank, exc)
-
-
-# ---- the deadline and the watched wait ---------------------------------------------------------
-@dataclass
-class Deadline:
-    """The learned deadline (module docstring) from the ``recent`` settled rounds' seconds."""
-
-    timeout: float
-    recent: deque[float] = field(default_factory=lambda: deque(maxlen=ROUNDS_SEEN))
-    #: the longest of ``recent`` and their QUANTILE (0: none yet), kept as rounds are seen:
-    #: the bound is read at every collective
-    longest: float = 0.0
-    quantile: float = 0.0
-
-    def seen(self, seconds: float) -> None:
-        if seconds == seconds:  # not NaN
-            self.recent.append(seconds)
-            # sorted() on <= ROUNDS_SEEN floats: a few us once a round, less than np.quantile
-            ordered = sorted(self.recent)
-            self.longest = ordered[-1]
-            self.quantile = ordered[int(QUANTILE * (len(ordered) - 1))]  # nearest rank below
-
-    def adopt(self, recent: list[float]) -> None:
-        """The lead's rounds seen (a sync: every member learns from the same rounds)."""
-        self.recent.clear()
-        for seconds in recent:
-            self.seen(float(seconds))
-
-    @property
-    def bound(self) -> float:
-        if self.longest <= 0.0:
-            return self.timeout
-        learned = max(DEADLINE_FACTOR * self.quantile, LONGEST_FACTOR * self.longest)
-        return min(self.timeout, max(MIN_DEADLINE, learned))
-
-    @property
-    def window(self) -> float:
-        """The census window after a failure (after a hang: :data:`HANG_WINDOW`)."""
-        if self.longest <= 0.0:
-            return min(self.timeout, max(MIN_WINDOW, MIN_DEADLINE))
-        return min(self.bound, max(MIN_WINDOW, WINDOW_FACTOR * self.longest))
-
-    def describe(self) -> str:
-        """How :attr:`bound` was learned, in words (the run's summary)."""
-        if self.longest <= 0.0:
-            return f"--timeout {self.timeout:g} s: no round had settled"
-        return (
-            f"{DEADLINE_FACTOR:g} x the {QUANTILE:g} quantile ({self.quantile:.3f} s) and at "
-            f"least {LONGEST_FACTOR:g} x the longest ({self.longest:.3f} s) of the last "
-            f"{len(self.recent)} settled rounds, at least {MIN_DEADLINE:g} s, at most --timeout "
-            f"{self.timeout:g} s; rounds after a checkpoint write left out"
-        )
-
-
-class Watch:
-    """Waits for one generation's collectives (``Collectives.watch``): each wait ends when the
-    collective does, at the deadline, or when the generation's ``broken`` key appears; the
-    last two raise :class:`Broken` after setting the key for the others."""
-
-    def __init__(self, store: dist.Store, generation: int, deadline: Deadline) -> None:
-        self.store, self.generation, self.deadline = store, generation, deadline
-        self.key = f"gen{generation}/broken"
-        #: a barrier around rank 0's evaluation waits up to --timeout, not the deadline
-        self.patient = False
-
-    def __call__(self, work: dist.Work) -> None:
-        start = time.monotonic()
-        bound = self.deadline.timeout if self.patient else self.deadline.bound
-        look = start + CHECK
-        while not work.is_completed():
-            now = time.monotonic()
-            if now - start > bound:
-                self.broken(f"no answer within the deadline {bound:.2f}s", hung=True)
-            if now >= look:
-                if self.store.check([self.key]):
-                    raise Broken(f"generation {self.generation} broke ({self.store_why()})")
-                look = now + CHECK
-            time.sleep(POLL)
-        try:
-            work.wait()
-        except Exception as exc:  # gloo: a peer's socket closed
-            self.broken(f"a collective failed: {str(exc).strip().splitlines()[0][:120]}")
-
-    def broken(self, why: str, hung: bool = False) -> None:
-        try:
-            if hung:  # before the break: a census that sees the break sees the hang
-                self.store.set(f"gen{self.generation}/hung", "1")
-            self.store.set(self.key, why)
-        except Exception as exc:
-            log.warning("could not mark generation %d broken: %s", self.generation, exc)
-        raise Broken(f"generation {self.generation}: {why}")
-
-    def store_why(self) -> str:
-        try:
-            return self.store.get(self.key).decode()
-        except Exception:
-            return "unknown"
-
-
-# ---- a generation's collectives ----------------------------------------------------------------
-class GroupCollectives(Collectives):
-    """``Collectives`` over a group that torch.distributed does not know (a generation's own
-    ``ProcessGroupGloo``): its gathers are allreduces of block rows, and its barrier one of a
-    single value, called on the group itself."""
-
-    def gather(self, row: RankRow) -> np.ndarray:
-        mine = np.asarray(row, dtype=np.float64)
-        block = torch.zeros(self.world_size, len(mine), dtype=torch.float64)
-        block[self.rank] = torch.from_numpy(mine)
-        with self._guard("all_gather"):
-            self._wait(self.group.allreduce([block]))
-        return block.numpy()
-
-    def barrier(self) -> None:
-        with self._guard("barrier"):
-            self._wait(self.group.allreduce([torch.zeros(1)]))
-
-    def gather_objects(self, obj: Any) -> list[Any] | None:
-        data = pickle.dumps(obj)
-        sizes = self.gather([len(data)])[:, 0].astype(np.int64)
-        block = torch.zeros(self.world_size, int(sizes.max()), dtype=torch.uint8)
-        block[self.rank, : len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
-        with self._guard("gather_object"):
-            # uint8 sums of one row and zeros: exact, as long as the other rows are zero
-            self._wait(self.group.allreduce([block]))
-        if self.rank != 0:
-            return None
-        return [pickle.loads(block[r, : sizes[r]].numpy().tobytes()) for r in range(len(sizes))]
-
-    def broadcast_object(self, obj: Any, src: int) -> Any:
-        """``obj`` of member ``src`` on every member (the sync's payload)."""
-        data = pickle.dumps(obj) if self.rank == src else b""
-        size = int(self.gather([len(data)])[src, 0])
-        buf = torch.zeros(size, dtype=torch.uint8)
-        if self.rank == src:
-            buf.copy_(torch.frombuffer(bytearray(data), dtype=torch.uint8))
-        opts = dist.BroadcastOptions()
-        opts.rootRank = src
-        with self._guard("broadcast"):
-            self._wait(self.group.broadcast([buf], opts))
-        return obj if self.rank == src else pickle.loads(buf.numpy().tobytes())
-
-
-# ---- the protocol ------------------------------------------------------------------------------
 @dataclass
 class Census:
     """What the census of a generation found: the next members, and what each checked in
@@ -700,13 +478,3 @@ class Shrinker:
             )
             return comm, found
         raise TailtrainError(f"rank {self.rank}: no generation held after losing {lost}")
-
-
-def abort(group: Any) -> None:
-    """Abort a left generation's group: its stuck collective must not hold the exit."""
-    try:
-        if hasattr(group, "_get_backend"):  # the default group: its gloo backend
-            group = group._get_backend(torch.device("cpu"))
-        group.abort()
-    except Exception as exc:
-        log.info("could not abort a left group: %s", exc)
