@@ -203,7 +203,7 @@ def raise_drill(rank: int, step: int) -> str:
 def run(args: argparse.Namespace) -> int:
     from tailtrain.cli.simulate import print_summary
     from tailtrain.core.records import clean
-    from tailtrain.runtime.keep import Interrupted
+    from tailtrain.runtime.interrupt import Interrupted
     from tailtrain.runtime.launch import JobFailed, train
 
     if args.tensorboard is not None:  # a missing package fails before the ranks start

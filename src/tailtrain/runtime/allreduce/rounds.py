@@ -112,14 +112,13 @@ from tailtrain.runtime.control import (
 )
 from tailtrain.runtime.grads import ModuleGrads
 from tailtrain.runtime.inject import Injector, sleep
-from tailtrain.runtime.keep import (
-    Keeper,
+from tailtrain.runtime.interrupt import (
     Stopped,
     hold_sigterm,
     interrupt_requested,
-    reopen_records,
     stop_on_sigterm,
 )
+from tailtrain.runtime.keep import Keeper, reopen_records
 from tailtrain.runtime.rank import Updates, drive_rank
 from tailtrain.runtime.reduce import Collectives, PeerFailure, SumBuffer, WeightedSum
 from tailtrain.runtime.telemetry import (
@@ -278,7 +277,7 @@ def train_allreduce(config: TrainConfig, comm: Collectives) -> RankResult:
 
     When the group fails (a peer died or hung, or the launcher stops it), this rank takes
     part in the survivors' census and checkpoint (``runtime.keep.Keeper.failed``). Ctrl-C
-    reaches the ranks as a request (``runtime.keep``) that a rank adds to its next round's
+    reaches the ranks as a request (``runtime.interrupt``) that a rank adds to its next round's
     allreduce; after that round every rank stops, rank 0 keeps the run (partial) and the
     checkpoint of that round (``Keeper.interrupted``).
     """

@@ -66,7 +66,7 @@ here: the others go on without it (it is late). With ``--on-rank-loss shrink`` t
 go on in place instead (``runtime.partial.regroup``): a new generation of the live ranks from
 the lead's agreed model, no restart, no checkpoint read.
 
-**Ctrl-C** (``runtime.keep``) reaches every rank as a request that its main thread takes
+**Ctrl-C** (``runtime.interrupt``) reaches every rank as a request that its main thread takes
 before its next gradient: it leaves as from a failure (the census writes the checkpoint of the
 last round every reducer completed), and rank 0 then keeps the record with its summary marked
 partial (``Keeper.interrupted``).
@@ -98,15 +98,14 @@ from tailtrain.errors import TailtrainError
 from tailtrain.runtime.allreduce.shrink import Broken, OnRankLoss, Refused, Shrinker
 from tailtrain.runtime.config import RankResult, TrainConfig, build_world
 from tailtrain.runtime.control import RuleDriver
-from tailtrain.runtime.keep import (
-    Keeper,
+from tailtrain.runtime.interrupt import (
     Stopped,
     check_interrupt,
     hold_sigterm,
     interrupt_requested,
-    reopen_records,
     stop_on_sigterm,
 )
+from tailtrain.runtime.keep import Keeper, reopen_records
 from tailtrain.runtime.partial.collective import (
     KEPT_ROUNDS,
     CollectiveFailed,

@@ -116,7 +116,8 @@ from tailtrain.core.update import WeightedUpdate, gradient_stats, isin, rows_wei
 from tailtrain.errors import TailtrainError
 from tailtrain.runtime.config import RankResult, TrainConfig, build_world
 from tailtrain.runtime.control import RuleDriver
-from tailtrain.runtime.keep import Keeper, interrupt_requested
+from tailtrain.runtime.interrupt import interrupt_requested
+from tailtrain.runtime.keep import Keeper
 from tailtrain.runtime.ps import keep as ps_keep
 from tailtrain.runtime.ps import lgc
 from tailtrain.runtime.ps.arrivals import Arrival, columns
