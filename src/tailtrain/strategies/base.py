@@ -452,6 +452,13 @@ class Strategy(ABC):
         return "it adapts its state to the world it measured"
 
     @property
+    def averages_models(self) -> bool:
+        """Whether its rounds take local steps and then average the models (Local-SGD)
+        instead of reducing gradients every step: a DDP comm hook, which reduces gradients,
+        cannot run it (``strategies.entries``)."""
+        return False
+
+    @property
     def keeps_state(self) -> bool:
         """Whether the rule never changes its state: it keeps ``adapt`` as it is here. The
         next step's plan then owes nothing to this step's statistics, so an engine may gather

@@ -108,6 +108,11 @@ class DropCompute(Strategy):
     #: C_n / (H M): a rank's weight is its own share of the units (Eq. 1)
     weights: ClassVar[WeightContract] = WeightContract.OWN_COUNTS
 
+    @property
+    def averages_models(self) -> bool:
+        """Local-SGD (``period`` > 1) averages the models after its local steps."""
+        return self.period > 1
+
     # ---- the rule ---------------------------------------------------------------------------
     def init(self, ctx: Context) -> DropComputeState:
         tau = math.inf if self.threshold is None else self.threshold
