@@ -31,7 +31,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
-from tailtrain.core.update import GradientStats, without
+from tailtrain.core.update import GradientStats, closed_step_stats, without
 from tailtrain.errors import UsageError
 from tailtrain.runtime.control import (
     RankWeighting,
@@ -52,7 +52,7 @@ from tailtrain.strategies.base import (
 from tailtrain.strategies.dropcompute import may_start
 from tailtrain.strategies.entries import loop_refusal
 from tailtrain.strategies.registry import parse_strategy
-from tailtrain.topology.allreduce import round_arrivals, round_stats
+from tailtrain.topology.allreduce import round_arrivals
 
 #: column of the first unit time in a gathered row [C_n, T~_n, loss sum, t_n^(1..U)]
 FIRST_UNIT_TIME = 3
@@ -291,7 +291,7 @@ class Rounds:
         rows, arrivals = agreed.rows, agreed.arrivals
         done = rows[:, 0].astype(np.int64)
         loss = float(rows[:, 2].sum() / done.sum()) if done.sum() > 0 else math.nan
-        stats = round_stats(
+        stats = closed_step_stats(
             self.step,
             plan.k,
             self.now + elapsed,

@@ -544,14 +544,6 @@ def check_contract(
         raise UsageError(refusal)
 
 
-def topology_of(strategy: Strategy) -> Topology:
-    """The topology ``strategy`` runs on, for every entry (``simulate``, ``train``,
-    ``train_own_model``, a user's loop in ``integrate``): the one it declares (plain ``sync``
-    is an allreduce rule, ``sync:mode=M`` a parameter-server one). A pure decision: it
-    imports no runtime entry."""
-    return strategy.topology
-
-
 def equal_weights(arrivals: ArrivalColumns) -> Selection:
     """Mean of the given whole arrivals (DBW Eq. 4; slow-and-stale Eq. 2)."""
     if not arrivals.partial.any():  # the usual step: every arrival, no index to gather by

@@ -86,7 +86,13 @@ from tailtrain.core.evaluation import Evaluator
 from tailtrain.core.records import RunRecord
 from tailtrain.core.scenario import World, budget_spent
 from tailtrain.core.session import RunKeeper, check_entry
-from tailtrain.core.update import GradientStats, WeightedUpdate, key_workers, screen_own
+from tailtrain.core.update import (
+    GradientStats,
+    WeightedUpdate,
+    closed_step_stats,
+    key_workers,
+    screen_own,
+)
 from tailtrain.errors import TailtrainError
 from tailtrain.runtime.allreduce.demand import Dealer, compute_on_demand
 from tailtrain.runtime.allreduce.handover import (
@@ -141,7 +147,6 @@ from tailtrain.topology.allreduce import (
     RoundData,
     own_arrival,
     round_arrivals,
-    round_stats,
     summarise,
 )
 
@@ -755,7 +760,7 @@ def account(run: _Rank, done: Unsettled) -> RankWeighting:
     used = screened_out(weighting.used, arrivals, ex.screened[:, 0] > 0)
     lr = run.world.lr * plan.lr_scale
     times = ex.rows[:, TIMES:]
-    done.stats = round_stats(
+    done.stats = closed_step_stats(
         step, plan.k, ex.time, arrivals, used, scalars, lr, times, ex.comm_time
     )
     rule.adapt(done.stats)

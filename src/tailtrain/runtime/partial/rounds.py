@@ -92,7 +92,7 @@ from tailtrain.core.evaluation import Evaluator
 from tailtrain.core.records import RunRecord
 from tailtrain.core.scenario import World
 from tailtrain.core.session import RunKeeper, check_entry
-from tailtrain.core.update import GradientStats, WeightedUpdate, screen_own
+from tailtrain.core.update import GradientStats, WeightedUpdate, closed_step_stats, screen_own
 from tailtrain.delays.schedule import COLLECTIVE_COMM_KEY, CommStream
 from tailtrain.errors import TailtrainError
 from tailtrain.runtime.allreduce.shrink import Broken, OnRankLoss, Refused, Shrinker
@@ -288,7 +288,7 @@ class Rule:
         lr = self.world.lr * result.plan.lr_scale
         closed = self.origin + result.closed
         k = result.plan.k
-        return partial.round_stats(self.base + r, k, closed, arrivals, used, scalars, lr)
+        return closed_step_stats(self.base + r, k, closed, arrivals, used, scalars, lr)
 
     # ---- the agreed model and the snapshots (module docstring) ----------------------------
     def keep(self, r: int, step: tuple[torch.Tensor, float, float], average: bool) -> None:

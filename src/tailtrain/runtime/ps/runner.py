@@ -48,7 +48,7 @@ from tailtrain.runtime.launch import (
 )
 from tailtrain.runtime.ps.server import train_parameter_server
 from tailtrain.runtime.reduce import Collectives
-from tailtrain.strategies.base import Strategy, Topology, topology_of
+from tailtrain.strategies.base import Strategy, Topology
 from tailtrain.strategies.registry import parse_strategy
 from tailtrain.tasks.task import TRAIN_EVAL_SIZE
 
@@ -170,9 +170,9 @@ def train_own_model(
             f"strategy must be a spec such as 'dbw' or a Strategy, got {type(strategy).__name__}"
         )
     out = None if out is None else Path(out)
-    if topology_of(rule) is not Topology.PARAMETER_SERVER:
+    if rule.topology is not Topology.PARAMETER_SERVER:
         raise UsageError(
-            f"strategy {rule.describe()!r} runs on the {topology_of(rule)} topology, not on a "
+            f"strategy {rule.describe()!r} runs on the {rule.topology} topology, not on a "
             f"parameter server; try dbw, or k-sync:k={workers} for synchronous steps"
         )
     if iterations is None and time_budget is None:
