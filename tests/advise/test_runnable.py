@@ -24,6 +24,7 @@ EXPECTED = {
     "sync": (True, True),
     "dropcompute:threshold=0.05": (True, True),
     "local-sgd:period=4": (False, True),  # a hook reduces gradients; it cannot average models
+    "local-sgd:period=1": (False, True),  # models averaged after each step: still no hook
     "rebalance": (True, True),  # a DDP job: rebalance_loader's fixed shares
     "rebalance:then=dropcompute": (False, True),  # no threshold on the DDP job's shares
     "rebalance:deal=demand": (False, False),  # only the run's own store deals on demand

@@ -110,8 +110,9 @@ class DropCompute(Strategy):
 
     @property
     def averages_models(self) -> bool:
-        """Local-SGD (``period`` > 1) averages the models after its local steps."""
-        return self.period > 1
+        """Local-SGD averages the models after its local steps, at any ``period`` (H = 1
+        too: an average of models, not of gradients, under a stateful optimizer)."""
+        return self.name == "local-sgd" or self.period > 1
 
     # ---- the rule ---------------------------------------------------------------------------
     def init(self, ctx: Context) -> DropComputeState:

@@ -79,7 +79,8 @@ def hook_refusal(rule: Strategy, local_steps: int | None = None) -> str:
     """Why a DDP comm hook cannot run ``rule``: it averages models every ``local_steps``
     (default: its period) local steps, and a hook reduces gradients once per step."""
     steps = getattr(rule, "period", None) if local_steps is None else local_steps
-    every = f"every {steps} local steps" if steps is not None else "after local steps"
+    every = "after local steps" if steps is None else f"every {steps} local steps"
+    every = "after each local step" if steps == 1 else every
     return (
         f"{rule.describe()!r} averages models {every}, which a DDP comm hook cannot do; use "
         "tailtrain.integrate.StragglerStep (or torch's PostLocalSGDOptimizer)"
