@@ -128,9 +128,7 @@ def test_the_user_loop_runs_allreduce_rules_and_refuses_the_rest(spec):
     from tailtrain.integrate.step import DEALS
 
     rule = parse_strategy(spec)
-    if rule.topology is Topology.ALLREDUCE and spec.startswith(
-        ("sync", "dropcompute", "local")
-    ):
+    if rule.topology is Topology.ALLREDUCE and spec.startswith(("sync", "dropcompute", "local")):
         assert as_strategy(rule) is rule
         return
     if spec.startswith("rebalance"):  # StragglerStep deals its shares; the DDP hook does not
