@@ -20,7 +20,7 @@ def one_torch_thread():
 @pytest.fixture
 def sigterm():
     """Restore this process's SIGTERM handler after a test that installs its own (a rank run
-    in the test's process does: ``runtime.keep``)."""
+    in the test's process does: ``runtime.interrupt``)."""
     before = signal.getsignal(signal.SIGTERM)
     yield
     signal.signal(signal.SIGTERM, before)

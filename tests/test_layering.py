@@ -195,3 +195,22 @@ def test_the_shrink_hosts_stand_on_the_elastic_layer():
     below = (*(f"tailtrain.runtime.{w}" for w in WINGS), "tailtrain.integrate")
     for path in modules_under("runtime/elastic"):
         assert reaches(path, below) == [], f"{module_name(path)} reaches up"
+
+
+#: what ``import tailtrain.integrate`` may load of ``tailtrain.tasks``: the batch dealer its
+#: samplers use and the partitions a world names; no built-in task (gpt, cifar10, ...) and no
+#: task registry (issue 35 item 6)
+TASKS_FOR_A_LOOP = {"tailtrain.tasks", "tailtrain.tasks.partition", "tailtrain.tasks.stream"}
+
+
+def test_importing_integrate_loads_no_built_in_task():
+    code = (
+        "import sys, tailtrain.integrate\n"
+        "print(' '.join(sorted(m for m in sys.modules if m.startswith('tailtrain.tasks'))))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    loaded = set(out.stdout.split())
+    assert "tailtrain.tasks.stream" in loaded  # the probe sees the package's modules
+    assert loaded <= TASKS_FOR_A_LOOP, (
+        f"import tailtrain.integrate loads {sorted(loaded - TASKS_FOR_A_LOOP)}"
+    )

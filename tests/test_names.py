@@ -51,9 +51,9 @@ PROTOCOL: dict[str, tuple[str, str]] = {
     ),
     # each topology's ledger (``topology/``) offers the same parts, which both engines of that
     # topology import qualified (``partial.round_row``): its record row's columns, those only
-    # one engine can fill, the row and StepStats builders and the run summary; the partial
+    # one engine can fill, the row builders and the run summary; the partial
     # collective's runtime adds wall-clock keys to its ledger's summary
-    "summarise|step_row|round_row|round_stats|step_stats|ROW|SIMULATED_ONLY|MEASURED_ONLY": (
+    "summarise|step_row|round_row|ROW|SIMULATED_ONLY|MEASURED_ONLY": (
         r"tailtrain\.topology\.\w+|tailtrain\.runtime\.partial\.rounds",
         "a topology's ledger, one per topology",
     ),

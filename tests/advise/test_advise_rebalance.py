@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from tailtrain.advice import advise
-from tailtrain.advice.adopt import RUNNABLE
+from tailtrain.advice.adopt import runnable
 from tailtrain.advice.recommend import DEMAND_SPEC, faster
 from tailtrain.core.scenario import Scenario
 from tailtrain.runtime.config import TrainConfig
@@ -88,7 +88,7 @@ def test_for_a_loop_the_lines_deal_by_the_sampler_and_a_ddp_job_is_not_offered_i
     assert f"{DEMAND_SPEC} is faster" in loop.reason and "StragglerStep refuses it" in loop.reason
     ddp = advise(slow_micro_trace, samples=400, setup="ddp")
     # a DDP job rebalances per-rank batches, priced per sample: this trace counts none
-    assert "rebalance" in RUNNABLE["ddp"] and not any(r.shares for r in ddp.ranked)
+    assert runnable("rebalance", "ddp", "rebalance") and not any(r.shares for r in ddp.ranked)
     assert all(r.row.strategy != "rebalance" for r in ddp.ranked)
 
 

@@ -89,6 +89,7 @@ def test_the_probe_sees_a_heavy_import():
 
 
 def test_the_parsers_written_out_figures_are_their_sources():
+    from tailtrain.advice.adopt import SETUPS
     from tailtrain.delays.trace import TRACE_FORMAT
     from tailtrain.prediction.families import SIM_MAX_WORKERS
     from tailtrain.prediction.scenario import ALL_K_UP_TO
@@ -96,6 +97,7 @@ def test_the_parsers_written_out_figures_are_their_sources():
     from tailtrain.strategies.eager import Collective
 
     assert advise_cli._TRACE_FORMAT == TRACE_FORMAT
+    assert tuple(SETUPS) == advise_cli._SETUPS
     assert (predict._ALL_K_UP_TO, predict._SIM_MAX_WORKERS) == (ALL_K_UP_TO, SIM_MAX_WORKERS)
     assert tuple(c.value for c in Collective) == bench.COLLECTIVES
     assert OnRankLoss.STOP.value == launch.DEFAULT_ON_RANK_LOSS

@@ -235,7 +235,7 @@ def test_a_parameter_server_strategy_is_refused_in_one_line():
 
 def test_a_sync_with_a_parameter_server_mode_is_refused_in_one_line():
     """``sync:mode=pull`` runs on the parameter server (its rule declares so, as
-    ``strategies.base.topology_of`` reads it);
+    ``Strategy.topology``);
     a loop would ignore its mode, so it is refused."""
     with pytest.raises(UsageError, match="parameter-server topology") as err:
         StragglerStep(model(), torch.optim.SGD(model().parameters(), lr=LR), "sync:mode=pull")

@@ -20,7 +20,7 @@ from tailtrain.runtime.config import TrainConfig
 from tailtrain.runtime.launch import Endpoint, launch, reserve
 from tailtrain.runtime.topologies import check_topology
 from tailtrain.sim.run import simulate
-from tailtrain.strategies.base import Topology, topology_of
+from tailtrain.strategies.base import Topology
 from tailtrain.strategies.registry import BUILDERS, parse_strategy
 from tailtrain.topology import partial, ps
 
@@ -54,7 +54,7 @@ VARIANTS = (
     "rebalance:deal=demand",  # the store deals each micro-batch to whichever rank asks
 )
 BY_TOPOLOGY = {
-    t: [s for s in (*SPECS.values(), *VARIANTS) if topology_of(parse_strategy(s)) is t]
+    t: [s for s in (*SPECS.values(), *VARIANTS) if parse_strategy(s).topology is t]
     for t in Topology
 }
 
@@ -128,9 +128,7 @@ def test_the_user_loop_runs_allreduce_rules_and_refuses_the_rest(spec):
     from tailtrain.integrate.step import DEALS
 
     rule = parse_strategy(spec)
-    if topology_of(rule) is Topology.ALLREDUCE and spec.startswith(
-        ("sync", "dropcompute", "local")
-    ):
+    if rule.topology is Topology.ALLREDUCE and spec.startswith(("sync", "dropcompute", "local")):
         assert as_strategy(rule) is rule
         return
     if spec.startswith("rebalance"):  # StragglerStep deals its shares; the DDP hook does not

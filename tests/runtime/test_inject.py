@@ -1,4 +1,5 @@
-"""Injected delays are the simulator's draws: worker w's j-th unit, column w of the process."""
+"""Injected delays are the simulator's draws: worker w's j-th unit, column w of the process;
+and a drill that fires is noted in the run folder's ledger, so it fires once per run."""
 
 from __future__ import annotations
 
@@ -7,8 +8,9 @@ import pytest
 
 from tailtrain.core.scenario import Scenario
 from tailtrain.delays import DelayProcess
+from tailtrain.faults import FaultPlan
 from tailtrain.runtime.config import TrainConfig, build_world
-from tailtrain.runtime.inject import Injector
+from tailtrain.runtime.inject import FaultDrill, Injector, fired_drills
 
 SCENARIO = Scenario(
     task="logreg",
@@ -48,3 +50,16 @@ def test_without_delay_nothing_is_injected_but_comm_draws_agree_across_ranks():
     a, b = (injector("sync", r, delays=False) for r in (0, 1))
     assert not a.unit_times(1, 2, 0.0).any()
     assert [a.comm_time() for _ in range(5)] == [b.comm_time() for _ in range(5)]
+
+
+def test_a_process_drill_fires_once_per_run_folder(tmp_path, monkeypatch):
+    slept = []
+    monkeypatch.setattr("tailtrain.runtime.inject.sleep", slept.append)
+    plan = FaultPlan.parse(["freeze:worker=1,step=2,seconds=3"], workers=2)
+    FaultDrill(plan, 1, tmp_path).before(2)
+    assert slept == [3.0] and fired_drills(tmp_path) == {"freeze:worker=1,step=2,seconds=3"}
+    FaultDrill(plan, 1, tmp_path).before(2)  # a restarted rank in the same folder
+    FaultDrill(plan, 0, tmp_path).before(2)  # another worker
+    assert slept == [3.0]
+    FaultDrill(plan, 1).before(2)  # no folder: every run fires it
+    assert slept == [3.0, 3.0]

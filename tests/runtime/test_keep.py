@@ -1,4 +1,4 @@
-"""A train run's folder (runtime.keep): records cut back to a checkpoint, drills noted once,
+"""A train run's folder (runtime.keep): records cut back to a checkpoint, the failure census,
 the launcher's one line."""
 
 from __future__ import annotations
@@ -16,19 +16,16 @@ import torch.distributed as dist
 from tailtrain.core import checkpoint
 from tailtrain.core.session import RunKeeper
 from tailtrain.errors import UsageError
-from tailtrain.faults import FaultPlan
 from tailtrain.runtime import keep
-from tailtrain.runtime.inject import FaultDrill
+from tailtrain.runtime.interrupt import stop_on_sigterm
 from tailtrain.runtime.keep import (
     Keeper,
     MissingRanks,
     Snapshot,
     describe,
-    fired_drills,
     head,
     read_note,
     reopen_records,
-    stop_on_sigterm,
 )
 from tailtrain.runtime.reduce import PeerFailure
 
@@ -64,19 +61,6 @@ def test_records_shorter_than_the_checkpoint_are_refused(tmp_path):
     write_rows(tmp_path / "evals.jsonl", [])
     with pytest.raises(UsageError, match="fewer rows"):
         reopen_records(tmp_path, {"steps": 3, "evals": 0}, {"step": 2})
-
-
-def test_a_process_drill_fires_once_per_run_folder(tmp_path, monkeypatch):
-    slept = []
-    monkeypatch.setattr("tailtrain.runtime.inject.sleep", slept.append)
-    plan = FaultPlan.parse(["freeze:worker=1,step=2,seconds=3"], workers=2)
-    FaultDrill(plan, 1, tmp_path).before(2)
-    assert slept == [3.0] and fired_drills(tmp_path) == {"freeze:worker=1,step=2,seconds=3"}
-    FaultDrill(plan, 1, tmp_path).before(2)  # a restarted rank in the same folder
-    FaultDrill(plan, 0, tmp_path).before(2)  # another worker
-    assert slept == [3.0]
-    FaultDrill(plan, 1).before(2)  # no folder: every run fires it
-    assert slept == [3.0, 3.0]
 
 
 def test_the_launchers_line_names_rank_step_and_checkpoint(tmp_path):

@@ -1,5 +1,6 @@
-"""Which runtime topology runs a strategy (``topology_of`` decides for every entry point), and
-the one registry that says what `train` needs of each (``runtime.topologies.TopologySpec``)."""
+"""Which runtime topology runs a strategy (the rule declares it, ``Strategy.topology``, for
+every entry point), and the one registry that says what `train` needs of each
+(``runtime.topologies.TopologySpec``)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import tailtrain
 from tailtrain.errors import UsageError
 from tailtrain.runtime.ps.server import train_parameter_server
 from tailtrain.runtime.topologies import TOPOLOGY_SPECS, spec_of
-from tailtrain.strategies.base import Topology, topology_of
+from tailtrain.strategies.base import Topology
 from tailtrain.strategies.registry import parse_strategy
 
 
@@ -29,8 +30,7 @@ from tailtrain.strategies.registry import parse_strategy
 )
 def test_a_sync_with_a_mode_runs_on_the_parameter_server(text, topology):
     strategy = parse_strategy(text)
-    assert topology_of(strategy) is topology
-    assert strategy.topology is topology  # the rule declares it: simulate runs it there too
+    assert strategy.topology is topology  # the rule declares it: every entry runs it there
     assert parse_strategy(strategy.describe()) == strategy  # and its text says which
     assert spec_of(strategy).processes(2) == 2 + (topology is Topology.PARAMETER_SERVER)
 
@@ -60,7 +60,7 @@ def test_a_parameter_servers_rank_0_is_no_worker():
     assert not allreduce.expendable_workers and allreduce.processes(8) == 8
 
 
-def test_train_own_model_takes_its_topology_from_topology_of():
+def test_train_own_model_takes_its_topology_from_the_rule():
     """Plain sync is an allreduce strategy everywhere, so the parameter-server runner refuses
     it before anything starts (and names the synchronous parameter-server strategy)."""
     with pytest.raises(UsageError, match="allreduce topology") as err:

@@ -8,9 +8,14 @@ r"""What a job can run, and the lines that adopt a recommendation (``advise --fo
 * ``loop``: an own loop with :class:`tailtrain.StragglerStep` runs sync, DropCompute,
   Local-SGD (DropCompute App. B.3) and rebalance (its shares dealt by
   :class:`tailtrain.ShareSampler`: each epoch's global batches from the dataset), but not
-  ``rebalance:deal=demand`` (:data:`TRAIN_ONLY`);
+  ``rebalance:deal=demand``, which needs the run's own store;
 * ``tailtrain-train``: ``tailtrain train`` runs every strategy;
 * ``any``: no restriction (every row, as before ``--for``).
+
+Which strategy a ``ddp`` or ``loop`` job can run is not listed here: :func:`runnable` asks the
+entries that job adopts a rule with (:data:`SETUPS`), each of which declares what it runs
+(``strategies.entries``: the contracts ``integrate`` checks the rule with), so a new
+allreduce strategy reaches ``--for loop`` with no edit here.
 
 :func:`adoption` gives the exact lines: a ``setup`` block run once after the model (and, for
 DDP, its wrapper) exists, and a ``step`` block that replaces one step's forward, backward,
@@ -34,17 +39,16 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from tailtrain.errors import UsageError
+from tailtrain.strategies.entries import HOOK, LOOP, SHARE_LOADER, Entry
 
-#: setup -> the strategies it can run (None: every one)
-RUNNABLE: dict[str, tuple[str, ...] | None] = {
-    "ddp": ("sync", "dropcompute", "rebalance"),
-    "loop": ("sync", "dropcompute", "local-sgd", "rebalance"),
+#: setup (``--for``) -> the entries its job adopts a rule with (``strategies.entries``); None:
+#: every strategy (``tailtrain train`` runs each on its own topology; ``any`` keeps every row)
+SETUPS: dict[str, tuple[Entry, ...] | None] = {
+    "ddp": (HOOK, SHARE_LOADER),
+    "loop": (LOOP,),
     "tailtrain-train": None,
     "any": None,
 }
-#: options only ``tailtrain train`` runs: ``deal=demand`` deals each micro-batch from the
-#: run's store, which a user's loop (``StragglerStep``) and a DDP hook do not have
-TRAIN_ONLY = ("deal=demand",)
 #: the job's own names the lines use: its model (``ddp`` for a DDP job), optimizer, the step's
 #: list of micro-batches and a loss of one micro-batch; for rebalance its dataset, a
 #: ``collate(dataset, indices)`` making one micro-batch, sync's M and the micro-batch size B
@@ -210,20 +214,21 @@ def probe_adoption(out_dir: str = "runs/probe") -> Adoption:
 
 
 def check_setup(setup: str) -> str:
-    if setup not in RUNNABLE:
-        raise UsageError(f"--for {setup!r}: use one of {', '.join(RUNNABLE)}")
+    if setup not in SETUPS:
+        raise UsageError(f"--for {setup!r}: use one of {', '.join(SETUPS)}")
     return setup
 
 
 def runnable(strategy: str, setup: str, spec: str | None = None) -> bool:
-    """Whether a ``setup`` job can run ``strategy`` (a row's strategy family) at ``spec``:
-    a spec of :data:`TRAIN_ONLY` needs ``tailtrain train``."""
-    allowed = RUNNABLE[check_setup(setup)]
-    if allowed is not None and spec is not None and any(o in spec for o in TRAIN_ONLY):
-        return False
-    if setup == "ddp" and strategy == "rebalance" and spec not in (None, "rebalance"):
-        return False  # a DDP job deals per-rank batches; no threshold on top, no demand
-    return allowed is None or strategy in allowed
+    """Whether a ``setup`` job can run ``spec`` (default: ``strategy``, a row's strategy
+    family): whether one of the entries it adopts a rule with runs it (:data:`SETUPS`)."""
+    entries = SETUPS[check_setup(setup)]
+    if entries is None:
+        return True
+    from tailtrain.strategies.registry import parse_strategy  # every rule: only when asked
+
+    rule = parse_strategy(strategy if spec is None else spec)
+    return any(entry.refusal(rule) is None for entry in entries)
 
 
 def adoption(

@@ -17,6 +17,8 @@ if TYPE_CHECKING:  # the advice pulls in numpy, scipy and the theory: only when 
 #: the trace's columns for the help, written out: ``delays.trace.TRACE_FORMAT``'s (the parser
 #: imports no numpy or scipy; tests/cli/test_cli_imports.py checks they stay the same)
 _TRACE_FORMAT = "iteration,worker[,micro_batch][,censored],seconds[,noncompute][,samples][,run]"
+#: --for's jobs, written out: ``advice.adopt.SETUPS``' (the same test holds them together)
+_SETUPS = ("ddp", "loop", "tailtrain-train", "any")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -57,7 +59,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--for",
         dest="setup",
-        choices=("ddp", "loop", "tailtrain-train", "any"),
+        choices=_SETUPS,
         default="any",
         help="the job to advise: a DDP job (the comm hook), an own loop (StragglerStep), "
         "tailtrain train (every strategy) or any (default: %(default)s)",

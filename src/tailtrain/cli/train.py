@@ -29,6 +29,7 @@ from pathlib import Path
 
 from tailtrain.cli.scenario_args import add_scenario_arguments, scenario_from_args, seed_value
 from tailtrain.errors import UsageError
+from tailtrain.strategies.names import strategy_help
 
 DEFAULT_WORKERS = 16
 #: --timeout and --max-restarts when a run starts without them (TrainConfig's defaults)
@@ -47,9 +48,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--strategy",
         default="sync",
-        help="sync, dropcompute[:...], local-sgd:period=H, eager:mode=..., dbw-quorum, or a "
-        "parameter-server strategy (k-sync:k=K, k-async:k=K, dbw, lgc:k=K, ...; one extra rank "
-        "serves)",
+        help=strategy_help(),
     )
     add_scenario_arguments(p)
     p.set_defaults(workers=None)
@@ -203,7 +202,7 @@ def raise_drill(rank: int, step: int) -> str:
 def run(args: argparse.Namespace) -> int:
     from tailtrain.cli.simulate import print_summary
     from tailtrain.core.records import clean
-    from tailtrain.runtime.keep import Interrupted
+    from tailtrain.runtime.interrupt import Interrupted
     from tailtrain.runtime.launch import JobFailed, train
 
     if args.tensorboard is not None:  # a missing package fails before the ranks start

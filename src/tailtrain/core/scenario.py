@@ -16,7 +16,7 @@ from tailtrain.delays.schedule import DelaySource, JobDurations
 from tailtrain.errors import UsageError
 from tailtrain.network import parse_network
 from tailtrain.strategies.base import Context, Strategy
-from tailtrain.tasks import parse_partition, parse_task
+from tailtrain.tasks.partition import parse_partition
 
 DEFAULT_LR = 0.1
 
@@ -136,7 +136,9 @@ class World:
         ``micro_batches`` is the most micro-batches a step may use (``Strategy.
         micro_batch_capacity``); by default the scenario's.
         """
-        if task is None:
+        if task is None:  # the registry loads every built-in task: only when one is built
+            from tailtrain.tasks.registry import parse_task
+
             task = parse_task(scenario.task, data=scenario.data, seed=seed)
         n = scenario.workers
         process = delays or DelayProcess(

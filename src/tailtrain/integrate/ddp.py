@@ -53,6 +53,7 @@ from tailtrain.integrate.rounds import RoundProgress, Rounds, StepRecord
 from tailtrain.runtime.control import RankWeighting, check_agreement
 from tailtrain.runtime.reduce import Collectives
 from tailtrain.strategies.base import Strategy
+from tailtrain.strategies.entries import HOOK, hook_refusal
 
 #: tail of a bucket's allreduce: [w_n, weight withheld]
 BUCKET_TAIL = 2
@@ -101,7 +102,10 @@ class StragglerHookState:
         self.timeout = timeout
         device = device or torch.device("cpu")
         comm = Collectives.of_group(process_group, device, timeout)
-        self.rounds = Rounds(strategy, comm)
+        self.rounds = Rounds(strategy, comm, does=HOOK.does)
+        refusal = HOOK.refusal(self.rounds.strategy)  # as declared: strategies.entries
+        if refusal is not None:
+            raise UsageError(refusal)
         self.last: StepRecord | None = None
         self._pending: _Pending | None = None
 
@@ -111,12 +115,8 @@ class StragglerHookState:
         """Yield the round's micro-batches while the threshold allows; then reduce."""
         batches = list(micro_batches)
         plan, _ = self.rounds.plan(len(batches))
-        if plan.local_steps > 1:
-            raise UsageError(
-                f"{self.rounds.strategy.describe()!r} averages models every {plan.local_steps} "
-                "local steps, which a DDP comm hook cannot do; use tailtrain.integrate."
-                "StragglerStep (or torch's PostLocalSGDOptimizer)"
-            )
+        if plan.local_steps > 1:  # a rule that did not declare it (``averages_models``)
+            raise UsageError(hook_refusal(self.rounds.strategy, plan.local_steps))
         work = RoundProgress(np.empty(0))
         computed: int | None = 0  # samples of the micro-batches computed (None: not known)
         for batch in self.rounds.units(batches, plan, work):

@@ -31,7 +31,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
-from tailtrain.core.update import GradientStats, without
+from tailtrain.core.update import GradientStats, closed_step_stats, without
 from tailtrain.errors import UsageError
 from tailtrain.runtime.control import (
     RankWeighting,
@@ -48,18 +48,14 @@ from tailtrain.strategies.base import (
     Context,
     Selection,
     Strategy,
-    Topology,
-    check_contract,
-    topology_of,
 )
 from tailtrain.strategies.dropcompute import may_start
+from tailtrain.strategies.entries import loop_refusal
 from tailtrain.strategies.registry import parse_strategy
-from tailtrain.topology.allreduce import round_arrivals, round_stats
+from tailtrain.topology.allreduce import round_arrivals
 
 #: column of the first unit time in a gathered row [C_n, T~_n, loss sum, t_n^(1..U)]
 FIRST_UNIT_TIME = 3
-#: strategy options that need the data loader's cooperation, which a wrapper does not have
-LOADER_COMPENSATIONS = ("larger-batch", "resample")
 
 
 @dataclass(frozen=True)
@@ -146,19 +142,12 @@ class Agreement(NamedTuple):
 
 def as_strategy(strategy: str | Strategy, does: frozenset[str] = frozenset()) -> Strategy:
     """A strategy spec (``"dropcompute:threshold=auto"``) or object, checked for a loop whose
-    entry ``does`` these extras (``Strategy.needs``: ``StragglerStep`` deals ``shares``)."""
+    entry ``does`` these extras (``Strategy.needs``: ``StragglerStep`` deals ``shares``), by
+    the contract ``advise --for`` reads too (``strategies.entries``)."""
     rule = parse_strategy(strategy) if isinstance(strategy, str) else strategy
-    if topology_of(rule) is not Topology.ALLREDUCE:
-        raise UsageError(
-            f"strategy {rule.describe()!r} needs the {topology_of(rule)} topology; a training loop "
-            "adopts allreduce strategies: sync, dropcompute, local-sgd, rebalance"
-        )
-    check_contract(rule, Topology.ALLREDUCE, does)
-    if getattr(rule, "compensate", "none") in LOADER_COMPENSATIONS:
-        raise UsageError(
-            f"{rule.describe()!r}: compensate={rule.compensate} changes which micro-batches a "
-            "round gets, which your data loader decides; use compensate=extra-steps or none"
-        )
+    refusal = loop_refusal(rule, does)
+    if refusal is not None:
+        raise UsageError(refusal)
     return rule
 
 
@@ -302,7 +291,7 @@ class Rounds:
         rows, arrivals = agreed.rows, agreed.arrivals
         done = rows[:, 0].astype(np.int64)
         loss = float(rows[:, 2].sum() / done.sum()) if done.sum() > 0 else math.nan
-        stats = round_stats(
+        stats = closed_step_stats(
             self.step,
             plan.k,
             self.now + elapsed,

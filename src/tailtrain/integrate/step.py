@@ -139,13 +139,15 @@ from tailtrain.runtime.elastic.shrink import Census, OnRankLoss, Shrinker
 from tailtrain.runtime.elastic.store import LAUNCHED, REJOIN
 from tailtrain.runtime.reduce import Collectives, PeerFailure
 from tailtrain.strategies.base import Context, Strategy
+from tailtrain.strategies.entries import LOOP
 
 log = logging.getLogger(__name__)
 
 #: DDP's default bucket size
 BUCKET_CAP_MB = 25.0
-#: what a call deals beyond the allreduce protocol (``Strategy.needs``): per-rank shares
-DEALS = frozenset({"shares"})
+#: what a call deals beyond the allreduce protocol (``Strategy.needs``): per-rank shares, as
+#: ``strategies.entries.LOOP`` declares it for ``advise --for loop``
+DEALS = LOOP.does
 #: the bound on a shrinking step's waits where no ``timeout`` is given (``train``'s --timeout)
 SHRINK_TIMEOUT = 300.0
 

@@ -10,10 +10,16 @@ stream and are slept after the allreduce. Without ``--delay`` nothing is injecte
 Time-scheduled patterns (``slowdown``) are evaluated at the round's start on the run's agreed
 wall clock, and at each unit's start with the injected seconds before it, as the simulator
 does with virtual time.
+
+Fault drills (``--inject-fault``, :class:`FaultDrill`) that kill, freeze or raise fire once
+per run: the run folder's drill ledger (:data:`DRILLS`, :func:`note_drill`,
+:func:`fired_drills`) notes each before it fires, and a rank resumed or restarted in that
+folder skips those noted.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import signal
@@ -30,6 +36,9 @@ from tailtrain.delays.schedule import RoundClock
 from tailtrain.faults import FaultPlan
 
 log = logging.getLogger(__name__)
+
+#: the run folder's ledger of fired drills, one JSON line each (module docstring)
+DRILLS = "drills.jsonl"
 
 
 class InjectedFault(RuntimeError):
@@ -62,6 +71,32 @@ def sleep(seconds: float) -> None:
         time.sleep(seconds)
 
 
+# ---- the drill ledger: a drill fires once per run ----------------------------------------------
+def fired_drills(folder: Path | None) -> set[str]:
+    """The drills (``Fault.describe()``) noted in ``folder`` as fired."""
+    if folder is None:
+        return set()
+    try:
+        lines = (Path(folder) / DRILLS).read_text().splitlines()
+    except FileNotFoundError:
+        return set()
+    fired = set()
+    for line in lines:
+        try:
+            fired.add(str(json.loads(line)["fault"]))
+        except (ValueError, KeyError, TypeError):  # a row torn by the kill it announced
+            continue
+    return fired
+
+
+def note_drill(folder: Path, fault: str, step: int) -> None:
+    """Note on disk (flushed, fsync'ed) that ``fault`` fires now, before it fires."""
+    with (Path(folder) / DRILLS).open("a") as fh:
+        fh.write(json.dumps({"fault": fault, "step": step, "at": time.time()}) + "\n")
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
 class FaultDrill:
     """Worker ``worker``'s part of the ``--inject-fault`` drills (``tailtrain.faults``), on
     rank ``rank`` (default: the worker's; a parameter server's rank 0 is no worker, None).
@@ -72,7 +107,7 @@ class FaultDrill:
     parameter-server job, the server's step: ``runtime.rank.drive_rank``), so a drill is met
     by every topology alike: a kill, a freeze or a raise. With a run ``folder`` a kill,
     freeze or raise fires once per run: it is noted there before it fires
-    (``runtime.keep.note_drill``), and a rank resumed or restarted in that folder skips the
+    (:func:`note_drill`), and a rank resumed or restarted in that folder skips the
     drills noted. Numeric drills fire again when their update is played again, as the
     uninterrupted run played it."""
 
@@ -83,8 +118,6 @@ class FaultDrill:
         folder: Path | None = None,
         rank: int | None = None,
     ) -> None:
-        from tailtrain.runtime.keep import fired_drills
-
         self.plan, self.worker, self.folder = plan, worker, folder
         self.rank = worker if rank is None else rank
         self.fired = fired_drills(folder)
@@ -126,8 +159,6 @@ class FaultDrill:
             return False
         self.fired.add(drill)
         if self.folder is not None:
-            from tailtrain.runtime.keep import note_drill
-
             note_drill(self.folder, drill, step)
         return True
 

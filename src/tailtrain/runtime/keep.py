@@ -5,10 +5,11 @@ The run folder is simulate's (``cli.run_folder``, ``core.records``, ``core.check
 comes and flushes it, so a crash loses at most the round in flight), ``summary.json`` at the
 end and ``checkpoint.pt``, written atomically (a temporary file, then a rename) and read with
 ``weights_only=True``. Train adds ``drills.jsonl``: the kill and freeze drills that fired,
-each noted before it fires, so that a drill fires once per run and not again after a restart;
-and ``failures.jsonl``: each failure of the group as the survivors saw it (the round in
-flight, the missing ranks, the round the checkpoint holds, the restart count), so the rounds a
-failure cost, in flight minus checkpointed, can be counted afterwards.
+each noted before it fires, so that a drill fires once per run and not again after a restart
+(``runtime.inject`` keeps that ledger); and ``failures.jsonl``: each failure of the group as
+the survivors saw it (the round in flight, the missing ranks, the round the checkpoint holds,
+the restart count), so the rounds a failure cost, in flight minus checkpointed, can be counted
+afterwards.
 
 **Checkpoints.** A rank keeps a snapshot of its state after every completed round (its
 ``state`` callable: references to the parameters, which an update replaces and never changes
@@ -24,26 +25,14 @@ A rank that starts with a checkpoint in ``--out`` goes on from it: a ``--resume`
 the elastic agent (``--max-restarts``) or by torchrun. Its records are cut back to the rows the
 checkpoint counts (rows of rounds after it are played again) and appended to.
 
-**Stopping.** The launcher stops a failed group with SIGTERM; :func:`stop_on_sigterm` turns it
-into :class:`Stopped`, raised in the main thread, so a rank takes its census and saves before it
-exits (the agent waits 30 s for that before SIGKILL). A rank blocked inside a collective sees it
-when the collective returns, which is at once when a peer died, since its sockets close. Once
-a rank handles a failure it ignores SIGTERM (:func:`hold_sigterm`): the first survivor to end
-its census makes the agent stop the rest, and the writer may still be in its own census or
-writing the checkpoint.
-
-**Ctrl-C.** SIGINT reaches every rank: the launcher's elastic agent forwards the one it gets,
-a terminal sends it to the whole process group, and torchrun forwards SIGINT and SIGTERM
-(under torchrun both mean Ctrl-C here: :func:`interrupt_on_signals`). In a rank it raises
-nothing: it asks for a stop (:func:`interrupt_requested`), which each topology takes at a
-step boundary, all ranks at the same step (the allreduce carries the request in its round's
-allreduce, a parameter server's rank 0 decides and stops its workers, a partial collective's
-ranks leave through the failure census above, which writes the checkpoint). Then the lead
-rank keeps the run (:func:`keep_interrupted`): every finished row is already in
-``steps.jsonl``, the summary is written marked ``"partial": true``, the checkpoint of the last
-completed step is kept for ``--resume``, and a note beside the launcher's
-(:data:`INTERRUPTED_NOTE`) gives the launcher its one line (:func:`interrupted_line`), which
-it raises as :class:`Interrupted`: exit status 130, as ``simulate``'s.
+**Stopping and Ctrl-C** (``runtime.interrupt``). A rank the launcher stops (SIGTERM) takes
+its census and saves before it exits, and ignores SIGTERM once it handles a failure. After
+Ctrl-C, which each topology takes at a step boundary, the lead rank keeps the run
+(:func:`keep_interrupted`): every finished row is already in ``steps.jsonl``, the summary is
+written marked ``"partial": true``, the checkpoint of the last completed step is kept for
+``--resume``, and a note beside the launcher's (:data:`INTERRUPTED_NOTE`) gives the launcher
+its one line (:func:`interrupted_line`), which it raises as
+``runtime.interrupt.Interrupted``: exit status 130, as ``simulate``'s.
 """
 
 from __future__ import annotations
@@ -52,8 +41,6 @@ import json
 import logging
 import math
 import os
-import signal
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -67,11 +54,11 @@ from tailtrain.core.records import RecordSink, RunRecord, write_json
 from tailtrain.core.scenario import World
 from tailtrain.core.session import RunKeeper, run_identity
 from tailtrain.errors import TailtrainError, UsageError
+from tailtrain.runtime.interrupt import Stopped, hold_sigterm, interrupt_requested
 from tailtrain.strategies.base import Strategy
 
 log = logging.getLogger(__name__)
 
-DRILLS = "drills.jsonl"
 #: one line per failure of the group: the round in flight, the missing ranks, the checkpoint
 FAILURES = "failures.jsonl"
 #: seconds the survivors of a failure wait for each other to check in
@@ -82,97 +69,12 @@ RESTART_COUNT = "TORCHELASTIC_RESTART_COUNT"
 INTERRUPTED_NOTE = "interrupted.json"
 
 
-class Stopped(BaseException):
-    """The launcher stopped this rank (SIGTERM): the group is being stopped or restarted."""
-
-
 class MissingRanks(TailtrainError):
     """Peers stopped answering; the message names them and the round in flight."""
 
 
-class Interrupted(TailtrainError):
-    """Ctrl-C ended the run; the message is its one line (empty on ranks that print none)."""
-
-    exit_code = 130
-
-
-class Interrupt(KeyboardInterrupt):
-    """A rank leaves its loop at a step boundary because Ctrl-C asked it to (module docstring)."""
-
-
-_interrupt = threading.Event()
-#: the signals that ask for a stop in this process (:func:`interrupt_on_signals`)
-_interrupting: tuple[signal.Signals, ...] = ()
-
-
-def interrupt_on_signals(torchrun: bool) -> None:
-    """From now on SIGINT (under torchrun also SIGTERM, which torchrun forwards) asks this rank
-    to stop at the next step boundary instead of raising wherever it lands (main thread)."""
-    global _interrupting
-    _interrupt.clear()
-    _interrupting = (signal.SIGINT, signal.SIGTERM) if torchrun else (signal.SIGINT,)
-    for sig in _interrupting:
-        signal.signal(sig, lambda signum, frame: _interrupt.set())
-
-
-def interrupt_requested() -> bool:
-    """Whether Ctrl-C asked this rank to stop (:func:`interrupt_on_signals`)."""
-    return _interrupt.is_set()
-
-
-def check_interrupt(step: int) -> None:
-    """Raise :class:`Interrupt` at the boundary of ``step`` when a stop was asked for."""
-    if _interrupt.is_set():
-        raise Interrupt(f"interrupted at step {step}")
-
-
-def stop_on_sigterm() -> None:
-    """SIGTERM raises :class:`Stopped` in the main thread (module docstring); under torchrun
-    it stays a Ctrl-C (:func:`interrupt_on_signals`)."""
-    if signal.SIGTERM in _interrupting:
-        return
-
-    def stopped(signum: int, frame: Any) -> None:
-        raise Stopped("stopped by the launcher (SIGTERM)")
-
-    signal.signal(signal.SIGTERM, stopped)
-
-
-def hold_sigterm() -> None:
-    """Ignore SIGTERM from now on (main thread only): this rank is handling a failure and
-    must end its census, checkpoint and note before it leaves (module docstring)."""
-    if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
-
-
 def restarts(env: Any = os.environ) -> int:
     return int(env.get(RESTART_COUNT, "0") or 0)
-
-
-# ---- fault drills: once per run ----------------------------------------------------------------
-def fired_drills(folder: Path | None) -> set[str]:
-    """The drills (``Fault.describe()``) noted in ``folder`` as fired."""
-    if folder is None:
-        return set()
-    try:
-        lines = (Path(folder) / DRILLS).read_text().splitlines()
-    except FileNotFoundError:
-        return set()
-    fired = set()
-    for line in lines:
-        try:
-            fired.add(str(json.loads(line)["fault"]))
-        except (ValueError, KeyError, TypeError):  # a row torn by the kill it announced
-            continue
-    return fired
-
-
-def note_drill(folder: Path, fault: str, step: int) -> None:
-    """Note on disk (flushed, fsync'ed) that ``fault`` fires now, before it fires."""
-    with (Path(folder) / DRILLS).open("a") as fh:
-        fh.write(json.dumps({"fault": fault, "step": step, "at": time.time()}) + "\n")
-        fh.flush()
-        os.fsync(fh.fileno())
 
 
 # ---- the record, continued ---------------------------------------------------------------------

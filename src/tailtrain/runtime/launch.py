@@ -31,7 +31,7 @@ failed first. A hung rank makes the others' collectives time out after ``--timeo
 
 Ctrl-C is no failure: the agent forwards the launcher's SIGINT to the ranks and waits for
 them, and they stop at a step boundary and keep what finished (``runtime.keep``); the
-launcher then raises :class:`~tailtrain.runtime.keep.Interrupted` with the lead rank's one
+launcher then raises :class:`~tailtrain.runtime.interrupt.Interrupted` with the lead rank's one
 line (exit status 130). Under torchrun each rank stops on the SIGINT or SIGTERM torchrun
 forwards, and rank 0 raises that line.
 """
@@ -72,12 +72,14 @@ from tailtrain.runtime.elastic.refusals import check_shrink
 from tailtrain.runtime.elastic.store import REJOIN, note_dead
 from tailtrain.runtime.expendable import shielded
 from tailtrain.runtime.inject import FaultDrill
-from tailtrain.runtime.keep import (
+from tailtrain.runtime.interrupt import (
     Interrupt,
     Interrupted,
-    describe,
     interrupt_on_signals,
     interrupt_requested,
+)
+from tailtrain.runtime.keep import (
+    describe,
     interrupted_line,
     read_interrupted,
     read_note,
@@ -153,7 +155,7 @@ def train(
 
 def torchrun_rank(config: TrainConfig) -> RankResult:
     """This process as one rank of a torchrun job. After Ctrl-C (SIGINT or SIGTERM from
-    torchrun, ``runtime.keep``) it raises :class:`Interrupted`, with the one line on rank 0."""
+    torchrun, ``runtime.interrupt``) it raises :class:`Interrupted`, with the one line on rank 0."""
     rank = os.environ["RANK"]
     try:
         result = rank_entry([config], own_launcher=False)[0]
@@ -306,7 +308,7 @@ def rank_entry(
     strategy's topology entry), leave."""
     if own_launcher:  # die at once when our launcher stops the job, even inside a collective
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    interrupt_on_signals(torchrun=not own_launcher)  # Ctrl-C: stop at a step (runtime.keep)
+    interrupt_on_signals(torchrun=not own_launcher)  # Ctrl-C: stop at a step (runtime.interrupt)
     # a forked rank's first full collection would touch, and so copy, the parent's whole heap
     # (hundreds of ms, in the middle of a timed round); the inherited objects are not garbage
     gc.freeze()

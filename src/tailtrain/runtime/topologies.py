@@ -20,7 +20,7 @@ from tailtrain.runtime.config import RankResult, TrainConfig
 from tailtrain.runtime.partial.rounds import train_partial
 from tailtrain.runtime.ps.server import train_parameter_server
 from tailtrain.runtime.reduce import Collectives
-from tailtrain.strategies.base import Strategy, Topology, check_contract, topology_of
+from tailtrain.strategies.base import Strategy, Topology, check_contract
 
 RankEntry = Callable[[TrainConfig, Collectives], RankResult]
 
@@ -79,7 +79,7 @@ def check_topology(strategy: Strategy) -> None:
     """A one-line error when ``train`` cannot run ``strategy``: no runtime topology for it,
     or one that cannot apply its weights (``Strategy.weights``, ``Strategy.defers``) or deal
     its plans (``Strategy.needs``)."""
-    topology = topology_of(strategy)
+    topology = strategy.topology
     if topology not in TOPOLOGY_SPECS:
         have = ", ".join(sorted(TOPOLOGY_SPECS))
         raise UsageError(
@@ -92,4 +92,4 @@ def check_topology(strategy: Strategy) -> None:
 def spec_of(strategy: Strategy) -> TopologySpec:
     """The spec of the topology ``strategy`` runs on, once :func:`check_topology` passed."""
     check_topology(strategy)
-    return TOPOLOGY_SPECS[topology_of(strategy)]
+    return TOPOLOGY_SPECS[strategy.topology]

@@ -452,6 +452,13 @@ class Strategy(ABC):
         return "it adapts its state to the world it measured"
 
     @property
+    def averages_models(self) -> bool:
+        """Whether its rounds take local steps and then average the models (Local-SGD)
+        instead of reducing gradients every step: a DDP comm hook, which reduces gradients,
+        cannot run it (``strategies.entries``)."""
+        return False
+
+    @property
     def keeps_state(self) -> bool:
         """Whether the rule never changes its state: it keeps ``adapt`` as it is here. The
         next step's plan then owes nothing to this step's statistics, so an engine may gather
@@ -535,14 +542,6 @@ def check_contract(
     refusal = contract_refusal(strategy, topology) or engine_refusal(strategy, does)
     if refusal is not None:
         raise UsageError(refusal)
-
-
-def topology_of(strategy: Strategy) -> Topology:
-    """The topology ``strategy`` runs on, for every entry (``simulate``, ``train``,
-    ``train_own_model``, a user's loop in ``integrate``): the one it declares (plain ``sync``
-    is an allreduce rule, ``sync:mode=M`` a parameter-server one). A pure decision: it
-    imports no runtime entry."""
-    return strategy.topology
 
 
 def equal_weights(arrivals: ArrivalColumns) -> Selection:

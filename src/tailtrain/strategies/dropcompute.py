@@ -108,6 +108,12 @@ class DropCompute(Strategy):
     #: C_n / (H M): a rank's weight is its own share of the units (Eq. 1)
     weights: ClassVar[WeightContract] = WeightContract.OWN_COUNTS
 
+    @property
+    def averages_models(self) -> bool:
+        """Local-SGD averages the models after its local steps, at any ``period`` (H = 1
+        too: an average of models, not of gradients, under a stateful optimizer)."""
+        return self.name == "local-sgd" or self.period > 1
+
     # ---- the rule ---------------------------------------------------------------------------
     def init(self, ctx: Context) -> DropComputeState:
         tau = math.inf if self.threshold is None else self.threshold

@@ -2,9 +2,9 @@
 (``runtime.allreduce``, ``integrate``): a round's arrivals, how a
 plan becomes an allreduce round, what a worker's units leave it (:class:`Stops`) and its
 gradient G_n = H A_n / C_n, the round data every rank keeps (:class:`RoundData`), and a
-round's ``StepStats`` (``round_stats``), record row and the run's summary. Only the clocks
-differ between the two engines: ``sim.allreduce.timing`` stops units on a virtual one,
-``runtime.units`` on the wall clock.
+round's record row and the run's summary (its ``StepStats``: ``core.update.closed_step_stats``).
+Only the clocks differ between the two engines: ``sim.allreduce.timing`` stops units on a
+virtual one, ``runtime.units`` on the wall clock.
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ import numpy as np
 import torch
 
 from tailtrain.core.records import RunRecord
-from tailtrain.core.update import GradientStats, closed_step_stats
 from tailtrain.errors import TailtrainError
 from tailtrain.strategies.base import AllreducePlan, ArrivalColumns, Plan, StepStats
 from tailtrain.tasks.stream import CarryOver, Draws, deal
@@ -173,25 +172,6 @@ class RoundData:
         """Put every dropped micro-batch back at the end of its worker's queue (Sec. 4.5)."""
         for worker in np.flatnonzero(done < batches.shape[1]):
             self.queues[worker].extend(batches[worker, done[worker] :])
-
-
-def round_stats(
-    step: int,
-    k: int,
-    time: float,
-    arrivals: ArrivalColumns,
-    used: np.ndarray,
-    scalars: GradientStats,
-    lr: float,
-    micro_batch_times: np.ndarray | None,
-    comm_time: float,
-) -> StepStats:
-    """A closed round's ``StepStats`` (the simulator's, ``train``'s and ``integrate``'s): the
-    arrivals, the keys used, the scalars, each rank's micro-batch times and T^c, which
-    DropCompute's Algorithm 2 reads."""
-    return closed_step_stats(
-        step, k, time, arrivals, used, scalars, lr, micro_batch_times, comm_time
-    )
 
 
 def step_row(

@@ -1,8 +1,8 @@
 """The partial-collective topology's ledger, shared by the simulator (``sim.partial``) and the
 runtime (``runtime.partial.collective``, ``runtime.partial.rounds``, ``runtime.microbench``):
 the protocol's facts (how many hops an activation takes, which rank counts a quorum round), a
-round's ``StepStats`` and record row (``round_stats``, ``round_row``), the run summary of its
-rounds, and what a collective microbenchmark reports.
+round's record row (``round_row``; its ``StepStats`` are ``core.update.closed_step_stats``'),
+the run summary of its rounds, and what a collective microbenchmark reports.
 """
 
 from __future__ import annotations
@@ -13,8 +13,7 @@ from typing import Any
 import numpy as np
 
 from tailtrain.core.records import RunRecord
-from tailtrain.core.update import GradientStats, closed_step_stats
-from tailtrain.strategies.base import ArrivalColumns, StepStats
+from tailtrain.strategies.base import StepStats
 from tailtrain.strategies.eager import Collective, RoundPlan
 
 
@@ -54,20 +53,6 @@ SIMULATED_ONLY = ("models",)
 #: (``active``) and the seconds the activation took to reach them (``reach``), both measured;
 #: the simulator's rows stay as they are, byte for byte (tests/golden)
 MEASURED_ONLY = ("initiators", "active", "reach")
-
-
-def round_stats(
-    step: int,
-    k: int,
-    time: float,
-    arrivals: ArrivalColumns,
-    used: np.ndarray,
-    scalars: GradientStats,
-    lr: float,
-) -> StepStats:
-    """A closed round's ``StepStats``: its arrivals (fresh, late and parked), the keys summed,
-    and the scalars over the fresh gradients."""
-    return closed_step_stats(step, k, time, arrivals, used, scalars, lr)
 
 
 def round_row(

@@ -1,6 +1,6 @@
 """The parameter-server topology's ledger, shared by the simulator (``sim.ps``) and the runtime
 (``runtime.ps``): who computes which model version, as one pure transition function, and a
-step's ``StepStats`` and record row (``step_stats``, ``step_row``).
+step's record row (``step_row``; its ``StepStats`` are ``core.update.closed_step_stats``').
 
 The server keeps, per worker, the version of the job it computes (or none), and a FIFO queue
 of tokens; it alone starts jobs. ``transition(schedule, event) -> (schedule, starts)`` says
@@ -54,7 +54,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from tailtrain.core.update import GradientStats, closed_step_stats, isin, same_keys
+from tailtrain.core.update import isin, same_keys
 from tailtrain.errors import TailtrainError
 from tailtrain.strategies.base import ArrivalColumns, StepStats, SyncMode, uses_tokens
 
@@ -315,20 +315,6 @@ MEASURED_ONLY = (
 )
 #: columns only the simulator writes: none
 SIMULATED_ONLY: tuple[str, ...] = ()
-
-
-def step_stats(
-    step: int,
-    k: int,
-    time: float,
-    arrivals: ArrivalColumns,
-    used: np.ndarray,
-    scalars: GradientStats,
-    lr: float,
-) -> StepStats:
-    """A closed step's ``StepStats``: every arrival (late and stale ones too, for DBW's
-    estimator), the keys used, and the scalars over the fresh gradients."""
-    return closed_step_stats(step, k, time, arrivals, used, scalars, lr)
 
 
 def step_row(stats: StepStats, k: int, candidates: ArrivalColumns) -> dict[str, Any]:

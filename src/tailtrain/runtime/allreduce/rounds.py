@@ -85,7 +85,13 @@ from tailtrain.core.evaluation import Evaluator
 from tailtrain.core.records import RunRecord
 from tailtrain.core.scenario import World, budget_spent
 from tailtrain.core.session import RunKeeper, check_entry
-from tailtrain.core.update import GradientStats, WeightedUpdate, key_workers, screen_own
+from tailtrain.core.update import (
+    GradientStats,
+    WeightedUpdate,
+    closed_step_stats,
+    key_workers,
+    screen_own,
+)
 from tailtrain.errors import TailtrainError
 from tailtrain.runtime.allreduce.demand import Dealer, compute_on_demand
 from tailtrain.runtime.allreduce.handover import (
@@ -108,14 +114,13 @@ from tailtrain.runtime.elastic.handover import follow_live
 from tailtrain.runtime.elastic.shrink import OnRankLoss, Refused, Shrinker
 from tailtrain.runtime.grads import ModuleGrads
 from tailtrain.runtime.inject import Injector, sleep
-from tailtrain.runtime.keep import (
-    Keeper,
+from tailtrain.runtime.interrupt import (
     Stopped,
     hold_sigterm,
     interrupt_requested,
-    reopen_records,
     stop_on_sigterm,
 )
+from tailtrain.runtime.keep import Keeper, reopen_records
 from tailtrain.runtime.rank import Updates, drive_rank
 from tailtrain.runtime.reduce import Collectives, PeerFailure, SumBuffer, WeightedSum
 from tailtrain.runtime.telemetry import (
@@ -138,7 +143,6 @@ from tailtrain.topology.allreduce import (
     RoundData,
     own_arrival,
     round_arrivals,
-    round_stats,
     summarise,
 )
 
@@ -274,7 +278,7 @@ def train_allreduce(config: TrainConfig, comm: Collectives) -> RankResult:
 
     When the group fails (a peer died or hung, or the launcher stops it), this rank takes
     part in the survivors' census and checkpoint (``runtime.keep.Keeper.failed``). Ctrl-C
-    reaches the ranks as a request (``runtime.keep``) that a rank adds to its next round's
+    reaches the ranks as a request (``runtime.interrupt``) that a rank adds to its next round's
     allreduce; after that round every rank stops, rank 0 keeps the run (partial) and the
     checkpoint of that round (``Keeper.interrupted``).
     """
@@ -748,7 +752,7 @@ def account(run: _Rank, done: Unsettled) -> RankWeighting:
     used = screened_out(weighting.used, arrivals, ex.screened[:, 0] > 0)
     lr = run.world.lr * plan.lr_scale
     times = ex.rows[:, TIMES:]
-    done.stats = round_stats(
+    done.stats = closed_step_stats(
         step, plan.k, ex.time, arrivals, used, scalars, lr, times, ex.comm_time
     )
     rule.adapt(done.stats)

@@ -66,7 +66,7 @@ here: the others go on without it (it is late). With ``--on-rank-loss shrink`` t
 go on in place instead (``runtime.partial.regroup``): a new generation of the live ranks from
 the lead's agreed model, no restart, no checkpoint read.
 
-**Ctrl-C** (``runtime.keep``) reaches every rank as a request that its main thread takes
+**Ctrl-C** (``runtime.interrupt``) reaches every rank as a request that its main thread takes
 before its next gradient: it leaves as from a failure (the census writes the checkpoint of the
 last round every reducer completed), and rank 0 then keeps the record with its summary marked
 partial (``Keeper.interrupted``).
@@ -91,7 +91,7 @@ from tailtrain.core.evaluation import Evaluator
 from tailtrain.core.records import RunRecord
 from tailtrain.core.scenario import World
 from tailtrain.core.session import RunKeeper, check_entry
-from tailtrain.core.update import GradientStats, WeightedUpdate, screen_own
+from tailtrain.core.update import GradientStats, WeightedUpdate, closed_step_stats, screen_own
 from tailtrain.delays.schedule import COLLECTIVE_COMM_KEY, CommStream
 from tailtrain.errors import TailtrainError
 from tailtrain.runtime.config import RankResult, TrainConfig, build_world
@@ -99,15 +99,14 @@ from tailtrain.runtime.control import RuleDriver
 from tailtrain.runtime.elastic.group import Broken
 from tailtrain.runtime.elastic.handover import follow_live
 from tailtrain.runtime.elastic.shrink import OnRankLoss, Refused, Shrinker
-from tailtrain.runtime.keep import (
-    Keeper,
+from tailtrain.runtime.interrupt import (
     Stopped,
     check_interrupt,
     hold_sigterm,
     interrupt_requested,
-    reopen_records,
     stop_on_sigterm,
 )
+from tailtrain.runtime.keep import Keeper, reopen_records
 from tailtrain.runtime.partial.collective import (
     KEPT_ROUNDS,
     CollectiveFailed,
@@ -290,7 +289,7 @@ class Rule:
         lr = self.world.lr * result.plan.lr_scale
         closed = self.origin + result.closed
         k = result.plan.k
-        return partial.round_stats(self.base + r, k, closed, arrivals, used, scalars, lr)
+        return closed_step_stats(self.base + r, k, closed, arrivals, used, scalars, lr)
 
     # ---- the agreed model and the snapshots (module docstring) ----------------------------
     def keep(self, r: int, step: tuple[torch.Tensor, float, float], average: bool) -> None:

@@ -49,7 +49,7 @@ from tailtrain.runtime.launch import (
 )
 from tailtrain.runtime.ps.server import train_parameter_server
 from tailtrain.runtime.reduce import Collectives
-from tailtrain.strategies.base import Strategy, Topology, topology_of
+from tailtrain.strategies.base import Strategy, Topology
 from tailtrain.tasks.task import TRAIN_EVAL_SIZE
 
 
@@ -144,10 +144,10 @@ def train_own_model(
     there): the server's result, or under torchrun this rank's, holding the server's record
     (``runtime.launch.lead_records``)."""
     out = None if out is None else Path(out)
-    if topology_of(strategy) is not Topology.PARAMETER_SERVER:
+    if strategy.topology is not Topology.PARAMETER_SERVER:
         raise UsageError(
-            f"strategy {strategy.describe()!r} runs on the {topology_of(strategy)} topology, not "
-            f"on a parameter server; try dbw, or k-sync:k={workers} for synchronous steps"
+            f"strategy {strategy.describe()!r} runs on the {strategy.topology} topology, not on a "
+            f"parameter server; try dbw, or k-sync:k={workers} for synchronous steps"
         )
     if iterations is None and time_budget is None:
         iterations = 100

@@ -112,11 +112,18 @@ from tailtrain.core.evaluation import Evaluator
 from tailtrain.core.records import prepare_folder
 from tailtrain.core.scenario import World
 from tailtrain.core.session import RunKeeper, check_entry, screened
-from tailtrain.core.update import WeightedUpdate, gradient_stats, isin, rows_weighed
+from tailtrain.core.update import (
+    WeightedUpdate,
+    closed_step_stats,
+    gradient_stats,
+    isin,
+    rows_weighed,
+)
 from tailtrain.errors import TailtrainError
 from tailtrain.runtime.config import RankResult, TrainConfig, build_world
 from tailtrain.runtime.control import RuleDriver
-from tailtrain.runtime.keep import Keeper, interrupt_requested
+from tailtrain.runtime.interrupt import interrupt_requested
+from tailtrain.runtime.keep import Keeper
 from tailtrain.runtime.ps import keep as ps_keep
 from tailtrain.runtime.ps import lgc
 from tailtrain.runtime.ps.arrivals import Arrival, columns
@@ -380,7 +387,7 @@ class Server:
         scalars = gradient_stats(losses, whole, finite)
         every = cands if len(arrivals) == len(fresh) else columns(arrivals)
         lr = self.world.lr * plan.lr_scale
-        stats = ps.step_stats(self.step, plan.k, self.now, every, used, scalars, lr)
+        stats = closed_step_stats(self.step, plan.k, self.now, every, used, scalars, lr)
         state_before = self.rule.state
         self.rule.adapt(stats)
         row = self.row(plan, cands, keys, selection, stats, len(dropped))

@@ -34,7 +34,7 @@ import numpy as np
 from tailtrain.core import checkpoint
 from tailtrain.core.records import RunRecord
 from tailtrain.core.scenario import World
-from tailtrain.core.update import GradientStats, WeightedUpdate
+from tailtrain.core.update import GradientStats, WeightedUpdate, closed_step_stats
 from tailtrain.delays.comm import parse_comm_time
 from tailtrain.delays.schedule import RoundClock
 from tailtrain.errors import TailtrainError
@@ -42,7 +42,7 @@ from tailtrain.sim.allreduce.learner import RoundLearner
 from tailtrain.sim.allreduce.timing import demand_rule, measured, share_rule, stop_rule
 from tailtrain.sim.driver import Played, Scorer
 from tailtrain.strategies.base import AllreducePlan, ArrivalColumns, Selection, StepStats
-from tailtrain.topology.allreduce import Stops, round_arrivals, round_stats, step_row, summarise
+from tailtrain.topology.allreduce import Stops, round_arrivals, step_row, summarise
 
 
 class AllreduceEngine:
@@ -120,7 +120,7 @@ class AllreduceEngine:
             update = self.learner.update
             scalars = work.stats(update.finite, update.sq_sum, update.moments)
         self._closes = self.now + float(stops.compute.max()) + comm
-        return round_stats(
+        return closed_step_stats(
             self.step,
             plan.k,
             self._closes,

@@ -31,7 +31,7 @@ import torch
 from tailtrain.core import checkpoint
 from tailtrain.core.records import RunRecord
 from tailtrain.core.scenario import World
-from tailtrain.core.update import GradientStats, WeightedUpdate, gradient_stats
+from tailtrain.core.update import GradientStats, WeightedUpdate, closed_step_stats, gradient_stats
 from tailtrain.delays.schedule import COLLECTIVE_COMM_KEY, CommStream
 from tailtrain.network import parse_network
 from tailtrain.sim.driver import Played, Scorer
@@ -149,7 +149,7 @@ class PartialCollectiveEngine:
         arrivals = _arrivals(calls)
         self._closes = float(done.timing.complete)
         closes = self._closes
-        return partial.round_stats(
+        return closed_step_stats(
             self.step, plan.k, closes, arrivals, arrivals.keys[used], scalars, self.last_scale
         )
 

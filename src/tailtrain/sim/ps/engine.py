@@ -15,7 +15,7 @@ import numpy as np
 from tailtrain.core import checkpoint
 from tailtrain.core.records import RunRecord
 from tailtrain.core.scenario import World
-from tailtrain.core.update import GradientStats, WeightedUpdate
+from tailtrain.core.update import GradientStats, WeightedUpdate, closed_step_stats
 from tailtrain.sim.driver import Played, Scorer
 from tailtrain.sim.ps.timeline import IDLE, ServerTimeline, StepArrivals
 from tailtrain.sim.ps.trainer import Trainer
@@ -99,7 +99,8 @@ class ServerEngine:
             late = candidates.take(np.flatnonzero(candidates.partial))
             arrivals = ArrivalColumns.concat([got.arrivals, late])
         lr = self.world.lr * plan.lr_scale
-        return ps.step_stats(self.step, plan.k, got.close, arrivals, selection.used(), scalars, lr)
+        used = selection.used()
+        return closed_step_stats(self.step, plan.k, got.close, arrivals, used, scalars, lr)
 
     def row(
         self, plan: ServerPlan, selection: Selection, played: Played, stats: StepStats
