@@ -1,0 +1,312 @@
+"""A straggler probe for an unmodified PyTorch loop: who is slow, measured on every rank.
+
+Two lines in a DDP job (DDP keeps its own allreduce, its overlap and any comm hook; the probe
+adds two gradient hooks and a forward pre-hook)::
+
+    probe = StragglerProbe("runs/probe").watch(ddp)            # after DDP(...)
+    for x, y in probe.batches(loader):                         # was: for x, y in loader:
+        ...                                                    # the loop, unchanged
+
+and in any other loop ``with probe.step(samples=n):`` around each step and ``with
+probe.sync():`` around the collective where ranks wait for each other, ending with
+``probe.close()`` on every rank (or ``with StragglerProbe(...) as probe:``). Per rank and
+step it measures data (the loader's ``next``), wait (gradients ready to reduction done: a
+fast rank waits there for the slow one), compute (the rest) and the samples computed; rank 0
+names the slow ranks (persistent / intermittent / healthy) and writes ``trace.csv``, the
+trace ``tailtrain advise`` reads.
+
+Protocol (the ranks; autograd's thread, where the hooks run; rank 0's reporting thread):
+
+* the hooks and ``sync()`` only read the clock (``clocks``); a ``sync()`` inside another is
+  part of it, and the DDP hooks mark nothing inside one (a remedy's round runs there);
+* at a step count every rank computes alike from the window last taken (``window_steps``),
+  or every ``every`` steps, each rank issues one asynchronous all-gather of its window
+  between steps and takes it at the next step's close; no other collective (``window``);
+* rank 0 reports each window taken between steps on one thread of its own, in order
+  (``report``); ``flush`` (the loader's end, ``close``) gathers the rest, waits for the
+  reports and raises the first report's error, which changes nothing else (every window is
+  still reported and the ranks keep gathering in step); leaving the ``with`` on an exception
+  gathers nothing (the other ranks may never reach the gather);
+* the probe changes no tensor and holds no model: ``watching`` finds it by a weak table.
+
+The class stands on three layers, each a module: the marks (``clocks``), the gather and its
+cadence (``window.Gathering``) and rank 0's report (``report.Reporting``: the verdicts,
+``trace.csv``, ``verdicts.jsonl``, TensorBoard), mixed into one object, whose attributes
+(``history``, ``last``, ``next_gather``, ...) and steps (``_close_step``, ``_report``, ...)
+tests and ``bench/bench_detect.py`` read and wrap.
+
+docs/probe.md tells the whole story: where each mark sits and why, what each remedy's round
+shows, the cadence and its cost, the trace's columns and the runs a folder keeps.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import weakref
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from tailtrain.integrate.probe.clocks import CudaClock, DdpWatch, HostClock, StepMarks
+from tailtrain.integrate.probe.report import (
+    TRACE_COLUMNS,
+    ProbeReport,
+    Reporting,
+    prepare_trace,
+    trace_header,
+)
+from tailtrain.integrate.probe.window import (
+    INTERVAL,
+    LIVE_MIN_STEPS,
+    MAX_WINDOW,
+    SAMPLES,
+    SECTIONS,
+    Gathering,
+    window_steps,
+)
+
+__all__ = [
+    "INTERVAL",
+    "LIVE_MIN_STEPS",
+    "MAX_WINDOW",
+    "SAMPLES",
+    "SECTIONS",
+    "TRACE_COLUMNS",
+    "ProbeReport",
+    "StragglerProbe",
+    "batch_samples",
+    "prepare_trace",
+    "trace_header",
+    "watching",
+    "window_steps",
+]
+
+
+class StragglerProbe(Gathering, Reporting):
+    """Measure every rank's steps and name the slow ranks ([how][inside-the-probe]).
+
+    ``out``: the folder of ``trace.csv`` and ``verdicts.jsonl`` (rank 0 writes, appending a run
+    of its own to an earlier one's: [a folder keeps its runs][a-folder-keeps-its-runs]; None:
+    write nothing); ``interval``: about the seconds between all-gathers and reports;
+    ``every``: steps per all-gather and report instead (None: by ``interval``); ``horizon``:
+    the steps a verdict looks back on; ``warmup``: first steps left out of verdicts (DDP's
+    first step rebuilds its buckets); ``group``: the process group (None: the default, or the
+    watched model's); ``device``: CUDA to time with CUDA events (``watch`` picks it for a CUDA
+    model; NCCL then gathers the window there); ``tensorboard``: a folder for the scores (rank
+    0); ``on_report``: called on rank 0 with each ``ProbeReport``, in order (on the probe's
+    reporting thread, but for the first window's and ``flush``'s); an error it raises is
+    logged, and the first one is raised again by ``flush`` / ``close``.
+
+    The last window is gathered by ``flush``: ``batches`` calls it at the loader's end; a loop
+    of ``step()`` / ``sync()`` ends with ``close()`` (every rank), or uses the probe as a
+    context manager (``with StragglerProbe(...) as probe:``), which closes it on leaving;
+    without either, the steps after the last gather are never reported.
+    """
+
+    def __init__(
+        self,
+        out: str | Path | None = None,
+        *,
+        interval: float = INTERVAL,
+        every: int | None = None,
+        horizon: int = 200,
+        warmup: int = 2,
+        group: dist.ProcessGroup | None = None,
+        device: torch.device | str | None = None,
+        tensorboard: str | Path | None = None,
+        on_report: Callable[[ProbeReport], None] | None = None,
+    ) -> None:
+        if not interval > 0 or (every is not None and every < 1) or horizon < 1 or warmup < 0:
+            raise ValueError(
+                "StragglerProbe needs interval > 0, every >= 1 (or None), horizon >= 1 and "
+                "warmup >= 0"
+            )
+        self.out = None if out is None else Path(out)
+        self.interval, self.every = interval, every
+        self.horizon, self.warmup = horizon, warmup
+        self.group = group
+        self.device = torch.device(device or "cpu")
+        self.clock: HostClock | CudaClock = (
+            CudaClock() if self.device.type == "cuda" else HostClock()
+        )
+        self.on_report = on_report
+        self.rank = dist.get_rank(group) if dist.is_initialized() else 0
+        self.world = dist.get_world_size(group) if dist.is_initialized() else 1
+        self.started = time.perf_counter()
+        self.steps = 0  # steps closed so far
+        self.current: StepMarks | None = None  # the step open, marked so far
+        self._syncing = 0  # depth of ``sync()`` sections: the outermost marks
+        self._init_gathering(every, warmup)
+        self._init_reporting(self.world, tensorboard)
+
+    # ---- the two lines ---------------------------------------------------------------------
+    def watch(self, model: Any) -> StragglerProbe:
+        """Time ``model``'s steps: a ``DistributedDataParallel`` model with gradient hooks,
+        leaving its reduction as it is (its built-in allreduce or the comm hook you
+        registered; a [`StragglerHookState`][tailtrain.StragglerHookState] finds the probe and
+        times its round's collectives as the wait); a
+        [`StragglerStep`][tailtrain.StragglerStep] by its own collectives
+        ([under a remedy][under-a-remedy])."""
+        from tailtrain.integrate.step import StragglerStep  # step.py imports this module
+
+        if isinstance(model, StragglerStep):
+            _WATCHED[model] = self
+            return self
+        if not isinstance(model, torch.nn.parallel.DistributedDataParallel):
+            raise TypeError(
+                f"StragglerProbe.watch needs a DistributedDataParallel model or a "
+                f"StragglerStep, got {type(model).__name__}; for another loop use probe.step() "
+                "and probe.sync()"
+            )
+        if model.device_type == "cuda" and self.device.type != "cuda":
+            self.device = torch.device("cuda", torch.cuda.current_device())
+            self.clock = CudaClock()
+        self._ddp_watch = DdpWatch(self, model)
+        _WATCHED[model] = self
+        return self
+
+    def batches(self, iterable: Iterable[Any]) -> Iterator[Any]:
+        """Yield ``iterable``'s items, one step each, timing the loader's ``next``; at its end
+        the last window is gathered (every rank's loader must end at the same step)."""
+        iterator = iter(iterable)
+        while True:
+            self._close_step()
+            began = time.perf_counter()
+            try:
+                item = next(iterator)
+            except StopIteration:
+                self.flush()
+                return
+            loaded = time.perf_counter() - began
+            self.current = StepMarks(loaded, self.clock.mark(), _or_nan(batch_samples(item)))
+            yield item
+
+    @contextmanager
+    def step(self, samples: int | None = None) -> Iterator[None]:
+        """One step, for a loop without a loader to wrap (data loading is not seen);
+        ``samples``: how many this rank computes in it (None: not known)."""
+        self._close_step()
+        self.current = StepMarks(0.0, self.clock.mark(), _or_nan(samples))
+        yield
+        self._close_step()
+
+    @contextmanager
+    def sync(self) -> Iterator[None]:
+        """The section where this rank waits for the others (its gradients are ready). A
+        section inside another is part of it (a ``StragglerStep`` the probe watches opens its
+        own inside yours); the DDP gradient hooks mark nothing inside one."""
+        outer = self._syncing == 0
+        if outer:
+            self._mark_ready()
+        self._syncing += 1
+        try:
+            yield
+        finally:
+            self._syncing -= 1
+        if outer:
+            self._mark_synced()
+
+    def note_samples(self, samples: int | None) -> None:
+        """The samples this rank computed in the current step, in place of the loader's
+        batch size (a ``StragglerHookState`` or ``StragglerStep`` the probe watches says how
+        many of its micro-batches it computed; None: leave the count as it is)."""
+        if self.current is not None and samples is not None:
+            self.current.samples = float(samples)
+
+    def flush(self) -> None:
+        """Gather the window so far and take it (a collective: every rank calls it at the same
+        step); ``batches`` calls it at the loader's end, so the trace and ``last`` are whole.
+        Raises the first error of a report since the last flush, once all that is done."""
+        self._flush()
+        self._raise()
+
+    def close(self) -> None:
+        """Flush and close TensorBoard (every rank), then raise the first error of a report."""
+        try:
+            self._flush()
+        finally:
+            self._close_board()
+        self._raise()
+
+    def __enter__(self) -> StragglerProbe:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, *_: Any) -> None:
+        """Close the probe; leaving on an exception, gather nothing (the other ranks may not
+        reach the gather, so it could hang) and let that exception through."""
+        if kind is None:
+            self.close()
+            return
+        try:
+            self._drain()
+        finally:
+            self._close_board()
+
+    def _flush(self) -> None:
+        self._close_step()
+        if self.flight is not None:
+            self._take()
+        if self.pending:
+            self._gather(wait=True)
+        self._drain()
+
+    def _raise(self) -> None:
+        """Raise the first failed report's error, once (its traceback is the report's)."""
+        error, self.error = self.error, None
+        if error is not None:
+            raise error
+
+    # ---- marks -----------------------------------------------------------------------------
+    def _mark_ready(self) -> None:
+        if self.current is not None:
+            self.current.ready = self.clock.mark()
+
+    def _mark_synced(self) -> None:
+        if self.current is not None:
+            self.current.synced = self.clock.mark()
+
+    def _close_step(self) -> None:
+        if self.current is None:
+            return
+        self.current.end = self.clock.mark()
+        self.pending.append(self.current)
+        self.current = None
+        self.steps += 1
+        if self.flight is not None:  # issued at an earlier step's close: done by now
+            self._take()
+        if self.steps >= self.next_gather:
+            self._gather()
+
+
+#: the probe watching a DDP model or a ``StragglerStep``, for the hook state and the step to
+#: find (weak keys: the probe keeps no model alive, and a model dropped frees its entry)
+_WATCHED: weakref.WeakKeyDictionary[Any, StragglerProbe] = weakref.WeakKeyDictionary()
+
+
+def watching(model: Any) -> StragglerProbe | None:
+    """The probe that watches ``model`` (a DDP model or a ``StragglerStep``), or None: a
+    ``StragglerHookState`` and a ``StragglerStep`` open its ``sync()`` around their round's
+    collectives and tell it the samples they computed (docs/probe.md, "Under a remedy")."""
+    return _WATCHED.get(model)
+
+
+def batch_samples(batch: Any) -> int | None:
+    """The samples in a batch: the first dimension of the batch if it is a tensor, else of the
+    first tensor among a tuple's, a list's or a dict's items (one level: a list of
+    micro-batches is no batch of samples); None when there is none (or it is a scalar)."""
+    if isinstance(batch, dict):
+        batch = list(batch.values())
+    if isinstance(batch, (tuple, list)):
+        batch = next((item for item in batch if isinstance(item, torch.Tensor)), None)
+    if isinstance(batch, torch.Tensor) and batch.dim() > 0:
+        return int(batch.shape[0])
+    return None
+
+
+def _or_nan(samples: int | None) -> float:
+    return math.nan if samples is None else float(samples)
