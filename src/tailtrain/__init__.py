@@ -88,7 +88,7 @@ _INTERNAL: dict[str, tuple[str, str]] = {
     "TrainConfig": ("tailtrain.runtime.config", "TrainConfig"),
     "train": ("tailtrain.runtime.launching.launch", "train"),
     "train_own_model": ("tailtrain.runtime.launching.own_model", "train_own_model"),
-    "in_torchrun": ("tailtrain.runtime.launching.launch", "in_torchrun"),
+    "in_torchrun": ("tailtrain.runtime.launching.checks", "in_torchrun"),
     "prepare_folder": ("tailtrain.core.records", "prepare_folder"),
     "held_run": ("tailtrain.core.records", "held_run"),
     "clear_run": ("tailtrain.core.records", "clear_run"),
