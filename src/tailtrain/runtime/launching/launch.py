@@ -15,8 +15,9 @@ and its own checks with the job's worker count (``Strategy.init``), the scenario
 delays (by building them once), the number of local ranks (at most ``MAX_LOCAL_WORKERS`` and
 ``WORKERS_PER_CORE`` per CPU core: each rank is a whole Python process with its own copy of
 the data), the backend, CUDA for nccl, and that the rendezvous address is this machine's and
-its port is free. Those errors are one-line ``UsageError``\\ s; under torchrun every rank
-finds them, rank 0 says it and the others exit with status 2 without a word.
+its port is free (``launching.checks``, ``launching.endpoint``). Those errors are one-line
+``UsageError``\\ s; under torchrun every rank finds them, rank 0 says it and the others
+exit with status 2 without a word.
 
 A parameter server's workers are the exception to what follows: in a local launch each runs
 shielded (``runtime.expendable``), so its death is logged and the server goes on without it
