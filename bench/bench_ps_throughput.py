@@ -34,7 +34,8 @@ import torch.distributed as dist
 from tailtrain.core.records import RunRecord
 from tailtrain.core.scenario import Scenario, World
 from tailtrain.runtime.config import RankResult, TrainConfig
-from tailtrain.runtime.launch import Endpoint, launch, reserve
+from tailtrain.runtime.launching.endpoint import Endpoint, reserve
+from tailtrain.runtime.launching.launch import launch
 from tailtrain.runtime.ps.server import train_parameter_server
 from tailtrain.runtime.ps.wire import DOWN, HEADER, UP
 from tailtrain.runtime.reduce import Collectives

@@ -80,7 +80,8 @@ from tailtrain.core.scenario import Scenario
 from tailtrain.runtime.allreduce.rounds import train_allreduce
 from tailtrain.runtime.config import TrainConfig, build_world
 from tailtrain.runtime.inject import Injector
-from tailtrain.runtime.launch import Endpoint, launch, reserve
+from tailtrain.runtime.launching.endpoint import Endpoint, reserve
+from tailtrain.runtime.launching.launch import launch
 from tailtrain.runtime.reduce import Collectives
 from tailtrain.sim.run import simulate
 from tailtrain.strategies.registry import parse_strategy

@@ -44,7 +44,8 @@ import torch
 
 from tailtrain.core.scenario import Scenario
 from tailtrain.runtime.config import TrainConfig
-from tailtrain.runtime.launch import Endpoint, launch, reserve
+from tailtrain.runtime.launching.endpoint import Endpoint, reserve
+from tailtrain.runtime.launching.launch import launch
 
 DELAY = "const:value=0.02+dropcompute-noise:scale=0.02"
 CALIBRATE = 10

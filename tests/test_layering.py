@@ -181,7 +181,7 @@ ELASTIC_USERS = {
     "runtime/partial/regroup.py": "handover",
     "runtime/partial/rounds.py": "handover",
     "integrate/step.py": "handover",
-    "runtime/launch.py": "refusals",
+    "runtime/launching/checks.py": "refusals",
 }
 
 
@@ -195,6 +195,29 @@ def test_the_shrink_hosts_stand_on_the_elastic_layer():
     below = (*(f"tailtrain.runtime.{w}" for w in WINGS), "tailtrain.integrate")
     for path in modules_under("runtime/elastic"):
         assert reaches(path, below) == [], f"{module_name(path)} reaches up"
+
+
+#: the runtime's top floor (issue 35 item 5): ``launching`` starts the ranks of every topology
+#: and ``drills`` are ``tailtrain bench``'s tools over it; nothing under them reaches up
+TOP = ("tailtrain.runtime.launching", "tailtrain.runtime.drills")
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        p
+        for p in modules_under("runtime", "integrate")
+        if not module_name(p).startswith(TOP) and module_name(p) != "tailtrain.runtime"
+    ],
+    ids=lambda p: module_name(p),
+)
+def test_nothing_below_the_launcher_imports_it(path):
+    assert reaches(path, TOP) == [], f"{module_name(path)} reaches up into the launcher"
+
+
+def test_the_launcher_imports_no_drill():
+    for path in modules_under("runtime/launching"):
+        assert reaches(path, ("tailtrain.runtime.drills",)) == [], f"{module_name(path)}"
 
 
 #: what ``import tailtrain.integrate`` may load of ``tailtrain.tasks``: the batch dealer its

@@ -193,7 +193,9 @@ def test_shrink_on_nccl_is_one_line_and_exit_2_before_any_rank_starts(capfd, mon
     shrink`` refuses nccl for both topologies that shrink, with the same line, on a machine
     with GPUs or without (``runtime.elastic.refusals``)."""
     started = []
-    monkeypatch.setattr("tailtrain.runtime.launch.launch", lambda *a, **k: started.append(a))
+    monkeypatch.setattr(
+        "tailtrain.runtime.launching.launch.launch", lambda *a, **k: started.append(a)
+    )
     argv = ["train", "--task", "logreg", "--workers", "2", "--strategy", strategy]
     argv += ["--backend", "nccl"]
     code, out, err = run([*argv, "--on-rank-loss", "shrink"], capfd)
@@ -216,7 +218,7 @@ def test_a_sync_with_a_mode_trains_on_the_parameter_server(capfd):
 
 @pytest.mark.timeout(60)
 def test_a_rule_the_workers_cannot_run_is_refused_before_any_rank_starts(capfd):
-    """The rule's own checks run with the job's worker count in ``launch.validate``: one
+    """The rule's own checks run with the job's worker count in ``launching.checks.validate``: one
     line, exit 2, and a parameter server's says that rank 0 is the server."""
     argv = ["train", "--task", "logreg", "--workers", "4", "--iterations", "3"]
     code, out, err = run([*argv, "--strategy", "k-sync:k=9"], capfd)

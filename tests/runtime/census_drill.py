@@ -17,8 +17,9 @@ from tailtrain.runtime.reduce import Collectives
 def dies_in_census(train: Callable[[TrainConfig, Collectives], Any], cfg, comm) -> Any:
     """Run ``train`` (a topology's rank entry); rank 2 dies inside its first census. Call it
     from a module-level entry of the test module, not a ``functools.partial``: only a plain
-    function starts in the launcher's fork server (``runtime.launch.reaches_fork_server``);
-    anything else forks from the test process, where a rank sometimes never joins the group."""
+    function starts in the launcher's fork server
+    (``runtime.launching.launch.reaches_fork_server``); anything else forks from the test
+    process, where a rank sometimes never joins the group."""
     if comm.rank == 2:
 
         def census(self, step, rows):

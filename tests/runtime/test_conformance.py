@@ -17,8 +17,9 @@ import pytest
 from tailtrain.core.scenario import Scenario
 from tailtrain.errors import UsageError
 from tailtrain.runtime.config import TrainConfig
-from tailtrain.runtime.launch import Endpoint, launch, reserve
-from tailtrain.runtime.topologies import check_topology
+from tailtrain.runtime.launching.endpoint import Endpoint, reserve
+from tailtrain.runtime.launching.launch import launch
+from tailtrain.runtime.launching.topologies import check_topology
 from tailtrain.sim.run import simulate
 from tailtrain.strategies.base import Topology
 from tailtrain.strategies.registry import BUILDERS, parse_strategy
@@ -108,7 +109,7 @@ def test_every_strategy_trains_on_its_runtime_topology_and_keeps_the_simulators_
     lacking = {}
     for spec, record in trained.items():
         rule = parse_strategy(spec)
-        check_topology(rule)  # what launch.validate checks first
+        check_topology(rule)  # what launching.checks.validate checks first
         assert len(record.steps) == ITERATIONS, spec
         check_losses(spec, record.steps)
         simulated = simulate(scenario(), rule, SEED)

@@ -17,7 +17,7 @@ from tailtrain.runtime.control import (
     check_own_weight,
     weighting,
 )
-from tailtrain.runtime.topologies import TOPOLOGY_SPECS, check_topology
+from tailtrain.runtime.launching.topologies import TOPOLOGY_SPECS, check_topology
 from tailtrain.strategies.base import (
     COLUMNS,
     ArrivalColumns,

@@ -145,13 +145,13 @@ def test_a_topology_refuses_weights_it_cannot_apply_in_one_line():
 def test_simulate_train_and_the_loop_refuse_a_mismatch_before_anything_runs():
     from tailtrain.core.scenario import Scenario
     from tailtrain.integrate.rounds import as_strategy
-    from tailtrain.runtime.topologies import check_topology
+    from tailtrain.runtime.launching.topologies import check_topology
     from tailtrain.sim.run import simulate
 
     rule = FinishTimeWeights()
     with pytest.raises(UsageError, match="weighs arrivals by any"):
         simulate(Scenario(task="logreg", workers=2, iterations=1), rule, seed=0)
     with pytest.raises(UsageError, match="weighs arrivals by any"):
-        check_topology(rule)  # launch.validate's first check
+        check_topology(rule)  # launching.checks.validate's first check
     with pytest.raises(UsageError, match="weighs arrivals by any"):
         as_strategy(rule)  # StragglerStep, StragglerHookState

@@ -72,7 +72,7 @@ def register_hang(what: argparse._SubParsersAction) -> None:
         description="P local processes call one collective round after round; one rank hangs "
         "(its main thread, or with --whole the whole process) for --seconds at its --at-th "
         "call. Prints, as JSON, the others' longest and mean wait per call, the rounds that "
-        "completed while it hung and how it came back (tailtrain.runtime.hang).",
+        "completed while it hung and how it came back (tailtrain.runtime.drills.hang).",
     )
     h.add_argument("--procs", type=int, default=4, help="local processes P (default: 4)")
     h.add_argument(
@@ -94,8 +94,8 @@ def register_hang(what: argparse._SubParsersAction) -> None:
 
 
 def run_hang(args: argparse.Namespace) -> int:
-    from tailtrain.runtime.hang import HangDrill, run_hang_drill
-    from tailtrain.runtime.launch import JobFailed
+    from tailtrain.runtime.drills.hang import HangDrill, run_hang_drill
+    from tailtrain.runtime.launching.failures import JobFailed
     from tailtrain.strategies.eager import Collective
 
     drill = HangDrill(
@@ -119,8 +119,8 @@ def run_hang(args: argparse.Namespace) -> int:
 
 def run(args: argparse.Namespace) -> int:
     from tailtrain.cli.collectives import print_collective_stats
-    from tailtrain.runtime.launch import JobFailed
-    from tailtrain.runtime.microbench import RealBench, run_real_microbenchmark
+    from tailtrain.runtime.drills.microbench import RealBench, run_real_microbenchmark
+    from tailtrain.runtime.launching.failures import JobFailed
 
     bench = RealBench(
         procs=args.procs,

@@ -1,5 +1,5 @@
 """`tailtrain launch`: your own training script on N local ranks, as torchrun starts it, whose
-ranks' deaths the job survives with ``--on-rank-loss shrink`` (``runtime.scripts``)."""
+ranks' deaths the job survives with ``--on-rank-loss shrink`` (``runtime.launching.scripts``)."""
 
 from __future__ import annotations
 
@@ -53,9 +53,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from tailtrain.runtime.launch import JobFailed
-    from tailtrain.runtime.script_rank import BAD_INPUT, INTERRUPTED
-    from tailtrain.runtime.scripts import check_launch, launch_script
+    from tailtrain.runtime.launching.failures import JobFailed
+    from tailtrain.runtime.launching.script_rank import BAD_INPUT, INTERRUPTED
+    from tailtrain.runtime.launching.scripts import check_launch, launch_script
 
     plan = check_launch(
         args.script,

@@ -3,7 +3,7 @@
 ``--delay`` and ``--pattern`` are injected: extra seconds per unit of work on top of the real
 compute, drawn from the simulator's seeded delay process; without ``--delay`` nothing is
 injected. Under torchrun this process is one rank of that job; otherwise ``--workers N``
-starts N local ranks (``tailtrain.runtime.launch``).
+starts N local ranks (``tailtrain.runtime.launching.launch``).
 
 ``--out DIR`` is the run folder (as simulate's, ``cli.run_folder``): ``run.json`` holds the
 flags, rank 0 appends each round's row to ``steps.jsonl`` and flushes it (a parameter server
@@ -203,7 +203,8 @@ def run(args: argparse.Namespace) -> int:
     from tailtrain.cli.simulate import print_summary
     from tailtrain.core.records import clean
     from tailtrain.runtime.interrupt import Interrupted
-    from tailtrain.runtime.launch import JobFailed, train
+    from tailtrain.runtime.launching.failures import JobFailed
+    from tailtrain.runtime.launching.launch import train
 
     if args.tensorboard is not None:  # a missing package fails before the ranks start
         from tailtrain.tensorboard import check_tensorboard
@@ -238,8 +239,8 @@ def fresh(args: argparse.Namespace):
     from tailtrain.faults import FaultPlan
     from tailtrain.runtime.config import TrainConfig
     from tailtrain.runtime.keep import restarts
-    from tailtrain.runtime.launch import default_backend, in_torchrun
-    from tailtrain.runtime.topologies import TOPOLOGY_SPECS
+    from tailtrain.runtime.launching.checks import default_backend, in_torchrun
+    from tailtrain.runtime.launching.topologies import TOPOLOGY_SPECS
     from tailtrain.strategies.registry import parse_strategy
 
     if args.delay is None and args.pattern != "iid":
@@ -298,8 +299,8 @@ def resumed(args: argparse.Namespace):
     from tailtrain.cli.run_folder import resume_train
     from tailtrain.faults import FaultPlan
     from tailtrain.runtime.config import TrainConfig
-    from tailtrain.runtime.launch import default_backend, in_torchrun
-    from tailtrain.runtime.topologies import TOPOLOGY_SPECS
+    from tailtrain.runtime.launching.checks import default_backend, in_torchrun
+    from tailtrain.runtime.launching.topologies import TOPOLOGY_SPECS
     from tailtrain.strategies.registry import parse_strategy
 
     info, scenario = resume_train(args)

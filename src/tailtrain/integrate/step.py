@@ -51,8 +51,8 @@ micro-batches and the optimizer's step as its compute, and takes the samples of 
 micro-batches computed as the step's ``samples``.
 
 **Losing a rank** (``on_rank_loss="shrink"``, under ``tailtrain launch --on-rank-loss shrink``,
-``runtime.scripts``; the default ``"stop"`` leaves a dead rank's peers failing in their next
-collective, as DDP's do). Every collective of a call is watched (``runtime.elastic.group``:
+``runtime.launching.scripts``; the default ``"stop"`` leaves a dead rank's peers failing in their
+next collective, as DDP's do). Every collective of a call is watched (``runtime.elastic.group``:
 ``Watch``, the learned
 ``Deadline`` over the seconds from one call's end to
 the next, so the loop's own work between calls counts; at most ``timeout``). When a rank dies

@@ -3,5 +3,6 @@
 The same strategy objects as the simulator decide (``control``); a topology module runs the
 rounds (the subpackages ``allreduce``, ``partial`` and ``ps``), over the
 process group's collectives (``reduce``), with injected delays and faults (``inject``) and
-run records, traces and logs (``telemetry``). ``launch`` starts the ranks.
+run records, traces and logs (``telemetry``). ``launching`` starts the ranks; ``drills`` are
+``tailtrain bench``'s tools over it.
 """

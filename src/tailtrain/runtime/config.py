@@ -137,7 +137,7 @@ class RankResult:
 def build_world(config: TrainConfig, task: Any = None) -> tuple[World, Strategy]:
     """The rule and the world every rank rebuilds from the seed, as ``simulate`` builds them:
     same task, data partition and delay process (with room for the rule's micro-batches).
-    ``task`` replaces the scenario's (a user's own model: ``runtime.ps.runner``)."""
+    ``task`` replaces the scenario's (a user's own model: ``runtime.launching.own_model``)."""
     strategy = config.strategy
     scenario = config.scenario
     capacity = strategy.micro_batch_capacity(scenario.micro_batches)

@@ -20,7 +20,7 @@
   per job and rank, below):
   ``mean_compute_time``, ``mean_injected_time``, ``mean_wait_time``, ``mean_comm_time``,
   ``mean_overhead_time``; they sum to ``mean_iteration_time``.
-* Log lines name their rank (``launch.tag_logs``) and, from the runtime, their step.
+* Log lines name their rank (``launching.rank_entry.tag_logs``) and, from the runtime, their step.
 * ``trace-rank{r}.csv`` (per rank) and ``trace.csv`` (rank 0, all ranks) hold every unit's
   measured seconds in the format ``trace:path=`` reads
   (``iteration,worker[,micro_batch][,censored],seconds``; a unit the threshold cut or never
@@ -107,7 +107,8 @@ class phase:  # lower case: it reads as a function, ``with phase("compute") as t
 
 
 class RankLog(logging.LoggerAdapter):
-    """Log lines tagged ``step S`` (``launch.tag_logs`` puts the rank on every line)."""
+    """Log lines tagged ``step S`` (``launching.rank_entry.tag_logs`` puts the rank on every
+    line)."""
 
     def __init__(self) -> None:
         super().__init__(logging.getLogger("tailtrain.runtime"), {})

@@ -17,7 +17,7 @@ fed by the user's data loader:
 (``strategies.base.contract_refusal``, ``engine_refusal``), so ``integrate``'s own checks
 (``integrate.rounds.as_strategy``) and ``advise --for`` (``advice.adopt``) give one answer,
 and a new allreduce strategy reaches both with no table to edit. ``tailtrain train`` runs
-each rule on its own topology (``runtime.topologies``).
+each rule on its own topology (``runtime.launching.topologies``).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The partial-collective topology's ledger, shared by the simulator (``sim.partial``) and the
-runtime (``runtime.partial.collective``, ``runtime.partial.rounds``, ``runtime.microbench``):
+runtime (``runtime.partial.collective``, ``runtime.partial.rounds``, ``runtime.drills.microbench``):
 the protocol's facts (how many hops an activation takes, which rank counts a quorum round), a
 round's record row (``round_row``; its ``StepStats`` are ``core.update.closed_step_stats``'),
 the run summary of its rounds, and what a collective microbenchmark reports.

@@ -24,7 +24,8 @@ from tests.cli.helpers import run
 
 from tailtrain.core.scenario import Scenario
 from tailtrain.runtime.config import TrainConfig
-from tailtrain.runtime.launch import Endpoint, launch, reserve
+from tailtrain.runtime.launching.endpoint import Endpoint, reserve
+from tailtrain.runtime.launching.launch import launch
 from tailtrain.sim.run import simulate
 from tailtrain.strategies.registry import parse_strategy
 

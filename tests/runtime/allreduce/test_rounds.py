@@ -25,7 +25,8 @@ from tailtrain.runtime.allreduce import rounds as allreduce
 from tailtrain.runtime.allreduce.rounds import train_allreduce
 from tailtrain.runtime.config import TrainConfig
 from tailtrain.runtime.control import RuleDriver
-from tailtrain.runtime.launch import Endpoint, launch, reserve
+from tailtrain.runtime.launching.endpoint import Endpoint, reserve
+from tailtrain.runtime.launching.launch import launch
 from tailtrain.runtime.reduce import Collectives
 from tailtrain.sim.run import simulate
 from tailtrain.strategies.base import ArrivalColumns, Selection, Weighting

@@ -37,7 +37,10 @@ from tailtrain.runtime.elastic.deadline import (
 from tailtrain.runtime.elastic.refusals import check_shrink
 from tailtrain.runtime.elastic.shrink import Refused, Shrinker
 from tailtrain.runtime.keep import Keeper
-from tailtrain.runtime.launch import Endpoint, JobFailed, launch, reserve, validate
+from tailtrain.runtime.launching.checks import validate
+from tailtrain.runtime.launching.endpoint import Endpoint, reserve
+from tailtrain.runtime.launching.failures import JobFailed
+from tailtrain.runtime.launching.launch import launch
 from tailtrain.runtime.reduce import Collectives
 from tailtrain.strategies.dropcompute import DropCompute
 from tailtrain.strategies.registry import parse_strategy

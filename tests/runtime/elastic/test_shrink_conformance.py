@@ -26,7 +26,9 @@ from tailtrain.errors import UsageError
 from tailtrain.faults import FaultPlan
 from tailtrain.integrate import StragglerStep
 from tailtrain.runtime.config import TrainConfig
-from tailtrain.runtime.launch import Endpoint, launch, reserve, validate
+from tailtrain.runtime.launching.checks import validate
+from tailtrain.runtime.launching.endpoint import Endpoint, reserve
+from tailtrain.runtime.launching.launch import launch
 from tailtrain.strategies.registry import parse_strategy
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -68,7 +70,7 @@ def cell_id(cell) -> str:
 
 
 def train_answer(host: str, strategy: str, where: dict[str, str]) -> str:
-    """``train``'s answer before any rank starts (``runtime.launch.validate``)."""
+    """``train``'s answer before any rank starts (``runtime.launching.checks.validate``)."""
     assert host == f"train-{parse_strategy(strategy).topology}"  # the cell's topology
     # M micro-batches where a rule asks for them (larger-batch scales M)
     m = {"micro_batches": 2} if host == "train-allreduce" else {}

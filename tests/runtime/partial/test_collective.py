@@ -18,17 +18,10 @@ import torch
 import torch.distributed as dist
 
 from tailtrain.core.scenario import Scenario
-from tailtrain.network import parse_network
 from tailtrain.runtime.config import TrainConfig
-from tailtrain.runtime.hang import HangDrill, run_hang_drill
-from tailtrain.runtime.launch import Endpoint, JobFailed, launch, reserve
-from tailtrain.runtime.microbench import (
-    RealBench,
-    activation_latency,
-    join_gloo,
-    run_local,
-    run_real_microbenchmark,
-)
+from tailtrain.runtime.launching.endpoint import Endpoint, reserve
+from tailtrain.runtime.launching.launch import launch
+from tailtrain.runtime.launching.local import join_gloo, run_local
 from tailtrain.runtime.partial.collective import (
     DIRECT_ACTIVATION,
     CallKind,
@@ -183,37 +176,6 @@ def test_any_number_of_processes(procs):
     assert sorted(got) == sorted(made)
 
 
-def test_the_benchmark_reports_every_collective_and_a_network_simulate_accepts():
-    """A short real run of `bench collectives`: NAP follows each collective's definition
-    (the allreduce counts everyone, solo its first caller at least; majority and quorum lie
-    between), and the network spec it writes parses back to the same figures."""
-    bench = RealBench(procs=3, iterations=3, skew="linear:step=0.05")
-    results = run_real_microbenchmark(bench)
-    naps = {name: s.nap for name, s in results.stats.items()}
-    assert naps["allreduce"] == 3
-    assert 1 <= naps["solo"] <= naps["quorum"] <= 3 and 1 <= naps["majority"] <= 3
-    assert naps["quorum"] >= bench.quorum_size
-    assert parse_network(results.network.spec()) == results.network
-    assert results.network.hop >= 0 and results.network.allreduce > 0
-    assert results.network.direct == DIRECT_ACTIVATION and results.network.send >= 0
-
-
-def test_the_benchmark_fits_hop_and_send_from_direct_activation_times():
-    """Rows as ``round_summary`` writes them, from known figures: the initiator writes to
-    every other rank in ascending order, its m-th message arrives m sends and a hop later;
-    rounds with two initiators (a solo race) are left out of the fit."""
-    procs, hop, send = 6, 2e-3, 3e-4
-    rows = []
-    for r, source in enumerate([0, 3, 5, 2]):
-        start = 0.1 * r
-        place = [len([p for p in range(procs) if p != source and p <= q]) for q in range(procs)]
-        act = [start if q == source else start + hop + place[q] * send for q in range(procs)]
-        flags = [float(q == source) for q in range(procs)]
-        rows.append([r, 1, min(act), max(act), 0.0, *flags, *act])
-    rows.append([9, 2, 0.0, 0.5, 0.0, *([1.0, 1.0] + [0.0] * 4), *([0.0, 0.0] + [0.5] * 4)])
-    assert activation_latency(np.array(rows), procs) == pytest.approx((hop, send))
-
-
 # ---- the training topology -----------------------------------------------------------------
 P = 4
 SEED = 3
@@ -258,38 +220,6 @@ def test_majority_decides_as_simulated_at_8_workers():
     # one row function (topology.partial.round_row): only the declared columns differ
     assert all(set(b) == {*partial.ROW, *partial.SIMULATED_ONLY} for b in sim)
     assert all(set(a) == {*partial.ROW, *partial.MEASURED_ONLY} for a in real)
-
-
-# ---- a hung process (issue 14) ----------------------------------------------------------------
-def test_a_hung_main_thread_stalls_no_solo_round_but_the_synchronous_one():
-    """Solo: the hung rank's progress threads contribute its buffer, so the others' rounds go
-    on while it hangs and it comes back late; a synchronous round waits for its call."""
-    solo = run_hang_drill(HangDrill(procs=4, collective=Collective.SOLO, seconds=2.0, rounds=60))
-    assert solo["rounds_while_hung"] >= 5
-    assert solo["returned"]["kind"] == "late" and solo["returned"]["adopted"] > 5
-    sync = run_hang_drill(HangDrill(procs=3, collective=Collective.ALLREDUCE, seconds=1.0))
-    assert sync["rounds_while_hung"] == 0
-    assert sync["returned"] == {"kind": "active", "called": 5, "adopted": 5}
-
-
-def test_a_wait_past_the_timeout_fails_in_one_line_naming_the_rank():
-    drill = HangDrill(procs=3, collective=Collective.ALLREDUCE, seconds=3.0, timeout=1.0)
-    with pytest.raises(JobFailed, match=r"rank \d failed: CollectiveTimeout: rank \d: waited 1s"):
-        run_hang_drill(drill)
-
-
-@pytest.mark.parametrize(
-    "flag, value",
-    [("--seconds", "-1"), ("--compute", "-0.5"), ("--compute", "nan"), ("--timeout", "0")],
-)
-def test_bench_hang_refuses_a_negative_or_endless_duration_before_any_rank_starts(
-    flag, value, capsys
-):
-    from tailtrain.cli import main
-
-    assert main(["bench", "hang", flag, value]) == 2
-    err = capsys.readouterr().err
-    assert flag in err and "Traceback" not in err
 
 
 def test_abort_after_a_failed_close_still_tells_the_peers():

@@ -29,7 +29,10 @@ from tailtrain.faults import FaultPlan
 from tailtrain.runtime.config import TrainConfig, build_world
 from tailtrain.runtime.elastic.refusals import check_shrink
 from tailtrain.runtime.elastic.shrink import Refused, Shrinker
-from tailtrain.runtime.launch import Endpoint, JobFailed, launch, reserve, validate
+from tailtrain.runtime.launching.checks import validate
+from tailtrain.runtime.launching.endpoint import Endpoint, reserve
+from tailtrain.runtime.launching.failures import JobFailed
+from tailtrain.runtime.launching.launch import launch
 from tailtrain.runtime.partial.rounds import batch, train_partial
 from tailtrain.runtime.reduce import Collectives
 from tailtrain.strategies.base import Context

@@ -13,8 +13,8 @@ cannot work:
 * a rule that cannot follow a smaller world (``Strategy.follow_refusal``: DropCompute's
   ``compensate=larger-batch``, rebalance's ``defer=true``, ``dbw-quorum``'s estimates).
 
-``train`` asks :func:`check_shrink` (``runtime.launch.validate``), whichever topology it runs;
-``integrate.StragglerStep`` asks :func:`check_gloo_cpu` and :func:`check_follows` with its own
+``train`` asks :func:`check_shrink` (``runtime.launching.checks.validate``), whichever topology it
+runs; ``integrate.StragglerStep`` asks :func:`check_gloo_cpu` and :func:`check_follows` with its own
 option's name (``integrate.step.check_on_rank_loss`` adds what only a user's loop can get
 wrong: the launcher, the process group, per-rank shares).
 """

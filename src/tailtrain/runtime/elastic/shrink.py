@@ -115,7 +115,7 @@ N times, without the job's process group, and it asks to join at once (JOINING) 
 healed as a woken rank is; a hung one that wakes always asks.
 
 **A user's own loop** (``integrate.StragglerStep(..., on_rank_loss="shrink")`` under
-``tailtrain launch --on-rank-loss shrink``, ``runtime.scripts``) runs this same protocol
+``tailtrain launch --on-rank-loss shrink``, ``runtime.launching.scripts``) runs this same protocol
 through the same :class:`Shrinker`, with two of its options: ``keeper=None`` (the launcher
 hosts the store and no rank keeps a record, so rank 0 is lost like any other: the census
 neither waits for it past the window nor ends the job without it) and ``heals`` False in a
@@ -348,7 +348,7 @@ class Shrinker:
 
     def refuse(self, why: str) -> NoReturn:
         """REFUSED: this rank leaves alive. ``left/{rank}`` tells a launcher that watches the
-        ranks itself (``runtime.scripts``) that its exit is no failure."""
+        ranks itself (``runtime.launching.scripts``) that its exit is no failure."""
         self.phase = ShrinkPhase.REFUSED
         with contextlib.suppress(Exception):
             self.store.set(f"left/{self.rank}", why)

@@ -23,8 +23,9 @@ REJOIN = "TAILTRAIN_REJOIN"
 #: set by ``tailtrain launch --restart-lost`` in a rank it started again: how many times (the
 #: script skips ``dist.init_process_group``: ``integrate.StragglerStep`` joins the live ranks)
 RESTART = "TAILTRAIN_RESTART"
-#: set by ``tailtrain launch`` (``runtime.scripts``) in every rank: its ``--on-rank-loss``,
-#: which ``integrate.StragglerStep(on_rank_loss="shrink")`` needs to be ``shrink``
+#: set by ``tailtrain launch`` (``runtime.launching.scripts``) in every rank: its
+#: ``--on-rank-loss``, which ``integrate.StragglerStep(on_rank_loss="shrink")`` needs to be
+#: ``shrink``
 LAUNCHED = "TAILTRAIN_ON_RANK_LOSS"
 
 

@@ -70,7 +70,7 @@ Every wait for something owed is bounded by ``timeout`` (a ``datetime.timedelta`
 groups, a deadline on the condition waits) and ends in a one-line error naming the rank; only
 the receiver's wait for the next message is not (none is owed: synchronous rounds send none).
 Threads are daemons and are joined by :meth:`PartialCollective.close`. A hung main thread
-stalls only the rounds that need its call (``runtime.hang`` measures it): its progress
+stalls only the rounds that need its call (``runtime.drills.hang`` measures it): its progress
 threads contribute its buffer; a stopped process stalls every round's data phase.
 Times are seconds on the monotonic clock since rank 0 left the start barrier, on rank 0's machine
 (its ranks share the clock, so activation times compare across them); a rank on another machine
@@ -161,7 +161,7 @@ class RoundState(StrEnum):
 class CallKind(StrEnum):
     """How a call of round s met its round: the round's state at the call (module docstring,
     "A process calls round s"). A rank's calls leave it as their plain string values
-    (``runtime.hang``, ``runtime.microbench``), so what they report is unchanged."""
+    (``runtime.drills.hang``, ``runtime.drills.microbench``), so what they report is unchanged."""
 
     #: the round is reduced: the gradient waits for the next round, the latest result returns
     LATE = "late"

@@ -1,4 +1,4 @@
 """The parameter-server topology on real ranks: the server (``server``), LGC's stragglers'
 blocks (``lgc``) and what arrives (``arrivals``), its keeping (``keep``), the workers
-(``worker``), their wire (``wire``) and liveness (``liveness``), and the runner for a user's
-own model (``runner``)."""
+(``worker``), their wire (``wire``) and liveness (``liveness``). A user's own model on it
+starts from ``launching.own_model``."""

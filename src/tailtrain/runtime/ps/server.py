@@ -511,7 +511,7 @@ def server_plan(strategy: Strategy, plan: Plan) -> ServerPlan:
 # ---- the rank entry ----------------------------------------------------------------------------
 def train_parameter_server(config: TrainConfig, comm: Collectives, task: Any = None) -> RankResult:
     """Rank 0 serves, rank w + 1 is worker w. ``task`` replaces the scenario's (own models,
-    ``runtime.ps.runner``)."""
+    ``runtime.launching.own_model``)."""
     world, strategy = build_world(config, task)
     check_entry(world, comm.world_size, servers=1)
     # threads hand over the GIL every 5 ms by default: a message's receiving thread would

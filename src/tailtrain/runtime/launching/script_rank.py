@@ -1,9 +1,10 @@
 """One rank of ``tailtrain launch``: your script, run as ``python script.py args...`` runs it,
-whose bad input and crash the launcher reports in one line (``runtime.scripts``).
+whose bad input and crash the launcher reports in one line (``runtime.launching.scripts``).
 
-``tailtrain launch`` starts each rank as ``python -m tailtrain.runtime.script_rank script.py
-args...``: the script runs as ``__main__`` (``runpy``), with ``sys.argv`` and ``sys.path[0]``
-as ``python script.py`` sets them. What differs is how it ends:
+``tailtrain launch`` starts each rank as
+``python -m tailtrain.runtime.launching.script_rank script.py args...``: the script runs as
+``__main__`` (``runpy``), with ``sys.argv`` and ``sys.path[0]`` as ``python script.py`` sets
+them. What differs is how it ends:
 
 * **Bad input** (``argparse`` refusing the arguments, or a :class:`~tailtrain.UsageError`
   out of the script): every rank finds it, and N copies of a usage block and a traceback
@@ -48,8 +49,8 @@ BAD_INPUT, INTERRUPTED = 2, 130
 #: what a note says happened
 USAGE_NOTE, CRASH_NOTE = "usage", "crash"
 #: seconds a crashed rank waits before it speaks: the launcher looks every 0.05 s
-#: (``runtime.scripts.WATCH_POLL``), so a rank that failed only because a peer ended first is
-#: stopped in that time, silent, on however loaded a machine
+#: (``runtime.launching.scripts.WATCH_POLL``), so a rank that failed only because a peer ended
+#: first is stopped in that time, silent, on however loaded a machine
 CRASH_GRACE = 2.0
 #: the file in :data:`NOTES` the launcher writes before it forwards a Ctrl-C to the ranks
 INTERRUPTED_MARK = "interrupted"

@@ -33,8 +33,8 @@ import numpy as np
 import torch
 
 from tailtrain.errors import UsageError
-from tailtrain.runtime.launch import max_local_workers
-from tailtrain.runtime.microbench import join_gloo, run_local
+from tailtrain.runtime.launching.checks import max_local_workers
+from tailtrain.runtime.launching.local import join_gloo, run_local
 from tailtrain.runtime.partial.collective import PartialCollective
 from tailtrain.runtime.partial.wire import RoundResult, row
 from tailtrain.strategies.eager import Collective, RoundPlan, majority_initiator

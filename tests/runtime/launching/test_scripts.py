@@ -1,5 +1,5 @@
-"""``tailtrain launch`` (``runtime.scripts``): its one-line refusals before any process starts,
-and how it ends a job of tiny scripts (no torch in the ranks: each starts in a fraction of a
+"""``tailtrain launch`` (``runtime.launching.scripts``): its one-line refusals before any process
+starts, and how it ends a job of tiny scripts (no torch in the ranks: each starts in a fraction of a
 second): torchrun's stop by default, a death the job survives under shrink."""
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ import torch.distributed as dist
 
 from tailtrain.cli import main
 from tailtrain.errors import UsageError
-from tailtrain.runtime import scripts
 from tailtrain.runtime.elastic.shrink import OnRankLoss
-from tailtrain.runtime.launch import JobFailed
-from tailtrain.runtime.scripts import Rank, RankState, check_launch, launch_script, watch
+from tailtrain.runtime.launching import scripts
+from tailtrain.runtime.launching.failures import JobFailed
+from tailtrain.runtime.launching.scripts import Rank, RankState, check_launch, launch_script, watch
 
 #: a rank's whole script: RANK 1 ends as its first argument says, the others after a while
 SCRIPT = """\
@@ -242,7 +242,7 @@ def test_a_killed_rank_is_started_again_at_most_n_times_with_its_rank_and_a_mark
         "time.sleep(0.5)\n"
     )
     plan = check_launch(str(path), 3, "shrink", args=[str(tmp_path)], restart_lost=2)
-    with caplog.at_level("WARNING", logger="tailtrain.runtime.scripts"):
+    with caplog.at_level("WARNING", logger="tailtrain.runtime.launching.scripts"):
         outcome = launch_script(plan)
     assert outcome.states == {0: RankState.FINISHED, 1: RankState.DIED, 2: RankState.FINISHED}
     started = sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("rank"))

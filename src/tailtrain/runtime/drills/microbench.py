@@ -34,12 +34,8 @@ A first block of ``WARMUP`` synchronous rounds without skew is not counted (conn
 
 from __future__ import annotations
 
-import datetime
-import tempfile
 import time
-import uuid
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import torch
@@ -48,15 +44,8 @@ import torch.distributed as dist
 from tailtrain.delays import DelayProcess
 from tailtrain.errors import UsageError
 from tailtrain.network import NetworkModel
-from tailtrain.runtime.launch import (
-    Endpoint,
-    JobFailed,
-    describe_failure,
-    max_local_workers,
-    quiet,
-    reserve,
-    start_method,
-)
+from tailtrain.runtime.launching.checks import max_local_workers
+from tailtrain.runtime.launching.local import join_gloo, run_local
 from tailtrain.runtime.partial.collective import (
     DIRECT_ACTIVATION,
     PartialCollective,
@@ -125,43 +114,6 @@ def run_real_microbenchmark(bench: RealBench) -> RealResults:
     """Launch ``bench.procs`` local processes, run the benchmark, summarise rank 0's view."""
     by_rank = run_local(bench_rank, bench, bench.procs, bench.timeout)
     return summarise_bench(bench, [by_rank[r] for r in range(bench.procs)])
-
-
-def run_local(entry, arg, procs: int, timeout: float) -> dict[int, Any]:
-    """Run ``entry(arg)`` on ``procs`` local processes forked from the fork server
-    (``launch.start_method``: ``entry`` and ``arg`` must pickle), a static rendezvous on a free
-    port, no restarts; each joins the gloo group itself. Results by rank."""
-    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
-
-    endpoint = reserve(Endpoint("127.0.0.1", 0))
-    with tempfile.TemporaryDirectory(prefix="tailtrain-bench-") as logs, quiet(False):
-        spec = LaunchConfig(
-            min_nodes=1,
-            max_nodes=1,
-            nproc_per_node=procs,
-            run_id=f"tailtrain-bench-{uuid.uuid4().hex[:12]}",
-            rdzv_backend="static",
-            rdzv_endpoint=str(endpoint),
-            rdzv_configs={"rank": 0, "timeout": max(1, round(timeout))},
-            max_restarts=0,
-            monitor_interval=0.1,
-            start_method=start_method(False, own_entry=False),
-            logs_specs=DefaultLogsSpecs(log_dir=logs),
-        )
-        try:
-            return elastic_launch(spec, entry)(arg)
-        except ChildFailedError as exc:
-            raise JobFailed(describe_failure(exc)) from None
-
-
-def join_gloo(timeout: float) -> tuple[int, int]:
-    """init_process_group (gloo, env://) with one torch thread; (rank, world size)."""
-    torch.set_num_threads(1)
-    span = datetime.timedelta(seconds=timeout)
-    dist.init_process_group("gloo", init_method="env://", timeout=span)
-    return dist.get_rank(), dist.get_world_size()
 
 
 def bench_rank(bench: RealBench) -> dict:

@@ -15,17 +15,9 @@ from tailtrain.cli.train import workers
 from tailtrain.core.scenario import Scenario
 from tailtrain.errors import UsageError
 from tailtrain.runtime.config import TrainConfig
-from tailtrain.runtime.launch import (
-    Endpoint,
-    check_rendezvous,
-    in_torchrun,
-    max_local_workers,
-    parse_endpoint,
-    reaches_fork_server,
-    reserve,
-    start_method,
-    validate,
-)
+from tailtrain.runtime.launching.checks import in_torchrun, max_local_workers, validate
+from tailtrain.runtime.launching.endpoint import Endpoint, check_rendezvous, parse_endpoint, reserve
+from tailtrain.runtime.launching.launch import reaches_fork_server, start_method
 
 
 def test_endpoints_parse():
@@ -82,7 +74,7 @@ def test_a_rank_0_outside_torchrun_hosts_the_store_itself():
 def test_only_an_entry_the_fork_server_can_import_starts_there():
     import functools
 
-    from tailtrain.runtime.ps.runner import own_entry
+    from tailtrain.runtime.launching.own_model import own_entry
     from tailtrain.runtime.ps.server import train_parameter_server
 
     def closure(config, comm):
@@ -98,8 +90,8 @@ def test_only_an_entry_the_fork_server_can_import_starts_there():
 
 SCRIPT = """
 import functools
-from tailtrain.runtime.launch import reaches_fork_server
-from tailtrain.runtime.ps.runner import own_entry
+from tailtrain.runtime.launching.launch import reaches_fork_server
+from tailtrain.runtime.launching.own_model import own_entry
 
 def model():
     pass
@@ -117,7 +109,7 @@ def test_a_scripts_own_functions_reach_the_fork_server_when_its_top_level_define
     function defined there is found, one defined inside the guard would not be (it forks)."""
     script = tmp_path / "job.py"
     script.write_text(SCRIPT)
-    src = Path(__file__).resolve().parents[2] / "src"
+    src = Path(__file__).resolve().parents[3] / "src"
     done = subprocess.run(
         [sys.executable, str(script)],
         capture_output=True,
@@ -155,7 +147,7 @@ def test_gloo_on_cuda_without_a_gpu_is_refused_before_any_rank_starts():
 @pytest.mark.timeout(60)
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message without CUDA")
 def test_the_gpu_check_says_there_is_no_gpu_and_exits_0():
-    bench = Path(__file__).resolve().parents[2] / "bench" / "gpu_check.py"
+    bench = Path(__file__).resolve().parents[3] / "bench" / "gpu_check.py"
     done = subprocess.run([sys.executable, str(bench)], capture_output=True, text=True, timeout=50)
     assert done.returncode == 0, done.stderr
     facts = json.loads(done.stdout)
@@ -169,7 +161,7 @@ def test_the_strategy_is_parsed_once_where_the_job_is_defined(monkeypatch):
 
     from tailtrain.runtime import config as config_module
     from tailtrain.runtime.config import build_world
-    from tailtrain.runtime.topologies import spec_of
+    from tailtrain.runtime.launching.topologies import spec_of
     from tailtrain.strategies import registry
     from tailtrain.strategies.base import Strategy
 

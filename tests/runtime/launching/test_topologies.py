@@ -1,6 +1,6 @@
 """Which runtime topology runs a strategy (the rule declares it, ``Strategy.topology``, for
 every entry point), and the one registry that says what `train` needs of each
-(``runtime.topologies.TopologySpec``)."""
+(``runtime.launching.topologies.TopologySpec``)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from torch import nn
 
 import tailtrain
 from tailtrain.errors import UsageError
+from tailtrain.runtime.launching.topologies import TOPOLOGY_SPECS, spec_of
 from tailtrain.runtime.ps.server import train_parameter_server
-from tailtrain.runtime.topologies import TOPOLOGY_SPECS, spec_of
 from tailtrain.strategies.base import Topology
 from tailtrain.strategies.registry import parse_strategy
 

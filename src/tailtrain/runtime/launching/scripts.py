@@ -1,12 +1,12 @@
 """Run your own training script on local ranks whose death the job survives (issue 26).
 
 ``tailtrain launch --nproc-per-node N [--on-rank-loss shrink] script.py args...`` starts N
-processes of ``python script.py args...`` on this machine (through ``runtime.script_rank``,
-which runs the script as that command would), as ``torchrun --standalone`` does:
-each gets torch's ``env://`` variables (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``,
-``LOCAL_WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``, ``TORCHELASTIC_RUN_ID``,
-``TORCHELASTIC_RESTART_COUNT``), so ``dist.init_process_group("gloo")`` works unchanged. What
-differs from torchrun:
+processes of ``python script.py args...`` on this machine (through
+``runtime.launching.script_rank``, which runs the script as that command would), as
+``torchrun --standalone`` does: each gets torch's ``env://`` variables (``RANK``,
+``LOCAL_RANK``, ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``,
+``TORCHELASTIC_RUN_ID``, ``TORCHELASTIC_RESTART_COUNT``), so ``dist.init_process_group("gloo")``
+works unchanged. What differs from torchrun:
 
 * **The store lives in the launcher.** The launcher hosts the ``TCPStore`` at
   ``MASTER_ADDR:MASTER_PORT`` and sets ``TORCHELASTIC_USE_AGENT_STORE=True``, so every rank
@@ -22,9 +22,9 @@ differs from torchrun:
   which refuses to shrink elsewhere: it reads ``LAUNCHED``, ``runtime.elastic.store``,
   from its environment). A rank the survivors told to leave (``left/{rank}``: it hung past
   the deadline and woke) is logged as leaving, not as a death.
-* **One line for the user** (``runtime.script_rank``, each rank's bootstrap). Bad input (the
-  script's argparse refusing its arguments, or a :class:`~tailtrain.UsageError`) is found by
-  every rank: the ranks say nothing and leave their line here, and the launch prints it once
+* **One line for the user** (``runtime.launching.script_rank``, each rank's bootstrap). Bad input
+  (the script's argparse refusing its arguments, or a :class:`~tailtrain.UsageError`) is found
+  by every rank: the ranks say nothing and leave their line here, and the launch prints it once
   and ends with ``outcome.refused`` (exit 2), under shrink too. A crashed rank's traceback
   is printed by that rank alone (one whose collective failed because a peer left first is
   stopped before it speaks), and the launcher's line names it with its exception's last line.
@@ -32,7 +32,7 @@ differs from torchrun:
   under shrink, when at least one did and every other one died, left, or was stopped because
   it still ran ``--timeout`` seconds after the first rank finished (a hung rank the survivors
   went on without: SIGKILL, which a stopped process takes too); otherwise it fails with one
-  line (:class:`~tailtrain.runtime.launch.JobFailed`, exit 1) naming the first rank that
+  line (:class:`~tailtrain.runtime.launching.failures.JobFailed`, exit 1) naming the first rank that
   failed and why.
 * **Ctrl-C** (SIGINT, or SIGTERM or SIGHUP to the launcher) is forwarded once to every
   rank (whose ``KeyboardInterrupt`` ends it with status 130, no traceback), each in a
@@ -78,16 +78,13 @@ from pathlib import Path
 import torch.distributed as dist
 
 from tailtrain.errors import UsageError
-from tailtrain.runtime import script_rank
 from tailtrain.runtime.elastic.shrink import OnRankLoss
 from tailtrain.runtime.elastic.store import LAUNCHED, REJOIN, RESTART, prefix
 from tailtrain.runtime.expendable import die_with, exit_reason
-from tailtrain.runtime.launch import (
-    JobFailed,
-    max_local_workers,
-    parse_endpoint,
-    reserve,
-)
+from tailtrain.runtime.launching import script_rank
+from tailtrain.runtime.launching.checks import max_local_workers
+from tailtrain.runtime.launching.endpoint import parse_endpoint, reserve
+from tailtrain.runtime.launching.failures import JobFailed
 
 log = logging.getLogger(__name__)
 
@@ -265,7 +262,7 @@ def watch(
     """Poll the ranks until none runs (module docstring); a rank still running ``timeout``
     seconds after another finished is stopped (a hung rank the survivors left behind).
     ``said``: the folder where a rank that ends on bad input or a crash leaves its one line
-    (``runtime.script_rank``); bad input stops the job, under shrink too."""
+    (``runtime.launching.script_rank``); bad input stops the job, under shrink too."""
     outcome = LaunchOutcome()
     first_done: float | None = None
     while any(r.state is RankState.RUNNING for r in ranks):

@@ -39,14 +39,10 @@ from tailtrain.core.records import RUN_FILES, TRAIN_EXTRA, held_run
 from tailtrain.core.scenario import Scenario
 from tailtrain.errors import UsageError
 from tailtrain.runtime.config import RankResult, TrainConfig
-from tailtrain.runtime.launch import (
-    check_rendezvous,
-    in_torchrun,
-    launch,
-    parse_endpoint,
-    rank_entry,
-    reserve,
-)
+from tailtrain.runtime.launching.checks import in_torchrun
+from tailtrain.runtime.launching.endpoint import check_rendezvous, parse_endpoint, reserve
+from tailtrain.runtime.launching.launch import launch
+from tailtrain.runtime.launching.rank_entry import rank_entry
 from tailtrain.runtime.ps.server import train_parameter_server
 from tailtrain.runtime.reduce import Collectives
 from tailtrain.strategies.base import Strategy, Topology
@@ -142,7 +138,7 @@ def train_own_model(
 ) -> RankResult:
     """The job ``tailtrain.train_own_model`` describes (its arguments; ``strategy`` parsed
     there): the server's result, or under torchrun this rank's, holding the server's record
-    (``runtime.launch.lead_records``)."""
+    (``runtime.launching.rank_entry.lead_records``)."""
     out = None if out is None else Path(out)
     if strategy.topology is not Topology.PARAMETER_SERVER:
         raise UsageError(

@@ -1,6 +1,6 @@
 """``tailtrain launch``'s promise for your own script (issue 34 item 5), kept by its ranks'
-bootstrap (``runtime.script_rank``): bad input is one line and exit status 2, whichever rank
-finds it; Ctrl-C is one line and 130, what the script finished kept; a crash is one line naming
+bootstrap (``runtime.launching.script_rank``): bad input is one line and exit status 2, whichever
+rank finds it; Ctrl-C is one line and 130, what the script finished kept; a crash is one line naming
 the rank after its traceback. Each test starts ``tailtrain launch`` as a user does (its own
 process group, as a terminal's job) on a gloo script of two ranks, one torch thread each, on a
 free port; nothing here times anything."""
