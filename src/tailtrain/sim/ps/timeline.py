@@ -51,9 +51,6 @@ class StepArrivals:
 class ServerTimeline:
     """Worker jobs and the virtual clock of one simulated parameter-server run."""
 
-    #: attributes derived from the others (a checkpoint leaves them out)
-    CACHES = ("_version", "_version_of")
-
     def __init__(self, durations: JobDurations, n_workers: int) -> None:
         self.n = n_workers
         self.durations = durations
@@ -67,8 +64,6 @@ class ServerTimeline:
         self._waiting_since = -np.inf
         # who computes which version, and DBW §2 PI's token queue (``topology.ps``)
         self.schedule = ps.Schedule.fresh(n_workers)
-        self._version_of: tuple[int, ...] | None = None  # the jobs ``_version`` holds
-        self._version = np.zeros(0, dtype=np.int64)
         # (N, M) share of each running job done after each micro-batch; None without them
         self.progress: np.ndarray | None = None
 
@@ -93,44 +88,31 @@ class ServerTimeline:
         update = ps.Update(version, mode, accept_stale)
         self.schedule, starts = ps.transition(self.schedule, update)
         # an interrupted job (``Start.cancels``) is replaced by the job this launch starts,
-        # which overwrites its finish time: no separate cancel. Launched by worker: a Start
-        # sorts by its worker first, and an update starts a worker at most once
-        self._start(sorted(starts), np.full(len(starts), self.now))
-
-    def _start(self, starts: list[ps.Start] | tuple[ps.Start, ...], at: np.ndarray) -> None:
-        """Launch the jobs ``topology.ps`` started, the i-th at time ``at[i]``."""
-        if not starts:
-            return
-        self._launch(np.array([a.worker for a in starts], dtype=np.int64), at)
+        # which overwrites its finish time: no separate cancel. An update starts a worker at
+        # most once, and every draw is the worker's own, so the launch order is immaterial
+        if len(starts):
+            self._launch(starts.worker, np.full(len(starts), self.now))
 
     def _deliver(self, workers: np.ndarray, done: np.ndarray, hold: np.ndarray) -> None:
         """``workers`` delivered at ``done``, in event order; the held ones ask later."""
-        events = [ps.Delivered(w, h) for w, h in zip(workers.tolist(), hold.tolist(), strict=True)]
-        self.schedule, starts = ps.transition_all(self.schedule, events)
-        if not starts:  # push: who counts waits for the update
+        self.schedule, starts = ps.transition(self.schedule, ps.Delivered(workers, hold))
+        if not len(starts):  # push: who counts waits for the update
             return
-        at = {a.worker: t for a, t in zip(events, done.tolist(), strict=True)}
-        self._start(starts, np.array([at[a.worker] for a in starts]))
+        # each starts when it delivered: its own event's time
+        when = np.empty(self.n)
+        when[workers] = done
+        self._launch(starts.worker, when[starts.worker])
 
     def _ask(self, workers: np.ndarray, since: float) -> None:
         """Serve the held ``workers``, in event order, at ``since``."""
-        self.schedule, starts = ps.transition_all(
-            self.schedule, [ps.Ask(w) for w in workers.tolist()]
-        )
-        self._start(starts, np.full(len(starts), since))
+        self.schedule, starts = ps.transition(self.schedule, ps.Ask(workers))
+        if len(starts):
+            self._launch(starts.worker, np.full(len(starts), since))
 
     @property
     def version(self) -> np.ndarray:
-        """The version each worker computes (``IDLE``: none): the schedule's jobs, read-only.
-
-        Kept from one schedule to the next: read several times per event batch, and a new
-        array per read was a tenth of the timeline's time."""
-        jobs = self.schedule.jobs
-        if jobs is not self._version_of:
-            self._version = np.array(jobs, dtype=np.int64)
-            self._version.flags.writeable = False
-            self._version_of = jobs
-        return self._version
+        """The version each worker computes (``IDLE``: none): the schedule's jobs, read-only."""
+        return self.schedule.jobs
 
     def cancel(self, workers: np.ndarray) -> None:
         self.finish[workers] = np.inf
@@ -194,7 +176,8 @@ class ServerTimeline:
         busy = np.flatnonzero(jobs != IDLE)
         if busy.size == 0:
             raise TailtrainError("no worker is computing: the step can never collect k arrivals")
-        order = busy[np.lexsort((busy, self.finish[busy]))]
+        # by finish time, ties by worker: ``busy`` ascends, so a stable sort keeps their order
+        order = busy[np.argsort(self.finish[busy], kind="stable")]
         fit = usable(jobs[order], version, accept_stale)
         count = np.cumsum(fit)
         m = int(np.searchsorted(count, need)) + 1 if count[-1] >= need else order.size
@@ -226,7 +209,7 @@ class ServerTimeline:
         Pull: each one, while tokens last. Push: only one whose gradient was dropped as stale
         (DBW §2, PsW); one whose gradient counts waits for the update (K-async, Fig. 5).
         """
-        return np.array(ps.follows(self.schedule, batch.tolist()), dtype=bool)
+        return ps.follows(self.schedule, batch)
 
     def _commit(
         self, batch: np.ndarray, fits: np.ndarray, closes: bool, carry_on: bool = False
@@ -241,8 +224,7 @@ class ServerTimeline:
         self.cancel(batch)
         self._deliver(batch, done, hold)
         if not closes:
-            asking = self.schedule.asking
-            held = np.array([asking[w] for w in batch.tolist()], dtype=bool)
+            held = self.schedule.asking[batch]
             self._waiting = np.concatenate([self._waiting, batch[hold & held]])
             self._waiting_since = done[-1]
             return record
