@@ -83,6 +83,30 @@ CASES: dict[str, tuple[str, dict[str, Any], dict[str, Any], int]] = {
     "t:lgc-complete": ("lgc:k=40,blocks=4,complete=true", {"micro_batches": 2}, TIMING, 8),
     "t:dropcompute": ("dropcompute:threshold=auto,calibrate=3", {"micro_batches": 3}, TIMING, 9),
     "t:eager-majority": ("eager:mode=majority", {}, TIMING, 10),
+    # ties: every job lasts as long (events at one instant, ordered by worker)
+    "t:k-async-ties": ("k-async:k=32", {"delay": "const:value=1"}, TIMING, 11),
+    "t:k-batch-async-ties": ("k-batch-async:k=32", {"delay": "const:value=1"}, TIMING, 12),
+    "t:k-batch-sync-ties": (
+        "k-batch-sync:k=48",
+        {"delay": "const:value=1", "pattern": "heterogeneous:low=1,high=2"},
+        TIMING,
+        13,
+    ),
+    "t:dbw": ("dbw:window=3", {}, TIMING, 14),
+    "t:sync:mode=pull-comm": ("sync:mode=pull", {"comm_time": "exp:rate=4"}, TIMING, 15),
+    "t:k-async-slowdown": (
+        "k-async:k=24",
+        {"pattern": "slowdown:at=5,fraction=0.25,factor=4"},
+        TIMING,
+        16,
+    ),
+    "t:k-sync-2048": ("k-sync:k=1536", {"workers": 2048, "iterations": 30}, TIMING, 17),
+    "t:k-batch-async-2048": (
+        "k-batch-async:k=1024",
+        {"workers": 2048, "iterations": 30},
+        TIMING,
+        18,
+    ),
 }
 #: ``bench_simulator.py --parts a``'s runs (2048 workers, 300 steps, seed 1)
 LARGE = {

@@ -215,11 +215,7 @@ def transition(s: Schedule, event: Event) -> tuple[Schedule, Starts]:
 def follows(s: Schedule, workers: Workers) -> np.ndarray:
     """Which of ``workers``, delivering in this order and none held, would start a next job
     at once (``Delivered``: each that asks, while tokens last)."""
-    w = _workers(s, workers)
-    _, starts = _delivered(s, w, False)
-    started = np.zeros(s.n, dtype=_BOOL)
-    started[starts.worker] = True
-    return started[w]
+    return _asks(s, _workers(s, workers), False)[1]
 
 
 def _workers(s: Schedule, worker: Workers) -> np.ndarray:
@@ -245,18 +241,19 @@ def _after(
 def _update(s: Schedule, e: Update) -> tuple[Schedule, Starts]:
     sync, _, with_tokens = _mode_facts(e.mode, e.accept_stale)
     jobs, asking, v = s.jobs.copy(), s.asking.copy(), e.version
+    busy = jobs != IDLE
     interrupted = _NO_WORKERS
     if sync.interrupts:  # every BUSY worker restarts at v
-        interrupted = np.flatnonzero(jobs != IDLE)
+        interrupted = busy.nonzero()[0]
         jobs[interrupted], asking[interrupted] = v, False
-    free = jobs == IDLE
+    free = ~busy  # an interrupted worker is busy again at once
     if e.absent:  # the dead are not served
         free[np.fromiter(e.absent, dtype=_INT, count=len(e.absent))] = False
     tokens = s.tokens
     live = s.n - len(e.absent)
     if with_tokens and live > 0:
         tokens = (*tokens, (v, live))
-    free = np.flatnonzero(free)
+    free = free.nonzero()[0]
     asking[free] = False
     tokens, served = _serve(jobs, asking, tokens, v, with_tokens, free)
     after = Schedule(v, _handed(jobs), _handed(asking), tokens, sync.value, e.accept_stale)
@@ -284,14 +281,25 @@ def _wants(s: Schedule, w: np.ndarray, refills: bool) -> np.ndarray:
     return job < s.version
 
 
-def _delivered(s: Schedule, w: np.ndarray, hold: bool | np.ndarray) -> tuple[Schedule, Starts]:
+def _asks(s: Schedule, w: np.ndarray, hold: bool | np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Of workers ``w`` delivering in this order: which ask for a next job (``_wants``), and
+    which are served at once: those that ask and are not held, while the queue lasts."""
     _, refills, with_tokens = _mode_facts(s.mode, s.accept_stale)
     wants = _wants(s, w, refills)
-    held = np.asarray(hold, dtype=_BOOL)
+    served = wants & ~np.asarray(hold, dtype=_BOOL)
+    supply = _supply(s.tokens, with_tokens)
+    if supply is not None:
+        served &= np.cumsum(served) <= supply
+    return wants, served
+
+
+def _delivered(s: Schedule, w: np.ndarray, hold: bool | np.ndarray) -> tuple[Schedule, Starts]:
+    _, _, with_tokens = _mode_facts(s.mode, s.accept_stale)
+    wants, served = _asks(s, w, hold)
     jobs, asking = s.jobs.copy(), s.asking.copy()
     jobs[w] = IDLE
-    asking[w] = wants & held  # a held one asks; one served at once, or not asking, does not
-    tokens, starts = _serve(jobs, asking, s.tokens, s.version, with_tokens, w[wants & ~held])
+    asking[w] = wants & np.asarray(hold, dtype=_BOOL)  # held, it asks; served or not, it does not
+    tokens, starts = _serve(jobs, asking, s.tokens, s.version, with_tokens, w[served])
     return _after(s, jobs, asking, tokens), starts
 
 
@@ -316,22 +324,30 @@ def _serve(
 ) -> tuple[tuple[tuple[int, int], ...], Starts]:
     """Start the free workers ``free``, in order, at ``version``, or each at the oldest token's
     (none left: the rest wait); the tokens left and the starts. Sets ``jobs`` and ``asking``."""
+    supply = _supply(tokens, with_tokens)
+    if supply is not None:
+        free = free[:supply]
     if free.size == 0:
         return tokens, NO_STARTS
     if with_tokens:
         versions, tokens = _take_tokens(tokens, free.size)
-        free = free[: versions.size]
     else:
         versions = np.full(free.size, version, dtype=_INT)
     jobs[free], asking[free] = versions, False
     return tokens, Starts(free, versions, np.zeros(free.size, dtype=_BOOL))
 
 
+def _supply(tokens: tuple[tuple[int, int], ...], with_tokens: bool) -> int | None:
+    """How many free workers the server can start now, in the order they ask: as many as
+    there are tokens (DBW §2 footnote 3); None: every one (no queue)."""
+    return sum(count for _, count in tokens) if with_tokens else None
+
+
 def _take_tokens(
     tokens: tuple[tuple[int, int], ...], count: int
 ) -> tuple[np.ndarray, tuple[tuple[int, int], ...]]:
-    """Dequeue up to ``count`` tokens, oldest first: their versions and the queue left (a few
-    runs, one per update still queued)."""
+    """Dequeue ``count`` tokens (at most as many as there are), oldest first: their versions
+    and the queue left (a few runs, one per update still queued)."""
     versions, counts, rest = [], [], list(tokens)
     while count and rest:
         version, left = rest[0]

@@ -173,11 +173,10 @@ class ServerTimeline:
         self, need: int, version: int, accept_stale: bool, drain: bool
     ) -> tuple[np.ndarray, np.ndarray]:
         jobs = self.version
-        busy = np.flatnonzero(jobs != IDLE)
+        busy = (jobs != IDLE).nonzero()[0]
         if busy.size == 0:
             raise TailtrainError("no worker is computing: the step can never collect k arrivals")
-        # by finish time, ties by worker: ``busy`` ascends, so a stable sort keeps their order
-        order = busy[np.argsort(self.finish[busy], kind="stable")]
+        order = busy[_by_time(self.finish[busy])]
         fit = usable(jobs[order], version, accept_stale)
         count = np.cumsum(fit)
         m = int(np.searchsorted(count, need)) + 1 if count[-1] >= need else order.size
@@ -194,8 +193,9 @@ class ServerTimeline:
             if follow.size == 0:
                 break
             ends = self.finish[follow] + self.durations.peek(follow, self.finish[follow])
-            first = np.lexsort((follow, ends))[0]
-            t, w = ends[first], follow[first]
+            # the first follow-up job's end, ties by worker: a minimum, not a sort
+            t = ends.min()
+            w = follow[ends == t].min()
             last_t, last_w = self.finish[batch[-1]], batch[-1]
             if t > last_t or (t == last_t and w > last_w):
                 break
@@ -253,3 +253,14 @@ class ServerTimeline:
             finished = (self.progress[busy] * total[:, None] <= elapsed[:, None]).sum(axis=1)
             done = (blocks * finished) // micro
         return busy, np.clip(done, 0, blocks - 1).astype(np.int64)
+
+
+def _by_time(times: np.ndarray) -> np.ndarray:
+    """The order of ``times`` (of workers in ascending order), ties by worker: a stable sort.
+    Times rarely tie, and then any sort gives that order; a plain one is ~4x faster at 2048
+    workers, so it is checked for ties first (const delays tie; then the stable sort)."""
+    order = np.argsort(times)
+    ranked = times[order]
+    if (ranked[1:] == ranked[:-1]).any():
+        return np.argsort(times, kind="stable")
+    return order
