@@ -257,8 +257,8 @@ class ServerTimeline:
 
 def _by_time(times: np.ndarray) -> np.ndarray:
     """The order of ``times`` (of workers in ascending order), ties by worker: a stable sort.
-    Times rarely tie, and then any sort gives that order; a plain one is ~4x faster at 2048
-    workers, so it is checked for ties first (const delays tie; then the stable sort)."""
+    Where no two times tie, any sort gives that order, and a plain one is ~4x faster at 2048
+    workers; so it runs first, and the stable sort only where times tie (const delays)."""
     order = np.argsort(times)
     ranked = times[order]
     if (ranked[1:] == ranked[:-1]).any():
