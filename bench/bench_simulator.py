@@ -72,6 +72,17 @@ script just before, in brackets:
     batched step by ~40% and the loop by ~25% (1.06 -> 0.64 s and 1.10 -> 0.82 s, medians
     of 3 interleaved, load ~14). One sync step at 64 workers: 6.74 s (11.57 s before, at
     load ~18).
+(a) at issue 35 (item 4: the parameter server's ledger, ``topology.ps``, shared with the
+    runtime, had become a Python call per worker event: 5.5x slower k-sync:k=1536 than at
+    e3c3b05). Its events now name many workers and apply as array operations; the timeline
+    orders events by a plain sort unless times tie. ``timing_only`` of this tree, e3c3b05 and
+    02464a6 in fresh processes, taking turns, 7 rounds (load average 3.5-6.4 on the 2-core
+    machine): medians (best) in 1e6 worker-iterations/s, this tree | e3c3b05 | 02464a6:
+    sync 4.13 (9.13) | 0.80 (1.89) | 1.71 (3.17); k-sync:k=1536 3.04 (4.82) | 1.06 (2.16) |
+    0.27 (0.44); k-async:k=1024 3.11 (6.48) | 1.69 (2.71) | 0.56 (0.95); k-batch-async:k=1024
+    3.00 (5.16) | 1.16 (2.13) | 0.46 (0.65). Ratio to e3c3b05 within a round: medians 5.4,
+    2.5, 2.4, 2.4 (lowest 4.4, 2.1, 1.4, 2.1). Records are unchanged
+    (``bench/fingerprint_simulate.py``).
 Run: python bench/bench_simulator.py [--parts b] [--clock cpu] [--json]
 """
 

@@ -154,7 +154,7 @@ COMM_CASES = {name: [*CASES[name], "--comm-time", "exp:rate=4"] for name in CASE
 def _as_before_comm_stream(state: dict) -> dict:
     """A checkpoint as written before the three T^c samplers became one ``CommStream``: the
     owners held the generator (and RoundClock its buffer), the timeline its own version
-    array, the driver an unread "nonfinite" count."""
+    array and its schedule tuples of ints, the driver an unread "nonfinite" count."""
     engine = state["engine"]
     for part in ("durations", "clock"):
         if part in engine:
@@ -163,8 +163,11 @@ def _as_before_comm_stream(state: dict) -> dict:
             if part == "clock":
                 engine[part]["_comm"] = comm["_left"]
     if "timeline" in engine:
-        jobs = torch.tensor(engine["timeline"]["schedule"]["__fields__"]["jobs"])
-        engine["timeline"]["version"] = checkpoint.pack(jobs.numpy())
+        schedule = engine["timeline"]["schedule"]["__fields__"]
+        jobs = checkpoint.unpack(schedule["jobs"])
+        engine["timeline"]["version"] = checkpoint.pack(jobs)
+        for name in ("jobs", "asking"):
+            schedule[name] = tuple(checkpoint.unpack(schedule[name]).tolist())
     return {**state, "nonfinite": 0}
 
 

@@ -1,5 +1,5 @@
 """Properties of the parameter server's scheduling transition (``topology.ps``), over random
-event sequences, and the simulated timeline driving it."""
+event sequences: one worker an event (the runtime) or many (the simulator)."""
 
 from __future__ import annotations
 
@@ -9,10 +9,8 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from tests.sim.test_timeline import TableProcess
 
-from tailtrain.delays.schedule import JobDurations
-from tailtrain.sim.ps.timeline import ServerTimeline
+from tailtrain.errors import TailtrainError
 from tailtrain.strategies.base import SyncMode, uses_tokens
 from tailtrain.topology import ps
 from tailtrain.topology.ps import IDLE, Phase, Schedule
@@ -142,16 +140,68 @@ def test_the_server_leaves_a_dead_worker_out():
     assert s.phase(0) is Phase.IDLE
 
 
-@pytest.mark.parametrize(
-    "mode,stale", [(SyncMode.PSI, False), (SyncMode.PSW, True), (SyncMode.PULL, False),
-                   (SyncMode.PULL, True), (SyncMode.PULL_INTERRUPT, False)],
-)  # fmt: skip
-def test_the_timeline_keeps_its_jobs_as_the_schedule_says(mode, stale):
-    rng = np.random.default_rng(3)
-    table = np.round(rng.exponential(1.0, size=(40, 4)), 1) + 0.1
-    timeline = ServerTimeline(JobDurations(TableProcess(table), 4), 4)
-    for version in range(8):
-        timeline.begin(version, mode, stale)
-        assert timeline.schedule.jobs == tuple(timeline.version.tolist())
-        timeline.collect(2, version, stale)
-        assert timeline.schedule.jobs == tuple(timeline.version.tolist())
+def one_by_one(s, events):
+    """``events`` applied one after the other: the schedule after them and every start."""
+    starts = []
+    for event in events:
+        s, started = ps.transition(s, event)
+        starts += list(started)
+    return s, starts
+
+
+def same_schedule(a, b):
+    return (a.version, a.tokens, a.mode, a.accept_stale) == (
+        b.version,
+        b.tokens,
+        b.mode,
+        b.accept_stale,
+    ) and (a.jobs.tolist(), a.asking.tolist()) == (b.jobs.tolist(), b.asking.tolist())
+
+
+@settings(max_examples=300, deadline=None)
+@given(runs(), st.randoms(use_true_random=False))
+def test_an_event_of_several_workers_is_their_events_one_by_one(run, rnd):
+    """The simulator's batches (``Delivered``, ``Ask``, ``Lost`` of many workers, one pass
+    over arrays) and the runtime's single events are one rule: a batch does what its events
+    do in order, and ``follows`` says who of a batch starts at once."""
+    for before, _, _, _ in play(*run):
+        busy = [w for w in range(before.n) if before.phase(w) is Phase.BUSY]
+        rnd.shuffle(busy)
+        busy = busy[: rnd.randint(0, len(busy))]
+        holds = [rnd.random() < 0.5 for _ in busy]
+        workers = np.array(busy, dtype=np.int64)
+        batch = ps.transition(before, ps.Delivered(workers, np.array(holds, dtype=bool)))
+        events = [ps.Delivered(w, h) for w, h in zip(busy, holds, strict=True)]
+        single = one_by_one(before, events)
+        assert same_schedule(batch[0], single[0]) and list(batch[1]) == single[1]
+        s, followed = before, []
+        for w in busy:  # none held: does each start at once, after those before it?
+            s, started = ps.transition(s, ps.Delivered(w))
+            followed.append(len(started) > 0)
+        assert ps.follows(before, workers).tolist() == followed
+        anyone = list(range(before.n))
+        rnd.shuffle(anyone)  # asking or not: only the asking are served
+        for kind in (ps.Ask, ps.Lost):
+            batch = ps.transition(before, kind(np.array(anyone, dtype=np.int64)))
+            single = one_by_one(before, [kind(w) for w in anyone])
+            assert same_schedule(batch[0], single[0]) and list(batch[1]) == single[1]
+
+
+def test_an_event_names_each_worker_once():
+    s, _ = ps.transition(Schedule.fresh(3), ps.Update(0, SyncMode.PULL, True))
+    with pytest.raises(TailtrainError, match="twice"):
+        ps.transition(s, ps.Delivered(np.array([1, 2, 1])))
+    with pytest.raises(TailtrainError, match="without a job"):
+        ps.transition(ps.Schedule.fresh(2), ps.Delivered(np.array([0, 1])))
+
+
+def test_a_schedule_is_immutable_and_takes_ints_as_a_checkpoint_held_them():
+    """Checkpoints written when the schedule held tuples of ints load as arrays."""
+    s = Schedule(2, (1, IDLE, 2), (False, True, False), ((2, 1),), SyncMode.PULL.value)
+    assert s.jobs.dtype == np.int64 and s.asking.dtype == bool
+    assert s.phase(0) is Phase.BUSY and s.phase(1) is Phase.ASKING
+    with pytest.raises(ValueError):
+        s.jobs[0] = 3
+    after, starts = ps.transition(s, ps.Ask(1))
+    assert [tuple(a) for a in starts] == [(1, 2, False)] and s.phase(1) is Phase.ASKING
+    assert after.tokens == () and after.jobs.tolist() == [1, 2, 2]

@@ -156,6 +156,8 @@ class JobDurations:
         # without a pattern says its own factor
         if getattr(getattr(self._process, "pattern", None), "time_scheduled", True):
             compute = compute * self._process.time_factor(starts, workers)
+        if self.comm.model is None:  # its T^c table holds zeros: nothing to gather and add
+            return compute
         return compute + self._comm_table[rows, workers]
 
     def peek_progress(self, workers: np.ndarray) -> np.ndarray | None:

@@ -403,7 +403,10 @@ class StepStats:
 
     def used_mask(self) -> np.ndarray:
         """Which of ``arrivals`` entered the update."""
-        return np.isin(self.arrivals.keys, self.used)
+        keys = self.arrivals.keys
+        if len(keys) == len(self.used) and bool((keys == self.used).all()):
+            return np.ones(len(keys), dtype=bool)  # every arrival, in order (sync): no search
+        return np.isin(keys, self.used)
 
 
 class Strategy(ABC):

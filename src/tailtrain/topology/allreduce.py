@@ -24,20 +24,27 @@ from tailtrain.tasks.stream import CarryOver, Draws, deal
 
 
 def round_arrivals(
-    step: int, now: float, done: np.ndarray, compute: np.ndarray, units: int
+    step: int,
+    now: float,
+    done: np.ndarray,
+    compute: np.ndarray,
+    units: int,
+    workers: np.ndarray | int | None = None,
 ) -> ArrivalColumns:
     """An allreduce round's arrivals from gathered per-rank counts C_n and compute seconds
-    T~_n. Built from gathered rows, they are identical on every rank.
+    T~_n. Built from gathered rows, they are identical on every rank. ``workers``: the ranks
+    the rows are (default: all, in order; :func:`own_arrival`: one).
 
     Rank n's r-th round is its r-th job, from model r, a fraction C_n / units of a full one.
     """
     n = len(done)
     ints = np.empty((3, n), dtype=np.int64)  # worker, job, version: one array, three rows
-    ints[0], ints[1:] = np.arange(n), step
+    ints[0] = np.arange(n) if workers is None else workers
+    ints[1:] = step
     floats = np.empty((3, n))  # start, finish, units
-    floats[0], floats[1], floats[2] = now, compute, done
-    floats[1] += now
-    floats[2] /= units
+    floats[0] = now
+    np.add(compute, now, out=floats[1])
+    np.divide(done, units, out=floats[2])
     return ArrivalColumns.trusted(*ints, *floats, np.zeros(n, bool))
 
 
@@ -45,13 +52,7 @@ def own_arrival(
     step: int, now: float, rank: int, done: int, compute: float, units: int
 ) -> ArrivalColumns:
     """This rank's row of :func:`round_arrivals`, known before anything is exchanged."""
-    # two arrays sliced into seven columns: the first numpy calls after a round's compute
-    # run cold, ~5-15 us each, and this consultation is on every round's critical path
-    ints = np.array([rank, step, step], dtype=np.int64)
-    floats = np.array([now, now + compute, done / units])
-    return ArrivalColumns.trusted(
-        ints[0:1], ints[1:2], ints[2:3], floats[0:1], floats[1:2], floats[2:3], np.zeros(1, bool)
-    )
+    return round_arrivals(step, now, (done,), (compute,), units, rank)
 
 
 def as_allreduce(plan: Plan) -> AllreducePlan:

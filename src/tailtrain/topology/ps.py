@@ -35,6 +35,11 @@ Events:
 - ``Ask(w)``: serve a held worker now (the instant is over, or the draining step closed).
 - ``Lost(w)``: w's connection failed; its job will never come.
 
+``Delivered``, ``Ask`` and ``Lost`` name one worker (the runtime: one message) or several,
+distinct, in event order (the simulator: a batch of arrivals in virtual-time order); several
+are those events one after the other, applied in one pass over the schedule's arrays, so the
+simulator's 2048 workers cost a few numpy operations an event batch, not a Python call each.
+
 The step's closing rule (``step_closes``) and which arrivals count (``usable``) stay in
 ``strategies.base``; which jobs are older than the version (the drain) needs their times and
 stays with the engines.
@@ -61,6 +66,8 @@ from tailtrain.strategies.base import ArrivalColumns, StepStats, SyncMode, uses_
 #: the version of a worker that computes nothing
 IDLE = -1
 
+_INT, _BOOL = np.dtype(np.int64), np.dtype(bool)
+
 
 class Phase(StrEnum):
     """Where a worker stands with the server."""
@@ -70,32 +77,55 @@ class Phase(StrEnum):
     ASKING = "asking"
 
 
-@dataclass(frozen=True)
+def _frozen(values: Any, dtype: np.dtype) -> np.ndarray:
+    """``values`` as a read-only array of ``dtype`` that the schedule owns: a copy, unless it
+    is one already (``transition`` hands over the arrays it built)."""
+    if isinstance(values, np.ndarray) and values.dtype == dtype and not values.flags.writeable:
+        return values
+    out = np.array(values, dtype=dtype)
+    out.flags.writeable = False
+    return out
+
+
+@dataclass(frozen=True, eq=False)
 class Schedule:
     """The server's view of its workers, immutable. ``jobs[w]``: the version worker w computes
-    (``IDLE``: none); ``tokens``: runs ``(version, count)``, oldest first. Plain ints, bools and
-    strs only, so a checkpoint stores it as it is (``core.checkpoint``)."""
+    (``IDLE``: none); ``asking[w]``: whether it asks for a job; ``tokens``: runs
+    ``(version, count)``, oldest first. ``jobs`` and ``asking`` are read-only arrays, one
+    entry a worker, so that an event of many workers is a few array operations; a checkpoint
+    stores them as tensors (``core.checkpoint``), and one written when they were tuples of
+    ints loads as well."""
 
     version: int
-    jobs: tuple[int, ...]
-    asking: tuple[bool, ...]
+    jobs: np.ndarray
+    asking: np.ndarray
     tokens: tuple[tuple[int, int], ...] = ()
     mode: str = SyncMode.PSI.value
     accept_stale: bool = False
 
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "jobs", _frozen(self.jobs, _INT))
+        object.__setattr__(self, "asking", _frozen(self.asking, _BOOL))
+        if self.jobs.ndim != 1 or self.jobs.shape != self.asking.shape:
+            raise ValueError("a schedule's jobs and asking are one entry a worker each")
+
     @classmethod
     def fresh(cls, workers: int) -> Schedule:
         """Before the first update: every worker IDLE, no token."""
-        return cls(0, (IDLE,) * workers, (False,) * workers)
+        return cls(0, np.full(workers, IDLE, dtype=_INT), np.zeros(workers, dtype=_BOOL))
 
     @property
     def n(self) -> int:
-        return len(self.jobs)
+        return self.jobs.size
 
     def phase(self, worker: int) -> Phase:
         if self.jobs[worker] != IDLE:
             return Phase.BUSY
         return Phase.ASKING if self.asking[worker] else Phase.IDLE
+
+
+#: one worker (the runtime's events) or several, distinct, in event order (the simulator's)
+Workers = int | np.ndarray
 
 
 @dataclass(frozen=True)
@@ -107,182 +137,235 @@ class Update:
 
 
 class Delivered(NamedTuple):
-    # a NamedTuple, not a frozen dataclass: the simulator makes one per delivery, and a
-    # tuple is built at half the cost
-    worker: int
-    hold: bool = False
+    """``worker``'s gradients arrived; ``hold`` (one flag, or one a worker) keeps it ASKING."""
+
+    worker: Workers
+    hold: bool | np.ndarray = False
 
 
-@dataclass(frozen=True)
-class Ask:
-    worker: int
+class Ask(NamedTuple):
+    worker: Workers
 
 
-@dataclass(frozen=True)
-class Lost:
-    worker: int
+class Lost(NamedTuple):
+    worker: Workers
 
 
 Event = Update | Delivered | Ask | Lost
 
 
 class Start(NamedTuple):
-    """Start worker ``worker`` on ``version``; ``cancels``: interrupting the job it computes.
-    A NamedTuple (immutable, built at half a frozen dataclass's cost: one per job started)."""
+    """Start worker ``worker`` on ``version``; ``cancels``: interrupting the job it computes."""
 
     worker: int
     version: int
     cancels: bool = False
 
 
-def transition(s: Schedule, event: Event) -> tuple[Schedule, tuple[Start, ...]]:
-    """The schedule after ``event`` and the jobs it starts (module docstring)."""
-    if isinstance(event, Ask) and not s.asking[event.worker]:
-        return s, ()  # nothing to serve: the same schedule
-    ledger = _Ledger(s)
-    starts: list[Start] = []
-    ledger.apply(event, starts)
-    return ledger.freeze(), tuple(starts)
+@dataclass(frozen=True, eq=False)
+class Starts:
+    """The jobs an event starts, in the order the server starts them: ``worker[i]`` on
+    ``version[i]``, ``cancels[i]``: interrupting the job it computes. Arrays, which the
+    simulator launches at once; iterating yields one ``Start`` a job (the runtime sends one
+    JOB message each)."""
+
+    worker: np.ndarray
+    version: np.ndarray
+    cancels: np.ndarray
+
+    def __len__(self) -> int:
+        return self.worker.size
+
+    def __iter__(self):
+        rows = zip(self.worker.tolist(), self.version.tolist(), self.cancels.tolist(), strict=True)
+        return (Start(w, v, c) for w, v, c in rows)
 
 
-def transition_all(s: Schedule, events: list[Event]) -> tuple[Schedule, list[Start]]:
-    """Apply ``events`` in order; every job they start, in order."""
-    if not events:
-        return s, []
-    ledger = _Ledger(s)
-    starts: list[Start] = []
-    for event in events:
-        ledger.apply(event, starts)
-    return ledger.freeze(), starts
+def _handed(values: np.ndarray) -> np.ndarray:
+    """An array built for a new schedule, made read-only so that the schedule takes it as it
+    is (``_frozen``): no copy."""
+    values.flags.writeable = False
+    return values
 
 
-def follows(s: Schedule, workers: list[int]) -> list[bool]:
-    """Which of ``workers``, delivering in this order, would start a next job at once."""
-    ledger = _Ledger(s)
-    if not ledger.with_tokens:  # no queue: whoever asks is served, so who asks follows
-        return [ledger.wants(w) for w in workers]
-    starts: list[Start] = []
-    out = []
-    for w in workers:
-        before = len(starts)
-        ledger.delivered(w, False, starts)
-        out.append(len(starts) > before)
-    return out
+_NO_WORKERS = _handed(np.empty(0, dtype=_INT))
+NO_STARTS = Starts(_NO_WORKERS, _NO_WORKERS, _handed(np.empty(0, dtype=_BOOL)))
 
 
-class _Ledger:
-    """A ``Schedule`` as mutable lists while a run of events applies: the one implementation
-    of every event, and one immutable Schedule at the end of the run, not two n-tuples
-    rebuilt per event (the simulator applies ~40 events a step)."""
+def transition(s: Schedule, event: Event) -> tuple[Schedule, Starts]:
+    """The schedule after ``event`` and the jobs it starts (module docstring).
 
-    __slots__ = (
-        "accept_stale",
-        "asking",
-        "jobs",
-        "mode",
-        "refills",
-        "tokens",
-        "version",
-        "with_tokens",
+    An event of several workers (distinct, in event order) is those workers' events one after
+    the other, applied in one pass over the arrays: the simulator delivers a whole batch of
+    arrivals at once, the runtime each arrival as its message comes, through the same code."""
+    if isinstance(event, Delivered):
+        return _delivered(s, _workers(s, event.worker), event.hold)
+    if isinstance(event, Ask):
+        return _ask(s, _workers(s, event.worker))
+    if isinstance(event, Update):
+        return _update(s, event)
+    if isinstance(event, Lost):
+        jobs, asking = s.jobs.copy(), s.asking.copy()
+        w = _workers(s, event.worker)
+        jobs[w], asking[w] = IDLE, False
+        return _after(s, jobs, asking, s.tokens), NO_STARTS
+    raise TypeError(f"not a parameter-server event: {event!r}")
+
+
+def follows(s: Schedule, workers: Workers) -> np.ndarray:
+    """Which of ``workers``, delivering in this order and none held, would start a next job
+    at once (``Delivered``: each that asks, while tokens last)."""
+    return _asks(s, _workers(s, workers), False)[1]
+
+
+def _workers(s: Schedule, worker: Workers) -> np.ndarray:
+    """An event's workers as an array; several must be distinct (one event each)."""
+    w = np.asarray(worker, dtype=_INT)
+    if w.ndim == 0:
+        return w.reshape(1)
+    if w.size > 1:
+        seen = np.zeros(s.n, dtype=_BOOL)
+        seen[w] = True
+        if np.count_nonzero(seen) != w.size:
+            raise TailtrainError(f"an event names a worker twice: {w.tolist()}")
+    return w
+
+
+def _after(
+    s: Schedule, jobs: np.ndarray, asking: np.ndarray, tokens: tuple[tuple[int, int], ...]
+) -> Schedule:
+    """``s`` with ``jobs``, ``asking`` (arrays the caller built and hands over) and ``tokens``."""
+    return Schedule(s.version, _handed(jobs), _handed(asking), tokens, s.mode, s.accept_stale)
+
+
+def _update(s: Schedule, e: Update) -> tuple[Schedule, Starts]:
+    sync, _, with_tokens = _mode_facts(e.mode, e.accept_stale)
+    jobs, asking, v = s.jobs.copy(), s.asking.copy(), e.version
+    busy = jobs != IDLE
+    interrupted = _NO_WORKERS
+    if sync.interrupts:  # every BUSY worker restarts at v
+        interrupted = busy.nonzero()[0]
+        jobs[interrupted], asking[interrupted] = v, False
+    free = ~busy  # an interrupted worker is busy again at once
+    if e.absent:  # the dead are not served
+        free[np.fromiter(e.absent, dtype=_INT, count=len(e.absent))] = False
+    tokens = s.tokens
+    live = s.n - len(e.absent)
+    if with_tokens and live > 0:
+        tokens = (*tokens, (v, live))
+    free = free.nonzero()[0]
+    asking[free] = False
+    tokens, served = _serve(jobs, asking, tokens, v, with_tokens, free)
+    after = Schedule(v, _handed(jobs), _handed(asking), tokens, sync.value, e.accept_stale)
+    if interrupted.size == 0:
+        return after, served
+    # interrupts first, then the free workers, lowest index first
+    return after, Starts(
+        np.concatenate([interrupted, served.worker]),
+        np.concatenate([np.full(interrupted.size, v, dtype=_INT), served.version]),
+        np.concatenate([np.ones(interrupted.size, dtype=_BOOL), served.cancels]),
     )
 
-    def __init__(self, s: Schedule) -> None:
-        self.version = s.version
-        self.jobs, self.asking = list(s.jobs), list(s.asking)
-        self.tokens = s.tokens
-        self._set_mode(s.mode, s.accept_stale)
 
-    def _set_mode(self, mode: str, accept_stale: bool) -> None:
-        # read on every delivery: the mode's properties once per run of events
-        self.mode, self.refills, self.with_tokens = _mode_facts(mode, accept_stale)
-        self.accept_stale = accept_stale
+def _wants(s: Schedule, w: np.ndarray, refills: bool) -> np.ndarray:
+    """Whether each of workers ``w``, delivering now, asks for a next job at once: under pull,
+    or (push) when its gradient is stale and dropped (DBW §2, PsW)."""
+    job = s.jobs[w]
+    idle = job == IDLE
+    if idle.any():
+        raise TailtrainError(f"worker {int(w[idle][0])} delivered without a job")
+    if refills:
+        return np.ones(w.size, dtype=_BOOL)
+    if s.accept_stale:
+        return np.zeros(w.size, dtype=_BOOL)
+    return job < s.version
 
-    def freeze(self) -> Schedule:
-        return Schedule(
-            self.version,
-            tuple(self.jobs),
-            tuple(self.asking),
-            self.tokens,
-            self.mode.value,
-            self.accept_stale,
-        )
 
-    def apply(self, event: Event, starts: list[Start]) -> None:
-        """Apply ``event``; append the jobs it starts to ``starts``."""
-        if isinstance(event, Delivered):
-            self.delivered(event.worker, event.hold, starts)
-        elif isinstance(event, Ask):
-            w = event.worker
-            if self.asking[w]:
-                self.jobs[w], self.asking[w] = IDLE, False
-                self._serve(w, starts)
-        elif isinstance(event, Update):
-            self._update(event, starts)
-        elif isinstance(event, Lost):
-            self.jobs[event.worker], self.asking[event.worker] = IDLE, False
+def _asks(s: Schedule, w: np.ndarray, hold: bool | np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Of workers ``w`` delivering in this order: which ask for a next job (``_wants``), and
+    which are served at once: those that ask and are not held, while the queue lasts."""
+    _, refills, with_tokens = _mode_facts(s.mode, s.accept_stale)
+    wants = _wants(s, w, refills)
+    served = wants & ~np.asarray(hold, dtype=_BOOL)
+    supply = _supply(s.tokens, with_tokens)
+    if supply is not None:
+        served &= np.cumsum(served) <= supply
+    return wants, served
+
+
+def _delivered(s: Schedule, w: np.ndarray, hold: bool | np.ndarray) -> tuple[Schedule, Starts]:
+    _, _, with_tokens = _mode_facts(s.mode, s.accept_stale)
+    wants, served = _asks(s, w, hold)
+    jobs, asking = s.jobs.copy(), s.asking.copy()
+    jobs[w] = IDLE
+    asking[w] = wants & np.asarray(hold, dtype=_BOOL)  # held, it asks; served or not, it does not
+    tokens, starts = _serve(jobs, asking, s.tokens, s.version, with_tokens, w[served])
+    return _after(s, jobs, asking, tokens), starts
+
+
+def _ask(s: Schedule, w: np.ndarray) -> tuple[Schedule, Starts]:
+    ask = w[s.asking[w]]
+    if ask.size == 0:
+        return s, NO_STARTS  # nothing to serve: the same schedule
+    _, _, with_tokens = _mode_facts(s.mode, s.accept_stale)
+    jobs, asking = s.jobs.copy(), s.asking.copy()
+    jobs[ask], asking[ask] = IDLE, False
+    tokens, starts = _serve(jobs, asking, s.tokens, s.version, with_tokens, ask)
+    return _after(s, jobs, asking, tokens), starts
+
+
+def _serve(
+    jobs: np.ndarray,
+    asking: np.ndarray,
+    tokens: tuple[tuple[int, int], ...],
+    version: int,
+    with_tokens: bool,
+    free: np.ndarray,
+) -> tuple[tuple[tuple[int, int], ...], Starts]:
+    """Start the free workers ``free``, in order, at ``version``, or each at the oldest token's
+    (none left: the rest wait); the tokens left and the starts. Sets ``jobs`` and ``asking``."""
+    supply = _supply(tokens, with_tokens)
+    if supply is not None:
+        free = free[:supply]
+    if free.size == 0:
+        return tokens, NO_STARTS
+    if with_tokens:
+        versions, tokens = _take_tokens(tokens, free.size)
+    else:
+        versions = np.full(free.size, version, dtype=_INT)
+    jobs[free], asking[free] = versions, False
+    return tokens, Starts(free, versions, np.zeros(free.size, dtype=_BOOL))
+
+
+def _supply(tokens: tuple[tuple[int, int], ...], with_tokens: bool) -> int | None:
+    """How many free workers the server can start now, in the order they ask: as many as
+    there are tokens (DBW §2 footnote 3); None: every one (no queue)."""
+    return sum(count for _, count in tokens) if with_tokens else None
+
+
+def _take_tokens(
+    tokens: tuple[tuple[int, int], ...], count: int
+) -> tuple[np.ndarray, tuple[tuple[int, int], ...]]:
+    """Dequeue ``count`` tokens (at most as many as there are), oldest first: their versions
+    and the queue left (a few runs, one per update still queued)."""
+    versions, counts, rest = [], [], list(tokens)
+    while count and rest:
+        version, left = rest[0]
+        got = min(count, left)
+        versions.append(version)
+        counts.append(got)
+        count -= got
+        if got == left:
+            rest.pop(0)
         else:
-            raise TypeError(f"not a parameter-server event: {event!r}")
-
-    def _update(self, e: Update, starts: list[Start]) -> None:
-        self._set_mode(e.mode, e.accept_stale)
-        jobs, asking, n = self.jobs, self.asking, len(self.jobs)
-        version, absent, with_tokens = e.version, e.absent, self.with_tokens
-        if self.mode.interrupts:
-            for w in range(n):
-                if jobs[w] != IDLE:
-                    starts.append(Start(w, version, cancels=True))
-                    jobs[w], asking[w] = version, False
-        tokens = self.tokens
-        if with_tokens:
-            tokens = (*tokens, (version, n - len(absent)))
-        for w in range(n):
-            if jobs[w] != IDLE or (absent and w in absent):
-                continue
-            asking[w] = False
-            if not with_tokens:  # served without tokens: start at the new version
-                jobs[w] = version
-                starts.append(Start(w, version))
-            elif tokens:  # served with tokens: the oldest token's version
-                (token, count), rest = tokens[0], tokens[1:]
-                tokens = rest if count == 1 else ((token, count - 1), *rest)
-                jobs[w] = token
-                starts.append(Start(w, token))
-        self.version, self.tokens = version, tokens
-
-    def wants(self, w: int) -> bool:
-        """Whether worker ``w``, delivering now, asks for a next job at once: under pull, or
-        (push) when its gradient is stale and dropped (DBW §2, PsW)."""
-        if self.jobs[w] == IDLE:
-            raise TailtrainError(f"worker {w} delivered without a job")
-        return self.refills or (self.jobs[w] < self.version and not self.accept_stale)
-
-    def delivered(self, w: int, hold: bool, starts: list[Start]) -> None:
-        wants = self.wants(w)
-        self.jobs[w] = IDLE
-        if not wants or hold:
-            self.asking[w] = wants
-            return
-        self.asking[w] = False
-        self._serve(w, starts)  # it asks and is served at once
-
-    def _serve(self, w: int, starts: list[Start]) -> None:
-        """Start free worker ``w`` at the version, or at the oldest token's (none: it waits)."""
-        if not self.with_tokens:
-            self.jobs[w], self.asking[w] = self.version, False
-            starts.append(Start(w, self.version))
-            return
-        if not self.tokens:
-            return
-        (version, count), rest = self.tokens[0], self.tokens[1:]
-        self.tokens = rest if count == 1 else ((version, count - 1), *rest)
-        self.jobs[w], self.asking[w] = version, False
-        starts.append(Start(w, version))
+            rest[0] = (version, left - got)
+    return np.repeat(np.array(versions, dtype=_INT), counts), tuple(rest)
 
 
 @cache
 def _mode_facts(mode: str, accept_stale: bool) -> tuple[SyncMode, bool, bool]:
     """A schedule's mode, whether it refills and whether it runs on tokens: a few enum
-    look-ups that every run of events (several a simulated step) would repeat."""
+    look-ups that every event would repeat."""
     sync = SyncMode(mode)
     return sync, sync.refills, uses_tokens(sync, accept_stale)
 

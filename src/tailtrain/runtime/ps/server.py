@@ -234,8 +234,8 @@ class Server:
 
     @property
     def busy(self) -> np.ndarray:
-        """The version each worker computes (``IDLE``: none), from the schedule."""
-        return np.array(self.schedule.jobs, dtype=np.int64)
+        """The version each worker computes (``IDLE``: none): the schedule's, read-only."""
+        return self.schedule.jobs
 
     def checked(
         self, message: Message | None, plan: ServerPlan, fresh: list[Arrival], closed: bool

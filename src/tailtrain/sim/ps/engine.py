@@ -111,8 +111,8 @@ class ServerEngine:
         self.version += 1
         self.step += 1
         if self.trainer is not None:
-            # the versions jobs in flight compute: the schedule's plain ints, as a set at once
-            busy = set(self.timeline.schedule.jobs)
+            # the versions jobs in flight compute
+            busy = set(np.unique(self.timeline.schedule.jobs).tolist())
             busy.discard(IDLE)
             self.trainer.retain({self.version, *busy})
 
@@ -129,7 +129,7 @@ class ServerEngine:
         tl = self.timeline
         return {
             "engine": checkpoint.capture(self, ("world", "timeline", "trainer")),
-            "timeline": checkpoint.capture(tl, ("durations", *tl.CACHES)),
+            "timeline": checkpoint.capture(tl, ("durations",)),
             "durations": checkpoint.with_comm(tl.durations, checkpoint.DURATIONS_STATIC),
             "delays": checkpoint.delay_state(self.world.process),
             "trainer": None
