@@ -179,7 +179,7 @@ ELASTIC_USERS = {
     "runtime/allreduce/handover.py": "handover",
     "runtime/allreduce/rounds.py": "handover",
     "runtime/partial/regroup.py": "handover",
-    "runtime/partial/rounds.py": "handover",
+    "runtime/partial/rule.py": "handover",
     "integrate/step.py": "handover",
     "runtime/launching/checks.py": "refusals",
 }

@@ -1,7 +1,7 @@
 """The one place where the runtime talks to a strategy: ``plan``, ``select``, ``adapt``.
 
 :class:`RuleDriver` is the only caller of a rule's methods in ``runtime/``: the allreduce's
-rounds, the partial collective's reducer thread (``runtime.partial.rounds.Rule``) and the
+rounds, the partial collective's reducer thread (``runtime.partial.rule.Rule``) and the
 parameter server's loop (``runtime.ps.server.Server``) hold a driver, never the rule's state.
 
 Every rank holds its own copy of the rule's state and calls the rule with identical inputs

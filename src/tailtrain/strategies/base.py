@@ -493,7 +493,7 @@ class Strategy(ABC):
 
 
 #: the most each topology can apply: (weights, deferred weights); the simulator's engines and
-#: the runtime's protocols alike (runtime.control, runtime.partial.rounds's uniform_weight,
+#: the runtime's protocols alike (runtime.control, runtime.partial.rule's uniform_weight,
 #: runtime.ps)
 TOPOLOGY_APPLIES: dict[Topology, tuple[WeightContract, bool]] = {
     Topology.ALLREDUCE: (WeightContract.OWN_COUNTS, False),

@@ -33,7 +33,8 @@ from tailtrain.runtime.launching.checks import validate
 from tailtrain.runtime.launching.endpoint import Endpoint, reserve
 from tailtrain.runtime.launching.failures import JobFailed
 from tailtrain.runtime.launching.launch import launch
-from tailtrain.runtime.partial.rounds import batch, train_partial
+from tailtrain.runtime.partial.regroup import Member
+from tailtrain.runtime.partial.rounds import _Run, batch, train_partial
 from tailtrain.runtime.reduce import Collectives
 from tailtrain.strategies.base import Context
 from tailtrain.strategies.registry import parse_strategy
@@ -127,6 +128,14 @@ def test_the_partial_collective_refuses_what_it_cannot_shrink_in_one_line():
         check_shrink(larger, partial, local=True, ctx=ctx)
     s = Scenario(task="logreg", workers=3, iterations=2)
     validate(TrainConfig(s, "eager:mode=majority", on_rank_loss="shrink"), local=True)
+
+
+def test_a_ranks_run_holds_everything_a_regroup_reads_and_replaces():
+    """``regroup.Member`` declares what a regroup needs of a rank's run, so that the module
+    names nothing of the rank loop; the loop's run must hold every one of those fields."""
+    declared = set(Member.__annotations__)
+    held = {f.name for f in dataclasses.fields(_Run)}
+    assert declared and declared <= held, sorted(declared - held)
 
 
 def test_eager_follows_the_live_world():

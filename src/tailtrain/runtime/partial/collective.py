@@ -62,9 +62,10 @@ completes at the last call.
 A round contributes each process's send buffer (fresh and stale gradients; a late process
 contributes what its buffer holds), at most ``capacity`` gradients per process per round, the
 oldest first (the rest wait for the next round). The allreduce buffer (``wire``) is
-``[sum g (D), sum of fresh g (D), slots (P, 4 + 6 capacity)]``: every process writes its slot
-(initiated, activation time, snapshot time, rows; rows of ``job, version, start, finish, loss,
-||g||^2``) and zeros elsewhere, so one SUM gives every rank the same arrivals.
+``[sum g (D), sum of fresh g (D), slots (P, len(HEAD) + capacity * len(SLOT_COLUMNS))]``:
+every process writes its slot (initiated, activation time, snapshot time, rows, grow; rows of
+``job, version, start, finish, loss, ||g||^2, adopted, screened``) and zeros elsewhere, so one
+SUM gives every rank the same arrivals.
 
 Every wait for something owed is bounded by ``timeout`` (a ``datetime.timedelta`` on the
 groups, a deadline on the condition waits) and ends in a one-line error naming the rank; only
@@ -116,7 +117,7 @@ from tailtrain.topology.partial import activation_hops, counter_of
 
 #: gradients one process contributes per round at most (the rest wait a round)
 CAPACITY = 4
-#: completed rounds each rank keeps (``runtime.partial.rounds`` keeps the steps of as many)
+#: completed rounds each rank keeps (``runtime.partial.rule`` keeps the steps of as many)
 KEPT_ROUNDS = 64
 #: up to this many processes an initiator activates everyone itself: one hop of P - 1 messages
 #: instead of ⌈log2 P⌉ sequential hops and P ⌈log2 P⌉ messages, each a thread wake-up

@@ -26,8 +26,9 @@ the shield, the closer, the retry when a member dies during the census or the fo
   waits stay bounded by ``--timeout`` (the groups' timeouts) and end at the latest when the
   groups are aborted below.
 * ``ABORTING``: the main thread saw the failure (a thread's collective raised: a peer's
-  socket closed; the watch; the deadline). It freezes the rule (``Rule.freeze_for_regroup``:
-  a round its reducer completes from now on counts nowhere here), sends ``ABORT``
+  socket closed; the watch; the deadline). It freezes the rule
+  (``runtime.partial.rule.Rule.freeze_for_regroup``: a round its reducer completes from now
+  on counts nowhere here), sends ``ABORT``
   (``PartialCollective.abort``), aborts the generation's activation and reduce groups
   (``ProcessGroupGloo.abort``, so no thread stays in a collective), and goes to the census
   at once (the threads leave on their own). What it completed: the rounds its reducer
@@ -53,7 +54,7 @@ the shield, the closer, the retry when a member dies during the census or the fo
   (the lowest rank among equals; a round completes everywhere or on some survivors only, when
   a peer died inside its allreduce), broadcasts over the generation's ``GroupCollectives``
   its *agreed model* (the model of a rank that adopted every round, which every rank keeps:
-  ``runtime.partial.rounds``, Checkpoints), the rule's state, the run's clock, the injected
+  ``runtime.partial.rule``), the rule's state, the run's clock, the injected
   communication draws, the update's state and the rows of the rounds the others lack. Every
   member takes the agreed model as its own (a shrink is a model average, as a resume is),
   and the rule follows the live world (``RuleDriver.followed``: eager's divisor P, its quorum
@@ -104,7 +105,7 @@ import datetime
 import logging
 import time
 from enum import StrEnum
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import torch.distributed as dist
@@ -115,8 +116,13 @@ from tailtrain.runtime.elastic.shrink import Shrinker
 from tailtrain.runtime.partial.collective import PartialCollective
 
 if TYPE_CHECKING:
+    import torch
+
+    from tailtrain.core.scenario import World
+    from tailtrain.runtime.config import TrainConfig
     from tailtrain.runtime.elastic.shrink import Census
-    from tailtrain.runtime.partial.rounds import _Run
+    from tailtrain.runtime.partial.rule import Rule
+    from tailtrain.runtime.reduce import Collectives
 
 log = logging.getLogger(__name__)
 
@@ -137,6 +143,29 @@ class CollectivePhase(StrEnum):
     GROWING = "growing"
     HANDOVER = "handover"
     REFUSED = "refused"
+
+
+class Member(Protocol):
+    """What a regroup reads and replaces of one rank's run (``runtime.partial.rounds`` holds
+    it): declared here, so this module needs nothing of the rank loop that drives it."""
+
+    config: TrainConfig
+    world: World
+    rule: Rule
+    #: the job's collectives, then a generation's (``GroupCollectives``)
+    comm: Collectives
+    coll: PartialCollective | None
+    shrinker: Shrinker | None
+    phase: CollectivePhase
+    #: the original rank (its data shard and delays), the model and the next job
+    rank: int
+    theta: torch.Tensor
+    job: int
+    #: each call ``[generation, job, version, adopted]``, those a regroup accounted for, and
+    #: the longest step rank 0 last told the store (:func:`publish_deadline`)
+    calls: list[list[Any]]
+    accounted: int
+    published: float
 
 
 class DeathWatch:
@@ -163,7 +192,7 @@ class DeathWatch:
                 raise Broken(f"rank {member} died")
 
 
-def publish_deadline(run: _Run) -> None:
+def publish_deadline(run: Member) -> None:
     """Rank 0 keeps the longest step its deadline learned in the store (:data:`LONGEST`), so
     that a rank started again forms its first generation within the live ranks' deadline,
     not ``--timeout``; written only when it grew by :data:`PUBLISH_GROWTH`."""
@@ -190,7 +219,7 @@ def generation_groups(
 
 
 def new_collective(
-    run: _Run, groups: tuple[dist.ProcessGroup, dist.ProcessGroup] | None = None
+    run: Member, groups: tuple[dist.ProcessGroup, dist.ProcessGroup] | None = None
 ) -> PartialCollective:
     """The partial collective of ``run``'s current generation (``groups``: a shrunk one's;
     None: every rank of the job), watched under shrink (module docstring, RUNNING)."""
@@ -214,7 +243,7 @@ def new_collective(
 
 
 def regroup_run(
-    run: _Run, exc: BaseException | None, grow: bool = False, join: bool = False
+    run: Member, exc: BaseException | None, grow: bool = False, join: bool = False
 ) -> None:
     """After ``exc``: ABORTING, then REGROUPING and HANDOVER (module docstring); with
     ``grow`` (the generation ended cleanly: a rank asks to join) or ``join`` (this rank was
@@ -245,7 +274,7 @@ def regroup_run(
     run.phase = CollectivePhase.RUNNING
 
 
-def handover(run: _Run, comm: GroupCollectives, found: Census) -> None:
+def handover(run: Member, comm: GroupCollectives, found: Census) -> None:
     """HANDOVER (module docstring): the lead's state on every member, the dropped gradients
     counted, the new collective built; raises (Broken, RuntimeError) when a member is lost
     meanwhile, and Shrinker.regroup runs the census again."""
@@ -282,7 +311,7 @@ def handover(run: _Run, comm: GroupCollectives, found: Census) -> None:
         raise
 
 
-def dropped_calls(run: _Run, state: dict[str, Any]) -> tuple[int, bool]:
+def dropped_calls(run: Member, state: dict[str, Any]) -> tuple[int, bool]:
     """This rank's calls since the last regroup whose gradient no round the lead completed
     carried: the number of those dropped from the send buffer (lost, counted in ``skipped``),
     and whether a round carried the call in flight (else its job is computed again with the

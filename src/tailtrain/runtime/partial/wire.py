@@ -35,8 +35,11 @@ from tailtrain.strategies.eager import RoundPlan
 ACT, CALL, STOP, ABORT = 1, 2, 3, 4
 #: columns of one contributed gradient's row; ``adopted``: the round its rank had adopted last
 #: when it computed it (-1: none since its start or its last regroup), from which a shrinking
-#: run's parameters can be rebuilt (``runtime.partial.regroup``)
-SLOT_COLUMNS = ("job", "version", "start", "finish", "loss", "gsq", "adopted")
+#: run's parameters can be rebuilt (``runtime.partial.regroup``); ``screened``: 1 when its rank
+#: screened it out as non-finite (``core.update.screen_own``), so it joined the sum as zeros
+SLOT_COLUMNS = ("job", "version", "start", "finish", "loss", "gsq", "adopted", "screened")
+#: where ``screened`` stands in :attr:`RoundResult.rows` (after the worker column)
+SCREENED = 1 + SLOT_COLUMNS.index("screened")
 #: a slot's head; ``grow``: the rank saw a rank ask to join (``runtime.partial.regroup``)
 HEAD = ("initiated", "activated", "snapshot", "rows", "grow")
 #: buffers up to this size are summed by recursive doubling (latency-bound), larger by gloo's ring
@@ -115,6 +118,11 @@ class RoundResult:
         have = np.arange(cap)[None, :] < self.slots[:, 3, None]
         worker = np.broadcast_to(np.arange(p)[:, None], (p, cap))[have]
         return np.column_stack([worker, table[have]])
+
+    @property
+    def screened(self) -> np.ndarray:
+        """Aligned with :attr:`rows`: whether each gradient was screened out (not in the sum)."""
+        return self.rows[:, SCREENED] > 0
 
     def arrivals(self) -> ArrivalColumns:
         rows = self.rows
@@ -209,6 +217,8 @@ def row(
     loss: float,
     gsq: float,
     adopted: int = -1,
+    screened: bool = False,
 ) -> np.ndarray:
-    """One contributed gradient's row (``SLOT_COLUMNS``)."""
-    return np.array([job, version, start, finish, loss, gsq, adopted], dtype=np.float64)
+    """One contributed gradient's row (``SLOT_COLUMNS``); ``screened``: it is zeros in the sum."""
+    columns = [job, version, start, finish, loss, gsq, adopted, float(screened)]
+    return np.array(columns, dtype=np.float64)

@@ -185,7 +185,7 @@ class PartialCollectiveEngine:
         done: _Round = played.detail
         work = done.contributions
         # a gradient screened out as non-finite (the driver drops it from ``used``) is no
-        # contribution of the round, as the runtime records it (``runtime.partial.rounds``)
+        # contribution of the round, as the runtime records it (``runtime.partial.rule``)
         screened = np.setdiff1d(selection.used(), stats.used)
         kept = ~np.isin(_arrivals(work).keys, screened)
         models = 1 if self.models is None else self.models.distinct(self.procs.model)
