@@ -6,7 +6,6 @@ loop's round with ``train``'s (``runtime.allreduce``) on the same gathered rows.
 
 from __future__ import annotations
 
-import math
 from types import SimpleNamespace
 
 import numpy as np
@@ -16,7 +15,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tailtrain.integrate.rounds import RoundProgress, Rounds
-from tailtrain.runtime.allreduce.rounds import settle
+from tailtrain.runtime.allreduce.accounts import settle
+from tailtrain.runtime.allreduce.state import Clock, Membership
 from tailtrain.runtime.control import round_times, screened_out
 from tailtrain.runtime.telemetry import TraceRows
 
@@ -56,8 +56,7 @@ def loop_round(strategy: str, timing: np.ndarray, screened: bool = False):
 
 def train_settles(timing: np.ndarray) -> SimpleNamespace:
     done = SimpleNamespace(ex=SimpleNamespace(step=0))
-    run = SimpleNamespace(unsettled=done, settled=0.0, now=0.0, settling=[], shrinker=None)
-    run.comm_time = math.nan
+    run = SimpleNamespace(unsettled=done, clock=Clock(), membership=Membership(), settling=[])
     run.trace = TraceRows(0, per_micro_batch=False, charged=True)
     settle(run, timing)
     return run
@@ -74,10 +73,10 @@ def test_train_and_the_loop_feed_algorithm_2_the_same_t_c(rows):
     timing = np.array(rows)
     stats, record = loop_round("dropcompute:calibrate=3", np.c_[timing, [0, 0]])
     run = train_settles(timing)
-    assert stats.comm_time == record.comm_time == run.comm_time == min(timing[:, 0])
-    assert record.time == run.settled == max(timing[:, 1])
-    assert round_times(timing) == (run.comm_time, run.settled)
-    assert run.trace.walls == {0: run.settled}  # the trace charges the round's wall seconds
+    assert stats.comm_time == record.comm_time == run.clock.comm_time == min(timing[:, 0])
+    assert record.time == run.clock.settled == max(timing[:, 1])
+    assert round_times(timing) == (run.clock.comm_time, run.clock.settled)
+    assert run.trace.walls == {0: run.clock.settled}  # the trace charges the round's wall seconds
 
 
 @pytest.mark.timeout(30)

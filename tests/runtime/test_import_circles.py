@@ -18,7 +18,6 @@ SRC = Path(__file__).parents[2] / "src"
 #: the circles inside runtime/ (each from its first module in sorted order): a rank loop and
 #: the helper module that names the loop's state in type hints only (``if TYPE_CHECKING:``)
 KNOWN = {
-    ("allreduce.handover", "allreduce.rounds"),
     ("ps.keep", "ps.server"),
     ("ps.lgc", "ps.server"),
 }

@@ -3,12 +3,14 @@ runs are in test_allreduce)."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
 
-from tailtrain.runtime.reduce import Collectives, PeerFailure, SumBuffer
+from tailtrain.runtime.reduce import Collectives, PeerFailure, SumBuffer, contribute
 
 
 @pytest.fixture
@@ -88,3 +90,22 @@ def test_gather_returns_one_row_per_rank(one_rank):
 def test_a_failed_collective_is_a_peer_failure(one_rank):
     with pytest.raises(PeerFailure, match="all_gather"), one_rank._guard("all_gather"):
         raise RuntimeError("Connection closed by peer")
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])
+def test_a_non_finite_contribution_joins_with_zeros_and_withholds_its_weight(bad):
+    """Zeros, not 0 * values (0 * NaN is NaN), weight 0, and the weight it withheld."""
+    values = torch.tensor([1.0, bad, 3.0])
+    mine = contribute(values, 0.25, scale=2.0)
+    assert mine.screened and mine.weight == 0.0 and mine.withheld == 0.25
+    assert mine.values.tolist() == [0.0, 0.0, 0.0]
+    told = contribute(torch.tensor([1.0, 2.0]), 0.5, bad=True)  # the caller screened already
+    assert told.screened and told.values.tolist() == [0.0, 0.0] and told.withheld == 0.5
+
+
+def test_a_finite_contribution_is_scaled_bit_for_bit_and_kept_as_is_at_scale_1():
+    values = torch.randn(1000, generator=torch.Generator().manual_seed(0))
+    mine = contribute(values, 0.25, scale=0.1)
+    assert not mine.screened and (mine.weight, mine.withheld) == (0.25, 0.0)
+    assert torch.equal(mine.values, values * 0.1)
+    assert contribute(values, 0.25).values is values  # straight into the reduce buffer

@@ -51,7 +51,7 @@ from tailtrain.errors import UsageError
 from tailtrain.integrate.probe import batch_samples, watching
 from tailtrain.integrate.rounds import RoundProgress, Rounds, StepRecord
 from tailtrain.runtime.control import RankWeighting, check_agreement
-from tailtrain.runtime.reduce import Collectives
+from tailtrain.runtime.reduce import Collectives, contribute
 from tailtrain.strategies.base import Strategy
 from tailtrain.strategies.entries import HOOK, hook_refusal
 
@@ -198,13 +198,10 @@ def weighted_bucket_allreduce(
     ``divisor`` the one it fixed (None: the reduced sum of the weights). A bucket holding a NaN
     or an infinity joins with weight 0 and zeros (0 * NaN is NaN) and reports the weight it
     withheld, so every rank's agreement check (reduced + withheld = expected) holds and the
-    others' mean is divided by their own weights. Both DDP hooks reduce through here, so the
-    screening is decided once."""
-    bad = not bool(torch.isfinite(buffer).all())
-    weight, withheld = (0.0, weight) if bad else (weight, 0.0)
-    head = torch.zeros_like(buffer) if bad else buffer * (weight * scale)
-    tail = torch.tensor([weight, withheld], dtype=buffer.dtype, device=buffer.device)
-    work = dist.all_reduce(torch.cat([head, tail]), group=process_group, async_op=True)
+    others' mean is divided by their own weights (``runtime.reduce.contribute``)."""
+    mine = contribute(buffer, weight, scale=weight * scale)
+    tail = torch.tensor([mine.weight, mine.withheld], dtype=buffer.dtype, device=buffer.device)
+    work = dist.all_reduce(torch.cat([mine.values, tail]), group=process_group, async_op=True)
 
     def divide(future: torch.futures.Future[list[torch.Tensor]]) -> torch.Tensor:
         reduced = future.value()[0]
@@ -213,7 +210,7 @@ def weighted_bucket_allreduce(
         by = divisor if divisor is not None else summed
         return reduced[:-BUCKET_TAIL].mul_(lr_scale / (by if by else 1.0))
 
-    return work.get_future().then(divide), bad
+    return work.get_future().then(divide), mine.screened
 
 
 def flush_buckets(ddp_model: DistributedDataParallel) -> None:

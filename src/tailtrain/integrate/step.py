@@ -137,7 +137,7 @@ from tailtrain.runtime.elastic.handover import elect, follow_live, hand_over
 from tailtrain.runtime.elastic.refusals import check_follows, check_gloo_cpu
 from tailtrain.runtime.elastic.shrink import Census, OnRankLoss, Shrinker
 from tailtrain.runtime.elastic.store import LAUNCHED, REJOIN
-from tailtrain.runtime.reduce import Collectives, PeerFailure
+from tailtrain.runtime.reduce import Collectives, PeerFailure, contribute
 from tailtrain.strategies.base import Context, Strategy
 from tailtrain.strategies.entries import LOOP
 
@@ -567,19 +567,19 @@ def weighted_average(
     whether this rank was screened out, and sum_n w_n over the ranks not screened out (0: no
     rank's values entered).
 
-    Screened like ``runtime.allreduce.rounds.reduce_and_apply``: a rank holding a non-finite value
-    joins with weight 0, and reports the weight it withheld so the agreement check holds."""
+    Screened as every weighted allreduce is (``runtime.reduce.contribute``): a rank holding a
+    non-finite value in any tensor joins every bucket with weight 0, and reports the weight it
+    withheld so the agreement check holds."""
     mine = agreed.mine
     bad = not all(bool(torch.isfinite(t).all()) for t in tensors)
-    weight, excluded = (0.0, mine.weight) if bad else (mine.weight, 0.0)
     out: list[torch.Tensor] = [torch.empty(0)] * len(tensors)
     total = 0.0
     for b, index in enumerate(groups):
         parts = [tensors[i] for i in index]
         flat = torch.cat([t.reshape(-1) for t in parts])
-        flat = torch.zeros_like(flat) if bad else flat.mul_(scale)  # 0 * NaN is NaN
-        extras = (excluded,) if b == 0 else ()
-        reduced = comm.weighted_sum(flat, weight, extras)
+        part = contribute(flat, mine.weight, bad=bad, scale=scale)
+        extras = (part.withheld,) if b == 0 else ()
+        reduced = comm.weighted_sum(part.values, part.weight, extras)
         if b == 0:
             check_agreement(mine.total, reduced.total + reduced.extras[0])
             total = reduced.total

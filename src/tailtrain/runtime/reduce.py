@@ -71,6 +71,37 @@ class WeightedSum(NamedTuple):
     rows: tuple[np.ndarray, ...] = ()
 
 
+class Contribution(NamedTuple):
+    """This rank's part of a weighted allreduce after the screen (:func:`contribute`)."""
+
+    #: the values to sum (scaled), or zeros when screened out
+    values: torch.Tensor
+    #: w_n, or 0 when screened out
+    weight: float
+    #: the weight screened out (w_n, else 0): every rank checks reduced + withheld = expected
+    withheld: float
+    screened: bool
+
+
+def contribute(
+    values: torch.Tensor, weight: float, *, bad: bool | None = None, scale: float = 1.0
+) -> Contribution:
+    """What this rank puts into a weighted allreduce: ``scale * values`` with weight w_n, or,
+    if ``values`` hold a NaN or an infinity (``bad``, when the caller has screened already),
+    zeros with weight 0, reporting the w_n it withheld. The others' sum is then divided by their
+    own weights, and every rank's agreement check (``runtime.control.check_agreement``: the
+    reduced weights plus those withheld are the rule's total) still holds. The one screen of
+    ``train``'s allreduce rounds and of the loop entries' bucket reductions (``integrate``).
+
+    Zeros, not ``0 * values``: 0 * NaN is NaN. ``values`` come back as they are (the same
+    tensor) when ``scale`` is 1."""
+    if bad is None:
+        bad = not bool(torch.isfinite(values).all())
+    if bad:
+        return Contribution(torch.zeros_like(values), 0.0, weight, True)
+    return Contribution(values if scale == 1.0 else values * scale, weight, 0.0, False)
+
+
 class Collectives:
     """The process group's collectives on ``device`` (CPU for gloo, this rank's GPU for nccl);
     ``rank`` and ``world_size`` are those within ``group``."""

@@ -7,6 +7,7 @@ regroup."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -19,10 +20,10 @@ from tailtrain.runtime.elastic.handover import elect, hand_over, pass_drills
 from tailtrain.runtime.elastic.shrink import Census
 
 if TYPE_CHECKING:
-    from tailtrain.runtime.allreduce.rounds import _Rank
+    from tailtrain.runtime.allreduce.state import RankState
 
 
-def drawn_now(run: _Rank) -> dict[str, Any]:
+def drawn_now(run: RankState) -> dict[str, Any]:
     """The delay draws as they stand (the clock and the delay process)."""
     return {
         "clock": checkpoint.with_comm(run.injector.clock, ("process",)),
@@ -30,7 +31,7 @@ def drawn_now(run: _Rank) -> dict[str, Any]:
     }
 
 
-def sync_from_lead(run: _Rank, comm: GroupCollectives, found: Census) -> None:
+def sync_from_lead(run: RankState, comm: GroupCollectives, found: Census) -> None:
     """The lead member's state on every member of the new generation (``found``'s members:
     ``runtime.elastic.handover``); nothing changes here before it has come."""
     lead = elect(comm, run.step, len(run.record.steps))
@@ -38,32 +39,33 @@ def sync_from_lead(run: _Rank, comm: GroupCollectives, found: Census) -> None:
     if not lead.leads:
         take_state(run, state, lead.rows[lead.mine] - lead.fewest)
     else:  # the lead drew its round in flight too: every member redraws it alike
-        restore_drawn(run, run.drawn)
+        restore_drawn(run, run.membership.drawn)
 
 
-def lead_state(run: _Rank, fewest: int) -> dict[str, Any]:
+def lead_state(run: RankState, fewest: int) -> dict[str, Any]:
     """What the others take from the lead: its state after its last completed round and the
     record rows past the ``fewest`` any member holds."""
+    shrinker = run.membership.shrinker
     return {
         "step": run.step,
-        "clocks": (run.now, run.settled, run.comm_time, run.timing),
+        "clock": replace(run.clock),
         "learner": checkpoint.capture(run.learner, checkpoint.MODEL_STATIC),
         "update": run.update.state_dict(),
         "rule": run.rule.state_dict(),
         "unsettled": run.unsettled,
         "rows": run.record.steps[fewest:],
         "evaluator": RunKeeper.evaluator_state(run.evals),
-        "drawn": run.drawn,
+        "drawn": run.membership.drawn,
         "torch_rng": torch.get_rng_state(),
-        "recent": list(run.shrinker.deadline.recent) if run.shrinker is not None else [],
+        "recent": list(shrinker.deadline.recent) if shrinker is not None else [],
     }
 
 
-def take_state(run: _Rank, state: dict[str, Any], have: int) -> None:
+def take_state(run: RankState, state: dict[str, Any], have: int) -> None:
     """Go on from the lead's ``state``; ``have``: the rows of ``state["rows"]`` this rank
     already holds (every rank's rows are the same, made from gathered data)."""
     run.step = int(state["step"])
-    run.now, run.settled, run.comm_time, run.timing = state["clocks"]
+    run.clock = replace(state["clock"])
     checkpoint.restore(run.learner, state["learner"])
     run.update.load_state_dict(state["update"])
     run.rule.load_state_dict(state["rule"])
@@ -73,12 +75,12 @@ def take_state(run: _Rank, state: dict[str, Any], have: int) -> None:
     checkpoint.restore(run.evals, state["evaluator"])
     restore_drawn(run, state["drawn"])
     torch.set_rng_state(state["torch_rng"])
-    if run.shrinker is not None:
-        run.shrinker.deadline.adopt(state["recent"])  # every member learns alike
+    if run.membership.shrinker is not None:
+        run.membership.shrinker.deadline.adopt(state["recent"])  # every member learns alike
     pass_drills(run.comm, run.step)  # the rounds this rank skipped
 
 
-def restore_drawn(run: _Rank, drawn: dict[str, Any] | None) -> None:
+def restore_drawn(run: RankState, drawn: dict[str, Any] | None) -> None:
     """The delay draws as :func:`drawn_now` kept them (None: nothing kept yet)."""
     if drawn is not None:
         checkpoint.restore_with_comm(run.injector.clock, drawn["clock"])

@@ -169,7 +169,7 @@ class Rule:
         me, rows = self.members.index(self.rank), result.rows
         self.carried.update(int(v) + self.base for v in rows[rows[:, 0] == me, 2])
         # the lost ranks' shards, one job of each a round, as the allreduce counts its
-        # rounds (``runtime.allreduce.rounds.shrink_columns``), plus the parked gradients
+        # rounds (``runtime.allreduce.accounts.shrink_columns``), plus the parked gradients
         # dropped. A job here is one mini-batch whatever M (``batch``; M only makes its
         # injected time a sum of M draws), where an allreduce round is M micro-batches
         absent = self.world.scenario.workers - len(self.members)

@@ -1,0 +1,83 @@
+"""An allreduce rank's checkpoint (``rounds`` module docstring, Checkpoints): its state after a
+round, which is the run's (:func:`state_of`), going on from one (:func:`resume`), and the rows
+so far after a failure (:func:`rows_so_far`). ``runtime.keep`` writes and finds them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from tailtrain.core import checkpoint
+from tailtrain.core.session import RunKeeper
+from tailtrain.runtime.allreduce.accounts import estimated_row, flush
+from tailtrain.runtime.allreduce.state import RankState
+from tailtrain.runtime.keep import reopen_records
+from tailtrain.runtime.telemetry import attach
+
+
+def state_of(run: RankState) -> dict[str, Any]:
+    """This rank's state after a round: the run's, as every rank holds the same (``rounds``
+    module docstring). The parameters by reference (an update replaces them), the rest copied."""
+    flush(run)
+    steps, evals = run.record.steps, run.evals.record.evals
+    pending = estimated_row(run)
+    return {
+        "now": float(run.clock.now),
+        "settled": float(run.clock.settled),
+        "comm_time": float(run.clock.comm_time),
+        "pending": None if pending is None else checkpoint.pack(pending),
+        "learner": checkpoint.capture(run.learner, checkpoint.MODEL_STATIC),
+        "update": run.update.state_dict(),
+        "rule": run.rule.state_dict(),
+        "clock": checkpoint.with_comm(run.injector.clock, ("process",)),
+        "delays": checkpoint.delay_state(run.world.process),
+        "evaluator": RunKeeper.evaluator_state(run.evals),
+        "rows": {"steps": len(steps), "evals": len(evals)},
+        "last_step": checkpoint.pack(steps[-1]) if steps else None,
+        "last_eval": checkpoint.pack(evals[-1]) if evals else None,
+        "torch_rng": torch.get_rng_state(),
+    }
+
+
+def resume(run: RankState, saved: dict[str, Any]) -> None:
+    """Go on from a checkpoint :func:`state_of` made. Rank 0 continues the record in the
+    folder; the others keep only the number of rows before it and the last of them."""
+    run.step, run.clock.now = int(saved["step"]), float(saved["now"])
+    checkpoint.restore(run.learner, saved["learner"])
+    run.update.load_state_dict(saved["update"])
+    run.rule.load_state_dict(saved["rule"])
+    # a checkpoint taken after a shrink holds the rule for the smaller world; this run is whole
+    followed = run.rule.followed(run.world.context)
+    if followed is not None:
+        run.rule = followed
+    checkpoint.restore_with_comm(run.injector.clock, saved["clock"])
+    checkpoint.restore(run.world.process, saved["delays"])
+    checkpoint.restore(run.evals, saved["evaluator"])
+    torch.set_rng_state(saved["torch_rng"])
+    last_step, counts = checkpoint.unpack(saved["last_step"]), dict(saved["rows"])
+    if run.comm.rank == 0:
+        sink, rows = reopen_records(run.config.out, counts, last_step)
+        attach(run.record, sink)
+        run.record.steps, run.record.evals = rows["steps"], rows["evals"]
+    else:
+        run.record.steps = [last_step] * counts["steps"]
+        run.evals.record.evals = [checkpoint.unpack(saved["last_eval"])] * counts["evals"]
+    pending = saved["pending"]
+    run.clock.settled, run.clock.comm_time = float(saved["settled"]), float(saved["comm_time"])
+    if pending is not None:  # its timings were to come with the next round: keep the estimate
+        run.record.add_step(checkpoint.unpack(pending))
+        run.clock.settled = run.clock.now
+    run.keeper.completed(run.step, lambda: state_of(run), save=False)
+
+
+def rows_so_far(run: RankState) -> dict[str, Any] | None:
+    """After a failure: record the completed rounds' rows, and return (rank 0) the unsettled
+    one's estimate. A static rule's rounds are accounted here, running the rule: the rows end
+    at a round whose accounting fails, and the failure path goes on."""
+    try:
+        flush(run)
+        return estimated_row(run) if run.comm.rank == 0 else None
+    except Exception as err:  # the census and checkpoint must still run
+        run.log.warning("the rows end at a round whose accounting failed: %s", err)
+        return None
