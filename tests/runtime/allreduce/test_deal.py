@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from tailtrain.runtime.allreduce.deal import FixedShard, OnDemand, Shares, deal
+from tailtrain.runtime.allreduce.deal import FixedShard, OnDemand, Shares, deal_for
 from tailtrain.runtime.allreduce.state import Clock, Membership
 from tailtrain.strategies.base import AllreducePlan
 
@@ -47,12 +47,12 @@ def rank(n: int = 1, members: list[int] | None = None) -> SimpleNamespace:
 
 def test_each_kind_of_plan_gets_its_deal_and_width():
     run = rank()
-    own = deal(run, AllreducePlan(N, local_steps=2), M)
+    own = deal_for(run, AllreducePlan(N, local_steps=2), M)
     assert type(own) is FixedShard and own.width == 2 * M
     assert np.array_equal(own.mine, run.learner.batches(0, 2 * M)[1])
-    shares = deal(run, AllreducePlan(N, shares=(2, 5, 1)), M)
+    shares = deal_for(run, AllreducePlan(N, shares=(2, 5, 1)), M)
     assert type(shares) is Shares and shares.width == 5 and len(shares.injected) == 5
-    demand = deal(run, AllreducePlan(N, shares=(4, 4, 4), carry_cut=True, on_demand=True), M)
+    demand = deal_for(run, AllreducePlan(N, shares=(4, 4, 4), carry_cut=True, on_demand=True), M)
     assert type(demand) is OnDemand and demand.width == 12 and demand.indexed
 
 
@@ -60,7 +60,7 @@ def test_a_shrunk_generations_counts_requeue_on_the_members_shards():
     """The gathered rows are the live ranks', in order: rank 1 was lost, so rows 0 and 1 are
     ranks 0 and 2, and rank 1's shard counts as done (nothing of it is re-queued)."""
     run = rank(n=0, members=[0, 2])
-    own = deal(run, AllreducePlan(N, requeue_dropped=True), M)
+    own = deal_for(run, AllreducePlan(N, requeue_dropped=True), M)
     rows = (np.array([[1.0, 0.5], [3.0, 0.5]]),)
     assert own.keep(run, rows) is None
     assert run.learner.requeued[0].tolist() == [1, M, 3]
@@ -69,6 +69,6 @@ def test_a_shrunk_generations_counts_requeue_on_the_members_shards():
 def test_a_round_of_shares_traces_one_delay_iteration_of_m_units():
     run = rank()
     times = [0.1, 0.2]
-    assert deal(run, AllreducePlan(N, local_steps=2), M).traced(times) == times
-    traced = deal(run, AllreducePlan(N, shares=(2, 5, 1)), M).traced(times)
+    assert deal_for(run, AllreducePlan(N, local_steps=2), M).traced(times) == times
+    traced = deal_for(run, AllreducePlan(N, shares=(2, 5, 1)), M).traced(times)
     assert traced[:2] == times and len(traced) == M and np.isnan(traced[2:]).all()

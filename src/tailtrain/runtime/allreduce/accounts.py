@@ -14,7 +14,7 @@ from tailtrain.core.session import RunKeeper
 from tailtrain.core.update import GradientStats, closed_step_stats, key_workers
 from tailtrain.errors import TailtrainError
 from tailtrain.runtime.allreduce.handover import lost_timings
-from tailtrain.runtime.allreduce.state import TIMES, RankState, Unsettled
+from tailtrain.runtime.allreduce.state import TIMES, AllreduceRank, Unsettled
 from tailtrain.runtime.control import (
     RankWeighting,
     check_agreement,
@@ -32,7 +32,7 @@ from tailtrain.topology.allreduce import round_arrivals
 ROWS_AT_ONCE = 32
 
 
-def account(run: RankState, done: Unsettled) -> RankWeighting:
+def account(run: AllreduceRank, done: Unsettled) -> RankWeighting:
     """The rule's selection over every rank's arrival, checked against what the round
     reduced (and, where the update went ahead of it, the divisor it used); ``adapt`` with the
     latest agreed T^c at the round's end. Fills ``done.stats``."""
@@ -66,7 +66,7 @@ def account(run: RankState, done: Unsettled) -> RankWeighting:
     return weighting
 
 
-def settle(run: RankState, timing: np.ndarray) -> None:
+def settle(run: AllreduceRank, timing: np.ndarray) -> None:
     """Settle the unsettled round with its gathered [allreduce, round seconds] (N, 2): the
     agreed clock at once, its record row later (:func:`flush`)."""
     done, run.unsettled = run.unsettled, None
@@ -91,7 +91,7 @@ def settle(run: RankState, timing: np.ndarray) -> None:
     run.settling.append((done, Settled(clock.settled, clock.comm_time), timing))
 
 
-def flush(run: RankState) -> None:
+def flush(run: AllreduceRank) -> None:
     """Record the settled rounds' rows, in order: every ``ROWS_AT_ONCE`` rounds in an
     allreduce's shadow, and before a snapshot, after a failure and at the end."""
     while run.settling:  # each leaves once recorded: a failure here records nothing twice
@@ -101,14 +101,14 @@ def flush(run: RankState) -> None:
         run.record.add_step(row)
 
 
-def settle_last(run: RankState) -> None:
+def settle_last(run: AllreduceRank) -> None:
     """The last round's timings, by a small all-gather (no next allreduce brings them)."""
     if run.unsettled is not None:
         settle(run, run.comm.gather(run.clock.timing))
     flush(run)
 
 
-def estimated_row(run: RankState) -> dict[str, Any] | None:
+def estimated_row(run: AllreduceRank) -> dict[str, Any] | None:
     """The unsettled round's row as this rank knows it before its timings come: its time the
     agreed estimate, its allreduce seconds unknown. A checkpoint keeps it in that form."""
     done = run.unsettled
@@ -118,7 +118,7 @@ def estimated_row(run: RankState) -> dict[str, Any] | None:
 
 
 def row_of(
-    run: RankState, done: Unsettled, settled: Settled, timing: np.ndarray | None
+    run: AllreduceRank, done: Unsettled, settled: Settled, timing: np.ndarray | None
 ) -> dict[str, Any]:
     """``done``'s record row at ``settled`` with each rank's [allreduce, round seconds] (None:
     unknown yet), accounting it first if it is not yet (``telemetry.split_round``)."""
@@ -137,7 +137,7 @@ def row_of(
     return RunKeeper.note_nonfinite(row, int(done.ex.extras[3]))
 
 
-def shrink_columns(run: RankState, done: Unsettled) -> dict[str, Any]:
+def shrink_columns(run: AllreduceRank, done: Unsettled) -> dict[str, Any]:
     """A shrinking run's row columns (``runtime.elastic.shrink``): the ranks that stepped,
     those lost just before the round, the samples of the lost shards it did without, and
     when (Unix seconds) the round's update was applied here: the time from a fault to the

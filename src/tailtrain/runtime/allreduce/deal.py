@@ -2,7 +2,7 @@
 this rank computes, their injected seconds, the gathered rows' width, and what every rank keeps
 of the round's data once the allreduce has gathered every rank's counts.
 
-Three deals, one per kind of plan (:func:`deal`):
+Three deals, one per kind of plan (:func:`deal_for`):
 
 * :class:`FixedShard`: rank n's own shard of the round (``plan.shares`` None), re-queuing the
   dropped micro-batches where the plan asks (``requeue_dropped``);
@@ -23,7 +23,7 @@ import torch
 
 from tailtrain.errors import TailtrainError
 from tailtrain.runtime.allreduce.demand import compute_on_demand
-from tailtrain.runtime.allreduce.state import RankState
+from tailtrain.runtime.allreduce.state import AllreduceRank
 from tailtrain.runtime.units import RankWork, compute
 from tailtrain.strategies.base import AllreducePlan as Plan
 
@@ -42,7 +42,7 @@ class Deal(ABC):
     #: whether the gathered rows carry the units' dealt indices (on demand)
     indexed = False
 
-    def work(self, run: RankState, into: torch.Tensor | None) -> RankWork:
+    def work(self, run: AllreduceRank, into: torch.Tensor | None) -> RankWork:
         """Compute this rank's part of the round (``runtime.units``), its unit times padded to
         the rows' width; ``into``: the reduce buffer's gradient, when both are on the CPU."""
         work = self.compute(run, into)
@@ -51,14 +51,14 @@ class Deal(ABC):
         return work
 
     @abstractmethod
-    def compute(self, run: RankState, into: torch.Tensor | None) -> RankWork:
+    def compute(self, run: AllreduceRank, into: torch.Tensor | None) -> RankWork:
         """This rank's units of the round, as dealt."""
 
     def indices(self) -> list[int] | None:
         """The dealt micro-batch of each unit computed (on demand only)."""
         return None
 
-    def keep(self, run: RankState, rows: tuple[np.ndarray, ...]) -> np.ndarray | None:
+    def keep(self, run: AllreduceRank, rows: tuple[np.ndarray, ...]) -> np.ndarray | None:
         """After the allreduce, from the gathered ``rows`` (every rank's [C_n, ...] first): what
         every rank keeps of the round's data for the next (the simulator's bookkeeping), and
         (on demand) the micro-batches each rank was dealt."""
@@ -86,13 +86,13 @@ class FixedShard(Deal):
     mine: np.ndarray | None = None
 
     @classmethod
-    def of(cls, run: RankState, plan: Plan, m: int) -> FixedShard:
+    def of(cls, run: AllreduceRank, plan: Plan, m: int) -> FixedShard:
         units = plan.local_steps * m
         batches = run.learner.batches(run.step, units)
         injected = run.injector.unit_times(plan.local_steps, m, run.clock.now)
         return cls(plan, m, batches, injected, units, batches[run.rank])
 
-    def compute(self, run: RankState, into: torch.Tensor | None) -> RankWork:
+    def compute(self, run: AllreduceRank, into: torch.Tensor | None) -> RankWork:
         """DropCompute Algorithm 1, Local-SGD App. B.3 over ``mine`` (``runtime.units``)."""
         lr = run.world.lr * self.plan.lr_scale
         plan, theta = self.plan, run.learner.theta
@@ -112,7 +112,7 @@ class Shares(FixedShard):
     mine: np.ndarray | None = None
 
     @classmethod
-    def of(cls, run: RankState, plan: Plan, m: int) -> Shares:
+    def of(cls, run: AllreduceRank, plan: Plan, m: int) -> Shares:
         shares = np.asarray(plan.shares, dtype=np.int64)
         if plan.local_steps != 1 or plan.requeue_dropped or shares.size != run.comm.world_size:
             raise TailtrainError(f"a plan of shares needs one local step per rank: {plan!r}")
@@ -123,7 +123,7 @@ class Shares(FixedShard):
         injected = run.injector.unit_times(-(-width // m), m, run.clock.now)[:share]
         return cls(plan, m, batches, injected, width, batches[run.comm.rank, :share])
 
-    def keep(self, run: RankState, rows: tuple[np.ndarray, ...]) -> np.ndarray | None:
+    def keep(self, run: AllreduceRank, rows: tuple[np.ndarray, ...]) -> np.ndarray | None:
         """Every rank keeps what every rank left undone, as the simulator does."""
         super().keep(run, rows)
         if self.plan.carry_cut:
@@ -147,7 +147,7 @@ class OnDemand(Deal):
     dealt: list[int] | None = None
 
     @classmethod
-    def of(cls, run: RankState, plan: Plan, m: int) -> OnDemand:
+    def of(cls, run: AllreduceRank, plan: Plan, m: int) -> OnDemand:
         pool = int(sum(plan.shares))
         if plan.local_steps != 1 or run.membership.shrinker is not None:
             raise TailtrainError(f"a round dealt on demand needs one local step, whole: {plan!r}")
@@ -156,7 +156,7 @@ class OnDemand(Deal):
         injected = run.injector.unit_times(-(-pool // m), m, run.clock.now)[:pool]
         return cls(plan, m, batches, injected, pool)
 
-    def compute(self, run: RankState, into: torch.Tensor | None) -> RankWork:
+    def compute(self, run: AllreduceRank, into: torch.Tensor | None) -> RankWork:
         assert run.dealer is not None
         asks = run.dealer.round(run.step, int(sum(self.plan.shares)))
         work, self.dealt = compute_on_demand(
@@ -167,7 +167,7 @@ class OnDemand(Deal):
     def indices(self) -> list[int] | None:
         return self.dealt
 
-    def keep(self, run: RankState, rows: tuple[np.ndarray, ...]) -> np.ndarray | None:
+    def keep(self, run: AllreduceRank, rows: tuple[np.ndarray, ...]) -> np.ndarray | None:
         """Every rank carries every rank's cut unit, as the simulator does; the micro-batches
         each rank was dealt, its cut one included."""
         super().keep(run, rows)
@@ -184,7 +184,7 @@ def one_iteration(times: list[float], m: int) -> list[float]:
     return (times + [math.nan] * m)[:m]
 
 
-def deal(run: RankState, plan: Plan, m: int) -> Deal:
+def deal_for(run: AllreduceRank, plan: Plan, m: int) -> Deal:
     """The deal of a round planned as ``plan`` with M = ``m``."""
     if plan.shares is None:
         return FixedShard.of(run, plan, m)

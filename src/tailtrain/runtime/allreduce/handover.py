@@ -20,10 +20,10 @@ from tailtrain.runtime.elastic.handover import elect, hand_over, pass_drills
 from tailtrain.runtime.elastic.shrink import Census
 
 if TYPE_CHECKING:
-    from tailtrain.runtime.allreduce.state import RankState
+    from tailtrain.runtime.allreduce.state import AllreduceRank
 
 
-def drawn_now(run: RankState) -> dict[str, Any]:
+def drawn_now(run: AllreduceRank) -> dict[str, Any]:
     """The delay draws as they stand (the clock and the delay process)."""
     return {
         "clock": checkpoint.with_comm(run.injector.clock, ("process",)),
@@ -31,7 +31,7 @@ def drawn_now(run: RankState) -> dict[str, Any]:
     }
 
 
-def sync_from_lead(run: RankState, comm: GroupCollectives, found: Census) -> None:
+def sync_from_lead(run: AllreduceRank, comm: GroupCollectives, found: Census) -> None:
     """The lead member's state on every member of the new generation (``found``'s members:
     ``runtime.elastic.handover``); nothing changes here before it has come."""
     lead = elect(comm, run.step, len(run.record.steps))
@@ -42,7 +42,7 @@ def sync_from_lead(run: RankState, comm: GroupCollectives, found: Census) -> Non
         restore_drawn(run, run.membership.drawn)
 
 
-def lead_state(run: RankState, fewest: int) -> dict[str, Any]:
+def lead_state(run: AllreduceRank, fewest: int) -> dict[str, Any]:
     """What the others take from the lead: its state after its last completed round and the
     record rows past the ``fewest`` any member holds."""
     shrinker = run.membership.shrinker
@@ -61,7 +61,7 @@ def lead_state(run: RankState, fewest: int) -> dict[str, Any]:
     }
 
 
-def take_state(run: RankState, state: dict[str, Any], have: int) -> None:
+def take_state(run: AllreduceRank, state: dict[str, Any], have: int) -> None:
     """Go on from the lead's ``state``; ``have``: the rows of ``state["rows"]`` this rank
     already holds (every rank's rows are the same, made from gathered data)."""
     run.step = int(state["step"])
@@ -80,7 +80,7 @@ def take_state(run: RankState, state: dict[str, Any], have: int) -> None:
     pass_drills(run.comm, run.step)  # the rounds this rank skipped
 
 
-def restore_drawn(run: RankState, drawn: dict[str, Any] | None) -> None:
+def restore_drawn(run: AllreduceRank, drawn: dict[str, Any] | None) -> None:
     """The delay draws as :func:`drawn_now` kept them (None: nothing kept yet)."""
     if drawn is not None:
         checkpoint.restore_with_comm(run.injector.clock, drawn["clock"])

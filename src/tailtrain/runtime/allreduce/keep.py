@@ -1,5 +1,5 @@
 """An allreduce rank's checkpoint (``rounds`` module docstring, Checkpoints): its state after a
-round, which is the run's (:func:`state_of`), going on from one (:func:`resume`), and the rows
+round, which is the run's (:func:`state_of`), going on from one (:func:`resume_round`), and the rows
 so far after a failure (:func:`rows_so_far`). ``runtime.keep`` writes and finds them."""
 
 from __future__ import annotations
@@ -11,12 +11,12 @@ import torch
 from tailtrain.core import checkpoint
 from tailtrain.core.session import RunKeeper
 from tailtrain.runtime.allreduce.accounts import estimated_row, flush
-from tailtrain.runtime.allreduce.state import RankState
+from tailtrain.runtime.allreduce.state import AllreduceRank
 from tailtrain.runtime.keep import reopen_records
 from tailtrain.runtime.telemetry import attach
 
 
-def state_of(run: RankState) -> dict[str, Any]:
+def state_of(run: AllreduceRank) -> dict[str, Any]:
     """This rank's state after a round: the run's, as every rank holds the same (``rounds``
     module docstring). The parameters by reference (an update replaces them), the rest copied."""
     flush(run)
@@ -40,7 +40,7 @@ def state_of(run: RankState) -> dict[str, Any]:
     }
 
 
-def resume(run: RankState, saved: dict[str, Any]) -> None:
+def resume_round(run: AllreduceRank, saved: dict[str, Any]) -> None:
     """Go on from a checkpoint :func:`state_of` made. Rank 0 continues the record in the
     folder; the others keep only the number of rows before it and the last of them."""
     run.step, run.clock.now = int(saved["step"]), float(saved["now"])
@@ -71,7 +71,7 @@ def resume(run: RankState, saved: dict[str, Any]) -> None:
     run.keeper.completed(run.step, lambda: state_of(run), save=False)
 
 
-def rows_so_far(run: RankState) -> dict[str, Any] | None:
+def rows_so_far(run: AllreduceRank) -> dict[str, Any] | None:
     """After a failure: record the completed rounds' rows, and return (rank 0) the unsettled
     one's estimate. A static rule's rounds are accounted here, running the rule: the rows end
     at a round whose accounting fails, and the failure path goes on."""

@@ -100,11 +100,11 @@ from tailtrain.runtime.allreduce.accounts import (
     settle,
     settle_last,
 )
-from tailtrain.runtime.allreduce.deal import Deal, deal
+from tailtrain.runtime.allreduce.deal import Deal, deal_for
 from tailtrain.runtime.allreduce.demand import Dealer
 from tailtrain.runtime.allreduce.handover import drawn_now, sync_from_lead
-from tailtrain.runtime.allreduce.keep import resume, rows_so_far, state_of
-from tailtrain.runtime.allreduce.state import TIMES, Exchange, RankState, Unsettled
+from tailtrain.runtime.allreduce.keep import resume_round, rows_so_far, state_of
+from tailtrain.runtime.allreduce.state import TIMES, AllreduceRank, Exchange, Unsettled
 from tailtrain.runtime.config import RankResult, TrainConfig, build_world
 from tailtrain.runtime.control import RankWeighting, RuleDriver
 from tailtrain.runtime.elastic.group import Broken
@@ -146,8 +146,8 @@ from tailtrain.topology.allreduce import RoundData, own_arrival, summarise
 EXTRAS = 7
 
 
-class _Rank(RankState):
-    """One rank's run (``allreduce.state.RankState``) as the topology's contract
+class _Rank(AllreduceRank):
+    """One rank's run (``allreduce.state.AllreduceRank``) as the topology's contract
     (``runtime.rank.RankRun``) drives it."""
 
     def updates(self) -> Updates:
@@ -181,7 +181,7 @@ def train_allreduce(config: TrainConfig, comm: Collectives) -> RankResult:
     return drive_rank(start(config, comm), comm.drill)
 
 
-def failed(run: RankState, exc: BaseException) -> BaseException:
+def failed(run: AllreduceRank, exc: BaseException) -> BaseException:
     """The group failed: the rows so far, the census and checkpoint; the exception to end
     with. A rank the launcher stopped leaves at once."""
     hold_sigterm()  # the row, census and checkpoint below run to their end (runtime.keep)
@@ -195,7 +195,7 @@ def failed(run: RankState, exc: BaseException) -> BaseException:
     return end
 
 
-def rounds(run: RankState) -> Updates:
+def rounds(run: AllreduceRank) -> Updates:
     """The rounds until the budget is spent, each followed by its evaluations and snapshot;
     each round's index is yielded as its work starts (``runtime.rank``: the drills)."""
     scenario, keeper, members = run.world.scenario, run.keeper.run, run.membership
@@ -229,7 +229,7 @@ def rounds(run: RankState) -> Updates:
     keeper.end(run.evals, run.step, run.clock.now, scorer(run), interrupted=run.interrupted)
 
 
-def shrinkable_round(run: RankState, plan: Plan, before: Any) -> None:
+def shrinkable_round(run: AllreduceRank, plan: Plan, before: Any) -> None:
     """One round under ``--on-rank-loss shrink``: the delay draws kept before it draws its own
     (a round in flight is computed again after a shrink), the barrier after rank 0's
     evaluation bounded by --timeout rather than the deadline."""
@@ -253,7 +253,7 @@ def shrinkable_round(run: RankState, plan: Plan, before: Any) -> None:
             watch.patient = False
 
 
-def shrink(run: RankState, grow: bool = False, join: bool = False) -> None:
+def shrink(run: AllreduceRank, grow: bool = False, join: bool = False) -> None:
     """The survivors' census (``grow``: the members' step boundary that takes joiners in),
     their new generation and its sync from the lead member (``runtime.elastic.shrink``);
     this rank goes on from the round the lead completed."""
@@ -273,7 +273,7 @@ def shrink(run: RankState, grow: bool = False, join: bool = False) -> None:
     members.joined = tuple(sorted({*members.joined, *found.joined}))
 
 
-def scorer(run: RankState):
+def scorer(run: AllreduceRank):
     """Scores of today's parameters when called (rank 0 logs them; the others score none)."""
     theta = run.learner.theta
     if run.comm.rank != 0:
@@ -317,20 +317,20 @@ def start(config: TrainConfig, comm: Collectives) -> _Rank:
     if "demand" in strategy.needs:
         run.dealer = Dealer.open(datetime.timedelta(seconds=config.timeout), comm.rank == 0)
     if keeper.saved is not None and (shrinker is None or not shrinker.rejoining):
-        resume(run, keeper.saved)  # a rank started again takes a live peer's state instead
+        resume_round(run, keeper.saved)  # a rank started again takes a live peer's state instead
     elif config.out is not None and comm.rank == 0:
         attach(run.record, reopen_records(config.out, None, None)[0])
     return run
 
 
-def one_round(run: RankState, plan: Plan) -> None:
+def one_round(run: AllreduceRank, plan: Plan) -> None:
     """One round of this rank (module docstring, 1.-5.): the deal's micro-batches computed
     into the reduce buffer, the one weighted allreduce, what every rank keeps of the round's
     data, the previous round settled by the timings it brought, the rule's selection (now, or
     with the row for a static rule), the update, and the round's trace."""
     m = plan.micro_batches or run.world.scenario.micro_batches or 1
     run.log.step = run.step
-    dealt = deal(run, plan, m)
+    dealt = deal_for(run, plan, m)
     started = time.perf_counter()
     sums = sum_buffer(run, dealt.width, dealt.indexed)
     with phase("compute"):
@@ -363,7 +363,7 @@ def one_round(run: RankState, plan: Plan) -> None:
 
 
 def unsettled(
-    run: RankState,
+    run: AllreduceRank,
     dealt: Deal,
     now: float,
     reduced: WeightedSum,
@@ -401,7 +401,7 @@ def unsettled(
     return done
 
 
-def sum_buffer(run: RankState, units: int, indices: bool = False) -> SumBuffer:
+def sum_buffer(run: AllreduceRank, units: int, indices: bool = False) -> SumBuffer:
     """The round's reduce buffer: the last one while the layout of the rows stays. A round
     dealt on demand adds a block of the units' dealt indices."""
     # the gathered row, [allreduce, round seconds], screened (and the dealt indices)
@@ -413,7 +413,11 @@ def sum_buffer(run: RankState, units: int, indices: bool = False) -> SumBuffer:
 
 
 def reduce(
-    run: RankState, work: RankWork, weight: float, sums: SumBuffer, indices: list[int] | None = None
+    run: AllreduceRank,
+    work: RankWork,
+    weight: float,
+    sums: SumBuffer,
+    indices: list[int] | None = None,
 ) -> tuple[WeightedSum, float]:
     """The round's one allreduce (module docstring, 3.) and the injected T^c; returns it and
     the weight this rank withheld. A rank whose gradient holds a NaN or an infinity joins with
@@ -454,7 +458,7 @@ def reduce(
     return reduced, float(reduced.extras[4])
 
 
-def apply(run: RankState, reduced: WeightedSum, divisor: float | None, lr_scale: float) -> None:
+def apply(run: AllreduceRank, reduced: WeightedSum, divisor: float | None, lr_scale: float) -> None:
     """theta <- theta - lr * lr_scale * sum_n w_n G_n / denominator, the denominator the
     rule's ``divisor`` or (None) the reduced sum of the weights."""
     divisor = reduced.total if divisor is None else divisor
@@ -465,7 +469,7 @@ def apply(run: RankState, reduced: WeightedSum, divisor: float | None, lr_scale:
     run.learner.theta = run.update.apply_reduced(theta, numerator, divisor, lr_scale)
 
 
-def finish(run: RankState) -> RankResult:
+def finish(run: AllreduceRank) -> RankResult:
     """Gather the traces on rank 0, write the outputs, summarise (partial after Ctrl-C)."""
     if run.dealer is not None:  # every rank is past the last round (``settle_last``)
         run.dealer.close()

@@ -4,7 +4,7 @@ under ``--on-rank-loss shrink`` (:class:`Membership`), and the rounds on their w
 record (:class:`Exchange`, :class:`Unsettled`).
 
 Data only: the round (``rounds``), its deal (``deal``), its accounting (``accounts``) and its
-checkpoint (``keep``) all work on a :class:`RankState` and none of them on another's module,
+checkpoint (``keep``) all work on a :class:`AllreduceRank` and none of them on another's module,
 so each names this one in its type hints."""
 
 from __future__ import annotations
@@ -118,7 +118,7 @@ class Membership:
 
 
 @dataclass
-class RankState:
+class AllreduceRank:
     """Mutable state of one rank's run; lives only inside ``rounds.train_allreduce``."""
 
     config: TrainConfig
