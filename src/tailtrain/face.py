@@ -257,7 +257,9 @@ def train_own_model(
     ``model()`` builds the ``nn.Module`` (every rank calls it under the same seed, so every
     rank starts from the same parameters), ``loss(output, target)`` is the mean loss of a
     batch, and ``data()`` returns ``(x_train, y_train)`` or ``(x_train, y_train, x_test,
-    y_test)`` tensors. Locally the ranks are forked, so the callables may be lambdas; under
+    y_test)`` tensors. Locally, callables your script defines at its top level start its
+    ranks from a fork server, which re-runs the script's top level (call this under
+    ``if __name__ == "__main__":``); lambdas and closures fork from your process. Under
     torchrun every rank runs your script and passes its own.
 
     Args:

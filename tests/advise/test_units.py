@@ -206,3 +206,18 @@ def test_one_count_per_rank_keeps_the_step_proportional_to_its_samples():
     costs = step_costs(seconds, np.full((3, 2), 32))
     assert not costs.fitted.any() and (costs.fixed == 0).all()
     np.testing.assert_allclose(costs.per_sample, np.median(seconds, axis=0) / 32)
+
+
+def test_short_steps_that_ran_no_faster_keep_the_proportional_rule():
+    """An epoch's short step that also paid for something else (an eval, a loader reset) is
+    no slower per step than a full one: no line through it (a per-sample cost of 0 would
+    divide the shares by zero), the step stays proportional to its samples."""
+    from tailtrain.advice.units import step_costs
+
+    samples = np.array([[32, 32]] * 10 + [[8, 8]] * 3)
+    seconds = np.array([[1.0, 2.0]] * 10 + [[1.1, 2.2]] * 3)
+    costs = step_costs(seconds, samples)
+    assert not costs.fitted.any() and (costs.fixed == 0).all()
+    np.testing.assert_allclose(costs.per_sample, [1 / 32, 2 / 32])
+    shares = optimal_shares(costs.per_sample, 64, 1, fixed=costs.fixed)
+    assert shares.sum() == 64 and (shares >= 1).all()

@@ -338,7 +338,9 @@ def _in_job_units(
         shares = None  # the shares the job already deals: that row is the job as measured
     if shares is not None:
         sync = next(r for r in ranked if r.row.strategy == "sync").iteration_time
-        ratio = shares.rate / measured_rate(last)[0]  # samples per second, as the row says
+        # in samples per second over the job as measured (sync's row, 1.0): the replay deals
+        # the whole global batch every step, where the measured job's short steps deal fewer
+        ratio = shares.rate / measured_rate(last)[0]
         row = Row(
             "rebalance",
             job.workers,

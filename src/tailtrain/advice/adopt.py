@@ -227,7 +227,10 @@ def runnable(strategy: str, setup: str, spec: str | None = None) -> bool:
         return True
     from tailtrain.strategies.registry import parse_strategy  # every rule: only when asked
 
-    rule = parse_strategy(strategy if spec is None else spec)
+    try:
+        rule = parse_strategy(strategy if spec is None else spec)
+    except UsageError:  # a family alone that needs a parameter (k-sync): none to ask about
+        return False
     return any(entry.refusal(rule) is None for entry in entries)
 
 

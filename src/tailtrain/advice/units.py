@@ -172,9 +172,10 @@ def step_costs(seconds: NDArray, samples: NDArray) -> StepCosts:
     """a_n and c_n from (steps, ranks) seconds and samples (counts > 0). Rank n's most
     frequent count b* and its median time T* anchor the line; each other count seen in at
     least :data:`MIN_FIT_STEPS` steps gives a point (its median time), and the slope is their
-    least squares through the anchor, weighted by steps; a_n is clipped to [0, T*] (neither
-    the fixed part nor the per-sample part negative). A rank whose trace holds one count
-    gets a_n = 0: one count cannot tell the two parts apart."""
+    least squares through the anchor, weighted by steps; a_n is clipped at 0. A rank whose
+    trace holds one count gets a_n = 0: one count cannot tell the two parts apart; nor can
+    counts whose steps ran no faster for fewer samples (a slope <= 0: the short step paid
+    for something else), which keep a_n = 0 too."""
     ranks = seconds.shape[1]
     fixed, per_sample, fitted = np.zeros(ranks), np.zeros(ranks), np.zeros(ranks, dtype=bool)
     for n in range(ranks):
@@ -185,12 +186,15 @@ def step_costs(seconds: NDArray, samples: NDArray) -> StepCosts:
         points = [(float(v), float(np.median(seconds[samples[:, n] == v, n])), float(k))
                   for v, k in others if k >= MIN_FIT_STEPS]  # fmt: skip
         per_sample[n] = usual / anchor
-        if points:
-            b, t, w = (np.array(column) for column in zip(*points, strict=True))
-            slope = float((w * (b - anchor) * (t - usual)).sum() / (w * (b - anchor) ** 2).sum())
-            fixed[n] = min(max(usual - slope * anchor, 0.0), usual)
-            per_sample[n] = (usual - fixed[n]) / anchor
-            fitted[n] = True
+        if not points:
+            continue
+        b, t, w = (np.array(column) for column in zip(*points, strict=True))
+        slope = float((w * (b - anchor) * (t - usual)).sum() / (w * (b - anchor) ** 2).sum())
+        if slope <= 0:  # the other counts ran no faster (an eval, a loader reset): no line
+            continue
+        fixed[n] = max(usual - slope * anchor, 0.0)  # < usual, as the slope is positive
+        per_sample[n] = (usual - fixed[n]) / anchor
+        fitted[n] = True
     return StepCosts(fixed, per_sample, fitted)
 
 

@@ -6,9 +6,10 @@
   (``torch.distributed.launcher.api.elastic_launch``), a static rendezvous hosted on
   ``--rdzv-endpoint`` (127.0.0.1 and a free port by default), restarting a failed group up
   to ``--max-restarts`` times (the new ranks go on from the run folder's checkpoint,
-  ``runtime.keep``). Gloo ranks are
-  forked, which shares the parent's imported torch (spawning re-imports it: seconds per rank
-  on a small machine); NCCL ranks are spawned, as CUDA cannot be used after a fork.
+  ``runtime.keep``). Gloo ranks fork from a fork server that imported torch once
+  (:func:`start_method`; spawning re-imports it: seconds per rank on a small machine), or
+  from the launching process for an entry the fork server cannot reach
+  (:func:`reaches_fork_server`); NCCL ranks are spawned, as CUDA cannot be used after a fork.
 
 Everything that can be checked is checked before anything starts: the strategy's topology
 and its own checks with the job's worker count (``Strategy.init``), the scenario, task and
@@ -175,10 +176,12 @@ def launch(
 def reaches_fork_server(entry: RankEntry | None) -> bool:
     """Whether the fork server can run ``entry``: none, or one that pickles by reference
     (a library function, a ``functools.partial`` over such functions). A script's own
-    functions qualify when the fork server's rank can find them: as under ``spawn``, it
-    re-runs the script's top level as ``__mp_main__`` (not its ``if __name__ ==
-    "__main__":`` block), so each must be defined there. A closure, a lambda, or an
-    interactive session's function does not qualify."""
+    functions qualify when the fork server's rank can find them and re-running the script
+    is safe: as under ``spawn``, the rank re-runs the script's top level as ``__mp_main__``
+    (not its ``if __name__ == "__main__":`` block), so each must be defined there, and the
+    script must have that block (without it, the re-run would launch the job again from
+    inside every rank). A closure, a lambda, an interactive session's function or a script
+    without the block forks from the launching process, as before."""
     if entry is None:
         return True
     try:
@@ -190,23 +193,29 @@ def reaches_fork_server(entry: RankEntry | None) -> bool:
         for op, arg, _ in pickletools.genops(pickled)
         if op.name == "GLOBAL" and str(arg).startswith("__main__ ")
     }
-    return not names or names <= script_top_level_names()
+    if not names:
+        return True
+    found = script_top_level_names()
+    return found is not None and names <= found
 
 
-def script_top_level_names() -> set[str]:
+def script_top_level_names() -> set[str] | None:
     """The names this process's script binds at its top level, outside its ``__main__``
-    guard: what a fork-server (or spawned) rank that re-runs the script will find."""
+    guard: what a fork-server (or spawned) rank that re-runs the script will find; None
+    where re-running it is not safe (no script, or no guard)."""
     main = sys.modules["__main__"]
     path = getattr(main, "__file__", None)
     if path is None:  # an interactive session: nothing to re-run
-        return set()
+        return None
     try:
         tree = ast.parse(Path(path).read_text(encoding="utf-8"))
     except (OSError, SyntaxError, UnicodeDecodeError):
-        return set()
+        return None
     names: set[str] = set()
+    guarded = False
     for node in tree.body:
         if isinstance(node, ast.If) and is_main_guard(node.test):
+            guarded = True
             continue
         for inner in ast.walk(node) if isinstance(node, ast.If | ast.Try) else [node]:
             if isinstance(inner, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
@@ -216,7 +225,7 @@ def script_top_level_names() -> set[str]:
                 names |= {t.id for t in targets if isinstance(t, ast.Name)}
             elif isinstance(inner, ast.Import | ast.ImportFrom):
                 names |= {(a.asname or a.name).split(".")[0] for a in inner.names}
-    return names
+    return names if guarded else None
 
 
 def is_main_guard(test: ast.expr) -> bool:

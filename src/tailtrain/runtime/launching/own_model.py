@@ -17,8 +17,10 @@ rank starts from the same parameters), ``loss(output, target)`` is the mean loss
 and ``data()`` returns ``(x_train, y_train)`` or ``(x_train, y_train, x_test, y_test)``
 tensors. The server, the workers, the rule (DBW, K-sync, LGC, ...) and the protocol are
 ``runtime.ps``'s; worker w's j-th job sees mini-batch (seed, w, j) of the training set, drawn
-as everywhere else (``tasks.stream``). Locally the ranks are forked, so the callables may
-be lambdas; under torchrun every rank runs your script and passes its own.
+as everywhere else (``tasks.stream``). Locally the ranks start from the fork server where
+the callables are the script's top-level functions and it has a ``__main__`` block, else they
+fork from the launching process (``launching.launch.reaches_fork_server``); under torchrun
+every rank runs your script and passes its own.
 """
 
 from __future__ import annotations
