@@ -3,15 +3,17 @@ store deals the micro-batches to whichever rank asks next until N M are complete
 `simulate` deals them on its virtual clock (``strategies.rebalance.on_demand``), and every
 rank carries the same cut units to the next step.
 
-Three ranks, M = 4 (12 micro-batches a step); ranks 0 and 1 are 1.8x slower (180 ms a
-micro-batch against 100 ms, injected; the compute is ~1 ms). Completions at 100, 180 (x2),
-200, 300, 360 (x2), 400, 500, 540 (x2), 600: the 12th is rank 2's 6th at 600 ms, when the
-slow ranks' 4th units (asked at 540, ending at 720) are cut. So every step counts 3, 3 and
+Three ranks, M = 4 (12 micro-batches a step); ranks 0 and 1 are 1.8x slower (360 ms a
+micro-batch against 200 ms, injected; the compute is ~1 ms). Completions at 200, 360 (x2),
+400, 600, 720 (x2), 800, 1000, 1080 (x2), 1200: the 12th is rank 2's 6th at 1200 ms, when the
+slow ranks' 4th units (asked at 1080, ending at 1440) are cut. So every step counts 3, 3 and
 6, deals 4, 4 and 6, and carries 2. Which micro-batches count depends on the order of the
 asks too (the k-th ask takes the k-th micro-batch): asks that come together (at 0 ms, and
-the slow ranks' at 180, 360 and 540) share a fate, and every other pair of events, the
-asks with different fates (rank 2's at 500, the slow ranks' at 540) included, is >= 40 ms
-apart, so the decisions and the data are the simulator's.
+the slow ranks' at 360, 720 and 1080) share a fate, and every other pair of events, the
+asks with different fates (rank 2's at 1000, the slow ranks' at 1080) included, is >= 80 ms
+apart, so the decisions and the data are the simulator's. (At 100 ms a micro-batch the
+margin was 40 ms, which a rank overshot on a loaded 2-core machine: the same decisions, one
+other micro-batch counted, the loss 0.3% off.)
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from tailtrain.sim.run import simulate
 from tailtrain.strategies.registry import parse_strategy
 
 N, M, SEED, ITERATIONS = 3, 4, 3, 6
+MICRO_BATCH = 0.2  #: injected seconds per micro-batch of a fast rank
 SPEC = "rebalance:deal=demand"
 SCENARIO = Scenario(
     task="logreg",
@@ -37,7 +40,7 @@ SCENARIO = Scenario(
     micro_batches=M,
     iterations=ITERATIONS,
     eval_every=100,
-    delay="const:value=0.1",
+    delay=f"const:value={MICRO_BATCH}",
     pattern=(SLOW := "slowdown:at=0,fraction=0.67,factor=1.8"),
 )
 DECISIONS = ("shares", "completed", "deferred")
@@ -73,7 +76,7 @@ def test_the_carried_units_survive_a_checkpoint_and_resume(tmp_path, capfd, trai
     argv = [
         "train", "--task", "logreg", "--workers", str(N), "--micro-batches", str(M),
         "--iterations", str(ITERATIONS), "--eval-every", "100", "--seed", str(SEED),
-        "--timeout", "30", "--delay", "const:value=0.1", "--pattern", SLOW,
+        "--timeout", "30", "--delay", f"const:value={MICRO_BATCH}", "--pattern", SLOW,
         "--strategy", SPEC, "--out", str(folder), "--checkpoint-every", "2",
     ]  # fmt: skip
     code, _, err = run([*argv, "--inject-fault", "kill:worker=1,step=3"], capfd)
