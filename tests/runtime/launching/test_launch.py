@@ -104,11 +104,10 @@ if __name__ == "__main__":
 """
 
 
-def test_a_scripts_own_functions_reach_the_fork_server_when_its_top_level_defines_them(tmp_path):
-    """The fork server's rank re-runs the script's top level, not its ``__main__`` block: a
-    function defined there is found, one defined inside the guard would not be (it forks)."""
-    script = tmp_path / "job.py"
-    script.write_text(SCRIPT)
+def printed_by_script(folder: Path, text: str) -> list[str]:
+    """What a script of ``text`` prints, run as ``python job.py`` (its own ``__main__``)."""
+    script = folder / "job.py"
+    script.write_text(text)
     src = Path(__file__).resolve().parents[3] / "src"
     done = subprocess.run(
         [sys.executable, str(script)],
@@ -118,30 +117,26 @@ def test_a_scripts_own_functions_reach_the_fork_server_when_its_top_level_define
         env={"PYTHONPATH": str(src), "PATH": "/usr/bin:/bin"},
     )
     assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.split() == ["True", "False"]
+    return done.stdout.split()
+
+
+def test_a_scripts_own_functions_reach_the_fork_server_when_its_top_level_defines_them(tmp_path):
+    """The fork server's rank re-runs the script's top level, not its ``__main__`` block: a
+    function defined there is found, one defined inside the guard would not be (it forks)."""
+    assert printed_by_script(tmp_path, SCRIPT) == ["True", "False"]
 
 
 def test_a_script_without_a_main_block_forks(tmp_path):
     """Re-running a script with no ``if __name__ == "__main__":`` block would launch the job
     again inside every fork-server rank: its functions fork from the launching process."""
-    script = tmp_path / "job.py"
-    script.write_text(
+    script = (
         "import functools\n"
         "from tailtrain.runtime.launching.launch import reaches_fork_server\n"
         "from tailtrain.runtime.launching.own_model import own_entry\n"
         "def model():\n    pass\n"
         "print(reaches_fork_server(functools.partial(own_entry, (model, len, None, 8))))\n"
     )
-    src = Path(__file__).resolve().parents[3] / "src"
-    done = subprocess.run(
-        [sys.executable, str(script)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env={"PYTHONPATH": str(src), "PATH": "/usr/bin:/bin"},
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.split() == ["False"]
+    assert printed_by_script(tmp_path, script) == ["False"]
 
 
 def test_ranks_on_a_gpu_are_spawned_and_cpu_ranks_fork():
