@@ -116,6 +116,13 @@ def test_train_refuses_an_unknown_option_in_one_line():
         tailtrain.train(scenario, "sync", backend="mpi")
 
 
+def own_model() -> torch.nn.Module:
+    """A module-level factory, so the ranks start from the launcher's fork server: a lambda
+    forks from this process, which has launched jobs before, and there a rank sometimes
+    never joins the group (``runtime.launching.launch.start_method``)."""
+    return torch.nn.Linear(2, 2)
+
+
 def own_data() -> tuple[torch.Tensor, torch.Tensor]:
     """Sixteen labelled points, the same on every rank."""
     g = torch.Generator().manual_seed(0)
@@ -127,7 +134,7 @@ def test_train_own_model_parses_its_strategy_as_every_entry_and_returns_a_run_re
     words before anything starts; a strategy object runs, and the record is simulate's type,
     its ``theta`` the server's final parameters: loaded into the user's module, they score
     the final evaluation's training loss."""
-    parts = {"model": lambda: torch.nn.Linear(2, 2), "loss": F.cross_entropy, "data": own_data}
+    parts = {"model": own_model, "loss": F.cross_entropy, "data": own_data}
     with pytest.raises(UsageError, match="spec such as 'dbw' or a Strategy, got int"):
         tailtrain.train_own_model(**parts, strategy=3)
     rule = tailtrain.strategy("k-sync:k=1")
