@@ -201,7 +201,7 @@ def test_every_rank_computes_the_same_tau_star_and_checkpoints_it(results):
     assert all(math.isinf(t) for t in thresholds[0][:2])
     assert 0 < thresholds[0][2] == thresholds[0][3] < math.inf
     state = results[0]["auto"][2]
-    rule = parse_strategy("dropcompute:calibrate=2").load_state_dict(state["strategy"])
+    rule = parse_strategy("dropcompute:calibrate=2").load_state_dict(state["rule"])
     assert state["step"] == 4 and rule.tau == thresholds[0][3]
 
 

@@ -27,7 +27,7 @@ import torch
 from tailtrain.errors import UsageError
 
 #: bumped whenever what a checkpoint holds changes incompatibly
-FORMAT = 1
+FORMAT = 2  # 2: the state envelope (``core.envelope``)
 FILENAME = "checkpoint.pt"
 
 _ARRAY, _SCALAR, _RNG, _FIELDS = "__ndarray__", "__npscalar__", "__rng__", "__fields__"

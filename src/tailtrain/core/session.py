@@ -54,8 +54,6 @@ class RunInterrupted(KeyboardInterrupt):
         self.step = step
 
 
-#: an Evaluator's fields a checkpoint leaves out: its schedule and record come from the run
-EVALUATOR_STATIC = ("schedule", "record", "enabled")
 #: the two clocks a run is summarised on: the simulator's, or the measured one of `train`
 CLOCKS = ("virtual", "wall")
 
@@ -166,10 +164,6 @@ class RunKeeper:
         """The final evaluation; an interrupted run is not scored again: it ends now."""
         if not interrupted:
             evals.finish(step, now, scorer)
-
-    @staticmethod
-    def evaluator_state(evals: Evaluator) -> dict[str, Any]:
-        return checkpoint.capture(evals, EVALUATOR_STATIC)
 
     # ---- non-finite accounting and the summary ----------------------------------------------
     @staticmethod

@@ -31,6 +31,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
+from tailtrain.core import envelope
 from tailtrain.core.update import GradientStats, closed_step_stats, without
 from tailtrain.errors import UsageError
 from tailtrain.runtime.control import (
@@ -332,13 +333,21 @@ class Rounds:
         return record
 
     # ---- checkpoints: the rule's state and the round count; never the process group --------
+    def sealed(self, deadline: list[float] | None = None, **parts: Any) -> dict[str, Any]:
+        """The envelope after the last round (``core.envelope``): the rule's state, the round
+        count and clock; the record is the user's, and so is torch's generator. A regroup's
+        hand-over adds the learned ``deadline`` and ``parts`` (the model, the optimizer)."""
+        rule, now = self.rule.state_dict(), self.now
+        return envelope.seal(
+            step=self.step, now=now, rule=rule, rows=None, deadline=deadline, rng=False, **parts
+        )
+
     def state_dict(self) -> dict[str, Any]:
-        return {
-            "strategy": self.rule.state_dict(),
-            "step": self.step,
-            "time": self.now,
-        }
+        return self.sealed()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.rule.load_state_dict(state["strategy"])
-        self.step, self.now = int(state["step"]), float(state["time"])
+        # a StragglerStep checkpoint saved before the envelope named the rule "strategy"
+        if "rule" not in state:
+            state = {**state, "rule": state["strategy"], "now": state["time"], "torch_rng": None}
+        envelope.unseal(state, rule=self.rule)
+        self.step, self.now = int(state["step"]), float(state["now"])

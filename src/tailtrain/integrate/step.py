@@ -388,20 +388,19 @@ class StragglerStep:
         state = hand_over(
             comm,
             lead,
-            lambda: {
-                "model": self.model.state_dict(),
-                "optimizer": self.optimizer.state_dict(),
-                "rounds": self.rounds.state_dict(),
-                "recent": list(shrinker.deadline.recent),
-                "last": self.last,
-            },
+            lambda: self.rounds.sealed(
+                list(shrinker.deadline.recent),
+                model=self.model.state_dict(),
+                optimizer=self.optimizer.state_dict(),
+                last=self.last,
+            ),
         )
         if lead.leads:
             return
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
-        self.rounds.load_state_dict(state["rounds"])
-        shrinker.deadline.adopt(state["recent"])
+        self.rounds.load_state_dict(state)
+        shrinker.deadline.adopt(state["deadline"])
         self.last = state["last"]
 
     @property

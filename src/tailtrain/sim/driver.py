@@ -21,7 +21,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from tailtrain.core import checkpoint
+from tailtrain.core import checkpoint, envelope
 from tailtrain.core.evaluation import Evaluator
 from tailtrain.core.records import RunRecord
 from tailtrain.core.scenario import World
@@ -170,24 +170,28 @@ class _Run:
         self.keeper.close(record, partial=partial)
 
     def _save(self) -> None:
+        """The run's envelope (``core.envelope``) with its identity; its parts: the engine's
+        state and the record files' offsets. The envelope carries every row so far, and the
+        engine its own generators (no torch generator is drawn from)."""
         assert self.control.folder is not None and self.record.sink is not None
-        data = {
-            **self.keeper.identity,
-            "step": self.engine.step,
-            "engine": self.engine.state_dict(),
-            "strategy_state": self.strategy.state_dict(self.state),
-            "evaluator": self.keeper.evaluator_state(self.evals),
-            "record": checkpoint.pack({"steps": self.record.steps, "evals": self.record.evals}),
-            "offsets": self.record.sink.offsets(),
-        }
-        checkpoint.save(self.control.folder / checkpoint.FILENAME, data)
+        engine, steps, evals = self.engine, self.record.steps, self.record.evals
+        data = envelope.seal(
+            step=engine.step,
+            now=engine.now,
+            rule=self.strategy.state_dict(self.state),
+            evals=self.evals,
+            rows=envelope.rows_at(len(steps), steps, len(evals), evals),
+            rng=False,
+            engine=engine.state_dict(),
+            offsets=self.record.sink.offsets(),
+        )
+        checkpoint.save(self.control.folder / checkpoint.FILENAME, {**self.keeper.identity, **data})
 
     def _resume(self, saved: dict[str, Any]) -> dict[str, int]:
         """Restore everything a checkpoint holds; return the record files' offsets."""
         self.keeper.check(saved)
         self.engine.load_state_dict(saved["engine"])
-        self.state = self.strategy.load_state_dict(saved["strategy_state"])
-        checkpoint.restore(self.evals, saved["evaluator"])
-        rows = checkpoint.unpack(saved["record"])
-        self.record.steps, self.record.evals = rows["steps"], rows["evals"]
+        self.state = self.strategy.load_state_dict(saved["rule"])  # a pure rule: state apart
+        envelope.unseal(saved, evals=self.evals)
+        self.record.steps, self.record.evals = envelope.step_tail(saved), envelope.eval_tail(saved)
         return dict(saved["offsets"])

@@ -11,10 +11,8 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 
-from tailtrain.core import checkpoint
-from tailtrain.core.session import RunKeeper
+from tailtrain.core import checkpoint, envelope
 from tailtrain.runtime.elastic.group import GroupCollectives
 from tailtrain.runtime.elastic.handover import elect, hand_over, pass_drills
 from tailtrain.runtime.elastic.shrink import Census
@@ -43,40 +41,39 @@ def sync_from_lead(run: AllreduceRank, comm: GroupCollectives, found: Census) ->
 
 
 def lead_state(run: AllreduceRank, fewest: int) -> dict[str, Any]:
-    """What the others take from the lead: its state after its last completed round and the
-    record rows past the ``fewest`` any member holds."""
+    """What the others take from the lead: its envelope (``core.envelope``) after its last
+    completed round, with the record rows past the ``fewest`` any member holds; its parts: the
+    round's clock record, the learner, the unsettled rounds and the delay draws kept."""
     shrinker = run.membership.shrinker
-    return {
-        "step": run.step,
-        "clock": replace(run.clock),
-        "learner": checkpoint.capture(run.learner, checkpoint.MODEL_STATIC),
-        "update": run.update.state_dict(),
-        "rule": run.rule.state_dict(),
-        "unsettled": run.unsettled,
-        "rows": run.record.steps[fewest:],
-        "evaluator": RunKeeper.evaluator_state(run.evals),
-        "drawn": run.membership.drawn,
-        "torch_rng": torch.get_rng_state(),
-        "recent": list(shrinker.deadline.recent) if shrinker is not None else [],
-    }
+    steps = run.record.steps
+    return envelope.seal(
+        step=run.step,
+        now=run.clock.now,
+        rule=run.rule.state_dict(),
+        update=run.update.state_dict(),
+        evals=run.evals,
+        rows=envelope.rows_at(len(steps), steps[fewest:]),
+        deadline=list(shrinker.deadline.recent) if shrinker is not None else None,
+        round_clock=replace(run.clock),
+        learner=checkpoint.capture(run.learner, checkpoint.MODEL_STATIC),
+        unsettled=run.unsettled,
+        drawn=run.membership.drawn,
+    )
 
 
 def take_state(run: AllreduceRank, state: dict[str, Any], have: int) -> None:
-    """Go on from the lead's ``state``; ``have``: the rows of ``state["rows"]`` this rank
-    already holds (every rank's rows are the same, made from gathered data)."""
+    """Go on from the lead's ``state``; ``have``: the rows of its tail this rank already
+    holds (every rank's rows are the same, made from gathered data)."""
     run.step = int(state["step"])
-    run.clock = replace(state["clock"])
+    run.clock = replace(state["round_clock"])
     checkpoint.restore(run.learner, state["learner"])
-    run.update.load_state_dict(state["update"])
-    run.rule.load_state_dict(state["rule"])
+    envelope.unseal(state, rule=run.rule, update=run.update, evals=run.evals)
     run.unsettled, run.settling = state["unsettled"], []
-    for row in state["rows"][have:]:
+    for row in envelope.step_tail(state)[have:]:
         run.record.add_step(row)
-    checkpoint.restore(run.evals, state["evaluator"])
     restore_drawn(run, state["drawn"])
-    torch.set_rng_state(state["torch_rng"])
-    if run.membership.shrinker is not None:
-        run.membership.shrinker.deadline.adopt(state["recent"])  # every member learns alike
+    if run.membership.shrinker is not None and state["deadline"] is not None:
+        run.membership.shrinker.deadline.adopt(state["deadline"])  # every member learns alike
     pass_drills(run.comm, run.step)  # the rounds this rank skipped
 
 

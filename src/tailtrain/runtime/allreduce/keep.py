@@ -6,10 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
-
-from tailtrain.core import checkpoint
-from tailtrain.core.session import RunKeeper
+from tailtrain.core import checkpoint, envelope
 from tailtrain.runtime.allreduce.accounts import estimated_row, flush
 from tailtrain.runtime.allreduce.state import AllreduceRank
 from tailtrain.runtime.keep import reopen_records
@@ -17,27 +14,26 @@ from tailtrain.runtime.telemetry import attach
 
 
 def state_of(run: AllreduceRank) -> dict[str, Any]:
-    """This rank's state after a round: the run's, as every rank holds the same (``rounds``
-    module docstring). The parameters by reference (an update replaces them), the rest copied."""
+    """This rank's envelope after a round (``core.envelope``): the run's, as every rank holds
+    the same (``rounds`` module docstring). The parameters by reference (an update replaces
+    them), the rest copied; its parts: the learner, the clock's settled and communication
+    seconds, and the delay draws."""
     flush(run)
     steps, evals = run.record.steps, run.evals.record.evals
-    pending = estimated_row(run)
-    return {
-        "now": float(run.clock.now),
-        "settled": float(run.clock.settled),
-        "comm_time": float(run.clock.comm_time),
-        "pending": None if pending is None else checkpoint.pack(pending),
-        "learner": checkpoint.capture(run.learner, checkpoint.MODEL_STATIC),
-        "update": run.update.state_dict(),
-        "rule": run.rule.state_dict(),
-        "clock": checkpoint.with_comm(run.injector.clock, ("process",)),
-        "delays": checkpoint.delay_state(run.world.process),
-        "evaluator": RunKeeper.evaluator_state(run.evals),
-        "rows": {"steps": len(steps), "evals": len(evals)},
-        "last_step": checkpoint.pack(steps[-1]) if steps else None,
-        "last_eval": checkpoint.pack(evals[-1]) if evals else None,
-        "torch_rng": torch.get_rng_state(),
-    }
+    return envelope.seal(
+        step=run.step,
+        now=run.clock.now,
+        rule=run.rule.state_dict(),
+        update=run.update.state_dict(),
+        evals=run.evals,
+        rows=envelope.rows_at(len(steps), steps[-1:], len(evals), evals[-1:]),
+        pending=estimated_row(run),
+        settled=float(run.clock.settled),
+        comm_time=float(run.clock.comm_time),
+        learner=checkpoint.capture(run.learner, checkpoint.MODEL_STATIC),
+        clock=checkpoint.with_comm(run.injector.clock, ("process",)),
+        delays=checkpoint.delay_state(run.world.process),
+    )
 
 
 def resume_round(run: AllreduceRank, saved: dict[str, Any]) -> None:
@@ -45,28 +41,26 @@ def resume_round(run: AllreduceRank, saved: dict[str, Any]) -> None:
     folder; the others keep only the number of rows before it and the last of them."""
     run.step, run.clock.now = int(saved["step"]), float(saved["now"])
     checkpoint.restore(run.learner, saved["learner"])
-    run.update.load_state_dict(saved["update"])
-    run.rule.load_state_dict(saved["rule"])
+    envelope.unseal(saved, rule=run.rule, update=run.update, evals=run.evals)
     # a checkpoint taken after a shrink holds the rule for the smaller world; this run is whole
     followed = run.rule.followed(run.world.context)
     if followed is not None:
         run.rule = followed
     checkpoint.restore_with_comm(run.injector.clock, saved["clock"])
     checkpoint.restore(run.world.process, saved["delays"])
-    checkpoint.restore(run.evals, saved["evaluator"])
-    torch.set_rng_state(saved["torch_rng"])
-    last_step, counts = checkpoint.unpack(saved["last_step"]), dict(saved["rows"])
+    counts = {name: int(saved["rows"][name]) for name in ("steps", "evals")}
+    last_step = next(iter(envelope.step_tail(saved)[-1:]), None)
     if run.comm.rank == 0:
         sink, rows = reopen_records(run.config.out, counts, last_step)
         attach(run.record, sink)
         run.record.steps, run.record.evals = rows["steps"], rows["evals"]
     else:
         run.record.steps = [last_step] * counts["steps"]
-        run.evals.record.evals = [checkpoint.unpack(saved["last_eval"])] * counts["evals"]
-    pending = saved["pending"]
+        run.evals.record.evals = envelope.eval_tail(saved)[-1:] * counts["evals"]
+    pending = envelope.pending(saved)
     run.clock.settled, run.clock.comm_time = float(saved["settled"]), float(saved["comm_time"])
     if pending is not None:  # its timings were to come with the next round: keep the estimate
-        run.record.add_step(checkpoint.unpack(pending))
+        run.record.add_step(pending)
         run.clock.settled = run.clock.now
     run.keeper.completed(run.step, lambda: state_of(run), save=False)
 

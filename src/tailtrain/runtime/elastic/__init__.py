@@ -3,5 +3,6 @@ restarted one back. One membership protocol (``shrink``: generations, census, fo
 and grow) over the learned deadline (``deadline``), a generation's watched collectives
 (``group``) and the agent's store (``store``); after a regroup one lead, one hand-over and one
 rule for the live world (``handover``); and one set of refusals before any process starts
-(``refusals``). The allreduce's rounds, the partial collective and ``integrate.StragglerStep``
+(``refusals``). What the lead hands over is the run's state envelope, built by
+``core.envelope`` as every checkpoint is. The allreduce's rounds, the partial collective and ``integrate.StragglerStep``
 stand on it; it imports none of them."""

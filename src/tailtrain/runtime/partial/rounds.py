@@ -66,7 +66,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from tailtrain.core import checkpoint
+from tailtrain.core import envelope
 from tailtrain.core.evaluation import Evaluator
 from tailtrain.core.records import RunRecord
 from tailtrain.core.scenario import World
@@ -209,13 +209,13 @@ def resume(run: _Run, saved: dict[str, Any]) -> None:
     rule = run.rule
     rule.load_state_dict(saved)
     run.theta, run.job = rule.agreed, rule.base
-    counts = dict(saved["rows"])
+    counts = {name: int(saved["rows"][name]) for name in ("steps", "evals")}
     if run.comm.rank == 0:
         sink, rows = reopen_records(run.config.out, counts, rule.last_row)
         attach(rule.record, sink)
         rule.record.steps, rule.record.evals = rows["steps"], rows["evals"]
     else:  # the others keep the number of evaluations before it and the last of them
-        run.evals.record.evals = [checkpoint.unpack(saved["last_eval"])] * counts["evals"]
+        run.evals.record.evals = envelope.eval_tail(saved)[-1:] * counts["evals"]
     run.keeper.completed(rule.done, rule.state_dict, save=False)
 
 

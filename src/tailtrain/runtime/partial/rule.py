@@ -47,7 +47,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from tailtrain.core import checkpoint
+from tailtrain.core import checkpoint, envelope
 from tailtrain.core.records import RunRecord
 from tailtrain.core.scenario import World
 from tailtrain.core.session import RunKeeper
@@ -256,21 +256,22 @@ class Rule:
             owed = self.done - fewest
             if owed > len(self.recent):
                 raise TailtrainError(f"a regroup owes {owed} rows; ranks keep {HANDED_ROWS}")
-            return {
-                "done": self.done,
-                "now": self.now,
-                "clock": clock,
-                "agreed": self.agreed.clone(),
-                "rule": self.driver.state_dict(),
-                "comm": checkpoint.capture(self.comm, checkpoint.COMM_STATIC),
-                "update": self.update.state_dict(),
-                "rows": list(self.recent)[len(self.recent) - owed :],
-                "members": list(self.members or []),
-            }
+            return envelope.seal(
+                step=self.done,
+                now=self.now,
+                rule=self.driver.state_dict(),
+                update=self.update.state_dict(),
+                rows=envelope.rows_at(self.done, list(self.recent)[len(self.recent) - owed :]),
+                rng=False,
+                origin=clock,
+                agreed=self.agreed.clone(),
+                comm=checkpoint.capture(self.comm, checkpoint.COMM_STATIC),
+                members=list(self.members or []),
+            )
 
     def owed_rows(self, state: dict[str, Any]) -> list[dict[str, Any]]:
         """The rows of ``state`` (:meth:`handover_state`) past this rank's last round."""
-        rows, need = state["rows"], int(state["done"]) - self.done
+        rows, need = envelope.step_tail(state), int(state["step"]) - self.done
         return rows[max(0, len(rows) - need) :] if need > 0 else []
 
     def take_over(self, state: dict[str, Any], members: list[int], generation: int) -> None:
@@ -283,13 +284,12 @@ class Rule:
                     self.record.add_step(row)
                 self.recent.append(row)
                 self.last_row = row
-            self.base = self.done = int(state["done"])
-            self.now, self.origin = float(state["now"]), float(state["clock"])
+            self.base = self.done = int(state["step"])
+            self.now, self.origin = float(state["now"]), float(state["origin"])
             self.agreed = state["agreed"]
-            self.driver.load_state_dict(state["rule"])
+            envelope.unseal(state, rule=self.driver, update=self.update)
             self.driver, _ = follow_live(self.driver, self.world.context, members)
             checkpoint.restore(self.comm, state["comm"])
-            self.update.load_state_dict(state["update"])
             self.steps, self.averages, self.pending, self.applied = {}, [], None, -1
             self.members, self.keeper, self.frozen = members, None, False
             self.carried, self.generation, self.growing = set(), generation, False
@@ -303,32 +303,28 @@ class Rule:
         return self.update.apply_reduced(theta, total.to(theta.dtype), divisor, scale)
 
     def state_dict(self) -> dict[str, Any]:
-        """What goes on after the last completed round (module docstring); the model by
-        reference (an update replaces it), the rest copied."""
-        last, evals = self.last_row, self.evals.record.evals
-        return {
-            "now": self.now,
-            "theta": self.agreed,
-            "rule": self.driver.state_dict(),
-            "comm": checkpoint.capture(self.comm, checkpoint.COMM_STATIC),
-            "update": self.update.state_dict(),
-            "evaluator": RunKeeper.evaluator_state(self.evals),
-            "rows": {"steps": self.done, "evals": len(evals)},
-            "last_step": None if last is None else checkpoint.pack(last),
-            "last_eval": checkpoint.pack(evals[-1]) if evals else None,
-            "torch_rng": torch.get_rng_state(),
-        }
+        """The envelope after the last completed round (``core.envelope``; module docstring);
+        its parts: the agreed model by reference (an update replaces it) and the
+        communication draws."""
+        evals, last = self.evals.record.evals, [] if self.last_row is None else [self.last_row]
+        return envelope.seal(
+            step=self.done,
+            now=self.now,
+            rule=self.driver.state_dict(),
+            update=self.update.state_dict(),
+            evals=self.evals,
+            rows=envelope.rows_at(self.done, last, len(evals), evals[-1:]),
+            theta=self.agreed,
+            comm=checkpoint.capture(self.comm, checkpoint.COMM_STATIC),
+        )
 
     def load_state_dict(self, saved: dict[str, Any]) -> None:
         self.base = self.done = int(saved["step"])
         self.now = self.origin = float(saved["now"])
         self.agreed = saved["theta"]
-        self.driver.load_state_dict(saved["rule"])
+        envelope.unseal(saved, rule=self.driver, update=self.update, evals=self.evals)
         checkpoint.restore(self.comm, saved["comm"])
-        self.update.load_state_dict(saved["update"])
-        checkpoint.restore(self.evals, saved["evaluator"])
-        torch.set_rng_state(saved["torch_rng"])
-        self.last_row = checkpoint.unpack(saved["last_step"])
+        self.last_row = next(iter(envelope.step_tail(saved)[-1:]), None)
 
 
 def uniform_weight(selection: Selection, keys: np.ndarray) -> tuple[float, float]:

@@ -11,7 +11,6 @@ row goes out then, with its ``partial_*`` columns (``runtime.ps.server``'s modul
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -20,31 +19,21 @@ import torch
 from tailtrain.core.update import rows_weighed
 from tailtrain.errors import TailtrainError
 from tailtrain.runtime.ps.arrivals import Arrival, columns
+from tailtrain.runtime.ps.state import Pending
 from tailtrain.runtime.ps.wire import Message
 from tailtrain.strategies.base import Selection, ServerPlan, Weighting
 
 if TYPE_CHECKING:
-    from tailtrain.runtime.ps.server import Server
-
-
-@dataclass
-class Pending:
-    """LGC: step t's stragglers (worker -> (job, start)) whose blocks make e_t."""
-
-    state: Any
-    fresh: list[Arrival]
-    now: Weighting
-    waiting: dict[int, tuple[int, float]]
-    version: int
-    close: float
-    row: dict[str, Any]
-    complete: bool
-    blocks: int
-    reports: list[Arrival] = field(default_factory=list)
+    from tailtrain.runtime.ps.state import ServerState
 
 
 def defer(
-    server: Server, plan: ServerPlan, state: Any, fresh: list[Arrival], now: Weighting, row: dict
+    server: ServerState,
+    plan: ServerPlan,
+    state: Any,
+    fresh: list[Arrival],
+    now: Weighting,
+    row: dict,
 ) -> None:
     """Step t closed: wait for the blocks of its stragglers (none busy: resolve at once)."""
     stragglers = np.flatnonzero(server.busy == server.version).tolist()
@@ -64,7 +53,7 @@ def defer(
         resolve(server, server.pending)
 
 
-def partial(server: Server, m: Message) -> None:
+def partial(server: ServerState, m: Message) -> None:
     """A straggler's PARTIAL: its r of s blocks, as a partial arrival of step t."""
     p = server.pending
     if m.worker in server.liveness.hung and (p is None or m.worker not in p.waiting):
@@ -78,7 +67,7 @@ def partial(server: Server, m: Message) -> None:
     report(server, p, m.worker, a)
 
 
-def report(server: Server, p: Pending, w: int, a: Arrival) -> None:
+def report(server: ServerState, p: Pending, w: int, a: Arrival) -> None:
     """Straggler ``w``'s work of step t; the last report resolves the step."""
     a.partial, a.version = True, p.version
     p.reports.append(a)
@@ -87,7 +76,7 @@ def report(server: Server, p: Pending, w: int, a: Arrival) -> None:
         resolve(server, p)
 
 
-def resolve(server: Server, p: Pending) -> None:
+def resolve(server: ServerState, p: Pending) -> None:
     """e_t from the rule's ``later`` weights over fresh + partial work (LGC Eq. 7)."""
     late = [a for a in p.reports if a.units > 0]  # r = 0: nothing to offer (as simulated)
     offered = p.fresh + late

@@ -128,6 +128,7 @@ from tailtrain.runtime.ps import keep as ps_keep
 from tailtrain.runtime.ps import lgc
 from tailtrain.runtime.ps.arrivals import Arrival, columns
 from tailtrain.runtime.ps.liveness import Liveness
+from tailtrain.runtime.ps.state import Pending
 from tailtrain.runtime.ps.wire import (
     DOWN,
     HEADER,
@@ -186,7 +187,7 @@ class Server:
         self.start = np.zeros(n)
         self.next_job = np.zeros(n, dtype=np.int64)
         self.backlog: deque[Message] = deque()
-        self.pending: lgc.Pending | None = None
+        self.pending: Pending | None = None
         self.version = self.step = self.ghosts = 0
         self.now = 0.0
         self.interrupted = False  # Ctrl-C ended the run before its budget
