@@ -87,8 +87,10 @@ def micro_batches(x, y, rank: int, world: int, step: int) -> list[tuple[torch.Te
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--kill-rank", type=int, default=None)
+    parser.add_argument("--kill-rank", type=int, nargs="*", default=[])  # one or more
     parser.add_argument("--kill-step", type=int, default=10)
+    # rank: the rank dies; node: its machine does (its launcher goes, and its ranks with it)
+    parser.add_argument("--kill-what", choices=("rank", "node"), default="rank")
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--strategy", default="sync")  # any but rebalance: "dropcompute", ...
     parser.add_argument("--steps", type=int, default=STEPS)
@@ -107,18 +109,19 @@ def main() -> None:
 
     def loss_fn(batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         time.sleep(SECONDS)
-        if rank == args.kill_rank and step == args.kill_step and not restarted:  # dies here
-            os.kill(os.getpid(), signal.SIGKILL)
+        if rank in args.kill_rank and step == args.kill_step and not restarted:  # dies here
+            os.kill(os.getppid() if args.kill_what == "node" else os.getpid(), signal.SIGKILL)
+            time.sleep(60)  # a node's rank dies with its launcher (the launch's death signal)
         return F.cross_entropy(model(batch[0]), batch[1])
 
     records = []
-    # --rejoin-steps: until K steps after a rank rejoined (every rank reads it from the same
-    # records); at most 100 times --steps while none did
+    # --rejoin-steps: until K steps after the last rank rejoined (every rank reads it from the
+    # same records); at most 100 times --steps while none did
     end, rejoined = args.steps, not args.rejoin_steps
     while step < end or (not rejoined and step < 100 * args.steps):
         record = step_fn(micro_batches(x, y, rank, world, step), loss_fn)
         records.append(record)
-        if record.rejoined and not rejoined:
+        if record.rejoined:  # each rejoin (a node's ranks may come back one by one)
             rejoined, end = True, max(end, record.step + args.rejoin_steps)
         step = step_fn.next_step
 

@@ -47,6 +47,7 @@ ARGVS = [
             ["bench", "collectives"],
             ["bench", "hang"],
             ["launch"],
+            ["store"],
         )
     ),
     ["--bogus"],

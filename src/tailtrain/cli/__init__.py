@@ -22,6 +22,7 @@ SUBCOMMANDS = (
     "train",
     "bench",
     "launch",
+    "store",
 )
 #: commands whose arguments after a script are the script's own
 SCRIPT_COMMANDS = ("launch",)

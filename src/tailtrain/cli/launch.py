@@ -31,7 +31,25 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--rdzv-endpoint",
         default="127.0.0.1:0",
-        help="HOST:PORT of the store this launcher hosts (default 127.0.0.1 and a free port)",
+        help="HOST:PORT of the job's store: hosted by this launcher on one node (default "
+        "127.0.0.1 and a free port), by node 0's across nodes, or by `tailtrain store` with "
+        "--store apart; it listens on that address only",
+    )
+    p.add_argument("--nnodes", type=int, default=1, help="the job's nodes (default: 1)")
+    p.add_argument(
+        "--node-rank", type=int, default=0, help="this node's index, 0..nnodes-1 (default: 0)"
+    )
+    p.add_argument(
+        "--store",
+        default="launcher",
+        help="launcher: node 0's launcher hosts the store (the job ends if node 0 is lost; "
+        "default); apart: `tailtrain store` hosts it, so losing any node leaves the job going",
+    )
+    p.add_argument(
+        "--group-by",
+        default=None,
+        help="under shrink, what leaves the job when one of its ranks dies: node (its other "
+        "ranks are stopped; the default across nodes) or rank (the default on one node)",
     )
     p.add_argument(
         "--timeout",
@@ -65,6 +83,10 @@ def run(args: argparse.Namespace) -> int:
         args.timeout,
         args.script_args,
         args.restart_lost,
+        args.nnodes,
+        args.node_rank,
+        args.store,
+        args.group_by,
     )
     try:
         outcome = launch_script(plan)

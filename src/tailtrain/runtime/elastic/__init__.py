@@ -4,5 +4,5 @@ and grow) over the learned deadline (``deadline``), a generation's watched colle
 (``group``) and the agent's store (``store``); after a regroup one lead, one hand-over and one
 rule for the live world (``handover``); and one set of refusals before any process starts
 (``refusals``). What the lead hands over is the run's state envelope, built by
-``core.envelope`` as every checkpoint is. The allreduce's rounds, the partial collective and ``integrate.StragglerStep``
-stand on it; it imports none of them."""
+``core.envelope`` as every checkpoint is. The allreduce's rounds, the partial collective and
+``integrate.StragglerStep`` stand on it; it imports none of them."""

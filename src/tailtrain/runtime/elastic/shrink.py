@@ -149,7 +149,7 @@ import torch.distributed as dist
 from tailtrain.errors import TailtrainError
 from tailtrain.runtime.elastic.deadline import Deadline
 from tailtrain.runtime.elastic.group import Broken, GroupCollectives, Watch, abort
-from tailtrain.runtime.elastic.store import REJOIN, open_store
+from tailtrain.runtime.elastic.store import REJOIN, REJOIN_WITH, open_store
 from tailtrain.runtime.expendable import LeftAlive
 from tailtrain.runtime.reduce import Collectives
 
@@ -323,7 +323,9 @@ class Shrinker:
         log.warning("rank %d asks to join the live ranks", me)
         with contextlib.suppress(Exception):  # a rank the shield noted dead is back
             store.delete_key(f"dead/{me}")
-        store.set(f"join/{me}", json.dumps([step, rows]))
+        # the ranks of its node started again with it: taken in together (``asking``)
+        together = [int(r) for r in os.environ.get(REJOIN_WITH, "").split(",") if r]
+        store.set(f"join/{me}", json.dumps([step, rows, together]))
         end = time.monotonic() + self.deadline.timeout
         while not store.check([f"joined/{me}"]):
             if store.check(["finished"]) or time.monotonic() > end:
@@ -380,7 +382,16 @@ class Shrinker:
                     self.store.delete_key(f"join/{r}")
                 continue
             asking.append(r)
-        return asking
+        return [r for r in asking if self._node_ready(r, asking)]
+
+    def _node_ready(self, rank: int, asking: list[int]) -> bool:
+        """Whether ``rank``'s node, started again together, asked whole: a node heals at one
+        step boundary, not rank by rank. Its launcher started every one of them (a ``dead/``
+        key may still stand for one that has not asked yet) and stops them all if one dies
+        again; the joiners' own --timeout bounds the wait."""
+        together = json.loads(self.store.get(f"join/{rank}"))[2:]
+        waited = [r for r in (together[0] if together else []) if r not in (*self.members, *asking)]
+        return not waited
 
     def grow(self, step: int, rows: int) -> Census:
         """GROWING: every member at the same step boundary; the lowest member takes in the
@@ -393,7 +404,7 @@ class Shrinker:
             steps = dict.fromkeys(map(str, self.members), step)
             rows_of = dict.fromkeys(map(str, self.members), rows)
             for j in joiners:
-                steps[str(j)], rows_of[str(j)] = json.loads(store.get(f"join/{j}"))
+                steps[str(j)], rows_of[str(j)] = json.loads(store.get(f"join/{j}"))[:2]
                 store.delete_key(f"join/{j}")
             members = sorted(self.members + joiners)
             census = {"members": members, "steps": steps, "rows": rows_of, "joined": joiners}

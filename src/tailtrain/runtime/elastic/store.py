@@ -23,6 +23,10 @@ REJOIN = "TAILTRAIN_REJOIN"
 #: set by ``tailtrain launch --restart-lost`` in a rank it started again: how many times (the
 #: script skips ``dist.init_process_group``: ``integrate.StragglerStep`` joins the live ranks)
 RESTART = "TAILTRAIN_RESTART"
+#: set with ``REJOIN`` in the ranks of a node started again together (``tailtrain launch``
+#: across nodes): the job ranks, comma-separated, that come back as one node, so the live
+#: ranks take them in at one step boundary (``shrink.Shrinker.asking``)
+REJOIN_WITH = "TAILTRAIN_REJOIN_WITH"
 #: set by ``tailtrain launch`` (``runtime.launching.scripts``) in every rank: its
 #: ``--on-rank-loss``, which ``integrate.StragglerStep(on_rank_loss="shrink")`` needs to be
 #: ``shrink``

@@ -69,7 +69,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -79,12 +78,21 @@ import torch.distributed as dist
 
 from tailtrain.errors import UsageError
 from tailtrain.runtime.elastic.shrink import OnRankLoss
-from tailtrain.runtime.elastic.store import LAUNCHED, REJOIN, RESTART, prefix
+from tailtrain.runtime.elastic.store import LAUNCHED, REJOIN, REJOIN_WITH, RESTART, prefix
 from tailtrain.runtime.expendable import die_with, exit_reason
 from tailtrain.runtime.launching import script_rank
 from tailtrain.runtime.launching.checks import max_local_workers
-from tailtrain.runtime.launching.endpoint import parse_endpoint, reserve
+from tailtrain.runtime.launching.endpoint import Endpoint, parse_endpoint, reserve
 from tailtrain.runtime.launching.failures import JobFailed
+from tailtrain.runtime.launching.nodes import (
+    GroupBy,
+    Nodes,
+    StoreAt,
+    check_nodes,
+    env_of_run,
+    meet,
+    node_env,
+)
 
 log = logging.getLogger(__name__)
 
@@ -123,12 +131,16 @@ class LaunchPlan:
     timeout: float = 300.0
     #: how often a rank that died is started again (``--restart-lost``, under shrink)
     restart_lost: int = 0
+    #: the job's nodes, this launcher's among them (``runtime.launching.nodes``)
+    nodes: Nodes = field(default_factory=Nodes)
 
 
 @dataclass
 class Rank:
     rank: int
     process: subprocess.Popen
+    #: its place on this node (``LOCAL_RANK``)
+    local: int = 0
     state: RankState = RankState.RUNNING
     why: str = ""
     #: when the launcher saw it die (monotonic seconds): the first to fail is named
@@ -156,6 +168,10 @@ def check_launch(
     timeout: float = 300.0,
     args: Sequence[str] = (),
     restart_lost: int = 0,
+    nnodes: int = 1,
+    node_rank: int = 0,
+    store_at: str = StoreAt.LAUNCHER,
+    group_by: str | None = None,
 ) -> LaunchPlan:
     """Every check before any process starts; one-line :class:`UsageError` s."""
     if script is None:
@@ -182,43 +198,23 @@ def check_launch(
     path = Path(script)
     if not path.is_file():
         raise UsageError(f"no script {script!r}: give the path of a Python file to run")
-    parse_endpoint(endpoint)
+    nodes = check_nodes(nnodes, node_rank, store_at, group_by, parse_endpoint(endpoint))
+    if nodes.hosts_store:
+        reserve(parse_endpoint(endpoint))  # an address of this machine, a usable port
     return LaunchPlan(
-        path, tuple(args), nproc, OnRankLoss(on_rank_loss), endpoint, timeout, restart_lost
+        path, tuple(args), nproc, OnRankLoss(on_rank_loss), endpoint, timeout, restart_lost, nodes
     )
 
 
 def launch_script(plan: LaunchPlan) -> LaunchOutcome:
     """Run ``plan`` (module docstring); raises :class:`JobFailed` with one line when the job
     failed. Ctrl-C ends with ``outcome.interrupted`` (the CLI's exit 130)."""
-    wanted = parse_endpoint(plan.endpoint)
-    where = reserve(wanted)  # the host resolves and the port is usable: one line if not
     timeout = datetime.timedelta(seconds=plan.timeout)
-    try:  # on the port asked for: 0 lets the store take a free one itself, so no other
-        # process can take the port reserve() saw free before the store binds it
-        store = dist.TCPStore(
-            where.host, wanted.port, plan.nproc, is_master=True, timeout=timeout,
-            wait_for_workers=False,
-        )  # fmt: skip
-    except RuntimeError as exc:  # the port was taken since reserve() looked
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise UsageError(
-            f"--rdzv-endpoint {plan.endpoint}: the store cannot listen there ({first}); "
-            "choose another port, or 0 (a free one)"
-        ) from None
-    run_id = f"tailtrain-launch-{uuid.uuid4().hex[:12]}"
-    env = dict(
-        os.environ,
-        MASTER_ADDR=where.host,
-        MASTER_PORT=str(store.port),
-        WORLD_SIZE=str(plan.nproc),
-        LOCAL_WORLD_SIZE=str(plan.nproc),
-        GROUP_RANK="0",
-        TORCHELASTIC_RUN_ID=run_id,
-        TORCHELASTIC_RESTART_COUNT="0",
-        TORCHELASTIC_USE_AGENT_STORE="True",
-        **{LAUNCHED: str(plan.on_rank_loss)},
-    )
+    meeting = meet(plan.nodes, parse_endpoint(plan.endpoint), timeout)
+    store = meeting.store
+    where = Endpoint(parse_endpoint(plan.endpoint).host, store.port)
+    env = env_of_run(os.environ, meeting, where)
+    env[LAUNCHED] = str(plan.on_rank_loss)
     notes = dist.PrefixStore(prefix(env), store)  # the shrink protocol's keys
     said = Path(tempfile.mkdtemp(prefix="tailtrain-launch-"))  # the ranks' one lines
     env[script_rank.NOTES] = str(said)
@@ -227,10 +223,16 @@ def launch_script(plan: LaunchPlan) -> LaunchOutcome:
     asked: list[int] = []
     previous = {sig: signal.signal(sig, lambda s, _f: asked.append(s)) for sig in STOP_SIGNALS}
 
-    def start(r: int, restarts: int = 0) -> subprocess.Popen:
-        mine = dict(env, RANK=str(r), LOCAL_RANK=str(r))
+    nodes, ended = plan.nodes, False
+    by_node, loss = nodes.group_by is GroupBy.NODE, plan.on_rank_loss
+    node_ranks = ",".join(str(nodes.rank_of(i, plan.nproc)) for i in range(plan.nproc))
+
+    def start(local: int, restarts: int = 0) -> subprocess.Popen:
+        mine = dict(env, **node_env(plan.nodes, plan.nproc, local))
         if restarts:  # it joins the live ranks instead of the job's (broken) group
             mine.update({RESTART: str(restarts), REJOIN: "1"})
+        if restarts and by_node:  # the node's ranks are taken in together
+            mine[REJOIN_WITH] = node_ranks
         return subprocess.Popen(  # the script as `python script.py` runs it (script_rank)
             [sys.executable, "-m", script_rank.__name__, str(plan.script), *plan.args],
             env=mine,
@@ -239,11 +241,25 @@ def launch_script(plan: LaunchPlan) -> LaunchOutcome:
         )
 
     try:
-        for r in range(plan.nproc):
-            ranks.append(Rank(r, start(r)))
+        for local in range(plan.nproc):  # a node started again: each of its ranks rejoins
+            rank = nodes.rank_of(local, plan.nproc)
+            ranks.append(Rank(rank, start(local, meeting.restarts), local=local))
         again = Restarts(plan.restart_lost, start) if plan.restart_lost else None
-        return watch(ranks, plan.on_rank_loss, notes, asked, plan.timeout, again, said)
+        try:
+            outcome = watch(ranks, loss, notes, asked, plan.timeout, again, said, by_node)
+        except dist.DistError as exc:  # the store went with its host: this node cannot go on
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise JobFailed(
+                f"the job's store at {where} is gone ({first[:120]}): its host (node 0, or "
+                "`tailtrain store`) was lost; the ranks of this node were stopped"
+            ) from None
+        meeting.ended()
+        ended = True
+        meeting.wait_for_others(plan.timeout)  # node 0's store serves the nodes still going
+        return outcome
     finally:
+        if not ended:
+            meeting.ended()
         stop(ranks, signal.SIGTERM)
         for sig, handler in previous.items():
             signal.signal(sig, handler)
@@ -258,11 +274,13 @@ def watch(
     timeout: float = 300.0,
     again: Restarts | None = None,
     said: Path | None = None,
+    by_node: bool = False,
 ) -> LaunchOutcome:
     """Poll the ranks until none runs (module docstring); a rank still running ``timeout``
     seconds after another finished is stopped (a hung rank the survivors left behind).
     ``said``: the folder where a rank that ends on bad input or a crash leaves its one line
-    (``runtime.launching.script_rank``); bad input stops the job, under shrink too."""
+    (``runtime.launching.script_rank``); bad input stops the job, under shrink too.
+    ``by_node``: these ranks are one node, which leaves whole (``runtime.launching.nodes``)."""
     outcome = LaunchOutcome()
     first_done: float | None = None
     while any(r.state is RankState.RUNNING for r in ranks):
@@ -307,6 +325,13 @@ def watch(
                     notes.set("finished", "1")
                 continue
             r.state, r.died = RankState.DIED, time.monotonic()
+            if on_rank_loss is OnRankLoss.SHRINK and by_node:
+                left = node_leaves(ranks, r, notes)
+                if again is not None and first_done is None and again.restart_node(ranks, r):
+                    continue
+                outcome.failure = f"{left}; the other nodes go on without it"
+                log.warning("%s; the other nodes go on without it", left)
+                break
             if on_rank_loss is OnRankLoss.SHRINK:
                 notes.set(f"dead/{r.rank}", r.why)  # the census need not wait its window
                 if again is not None and first_done is None and again.restart(r):
@@ -344,9 +369,43 @@ class Restarts:
             "rank %d died (%s); started again (%d of %d): it asks the live ranks to take it in",
             r.rank, r.why, r.restarts, self.limit,
         )  # fmt: skip
-        r.process = self.start(r.rank, r.restarts)
+        r.process = self.start(r.local, r.restarts)
         r.state, r.why, r.died = RankState.RUNNING, "", float("inf")
         return True
+
+    def restart_node(self, ranks: list[Rank], first: Rank) -> bool:
+        """Start every rank of the node again, after ``first`` died (logged once), when each
+        has restarts left; whether they were. Each asks the live ranks to take it in."""
+        if any(r.restarts >= self.limit for r in ranks):
+            return False
+        log.warning(
+            "rank %d died (%s); its node's ranks %s were started again (%d of %d): they ask "
+            "the live ranks to take them in",
+            first.rank, first.why, [r.rank for r in ranks], first.restarts + 1, self.limit,
+        )  # fmt: skip
+        for r in ranks:
+            r.restarts += 1
+            r.process = self.start(r.local, r.restarts)
+            r.state, r.why, r.died = RankState.RUNNING, "", float("inf")
+        return True
+
+
+def node_leaves(ranks: list[Rank], first: Rank, notes: dist.Store) -> str:
+    """The node of ``ranks`` leaves whole after ``first`` died: its other running ranks are
+    killed (they would only wait in a collective with the dead one), and every one of them is
+    noted dead in the store at once; returns the line that says so."""
+    mates = [r for r in ranks if r is not first and r.state is RankState.RUNNING]
+    for r in mates:
+        signal_rank(r.process, signal.SIGKILL)
+    for r in mates:
+        with contextlib.suppress(subprocess.TimeoutExpired):  # bounded: see stop()
+            r.process.wait(STOP_GRACE)
+        r.state, r.died = RankState.DIED, time.monotonic()
+        r.why = f"its node left with rank {first.rank}"
+    for r in (first, *mates):  # the census need not wait its window for any of them
+        notes.set(f"dead/{r.rank}", r.why)
+    stopped = f"; ranks {[r.rank for r in mates]} of its node were stopped" if mates else ""
+    return f"this node left the job: rank {first.rank} died ({first.why}){stopped}"
 
 
 def judged(ranks: list[Rank]) -> str | None:

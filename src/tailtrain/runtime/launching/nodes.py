@@ -1,0 +1,252 @@
+"""A job across nodes (issue 37): one ``tailtrain launch`` per node, meeting at one store.
+
+``tailtrain launch --nnodes N --node-rank I --rdzv-endpoint HOST:PORT --nproc-per-node P
+script.py`` on each of N machines starts that node's P ranks with torch's ``env://`` variables
+as torchrun sets them (``RANK`` = I P + local rank, ``LOCAL_RANK``, ``WORLD_SIZE`` = N P,
+``LOCAL_WORLD_SIZE`` = P, ``GROUP_RANK`` = I, ``MASTER_ADDR:MASTER_PORT`` the store), so a
+script that runs under torchrun runs here unchanged.
+
+**Where the store lives** (:class:`StoreAt`). The store is the shrink protocol's meeting place
+(``runtime.elastic.shrink``), so the job lives as long as it does:
+
+* ``launcher`` (the default): node 0's launcher hosts it at ``--rdzv-endpoint``, as torchrun's
+  c10d rendezvous does; node 0 says at start, in one line, that the job ends if node 0 is lost;
+* ``apart``: ``tailtrain store --rdzv-endpoint HOST:PORT --nnodes N`` hosts it in a small
+  process of its own (torchft's lighthouse is its counterpart), started first on a machine
+  that stays up; every launcher, node 0's too, is its client, so losing any node, the first
+  included, leaves the job going.
+
+The store listens on the address given only (:func:`host_store`: a socket bound there is
+handed to the ``TCPStore``, which on its own would listen on every interface), loopback by
+default. A c10d store is unauthenticated, as torchrun's is: a job across machines belongs on
+a private network.
+
+**Meeting** (:func:`meet`, the :class:`Meeting` it returns). The store's host writes a fresh
+run id (``tailtrain/launch/run``: the prefix of every key of the job, so a job never reads
+another's keys); every launcher reads it, bounded by ``--timeout``, and counts its node's starts
+(``tailtrain/launch/{run}/starts/{I}``): a node whose launcher starts a second time (the user
+started it again after the machine died) starts its ranks as restarts, which ask the live ranks
+to take them in (JOINING) and heal from a live peer (``integrate.step``), not from disk. Each
+launcher adds one to ``ended`` when it ends; the store's host waits for the other nodes' ends,
+at most ``--timeout`` seconds after its own ranks ended, before the store goes.
+
+**A node is the unit of membership** (``--group-by node``, the default across nodes; ``rank``
+keeps today's per-rank one): when any rank of a node dies under ``--on-rank-loss shrink``, its
+launcher stops the node's other ranks (SIGKILL: they would only wait in a collective with the
+dead one), notes every one of them ``dead/{rank}`` in the store at once, so the other nodes'
+census need not wait its window, and the node leaves whole: the other nodes' ranks regroup in
+place. With ``--restart-lost K`` the node's ranks are started again together (each as a
+restart, at most K times), and heal as one rank does. A node that left ends its launcher with
+exit 1 and one line; the job goes on on the others.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import logging
+import socket
+import time
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+
+import torch.distributed as dist
+
+from tailtrain.errors import UsageError
+from tailtrain.runtime.launching.endpoint import Endpoint, unusable
+
+log = logging.getLogger(__name__)
+
+#: the keys of the launchers' own meeting (apart from the shrink protocol's)
+LAUNCH_KEYS = "tailtrain/launch"
+#: seconds between two looks at the store while the host waits for the other nodes' ends
+END_POLL = 0.2
+
+
+class StoreAt(StrEnum):
+    """Where the job's store lives (module docstring)."""
+
+    LAUNCHER = "launcher"
+    APART = "apart"
+
+
+class GroupBy(StrEnum):
+    """The unit that leaves the job when one of its ranks dies (module docstring)."""
+
+    NODE = "node"
+    RANK = "rank"
+
+
+@dataclass(frozen=True)
+class Nodes:
+    """The job's nodes as one launcher sees them."""
+
+    nnodes: int = 1
+    node_rank: int = 0
+    store_at: StoreAt = StoreAt.LAUNCHER
+    group_by: GroupBy = GroupBy.RANK
+
+    @property
+    def hosts_store(self) -> bool:
+        """Whether this launcher hosts the store (node 0's, unless it lives apart)."""
+        return self.store_at is StoreAt.LAUNCHER and self.node_rank == 0
+
+    def rank_of(self, local: int, nproc: int) -> int:
+        """The job rank of local rank ``local`` (torchrun's numbering)."""
+        return self.node_rank * nproc + local
+
+
+def check_nodes(
+    nnodes: int, node_rank: int, store_at: str, group_by: str | None, endpoint: Endpoint
+) -> Nodes:
+    """One-line refusals of the node options, before any process starts; ``group_by`` None
+    takes the default (``node`` across nodes, ``rank`` on one)."""
+    if nnodes < 1:
+        raise UsageError(f"--nnodes must be >= 1, got {nnodes}")
+    if not 0 <= node_rank < nnodes:
+        raise UsageError(
+            f"--node-rank must be in 0..{nnodes - 1} for --nnodes {nnodes}, got {node_rank}"
+        )
+    if store_at not in tuple(StoreAt):
+        raise UsageError(f"--store must be one of {', '.join(StoreAt)}, got {store_at!r}")
+    if group_by is not None and group_by not in tuple(GroupBy):
+        raise UsageError(f"--group-by must be one of {', '.join(GroupBy)}, got {group_by!r}")
+    at = StoreAt(store_at)
+    if (nnodes > 1 or at is StoreAt.APART) and endpoint.port == 0:
+        raise UsageError(
+            f"--rdzv-endpoint {endpoint} needs a port every node can be told: port 0 picks a "
+            "free one on this machine only"
+        )
+    default = GroupBy.NODE if nnodes > 1 else GroupBy.RANK
+    by = GroupBy(group_by) if group_by is not None else default
+    return Nodes(nnodes, node_rank, at, by)
+
+
+def host_store(endpoint: Endpoint, timeout: datetime.timedelta) -> dist.TCPStore:
+    """A ``TCPStore`` served on ``endpoint``'s address only (port 0: a free one); a one-line
+    :class:`UsageError` where it cannot listen there."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(
+            endpoint.host, endpoint.port, type=socket.SOCK_STREAM
+        )[0]
+    except (socket.gaierror, UnicodeError):
+        raise UsageError(f"--rdzv-endpoint host {endpoint.host!r} does not resolve") from None
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+        sock.listen(1024)
+    except OSError as exc:
+        sock.close()
+        raise UsageError(unusable(endpoint, exc)) from None
+    port = sock.getsockname()[1]
+    # by hand: the TCPStore's own server listens on every interface; handed a socket bound to
+    # one address (master_listen_fd), it serves there only
+    return dist.TCPStore(
+        endpoint.host, port, None, is_master=True, timeout=timeout, wait_for_workers=False,
+        master_listen_fd=sock.detach(),
+    )  # fmt: skip
+
+
+def client_store(endpoint: Endpoint, timeout: datetime.timedelta) -> dist.TCPStore:
+    """A client of the job's store, waiting for it at most ``timeout``; one line if none."""
+    try:
+        return dist.TCPStore(endpoint.host, endpoint.port, is_master=False, timeout=timeout)
+    except (RuntimeError, dist.DistStoreError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise UsageError(
+            f"no store answered at --rdzv-endpoint {endpoint} within --timeout "
+            f"{timeout.total_seconds():g}s ({first[:160]}); start node 0 (or `tailtrain store`) "
+            "first"
+        ) from None
+
+
+def open_run(store: dist.Store) -> str:
+    """The host's part of the meeting: write a fresh run id, unless one is there already
+    (the first writer's stands)."""
+    fresh = f"tailtrain-launch-{uuid.uuid4().hex[:12]}"
+    return store.compare_set(f"{LAUNCH_KEYS}/run", "", fresh).decode()
+
+
+@dataclass
+class Meeting:
+    """One launcher's place in the job: the store, the run id, and whether its node starts
+    again (the count of its earlier starts)."""
+
+    store: dist.Store
+    run_id: str
+    restarts: int
+    nodes: Nodes
+
+    def key(self, name: str) -> str:
+        return f"{LAUNCH_KEYS}/{self.run_id}/{name}"
+
+    def ended(self) -> None:
+        """This launcher ends: say so (best effort: the store's host waits a bounded time)."""
+        with contextlib.suppress(Exception):
+            self.store.add(self.key("ended"), 1)
+
+    def wait_for_others(self, timeout: float) -> None:
+        """The store's host outlives its ranks until every other launcher ended, at most
+        ``timeout`` seconds: a node still stepping needs the store."""
+        if not self.nodes.hosts_store or self.nodes.nnodes == 1:
+            return
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            if self.store.add(self.key("ended"), 0) >= self.nodes.nnodes:  # its own end too
+                return
+            time.sleep(END_POLL)
+        log.warning("node 0 ends its store: not every node ended within --timeout %gs", timeout)
+
+
+def meet(nodes: Nodes, endpoint: Endpoint, timeout: datetime.timedelta) -> Meeting:
+    """Host the store or join it, agree on the run id, count this node's starts."""
+    if nodes.hosts_store:
+        store = host_store(endpoint, timeout)
+        run = open_run(store)
+        if nodes.nnodes > 1:
+            log.warning(
+                "node 0 hosts the job's store at %s: the job ends if node 0 is lost (start "
+                "`tailtrain store` apart and pass --store apart to every node to survive it)",
+                Endpoint(endpoint.host, store.port),
+            )
+    else:
+        store = client_store(endpoint, timeout)
+        try:
+            run = store.get(f"{LAUNCH_KEYS}/run").decode()
+        except (RuntimeError, dist.DistStoreError):
+            raise UsageError(
+                f"the store at {endpoint} holds no job within --timeout "
+                f"{timeout.total_seconds():g}s: is it a tailtrain store?"
+            ) from None
+    meeting = Meeting(store, run, 0, nodes)
+    meeting.restarts = store.add(meeting.key(f"starts/{nodes.node_rank}"), 1) - 1
+    return meeting
+
+
+def node_env(nodes: Nodes, nproc: int, local: int) -> dict[str, str]:
+    """torchrun's variables of local rank ``local`` that depend on the node."""
+    return {
+        "RANK": str(nodes.rank_of(local, nproc)),
+        "LOCAL_RANK": str(local),
+        "WORLD_SIZE": str(nodes.nnodes * nproc),
+        "LOCAL_WORLD_SIZE": str(nproc),
+        "GROUP_RANK": str(nodes.node_rank),
+        "ROLE_RANK": str(nodes.rank_of(local, nproc)),
+        "ROLE_WORLD_SIZE": str(nodes.nnodes * nproc),
+        "GROUP_WORLD_SIZE": str(nodes.nnodes),
+    }
+
+
+def env_of_run(env: Mapping[str, str], meeting: Meeting, endpoint: Endpoint) -> dict[str, str]:
+    """The run's variables every rank of every node shares."""
+    return dict(
+        env,
+        MASTER_ADDR=endpoint.host,
+        MASTER_PORT=str(endpoint.port),
+        TORCHELASTIC_RUN_ID=meeting.run_id,
+        TORCHELASTIC_RESTART_COUNT="0",
+        TORCHELASTIC_USE_AGENT_STORE="True",
+    )

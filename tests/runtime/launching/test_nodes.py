@@ -1,0 +1,288 @@
+"""A job across nodes (``runtime.launching.nodes``): "nodes" are launchers, each in a session
+of its own, meeting at a store on 127.0.0.2 (loopback only), 2-3 nodes of 2 ranks, gloo.
+
+Checked: the one-line refusals; a store that listens on its address only; the meeting (one
+run id, a node's second start counted); and, end to end with ``examples/shrink_loop.py``, a
+node leaving whole when one of its ranks dies, the first node's death with the store apart,
+two nodes lost in the same step, and a node started again that heals from a live peer. After
+each, the survivors' parameters equal a reference rebuilt from their records (which ranks
+entered each step)."""
+
+from __future__ import annotations
+
+import datetime
+import importlib.util
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from tailtrain.errors import UsageError
+from tailtrain.runtime.launching.endpoint import Endpoint
+from tailtrain.runtime.launching.nodes import (
+    GroupBy,
+    Nodes,
+    StoreAt,
+    check_nodes,
+    host_store,
+    meet,
+    node_env,
+)
+
+ROOT = Path(__file__).resolve().parents[3]
+EXAMPLE = ROOT / "examples" / "shrink_loop.py"
+SPAN = datetime.timedelta(seconds=20)
+
+
+def free_port(host: str) -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+# ---- refusals and the meeting ------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        ((0, 0, "launcher", None, 29500), "--nnodes must be >= 1"),
+        ((2, 2, "launcher", None, 29500), "--node-rank must be in 0..1"),
+        ((2, 0, "nowhere", None, 29500), "--store must be one of launcher, apart"),
+        ((2, 0, "launcher", "rack", 29500), "--group-by must be one of node, rank"),
+        ((2, 1, "launcher", None, 0), "needs a port every node can be told"),
+        ((1, 0, "apart", None, 0), "needs a port every node can be told"),
+    ],
+)
+def test_node_options_are_refused_in_one_line(args, says):
+    nnodes, node_rank, store, group_by, port = args
+    with pytest.raises(UsageError, match=says) as caught:
+        check_nodes(nnodes, node_rank, store, group_by, Endpoint("127.0.0.2", port))
+    assert "\n" not in str(caught.value)
+
+
+def test_a_node_is_the_unit_across_nodes_and_a_rank_on_one():
+    assert check_nodes(2, 1, "launcher", None, Endpoint("h", 1)).group_by is GroupBy.NODE
+    assert check_nodes(1, 0, "launcher", None, Endpoint("h", 0)).group_by is GroupBy.RANK
+    assert check_nodes(2, 0, "apart", "rank", Endpoint("h", 1)).group_by is GroupBy.RANK
+
+
+def test_ranks_are_numbered_as_torchrun_numbers_them():
+    env = node_env(Nodes(3, 2), nproc=2, local=1)
+    assert env["RANK"] == "5" and env["LOCAL_RANK"] == "1" and env["GROUP_RANK"] == "2"
+    assert env["WORLD_SIZE"] == "6" and env["LOCAL_WORLD_SIZE"] == "2"
+
+
+@pytest.mark.timeout(60)
+def test_the_store_listens_on_its_address_only():
+    store = host_store(Endpoint("127.0.0.2", 0), SPAN)
+    with socket.create_connection(("127.0.0.2", store.port), timeout=5):
+        pass
+    with pytest.raises(OSError), socket.create_connection(("127.0.0.3", store.port), timeout=5):
+        pass
+
+
+@pytest.mark.timeout(60)
+def test_launchers_meet_on_one_run_id_and_count_a_node_started_again():
+    port = free_port("127.0.0.2")
+    host = meet(Nodes(2, 0, StoreAt.LAUNCHER, GroupBy.NODE), Endpoint("127.0.0.2", port), SPAN)
+    other = Nodes(2, 1, StoreAt.LAUNCHER, GroupBy.NODE)
+    first = meet(other, Endpoint("127.0.0.2", port), SPAN)
+    again = meet(other, Endpoint("127.0.0.2", port), SPAN)  # node 1's machine came back
+    assert host.run_id == first.run_id == again.run_id
+    assert (host.restarts, first.restarts, again.restarts) == (0, 0, 1)
+    first.ended()
+    host.wait_for_others(timeout=5)  # node 1 ended: node 0's store may go
+
+
+@pytest.mark.timeout(60)
+def test_a_launcher_with_no_store_to_meet_says_so_in_one_line():
+    port = free_port("127.0.0.2")
+    span = datetime.timedelta(seconds=2)
+    with pytest.raises(UsageError, match="no store answered") as caught:
+        meet(Nodes(2, 1), Endpoint("127.0.0.2", port), span)
+    assert "\n" not in str(caught.value)
+
+
+# ---- end to end: examples/shrink_loop.py on loopback nodes ---------------------------------------
+def example():
+    spec = importlib.util.spec_from_file_location("shrink_loop", EXAMPLE)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def environment() -> dict[str, str]:
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), env.get("PYTHONPATH", "")])
+    return env
+
+
+def launcher(
+    node: int, nnodes: int, port: int, out: Path, extra: list[str], store: str = "launcher"
+) -> list[str]:
+    return [
+        sys.executable, "-m", "tailtrain", "launch", "--nnodes", str(nnodes),
+        "--node-rank", str(node), "--nproc-per-node", "2", "--store", store,
+        "--rdzv-endpoint", f"127.0.0.2:{port}", "--on-rank-loss", "shrink", "--timeout", "120",
+        *extra, str(EXAMPLE), "--steps", "12", "--out", str(out),
+    ]  # fmt: skip
+
+
+def run_nodes(
+    nnodes: int, out: Path, args: list[str], store: str = "launcher", launch: list[str] = ()
+) -> tuple[list[subprocess.CompletedProcess], subprocess.CompletedProcess | None]:
+    """Every node's launcher (and ``tailtrain store`` with ``store="apart"``), each a session of
+    its own, as on its own machine; their outcomes once all ended (bounded)."""
+    port, env = free_port("127.0.0.2"), environment()
+    apart = None
+    if store == "apart":
+        command = [sys.executable, "-m", "tailtrain", "store", "--nnodes", str(nnodes)]
+        command += ["--rdzv-endpoint", f"127.0.0.2:{port}", "--timeout", "30"]
+        apart = subprocess.Popen(command, env=env, stderr=subprocess.PIPE, text=True)
+        time.sleep(0.5)
+    procs = []
+    for i in range(nnodes):  # a session each: a node's launcher and ranks go as one
+        command = launcher(i, nnodes, port, out, list(launch), store) + args
+        pipes = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, "text": True}
+        process = subprocess.Popen(command, cwd=ROOT, env=env, start_new_session=True, **pipes)
+        procs.append(process)
+    done = []
+    for p in procs:
+        stdout, stderr = p.communicate(timeout=240)
+        done.append(subprocess.CompletedProcess(p.args, p.returncode, stdout, stderr))
+    kept = None
+    if apart is not None:
+        _, stderr = apart.communicate(timeout=60)
+        kept = subprocess.CompletedProcess(apart.args, apart.returncode, "", stderr)
+    return done, kept
+
+
+def kept_ranks(out: Path, ranks: range) -> dict[int, dict]:
+    files = {r: out / f"rank{r}.pt" for r in ranks}
+    return {r: torch.load(f, weights_only=False) for r, f in files.items() if f.exists()}
+
+
+def rebuilt(m, records: list[dict], world: int) -> dict[str, torch.Tensor]:
+    """A reference: SGD with momentum on sum_n w_n G_n over the ranks each record names."""
+    x, y, _, _ = m.digits()
+    net = m.make_model()
+    optimizer = torch.optim.SGD(net.parameters(), lr=m.LR, momentum=m.MOMENTUM)
+    for record in records:
+        total = [torch.zeros_like(p) for p in net.parameters()]
+        for n in record["ranks"]:
+            rank, weight = record["live"][n], record["weights"][n]
+            batches = m.micro_batches(x, y, rank, world, record["step"])
+            net.zero_grad()
+            for bx, by in batches:
+                F.cross_entropy(net(bx), by).backward()
+            for t, p in zip(total, net.parameters(), strict=True):
+                t.add_(p.grad, alpha=weight / len(batches))
+        for p, t in zip(net.parameters(), total, strict=True):
+            p.grad = t
+        optimizer.step()
+    return net.state_dict()
+
+
+def survivors_agree(kept: dict[int, dict], survivors: list[int], world: int) -> list[dict]:
+    """The survivors' records are one; their parameters are equal, and equal the reference
+    rebuilt from the records; returns the records."""
+    assert sorted(kept) == survivors
+    records = kept[survivors[0]]["records"]
+    assert all(kept[r]["records"] == records for r in survivors)
+    models = [kept[r]["model"] for r in survivors]
+    for name, value in models[0].items():
+        assert all(torch.equal(value, other[name]) for other in models[1:]), name
+    for name, value in rebuilt(example(), records, world).items():
+        torch.testing.assert_close(models[0][name], value, rtol=1e-4, atol=1e-6)
+    return records
+
+
+AT = 4  # the step a drill strikes in (of the example's 12)
+
+
+@pytest.mark.slow  # 2 launchers and 4 ranks that import torch and sklearn
+@pytest.mark.timeout(300)
+def test_a_rank_s_death_takes_its_node_out_whole_and_the_other_node_goes_on(tmp_path):
+    done, _ = run_nodes(2, tmp_path, ["--kill-rank", "2", "--kill-step", str(AT)])
+    assert done[0].returncode == 0, done[0].stderr[-3000:]
+    assert done[1].returncode == 1, done[1].stderr[-3000:]
+    line = "this node left the job: rank 2 died (killed by SIGKILL); ranks [3] of its node were"
+    assert line in done[1].stderr and "the other nodes go on without it" in done[1].stderr
+    records = survivors_agree(kept_ranks(tmp_path, range(4)), [0, 1], world=4)
+    assert [r["live"] for r in records] == [[0, 1, 2, 3]] * AT + [[0, 1]] * (12 - AT)
+    assert [(r["step"], r["lost"]) for r in records if r["lost"]] == [(AT, [2, 3])]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_the_first_node_s_death_leaves_the_job_going_with_the_store_apart(tmp_path):
+    """Node 0's machine dies (its launcher SIGKILLed, its ranks with it: nothing notes them
+    dead); node 1's ranks regroup and finish; the store, apart, ends after the launchers."""
+    args = ["--kill-rank", "0", "--kill-step", str(AT), "--kill-what", "node"]
+    done, store = run_nodes(2, tmp_path, args, store="apart")
+    assert done[0].returncode == -9  # node 0's launcher was killed
+    assert done[1].returncode == 0, done[1].stderr[-3000:]
+    records = survivors_agree(kept_ranks(tmp_path, range(4)), [2, 3], world=4)
+    assert [(r["step"], r["lost"]) for r in records if r["lost"]] == [(AT, [0, 1])]
+    assert store is not None and store.returncode == 0, store.stderr[-2000:]
+    assert "a c10d store is unauthenticated" in store.stderr
+
+
+@pytest.mark.slow  # 3 launchers and 6 ranks
+@pytest.mark.timeout(300)
+def test_two_nodes_lost_in_the_same_step_leave_one_node_going(tmp_path):
+    args = ["--kill-rank", "3", "4", "--kill-step", str(AT), "--kill-what", "node"]
+    done, _ = run_nodes(3, tmp_path, args)
+    assert done[0].returncode == 0, done[0].stderr[-3000:]
+    assert done[1].returncode == done[2].returncode == -9
+    records = survivors_agree(kept_ranks(tmp_path, range(6)), [0, 1], world=6)
+    assert [r["live"] for r in records[AT:]] == [[0, 1]] * (12 - AT)
+    assert sorted(r for record in records for r in record["lost"]) == [2, 3, 4, 5]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_node_started_again_heals_from_a_live_peer(tmp_path):
+    """Rank 2 dies; node 1's launcher stops rank 3 and starts both again (--restart-lost 1):
+    they ask to be taken in, are taken in together at one step boundary (the node heals
+    whole), take the live node's state, and every rank ends equal."""
+    args = ["--kill-rank", "2", "--kill-step", str(AT), "--rejoin-steps", "4"]
+    done, _ = run_nodes(2, tmp_path, args, launch=["--restart-lost", "1"])
+    for d in done:
+        assert d.returncode == 0, d.stderr[-3000:]
+    assert "its node's ranks [2, 3] were started again (1 of 1)" in done[1].stderr
+    kept = kept_ranks(tmp_path, range(4))
+    assert sorted(kept) == [0, 1, 2, 3], done[1].stderr[-3000:]
+    records = kept[0]["records"]
+    assert kept[1]["records"] == records
+    rejoins = {r: row["step"] for row in records for r in row["rejoined"]}
+    assert sorted(rejoins) == [2, 3] and rejoins[2] == rejoins[3]  # the node whole, at once
+    for r in (2, 3):
+        assert kept[r]["records"] == records[rejoins[r] :]
+    models = [kept[r]["model"] for r in range(4)]
+    for name, value in models[0].items():
+        assert all(torch.equal(value, other[name]) for other in models[1:]), name
+    for name, value in rebuilt(example(), records, 4).items():
+        torch.testing.assert_close(models[0][name], value, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (["store", "--rdzv-endpoint", "127.0.0.2:0", "--nnodes", "2"], "not 0"),
+        (["store", "--rdzv-endpoint", "127.0.0.2:29400", "--nnodes", "0"], "--nnodes must be"),
+        (["launch", "--nnodes", "2", "--node-rank", "1", str(EXAMPLE)], "needs a port"),
+        (["launch", "--nnodes", "2", "--node-rank", "3", str(EXAMPLE)], "--node-rank must be"),
+    ],
+)
+def test_bad_node_options_are_one_line_and_status_2_before_any_process(argv, says, capsys):
+    from tailtrain.cli import main
+
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert says in err and err.count("\n") == 1
