@@ -37,6 +37,8 @@ computed (cut ones never are) as the step's ``samples``.
 
 # no ``from __future__ import annotations``: DDP checks the hook's annotations as objects
 import datetime
+import logging
+import os
 from collections.abc import Iterator, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -51,9 +53,13 @@ from tailtrain.errors import UsageError
 from tailtrain.integrate.probe import batch_samples, watching
 from tailtrain.integrate.rounds import RoundProgress, Rounds, StepRecord
 from tailtrain.runtime.control import RankWeighting, check_agreement
+from tailtrain.runtime.elastic.shrink import OnRankLoss
+from tailtrain.runtime.elastic.store import LAUNCHED
 from tailtrain.runtime.reduce import Collectives, contribute
 from tailtrain.strategies.base import Strategy
 from tailtrain.strategies.entries import HOOK, hook_refusal
+
+log = logging.getLogger(__name__)
 
 #: tail of a bucket's allreduce: [w_n, weight withheld]
 BUCKET_TAIL = 2
@@ -97,6 +103,14 @@ class StragglerHookState:
                 "DistributedDataParallel holds its process group for good; use "
                 'tailtrain.StragglerStep(model, optimizer, strategy, on_rank_loss="shrink") '
                 "in place of DDP"
+            )
+        lead = not dist.is_initialized() or dist.get_rank(process_group) == 0
+        if lead and os.environ.get(LAUNCHED) == OnRankLoss.SHRINK:  # once, before any step
+            log.warning(
+                "the DDP comm hook cannot shrink (DistributedDataParallel holds its process "
+                "group for good): a rank's death ends this job despite `tailtrain launch "
+                '--on-rank-loss shrink`; use tailtrain.StragglerStep(..., on_rank_loss="shrink") '
+                "in place of DDP to go on without it"
             )
         self.process_group = process_group
         self.timeout = timeout

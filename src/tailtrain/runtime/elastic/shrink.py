@@ -339,6 +339,7 @@ class Shrinker:
             time.sleep(0.01)
         generation, census = json.loads(store.get(f"joined/{me}"))
         store.delete_key(f"joined/{me}")
+        store.set(f"healed/{me}", str(generation))  # its launcher: this restart was taken in
         self.generation = int(generation) - 1  # form() makes it this generation
         return Census(
             census["members"],

@@ -158,6 +158,8 @@ class LaunchOutcome:
     interrupted: bool = False
     #: a rank's one line on bad input (its arguments, a UsageError): the CLI's exit 2
     refused: str | None = None
+    #: restarted ranks that died before they were taken in (``--restart-lost``): a failure
+    heal_failed: list[str] = field(default_factory=list)
 
 
 def check_launch(
@@ -325,6 +327,12 @@ def watch(
                     notes.set("finished", "1")
                 continue
             r.state, r.died = RankState.DIED, time.monotonic()
+            if r.restarts and not notes.check([f"healed/{r.rank}"]):  # never taken back in
+                late = f"rank {r.rank} was started again and died before it was taken in"
+                outcome.heal_failed.append(f"{late} ({r.why})")
+            for mate in ranks if by_node else [r]:  # a heal to come must say so afresh
+                with contextlib.suppress(Exception):
+                    notes.delete_key(f"healed/{mate.rank}")
             if on_rank_loss is OnRankLoss.SHRINK and by_node:
                 left = node_leaves(ranks, r, notes)
                 if again is not None and first_done is None and again.restart_node(ranks, r):
@@ -347,6 +355,8 @@ def watch(
         return outcome
     if outcome.failure is None:
         outcome.failure = judged(ranks)
+    if outcome.failure is None and outcome.heal_failed:  # the others finished: still a failure
+        outcome.failure = f"the heal failed: {outcome.heal_failed[0]}"
     if outcome.failure is not None:
         raise JobFailed(outcome.failure)
     return outcome
