@@ -10,12 +10,14 @@ entered each step)."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import datetime
 import importlib.util
 import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -29,6 +31,7 @@ from tailtrain.runtime.launching.nodes import (
     GroupBy,
     Nodes,
     StoreAt,
+    await_job_end,
     check_nodes,
     host_store,
     meet,
@@ -56,6 +59,7 @@ def free_port(host: str) -> int:
         ((2, 0, "launcher", "rack", 29500), "--group-by must be one of node, rank"),
         ((2, 1, "launcher", None, 0), "needs a port every node can be told"),
         ((1, 0, "apart", None, 0), "needs a port every node can be told"),
+        ((1, 0, "launcher", "node", 0), "the node is the whole job"),
     ],
 )
 def test_node_options_are_refused_in_one_line(args, says):
@@ -95,8 +99,40 @@ def test_launchers_meet_on_one_run_id_and_count_a_node_started_again():
     again = meet(other, Endpoint("127.0.0.2", port), SPAN)  # node 1's machine came back
     assert host.run_id == first.run_id == again.run_id
     assert (host.restarts, first.restarts, again.restarts) == (0, 0, 1)
-    first.ended()
-    host.wait_for_others(timeout=5)  # node 1 ended: node 0's store may go
+    host.ended(finished=False)  # node 0's ranks died: its store still serves node 1
+    first.ended(finished=False)  # node 1's first start: not the node's end, it started again
+    ends = lambda: await_job_end(host.store, host.run_id, 2, timeout=30, asked=lambda: False)  # noqa: E731
+    began = time.monotonic()
+    waiter = concurrent.futures.ThreadPoolExecutor(1).submit(ends)
+    time.sleep(1.0)
+    assert not waiter.done()
+    again.ended(finished=True)  # node 1's latest start ended
+    assert waiter.result(timeout=10) == "every node ended or was lost (2 nodes)"
+    assert time.monotonic() - began < 10
+
+
+@pytest.mark.timeout(60)
+def test_the_store_s_host_counts_a_silent_node_as_lost_and_ends_after_the_job_finished():
+    port = free_port("127.0.0.2")
+    host = meet(Nodes(3, 0, StoreAt.LAUNCHER, GroupBy.NODE), Endpoint("127.0.0.2", port), SPAN)
+    beating = meet(Nodes(3, 1), Endpoint("127.0.0.2", port), SPAN)
+    host.ended(finished=True)
+    done = threading.Event()
+
+    def beat() -> None:  # node 1 beats on (every BEAT s); node 2 never did: a machine lost
+        while not done.is_set():
+            beating.beat()
+            time.sleep(0.05)
+
+    beater = threading.Thread(target=beat, daemon=True)
+    beater.start()
+    try:
+        line = await_job_end(host.store, host.run_id, 3, timeout=2.5, asked=lambda: False)
+    finally:
+        done.set()
+    assert line == "nodes [1] still ran --timeout 2.5s after the job finished"
+    interrupted = await_job_end(host.store, host.run_id, 3, timeout=30, asked=lambda: True)
+    assert interrupted == "interrupted"
 
 
 @pytest.mark.timeout(60)
@@ -286,3 +322,24 @@ def test_bad_node_options_are_one_line_and_status_2_before_any_process(argv, say
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert says in err and err.count("\n") == 1
+
+
+@pytest.mark.timeout(60)
+def test_under_stop_a_node_that_failed_stops_the_other_nodes_ranks():
+    """torchrun's policy across nodes (``--on-rank-loss stop``): one node's failure is said in
+    the store, and every other launcher stops its ranks with a line naming it."""
+    import torch.distributed as dist
+
+    from tailtrain.runtime.elastic.shrink import OnRankLoss
+    from tailtrain.runtime.launching.failures import JobFailed
+    from tailtrain.runtime.launching.scripts import Rank, watch
+
+    port = free_port("127.0.0.2")
+    host = meet(Nodes(2, 0, StoreAt.LAUNCHER, GroupBy.NODE), Endpoint("127.0.0.2", port), SPAN)
+    other = meet(Nodes(2, 1), Endpoint("127.0.0.2", port), SPAN)
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    other.stop_others("rank 3 failed (exit status 1); the other ranks were stopped")
+    notes = dist.PrefixStore("shrink", host.store)
+    with pytest.raises(JobFailed, match=r"^another node failed \(rank 3 failed"):
+        watch([Rank(0, sleeper)], OnRankLoss.STOP, notes, [], timeout=30, shared=host)
+    assert sleeper.poll() is not None

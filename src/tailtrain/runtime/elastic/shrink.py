@@ -75,7 +75,8 @@ rank, and its keys sit under ``tailtrain/shrink/{run id}/{restart}``.
 * ``JOINING``: a rank that came after a census (it woke from a hang) does not leave: it asks to
   join (``join/{rank}`` = its step and rows) and waits, up to ``--timeout``, for
   ``joined/{rank}``; if the run ends first (``finished``) it is ``REFUSED`` (:class:`Refused`),
-  withdraws its ``join/{rank}`` and leaves. Its round in flight counts nowhere, so nothing
+  withdraws its ``join/{rank}`` (writes it ``null``: only the lowest member deletes join keys)
+  and leaves. Its round in flight counts nowhere, so nothing
   is counted twice.
 * ``GROWING``: the lowest member looks for the ``join/{rank}`` keys of the ranks that are no
   members (and not ``dead/{rank}``: one that died waiting is withdrawn) at most every
@@ -83,7 +84,9 @@ rank, and its keys sit under ``tailtrain/shrink/{run id}/{restart}``.
   what it saw in the next round's allreduce (an extra), so every member learns it after the
   same round; a key stays until a grow takes its rank in, so a request whose grow a break
   overtook is seen again in the next generation. At that step
-  boundary the lowest member takes in the ranks that asked (``gen{g}/grow``, ``joined/{j}``),
+  boundary the lowest member takes in the ranks that asked (``gen{g}/grow``, ``joined/{j}``;
+  the ranks of a node started again only once all of them asked: ``tailtrain launch``
+  across nodes names them in each request, so a node heals whole),
   and the members and joiners form generation g + 1 and sync from the lead (a member) as
   above: the heal takes the model, update, rule, clock and record from a live peer, never
   from disk. The rows record ``rejoined``. A heal that loses a member runs the census again.
@@ -161,6 +164,8 @@ log = logging.getLogger(__name__)
 HANG_WINDOW = 0.2
 #: seconds between two looks of the lowest member for ranks asking to join
 JOIN_LOOK = 0.2
+#: a ``join/{rank}`` request its rank withdrew (it left: the run ended, or its --timeout passed)
+WITHDRAWN = "null"
 
 
 class OnRankLoss(StrEnum):
@@ -329,9 +334,11 @@ class Shrinker:
         end = time.monotonic() + self.deadline.timeout
         while not store.check([f"joined/{me}"]):
             if store.check(["finished"]) or time.monotonic() > end:
-                # withdrawn: a later grow must not take in a rank that left
+                # withdrawn: a later grow must not take in a rank that left. Written, not
+                # deleted: only the lowest member deletes join keys, so its check-then-read
+                # of one never waits on a key gone between the two (``asking``)
                 with contextlib.suppress(Exception):
-                    store.delete_key(f"join/{me}")
+                    store.set(f"join/{me}", WITHDRAWN)
                 self.refuse(
                     f"rank {me} asked to join the live ranks (it came after a census, or was "
                     "started again) and the run ended first: its round in flight counts nowhere"
@@ -368,12 +375,23 @@ class Shrinker:
         self.next_look = now + JOIN_LOOK
         return bool(self.asking())
 
-    def asking(self) -> list[int]:
-        """The ranks, no members, whose ``join/{rank}`` asks to be taken in. A rank whose
+    def asking(self, asks: dict[int, list[Any]] | None = None) -> list[int]:
+        """The ranks, no members, whose ``join/{rank}`` asks to be taken in (:meth:`requests`),
+        a node started again only once all of its ranks asked: a node heals at one step
+        boundary, not rank by rank. Its launcher started every one of them (a ``dead/`` key
+        may still stand for one that has not asked yet) and stops them all if one dies again;
+        the joiners' own --timeout bounds the wait."""
+        asks = self.requests() if asks is None else asks
+        here = {*asks, *self.members}
+        return [r for r, request in asks.items() if set(node_mates(request)) <= here]
+
+    def requests(self) -> dict[int, list[Any]]:
+        """The live requests to join, by rank: [step, rows, node mates]. A rank whose
         ``dead/{rank}`` is set died after it asked (a rank started again withdraws its
         ``dead/`` key before it asks): its request is stale, and taking it in would fail the
-        new generation's forming once, before a census. The lowest member clears it."""
-        asking = []
+        new generation's forming once, before a census. The lowest member clears it; a
+        withdrawn one (``WITHDRAWN``) is no request."""
+        asks = {}
         for r in range(self.world):
             if r in self.members or not self.store.check([f"join/{r}"]):
                 continue
@@ -382,17 +400,10 @@ class Shrinker:
                 with contextlib.suppress(Exception):  # gone already (another look cleared it)
                     self.store.delete_key(f"join/{r}")
                 continue
-            asking.append(r)
-        return [r for r in asking if self._node_ready(r, asking)]
-
-    def _node_ready(self, rank: int, asking: list[int]) -> bool:
-        """Whether ``rank``'s node, started again together, asked whole: a node heals at one
-        step boundary, not rank by rank. Its launcher started every one of them (a ``dead/``
-        key may still stand for one that has not asked yet) and stops them all if one dies
-        again; the joiners' own --timeout bounds the wait."""
-        together = json.loads(self.store.get(f"join/{rank}"))[2:]
-        waited = [r for r in (together[0] if together else []) if r not in (*self.members, *asking)]
-        return not waited
+            request = json.loads(self.store.get(f"join/{r}"))
+            if request != json.loads(WITHDRAWN):
+                asks[r] = request
+        return asks
 
     def grow(self, step: int, rows: int) -> Census:
         """GROWING: every member at the same step boundary; the lowest member takes in the
@@ -401,11 +412,12 @@ class Shrinker:
         g, store = self.generation, self.store
         key = f"gen{g}/grow"
         if self.rank == self.members[0]:
-            joiners = self.asking()
+            asks = self.requests()
+            joiners = self.asking(asks)
             steps = dict.fromkeys(map(str, self.members), step)
             rows_of = dict.fromkeys(map(str, self.members), rows)
             for j in joiners:
-                steps[str(j)], rows_of[str(j)] = json.loads(store.get(f"join/{j}"))[:2]
+                steps[str(j)], rows_of[str(j)] = asks[j][:2]
                 store.delete_key(f"join/{j}")
             members = sorted(self.members + joiners)
             census = {"members": members, "steps": steps, "rows": rows_of, "joined": joiners}
@@ -490,3 +502,9 @@ class Shrinker:
             )
             return comm, found
         raise TailtrainError(f"rank {self.rank}: no generation held after losing {lost}")
+
+
+def node_mates(request: list[Any]) -> list[int]:
+    """The ranks started again with a joiner as one node (its request's third field; none for
+    a rank started alone)."""
+    return [int(r) for r in request[2]] if len(request) > 2 else []

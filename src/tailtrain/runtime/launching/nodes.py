@@ -27,8 +27,13 @@ another's keys); every launcher reads it, bounded by ``--timeout``, and counts i
 (``tailtrain/launch/{run}/starts/{I}``): a node whose launcher starts a second time (the user
 started it again after the machine died) starts its ranks as restarts, which ask the live ranks
 to take them in (JOINING) and heal from a live peer (``integrate.step``), not from disk. Each
-launcher adds one to ``ended`` when it ends; the store's host waits for the other nodes' ends,
-at most ``--timeout`` seconds after its own ranks ended, before the store goes.
+launcher beats (``beat/{I}``, every :data:`BEAT` seconds) while it watches its ranks and says
+when it ends (``ended/{I}``: which start of the node, and whether its ranks finished). The
+store's host (node 0's launcher, or ``tailtrain store``) keeps the store until every node
+ended or was lost (no beat for ``--timeout`` seconds), and at most ``--timeout`` seconds after
+a node's ranks finished (:func:`await_job_end`), whatever became of its own ranks. Under
+``--on-rank-loss stop`` a node that fails says so (``stop``) and every other node stops its
+ranks, as torchrun's agents do.
 
 **A node is the unit of membership** (``--group-by node``, the default across nodes; ``rank``
 keeps today's per-rank one): when any rank of a node dies under ``--on-rank-loss shrink``, its
@@ -44,11 +49,12 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import json
 import logging
 import socket
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -63,6 +69,8 @@ log = logging.getLogger(__name__)
 LAUNCH_KEYS = "tailtrain/launch"
 #: seconds between two looks at the store while the host waits for the other nodes' ends
 END_POLL = 0.2
+#: seconds between two beats of a launcher (:meth:`Meeting.beat`)
+BEAT = 1.0
 
 
 class StoreAt(StrEnum):
@@ -119,6 +127,11 @@ def check_nodes(
             f"--rdzv-endpoint {endpoint} needs a port every node can be told: port 0 picks a "
             "free one on this machine only"
         )
+    if group_by == GroupBy.NODE and nnodes == 1:
+        raise UsageError(
+            "--group-by node with --nnodes 1: the node is the whole job, and a rank's death "
+            "would end it; leave --group-by out (rank, on one node)"
+        )
     default = GroupBy.NODE if nnodes > 1 else GroupBy.RANK
     by = GroupBy(group_by) if group_by is not None else default
     return Nodes(nnodes, node_rank, at, by)
@@ -172,33 +185,86 @@ def open_run(store: dist.Store) -> str:
 
 @dataclass
 class Meeting:
-    """One launcher's place in the job: the store, the run id, and whether its node starts
-    again (the count of its earlier starts)."""
+    """One launcher's place in the job: the store, the run id, and its node's earlier starts
+    (``restarts`` > 0: a node started again, whose ranks rejoin)."""
 
     store: dist.Store
     run_id: str
     restarts: int
     nodes: Nodes
+    #: when this launcher last said it is alive (monotonic seconds)
+    beaten: float = float("-inf")
 
     def key(self, name: str) -> str:
         return f"{LAUNCH_KEYS}/{self.run_id}/{name}"
 
-    def ended(self) -> None:
-        """This launcher ends: say so (best effort: the store's host waits a bounded time)."""
-        with contextlib.suppress(Exception):
-            self.store.add(self.key("ended"), 1)
+    def beat(self) -> None:
+        """Say this node's launcher is alive, at most every :data:`BEAT` seconds: the store's
+        host counts a node whose beats stop for --timeout as gone (a machine that died)."""
+        now = time.monotonic()
+        if now >= self.beaten + BEAT:
+            self.beaten = now
+            with contextlib.suppress(Exception):
+                self.store.add(self.key(f"beat/{self.nodes.node_rank}"), 1)
 
-    def wait_for_others(self, timeout: float) -> None:
-        """The store's host outlives its ranks until every other launcher ended, at most
-        ``timeout`` seconds: a node still stepping needs the store."""
-        if not self.nodes.hosts_store or self.nodes.nnodes == 1:
-            return
-        end = time.monotonic() + timeout
-        while time.monotonic() < end:
-            if self.store.add(self.key("ended"), 0) >= self.nodes.nnodes:  # its own end too
-                return
-            time.sleep(END_POLL)
-        log.warning("node 0 ends its store: not every node ended within --timeout %gs", timeout)
+    def ended(self, finished: bool) -> None:
+        """This launcher ends (its ranks ``finished``, or not): said for this start of the
+        node only, so a node started again is not ended by its earlier start's word."""
+        with contextlib.suppress(Exception):
+            word = json.dumps([self.restarts + 1, finished])
+            self.store.set(self.key(f"ended/{self.nodes.node_rank}"), word)
+
+    def stop_others(self, line: str) -> None:
+        """Under ``--on-rank-loss stop``: this node failed; every other node stops too."""
+        with contextlib.suppress(Exception):
+            self.store.set(self.key("stop"), line)
+
+    def stop_asked(self) -> str | None:
+        """Another node's failure line under ``stop``, or None."""
+        if self.nodes.nnodes == 1 or not self.store.check([self.key("stop")]):
+            return None
+        return self.store.get(self.key("stop")).decode()
+
+    def wait_for_others(self, timeout: float, asked: Callable[[], bool]) -> None:
+        """The store's host outlives its own ranks until the job ended on every node
+        (:func:`await_job_end`): a node still stepping needs the store. ``asked``: Ctrl-C."""
+        if self.nodes.hosts_store and self.nodes.nnodes > 1:
+            line = await_job_end(self.store, self.run_id, self.nodes.nnodes, timeout, asked)
+            log.warning("node 0 ends the job's store: %s", line)
+
+
+def await_job_end(
+    store: dist.Store, run: str, nnodes: int, timeout: float, asked: Callable[[], bool]
+) -> str:
+    """Wait until every node ended (its latest start said so), or was lost (no beat for
+    ``timeout`` seconds), or ``timeout`` seconds after a node's ranks finished; or Ctrl-C
+    (``asked``). Returns the line that says which. Every path ends within ``timeout`` seconds
+    of the last sign of life of any node."""
+    key = f"{LAUNCH_KEYS}/{run}"
+    beats: dict[int, tuple[int, float]] = {}
+    finished_at: float | None = None
+    while True:
+        now, over = time.monotonic(), []
+        for node in range(nnodes):
+            beat = store.add(f"{key}/beat/{node}", 0)
+            if beats.get(node, (None,))[0] != beat:
+                beats[node] = (beat, now)
+            said = store.check([f"{key}/ended/{node}"])
+            if said:
+                start, finished = json.loads(store.get(f"{key}/ended/{node}"))
+                said = int(start) == store.add(f"{key}/starts/{node}", 0)
+                if said and finished and finished_at is None:
+                    finished_at = now
+            if said or now > beats[node][1] + timeout:
+                over.append(node)
+        if len(over) == nnodes:
+            return f"every node ended or was lost ({nnodes} nodes)"
+        if finished_at is not None and now > finished_at + timeout:
+            late = sorted(set(range(nnodes)) - set(over))
+            return f"nodes {late} still ran --timeout {timeout:g}s after the job finished"
+        if asked():
+            return "interrupted"
+        time.sleep(END_POLL)
 
 
 def meet(nodes: Nodes, endpoint: Endpoint, timeout: datetime.timedelta) -> Meeting:

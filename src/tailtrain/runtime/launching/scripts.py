@@ -86,6 +86,7 @@ from tailtrain.runtime.launching.endpoint import Endpoint, parse_endpoint, reser
 from tailtrain.runtime.launching.failures import JobFailed
 from tailtrain.runtime.launching.nodes import (
     GroupBy,
+    Meeting,
     Nodes,
     StoreAt,
     check_nodes,
@@ -141,6 +142,8 @@ class Rank:
     process: subprocess.Popen
     #: its place on this node (``LOCAL_RANK``)
     local: int = 0
+    #: started as a restart by a node's launcher started again (not ``--restart-lost``'s)
+    rejoins: bool = False
     state: RankState = RankState.RUNNING
     why: str = ""
     #: when the launcher saw it die (monotonic seconds): the first to fail is named
@@ -158,8 +161,8 @@ class LaunchOutcome:
     interrupted: bool = False
     #: a rank's one line on bad input (its arguments, a UsageError): the CLI's exit 2
     refused: str | None = None
-    #: restarted ranks that died before they were taken in (``--restart-lost``): a failure
-    heal_failed: list[str] = field(default_factory=list)
+    #: restarted ranks that died before they were taken in, with no restart after (a failure)
+    heal_failed: dict[int, str] = field(default_factory=dict)
 
 
 def check_launch(
@@ -183,7 +186,7 @@ def check_launch(
     if nproc > max_local_workers():
         raise UsageError(
             f"--nproc-per-node {nproc} local processes is too many: at most "
-            f"{max_local_workers()} here; use torchrun across machines for more"
+            f"{max_local_workers()} here; use --nnodes across machines for more"
         )
     if on_rank_loss not in tuple(OnRankLoss):
         choices = ", ".join(OnRankLoss)
@@ -225,12 +228,16 @@ def launch_script(plan: LaunchPlan) -> LaunchOutcome:
     asked: list[int] = []
     previous = {sig: signal.signal(sig, lambda s, _f: asked.append(s)) for sig in STOP_SIGNALS}
 
-    nodes, ended = plan.nodes, False
+    nodes = plan.nodes
     by_node, loss = nodes.group_by is GroupBy.NODE, plan.on_rank_loss
     node_ranks = ",".join(str(nodes.rank_of(i, plan.nproc)) for i in range(plan.nproc))
 
     def start(local: int, restarts: int = 0) -> subprocess.Popen:
-        mine = dict(env, **node_env(plan.nodes, plan.nproc, local))
+        rank = nodes.rank_of(local, plan.nproc)
+        for word in ("left", "healed", "joined"):  # an earlier start's words are not its own
+            with contextlib.suppress(Exception):
+                notes.delete_key(f"{word}/{rank}")
+        mine = dict(env, **node_env(nodes, plan.nproc, local))
         if restarts:  # it joins the live ranks instead of the job's (broken) group
             mine.update({RESTART: str(restarts), REJOIN: "1"})
         if restarts and by_node:  # the node's ranks are taken in together
@@ -245,24 +252,22 @@ def launch_script(plan: LaunchPlan) -> LaunchOutcome:
     try:
         for local in range(plan.nproc):  # a node started again: each of its ranks rejoins
             rank = nodes.rank_of(local, plan.nproc)
-            ranks.append(Rank(rank, start(local, meeting.restarts), local=local))
+            process = start(local, meeting.restarts)
+            ranks.append(Rank(rank, process, local=local, rejoins=meeting.restarts > 0))
         again = Restarts(plan.restart_lost, start) if plan.restart_lost else None
         try:
-            outcome = watch(ranks, loss, notes, asked, plan.timeout, again, said, by_node)
+            return watch(ranks, loss, notes, asked, plan.timeout, again, said, by_node, meeting)
         except dist.DistError as exc:  # the store went with its host: this node cannot go on
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise JobFailed(
                 f"the job's store at {where} is gone ({first[:120]}): its host (node 0, or "
                 "`tailtrain store`) was lost; the ranks of this node were stopped"
             ) from None
-        meeting.ended()
-        ended = True
-        meeting.wait_for_others(plan.timeout)  # node 0's store serves the nodes still going
-        return outcome
     finally:
-        if not ended:
-            meeting.ended()
         stop(ranks, signal.SIGTERM)
+        meeting.ended(finished=any(r.state is RankState.FINISHED for r in ranks))
+        if not asked:  # node 0's store serves the nodes still going, whatever its ranks did
+            meeting.wait_for_others(plan.timeout, lambda: bool(asked))
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         shutil.rmtree(said, ignore_errors=True)
@@ -277,15 +282,24 @@ def watch(
     again: Restarts | None = None,
     said: Path | None = None,
     by_node: bool = False,
+    shared: Meeting | None = None,
 ) -> LaunchOutcome:
     """Poll the ranks until none runs (module docstring); a rank still running ``timeout``
     seconds after another finished is stopped (a hung rank the survivors left behind).
     ``said``: the folder where a rank that ends on bad input or a crash leaves its one line
     (``runtime.launching.script_rank``); bad input stops the job, under shrink too.
-    ``by_node``: these ranks are one node, which leaves whole (``runtime.launching.nodes``)."""
+    ``by_node``: these ranks are one node, which leaves whole (``runtime.launching.nodes``);
+    ``shared``: the job's meeting across nodes (beats; under stop, the others' failure)."""
     outcome = LaunchOutcome()
     first_done: float | None = None
     while any(r.state is RankState.RUNNING for r in ranks):
+        if shared is not None:
+            shared.beat()
+            other = shared.stop_asked() if on_rank_loss is OnRankLoss.STOP else None
+            if other is not None:  # another node failed: this one stops, as torchrun's agents
+                outcome.failure = f"another node failed ({other}); this node's ranks were stopped"
+                stop(ranks, signal.SIGTERM)
+                break
         if asked:  # Ctrl-C: forward it once and wait for them
             outcome.interrupted = True
             if said is not None:  # a rank whose peer left on it ends silent (script_rank)
@@ -327,15 +341,13 @@ def watch(
                     notes.set("finished", "1")
                 continue
             r.state, r.died = RankState.DIED, time.monotonic()
-            if r.restarts and not notes.check([f"healed/{r.rank}"]):  # never taken back in
+            if (r.restarts or r.rejoins) and not notes.check([f"healed/{r.rank}"]):
                 late = f"rank {r.rank} was started again and died before it was taken in"
-                outcome.heal_failed.append(f"{late} ({r.why})")
-            for mate in ranks if by_node else [r]:  # a heal to come must say so afresh
-                with contextlib.suppress(Exception):
-                    notes.delete_key(f"healed/{mate.rank}")
+                outcome.heal_failed[r.rank] = f"{late} ({r.why})"  # unless a restart heals
             if on_rank_loss is OnRankLoss.SHRINK and by_node:
                 left = node_leaves(ranks, r, notes)
                 if again is not None and first_done is None and again.restart_node(ranks, r):
+                    outcome.heal_failed = {}  # the node gets another start
                     continue
                 outcome.failure = f"{left}; the other nodes go on without it"
                 log.warning("%s; the other nodes go on without it", left)
@@ -343,11 +355,14 @@ def watch(
             if on_rank_loss is OnRankLoss.SHRINK:
                 notes.set(f"dead/{r.rank}", r.why)  # the census need not wait its window
                 if again is not None and first_done is None and again.restart(r):
+                    outcome.heal_failed.pop(r.rank, None)  # it gets another start
                     continue
                 log.warning("rank %d died (%s); the job goes on without it", r.rank, r.why)
             else:
                 outcome.failure = f"rank {r.rank} failed ({r.why}); the other ranks were stopped"
                 stop(ranks, signal.SIGTERM)
+                if shared is not None:  # and so do the other nodes'
+                    shared.stop_others(outcome.failure)
                 break
         time.sleep(WATCH_POLL)
     outcome.states = {r.rank: r.state for r in ranks}
@@ -356,7 +371,7 @@ def watch(
     if outcome.failure is None:
         outcome.failure = judged(ranks)
     if outcome.failure is None and outcome.heal_failed:  # the others finished: still a failure
-        outcome.failure = f"the heal failed: {outcome.heal_failed[0]}"
+        outcome.failure = f"the heal failed: {next(iter(outcome.heal_failed.values()))}"
     if outcome.failure is not None:
         raise JobFailed(outcome.failure)
     return outcome

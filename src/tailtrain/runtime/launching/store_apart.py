@@ -1,20 +1,20 @@
 """``tailtrain store``: the job's store in a process of its own (``runtime.launching.nodes``,
 ``--store apart``), so that losing any node, the first included, leaves the job going.
 
-It serves a ``TCPStore`` on the address given only, writes the job's run id, and ends once
-every node's launcher said it ended, or ``--timeout`` seconds after the first did (a node
-that was lost never says so), or on Ctrl-C. It holds no state of the training: a job whose
-store is lost ends, as under torchrun. Every wait is bounded.
+It serves a ``TCPStore`` on the address given only, writes the job's run id, and serves as
+long as the job runs: it ends once every node ended or was lost (no launcher beat for
+``--timeout`` seconds), or ``--timeout`` seconds after a node's ranks finished
+(``nodes.await_job_end``), or on Ctrl-C. It holds no state of the training: a job whose
+store is lost ends, as under torchrun.
 """
 
 from __future__ import annotations
 
 import datetime
 import logging
-import time
 
 from tailtrain.runtime.launching.endpoint import Endpoint
-from tailtrain.runtime.launching.nodes import END_POLL, LAUNCH_KEYS, host_store, open_run
+from tailtrain.runtime.launching.nodes import await_job_end, host_store, open_run
 
 log = logging.getLogger(__name__)
 
@@ -30,14 +30,4 @@ def serve_store(endpoint: Endpoint, nnodes: int, timeout: float) -> str:
         "on a private network); Ctrl-C ends it",
         run, where, nnodes,
     )  # fmt: skip
-    ended_key, first_end = f"{LAUNCH_KEYS}/{run}/ended", None
-    while True:
-        ended = store.add(ended_key, 0)
-        if ended >= nnodes:
-            return f"every node's launcher ended ({ended} of {nnodes})"
-        if ended and first_end is None:
-            first_end = time.monotonic()
-        if first_end is not None and time.monotonic() > first_end + timeout:
-            late = f"no other did within --timeout {timeout:g}s"
-            return f"{ended} of {nnodes} launchers ended; {late}"
-        time.sleep(END_POLL)
+    return await_job_end(store, run, nnodes, timeout, asked=lambda: False)
