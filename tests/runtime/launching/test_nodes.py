@@ -115,7 +115,7 @@ def test_launchers_meet_on_one_run_id_and_count_a_node_started_again():
 def test_the_store_s_host_counts_a_silent_node_as_lost_and_ends_after_the_job_finished():
     port = free_port("127.0.0.2")
     host = meet(Nodes(3, 0, StoreAt.LAUNCHER, GroupBy.NODE), Endpoint("127.0.0.2", port), SPAN)
-    beating = meet(Nodes(3, 1), Endpoint("127.0.0.2", port), SPAN)
+    beating = meet(Nodes(3, 1, StoreAt.LAUNCHER, GroupBy.NODE), Endpoint("127.0.0.2", port), SPAN)
     host.ended(finished=True)
     done = threading.Event()
 
@@ -336,10 +336,35 @@ def test_under_stop_a_node_that_failed_stops_the_other_nodes_ranks():
 
     port = free_port("127.0.0.2")
     host = meet(Nodes(2, 0, StoreAt.LAUNCHER, GroupBy.NODE), Endpoint("127.0.0.2", port), SPAN)
-    other = meet(Nodes(2, 1), Endpoint("127.0.0.2", port), SPAN)
+    other = meet(Nodes(2, 1, StoreAt.LAUNCHER, GroupBy.NODE), Endpoint("127.0.0.2", port), SPAN)
     sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
     other.stop_others("rank 3 failed (exit status 1); the other ranks were stopped")
     notes = dist.PrefixStore("shrink", host.store)
     with pytest.raises(JobFailed, match=r"^another node failed \(rank 3 failed"):
         watch([Rank(0, sleeper)], OnRankLoss.STOP, notes, [], timeout=30, shared=host)
     assert sleeper.poll() is not None
+
+
+@pytest.mark.timeout(60)
+def test_a_launcher_whose_options_differ_or_whose_node_runs_is_refused_in_one_line():
+    port = free_port("127.0.0.2")
+    where = Endpoint("127.0.0.2", port)
+    host = meet(Nodes(2, 0, StoreAt.LAUNCHER, GroupBy.NODE), where, SPAN, nproc=2)
+    with pytest.raises(UsageError, match="this job runs --nnodes 2 --nproc-per-node 2") as caught:
+        meet(Nodes(2, 1, StoreAt.LAUNCHER, GroupBy.NODE), where, SPAN, nproc=4)
+    assert "\n" not in str(caught.value)
+    running = meet(Nodes(2, 1, StoreAt.LAUNCHER, GroupBy.NODE), where, SPAN, nproc=2)
+    done = threading.Event()
+
+    def beat() -> None:
+        while not done.is_set():
+            running.beat()
+            time.sleep(0.05)
+
+    threading.Thread(target=beat, daemon=True).start()
+    try:
+        with pytest.raises(UsageError, match="node 1 of this job is running"):
+            meet(Nodes(2, 1, StoreAt.LAUNCHER, GroupBy.NODE), where, SPAN, nproc=2)
+    finally:
+        done.set()
+    assert host.run_id == running.run_id

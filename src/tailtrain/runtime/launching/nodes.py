@@ -267,8 +267,10 @@ def await_job_end(
         time.sleep(END_POLL)
 
 
-def meet(nodes: Nodes, endpoint: Endpoint, timeout: datetime.timedelta) -> Meeting:
-    """Host the store or join it, agree on the run id, count this node's starts."""
+def meet(nodes: Nodes, endpoint: Endpoint, timeout: datetime.timedelta, nproc: int = 1) -> Meeting:
+    """Host the store or join it, agree on the run id and the job's shape (the first
+    launcher's stands: one line for a launcher whose options differ), and count this node's
+    starts; a node whose earlier launcher still beats is refused (a --node-rank given twice)."""
     if nodes.hosts_store:
         store = host_store(endpoint, timeout)
         run = open_run(store)
@@ -288,6 +290,24 @@ def meet(nodes: Nodes, endpoint: Endpoint, timeout: datetime.timedelta) -> Meeti
                 f"{timeout.total_seconds():g}s: is it a tailtrain store?"
             ) from None
     meeting = Meeting(store, run, 0, nodes)
+    shape = json.dumps([nodes.nnodes, nproc, str(nodes.group_by)])
+    agreed = store.compare_set(meeting.key("shape"), "", shape).decode()
+    if agreed != shape:
+        n, p, by = json.loads(agreed)
+        raise UsageError(
+            f"this job runs --nnodes {n} --nproc-per-node {p} --group-by {by} (its first "
+            f"launcher's); this launcher was given --nnodes {nodes.nnodes} --nproc-per-node "
+            f"{nproc} --group-by {nodes.group_by}"
+        )
+    beat = meeting.key(f"beat/{nodes.node_rank}")
+    if store.add(meeting.key(f"starts/{nodes.node_rank}"), 0):  # started before: alive still?
+        before = store.add(beat, 0)
+        time.sleep(2 * BEAT)
+        if store.add(beat, 0) != before:
+            raise UsageError(
+                f"node {nodes.node_rank} of this job is running (its launcher beats): give "
+                "each launcher its own --node-rank"
+            )
     meeting.restarts = store.add(meeting.key(f"starts/{nodes.node_rank}"), 1) - 1
     return meeting
 

@@ -215,7 +215,7 @@ def launch_script(plan: LaunchPlan) -> LaunchOutcome:
     """Run ``plan`` (module docstring); raises :class:`JobFailed` with one line when the job
     failed. Ctrl-C ends with ``outcome.interrupted`` (the CLI's exit 130)."""
     timeout = datetime.timedelta(seconds=plan.timeout)
-    meeting = meet(plan.nodes, parse_endpoint(plan.endpoint), timeout)
+    meeting = meet(plan.nodes, parse_endpoint(plan.endpoint), timeout, plan.nproc)
     store = meeting.store
     where = Endpoint(parse_endpoint(plan.endpoint).host, store.port)
     env = env_of_run(os.environ, meeting, where)
