@@ -254,31 +254,23 @@ def test_a_rank_s_death_takes_its_node_out_whole_and_the_other_node_goes_on(tmp_
     assert [(r["step"], r["lost"]) for r in records if r["lost"]] == [(AT, [2, 3])]
 
 
-@pytest.mark.slow
+@pytest.mark.slow  # 3 launchers, 6 ranks and the store
 @pytest.mark.timeout(300)
-def test_the_first_node_s_death_leaves_the_job_going_with_the_store_apart(tmp_path):
-    """Node 0's machine dies (its launcher SIGKILLed, its ranks with it: nothing notes them
-    dead); node 1's ranks regroup and finish; the store, apart, ends after the launchers."""
-    args = ["--kill-rank", "0", "--kill-step", str(AT), "--kill-what", "node"]
-    done, store = run_nodes(2, tmp_path, args, store="apart")
-    assert done[0].returncode == -9  # node 0's launcher was killed
-    assert done[1].returncode == 0, done[1].stderr[-3000:]
-    records = survivors_agree(kept_ranks(tmp_path, range(4)), [2, 3], world=4)
-    assert [(r["step"], r["lost"]) for r in records if r["lost"]] == [(AT, [0, 1])]
+def test_the_first_node_and_another_lost_in_one_step_leave_the_job_going_with_the_store_apart(
+    tmp_path,
+):
+    """Nodes 0 and 1 die in the same step, their machines whole (each launcher SIGKILLed, its
+    ranks with it: nothing notes them dead); node 2's ranks regroup and finish; the store,
+    apart, ends once the last launcher said so."""
+    args = ["--kill-rank", "0", "2", "--kill-step", str(AT), "--kill-what", "node"]
+    done, store = run_nodes(3, tmp_path, args, store="apart")
+    assert done[0].returncode == done[1].returncode == -9  # their launchers were killed
+    assert done[2].returncode == 0, done[2].stderr[-3000:]
+    records = survivors_agree(kept_ranks(tmp_path, range(6)), [4, 5], world=6)
+    assert [r["live"] for r in records[AT:]] == [[4, 5]] * (12 - AT)
+    assert sorted(r for record in records for r in record["lost"]) == [0, 1, 2, 3]
     assert store is not None and store.returncode == 0, store.stderr[-2000:]
     assert "a c10d store is unauthenticated" in store.stderr
-
-
-@pytest.mark.slow  # 3 launchers and 6 ranks
-@pytest.mark.timeout(300)
-def test_two_nodes_lost_in_the_same_step_leave_one_node_going(tmp_path):
-    args = ["--kill-rank", "3", "4", "--kill-step", str(AT), "--kill-what", "node"]
-    done, _ = run_nodes(3, tmp_path, args)
-    assert done[0].returncode == 0, done[0].stderr[-3000:]
-    assert done[1].returncode == done[2].returncode == -9
-    records = survivors_agree(kept_ranks(tmp_path, range(6)), [0, 1], world=6)
-    assert [r["live"] for r in records[AT:]] == [[0, 1]] * (12 - AT)
-    assert sorted(r for record in records for r in record["lost"]) == [2, 3, 4, 5]
 
 
 @pytest.mark.slow
