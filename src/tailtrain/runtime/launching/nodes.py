@@ -21,19 +21,21 @@ handed to the ``TCPStore``, which on its own would listen on every interface), l
 default. A c10d store is unauthenticated, as torchrun's is: a job across machines belongs on
 a private network.
 
-**Meeting** (:func:`meet`, the :class:`Meeting` it returns). The store's host writes a fresh
-run id (``tailtrain/launch/run``: the prefix of every key of the job, so a job never reads
-another's keys); every launcher reads it, bounded by ``--timeout``, and counts its node's starts
+**Meeting** (:func:`meet`, the :class:`Meeting` it returns). The store's host writes a fresh run
+id (``tailtrain/launch/run``: the prefix of every key of the job, so a job never reads another's
+keys); every launcher reads it, bounded by ``--timeout``, and counts its node's starts
 (``tailtrain/launch/{run}/starts/{I}``): a node whose launcher starts a second time (the user
 started it again after the machine died) starts its ranks as restarts, which ask the live ranks
-to take them in (JOINING) and heal from a live peer (``integrate.step``), not from disk. Each
-launcher beats (``beat/{I}``, every :data:`BEAT` seconds) while it watches its ranks and says
-when it ends (``ended/{I}``: which start of the node, and whether its ranks finished). The
-store's host (node 0's launcher, or ``tailtrain store``) keeps the store until every node
-ended or was lost (no beat for ``--timeout`` seconds), and at most ``--timeout`` seconds after
-a node's ranks finished (:func:`await_job_end`), whatever became of its own ranks. Under
-``--on-rank-loss stop`` a node that fails says so (``stop``) and every other node stops its
-ranks, as torchrun's agents do.
+to take them in (JOINING) and heal from a live peer (``integrate.step``), not from disk. The
+first launcher's shape (``shape``: ``--nnodes``, ``--nproc-per-node``, ``--group-by``) stands:
+one given another is refused in one line, and so is a ``--node-rank`` whose launcher still beats
+(given twice), both before any rank starts. Each launcher beats (``beat/{I}``, every
+:data:`BEAT` seconds) while it watches its ranks and says when it ends (``ended/{I}``: which
+start of the node, and whether its ranks finished). The store's host (node 0's launcher, or
+``tailtrain store``) keeps the store until every node ended or was lost (no beat for
+``--timeout`` seconds), and at most ``--timeout`` seconds after a node's ranks finished
+(:func:`await_job_end`), whatever became of its own ranks. Under ``--on-rank-loss stop`` a node
+that fails says so (``stop``) and every other node stops its ranks, as torchrun's agents do.
 
 **A node is the unit of membership** (``--group-by node``, the default across nodes; ``rank``
 keeps today's per-rank one): when any rank of a node dies under ``--on-rank-loss shrink``, its

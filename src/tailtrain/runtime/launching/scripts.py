@@ -242,6 +242,8 @@ def launch_script(plan: LaunchPlan) -> LaunchOutcome:
             mine.update({RESTART: str(restarts), REJOIN: "1"})
         if restarts and by_node:  # the node's ranks are taken in together
             mine[REJOIN_WITH] = node_ranks
+        # by hand, not torch's elastic agent: the stock agent restarts every worker of the job
+        # on a membership change, where shrink keeps the survivors running
         return subprocess.Popen(  # the script as `python script.py` runs it (script_rank)
             [sys.executable, "-m", script_rank.__name__, str(plan.script), *plan.args],
             env=mine,
