@@ -87,8 +87,9 @@ def test_a_killed_rank_leaves_survivors_that_equal_the_reference_from_the_record
         torch.testing.assert_close(models[0][name], value, rtol=1e-4, atol=1e-6)
 
 
-def rebuilt(m, records: list[dict]) -> dict[str, torch.Tensor]:
-    """A reference: SGD with momentum on sum_n w_n G_n over the ranks each record names."""
+def rebuilt(m, records: list[dict], world: int = N) -> dict[str, torch.Tensor]:
+    """A reference: SGD with momentum on sum_n w_n G_n over the ranks each record names, of a
+    job of ``world`` ranks (each its own shard)."""
     x, y, _, _ = m.digits()
     net = m.make_model()
     optimizer = torch.optim.SGD(net.parameters(), lr=m.LR, momentum=m.MOMENTUM)
@@ -96,7 +97,7 @@ def rebuilt(m, records: list[dict]) -> dict[str, torch.Tensor]:
         total = [torch.zeros_like(p) for p in net.parameters()]
         for n in record["ranks"]:
             rank, weight = record["live"][n], record["weights"][n]
-            batches = m.micro_batches(x, y, rank, N, record["step"])
+            batches = m.micro_batches(x, y, rank, world, record["step"])
             net.zero_grad()
             for bx, by in batches:
                 F.cross_entropy(net(bx), by).backward()

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import datetime
-import importlib.util
 import os
 import socket
 import subprocess
@@ -23,7 +22,7 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.nn.functional as F
+from tests.integrate.test_shrink_step import example, rebuilt
 
 from tailtrain.errors import UsageError
 from tailtrain.runtime.launching.endpoint import Endpoint
@@ -39,7 +38,7 @@ from tailtrain.runtime.launching.nodes import (
 )
 
 ROOT = Path(__file__).resolve().parents[3]
-EXAMPLE = ROOT / "examples" / "shrink_loop.py"
+EXAMPLE = ROOT / "examples" / "shrink_loop.py"  # its model, data and reference: test_shrink_step
 SPAN = datetime.timedelta(seconds=20)
 
 
@@ -145,13 +144,6 @@ def test_a_launcher_with_no_store_to_meet_says_so_in_one_line():
 
 
 # ---- end to end: examples/shrink_loop.py on loopback nodes ---------------------------------------
-def example():
-    spec = importlib.util.spec_from_file_location("shrink_loop", EXAMPLE)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def environment() -> dict[str, str]:
     env = dict(os.environ, OMP_NUM_THREADS="1")
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), env.get("PYTHONPATH", "")])
@@ -201,27 +193,6 @@ def run_nodes(
 def kept_ranks(out: Path, ranks: range) -> dict[int, dict]:
     files = {r: out / f"rank{r}.pt" for r in ranks}
     return {r: torch.load(f, weights_only=False) for r, f in files.items() if f.exists()}
-
-
-def rebuilt(m, records: list[dict], world: int) -> dict[str, torch.Tensor]:
-    """A reference: SGD with momentum on sum_n w_n G_n over the ranks each record names."""
-    x, y, _, _ = m.digits()
-    net = m.make_model()
-    optimizer = torch.optim.SGD(net.parameters(), lr=m.LR, momentum=m.MOMENTUM)
-    for record in records:
-        total = [torch.zeros_like(p) for p in net.parameters()]
-        for n in record["ranks"]:
-            rank, weight = record["live"][n], record["weights"][n]
-            batches = m.micro_batches(x, y, rank, world, record["step"])
-            net.zero_grad()
-            for bx, by in batches:
-                F.cross_entropy(net(bx), by).backward()
-            for t, p in zip(total, net.parameters(), strict=True):
-                t.add_(p.grad, alpha=weight / len(batches))
-        for p, t in zip(net.parameters(), total, strict=True):
-            p.grad = t
-        optimizer.step()
-    return net.state_dict()
 
 
 def survivors_agree(kept: dict[int, dict], survivors: list[int], world: int) -> list[dict]:

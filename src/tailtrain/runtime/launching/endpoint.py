@@ -57,17 +57,24 @@ def parse_endpoint(text: str) -> Endpoint:
     return Endpoint(host.strip("[]"), int(port))
 
 
-def reserve(endpoint: Endpoint) -> Endpoint:
-    """Check that the local launcher can host the rendezvous there; port 0 picks a free one.
-
-    The port is released again before the launcher binds it (as PyTorch's own tests do).
-    """
+def resolve(endpoint: Endpoint) -> tuple[int, int, int, tuple]:
+    """The socket family, kind, protocol and address ``endpoint`` names; one line if its host
+    does not resolve."""
     try:
         family, kind, proto, _, address = socket.getaddrinfo(
             endpoint.host, endpoint.port, type=socket.SOCK_STREAM
         )[0]
     except (socket.gaierror, UnicodeError):
         raise UsageError(f"--rdzv-endpoint host {endpoint.host!r} does not resolve") from None
+    return family, kind, proto, address
+
+
+def reserve(endpoint: Endpoint) -> Endpoint:
+    """Check that the local launcher can host the rendezvous there; port 0 picks a free one.
+
+    The port is released again before the launcher binds it (as PyTorch's own tests do).
+    """
+    family, kind, proto, address = resolve(endpoint)
     with socket.socket(family, kind, proto) as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:

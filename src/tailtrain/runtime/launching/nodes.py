@@ -63,7 +63,7 @@ from enum import StrEnum
 import torch.distributed as dist
 
 from tailtrain.errors import UsageError
-from tailtrain.runtime.launching.endpoint import Endpoint, unusable
+from tailtrain.runtime.launching.endpoint import Endpoint, resolve, unusable
 
 log = logging.getLogger(__name__)
 
@@ -142,12 +142,7 @@ def check_nodes(
 def host_store(endpoint: Endpoint, timeout: datetime.timedelta) -> dist.TCPStore:
     """A ``TCPStore`` served on ``endpoint``'s address only (port 0: a free one); a one-line
     :class:`UsageError` where it cannot listen there."""
-    try:
-        family, kind, proto, _, address = socket.getaddrinfo(
-            endpoint.host, endpoint.port, type=socket.SOCK_STREAM
-        )[0]
-    except (socket.gaierror, UnicodeError):
-        raise UsageError(f"--rdzv-endpoint host {endpoint.host!r} does not resolve") from None
+    family, kind, proto, address = resolve(endpoint)
     sock = socket.socket(family, kind, proto)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
