@@ -57,7 +57,7 @@ def parse_endpoint(text: str) -> Endpoint:
     return Endpoint(host.strip("[]"), int(port))
 
 
-def resolve(endpoint: Endpoint) -> tuple[int, int, int, tuple]:
+def address_of(endpoint: Endpoint) -> tuple[int, int, int, tuple]:
     """The socket family, kind, protocol and address ``endpoint`` names; one line if its host
     does not resolve."""
     try:
@@ -74,7 +74,7 @@ def reserve(endpoint: Endpoint) -> Endpoint:
 
     The port is released again before the launcher binds it (as PyTorch's own tests do).
     """
-    family, kind, proto, address = resolve(endpoint)
+    family, kind, proto, address = address_of(endpoint)
     with socket.socket(family, kind, proto) as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:

@@ -63,7 +63,7 @@ from enum import StrEnum
 import torch.distributed as dist
 
 from tailtrain.errors import UsageError
-from tailtrain.runtime.launching.endpoint import Endpoint, resolve, unusable
+from tailtrain.runtime.launching.endpoint import Endpoint, address_of, unusable
 
 log = logging.getLogger(__name__)
 
@@ -142,7 +142,7 @@ def check_nodes(
 def host_store(endpoint: Endpoint, timeout: datetime.timedelta) -> dist.TCPStore:
     """A ``TCPStore`` served on ``endpoint``'s address only (port 0: a free one); a one-line
     :class:`UsageError` where it cannot listen there."""
-    family, kind, proto, address = resolve(endpoint)
+    family, kind, proto, address = address_of(endpoint)
     sock = socket.socket(family, kind, proto)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
