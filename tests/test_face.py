@@ -108,6 +108,17 @@ def test_predict_keeps_the_strategy_rows_asked_for():
         tailtrain.predict(scenario, "lgc:k=1")
 
 
+def test_predict_prices_dropcompute_at_the_threshold_asked_for():
+    """``dropcompute:threshold=X`` is priced at X (it was priced at tau* whatever X said)."""
+    scenario = tailtrain.Scenario(**{**SMALL, "micro_batches": 4}, delay="exp:rate=1")
+    best = tailtrain.predict(scenario, "dropcompute").rows[0]
+    for tau in (best.threshold * 1.5, best.threshold * 3):  # tau* is the best from M mu / 2 up
+        asked = tailtrain.predict(scenario, f"dropcompute:threshold={tau}").rows
+        assert [r.threshold for r in asked] == [pytest.approx(tau)]
+        assert asked[0].effective_speedup < best.effective_speedup
+        assert asked[0].drop_rate != pytest.approx(best.drop_rate)
+
+
 def test_train_refuses_an_unknown_option_in_one_line():
     scenario = tailtrain.Scenario(**SMALL)
     with pytest.raises(UsageError, match="train\\(\\) has no option 'bogus'"):

@@ -158,7 +158,13 @@ def predict(
     k = getattr(rule, "k", None) if rule is not None else None
     if isinstance(k, int) and ks is None:
         ks = (k,)
-    question = _delay_scenario(scenario, ks, samples, seed)
+    # DropCompute's row at the tau asked for (``dropcompute:threshold=X``), not at its tau*
+    tau = (
+        getattr(rule, "threshold", None)
+        if rule is not None and rule.name == "dropcompute"
+        else None
+    )
+    question = _delay_scenario(scenario, ks, samples, seed, threshold=tau)
     found = _internal("with_families")(_internal("predict")(question))
     if rule is None:
         return found
@@ -389,8 +395,15 @@ def _claim(out: Path | None, overwrite: bool) -> Callable[[], None] | None:
     return lambda: _internal("clear_run")(out, names)
 
 
-def _delay_scenario(scenario: Scenario, ks: Sequence[int] | None, samples: int, seed: int) -> Any:
-    """The run's delays as ``predict`` takes them: delay models instead of spec strings."""
+def _delay_scenario(
+    scenario: Scenario,
+    ks: Sequence[int] | None,
+    samples: int,
+    seed: int,
+    threshold: float | None = None,
+) -> Any:
+    """The run's delays as ``predict`` takes them: delay models instead of spec strings;
+    ``threshold``: DropCompute's tau as asked (None: its tau*)."""
     scenario = scenario.with_replayed_comm()  # T^c resolved as simulate and the CLI do
     comm = _internal("parse_comm_time")(scenario.comm_time or "0")
     pattern = None if scenario.pattern == "iid" else _internal("parse_pattern")(scenario.pattern)
@@ -403,6 +416,7 @@ def _delay_scenario(scenario: Scenario, ks: Sequence[int] | None, samples: int, 
         ks=None if ks is None else tuple(sorted(set(ks))),
         samples=samples,
         seed=seed,
+        threshold=threshold,
     )
 
 

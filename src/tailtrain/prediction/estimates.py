@@ -74,6 +74,7 @@ from tailtrain.theory.dropcompute import (
     bailey_iteration_time,
     empirical_threshold,
     evaluate_threshold,
+    exact_speedup,
     exact_threshold,
 )
 from tailtrain.theory.estimate import EXACT, NUMERICAL
@@ -317,12 +318,15 @@ def _k_batch_async_rows(ctx: _Context) -> list[Row]:
 
 
 def _dropcompute_row(ctx: _Context) -> Row:
-    """tau* and S_eff: exact laws of the partial sums when known, else Algorithm 2 on one
-    sample and S_eff(tau*) measured on an independent one."""
+    """tau* (or the scenario's asked tau) and S_eff: exact laws of the partial sums when
+    known, else Algorithm 2 on one sample and S_eff(tau*) measured on an independent one."""
     s = ctx.scenario
     sums = ctx.partial_sums
     if sums is not None:
-        choice = exact_threshold(sums, s.workers, s.comm_mean)
+        if s.threshold is None:
+            choice = exact_threshold(sums, s.workers, s.comm_mean)
+        else:
+            choice = exact_speedup(sums, s.workers, s.threshold, s.comm_mean)
         return _row(
             "dropcompute",
             s.workers,
@@ -336,7 +340,9 @@ def _dropcompute_row(ctx: _Context) -> Row:
     rng = ctx.rng(1)
     # tau* comes from a smooth average curve: a quarter of the samples pins it down
     t = np.concatenate(ctx.blocks(rng, ctx.iterations_for(max(100, s.samples // 4))))
-    tau = empirical_threshold(t, ctx.comm_times(rng, (t.shape[0],))).threshold
+    tau = s.threshold
+    if tau is None:
+        tau = empirical_threshold(t, ctx.comm_times(rng, (t.shape[0],))).threshold
     sample = ctx.sync_sample()
     found = [evaluate_threshold(test, comm, tau) for test, comm in sample]
     time, time_se = _pooled([(f.iteration_time, f.iteration_time_stderr) for f in found])

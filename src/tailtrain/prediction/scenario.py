@@ -45,8 +45,12 @@ class DelayScenario:
     ks: tuple[int, ...] | None = None
     samples: int = 2000
     seed: int = 0
+    #: DropCompute's tau in seconds as asked (``dropcompute:threshold=X``); None: its tau*
+    threshold: float | None = None
 
     def __post_init__(self) -> None:
+        if self.threshold is not None and not self.threshold > 0:
+            raise UsageError(f"a DropCompute threshold must be > 0 seconds, got {self.threshold}")
         if self.workers < 1:
             raise UsageError(f"--workers must be >= 1, got {self.workers}")
         if self.micro_batches is not None and self.micro_batches < 1:

@@ -341,12 +341,32 @@ def exact_threshold(partial_sums: Sequence[DelayModel], n: int, comm: float = 0.
     # half evenly, half geometrically spaced: a heavy tail puts top far above tau*
     spaced = lowest + np.geomspace(1e-6 * (top - lowest), top - lowest, 256)
     grid = np.unique(np.concatenate([np.linspace(lowest, top, 256), spaced]))
-    for _ in range(2):
-        curve = _speedup_curve(partial_sums, n, grid, comm, mean_max)
-        best = _last_argmax(curve)
-        grid = np.linspace(grid[max(best - 1, 0)], grid[min(best + 1, grid.size - 1)], 512)
-    tau = float(grid[_last_argmax(_speedup_curve(partial_sums, n, grid, comm, mean_max))])
-    return exact_speedup(partial_sums, n, tau, comm, expected_max=mean_max)
+    curve = _speedup_curve(partial_sums, n, grid, comm, mean_max)
+    # an atomic law's curve has a peak just past each atom of the sum (the micro-batches it
+    # completes jump there): every leading peak is refined, not the coarse grid's best alone
+    found = []
+    for peak in _peaks(curve, PEAKS_REFINED):
+        zoom = grid
+        for _ in range(2):
+            zoom = np.linspace(zoom[max(peak - 1, 0)], zoom[min(peak + 1, zoom.size - 1)], 512)
+            values = _speedup_curve(partial_sums, n, zoom, comm, mean_max)
+            peak = _last_argmax(values)
+        found.append((values[peak], zoom[peak]))
+    best = max(v for v, _ in found)
+    # ties (to 1e-12) go to the largest tau, which drops the least work (``_last_argmax``)
+    tau = max(t for v, t in found if v >= best - 1e-12 * abs(best))
+    return exact_speedup(partial_sums, n, float(tau), comm, expected_max=mean_max)
+
+
+PEAKS_REFINED = 8  #: the coarse curve's highest local maxima that :func:`exact_threshold` zooms
+
+
+def _peaks(curve: NDArray[np.float64], count: int) -> list[int]:
+    """The indices of ``curve``'s ``count`` highest local maxima (its global one first)."""
+    padded = np.concatenate([[-np.inf], curve, [-np.inf]])
+    local = np.flatnonzero((padded[1:-1] >= padded[:-2]) & (padded[1:-1] >= padded[2:]))
+    ranked = local[np.argsort(-curve[local], kind="stable")]
+    return list(dict.fromkeys([_last_argmax(curve), *(int(i) for i in ranked)]))[:count]
 
 
 def _speedup_curve(
