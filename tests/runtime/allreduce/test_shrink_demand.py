@@ -54,10 +54,15 @@ def replayed(cfg: TrainConfig, deals: dict[int, tuple]) -> tuple[torch.Tensor, l
     task = parse_task(s.task, seed=SEED)
     partition = parse_partition(s.partition).assign(task, N, np.random.default_rng(SEED))
 
+    rounds: dict[int, np.ndarray] = {}
+
     def batch(position: int) -> np.ndarray:  # the stream: round-major, then rank, then unit
         r, rest = divmod(position, POOL)
-        rank, unit = divmod(rest, M)
-        return job_batches(partition, SEED, task.batch_size, [rank], [r], M)[0, unit]
+        if r not in rounds:  # every rank's micro-batches of round r, keyed (seed, rank, r)
+            ranks = np.arange(N)
+            drawn = job_batches(partition, SEED, task.batch_size, ranks, np.full(N, r), M)
+            rounds[r] = drawn.reshape(POOL, -1)
+        return rounds[r][rest]
 
     theta, queue, taken, counted = task.init_params(SEED), [], 0, []
     for step in range(s.iterations):
@@ -71,10 +76,13 @@ def replayed(cfg: TrainConfig, deals: dict[int, tuple]) -> tuple[torch.Tensor, l
         counted.append([pool[k] for n in range(len(done)) for k in index[n, : done[n]]])
         queue += [pool[k] for n in range(len(done)) for k in index[n, done[n] : dealt[n]]]
         model = task.module_at(theta)
-        loss = sum(
-            F.cross_entropy(model(task.data.x_train[b]), task.data.y_train[b])
-            for b in map(batch, counted[-1])
-        ) / (N * M)
+        b = np.stack([batch(p) for p in counted[-1]])  # (N M, B): the mean loss of each
+        each = F.cross_entropy(
+            model(task.data.x_train[b.reshape(-1)]),
+            task.data.y_train[b.reshape(-1)],
+            reduction="none",
+        )
+        loss = each.reshape(b.shape).mean(dim=1).sum() / (N * M)
         grads = torch.autograd.grad(loss, list(model.parameters()))
         theta = theta - LR * torch.cat([g.reshape(-1) for g in grads])
     return theta, counted, queue
@@ -86,8 +94,8 @@ def test_the_global_batch_is_kept_through_a_death_and_a_heal():
     cfg = config(
         N,
         [f"kill:worker={KILLED},step={AT}"],
-        iterations=45,
-        delay="const:value=0.03",  # ~5 s of rounds: a new process starts and joins in ~2 s
+        iterations=60,
+        delay="const:value=0.04",  # ~10 s of rounds: a new process starts and joins in ~2 s
         strategy="rebalance:deal=demand",
         restart_lost=1,
     )
