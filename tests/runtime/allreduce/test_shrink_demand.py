@@ -88,7 +88,7 @@ def replayed(cfg: TrainConfig, deals: dict[int, tuple]) -> tuple[torch.Tensor, l
     return theta, counted, queue
 
 
-@pytest.mark.slow  # four ranks, one started again: ~25 s on an idle machine
+@pytest.mark.slow  # four ranks, one started again, ~10 s of rounds: ~20 s on an idle machine
 @pytest.mark.timeout(150)
 def test_the_global_batch_is_kept_through_a_death_and_a_heal():
     cfg = config(
