@@ -23,8 +23,10 @@ from tailtrain.strategies.rebalance import (
     on_nominal_units,
     optimal_shares,
     robust_estimate,
+    spread,
 )
 from tailtrain.strategies.registry import parse_strategy
+from tailtrain.topology.allreduce import round_arrivals
 
 
 def feed(rule, state, times: np.ndarray, step: int):
@@ -404,5 +406,33 @@ def test_deal_on_demand_is_its_own_spec_and_refuses_what_it_does_not_use():
         check_contract(rule, Topology.ALLREDUCE, frozenset({"shares", "carry"}))
     assert "\n" not in str(refused.value)
     ctx = Context(n_workers=2, micro_batches=6)
-    assert rule.follow_world(rule.init(ctx), ctx) is None
-    assert "deal=demand" in rule.follow_refusal()
+    assert rule.follow_world(rule.init(ctx), ctx) is not None  # the pool follows (below)
+
+
+def test_deal_on_demand_follows_a_shrinking_world_with_the_whole_pool():
+    """The pool is the world's (``Rebalance.follow_world``): after a shrink the live ranks deal
+    the same N M micro-batches, and each update still divides by N, so it is the mean over
+    N M micro-batch gradients whoever computed them; a heal spreads it over N again."""
+    rule = parse_strategy("rebalance:deal=demand")
+    state = run_steps(rule)  # N = 4, M = 6: a pool of 24
+    after = rule.follow_world(state, Context(n_workers=3, micro_batches=6, live=(0, 2, 3)))
+    assert after.shares.tolist() == [8, 8, 8] and after.ranks == (0, 2, 3)
+    np.testing.assert_array_equal(after.window, state.window[:, [0, 2, 3]])
+    plan = rule.plan(after)
+    assert plan.on_demand and sum(plan.shares) == 24 and plan.k == 3
+    # the live ranks completed 9, 9 and 6 of the 24: weights C_n / M over N = 4
+    arrivals = round_arrivals(7, 0.0, np.array([9, 9, 6]), np.ones(3), 6)
+    chosen = rule.select(after, arrivals).now
+    assert chosen.total == 4 and chosen.weight.tolist() == [1.5, 1.5, 1.0]
+    assert chosen.normalised().sum() == pytest.approx(24 / 6 / 4)  # the mean of 24 gradients
+    two = rule.follow_world(after, Context(n_workers=2, micro_batches=6, live=(0, 3)))
+    pair = round_arrivals(8, 0.0, np.array([12, 12]), np.ones(2), 6)
+    assert two.shares.tolist() == [12, 12] and rule.select(two, pair).now.total == 4
+    healed = rule.follow_world(two, Context(n_workers=4, micro_batches=6))
+    assert healed.shares.tolist() == [6] * 4 and np.isnan(healed.window[:, 1]).all()
+    assert rule.follow_world(healed, Context(n_workers=4, micro_batches=6)) is healed  # a resume
+    assert spread(10, 3).tolist() == [4, 3, 3]
+    # shares keep the per-rank batch instead: the global batch shrinks to L M
+    shares = parse_strategy("rebalance")
+    less = shares.follow_world(run_steps(shares), Context(4 - 1, micro_batches=6, live=(0, 2, 3)))
+    assert less.shares.sum() == 18 and shares.select(less, arrivals).now.total == 3

@@ -40,7 +40,10 @@ them are complete; the micro-batch each rank has in flight then is cut and dealt
 the next step, so none is lost and every update holds N M micro-batches, as sync's does.
 Each rank computes all the step long, whatever its speed, with no threshold to calibrate.
 The decision is :func:`on_demand`; the engines own who asks when (the virtual clock in
-``simulate``).
+``simulate``). The pool is the world's, not a rank's: when ranks are lost
+(``train --on-rank-loss shrink``) the live ones deal the same N M micro-batches among
+themselves, so the global batch is kept, where shares keep the per-rank batch and the global
+batch shrinks to the live ranks' (:meth:`Rebalance.follow_world`).
 """
 
 from __future__ import annotations
@@ -159,11 +162,14 @@ class Rebalance(Strategy):
         )
 
     def select(self, state: RebalanceState, arrivals: ArrivalColumns) -> Selection:
-        """Weights (C_n / M) / N: each rank by the samples it contributed."""
+        """Weights (C_n / M) / N: each rank by the samples it contributed, N the global batch
+        in rank batches, sum_n m_n / M (the pool's N M / M = N on demand, whatever the live
+        count after a shrink; the live ranks' L for shares: :meth:`follow_world`)."""
         if self.then is not None:
             return self.then.select(state.inner, arrivals)
         index = np.arange(len(arrivals))
-        return Selection(now=Weighting.of(arrivals, index, arrivals.units, total=state.n_workers))
+        total = int(state.shares.sum()) / state.micro_batches
+        return Selection(now=Weighting.of(arrivals, index, arrivals.units, total=total))
 
     def adapt(self, state: RebalanceState, stats: StepStats) -> RebalanceState:
         """Record the step's per-rank mean micro-batch time; after the warm-up, move the
@@ -200,18 +206,27 @@ class Rebalance(Strategy):
         return replace(state, shares=candidate, moves=state.moves + 1)
 
     def follow_world(self, state: RebalanceState, ctx: Context) -> RebalanceState | None:
-        """The shares for the live world ``ctx.live`` (``train --on-rank-loss shrink``): the
+        """The state for the live world ``ctx.live`` (``train --on-rank-loss shrink``): the
         window keeps the live ranks' columns (a rank taken in again starts unmeasured, NaN),
-        and the shares are dealt again, sum_n m_n = L M: each live rank keeps its own M
-        micro-batches' worth of the global batch, as sync's shrink keeps the per-rank batch,
-        so the global batch is the live ranks' shards and a lost rank's shard is dealt to
-        nobody. After the warm-up, with every live rank measured, they are the
-        makespan-optimal shares of the window's estimates (no hysteresis: the old shares are
-        for another world); otherwise equal, m_n = M, until the estimates move them. A
-        composed DropCompute follows too (its tau* for the live ranks). The same world (a
-        resume) keeps the state as it is. ``defer=true`` cannot follow (None,
-        :meth:`follow_refusal`)."""
-        if self.carries:
+        and the global batch is dealt again. The same world (a resume) keeps the state as it
+        is.
+
+        * ``deal=demand``: the pool is the world's, whatever its size: the live ranks deal the
+          whole global batch of N M micro-batches of the same stream among themselves (the
+          shares, which only name the pool, spread it evenly over them, :func:`spread`), so
+          every update still applies N M micro-batches and divides by N (:meth:`select`).
+          The carried cut is the round's, every rank's alike (``RoundData.on_demand``): a
+          lost rank's cut units are in it and go to whoever asks first in the next step;
+        * shares: each live rank keeps its own M micro-batches' worth of the global batch,
+          sum_n m_n = L M, as sync's shrink keeps the per-rank batch, so the global batch is
+          the live ranks' shards and a lost rank's shard is dealt to nobody. After the
+          warm-up, with every live rank measured, they are the makespan-optimal shares of the
+          window's estimates (no hysteresis: the old shares are for another world);
+          otherwise equal, m_n = M, until the estimates move them. A composed DropCompute
+          follows too (its tau* for the live ranks). ``defer=true`` cannot follow (None,
+          :meth:`follow_refusal`)."""
+        demand = self.deal == "demand"
+        if self.carries and not demand:
             return None
         inner = None if self.then is None else self.then.follow_world(state.inner, ctx)
         if self.then is not None and inner is None:
@@ -224,23 +239,23 @@ class Rebalance(Strategy):
         for n, rank in enumerate(live):
             if rank in known:
                 window[:, n] = state.window[:, known.index(rank)]
-        shares = np.full(len(live), state.micro_batches, dtype=np.int64)
-        estimate = robust_estimate(window[: min(state.step, self.window)])
-        if state.step >= self.warmup and estimate is not None:
-            shares = optimal_shares(estimate[0], len(live) * state.micro_batches, self.floor)
+        if demand:  # the pool, N M, whatever the live count
+            shares = spread(int(state.shares.sum()), len(live))
+        else:
+            shares = np.full(len(live), state.micro_batches, dtype=np.int64)
+            estimate = robust_estimate(window[: min(state.step, self.window)])
+            if state.step >= self.warmup and estimate is not None:
+                total = len(live) * state.micro_batches
+                shares = optimal_shares(estimate[0], total, self.floor)
         return replace(
             state, n_workers=len(live), ranks=live, shares=shares, window=window, inner=inner
         )
 
     def follow_refusal(self) -> str:
-        """Why ``defer=true`` (and ``deal=demand``) refuses a changing world: the cut it
-        carries is dealt first in the next step's global batch (``tasks.stream.CarryOver``),
-        which a lost rank's share of it would leave dealt to nobody or twice."""
-        if self.deal == "demand":
-            return (
-                "deal=demand carries each rank's cut micro-batch into the next step, and a "
-                "lost rank's has no owner; use rebalance without deal=demand"
-            )
+        """Why ``defer=true`` refuses a changing world: the cut it carries is the next step's
+        first micro-batches of the global batch of the ranks' own shards (``CarryOver``),
+        and a lost rank's shard of it would be dealt to nobody or twice. (``deal=demand``
+        follows: its cut is the pool's, :meth:`follow_world`.)"""
         return (
             "defer=true carries the micro-batches tau cut into the next step's global batch, "
             "and a lost rank's carried share has no owner; use defer=false"
@@ -248,6 +263,15 @@ class Rebalance(Strategy):
 
     def describe(self) -> str:
         return self.text or self.name
+
+
+def spread(pool: int, ranks: int) -> np.ndarray:
+    """``pool`` micro-batches named over ``ranks`` ranks as evenly as integers go (the first
+    ones take the remainder): ``deal=demand``'s shares, which only say how large the pool is
+    (a rank computes what it asks for)."""
+    shares = np.full(ranks, pool // ranks, dtype=np.int64)
+    shares[: pool % ranks] += 1
+    return shares
 
 
 def demand_end(cumulative: np.ndarray, pool: int) -> np.ndarray:

@@ -152,9 +152,10 @@ class RoundData:
         (``CarryOver.take``), and each rank's dealt units past its ``done`` count are
         carried to the next step. Out (N, most dealt, B), each rank's in its units' order;
         rows past a rank's dealt units repeat its last (or the step's first) micro-batch and
-        are never computed."""
+        are never computed. ``index`` and ``done`` are the ranks' that took part (after a
+        shrink, the live ones); the stream is the job's N ranks' global batches either way."""
         dealt = np.count_nonzero(index >= 0, axis=1)
-        rows = self.carry.take(self.drawn, len(done), m, int(dealt.sum()))
+        rows = self.carry.take(self.drawn, self.drawn.n, m, int(dealt.sum()))
         width = max(int(dealt.max()), 1)
         unit = np.minimum(np.arange(width)[None, :], np.maximum(dealt, 1)[:, None] - 1)
         at = np.take_along_axis(index, unit, axis=1)
@@ -189,7 +190,9 @@ def step_row(
     their total batch size, here 0). Its ``loss`` is NaN (null in ``steps.jsonl``): no
     mini-batch loss was measured, and none is made up."""
     n, units = stops.done.size, plan.local_steps * m
-    share = float(stops.done.sum()) / (n * units)
+    # a plan of shares deals their sum: N M on demand, whatever the live count (a shrink)
+    possible = n * units if plan.shares is None else int(sum(plan.shares))
+    share = float(stops.done.sum()) / possible
     compute, sync = float(stops.compute.max()), float(stops.full.max())
     row = {
         "step": stats.step,
@@ -233,8 +236,12 @@ def summarise(record: RunRecord) -> dict[str, Any]:
     """
     if not record.steps:
         return {"threshold": None, "drop_rate": math.nan, "effective_speedup": math.nan}
+    # on demand after a shrink the live ranks complete the whole pool, N M > L M
     possible = np.array(
-        [len(r["completed"]) * r["micro_batches"] * r["local_steps"] for r in record.steps]
+        [
+            max(len(r["completed"]) * r["micro_batches"] * r["local_steps"], sum(r["completed"]))
+            for r in record.steps
+        ]
     )
     done = np.array([sum(r["completed"]) for r in record.steps])
     used = record.column("compute_time") + record.column("comm_time")

@@ -108,3 +108,41 @@ def test_a_round_longer_than_the_timeout_still_counts_its_pool():
     assert work.done == 8 and dealt == list(range(8))
     dealer.close()
     assert not dealer.waiter.is_alive()
+
+
+@pytest.mark.timeout(60)
+def test_a_round_redone_by_a_new_generation_deals_from_fresh_counters_and_no_waiter_hangs():
+    """``--on-rank-loss shrink``: round 5 breaks in generation 0 after three asks (a lost
+    rank's among them) and one completion; the rank that meets the break sets its stop and
+    the next round's (a member one round ahead stops too), so its waiter is done with it; the
+    regroup counts the three units as dealt again, and generation 1 redoes round 5 under keys
+    of its own: the first ask takes the first micro-batch, and rank 0 deletes every key of
+    generation 0's rounds 4 to 6 when the redone round starts."""
+    master = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=TIMEOUT)
+
+    def client() -> dist.Store:
+        base = dist.TCPStore("127.0.0.1", master.port, is_master=False, timeout=TIMEOUT)
+        return dist.PrefixStore("tailtrain/deal/test/0", base)
+
+    dealer = Dealer(client(), client(), tidy=True, timeout=TIMEOUT.total_seconds())
+    broken = dealer.round(5, POOL)
+    assert [broken.ask() for _ in range(3)] == [0, 1, 2] and broken.complete()
+    assert not broken.stop.is_set()  # 1 of 4 complete: the round runs on
+    dealer.broke(0, 5)
+    assert broken.seen.wait(TIMEOUT.total_seconds())  # the waiter left the broken round's key
+    broken.leave()
+    ahead = Dealer(client(), client())  # a member that completed round 5 and began round 6
+    assert ahead.round(6, POOL).stop.wait(TIMEOUT.total_seconds())
+    assert dealer.regrouped(0, 5) == 3 and dealer.redone == [3]
+    redone = dealer.round(5, POOL, generation=1)
+    assert redone.ask() == 0 and not redone.stop.is_set()
+    # generation 0's keys are gone (round 6's stop set ahead of it too): the redone round's
+    assert master.num_keys() == 1
+    for _ in range(POOL - 1):
+        redone.ask()
+    assert all(redone.complete() for _ in range(POOL)) and redone.stop.is_set()
+    redone.leave()
+    for each in (ahead, dealer):
+        each.close()
+    assert master.num_keys() == 0
+    assert not dealer.waiter.is_alive() and not ahead.waiter.is_alive()

@@ -43,6 +43,7 @@ TABLE = [
     ("train-allreduce", "dropcompute:threshold=0.3", {}, SHRINKS),
     ("train-allreduce", "local-sgd:period=2", {}, SHRINKS),
     ("train-allreduce", "rebalance", {}, SHRINKS),
+    ("train-allreduce", "rebalance:deal=demand", {}, SHRINKS),  # the global batch kept
     ("train-allreduce", LARGER, {}, FOLLOW),
     ("train-allreduce", "rebalance:then=dropcompute,defer=true", {}, FOLLOW),
     ("train-allreduce", "sync", {"backend": "nccl"}, GLOO),

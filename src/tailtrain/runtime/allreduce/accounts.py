@@ -139,13 +139,17 @@ def row_of(
 
 def shrink_columns(run: AllreduceRank, done: Unsettled) -> dict[str, Any]:
     """A shrinking run's row columns (``runtime.elastic.shrink``): the ranks that stepped,
-    those lost just before the round, the samples of the lost shards it did without, and
-    when (Unix seconds) the round's update was applied here: the time from a fault to the
-    next committed step is read off it and ``drills.jsonl``'s ``at``."""
+    those lost just before the round, the samples of the global batch of N ranks it did
+    without (the lost shards'; none on demand, whose live ranks deal the whole pool:
+    ``Rebalance.follow_world``), and when (Unix seconds) the round's update was applied
+    here: the time from a fault to the next committed step is read off it and
+    ``drills.jsonl``'s ``at``."""
     assert done.live is not None
-    n = run.world.scenario.workers
-    units = done.ex.plan.local_steps * done.ex.m
-    skipped = (n - len(done.live)) * units * run.world.task.batch_size
+    plan, n = done.ex.plan, run.world.scenario.workers
+    units = plan.local_steps * done.ex.m
+    # a plan of shares deals sum(shares) micro-batches of the N M sync would
+    dealt = len(done.live) * units if plan.shares is None else int(sum(plan.shares))
+    skipped = (n * units - dealt) * run.world.task.batch_size
     columns = {"live": list(done.live), "dead": list(done.dead), "skipped": int(skipped)}
     columns["rejoined"] = list(done.rejoined)
     return columns | {"committed_at": done.committed}

@@ -138,10 +138,14 @@ class Shares(FixedShard):
 @dataclass
 class OnDemand(Deal):
     """A round dealt on demand (``runtime.allreduce.demand``): the micro-batches it may deal,
-    (N M + N, B), the carried ones first (``tasks.stream.CarryOver.peek``: each rank takes at
-    most one past those counted), this rank's injected seconds for up to N M units (its delay
-    draws of N M / M iterations, as the simulator draws them); the gathered rows are N M wide
-    and carry each unit's dealt index."""
+    (N M + L, B) for the pool N M (``plan.shares``' sum) and the L ranks of the generation,
+    the carried ones first (``tasks.stream.CarryOver.peek``: each rank, one lost in the round
+    too, takes at most one past those counted), this rank's injected seconds for up to N M
+    units (its delay draws of N M / M iterations, as the simulator draws them); the gathered
+    rows are N M wide and carry each unit's dealt index. Under ``--on-rank-loss shrink`` the
+    pool stays N M of the job's stream (``Rebalance.follow_world``): the live ranks deal the
+    global batch among themselves, and the dealer's keys are the generation's
+    (``Dealer.round``)."""
 
     indexed = True
     dealt: list[int] | None = None
@@ -149,16 +153,19 @@ class OnDemand(Deal):
     @classmethod
     def of(cls, run: AllreduceRank, plan: Plan, m: int) -> OnDemand:
         pool = int(sum(plan.shares))
-        if plan.local_steps != 1 or run.membership.shrinker is not None:
-            raise TailtrainError(f"a round dealt on demand needs one local step, whole: {plan!r}")
-        n = run.comm.world_size
-        batches = run.learner.carry.peek(run.learner.drawn, n, m, pool + n)
+        if plan.local_steps != 1:
+            raise TailtrainError(f"a round dealt on demand needs one local step: {plan!r}")
+        drawn, live = run.learner.drawn, run.comm.world_size
+        # the stream is the job's N ranks' global batches, whatever the live count
+        batches = run.learner.carry.peek(drawn, drawn.n, m, pool + live)
         injected = run.injector.unit_times(-(-pool // m), m, run.clock.now)[:pool]
         return cls(plan, m, batches, injected, pool)
 
     def compute(self, run: AllreduceRank, into: torch.Tensor | None) -> RankWork:
         assert run.dealer is not None
-        asks = run.dealer.round(run.step, int(sum(self.plan.shares)))
+        shrinker = run.membership.shrinker
+        generation = 0 if shrinker is None else shrinker.generation
+        asks = run.dealer.round(run.step, int(sum(self.plan.shares)), generation)
         work, self.dealt = compute_on_demand(
             run.grads, run.learner.theta, asks, self.batches.__getitem__, self.injected, into
         )

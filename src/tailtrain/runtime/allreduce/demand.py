@@ -20,10 +20,21 @@ no waiter can still be waiting on that key: rank 0 then deletes the round's thre
 the store holds one round's keys whatever the run's length (a key a round would grow the
 launcher's store without bound). :meth:`Dealer.close` deletes the last round's and ends the
 waiter.
+
+Under ``--on-rank-loss shrink`` a round's keys are its generation's and step's
+(``{generation}/{step}/``): the round in flight when a rank was lost is redone by the next
+generation under keys of its own, so no counter of the broken round reaches it. A rank
+that meets the break sets the stop of its round and of the next one in its generation
+(:meth:`Dealer.broke`): a waiter on either wakes, and a member already past the broken
+allreduce (it is one round ahead) stops dealing itself the pool alone. After the regroup
+rank 0 reads how many micro-batches the broken round had dealt (computed again now: the
+only work done twice) and deletes its keys with the next round's tidy
+(:meth:`Dealer.regrouped`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import math
 import os
@@ -55,8 +66,10 @@ class Dealer:
         self, counters: dist.Store, waits: dist.Store, tidy: bool = False, timeout: float = 300.0
     ) -> None:
         self.counters, self.tidy, self.timeout = counters, tidy, timeout
-        #: the latest round dealt (None: none yet)
-        self.step: int | None = None
+        #: rounds every rank is past once the next one starts, whose keys go then (rank 0)
+        self._past: list[str] = []
+        #: after each regroup that broke a round in flight: the micro-batches it had dealt
+        self.redone: list[int] = []
         self._rounds: queue.SimpleQueue[
             tuple[str, threading.Event, threading.Event, threading.Event] | None
         ]
@@ -99,29 +112,52 @@ class Dealer:
             stop.set()
             seen.set()
 
-    def round(self, step: int, pool: int) -> DealtRound:
-        """Round ``step``'s counters for ``pool`` (N M) completions, its stop watched from
-        now on."""
-        if step > 0:  # every rank passed the last round's allreduce to be here
-            self._forget(step - 1)
+    def round(self, step: int, pool: int, generation: int = 0) -> DealtRound:
+        """Round ``step``'s counters for ``pool`` (N M) completions in ``generation`` (module
+        docstring), its stop watched from now on."""
+        # every rank passed the last round's allreduce (or the census after it broke)
+        self._forget()
         stop, seen, ended = threading.Event(), threading.Event(), threading.Event()
-        self._rounds.put((f"{step}/stop", stop, seen, ended))
-        self.step = step
-        return DealtRound(self.counters, f"{step}/", pool, stop, seen, ended, self.timeout)
+        key = f"{generation}/{step}/"
+        self._rounds.put((key + "stop", stop, seen, ended))
+        self._past.append(key)
+        return DealtRound(self.counters, key, pool, stop, seen, ended, self.timeout)
 
-    def _forget(self, step: int) -> None:
-        """Rank 0 deletes round ``step``'s keys: every rank left it, and every waiter saw
-        its stop (:meth:`DealtRound.leave`), so nobody reads them again."""
+    def broke(self, generation: int, step: int) -> None:
+        """Round ``step`` of ``generation`` broke (a rank was lost): its stop and the next
+        round's are set, so no waiter waits on them and a member one round ahead stops
+        dealing (module docstring). Before the census: every member has done it before any
+        deletes the keys."""
+        for ahead in (0, 1):
+            with contextlib.suppress(Exception):  # the store is the launcher's: bounded
+                self.counters.set(f"{generation}/{step + ahead}/stop", "1")
+
+    def regrouped(self, generation: int, step: int, in_flight: bool = True) -> int:
+        """After a regroup that left ``generation`` with round ``step`` to run: the
+        micro-batches that round had dealt there (``in_flight``: it broke; a grow is at a step
+        boundary, 0), dealt again now, kept in :attr:`redone`; its keys and its neighbours'
+        go with the next round's tidy (a member one round behind or ahead set their stops,
+        :meth:`broke`)."""
+        prefixes = [f"{generation}/{s}/" for s in (step, step - 1, step + 1) if s >= 0]
+        dealt = int(self.counters.add(prefixes[0] + "asks", 0)) if in_flight else 0
+        self._past += [p for p in prefixes if p not in self._past]
+        self.redone.append(dealt)
+        return dealt
+
+    def _forget(self) -> None:
+        """Rank 0 deletes the keys of the rounds every rank is past: every rank left them, and
+        every waiter saw their stop (:meth:`DealtRound.leave`, :meth:`broke`), so nobody
+        reads them again."""
+        past, self._past = self._past, []
         if self.tidy:
-            for key in ("asks", "done", "stop"):
-                self.counters.delete_key(f"{step}/{key}")
+            for prefix in past:
+                for key in ("asks", "done", "stop"):
+                    self.counters.delete_key(prefix + key)
 
     def close(self) -> None:
         """After the run's last round, every rank past it (the last round's settling
         all-gather): the last round's keys go (rank 0) and the waiter ends."""
-        if self.step is not None:
-            self._forget(self.step)
-            self.step = None
+        self._forget()
         self._rounds.put(None)
         self.waiter.join(self.timeout)
 

@@ -220,6 +220,8 @@ def rounds(run: AllreduceRank) -> Updates:
                     shrink(run, grow=True)
             except (Broken, PeerFailure) as exc:
                 run.log.warning("%s", exc)
+                if run.dealer is not None:  # before the census: no waiter on a stale round
+                    run.dealer.broke(members.shrinker.generation, run.step)
                 shrink(run)
                 continue
         run.keeper.completed(run.step, lambda: state_of(run))
@@ -266,7 +268,11 @@ def shrink(run: AllreduceRank, grow: bool = False, join: bool = False) -> None:
     flush(run)
     rows = len(run.record.steps)
     sync = lambda new, found: sync_from_lead(run, new, found)  # noqa: E731
+    broken = shrinker.generation
     comm, found = shrinker.regroup(run.comm, run.step, rows, sync, grow=grow, join=join)
+    if run.dealer is not None and not join:
+        # what the round in flight had dealt, dealt again now (a grow is at a step boundary)
+        run.dealer.regrouped(broken, run.step, in_flight=not grow)
     run.comm, run.sums = comm, None
     run.rule, _ = follow_live(run.rule, run.world.context, found.members)
     members.lost = tuple(sorted({*members.lost, *found.dead}))
@@ -480,6 +486,8 @@ def finish(run: AllreduceRank) -> RankResult:
             # each regroup: [generation, the round in flight, the ranks lost, taken in, seconds]
             topology["generations"] = [list(h) for h in shrinker.history]
             topology |= shrinker.deadline_summary()
+            if run.dealer is not None:  # per generation: the round in flight's deal, redone
+                topology["redone_micro_batches"] = list(run.dealer.redone)
         run.record.summary = run.keeper.run.summary(
             run.world, run.rule.strategy, run.record, topology
         )

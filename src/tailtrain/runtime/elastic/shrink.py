@@ -105,9 +105,11 @@ fixed DropCompute tau and Local-SGD's period stay and their divisor N becomes L 
 calibrated tau (``threshold=auto``, ``drop-rate=p``) is chosen again by Algorithm 2 on the live
 ranks' kept calibration samples, and a calibration under way goes on with the live ranks' columns
 (``strategies.dropcompute``); rebalance deals its shares again over the live ranks' own
-batches, sum_n m_n = L M (``strategies.rebalance``). A rule that cannot follow
-(``Strategy.follow_refusal`` says why: DropCompute's ``compensate=larger-batch``,
-rebalance's ``defer=true``) refuses shrink in one line at start (``refusals.check_shrink``).
+batches, sum_n m_n = L M (``strategies.rebalance``), except ``deal=demand``, whose live
+ranks deal the whole pool of N M among themselves: the global batch is kept, ``skipped`` 0.
+A rule that cannot follow (``Strategy.follow_refusal`` says why: DropCompute's
+``compensate=larger-batch``, rebalance's ``defer=true``) refuses shrink in one line at start
+(``refusals.check_shrink``).
 
 **Rank 0** keeps the record and answers the launcher: its death stops the job as with
 ``stop`` (the launcher's line says to restart with ``--max-restarts``), and a census that
