@@ -12,6 +12,7 @@ import pytest
 import torch
 from tests.cli.helpers import run
 
+from tailtrain.core.machine import read_machine
 from tailtrain.delays.trace import read_trace
 
 DELAY = "const:value=0.06"
@@ -80,6 +81,8 @@ def test_train_with_simulates_flags_makes_its_decisions_and_records(tmp_path, ca
     assert sorted(set(trace.worker.tolist())) == [0, 1, 2]
     for rank in range(3):
         assert read_trace(tmp_path / "train" / f"trace-rank{rank}.csv").seconds.size > 0
+    machine = read_machine(tmp_path / "train", 0)  # the cores and load advise warns of
+    assert machine["local_ranks"] == 3 and machine["cores"] >= 1 and len(machine["load"]) == 3
 
 
 @pytest.mark.timeout(120)

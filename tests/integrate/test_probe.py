@@ -18,6 +18,7 @@ from tests.integrate.ranks import join, run_ranks
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from tailtrain.core.machine import read_machine
 from tailtrain.delays.trace import read_trace
 from tailtrain.integrate import StragglerProbe
 from tailtrain.integrate.probe import LIVE_MIN_STEPS, MAX_WINDOW, SAMPLES, window_steps
@@ -277,6 +278,7 @@ def test_a_failing_report_is_raised_at_close_and_changes_nothing_else(tmp_path, 
     assert calls == [*range(3, 40, 3), 40]  # every window reported, in order
     assert probe.history.shape[0] == 40 and probe.last.step == 40
     assert read_trace(tmp_path / "trace.csv").iteration.tolist() == list(range(40))
+    assert read_machine(tmp_path, 0)["cores"] >= 1  # the cores and load advise warns of
     assert board.closed and probe.reporter is None and probe.reports == []
     assert "the report at step 6 failed" in caplog.text
     probe.close()  # raised once: a second close has nothing to raise

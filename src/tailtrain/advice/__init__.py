@@ -50,6 +50,7 @@ from tailtrain.advice.units import (
     split_trace,
     verdict_times,
 )
+from tailtrain.core.machine import contention_note, read_machine
 from tailtrain.delays.base import DelayModel
 from tailtrain.delays.parse import parse_delay
 from tailtrain.delays.trace import Trace, TraceDelay, comm_note, read_trace, replayed_comm
@@ -269,6 +270,8 @@ def _advise(
     last = whole.of_run(whole.runs[-1])
     scores = score_workers(verdict_times(last)[: times.shape[0]], replay.ids)
     notes += _trust_notes(times, scores, n)
+    contention = contention_note(read_machine(path.parent, int(whole.runs[-1])))
+    notes += [contention] if contention is not None else []
     comm_mean = comm if isinstance(comm, float) else comm.mean
     cost = sync_cost(times, replay.ids, n, comm=comm_mean)
     persistent = [s.worker for s in scores if s.verdict == "persistent"]

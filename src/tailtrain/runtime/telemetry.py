@@ -68,6 +68,7 @@ import numpy as np
 from torch.autograd import _profiler_enabled
 from torch.profiler import record_function
 
+from tailtrain.core.machine import append_machine, machine_row
 from tailtrain.core.records import RunRecord, prepare_folder, write_jsonl
 from tailtrain.core.scenario import Scenario, World
 from tailtrain.delays.trace import write_trace_rows
@@ -453,3 +454,4 @@ def write_outputs(out: Path, record: RunRecord | None, trace: np.ndarray | None,
         record.write(folder)
     if trace is not None:
         write_trace(folder / "trace.csv", trace, *kind)
+        append_machine(folder, machine_row())  # what advise needs to see contention

@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from tailtrain.core.machine import append_machine, machine_row
 from tailtrain.delays.trace import read_trace, write_trace_rows
 from tailtrain.errors import UsageError
 from tailtrain.integrate.probe.window import LIVE_MIN_STEPS, SAMPLES, SECTIONS
@@ -140,6 +141,7 @@ class Reporting:
         if self.run is None:
             self.with_samples = not np.isnan(samples).any()
             self.run = prepare_trace(self.out, self.with_samples)
+            append_machine(self.out, machine_row(self.run))  # advise's contention note
         if self.with_samples and np.isnan(samples).any():
             if not self._unknown_noted:
                 log.warning(

@@ -109,6 +109,7 @@ import numpy as np
 import torch
 
 from tailtrain.core.evaluation import Evaluator
+from tailtrain.core.machine import append_machine, machine_row
 from tailtrain.core.records import prepare_folder
 from tailtrain.core.scenario import World
 from tailtrain.core.session import RunKeeper, check_entry, screened
@@ -462,6 +463,7 @@ class Server:
             width = 5 + per_mb  # TraceRows.table's, with noncompute
             table = np.concatenate([t for t, _, _ in parts]) if parts else np.empty((0, width))
             write_trace(folder / "trace.csv", table, per_mb, charged=True)
+            append_machine(folder, machine_row())  # what advise needs to see contention
             write_rank_steps(folder, steps)
         if self.interrupted:  # Ctrl-C (runtime.keep): the summary marked partial, checkpointed
             keeper.interrupted(record, self.step)
