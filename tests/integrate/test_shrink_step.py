@@ -216,15 +216,15 @@ def test_a_rank_behind_the_lead_does_not_name_the_ranks_lost_before_twice(alone,
     loss = lambda b: F.mse_loss(net(b[0]), b[1])  # noqa: E731
     first = step(batches, loss)
     # the first shrink lost rank 2; this rank's redo of step 1 broke when rank 3 died
-    step._lost, step._redo = [2], True
+    step.membership.lost, step.membership.redo = [2], True
     lead = dataclasses.replace(first, step=1, lost=[2], redone=True)  # the lead completed it
 
     def regroup(old, mine, rows, sync):  # the census and the lead's sync, one round ahead
-        step.rounds.step, step.last = mine + 1, lead
+        step.rounds.step, step.membership.last = mine + 1, lead
         return old, Census([0], {0: mine + 1}, {0: 0}, [3])
 
     monkeypatch.setattr(step.shrinker, "regroup", regroup)
-    assert step._shrink() is lead
+    assert step._shrink(PeerFailure("a peer died: drill")) is lead
     after = step(batches, loss)
     assert (after.step, after.lost, after.redone) == (2, [3], True)
 
