@@ -11,8 +11,8 @@ group of the live ranks), with the weighted average ``StragglerStep`` runs
 (``integrate.step.weighted_average``: sum_n w_n G_n / divisor, DropCompute Eq. (1)), every
 collective watched by the learned deadline. DDP touches its group only as it is built (its
 shape check and its broadcast of rank 0's state) and in its first forward when it would
-broadcast buffers, which is refused (``DDP(model, broadcast_buffers=False)``: a broadcast on
-each step would run over the broken group). The comm hook registered on the model stays as
+broadcast buffers, which is refused (``DDP(model, forward_sync_buffers=False)``: a broadcast
+on each step would run over the broken group). The comm hook registered on the model stays as
 ``advise --for ddp`` prints it and is not called.
 
 **A call** of ``state.micro_batches(ddp_model, micro_batches)`` (states: ``StepCall``):
@@ -70,12 +70,14 @@ from tailtrain.runtime.reduce import PeerFailure
 def check_buffers(ddp_model: DistributedDataParallel) -> None:
     """A model whose buffers DDP broadcasts on each step is refused in one line (module
     docstring)."""
-    if ddp_model.broadcast_buffers and next(ddp_model.module.buffers(), None) is not None:
+    # torch 2.13 reads forward_sync_buffers (broadcast_buffers before it)
+    syncs = getattr(ddp_model, "forward_sync_buffers", ddp_model.broadcast_buffers)
+    if syncs and next(ddp_model.module.buffers(), None) is not None:
         raise UsageError(
             "the DDP hook shrinks with a model whose buffers DDP would broadcast on each step "
             "over the job's group, broken after a death: build it with "
-            "DDP(model, broadcast_buffers=False) (each rank keeps its own; a heal hands the "
-            "lead's over)"
+            "DDP(model, forward_sync_buffers=False) (each rank keeps its own; a heal hands "
+            "the lead's over)"
         )
 
 
