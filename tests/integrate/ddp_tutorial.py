@@ -17,7 +17,7 @@ test's, not the user's: one rank SIGKILLs itself inside a step, every rank paces
 until a record names the heal (a restart takes seconds) and ends ``--after-heal`` steps after
 it, and each writes its records and final parameters to ``--out``.
 
-    ddp_tutorial.py EPOCHS [--kill-rank R --kill-step S --after-heal K --out DIR]
+    ddp_tutorial.py EPOCHS [--kill-rank R --kill-step S --after-heal K --pace SECONDS --out DIR]
 """
 
 import argparse
@@ -105,7 +105,7 @@ class Trainer:
         if record.rejoined and self.end is None:
             self.end = record.step + 1 + self.drill.after_heal
         if self.drill.kill_rank is not None and self.steps > self.drill.kill_step:
-            time.sleep(PACE if self.end is None else 0.0)
+            time.sleep(self.drill.pace if self.end is None else 0.0)
 
     def over(self) -> bool:
         return self.end is not None and self.steps >= self.end
@@ -149,6 +149,7 @@ if __name__ == "__main__":
     parser.add_argument("--kill-rank", type=int, default=None)  # drill
     parser.add_argument("--kill-step", type=int, default=5)  # drill
     parser.add_argument("--after-heal", type=int, default=10)  # drill
+    parser.add_argument("--pace", type=float, default=PACE)  # drill
     parser.add_argument("--out", type=Path, default=None)  # drill
     args = parser.parse_args()
     torch.set_num_threads(1)  # drill: four ranks on a shared machine

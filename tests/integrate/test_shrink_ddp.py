@@ -34,7 +34,9 @@ def tutorial():
     return module
 
 
-def run_job(out: Path) -> tuple[list[subprocess.CompletedProcess], subprocess.CompletedProcess]:
+def run_job(
+    out: Path, epochs: int = 100, pace: float | None = None
+) -> tuple[list[subprocess.CompletedProcess], subprocess.CompletedProcess]:
     """The store apart and both nodes' launchers, each in a session of its own (as on its own
     machine); their outcomes once all ended (bounded)."""
     port, env = free_port("127.0.0.2"), environment()
@@ -51,9 +53,10 @@ def run_job(out: Path) -> tuple[list[subprocess.CompletedProcess], subprocess.Co
             sys.executable, "-m", "tailtrain", "launch", "--nnodes", "2", "--node-rank", str(i),
             "--nproc-per-node", "2", "--store", "apart", "--rdzv-endpoint", endpoint,
             "--on-rank-loss", "shrink", "--restart-lost", "1", "--timeout", "120", str(SCRIPT),
-            "100", "--kill-rank", str(VICTIM), "--kill-step", str(AT), "--after-heal",
+            str(epochs), "--kill-rank", str(VICTIM), "--kill-step", str(AT), "--after-heal",
             str(AFTER), "--out", str(out),
         ]  # fmt: skip
+        command += [] if pace is None else ["--pace", str(pace)]
         nodes.append(subprocess.Popen(command, cwd=ROOT, env=env, start_new_session=True, **pipes))
     done = []
     for p in nodes:
@@ -115,3 +118,21 @@ def test_a_ddp_job_with_the_hook_loses_a_node_and_heals_it_from_a_live_peer(tmp_
         assert all(torch.equal(value, other[name]) for other in models[1:]), name
     for name, value in rebuilt(records).items():
         torch.testing.assert_close(models[0][name], value, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.slow  # a store, two launchers, four ranks and two restarted, each importing torch
+@pytest.mark.timeout(480)
+def test_a_heal_that_fails_fails_its_node_s_launcher_in_one_line(tmp_path):
+    """The live node finishes its two epochs (unpaced) before node 1's restarted ranks ask to
+    join: they are refused, and node 1's launcher exits non-zero with one line, while the live
+    node, whose parameters stay equal, exits 0."""
+    done, _ = run_job(tmp_path, epochs=2, pace=0.0)
+    assert done[0].returncode == 0, done[0].stderr[-3000:]
+    assert done[1].returncode != 0, done[1].stderr[-3000:]
+    last = done[1].stderr.strip().splitlines()[-1]
+    assert last.startswith("tailtrain launch: error: "), done[1].stderr[-3000:]
+    assert "asked to join the live ranks" in done[1].stderr
+    kept = {r: torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in (0, 1)}
+    assert not (tmp_path / "rank2.pt").exists() and not (tmp_path / "rank3.pt").exists()
+    for name, value in kept[0]["model"].items():
+        assert torch.equal(value, kept[1]["model"][name]), name

@@ -33,6 +33,14 @@ zero backward that fires the hook, and the closing gather) inside ``probe.sync()
 counts them as this rank's wait and not its compute, ignores the zero backward's gradient
 hooks (they are no step's gradients being ready), and takes the samples of the micro-batches
 computed (cut ones never are) as the step's ``samples``.
+
+**Losing a rank or a node** (``tailtrain launch --on-rank-loss shrink``, whose option the
+state's ``on_rank_loss`` follows): once ``state.heal(ddp_model, optimizer)`` named what a
+regroup hands over, ``micro_batches`` runs ``integrate.elastic_ddp``'s rounds instead: DDP's
+reducer stays idle (its group is broken after a death), the state reduces over the live
+ranks' generation, and a rank started again (its default group
+``tailtrain.init_process_group``'s stand-in) joins in ``heal`` and passes the steps the live
+ranks took before it.
 """
 
 # no ``from __future__ import annotations``: DDP checks the hook's annotations as objects

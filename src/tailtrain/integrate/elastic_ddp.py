@@ -65,6 +65,7 @@ from tailtrain.integrate.rounds import RoundProgress, Rounds, StepRecord
 from tailtrain.integrate.step import BUCKET_CAP_MB, buckets, grad_of, weighted_average
 from tailtrain.runtime.elastic.group import Broken
 from tailtrain.runtime.reduce import PeerFailure
+from tailtrain.strategies.entries import hook_refusal
 
 
 def check_buffers(ddp_model: DistributedDataParallel) -> None:
@@ -126,8 +127,8 @@ class ElasticRounds:
             clear(self.params)
             return
         plan, _ = rounds.plan(len(batches))
-        if plan.local_steps > 1:
-            raise UsageError(f"{rounds.strategy.describe()!r} averages models: no DDP hook")
+        if plan.local_steps > 1:  # a rule that did not declare it (``averages_models``)
+            raise UsageError(hook_refusal(rounds.strategy, plan.local_steps))
         work = RoundProgress(np.empty(0))
         computed: int | None = 0  # samples of the micro-batches computed (None: not known)
         self.call = StepCall.IN_FLIGHT

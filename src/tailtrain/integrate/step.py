@@ -88,7 +88,9 @@ the loop without collectives of your own (``dist.destroy_process_group()`` is fi
 
 **Healing** (``tailtrain launch ... --restart-lost N``): a rank that died is started again with
 ``TAILTRAIN_RESTART`` in its environment; its script skips ``dist.init_process_group`` (the
-job's group is broken) and its ``StragglerStep`` skips rank 0's broadcast: it asks to join
+job's group is broken), or calls ``tailtrain.init_process_group`` in its place (a stand-in
+default group of its job rank, ``integrate.default_group``, for a ``DistributedSampler``), and
+its ``StragglerStep`` skips rank 0's broadcast: it asks to join
 (JOINING, ``join``) in the constructor. The lowest member looks for requests
 (``joins_waiting``) before a call's last gather (``Rounds.timing``'s ``asks``
 column), so every member learns it in the same call and, after that call's round completed
