@@ -94,7 +94,7 @@ class StragglerHookState:
 
     ``on_rank_loss``: ``"shrink"`` goes on without a rank or a node that dies or hangs and
     takes a restarted one back (``integrate.elastic_ddp``; under ``tailtrain launch
-    --on-rank-loss shrink``, and after :meth:`heal`); ``"stop"`` does not (a death ends the
+    --on-rank-loss shrink``, and after ``heal``); ``"stop"`` does not (a death ends the
     job, as DDP's does); None, the default, follows the launch: ``"shrink"`` under
     ``tailtrain launch --on-rank-loss shrink``, else ``"stop"``.
     """
@@ -125,7 +125,7 @@ class StragglerHookState:
             raise UsageError(refusal)
         self._last: StepRecord | None = None
         self._pending: _Pending | None = None
-        #: the rounds under shrink, once :meth:`heal` named the model and the optimizer
+        #: the rounds under shrink, once ``heal`` named the model and the optimizer
         self.elastic: ElasticRounds | None = None
 
     @property
