@@ -19,7 +19,9 @@ Everything a user needs is one attribute of this package:
   [`ShareSampler`][tailtrain.ShareSampler] for `rebalance`'s per-rank shares), or
   [`StragglerHookState`][tailtrain.StragglerHookState] with
   [`weighted_allreduce_hook`][tailtrain.weighted_allreduce_hook] (a
-  `DistributedDataParallel` comm hook);
+  `DistributedDataParallel` comm hook; under `tailtrain launch --on-rank-loss shrink` it
+  shrinks and heals, a restarted rank's default group set up by
+  [`init_process_group`][tailtrain.init_process_group]);
 * rebalance a DDP job with a persistent straggler: [`rebalance_loader`][tailtrain.rebalance_loader]
   deals each rank its share of the global batch, and
   [`sample_weighted_hook`][tailtrain.sample_weighted_hook] weighs each rank by its samples;
@@ -59,6 +61,7 @@ _FACE: dict[str, tuple[str, str]] = {
     "StragglerStep": ("tailtrain.integrate.step", "StragglerStep"),
     "ShareSampler": ("tailtrain.integrate.sampler", "ShareSampler"),
     "StragglerHookState": ("tailtrain.integrate.ddp", "StragglerHookState"),
+    "init_process_group": ("tailtrain.integrate.default_group", "init_process_group"),
     "StragglerProbe": ("tailtrain.integrate.probe", "StragglerProbe"),
     "weighted_allreduce_hook": ("tailtrain.integrate.ddp", "weighted_allreduce_hook"),
     "rebalance_loader": ("tailtrain.integrate.share_loader", "rebalance_loader"),
@@ -112,6 +115,7 @@ if TYPE_CHECKING:  # the same paths as _FACE, for type checkers (tests/test_face
         train_own_model,
     )
     from tailtrain.integrate.ddp import StragglerHookState, weighted_allreduce_hook
+    from tailtrain.integrate.default_group import init_process_group
     from tailtrain.integrate.probe import ProbeReport, StragglerProbe
     from tailtrain.integrate.rounds import StepRecord
     from tailtrain.integrate.sampler import ShareSampler
@@ -143,6 +147,7 @@ __all__ = [
     "__version__",
     "advise",
     "compare",
+    "init_process_group",
     "predict",
     "rebalance_loader",
     "sample_weighted_hook",

@@ -21,7 +21,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from tailtrain.errors import UsageError
-from tailtrain.integrate import StragglerHookState, StragglerStep
+from tailtrain.integrate import StragglerStep
 from tailtrain.runtime.elastic.shrink import Census
 from tailtrain.runtime.reduce import PeerFailure
 
@@ -181,8 +181,6 @@ def test_shrink_is_refused_in_one_line_where_it_cannot_work(alone, monkeypatch):
         monkeypatch, None, on_rank_loss="grow"
     )
     assert "per-rank shares" in refusal(monkeypatch, "shrink", strategy="rebalance")
-    with pytest.raises(UsageError, match=r"the DDP hook cannot shrink.*StragglerStep"):
-        StragglerHookState("dropcompute", on_rank_loss="shrink")
 
 
 @pytest.mark.timeout(30)
@@ -216,15 +214,15 @@ def test_a_rank_behind_the_lead_does_not_name_the_ranks_lost_before_twice(alone,
     loss = lambda b: F.mse_loss(net(b[0]), b[1])  # noqa: E731
     first = step(batches, loss)
     # the first shrink lost rank 2; this rank's redo of step 1 broke when rank 3 died
-    step._lost, step._redo = [2], True
+    step.membership.lost, step.membership.redo = [2], True
     lead = dataclasses.replace(first, step=1, lost=[2], redone=True)  # the lead completed it
 
     def regroup(old, mine, rows, sync):  # the census and the lead's sync, one round ahead
-        step.rounds.step, step.last = mine + 1, lead
+        step.rounds.step, step.membership.last = mine + 1, lead
         return old, Census([0], {0: mine + 1}, {0: 0}, [3])
 
     monkeypatch.setattr(step.shrinker, "regroup", regroup)
-    assert step._shrink() is lead
+    assert step._shrink(PeerFailure("a peer died: drill")) is lead
     after = step(batches, loss)
     assert (after.step, after.lost, after.redone) == (2, [3], True)
 
@@ -295,19 +293,3 @@ def test_a_frozen_rank_is_left_behind_and_told_to_leave_when_it_wakes(tmp_path):
     assert [(r["step"], r["lost"], r["redone"]) for r in records if r["lost"]] == [(5, [2], True)]
     for name, value in kept[0]["model"].items():
         assert torch.equal(value, kept[1]["model"][name]), name
-
-
-def test_the_ddp_hook_under_a_shrink_launch_says_once_that_it_cannot_shrink(
-    alone, monkeypatch, caplog
-):
-    """A DDP script with the comm hook, started by ``tailtrain launch --on-rank-loss shrink``:
-    its rank 0 says at start, in one line, that a rank's death will end the job."""
-    monkeypatch.setenv("TAILTRAIN_ON_RANK_LOSS", "shrink")
-    with caplog.at_level("WARNING", logger="tailtrain.integrate.ddp"):
-        StragglerHookState("dropcompute")
-    said = [r.getMessage() for r in caplog.records if "cannot shrink" in r.getMessage()]
-    assert len(said) == 1 and "use tailtrain.StragglerStep" in said[0]
-    monkeypatch.setenv("TAILTRAIN_ON_RANK_LOSS", "stop")
-    caplog.clear()
-    StragglerHookState("dropcompute")
-    assert not caplog.records

@@ -21,8 +21,10 @@ The first two drive the simulator's own rule objects (``tailtrain.runtime.contro
 
 ``StragglerStep(..., on_rank_loss="shrink")``, started by ``tailtrain launch --nproc-per-node N
 --on-rank-loss shrink script.py``, goes on without a rank that dies or hangs (``integrate.step``);
-a rank the survivors went on without raises ``Refused``; the DDP hook refuses shrinking
-in one line (DDP holds its process group).
+a rank the survivors went on without raises ``Refused``. The DDP hook's state shrinks and
+heals under the same launch after ``state.heal(ddp_model, optimizer)`` (``integrate.elastic_ddp``;
+a restarted rank's default group: ``tailtrain.init_process_group``, ``integrate.default_group``);
+both stand on one ``integrate.membership``.
 """
 
 from tailtrain.integrate.ddp import StragglerHookState, weighted_allreduce_hook

@@ -33,11 +33,18 @@ zero backward that fires the hook, and the closing gather) inside ``probe.sync()
 counts them as this rank's wait and not its compute, ignores the zero backward's gradient
 hooks (they are no step's gradients being ready), and takes the samples of the micro-batches
 computed (cut ones never are) as the step's ``samples``.
+
+**Losing a rank or a node** (``tailtrain launch --on-rank-loss shrink``, whose option the
+state's ``on_rank_loss`` follows): once ``state.heal(ddp_model, optimizer)`` named what a
+regroup hands over, ``micro_batches`` runs ``integrate.elastic_ddp``'s rounds instead: DDP's
+reducer stays idle (its group is broken after a death), the state reduces over the live
+ranks' generation, and a rank started again (its default group
+``tailtrain.init_process_group``'s stand-in) joins in ``heal`` and passes the steps the live
+ranks took before it.
 """
 
 # no ``from __future__ import annotations``: DDP checks the hook's annotations as objects
 import datetime
-import logging
 import os
 from collections.abc import Iterator, Sequence
 from contextlib import nullcontext
@@ -50,16 +57,16 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from tailtrain.errors import UsageError
+from tailtrain.integrate.elastic_ddp import ElasticRounds
 from tailtrain.integrate.probe import batch_samples, watching
 from tailtrain.integrate.rounds import RoundProgress, Rounds, StepRecord
+from tailtrain.integrate.step import check_on_rank_loss
 from tailtrain.runtime.control import RankWeighting, check_agreement
 from tailtrain.runtime.elastic.shrink import OnRankLoss
-from tailtrain.runtime.elastic.store import LAUNCHED
+from tailtrain.runtime.elastic.store import LAUNCHED, REJOIN
 from tailtrain.runtime.reduce import Collectives, contribute
 from tailtrain.strategies.base import Strategy
 from tailtrain.strategies.entries import HOOK, hook_refusal
-
-log = logging.getLogger(__name__)
 
 #: tail of a bucket's allreduce: [w_n, weight withheld]
 BUCKET_TAIL = 2
@@ -85,8 +92,11 @@ class StragglerHookState:
     out (as ``torch.distributed.algorithms``' hook states do); an unpickled state uses the
     default group.
 
-    ``on_rank_loss`` is ``"stop"`` only: DDP holds its process group, which no rank may leave
-    (``"shrink"`` is refused in one line: [`StragglerStep`][tailtrain.StragglerStep] shrinks).
+    ``on_rank_loss``: ``"shrink"`` goes on without a rank or a node that dies or hangs and
+    takes a restarted one back (``integrate.elastic_ddp``; under ``tailtrain launch
+    --on-rank-loss shrink``, and after ``heal``); ``"stop"`` does not (a death ends the
+    job, as DDP's does); None, the default, follows the launch: ``"shrink"`` under
+    ``tailtrain launch --on-rank-loss shrink``, else ``"stop"``.
     """
 
     def __init__(
@@ -95,23 +105,16 @@ class StragglerHookState:
         process_group: dist.ProcessGroup | None = None,
         timeout: datetime.timedelta | None = None,
         device: torch.device | None = None,
-        on_rank_loss: str = "stop",
+        on_rank_loss: str | None = None,
     ) -> None:
-        if on_rank_loss != "stop":
+        if on_rank_loss is None:  # as the launch says
+            launched = os.environ.get(LAUNCHED) == OnRankLoss.SHRINK
+            on_rank_loss = OnRankLoss.SHRINK if launched else OnRankLoss.STOP
+        if on_rank_loss not in tuple(OnRankLoss):
             raise UsageError(
-                f"on_rank_loss={on_rank_loss!r}: the DDP hook cannot shrink, as "
-                "DistributedDataParallel holds its process group for good; use "
-                'tailtrain.StragglerStep(model, optimizer, strategy, on_rank_loss="shrink") '
-                "in place of DDP"
+                f"on_rank_loss must be one of {', '.join(OnRankLoss)}, got {on_rank_loss!r}"
             )
-        lead = not dist.is_initialized() or dist.get_rank(process_group) == 0
-        if lead and os.environ.get(LAUNCHED) == OnRankLoss.SHRINK:  # once, before any step
-            log.warning(
-                "the DDP comm hook cannot shrink (DistributedDataParallel holds its process "
-                "group for good): a rank's death ends this job despite `tailtrain launch "
-                '--on-rank-loss shrink`; use tailtrain.StragglerStep(..., on_rank_loss="shrink") '
-                "in place of DDP to go on without it"
-            )
+        self.on_rank_loss = OnRankLoss(on_rank_loss)
         self.process_group = process_group
         self.timeout = timeout
         device = device or torch.device("cpu")
@@ -120,14 +123,50 @@ class StragglerHookState:
         refusal = HOOK.refusal(self.rounds.strategy)  # as declared: strategies.entries
         if refusal is not None:
             raise UsageError(refusal)
-        self.last: StepRecord | None = None
+        self._last: StepRecord | None = None
         self._pending: _Pending | None = None
+        #: the rounds under shrink, once ``heal`` named the model and the optimizer
+        self.elastic: ElasticRounds | None = None
+
+    @property
+    def last(self) -> StepRecord | None:
+        """The latest round's record (None before the first)."""
+        return self.elastic.last if self.elastic is not None else self._last
+
+    def heal(self, ddp_model: DistributedDataParallel, optimizer: torch.optim.Optimizer) -> None:
+        """Under ``on_rank_loss="shrink"``, once, after the optimizer is built: the model and
+        the optimizer whose state a regroup hands over (``integrate.elastic_ddp``). In a rank
+        ``tailtrain launch --restart-lost`` started again it asks the live ranks to take it
+        in, and returns with their model, optimizer and rule state (its loop then passes the
+        steps they took: ``state.last.skipped``). Under ``"stop"`` it does nothing, so the
+        same script runs under torchrun. One-line refusals where shrinking cannot work."""
+        if self.on_rank_loss is OnRankLoss.STOP or self.elastic is not None:
+            return
+        rejoining = os.environ.get(REJOIN) == "1"
+        lr = float(optimizer.param_groups[0]["lr"])
+        comm = self.rounds.comm
+        check_on_rank_loss(
+            self.on_rank_loss, self.rounds.strategy, self.process_group, comm, lr,
+            rejoining=rejoining,
+        )  # fmt: skip
+        self.elastic = ElasticRounds(
+            self.rounds, ddp_model, optimizer, self.timeout, rejoining=rejoining
+        )
 
     def micro_batches(
         self, ddp_model: DistributedDataParallel, micro_batches: Sequence[Any]
     ) -> Iterator[Any]:
         """Yield the round's micro-batches while the threshold allows; then reduce."""
         batches = list(micro_batches)
+        if self.on_rank_loss is OnRankLoss.SHRINK:
+            if self.elastic is None:
+                raise UsageError(
+                    "the DDP hook's state shrinks under `tailtrain launch --on-rank-loss "
+                    "shrink`: call state.heal(ddp_model, optimizer) once after building the "
+                    'optimizer (or give on_rank_loss="stop")'
+                )
+            yield from self.elastic.round(ddp_model, batches)
+            return
         plan, _ = self.rounds.plan(len(batches))
         if plan.local_steps > 1:  # a rule that did not declare it (``averages_models``)
             raise UsageError(hook_refusal(self.rounds.strategy, plan.local_steps))
@@ -150,7 +189,7 @@ class StragglerHookState:
             finally:
                 pending, self._pending = self._pending, None
             reduce = self.rounds.clock() - began
-            self.last = self.rounds.close(plan, work, agreed, reduce, pending.screened)
+            self._last = self.rounds.close(plan, work, agreed, reduce, pending.screened)
         if probe is not None:
             probe.note_samples(computed)
 
@@ -168,10 +207,12 @@ class StragglerHookState:
             "timeout": self.timeout,
             "device": self.rounds.comm.device,
             "rounds": self.rounds.state_dict(),
+            "on_rank_loss": str(self.on_rank_loss),
         }
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["strategy"], None, state["timeout"], state["device"])
+        on_rank_loss = state.get("on_rank_loss", OnRankLoss.STOP)
+        self.__init__(state["strategy"], None, state["timeout"], state["device"], on_rank_loss)
         self.rounds.load_state_dict(state["rounds"])
 
 

@@ -112,6 +112,10 @@ class StepRecord:
     #: no rank's gradient entered (none counted a micro-batch, or all that did were
     #: screened out): no update (class docstring)
     empty: bool = False
+    #: this rank passed the step without computing it: it was started again and the live
+    #: ranks took the step before it joined (``integrate.elastic_ddp``); ``empty`` too, as its
+    #: update is in the state it took from them
+    skipped: bool = False
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)

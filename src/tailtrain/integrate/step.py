@@ -51,20 +51,19 @@ micro-batches and the optimizer's step as its compute, and takes the samples of 
 micro-batches computed as the step's ``samples``.
 
 **Losing a rank** (``on_rank_loss="shrink"``, under ``tailtrain launch --on-rank-loss shrink``,
-``runtime.launching.scripts``; the default ``"stop"`` leaves a dead rank's peers failing in their
-next collective, as DDP's do). Every collective of a call is watched (``runtime.elastic.group``:
-``Watch``, the learned
-``Deadline`` over the seconds from one call's end to
-the next, so the loop's own work between calls counts; at most ``timeout``). When a rank dies
-or stays silent past the deadline, the survivors run ``train``'s protocol, the same
-``Shrinker``: CENSUS, FORMING (a fresh gloo group,
-generation g + 1, over the launcher's store), SYNCING from the lead survivor, the one that
-completed the most rounds (the lowest rank among equals): the model's ``state_dict``, the
-optimizer's, the rule's (``state_dict``) and the deadline's rounds seen. The rule
-follows the live world (``RuleDriver.followed``: ``Strategy.follow_world`` with the L live
-ranks; a rule that cannot, ``Strategy.follow_refusal``, or one of per-rank shares, whose
-redone round would need another draw from the loader, is refused in one line at
-construction). No rank is special: the store lives in the launcher, so rank 0 may die too.
+``runtime.launching.scripts``; the default ``"stop"`` leaves a dead rank's peers failing in
+their next collective, as DDP's do). Every collective of a call is watched
+(``runtime.elastic.group``: ``Watch``, the learned ``Deadline`` over the seconds from one
+call's end to the next, so the loop's own work between calls counts; at most ``timeout``). When
+a rank dies or stays silent past the deadline, the survivors run ``train``'s protocol, the same
+``Shrinker``, through the loop's part in it (``integrate.membership``): CENSUS, FORMING (a
+fresh gloo group, generation g + 1, over the launcher's store), SYNCING from the lead survivor,
+the one that completed the most rounds (the lowest rank among equals): the model's
+``state_dict``, the optimizer's, the rule's (``state_dict``) and the deadline's rounds seen.
+The rule follows the live world (``RuleDriver.followed``: ``Strategy.follow_world`` with the L
+live ranks; a rule that cannot, ``Strategy.follow_refusal``, or one of per-rank shares, whose
+redone round would need another draw from the loader, is refused in one line at construction).
+No rank is special: the store lives in the launcher, so rank 0 may die too.
 
 A call's round (``StepCall``, the states of a call) applies its update only after its
 last collective (``Rounds.timing``), so a round is complete on a rank or not begun at all
@@ -89,12 +88,14 @@ the loop without collectives of your own (``dist.destroy_process_group()`` is fi
 
 **Healing** (``tailtrain launch ... --restart-lost N``): a rank that died is started again with
 ``TAILTRAIN_RESTART`` in its environment; its script skips ``dist.init_process_group`` (the
-job's group is broken) and its ``StragglerStep`` skips rank 0's broadcast: it asks to join
+job's group is broken), or calls ``tailtrain.init_process_group`` in its place (a stand-in
+default group of its job rank, ``integrate.default_group``, for a ``DistributedSampler``), and
+its ``StragglerStep`` skips rank 0's broadcast: it asks to join
 (JOINING, ``join``) in the constructor. The lowest member looks for requests
 (``joins_waiting``) before a call's last gather (``Rounds.timing``'s ``asks``
 column), so every member learns it in the same call and, after that call's round completed
 (a step boundary), GROWS (``grow``): generation g + 1 of the members and the
-joiner, synced from the lead as after a shrink (``_sync``: model,
+joiner, synced from the lead as after a shrink (``LoopMembership.sync``: model,
 optimizer, rule state, deadline, latest record). The joiner's constructor returns then, and
 its loop goes on from ``next_step``; every rank's next record names it
 (``record.rejoined``). A rank that asks after the first rank finished is refused (the
@@ -106,14 +107,11 @@ hang: evaluate on every rank, or not between calls.
 from __future__ import annotations
 
 import copy
-import dataclasses
 import datetime
 import logging
 import os
-import time
 from collections.abc import Callable, Sequence
 from contextlib import nullcontext
-from enum import StrEnum
 from typing import Any
 
 import numpy as np
@@ -122,6 +120,7 @@ import torch.distributed as dist
 from torch import nn
 
 from tailtrain.errors import UsageError
+from tailtrain.integrate.membership import LoopMembership, StepCall
 from tailtrain.integrate.probe import batch_samples, watching
 from tailtrain.integrate.rounds import (
     Agreement,
@@ -132,10 +131,9 @@ from tailtrain.integrate.rounds import (
     check_micro_batches,
 )
 from tailtrain.runtime.control import check_agreement
-from tailtrain.runtime.elastic.group import Broken, GroupCollectives
-from tailtrain.runtime.elastic.handover import elect, follow_live, hand_over
+from tailtrain.runtime.elastic.group import Broken
 from tailtrain.runtime.elastic.refusals import check_follows, check_gloo_cpu
-from tailtrain.runtime.elastic.shrink import Census, OnRankLoss, Shrinker
+from tailtrain.runtime.elastic.shrink import OnRankLoss, Shrinker
 from tailtrain.runtime.elastic.store import LAUNCHED, REJOIN
 from tailtrain.runtime.reduce import Collectives, PeerFailure, contribute
 from tailtrain.strategies.base import Context, Strategy
@@ -148,23 +146,6 @@ BUCKET_CAP_MB = 25.0
 #: what a call deals beyond the allreduce protocol (``Strategy.needs``): per-rank shares, as
 #: ``strategies.entries.LOOP`` declares it for ``advise --for loop``
 DEALS = LOOP.does
-#: the bound on a shrinking step's waits where no ``timeout`` is given (``train``'s --timeout)
-SHRINK_TIMEOUT = 300.0
-
-
-class StepCall(StrEnum):
-    """Where a shrinking call's round stands (module docstring)."""
-
-    #: computing and reducing; nothing applied yet
-    IN_FLIGHT = "in flight"
-    #: its last collective done: the update applied, the record made
-    COMPLETED = "completed"
-    #: a rank died or hung in it: the survivors regroup (``runtime.elastic.shrink``)
-    BROKEN = "broken"
-    #: the lead completed it: this rank returns the lead's record
-    TAKEN = "taken"
-    #: nobody completed it: the survivors compute it again
-    REDONE = "redone"
 
 
 class StragglerStep:
@@ -211,42 +192,40 @@ class StragglerStep:
         self.buckets = buckets(self.params, bucket_cap_mb)
         if not rejoining:  # a rank started again takes the lead's state as it joins
             broadcast_from_first(model, process_group)
-        #: the shrink protocol's part of this rank (None: ``on_rank_loss="stop"``)
-        self.shrinker: Shrinker | None = None
+        #: this rank's part in the elastic layer (None: ``on_rank_loss="stop"``):
+        #: ``integrate.membership``
+        self.membership: LoopMembership | None = None
         #: the state of the call in flight (``StepCall``)
         self.call = StepCall.COMPLETED
-        #: the latest record (a lead hands it to the ranks its shrink finds behind)
-        self.last: StepRecord | None = None
-        #: ranks lost since the previous record, and whether the next record is the round a
-        #: shrink computes again
-        self._lost: list[int] = []
-        self._redo = False
-        #: ranks taken in since the previous record (a heal), and whether a rank asked to join
-        #: in the latest round (every member takes it in after that round)
-        self._joined: list[int] = []
-        self._grows = False
         #: where the round in flight started, which a break puts back so that a redone round
         #: moves it once: the model's buffers (a forward moves BatchNorm's statistics before
         #: any collective) and, under local steps, the parameters and the optimizer's state
         self._start: (
             tuple[list[torch.Tensor] | None, dict[str, Any] | None, list[torch.Tensor]] | None
         ) = None
-        self._ended: float | None = None
-        if shrinks:
-            bound = SHRINK_TIMEOUT if timeout is None else timeout.total_seconds()
-            # a rank that hung and woke is mid-call in a loop that cannot skip ahead: it is
-            # refused; a rank started again asks to join before its first call
-            self.shrinker = Shrinker.start(comm, bound, keeper=None, heals=rejoining)
-            self._ended = time.perf_counter()
-            if rejoining:
-                self._heal(join=True)
+        if shrinks:  # a rank started again asks to join here, before its first call
+            self.membership = LoopMembership.start(
+                self.rounds, model, optimizer, timeout, rejoining=rejoining
+            )
+
+    @property
+    def shrinker(self) -> Shrinker | None:
+        """The shrink protocol's part of this rank (None: ``on_rank_loss="stop"``)."""
+        return None if self.membership is None else self.membership.shrinker
+
+    @property
+    def last(self) -> StepRecord | None:
+        """The latest record under ``on_rank_loss="shrink"`` (None before the first, and
+        under ``"stop"``)."""
+        return None if self.membership is None else self.membership.last
 
     def __call__(self, micro_batches: Sequence[Any], loss_fn: Callable[[Any], torch.Tensor]):
         """One round over ``micro_batches``; returns its ``StepRecord``. Under
         ``on_rank_loss="shrink"`` a round a lost rank broke is the lead's or redone (module
         docstring)."""
         batches = list(micro_batches)
-        if self.shrinker is None:
+        membership = self.membership
+        if membership is None:
             return self._round(batches, loss_fn)
         while True:
             self.call = StepCall.IN_FLIGHT
@@ -254,25 +233,16 @@ class StragglerStep:
                 record = self._round(batches, loss_fn)
             except (Broken, PeerFailure) as exc:
                 self.call = StepCall.BROKEN
-                log.warning("rank %d: step %d broke: %s", self.shrinker.rank, self.rounds.step, exc)
-                taken = self._shrink()
+                taken = self._shrink(exc)
                 if taken is None:  # nobody completed it: compute it again among the survivors
                     self.call = StepCall.REDONE
                     continue
                 self.call = StepCall.TAKEN
                 return taken
             self.call, self._start = StepCall.COMPLETED, None
-            # the first round after a shrink: the lead broke in it, so on every survivor it is
-            # a redone round that names the ranks lost (the records agree)
-            record = dataclasses.replace(
-                record, lost=self._lost, redone=self._redo, rejoined=self._joined
-            )
-            self._lost, self._redo, self._joined, self.last = [], False, [], record
-            ended, self._ended = self._ended, time.perf_counter()
-            if ended is not None:  # a round's seconds, from the last call's end: the deadline
-                self.shrinker.deadline.seen(self._ended - ended)
-            if self._grows:  # a rank asked to join: every member takes it in at this boundary
-                self._heal()
+            record = membership.completed(record)
+            if membership.grows:  # a rank asked to join: every member takes it in here
+                membership.heal()
             return record
 
     def _round(self, batches: list[Any], loss_fn: Callable[[Any], torch.Tensor]) -> StepRecord:
@@ -282,7 +252,7 @@ class StragglerStep:
         plan, m = self.rounds.plan(len(batches))
         local = plan.local_steps > 1
         start = [p.detach().clone() for p in self.params] if local else None
-        if self.shrinker is not None:  # a redo starts again from here
+        if self.membership is not None:  # a redo starts again from here
             kept = copy.deepcopy(self.optimizer.state_dict()) if local else None
             self._start = (start, kept, [b.detach().clone() for b in self.model.buffers()])
         self.optimizer.zero_grad(set_to_none=True)
@@ -309,27 +279,25 @@ class StragglerStep:
             with torch.no_grad():
                 averaged, screened, total = self._reduce(agreed, work, start)
             reduce = self.rounds.clock() - began
-            shrinker = self.shrinker
             # the lowest member looks for ranks asking to join (at most every JOIN_LOOK
             # seconds) and says so in the round's last gather, so every member grows after
             # the same round
-            asks = False
-            if shrinker is not None and shrinker.rank == shrinker.members[0]:
-                asks = shrinker.joins_waiting()
+            asks = self.membership is not None and self.membership.asks()
             timing = self.rounds.timing(reduce, work, screened, asks)
         if probe is not None:
             probe.note_samples(computed)
-        self._grows = bool(timing[:, 3].any())
+        if self.membership is not None:
+            self.membership.grows = bool(timing[:, 3].any())
         with torch.no_grad():  # past the last collective: the round completes here
             self._apply(averaged, start, plan.lr_scale, total)
         return self.rounds.finish(plan, work, agreed, timing)
 
-    def _shrink(self) -> StepRecord | None:
-        """The survivors' census, new generation and sync from the lead
-        (``Shrinker.regroup``); the lead's record of this rank's round when the lead completed
-        it, else None (the round is computed again)."""
-        shrinker = self.shrinker
-        assert shrinker is not None
+    def _shrink(self, exc: BaseException) -> StepRecord | None:
+        """The broken round's start put back (its buffers, local steps' state), then the
+        survivors' regroup (``LoopMembership.broke``): the lead's record of this rank's round
+        when the lead completed it, else None (the round is computed again)."""
+        membership = self.membership
+        assert membership is not None
         if self._start is not None:  # the broken round's buffers and local steps: its start
             params, state, kept = self._start
             with torch.no_grad():
@@ -340,68 +308,7 @@ class StragglerStep:
             if state is not None:
                 self.optimizer.load_state_dict(state)
             self._start = None
-        mine = self.rounds.step
-        sync = lambda comm, found: self._sync(comm, found)  # noqa: E731
-        comm, found = shrinker.regroup(self.rounds.comm, mine, 0, sync)
-        self._follow(comm, found)
-        taken = self.rounds.step > mine  # the lead completed this rank's round
-        # the lead's record of it already names the ranks lost before it (this rank's pending
-        # ones, the same generations): the next record names only the ranks lost now
-        self._lost = sorted({*([] if taken else self._lost), *found.dead})
-        self._redo = True
-        self._ended = None  # the regroup's seconds are no round's
-        if taken:
-            assert self.last is not None and self.last.step == mine
-            return self.last
-        return None
-
-    def _heal(self, join: bool = False) -> None:
-        """GROWING (every member, at the step boundary after the round in which the lowest
-        member saw a rank ask) or, with ``join``, JOINING (a rank started again, before its
-        first call): the new generation and the lead member's state
-        (``Shrinker.regroup``). The next record names the ranks taken in (``rejoined``)."""
-        shrinker = self.shrinker
-        assert shrinker is not None
-        self._grows = False
-        sync = lambda comm, found: self._sync(comm, found)  # noqa: E731
-        comm, found = shrinker.regroup(
-            self.rounds.comm, self.rounds.step, 0, sync, grow=not join, join=join
-        )
-        self._follow(comm, found)
-        # a heal that lost a member ran a census: at a step boundary nothing is redone
-        self._lost = sorted({*self._lost, *found.dead})
-        self._joined = sorted({*self._joined, *found.joined})
-        self._ended = None  # the heal's seconds are no round's
-
-    def _follow(self, comm: GroupCollectives, found: Census) -> None:
-        """The new generation's group and live ranks; the rule follows the live world."""
-        rounds = self.rounds
-        rounds.comm, rounds.live = comm, tuple(found.members)
-        rounds.rule, rounds.ctx = follow_live(rounds.rule, rounds.ctx, found.members)
-
-    def _sync(self, comm: GroupCollectives, found: Census) -> None:
-        """SYNCING: the lead member's model, optimizer, rule state, deadline and latest
-        record on every member of the new generation."""
-        shrinker = self.shrinker
-        assert shrinker is not None
-        lead = elect(comm, self.rounds.step)  # the lead: runtime.elastic.handover
-        state = hand_over(
-            comm,
-            lead,
-            lambda: self.rounds.sealed(
-                list(shrinker.deadline.recent),
-                model=self.model.state_dict(),
-                optimizer=self.optimizer.state_dict(),
-                last=self.last,
-            ),
-        )
-        if lead.leads:
-            return
-        self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.rounds.load_state_dict(state)
-        shrinker.deadline.adopt(state["deadline"])
-        self.last = state["last"]
+        return membership.broke(exc)
 
     @property
     def wants(self) -> int | None:

@@ -132,7 +132,9 @@ JOINING: its loop is inside a call and cannot skip ahead). A rank that ``tailtra
 every member GROWS (:meth:`Shrinker.grow`) after the same call, and the joiner's loop goes on
 from ``StragglerStep.next_step``. A refused rank leaves ``left/{rank}`` in the store,
 so a launcher that watches the ranks itself logs it as leaving, not as a death. The loop's
-rounds, their sync and what a broken call returns are ``integrate.step``'s.
+rounds, their sync and what a broken call returns are ``integrate.step``'s; a
+``DistributedDataParallel`` job with the comm hook's state runs the same through
+``integrate.elastic_ddp``, both on ``integrate.membership``.
 """
 
 from __future__ import annotations
