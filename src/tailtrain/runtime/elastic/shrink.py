@@ -364,7 +364,8 @@ class Shrinker:
         store.delete_key(f"joined/{me}")
         # the lowest member's rounds seen: its new group's forming and sync wait the live
         # ranks' deadline, not --timeout (a member lost meanwhile fails it for all alike)
-        self.deadline.adopt(census.get("recent", []))
+        if census.get("recent"):  # none settled there: keep what this rank learned
+            self.deadline.adopt(census["recent"])
         self.generation = int(generation) - 1  # form() makes it this generation
         return Census(
             census["members"],
