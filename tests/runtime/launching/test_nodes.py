@@ -187,7 +187,8 @@ def run_nodes(
     apart = None
     if store == "apart":
         command = [sys.executable, "-m", "tailtrain", "store", "--nnodes", str(nnodes)]
-        command += ["--rdzv-endpoint", f"127.0.0.2:{port}", "--timeout", "30"]
+        # a node lost once silent 15 s: the store ends soon after the job (its end is waited for)
+        command += ["--rdzv-endpoint", f"127.0.0.2:{port}", "--timeout", "15"]
         apart = subprocess.Popen(command, env=env, stderr=subprocess.PIPE, text=True)
         time.sleep(0.5)
     procs = []
