@@ -56,9 +56,9 @@ rank, and its keys sit under ``tailtrain/shrink/{run id}/{restart}``.
   census without it ends the job, and it may be inside an evaluation) until it checks in or
   is known dead, at most ``--timeout``.
   The first rank to close it writes the members of g + 1, the ranks checked in at that
-  moment (``store.compare_set`` on the absent ``gen{g}/members``: every closing rank
-  offers its list and the first stands, so no rank's death between two steps leaves the
-  list unwritten); every rank reads that list.
+  moment and not known dead since (``store.compare_set`` on the absent ``gen{g}/members``:
+  every closing rank offers its list and the first stands, so no rank's death between two
+  steps leaves the list unwritten); every rank reads that list.
 * A rank not in the list (it checked in late: it hung past the deadline and woke, or it was
   slower than the window) goes on to JOINING below; its work after the last round it
   completed counts nowhere, so nothing is counted twice.
@@ -307,7 +307,13 @@ class Shrinker:
         # every rank that closes it offers the ranks checked in now and the first offer
         # stands (compare_set on an absent key), so no elected closer can die between its
         # election and its write and leave the others waiting for a list that never comes
-        here = [m for m, key in zip(self.members, ins, strict=True) if store.check([key])]
+        # a rank that checked in and died since (its launcher noted it: a node's mates are
+        # killed as their node leaves) is no member: forming with it would fail once
+        here = [
+            m
+            for m, key, dead in zip(self.members, ins, deads, strict=True)
+            if store.check([key]) and not store.check([dead])
+        ]
         members = json.loads(store.compare_set(f"gen{g}/members", "", json.dumps(here)))
         if self.keeper is not None and self.keeper in self.members and self.keeper not in members:
             raise TailtrainError(
