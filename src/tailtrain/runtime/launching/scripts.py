@@ -473,10 +473,10 @@ class Restarts:
         if r.restarts >= self.limit:
             return False
         r.restarts += 1
-        # that it rejoined is said once the live ranks took it in (``taken_in``)
+        r.process = self.start(r.local, r.restarts)
+        # said once it holds: started now; that it rejoined, once taken in (``taken_in``)
         log.warning("rank %d died (%s); started again (%d of %d)", r.rank, r.why, r.restarts,
                     self.limit)  # fmt: skip
-        r.process = self.start(r.local, r.restarts)
         r.state, r.why, r.died, r.healed = RankState.RUNNING, "", float("inf"), False
         return True
 
@@ -485,14 +485,15 @@ class Restarts:
         has restarts left; whether they were."""
         if any(r.restarts >= self.limit for r in ranks):
             return False
-        log.warning(
-            "rank %d died (%s); its node's ranks %s were started again (%d of %d)",
-            first.rank, first.why, [r.rank for r in ranks], first.restarts + 1, self.limit,
-        )  # fmt: skip
+        why = first.why
         for r in ranks:
             r.restarts += 1
             r.process = self.start(r.local, r.restarts)
             r.state, r.why, r.died, r.healed = RankState.RUNNING, "", float("inf"), False
+        log.warning(
+            "rank %d died (%s); its node's ranks %s were started again (%d of %d)",
+            first.rank, why, [r.rank for r in ranks], first.restarts, self.limit,
+        )  # fmt: skip
         return True
 
 
