@@ -145,5 +145,6 @@ def test_shrink_example_goes_on_without_a_killed_rank_0():
     assert last.startswith(
         "shrink_loop: 40 steps, ranks [1, 2] of 3 finished, lost [0], redone [10],"
     ), done.stdout
-    assert "rank 0 died (killed by SIGKILL); the job goes on without it" in done.stderr
+    assert "rank 0 died (killed by SIGKILL); noted dead for the live ranks" in done.stderr
+    assert "ranks [1, 2] went on from step 10 (generation " in done.stderr
     assert float(last.rsplit("test accuracy ", 1)[1]) > 0.5

@@ -65,7 +65,9 @@ def killed(tmp_path_factory):
 def test_a_killed_rank_leaves_survivors_that_equal_the_reference_from_the_records(killed):
     done, kept = killed
     assert done.returncode == 0, done.stderr[-3000:]
-    assert f"rank {VICTIM} died (killed by SIGKILL); the job goes on without it" in done.stderr
+    assert f"rank {VICTIM} died (killed by SIGKILL); noted dead for the live ranks" in done.stderr
+    # said once it held, by the launcher: the survivors' generation without it
+    assert f"ranks [0, 2] went on from step {AT} (generation " in done.stderr
     survivors = [r for r in range(N) if r != VICTIM]
     assert sorted(kept) == survivors  # the killed rank wrote nothing
     records = [kept[r]["records"] for r in survivors]
@@ -127,6 +129,7 @@ def test_a_killed_rank_started_again_heals_from_a_live_peer_and_the_group_grows_
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert f"rank {VICTIM} died (killed by SIGKILL); started again (1 of 1)" in done.stderr
+    assert f"rank {VICTIM} rejoined the live ranks at step " in done.stderr
     kept = {r: torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(N)}
     records = kept[0]["records"]
     assert all(kept[r]["records"] == records for r in range(N) if r != VICTIM)

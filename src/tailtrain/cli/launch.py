@@ -18,8 +18,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         "that dies is noted and the others go on: tailtrain.StragglerStep(..., "
         'on_rank_loss="shrink") shrinks to the survivors. Exit 0 when the job finished; 2 when '
         "the script refused its input (argparse, or a tailtrain.UsageError: its one line, "
-        "once, not once per rank); 1 when a rank failed (its traceback, then one line naming "
-        "it); 130 after Ctrl-C (one line).",
+        "once, not once per rank); 1 when a rank failed, or a rank started again ended before "
+        "the live ranks took it in (a failed heal; its traceback, then one line naming it); "
+        "130 after Ctrl-C (one line).",
     )
     p.add_argument("--nproc-per-node", type=int, default=1, help="local ranks N (default: 1)")
     p.add_argument(
@@ -63,7 +64,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         type=int,
         default=0,
         help="under shrink: start a rank that died again, at most N times per rank; it joins "
-        "the live ranks at a step boundary and takes their state (default 0)",
+        "the live ranks at a step boundary and takes their state; one that ends before it "
+        "was taken in fails the launch (default 0)",
     )
     p.add_argument("script", nargs="?", help="the training script (a Python file)")
     p.add_argument("script_args", nargs=argparse.REMAINDER, help="the script's own arguments")

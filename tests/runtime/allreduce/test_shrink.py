@@ -322,6 +322,43 @@ def test_a_joiner_that_died_waiting_is_not_taken_in_and_its_request_is_cleared()
     assert lowest.asking() == [2]
 
 
+def test_a_rank_started_again_that_no_one_takes_in_fails_its_heal_and_a_heal_is_said_once_held():
+    """A rank started again (``rejoining``) whose --timeout passes with no grow taking it in
+    fails (a heal that failed is a failure: its launcher says so), withdrawn; one that woke
+    after a census is refused as before. A joiner takes the lowest member's rounds seen, so its
+    forming waits the live ranks' deadline, not --timeout; ``held`` says the generation held
+    and, in a rank taken in, ``healed/{rank}`` (the step it goes on from)."""
+    store = torch.distributed.HashStore()
+    joiner = Shrinker(2, store, Deadline(timeout=0.05), torch.device("cpu"), [0], world=3)
+    joiner.rejoining = True
+    with pytest.raises(TailtrainError, match=r"none took it in within --timeout 0\.05s: the heal"):
+        joiner.join(step=0, rows=0)
+    assert store.get("join/2").decode() == WITHDRAWN and not store.check(["left/2"])
+    store.set("finished", "1")  # the run's end first: refused, as a woken rank is
+    with pytest.raises(Refused):
+        joiner.join(step=0, rows=0)
+    store = torch.distributed.HashStore()
+    lowest = Shrinker(0, store, Deadline(timeout=300.0), torch.device("cpu"), [0], world=2)
+    for seconds in (0.1, 0.3, 0.2):
+        lowest.deadline.seen(seconds)
+    store.set("join/1", json.dumps([0, 0, []]))
+    taken = lowest.grow(step=7, rows=7)
+    back = Shrinker(1, store, Deadline(timeout=300.0), torch.device("cpu"), [], world=2)
+    back.rejoining = True
+    found = back.join(step=0, rows=0)
+    assert found.members == [0, 1] and back.deadline.bound == lowest.deadline.bound == 1.0
+    assert not store.check(["healed/1"])  # taken in, not yet held: nothing said
+    back.generation, found.joined = 1, taken.joined
+    back.held(found)
+    assert json.loads(store.get("healed/1")) == [1, 7]
+    assert json.loads(store.get("gen1/held")) == {
+        "members": [0, 1],
+        "step": 7,
+        "lost": [],
+        "joined": [1],
+    }
+
+
 # ---- real processes ----------------------------------------------------------------------------
 @pytest.mark.slow
 @pytest.mark.timeout(150)

@@ -254,8 +254,87 @@ def test_a_killed_rank_is_started_again_at_most_n_times_with_its_rank_and_a_mark
     assert started == ["rank0-0", "rank1-0", "rank1-1", "rank1-2", "rank2-0"]
     lines = [r.getMessage() for r in caplog.records]
     assert [line for line in lines if "started again" in line] == [
-        f"rank 1 died (killed by SIGKILL); started again ({k} of 2): it asks the live ranks to "
-        "take it in"
-        for k in (1, 2)
+        f"rank 1 died (killed by SIGKILL); started again ({k} of 2)" for k in (1, 2)
     ]
-    assert "rank 1 died (killed by SIGKILL); the job goes on without it" in lines
+    # said: what holds; not said: that the job goes on, or that a restart rejoined
+    assert "rank 1 died (killed by SIGKILL); noted dead for the live ranks" in lines
+    assert not [line for line in lines if "goes on" in line or "rejoined" in line]
+
+
+def sleeper(seconds: float) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", f"import time; time.sleep({seconds})"])
+
+
+@pytest.mark.timeout(60)
+def test_a_restart_is_said_to_have_rejoined_only_once_the_live_ranks_took_it_in(caplog):
+    """``healed/{rank}`` is written by the generation that took the restart in, once it held
+    (``Shrinker.held``): the launcher says "rejoined" then, not before, and the job is fine."""
+    notes = dist.HashStore()
+    back = Rank(1, sleeper(1.0), restarts=1)
+    timer = threading.Timer(0.5, notes.set, ("healed/1", "[2, 12]"))
+    timer.start()
+    with caplog.at_level("WARNING", logger="tailtrain.runtime.launching.scripts"):
+        outcome = watch([Rank(0, sleeper(1.5)), back], OnRankLoss.SHRINK, notes, [], timeout=30)
+    timer.join()
+    assert outcome.failure is None and outcome.states[1] is RankState.FINISHED
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines == ["rank 1 rejoined the live ranks at step 12 (generation 2)"]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("code", [0, 1])
+def test_a_restart_that_ends_before_it_was_taken_in_is_a_failed_heal(code):
+    """A restart that exits, even with status 0, before any generation took it in: the heal
+    failed, and the launch fails with one line naming it, though the other rank finished."""
+    notes = dist.HashStore()
+    ranks = [
+        Rank(0, sleeper(1.0)),
+        Rank(1, subprocess.Popen([sys.executable, "-c", f"raise SystemExit({code})"]), restarts=1),
+    ]
+    how = "ended" if code == 0 else "died"
+    line = f"^the heal failed: rank 1 was started again and {how} before it was taken in "
+    with pytest.raises(JobFailed, match=line + rf"\(exit status {code}\)$"):
+        watch(ranks, OnRankLoss.SHRINK, notes, [], timeout=30)
+
+
+@pytest.mark.timeout(60)
+def test_a_node_whose_restart_failed_leaves_in_one_line_that_says_the_heal_failed():
+    """Across nodes (``by_node``): a restart of the node that dies before it was taken in, with
+    no restart left, stops its node's other rank and fails the launch with one line naming the
+    rank and the failed heal; nothing claims that the other nodes go on."""
+    notes = dist.HashStore()
+    ranks = [
+        Rank(2, subprocess.Popen([sys.executable, "-c", "raise SystemExit(1)"]), restarts=1),
+        Rank(3, sleeper(30), local=1, restarts=1),
+    ]
+    with pytest.raises(JobFailed) as caught:
+        watch(ranks, OnRankLoss.SHRINK, notes, [], timeout=30, by_node=True)
+    assert str(caught.value) == (
+        "this node left the job: the heal failed: rank 2 was started again and died before it "
+        "was taken in (exit status 1); ranks [3] of its node were stopped"
+    )
+    assert ranks[1].process.poll() is not None
+    assert notes.check(["dead/2", "dead/3"])
+
+
+def test_the_launcher_says_a_generation_went_on_only_once_it_held():
+    """``gen{g}/held`` (written by the members of a generation that formed and synced) is said
+    once; a generation whose forming failed (its census written, no ``held``) is passed over."""
+    notes = dist.HashStore()
+    said = scripts.Generations(notes)
+    assert said.look() == []
+    notes.set("gen0/members", "[0, 1, 4, 5]")  # generation 1 decided: not formed yet
+    assert said.look() == []
+    notes.set("gen1/members", "[0, 1]")  # generation 1 failed as it formed (a member died)
+    assert said.look() == []
+    held = '{"members": [0, 1], "step": 4, "lost": [2, 3, 4, 5], "joined": []}'
+    notes.set("gen2/held", held)
+    assert said.look() == [
+        "ranks [0, 1] went on from step 4 (generation 2): without ranks [2, 3, 4, 5]"
+    ]
+    notes.set("gen2/grow", "{}")
+    notes.set("gen3/held", '{"members": [0, 1, 2, 3], "step": 9, "lost": [], "joined": [2, 3]}')
+    assert said.look() == [
+        "ranks [0, 1, 2, 3] went on from step 9 (generation 3): with ranks [2, 3] taken back"
+    ]
+    assert said.look() == []

@@ -56,9 +56,9 @@ rank, and its keys sit under ``tailtrain/shrink/{run id}/{restart}``.
   census without it ends the job, and it may be inside an evaluation) until it checks in or
   is known dead, at most ``--timeout``.
   The first rank to close it writes the members of g + 1, the ranks checked in at that
-  moment (``store.compare_set`` on the absent ``gen{g}/members``: every closing rank
-  offers its list and the first stands, so no rank's death between two steps leaves the
-  list unwritten); every rank reads that list.
+  moment and not known dead since (``store.compare_set`` on the absent ``gen{g}/members``:
+  every closing rank offers its list and the first stands, so no rank's death between two
+  steps leaves the list unwritten); every rank reads that list.
 * A rank not in the list (it checked in late: it hung past the deadline and woke, or it was
   slower than the window) goes on to JOINING below; its work after the last round it
   completed counts nowhere, so nothing is counted twice.
@@ -77,7 +77,12 @@ rank, and its keys sit under ``tailtrain/shrink/{run id}/{restart}``.
   ``joined/{rank}``; if the run ends first (``finished``) it is ``REFUSED`` (:class:`Refused`),
   withdraws its ``join/{rank}`` (writes it ``null``: only the lowest member deletes join keys)
   and leaves. Its round in flight counts nowhere, so nothing
-  is counted twice.
+  is counted twice. A rank started again (``rejoining``) that no grow took in within
+  ``--timeout`` while the run goes on withdraws too, and fails (``TailtrainError``: a heal
+  that failed is a failure, which its launcher reports, not a leave). Taken in, it adopts the
+  lowest member's rounds seen (``recent`` in the grow's word), so its forming and sync wait
+  the live ranks' deadline, as theirs do, not ``--timeout``: a member lost during the heal
+  fails the new group for every rank alike, and all of them meet in the census that follows.
 * ``GROWING``: the lowest member looks for the ``join/{rank}`` keys of the ranks that are no
   members (and not ``dead/{rank}``: one that died waiting is withdrawn) at most every
   :data:`JOIN_LOOK` seconds, while a round's allreduce runs, and says
@@ -90,6 +95,11 @@ rank, and its keys sit under ``tailtrain/shrink/{run id}/{restart}``.
   and the members and joiners form generation g + 1 and sync from the lead (a member) as
   above: the heal takes the model, update, rule, clock and record from a live peer, never
   from disk. The rows record ``rejoined``. A heal that loses a member runs the census again.
+* **Held.** Once a generation formed and synced, each member says so in the store
+  (:meth:`Shrinker.held`: ``gen{g}/held`` = its members, the step it goes on from, the ranks
+  lost and taken in; the first word stands) and a rank taken in writes ``healed/{rank}``: a
+  launcher that watches the ranks says that the job went on, or that a rank rejoined, only
+  then (``runtime.launching.scripts``).
 
 Every wait above is bounded: by the deadline, the census window or ``--timeout`` (``timedelta``
 timeouts on the store and on each generation's group).
@@ -301,7 +311,13 @@ class Shrinker:
         # every rank that closes it offers the ranks checked in now and the first offer
         # stands (compare_set on an absent key), so no elected closer can die between its
         # election and its write and leave the others waiting for a list that never comes
-        here = [m for m, key in zip(self.members, ins, strict=True) if store.check([key])]
+        # a rank that checked in and died since (its launcher noted it: a node's mates are
+        # killed as their node leaves) is no member: forming with it would fail once
+        here = [
+            m
+            for m, key, dead in zip(self.members, ins, deads, strict=True)
+            if store.check([key]) and not store.check([dead])
+        ]
         members = json.loads(store.compare_set(f"gen{g}/members", "", json.dumps(here)))
         if self.keeper is not None and self.keeper in self.members and self.keeper not in members:
             raise TailtrainError(
@@ -337,12 +353,18 @@ class Shrinker:
         store.set(f"join/{me}", json.dumps([step, rows, together]))
         end = time.monotonic() + self.deadline.timeout
         while not store.check([f"joined/{me}"]):
-            if store.check(["finished"]) or time.monotonic() > end:
+            ended = store.check(["finished"])
+            if ended or time.monotonic() > end:
                 # withdrawn: a later grow must not take in a rank that left. Written, not
                 # deleted: only the lowest member deletes join keys, so its check-then-read
                 # of one never waits on a key gone between the two (``asking``)
                 with contextlib.suppress(Exception):
                     store.set(f"join/{me}", WITHDRAWN)
+                if not ended and self.rejoining:  # a heal that failed is a failure, not a leave
+                    raise TailtrainError(
+                        f"rank {me} was started again and asked to join the live ranks; none "
+                        f"took it in within --timeout {self.deadline.timeout:g}s: the heal failed"
+                    )
                 self.refuse(
                     f"rank {me} asked to join the live ranks (it came after a census, or was "
                     "started again) and the run ended first: its round in flight counts nowhere"
@@ -350,7 +372,10 @@ class Shrinker:
             time.sleep(0.01)
         generation, census = json.loads(store.get(f"joined/{me}"))
         store.delete_key(f"joined/{me}")
-        store.set(f"healed/{me}", str(generation))  # its launcher: this restart was taken in
+        # the lowest member's rounds seen: its new group's forming and sync wait the live
+        # ranks' deadline, not --timeout (a member lost meanwhile fails it for all alike)
+        if census.get("recent"):  # none settled there: keep what this rank learned
+            self.deadline.adopt(census["recent"])
         self.generation = int(generation) - 1  # form() makes it this generation
         return Census(
             census["members"],
@@ -425,6 +450,7 @@ class Shrinker:
                 store.delete_key(f"join/{j}")
             members = sorted(self.members + joiners)
             census = {"members": members, "steps": steps, "rows": rows_of, "joined": joiners}
+            census["recent"] = list(self.deadline.recent)  # the joiners' deadline (``join``)
             for j in joiners:
                 store.set(f"joined/{j}", json.dumps([g + 1, census]))
             store.set(key, json.dumps(census))
@@ -492,6 +518,7 @@ class Shrinker:
             joined = [j for j in joined if j in found.members]  # a joiner lost again is lost
             found.dead, found.joined = sorted(set(lost)), sorted(joined)
             self.history.append((self.generation, in_flight, found.dead, found.joined, seconds))
+            self.held(found)
             log.warning(
                 # every survivor logs it: the rank says whose line it is, as "step broke" does
                 "rank %d: step %d: generation %d of ranks %s goes on after %.2fs (lost %s, "
@@ -506,6 +533,18 @@ class Shrinker:
             )
             return comm, found
         raise TailtrainError(f"rank {self.rank}: no generation held after losing {lost}")
+
+    def held(self, found: Census) -> None:
+        """Say in the store that this generation held (``gen{g}/held``: its members, the step
+        it goes on from, the ranks lost and taken in; the first member's word stands) and, in a
+        rank taken in, ``healed/{rank}``: a launcher says what the ranks did only once it holds
+        (``runtime.launching.scripts``)."""
+        g, step = self.generation, max(found.steps.get(m, 0) for m in found.members)
+        word = {"members": found.members, "step": step, "lost": found.dead, "joined": found.joined}
+        with contextlib.suppress(Exception):  # words for the launcher: the group holds anyway
+            self.store.compare_set(f"gen{g}/held", "", json.dumps(word))
+            if self.rank in found.joined:
+                self.store.set(f"healed/{self.rank}", json.dumps([g, step]))
 
 
 def node_mates(request: list[Any]) -> list[int]:

@@ -43,8 +43,22 @@ launcher stops the node's other ranks (SIGKILL: they would only wait in a collec
 dead one), notes every one of them ``dead/{rank}`` in the store at once, so the other nodes'
 census need not wait its window, and the node leaves whole: the other nodes' ranks regroup in
 place. With ``--restart-lost K`` the node's ranks are started again together (each as a
-restart, at most K times), and heal as one rank does. A node that left ends its launcher with
-exit 1 and one line; the job goes on on the others.
+restart, at most K times), and heal as one rank does; a restart that ends before it was taken
+in fails the heal (``runtime.launching.scripts``). A node that left ends its launcher with exit
+1 and one line saying why (which rank died, which were stopped, or which restart failed its
+heal); whether the others go on is their census's to decide, and their launchers say so once
+a generation without the node held, not before. A node stopped (SIGSTOP) past the others'
+learned deadline is left out by their census; continued, its ranks find their generation
+gone and are refused (``left/{rank}``): their stale step enters no update, and their
+launcher ends with exit 1, ``no rank finished: ranks [...] left the job (...)``.
+
+**States and bounds.** A rank, as its launcher sees it: ``scripts.RankState``; a node, as the
+store's host sees it: :class:`NodeState`; a rank in the shrink protocol:
+``runtime.elastic.shrink.ShrinkPhase``. Every wait of the launchers is bounded: reaching the
+store and reading the run id by ``--timeout``; a second start's look at its node's beats by
+2 :data:`BEAT`; the watch's look at the ranks every ``scripts.WATCH_POLL`` seconds, a stop by
+``scripts.STOP_GRACE`` before SIGKILL; the store's host by ``--timeout`` after the last sign of
+life of any node (:func:`await_job_end`).
 """
 
 from __future__ import annotations
@@ -80,6 +94,18 @@ class StoreAt(StrEnum):
 
     LAUNCHER = "launcher"
     APART = "apart"
+
+
+class NodeState(StrEnum):
+    """A node as the store's host sees it (:func:`await_job_end`), by its latest start."""
+
+    #: its launcher beats (``beat/{I}``, every :data:`BEAT` seconds)
+    RUNNING = "running"
+    #: its launcher said it ended (``ended/{I}`` of its latest start)
+    ENDED = "ended"
+    #: no beat for ``--timeout`` seconds: its machine died, or it is stopped; a beat again
+    #: (continued, or started again) makes it RUNNING
+    LOST = "lost"
 
 
 class GroupBy(StrEnum):
@@ -241,7 +267,7 @@ def await_job_end(
     beats: dict[int, tuple[int, float]] = {}
     finished_at: float | None = None
     while True:
-        now, over = time.monotonic(), []
+        now, states = time.monotonic(), {}
         for node in range(nnodes):
             beat = store.add(f"{key}/beat/{node}", 0)
             if beats.get(node, (None,))[0] != beat:
@@ -252,8 +278,10 @@ def await_job_end(
                 said = int(start) == store.add(f"{key}/starts/{node}", 0)
                 if said and finished and finished_at is None:
                     finished_at = now
-            if said or now > beats[node][1] + timeout:
-                over.append(node)
+            lost = now > beats[node][1] + timeout
+            state = NodeState.ENDED if said else NodeState.LOST if lost else NodeState.RUNNING
+            states[node] = state
+        over = [node for node, state in states.items() if state is not NodeState.RUNNING]
         if len(over) == nnodes:
             return f"every node ended or was lost ({nnodes} nodes)"
         if finished_at is not None and now > finished_at + timeout:

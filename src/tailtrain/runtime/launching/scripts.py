@@ -31,9 +31,16 @@ works unchanged. What differs from torchrun:
 * **The outcome.** The launch succeeds (exit 0) when every rank finished (status 0), or,
   under shrink, when at least one did and every other one died, left, or was stopped because
   it still ran ``--timeout`` seconds after the first rank finished (a hung rank the survivors
-  went on without: SIGKILL, which a stopped process takes too); otherwise it fails with one
-  line (:class:`~tailtrain.runtime.launching.failures.JobFailed`, exit 1) naming the first rank that
-  failed and why.
+  went on without: SIGKILL, which a stopped process takes too), and no heal failed (below);
+  otherwise it fails with one line (:class:`~tailtrain.runtime.launching.failures.JobFailed`,
+  exit 1) naming the first rank that failed and why.
+* **Only what holds is said** (under shrink). A rank that dies is said dead and noted so;
+  that the live ranks went on is said once they did: the members of a generation that formed
+  and synced write ``gen{g}/held`` (``Shrinker.held``), and the launcher, which reads those
+  keys (:class:`Generations`), says "ranks [...] went on from step s (generation g): without
+  ranks [...]" then, never when it only expects it; a generation whose forming failed is not
+  said. A restart is said started, and "rejoined ... at step s" once the generation that took
+  it in held (``healed/{rank}``, :func:`taken_in`).
 * **Ctrl-C** (SIGINT, or SIGTERM or SIGHUP to the launcher) is forwarded once to every
   rank (whose ``KeyboardInterrupt`` ends it with status 130, no traceback), each in a
   process group of its own (a terminal's Ctrl-C would otherwise reach each twice) that the
@@ -54,13 +61,19 @@ again, and ``TAILTRAIN_REJOIN=1``, ``runtime.elastic.store``), so the script ski
 ``StragglerStep`` asks the live ranks to take it in (JOINING), which they do at their next step
 boundary, handing it the model, optimizer and rule state (``integrate.step``). Once a rank
 finished, the launcher sets ``finished`` in the store: a rank still waiting to join is
-refused then and leaves (:class:`RankState` ``LEFT``).
+refused then and leaves (:class:`RankState` ``LEFT``: no failure, the run ended first).
+**A heal that fails is a failure**: a restart that ends before the live ranks took it in
+(``healed/{rank}`` unwritten), whether it crashed, exited 0, or found no one to take it in
+within ``--timeout`` (``Shrinker.join`` then raises), fails the launch (exit 1) with one line,
+``the heal failed: rank r was started again and died before it was taken in (why)``, unless
+another restart of it heals; the other ranks' training goes on meanwhile.
 """
 
 from __future__ import annotations
 
 import contextlib
 import datetime
+import json
 import logging
 import os
 import shutil
@@ -150,6 +163,13 @@ class Rank:
     died: float = float("inf")
     #: how many times it was started again (``--restart-lost``)
     restarts: int = 0
+    #: this start was taken in by the live ranks (their ``healed/{rank}``): said once
+    healed: bool = False
+
+    @property
+    def heals(self) -> bool:
+        """Whether this start of the rank must be taken in by the live ranks (a restart)."""
+        return bool(self.restarts or self.rejoins)
 
 
 @dataclass
@@ -294,6 +314,8 @@ def watch(
     ``shared``: the job's meeting across nodes (beats; under stop, the others' failure)."""
     outcome = LaunchOutcome()
     first_done: float | None = None
+    # what the live ranks did, said once it holds (a generation formed, a restart taken in)
+    said_held = Generations(notes) if on_rank_loss is OnRankLoss.SHRINK else None
     while any(r.state is RankState.RUNNING for r in ranks):
         if shared is not None:
             shared.beat()
@@ -317,6 +339,12 @@ def watch(
             else:
                 outcome.failure = f"{line}; they were stopped"
             break
+        if said_held is not None:
+            for line in said_held.look():
+                log.warning("%s", line)
+            for r in ranks:
+                if r.state is RankState.RUNNING:
+                    taken_in(r, notes)
         for r in ranks:
             if r.state is not RankState.RUNNING or (code := r.process.poll()) is None:
                 continue
@@ -331,35 +359,40 @@ def watch(
             # asked before its status: a loop that catches Refused exits 0, and a rank told to
             # leave must not start the clock that stops the survivors still training
             if notes.check([f"left/{r.rank}"]):
-                r.state = RankState.LEFT
-                log.warning(
-                    "rank %d left the job: %s", r.rank, notes.get(f"left/{r.rank}").decode()
-                )
+                r.state, r.why = RankState.LEFT, notes.get(f"left/{r.rank}").decode()
+                log.warning("rank %d left the job: %s", r.rank, r.why)
                 continue
-            if code == 0:
+            # a restart that ends, even with status 0, before the live ranks took it in: the
+            # heal failed (a failure unless another restart heals)
+            unhealed = r.heals and not taken_in(r, notes)
+            if code == 0 and not unhealed:
                 r.state = RankState.FINISHED
                 if first_done is None:  # a rank still waiting to join is refused now
                     first_done = time.monotonic()
                     notes.set("finished", "1")
                 continue
             r.state, r.died = RankState.DIED, time.monotonic()
-            if (r.restarts or r.rejoins) and not notes.check([f"healed/{r.rank}"]):
-                late = f"rank {r.rank} was started again and died before it was taken in"
+            if unhealed:
+                how = "died" if code else "ended"
+                late = f"rank {r.rank} was started again and {how} before it was taken in"
                 outcome.heal_failed[r.rank] = f"{late} ({r.why})"  # unless a restart heals
             if on_rank_loss is OnRankLoss.SHRINK and by_node:
-                left = node_leaves(ranks, r, notes)
+                stopped = node_leaves(ranks, r, notes)
                 if again is not None and first_done is None and again.restart_node(ranks, r):
                     outcome.heal_failed = {}  # the node gets another start
                     continue
-                outcome.failure = f"{left}; the other nodes go on without it"
-                log.warning("%s; the other nodes go on without it", left)
+                failed = outcome.heal_failed.get(r.rank)
+                cause = f"the heal failed: {failed}" if failed else f"rank {r.rank} died ({r.why})"
+                # the other nodes' census decides whether they go on: not said here
+                outcome.failure = f"this node left the job: {cause}{stopped}"
                 break
             if on_rank_loss is OnRankLoss.SHRINK:
                 notes.set(f"dead/{r.rank}", r.why)  # the census need not wait its window
                 if again is not None and first_done is None and again.restart(r):
                     outcome.heal_failed.pop(r.rank, None)  # it gets another start
                     continue
-                log.warning("rank %d died (%s); the job goes on without it", r.rank, r.why)
+                # that the others went on is said once a generation without it held
+                log.warning("rank %d died (%s); noted dead for the live ranks", r.rank, r.why)
             else:
                 outcome.failure = f"rank {r.rank} failed ({r.why}); the other ranks were stopped"
                 stop(ranks, signal.SIGTERM)
@@ -370,13 +403,61 @@ def watch(
     outcome.states = {r.rank: r.state for r in ranks}
     if outcome.interrupted or outcome.refused is not None:
         return outcome
+    if outcome.failure is None and outcome.heal_failed:  # the others may have finished: still
+        outcome.failure = f"the heal failed: {next(iter(outcome.heal_failed.values()))}"
     if outcome.failure is None:
         outcome.failure = judged(ranks)
-    if outcome.failure is None and outcome.heal_failed:  # the others finished: still a failure
-        outcome.failure = f"the heal failed: {next(iter(outcome.heal_failed.values()))}"
     if outcome.failure is not None:
         raise JobFailed(outcome.failure)
     return outcome
+
+
+def taken_in(r: Rank, notes: dist.Store) -> bool:
+    """Whether this start of ``r`` (a restart) was taken in by the live ranks: their
+    ``healed/{rank}``, written once the generation that took it in held (``Shrinker.regroup``);
+    said in one line the first time it is seen."""
+    if r.healed or not r.heals:
+        return r.healed
+    with contextlib.suppress(Exception):  # the store gone: judged by the rank's own end
+        if notes.check([f"healed/{r.rank}"]):
+            generation, step = json.loads(notes.get(f"healed/{r.rank}"))
+            r.healed = True
+            log.warning(
+                "rank %d rejoined the live ranks at step %d (generation %d)", r.rank, step,
+                generation,
+            )  # fmt: skip
+    return r.healed
+
+
+@dataclass
+class Generations:
+    """The live ranks' generations as the launcher reads them from the store: the members of a
+    generation that held (formed, and synced from the lead) write ``gen{g}/held``
+    (``Shrinker.regroup``), so the launcher says that the job went on only once it did. A
+    generation whose forming failed is followed by its own census or grow
+    (``gen{g}/members``, ``gen{g}/grow``) with no ``held``: it is passed over, unsaid."""
+
+    notes: dist.Store
+    #: the next generation to look for (generation 0 is the job's group)
+    next: int = 1
+
+    def look(self) -> list[str]:
+        """The lines of the generations that held since the last look."""
+        lines = []
+        with contextlib.suppress(Exception):  # the store gone: the watch finds it
+            while True:
+                g, notes = self.next, self.notes
+                if notes.check([f"gen{g}/held"]):
+                    held = json.loads(notes.get(f"gen{g}/held"))
+                    line = f"ranks {held['members']} went on from step {held['step']}"
+                    line += f" (generation {g})"
+                    parts = [f"without ranks {held['lost']}"] if held["lost"] else []
+                    parts += [f"with ranks {held['joined']} taken back"] if held["joined"] else []
+                    lines.append(f"{line}: {', '.join(parts)}" if parts else line)
+                elif not (notes.check([f"gen{g}/members"]) or notes.check([f"gen{g}/grow"])):
+                    return lines
+                self.next += 1
+        return lines
 
 
 @dataclass
@@ -392,35 +473,34 @@ class Restarts:
         if r.restarts >= self.limit:
             return False
         r.restarts += 1
-        log.warning(
-            "rank %d died (%s); started again (%d of %d): it asks the live ranks to take it in",
-            r.rank, r.why, r.restarts, self.limit,
-        )  # fmt: skip
         r.process = self.start(r.local, r.restarts)
-        r.state, r.why, r.died = RankState.RUNNING, "", float("inf")
+        # said once it holds: started now; that it rejoined, once taken in (``taken_in``)
+        log.warning("rank %d died (%s); started again (%d of %d)", r.rank, r.why, r.restarts,
+                    self.limit)  # fmt: skip
+        r.state, r.why, r.died, r.healed = RankState.RUNNING, "", float("inf"), False
         return True
 
     def restart_node(self, ranks: list[Rank], first: Rank) -> bool:
         """Start every rank of the node again, after ``first`` died (logged once), when each
-        has restarts left; whether they were. Each asks the live ranks to take it in."""
+        has restarts left; whether they were."""
         if any(r.restarts >= self.limit for r in ranks):
             return False
-        log.warning(
-            "rank %d died (%s); its node's ranks %s were started again (%d of %d): they ask "
-            "the live ranks to take them in",
-            first.rank, first.why, [r.rank for r in ranks], first.restarts + 1, self.limit,
-        )  # fmt: skip
+        why = first.why
         for r in ranks:
             r.restarts += 1
             r.process = self.start(r.local, r.restarts)
-            r.state, r.why, r.died = RankState.RUNNING, "", float("inf")
+            r.state, r.why, r.died, r.healed = RankState.RUNNING, "", float("inf"), False
+        log.warning(
+            "rank %d died (%s); its node's ranks %s were started again (%d of %d)",
+            first.rank, why, [r.rank for r in ranks], first.restarts, self.limit,
+        )  # fmt: skip
         return True
 
 
 def node_leaves(ranks: list[Rank], first: Rank, notes: dist.Store) -> str:
     """The node of ``ranks`` leaves whole after ``first`` died: its other running ranks are
     killed (they would only wait in a collective with the dead one), and every one of them is
-    noted dead in the store at once; returns the line that says so."""
+    noted dead in the store at once; returns the words that say which were stopped."""
     mates = [r for r in ranks if r is not first and r.state is RankState.RUNNING]
     for r in mates:
         signal_rank(r.process, signal.SIGKILL)
@@ -431,8 +511,7 @@ def node_leaves(ranks: list[Rank], first: Rank, notes: dist.Store) -> str:
         r.why = f"its node left with rank {first.rank}"
     for r in (first, *mates):  # the census need not wait its window for any of them
         notes.set(f"dead/{r.rank}", r.why)
-    stopped = f"; ranks {[r.rank for r in mates]} of its node were stopped" if mates else ""
-    return f"this node left the job: rank {first.rank} died ({first.why}){stopped}"
+    return f"; ranks {[r.rank for r in mates]} of its node were stopped" if mates else ""
 
 
 def judged(ranks: list[Rank]) -> str | None:
@@ -440,7 +519,10 @@ def judged(ranks: list[Rank]) -> str | None:
     if any(r.state is RankState.FINISHED for r in ranks):
         return None
     died = [r for r in ranks if r.state is RankState.DIED]
-    if not died:  # every rank left or was stopped
+    left = [r for r in ranks if r.state is RankState.LEFT]
+    if not died and left:  # refused by the live ranks (it came after their census), or more
+        return f"no rank finished: ranks {[r.rank for r in left]} left the job ({left[0].why})"
+    if not died:  # every rank was stopped
         return f"no rank finished: {', '.join(f'rank {r.rank} {r.state}' for r in ranks)}"
     first = min(died, key=lambda r: r.died)  # in the order they died, not by rank
     return f"no rank finished: rank {first.rank} failed first ({first.why})"
