@@ -20,7 +20,7 @@ class Learner:
     def __init__(self) -> None:
         self.requeued: list[np.ndarray] = []
         self.carry = SimpleNamespace(peek=lambda drawn, n, m, size: np.zeros((size, B)))
-        self.drawn = 0
+        self.drawn = SimpleNamespace(n=N)  # the stream's draws: the job's N ranks'
 
     def batches(self, step: int, units: int) -> np.ndarray:
         return np.arange(N * units * B).reshape(N, units, B)
