@@ -3,21 +3,25 @@
 accounting (``measure``, ``accounting``) and its goal helpers are imported, not copied.
 
 **Setting.** 3 nodes x 2 ranks on this machine, each node one launcher in a session of its own
-(its process group is the node: a drill signals it whole), gloo, ``digits-cnn`` (tailtrain's
-model, initial weights, shards and lr from ``World.build``, worker = the job's rank), the
-injected noise of ``bench_faults.py`` (its ``default_delay``: a step sleeps 0.08 s plus
-exponential noise, one draw per micro-batch, M = ``--micro-batches`` a rank, drawn from
-tailtrain's seeded ``Injector``). Addresses: the store, the lighthouse and torchrun's c10d
-rendezvous on 127.0.0.1; torchrun's nodes ``--local-addr`` 127.0.0.2-4, torchft's replica
-groups' stores on 127.0.0.2-4; ``tailtrain launch`` has no option for its node's own address
-(its ranks' gloo binds the host name's address, 127.0.0.1 here: ``bind_note`` in the JSON).
+(a node is its launcher's whole process tree: torchrun starts its workers in sessions of their
+own, so a drill signals every process of the tree at once, :func:`signal_tree`), gloo,
+``digits-cnn`` (tailtrain's model, initial weights, shards and lr from ``World.build``, worker
+= the job's rank), the injected noise of ``bench_faults.py`` (its ``default_delay``: a step
+sleeps 0.08 s plus exponential noise, one draw per micro-batch, M = ``--micro-batches`` a rank,
+drawn from tailtrain's seeded ``Injector``). Addresses: the store, the lighthouse and
+torchrun's c10d rendezvous on 127.0.0.1; torchrun's nodes ``--local-addr`` 127.0.0.2-4,
+torchft's replica groups' stores on 127.0.0.2-4; ``tailtrain launch`` has no option for its
+node's own address (its ranks' gloo binds the host name's address, 127.0.0.1 here:
+``bind_note`` in the JSON).
 
 **Drills**, on node W (1 or 2, drawn from ``--seed``; never node 0, which hosts torchrun's
 rendezvous store) as a rank of W reaches step S (30-50% of the run), sent by this script to
-the node's whole process group:
+the node's whole process tree:
 
-* ``kill``: SIGKILL; ``heal``: the same, then the node's launcher is started again at once
-  (``--heal-extra`` steps more, so it is back before the end);
+* ``kill``: SIGKILL; ``heal``: the same, then the node's launcher is started again
+  ``--heal-delay`` s after the kill (5: a quick reboot), its run ``--heal-extra`` steps longer
+  (quick 300, else 400: a node that starts again takes 20-35 s to import and rejoin at load
+  10-14, and a run whose survivors ended first heals nothing, ``heal_void``);
 * ``stop``: SIGSTOP for ``--hold`` s (10; quick 4), then SIGCONT;
 * ``slow``: no fault; node W's two ranks sleep ``--slow-factor`` (1.5) times their draws
   throughout.
@@ -26,13 +30,17 @@ the node's whole process group:
 ``tailtrain launch --nnodes 3 --node-rank I --nproc-per-node 2 --rdzv-endpoint 127.0.0.1:P
 --store apart --on-rank-loss shrink --restart-lost 1`` (the store in ``tailtrain store``);
 ``tailtrain-deal-demand`` (``rebalance:deal=demand``) is listed as not available (not in
-``StragglerStep`` under shrink on this tree); ``torchft-default`` / ``torchft-tuned``:
+``StragglerStep`` under shrink on this tree), and ``StragglerStep`` refuses ``rebalance`` under
+shrink at start (the row then says its one line); ``torchft-default`` / ``torchft-tuned``:
 ``faults_peer.py --group-size 2``, one ``torchrun --nproc-per-node 2`` per node as one replica
 group (torchft 0.2.0's ``Manager`` on its ``ProcessGroupGloo``, its lighthouse), default
 timeouts or ``--tuned`` s; ``torchrun``: ``faults_peer.py --mode ddp`` under ``torchrun
 --nnodes 3 --nproc-per-node 2 --rdzv-backend c10d --max-restarts 1``, a checkpoint every 20
-steps (its fixed 3-node rendezvous waits for a lost node: a run whose ranks commit nothing
-for ``--stall`` s after the fault is ended and says so).
+steps (its fixed 3-node rendezvous waits for a lost node: a run whose ranks log nothing for
+``--stall`` s after the fault, the hold's end or the node's restart is ended and says so;
+``--attempts joins`` keys each attempt's gloo mesh by the rank's joins, since a node's torchrun
+started again counts its restarts from 0). Every row runs drill by drill, the rows
+interleaved, so a load that drifts weighs on each alike.
 
 **Measured** (``bench_faults.measure`` on every rank's own log): ``fault_to_next_step``,
 ``heal_seconds`` / ``heal_from``, ``samples_replayed`` / ``samples_lost`` /
@@ -241,8 +249,7 @@ class Drill:
                         os.kill(pid, signal.SIGCONT)
             elif self.kind == "heal" and self.restart is not None:
                 self.node().wait(timeout=30)
-                # the machine's reboot: torch's rendezvous keeps a dead agent a member for
-                # its keep-alive window (3 x 5 s); a node back sooner met its own ghost
+                # the machine's reboot (--heal-delay), the same for every row
                 self.done.wait(max(0.0, self.fired["t"] + self.heal_delay - time.time()))
                 self.fired["restarted_at"] = time.time()
                 self.restart()
@@ -268,14 +275,12 @@ def wait_run(
         healing = drill.kind == "heal" and drill.fired and "restarted_at" not in drill.fired
         if all(p.poll() is not None for p in procs) and not healing:
             return [p.returncode for p in procs]
-        quiet = drill.fired is not None and time.time() - last_log_write(group.folder) > cfg.stall
-        held = (
-            drill.kind == "stop"
-            and bool(drill.fired)
-            and time.time() - drill.fired["t"] < cfg.hold + cfg.stall
-        )
-        if quiet and not held:
-            return f"stalled: no step logged for {cfg.stall:g} s after the fault"
+        if drill.fired is not None and not healing:
+            # the last sign of life: a step logged, the end of a hold, the node restarted
+            held = drill.fired["t"] + (cfg.hold if drill.kind == "stop" else 0.0)
+            alive = max(last_log_write(group.folder), held, drill.fired.get("restarted_at", 0))
+            if time.time() - alive > cfg.stall:
+                return f"stalled: no step logged for {cfg.stall:g} s after the fault"
         time.sleep(0.2)
     return "timed out"
 
@@ -763,7 +768,7 @@ def parse(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[str],
     parser.add_argument("--hold", type=float, default=None, help="stop s (10; quick 4)")
     parser.add_argument("--heal-extra", type=int, default=None, help="heal: steps more")
     parser.add_argument(
-        "--heal-delay", type=float, default=20.0, help="heal: s from the kill to the restart"
+        "--heal-delay", type=float, default=5.0, help="heal: s from the kill to the restart"
     )
     parser.add_argument("--tuned", type=float, default=2.0, help="torchft's tuned timeout, s")
     parser.add_argument("--slow-factor", type=float, default=1.5)
