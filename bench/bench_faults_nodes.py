@@ -41,8 +41,9 @@ steps (its fixed 3-node rendezvous waits for a lost node: a run whose ranks log 
 ``--attempts joins`` keys each attempt's gloo mesh by the rank's joins, since a node's torchrun
 started again counts its restarts from 0; in every heal measured here (restarted 0.1, 5
 and 20 s after the kill) torch 2.13's c10d rendezvous never formed again: the survivors'
-agents timed out on its ``role_info`` keys, the new one on ``MASTER_ADDR``). Every row runs drill by drill, the rows
-interleaved, so a load that drifts weighs on each alike.
+agents timed out on its ``role_info`` keys, the new one on ``MASTER_ADDR``).
+Every row runs drill by drill, the rows interleaved, so a load that drifts weighs on each
+alike.
 
 **Measured** (``bench_faults.measure`` on every rank's own log): ``fault_to_next_step``,
 ``heal_seconds`` / ``heal_from``, ``samples_replayed`` / ``samples_lost`` /
