@@ -29,7 +29,12 @@ Modes (``--mode``):
   steps, and a restarted group resumes from it.
 * ``torchft``: one replica group of one process (``torchrun --nproc-per-node 1``), torchft's
   ``Manager`` on its ``ProcessGroupGloo``, its ``DistributedDataParallel``, its lighthouse
-  given by ``TORCHFT_LIGHTHOUSE``; a restarted replica heals from a live peer.
+  given by ``TORCHFT_LIGHTHOUSE``; a restarted replica heals from a live peer. With
+  ``--group-size G`` (``bench_faults_nodes.py``: one replica group per node) the group has G
+  ranks (``torchrun --nproc-per-node G``), worker ``replica G + LOCAL_RANK``: torchft's DDP
+  averages each group rank's gradient over the replicas (its ``Manager`` pairs group rank r
+  of every replica), and a plain gloo allreduce inside the group then averages over the G
+  ranks, so the update is the mean over every participating rank, as torchft's HSDP does.
 
 Drills (``--drill kill:worker=W,step=S`` or ``freeze:worker=W,step=S,seconds=X``) fire once
 per run (a marker file in ``--out``) at the start of worker W's step S, as tailtrain's
@@ -104,6 +109,8 @@ class Noise:
 
         self.injector = Injector(world, worker, delays=True)
         self.m = world.scenario.micro_batches or 1
+        #: ``--slow-workers``: this worker's draws times ``--slow-factor`` (a slow node)
+        self.factor = 1.0
         self.next = 0
         self.began = time.time()
 
@@ -113,7 +120,8 @@ class Noise:
             self.injector.unit_times(1, self.m, time.time() - self.began)
             self.next += 1
         self.next += 1
-        return self.injector.unit_times(1, self.m, time.time() - self.began).tolist()
+        draws = self.injector.unit_times(1, self.m, time.time() - self.began)
+        return (self.factor * draws).tolist()
 
 
 def fire(drill: dict[str, Any] | None, worker: int, step: int, out: Path, log: Log) -> None:
@@ -215,6 +223,11 @@ def run_ddp(args: argparse.Namespace, world: Any, out: Path) -> None:
         is_master=False,
         timeout=timedelta(seconds=args.timeout),
     )
+    if args.attempts == "joins":
+        # across nodes a node's torchrun started again by hand counts its restarts from 0
+        # while the survivors' agents count 1: the attempt is instead how many times this
+        # rank joined (every round of a fixed-size rendezvous holds every rank once)
+        restart = agent.add(f"faults-joins-{os.environ['RANK']}", 1) - 1
     dist.init_process_group(
         "gloo",
         store=dist.PrefixStore(f"faults-attempt-{restart}", agent),
@@ -235,6 +248,7 @@ def run_ddp(args: argparse.Namespace, world: Any, out: Path) -> None:
         start = int(saved["step"])
     ddp = DistributedDataParallel(model)
     noise = Noise(world, worker)
+    noise.factor = args.slow_factor if worker in args.slow_workers else 1.0
     log.write(event="start", step=start, restart=restart, t=time.time())
     for step in range(start, args.steps):
         t0 = time.time()
@@ -253,9 +267,13 @@ def run_ddp(args: argparse.Namespace, world: Any, out: Path) -> None:
 
 
 def run_torchft(args: argparse.Namespace, world: Any, out: Path) -> None:
+    import torch.distributed as dist
     from torchft import DistributedDataParallel, Manager, ProcessGroupGloo
 
-    worker = args.replica
+    group_rank = int(os.environ.get("LOCAL_RANK", "0")) if args.group_size > 1 else 0
+    if args.group_size > 1:  # the replica group's own ranks (module docstring)
+        dist.init_process_group("gloo")
+    worker = args.replica * args.group_size + group_rank
     log = Log(out, worker)
     model = world.task.module_at(world.task.init_params(args.seed))
     opt = torch.optim.SGD(model.parameters(), lr=world.lr)
@@ -283,15 +301,16 @@ def run_torchft(args: argparse.Namespace, world: Any, out: Path) -> None:
         min_replica_size=1,
         load_state_dict=load_state_dict,
         state_dict=state_dict,
-        replica_id=f"faults_{worker}",
-        rank=0,
-        world_size=1,
+        replica_id=f"faults_{args.replica}",
+        rank=group_rank,
+        world_size=args.group_size,
         **timeouts,
     )
     ddp = DistributedDataParallel(manager, model)
     noise = Noise(world, worker)
+    noise.factor = args.slow_factor if worker in args.slow_workers else 1.0
     restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
-    if restart == 0:
+    if restart == 0 and not (out / f"ready-w{worker}").exists():  # not a node started again
         wait_for_peers(out, worker, args.workers, args.timeout_ready)
     log.write(event="start", step=manager.current_step(), restart=restart, t=time.time())
     while manager.current_step() < args.steps:
@@ -304,6 +323,12 @@ def run_torchft(args: argparse.Namespace, world: Any, out: Path) -> None:
         # quorum starts before the last draw's sleep (module docstring)
         m, quorum = args.micro_batches, manager.start_quorum
         loss = accumulate(ddp, world, worker, step, args.seed, m, seconds, quorum)
+        if args.group_size > 1:  # the mean over the group's ranks of the replicas' means
+            grads = [p.grad for p in model.parameters() if p.grad is not None]
+            flat = torch.cat([g.flatten() for g in grads])
+            dist.all_reduce(flat)
+            for g, part in zip(grads, flat.split([g.numel() for g in grads]), strict=True):
+                g.copy_(part.view_as(g) / args.group_size)
         part = manager.is_participating()
         committed = manager.should_commit()
         if committed:
@@ -319,6 +344,8 @@ def run_torchft(args: argparse.Namespace, world: Any, out: Path) -> None:
             after=manager.current_step(),
         )
     manager.shutdown(wait=False)
+    if dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def main() -> None:
@@ -337,6 +364,20 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=0.0, help="0: the library's default")
     parser.add_argument("--timeout-ready", type=float, default=120.0)
     parser.add_argument("--replica", type=int, default=0)
+    parser.add_argument("--group-size", type=int, default=1, help="torchft: ranks per replica")
+    parser.add_argument(
+        "--slow-workers",
+        type=lambda text: [int(w) for w in text.split(",") if w],
+        default=[],
+        help="workers whose injected seconds are --slow-factor times longer (a slow node)",
+    )
+    parser.add_argument("--slow-factor", type=float, default=1.0)
+    parser.add_argument(
+        "--attempts",
+        choices=("restarts", "joins"),
+        default="restarts",
+        help="ddp: the key space of an attempt, torchrun's restart count or this rank's joins",
+    )
     args = parser.parse_args()
     torch.set_num_threads(1)
     sys.path.insert(0, str(ROOT / "src"))

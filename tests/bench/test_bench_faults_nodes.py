@@ -1,0 +1,243 @@
+"""bench/bench_faults_nodes.py's pure parts on made-up logs and rows (fast; no process, no
+timing): its refusals, the accounting of a node's absence, the global batch, the bound, a
+node's heal, and the goals scored from rows."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from bench import bench_faults_nodes as bn
+
+CFG = SimpleNamespace(
+    workers=6,
+    batch=32,
+    micro_batches=2,
+    target_loss=1.0,
+    delay="shifted-exp:shift=0.04,scale=0.01",
+    slow_factor=1.5,
+    compute_s=0.0,
+    steps=60,
+    seed=0,
+)
+
+
+# ---- refusals ----------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (["--rows", "tailtrain-sync,nope"], "unknown rows/drills ['nope']"),
+        (["--drills", "freeze"], "unknown rows/drills ['freeze']"),
+        (["--rows", "tailtrain-rebalance", "--micro-batches", "1"], "deals micro-batch shares"),
+        (["--steps", "10"], "--steps 10: use 20 or more"),
+        (["--slow-factor", "0.5"], "a slow node is 1 or more times slower"),
+        (["--rows", ""], "need one name at least"),
+    ],
+)
+def test_a_bad_selection_is_refused_in_one_line_before_any_process(argv, says, capsys):
+    with pytest.raises(SystemExit) as caught:
+        bn.parse(argv)
+    assert caught.value.code == 2
+    err = capsys.readouterr().err
+    assert says in err and err.strip().splitlines()[-1].count(says) == 1
+
+
+def test_the_fault_strikes_a_node_other_than_the_first_in_the_run_s_middle():
+    for seed in range(20):
+        fault = bn.plan(SimpleNamespace(seed=seed, steps=100))
+        assert fault["node"] in (1, 2)
+        assert 30 <= fault["step"] <= 50
+        assert fault["workers"] == [2 * fault["node"], 2 * fault["node"] + 1]
+
+
+def test_a_node_is_its_launcher_s_whole_tree():
+    # 10 the launcher; 11, 12 its workers (in sessions of their own); 13 a worker's child
+    parent = {10: 1, 11: 10, 12: 10, 13: 11, 20: 1, 21: 20}
+    assert sorted(bn.tree(10, parent)) == [10, 11, 12, 13]
+    assert bn.tree(21, parent) == [21]
+
+
+def test_the_law_s_mean_is_the_shift_plus_the_scale():
+    assert bn.mean_delay("shifted-exp:shift=0.01,scale=0.0025") == pytest.approx(0.0125)
+
+
+# ---- accounting --------------------------------------------------------------------------------
+def tailtrain_row(worker, pid, step, t, live, loss=2.0):
+    return {
+        "worker": worker,
+        "pid": pid,
+        "step": step,
+        "t0": t - 0.1,
+        "t": t,
+        "loss": loss,
+        "committed": True,
+        "part": True,
+        "live": live,
+        "completed": [CFG.micro_batches] * len(live),
+    }
+
+
+def test_a_tailtrain_record_counts_the_absent_node_and_its_smaller_global_batch():
+    full, shrunk = list(range(6)), [0, 1, 2, 3]
+    rows = [tailtrain_row(w, 100 + w, s, 1.0 + s, full) for w in range(6) for s in range(3)]
+    rows += [tailtrain_row(w, 100 + w, s, 1.0 + s, shrunk) for w in range(4) for s in (3, 4)]
+    commits, history = bn.commits_and_history(rows, CFG)
+    assert len(commits) == 18 + 8
+    assert history[4]["absent"] == 2 and history[4]["contributors"] == 4
+    assert history[4]["counted"] == 2 * CFG.micro_batches * CFG.batch  # the record says so
+    assert history[0]["micro_batches"] == 12 and history[4]["micro_batches"] == 8
+    batch = bn.global_batch(history, {"step": 3})
+    assert batch == {"before": 12, "after": 8, "after_min": 8}
+    books = bn.bf.accounting(commits, history, CFG)
+    assert books["samples_absent"] == 2 * 2 * 2 * 32 and books["samples_lost"] == 0
+
+
+def test_a_peer_s_contributors_are_the_workers_that_committed_and_count_nothing():
+    rows = [
+        {"worker": w, "pid": w, "step": s, "t0": s, "t": s + 0.5, "loss": 1.0 + w,
+         "committed": True, "part": True}
+        for w in range(6) for s in range(2)
+    ]  # fmt: skip
+    rows += [
+        {"worker": w, "pid": w, "step": 2, "t0": 2, "t": 2.5, "loss": 1.0, "committed": True,
+         "part": True}
+        for w in range(4)
+    ]  # fmt: skip
+    rows.append({"worker": 5, "pid": 5, "step": 2, "t0": 2, "t": 2.5, "committed": True,
+                 "part": False, "loss": 9.0})  # fmt: skip
+    _, history = bn.commits_and_history(rows, CFG)
+    assert history[0]["loss"] == pytest.approx(3.5)
+    assert history[2]["contributors"] == 4 and history[2]["micro_batches"] == 8
+    assert "counted" not in history[2]
+
+
+def test_the_bound_spreads_each_update_over_its_live_ranks_at_their_law_s_pace():
+    history = {s: {"micro_batches": 12, "live": list(range(6))} for s in range(4)}
+    cell = {"target_step": 3, "time_to_target": 1.0}
+    mean = 0.05  # shift 0.04 + scale 0.01: 6 ranks at 20 micro-batches/s each
+    got = bn.bound_time(history, cell, CFG, None)
+    assert got["bound_time_to_target"] == pytest.approx(3 * 12 * mean / 6, abs=1e-3)
+    slow = bn.bound_time(history, cell, CFG, {"workers": [4, 5]})
+    rate = 4 / mean + 2 / (1.5 * mean)
+    assert slow["bound_time_to_target"] == pytest.approx(3 * 12 / rate, abs=1e-3)
+    assert bn.bound_time(history, {"time_to_target": None}, CFG, None) == {
+        "bound_time_to_target": None
+    }
+
+
+def commit(worker, pid, step, t):
+    return {"worker": worker, "pid": pid, "step": step, "t": t}
+
+
+def test_a_node_whose_two_ranks_come_back_heals_from_a_peer():
+    before = [commit(w, w, s, s) for w in range(6) for s in range(5)]
+    after = [commit(w, w, s, s) for w in range(4) for s in range(5, 12)]
+    back = [commit(w, 100 + w, s, s + 0.5) for w in (4, 5) for s in range(9, 12)]
+    fired = {"t": 4.5}
+    assert bn.heal_check(before + after + back, fired, [4, 5]) == {"heal_from": "peer"}
+    everyone = [commit(w, 200 + w, s, s + 0.7) for w in range(4) for s in range(9, 12)]
+    assert bn.heal_check(before + back + everyone, fired, [4, 5])["heal_from"] == "checkpoint"
+
+
+def test_a_node_that_came_back_after_the_survivors_ended_did_not_heal():
+    before = [commit(w, w, s, s) for w in range(6) for s in range(5)]
+    after = [commit(w, w, s, s) for w in range(4) for s in range(5, 8)]
+    alone = [commit(w, 100 + w, s, 20 + s) for w in (4, 5) for s in range(0, 8)]
+    got = bn.heal_check(before + after + alone, {"t": 4.5}, [4, 5])
+    assert got["heal_seconds"] is None and "ran alone" in got["heal_void"]
+
+
+# ---- goals -------------------------------------------------------------------------------------
+def cell(**figures):
+    return {"global_batch": {"before": 96, "after": 64, "after_min": 64}, **figures} | {
+        "samples_replayed": 0,
+        "samples_lost": 0,
+        "steps_lost": 0,
+        "samples_absent": 0,
+    }
+
+
+def rows_of(tt_kill=1.0, ft_kill=(3.0, 2.0), tt_heal=10.0, slow=(8.0, 7.5)):
+    return {
+        "tailtrain-sync": {
+            "kill": cell(fault_to_next_step=tt_kill),
+            "stop": cell(fault_to_next_step=5.0),
+            "heal": cell(heal_seconds=tt_heal, heal_from="peer"),
+            "slow": cell(time_to_target=slow[0], bound_time_to_target=slow[1]),
+        },
+        "tailtrain-deal-demand": {"unavailable": bn.DEAL_DEMAND},
+        "torchft-default": {
+            "kill": cell(fault_to_next_step=ft_kill[0]),
+            "stop": cell(fault_to_next_step=4.0),
+            "heal": cell(heal_seconds=30.0, heal_from="peer"),
+            "slow": cell(time_to_target=10.0),
+        },
+        "torchft-tuned": {
+            "kill": cell(fault_to_next_step=ft_kill[1]),
+            "stop": cell(fault_to_next_step=None),
+            "heal": cell(heal_seconds=None),
+            "slow": cell(time_to_target=12.0),
+        },
+    }
+
+
+def test_goals_compare_tailtrain_with_torchft_s_best_and_the_bound():
+    got = bn.goals(rows_of())
+    assert set(got) == set(bn.GOAL_NAMES)
+    kill = got["kill_next_step_no_later_than_torchft"]
+    assert kill["holds"] is True and kill["by_row"]["tailtrain-sync"]["torchft_best"] == 2.0
+    assert got["stop_next_step_no_later_than_torchft"]["holds"] is False  # 5.0 > 4.0
+    assert got["heal_no_slower_than_torchft"]["holds"] is True
+    assert got["no_sample_lost_or_done_twice"]["holds"] is True
+    assert got["slow_time_to_target_at_most_0.85x_torchft"]["holds"] is True  # 8 <= 8.5
+    within = got["slow_time_to_target_within_10pct_of_bound"]
+    assert within["holds"] is True and within["by_row"]["tailtrain-sync"]["ratio"] == 1.067
+
+
+def test_a_goal_fails_on_a_slower_figure_or_a_heal_from_a_checkpoint():
+    got = bn.goals(rows_of(tt_kill=2.5, tt_heal=40.0, slow=(9.0, 7.0)))
+    assert got["kill_next_step_no_later_than_torchft"]["holds"] is False
+    assert got["heal_no_slower_than_torchft"]["holds"] is False
+    assert got["slow_time_to_target_at_most_0.85x_torchft"]["holds"] is False  # 9 > 8.5
+    assert got["slow_time_to_target_within_10pct_of_bound"]["holds"] is False  # 9 > 7.7
+    rows = rows_of()
+    rows["tailtrain-sync"]["heal"]["heal_from"] = "checkpoint"
+    assert bn.goals(rows)["heal_no_slower_than_torchft"]["holds"] is False
+
+
+def test_the_global_batch_goal_says_deal_demand_is_not_available_and_shows_every_row():
+    goal = bn.goals(rows_of())["global_batch_kept_after_fault_deal_demand"]
+    assert goal["holds"] is None and "not available" in goal["why"]
+    assert goal["by_row"]["torchft-default"]["kill"] == {"before": 96, "after": 64, "after_min": 64}
+
+
+def test_goals_are_null_with_why_without_torchft_or_without_a_tailtrain_row():
+    rows = rows_of()
+    for name in bn.TORCHFT:
+        rows[name] = {"unavailable": "ModuleNotFoundError: No module named 'torchft'"}
+    got = bn.goals(rows)
+    assert got["kill_next_step_no_later_than_torchft"]["holds"] is None
+    assert "no figure of torchft" in got["kill_next_step_no_later_than_torchft"]["why"]
+    assert got["slow_time_to_target_within_10pct_of_bound"]["holds"] is True
+    none = bn.goals({"tailtrain-sync": {"refused": "error: no"}})
+    assert all(g["holds"] is None and "no tailtrain row ran" in g["why"] for g in none.values())
+
+
+def test_a_sample_done_twice_or_lost_fails_the_books():
+    rows = rows_of()
+    rows["tailtrain-sync"]["heal"]["samples_replayed"] = 64
+    books = bn.goals(rows)["no_sample_lost_or_done_twice"]
+    assert books["holds"] is False
+    assert books["by_row"]["tailtrain-sync"]["by_drill"]["heal"]["samples_replayed"] == 64
+
+
+def test_a_refused_row_says_its_one_line():
+    cell_ = {
+        "status": [2, 2, 2],
+        "error": "no step committed",
+        "log_tail": {"node0-1": ["tailtrain: error: rebalance cannot shrink"]},
+    }
+    assert bn.refused(cell_) == "tailtrain: error: rebalance cannot shrink"
+    assert bn.refused({"status": [0, 0, 1], "error": "no step committed"}) is None
+    assert bn.refused({"status": "stalled"}) is None
