@@ -33,6 +33,9 @@ if rank == 1 and how == "exit":
     sys.exit(3)
 if rank == 1 and how == "hang":
     os.kill(os.getpid(), signal.SIGSTOP)
+if rank == 1 and how == "refuse":
+    import tailtrain
+    raise tailtrain.UsageError("bad option x")
 time.sleep(float(sys.argv[2]))
 """
 
@@ -85,6 +88,19 @@ def test_under_stop_a_failed_rank_stops_the_others_and_fails_in_one_line(script,
     assert err == (
         "tailtrain launch: error: rank 1 failed (exit status 3); the other ranks were stopped\n"
     )
+
+
+@pytest.mark.timeout(60)
+def test_under_shrink_a_rank_s_bad_input_ends_the_job_in_one_line_and_is_never_restarted(
+    script, capsys, caplog
+):
+    """A rank that refused its input is no death: under shrink with restarts left it is not
+    started again (it was, as the bench across nodes found), and the launch exits 2 with its
+    one line, once."""
+    argv = ["launch", "--nproc-per-node", "3", "--on-rank-loss", "shrink", "--restart-lost", "1"]
+    assert main([*argv, str(script), "refuse", "30"]) == 2
+    assert capsys.readouterr().err == "job.py: error: bad option x\n"
+    assert "died" not in caplog.text and "started again" not in caplog.text
 
 
 @pytest.mark.timeout(60)

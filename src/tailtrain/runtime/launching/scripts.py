@@ -352,6 +352,7 @@ def watch(
             note = script_rank.take_note(said, r.rank) if said is not None and code else None
             if note is not None and note["kind"] == script_rank.USAGE_NOTE:
                 outcome.refused = note["line"]  # every rank finds it: said once, status 2
+                r.state = RankState.DIED  # ended on its input: no death to restart or note
                 stop(ranks, signal.SIGTERM)
                 break
             if note is not None:  # a crash: its exception's last line names the cause
@@ -399,6 +400,8 @@ def watch(
                 if shared is not None:  # and so do the other nodes'
                     shared.stop_others(outcome.failure)
                 break
+        if outcome.refused is not None or outcome.failure is not None:
+            break  # decided: a rank that ended meanwhile is no further death or restart
         time.sleep(WATCH_POLL)
     outcome.states = {r.rank: r.state for r in ranks}
     if outcome.interrupted or outcome.refused is not None:
