@@ -24,21 +24,3 @@ def sigterm():
     before = signal.getsignal(signal.SIGTERM)
     yield
     signal.signal(signal.SIGTERM, before)
-
-
-#: the end-to-end drills that start launchers, a store and 4-6 ranks each: under xdist's
-#: ``--dist loadgroup`` (CI's) they run one at a time on one worker, beside the other workers'
-#: lighter tests, so two of them never share the 2 cores (with three workers, two drills at
-#: once slowed a forked 3-rank fixture past its 120 s bound)
-DRILLS = (
-    "tests/runtime/launching/test_nodes.py",
-    "tests/integrate/test_shrink_ddp.py",
-    "tests/integrate/test_shrink_step.py",
-    "tests/runtime/allreduce/test_shrink_demand.py",
-)
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    for item in items:
-        if item.get_closest_marker("slow") and item.nodeid.startswith(DRILLS):
-            item.add_marker(pytest.mark.xdist_group("drills"))

@@ -5,6 +5,7 @@ second): torchrun's stop by default, a death the job survives under shrink."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -116,7 +117,9 @@ def test_under_shrink_a_job_where_no_rank_finished_fails(tmp_path, capsys):
     path = tmp_path / "fails.py"
     path.write_text("import sys\nsys.exit(1)\n")
     assert main(["launch", "--nproc-per-node", "2", "--on-rank-loss", "shrink", str(path)]) == 1
-    assert "no rank finished: rank 0 failed first (exit status 1)" in capsys.readouterr().err
+    # both exit at once: which the launcher sees first is the machine's to decide
+    err = capsys.readouterr().err
+    assert re.search(r"no rank finished: rank [01] failed first \(exit status 1\)", err), err
 
 
 @pytest.mark.timeout(60)
