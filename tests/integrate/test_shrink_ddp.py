@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
+from tests.integrate.test_shrink_step import matches_reference
 from tests.runtime.launching.test_nodes import environment, free_port
 from torch.utils.data.distributed import DistributedSampler
 
@@ -116,8 +117,7 @@ def test_a_ddp_job_with_the_hook_loses_a_node_and_heals_it_from_a_live_peer(tmp_
     models = [kept[r]["model"] for r in range(WORLD)]
     for name, value in models[0].items():
         assert all(torch.equal(value, other[name]) for other in models[1:]), name
-    for name, value in rebuilt(records).items():
-        torch.testing.assert_close(models[0][name], value, rtol=1e-4, atol=1e-6)
+    matches_reference(models[0], rebuilt, records)
 
 
 @pytest.mark.slow  # a store, two launchers, four ranks and two restarted, each importing torch

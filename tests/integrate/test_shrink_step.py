@@ -13,6 +13,7 @@ import importlib.util
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -84,9 +85,25 @@ def test_a_killed_rank_leaves_survivors_that_equal_the_reference_from_the_record
     models = [kept[r]["model"] for r in survivors]
     for name, value in models[0].items():
         assert all(torch.equal(value, other[name]) for other in models[1:]), name
-    reference = rebuilt(m, records)
-    for name, value in reference.items():
-        torch.testing.assert_close(models[0][name], value, rtol=1e-4, atol=1e-6)
+    matches_reference(models[0], lambda rows: rebuilt(m, rows), records)
+
+
+def matches_reference(
+    state: dict[str, torch.Tensor],
+    rebuild: Callable[[list[dict]], dict[str, torch.Tensor]],
+    records: list[dict],
+) -> None:
+    """``state`` equals the reference rebuilt from all the records, and not the one rebuilt
+    from all but the last: gloo sums the ranks' buckets in its own order, so the reference
+    agrees to a few ulps of the sums only, while a step missed or taken twice moves the
+    parameters by far more than the tolerance."""
+    close = {"rtol": 1e-3, "atol": 1e-5}
+    for name, value in rebuild(records).items():
+        torch.testing.assert_close(state[name], value, **close)
+    short = rebuild(records[:-1])
+    assert any(not torch.allclose(state[name], value, **close) for name, value in short.items()), (
+        "one step less is within the tolerance: the check above could not fail"
+    )
 
 
 def rebuilt(m, records: list[dict], world: int = N) -> dict[str, torch.Tensor]:
@@ -147,8 +164,7 @@ def test_a_killed_rank_started_again_heals_from_a_live_peer_and_the_group_grows_
     models = [kept[r]["model"] for r in range(N)]
     for name, value in models[0].items():
         assert all(torch.equal(value, other[name]) for other in models[1:]), name
-    for name, value in rebuilt(example(), records).items():
-        torch.testing.assert_close(models[0][name], value, rtol=1e-4, atol=1e-6)
+    matches_reference(models[0], lambda rows: rebuilt(example(), rows), records)
 
 
 # ---- one-line refusals ----------------------------------------------------------------------
