@@ -276,7 +276,8 @@ def fig9(out: Path, quick: bool) -> Report:
         table.add(name, k_before, first, median, share_at(record, N // 2, since),
                   record.summary["final_loss"], record.summary["iterations"])  # fmt: skip
     plot = out / "fig9_slowdown.png"
-    with figure(plot, 2, title="DBW Fig. 9: half the workers slow down 5x") as (top, bottom):
+    title = "DBW Fig. 9: half the workers slow down 5x"
+    with figure(plot, 2, title=title, legend="below") as (top, bottom):
         for name, record in records.items():
             eval_curve(top, record, name)
             k_curve(bottom, record, name)

@@ -17,24 +17,37 @@ from tailtrain.core.records import RunRecord
 
 @contextmanager
 def figure(
-    path: Path, panels: int = 1, *, title: str = "", sharex: bool = False, rows: int = 1
+    path: Path,
+    panels: int = 1,
+    *,
+    title: str = "",
+    sharex: bool = False,
+    rows: int = 1,
+    legend: str = "each",
 ) -> Iterator[Sequence[Any]]:
-    """Axes for ``panels`` side by side (or in ``rows`` rows); saved to ``path`` on exit."""
+    """Axes for ``panels`` side by side (or in ``rows`` rows); saved to ``path`` on exit.
+
+    ``legend``: ``"each"`` panel its own, or ``"below"``: one legend under the panels, from
+    the first panel's lines, for panels that draw the same runs (it covers none of them)."""
     cols = -(-panels // rows)
     fig, axes = plt.subplots(
-        rows, cols, figsize=(4.6 * cols, 3.6 * rows), sharex=sharex, squeeze=False
-    )
+        rows, cols, figsize=(4.6 * cols, 3.6 * rows), sharex=sharex, squeeze=False,
+        layout="constrained",
+    )  # fmt: skip
     flat = list(axes.ravel())
     try:
         yield flat[:panels]
         for extra in flat[panels:]:
             extra.set_visible(False)
-        for ax in flat[:panels]:
-            if ax.get_legend_handles_labels()[0]:
-                ax.legend(fontsize="small")
+        if legend == "below":
+            handles, labels = flat[0].get_legend_handles_labels()
+            fig.legend(handles, labels, loc="outside lower center", ncols=2, fontsize="small")
+        else:
+            for ax in flat[:panels]:
+                if ax.get_legend_handles_labels()[0]:
+                    ax.legend(fontsize="small")
         if title:
             fig.suptitle(title, fontsize="medium")
-        fig.tight_layout()
         fig.savefig(path, dpi=110)
     finally:
         plt.close(fig)

@@ -8,6 +8,7 @@ place of CIFAR-10, with the paper's exponential delays added to a base compute t
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -276,6 +277,30 @@ def _setup(p) -> str:
     )
 
 
+def _ratio_panel(
+    ax, times: dict[str, list[float]], names: list[str], targets: Sequence[float], seeds: int
+) -> None:
+    """Each fixed K's time to a target over AdaSync's (``names[0]``), as points on an axis
+    around 1: the curves of the other panels overlap where the gap is a few percent."""
+    at = np.arange(len(targets))
+    for j, n in enumerate(names[1:], start=1):  # the colours of the curves' panels
+        ratios = [_ratio(times[n][i], times[names[0]][i]) for i in range(len(targets))]
+        ax.plot(at, ratios, marker="o", linestyle="none", color=f"C{j}", label=n)
+    ax.axhline(1.0, color="C0", linestyle=":")  # AdaSync
+    for i in at:  # a mean over seeds with one that never reached the target is infinite
+        missed = [n for n in names if not math.isfinite(times[n][i])]
+        if missed:
+            text = "not reached by every seed:\n" + "\n".join(missed)
+            ax.annotate(text, (i, 1.0), ha="center", va="bottom", fontsize="x-small")
+    ax.set_xticks(at, [f"{t:g}" for t in targets])
+    label(ax, "target train loss", f"time to target / AdaSync's ({seeds} seeds)")
+
+
+def _ratio(time: float, base: float) -> float:
+    """``time / base``, NaN (not drawn) unless both were reached."""
+    return time / base if math.isfinite(time) and math.isfinite(base) else math.nan
+
+
 def _error_curve(ax, record, name: str) -> None:
     t = [row["time"] for row in record.evals]
     ax.plot(t, [100 * (1 - row["eval"]) for row in record.evals], label=name)
@@ -349,13 +374,15 @@ def fig11(out: Path, quick: bool) -> Report:
             schedules.append(_k_schedule(regime, variant, ada_runs, interval, p.intervals))
             slug = regime.split("-")[0]
             plot = out / f"fig11_{slug}_{variant}.png"
-            with figure(plot, 2, title=f"Fig. 11, {regime}: AdaSync over {variant}") as axes:
-                error, ks = axes
+            title = f"Fig. 11, {regime}: AdaSync over {variant}"
+            with figure(plot, 3, title=title, legend="below") as axes:
+                error, ks, ratio = axes
                 for n in names:
                     _error_curve(error, result.runs[n][0], n)
                     k_curve(ks, result.runs[n][0], n)
                 label(error, "virtual time (s)", "test error (%), seed 0")
                 label(ks, "virtual time (s)", "K (AdaSync's rule, interval by interval)")
+                _ratio_panel(ratio, times, names, p.targets, p.seeds)
             plots.append(plot)
     return Report(
         name="stale-fig11",
