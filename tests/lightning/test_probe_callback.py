@@ -210,6 +210,24 @@ def test_one_process_times_its_steps_and_its_loaders_time_is_the_data(tmp_path):
     assert again.report == report and again.probe is None
 
 
+@pytest.mark.timeout(120)
+def test_a_resumed_fit_logs_at_the_trainers_steps_and_appends_a_run(tmp_path):
+    """A fit resumed from a checkpoint at step 4: its reports reach the logger at the
+    trainer's global steps (4 + the probe's), and its rows enter the folder's trace as run 1."""
+    data = DataLoader(TensorDataset(torch.randn(80, 6), torch.randn(80, 2)), batch_size=8)
+    probe = StragglerProbeCallback(tmp_path / "probe", every=2, warmup=0)
+    first = trainer(tmp_path / "first", probe, max_steps=4)
+    first.fit(Regression(), data)
+    first.save_checkpoint(tmp_path / "step4.ckpt")
+    callback = StragglerProbeCallback(tmp_path / "probe", every=2, warmup=0)
+    again = trainer(tmp_path, callback, max_steps=8)
+    again.fit(Regression(), data, ckpt_path=tmp_path / "step4.ckpt")
+    logged = trainer_metrics(tmp_path).dropna(subset=["probe/data_s/rank0"])
+    assert logged["step"].tolist() == [6, 8] and callback.report.step == 4
+    trace = read_trace(tmp_path / "probe" / "trace.csv")
+    assert trace.runs == [0, 1] and len(trace.iteration) == 8
+
+
 def trainer_metrics(folder: Path):
     import pandas as pd
 

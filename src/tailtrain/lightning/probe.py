@@ -102,7 +102,7 @@ class StragglerProbeCallback(Callback):
         self.report: ProbeReport | None = None
         self.probe: StragglerProbe | None = None
         self._reports: deque[ProbeReport] = deque()  # rank 0: made, not yet logged
-        self._first_step = 0  # ``trainer.global_step`` at fit start (a resumed run's)
+        self._first_step = 0  # ``trainer.global_step`` at training start (a resumed run's)
         self._open_at: int | None = None  # global_step when the open step began; None: none
         self._samples: int | None = None  # the open step's samples so far (None: not known)
         self._since = 0.0  # host seconds when the time before the next step began
@@ -125,8 +125,12 @@ class StragglerProbeCallback(Callback):
                 type(trainer.strategy).__name__,
             )
         self.probe = probe
-        self._first_step = trainer.global_step
         self._open_at = None
+
+    def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        """Training begins: a resumed run's ``global_step`` is restored by now (after
+        ``on_fit_start``), and the sanity check's validation is over."""
+        self._first_step = trainer.global_step
         self._since = time.perf_counter()
 
     def on_train_batch_start(
