@@ -9,7 +9,9 @@ adds two gradient hooks and a forward pre-hook)::
 
 and in any other loop ``with probe.step(samples=n):`` around each step and ``with
 probe.sync():`` around the collective where ranks wait for each other, ending with
-``probe.close()`` on every rank (or ``with StragglerProbe(...) as probe:``). Per rank and
+``probe.close()`` on every rank (or ``with StragglerProbe(...) as probe:``); a trainer's
+callback, which sees hooks rather than a loop, opens and closes steps with ``begin_step(data,
+samples)`` and ``end_step()``, timing the data itself (``tailtrain.lightning``). Per rank and
 step it measures data (the loader's ``next``), wait (gradients ready to reduction done: a
 fast rank waits there for the slow one), compute (the rest) and the samples computed; rank 0
 names the slow ranks (persistent / intermittent / healthy) and writes ``trace.csv``, the
@@ -175,24 +177,37 @@ class StragglerProbe(Gathering, Reporting):
         the last window is gathered (every rank's loader must end at the same step)."""
         iterator = iter(iterable)
         while True:
-            self._close_step()
+            self.end_step()
             began = time.perf_counter()
             try:
                 item = next(iterator)
             except StopIteration:
                 self.flush()
                 return
-            loaded = time.perf_counter() - began
-            self.current = StepMarks(loaded, self.clock.mark(), _or_nan(batch_samples(item)))
+            self.begin_step(time.perf_counter() - began, batch_samples(item))
             yield item
 
     @contextmanager
     def step(self, samples: int | None = None) -> Iterator[None]:
         """One step, for a loop without a loader to wrap (data loading is not seen);
         ``samples``: how many this rank computes in it (None: not known)."""
-        self._close_step()
-        self.current = StepMarks(0.0, self.clock.mark(), _or_nan(samples))
+        self.begin_step(0.0, samples)
         yield
+        self.end_step()
+
+    def begin_step(self, data: float = 0.0, samples: int | None = None) -> None:
+        """Open a step now, for a loop whose hooks say where a step begins and ends (a
+        trainer's callback: ``tailtrain.lightning``), closing the one open if any: ``data``,
+        the seconds this rank spent getting the step's data just before it, as the caller
+        timed them (the step's own marks start here, so they are not its compute);
+        ``samples``: how many it computes (None: not known; ``note_samples`` sets them
+        later). ``batches`` and ``step()`` open their steps with it."""
+        self._close_step()
+        self.current = StepMarks(float(data), self.clock.mark(), _or_nan(samples))
+
+    def end_step(self) -> None:
+        """Close the step open (none open: nothing); every rank closes the same steps, since
+        the ranks gather at step counts (``begin_step``'s pair)."""
         self._close_step()
 
     @contextmanager
