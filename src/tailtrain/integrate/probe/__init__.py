@@ -190,9 +190,22 @@ class StragglerProbe(Gathering, Reporting):
     def step(self, samples: int | None = None) -> Iterator[None]:
         """One step, for a loop without a loader to wrap (data loading is not seen);
         ``samples``: how many this rank computes in it (None: not known)."""
-        self._close_step()
-        self.current = StepMarks(0.0, self.clock.mark(), _or_nan(samples))
+        self.begin_step(samples)
         yield
+        self.end_step()
+
+    def begin_step(self, samples: int | None = None, *, data: float = 0.0) -> None:
+        """Open a step (closing one still open): ``step()`` in two calls, for a loop whose
+        steps begin and end in different places, as a trainer's callbacks see them
+        (``tailtrain.hf``). ``samples``: how many this rank computes in it (None: not known,
+        or told later by ``note_samples``); ``data``: the seconds this rank spent loading
+        the step's batches before this call, timed by the caller (0: not seen)."""
+        self._close_step()
+        self.current = StepMarks(data, self.clock.mark(), _or_nan(samples))
+
+    def end_step(self) -> None:
+        """Close the step ``begin_step`` opened (nothing when none is open); every rank
+        closes the same number of steps, as the gathers count them."""
         self._close_step()
 
     @contextmanager
