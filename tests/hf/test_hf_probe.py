@@ -17,9 +17,15 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.modules.module import register_module_forward_pre_hook
+from torch.nn.parallel import DistributedDataParallel
 
 pytest.importorskip("transformers")
 pytest.importorskip("accelerate")
@@ -29,7 +35,7 @@ from transformers import TrainerControl, TrainerState
 
 from tailtrain.delays.trace import read_trace
 from tailtrain.hf import VERDICT_CODES, StragglerProbeCallback, report_logs
-from tailtrain.integrate.probe import ProbeReport
+from tailtrain.integrate.probe import SAMPLES, ProbeReport, watching
 from tailtrain.persistence import classify_workers
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -191,3 +197,37 @@ def test_without_transformers_the_import_says_which_extra(monkeypatch):
         monkeypatch.delitem(sys.modules, name)
     with pytest.raises(ImportError, match=r"pip install 'tailtrain\[hf\]'"):
         importlib.import_module("tailtrain.hf")
+
+
+@pytest.mark.timeout(60)
+def test_the_callback_watches_the_ddp_module_that_holds_the_trainers_model(caplog):
+    """Driven by hand on one gloo rank: the global pre-hook passes over a DDP module around
+    another model, watches the one around the Trainer's and removes itself; a training
+    forward's batch is the step's samples; and a first step that met no DDP module removes
+    the hook with a warning."""
+    args = SimpleNamespace(per_device_train_batch_size=3, device=torch.device("cpu"))
+    state, control = TrainerState(), TrainerControl()
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        model, other = nn.Linear(4, 2), nn.Linear(4, 2)
+        ddp, elsewhere = DistributedDataParallel(model), DistributedDataParallel(other)
+        callback = StragglerProbeCallback(None, every=1, warmup=0)
+        callback.on_train_begin(args, state, control, model=model)
+        assert callback._finder is None  # one rank: no DDP to wait in
+        callback._finder = register_module_forward_pre_hook(callback._finding(model))
+        callback.on_step_begin(args, state, control)
+        elsewhere(torch.ones(2, 4))
+        assert watching(elsewhere) is None and callback._finder is not None
+        ddp(torch.ones(5, 4)).sum().backward()
+        assert watching(ddp) is callback.probe and callback._finder is None
+        callback.on_step_end(args, state, control)
+        assert callback.probe.history[-1, 0, SAMPLES] == 5
+        callback._finder = register_module_forward_pre_hook(callback._finding(nn.Linear(1, 1)))
+        callback.on_step_begin(args, state, control)
+        ddp(torch.ones(2, 4)).sum().backward()
+        callback.on_step_end(args, state, control)
+        assert callback._finder is None and "no DistributedDataParallel" in caplog.text
+        callback.on_train_end(args, state, control)
+        assert callback.probe.steps == 2 and callback._counter is None
+    finally:
+        dist.destroy_process_group()

@@ -19,7 +19,9 @@ accumulation included. What the probe measures there, per rank and step:
   step's first forward, at most, passes through it. The watch's own pre-hook arms from the
   DDP's second forward on, so the first step (in the warm-up) shows no wait. No DDP found
   by the first step's end (one process, FSDP, DeepSpeed): the hook goes, a warning says so,
-  and the wait stays part of compute;
+  and the wait stays part of compute. On CUDA (``args.device``) the probe times with CUDA
+  events from the first step on (the watch, made at a forward, would switch clocks within
+  a step);
 * **samples**: the first dimension of the first tensor among the inputs of each training
   forward of the model in the step (``batch_samples``: ``input_ids`` for a Trainer's
   batch dict), ``per_device_train_batch_size`` for a forward whose inputs hold none.
@@ -113,6 +115,8 @@ class StragglerProbeCallback(TrainerCallback):
     ) -> None:
         assert model is not None  # the Trainer hands every callback its model
         options = {**self.probe_kwargs, "on_report": self._on_report}
+        if args.device.type == "cuda":  # CUDA events from the first step's start on
+            options.setdefault("device", args.device)
         self.probe = StragglerProbe(self.out_dir, **options)
         self._reports.clear()
         self._batch = args.per_device_train_batch_size
