@@ -23,6 +23,8 @@ PAGES = sorted(DOCS.rglob("*.md"))
 README = ROOT / "README.md"
 #: the command-line reference, where a user looks up a spec's options
 CLI = DOCS / "cli.md"
+#: the trainer integrations, each a public face of its own behind an extra
+EXTRAS = ("tailtrain.hf", "tailtrain.lightning")
 
 
 def commands(page: Path) -> list[list[str]]:
@@ -127,12 +129,14 @@ def test_rendered_pages_hold_no_raw_roles_nor_tracker_references(site):
 
 @pytest.mark.parametrize("page", [README, *PAGES], ids=lambda p: p.name)
 def test_user_code_uses_only_the_public_face(page):
-    """Code a user copies imports `tailtrain` alone, never its internal modules; the library
-    page shows `import tailtrain` itself."""
+    """Code a user copies imports `tailtrain` alone, never its internal modules, or the face
+    of an extra (`tailtrain.hf`, `tailtrain.lightning`: optional packages `import tailtrain`
+    must not import); the library page shows `import tailtrain` itself."""
     blocks = re.findall(r"```python\n(.*?)```", page.read_text(), flags=re.S)
     imports = [line.strip() for b in blocks for line in b.splitlines() if "tailtrain" in line]
     imports = [line for line in imports if line.startswith(("import ", "from "))]
     if page.name == "library.md":
         assert "import tailtrain" in imports
     for line in imports:
-        assert line == "import tailtrain" or line.startswith("from tailtrain import "), line
+        faces = ("from tailtrain import ", *(f"from {extra} import " for extra in EXTRAS))
+        assert line == "import tailtrain" or line.startswith(faces), line

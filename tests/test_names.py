@@ -53,6 +53,13 @@ PROTOCOL: dict[str, tuple[str, str]] = {
     # topology import qualified (``partial.round_row``): its record row's columns, those only
     # one engine can fill, the row builders and the run summary; the partial
     # collective's runtime adds wall-clock keys to its ledger's summary
+    # each trainer integration (an optional extra, imported as ``tailtrain.lightning`` or
+    # ``tailtrain.hf``) names its probe callback as the issue and its users do: the same
+    # probe in each trainer's callback protocol, never both imported in one job
+    "StragglerProbeCallback": (
+        r"tailtrain\.(lightning\.probe|hf\.callback)",
+        "the probe as each trainer's callback",
+    ),
     "summarise|step_row|round_row|ROW|SIMULATED_ONLY|MEASURED_ONLY": (
         r"tailtrain\.topology\.\w+|tailtrain\.runtime\.partial\.rounds",
         "a topology's ledger, one per topology",

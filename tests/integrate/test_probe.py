@@ -340,3 +340,24 @@ def test_rank_zero_keeps_only_the_steps_a_verdict_reads():
     short._report(full[:100])
     assert short.history.shape[0] == 100
     assert short.last.verdicts == classify_workers(full[60:100, :, 0] + full[60:100, :, 1])
+
+
+def test_begin_step_and_end_step_are_a_step_in_two_calls(tmp_path):
+    """A step opened by ``begin_step`` (the data seconds its caller timed, its samples) and
+    closed by ``end_step``, as a trainer's callbacks do: the data and samples given are the
+    window's and the trace's; a ``begin_step`` while a step is open closes it first, and an
+    ``end_step`` with none open adds no step."""
+    probe = StragglerProbe(tmp_path, every=3, warmup=0)
+    for i in range(5):
+        probe.begin_step(samples=4 + i, data=0.25 * i)
+        if i % 2 == 0:
+            probe.end_step()
+    probe.end_step()
+    probe.close()
+    assert probe.steps == 5 and probe.history.shape[0] == 5
+    np.testing.assert_array_equal(probe.history[:, 0, 0], [0.0, 0.25, 0.5, 0.75, 1.0])
+    np.testing.assert_array_equal(probe.history[:, 0, SAMPLES], [4, 5, 6, 7, 8])
+    assert (probe.history[:, 0, 1] < 0.25).all()  # the data given is not the step's compute
+    trace = read_trace(tmp_path / "trace.csv")
+    assert trace.iteration.tolist() == list(range(5))
+    assert (trace.seconds >= 0.25 * np.arange(5)).all()  # seconds = data + compute

@@ -11,7 +11,7 @@ DDP's allreduce and the samples, as the probe does in a loop of one's own: the s
 gather, verdicts and ``trace.csv`` (rank 0 writes; ``tailtrain advise`` reads the folder).
 What the callback adds is where a step begins and ends, taken from Lightning's hooks, and
 where the verdicts go: each report's scores and verdicts reach the trainer's own loggers and
-``trainer.callback_metrics`` (``report_metrics`` names them), and ``report`` holds the last
+``trainer.callback_metrics`` (``ProbeReport.metrics`` names them), and ``report`` holds the last
 report (rank 0).
 
 * A step spans the ``accumulate_grad_batches`` batches of one optimizer step: it opens at the
@@ -56,16 +56,12 @@ from torch.nn.parallel import DistributedDataParallel
 
 from tailtrain.integrate.probe import (
     INTERVAL,
-    SECTIONS,
     ProbeReport,
     StragglerProbe,
     batch_samples,
 )
 
 log = logging.getLogger(__name__)
-
-#: the number each verdict is logged as (a logger takes numbers): ``probe/verdict/rank{r}``
-VERDICT_LEVELS = {"healthy": 0, "intermittent": 1, "persistent": 2}
 
 
 class StragglerProbeCallback(Callback):
@@ -140,7 +136,7 @@ class StragglerProbeCallback(Callback):
             return
         samples = batch_samples(batch)
         if self._open_at is None:
-            self.probe.begin_step(time.perf_counter() - self._since, samples)
+            self.probe.begin_step(samples, data=time.perf_counter() - self._since)
             self._open_at, self._samples = trainer.global_step, samples
         elif self._samples is not None:  # a later batch of an accumulated step
             self._samples = None if samples is None else self._samples + samples
@@ -202,7 +198,7 @@ class StragglerProbeCallback(Callback):
         while self._reports:
             report = self._reports.popleft()
             self.report = report
-            metrics = report_metrics(report)
+            metrics = report.metrics()
             step = self._first_step + report.step
             for logger in trainer.loggers:
                 logger.log_metrics(metrics, step=step)
@@ -216,23 +212,6 @@ class StragglerProbeCallback(Callback):
         state = dict(self.__dict__)
         state["probe"], state["_reports"] = None, deque()
         return state
-
-
-def report_metrics(report: ProbeReport) -> dict[str, float]:
-    """A report as a logger's metrics, per rank r: ``probe/{data,compute,wait}_s/rank{r}`` (the
-    median seconds per step over the verdict's steps), and once there are verdicts
-    ``probe/score/rank{r}`` (1 for a rank as fast as the others' median, lower when slower)
-    and ``probe/verdict/rank{r}`` (``VERDICT_LEVELS``: 0 healthy, 1 intermittent, 2
-    persistent)."""
-    metrics = {
-        f"probe/{name}_s/rank{rank}": float(seconds)
-        for name in SECTIONS
-        for rank, seconds in enumerate(report.sections.get(name, []))
-    }
-    for v in report.verdicts:
-        metrics[f"probe/score/rank{v.worker}"] = float(v.score)
-        metrics[f"probe/verdict/rank{v.worker}"] = float(VERDICT_LEVELS[v.verdict])
-    return metrics
 
 
 def _unwatch(probe: StragglerProbe) -> None:

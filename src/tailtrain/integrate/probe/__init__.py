@@ -10,8 +10,9 @@ adds two gradient hooks and a forward pre-hook)::
 and in any other loop ``with probe.step(samples=n):`` around each step and ``with
 probe.sync():`` around the collective where ranks wait for each other, ending with
 ``probe.close()`` on every rank (or ``with StragglerProbe(...) as probe:``); a trainer's
-callback, which sees hooks rather than a loop, opens and closes steps with ``begin_step(data,
-samples)`` and ``end_step()``, timing the data itself (``tailtrain.lightning``). Per rank and
+callback, which sees hooks rather than a loop, opens and closes steps with ``begin_step(samples,
+data=...)`` and ``end_step()``, timing the data itself (``tailtrain.lightning``,
+``tailtrain.hf``). Per rank and
 step it measures data (the loader's ``next``), wait (gradients ready to reduction done: a
 fast rank waits there for the slow one), compute (the rest) and the samples computed; rank 0
 names the slow ranks (persistent / intermittent / healthy) and writes ``trace.csv``, the
@@ -57,6 +58,7 @@ import torch.distributed as dist
 from tailtrain.integrate.probe.clocks import CudaClock, DdpWatch, HostClock, StepMarks
 from tailtrain.integrate.probe.report import (
     TRACE_COLUMNS,
+    VERDICT_LEVELS,
     ProbeReport,
     Reporting,
     prepare_trace,
@@ -79,6 +81,7 @@ __all__ = [
     "SAMPLES",
     "SECTIONS",
     "TRACE_COLUMNS",
+    "VERDICT_LEVELS",
     "ProbeReport",
     "StragglerProbe",
     "batch_samples",
@@ -184,30 +187,31 @@ class StragglerProbe(Gathering, Reporting):
             except StopIteration:
                 self.flush()
                 return
-            self.begin_step(time.perf_counter() - began, batch_samples(item))
+            self.begin_step(batch_samples(item), data=time.perf_counter() - began)
             yield item
 
     @contextmanager
     def step(self, samples: int | None = None) -> Iterator[None]:
         """One step, for a loop without a loader to wrap (data loading is not seen);
         ``samples``: how many this rank computes in it (None: not known)."""
-        self.begin_step(0.0, samples)
+        self.begin_step(samples)
         yield
         self.end_step()
 
-    def begin_step(self, data: float = 0.0, samples: int | None = None) -> None:
-        """Open a step now, for a loop whose hooks say where a step begins and ends (a
-        trainer's callback: ``tailtrain.lightning``), closing the one open if any: ``data``,
-        the seconds this rank spent getting the step's data just before it, as the caller
-        timed them (the step's own marks start here, so they are not its compute);
-        ``samples``: how many it computes (None: not known; ``note_samples`` sets them
-        later). ``batches`` and ``step()`` open their steps with it."""
+    def begin_step(self, samples: int | None = None, *, data: float = 0.0) -> None:
+        """Open a step now (closing one still open): ``step()`` in two calls, for a loop
+        whose steps begin and end in different places, as a trainer's callbacks see them
+        (``tailtrain.lightning``, ``tailtrain.hf``). ``samples``: how many this rank computes
+        in it (None: not known, or told later by ``note_samples``); ``data``: the seconds
+        this rank spent getting the step's data just before this call, timed by the caller
+        (the step's own marks start here, so they are not its compute; 0: not seen).
+        ``batches`` and ``step()`` open their steps with it."""
         self._close_step()
         self.current = StepMarks(float(data), self.clock.mark(), _or_nan(samples))
 
     def end_step(self) -> None:
-        """Close the step open (none open: nothing); every rank closes the same steps, since
-        the ranks gather at step counts (``begin_step``'s pair)."""
+        """Close the step ``begin_step`` opened (nothing when none is open); every rank
+        closes the same number of steps, as the gathers count them."""
         self._close_step()
 
     @contextmanager

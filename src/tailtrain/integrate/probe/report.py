@@ -35,6 +35,10 @@ log = logging.getLogger("tailtrain.probe")
 TRACE_COLUMNS = ("iteration", "worker", "seconds", "noncompute", "samples", "run")
 
 
+#: the number each verdict is logged as (``ProbeReport.metrics``: a logger takes numbers)
+VERDICT_LEVELS = {"healthy": 0, "intermittent": 1, "persistent": 2}
+
+
 @dataclass(frozen=True)
 class ProbeReport:
     """Rank 0's view after a window: per-rank verdicts over the last steps, and the medians
@@ -53,6 +57,22 @@ class ProbeReport:
     def named(self) -> dict[int, str]:
         """The ranks that are not healthy, and their verdicts."""
         return {v.worker: v.verdict for v in self.verdicts if v.verdict != "healthy"}
+
+    def metrics(self) -> dict[str, float]:
+        """The report as a logger's numbers (a trainer's loggers take numbers), per rank r:
+        ``probe/{data,compute,wait}_s/rank{r}`` (the median seconds per step over the
+        verdict's steps), and once there are verdicts ``probe/score/rank{r}`` (1 for a rank
+        as fast as the others' median, lower when slower) and ``probe/verdict/rank{r}``
+        (``VERDICT_LEVELS``: 0 healthy, 1 intermittent, 2 persistent)."""
+        metrics = {
+            f"probe/{name}_s/rank{rank}": float(seconds)
+            for name, values in self.sections.items()
+            for rank, seconds in enumerate(values)
+        }
+        for v in self.verdicts:
+            metrics[f"probe/score/rank{v.worker}"] = float(v.score)
+            metrics[f"probe/verdict/rank{v.worker}"] = float(VERDICT_LEVELS[v.verdict])
+        return metrics
 
     def as_dict(self) -> dict[str, Any]:
         return {
