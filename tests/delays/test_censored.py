@@ -5,6 +5,7 @@ survivors alone misses them."""
 from __future__ import annotations
 
 import functools
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -16,7 +17,7 @@ from tailtrain.advice.cost import sync_cost
 from tailtrain.advice.stragglers import iteration_times
 from tailtrain.delays.censored import estimate
 from tailtrain.delays.parse import parse_delay
-from tailtrain.delays.trace import write_trace_rows
+from tailtrain.delays.trace import read_trace, write_trace_rows
 from tailtrain.errors import UsageError
 
 MU, SIGMA, TAU = -3.0, 0.5, 0.2  # seconds per micro-batch ~ LogNormal(MU, SIGMA); tau in s
@@ -159,5 +160,53 @@ def test_sync_time_of_a_censored_trace_is_the_uncensored_trace_s(tmp_path, share
     sync = {}
     for name in ("full", "cut"):
         replay = parse_delay(f"trace:path={tmp_path / name}.csv").replay
+        sync[name] = sync_cost(iteration_times(replay)[0], replay.ids, N).iteration_time
+    assert sync["cut"] == pytest.approx(sync["full"], rel=0.03)
+
+
+DATA = Path(__file__).parent / "data"
+
+
+#: where the estimator misses on these traces (issue 36, open): 4 ranks on 2 shared cores
+#: compute a step's first micro-batches slower than its last (digits-cnn 8.4 ms at position 1,
+#: 5.9 ms at 3; the ranks start each step together and contend), and a cut hides the late,
+#: fast ones, which the estimator then completes from the law of all positions: read high
+MISSED = pytest.mark.xfail(
+    strict=True, reason="a step's late micro-batches are faster under shared cores (issue 36)"
+)
+
+
+@pytest.mark.parametrize(
+    ("task", "share"),
+    [
+        ("digits_cnn", 0.1),
+        pytest.param("digits_cnn", 0.3, marks=MISSED),  # +6.8%
+        pytest.param("digits_cnn", 0.45, marks=MISSED),  # +5.9%
+        pytest.param("seq_lstm", 0.1, marks=MISSED),  # +9.5%
+        pytest.param("seq_lstm", 0.3, marks=MISSED),  # +9.3%
+        pytest.param("seq_lstm", 0.45, marks=MISSED),  # +79%
+    ],
+)
+def test_a_train_trace_censored_offline_keeps_advise_s_sync_time(tmp_path, task, share):
+    """The issue's own check on traces ``tailtrain train`` recorded (tests/delays/data): a
+    sync trace censored offline as DropCompute's threshold would cut it (the crossing
+    micro-batch keeps tau - its start, later ones 0 s, all marked; ``noncompute`` as it was)
+    gives advise's sync E[T] within 3% of the same trace uncensored."""
+    whole = read_trace(DATA / f"train_sync_{task}.csv")
+    shape = (int(whole.iteration.max()) + 1, int(whole.worker.max()) + 1, -1)
+    order = np.lexsort((whole.micro_batch, whole.worker, whole.iteration))
+    x = whole.seconds[order].reshape(shape)
+    seen, censored = threshold_cut(x, share)
+    assert abs(censored.mean() - share) < 0.03  # tau found for this share
+    columns = [a[order] for a in (whole.iteration, whole.worker, whole.micro_batch)]
+    noncompute = whole.noncompute[order]
+    write_trace_rows(
+        tmp_path / "cut.csv",
+        np.column_stack([*columns, censored.ravel(), seen.ravel(), noncompute]),
+        per_micro_batch=True, censored=True, noncompute=True,
+    )  # fmt: skip
+    sync = {}
+    for name, path in (("full", DATA / f"train_sync_{task}.csv"), ("cut", tmp_path / "cut.csv")):
+        replay = parse_delay(f"trace:path={path}").replay
         sync[name] = sync_cost(iteration_times(replay)[0], replay.ids, N).iteration_time
     assert sync["cut"] == pytest.approx(sync["full"], rel=0.03)
