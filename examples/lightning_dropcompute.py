@@ -20,8 +20,8 @@ Each optimizer step, a rank stops starting micro-batches once the step is older 
 threshold tau (Algorithm 2 picks it after ``calibrate`` steps); the update is sum_n w_n G_n,
 each rank's mean gradient over the micro-batches it finished, weighted by their number
 (DropCompute Eq. (1)). ``strategy.last`` is the step's record, and ``tailtrain/drop_rate``,
-``tailtrain/threshold``, ``tailtrain/completed`` reach the trainer's loggers. Here rank 1 is
-a straggler: a quarter of its micro-batches take ``--delay`` seconds longer.
+``tailtrain/threshold``, ``tailtrain/completed/<rank>`` reach the trainer's loggers. Here
+rank 1 is a straggler: a quarter of its micro-batches take ``--delay`` seconds longer.
 """
 
 from __future__ import annotations

@@ -166,7 +166,7 @@ class StragglerStrategy(DDPStrategy):
                 "tailtrain.StragglerHookState around your manual_backward calls"
             )
         super().setup(trainer)
-        if self.lightning_module.trainer.state.fn == TrainerFn.FITTING:
+        if trainer.state.fn == TrainerFn.FITTING:
             sigterm_per_step(trainer)
 
     def _register_ddp_hooks(self) -> None:
