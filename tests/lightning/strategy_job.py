@@ -9,7 +9,8 @@ indices of the step's micro-batches on this rank and the strategy's ``StepRecord
   depend on the machine); its checkpoint is saved;
 * ``resume``: the same spec resumed from that checkpoint for ``RESUMED`` more steps;
 * ``ddp``: Lightning's own ``DDPStrategy``, no delay;
-* ``inf``: ``StragglerStrategy("dropcompute:threshold=inf")``, no delay.
+* ``inf``: ``StragglerStrategy("dropcompute:threshold=inf")``, no delay;
+* ``shares``: ``StragglerStrategy("rebalance", shares=SHARES)``, no delay.
 
 Rank r saves ``rank{r}.pt`` in the folder given as the first argument.
 """
@@ -36,6 +37,8 @@ N, ACCUMULATE, B, STEPS, RESUMED = 2, 4, 8, 10, 2
 D, C, LR, MOMENTUM = 8, 3, 0.1, 0.5
 AUTO = "dropcompute:threshold=auto,calibrate=3"
 SLOW_RANK, DELAY = 1, 0.04
+#: ``rebalance``'s samples per step for each rank (sum N B)
+SHARES = [12, 4]
 SAMPLES = N * ACCUMULATE * B * STEPS  # one epoch is STEPS optimizer steps
 X = torch.randn(SAMPLES, D, generator=torch.Generator().manual_seed(0))
 Y = torch.randint(0, C, (SAMPLES,), generator=torch.Generator().manual_seed(1))
@@ -137,8 +140,7 @@ def fit(strategy: Any, delay: float, steps: int, ckpt: Path | None = None) -> di
     seconds = time.perf_counter() - began
     out: dict[str, Any] = {"steps": steps_cb.steps, "seconds": seconds}
     out["train_seconds"] = time.perf_counter() - steps_cb.started
-    if isinstance(strategy, StragglerStrategy):
-        assert strategy.state is not None
+    if isinstance(strategy, StragglerStrategy) and strategy.state is not None:
         out["buckets_reduced"] = strategy.state.buckets_reduced
         out["state"] = strategy.state.state_dict()
         out["metrics"] = [(step, m) for step, m in kept.metrics if "tailtrain/drop_rate" in m]
@@ -160,6 +162,9 @@ def main(folder: Path) -> None:
     inf = StragglerStrategy("dropcompute:threshold=inf", process_group_backend="gloo")
     runs["inf"] = fit(inf, 0.0, STEPS)
     runs["inf"].pop("trainer")
+    dealt = StragglerStrategy("rebalance", shares=SHARES, process_group_backend="gloo")
+    runs["shares"] = fit(dealt, 0.0, STEPS)
+    runs["shares"].pop("trainer")
     torch.save(runs, folder / f"rank{dist.get_rank()}.pt")
     dist.barrier()
 

@@ -81,7 +81,7 @@ def steps(ranks, *names: str) -> list[list[dict]]:
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("run", ["auto", "resume", "ddp", "inf"])
+@pytest.mark.parametrize("run", ["auto", "resume", "ddp", "inf", "shares"])
 def test_every_step_leaves_the_same_parameters_on_both_ranks(runs, run):
     ranks, _ = runs
     expected = {"resume": job.RESUMED}.get(run, job.STEPS)
@@ -159,13 +159,49 @@ def test_the_decisions_reach_the_trainers_loggers(runs):
             assert done == record["completed"]
 
 
+def global_batch_sgd(ranks, weights: list[float] | None = None) -> list[torch.Tensor]:
+    """Per step, SGD with momentum on the mean gradient over every rank's samples of the step
+    (the global batch); with ``weights``, on sum_n weights[n] (rank n's mean gradient)."""
+    net = job.make_net()
+    optimizer = torch.optim.SGD(net.parameters(), lr=job.LR, momentum=job.MOMENTUM)
+    out = []
+    for at in range(len(ranks[0]["shares"]["steps"])):
+        mine = [[i for b in rank["shares"]["steps"][at]["batches"] for i in b] for rank in ranks]
+        net.zero_grad()
+        if weights is None:
+            every = [i for idx in mine for i in idx]
+            F.cross_entropy(net(job.X[every]), job.Y[every]).backward()
+        else:
+            for w, idx in zip(weights, mine, strict=True):
+                (w * F.cross_entropy(net(job.X[idx]), job.Y[idx])).backward()
+        optimizer.step()
+        out.append(job.flat(net))
+    return out
+
+
+@pytest.mark.timeout(300)
+def test_shares_deal_each_rank_its_batch_and_the_update_is_the_global_batch_mean(runs):
+    ranks, _ = runs
+    for r, rank in enumerate(ranks):
+        for step in rank["shares"]["steps"]:
+            assert [len(b) for b in step["batches"]] == [job.SHARES[r]] * job.ACCUMULATE
+    seen = [i for rank in ranks for s in rank["shares"]["steps"] for b in s["batches"] for i in b]
+    assert len(seen) == len(set(seen)) == job.SAMPLES  # every sample once an epoch
+    for step, expected in zip(ranks[0]["shares"]["steps"], global_batch_sgd(ranks), strict=True):
+        torch.testing.assert_close(step["params"], expected, **CLOSE)
+    # DDP's own mean of the ranks' gradients (1/N each) is elsewhere: the hook weighed
+    plain = global_batch_sgd(ranks, [1 / job.N] * job.N)[-1]
+    assert not torch.allclose(ranks[0]["shares"]["steps"][-1]["params"], plain, **CLOSE)
+
+
 # ---- refusals: one line, before any process starts ----------------------------------------
 @pytest.mark.parametrize(
     ("spec", "kwargs", "says"),
     [
         ("local-sgd:period=2", {}, "averages models every 2 local steps"),
         ("k-sync:k=1", {}, "needs the parameter-server topology"),
-        ("rebalance", {}, "needs shares"),
+        ("rebalance", {}, "give shares=[b_0, ..., b_N-1]"),
+        ("dropcompute", {"shares": [1, 1]}, "rebalance_loader runs rebalance only"),
         ("dropcompute", {"ddp_comm_hook": print}, "drop ddp_comm_hook="),
         ("dropcompute:threshold=often", {}, "threshold"),
     ],

@@ -29,19 +29,26 @@ Lightning owns the iteration over a step's micro-batches, so the round of
 ``DDPStrategy._register_ddp_hooks`` registers a comm hook only on CUDA (a torch 1.8
 limitation); this strategy registers tailtrain's hook on every device, gloo included.
 
-What the hook cannot run is refused in one line when the strategy is built (in the
-``Trainer(...)`` line, before any process starts): rules that average models after local steps
-(``local-sgd``), rules of another topology (``k-sync``, ``async``, ...), per-rank shares
-(``rebalance``: its sampler is not dealt here), a comm hook of the user's own, and a launch
-that shrinks (``tailtrain launch --on-rank-loss shrink``); manual optimization is refused at
-``fit``, when the module is known.
+``StragglerStrategy("rebalance", shares=[b_0, ..., b_N-1])`` instead deals Lightning's train
+loader by fixed per-rank batch shares (``integrate.share_loader``: its ``DistributedSampler``'s
+global batches of N B samples, rank n computing b_n of them) and registers
+``sample_weighted_hook``, so each update is the global batch's mean gradient; the loop stays
+Lightning's own (no round, no threshold).
+
+What cannot run is refused in one line when the strategy is built (in the ``Trainer(...)``
+line, before any process starts): rules that average models after local steps
+(``local-sgd``), rules of another topology (``k-sync``, ``async``, ...), ``rebalance``
+without ``shares`` (its adaptive shares would deal each rank a different number of
+micro-batches, and Lightning runs ``accumulate_grad_batches`` on every rank), a comm hook of
+the user's own, and a launch that shrinks (``tailtrain launch --on-rank-loss shrink``);
+manual optimization is refused at ``fit``, when the module is known.
 """
 
 from __future__ import annotations
 
 import os
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -54,10 +61,15 @@ from torch.nn.parallel import DistributedDataParallel
 from tailtrain.errors import UsageError
 from tailtrain.integrate.ddp import StragglerHookState, weighted_allreduce_hook
 from tailtrain.integrate.rounds import RoundProgress, StepRecord
+from tailtrain.integrate.share_loader import (
+    ShareBatchSampler,
+    rebalance_loader,
+    sample_weighted_hook,
+)
 from tailtrain.runtime.elastic.shrink import OnRankLoss
 from tailtrain.runtime.elastic.store import LAUNCHED
 from tailtrain.strategies.base import AllreducePlan, Strategy
-from tailtrain.strategies.entries import LIGHTNING
+from tailtrain.strategies.entries import LIGHTNING, SHARE_LOADER
 from tailtrain.strategies.registry import parse_strategy
 
 #: the checkpoint key holding the rule's state (``StragglerHookState.state_dict``)
@@ -66,11 +78,22 @@ CHECKPOINT_KEY = "tailtrain_straggler"
 OWN_HOOK = ("ddp_comm_hook", "ddp_comm_state", "ddp_comm_wrapper", "model_averaging_period")
 
 
-def checked_rule(spec: str | Strategy) -> Strategy:
-    """The rule of ``spec``, or a one-line ``UsageError`` where Lightning's DDP strategy with
-    tailtrain's comm hook cannot run it (``strategies.entries.LIGHTNING``)."""
+def checked_rule(spec: str | Strategy, shares: Sequence[int] | None = None) -> Strategy:
+    """The rule of ``spec``, or a one-line ``UsageError`` where Lightning's DDP strategy cannot
+    run it: with ``shares``, plain ``rebalance`` (``strategies.entries.SHARE_LOADER``);
+    without, what tailtrain's comm hook runs (``strategies.entries.LIGHTNING``)."""
     rule = parse_strategy(spec) if isinstance(spec, str) else spec
+    if shares is not None:
+        refusal = SHARE_LOADER.refusal(rule)
+        if refusal is not None:
+            raise UsageError(f"shares= deal per-rank batches: {refusal}")
+        return rule
     refusal = LIGHTNING.refusal(rule)
+    if refusal is not None and "shares" in rule.needs:
+        refusal = (
+            f"{rule.describe()!r} under Lightning deals fixed per-rank batch shares: give "
+            "shares=[b_0, ..., b_N-1] summing to N*batch_size (tailtrain advise computes them)"
+        )
     if refusal is not None:
         raise UsageError(refusal)
     return rule
@@ -104,7 +127,9 @@ class StragglerStrategy(DDPStrategy):
     a ``Strategy``. ``log_metrics``: write ``tailtrain/drop_rate``, ``tailtrain/threshold``,
     ``tailtrain/ranks`` (how many entered) and ``tailtrain/completed/<rank>`` (its counted
     micro-batches) to the trainer's loggers every ``log_every_n_steps`` steps. ``keep``: how
-    many step records ``records`` holds.
+    many step records ``records`` holds. ``shares``: with ``spec="rebalance"``, each rank's
+    samples per step, summing to N x the loader's ``batch_size`` (``advise`` computes them);
+    the train loader is dealt by them (module docstring).
     Every other keyword is ``DDPStrategy``'s (``process_group_backend="gloo"``, ...), except
     the comm hook's, which this strategy sets.
     """
@@ -115,6 +140,7 @@ class StragglerStrategy(DDPStrategy):
         *,
         log_metrics: bool = True,
         keep: int = 1000,
+        shares: Sequence[int] | None = None,
         **ddp_kwargs: Any,
     ) -> None:
         given = [name for name in OWN_HOOK if ddp_kwargs.get(name) is not None]
@@ -128,7 +154,11 @@ class StragglerStrategy(DDPStrategy):
                 "StragglerStrategy does not shrink (Lightning's DDP cannot regroup): launch "
                 "without --on-rank-loss shrink, or use tailtrain.StragglerHookState in an own loop"
             )
-        self.rule = checked_rule(spec)
+        self.rule = checked_rule(spec, shares)
+        #: ``rebalance``'s samples per step for each rank (None: DropCompute's rounds)
+        self.shares = None if shares is None else list(shares)
+        #: the train loader's batch sampler under ``shares`` (the hook's state)
+        self.dealt: ShareBatchSampler | None = None
         super().__init__(**ddp_kwargs)
         self.log_metrics = log_metrics
         #: the rule, its state and the comm hook's state (built once the group exists)
@@ -148,12 +178,12 @@ class StragglerStrategy(DDPStrategy):
     # ---- set-up ---------------------------------------------------------------------------
     def setup_environment(self) -> None:
         super().setup_environment()  # the process group
-        if self.state is None:
+        if self.shares is None and self.state is None:
             timeout = self._timeout if isinstance(self._timeout, timedelta) else None
             self.state = StragglerHookState(
                 self.rule, None, timeout, self.root_device, on_rank_loss=OnRankLoss.STOP
             )
-        if self._restored is not None:
+        if self._restored is not None and self.state is not None:
             self.state.load_state_dict(self._restored)
             self._restored = None
 
@@ -170,16 +200,35 @@ class StragglerStrategy(DDPStrategy):
             sigterm_per_step(trainer)
 
     def _register_ddp_hooks(self) -> None:
-        # DDPStrategy registers hooks on CUDA only (a torch 1.8 limit); gloo runs them today
-        assert isinstance(self.model, DistributedDataParallel) and self.state is not None
-        self.model.register_comm_hook(self.state, weighted_allreduce_hook)
+        # DDPStrategy registers hooks on CUDA only (a torch 1.8 limit); gloo runs them today.
+        # Under ``shares`` the hook's state is the train loader's sampler: ``process_dataloader``
+        assert isinstance(self.model, DistributedDataParallel)
+        if self.state is not None:
+            self.model.register_comm_hook(self.state, weighted_allreduce_hook)
+
+    def process_dataloader(self, dataloader: Any) -> Any:
+        """Under ``shares``: the train loader, its ``DistributedSampler``'s global batches
+        dealt by the shares (``rebalance_loader``), and the sample-weighted hook on the DDP
+        model, so that each update is the mean gradient over the global batch."""
+        dataloader = super().process_dataloader(dataloader)
+        if self.shares is None or not self.lightning_module.trainer.training:
+            return dataloader
+        dealt_loader = rebalance_loader(dataloader, self.shares)
+        if self.dealt is None:  # DDP takes one comm hook; a reloaded loader deals the same
+            assert isinstance(self.model, DistributedDataParallel)
+            assert isinstance(dealt_loader.batch_sampler, ShareBatchSampler)
+            self.dealt = dealt_loader.batch_sampler
+            self.model.register_comm_hook(self.dealt, sample_weighted_hook)
+        return dealt_loader
 
     # ---- one micro-batch ------------------------------------------------------------------
     def training_step(self, *args: Any, **kwargs: Any) -> Any:
         """The module's ``training_step`` under ``no_sync`` if the threshold lets this
         micro-batch start, else a zero loss that ``backward`` passes by."""
         state = self.state
-        assert state is not None and isinstance(self.model, DistributedDataParallel)
+        if state is None:  # ``shares``: Lightning's own accumulation, the hook weighs
+            return super().training_step(*args, **kwargs)
+        assert isinstance(self.model, DistributedDataParallel)
         if self._round is None:  # the step's first micro-batch
             work = RoundProgress(np.empty(0))
             plan = state.plan(self.lightning_module.trainer.accumulate_grad_batches)
@@ -198,6 +247,8 @@ class StragglerStrategy(DDPStrategy):
     def backward(
         self, closure_loss: torch.Tensor, optimizer: Any, *args: Any, **kwargs: Any
     ) -> torch.Tensor:
+        if self.state is None:
+            return super().backward(closure_loss, optimizer, *args, **kwargs)
         if self._unit is None:  # a micro-batch the threshold cut: nothing was computed
             return closure_loss
         slot, began = self._unit
@@ -220,6 +271,8 @@ class StragglerStrategy(DDPStrategy):
     ) -> Any:
         """The step's last micro-batch (Lightning's closure), the weighted reduction, then
         Lightning's optimizer step, unless no rank's gradient entered."""
+        if self.state is None:
+            return super().optimizer_step(optimizer, closure, model, **kwargs)
         result = closure()
         record = self._close()
         if record.empty:  # a zero update would still move momentum and weight decay
