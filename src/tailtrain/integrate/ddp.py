@@ -65,7 +65,7 @@ from tailtrain.runtime.control import RankWeighting, check_agreement
 from tailtrain.runtime.elastic.shrink import OnRankLoss
 from tailtrain.runtime.elastic.store import LAUNCHED, REJOIN
 from tailtrain.runtime.reduce import Collectives, contribute
-from tailtrain.strategies.base import Strategy
+from tailtrain.strategies.base import AllreducePlan, Strategy
 from tailtrain.strategies.entries import HOOK, hook_refusal
 
 #: tail of a bucket's allreduce: [w_n, weight withheld]
@@ -125,6 +125,8 @@ class StragglerHookState:
             raise UsageError(refusal)
         self._last: StepRecord | None = None
         self._pending: _Pending | None = None
+        #: buckets the hook reduced so far (every bucket once per round)
+        self.buckets_reduced = 0
         #: the rounds under shrink, once ``heal`` named the model and the optimizer
         self.elastic: ElasticRounds | None = None
 
@@ -167,9 +169,7 @@ class StragglerHookState:
                 )
             yield from self.elastic.round(ddp_model, batches)
             return
-        plan, _ = self.rounds.plan(len(batches))
-        if plan.local_steps > 1:  # a rule that did not declare it (``averages_models``)
-            raise UsageError(hook_refusal(self.rounds.strategy, plan.local_steps))
+        plan = self.plan(len(batches))
         work = RoundProgress(np.empty(0))
         computed: int | None = 0  # samples of the micro-batches computed (None: not known)
         for batch in self.rounds.units(batches, plan, work):
@@ -177,12 +177,38 @@ class StragglerHookState:
                 yield batch
             size = batch_samples(batch)
             computed = None if computed is None or size is None else computed + size
+        self.reduce(ddp_model, plan, work)
+        probe = watching(ddp_model)
+        if probe is not None:
+            probe.note_samples(computed)
+
+    def plan(self, units: int) -> AllreducePlan:
+        """The round's plan for ``units`` micro-batches; a rule that averages models after
+        local steps, which it did not declare (``averages_models``), is refused here."""
+        plan, _ = self.rounds.plan(units)
+        if plan.local_steps > 1:
+            raise UsageError(hook_refusal(self.rounds.strategy, plan.local_steps))
+        return plan
+
+    def reduce(
+        self,
+        ddp_model: DistributedDataParallel,
+        plan: AllreducePlan,
+        work: RoundProgress,
+        unit_scale: float = 1.0,
+    ) -> StepRecord:
+        """The round's end, once its counted micro-batches' backward ran under ``no_sync``:
+        agree on the weights, fire the hook on every bucket (``flush_buckets``) and close the
+        round; its record (also ``last``). ``unit_scale``: each micro-batch's gradient entered
+        the accumulated one multiplied by it (Lightning divides each loss by
+        ``accumulate_grad_batches``), so G_n divides it out again."""
         # a probe watching the model (``StragglerProbe.watch``) times the round's collectives
         # as this rank's wait, and skips the zero backward's gradient hooks (module docstring)
         probe = watching(ddp_model)
         with probe.sync() if probe is not None else nullcontext():
             agreed = self.rounds.agree(work)
-            self._pending = _Pending(agreed.mine, 1.0 / max(work.done, 1), plan.lr_scale)
+            scale = 1.0 / (unit_scale * max(work.done, 1))
+            self._pending = _Pending(agreed.mine, scale, plan.lr_scale)
             began = self.rounds.clock()
             try:
                 flush_buckets(ddp_model)
@@ -190,8 +216,7 @@ class StragglerHookState:
                 pending, self._pending = self._pending, None
             reduce = self.rounds.clock() - began
             self._last = self.rounds.close(plan, work, agreed, reduce, pending.screened)
-        if probe is not None:
-            probe.note_samples(computed)
+        return self._last
 
     # ---- checkpoints ----------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -221,6 +246,7 @@ def weighted_allreduce_hook(
 ) -> torch.futures.Future[torch.Tensor]:
     """DDP comm hook: ``lr_scale * sum_n w_n G_n / divisor`` of the bucket's gradients."""
     pending = state._pending
+    state.buckets_reduced += 1
     if pending is None:
         raise UsageError(
             "weighted_allreduce_hook reduces at the end of a round: iterate "

@@ -129,6 +129,8 @@ class RoundProgress:
     compute: float = 0.0
     loss_sum: float = 0.0
     started: float = field(default_factory=time.perf_counter)
+    #: the threshold refused a unit: no later one starts (``Rounds.admit``)
+    stopped: bool = False
 
     @property
     def done(self) -> int:
@@ -232,16 +234,47 @@ class Rounds:
     def units(
         self, batches: Sequence[Any], plan: AllreducePlan, work: RoundProgress
     ) -> Iterator[Any]:
-        """Yield micro-batches while tau allows; fill ``work`` with their measured times."""
-        work.times = np.full(len(batches), np.nan)
-        start = work.started = self.clock()
+        """Yield micro-batches while tau allows; fill ``work`` with their measured times.
+
+        A loop that owns its iteration (Lightning's over ``accumulate_grad_batches``) runs the
+        same steps pushed one at a time: ``open``, then per unit ``admit`` and ``unit_done``,
+        then ``seal``."""
+        self.open(work, len(batches))
         for u, batch in enumerate(batches):
-            if not may_start(self.clock() - start, plan.threshold, plan.preempt):
+            if not self.admit(work, plan):
                 break
             began = self.clock()
             yield batch
-            work.times[u] = self.clock() - began
-        work.compute = self.clock() - start
+            self.unit_done(work, u, began)
+        self.seal(work)
+
+    def open(self, work: RoundProgress, units: int = 0) -> None:
+        """Start the round's clock with ``units`` slots for unit times (a loop that learns its
+        units one at a time adds them: ``RoundProgress.times`` grows)."""
+        work.times = np.full(units, np.nan)
+        work.stopped = False
+        work.started = self.clock()
+
+    def admit(self, work: RoundProgress, plan: AllreducePlan) -> bool:
+        """May the round's next unit start? DropCompute Algorithm 1 between units
+        (``strategies.dropcompute.may_start`` on the round's elapsed seconds); once a unit was
+        refused no later one starts, and the round's compute ends there."""
+        if work.stopped:
+            return False
+        now = self.clock()
+        if may_start(now - work.started, plan.threshold, plan.preempt):
+            return True
+        work.stopped, work.compute = True, now - work.started
+        return False
+
+    def unit_done(self, work: RoundProgress, unit: int, began: float) -> None:
+        """Unit ``unit``, begun at ``began`` (``clock``), finished: its measured time."""
+        work.times[unit] = self.clock() - began
+
+    def seal(self, work: RoundProgress) -> None:
+        """The round's units are over: its compute seconds, unless a refusal ended them."""
+        if not work.stopped:
+            work.compute = self.clock() - work.started
 
     def wants(self) -> int | None:
         """Micro-batches this rank's next round computes: its share under a rule of shares

@@ -1,7 +1,7 @@
 """Which entry in a user's own job runs which rule: each entry's declared capability, and the
 one query over them (E6).
 
-Three entries run a rule inside a job the user keeps, all on the allreduce topology and all
+Four entries run a rule inside a job the user keeps, all on the allreduce topology and all
 fed by the user's data loader:
 
 * :data:`LOOP`: :class:`tailtrain.StragglerStep` in an own loop; it deals per-rank shares
@@ -11,7 +11,9 @@ fed by the user's data loader:
   reduces gradients once per step, so it deals nothing beyond the protocol and cannot run a
   rule that averages models after local steps (``Strategy.averages_models``);
 * :data:`SHARE_LOADER`: ``rebalance_loader`` with ``sample_weighted_hook``, a DDP job's
-  per-rank batch shares, fixed where ``advise`` computed them: plain ``rebalance`` only.
+  per-rank batch shares, fixed where ``advise`` computed them: plain ``rebalance`` only;
+* :data:`LIGHTNING`: ``tailtrain.lightning.StragglerStrategy``, Lightning's DDP strategy
+  running the same comm hook over ``accumulate_grad_batches``: what the hook runs.
 
 :meth:`Entry.refusal` answers for one of them with the contracts the engines use
 (``strategies.base.contract_refusal``, ``engine_refusal``), so ``integrate``'s own checks
@@ -95,3 +97,5 @@ HOOK = Entry("the DDP comm hook", hook=True)
 SHARE_LOADER = Entry(
     "rebalance_loader", does=frozenset({"shares"}), hook=True, specs=("rebalance",)
 )
+#: ``tailtrain.lightning.StragglerStrategy``: Lightning's DDP strategy with that comm hook
+LIGHTNING = Entry("tailtrain.lightning.StragglerStrategy", hook=True)
