@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from tailtrain.advice.adopt import Adoption, adoption, check_setup, runnable
+from tailtrain.advice.adopt import SHARES, Adoption, adoption, check_setup, runnable
 from tailtrain.advice.cost import Cost, sync_cost
 from tailtrain.advice.recommend import (
     DEMAND_SPEC,
@@ -336,7 +336,7 @@ def _in_job_units(
         ranked = [
             replace(r, micro_batches=m) if r.row.strategy == "dropcompute" else r for r in ranked
         ]
-    shares = rebalance_shares(last, comm_mean) if setup in ("ddp", "any") else None
+    shares = rebalance_shares(last, comm_mean) if setup in SHARES else None
     if shares is not None and np.array_equal(shares.shares, job.samples):
         shares = None  # the shares the job already deals: that row is the job as measured
     if shares is not None:
@@ -439,8 +439,10 @@ def _dropcompute_at_m(
 def _runnable(ranked: list[Ranked], setup: str, notes: list[str]) -> tuple[list[Ranked], list[str]]:
     """The rows a ``setup`` job can run, and a note on those left out."""
     kept = [r for r in ranked if runnable(r.row.strategy, setup, row_spec(r.row))]
-    # a DDP job rebalances per-rank batches: only the row priced with per-sample shares
-    kept = [r for r in kept if setup != "ddp" or r.row.strategy != "rebalance" or r.shares]
+    # a DDP job (or a trainer's) rebalances per-rank batches: only the row priced with
+    # per-sample shares
+    fixed = setup in SHARES and setup != "any"
+    kept = [r for r in kept if not fixed or r.row.strategy != "rebalance" or r.shares]
     families = {r.row.strategy for r in kept}
     left = sorted({r.row.strategy for r in ranked} - families)
     left += sorted(row_spec(r.row) for r in ranked if r not in kept and r.row.strategy in families)

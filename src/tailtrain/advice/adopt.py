@@ -9,6 +9,12 @@ r"""What a job can run, and the lines that adopt a recommendation (``advise --fo
   Local-SGD (DropCompute App. B.3) and rebalance (its shares dealt by
   :class:`tailtrain.ShareSampler`: each epoch's global batches from the dataset), but not
   ``rebalance:deal=demand``, which needs the run's own store;
+* ``lightning``: a Lightning ``Trainer`` runs what ``tailtrain.lightning.StragglerStrategy``
+  runs: the DDP comm hook's rules over ``accumulate_grad_batches`` (DropCompute at the M
+  advise names) and rebalance by fixed per-rank shares, one ``strategy=`` argument;
+* ``hf``: transformers' ``Trainer`` runs no remedy inside its loop (a callback cannot cut a
+  micro-batch nor reduce: docs/hf.md), so it is ranked as a DDP job, and the lines are the
+  DDP job's, for the loop the user moves the remedy to, under a line that says so;
 * ``tailtrain-train``: ``tailtrain train`` runs every strategy;
 * ``any``: no restriction (every row, as before ``--for``).
 
@@ -39,13 +45,15 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from tailtrain.errors import UsageError
-from tailtrain.strategies.entries import HOOK, LOOP, SHARE_LOADER, Entry
+from tailtrain.strategies.entries import HOOK, LIGHTNING, LOOP, SHARE_LOADER, Entry
 
 #: setup (``--for``) -> the entries its job adopts a rule with (``strategies.entries``); None:
 #: every strategy (``tailtrain train`` runs each on its own topology; ``any`` keeps every row)
 SETUPS: dict[str, tuple[Entry, ...] | None] = {
     "ddp": (HOOK, SHARE_LOADER),
     "loop": (LOOP,),
+    "lightning": (LIGHTNING, SHARE_LOADER),
+    "hf": (HOOK, SHARE_LOADER),
     "tailtrain-train": None,
     "any": None,
 }
@@ -213,6 +221,37 @@ def probe_adoption(out_dir: str = "runs/probe") -> Adoption:
     )
 
 
+#: setups whose jobs deal per-rank batch shares by ``advise``'s per-sample forecast
+SHARES = ("ddp", "lightning", "hf", "any")
+#: where transformers' Trainer's user adopts a remedy (docs/hf.md)
+HF_MOVE = (
+    "# transformers' Trainer cannot run this in its loop (docs/hf.md, \"Remedies: not inside "
+    "the Trainer\"): in a loop you own over DDP (Accelerate's or your own), these lines"
+)
+
+
+def lightning_adoption(
+    spec: str, strategy: str, micro_batches: int | None, shares: tuple[int, ...] | None
+) -> Adoption:
+    """The ``Trainer(...)`` argument that runs ``spec`` in a Lightning job
+    (``tailtrain.lightning.StragglerStrategy``): rebalance by ``shares``, or the hook's rule
+    over ``accumulate_grad_batches``, set to the ``micro_batches`` advise priced it at."""
+    imports = ("from tailtrain.lightning import StragglerStrategy",)
+    if strategy == "rebalance":
+        line = f'strategy=StragglerStrategy("rebalance", shares={list(shares or ())}),'
+        return Adoption("lightning", spec, imports, (f"trainer = Trainer(..., {line[:-1]})",), ())
+    arguments = [f'strategy=StragglerStrategy("{spec}")']
+    if micro_batches is not None:
+        arguments.insert(0, f"accumulate_grad_batches={micro_batches}")
+    once = [f'trainer = Trainer(..., {", ".join(arguments)})  # was strategy="ddp"']
+    if micro_batches is not None:
+        once.append(
+            f"# and your DataLoader's batch_size divided by {micro_batches}: the same samples "
+            "per optimizer step, in micro-batches the threshold can cut between"
+        )
+    return Adoption("lightning", spec, imports, tuple(once), ())
+
+
 def check_setup(setup: str) -> str:
     if setup not in SETUPS:
         raise UsageError(f"--for {setup!r}: use one of {', '.join(SETUPS)}")
@@ -246,6 +285,14 @@ def adoption(
     rebalance deals per-rank batches (a DDP job's; ``advice.units``)."""
     if not runnable(strategy, setup, spec):
         raise UsageError(f"a {setup} job cannot run {spec!r}; advise --for {setup} never picks it")
+    if setup == "hf":  # the DDP job's lines, for the loop the remedy moves to
+        if strategy == "sync":
+            keep = "# keep your Trainer as it is: sync is what it runs"
+            return Adoption(setup, spec, (), (keep,), ())
+        moved = adoption(spec, strategy, "ddp", micro_batches, shares)
+        return replace(moved, setup=setup, imports=(HF_MOVE, *moved.imports), edit_list=())
+    if setup == "lightning" and strategy != "sync":
+        return lightning_adoption(spec, strategy, micro_batches, shares)
     if strategy == "rebalance" and shares is not None and setup in ("ddp", "any"):
         return replace(ddp_rebalance(spec, shares), setup=setup)
     if setup in ("tailtrain-train", "any"):
