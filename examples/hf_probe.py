@@ -4,7 +4,7 @@ with tailtrain's probe callback.
 Run (CPU, gloo, two processes; ``pip install 'tailtrain[hf]'``)::
 
     OMP_NUM_THREADS=1 torchrun --nproc-per-node 2 examples/hf_probe.py --slow-rank 1
-    tailtrain advise runs/hf-probe --for ddp
+    tailtrain advise runs/hf-probe --for hf
 
 The model is GPT-2 built from a config (one layer, 32 wide: no download), trained on a
 character-level reading of a module of Python's standard library; the Trainer runs it in

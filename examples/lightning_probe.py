@@ -8,7 +8,7 @@ or under torchrun, which Lightning joins::
 
     torchrun --nproc-per-node 2 examples/lightning_probe.py --slow-rank 1
 
-then ``tailtrain advise runs/lightning_probe --for ddp``. The LightningModule and the Trainer
+then ``tailtrain advise runs/lightning_probe --for lightning``. The LightningModule and the Trainer
 are plain; the probe is the line marked ``# <- probe``. Per rank and optimizer step it measures
 the data time, the compute, the wait in DDP's allreduce and the samples; about every 2 seconds
 (the first time after 10 steps, the last at the end of training) rank 0 logs each rank's score

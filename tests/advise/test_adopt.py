@@ -18,6 +18,7 @@ from torch.nn.parallel import DistributedDataParallel
 from tailtrain.advice import advise
 from tailtrain.advice.adopt import adoption
 from tailtrain.errors import UsageError
+from tailtrain.strategies.registry import parse_strategy
 
 N, M = 2, 3
 #: the families each job can run, as advise offered them before it asked the entries
@@ -113,3 +114,37 @@ def test_the_printed_lines_run_in_the_job_they_are_for(advised, tmp_path):
 
 def test_the_fixture_recommends_dropcompute_so_the_lines_change_the_step(advised):
     assert {found.choice.row.strategy for found in advised.values()} == {"dropcompute"}
+
+
+@pytest.mark.parametrize(
+    ("spec", "family", "m", "shares"),
+    [
+        ("dropcompute:threshold=0.05", "dropcompute", 4, None),
+        ("rebalance", "rebalance", None, (48, 16)),
+    ],
+)
+def test_lightning_s_lines_build_the_strategy_they_name(spec, family, m, shares):
+    """``--for lightning``'s lines, run as printed with a ``Trainer`` that records its
+    arguments: a ``StragglerStrategy`` of the spec (and the shares), at
+    ``accumulate_grad_batches=M`` where DropCompute needs micro-batches."""
+    from tailtrain.lightning import StragglerStrategy
+
+    lines = adoption(spec, family, "lightning", m, shares).lines()
+    assert lines[0] == "from tailtrain.lightning import StragglerStrategy"
+    built = {}
+    job = {"Trainer": lambda *args, **kwargs: built.update(kwargs)}
+    exec("\n".join(lines), job)
+    strategy = built["strategy"]
+    assert isinstance(strategy, StragglerStrategy)
+    assert built.get("accumulate_grad_batches") == m
+    assert strategy.rule.describe() == parse_strategy(spec).describe()
+    assert strategy.shares == (None if shares is None else list(shares))
+
+
+def test_hf_s_lines_are_the_ddp_job_s_under_a_line_that_says_where_they_go():
+    ddp = adoption("dropcompute:threshold=0.05", "dropcompute", "ddp", 4).lines()
+    hf = adoption("dropcompute:threshold=0.05", "dropcompute", "hf", 4)
+    assert hf.lines()[0].startswith("# transformers' Trainer cannot run this in its loop")
+    assert hf.lines()[1:] == ddp and hf.edits() == []
+    keep = adoption("sync", "sync", "hf").lines()
+    assert keep == ["# keep your Trainer as it is: sync is what it runs"]

@@ -92,8 +92,29 @@ def test_an_unknown_job_is_refused_in_one_line():
     assert check_setup("loop") == "loop" and set(SETUPS) == {
         "ddp",
         "loop",
+        "lightning",
+        "hf",
         "tailtrain-train",
         "any",
     }
     with pytest.raises(UsageError, match="--for 'cluster': use one of ddp, loop"):
         check_setup("cluster")
+
+
+@pytest.mark.parametrize("spec", EXPECTED)
+def test_the_lightning_answer_is_what_stragglerstrategy_accepts(spec):
+    """``--for lightning`` offers what ``StragglerStrategy`` builds (the hook's rule, or
+    rebalance by fixed shares); ``--for hf`` ranks as a DDP job (its lines move the remedy
+    to a loop the user owns)."""
+    from tailtrain.lightning.strategy import checked_rule
+
+    accepted = False
+    for shares in (None, [2, 2]):
+        try:
+            checked_rule(spec, shares)
+        except UsageError:
+            continue
+        accepted = True
+    family = spec.partition(":")[0]
+    assert runnable(family, "lightning", spec) is accepted
+    assert runnable(family, "hf", spec) is runnable(family, "ddp", spec)
