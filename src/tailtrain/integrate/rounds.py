@@ -264,8 +264,15 @@ class Rounds:
         now = self.clock()
         if may_start(now - work.started, plan.threshold, plan.preempt):
             return True
-        work.stopped, work.compute = True, now - work.started
+        self.stop(work, now)
         return False
+
+    def stop(self, work: RoundProgress, now: float | None = None) -> None:
+        """The round's compute ends at ``now`` (``clock``; None: this instant) and no later unit
+        starts: ``admit``'s refusal, or a refusal this rank follows (a sharded model's group
+        stops as one when any of its ranks is refused: ``integrate.sharded``)."""
+        work.stopped = True
+        work.compute = (self.clock() if now is None else now) - work.started
 
     def unit_done(self, work: RoundProgress, unit: int, began: float) -> None:
         """Unit ``unit``, begun at ``began`` (``clock``), finished: its measured time."""

@@ -468,6 +468,7 @@ def weighted_average(
     tensors: list[torch.Tensor],
     scale: float,
     agreed: Agreement,
+    bad: bool | None = None,
 ) -> tuple[list[torch.Tensor], bool, float]:
     """sum_n w_n (scale_n x_n) / divisor for each tensor, one weighted allreduce per bucket,
     whether this rank was screened out, and sum_n w_n over the ranks not screened out (0: no
@@ -475,9 +476,11 @@ def weighted_average(
 
     Screened as every weighted allreduce is (``runtime.reduce.contribute``): a rank holding a
     non-finite value in any tensor joins every bucket with weight 0, and reports the weight it
-    withheld so the agreement check holds."""
+    withheld so the agreement check holds. ``bad`` given: the caller screened already (a
+    sharded model's group screens as one: ``integrate.sharded``)."""
     mine = agreed.mine
-    bad = not all(bool(torch.isfinite(t).all()) for t in tensors)
+    if bad is None:
+        bad = not all(bool(torch.isfinite(t).all()) for t in tensors)
     out: list[torch.Tensor] = [torch.empty(0)] * len(tensors)
     total = 0.0
     for b, index in enumerate(groups):

@@ -179,6 +179,16 @@ class Collectives:
             self._wait(dist.broadcast(rows, group=self.group, group_src=0, async_op=True))
         return rows.cpu().numpy()
 
+    def reduce_row(
+        self, row: RankRow, op: dist.ReduceOp.RedOpType = dist.ReduceOp.SUM
+    ) -> np.ndarray:
+        """A small float64 row reduced elementwise over the group (``op``: SUM or MAX),
+        identical on every rank: one all_reduce of ``len(row)`` values."""
+        values = torch.as_tensor(np.asarray(row, dtype=np.float64), device=self.device)
+        with self._guard("all_reduce"):
+            self._wait(dist.all_reduce(values, op=op, group=self.group, async_op=True))
+        return values.cpu().numpy()
+
     def weighted_sum(
         self,
         grad: torch.Tensor,

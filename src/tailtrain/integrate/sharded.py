@@ -1,0 +1,284 @@
+"""A training-loop step for a sharded model (FSDP2): tailtrain's rule across replica groups.
+
+    mesh = init_device_mesh("cuda", (R, S), mesh_dim_names=("replicate", "shard"))
+    for layer in model.layers:
+        fully_shard(layer, mesh=mesh["shard"])        # FSDP inside each group of S ranks
+    fully_shard(model, mesh=mesh["shard"])
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4)
+    step = ShardedStep(model, optimizer, "dropcompute:threshold=auto", mesh=mesh)
+    for micro_batches in loader:                       # this rank's M micro-batches per step
+        record = step(micro_batches, lambda b: F.cross_entropy(model(b[0]), b[1]))
+
+Hybrid sharding (torchtitan's HSDP) shards the parameters within a group of S ranks and
+replicates them across R groups. Within a group every rank must run the same number of forward
+and backward passes (FSDP all-gathers the parameters layer by layer, and reduce-scatters the
+gradients), so the unit that computes C_n micro-batches, is cut at tau, gets a weight or is
+screened out is the **group**: the rule's N is R, and ``StepRecord.completed`` and ``weights``
+are per group (``live``: the groups 0..R-1). Across groups the update is the weighted reduction
+``[sum_n w_n G_n, sum_n w_n]`` that ``integrate.step`` makes (``weighted_average``), applied to
+each rank's LOCAL gradient shard over the replicate dimension's process group: rank (n, s)
+meets the ranks (n', s) of the other groups, 1/S of the model's bytes.
+
+The model must be ``fully_shard``ed over the SHARD dimension only (``mesh[shard_dim]``); over
+the 2-D mesh FSDP would all-reduce across the replicas itself, unweighted (refused in one
+line). Ranks of a group are given different micro-batches, as in any FSDP job.
+
+**The protocol** of one call (``Rounds`` decides, as for ``StragglerStep``; no rule here):
+
+1. ``plan``: tau. Every rank holds the same rule state, so every rank gets the same plan.
+2. Micro-batches: before each one, every rank asks ``Rounds.admit`` (DropCompute Algorithm 1
+   on its own round clock), then the group agrees: one all_reduce(MAX) of the one-value flag
+   "refused" over the shard group; if any rank of the group is refused, every rank of it stops
+   there (``Rounds.stop`` on those that were admitted), so the group's C_n is the same on all
+   its ranks and its compute ends when its first rank's tau is reached, as a group that is as
+   slow as its slowest rank should. Each micro-batch is ``loss_fn(batch).backward()``, and FSDP
+   reduce-scatters it within the group and accumulates the shard (its default: the local
+   gradient after C micro-batches is sum_u (1/S) sum_s g_s^(u), the group's mean over ranks).
+   Disabling that sync (``set_requires_gradient_sync(False)``) would need the last
+   micro-batch known before it runs, which a cut at tau does not tell.
+3. One all_reduce(SUM) over the shard group of [loss sum, gradient not finite]: the group's
+   mean loss, and the group screens as one (a NaN in one rank's shard drops the whole group:
+   its shards are one gradient).
+4. ``Rounds.agree`` over the replicate group, through :class:`GroupCollectives`: each rank's
+   row [C_n, T~_n, loss, t^(u)] is first reduced by MAX over the shard group (a group's time
+   is its slowest rank's; C_n and the loss already agree), then gathered over the replicate
+   group, so every rank of the job builds the same arrivals, selection and weights, and
+   ``threshold=auto``'s Algorithm 2 sees the same times everywhere.
+5. The weighted reduction over the replicate group on the local shards, each group's shard
+   G_n = local gradient / C_n (``weighted_average``, buckets of ``bucket_cap_mb``); the
+   optimizer's gradient is ``lr_scale * sum_n w_n G_n / divisor`` (DropCompute Eq. (1) with
+   the group as the worker), written into each parameter's local shard, and
+   ``optimizer.step()`` steps the sharded parameters (DTensors) as FSDP users expect.
+6. ``Rounds.timing`` (again MAX within the group, gathered across groups) and ``finish``:
+   ``adapt`` and the record, identical on every rank.
+
+**Cost** beyond plain HSDP with gradient accumulation: per micro-batch, while a finite tau is
+in force (not under ``sync``, nor while ``threshold=auto`` calibrates), one all_reduce of one
+float64 over the S ranks of the group, plus one when the group stops; per step, one
+all_reduce of two values within the group, and two row gathers (each after a MAX all_reduce
+of the row within the group) across groups: ~5 latency-bound collectives of a few hundred
+bytes. The gradient's bytes are what HSDP moves: a reduce-scatter within the group per
+micro-batch and one all_reduce of 1/S of the model across groups per step.
+
+A round in which no group's gradient entered makes no update (the optimizer does not step),
+as ``StragglerStep``. Ranks start from group 0's parameter shards (a broadcast over the
+replicate group) and rank (0, 0)'s buffers.
+
+Runs ``sync`` and ``dropcompute`` (a fixed threshold, ``threshold=auto``, ``drop-rate=``);
+every other rule is refused in one line for now (``rebalance`` would deal a group's share to
+its ranks, Local-SGD average sharded models: not built). No shrink on a lost rank: a dead rank
+leaves its peers failing in their next collective, as FSDP's do.
+"""
+
+from __future__ import annotations
+
+import datetime
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from tailtrain.errors import UsageError
+from tailtrain.integrate.rounds import RoundProgress, Rounds, StepRecord, as_strategy
+from tailtrain.integrate.step import BUCKET_CAP_MB, buckets, weighted_average
+from tailtrain.runtime.reduce import Collectives, RankRow
+from tailtrain.strategies.base import Strategy
+from tailtrain.strategies.registry import parse_strategy
+
+#: the rules a sharded step runs (the module docstring says why the others wait)
+RUNS = ("sync", "dropcompute")
+MAX = dist.ReduceOp.MAX
+
+
+def sharded_strategy(strategy: str | Strategy) -> Strategy:
+    """``strategy`` if a sharded step runs it; one line otherwise, before any collective."""
+    rule = parse_strategy(strategy) if isinstance(strategy, str) else strategy
+    if rule.name not in RUNS or rule.averages_models:
+        raise UsageError(
+            f"ShardedStep runs {', '.join(RUNS)} (a fixed threshold, threshold=auto, "
+            f"drop-rate=) for now, not {rule.describe()!r}"
+        )
+    return as_strategy(rule)  # the loop's contract (topology, compensations)
+
+
+class GroupCollectives(Collectives):
+    """The replicate group's collectives with one row per replica GROUP: ``gather`` first
+    reduces this rank's row by MAX over its group (``within``, the shard group), so the rows
+    of a group's ranks, and what the rule decides from them, are the same on all of them."""
+
+    def __init__(
+        self,
+        within: Collectives,
+        group: dist.ProcessGroup,
+        device: torch.device,
+        timeout: datetime.timedelta | None = None,
+    ) -> None:
+        rank, size = dist.get_rank(group), dist.get_world_size(group)
+        super().__init__(rank, size, device, group=group, timeout=timeout)
+        self.within = within
+
+    def gather(self, row: RankRow) -> np.ndarray:
+        return super().gather(self.within.reduce_row(row, MAX))
+
+
+class ShardedStep:
+    """Runs one round per call across the replica groups of ``mesh`` (module docstring).
+
+    ``mesh`` is the 2-D ``DeviceMesh`` (replicate x shard) the model was ``fully_shard``ed
+    on, over its shard dimension; ``replicate_dim`` names the other. ``timeout`` bounds each
+    of the step's own collectives (None: the groups' own). Every call returns the round's
+    ``StepRecord``, per group, identical on every rank.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        strategy: str | Strategy = "dropcompute",
+        *,
+        mesh: Any,
+        replicate_dim: str = "replicate",
+        timeout: datetime.timedelta | None = None,
+        bucket_cap_mb: float = BUCKET_CAP_MB,
+    ) -> None:
+        rule = sharded_strategy(strategy)  # refused before any collective
+        shard_dim = check_mesh(mesh, replicate_dim)
+        self.model, self.optimizer = model, optimizer
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        check_sharded(self.params, shard_dim)
+        device = local(self.params[0]).device
+        self.within = Collectives.of_group(mesh[shard_dim].get_group(), device, timeout)
+        comm = GroupCollectives(self.within, mesh[replicate_dim].get_group(), device, timeout)
+        lr = float(optimizer.param_groups[0]["lr"])
+        self.rounds = Rounds(rule, comm, lr=lr)
+        self.buckets = buckets([local(p) for p in self.params], bucket_cap_mb)
+        start_equal(model, self.params, self.within.group, comm.group)
+
+    def __call__(
+        self, micro_batches: Sequence[Any], loss_fn: Callable[[Any], torch.Tensor]
+    ) -> StepRecord:
+        """One round over this rank's ``micro_batches``; its ``StepRecord`` (per group)."""
+        batches = list(micro_batches)
+        rounds = self.rounds
+        plan, _ = rounds.plan(len(batches))
+        self.optimizer.zero_grad(set_to_none=True)
+        work = RoundProgress(np.empty(0))
+        # the group agrees before each micro-batch only where a finite tau can refuse one
+        lockstep = math.isfinite(plan.threshold)
+        rounds.open(work, len(batches))
+        for u, batch in enumerate(batches):
+            admitted = rounds.admit(work, plan)
+            if lockstep:
+                refused = self.within.reduce_row([not admitted], MAX)[0] > 0
+                if refused and admitted:  # another rank of the group was refused: stop too
+                    rounds.stop(work)
+                admitted = not refused
+            if not admitted:
+                break
+            began = rounds.clock()
+            loss = loss_fn(batch)
+            loss.backward()  # FSDP reduce-scatters within the group and accumulates the shard
+            work.loss_sum += float(loss.detach())
+            rounds.unit_done(work, u, began)
+        rounds.seal(work)
+        with torch.no_grad():
+            mine = [local_grad(p) for p in self.params]
+            bad = not all(bool(torch.isfinite(t).all()) for t in mine)
+        # the group's mean loss, and whether any of its shards is not finite: it screens as one
+        loss_sum, bads = self.within.reduce_row([work.loss_sum, bad])
+        work.loss_sum = float(loss_sum) / self.within.world_size
+        agreed = rounds.agree(work, plan)
+        began = rounds.clock()
+        with torch.no_grad():
+            scale = 1.0 / max(work.done, 1)  # G_n: the group's mean over its C_n micro-batches
+            averaged, screened, total = weighted_average(
+                rounds.comm, self.buckets, mine, scale, agreed, bad=bool(bads > 0)
+            )
+        timing = rounds.timing(rounds.clock() - began, work, screened)
+        if total != 0:  # past the last collective; no gradient entered: no update
+            with torch.no_grad():
+                for p, avg in zip(self.params, averaged, strict=True):
+                    if p.grad is None:
+                        p.grad = torch.zeros_like(p)
+                    local(p.grad).copy_(avg.mul_(plan.lr_scale))
+            self.optimizer.step()
+        return rounds.finish(plan, work, agreed, timing)
+
+    @property
+    def next_step(self) -> int:
+        """The index of the next call's round (``record.step`` of its record)."""
+        return self.rounds.step
+
+    # ---- checkpoints: the rule's state and the round count, beside the sharded state dicts
+    def state_dict(self) -> dict[str, Any]:
+        """The rule's state and the round count (the same on every rank); save the model and
+        the optimizer with ``torch.distributed.checkpoint``, beside it."""
+        return self.rounds.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.rounds.load_state_dict(state)
+
+
+def check_mesh(mesh: Any, replicate_dim: str) -> str:
+    """The shard dimension's name of a 2-D mesh with ``replicate_dim``; one line otherwise."""
+    names = getattr(mesh, "mesh_dim_names", None)
+    if names is None or len(names) != 2 or replicate_dim not in names:
+        raise UsageError(
+            "ShardedStep needs mesh=, a 2-D DeviceMesh with named dimensions (replicate x "
+            f"shard), one of them {replicate_dim!r}: init_device_mesh(device, (R, S), "
+            f'mesh_dim_names=("{replicate_dim}", "shard")), got {mesh!r}'
+        )
+    return names[1] if names[0] == replicate_dim else names[0]
+
+
+def check_sharded(params: list[torch.Tensor], shard_dim: str) -> None:
+    """Every trainable parameter is a DTensor that ``fully_shard`` put on the shard dimension
+    alone; one line otherwise (module docstring)."""
+    from torch.distributed.tensor import DTensor
+
+    if not params:
+        raise UsageError("ShardedStep: the model has no trainable parameters")
+    for p in params:
+        names = p.device_mesh.mesh_dim_names if isinstance(p, DTensor) else None
+        if names != (shard_dim,):
+            raise UsageError(
+                f"ShardedStep needs the model fully_shard-ed over mesh[{shard_dim!r}] alone "
+                f"(fully_shard(module, mesh=mesh[{shard_dim!r}])); found a parameter "
+                + ("that is not sharded" if names is None else f"on the mesh dimensions {names}")
+                + ": over the 2-D mesh FSDP would average the replicas itself, unweighted"
+            )
+
+
+def local(t: torch.Tensor) -> torch.Tensor:
+    """This rank's shard of a DTensor (the same storage), or ``t`` itself."""
+    to_local = getattr(t, "to_local", None)
+    return t if to_local is None else to_local()
+
+
+def local_grad(p: torch.Tensor) -> torch.Tensor:
+    """This rank's shard of ``p``'s gradient; zeros where it has none (its group computed no
+    micro-batch, and joins the reduction with weight 0)."""
+    return torch.zeros_like(local(p)) if p.grad is None else local(p.grad)
+
+
+def start_equal(
+    model: nn.Module,
+    params: list[torch.Tensor],
+    shard_group: dist.ProcessGroup,
+    replicate_group: dist.ProcessGroup,
+) -> None:
+    """Every group starts from group 0's shards (rank (n, s) from rank (0, s)), and every
+    rank from rank (0, 0)'s buffers, as DDP starts from rank 0 (FSDP broadcasts nothing)."""
+    with torch.no_grad():
+        for p in params:
+            dist.broadcast(local(p), group=replicate_group, group_src=0)
+        for b in model.buffers():
+            for group in (shard_group, replicate_group):
+                dist.broadcast(local(b), group=group, group_src=0)
+
+
+__all__ = ["GroupCollectives", "ShardedStep"]

@@ -1,0 +1,248 @@
+"""``ShardedStep`` on four real gloo ranks as a (2, 2) mesh: FSDP2 inside each replica group,
+tailtrain's rule across the two groups.
+
+One forked job runs every case in turn and saves, per rank, the full parameters (gathered with
+``full_tensor()``) and the records; the tests check that every rank holds the same records
+(so every rank of a group ran its group's micro-batch count) and that the parameters equal a
+single-process reference that applies the recorded weights to the recorded micro-batches of
+each group (its ranks' mean gradient over its counted micro-batches), with SGD and momentum.
+Cuts are forced by a 1 s sleep on one rank of group 1 against tau = 0.5 s (the other
+micro-batches take milliseconds), so the decisions do not depend on the machine's speed.
+"""
+
+from __future__ import annotations
+
+import datetime
+import math
+import time
+
+import numpy as np
+import pytest
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from tests.integrate.ranks import join, run_ranks
+from torch import nn
+
+from tailtrain.errors import UsageError
+from tailtrain.integrate.sharded import ShardedStep
+
+GROUPS, SHARDS = 2, 2
+WORLD = GROUPS * SHARDS
+D, H, C, B, LR, MOMENTUM = 6, 10, 3, 4, 0.1, 0.9
+X = torch.randn(256, D, generator=torch.Generator().manual_seed(0))
+Y = torch.randint(0, C, (256,), generator=torch.Generator().manual_seed(1))
+TAU, SLOW = 0.5, 1.0
+DROP = f"dropcompute:threshold={TAU},stop=between"
+AUTO = "dropcompute:threshold=auto,calibrate=2"
+#: a threshold every group passes before its first micro-batch can start
+NOTHING = "dropcompute:threshold=1e-9"
+#: the rank that sleeps: group 1, shard 0 (its group partner waits for it inside FSDP)
+SLEEPER = (1, 0)
+
+
+def make_model() -> nn.Module:
+    torch.manual_seed(3)
+    return nn.Sequential(nn.Linear(D, H), nn.Tanh(), nn.Linear(H, C))
+
+
+def optimizer(params) -> torch.optim.Optimizer:
+    return torch.optim.SGD(params, lr=LR, momentum=MOMENTUM)
+
+
+def batch(step: int, group: int, shard: int, unit: int, units: int):
+    start = (((step * GROUPS + group) * SHARDS + shard) * units + unit) * B
+    idx = torch.arange(start, start + B) % len(X)
+    return X[idx], Y[idx]
+
+
+# ---- what each rank runs ------------------------------------------------------------------------
+def sharded_model(mesh) -> nn.Module:
+    from torch.distributed.fsdp import fully_shard
+
+    net = make_model()
+    for layer in (net[0], net[2]):
+        fully_shard(layer, mesh=mesh["shard"])
+    return fully_shard(net, mesh=mesh["shard"])
+
+
+def run(mesh, strategy: str, steps: int, units: int, sleep: float = 0.0, every: bool = False):
+    """``steps`` calls of ``units`` micro-batches; the SLEEPER sleeps ``sleep`` seconds in its
+    first micro-batch of each step (``every``: in each of them)."""
+    net = sharded_model(mesh)
+    step = ShardedStep(
+        net, optimizer(net.parameters()), strategy, mesh=mesh,
+        timeout=datetime.timedelta(seconds=60),
+    )  # fmt: skip
+    where = (mesh.get_local_rank("replicate"), mesh.get_local_rank("shard"))
+    records = []
+    for r in range(steps):
+        batches = [batch(r, *where, u, units) for u in range(units)]
+
+        def loss_fn(xy, batches=batches):
+            if where == SLEEPER and sleep and (every or xy is batches[0]):
+                time.sleep(sleep)
+            return F.cross_entropy(net(xy[0]), xy[1])
+
+        records.append(step(batches, loss_fn).as_dict())
+    full = {name: p.full_tensor().detach().clone() for name, p in net.named_parameters()}
+    return full, records, step.state_dict()
+
+
+def refused_hsdp(mesh) -> str:
+    """A model sharded over the whole 2-D mesh (FSDP's own HSDP) is refused."""
+    from torch.distributed.fsdp import fully_shard
+
+    net = fully_shard(make_model(), mesh=mesh)
+    try:
+        ShardedStep(net, optimizer(net.parameters()), "sync", mesh=mesh)
+    except UsageError as exc:
+        return str(exc)
+    return ""
+
+
+def rank_main(rank: int, port: int, folder: str) -> None:
+    from torch.distributed.device_mesh import init_device_mesh
+
+    join(rank, port, WORLD)
+    mesh = init_device_mesh("cpu", (GROUPS, SHARDS), mesh_dim_names=("replicate", "shard"))
+    out = {
+        "sync": run(mesh, "sync", 3, 2),
+        "drop": run(mesh, DROP, 2, 3, sleep=SLOW),
+        "auto": run(mesh, AUTO, 5, 4, sleep=0.04, every=True),
+        "empty": run(mesh, NOTHING, 1, 2),
+        "hsdp": refused_hsdp(mesh),
+    }
+    torch.save(out, f"{folder}/rank{rank}.pt")
+    dist.destroy_process_group()
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("sharded")
+    return run_ranks(rank_main, folder, WORLD)
+
+
+# ---- the reference: one process, the full model ----------------------------------------------
+def rebuilt(records: list[dict], units: int) -> dict[str, torch.Tensor]:
+    """SGD with momentum on sum_g w_g G_g, G_g the mean gradient over group g's ranks and its
+    ``completed[g]`` counted micro-batches, with the weights each record names."""
+    net = make_model()
+    opt = optimizer(net.parameters())
+    for record in records:
+        if record["empty"]:
+            continue
+        total = [torch.zeros_like(p) for p in net.parameters()]
+        for g in record["ranks"]:
+            counted = [
+                batch(record["step"], g, s, u, units)
+                for s in range(SHARDS)
+                for u in range(record["completed"][g])
+            ]
+            net.zero_grad()
+            for x, y in counted:
+                F.cross_entropy(net(x), y).backward()
+            for t, p in zip(total, net.parameters(), strict=True):
+                t.add_(p.grad, alpha=record["weights"][g] / len(counted))
+        for p, t in zip(net.parameters(), total, strict=True):
+            p.grad = t
+        opt.step()
+    return dict(net.named_parameters())
+
+
+def matches_reference(full: dict[str, torch.Tensor], records: list[dict], units: int) -> None:
+    """``full`` equals the reference from all the records and not the one from all but the
+    last (gloo sums in its own order: a few ulps apart, while a step missed or taken twice
+    moves the parameters far beyond the tolerance)."""
+    close = {"rtol": 1e-3, "atol": 1e-5}
+    for name, value in rebuilt(records, units).items():
+        torch.testing.assert_close(full[name], value.detach(), **close)
+    short = rebuilt(records[:-1], units)
+    assert any(not torch.allclose(full[n], v.detach(), **close) for n, v in short.items()), (
+        "one step less is within the tolerance: the check above could not fail"
+    )
+
+
+def agreed(results, case: str) -> list[dict]:
+    """The records of ``case``, the same on every rank (so every rank of a group ran the
+    group's micro-batch count), and the full parameters the same on every rank."""
+    records = results[0][case][1]
+    for out in results[1:]:
+        np.testing.assert_equal(out[case][1], records)  # NaN equals NaN (a loss not measured)
+        for name, value in results[0][case][0].items():
+            assert torch.equal(out[case][0][name], value), name
+    return records
+
+
+# ---- tests ----------------------------------------------------------------------------------
+@pytest.mark.timeout(300)
+def test_sync_is_sgd_on_every_rank_s_micro_batches(results):
+    records = agreed(results, "sync")
+    assert [r["completed"] for r in records] == [[2, 2]] * 3
+    assert all(r["weights"] == [0.5, 0.5] and r["live"] == [0, 1] for r in records)
+    matches_reference(results[0]["sync"][0], records, 2)
+
+
+@pytest.mark.timeout(300)
+def test_a_slow_rank_cuts_its_whole_group_at_tau(results):
+    """The sleeper's group computes one micro-batch of three, on both of its ranks; the other
+    group all three: DropCompute Eq. (1) with the group as the worker (C_n / M over N)."""
+    records = agreed(results, "drop")
+    for rec in records:
+        assert rec["completed"] == [3, 1] and rec["ranks"] == [0, 1]
+        np.testing.assert_allclose(rec["weights"], [1 / 2, 1 / 6])
+        assert rec["threshold"] == TAU and rec["drop_rate"] == pytest.approx(1 / 3)
+    matches_reference(results[0]["drop"][0], records, 3)
+
+
+@pytest.mark.timeout(300)
+def test_threshold_auto_is_the_same_on_every_rank_and_the_update_follows_the_records(results):
+    records = agreed(results, "auto")
+    thresholds = [r["threshold"] for r in records]
+    assert all(math.isinf(t) for t in thresholds[:2])
+    assert all(0 < t < math.inf for t in thresholds[2:])
+    matches_reference(results[0]["auto"][0], records, 4)
+    state = results[0]["auto"][2]
+    assert state["step"] == 5 and all(out["auto"][2] == state for out in results)
+
+
+@pytest.mark.timeout(300)
+def test_a_round_that_ran_nothing_leaves_the_parameters(results):
+    """Every group stops before its first micro-batch: no optimizer step, although momentum
+    would move nothing here, the record says so and the parameters are the initial ones."""
+    records = agreed(results, "empty")
+    assert records[0]["empty"] and records[0]["completed"] == [0, 0]
+    for name, value in make_model().named_parameters():
+        torch.testing.assert_close(results[0]["empty"][0][name], value.detach(), rtol=0, atol=0)
+
+
+@pytest.mark.timeout(300)
+def test_a_model_sharded_over_the_whole_mesh_is_refused_in_one_line(results):
+    for out in results:
+        assert "fully_shard-ed over mesh['shard'] alone" in out["hsdp"]
+        assert "\n" not in out["hsdp"]
+
+
+@pytest.mark.parametrize(
+    ("spec", "says"),
+    [
+        ("local-sgd:period=2", "ShardedStep runs sync, dropcompute"),
+        ("rebalance", "ShardedStep runs sync, dropcompute"),
+        ("k-sync:k=1", "ShardedStep runs sync, dropcompute"),
+        ("dropcompute:period=2", "does not take parameter 'period'"),
+        ("sync:mode=pull", "parameter-server topology"),
+    ],
+)
+def test_a_rule_the_sharded_step_does_not_run_is_refused_in_one_line(spec, says):
+    """Before any collective: no mesh is needed to be told."""
+    net = make_model()
+    with pytest.raises(UsageError, match=says) as err:
+        ShardedStep(net, optimizer(net.parameters()), spec, mesh=None)
+    assert "\n" not in str(err.value)
+
+
+def test_a_missing_mesh_is_refused_in_one_line():
+    net = make_model()
+    with pytest.raises(UsageError, match="2-D DeviceMesh") as err:
+        ShardedStep(net, optimizer(net.parameters()), "sync", mesh=None)
+    assert "\n" not in str(err.value)
