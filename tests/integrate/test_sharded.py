@@ -50,8 +50,12 @@ def optimizer(params) -> torch.optim.Optimizer:
     return torch.optim.SGD(params, lr=LR, momentum=MOMENTUM)
 
 
-def batch(step: int, group: int, shard: int, unit: int, units: int):
-    start = (((step * GROUPS + group) * SHARDS + shard) * units + unit) * B
+#: micro-batches a rank may compute in a step at most (rebalance's R M)
+STRIDE = 8
+
+
+def batch(step: int, group: int, shard: int, unit: int):
+    start = (((step * GROUPS + group) * SHARDS + shard) * STRIDE + unit) * B
     idx = torch.arange(start, start + B) % len(X)
     return X[idx], Y[idx]
 
@@ -66,18 +70,25 @@ def sharded_model(mesh) -> nn.Module:
     return fully_shard(net, mesh=mesh["shard"])
 
 
-def build(mesh, strategy: str) -> tuple[nn.Module, torch.optim.Optimizer, ShardedStep]:
+def build(
+    mesh, strategy: str, micro_batches: int | None = None
+) -> tuple[nn.Module, torch.optim.Optimizer, ShardedStep]:
     net = sharded_model(mesh)
     opt = optimizer(net.parameters())
-    step = ShardedStep(net, opt, strategy, mesh=mesh, timeout=datetime.timedelta(seconds=60))
+    step = ShardedStep(
+        net, opt, strategy, mesh=mesh, timeout=datetime.timedelta(seconds=60),
+        micro_batches=micro_batches,
+    )  # fmt: skip
     return net, opt, step
 
 
 def one_step(mesh, net, step, r: int, units: int, sleep: float = 0.0, every: bool = False):
-    """Call ``r`` of ``units`` micro-batches; the SLEEPER sleeps ``sleep`` seconds in its first
-    micro-batch (``every``: in each of them). Its record, as a dict."""
+    """Call ``r`` of ``units`` micro-batches (the group's share under rebalance); the SLEEPER
+    sleeps ``sleep`` seconds in its first micro-batch (``every``: in each of them). Its
+    record, as a dict."""
     where = (mesh.get_local_rank("replicate"), mesh.get_local_rank("shard"))
-    batches = [batch(r, *where, u, units) for u in range(units)]
+    units = units if step.wants is None else step.wants
+    batches = [batch(r, *where, u) for u in range(units)]
 
     def loss_fn(xy):
         if where == SLEEPER and sleep and (every or xy is batches[0]):
@@ -93,7 +104,7 @@ def full(net: nn.Module) -> dict[str, torch.Tensor]:
 
 
 def run(mesh, strategy: str, steps: int, units: int, sleep: float = 0.0, every: bool = False):
-    net, _, step = build(mesh, strategy)
+    net, _, step = build(mesh, strategy, units if strategy.startswith("rebalance") else None)
     records = [one_step(mesh, net, step, r, units, sleep, every) for r in range(steps)]
     return full(net), records, step.state_dict()
 
@@ -147,6 +158,7 @@ def rank_main(rank: int, port: int, folder: str) -> None:
         "drop": run(mesh, DROP, 2, 3, sleep=SLOW),
         "auto": run(mesh, AUTO, 5, 4, sleep=0.04, every=True),
         "empty": run(mesh, NOTHING, 1, 2),
+        "rebalance": run(mesh, "rebalance:warmup=2", 5, 4, sleep=0.1, every=True),
         "hsdp": refused_hsdp(mesh),
         "resume": run_resumed(mesh, folder),
     }
@@ -161,7 +173,7 @@ def results(tmp_path_factory):
 
 
 # ---- the reference: one process, the full model ----------------------------------------------
-def rebuilt(records: list[dict], units: int) -> dict[str, torch.Tensor]:
+def rebuilt(records: list[dict]) -> dict[str, torch.Tensor]:
     """SGD with momentum on sum_g w_g G_g, G_g the mean gradient over group g's ranks and its
     ``completed[g]`` counted micro-batches, with the weights each record names."""
     net = make_model()
@@ -172,7 +184,7 @@ def rebuilt(records: list[dict], units: int) -> dict[str, torch.Tensor]:
         total = [torch.zeros_like(p) for p in net.parameters()]
         for g in record["ranks"]:
             counted = [
-                batch(record["step"], g, s, u, units)
+                batch(record["step"], g, s, u)
                 for s in range(SHARDS)
                 for u in range(record["completed"][g])
             ]
@@ -187,14 +199,14 @@ def rebuilt(records: list[dict], units: int) -> dict[str, torch.Tensor]:
     return dict(net.named_parameters())
 
 
-def matches_reference(full: dict[str, torch.Tensor], records: list[dict], units: int) -> None:
+def matches_reference(full: dict[str, torch.Tensor], records: list[dict]) -> None:
     """``full`` equals the reference from all the records and not the one from all but the
     last (gloo sums in its own order: a few ulps apart, while a step missed or taken twice
     moves the parameters far beyond the tolerance)."""
     close = {"rtol": 1e-3, "atol": 1e-5}
-    for name, value in rebuilt(records, units).items():
+    for name, value in rebuilt(records).items():
         torch.testing.assert_close(full[name], value.detach(), **close)
-    short = rebuilt(records[:-1], units)
+    short = rebuilt(records[:-1])
     assert any(not torch.allclose(full[n], v.detach(), **close) for n, v in short.items()), (
         "one step less is within the tolerance: the check above could not fail"
     )
@@ -202,10 +214,20 @@ def matches_reference(full: dict[str, torch.Tensor], records: list[dict], units:
 
 def agreed(results, case: str) -> list[dict]:
     """The records of ``case``, the same on every rank (so every rank of a group ran the
-    group's micro-batch count), and the full parameters the same on every rank."""
+    group's micro-batch count) but for ``wants``, the rank's group's next share, and the full
+    parameters the same on every rank."""
     records = results[0][case][1]
-    for out in results[1:]:
-        np.testing.assert_equal(out[case][1], records)  # NaN equals NaN (a loss not measured)
+    for rank, out in enumerate(results):
+        mine = out[case][1]
+        group = rank // SHARDS  # the mesh's layout: rank = group * S + shard
+        shares = [r["shares"] for r in records[1:]] + [None]
+        assert [r["wants"] for r in mine] == [
+            None if s is None else s[group] for s in shares[: len(records) - 1]
+        ] + [mine[-1]["wants"]]
+        # NaN equals NaN here (a loss not measured)
+        np.testing.assert_equal(
+            [{**r, "wants": 0} for r in mine], [{**r, "wants": 0} for r in records]
+        )
         for name, value in results[0][case][0].items():
             assert torch.equal(out[case][0][name], value), name
     return records
@@ -217,7 +239,7 @@ def test_sync_is_sgd_on_every_rank_s_micro_batches(results):
     records = agreed(results, "sync")
     assert [r["completed"] for r in records] == [[2, 2]] * 3
     assert all(r["weights"] == [0.5, 0.5] and r["live"] == [0, 1] for r in records)
-    matches_reference(results[0]["sync"][0], records, 2)
+    matches_reference(results[0]["sync"][0], records)
 
 
 @pytest.mark.timeout(300)
@@ -229,7 +251,7 @@ def test_a_slow_rank_cuts_its_whole_group_at_tau(results):
         assert rec["completed"] == [3, 1] and rec["ranks"] == [0, 1]
         np.testing.assert_allclose(rec["weights"], [1 / 2, 1 / 6])
         assert rec["threshold"] == TAU and rec["drop_rate"] == pytest.approx(1 / 3)
-    matches_reference(results[0]["drop"][0], records, 3)
+    matches_reference(results[0]["drop"][0], records)
 
 
 @pytest.mark.timeout(300)
@@ -238,9 +260,22 @@ def test_threshold_auto_is_the_same_on_every_rank_and_the_update_follows_the_rec
     thresholds = [r["threshold"] for r in records]
     assert all(math.isinf(t) for t in thresholds[:2])
     assert all(0 < t < math.inf for t in thresholds[2:])
-    matches_reference(results[0]["auto"][0], records, 4)
+    matches_reference(results[0]["auto"][0], records)
     state = results[0]["auto"][2]
     assert state["step"] == 5 and all(out["auto"][2] == state for out in results)
+
+
+@pytest.mark.timeout(300)
+def test_rebalance_deals_the_slow_group_a_smaller_share_and_the_update_is_sgd(results):
+    """Shares per group (every rank of group 1 computes group 1's share), summing to R M; the
+    group whose rank sleeps 0.1 s a micro-batch gets fewer once the warm-up ends; each group
+    weighs its C_n / M over R, so the update is SGD on every micro-batch computed."""
+    records = agreed(results, "rebalance")
+    assert all(sum(r["shares"]) == GROUPS * 4 for r in records)
+    assert all(r["completed"] == r["shares"] for r in records)
+    assert records[0]["shares"] == [4, 4]
+    assert records[-1]["shares"][1] < records[-1]["shares"][0]
+    matches_reference(results[0]["rebalance"][0], records)
 
 
 @pytest.mark.timeout(300)
@@ -279,7 +314,8 @@ def test_a_model_sharded_over_the_whole_mesh_is_refused_in_one_line(results):
     ("spec", "says"),
     [
         ("local-sgd:period=2", "ShardedStep runs sync, dropcompute"),
-        ("rebalance", "ShardedStep runs sync, dropcompute"),
+        ("rebalance", "give micro_batches=M"),
+        ("rebalance:deal=demand", "needs"),
         ("k-sync:k=1", "ShardedStep runs sync, dropcompute"),
         ("dropcompute:period=2", "does not take parameter 'period'"),
         ("sync:mode=pull", "parameter-server topology"),

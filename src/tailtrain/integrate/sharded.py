@@ -64,10 +64,16 @@ A round in which no group's gradient entered makes no update (the optimizer does
 as ``StragglerStep``. Ranks start from group 0's parameter shards (a broadcast over the
 replicate group) and rank (0, 0)'s buffers.
 
-Runs ``sync`` and ``dropcompute`` (a fixed threshold, ``threshold=auto``, ``drop-rate=``);
-every other rule is refused in one line for now (``rebalance`` would deal a group's share to
-its ranks, Local-SGD average sharded models: not built). No shrink on a lost rank: a dead rank
-leaves its peers failing in their next collective, as FSDP's do.
+Runs ``sync``, ``dropcompute`` (a fixed threshold, ``threshold=auto``, ``drop-rate=``) and
+``rebalance`` by shares (give ``micro_batches=M``, sync's micro-batches per rank and step):
+the rule deals the R M micro-batches of a step to the GROUPS by their measured speed (a
+group's unit time is its slowest rank's), and every rank of group n computes its group's
+share m_n of its own micro-batches (``wants``), so the update is SGD on the R S M
+micro-batches of the step. Every other rule is refused in one line for now: Local-SGD would
+average sharded models, ``rebalance:deal=demand`` and ``defer=true`` deal micro-batches from a
+store the loop does not keep (as ``StragglerStep`` refuses them), K-of-N runs on the parameter
+server. No shrink on a lost rank: a dead rank leaves its peers failing in their next
+collective, as FSDP's do.
 """
 
 from __future__ import annotations
@@ -83,26 +89,34 @@ import torch.distributed as dist
 from torch import nn
 
 from tailtrain.errors import UsageError
-from tailtrain.integrate.rounds import RoundProgress, Rounds, StepRecord, as_strategy
-from tailtrain.integrate.step import BUCKET_CAP_MB, buckets, weighted_average
+from tailtrain.integrate.rounds import (
+    RoundProgress,
+    Rounds,
+    StepRecord,
+    as_strategy,
+    check_micro_batches,
+)
+from tailtrain.integrate.step import BUCKET_CAP_MB, DEALS, buckets, weighted_average
 from tailtrain.runtime.reduce import Collectives, RankRow
 from tailtrain.strategies.base import Strategy
 from tailtrain.strategies.registry import parse_strategy
 
 #: the rules a sharded step runs (the module docstring says why the others wait)
-RUNS = ("sync", "dropcompute")
+RUNS = ("sync", "dropcompute", "rebalance")
 MAX = dist.ReduceOp.MAX
 
 
-def sharded_strategy(strategy: str | Strategy) -> Strategy:
+def sharded_strategy(strategy: str | Strategy, micro_batches: int | None) -> Strategy:
     """``strategy`` if a sharded step runs it; one line otherwise, before any collective."""
     rule = parse_strategy(strategy) if isinstance(strategy, str) else strategy
     if rule.name not in RUNS or rule.averages_models:
         raise UsageError(
-            f"ShardedStep runs {', '.join(RUNS)} (a fixed threshold, threshold=auto, "
-            f"drop-rate=) for now, not {rule.describe()!r}"
+            f"ShardedStep runs {', '.join(RUNS)} (dropcompute: a fixed threshold, "
+            f"threshold=auto, drop-rate=; rebalance: shares) for now, not {rule.describe()!r}"
         )
-    return as_strategy(rule)  # the loop's contract (topology, compensations)
+    # the loop's contract, as StragglerStep's (topology, compensations, what it deals: shares,
+    # not deal=demand nor defer=true), and sync's M for a rule of shares
+    return check_micro_batches(as_strategy(rule, DEALS), micro_batches)
 
 
 class GroupCollectives(Collectives):
@@ -144,8 +158,9 @@ class ShardedStep:
         replicate_dim: str = "replicate",
         timeout: datetime.timedelta | None = None,
         bucket_cap_mb: float = BUCKET_CAP_MB,
+        micro_batches: int | None = None,
     ) -> None:
-        rule = sharded_strategy(strategy)  # refused before any collective
+        rule = sharded_strategy(strategy, micro_batches)  # refused before any collective
         shard_dim = check_mesh(mesh, replicate_dim)
         self.model, self.optimizer = model, optimizer
         self.params = [p for p in model.parameters() if p.requires_grad]
@@ -154,7 +169,7 @@ class ShardedStep:
         self.within = Collectives.of_group(mesh[shard_dim].get_group(), device, timeout)
         comm = GroupCollectives(self.within, mesh[replicate_dim].get_group(), device, timeout)
         lr = float(optimizer.param_groups[0]["lr"])
-        self.rounds = Rounds(rule, comm, lr=lr)
+        self.rounds = Rounds(rule, comm, lr=lr, micro_batches=micro_batches, does=DEALS)
         self.buckets = buckets([local(p) for p in self.params], bucket_cap_mb)
         start_equal(model, self.params, self.within.group, comm.group)
 
@@ -207,6 +222,33 @@ class ShardedStep:
                     local(p.grad).copy_(avg.mul_(plan.lr_scale))
             self.optimizer.step()
         return rounds.finish(plan, work, agreed, timing)
+
+    @property
+    def wants(self) -> int | None:
+        """Micro-batches the next call computes on this rank: its group's share under
+        ``rebalance`` (every rank of a group computes it); None under any other rule."""
+        return self.rounds.wants()
+
+    @property
+    def shares(self) -> tuple[int, ...] | None:
+        """Every group's micro-batches in the next call (``rebalance``), summing to R M; None
+        under any other rule."""
+        return self.rounds.rule.plan().shares
+
+    @property
+    def micro_batches(self) -> int | None:
+        """Sync's M, as given (``micro_batches=``)."""
+        return self.rounds.micro_batches
+
+    @property
+    def rank(self) -> int:
+        """This rank's replica group (the rule's worker): its index on the replicate dim."""
+        return self.rounds.comm.rank
+
+    @property
+    def world_size(self) -> int:
+        """The replica groups R, the rule's N."""
+        return self.rounds.comm.world_size
 
     @property
     def next_step(self) -> int:
