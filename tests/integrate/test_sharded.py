@@ -41,9 +41,12 @@ NOTHING = "dropcompute:threshold=1e-9"
 SLEEPER = (1, 0)
 
 
-def make_model() -> nn.Module:
+def make_model(frozen: bool = False) -> nn.Module:
+    """Two linear layers; ``frozen``: the first one not trained."""
     torch.manual_seed(3)
-    return nn.Sequential(nn.Linear(D, H), nn.Tanh(), nn.Linear(H, C))
+    net = nn.Sequential(nn.Linear(D, H), nn.Tanh(), nn.Linear(H, C))
+    net[0].requires_grad_(not frozen)
+    return net
 
 
 def optimizer(params) -> torch.optim.Optimizer:
@@ -61,19 +64,19 @@ def batch(step: int, group: int, shard: int, unit: int):
 
 
 # ---- what each rank runs ------------------------------------------------------------------------
-def sharded_model(mesh) -> nn.Module:
+def sharded_model(mesh, frozen: bool = False) -> nn.Module:
     from torch.distributed.fsdp import fully_shard
 
-    net = make_model()
+    net = make_model(frozen)
     for layer in (net[0], net[2]):
         fully_shard(layer, mesh=mesh["shard"])
     return fully_shard(net, mesh=mesh["shard"])
 
 
 def build(
-    mesh, strategy: str, micro_batches: int | None = None
+    mesh, strategy: str, micro_batches: int | None = None, frozen: bool = False
 ) -> tuple[nn.Module, torch.optim.Optimizer, ShardedStep]:
-    net = sharded_model(mesh)
+    net = sharded_model(mesh, frozen)
     opt = optimizer(net.parameters())
     step = ShardedStep(
         net, opt, strategy, mesh=mesh, timeout=datetime.timedelta(seconds=60),
@@ -82,10 +85,13 @@ def build(
     return net, opt, step
 
 
-def one_step(mesh, net, step, r: int, units: int, sleep: float = 0.0, every: bool = False):
+def one_step(
+    mesh, net, step, r: int, units: int, sleep: float = 0.0, every: bool = False, poison=False
+):
     """Call ``r`` of ``units`` micro-batches (the group's share under rebalance); the SLEEPER
     sleeps ``sleep`` seconds in its first micro-batch (``every``: in each of them). Its
-    record, as a dict."""
+    record, as a dict. ``poison``: the SLEEPER's output gradient is NaN in its first class
+    column, so its gradient is NaN in the last layer's first row (shard 0) only."""
     where = (mesh.get_local_rank("replicate"), mesh.get_local_rank("shard"))
     units = units if step.wants is None else step.wants
     batches = [batch(r, *where, u) for u in range(units)]
@@ -93,7 +99,10 @@ def one_step(mesh, net, step, r: int, units: int, sleep: float = 0.0, every: boo
     def loss_fn(xy):
         if where == SLEEPER and sleep and (every or xy is batches[0]):
             time.sleep(sleep)
-        return F.cross_entropy(net(xy[0]), xy[1])
+        out = net(xy[0])
+        if poison and where == SLEEPER:
+            out.register_hook(lambda g: g.index_fill(1, torch.tensor([0]), math.nan))
+        return F.cross_entropy(out, xy[1])
 
     return step(batches, loss_fn).as_dict()
 
@@ -106,6 +115,14 @@ def full(net: nn.Module) -> dict[str, torch.Tensor]:
 def run(mesh, strategy: str, steps: int, units: int, sleep: float = 0.0, every: bool = False):
     net, _, step = build(mesh, strategy, units if strategy.startswith("rebalance") else None)
     records = [one_step(mesh, net, step, r, units, sleep, every) for r in range(steps)]
+    return full(net), records, step.state_dict()
+
+
+def run_poisoned(mesh, steps: int = 2, units: int = 2):
+    """sync with the first layer frozen; the SLEEPER's gradient is NaN in shard 0 only, in the
+    first step: its group partner's shard 1 is finite, yet the whole group is screened out."""
+    net, _, step = build(mesh, "sync", frozen=True)
+    records = [one_step(mesh, net, step, r, units, poison=r == 0) for r in range(steps)]
     return full(net), records, step.state_dict()
 
 
@@ -158,6 +175,7 @@ def rank_main(rank: int, port: int, folder: str) -> None:
         "drop": run(mesh, DROP, 2, 3, sleep=SLOW),
         "auto": run(mesh, AUTO, 5, 4, sleep=0.04, every=True),
         "empty": run(mesh, NOTHING, 1, 2),
+        "nan": run_poisoned(mesh),
         "rebalance": run(mesh, "rebalance:warmup=2", 5, 4, sleep=0.1, every=True),
         "hsdp": refused_hsdp(mesh),
         "resume": run_resumed(mesh, folder),
@@ -173,15 +191,16 @@ def results(tmp_path_factory):
 
 
 # ---- the reference: one process, the full model ----------------------------------------------
-def rebuilt(records: list[dict]) -> dict[str, torch.Tensor]:
+def rebuilt(records: list[dict], frozen: bool = False) -> dict[str, torch.Tensor]:
     """SGD with momentum on sum_g w_g G_g, G_g the mean gradient over group g's ranks and its
     ``completed[g]`` counted micro-batches, with the weights each record names."""
-    net = make_model()
-    opt = optimizer(net.parameters())
+    net = make_model(frozen)
+    opt = optimizer([p for p in net.parameters() if p.requires_grad])
     for record in records:
         if record["empty"]:
             continue
-        total = [torch.zeros_like(p) for p in net.parameters()]
+        params = [p for p in net.parameters() if p.requires_grad]
+        total = [torch.zeros_like(p) for p in params]
         for g in record["ranks"]:
             counted = [
                 batch(record["step"], g, s, u)
@@ -191,22 +210,24 @@ def rebuilt(records: list[dict]) -> dict[str, torch.Tensor]:
             net.zero_grad()
             for x, y in counted:
                 F.cross_entropy(net(x), y).backward()
-            for t, p in zip(total, net.parameters(), strict=True):
+            for t, p in zip(total, params, strict=True):
                 t.add_(p.grad, alpha=record["weights"][g] / len(counted))
-        for p, t in zip(net.parameters(), total, strict=True):
+        for p, t in zip(params, total, strict=True):
             p.grad = t
         opt.step()
     return dict(net.named_parameters())
 
 
-def matches_reference(full: dict[str, torch.Tensor], records: list[dict]) -> None:
+def matches_reference(
+    full: dict[str, torch.Tensor], records: list[dict], frozen: bool = False
+) -> None:
     """``full`` equals the reference from all the records and not the one from all but the
     last (gloo sums in its own order: a few ulps apart, while a step missed or taken twice
     moves the parameters far beyond the tolerance)."""
     close = {"rtol": 1e-3, "atol": 1e-5}
-    for name, value in rebuilt(records).items():
+    for name, value in rebuilt(records, frozen).items():
         torch.testing.assert_close(full[name], value.detach(), **close)
-    short = rebuilt(records[:-1])
+    short = rebuilt(records[:-1], frozen)
     assert any(not torch.allclose(full[n], v.detach(), **close) for n, v in short.items()), (
         "one step less is within the tolerance: the check above could not fail"
     )
@@ -276,6 +297,17 @@ def test_rebalance_deals_the_slow_group_a_smaller_share_and_the_update_is_sgd(re
     assert records[0]["shares"] == [4, 4]
     assert records[-1]["shares"][1] < records[-1]["shares"][0]
     matches_reference(results[0]["rebalance"][0], records)
+
+
+@pytest.mark.timeout(300)
+def test_a_group_with_a_non_finite_shard_is_screened_out_whole(results):
+    """One rank's gradient is NaN in shard 0 only (its partner's shard 1 is finite): the whole
+    group joins with weight 0 on every shard index, so the model stays one model, the other
+    group's update."""
+    records = agreed(results, "nan")
+    assert records[0]["nonfinite"] == 1 and records[0]["ranks"] == [0]
+    assert records[0]["weights"] == [1.0, 0.0] and records[1]["ranks"] == [0, 1]
+    matches_reference(results[0]["nan"][0], records, frozen=True)
 
 
 @pytest.mark.timeout(300)
