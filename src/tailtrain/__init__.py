@@ -16,7 +16,9 @@ Everything a user needs is one attribute of this package:
   [`TaskParts`][tailtrain.TaskParts], named as `--task package.module:factory`;
 * bring your own model or loop: [`train_own_model`][tailtrain.train_own_model] (a parameter
   server), [`StragglerStep`][tailtrain.StragglerStep] (your loop; with
-  [`ShareSampler`][tailtrain.ShareSampler] for `rebalance`'s per-rank shares), or
+  [`ShareSampler`][tailtrain.ShareSampler] for `rebalance`'s per-rank shares),
+  [`ShardedStep`][tailtrain.ShardedStep] (your loop over an FSDP2 model on a replicate x
+  shard mesh, the replica group as the worker), or
   [`StragglerHookState`][tailtrain.StragglerHookState] with
   [`weighted_allreduce_hook`][tailtrain.weighted_allreduce_hook] (a
   `DistributedDataParallel` comm hook; under `tailtrain launch --on-rank-loss shrink` it
@@ -59,6 +61,7 @@ _FACE: dict[str, tuple[str, str]] = {
     "train_own_model": ("tailtrain.face", "train_own_model"),
     "advise": ("tailtrain.face", "advise"),
     "StragglerStep": ("tailtrain.integrate.step", "StragglerStep"),
+    "ShardedStep": ("tailtrain.integrate.sharded", "ShardedStep"),
     "ShareSampler": ("tailtrain.integrate.sampler", "ShareSampler"),
     "StragglerHookState": ("tailtrain.integrate.ddp", "StragglerHookState"),
     "init_process_group": ("tailtrain.integrate.default_group", "init_process_group"),
@@ -119,6 +122,7 @@ if TYPE_CHECKING:  # the same paths as _FACE, for type checkers (tests/test_face
     from tailtrain.integrate.probe import ProbeReport, StragglerProbe
     from tailtrain.integrate.rounds import StepRecord
     from tailtrain.integrate.sampler import ShareSampler
+    from tailtrain.integrate.sharded import ShardedStep
     from tailtrain.integrate.share_loader import rebalance_loader, sample_weighted_hook
     from tailtrain.integrate.step import StragglerStep
     from tailtrain.prediction.scenario import Prediction
@@ -135,6 +139,7 @@ __all__ = [
     "RunControl",
     "RunRecord",
     "Scenario",
+    "ShardedStep",
     "ShareSampler",
     "StepRecord",
     "StragglerHookState",

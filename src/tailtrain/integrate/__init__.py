@@ -6,6 +6,9 @@
 * [`ShareSampler`][tailtrain.ShareSampler]: deals each step's global batch to the ranks by
   ``rebalance``'s shares, for a [`StragglerStep`][tailtrain.StragglerStep] (every sample of an epoch
   once).
+* [`ShardedStep`][tailtrain.ShardedStep]: the same step for a model ``fully_shard``ed (FSDP2)
+  within each group of a (replicate x shard) mesh: the replica group is the rule's worker
+  (``sync``, ``dropcompute``, ``rebalance``; ``integrate.sharded``).
 * [`StragglerHookState`][tailtrain.StragglerHookState] and
   [`weighted_allreduce_hook`][tailtrain.weighted_allreduce_hook]: DropCompute for a job that keeps
   ``DistributedDataParallel`` (a comm hook, ``no_sync`` accumulation).
@@ -31,6 +34,7 @@ from tailtrain.integrate.ddp import StragglerHookState, weighted_allreduce_hook
 from tailtrain.integrate.probe import ProbeReport, StragglerProbe
 from tailtrain.integrate.rounds import StepRecord
 from tailtrain.integrate.sampler import ShareSampler
+from tailtrain.integrate.sharded import ShardedStep
 from tailtrain.integrate.share_loader import (
     ShareBatchSampler,
     rebalance_loader,
@@ -42,6 +46,7 @@ from tailtrain.runtime.elastic.shrink import Refused
 __all__ = [
     "ProbeReport",
     "Refused",
+    "ShardedStep",
     "ShareBatchSampler",
     "ShareSampler",
     "StepRecord",
