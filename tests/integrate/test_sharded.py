@@ -49,8 +49,8 @@ def make_model(frozen: bool = False) -> nn.Module:
     return net
 
 
-def optimizer(params) -> torch.optim.Optimizer:
-    return torch.optim.SGD(params, lr=LR, momentum=MOMENTUM)
+def optimizer(params, momentum: float = MOMENTUM) -> torch.optim.Optimizer:
+    return torch.optim.SGD(params, lr=LR, momentum=momentum)
 
 
 #: micro-batches a rank may compute in a step at most (rebalance's R M)
@@ -77,7 +77,8 @@ def build(
     mesh, strategy: str, micro_batches: int | None = None, frozen: bool = False
 ) -> tuple[nn.Module, torch.optim.Optimizer, ShardedStep]:
     net = sharded_model(mesh, frozen)
-    opt = optimizer(net.parameters())
+    # Local-SGD's groups keep their own momentum: its reference is plain SGD
+    opt = optimizer(net.parameters(), 0.0 if strategy.startswith("local-sgd") else MOMENTUM)
     step = ShardedStep(
         net, opt, strategy, mesh=mesh, timeout=datetime.timedelta(seconds=60),
         micro_batches=micro_batches,
@@ -175,6 +176,8 @@ def rank_main(rank: int, port: int, folder: str) -> None:
         "drop": run(mesh, DROP, 2, 3, sleep=SLOW),
         "auto": run(mesh, AUTO, 5, 4, sleep=0.04, every=True),
         "empty": run(mesh, NOTHING, 1, 2),
+        "local-sgd": run(mesh, "local-sgd:period=2", 2, 4),
+        "local-drop": run(mesh, f"local-sgd:period=2,threshold={TAU}", 1, 4, sleep=SLOW),
         "nan": run_poisoned(mesh),
         "rebalance": run(mesh, "rebalance:warmup=2", 5, 4, sleep=0.1, every=True),
         "hsdp": refused_hsdp(mesh),
@@ -218,16 +221,47 @@ def rebuilt(records: list[dict], frozen: bool = False) -> dict[str, torch.Tensor
     return dict(net.named_parameters())
 
 
+def local_sgd(records: list[dict], frozen: bool = False) -> dict[str, torch.Tensor]:
+    """Each group's model takes a plain SGD step every M micro-batches on its ranks' gradient
+    sum over its counted ones / M; then theta <- theta_0 + sum_g w_g P_g with
+    P_g = (theta_g - theta_0) U / C_g (DropCompute App. B.3)."""
+    theta = make_model(frozen)
+    for record in records:
+        m = record["micro_batches"]
+        units = m * record["local_steps"]
+        start = [p.detach().clone() for p in theta.parameters()]
+        average = [torch.zeros_like(p) for p in start]
+        for g in record["ranks"]:
+            net = make_model(frozen)
+            net.load_state_dict(theta.state_dict())
+            opt = optimizer(net.parameters(), 0.0)
+            counted = record["completed"][g]
+            for h in range(0, counted, m):
+                net.zero_grad()
+                for u in range(h, min(h + m, counted)):
+                    for s in range(SHARDS):
+                        x, y = batch(record["step"], g, s, u)
+                        (F.cross_entropy(net(x), y) / (SHARDS * m)).backward()
+                opt.step()
+            for a, p, s in zip(average, net.parameters(), start, strict=True):
+                a.add_((p.detach() - s) * units / counted, alpha=record["weights"][g])
+        with torch.no_grad():
+            for p, s, a in zip(theta.parameters(), start, average, strict=True):
+                p.copy_(s + a)
+    return dict(theta.named_parameters())
+
+
 def matches_reference(
-    full: dict[str, torch.Tensor], records: list[dict], frozen: bool = False
+    full: dict[str, torch.Tensor], records: list[dict], frozen: bool = False, reference=None
 ) -> None:
     """``full`` equals the reference from all the records and not the one from all but the
     last (gloo sums in its own order: a few ulps apart, while a step missed or taken twice
     moves the parameters far beyond the tolerance)."""
     close = {"rtol": 1e-3, "atol": 1e-5}
-    for name, value in rebuilt(records, frozen).items():
+    reference = reference or rebuilt
+    for name, value in reference(records, frozen).items():
         torch.testing.assert_close(full[name], value.detach(), **close)
-    short = rebuilt(records[:-1], frozen)
+    short = reference(records[:-1], frozen)
     assert any(not torch.allclose(full[n], v.detach(), **close) for n, v in short.items()), (
         "one step less is within the tolerance: the check above could not fail"
     )
@@ -311,6 +345,19 @@ def test_a_group_with_a_non_finite_shard_is_screened_out_whole(results):
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.parametrize("case", ["local-sgd", "local-drop"])
+def test_local_sgd_averages_the_groups_sharded_models(results, case):
+    """Two local steps a round on each group's sharded gradient, then the weighted average of
+    the groups' models; with the sleeper's group cut after its first micro-batch of four
+    (``local-drop``), its one local step weighs C_n / U over R (App. B.3)."""
+    records = agreed(results, case)
+    assert all(r["local_steps"] == 2 for r in records)
+    expected = [[4, 4]] * 2 if case == "local-sgd" else [[4, 1]]
+    assert [r["completed"] for r in records] == expected
+    matches_reference(results[0][case][0], records, reference=local_sgd)
+
+
+@pytest.mark.timeout(300)
 def test_a_round_that_ran_nothing_leaves_the_parameters(results):
     """Every group stops before its first micro-batch: no optimizer step, although momentum
     would move nothing here, the record says so and the parameters are the initial ones."""
@@ -345,10 +392,10 @@ def test_a_model_sharded_over_the_whole_mesh_is_refused_in_one_line(results):
 @pytest.mark.parametrize(
     ("spec", "says"),
     [
-        ("local-sgd:period=2", "ShardedStep runs sync, dropcompute"),
         ("rebalance", "give micro_batches=M"),
         ("rebalance:deal=demand", "needs"),
-        ("k-sync:k=1", "ShardedStep runs sync, dropcompute"),
+        ("k-sync:k=1", "ShardedStep runs sync, dropcompute, local-sgd, rebalance"),
+        ("dbw", "ShardedStep runs sync, dropcompute, local-sgd, rebalance"),
         ("dropcompute:period=2", "does not take parameter 'period'"),
         ("sync:mode=pull", "parameter-server topology"),
     ],

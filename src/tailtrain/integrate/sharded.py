@@ -52,6 +52,13 @@ line). Ranks of a group are given different micro-batches, as in any FSDP job.
 6. ``Rounds.timing`` (again MAX within the group, gathered across groups) and ``finish``:
    ``adapt`` and the record, identical on every rank.
 
+Under Local-SGD (``local-sgd:period=H``, DropCompute App. B.3) the optimizer takes a local
+step on the group's sharded gradient every M micro-batches (the group's ranks at the same
+micro-batch, since their counts agree: the group's model stays one model), and step 5 reduces
+each shard's displacement instead: theta <- theta_0 + sum_n w_n P_n / divisor with
+P_n = (theta_n - theta_0) U / C_n, U = H M, the average of the groups' models when none
+dropped work (``integrate.step``'s rule, on the local shards).
+
 **Cost** beyond plain HSDP with gradient accumulation: per micro-batch, while a finite tau is
 in force (not under ``sync``, nor while ``threshold=auto`` calibrates), one all_reduce of one
 float64 over the S ranks of the group, plus one when the group stops; per step, one
@@ -64,13 +71,13 @@ A round in which no group's gradient entered makes no update (the optimizer does
 as ``StragglerStep``. Ranks start from group 0's parameter shards (a broadcast over the
 replicate group) and rank (0, 0)'s buffers.
 
-Runs ``sync``, ``dropcompute`` (a fixed threshold, ``threshold=auto``, ``drop-rate=``) and
-``rebalance`` by shares (give ``micro_batches=M``, sync's micro-batches per rank and step):
+Runs ``sync``, ``dropcompute`` (a fixed threshold, ``threshold=auto``, ``drop-rate=``),
+``local-sgd:period=H`` and ``rebalance`` by shares (give ``micro_batches=M``, sync's micro-batches per rank and step):
 the rule deals the R M micro-batches of a step to the GROUPS by their measured speed (a
 group's unit time is its slowest rank's), and every rank of group n computes its group's
 share m_n of its own micro-batches (``wants``), so the update is SGD on the R S M
-micro-batches of the step. Every other rule is refused in one line for now: Local-SGD would
-average sharded models, ``rebalance:deal=demand`` and ``defer=true`` deal micro-batches from a
+micro-batches of the step. Every other rule is refused in one line for now:
+``rebalance:deal=demand`` and ``defer=true`` deal micro-batches from a
 store the loop does not keep (as ``StragglerStep`` refuses them), K-of-N runs on the parameter
 server. No shrink on a lost rank: a dead rank leaves its peers failing in their next
 collective, as FSDP's do.
@@ -96,20 +103,20 @@ from tailtrain.integrate.rounds import (
     as_strategy,
     check_micro_batches,
 )
-from tailtrain.integrate.step import BUCKET_CAP_MB, DEALS, buckets, weighted_average
+from tailtrain.integrate.step import BUCKET_CAP_MB, DEALS, buckets, local_step, weighted_average
 from tailtrain.runtime.reduce import Collectives, RankRow
 from tailtrain.strategies.base import Strategy
 from tailtrain.strategies.registry import parse_strategy
 
 #: the rules a sharded step runs (the module docstring says why the others wait)
-RUNS = ("sync", "dropcompute", "rebalance")
+RUNS = ("sync", "dropcompute", "local-sgd", "rebalance")
 MAX = dist.ReduceOp.MAX
 
 
 def sharded_strategy(strategy: str | Strategy, micro_batches: int | None) -> Strategy:
     """``strategy`` if a sharded step runs it; one line otherwise, before any collective."""
     rule = parse_strategy(strategy) if isinstance(strategy, str) else strategy
-    if rule.name not in RUNS or rule.averages_models:
+    if rule.name not in RUNS:
         raise UsageError(
             f"ShardedStep runs {', '.join(RUNS)} (dropcompute: a fixed threshold, "
             f"threshold=auto, drop-rate=; rebalance: shares) for now, not {rule.describe()!r}"
@@ -179,9 +186,12 @@ class ShardedStep:
         """One round over this rank's ``micro_batches``; its ``StepRecord`` (per group)."""
         batches = list(micro_batches)
         rounds = self.rounds
-        plan, _ = rounds.plan(len(batches))
+        plan, m = rounds.plan(len(batches))
+        local_steps = plan.local_steps > 1
+        # Local-SGD: the round's start, which the model average moves from (this rank's shards)
+        start = [local(p).detach().clone() for p in self.params] if local_steps else None
         self.optimizer.zero_grad(set_to_none=True)
-        work = RoundProgress(np.empty(0))
+        work, pending = RoundProgress(np.empty(0)), 0
         # the group agrees before each micro-batch only where a finite tau can refuse one
         lockstep = math.isfinite(plan.threshold)
         rounds.open(work, len(batches))
@@ -199,9 +209,20 @@ class ShardedStep:
             loss.backward()  # FSDP reduce-scatters within the group and accumulates the shard
             work.loss_sum += float(loss.detach())
             rounds.unit_done(work, u, began)
+            pending += 1
+            if local_steps and (u + 1) % m == 0 and u + 1 < len(batches):  # a local step ends
+                local_step(self.optimizer, self.params, m)
+                pending = 0
         rounds.seal(work)
+        if local_steps and pending:  # the group's counts agree: so do its local steps
+            local_step(self.optimizer, self.params, m)
         with torch.no_grad():
-            mine = [local_grad(p) for p in self.params]
+            if start is None:  # G_n: the group's mean gradient over its C_n micro-batches
+                mine = [local_grad(p) for p in self.params]
+                scale = 1.0 / max(work.done, 1)
+            else:  # P_n: the group's local displacement per counted unit, times U
+                mine = [local(p).detach() - s for p, s in zip(self.params, start, strict=True)]
+                scale = len(work.times) / max(work.done, 1)
             bad = not all(bool(torch.isfinite(t).all()) for t in mine)
         # the group's mean loss, and whether any of its shards is not finite: it screens as one
         loss_sum, bads = self.within.reduce_row([work.loss_sum, bad])
@@ -209,12 +230,15 @@ class ShardedStep:
         agreed = rounds.agree(work, plan)
         began = rounds.clock()
         with torch.no_grad():
-            scale = 1.0 / max(work.done, 1)  # G_n: the group's mean over its C_n micro-batches
             averaged, screened, total = weighted_average(
                 rounds.comm, self.buckets, mine, scale, agreed, bad=bool(bads > 0)
             )
         timing = rounds.timing(rounds.clock() - began, work, screened)
-        if total != 0:  # past the last collective; no gradient entered: no update
+        if start is not None:  # past the last collective: the model average
+            with torch.no_grad():
+                for p, s, avg in zip(self.params, start, averaged, strict=True):
+                    local(p).copy_(s + plan.lr_scale * avg)
+        elif total != 0:  # past the last collective; no gradient entered: no update
             with torch.no_grad():
                 for p, avg in zip(self.params, averaged, strict=True):
                     if p.grad is None:

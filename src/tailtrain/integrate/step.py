@@ -350,12 +350,7 @@ class StragglerStep:
         return self.rounds.live
 
     def _local_step(self, m: int) -> None:
-        """Local-SGD: theta_n <- optimizer step on (1/M) sum of the step's gradients."""
-        for p in self.params:
-            if p.grad is not None:
-                p.grad.div_(m)
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        local_step(self.optimizer, self.params, m)
 
     def _reduce(
         self, agreed: Agreement, work: RoundProgress, start: list[torch.Tensor] | None
@@ -441,6 +436,15 @@ def check_on_rank_loss(
     ctx = Context(n_workers=comm.world_size, lr=lr)
     check_follows(strategy, ctx, option, 'use on_rank_loss="stop" for this one')
     return True
+
+
+def local_step(optimizer: torch.optim.Optimizer, params: Sequence[torch.Tensor], m: int) -> None:
+    """Local-SGD: theta_n <- optimizer step on (1/M) sum of the step's gradients."""
+    for p in params:
+        if p.grad is not None:
+            p.grad.div_(m)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
 
 
 def grad_of(p: torch.Tensor) -> torch.Tensor:
