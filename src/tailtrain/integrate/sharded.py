@@ -72,15 +72,15 @@ as ``StragglerStep``. Ranks start from group 0's parameter shards (a broadcast o
 replicate group) and rank (0, 0)'s buffers.
 
 Runs ``sync``, ``dropcompute`` (a fixed threshold, ``threshold=auto``, ``drop-rate=``),
-``local-sgd:period=H`` and ``rebalance`` by shares (give ``micro_batches=M``, sync's micro-batches per rank and step):
-the rule deals the R M micro-batches of a step to the GROUPS by their measured speed (a
-group's unit time is its slowest rank's), and every rank of group n computes its group's
-share m_n of its own micro-batches (``wants``), so the update is SGD on the R S M
-micro-batches of the step. Every other rule is refused in one line for now:
-``rebalance:deal=demand`` and ``defer=true`` deal micro-batches from a
-store the loop does not keep (as ``StragglerStep`` refuses them), K-of-N runs on the parameter
-server. No shrink on a lost rank: a dead rank leaves its peers failing in their next
-collective, as FSDP's do.
+``local-sgd:period=H`` and ``rebalance`` by shares (give ``micro_batches=M``, sync's
+micro-batches per rank and step): the rule deals the R M micro-batches of a step to the
+GROUPS by their measured speed (a group's unit time is its slowest rank's), and every rank
+of group n computes its group's share m_n of its own micro-batches (``wants``), so the update
+is SGD on the R S M micro-batches of the step. Every other rule is refused in one line for
+now: ``rebalance:deal=demand`` and ``defer=true`` deal micro-batches from a store the loop
+does not keep (as ``StragglerStep`` refuses them), K-of-N runs on the parameter server. No
+shrink on a lost rank: a dead rank leaves its peers failing in their next collective, as
+FSDP's do.
 """
 
 from __future__ import annotations
@@ -105,7 +105,7 @@ from tailtrain.integrate.rounds import (
 )
 from tailtrain.integrate.step import BUCKET_CAP_MB, DEALS, buckets, local_step, weighted_average
 from tailtrain.runtime.reduce import Collectives, RankRow
-from tailtrain.strategies.base import Strategy
+from tailtrain.strategies.base import AllreducePlan, Strategy
 from tailtrain.strategies.registry import parse_strategy
 
 #: the rules a sharded step runs (the module docstring says why the others wait)
@@ -191,31 +191,8 @@ class ShardedStep:
         # Local-SGD: the round's start, which the model average moves from (this rank's shards)
         start = [local(p).detach().clone() for p in self.params] if local_steps else None
         self.optimizer.zero_grad(set_to_none=True)
-        work, pending = RoundProgress(np.empty(0)), 0
-        # the group agrees before each micro-batch only where a finite tau can refuse one
-        lockstep = math.isfinite(plan.threshold)
-        rounds.open(work, len(batches))
-        for u, batch in enumerate(batches):
-            admitted = rounds.admit(work, plan)
-            if lockstep:
-                refused = self.within.reduce_row([not admitted], MAX)[0] > 0
-                if refused and admitted:  # another rank of the group was refused: stop too
-                    rounds.stop(work)
-                admitted = not refused
-            if not admitted:
-                break
-            began = rounds.clock()
-            loss = loss_fn(batch)
-            loss.backward()  # FSDP reduce-scatters within the group and accumulates the shard
-            work.loss_sum += float(loss.detach())
-            rounds.unit_done(work, u, began)
-            pending += 1
-            if local_steps and (u + 1) % m == 0 and u + 1 < len(batches):  # a local step ends
-                local_step(self.optimizer, self.params, m)
-                pending = 0
-        rounds.seal(work)
-        if local_steps and pending:  # the group's counts agree: so do its local steps
-            local_step(self.optimizer, self.params, m)
+        work = RoundProgress(np.empty(0))
+        self._compute(batches, loss_fn, plan, m, work)
         with torch.no_grad():
             if start is None:  # G_n: the group's mean gradient over its C_n micro-batches
                 mine = [local_grad(p) for p in self.params]
@@ -246,6 +223,42 @@ class ShardedStep:
                     local(p.grad).copy_(avg.mul_(plan.lr_scale))
             self.optimizer.step()
         return rounds.finish(plan, work, agreed, timing)
+
+    def _compute(
+        self,
+        batches: list[Any],
+        loss_fn: Callable[[Any], torch.Tensor],
+        plan: AllreducePlan,
+        m: int,
+        work: RoundProgress,
+    ) -> None:
+        """The round's micro-batches while the GROUP is admitted (steps 2 and, under
+        Local-SGD, its local steps every ``m``: module docstring), measured into ``work``."""
+        rounds, local_steps, pending = self.rounds, plan.local_steps > 1, 0
+        # the group agrees before each micro-batch only where a finite tau can refuse one
+        lockstep = math.isfinite(plan.threshold)
+        rounds.open(work, len(batches))
+        for u, batch in enumerate(batches):
+            admitted = rounds.admit(work, plan)
+            if lockstep:
+                refused = self.within.reduce_row([not admitted], MAX)[0] > 0
+                if refused and admitted:  # another rank of the group was refused: stop too
+                    rounds.stop(work)
+                admitted = not refused
+            if not admitted:
+                break
+            began = rounds.clock()
+            loss = loss_fn(batch)
+            loss.backward()  # FSDP reduce-scatters within the group and accumulates the shard
+            work.loss_sum += float(loss.detach())
+            rounds.unit_done(work, u, began)
+            pending += 1
+            if local_steps and (u + 1) % m == 0 and u + 1 < len(batches):  # a local step ends
+                local_step(self.optimizer, self.params, m)
+                pending = 0
+        rounds.seal(work)
+        if local_steps and pending:  # the group's counts agree: so do its local steps
+            local_step(self.optimizer, self.params, m)
 
     @property
     def wants(self) -> int | None:
