@@ -119,6 +119,25 @@ def run(mesh, strategy: str, steps: int, units: int, sleep: float = 0.0, every: 
     return full(net), records, step.state_dict()
 
 
+def run_one_refused(mesh, units: int = 3):
+    """A threshold no rank reaches (lockstep on), and the SLEEPER alone refused after its
+    first micro-batch (``Rounds.admit`` answering as for a rank whose clock passed tau): its
+    partner must stop with it, or its next forward would wait in an all-gather forever."""
+    net, _, step = build(mesh, "dropcompute:threshold=100")
+    if (mesh.get_local_rank("replicate"), mesh.get_local_rank("shard")) == SLEEPER:
+        admit, rounds = step.rounds.admit, step.rounds
+
+        def refusing(work, plan):
+            if work.done >= 1:
+                rounds.stop(work)
+                return False
+            return admit(work, plan)
+
+        rounds.admit = refusing
+    records = [one_step(mesh, net, step, 0, units)]
+    return full(net), records, step.state_dict()
+
+
 def run_poisoned(mesh, steps: int = 2, units: int = 2):
     """sync with the first layer frozen; the SLEEPER's gradient is NaN in shard 0 only, in the
     first step: its group partner's shard 1 is finite, yet the whole group is screened out."""
@@ -179,6 +198,7 @@ def rank_main(rank: int, port: int, folder: str) -> None:
         "local-sgd": run(mesh, "local-sgd:period=2", 2, 4),
         "local-drop": run(mesh, f"local-sgd:period=2,threshold={TAU}", 1, 4, sleep=SLOW),
         "nan": run_poisoned(mesh),
+        "one-refused": run_one_refused(mesh),
         "rebalance": run(mesh, "rebalance:warmup=2", 5, 4, sleep=0.1, every=True),
         "hsdp": refused_hsdp(mesh),
         "resume": run_resumed(mesh, folder),
@@ -307,6 +327,15 @@ def test_a_slow_rank_cuts_its_whole_group_at_tau(results):
         np.testing.assert_allclose(rec["weights"], [1 / 2, 1 / 6])
         assert rec["threshold"] == TAU and rec["drop_rate"] == pytest.approx(1 / 3)
     matches_reference(results[0]["drop"][0], records)
+
+
+@pytest.mark.timeout(300)
+def test_one_rank_refused_stops_its_whole_group(results):
+    """Only the SLEEPER's admission refuses (its partner's would go on): the group agrees to
+    stop, on both ranks, after one micro-batch; the other group computes all three."""
+    records = agreed(results, "one-refused")
+    assert records[0]["completed"] == [3, 1]
+    matches_reference(results[0]["one-refused"][0], records)
 
 
 @pytest.mark.timeout(300)
