@@ -39,7 +39,7 @@ line). Ranks of a group are given different micro-batches, as in any FSDP job.
 3. One all_reduce(SUM) over the shard group of [loss sum, gradient not finite]: the group's
    mean loss, and the group screens as one (a NaN in one rank's shard drops the whole group:
    its shards are one gradient).
-4. ``Rounds.agree`` over the replicate group, through :class:`GroupCollectives`: each rank's
+4. ``Rounds.agree`` over the replicate group, through :class:`ReplicaCollectives`: each rank's
    row [C_n, T~_n, loss, t^(u)] is first reduced by MAX over the shard group (a group's time
    is its slowest rank's; C_n and the loss already agree), then gathered over the replicate
    group, so every rank of the job builds the same arrivals, selection and weights, and
@@ -126,7 +126,7 @@ def sharded_strategy(strategy: str | Strategy, micro_batches: int | None) -> Str
     return check_micro_batches(as_strategy(rule, DEALS), micro_batches)
 
 
-class GroupCollectives(Collectives):
+class ReplicaCollectives(Collectives):
     """The replicate group's collectives with one row per replica GROUP: ``gather`` first
     reduces this rank's row by MAX over its group (``within``, the shard group), so the rows
     of a group's ranks, and what the rule decides from them, are the same on all of them."""
@@ -174,7 +174,7 @@ class ShardedStep:
         check_sharded(self.params, shard_dim)
         device = local(self.params[0]).device
         self.within = Collectives.of_group(mesh[shard_dim].get_group(), device, timeout)
-        comm = GroupCollectives(self.within, mesh[replicate_dim].get_group(), device, timeout)
+        comm = ReplicaCollectives(self.within, mesh[replicate_dim].get_group(), device, timeout)
         lr = float(optimizer.param_groups[0]["lr"])
         self.rounds = Rounds(rule, comm, lr=lr, micro_batches=micro_batches, does=DEALS)
         self.buckets = buckets([local(p) for p in self.params], bucket_cap_mb)
@@ -360,4 +360,4 @@ def start_equal(
                 dist.broadcast(local(b), group=group, group_src=0)
 
 
-__all__ = ["GroupCollectives", "ShardedStep"]
+__all__ = ["ReplicaCollectives", "ShardedStep"]
