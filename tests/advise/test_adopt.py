@@ -148,3 +148,18 @@ def test_hf_s_lines_are_the_ddp_job_s_under_a_line_that_says_where_they_go():
     assert hf.lines()[1:] == ddp and hf.edits() == []
     keep = adoption("sync", "sync", "hf").lines()
     assert keep == ["# keep your Trainer as it is: sync is what it runs"]
+
+
+def test_fsdp_s_lines_build_a_sharded_step_of_the_spec():
+    """``--for fsdp``'s lines name ``ShardedStep`` with the spec and the mesh, and say how
+    many micro-batches a step takes (its run on a (2, 2) mesh: tests/integrate/test_sharded)."""
+    lines = adoption("dropcompute:threshold=0.05", "dropcompute", "fsdp", 4).lines()
+    assert lines[0] == "from tailtrain import ShardedStep"
+    assert lines[1].startswith(
+        'step = ShardedStep(model, optimizer, "dropcompute:threshold=0.05", mesh=mesh)'
+    )
+    assert lines[2] == "# each step (its batch split in M=4 micro-batches):"
+    shares = adoption("rebalance", "rebalance", "fsdp").lines()
+    assert "mesh=mesh, micro_batches=M)" in shares[1] and "step.wants" in shares[2]
+    with pytest.raises(UsageError, match="cannot run"):
+        adoption("k-sync:k=2", "k-sync", "fsdp")

@@ -94,6 +94,7 @@ def test_an_unknown_job_is_refused_in_one_line():
         "loop",
         "lightning",
         "hf",
+        "fsdp",
         "tailtrain-train",
         "any",
     }
@@ -118,3 +119,17 @@ def test_the_lightning_answer_is_what_stragglerstrategy_accepts(spec):
     family = spec.partition(":")[0]
     assert runnable(family, "lightning", spec) is accepted
     assert runnable(family, "hf", spec) is runnable(family, "ddp", spec)
+
+
+@pytest.mark.parametrize("spec", EXPECTED)
+def test_the_fsdp_answer_is_what_shardedstep_accepts(spec):
+    """``--for fsdp`` offers what ``ShardedStep`` builds (``strategies.entries.SHARDED``)."""
+    from tailtrain.integrate.sharded import sharded_strategy
+
+    try:
+        sharded_strategy(spec, 4)
+    except UsageError:
+        accepted = False
+    else:
+        accepted = True
+    assert runnable(spec.partition(":")[0], "fsdp", spec) is accepted

@@ -15,6 +15,8 @@ r"""What a job can run, and the lines that adopt a recommendation (``advise --fo
 * ``hf``: transformers' ``Trainer`` runs no remedy inside its loop (a callback cannot cut a
   micro-batch nor reduce: docs/hf.md), so it is ranked as a DDP job, and the lines are the
   DDP job's, for the loop the user moves the remedy to, under a line that says so;
+* ``fsdp``: an own loop over an FSDP2 model (``fully_shard`` over a 2-D mesh's shard
+  dimension) runs what :class:`tailtrain.ShardedStep` runs, the replica group as the worker;
 * ``tailtrain-train``: ``tailtrain train`` runs every strategy;
 * ``any``: no restriction (every row, as before ``--for``).
 
@@ -45,7 +47,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from tailtrain.errors import UsageError
-from tailtrain.strategies.entries import HOOK, LIGHTNING, LOOP, SHARE_LOADER, Entry
+from tailtrain.strategies.entries import HOOK, LIGHTNING, LOOP, SHARDED, SHARE_LOADER, Entry
 
 #: setup (``--for``) -> the entries its job adopts a rule with (``strategies.entries``); None:
 #: every strategy (``tailtrain train`` runs each on its own topology; ``any`` keeps every row)
@@ -54,6 +56,7 @@ SETUPS: dict[str, tuple[Entry, ...] | None] = {
     "loop": (LOOP,),
     "lightning": (LIGHTNING, SHARE_LOADER),
     "hf": (HOOK, SHARE_LOADER),
+    "fsdp": (SHARDED,),
     "tailtrain-train": None,
     "any": None,
 }
@@ -252,6 +255,29 @@ def lightning_adoption(
     return Adoption("lightning", spec, imports, tuple(once), ())
 
 
+def sharded_adoption(spec: str, strategy: str, micro_batches: int | None) -> Adoption:
+    """``ShardedStep``'s lines in an FSDP2 job (docs/sharded.md): the step owns each
+    step's micro-batches, the reduction across replica groups and the optimizer's step."""
+    deal = ", micro_batches=M" if strategy == "rebalance" else ""
+    once = (
+        f'step = ShardedStep(model, optimizer, "{spec}", mesh=mesh{deal})  '
+        '# after fully_shard(model, mesh=mesh["shard"]) and the optimizer',
+    )
+    each = "each step"
+    if strategy == "rebalance":
+        each += " (step.wants micro-batches: this rank's group's share)"
+    elif micro_batches is not None:
+        each += f" (its batch split in M={micro_batches} micro-batches)"
+    return Adoption(
+        "fsdp",
+        spec,
+        ("from tailtrain import ShardedStep",),
+        once,
+        ("step(micro_batches, lambda batch: loss_fn(model, batch))",),
+        each=each,
+    )
+
+
 def check_setup(setup: str) -> str:
     if setup not in SETUPS:
         raise UsageError(f"--for {setup!r}: use one of {', '.join(SETUPS)}")
@@ -291,6 +317,8 @@ def adoption(
             return Adoption(setup, spec, (), (keep,), ())
         moved = adoption(spec, strategy, "ddp", micro_batches, shares)
         return replace(moved, setup=setup, imports=(HF_MOVE, *moved.imports), edit_list=())
+    if setup == "fsdp" and strategy != "sync":
+        return sharded_adoption(spec, strategy, micro_batches)
     if setup == "lightning" and strategy != "sync":
         return lightning_adoption(spec, strategy, micro_batches, shares)
     if strategy == "rebalance" and shares is not None and setup in ("ddp", "any"):

@@ -18,7 +18,7 @@ if TYPE_CHECKING:  # the advice pulls in numpy, scipy and the theory: only when 
 #: imports no numpy or scipy; tests/cli/test_cli_imports.py checks they stay the same)
 _TRACE_FORMAT = "iteration,worker[,micro_batch][,censored],seconds[,noncompute][,samples][,run]"
 #: --for's jobs, written out: ``advice.adopt.SETUPS``' (the same test holds them together)
-_SETUPS = ("ddp", "loop", "lightning", "hf", "tailtrain-train", "any")
+_SETUPS = ("ddp", "loop", "lightning", "hf", "fsdp", "tailtrain-train", "any")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -63,8 +63,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         default="any",
         help="the job to advise: a DDP job (the comm hook), an own loop (StragglerStep), a "
         "Lightning Trainer (StragglerStrategy), a transformers Trainer (ranked as a DDP job; "
-        "its lines for a loop you own), tailtrain train (every strategy) or any (default: "
-        "%(default)s)",
+        "its lines for a loop you own), an FSDP2 job across replica groups (ShardedStep), "
+        "tailtrain train (every strategy) or any (default: %(default)s)",
     )
     p.add_argument(
         "--comm-time",

@@ -41,7 +41,7 @@ import torch
 from torch import nn
 
 from tailtrain.integrate.rounds import Rounds, StepRecord
-from tailtrain.runtime.elastic.group import ReplicaCollectives
+from tailtrain.runtime.elastic.group import GroupCollectives
 from tailtrain.runtime.elastic.handover import elect, follow_live, hand_over
 from tailtrain.runtime.elastic.shrink import Census, Shrinker
 
@@ -166,13 +166,13 @@ class LoopMembership:
         self.joined = sorted({*self.joined, *found.joined})
         self.ended = None  # the heal's seconds are no round's
 
-    def follow(self, comm: ReplicaCollectives, found: Census) -> None:
+    def follow(self, comm: GroupCollectives, found: Census) -> None:
         """The new generation's group and live ranks; the rule follows the live world."""
         rounds = self.rounds
         rounds.comm, rounds.live = comm, tuple(found.members)
         rounds.rule, rounds.ctx = follow_live(rounds.rule, rounds.ctx, found.members)
 
-    def sync(self, comm: ReplicaCollectives, found: Census) -> None:
+    def sync(self, comm: GroupCollectives, found: Census) -> None:
         """SYNCING: the lead member's model, optimizer, rule state, deadline and latest
         record on every member of the new generation."""
         shrinker = self.shrinker

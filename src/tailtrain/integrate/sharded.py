@@ -106,20 +106,21 @@ from tailtrain.integrate.rounds import (
 from tailtrain.integrate.step import BUCKET_CAP_MB, DEALS, buckets, local_step, weighted_average
 from tailtrain.runtime.reduce import Collectives, RankRow
 from tailtrain.strategies.base import AllreducePlan, Strategy
+from tailtrain.strategies.entries import SHARDED
 from tailtrain.strategies.registry import parse_strategy
 
-#: the rules a sharded step runs (the module docstring says why the others wait)
-RUNS = ("sync", "dropcompute", "local-sgd", "rebalance")
 MAX = dist.ReduceOp.MAX
 
 
 def sharded_strategy(strategy: str | Strategy, micro_batches: int | None) -> Strategy:
-    """``strategy`` if a sharded step runs it; one line otherwise, before any collective."""
+    """``strategy`` if a sharded step runs it (``strategies.entries.SHARDED``, which ``advise
+    --for fsdp`` asks too); one line otherwise, before any collective."""
     rule = parse_strategy(strategy) if isinstance(strategy, str) else strategy
-    if rule.name not in RUNS:
+    refusal = SHARDED.refusal(rule)
+    if refusal is not None:
         raise UsageError(
-            f"ShardedStep runs {', '.join(RUNS)} (dropcompute: a fixed threshold, "
-            f"threshold=auto, drop-rate=; rebalance: shares) for now, not {rule.describe()!r}"
+            f"{refusal} (dropcompute: a fixed threshold, threshold=auto, drop-rate=; "
+            "rebalance: shares)"
         )
     # the loop's contract, as StragglerStep's (topology, compensations, what it deals: shares,
     # not deal=demand nor defer=true), and sync's M for a rule of shares

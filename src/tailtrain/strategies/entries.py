@@ -12,6 +12,8 @@ fed by the user's data loader:
   rule that averages models after local steps (``Strategy.averages_models``);
 * :data:`SHARE_LOADER`: ``rebalance_loader`` with ``sample_weighted_hook``, a DDP job's
   per-rank batch shares, fixed where ``advise`` computed them: plain ``rebalance`` only;
+* :data:`SHARDED`: ``ShardedStep``, an own loop over an FSDP2 model across replica groups:
+  sync, DropCompute, Local-SGD and rebalance by shares so far;
 * :data:`LIGHTNING`: ``tailtrain.lightning.StragglerStrategy``, Lightning's DDP strategy
   running the same comm hook over ``accumulate_grad_batches``: what the hook runs.
 
@@ -45,11 +47,15 @@ class Entry:
     hook: bool = False
     #: the only specs it runs (None: every rule the contracts admit)
     specs: tuple[str, ...] | None = None
+    #: the only families it runs so far (None: every family the contracts admit)
+    families: tuple[str, ...] | None = None
 
     def refusal(self, rule: Strategy) -> str | None:
         """Why this entry cannot run ``rule``, in one line; None if it can."""
         if self.specs is not None and rule.describe() not in self.specs:
             return f"{self.name} runs {', '.join(self.specs)} only, not {rule.describe()!r}"
+        if self.families is not None and rule.name not in self.families:
+            return f"{self.name} runs {', '.join(self.families)} for now, not {rule.describe()!r}"
         refusal = loop_refusal(rule, self.does)
         if refusal is None and self.hook and rule.averages_models:
             return hook_refusal(rule)
@@ -96,6 +102,13 @@ HOOK = Entry("the DDP comm hook", hook=True)
 #: ``rebalance_loader`` + ``sample_weighted_hook``: a DDP job's fixed per-rank batch shares
 SHARE_LOADER = Entry(
     "rebalance_loader", does=frozenset({"shares"}), hook=True, specs=("rebalance",)
+)
+#: ``ShardedStep``: an own loop over an FSDP2 model, the replica group as the worker; the rules
+#: whose group lockstep is built (``integrate.sharded``'s docstring says why the others wait)
+SHARDED = Entry(
+    "ShardedStep",
+    does=frozenset({"shares"}),
+    families=("sync", "dropcompute", "local-sgd", "rebalance"),
 )
 #: ``tailtrain.lightning.StragglerStrategy``: Lightning's DDP strategy with that comm hook
 LIGHTNING = Entry("tailtrain.lightning.StragglerStrategy", hook=True)
