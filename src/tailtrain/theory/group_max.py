@@ -109,5 +109,8 @@ class GroupMax(DelayModel):
         return g * f ** (g - 1) * np.asarray(self.base.pdf(x), dtype=float)
 
     def quantile(self, q: ArrayLike) -> NDArray[np.float64]:
-        u = np.clip(np.asarray(q, dtype=float), 0.0, 1.0) ** (1.0 / self.group_size)
+        q = np.clip(np.asarray(q, dtype=float), 0.0, 1.0)
+        u = q ** (1.0 / self.group_size)
+        # u^(1/G) is nearer 1 than u: keep a u < 1 below 1 (else the quantile is the top end)
+        u = np.where((u >= 1.0) & (q < 1.0), np.nextafter(1.0, 0.0), u)
         return np.asarray(self.base.quantile(u), dtype=float) + self.cost
