@@ -109,7 +109,9 @@ def _local_sgd_rows(s: DelayScenario, sync_time: float) -> tuple[list[Row], list
 def _local_law(s: DelayScenario):
     """H -> the exact law of H M i.i.d. unit times, when the scenario is i.i.d. and it has one
     (replica groups have none: a group's unit is a max, simulated)."""
-    if s.grouped is not None or not s.iid or (not isinstance(s.comm, (int, float)) and s.comm.var > 0):
+    if s.group_size != 1 or s.group_cost != 0:
+        return None
+    if not s.iid or (not isinstance(s.comm, (int, float)) and s.comm.var > 0):
         return None
     form = closed_form(s.delay) if s.delay.exact else None
     if form is None:
