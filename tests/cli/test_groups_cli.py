@@ -64,3 +64,14 @@ def test_predict_lists_k_of_groups(capsys):
     assert payload["scenario"]["group_size"] == 2 and payload["scenario"]["group_cost"] == 0.0
     assert {r["k"] for r in payload["results"] if r["strategy"] == "k-sync"} == {1, 2, 3, 4}
     assert any("replica groups of 2" in note for note in payload["notes"])
+
+
+@pytest.mark.parametrize(("group", "needle"), [("4", "does not divide --workers 6"), ("0", ">= 1")])
+def test_advise_refuses_a_bad_group_in_one_line(group, needle, capsys, tmp_path):
+    lines = ["iteration,worker,seconds"]
+    lines += [f"{i},{w},{1 + 0.1 * w}" for i in range(10) for w in range(6)]
+    trace = tmp_path / "trace.csv"
+    trace.write_text("\n".join(lines) + "\n")
+    code, printed, err = run(["advise", str(trace), "--group-size", group], capsys)
+    assert code == 2 and printed == ""
+    assert len(err.strip().splitlines()) == 1 and needle in err, err

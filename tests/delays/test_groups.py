@@ -100,3 +100,43 @@ def test_the_max_of_exponentials_is_the_harmonic_sum():
     assert law.mean == pytest.approx(sum(1 / k for k in range(1, g + 1)) / rate, rel=1e-10)
     assert law.var == pytest.approx(sum(1 / k**2 for k in range(1, g + 1)) / rate**2, rel=1e-8)
     assert GroupMax(parse_delay("const:value=1"), 3, 0.5).mean == pytest.approx(1.5)
+
+
+def test_a_trace_of_ranks_becomes_one_of_its_groups():
+    """Each unit of a group: max over its ranks + cost; samples add up, noncompute is the
+    least, censored if a rank's was; a unit no rank recorded has no row."""
+    from tailtrain.delays.groups import group_trace
+    from tailtrain.delays.trace import Trace
+
+    fields = ("iteration", "worker", "micro_batch", "seconds", "censored", "noncompute")
+    fields += ("samples", "run")
+
+    # 2 iterations x 4 ranks x 2 micro-batches; rank 3 never recorded iteration 1's second
+    i, w, m = np.meshgrid(np.arange(2), np.arange(4), np.arange(2), indexing="ij")
+    seconds = 1.0 + np.arange(16.0).reshape(2, 4, 2) % 5
+    keep = ~((i == 1) & (w == 3) & (m == 1))
+    noncompute = np.where(m == 1, 10.0 - w, np.nan)
+    trace = Trace(
+        iteration=i[keep],
+        worker=w[keep] + 7,  # ids need not start at 0: groups follow id order
+        micro_batch=m[keep],
+        seconds=seconds[keep],
+        censored=(w == 0)[keep],
+        noncompute=noncompute[keep],
+        samples=np.full(keep.sum(), 3),
+    )
+    grouped = group_trace(trace, 2, 0.25)
+    order = np.lexsort((grouped.micro_batch, grouped.worker, grouped.iteration))
+    grouped = Trace(
+        *(None if c is None else c[order] for c in (getattr(grouped, f) for f in fields))
+    )
+    assert grouped.worker.tolist() == [0, 0, 1, 1, 0, 0, 1, 1]
+    expected = group_unit_times(seconds, 2, 0.25)
+    expected[1, 1, 1] = seconds[1, 2, 1] + 0.25  # rank 3 missing: the max of the one left
+    np.testing.assert_array_equal(grouped.seconds, expected.ravel())
+    assert grouped.samples.tolist() == [6, 6, 6, 6, 6, 6, 6, 3]
+    assert grouped.censored.tolist() == [True, True, False, False] * 2
+    np.testing.assert_array_equal(grouped.noncompute[1::2], [9.0, 7.0, 9.0, 8.0])
+    assert np.isnan(grouped.noncompute[::2]).all()
+    with pytest.raises(UsageError, match="does not divide"):
+        group_trace(trace, 3)

@@ -25,10 +25,12 @@ measured figure (a probe's per-micro-batch collective wait) is the one to give.
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
+from tailtrain.delays.trace import Trace, write_trace_rows
 from tailtrain.errors import UsageError
 
 
@@ -102,3 +104,78 @@ def groups_note(ranks: int, group_size: int, cost: float) -> str:
         f"gG..gG+{group_size - 1}); a group's micro-batch is the max over its ranks + "
         f"{cost:g} s of within-group collectives, and the rules act on the groups"
     )
+
+
+def group_trace(trace: Trace, group_size: int, cost: float = 0.0) -> Trace:
+    """A trace of ranks as one of their replica groups (``advise --group-size``): group g
+    holds the trace's workers g G .. g G + G - 1 in id order, and each unit (run, iteration,
+    micro-batch) of a group is :func:`group_unit_times` of its ranks' units (a rank without
+    that unit, e.g. a micro-batch DropCompute cut, is left out of the max; a group with none
+    has no row). A group's unit is censored when one of its ranks' is (the max is then a
+    lower bound too), computed ``samples`` add up over its ranks, and its ``noncompute`` is
+    the least of its ranks' (the slowest rank's wait: the round's T^c, the least over all
+    workers, is unchanged)."""
+    ids = np.unique(trace.worker)
+    groups = check_grouping(ids.size, group_size, cost)
+    column = np.searchsorted(ids, trace.worker)
+    zeros = np.zeros(trace.worker.size, dtype=np.int64)
+    run = zeros if trace.run is None else trace.run
+    micro = zeros if trace.micro_batch is None else trace.micro_batch
+    keys, row = np.unique(np.stack([run, trace.iteration, micro]), axis=1, return_inverse=True)
+    row = row.ravel()
+
+    def dense(values: np.ndarray, fill: float) -> NDArray[np.float64]:
+        table = np.full((keys.shape[1], ids.size), fill)
+        table[row, column] = values
+        return table
+
+    # the one rule on the units; a missing unit (-inf) never wins a max and stays -inf alone
+    seconds = group_unit_times(dense(trace.seconds, -np.inf), group_size, cost)
+    unit, group = np.nonzero(np.isfinite(seconds))
+
+    def by_max(values: np.ndarray | None) -> np.ndarray | None:
+        if values is None:
+            return None
+        return group_unit_times(dense(values.astype(float), -np.inf), group_size)[unit, group]
+
+    samples = None
+    if trace.samples is not None:
+        table = dense(trace.samples.astype(float), 0.0).reshape(-1, groups, group_size)
+        samples = table.sum(axis=2)[unit, group].astype(np.int64)
+    noncompute = None
+    if trace.noncompute is not None:  # the least of the recorded (NaN: none recorded)
+        least = -by_max(np.where(np.isnan(trace.noncompute), -np.inf, -trace.noncompute))
+        noncompute = np.where(np.isfinite(least), least, np.nan)
+    censored = by_max(trace.censored)
+    return Trace(
+        iteration=keys[1, unit],
+        worker=group.astype(np.int64),
+        micro_batch=None if trace.micro_batch is None else keys[2, unit],
+        seconds=seconds[unit, group],
+        censored=None if censored is None else censored > 0,
+        noncompute=noncompute,
+        samples=samples,
+        run=None if trace.run is None else keys[0, unit],
+    )
+
+
+def write_group_trace(path: Path, trace: Trace, group_size: int, cost: float = 0.0) -> Trace:
+    """:func:`group_trace` written to ``path`` in the trace format; returns it."""
+    grouped = group_trace(trace, group_size, cost)
+    columns = [grouped.iteration, grouped.worker]
+    columns += [] if grouped.micro_batch is None else [grouped.micro_batch]
+    columns += [] if grouped.censored is None else [grouped.censored]
+    columns += [grouped.seconds]
+    columns += [] if grouped.noncompute is None else [grouped.noncompute]
+    columns += [] if grouped.samples is None else [grouped.samples]
+    columns += [] if grouped.run is None else [grouped.run]
+    write_trace_rows(
+        path,
+        np.column_stack(columns).astype(np.float64),
+        grouped.micro_batch is not None,
+        censored=grouped.censored is not None,
+        noncompute=grouped.noncompute is not None,
+        samples=grouped.samples is not None,
+        run=grouped.run is not None,
+    )
+    return grouped
