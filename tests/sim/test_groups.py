@@ -142,3 +142,13 @@ def test_predict_at_g_agrees_with_the_simulated_mean(delay, pattern, m, g, cost,
     simulated, sim_stderr = batch_means(step_times(strategy, scenario))
     gap = abs(simulated - r.iteration_time)
     assert gap <= Z * np.hypot(r.iteration_time_stderr, sim_stderr), (simulated, r)
+
+
+def test_the_face_predicts_a_scenarios_groups():
+    import tailtrain
+
+    scenario = Scenario(task="none", workers=8, delay="exp:rate=1", iterations=5, group_size=4)
+    found = tailtrain.predict(scenario, "sync")
+    (row,) = found.rows
+    # 2 groups, each the max of 4 Exp(1): E[max of 2 such] from F^8 = H_8
+    assert row.k == 2 and row.iteration_time == pytest.approx(sum(1 / k for k in range(1, 9)))
