@@ -140,3 +140,14 @@ def test_a_trace_of_ranks_becomes_one_of_its_groups():
     assert np.isnan(grouped.noncompute[::2]).all()
     with pytest.raises(UsageError, match="does not divide"):
         group_trace(trace, 3)
+
+
+def test_the_group_law_keeps_its_far_tail():
+    """P(max of G > x) = 1 - (1 - e^-x)^G ~ G e^-x far out, where 1 - F^G in doubles is 0:
+    the split convolution of a group's micro-batches reads these logs (``theory.sums``)."""
+    law = GroupMax(parse_delay("exp:rate=1"), 3, 0.5)
+    log_sf, log_cdf = law.tail_logs(np.array([1.5, 40.5]))
+    np.testing.assert_allclose(log_sf[0], np.log(1 - (1 - np.exp(-1.0)) ** 3), rtol=1e-12)
+    np.testing.assert_allclose(log_sf[1], np.log(3.0) - 40.0, rtol=1e-12)
+    np.testing.assert_allclose(np.exp(log_cdf[0]), law.cdf(1.5), rtol=1e-12)
+    assert law.isf(3 * np.exp(-40.0)) == pytest.approx(40.5, rel=1e-9)

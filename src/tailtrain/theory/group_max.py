@@ -20,6 +20,7 @@ from scipy import integrate, special
 from tailtrain.delays.base import DelayModel, FloatArray, Shape
 from tailtrain.delays.groups import check_grouping, group_unit_times
 from tailtrain.theory.order_stats import expected_order_stats
+from tailtrain.theory.sums import exact_logs, quantile_at_sf
 
 
 class GroupMax(DelayModel):
@@ -107,6 +108,25 @@ class GroupMax(DelayModel):
         g = self.group_size
         f = np.asarray(self.base.cdf(x), dtype=float)
         return g * f ** (g - 1) * np.asarray(self.base.pdf(x), dtype=float)
+
+    def tail_logs(self, x: ArrayLike) -> tuple[FloatArray, FloatArray]:
+        """log P(max > x) and log P(max <= x), from the base's own logs (``theory.sums``):
+        G log F, and log(-expm1(G log F)) for the survival, which keeps its relative
+        accuracy far out in the tail (1 - F^G in doubles is 0 below 1e-16)."""
+        base_sf, base_cdf = exact_logs(self.base, np.asarray(x, dtype=float) - self.cost)
+        base_sf, base_cdf = np.asarray(base_sf, dtype=float), np.asarray(base_cdf, dtype=float)
+        # log F from the survival where it is small (the upper tail), else from log F
+        tail = base_sf < -math.log(2)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            from_sf = np.log1p(-np.exp(base_sf))
+        log_cdf = self.group_size * np.where(tail, from_sf, base_cdf)
+        with np.errstate(divide="ignore"):
+            return np.log(-np.expm1(log_cdf)), log_cdf
+
+    def isf(self, p: float) -> float:
+        """The x with P(max > x) = p: the base's at p' with 1 - (1 - p')^G = p."""
+        each = -math.expm1(math.log1p(-p) / self.group_size)
+        return quantile_at_sf(self.base, each) + self.cost
 
     def quantile(self, q: ArrayLike) -> NDArray[np.float64]:
         q = np.clip(np.asarray(q, dtype=float), 0.0, 1.0)
