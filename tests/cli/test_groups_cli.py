@@ -27,14 +27,17 @@ BAD = [
 def test_a_bad_group_is_one_line_and_exit_2_before_any_work(
     command, flags, needle, capsys, tmp_path, monkeypatch
 ):
-    # no work: neither the simulator nor predict may be reached
+    # no work: neither the simulator nor predict may be reached (the modules imported first,
+    # so that none binds the stand-in for good)
     import tailtrain.prediction.estimates as estimates
+    import tailtrain.sim.compare as sim_compare
     import tailtrain.sim.run as sim_run
 
     def reached(*args, **kwargs):
         raise AssertionError("reached the work")
 
     monkeypatch.setattr(sim_run, "simulate", reached)
+    monkeypatch.setattr(sim_compare, "simulate", reached)
     monkeypatch.setattr(estimates, "_Context", reached)
     out = tmp_path / "out"
     extra = ["--out", str(out)] if command != "predict" else []
