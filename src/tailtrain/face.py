@@ -141,7 +141,8 @@ def predict(
 
     Args:
         scenario: the run; ``comm_time`` is T^c (``network`` is not modelled here); unset,
-            a ``trace:`` delay's recorded noncompute seconds, as ``tailtrain predict``.
+            a ``trace:`` delay's recorded noncompute seconds, as ``tailtrain predict``;
+            ``group_size`` > 1: its ranks in replica groups, the rows of the groups.
         strategy: keep only this strategy's rows (for a K-family spec, its K and the best K);
             None: every strategy, as ``tailtrain predict`` prints.
         ks: the K values to list (default: every K up to N = 32, else a grid).
@@ -325,6 +326,8 @@ def advise(
     samples: int = 2000,
     setup: str = "any",
     comm_time: str | None = None,
+    group_size: int = 1,
+    group_cost: float = 0.0,
 ) -> Advice:
     """Who is slow in a measured trace, what sync loses waiting for them, and which strategy
     to run, as ``tailtrain advise FILE|DIR`` prints it.
@@ -341,6 +344,10 @@ def advise(
             what it can run is ranked, and ``adopt`` holds the lines that adopt the pick.
         comm_time: T^c per round, seconds or a delay spec (``--comm-time``); default: the
             rounds' ``noncompute`` seconds the trace recorded (``delays.trace``), else 0.
+        group_size: read the trace's ranks as replica groups of this many (a hybrid-sharded
+            job, ``--group-size``): each group's unit is the max over its ranks plus
+            ``group_cost`` seconds, and everything is advised at group level.
+        group_cost: exposed within-group collectives per group unit, seconds.
 
     Returns:
         The advice: per-worker verdicts (``stragglers``), the ``cost`` of waiting, every
@@ -354,6 +361,8 @@ def advise(
         samples=samples,
         setup=setup,
         comm_time=comm_time,
+        group_size=group_size,
+        group_cost=group_cost,
     )
 
 
@@ -417,6 +426,8 @@ def _delay_scenario(
         samples=samples,
         seed=seed,
         threshold=threshold,
+        group_size=scenario.group_size,
+        group_cost=scenario.group_cost,
     )
 
 

@@ -96,6 +96,16 @@ CASES = {
         "3",
     ],
     "partial-eager": ["--strategy", "eager:mode=majority", "--iterations", "14"],
+    # replica groups (issue 38 item 4): the ranks' process is what a checkpoint keeps
+    "allreduce-groups": [
+        *("--workers", "6", "--group-size", "3", "--group-cost", "0.05"),
+        *("--strategy", "dropcompute:threshold=auto,calibrate=3", "--micro-batches", "3"),
+        *("--pattern", "persistent:h=3", "--iterations", "14", "--eval-every", "3"),
+    ],
+    "ps-groups": [
+        *("--workers", "6", "--group-size", "2", "--strategy", "k-sync:k=2"),
+        *("--iterations", "14", "--eval-every", "3"),
+    ],
     "ps-lgc-time": [
         "--strategy",
         "lgc:k=3,blocks=4",

@@ -52,6 +52,7 @@ from tailtrain.advice.units import (
 )
 from tailtrain.core.machine import contention_note, read_machine
 from tailtrain.delays.base import DelayModel
+from tailtrain.delays.groups import check_grouping, groups_note, write_group_trace
 from tailtrain.delays.parse import parse_delay
 from tailtrain.delays.trace import Trace, TraceDelay, comm_note, read_trace, replayed_comm
 from tailtrain.errors import UsageError
@@ -195,6 +196,8 @@ def advise(
     samples: int = 2000,
     setup: str = "any",
     comm_time: str | None = None,
+    group_size: int = 1,
+    group_cost: float = 0.0,
 ) -> Advice:
     """Score the workers of the trace at ``path`` (its last run), cost them, and rank the
     strategies for ``workers`` workers (default: the trace's), worker n replaying trace worker
@@ -202,7 +205,11 @@ def advise(
     or else the trace's recorded noncompute seconds (``delays.trace``), or none; ``setup``
     (``advice.adopt``) keeps to the strategies that job can run. Rows are ranked by samples
     applied per second where the trace counts samples (``advice.units``); ``micro_batches``
-    on a per-step trace splits its steps (``advice.units.split_trace``)."""
+    on a per-step trace splits its steps (``advice.units.split_trace``). ``group_size`` G
+    > 1 reads the trace's ranks as replica groups of G (a hybrid-sharded job, in id order),
+    each group's unit the max over its ranks + ``group_cost`` (``delays.groups.group_trace``):
+    every figure, verdict and row is then the same rule read at group level, ``workers``
+    counting groups."""
     check_setup(setup)
     if workers is not None and workers < 1:
         raise UsageError(f"--workers must be >= 1, got {workers}")
@@ -210,12 +217,17 @@ def advise(
         raise UsageError(f"--micro-batches must be >= 1, got {micro_batches}")
     path = trace_file(path)  # a probe's folder too
     whole = read_trace(path)
-    last = whole.of_run(whole.runs[-1])
-    job = job_of(last)
-    if micro_batches == 1 and last.micro_batch is None:
+    if group_size != 1 or group_cost != 0:
+        check_grouping(np.unique(whole.worker).size, group_size, group_cost)
+    if micro_batches == 1 and whole.micro_batch is None:
         micro_batches = None  # one batch a step: what a per-step trace records
     with TemporaryDirectory(prefix="tailtrain-advise-") as folder:
         replayed, split = path, None
+        if group_size != 1 or group_cost != 0:  # the trace of the groups, replayed as any
+            replayed = Path(folder) / "groups.csv"
+            whole = write_group_trace(replayed, whole, group_size, group_cost)
+        last = whole.of_run(whole.runs[-1])
+        job = job_of(last)
         if micro_batches is not None and last.micro_batch is None and micro_batches > 1:
             split = split_trace(last, micro_batches, Path(folder) / "split.csv", seed)
             replayed = split
@@ -234,6 +246,12 @@ def advise(
         )
     if split is not None:
         found.notes.append(f"--micro-batches {micro_batches} on a per-step trace: {SPLIT_NOTE}")
+    if group_size != 1 or group_cost != 0:
+        ranks = group_size * int(found.times.shape[1])
+        found.notes.append(
+            f"--group-size {group_size}: the trace's workers are replica groups, "
+            f"{groups_note(ranks, group_size, group_cost)}"
+        )
     return found
 
 

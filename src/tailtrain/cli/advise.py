@@ -73,6 +73,23 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="communication time T^c per update, seconds or a delay spec (default: the "
         "rounds' noncompute seconds the trace recorded, as `train` writes them, else 0)",
     )
+    p.add_argument(
+        "--group-size",
+        type=int,
+        default=1,
+        metavar="G",
+        help="read the trace's ranks as replica groups of G (a hybrid-sharded job: G "
+        "consecutive ranks in id order per group): a group's unit is the max over its ranks "
+        "plus --group-cost, and every verdict, figure and row is of the groups, --workers "
+        "counting groups (default: 1)",
+    )
+    p.add_argument(
+        "--group-cost",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="exposed within-group collectives per group unit (default: 0)",
+    )
     p.add_argument("--seed", type=seed_value, default=0)
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument(
@@ -110,6 +127,8 @@ def run(args: argparse.Namespace) -> int:
         seed=args.seed,
         setup=args.setup,
         comm_time=args.comm_time,
+        group_size=args.group_size,
+        group_cost=args.group_cost,
     )
     if args.patch is not None:
         sys.stdout.write(_diff(found, script, args.patch))

@@ -9,7 +9,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from tailtrain.cli.progress import console, step_progress
-from tailtrain.cli.scenario_args import add_scenario_arguments, scenario_from_args, seed_value
+from tailtrain.cli.scenario_args import (
+    add_group_arguments,
+    add_scenario_arguments,
+    scenario_from_args,
+    seed_value,
+)
 from tailtrain.errors import UsageError
 
 if TYPE_CHECKING:
@@ -30,6 +35,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="comma-separated strategy specs (default: %(default)s)",
     )
     add_scenario_arguments(p)
+    add_group_arguments(p)
     p.add_argument("--seeds", default="0,1,2", help="comma-separated seeds (default: 0,1,2)")
     p.add_argument(
         "--out",

@@ -9,7 +9,7 @@ import math
 import sys
 from typing import TYPE_CHECKING, Any
 
-from tailtrain.cli.scenario_args import seed_value
+from tailtrain.cli.scenario_args import add_group_arguments, seed_value
 from tailtrain.errors import UsageError
 
 if TYPE_CHECKING:  # the theory pulls in numpy and scipy: import it only when predict runs
@@ -83,6 +83,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--seed", type=seed_value, default=0, help="Monte Carlo seed (default: %(default)s)"
     )
+    add_group_arguments(p)
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     p.set_defaults(run=run)
 
@@ -90,10 +91,13 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from tailtrain.core.capacity import check_memory
     from tailtrain.delays import parse_delay, parse_pattern
+    from tailtrain.delays.groups import check_grouping
     from tailtrain.delays.trace import comm_note, replayed_comm
     from tailtrain.prediction import DelayScenario, k_grid, predict
     from tailtrain.prediction.families import with_families
 
+    if args.workers >= 1:  # replica groups: the one-line refusal before any work
+        check_grouping(args.workers, args.group_size, args.group_cost)
     if args.workers >= 1:  # arrays of one number per K (predict checks its Monte Carlo draws)
         check_memory(64 * args.workers, f"--workers {args.workers}", "per-K arrays")
     # a trace that recorded its rounds' noncompute seconds replays them unless told otherwise
@@ -104,19 +108,21 @@ def run(args: argparse.Namespace) -> int:
         pattern=None if args.pattern is None else parse_pattern(args.pattern),
         micro_batches=args.micro_batches,
         comm=parse_comm(comm or "0"),
-        ks=parse_ks(args.k, args.workers),
+        ks=parse_ks(args.k, args.workers // max(1, args.group_size)),
         samples=args.samples,
         seed=args.seed,
+        group_size=args.group_size,
+        group_cost=args.group_cost,
     )
     prediction = with_families(predict(scenario))
     if (note := comm_note(args.delay, comm)) is not None:
         prediction = dataclasses.replace(prediction, notes=(*prediction.notes, note))
     if args.json:
-        ks = scenario.ks or k_grid(scenario.workers)
+        ks = scenario.ks or k_grid(scenario.groups)
         json.dump(_finite(prediction.to_json(ks)), sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
-        _print_table(prediction, scenario.ks or k_grid(scenario.workers, compact=True))
+        _print_table(prediction, scenario.ks or k_grid(scenario.groups, compact=True))
     return 0
 
 
@@ -152,7 +158,7 @@ def _print_table(prediction: Prediction, ks: list[int]) -> None:
 
     s = prediction.scenario.describe()
     title = (
-        f"N={s['workers']}  delay={s['delay']}  pattern={s['pattern']}  "
+        f"N={s['workers']}{_groups(s)}  delay={s['delay']}  pattern={s['pattern']}  "
         f"M={s['micro_batches'] or '-'}  T^c={s['comm_time']}"
     )
     table = Table(title=title, title_justify="left")
@@ -174,6 +180,15 @@ def _print_table(prediction: Prediction, ks: list[int]) -> None:
     console.print(table)
     for note in (f"* {prediction.criterion}", *prediction.notes):
         console.print(note, soft_wrap=True)
+
+
+def _groups(described: dict[str, Any]) -> str:
+    """The title's replica groups (K counts groups then), if any."""
+    size = described.get("group_size")
+    if size is None:
+        return ""
+    groups = described["workers"] // size
+    return f" ranks in {groups} groups of G={size} (+{described['group_cost']:g} s), K of groups"
 
 
 def _cells(row: Row) -> list[str]:

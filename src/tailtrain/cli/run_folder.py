@@ -98,7 +98,7 @@ def prepare_run(args: argparse.Namespace) -> SimulateRun:
     # a trace that recorded its rounds' noncompute seconds replays them unless told otherwise
     scenario = scenario_from_args(args).with_replayed_comm()
     strategy = parse_strategy(args.strategy)
-    faults = FaultPlan.parse(args.inject_fault, scenario.workers, SIMULATED_FAULTS)
+    faults = FaultPlan.parse(args.inject_fault, scenario.groups, SIMULATED_FAULTS)
     _check_faults(faults, scenario)
     every = _checkpoint_every(args.checkpoint_every)
     if args.out is None:
@@ -134,7 +134,7 @@ def resume_run(args: argparse.Namespace) -> SimulateRun:
     info = read_run_json(folder)
     scenario = scenario_of(folder, info)
     strategy = parse_strategy(info["strategy"])
-    faults = FaultPlan.parse(info["inject_fault"], scenario.workers, SIMULATED_FAULTS)
+    faults = FaultPlan.parse(info["inject_fault"], scenario.groups, SIMULATED_FAULTS)
     every = _checkpoint_every(args.checkpoint_every) or info["checkpoint_every"]
     saved = None
     if (folder / checkpoint.FILENAME).exists():

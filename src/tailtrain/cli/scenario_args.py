@@ -99,6 +99,29 @@ def add_scenario_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
+def add_group_arguments(p: argparse.ArgumentParser) -> None:
+    """--group-size and --group-cost (replica groups of a hybrid-sharded job, issue 38):
+    `simulate`, `compare` and `predict`, not `train` (which runs one DDP rank per worker)."""
+    p.add_argument(
+        "--group-size",
+        type=int,
+        default=1,
+        metavar="G",
+        help="ranks per replica group of a hybrid-sharded (HSDP) job: the --workers ranks "
+        "form N/G groups of G consecutive ranks, a group's micro-batch is the max over its "
+        "ranks plus --group-cost, and the strategy acts on the groups (default: 1, each rank "
+        "its own worker)",
+    )
+    p.add_argument(
+        "--group-cost",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="exposed within-group collectives (all-gather, reduce-scatter) per group "
+        "micro-batch (default: 0, FSDP2 overlaps them with compute; give a measured figure)",
+    )
+
+
 MAX_SEED = 2**63 - 1
 #: evaluations a time grid may ask for; each one scores the model on the data set
 MAX_EVALS = 1e6
@@ -154,4 +177,6 @@ def scenario_from_args(args: argparse.Namespace, *, default_iterations: int = 20
         eval_every=args.eval_every,
         eval_interval=args.eval_interval,
         target_loss=args.target_loss,
+        group_size=getattr(args, "group_size", 1),
+        group_cost=getattr(args, "group_cost", 0.0),
     )

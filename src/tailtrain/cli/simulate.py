@@ -10,7 +10,11 @@ from pathlib import Path
 from tailtrain.cli import collectives
 from tailtrain.cli.progress import console, step_progress
 from tailtrain.cli.run_folder import add_run_arguments
-from tailtrain.cli.scenario_args import add_scenario_arguments, seed_value
+from tailtrain.cli.scenario_args import (
+    add_group_arguments,
+    add_scenario_arguments,
+    seed_value,
+)
 
 #: the figure ``--out`` gets: loss and k_t (or τ, or NAP) against virtual time
 FIGURE = "simulate.png"
@@ -26,6 +30,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--strategy", default="sync", help="e.g. sync, k-sync:k=8, dbw, lgc:k=7,blocks=4"
     )
     add_scenario_arguments(p)
+    add_group_arguments(p)
     p.add_argument(
         "--seed", type=seed_value, default=0, help="seed of delays, data and init (default 0)"
     )

@@ -151,15 +151,28 @@ COMM_STATIC = ("model", "buffer")
 MODEL_STATIC = ("task", "partition", "update", "drawn")
 
 
+def _kept_process(process: Any) -> Any:
+    """The process whose state a checkpoint keeps: replica groups' source keeps its ranks'
+    (``delays.groups.GroupedDelays``), the grouping being the scenario's to rebuild."""
+    from tailtrain.delays.groups import GroupedDelays
+
+    return process.ranks if isinstance(process, GroupedDelays) else process
+
+
 def delay_state(process: Any) -> dict[str, Any]:
     """The delay process's generators, pattern state and position (``delays.DelayProcess``)."""
     try:
-        return capture(process, DELAY_PROCESS_STATIC)
+        return capture(_kept_process(process), DELAY_PROCESS_STATIC)
     except TypeError:
         raise UsageError(
             f"cannot checkpoint the delay source {type(process).__name__}; checkpoints "
             "need the scenario's own delay process"
         ) from None
+
+
+def restore_delays(process: Any, data: dict[str, Any]) -> None:
+    """Undo :func:`delay_state` on the run's delay source."""
+    restore(_kept_process(process), data)
 
 
 def with_comm(owner: Any, skip: tuple[str, ...]) -> dict[str, Any]:

@@ -12,6 +12,12 @@ from tailtrain.core.evaluation import EvalSchedule, time_to_target
 from tailtrain.core.records import RunRecord
 from tailtrain.delays import DelayProcess, parse_delay, parse_pattern
 from tailtrain.delays.comm import parse_comm_time
+from tailtrain.delays.groups import (
+    GroupedDelays,
+    check_grouping,
+    groups_note,
+    time_scheduled_refusal,
+)
 from tailtrain.delays.schedule import DelaySource, JobDurations
 from tailtrain.errors import UsageError
 from tailtrain.network import parse_network
@@ -40,10 +46,18 @@ class Scenario:
     eval_every: int | None = None
     eval_interval: float | None = None
     target_loss: float | None = None
+    #: ranks per replica group (hybrid sharding, ``delays.groups``): the rules act on the
+    #: workers / group_size groups, a group's micro-batch the max over its ranks + group_cost
+    group_size: int = 1
+    #: seconds of within-group collectives per group micro-batch (``delays.groups``)
+    group_cost: float = 0.0
 
     def __post_init__(self) -> None:
         if self.workers < 1:
             raise UsageError(f"--workers must be >= 1, got {self.workers}")
+        check_grouping(self.workers, self.group_size, self.group_cost)
+        if self.group_size > 1 and parse_pattern(self.pattern).time_scheduled:
+            raise UsageError(time_scheduled_refusal(self.pattern))
         if (self.iterations is None) == (self.time_budget is None):
             raise UsageError("give exactly one of --iterations and --time-budget")
         if self.iterations is not None and self.iterations < 1:
@@ -71,6 +85,19 @@ class Scenario:
             )
         if self.eval_every is not None and self.eval_interval is not None:
             raise UsageError("give one of --eval-every and --eval-interval, not both")
+
+    @property
+    def groups(self) -> int:
+        """The workers the rules act on: replica groups of ``group_size`` ranks (all the
+        workers when ``group_size`` is 1)."""
+        return self.workers // self.group_size
+
+    def at_group_level(self) -> Scenario:
+        """This scenario as its engines run it: ``groups`` workers, no grouping left (the
+        grouping is in the delays, ``delays.groups.GroupedDelays``)."""
+        if self.group_size == 1 and self.group_cost == 0:
+            return self
+        return replace(self, workers=self.groups, group_size=1, group_cost=0.0)
 
     @property
     def evaluation(self) -> EvalSchedule:
@@ -135,19 +162,31 @@ class World:
 
         ``micro_batches`` is the most micro-batches a step may use (``Strategy.
         micro_batch_capacity``); by default the scenario's.
+
+        With replica groups (``group_size`` > 1) the delays are drawn for the scenario's
+        ``workers`` ranks (``delays`` then replaces the ranks' process) and grouped
+        (``delays.groups.GroupedDelays``), and the world is that of the groups: its scenario
+        is :meth:`Scenario.at_group_level`, the same world as ``groups`` workers fed the
+        grouped delays.
         """
         if task is None:  # the registry loads every built-in task: only when one is built
             from tailtrain.tasks.registry import parse_task
 
             task = parse_task(scenario.task, data=scenario.data, seed=seed)
-        n = scenario.workers
+        ranks = scenario.workers
         process = delays or DelayProcess(
             parse_delay(scenario.delay),
             parse_pattern(scenario.pattern),
             seed,
-            n,
+            ranks,
             scenario.micro_batches if micro_batches is None else micro_batches,
         )
+        grouped: dict[str, str] = {}
+        if scenario.at_group_level() is not scenario:
+            process = GroupedDelays(process, scenario.group_size, scenario.group_cost)
+            grouped["groups"] = groups_note(ranks, scenario.group_size, scenario.group_cost)
+            scenario = scenario.at_group_level()
+        n = scenario.workers
         lr = scenario.lr or getattr(task, "default_lr", None) or DEFAULT_LR
         partition = None
         per_epoch = 1
@@ -163,7 +202,7 @@ class World:
             micro_batches=scenario.micro_batches or 1,
         )
         # trace notes, then the task's own (how a factory's task computes its gradients)
-        notes = {**getattr(process, "notes", {}), **getattr(task, "notes", {})}
+        notes = {**getattr(process, "notes", {}), **getattr(task, "notes", {}), **grouped}
         return cls(scenario, seed, task, process, partition, ctx, lr, notes)
 
     def durations(self, *, round_trips: bool) -> JobDurations:

@@ -59,9 +59,16 @@ CLOCKS = ("virtual", "wall")
 
 
 def run_identity(strategy: Strategy, world: World) -> dict[str, Any]:
-    """What a checkpoint must match to be resumed: the rule, the seed and the scenario."""
+    """What a checkpoint must match to be resumed: the rule, the seed and the scenario (of
+    the workers the rules act on; with replica groups, also how the ranks were grouped)."""
     scenario = dataclasses.asdict(world.scenario)
-    return {"strategy": strategy.describe(), "seed": world.seed, "scenario": scenario}
+    # always 1 and 0 at the engines' level (``Scenario.at_group_level``): left out, so that
+    # checkpoints written before replica groups existed still resume
+    scenario.pop("group_size", None), scenario.pop("group_cost", None)
+    identity = {"strategy": strategy.describe(), "seed": world.seed, "scenario": scenario}
+    if "groups" in world.notes:
+        identity["groups"] = world.notes["groups"]
+    return identity
 
 
 def check_entry(world: World, ranks: int, servers: int = 0) -> None:

@@ -21,12 +21,14 @@ from numpy.typing import NDArray
 
 from tailtrain.core.capacity import check_memory
 from tailtrain.delays import DelayModel, DelayProcess, parse_delay
+from tailtrain.delays.groups import group_unit_times, groups_note
 from tailtrain.delays.patterns import Heterogeneous
 from tailtrain.delays.process import trace_notes, trace_terms
 from tailtrain.errors import UsageError
 from tailtrain.prediction.scenario import DelayScenario, k_grid
 from tailtrain.theory.estimate import monte_carlo
 from tailtrain.theory.families import NonNegative, nonnegative
+from tailtrain.theory.group_max import GroupMax
 from tailtrain.theory.scale_mixture import ScaleMixture
 from tailtrain.theory.sums import partial_sum_laws
 
@@ -55,20 +57,40 @@ class _Context:
     speeds: tuple[float, float] | None = None
     _sync_sample: list[tuple[NDArray[np.float64], NDArray[np.float64]]] | None = None
     _sums: list[DelayModel] = field(default_factory=list)  # laws of sums, see sum_law
+    #: the scenario as asked, of ranks (``scenario`` is its groups' when it has groups)
+    ranks: DelayScenario | None = None
+    #: the law each rank's micro-batch is drawn from (negatives clipped)
+    rank_delay: DelayModel | None = None
 
     @classmethod
-    def build(cls, s: DelayScenario) -> _Context:
-        exact_delay = nonnegative(s.delay)
-        sampled = NonNegative(s.delay) if s.delay.support[0] < 0 else s.delay
+    def build(cls, ranks: DelayScenario) -> _Context:
+        """The context of ``ranks``; with replica groups, that of its groups (``scenario``
+        is :attr:`DelayScenario.grouped`: the laws are the groups' micro-batch law F^G, and
+        :meth:`run` draws the ranks through the pattern and groups them)."""
+        s = ranks.grouped or ranks
+        exact_delay = nonnegative(ranks.delay)
+        sampled = NonNegative(ranks.delay) if ranks.delay.support[0] < 0 else ranks.delay
         comm = s.comm if isinstance(s.comm, DelayModel) else None
-        DelayProcess(sampled, s.pattern, s.seed, s.workers, s.micro_batches)  # validates
+        # validates
+        DelayProcess(sampled, ranks.pattern, ranks.seed, ranks.workers, ranks.micro_batches)
         notes = []
-        if exact_delay is not s.delay:
-            notes.append(f"{s.delay.spec!r} is negative with some probability; clipped at 0")
-        for note in trace_notes(s.delay, s.workers).values():
+        if exact_delay is not ranks.delay:
+            notes.append(f"{ranks.delay.spec!r} is negative with some probability; clipped at 0")
+        for note in trace_notes(ranks.delay, ranks.workers).values():
             log.warning("%s", note)
             notes.append(note)
-        speeds = _heterogeneous_speeds(s)
+        rank_delay = sampled
+        if s is not ranks:
+            size, cost = ranks.group_size, ranks.group_cost
+            exact_delay = GroupMax(exact_delay, size, cost)
+            sampled = GroupMax(sampled, size, cost)
+            how = (
+                "E[T] from the law of a group's micro-batch, F^G shifted by the cost"
+                if s.iid
+                else "the ranks drawn through the pattern (or trace) and grouped, by Monte Carlo"
+            )
+            notes.append(f"{groups_note(ranks.workers, size, cost)}; {how}")
+        speeds = _heterogeneous_speeds(s) if s is ranks else None
         log.info("predict: exact job law %s", "known" if s.iid or speeds else "unused (pattern)")
         sums = partial_sum_laws(exact_delay, s.micro_batches or 1) if s.iid or speeds else None
         if speeds is not None and sums is not None:
@@ -89,7 +111,17 @@ class _Context:
             listed=np.asarray(s.ks or k_grid(s.workers), dtype=np.int64),
             notes=notes,
             speeds=speeds if sums is not None else None,
+            ranks=ranks,
+            rank_delay=rank_delay,
         )
+
+    @property
+    def grouping(self) -> tuple[int, float] | None:
+        """(G, cost) of the replica groups, or None when every rank is a worker."""
+        r = self.ranks
+        if r is None or (r.group_size == 1 and r.group_cost == 0):
+            return None
+        return r.group_size, r.group_cost
 
     @property
     def m(self) -> int:
@@ -114,6 +146,13 @@ class _Context:
         trace replay is deterministic, so run ``part`` replays the part-th segment of it."""
         s = self.scenario
         start = part * iterations if s.delay.per_worker else 0
+        if self.grouping is not None:  # the ranks' draws, grouped (``delays.groups``)
+            r = self.ranks
+            process = DelayProcess(
+                self.rank_delay, r.pattern, rng, r.workers, r.micro_batches, start=start
+            )
+            t = group_unit_times(process.next_block(iterations), *self.grouping)
+            return t if t.ndim == 3 else t[:, :, None]
         process = DelayProcess(
             self.sampled_delay, s.pattern, rng, s.workers, s.micro_batches, start=start
         )
@@ -149,7 +188,7 @@ class _Context:
         if self._sync_sample is None:
             rng = self.rng(0)
             iterations = self.iterations_for(self.scenario.samples)
-            need = 8 * iterations * self.scenario.workers * self.m * 4
+            need = 8 * iterations * self.rank_count * self.m * 4
             check_memory(need, f"--workers {self.scenario.workers}", "Monte Carlo draws")
             blocks = self.blocks(rng, iterations)
             self._sync_sample = [(t, self.comm_times(rng, (t.shape[0],))) for t in blocks]
@@ -168,7 +207,8 @@ class _Context:
                 for child in self.rng(0).spawn(self.runs)
             ]
         sample = self.sync_sample()
-        if self.scenario.delay.per_worker:
+        # groups under a pattern: a group's mean is that of the max, not of one rank's law
+        if self.scenario.delay.per_worker or (self.grouping and not self.scenario.iid):
             return [t.mean(axis=(0, 2)) for t, _ in sample]
         s, iterations = self.scenario, sample[0][0].shape[0]
         mean = parse_delay(f"const:value={float(self.sampled_delay.mean)!r}")
@@ -178,6 +218,11 @@ class _Context:
             t = process.next_block(iterations)
             out.append(t.reshape(iterations, s.workers, -1).mean(axis=(0, 2)))
         return out
+
+    @property
+    def rank_count(self) -> int:
+        """The ranks drawn per iteration (the workers, or the groups' ranks)."""
+        return self.scenario.workers if self.ranks is None else self.ranks.workers
 
     def sum_law(self, m: int) -> DelayModel:
         """The law of the sum of m micro-batch times (unscaled), for any m >= 1."""
@@ -191,8 +236,9 @@ class _Context:
     def iterations_for(self, wanted: int) -> int:
         """At most ``wanted`` iterations (or all of a replayed trace) and ~8M micro-batch
         draws, at least 100."""
-        per_iteration = self.scenario.workers * self.m
-        replayed = [t.replay.lengths.max() for t in trace_terms(self.scenario.delay)]
+        per_iteration = self.rank_count * self.m
+        delay = self.scenario.delay if self.ranks is None else self.ranks.delay
+        replayed = [t.replay.lengths.max() for t in trace_terms(delay)]
         wanted = max(wanted, *replayed) if self.scenario.delay.per_worker else wanted
         return int(max(100, min(wanted, 8_000_000 // per_iteration)))
 

@@ -114,7 +114,7 @@ def predict(scenario: DelayScenario) -> Prediction:
         *_demand_rows(ctx),
     ]
     sync_time = ctx.sync_time
-    finished = [_relative(r, sync_time, scenario.workers) for r in rows]
+    finished = [_relative(r, sync_time, ctx.scenario.workers) for r in rows]
     if scenario.micro_batches is not None:
         ctx.notes.append(_paper_note(ctx, sync_time))
     return Prediction(scenario, tuple(_mark_best(finished)), notes=tuple(ctx.notes))

@@ -53,7 +53,7 @@ def extra_rows(prediction: Prediction) -> tuple[list[Row], list[str]]:
     s = prediction.scenario
     sync = next(r for r in prediction.rows if r.strategy == "sync").iteration_time
     rows, notes = _local_sgd_rows(s, sync)
-    if s.workers <= SIM_MAX_WORKERS and not (s.pattern and s.pattern.time_scheduled):
+    if s.groups <= SIM_MAX_WORKERS and not (s.pattern and s.pattern.time_scheduled):
         rows += _eager_rows(s)
     else:
         notes.append(
@@ -86,7 +86,7 @@ def row_spec(row: Row) -> str:
 
 def _local_sgd_rows(s: DelayScenario, sync_time: float) -> tuple[list[Row], list[str]]:
     law = _local_law(s)
-    if law is None and s.workers > SIM_MAX_WORKERS:
+    if law is None and s.groups > SIM_MAX_WORKERS:
         note = f"local-sgd needs a simulation here (no closed form), run up to N={SIM_MAX_WORKERS}"
         return [], [note]
     rows = []
@@ -107,7 +107,10 @@ def _local_sgd_rows(s: DelayScenario, sync_time: float) -> tuple[list[Row], list
 
 
 def _local_law(s: DelayScenario):
-    """H -> the exact law of H M i.i.d. unit times, when the scenario is i.i.d. and it has one."""
+    """H -> the exact law of H M i.i.d. unit times, when the scenario is i.i.d. and it has one
+    (replica groups have none: a group's unit is a max, simulated)."""
+    if s.group_size != 1 or s.group_cost != 0:
+        return None
     if not s.iid or (not isinstance(s.comm, (int, float)) and s.comm.var > 0):
         return None
     form = closed_form(s.delay) if s.delay.exact else None
@@ -119,7 +122,7 @@ def _local_law(s: DelayScenario):
 def _eager_rows(s: DelayScenario) -> list[Row]:
     modes = ("solo", "majority")
     rows = [simulated_row(s, f"eager:mode={mode}", f"eager-{mode}") for mode in modes]
-    grid = [k for k in k_grid(s.workers, compact=True) if 1 < k < s.workers] or [s.workers]
+    grid = [k for k in k_grid(s.groups, compact=True) if 1 < k < s.groups] or [s.groups]
     quorum = [simulated_row(s, f"eager:mode=quorum,k={k}", "eager-quorum", k) for k in grid]
     best, _ = best_k(
         [r.k for r in quorum],
@@ -132,11 +135,11 @@ def _eager_rows(s: DelayScenario) -> list[Row]:
 
 def simulated_row(s: DelayScenario, spec: str, strategy: str, k: int | None = None) -> Row:
     """A seeded timing-only run of ``spec`` against one of ``sync`` on the same seed."""
-    iterations = int(np.clip(SIM_UNITS // s.workers, 50, 400))
+    iterations = int(np.clip(SIM_UNITS // s.workers, 50, 400))  # ranks drawn
     base = _throughput(s, "sync", iterations)
     time, rate, stderr = _throughput(s, spec, iterations)
     method = f"simulated(n={iterations}, seed={s.seed})"
-    row = _row(strategy, spec, k or s.workers, time, stderr, method)
+    row = _row(strategy, spec, k or s.groups, time, stderr, method)
     return replace(
         _rate(row, rate / base[1]),
         speedup_vs_sync=base[0] / time,
@@ -158,6 +161,8 @@ def _throughput(s: DelayScenario, spec: str, iterations: int) -> tuple[float, fl
         micro_batches=s.micro_batches,
         comm_time=_comm_spec(s.comm),
         iterations=iterations,
+        group_size=s.group_size,
+        group_cost=s.group_cost,
     )
     record = simulate(scenario, parse_strategy(spec), seed=s.seed)
     times = np.diff(np.concatenate([[0.0], record.column("time")]))

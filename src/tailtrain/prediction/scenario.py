@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import numpy as np
 
 from tailtrain.delays import DelayModel, WorkerPattern
+from tailtrain.delays.groups import check_grouping, time_scheduled_refusal
 from tailtrain.errors import UsageError
 
 STRATEGIES = (
@@ -47,12 +48,17 @@ class DelayScenario:
     seed: int = 0
     #: DropCompute's tau in seconds as asked (``dropcompute:threshold=X``); None: its tau*
     threshold: float | None = None
+    #: ranks per replica group (hybrid sharding, ``delays.groups``): ``workers`` ranks form
+    #: ``groups`` workers, each micro-batch the max over a group's ranks + ``group_cost`` s
+    group_size: int = 1
+    group_cost: float = 0.0
 
     def __post_init__(self) -> None:
         if self.threshold is not None and not self.threshold > 0:
             raise UsageError(f"a DropCompute threshold must be > 0 seconds, got {self.threshold}")
         if self.workers < 1:
             raise UsageError(f"--workers must be >= 1, got {self.workers}")
+        check_grouping(self.workers, self.group_size, self.group_cost)
         if self.micro_batches is not None and self.micro_batches < 1:
             raise UsageError(f"--micro-batches must be >= 1, got {self.micro_batches}")
         if self.samples < 100:
@@ -63,11 +69,14 @@ class DelayScenario:
             raise UsageError(
                 f"--comm-time must be a finite number of seconds >= 0, got {self.comm}"
             )
-        bad = [k for k in self.ks or () if not 1 <= k <= self.workers]
+        bad = [k for k in self.ks or () if not 1 <= k <= self.groups]
         if bad:
-            raise UsageError(f"--k {bad[0]} is out of range: K must lie in 1..{self.workers}")
+            of = " (K of the replica groups)" if self.group_size > 1 else ""
+            raise UsageError(f"--k {bad[0]} is out of range: K must lie in 1..{self.groups}{of}")
         if not math.isfinite(self.delay.mean) or not math.isfinite(self.comm_mean):
             raise UsageError(f"delay {self.delay.spec!r} has an infinite mean: E[T] is unbounded")
+        if self.pattern is not None and self.pattern.time_scheduled and self.group_size > 1:
+            raise UsageError(time_scheduled_refusal(self.pattern.spec))
         if self.pattern is not None and self.pattern.time_scheduled:
             raise UsageError(
                 f"pattern {self.pattern.spec!r} changes speed at virtual times, which predict "
@@ -75,6 +84,27 @@ class DelayScenario:
             )
         if not self.delay.mean * (self.micro_batches or 1) + self.comm_mean > 0:
             raise UsageError(f"delay {self.delay.spec!r} and --comm-time are both always 0")
+
+    @property
+    def groups(self) -> int:
+        """The workers the rules act on: ``workers`` / ``group_size`` replica groups."""
+        return self.workers // self.group_size
+
+    @property
+    def grouped(self) -> DelayScenario | None:
+        """This scenario at group level (``groups`` workers, each micro-batch of the law
+        ``theory.group_max.GroupMax``), or None without replica groups."""
+        if self.group_size == 1 and self.group_cost == 0:
+            return None
+        from tailtrain.theory.group_max import GroupMax
+
+        return replace(
+            self,
+            workers=self.groups,
+            delay=GroupMax(self.delay, self.group_size, self.group_cost),
+            group_size=1,
+            group_cost=0.0,
+        )
 
     @property
     def comm_mean(self) -> float:
@@ -89,8 +119,12 @@ class DelayScenario:
     def describe(self) -> dict[str, Any]:
         comm = self.comm.spec if isinstance(self.comm, DelayModel) else self.comm
         pattern = "iid" if self.pattern is None else self.pattern.spec
+        groups = {}
+        if self.group_size != 1 or self.group_cost != 0:
+            groups = {"group_size": self.group_size, "group_cost": self.group_cost}
         return {
             "workers": self.workers,
+            **groups,
             "delay": self.delay.spec,
             "pattern": pattern,
             "micro_batches": self.micro_batches,

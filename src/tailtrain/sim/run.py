@@ -37,6 +37,8 @@ def simulate(
 
     ``task`` and ``delays`` replace the scenario's task and delay process (tests, own models);
     ``control`` streams the record, checkpoints, resumes and drills faults (``sim.driver``).
+    With replica groups (``scenario.group_size`` > 1) the engines run the groups as workers
+    and ``delays``, if given, is the ranks' process (``core.scenario.World.build``).
     A run too large for this machine's memory is refused before it starts (``core.capacity``).
     """
     engine = ENGINES[strategy.topology]
@@ -44,6 +46,6 @@ def simulate(
     capacity = strategy.micro_batch_capacity(scenario.micro_batches)
     check_fits(scenario.workers, capacity)
     world = World.build(scenario, seed, task=task, delays=delays, micro_batches=capacity)
-    if world.task.has_model:
-        check_fits(scenario.workers, capacity, int(world.task.dim))
+    if world.task.has_model:  # one model per worker the rules act on (a replica group)
+        check_fits(world.scenario.workers, capacity, int(world.task.dim))
     return drive(engine(world), strategy, world, progress, control)

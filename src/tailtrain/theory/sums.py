@@ -116,9 +116,9 @@ class _Table:
         low = model.support[0]
         low = low if np.isfinite(low) else float(model.quantile(1e-20))
         body = float(model.quantile(1 - BODY_SF)) - low
-        span = float(_quantile_at_sf(model, TOP_SF)) - low
+        span = float(quantile_at_sf(model, TOP_SF)) - low
         x = _grid(low, body, m * span)
-        log_sf, log_cdf = _exact_logs(model, x)
+        log_sf, log_cdf = exact_logs(model, x)
         return cls(x, *_finite(log_sf, log_cdf)), body, span
 
     @property
@@ -167,8 +167,11 @@ def _finite(log_sf: FloatArray, log_cdf: FloatArray) -> tuple[FloatArray, FloatA
     return log_sf, np.maximum.accumulate(np.clip(log_cdf, -1e4, 0.0))
 
 
-def _exact_logs(model: DelayModel, x: FloatArray) -> tuple[FloatArray, FloatArray]:
-    """log sf and log cdf of the model, from scipy's own logsf where the model has one."""
+def exact_logs(model: DelayModel, x: FloatArray) -> tuple[FloatArray, FloatArray]:
+    """log sf and log cdf of the model, from scipy's own logsf where the model has one, or
+    the model's own ``tail_logs`` (a law that keeps its far tail, e.g. ``GroupMax``)."""
+    if hasattr(model, "tail_logs"):
+        return model.tail_logs(x)
     frozen, shift = _scipy(model)
     with np.errstate(divide="ignore"):
         if frozen is not None:
@@ -177,7 +180,11 @@ def _exact_logs(model: DelayModel, x: FloatArray) -> tuple[FloatArray, FloatArra
         return np.log1p(-cdf), np.log(cdf)
 
 
-def _quantile_at_sf(model: DelayModel, p: float) -> float:
+def quantile_at_sf(model: DelayModel, p: float) -> float:
+    """The x with P(X > x) = p, kept apart from 1 - p where the law allows (scipy's isf,
+    or the model's own ``isf``)."""
+    if hasattr(model, "isf"):
+        return float(model.isf(p))
     frozen, shift = _scipy(model)
     if frozen is not None:
         return float(frozen.isf(p)) + shift

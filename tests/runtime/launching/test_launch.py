@@ -195,3 +195,11 @@ def test_the_strategy_is_parsed_once_where_the_job_is_defined(monkeypatch):
     validate(config, local=True)
     build_world(config)
     assert spec_of(config.strategy).processes(2) == 2
+
+
+def test_replica_groups_are_refused_by_train_before_any_rank_starts():
+    """`train` runs one DDP rank per worker: a library Scenario's group_size is for simulate,
+    compare and predict (issue 38 item 4)."""
+    config = TrainConfig(Scenario(task="logreg", workers=4, iterations=2, group_size=2), "sync")
+    with pytest.raises(UsageError, match="replica groups"):
+        validate(config, local=True)

@@ -81,7 +81,7 @@ def restore_drawn(run: AllreduceRank, drawn: dict[str, Any] | None) -> None:
     """The delay draws as :func:`drawn_now` kept them (None: nothing kept yet)."""
     if drawn is not None:
         checkpoint.restore_with_comm(run.injector.clock, drawn["clock"])
-        checkpoint.restore(run.world.process, drawn["delays"])
+        checkpoint.restore_delays(run.world.process, drawn["delays"])
 
 
 def lost_timings(live: tuple[int, ...], members: list[int], timing: np.ndarray) -> np.ndarray:

@@ -47,7 +47,7 @@ def resume_round(run: AllreduceRank, saved: dict[str, Any]) -> None:
     if followed is not None:
         run.rule = followed
     checkpoint.restore_with_comm(run.injector.clock, saved["clock"])
-    checkpoint.restore(run.world.process, saved["delays"])
+    checkpoint.restore_delays(run.world.process, saved["delays"])
     counts = {name: int(saved["rows"][name]) for name in ("steps", "evals")}
     last_step = next(iter(envelope.step_tail(saved)[-1:]), None)
     if run.comm.rank == 0:

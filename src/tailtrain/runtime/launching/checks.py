@@ -45,6 +45,11 @@ def validate(config: TrainConfig, *, local: bool) -> None:
     """Every check that needs no other process (module docstring)."""
     scenario = config.scenario
     spec = spec_of(config.strategy)
+    if scenario.group_size != 1 or scenario.group_cost != 0:  # a library Scenario's fields
+        raise UsageError(
+            "train runs every worker as one DDP rank: replica groups (group_size) are for "
+            "simulate, compare and predict"
+        )
     if config.checkpoint_every is not None and not spec.checkpoints:
         raise UsageError(
             f"the {spec.topology} topology keeps no checkpoints; drop --checkpoint-every"

@@ -184,7 +184,7 @@ class AllreduceEngine:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         checkpoint.restore(self, state["engine"])
         checkpoint.restore_with_comm(self.clock, state["clock"])
-        checkpoint.restore(self.world.process, state["delays"])
+        checkpoint.restore_delays(self.world.process, state["delays"])
         if self.learner is not None:
             checkpoint.restore(self.learner, state["learner"])
             self.learner.update.load_state_dict(state["update"])

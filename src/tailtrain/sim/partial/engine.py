@@ -233,7 +233,7 @@ class PartialCollectiveEngine:
         checkpoint.restore(self, state["engine"])
         checkpoint.restore(self.procs, state["procs"])
         checkpoint.restore_with_comm(self.procs.durations, state["durations"])
-        checkpoint.restore(self.world.process, state["delays"])
+        checkpoint.restore_delays(self.world.process, state["delays"])
         checkpoint.restore(self.buffers, state["buffers"])
         checkpoint.restore(self.comm, state["comm"])
         if self.models is not None:

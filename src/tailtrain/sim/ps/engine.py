@@ -145,7 +145,7 @@ class ServerEngine:
         timeline = {k: v for k, v in state["timeline"].items() if k != "version"}
         checkpoint.restore(self.timeline, timeline)
         checkpoint.restore_with_comm(self.timeline.durations, state["durations"])
-        checkpoint.restore(self.world.process, state["delays"])
+        checkpoint.restore_delays(self.world.process, state["delays"])
         if self.trainer is not None:
             checkpoint.restore(self.trainer, state["trainer"])
             self.trainer.update.load_state_dict(state["update"])
