@@ -382,10 +382,12 @@ def remedy_part(args: argparse.Namespace, out: Path, rng: np.random.Generator) -
         tables: dict[str, dict[str, np.ndarray]] = {}
         for job in rotated(jobs, k):
             began = time.perf_counter()
-            rows = run_job(job, out / "remedy" / f"round{k}" / job, steps, job_law)
+            rows = run_job(job, out / "remedy" / f"round{k}" / job, steps, job_law, args.spec)
             tables[job] = step_table(rows, REMEDY_WARMUP)
             ruled = rows[0][REMEDY_WARMUP:] if rows[0][0].get("completed") is not None else []
-            mean_completed = np.mean([r["completed"] for r in ruled], axis=0).tolist() or None
+            mean_completed = (
+                np.mean([r["completed"] for r in ruled], axis=0).tolist() if ruled else None
+            )
             tau = float(np.median([r["threshold"] for r in ruled])) if ruled else None
             runs.append(
                 {
@@ -403,7 +405,7 @@ def remedy_part(args: argparse.Namespace, out: Path, rng: np.random.Generator) -
         rounds.append({job: tables[job] for job in jobs})
     return {
         "law": job_law,
-        "spec": SPEC,
+        "spec": args.spec,
         "steps_per_run": steps,
         "warmup_steps": REMEDY_WARMUP,
         "runs": runs,
@@ -458,6 +460,7 @@ def main() -> None:
     parser.add_argument("--parts", nargs="+", choices=["overhead", "remedy"])
     parser.add_argument("--pairs", type=int, default=3, help="triples / rounds per part")
     parser.add_argument("--steps", type=int, default=None, help="optimizer steps per run")
+    parser.add_argument("--spec", default=SPEC, help="the remedy's rule, both loops alike")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=None, help="keep the runs' folders here")
     args = parser.parse_args()
