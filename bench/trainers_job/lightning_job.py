@@ -58,7 +58,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--mode", choices=["ddp", "probe", "straggler"], required=True)
     parser.add_argument("--steps", type=int, required=True)
-    parser.add_argument("--spec", default="dropcompute:drop-rate=0.15,calibrate=10")
+    parser.add_argument("--spec", default="dropcompute:drop-rate=0.25,calibrate=10")
     parser.add_argument("--probe-dir", default=None)
     parser.add_argument("--step-log", default=None)
     args = parser.parse_args()
