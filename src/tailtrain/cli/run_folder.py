@@ -172,6 +172,8 @@ def _check_resume_flags(
         raise UsageError(f"--resume writes into {folder} itself; drop --out {args.out}")
     defaults = args.defaults
     for dest in (*(f.name for f in dataclasses.fields(Scenario)), *flags):
+        if dest not in defaults:  # a scenario field this command has no flag for (groups)
+            continue
         if getattr(args, dest) != defaults[dest]:
             flag = "--" + dest.replace("_", "-")
             raise UsageError(
