@@ -38,9 +38,14 @@ SEED = 5
 LR = 0.1
 #: worker w's job lasts 40 + 30 w ms: arrivals 30 ms apart, in the order 0, 1, 2
 DELAYED = {"delay": "const:value=0.04", "pattern": "linear:step=0.03"}
-#: worker w's job lasts 60 + 30 w ms: under 2-async the k-th and (k+1)-th arrivals of every
-#: step are >= 30 ms apart (40 + 30 w would bring them within 10 ms), far above the jitter
-PARITY = {"delay": "const:value=0.06", "pattern": "linear:step=0.03"}
+#: worker w's job lasts 120 + 60 w ms: under 2-async the k-th and (k+1)-th arrivals of every
+#: step are >= 60 ms apart, far above the jitter (at 60 + 30 w, 30 ms apart, a loaded CI
+#: machine once swapped two arrivals)
+PARITY = {"delay": "const:value=0.12", "pattern": "linear:step=0.06"}
+#: LGC's blocks, 3 times DELAYED's jobs: worker 1's arrival (210 ms) interrupts worker 2 30 ms
+#: from either end of its 4th block (180-240 ms of its 300); at DELAYED's pace the margin was
+#: 10 ms, which a loaded CI machine crossed
+LGC_WIDE = {"delay": "const:value=0.12", "pattern": "linear:step=0.09"}
 #: 4 micro-batches of 10 ms; worker w's first one takes 30 w ms more
 MICRO = {"delay": "const:value=0.01", "pattern": "linear:step=0.03", "micro_batches": 4}
 
@@ -74,6 +79,7 @@ def scenario(**kw) -> Scenario:
 CASES = {
     **{name: (scenario(), name, False) for name in SYNC_LIKE},
     **{name: (scenario(iterations=12, **DELAYED), name, True) for name in REPLAYED},
+    "lgc:k=2,blocks=5": (scenario(iterations=8, **LGC_WIDE), "lgc:k=2,blocks=5", True),
     "interrupt": (scenario(iterations=6, **MICRO), "k-sync:k=1", True),
     "wait": (scenario(iterations=6, **MICRO), "k-sync:k=1,mode=psw", True),
     "k-async parity": (scenario(iterations=20, **PARITY), "k-async:k=2", True),
@@ -189,8 +195,8 @@ def test_stale_gradients_carry_their_version(results):
 @pytest.mark.timeout(200)
 def test_lgc_counts_the_stragglers_blocks_and_complete_waits_for_them(results):
     rows = results["lgc:k=2,blocks=5"].record.steps
-    # worker 2 is interrupted 70 ms into its 100 ms job (worker 1's arrival closes the step):
-    # 3 of 5 blocks (20 ms each) are done, as the simulator counts them (10 ms to spare)
+    # worker 2 is interrupted 210 ms into its 300 ms job (worker 1's arrival closes the step):
+    # 3 of 5 blocks (60 ms each) are done, as the simulator counts them (30 ms to spare)
     assert [r["partial_workers"] for r in rows[:-1]] == [[2]] * (len(rows) - 1)
     assert {u for r in rows[:-1] for u in r["partial_units"]} == {0.6}
     complete = results["lgc:k=2,blocks=2,complete=true"].record.steps
