@@ -139,8 +139,8 @@ def results(tmp_path_factory):
 @pytest.mark.parametrize("remedy", REMEDIES)
 def test_the_fast_ranks_wait_is_the_injected_skew_under_each_remedy(results, remedy):
     """The fast rank's median wait within 10% of the skew as it was realised (the slow rank's
-    compute over the fast one's: at least SKEW, as a sleep only overruns, and more on a loaded
-    machine); its compute far below it (the issue found rank 0's wait counted as compute
+    compute over the fast one's: about SKEW, more on a loaded machine, where a sleep
+    overruns); its compute far below it (the issue found rank 0's wait counted as compute
     under the hook); the slow rank waits little (under a fifth of SKEW); the trace's
     noncompute is that wait; rank 1 stays persistent."""
     folder, rank0 = results
@@ -148,7 +148,7 @@ def test_the_fast_ranks_wait_is_the_injected_skew_under_each_remedy(results, rem
     wait, compute = np.median(history[:, :, 2], axis=0), np.median(history[:, :, 1], axis=0)
     print(f"{remedy}: wait {wait.round(4).tolist()} compute {compute.round(4).tolist()}")
     skew = float(np.median(history[:, 1, 1] - history[:, 0, 1]))
-    assert skew >= SKEW
+    assert skew >= 0.9 * SKEW  # the sleep, less what the fast rank computes beside it
     assert abs(wait[0] - skew) <= 0.1 * skew
     # the slow rank's wait is the collective's own time, ~2-10 ms: under CI's other worker's
     # multi-rank jobs it reached 15.2 ms once; a miscounted wait would be the skew, 150 ms
