@@ -400,7 +400,8 @@ def _costs_note(costs: StepCosts) -> str:
         )
     return (
         "rebalance: every step of a rank has one count, so each step is taken as "
-        "proportional to its samples; a fixed part per step would make this forecast low"
+        "proportional to its samples; a part fixed per step (a sleep, a per-step overhead), "
+        "which no share changes, would make this forecast high"
     )
 
 
