@@ -189,6 +189,7 @@ def test_a_forecasts_uncertainty_holds_the_run_to_run_spread_and_the_models_erro
     assert uncertainty(sync, None, 0.04) == pytest.approx(2 * 0.01)  # 1 by definition
 
 
+@pytest.mark.slow
 def test_identical_runs_get_the_same_advice(tmp_path):
     """Three traces of one law (three identical runs, by seed) get one recommendation, and
     every forecast but sync's carries the model's error and its blocks' spread (issue 23).

@@ -68,6 +68,7 @@ def test_a_dominating_persistent_straggler_gets_rebalance_with_its_speedups(advi
     assert any(note.startswith(f"{DEMAND_SPEC}:") for note in advised.notes)  # and its own
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_for_a_loop_the_lines_deal_by_the_sampler_and_a_ddp_job_is_not_offered_it(
     slow_micro_trace, advised

@@ -151,6 +151,7 @@ RUNS = [(s, "sync") for s in SHAPES] + [(s, "dropcompute") for s in ("one_batch"
 RUNS += [(s, "rebalance") for s in SHAPES]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize(("shape", "strategy"), RUNS)
 def test_the_patched_script_trains_on_two_ranks(shape, strategy, tmp_path):

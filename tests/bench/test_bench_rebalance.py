@@ -77,6 +77,7 @@ def test_the_synchronous_bounds_order_the_schemes(monkeypatch):
     assert out["dealt_on_demand"]["micro_batches_per_s"] < ceiling
 
 
+@pytest.mark.slow
 def test_the_real_part_runs_the_carried_combination_on_train():
     scenario = replace(bench.BASE, task="logreg", time_budget=None, iterations=2)
     out = bench.real_run("rebalance:then=dropcompute,defer=true", scenario, 0, timeout=120)

@@ -17,6 +17,7 @@ def write_trace(path, times):
     return path
 
 
+@pytest.mark.slow
 def test_json_contract_and_out_folder(tmp_path, capsys):
     times = np.random.default_rng(7).lognormal(0.0, 0.5, (40, 6))
     times[:, 1] *= 3
@@ -64,6 +65,7 @@ def test_bad_input_gets_one_line_and_status_2(tmp_path, capsys, content, extra, 
     assert message in err and err.count("\n") == 1
 
 
+@pytest.mark.slow
 def test_patch_without_edits_for_the_choice_is_one_line_not_an_empty_diff(tmp_path, capsys):
     # a trace with micro-batches: DropCompute runs the job's own M, whose lines (a step's
     # micro-batches to the hook) have no edits; an empty diff would read "nothing to change"

@@ -87,6 +87,7 @@ def assert_complete(folder: Path, reference: Path) -> None:
     assert not (folder / "checkpoint.pt").exists()  # a finished run keeps none
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(400)
 def test_ctrl_c_then_resume_plays_every_step_once(tmp_path, capfd, reference):
     folder = tmp_path / "run"
@@ -116,6 +117,7 @@ def server_pid(proc, folder: Path) -> int:
     return int(path.read_text())
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(400)
 def test_a_killed_server_leaves_a_checkpoint_and_resume_completes_the_run(tmp_path, capfd):
     folder = tmp_path / "run"

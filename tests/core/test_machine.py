@@ -53,6 +53,7 @@ def test_contention_is_named_only_when_ranks_or_load_outnumber_the_cores(ranks, 
         assert says in note and "assumes no contention" in note and "\n" not in note
 
 
+@pytest.mark.slow
 def test_advise_warns_of_the_trace_s_oversubscribed_machine(tmp_path):
     """A folder whose machine row shows 4 ranks on 2 cores: advise's notes say so in one
     line; the same trace without the row (or on a machine with room) does not."""

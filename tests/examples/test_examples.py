@@ -39,6 +39,7 @@ def environment() -> dict[str, str]:
     return env
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(90)
 @pytest.mark.parametrize("name", EXAMPLES)
 def test_example_runs_under_torchrun(name):
@@ -58,6 +59,7 @@ def test_example_runs_under_torchrun(name):
     assert accuracy > 0.5  # ten classes: far above chance after 60 steps
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_face_example_runs_predict_simulate_and_train():
     """examples/face.py: the public face alone, on one small scenario (train: 2 local ranks)."""
@@ -98,6 +100,7 @@ def test_face_example_runs_under_torchrun(tmp_path):
     assert printed[1] == lines  # the same record on every rank, wall times included
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_probe_example_names_the_slow_rank_and_advise_reads_its_folder(tmp_path):
     """examples/probe_ddp.py under torchrun with rank 1 slowed by 20 ms a forward (the model

@@ -138,25 +138,29 @@ def results(tmp_path_factory):
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("remedy", REMEDIES)
 def test_the_fast_ranks_wait_is_the_injected_skew_under_each_remedy(results, remedy):
-    """The fast rank's median wait within 10% of the skew as it was realised (the slow rank's
-    compute over the fast one's: about SKEW, more on a loaded machine, where a sleep
-    overruns); its compute far below it (the issue found rank 0's wait counted as compute
-    under the hook); the slow rank waits little (under a fifth of SKEW); the trace's
-    noncompute is that wait; rank 1 stays persistent."""
+    """The fast rank waits the skew as it was realised (the slow rank's compute over the fast
+    one's: about SKEW, more on a loaded machine, where a sleep overruns) more than the slow
+    rank waits, within 10% (both wait the collective's own time, which load stretches: ci14's
+    slow rank waited 21.5 ms, the fast one 167.6 ms beside a skew of 146.5 ms); its compute far
+    below it (the issue found rank 0's wait counted as compute under the hook); the slow rank
+    waits little (under a fifth of SKEW); the trace's noncompute shows the same gap; rank 1
+    stays persistent."""
     folder, rank0 = results
     history = rank0[remedy]["history"][WARMUP:]  # (steps, ranks, data/compute/wait/samples)
     wait, compute = np.median(history[:, :, 2], axis=0), np.median(history[:, :, 1], axis=0)
     print(f"{remedy}: wait {wait.round(4).tolist()} compute {compute.round(4).tolist()}")
     skew = float(np.median(history[:, 1, 1] - history[:, 0, 1]))
     assert skew >= 0.9 * SKEW  # the sleep, less what the fast rank computes beside it
-    assert abs(wait[0] - skew) <= 0.1 * skew
+    gap = float(np.median(history[:, 0, 2] - history[:, 1, 2]))  # the two waits of one step
+    assert abs(gap - skew) <= 0.1 * skew
     # the slow rank's wait is the collective's own time, ~2-10 ms: under CI's other worker's
     # multi-rank jobs it reached 15.2 ms once; a miscounted wait would be the skew, 150 ms
     assert compute[0] < 0.1 * SKEW and wait[1] < 0.2 * SKEW
     assert compute[1] >= SKEW
     trace = read_trace(folder / remedy / "trace.csv")
-    rank0_rows = (trace.worker == 0) & (trace.iteration >= WARMUP)
-    assert abs(np.median(trace.noncompute[rank0_rows]) - skew) <= 0.1 * skew
+    kept = trace.iteration >= WARMUP
+    noncompute = [np.median(trace.noncompute[kept & (trace.worker == w)]) for w in (0, 1)]
+    assert abs(noncompute[0] - noncompute[1] - skew) <= 0.1 * skew
     verdicts = [r["verdict"] for r in rank0[remedy]["reports"][-1]["ranks"]]
     assert verdicts == ["healthy", "persistent"]
 

@@ -70,6 +70,7 @@ def test_train_deals_on_demand_as_simulate_does(trained):
     assert summary["dropped_micro_batches"] == steps[-1]["deferred"] == 2
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_the_carried_units_survive_a_checkpoint_and_resume(tmp_path, capfd, trained):
     folder = tmp_path / "run"

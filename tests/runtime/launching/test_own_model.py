@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_the_own_model_example_runs():
     root = Path(__file__).resolve().parents[3]

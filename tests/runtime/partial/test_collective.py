@@ -189,6 +189,7 @@ def test_the_staleness_bound_forces_a_synchronous_round():
     assert all(r["nap"] == P for r in rows if r["collective"] == "allreduce")
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_majority_decides_as_simulated_at_8_workers():
     """Injected delays 40 ms apart (20 + 40 p ms) and a 0.35 s allreduce, 70 ms longer than

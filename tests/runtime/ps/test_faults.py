@@ -41,6 +41,7 @@ def first(rows: list[dict], column: str, worker: int) -> int:
     return next(r["step"] for r in rows if worker in r.get(column, []))
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("strategy", ["k-async:k=2", "k-sync:k=4"])
 def test_a_killed_worker_is_found_dead_and_the_run_finishes_without_it(tmp_path, strategy):
@@ -66,6 +67,7 @@ def test_a_killed_worker_is_found_dead_and_the_run_finishes_without_it(tmp_path,
         assert all(sorted(r["workers"]) == [0, 1, 2, 3] for r in rows[:4])
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_a_frozen_worker_is_suspected_then_rejoins_and_its_gradients_count_again(tmp_path):
     summary, rows, _ = train(
@@ -84,6 +86,7 @@ def test_a_frozen_worker_is_suspected_then_rejoins_and_its_gradients_count_again
     assert "live" not in rows[-1]  # every worker live at the end
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_a_nan_gradient_is_left_out_of_its_update_and_counted(tmp_path):
     summary, rows, _ = train(
@@ -97,6 +100,7 @@ def test_a_nan_gradient_is_left_out_of_its_update_and_counted(tmp_path):
     assert all(math.isfinite(r["loss"]) for r in rows) and math.isfinite(summary["final_loss"])
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_a_worker_that_raises_is_named_and_left_out(tmp_path):
     summary, rows, stderr = train(
@@ -110,6 +114,7 @@ def test_a_worker_that_raises_is_named_and_left_out(tmp_path):
     assert summary["dead_workers"] == [1] and len(rows) == 40
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_a_healthy_run_longer_than_the_timeout_sends_no_probe_and_loses_no_worker(tmp_path):
     # the workers' probe mailboxes hear nothing all run: their wait must outlast --timeout

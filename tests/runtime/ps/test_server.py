@@ -303,6 +303,7 @@ def test_the_server_is_one_more_rank_locally_and_under_torchrun():
         workers(None, {"WORLD_SIZE": "1"}, extra=1)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(90)
 def test_a_server_that_fails_stops_the_job_in_one_line():
     """In a process of its own: a second local launch in one process may find a rank that
