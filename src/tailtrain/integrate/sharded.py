@@ -88,6 +88,7 @@ from __future__ import annotations
 import datetime
 import math
 from collections.abc import Callable, Sequence
+from contextlib import nullcontext
 from typing import Any
 
 import numpy as np
@@ -96,6 +97,7 @@ import torch.distributed as dist
 from torch import nn
 
 from tailtrain.errors import UsageError
+from tailtrain.integrate.probe import batch_samples, watching
 from tailtrain.integrate.rounds import (
     RoundProgress,
     Rounds,
@@ -171,6 +173,8 @@ class ShardedStep:
         rule = sharded_strategy(strategy, micro_batches)  # refused before any collective
         shard_dim = check_mesh(mesh, replicate_dim)
         self.model, self.optimizer = model, optimizer
+        #: the job's ranks of each replica group, in group order (a probe names them)
+        self.groups = replica_groups(mesh, replicate_dim)
         self.params = [p for p in model.parameters() if p.requires_grad]
         check_sharded(self.params, shard_dim)
         device = local(self.params[0]).device
@@ -193,7 +197,7 @@ class ShardedStep:
         start = [local(p).detach().clone() for p in self.params] if local_steps else None
         self.optimizer.zero_grad(set_to_none=True)
         work = RoundProgress(np.empty(0))
-        self._compute(batches, loss_fn, plan, m, work)
+        computed = self._compute(batches, loss_fn, plan, m, work)
         with torch.no_grad():
             if start is None:  # G_n: the group's mean gradient over its C_n micro-batches
                 mine = [local_grad(p) for p in self.params]
@@ -202,16 +206,23 @@ class ShardedStep:
                 mine = [local(p).detach() - s for p, s in zip(self.params, start, strict=True)]
                 scale = len(work.times) / max(work.done, 1)
             bad = not all(bool(torch.isfinite(t).all()) for t in mine)
-        # the group's mean loss, and whether any of its shards is not finite: it screens as one
-        loss_sum, bads = self.within.reduce_row([work.loss_sum, bad])
-        work.loss_sum = float(loss_sum) / self.within.world_size
-        agreed = rounds.agree(work, plan)
-        began = rounds.clock()
-        with torch.no_grad():
-            averaged, screened, total = weighted_average(
-                rounds.comm, self.buckets, mine, scale, agreed, bad=bool(bads > 0)
-            )
-        timing = rounds.timing(rounds.clock() - began, work, screened)
+        # a probe watching this step times the round's collectives as this rank's wait (and,
+        # watching the model too, FSDP's inside the micro-batches: ``probe.fsdp``)
+        probe = watching(self)
+        with probe.sync() if probe is not None else nullcontext():
+            # the group's mean loss, and whether any of its shards is not finite: it screens
+            # as one
+            loss_sum, bads = self.within.reduce_row([work.loss_sum, bad])
+            work.loss_sum = float(loss_sum) / self.within.world_size
+            agreed = rounds.agree(work, plan)
+            began = rounds.clock()
+            with torch.no_grad():
+                averaged, screened, total = weighted_average(
+                    rounds.comm, self.buckets, mine, scale, agreed, bad=bool(bads > 0)
+                )
+            timing = rounds.timing(rounds.clock() - began, work, screened)
+        if probe is not None:
+            probe.note_samples(computed)
         if start is not None:  # past the last collective: the model average
             with torch.no_grad():
                 for p, s, avg in zip(self.params, start, averaged, strict=True):
@@ -232,10 +243,12 @@ class ShardedStep:
         plan: AllreducePlan,
         m: int,
         work: RoundProgress,
-    ) -> None:
+    ) -> int | None:
         """The round's micro-batches while the GROUP is admitted (steps 2 and, under
-        Local-SGD, its local steps every ``m``: module docstring), measured into ``work``."""
+        Local-SGD, its local steps every ``m``: module docstring), measured into ``work``;
+        the samples this rank computed (None: a batch without a size)."""
         rounds, local_steps, pending = self.rounds, plan.local_steps > 1, 0
+        computed: int | None = 0
         # the group agrees before each micro-batch only where a finite tau can refuse one
         lockstep = math.isfinite(plan.threshold)
         rounds.open(work, len(batches))
@@ -252,6 +265,8 @@ class ShardedStep:
             loss = loss_fn(batch)
             loss.backward()  # FSDP reduce-scatters within the group and accumulates the shard
             work.loss_sum += float(loss.detach())
+            size = batch_samples(batch)
+            computed = None if computed is None or size is None else computed + size
             rounds.unit_done(work, u, began)
             pending += 1
             if local_steps and (u + 1) % m == 0 and u + 1 < len(batches):  # a local step ends
@@ -260,6 +275,7 @@ class ShardedStep:
         rounds.seal(work)
         if local_steps and pending:  # the group's counts agree: so do its local steps
             local_step(self.optimizer, self.params, m)
+        return computed
 
     @property
     def wants(self) -> int | None:
@@ -313,6 +329,16 @@ def check_mesh(mesh: Any, replicate_dim: str) -> str:
             f'mesh_dim_names=("{replicate_dim}", "shard")), got {mesh!r}'
         )
     return names[1] if names[0] == replicate_dim else names[0]
+
+
+def replica_groups(mesh: Any, replicate_dim: str | int = 0) -> list[list[int]]:
+    """The global ranks of each replica group of a 2-D ``mesh``, in group order: the rows of
+    its layout along ``replicate_dim`` (a name, or the index: FSDP's HSDP meshes replicate
+    along dim 0)."""
+    names = mesh.mesh_dim_names
+    dim = names.index(replicate_dim) if isinstance(replicate_dim, str) else replicate_dim
+    layout = mesh.mesh.movedim(dim, 0)
+    return [[int(r) for r in row.flatten()] for row in layout]
 
 
 def check_sharded(params: list[torch.Tensor], shard_dim: str) -> None:

@@ -146,6 +146,9 @@ class StragglerProbe(Gathering, Reporting):
         self.steps = 0  # steps closed so far
         self.current: StepMarks | None = None  # the step open, marked so far
         self._syncing = 0  # depth of ``sync()`` sections: the outermost marks
+        #: a sharded job's replica groups (the ranks of each), learnt by ``watch`` from an
+        #: HSDP model's mesh or a ``ShardedStep``'s: the reports name a slow rank's group
+        self.groups: list[list[int]] | None = None
         self._init_gathering(every, warmup)
         self._init_reporting(self.world, tensorboard)
 
@@ -154,19 +157,34 @@ class StragglerProbe(Gathering, Reporting):
         """Time ``model``'s steps: a ``DistributedDataParallel`` model with gradient hooks,
         leaving its reduction as it is (its built-in allreduce or the comm hook you
         registered; a [`StragglerHookState`][tailtrain.StragglerHookState] finds the probe and
-        times its round's collectives as the wait); a
-        [`StragglerStep`][tailtrain.StragglerStep] by its own collectives
-        ([under a remedy][under-a-remedy])."""
+        times its round's collectives as the wait); a model ``fully_shard``ed with FSDP2 by
+        its own collectives, timed through FSDP's extension points (``probe.fsdp``: CPU
+        only); a [`StragglerStep`][tailtrain.StragglerStep] or a
+        [`ShardedStep`][tailtrain.ShardedStep] by its own collectives
+        ([under a remedy][under-a-remedy]). Watch both a ``ShardedStep`` and its model to see
+        the waits inside the group too."""
+        from torch.distributed.fsdp import FSDPModule
+
+        from tailtrain.integrate.sharded import ShardedStep
         from tailtrain.integrate.step import StragglerStep  # step.py imports this module
 
-        if isinstance(model, StragglerStep):
+        if isinstance(model, (StragglerStep, ShardedStep)):
+            if isinstance(model, ShardedStep):
+                self.groups = model.groups
+            _WATCHED[model] = self
+            return self
+        if isinstance(model, FSDPModule):
+            from tailtrain.integrate.probe.fsdp import FsdpWatch
+
+            watch = FsdpWatch(self, model)
+            self.groups = self.groups or watch.groups
             _WATCHED[model] = self
             return self
         if not isinstance(model, torch.nn.parallel.DistributedDataParallel):
             raise TypeError(
-                f"StragglerProbe.watch needs a DistributedDataParallel model or a "
-                f"StragglerStep, got {type(model).__name__}; for another loop use probe.step() "
-                "and probe.sync()"
+                f"StragglerProbe.watch needs a DistributedDataParallel model, a model "
+                f"fully_shard()ed with FSDP2, a StragglerStep or a ShardedStep, got "
+                f"{type(model).__name__}; for another loop use probe.step() and probe.sync()"
             )
         if model.device_type == "cuda" and self.device.type != "cuda":
             self.device = torch.device("cuda", torch.cuda.current_device())

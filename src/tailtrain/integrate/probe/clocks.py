@@ -57,7 +57,7 @@ class CudaClock:
 class StepMarks:
     """One step's marks: host seconds of data loading, clock marks of its start, of the
     gradients being ready, of the reduction done, of its end; the samples it computed (NaN:
-    not known)."""
+    not known); the seconds blocked in a sharded model's collectives."""
 
     data: float
     start: Any
@@ -65,6 +65,9 @@ class StepMarks:
     ready: Any = None
     synced: Any = None
     end: Any = None
+    #: host seconds blocked in a sharded model's own collectives (``fsdp.FsdpWatch``), wait
+    #: beside the span from ready to synced
+    waited: float = 0.0
 
 
 class DdpWatch:

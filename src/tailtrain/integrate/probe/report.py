@@ -45,7 +45,8 @@ class ProbeReport:
     of each section (seconds per step, ranks in order). ``per_sample``: the verdicts judged
     seconds per sample (the ranks computed different samples per step:
     ``persistence.per_sample_times``), so their ``median_seconds`` is per sample; ``run``:
-    the run's number in the folder's ``trace.csv`` (None: no folder)."""
+    the run's number in the folder's ``trace.csv`` (None: no folder); ``groups``: a sharded
+    job's replica groups."""
 
     step: int  # steps gathered so far
     elapsed: float  # wall seconds since the probe started
@@ -53,6 +54,13 @@ class ProbeReport:
     sections: dict[str, list[float]] = field(default_factory=dict)
     per_sample: bool = False
     run: int | None = None
+    #: a sharded job's replica groups (the ranks of each; None: not sharded): a slow rank
+    #: makes its whole group slow, so a report names the group with the rank
+    groups: list[list[int]] | None = None
+
+    def group_of(self, rank: int) -> int | None:
+        """The replica group ``rank`` belongs to (None: not a sharded job)."""
+        return next((g for g, ranks in enumerate(self.groups or []) if rank in ranks), None)
 
     def named(self) -> dict[int, str]:
         """The ranks that are not healthy, and their verdicts."""
@@ -82,6 +90,7 @@ class ProbeReport:
             "sections": self.sections,
             "per_sample": self.per_sample,
             "ranks": [v.as_dict() for v in self.verdicts],
+            "groups": self.groups,
         }
 
 
@@ -97,6 +106,7 @@ class Reporting:
     warmup: int
     started: float
     on_report: Callable[[ProbeReport], None] | None
+    groups: list[list[int]] | None
 
     def _init_reporting(self, world: int, tensorboard: str | Path | None) -> None:
         self.error: BaseException | None = None  # rank 0: the first report that failed
@@ -144,7 +154,9 @@ class Reporting:
         enough = own.shape[0] >= LIVE_MIN_STEPS and own.shape[1] >= 2
         verdicts = classify_workers(own) if enough else []
         elapsed = time.perf_counter() - self.started
-        report = ProbeReport(self.reported, elapsed, verdicts, sections, per_sample, self.run)
+        report = ProbeReport(
+            self.reported, elapsed, verdicts, sections, per_sample, self.run, self.groups
+        )
         self.last = report
         self._log(report)
         if self.on_report is not None:
@@ -188,12 +200,18 @@ class Reporting:
         unit = "sample" if report.per_sample else "step"
         for v in report.verdicts:
             if v.verdict != "healthy":
+                group = report.group_of(v.worker)
+                where = "" if group is None else (
+                    f" in replica group {group} (ranks "
+                    f"{', '.join(map(str, (report.groups or [])[group]))}: the group waits for it)"
+                )  # fmt: skip
                 log.warning(
-                    "probe step %d: rank %d %s, score %.2f (%.2fx the others' median own time, "
-                    "slower in %.0f%% of steps; own %.3g ms per %s, wait %.1f ms per step; "
-                    "stalled %d steps in a row)",
-                    report.step, v.worker, v.verdict, v.score, v.slowdown, 100 * v.slower_share,
-                    1e3 * v.median_seconds, unit, 1e3 * wait[v.worker], v.longest_stall,
+                    "probe step %d: rank %d %s%s, score %.2f (%.2fx the others' median own "
+                    "time, slower in %.0f%% of steps; own %.3g ms per %s, wait %.1f ms per "
+                    "step; stalled %d steps in a row)",
+                    report.step, v.worker, v.verdict, where, v.score, v.slowdown,
+                    100 * v.slower_share, 1e3 * v.median_seconds, unit, 1e3 * wait[v.worker],
+                    v.longest_stall,
                 )  # fmt: skip
         healthy = [v for v in report.verdicts if v.verdict == "healthy"]
         if healthy:

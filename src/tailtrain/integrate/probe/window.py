@@ -95,9 +95,9 @@ class Gathering:
         rows = []
         for s in self.pending:
             total = self.clock.span(s.start, s.end)
-            wait = 0.0
+            wait = s.waited
             if s.ready is not None and s.synced is not None:
-                wait = max(self.clock.span(s.ready, s.synced), 0.0)
+                wait += max(self.clock.span(s.ready, s.synced), 0.0)
             rows.append((s.data, max(total - wait, 0.0), wait, s.samples))
         self.pending = []
         return torch.tensor(rows, dtype=torch.float64)
