@@ -251,11 +251,15 @@ class ShardedStep:
         computed: int | None = 0
         # the group agrees before each micro-batch only where a finite tau can refuse one
         lockstep = math.isfinite(plan.threshold)
+        probe = watching(self)  # the lockstep's wait for the group is the rank's wait too
         rounds.open(work, len(batches))
         for u, batch in enumerate(batches):
             admitted = rounds.admit(work, plan)
             if lockstep:
+                asked = rounds.clock()
                 refused = self.within.reduce_row([not admitted], MAX)[0] > 0
+                if probe is not None:
+                    probe.note_wait(rounds.clock() - asked)
                 if refused and admitted:  # another rank of the group was refused: stop too
                     rounds.stop(work)
                 admitted = not refused

@@ -255,6 +255,14 @@ class StragglerProbe(Gathering, Reporting):
         if self.current is not None and samples is not None:
             self.current.samples = float(samples)
 
+    def note_wait(self, seconds: float) -> None:
+        """Add ``seconds`` this rank spent blocked in a collective to the current step's wait,
+        beside its ``sync()`` section: the collectives a sharded model makes inside its
+        micro-batches (``probe.fsdp``, ``ShardedStep``'s group lockstep). Nothing outside a
+        step, nor inside a ``sync()`` section, whose own span is the wait."""
+        if self.current is not None and not self._syncing:
+            self.current.waited += seconds
+
     def flush(self) -> None:
         """Gather the window so far and take it (a collective: every rank calls it at the same
         step); ``batches`` calls it at the loader's end, so the trace and ``last`` are whole.

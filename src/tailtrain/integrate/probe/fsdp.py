@@ -17,8 +17,8 @@ FSDP2's public extension points on every FSDP module of the model:
   right after the reduce-scatter without one), so its time less the reduce-scatter's end is
   the all-reduce's.
 
-Each blocked second adds to the open step's wait (``StepMarks.waited``); the rest of the
-step is its compute, so a rank that is slow inside its group shows more compute and less wait
+Each blocked second adds to the open step's wait (``StragglerProbe.note_wait``); the rest of
+the step is its compute, so a rank that is slow inside its group shows more compute and less wait
 than its partners, and the probe's verdicts name it. Nothing is timed outside a step, nor
 inside a ``sync()`` section (whose own span is the wait). The watch keeps no reference to
 the model. Refused on CUDA (host clocks do not see NCCL's streams, and no run here has
@@ -74,20 +74,13 @@ class FsdpWatch:
 
             self.groups = replica_groups(mesh, 0)  # FSDP's HSDP replicates along dim 0
 
-    def blocked(self, seconds: float) -> None:
-        """Add ``seconds`` blocked in a collective to the open step's wait."""
-        current = self.probe.current
-        if current is not None and not self.probe._syncing:
-            current.waited += seconds
-
     def _reduced(self, _output: torch.Tensor) -> None:
         # FSDP calls this right after HSDP's all-reduce (or right after the reduce-scatter)
-        self.blocked(max(time.perf_counter() - self.scattered, 0.0))
+        self.probe.note_wait(max(time.perf_counter() - self.scattered, 0.0))
 
 
-class TimedAllGather(AllGather):
-    """FSDP's all-gather, timed: ``dist.all_gather_into_tensor`` (FSDP's default) into a
-    ``torch.empty`` buffer (the default allocation)."""
+class Timed:
+    """A timed collective of the watch's: its buffers as FSDP's default allocates them."""
 
     def __init__(self, watch: FsdpWatch) -> None:
         self.watch = watch
@@ -96,6 +89,11 @@ class TimedAllGather(AllGather):
         self, size: Sequence[int | torch.SymInt], *, dtype: torch.dtype, device: torch.device
     ) -> torch.Tensor:
         return torch.empty(*size, dtype=dtype, device=device)
+
+
+class TimedAllGather(Timed, AllGather):
+    """FSDP's all-gather, timed: ``dist.all_gather_into_tensor`` (FSDP's default) into a
+    ``torch.empty`` buffer (the default allocation)."""
 
     def __call__(
         self,
@@ -108,21 +106,13 @@ class TimedAllGather(AllGather):
         work = dist.all_gather_into_tensor(
             output_tensor, input_tensor, group=group, async_op=async_op
         )
-        self.watch.blocked(time.perf_counter() - began)
+        self.watch.probe.note_wait(time.perf_counter() - began)
         return work
 
 
-class TimedReduceScatter(ReduceScatter):
+class TimedReduceScatter(Timed, ReduceScatter):
     """FSDP's reduce-scatter, timed: ``dist.reduce_scatter_tensor`` into a ``torch.empty``
     buffer; its end starts the all-reduce's span (``FsdpWatch._reduced``)."""
-
-    def __init__(self, watch: FsdpWatch) -> None:
-        self.watch = watch
-
-    def allocate(
-        self, size: Sequence[int | torch.SymInt], *, dtype: torch.dtype, device: torch.device
-    ) -> torch.Tensor:
-        return torch.empty(*size, dtype=dtype, device=device)
 
     def __call__(
         self,
@@ -137,5 +127,5 @@ class TimedReduceScatter(ReduceScatter):
             output_tensor, input_tensor, op=op, group=group, async_op=async_op
         )
         self.watch.scattered = time.perf_counter()
-        self.watch.blocked(self.watch.scattered - began)
+        self.watch.probe.note_wait(self.watch.scattered - began)
         return work
