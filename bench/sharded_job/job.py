@@ -14,7 +14,12 @@ micro-batches of B samples per rank (each rank its own samples, as in any FSDP j
   ``ShardedStep`` makes, so the two differ in the rule alone;
 * ``stepK``: ``fully_shard`` over the shard dimension and ``ShardedStep(model, optimizer,
   spec K of --specs, mesh=mesh, micro_batches=M)``, each rank computing its group's share
-  (``wants``).
+  (``wants``);
+* ``probe``: ``hsdp`` watched by ``StragglerProbe`` at its defaults (``watch(model)``, and
+  ``probe.step`` around each step): the probe's overhead;
+* ``drill-group<g>``, ``drill-rank<r>``, ``drill-none``: ``probe`` with group g's ranks, or
+  rank r alone, sleeping ``DRILL`` times longer than the law (the others at X = 1): the
+  reports' named ranks.
 
 **The law** (group n, its j-th micro-batch): both ranks of the group sleep
 ``d B X_n (1 + e_{n,j})`` before its forward, X = ``--factors`` (one group 1.5x slower: a
@@ -22,12 +27,6 @@ slower node), e the DDP benches' noise (``bench_loop``'s scenario (c),
 ``dropcompute-noise:scale=1``, one draw per micro-batch) from one stream per group seeded by
 ``(seed, n)``: both ranks draw alike, as a group is as slow as its slowest rank, and a group
 dealt more micro-batches meets the next draws of the same stream.
-
-* ``probe``: ``hsdp`` watched by ``StragglerProbe`` at its defaults (``watch(model)``, and
-  ``probe.step`` around each step): the probe's overhead;
-* ``drill-group<g>``, ``drill-rank<r>``, ``drill-none``: ``probe`` with group g's ranks, or
-  rank r alone, sleeping ``DRILL`` times longer than the law (the others at X = 1): the
-  reports' named ranks.
 
 Rank 0 appends one JSON line per variant: the wall seconds of each step (its own clock,
 which every rank meets at the step's collectives), the samples the step applied (HSDP:
