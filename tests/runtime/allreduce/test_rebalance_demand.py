@@ -3,17 +3,18 @@ store deals the micro-batches to whichever rank asks next until N M are complete
 `simulate` deals them on its virtual clock (``strategies.rebalance.on_demand``), and every
 rank carries the same cut units to the next step.
 
-Three ranks, M = 4 (12 micro-batches a step); ranks 0 and 1 are 1.8x slower (360 ms a
-micro-batch against 200 ms, injected; the compute is ~1 ms). Completions at 200, 360 (x2),
-400, 600, 720 (x2), 800, 1000, 1080 (x2), 1200: the 12th is rank 2's 6th at 1200 ms, when the
-slow ranks' 4th units (asked at 1080, ending at 1440) are cut. So every step counts 3, 3 and
-6, deals 4, 4 and 6, and carries 2. Which micro-batches count depends on the order of the
-asks too (the k-th ask takes the k-th micro-batch): asks that come together (at 0 ms, and
-the slow ranks' at 360, 720 and 1080) share a fate, and every other pair of events, the
-asks with different fates (rank 2's at 1000, the slow ranks' at 1080) included, is >= 80 ms
-apart, so the decisions and the data are the simulator's. (At 100 ms a micro-batch the
-margin was 40 ms, which a rank overshot on a loaded 2-core machine: the same decisions, one
-other micro-batch counted, the loss 0.3% off.)
+Three ranks, M = 4 (12 micro-batches a step); ranks 0 and 1 are 1.8x slower (540 ms a
+micro-batch against 300 ms, injected; the compute is ~1 ms). Completions at 300, 540 (x2),
+600, 900, 1080 (x2), 1200, 1500, 1620 (x2), 1800: the 12th is rank 2's 6th at 1800 ms, when
+the slow ranks' 4th units (asked at 1620, ending at 2160) are cut. So every step counts 3, 3
+and 6, deals 4, 4 and 6, and carries 2. Which micro-batches count depends on the order of
+the asks too (the k-th ask takes the k-th micro-batch): asks that come together (at 0 ms,
+and the slow ranks' at 540, 1080 and 1620) share a fate, and every other pair of events,
+the asks with different fates (rank 2's at 1500, the slow ranks' at 1620) included, is
+>= 120 ms apart, so the decisions and the data are the simulator's. (At 100 ms a
+micro-batch the margin was 40 ms, and at 200 ms 80 ms: each was once overshot by a rank on a
+loaded 2-core machine, the same decisions with one other micro-batch counted, the loss
+0.2-0.3% off.)
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from tailtrain.sim.run import simulate
 from tailtrain.strategies.registry import parse_strategy
 
 N, M, SEED, ITERATIONS = 3, 4, 3, 6
-MICRO_BATCH = 0.2  #: injected seconds per micro-batch of a fast rank
+MICRO_BATCH = 0.3  #: injected seconds per micro-batch of a fast rank
 SPEC = "rebalance:deal=demand"
 SCENARIO = Scenario(
     task="logreg",
