@@ -169,12 +169,15 @@ def test_the_fast_ranks_wait_is_the_injected_skew_under_each_remedy(results, rem
 @pytest.mark.parametrize("remedy", REMEDIES)
 def test_the_samples_column_holds_what_each_rank_computed(results, remedy):
     """The loader's batch size; under DropCompute the micro-batches computed (rank 1's second
-    half is cut by the threshold, never computed)."""
+    half is cut by the threshold, never computed). After the warm-up: ci17's rank 0 ran its
+    first step's first half past the threshold too (a first step on a loaded machine), and
+    the trace rightly said 4."""
     folder, _ = results
     trace = read_trace(folder / remedy / "trace.csv")
     expected = {0: BATCH, 1: BATCH // 2 if remedy == "dropcompute" else BATCH}
+    kept = trace.iteration >= WARMUP
     for worker, samples in expected.items():
-        assert (trace.samples[trace.worker == worker] == samples).all()
+        assert (trace.samples[kept & (trace.worker == worker)] == samples).all()
 
 
 @pytest.mark.timeout(180)

@@ -199,7 +199,9 @@ def rank_main(rank: int, port: int, folder: str) -> None:
         "local-drop": run(mesh, f"local-sgd:period=2,threshold={TAU}", 1, 4, sleep=SLOW),
         "nan": run_poisoned(mesh),
         "one-refused": run_one_refused(mesh),
-        "rebalance": run(mesh, "rebalance:warmup=2", 5, 4, sleep=0.1, every=True),
+        # 8 steps: ci17's loaded run had not moved the shares after 5 (3 steps past the
+        # warm-up: the rule's noise term, over 3 steps of jittery millisecond times, held them)
+        "rebalance": run(mesh, "rebalance:warmup=2", 8, 4, sleep=0.1, every=True),
         "hsdp": refused_hsdp(mesh),
         "resume": run_resumed(mesh, folder),
     }
