@@ -51,8 +51,10 @@ DBW_PARITY = {"delay": "const:value=0.15", "pattern": "linear:step=0.15"}
 #: from either end of its 4th block (180-240 ms of its 300); at DELAYED's pace the margin was
 #: 10 ms, which a loaded CI machine crossed
 LGC_WIDE = {"delay": "const:value=0.12", "pattern": "linear:step=0.09"}
-#: 4 micro-batches of 10 ms; worker w's first one takes 30 w ms more
-MICRO = {"delay": "const:value=0.01", "pattern": "linear:step=0.03", "micro_batches": 4}
+#: 4 micro-batches of 10 ms; worker w's first one takes 90 w ms more: worker 0 closes a step
+#: at 40 ms, 90 ms before worker 1's job could end (at 30 ms more, ci17 and ci18 saw a worker
+#: finish jobs before the interrupt reached it)
+MICRO = {"delay": "const:value=0.01", "pattern": "linear:step=0.09", "micro_batches": 4}
 
 SYNC_LIKE = [  # first a parameter-server rule: the launcher sizes the job by the first config
     "k-sync:k=3",
