@@ -64,7 +64,6 @@ class FsdpWatch:
             unit.set_custom_all_gather(gather)
             unit.set_custom_reduce_scatter(scatter)
             unit.set_all_reduce_hook(self._reduced)
-        self.units = len(units)
         #: the replica groups of an HSDP model (its parameters' 2-D mesh); None for FSDP over
         #: one group (the ranks of a ``ShardedStep``'s groups come from its mesh)
         self.groups: list[list[int]] | None = None
