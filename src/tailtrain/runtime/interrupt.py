@@ -46,29 +46,39 @@ class Interrupt(KeyboardInterrupt):
     """A rank leaves its loop at a step boundary because Ctrl-C asked it to (module docstring)."""
 
 
-_interrupt = threading.Event()
+#: whether Ctrl-C asked this process to stop. A plain flag, not a ``threading.Event``: a
+#: handler runs between two bytecodes of the main thread, so a second SIGINT landing inside
+#: the first one's ``Event.set()`` waited forever on the lock that ``set()`` holds (a
+#: terminal's Ctrl-C and the elastic agent's forwarded copy reach a rank microseconds apart;
+#: CI saw both ranks of a job hang there until the agent killed them)
+_asked = False
 #: the signals that ask for a stop in this process (:func:`interrupt_on_signals`)
 _interrupting: tuple[signal.Signals, ...] = ()
+
+
+def _ask(signum: int, frame: Any) -> None:
+    global _asked
+    _asked = True  # one store: safe however many signals nest here
 
 
 def interrupt_on_signals(torchrun: bool) -> None:
     """From now on SIGINT (under torchrun also SIGTERM, which torchrun forwards) asks this rank
     to stop at the next step boundary instead of raising wherever it lands (main thread)."""
-    global _interrupting
-    _interrupt.clear()
+    global _interrupting, _asked
+    _asked = False
     _interrupting = (signal.SIGINT, signal.SIGTERM) if torchrun else (signal.SIGINT,)
     for sig in _interrupting:
-        signal.signal(sig, lambda signum, frame: _interrupt.set())
+        signal.signal(sig, _ask)
 
 
 def interrupt_requested() -> bool:
     """Whether Ctrl-C asked this rank to stop (:func:`interrupt_on_signals`)."""
-    return _interrupt.is_set()
+    return _asked
 
 
 def check_interrupt(step: int) -> None:
     """Raise :class:`Interrupt` at the boundary of ``step`` when a stop was asked for."""
-    if _interrupt.is_set():
+    if _asked:
         raise Interrupt(f"interrupted at step {step}")
 
 
