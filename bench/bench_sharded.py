@@ -71,9 +71,11 @@ LAWS = {"slow": "1,1.5", "even": "1,1"}  #: X per group
 GOALS = {"slow": 1.15, "even": 0.97}  #: B / A at least
 D = 5e-3  #: seconds per sample: a micro-batch's base time 40 ms, far above FSDP's own cost
 #: the rules: ``rebalance`` for the persistently slower group (what ``advise --for fsdp``
-#: prints for one); ``rebalance:then=dropcompute,threshold=auto`` reached the same 1.12 in one
-#: quick run (its threshold cut the noise's tail but dropped those samples), so it is left out
-SPECS = ["rebalance"]
+#: prints for one) and ``rebalance:deal=demand`` (no shares: each micro-batch to the group
+#: that asks next); ``rebalance:then=dropcompute,threshold=auto`` reached the same 1.12 as
+#: shares in one quick run (its threshold cut the noise's tail but dropped those samples),
+#: so it is left out
+SPECS = ["rebalance", "rebalance:deal=demand"]
 #: steps left out at least; under a rule of shares, also those before its last move
 #: (``settled``): rebalance moves once the gain clears the noise of its window, after 19 to
 #: 52 steps of this law in the runs so far (``strategies.rebalance.robust_estimate``)
@@ -164,6 +166,9 @@ def law_part(law: str, args: argparse.Namespace, out: Path, rng: np.random.Gener
                         (i for i, s in enumerate(shares) if s != [M] * GROUPS), None
                     ),
                     "steady_steps": len(tables[role]["seconds"]),
+                    # each group's counted micro-batches a step, steady state (dealt on demand)
+                    "counted_mean": np.mean(row["completed"][settled(row) :], axis=0).tolist()
+                    if row.get("completed") else None,
                     "threshold_median_s": float(np.median(taus)) if taus else None,
                     "max_abs_diff": row.get("max_abs_diff"),
                     "bitwise": row.get("bitwise"),
@@ -252,6 +257,7 @@ def bounds(factors: list[float], hsdp_step: float | None = None, seed: int = 0) 
     leaves unexplained (FSDP's collectives and the four ranks' share of two cores: a fixed
     cost per micro-batch, the same in every group, so it narrows the groups' gap)."""
     from tailtrain.delays import parse_delay
+    from tailtrain.strategies.rebalance import demand_end, pool_end
 
     rng = np.random.default_rng(seed)
     total = GROUPS * M
@@ -259,29 +265,35 @@ def bounds(factors: list[float], hsdp_step: float | None = None, seed: int = 0) 
     x = np.asarray(factors)
     unit = noise * x[None, :, None] * D * B  # seconds of each micro-batch by the law
 
-    def makespans(overhead: float) -> tuple[float, tuple[int, int], float]:
+    def makespans(overhead: float) -> tuple[float, tuple[int, int], float, float, float]:
         work = np.cumsum(unit + overhead, axis=2)  # a group's seconds after u micro-batches
 
         def mean_max(shares: tuple[int, ...]) -> float:
             return float(np.max([work[:, g, m - 1] for g, m in enumerate(shares)], axis=0).mean())
 
         best = min(((s, total - s) for s in range(1, total)), key=mean_max)
-        return mean_max((M,) * GROUPS), best, mean_max(best)
+        # dealt on demand: ``train`` cuts the units in flight at the pool's R M-th completion;
+        # ShardedStep cannot cut a model's pass, so it deals the pool alone and waits for it
+        cut, pooled = demand_end(work, total).mean(), pool_end(work, total).mean()
+        return mean_max((M,) * GROUPS), best, mean_max(best), float(cut), float(pooled)
 
-    sync, best, shared = makespans(0.0)
+    sync, best, shared, cut, pooled = makespans(0.0)
     busy = total / float(np.sum(1.0 / (x * noise.mean() * D * B)))  # every group always busy
     out: dict[str, Any] = {
         "every_rank_busy_over_sync": sync / busy,
         "best_shares": list(best),
         "best_shares_over_sync": sync / shared,
+        "demand_cut_at_once_over_sync": sync / cut,
+        "demand_pool_alone_over_sync": sync / pooled,
     }
     if hsdp_step is not None:
         overhead = max((hsdp_step - sync) / M, 0.0)
-        sync, best, shared = makespans(overhead)
+        sync, best, shared, cut, pooled = makespans(overhead)
         out |= {
             "overhead_per_micro_batch_s": overhead,
             "best_shares_with_overhead": list(best),
             "best_shares_over_sync_with_overhead": sync / shared,
+            "demand_pool_alone_over_sync_with_overhead": sync / pooled,
         }
     return out
 

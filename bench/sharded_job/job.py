@@ -14,7 +14,7 @@ micro-batches of B samples per rank (each rank its own samples, as in any FSDP j
   ``ShardedStep`` makes, so the two differ in the rule alone;
 * ``stepK``: ``fully_shard`` over the shard dimension and ``ShardedStep(model, optimizer,
   spec K of --specs, mesh=mesh, micro_batches=M)``, each rank computing its group's share
-  (``wants``);
+  (``wants``), or, dealt on demand, what its group asks for from its stream (``Stream``);
 * ``probe``: ``hsdp`` watched by ``StragglerProbe`` at its defaults (``watch(model)``, and
   ``probe.step`` around each step): the probe's overhead;
 * ``drill-group<g>``, ``drill-rank<r>``, ``drill-none``: ``probe`` with group g's ranks, or
@@ -77,6 +77,26 @@ def batch(step: int, group: int, shard: int, unit: int) -> tuple[torch.Tensor, t
     return X[idx], Y[idx]
 
 
+class Stream:
+    """Shard ``shard``'s micro-batches by stream position, the same on every group's rank s
+    (``ShardedStep`` dealt on demand takes this, and deals the positions)."""
+
+    def __init__(self, shard: int) -> None:
+        self.shard = shard
+
+    def __getitem__(self, position: int) -> tuple[torch.Tensor, torch.Tensor]:
+        start = (position * SHARDS + self.shard) * B
+        idx = torch.arange(start, start + B) % len(X)
+        return X[idx], Y[idx]
+
+
+def counted(record: dict, group: int, shard: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """The micro-batches ``group``'s rank ``shard`` counted in ``record``'s step."""
+    if record["dealt"] is not None:  # dealt on demand: its positions of the stream
+        return [Stream(shard)[p] for p in record["dealt"][group][: record["completed"][group]]]
+    return [batch(record["step"], group, shard, u) for u in range(record["completed"][group])]
+
+
 class Law:
     """The group's sleeps (module docstring)."""
 
@@ -136,16 +156,22 @@ def run_step(mesh, law: Law, steps: int, where: tuple[int, int], spec: str) -> d
         law.sleep()
         return F.cross_entropy(net(xy[0]), xy[1])
 
+    stream = Stream(where[1])
     for r in range(steps):
         units = M if step.wants is None else step.wants
         shares.append(None if step.shares is None else [int(s) for s in step.shares])
-        record = step([batch(r, *where, u) for u in range(units)], loss_fn)
+        if "deal=demand" in spec:
+            record = step(stream, loss_fn)
+        else:
+            record = step([batch(r, *where, u) for u in range(units)], loss_fn)
         ends.append(time.perf_counter())
         samples.append(SHARDS * B * int(sum(record.completed)))
         records.append(record.as_dict())
         thresholds.append(record.threshold)
+    step.close()
     full = {n: p.full_tensor().detach() for n, p in net.named_parameters()}
     out = {"ends": ends, "samples": samples, "shares": shares, "spec": spec}
+    out["completed"] = [r["completed"] for r in records]
     out["thresholds"] = thresholds
     if dist.get_rank() == 0:
         out["max_abs_diff"], out["bitwise"] = agreement(full, records)
@@ -163,16 +189,12 @@ def agreement(full: dict[str, torch.Tensor], records: list[dict]) -> tuple[float
             continue
         total = [torch.zeros_like(p) for p in net.parameters()]
         for g in record["ranks"]:
-            counted = [
-                batch(record["step"], g, s, u)
-                for s in range(SHARDS)
-                for u in range(record["completed"][g])
-            ]
+            units = [xy for s in range(SHARDS) for xy in counted(record, g, s)]
             net.zero_grad()
-            for x, y in counted:
+            for x, y in units:
                 F.cross_entropy(net(x), y).backward()
             for t, p in zip(total, net.parameters(), strict=True):
-                t.add_(p.grad, alpha=record["weights"][g] / len(counted))
+                t.add_(p.grad, alpha=record["weights"][g] / len(units))
         for p, t in zip(net.parameters(), total, strict=True):
             p.grad = t
         opt.step()

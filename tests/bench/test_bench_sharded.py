@@ -65,6 +65,11 @@ def test_the_bounds_order_the_remedies_and_an_overhead_narrows_them():
     assert 1.0 < loaded["best_shares_over_sync_with_overhead"] < slow["best_shares_over_sync"]
     even = bs.bounds([1.0, 1.0])
     assert even["best_shares"] == [M, M] and even["best_shares_over_sync"] == pytest.approx(1.0)
+    # dealt on demand: below every rank always busy, the pool alone (no cut) below instant cuts,
+    # and above integer shares under both laws (list scheduling evens the noise out too)
+    for law in (slow, even):
+        cut, alone = law["demand_cut_at_once_over_sync"], law["demand_pool_alone_over_sync"]
+        assert law["best_shares_over_sync"] < alone < cut < law["every_rank_busy_over_sync"]
 
 
 @pytest.mark.slow
@@ -74,16 +79,20 @@ def test_the_job_runs_hsdp_and_sharded_step_and_agrees_with_its_reference(tmp_pa
     command = [
         sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "4",
         "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
-        str(bs.JOB), "--order", "hsdp,step0,probe", "--steps", "3", "--factors", "1,1.5",
-        "--seconds-per-sample", "0.001", "--specs", json.dumps(["rebalance:warmup=1"]),
-        "--out", str(out),
+        str(bs.JOB), "--steps", "3", "--factors", "1,1.5",
+        "--seconds-per-sample", "0.001",
+        "--specs", json.dumps(["rebalance:warmup=1", "rebalance:deal=demand"]),
+        "--order", "hsdp,step0,probe,step1", "--out", str(out),
     ]  # fmt: skip
     done = subprocess.run(command, env=env(), capture_output=True, text=True, timeout=280)
     assert done.returncode == 0, done.stderr[-3000:]
-    hsdp, step, probed = (json.loads(line) for line in out.read_text().splitlines())
+    hsdp, step, probed, demand = (json.loads(line) for line in out.read_text().splitlines())
     assert hsdp["variant"] == "hsdp" and step["spec"] == "rebalance:warmup=1"
     assert hsdp["samples"] == [GROUPS * 2 * M * 8] * 3 == step["samples"]
     assert len(step["ends"]) == 3 and step["shares"][0] == [M, M]
     assert step["max_abs_diff"] < 1e-6  # float rounding: FSDP sums in another order
     assert probed["variant"] == "probe" and len(probed["ends"]) == 3  # too short to report
     assert probed["named"] == [[]] and probed["groups"] == [[0, 1], [2, 3]]  # close's flush
+    assert demand["spec"] == "rebalance:deal=demand" and demand["shares"] == [None] * 3
+    assert [sum(c) for c in demand["completed"]] == [GROUPS * M] * 3  # the pool, counted
+    assert demand["samples"] == step["samples"] and demand["max_abs_diff"] < 1e-6

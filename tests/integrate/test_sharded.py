@@ -8,12 +8,17 @@ single-process reference that applies the recorded weights to the recorded micro
 each group (its ranks' mean gradient over its counted micro-batches), with SGD and momentum.
 Cuts are forced by a 1 s sleep on one rank of group 1 against tau = 0.5 s (the other
 micro-batches take milliseconds), so the decisions do not depend on the machine's speed.
+Dealt on demand, who computes which micro-batch does depend on it: those tests check what
+holds for every deal (the pool dealt and counted once, the stream's positions in order, the
+update SGD on them), that both groups counted some each step and that the group whose
+micro-batches sleep 0.2 s counted fewer than the one whose sleep 0.07 s.
 """
 
 from __future__ import annotations
 
 import datetime
 import math
+import os
 import time
 
 import numpy as np
@@ -61,6 +66,25 @@ def batch(step: int, group: int, shard: int, unit: int):
     start = (((step * GROUPS + group) * SHARDS + shard) * STRIDE + unit) * B
     idx = torch.arange(start, start + B) % len(X)
     return X[idx], Y[idx]
+
+
+#: rebalance:deal=demand with its pool of GROUPS M micro-batches a step
+DEMAND, DEMAND_M, DEMAND_STEPS = "rebalance:deal=demand", 3, 4
+#: seconds each group's shard-0 rank sleeps in each of its micro-batches dealt on demand: group
+#: 0 completes at most 3 while group 1's first runs, short of the pool of 6, so both count
+DEMAND_SLEEP = (0.07, 0.2)
+
+
+class Stream:
+    """Shard ``shard``'s micro-batches by stream position (every group's rank s alike)."""
+
+    def __init__(self, shard: int) -> None:
+        self.shard = shard
+
+    def __getitem__(self, position: int):
+        start = (position * SHARDS + self.shard) * B + 7  # apart from batch()'s, mostly
+        idx = torch.arange(start, start + B) % len(X)
+        return X[idx], Y[idx]
 
 
 # ---- what each rank runs ------------------------------------------------------------------------
@@ -117,6 +141,49 @@ def run(mesh, strategy: str, steps: int, units: int, sleep: float = 0.0, every: 
     net, _, step = build(mesh, strategy, units if strategy.startswith("rebalance") else None)
     records = [one_step(mesh, net, step, r, units, sleep, every) for r in range(steps)]
     return full(net), records, step.state_dict()
+
+
+def demand_step(mesh, net, step):
+    """One call dealt on demand over this rank's stream; group g's shard-0 rank sleeps
+    ``DEMAND_SLEEP[g]`` seconds in each micro-batch (its partner waits for it inside FSDP)."""
+    where = (mesh.get_local_rank("replicate"), mesh.get_local_rank("shard"))
+
+    def loss_fn(xy):
+        if where[1] == 0:
+            time.sleep(DEMAND_SLEEP[where[0]])
+        return F.cross_entropy(net(xy[0]), xy[1])
+
+    return step(Stream(where[1]), loss_fn).as_dict()
+
+
+def run_demand(mesh, folder: str, at: int = 2):
+    """``DEMAND_STEPS`` calls dealt on demand, a sharded checkpoint after ``at`` of them (the
+    step's state: the stream's place and its carried positions); then a fresh model,
+    optimizer and step load it and run the rest. Both runs' records and full parameters."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    def state(net, opt, step) -> dict:
+        model_state, optim_state = get_state_dict(net, opt)
+        return {"model": model_state, "optim": optim_state, "step": step.state_dict()}
+
+    where = f"{folder}/demand"
+    net, opt, step = build(mesh, DEMAND, DEMAND_M)
+    records, saved = [], None
+    for r in range(DEMAND_STEPS):
+        records.append(demand_step(mesh, net, step))
+        if r + 1 == at:
+            saved = step.state_dict()
+            dcp.save(state(net, opt, step), checkpoint_id=where)
+    step.close()
+    net2, opt2, step2 = build(mesh, DEMAND, DEMAND_M)
+    loaded = state(net2, opt2, step2)
+    dcp.load(loaded, checkpoint_id=where)
+    set_state_dict(net2, opt2, model_state_dict=loaded["model"], optim_state_dict=loaded["optim"])
+    step2.load_state_dict(loaded["step"])
+    resumed = [demand_step(mesh, net2, step2) for _ in range(step2.next_step, DEMAND_STEPS)]
+    step2.close()
+    return (full(net), records, saved), (full(net2), resumed, loaded["step"])
 
 
 def run_one_refused(mesh, units: int = 3):
@@ -189,6 +256,8 @@ def rank_main(rank: int, port: int, folder: str) -> None:
     from torch.distributed.device_mesh import init_device_mesh
 
     join(rank, port, WORLD)
+    # deal=demand deals from the job's store: env://, as torchrun sets it (here the tcp:// one)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     mesh = init_device_mesh("cpu", (GROUPS, SHARDS), mesh_dim_names=("replicate", "shard"))
     out = {
         "sync": run(mesh, "sync", 3, 2),
@@ -204,6 +273,7 @@ def rank_main(rank: int, port: int, folder: str) -> None:
         "rebalance": run(mesh, "rebalance:warmup=2", 8, 4, sleep=0.1, every=True),
         "hsdp": refused_hsdp(mesh),
         "resume": run_resumed(mesh, folder),
+        "demand": run_demand(mesh, folder),
     }
     torch.save(out, f"{folder}/rank{rank}.pt")
     dist.destroy_process_group()
@@ -229,6 +299,8 @@ def rebuilt(records: list[dict], frozen: bool = False) -> dict[str, torch.Tensor
         for g in record["ranks"]:
             counted = [
                 batch(record["step"], g, s, u)
+                if record["dealt"] is None
+                else Stream(s)[record["dealt"][g][u]]
                 for s in range(SHARDS)
                 for u in range(record["completed"][g])
             ]
@@ -424,7 +496,8 @@ def test_a_model_sharded_over_the_whole_mesh_is_refused_in_one_line(results):
     ("spec", "says"),
     [
         ("rebalance", "give micro_batches=M"),
-        ("rebalance:deal=demand", "needs"),
+        ("rebalance:deal=demand", "give micro_batches=M"),
+        ("rebalance:then=dropcompute,defer=true", "needs carry.*`simulate`, `predict` or `train`"),
         ("k-sync:k=1", "ShardedStep runs sync, dropcompute, local-sgd, rebalance for now"),
         ("dbw", "ShardedStep runs sync, dropcompute, local-sgd, rebalance for now"),
         ("dropcompute:period=2", "does not take parameter 'period'"),
@@ -444,3 +517,57 @@ def test_a_missing_mesh_is_refused_in_one_line():
     with pytest.raises(UsageError, match="2-D DeviceMesh") as err:
         ShardedStep(net, optimizer(net.parameters()), "sync", mesh=None)
     assert "\n" not in str(err.value)
+
+
+def test_dealt_on_demand_a_missing_rendezvous_store_is_refused_in_one_line(monkeypatch):
+    """Before any collective: every rank reads the same environment."""
+    for name in ("MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(name, raising=False)
+    net = make_model()
+    with pytest.raises(UsageError, match="set MASTER_ADDR and MASTER_PORT") as err:
+        ShardedStep(net, optimizer(net.parameters()), DEMAND, mesh=None, micro_batches=2)
+    assert "\n" not in str(err.value)
+
+
+def check_dealt(records: list[dict], first: int = 0) -> list[int]:
+    """What every deal on demand holds, step by step: the pool of GROUPS M dealt and counted
+    (a unit in flight cannot be cut, so none past the pool is dealt: nothing is carried), and
+    the steps' positions the stream's from ``first`` on, each once. Each group's counted
+    micro-batches over the steps."""
+    counted_by = [0] * GROUPS
+    for record in records:
+        assert sum(record["completed"]) == GROUPS * DEMAND_M
+        assert record["shares"] is None and record["wants"] is None
+        dealt = record["dealt"]
+        assert [len(group) for group in dealt] == record["completed"]
+        pool = sorted(p for group in dealt for p in group)
+        assert pool == list(range(first, first + GROUPS * DEMAND_M))
+        first += GROUPS * DEMAND_M
+        counted_by = [c + len(group) for c, group in zip(counted_by, dealt, strict=True)]
+    return counted_by
+
+
+@pytest.mark.timeout(300)
+def test_dealt_on_demand_the_fast_group_counts_more_and_the_update_is_sgd_on_the_counted(results):
+    (theta, records, saved), _ = results[0]["demand"]
+    for rank in range(WORLD):  # the same records and parameters on every rank
+        assert results[rank]["demand"][0][1] == records
+        for name, value in theta.items():
+            assert torch.equal(results[rank]["demand"][0][0][name], value), name
+    assert saved["stream"] == {"taken": 2 * GROUPS * DEMAND_M, "carried": []}
+    counted_by = check_dealt(records)
+    assert counted_by[0] > counted_by[1]  # 0.07 s a micro-batch against 0.2 s
+    assert all(min(r["completed"]) > 0 and min(r["weights"]) > 0 for r in records)
+    matches_reference(theta, records)
+
+
+@pytest.mark.timeout(300)
+def test_dealt_on_demand_a_sharded_checkpoint_resumes_the_stream_where_it_was(results):
+    """The step's state (the stream's place) goes through torch.distributed.checkpoint with
+    the shards: the resumed steps go on from the stream's place, and the update is SGD on the
+    micro-batches of the saved steps and the resumed ones."""
+    (_, records, saved), (resumed_theta, resumed, loaded) = results[0]["demand"]
+    assert loaded["stream"] == saved["stream"]
+    assert [r["step"] for r in resumed] == [2, 3]
+    check_dealt(resumed, first=saved["stream"]["taken"])
+    matches_reference(resumed_theta, records[:2] + resumed)

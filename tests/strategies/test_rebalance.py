@@ -18,10 +18,13 @@ from tailtrain.strategies.rebalance import (
     SCALAR_RANKS,
     counted_total,
     counts,
+    deals,
+    demand_end,
     makespan,
     on_demand,
     on_nominal_units,
     optimal_shares,
+    pool_end,
     robust_estimate,
     spread,
 )
@@ -390,7 +393,7 @@ def test_dealing_on_demand_is_the_event_by_event_deal(n, m, law, speeds, seed):
 
 def test_deal_on_demand_is_its_own_spec_and_refuses_what_it_does_not_use():
     rule = parse_strategy("rebalance:deal=demand")
-    assert rule.carries and rule.needs == frozenset({"shares", "carry", "demand"})
+    assert rule.carries and rule.needs == frozenset({"shares", "demand"})
     state = rule.init(Context(n_workers=3, micro_batches=4))
     plan = rule.plan(state)
     assert plan.on_demand and plan.carry_cut and sum(plan.shares) == 12
@@ -401,7 +404,7 @@ def test_deal_on_demand_is_its_own_spec_and_refuses_what_it_does_not_use():
     with pytest.raises(UsageError, match=r"deal='all' is unknown"):
         parse_strategy("rebalance:deal=all")
     with pytest.raises(
-        UsageError, match=r"needs demand, .*run it with `simulate` or `train`$"
+        UsageError, match=r"needs demand, .*run it with `simulate`, `train` or ShardedStep$"
     ) as refused:
         check_contract(rule, Topology.ALLREDUCE, frozenset({"shares", "carry"}))
     assert "\n" not in str(refused.value)
@@ -436,3 +439,39 @@ def test_deal_on_demand_follows_a_shrinking_world_with_the_whole_pool():
     shares = parse_strategy("rebalance")
     less = shares.follow_world(run_steps(shares), Context(4 - 1, micro_batches=6, live=(0, 2, 3)))
     assert less.shares.sum() == 18 and shares.select(less, arrivals).now.total == 3
+
+
+def scheduled_end(cumulative: np.ndarray, pool: int) -> float:
+    """The pool dealt one unit at a time to the rank free first (ties to the lower rank): an
+    event loop, against :func:`pool_end`'s vectorised reading."""
+    free, taken, ends = np.zeros(len(cumulative)), np.zeros(len(cumulative), dtype=int), []
+    for _ in range(pool):
+        n = int(np.argmin(free))
+        ends.append(cumulative[n, taken[n]])
+        free[n], taken[n] = cumulative[n, taken[n]], taken[n] + 1
+    return float(max(ends))
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.integers(1, 4),
+    st.integers(1, 5),
+    st.integers(0, 2**32 - 1),
+)
+def test_a_step_that_deals_its_pool_alone_ends_at_its_list_schedule(ranks, m, seed):
+    """``pool_end`` is the event loop's end, and never before the pool's completions with
+    cuts (``demand_end``)."""
+    rng = np.random.default_rng(seed)
+    pool = ranks * m
+    cumulative = np.cumsum(rng.exponential(1.0, (ranks, pool)) + 0.01, axis=1)
+    end = float(pool_end(cumulative, pool))
+    assert end == scheduled_end(cumulative, pool)
+    assert float(demand_end(cumulative, pool)) <= end
+    other = np.cumsum(rng.exponential(1.0, (ranks, pool)) + 0.01, axis=1)
+    stacked = np.stack([cumulative, other])  # the leading axes: many steps at once
+    np.testing.assert_array_equal(pool_end(stacked, pool), [end, scheduled_end(other, pool)])
+
+
+def test_an_engine_that_cannot_cut_deals_the_pool_alone():
+    assert all(deals(k, 6, cuts_in_flight=True) for k in range(10))
+    assert [deals(k, 6, cuts_in_flight=False) for k in range(4, 8)] == [True, True, False, False]

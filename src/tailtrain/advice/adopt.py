@@ -16,7 +16,8 @@ r"""What a job can run, and the lines that adopt a recommendation (``advise --fo
   micro-batch nor reduce: docs/hf.md), so it is ranked as a DDP job, and the lines are the
   DDP job's, for the loop the user moves the remedy to, under a line that says so;
 * ``fsdp``: an own loop over an FSDP2 model (``fully_shard`` over a 2-D mesh's shard
-  dimension) runs what :class:`tailtrain.ShardedStep` runs, the replica group as the worker;
+  dimension) runs what :class:`tailtrain.ShardedStep` runs, the replica group as the worker,
+  ``rebalance:deal=demand`` included (it deals positions of the job's stream);
 * ``tailtrain-train``: ``tailtrain train`` runs every strategy;
 * ``any``: no restriction (every row, as before ``--for``).
 
@@ -264,7 +265,12 @@ def sharded_adoption(spec: str, strategy: str, micro_batches: int | None) -> Ado
         '# after fully_shard(model, mesh=mesh["shard"]) and the optimizer',
     )
     each = "each step"
-    if strategy == "rebalance":
+    if "deal=demand" in spec:  # the step deals stream positions: integrate.sharded
+        each += (
+            " (micro_batches: this rank's stream by position, micro_batches[i] the same on "
+            "every group's rank of this shard; the step takes what its group asks for)"
+        )
+    elif strategy == "rebalance":
         each += " (step.wants micro-batches: this rank's group's share)"
     elif micro_batches is not None:
         each += f" (its batch split in M={micro_batches} micro-batches)"

@@ -94,6 +94,10 @@ class StepRecord:
     #: micro-batches each rank was dealt this round under ``rebalance`` (None: any rule that
     #: takes what the loop gives); ``completed`` counts those it computed
     shares: list[int] | None = None
+    #: dealt on demand (``rebalance:deal=demand``, ``ShardedStep``): the stream positions
+    #: each rank computed, in order; its first ``completed[n]`` counted, one more was cut
+    #: in flight (dealt again first in the next round). None under any other deal
+    dealt: list[list[int]] | None = None
     #: micro-batches this rank's next call should compute (``rebalance``'s share for it: the
     #: rule moved the shares in this round's ``adapt``); None: as many as the loop gives
     wants: int | None = None
@@ -145,6 +149,8 @@ class Agreement(NamedTuple):
     arrivals: ArrivalColumns
     selection: Selection
     mine: RankWeighting
+    #: dealt on demand: the k of each rank's dealt units (N, N M), -1 past them
+    dealt: np.ndarray | None = None
 
 
 def as_strategy(strategy: str | Strategy, does: frozenset[str] = frozenset()) -> Strategy:
@@ -208,6 +214,8 @@ class Rounds:
     def plan(self, units: int) -> tuple[AllreducePlan, int]:
         """The round's plan and its micro-batches per local step M, for ``units`` given."""
         plan = self.rule.plan()
+        if plan.on_demand:  # the pool of N M, dealt as ranks ask (``integrate.sharded``)
+            return plan, self.micro_batches or units
         if plan.shares is not None:
             wants = plan.shares[self.comm.rank]
             if units != wants:
@@ -285,24 +293,42 @@ class Rounds:
 
     def wants(self) -> int | None:
         """Micro-batches this rank's next round computes: its share under a rule of shares
-        (``rebalance``), None under any other (as many as the loop gives)."""
-        shares = self.rule.plan().shares
-        return None if shares is None else int(shares[self.comm.rank])
+        (``rebalance``), None under any other (as many as the loop gives, or as many as it
+        asks for under ``deal=demand``)."""
+        plan = self.rule.plan()
+        return None if plan.shares is None or plan.on_demand else int(plan.shares[self.comm.rank])
 
-    def agree(self, work: RoundProgress, plan: AllreducePlan | None = None) -> Agreement:
+    def agree(
+        self,
+        work: RoundProgress,
+        plan: AllreducePlan | None = None,
+        dealt: Sequence[int] | None = None,
+    ) -> Agreement:
         """All-gather every rank's counts and times; the rule's selection on them. Under a
         ``plan`` of shares the rows are as wide as the largest share and a rank's arrival
-        counts its micro-batches against M (its weight C_n / M over N, as in ``train``)."""
+        counts its micro-batches against M (its weight C_n / M over N, as in ``train``);
+        dealt on demand, as wide as the pool N M, and ``dealt`` (the k of each unit this rank
+        was dealt, its counted ones first) joins the row as the runtime's does
+        (``Agreement.dealt``)."""
         times, units = work.times, len(work.times)
         if plan is not None and plan.shares is not None:
-            times = np.full(max(plan.shares), np.nan)
+            width = sum(plan.shares) if plan.on_demand else max(plan.shares)
+            times = np.full(width, np.nan)
             times[: len(work.times)] = work.times
             units = self.micro_batches or units
-        row = np.concatenate([[work.done, work.compute, work.loss_sum], times])
-        rows = self.comm.gather(row)
+        row = [[work.done, work.compute, work.loss_sum], times]
+        if dealt is not None:
+            row.append(np.full(len(times), -1.0))
+            row[-1][: len(dealt)] = dealt
+        rows = self.comm.gather(np.concatenate(row))
+        index = None
+        if dealt is not None:
+            rows, index = np.split(rows, [FIRST_UNIT_TIME + len(times)], axis=1)
+            index = index.astype(np.int64)
         arrivals = round_arrivals(self.step, self.now, rows[:, 0], rows[:, 1], units)
         selection = self.rule.select(arrivals)
-        return Agreement(rows, arrivals, selection, weighting(selection, self.comm.rank))
+        mine = weighting(selection, self.comm.rank)
+        return Agreement(rows, arrivals, selection, mine, index)
 
     def close(
         self,
@@ -328,9 +354,15 @@ class Rounds:
         return self.comm.gather(row)
 
     def finish(
-        self, plan: AllreducePlan, work: RoundProgress, agreed: Agreement, timing: np.ndarray
+        self,
+        plan: AllreducePlan,
+        work: RoundProgress,
+        agreed: Agreement,
+        timing: np.ndarray,
+        positions: list[list[int]] | None = None,
     ) -> StepRecord:
-        """``close`` after its gather: ``adapt`` and the round's record, no collective."""
+        """``close`` after its gather: ``adapt`` and the round's record, no collective.
+        ``positions``: dealt on demand, the stream positions each rank computed."""
         comm, elapsed = round_times(timing)
         flags = timing[:, 2] > 0
         rows, arrivals = agreed.rows, agreed.arrivals
@@ -367,7 +399,8 @@ class Rounds:
             comm_time=comm,
             time=elapsed,
             nonfinite=int(flags.sum()),
-            shares=None if plan.shares is None else list(plan.shares),
+            shares=None if plan.shares is None or plan.on_demand else list(plan.shares),
+            dealt=positions,
             wants=self.wants(),
             live=list(self.live),
             # the weights that entered, all 0: StragglerStep's total (sum_n w_n) is 0 too

@@ -76,17 +76,37 @@ Runs ``sync``, ``dropcompute`` (a fixed threshold, ``threshold=auto``, ``drop-ra
 micro-batches per rank and step): the rule deals the R M micro-batches of a step to the
 GROUPS by their measured speed (a group's unit time is its slowest rank's), and every rank
 of group n computes its group's share m_n of its own micro-batches (``wants``), so the update
-is SGD on the R S M micro-batches of the step. Every other rule is refused in one line for
-now: ``rebalance:deal=demand`` and ``defer=true`` deal micro-batches from a store the loop
-does not keep (as ``StragglerStep`` refuses them), K-of-N runs on the parameter server. No
-shrink on a lost rank: a dead rank leaves its peers failing in their next collective, as
-FSDP's do.
+is SGD on the R S M micro-batches of the step.
+
+**Dealt on demand** (``rebalance:deal=demand``, ``micro_batches=M``): the R M micro-batches
+of a step go to whichever GROUP asks next, so a fast group computes more of them and no group
+waits for a share it cannot finish. A call then takes this rank's STREAM, indexed by position
+(``stream[i]``: a list, a map-style dataset of micro-batches; every group's rank s must give
+the same i-th micro-batch, as the ranks (n, s) share the pool); the step deals positions
+(``tasks.stream.Positions``, the carried ones first through ``CarryOver`` as ``train``
+deals, though none is ever cut here). The group's first rank (shard 0) deals for it from the
+job's rendezvous store (``runtime.allreduce.demand.Dealer``, env:// as torchrun sets it:
+``MASTER_ADDR``, ``MASTER_PORT``): it asks for a unit (the store's ask counter), and one
+all_reduce(MAX) over the shard group tells its ranks which; after the unit it reports it
+(the completion counter) and asks for the next in the same all_reduce. A unit in flight here
+is the model's own forward and backward, which cannot be cut, so the step deals the pool's
+R M units alone (``strategies.rebalance.deals``: racing one past the pool, as ``train`` and
+``simulate`` do, would end no step sooner) and every one of them counts; the step ends at
+its last unit's completion. The record's ``dealt`` names each group's positions, and
+``state_dict`` keeps the stream's place. Per unit: one all_reduce of two values in the group
+and two store round trips on its first rank.
+
+Every other rule is refused in one line for now: ``defer=true`` carries a threshold's cut
+into shares the loop's data does not deal, K-of-N runs on the parameter server. No shrink
+on a lost rank: a dead rank leaves its peers failing in their next collective, as FSDP's do.
 """
 
 from __future__ import annotations
 
 import datetime
+import itertools
 import math
+import os
 from collections.abc import Callable, Sequence
 from contextlib import nullcontext
 from typing import Any
@@ -96,7 +116,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from tailtrain.errors import UsageError
+from tailtrain.errors import TailtrainError, UsageError
 from tailtrain.integrate.probe import batch_samples, watching
 from tailtrain.integrate.rounds import (
     RoundProgress,
@@ -105,13 +125,19 @@ from tailtrain.integrate.rounds import (
     as_strategy,
     check_micro_batches,
 )
-from tailtrain.integrate.step import BUCKET_CAP_MB, DEALS, buckets, local_step, weighted_average
+from tailtrain.integrate.step import BUCKET_CAP_MB, buckets, local_step, weighted_average
+from tailtrain.runtime.allreduce.demand import Dealer
 from tailtrain.runtime.reduce import Collectives, RankRow
 from tailtrain.strategies.base import AllreducePlan, Strategy
 from tailtrain.strategies.entries import SHARDED
+from tailtrain.strategies.rebalance import deals
 from tailtrain.strategies.registry import parse_strategy
+from tailtrain.tasks.stream import CarryOver, Positions
 
 MAX = dist.ReduceOp.MAX
+#: every rank numbers its steps dealt on demand alike (it makes them in the same order):
+#: each one's store keys apart from the others' in the job
+_DEALERS = itertools.count()
 
 
 def sharded_strategy(strategy: str | Strategy, micro_batches: int | None) -> Strategy:
@@ -122,11 +148,25 @@ def sharded_strategy(strategy: str | Strategy, micro_batches: int | None) -> Str
     if refusal is not None:
         raise UsageError(
             f"{refusal} (dropcompute: a fixed threshold, threshold=auto, drop-rate=; "
-            "rebalance: shares)"
+            "rebalance: shares or deal=demand)"
         )
-    # the loop's contract, as StragglerStep's (topology, compensations, what it deals: shares,
-    # not deal=demand nor defer=true), and sync's M for a rule of shares
-    return check_micro_batches(as_strategy(rule, DEALS), micro_batches)
+    # the loop's contract (topology, compensations, what it deals: shares and the pool on
+    # demand, not a threshold's cut carried by defer=true), and sync's M for a rule of shares
+    return check_micro_batches(as_strategy(rule, SHARDED.does), micro_batches)
+
+
+def check_store(rule: Strategy, env: Any = os.environ) -> bool:
+    """Whether ``rule`` deals on demand, which needs the job's rendezvous store (env://);
+    one line where the environment does not name it, before any collective."""
+    if "demand" not in rule.needs:
+        return False
+    missing = [name for name in ("MASTER_ADDR", "MASTER_PORT") if not env.get(name)]
+    if missing:
+        raise UsageError(
+            f"{rule.describe()!r} deals micro-batches from the job's rendezvous store: "
+            f"set {' and '.join(missing)} (env://, as torchrun does)"
+        )
+    return True
 
 
 class ReplicaCollectives(Collectives):
@@ -171,6 +211,7 @@ class ShardedStep:
         micro_batches: int | None = None,
     ) -> None:
         rule = sharded_strategy(strategy, micro_batches)  # refused before any collective
+        demand = check_store(rule)
         shard_dim = check_mesh(mesh, replicate_dim)
         self.model, self.optimizer = model, optimizer
         #: the job's ranks of each replica group, in group order (a probe names them)
@@ -181,23 +222,37 @@ class ShardedStep:
         self.within = Collectives.of_group(mesh[shard_dim].get_group(), device, timeout)
         comm = ReplicaCollectives(self.within, mesh[replicate_dim].get_group(), device, timeout)
         lr = float(optimizer.param_groups[0]["lr"])
-        self.rounds = Rounds(rule, comm, lr=lr, micro_batches=micro_batches, does=DEALS)
+        self.rounds = Rounds(rule, comm, lr=lr, micro_batches=micro_batches, does=SHARDED.does)
         self.buckets = buckets([local(p) for p in self.params], bucket_cap_mb)
+        #: dealt on demand: the stream positions, and the cut ones carried (every rank alike)
+        self.carry = CarryOver() if demand else None
+        self.positions = Positions(comm.world_size)
+        #: dealt on demand: the group's first rank's side of the deal (module docstring)
+        self.dealer: Dealer | None = None
+        if demand:
+            keys = f"/sharded/{next(_DEALERS)}"
+            if self.within.rank == 0:
+                waits = timeout or dist.default_pg_timeout
+                self.dealer = Dealer.open(waits, tidy=comm.rank == 0, prefix=keys)
         start_equal(model, self.params, self.within.group, comm.group)
 
     def __call__(
         self, micro_batches: Sequence[Any], loss_fn: Callable[[Any], torch.Tensor]
     ) -> StepRecord:
-        """One round over this rank's ``micro_batches``; its ``StepRecord`` (per group)."""
-        batches = list(micro_batches)
-        rounds = self.rounds
-        plan, m = rounds.plan(len(batches))
+        """One round over this rank's ``micro_batches`` (dealt on demand: its stream, indexed
+        by position); its ``StepRecord`` (per group)."""
+        rounds, dealt = self.rounds, None
+        batches = micro_batches if self.carry is not None else list(micro_batches)
+        plan, m = rounds.plan(0 if self.carry is not None else len(batches))
         local_steps = plan.local_steps > 1
         # Local-SGD: the round's start, which the model average moves from (this rank's shards)
         start = [local(p).detach().clone() for p in self.params] if local_steps else None
         self.optimizer.zero_grad(set_to_none=True)
         work = RoundProgress(np.empty(0))
-        computed = self._compute(batches, loss_fn, plan, m, work)
+        if self.carry is None:
+            computed = self._compute(batches, loss_fn, plan, m, work)
+        else:
+            computed, dealt = self._on_demand(batches, loss_fn, plan, m, work)
         with torch.no_grad():
             if start is None:  # G_n: the group's mean gradient over its C_n micro-batches
                 mine = [local_grad(p) for p in self.params]
@@ -214,7 +269,7 @@ class ShardedStep:
             # as one
             loss_sum, bads = self.within.reduce_row([work.loss_sum, bad])
             work.loss_sum = float(loss_sum) / self.within.world_size
-            agreed = rounds.agree(work, plan)
+            agreed = rounds.agree(work, plan, dealt)
             began = rounds.clock()
             with torch.no_grad():
                 averaged, screened, total = weighted_average(
@@ -234,7 +289,8 @@ class ShardedStep:
                         p.grad = torch.zeros_like(p)
                     local(p.grad).copy_(avg.mul_(plan.lr_scale))
             self.optimizer.step()
-        return rounds.finish(plan, work, agreed, timing)
+        positions = None if dealt is None else self._carried(agreed, m)
+        return rounds.finish(plan, work, agreed, timing, positions)
 
     def _compute(
         self,
@@ -281,6 +337,87 @@ class ShardedStep:
             local_step(self.optimizer, self.params, m)
         return computed
 
+    def _on_demand(
+        self,
+        stream: Sequence[Any],
+        loss_fn: Callable[[Any], torch.Tensor],
+        plan: AllreducePlan,
+        m: int,
+        work: RoundProgress,
+    ) -> tuple[int | None, list[int]]:
+        """The round's units dealt to the GROUP on demand (module docstring), measured into
+        ``work``; the samples this rank computed (None: a batch without a size) and the k of
+        every unit the group was dealt, in order."""
+        assert self.carry is not None
+        rounds, pool = self.rounds, int(sum(plan.shares))
+        ahead = self.carry.peek(self.positions, self.world_size, m, pool)  # the k-th ask's
+        deal = None if self.dealer is None else self.dealer.round(rounds.step, pool)
+
+        def ask() -> float:  # the group's first rank: the next unit, -1 once the pool is dealt
+            assert deal is not None
+            k = deal.ask()
+            return float(k) if deals(k, pool, cuts_in_flight=False) else -1.0
+
+        rounds.open(work, pool)
+        dealt: list[int] = []
+        computed: int | None = 0
+        try:
+            k = int(self._told([ask()] if deal is not None else [-1.0])[0])
+            while k >= 0:
+                began = rounds.clock()
+                batch = stream[int(ahead[k, 0])]
+                loss = loss_fn(batch)
+                loss.backward()  # FSDP reduce-scatters within the group and accumulates
+                work.times[len(dealt)] = rounds.clock() - began
+                dealt.append(k)
+                work.loss_sum += float(loss.detach())
+                size = batch_samples(batch)
+                computed = None if computed is None or size is None else computed + size
+                told = [-1.0, -1.0]
+                if deal is not None:  # report it, and ask for the next
+                    told = [float(deal.complete()), ask()]
+                counted, k = (int(v) for v in self._told(told))
+                if not counted:  # only the pool is dealt, so every unit counts
+                    raise TailtrainError(
+                        f"ShardedStep: the deal's store counted more than the pool of {pool} "
+                        f"in round {rounds.step}: are two jobs sharing its keys?"
+                    )
+        except BaseException:
+            if deal is not None:  # the waiter stops waiting again for a round this rank left
+                deal.ended.set()
+            raise
+        if deal is not None:
+            deal.leave()
+        rounds.seal(work)
+        return computed, dealt
+
+    def _told(self, values: list[float]) -> np.ndarray:
+        """What the group's first rank says (the others give -1): one all_reduce(MAX) over
+        the group, timed as this rank's wait by a probe watching the step."""
+        probe, asked = watching(self), self.rounds.clock()
+        said = self.within.reduce_row(
+            values if self.dealer is not None else [-1.0] * len(values), MAX
+        )
+        if probe is not None:
+            probe.note_wait(self.rounds.clock() - asked)
+        return said
+
+    def _carried(self, agreed: Any, m: int) -> list[list[int]]:
+        """The positions each group computed this round (``CarryOver.on_demand``, which moves
+        the stream's place, every rank alike, and would carry a cut unit: none is, here)."""
+        assert self.carry is not None and agreed.dealt is not None
+        index, done = agreed.dealt, agreed.rows[:, 0].astype(np.int64)
+        positions = self.carry.on_demand(self.positions, index, done, m)[..., 0]
+        counts = np.count_nonzero(index >= 0, axis=1)
+        return [positions[n, :c].tolist() for n, c in enumerate(counts)]
+
+    def close(self) -> None:
+        """Dealt on demand: after the last call on every rank, the last round's store keys go
+        and the dealer's waiter ends. Nothing to do under any other rule."""
+        if self.dealer is not None:
+            self.dealer.close()
+            self.dealer = None
+
     @property
     def wants(self) -> int | None:
         """Micro-batches the next call computes on this rank: its group's share under
@@ -290,8 +427,9 @@ class ShardedStep:
     @property
     def shares(self) -> tuple[int, ...] | None:
         """Every group's micro-batches in the next call (``rebalance``), summing to R M; None
-        under any other rule."""
-        return self.rounds.rule.plan().shares
+        under any other rule, and dealt on demand (a group takes what it asks for)."""
+        plan = self.rounds.rule.plan()
+        return None if plan.on_demand else plan.shares
 
     @property
     def micro_batches(self) -> int | None:
@@ -315,12 +453,30 @@ class ShardedStep:
 
     # ---- checkpoints: the rule's state and the round count, beside the sharded state dicts
     def state_dict(self) -> dict[str, Any]:
-        """The rule's state and the round count (the same on every rank); save the model and
-        the optimizer with ``torch.distributed.checkpoint``, beside it."""
-        return self.rounds.state_dict()
+        """The rule's state and the round count (the same on every rank), dealt on demand the
+        stream's place and its carried positions; save the model and the optimizer with
+        ``torch.distributed.checkpoint``, beside it."""
+        state = self.rounds.state_dict()
+        if self.carry is not None:
+            state["stream"] = {
+                "taken": self.carry.taken,
+                "carried": self.carry.queue.reshape(-1).tolist(),
+            }
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        stream = state.get("stream")
+        if (stream is not None) != (self.carry is not None):
+            raise UsageError(
+                "ShardedStep.load_state_dict: the state was saved by a step "
+                + ("dealt on demand" if stream is not None else "not dealt on demand")
+                + f", this one runs {self.rounds.strategy.describe()!r}"
+            )
         self.rounds.load_state_dict(state)
+        if stream is not None:
+            assert self.carry is not None
+            self.carry.taken = int(stream["taken"])
+            self.carry.queue = np.asarray(stream["carried"], dtype=np.int64).reshape(-1, 1)
 
 
 def check_mesh(mesh: Any, replicate_dim: str) -> str:

@@ -525,12 +525,13 @@ def engine_refusal(strategy: Strategy, does: frozenset[str]) -> str | None:
     missing = sorted(strategy.needs - does)
     if not missing:
         return None
-    # a user's loop (StragglerStep) has no store to deal on demand from (issue 25)
-    where = (
-        "`simulate` or `train`"
-        if "demand" in missing
-        else "`simulate`, `predict`, `train` or StragglerStep"
-    )
+    # who deals what: StragglerStep shares, ShardedStep shares and stream positions on demand
+    if "demand" in missing:
+        where = "`simulate`, `train` or ShardedStep"
+    elif "carry" in missing:
+        where = "`simulate`, `predict` or `train`"
+    else:
+        where = "`simulate`, `predict`, `train` or StragglerStep"
     return (
         f"strategy {strategy.describe()!r} needs {', '.join(missing)}, which this entry's "
         f"{strategy.topology} topology does not deal; run it with {where}"

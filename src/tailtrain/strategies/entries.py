@@ -13,7 +13,8 @@ fed by the user's data loader:
 * :data:`SHARE_LOADER`: ``rebalance_loader`` with ``sample_weighted_hook``, a DDP job's
   per-rank batch shares, fixed where ``advise`` computed them: plain ``rebalance`` only;
 * :data:`SHARDED`: ``ShardedStep``, an own loop over an FSDP2 model across replica groups:
-  sync, DropCompute, Local-SGD and rebalance by shares so far;
+  sync, DropCompute, Local-SGD and rebalance, by shares or on demand (it deals stream
+  positions from the job's store), but not a threshold's cut carried by ``defer=true``;
 * :data:`LIGHTNING`: ``tailtrain.lightning.StragglerStrategy``, Lightning's DDP strategy
   running the same comm hook over ``accumulate_grad_batches``: what the hook runs.
 
@@ -107,7 +108,7 @@ SHARE_LOADER = Entry(
 #: whose group lockstep is built (``integrate.sharded``'s docstring says why the others wait)
 SHARDED = Entry(
     "ShardedStep",
-    does=frozenset({"shares"}),
+    does=frozenset({"shares", "demand"}),
     families=("sync", "dropcompute", "local-sgd", "rebalance"),
 )
 #: ``tailtrain.lightning.StragglerStrategy``: Lightning's DDP strategy with that comm hook

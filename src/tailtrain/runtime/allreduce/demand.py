@@ -78,14 +78,17 @@ class Dealer:
         self.waiter.start()
 
     @classmethod
-    def open(cls, timeout: datetime.timedelta, tidy: bool, env: Any = os.environ) -> Dealer:
+    def open(
+        cls, timeout: datetime.timedelta, tidy: bool, env: Any = os.environ, prefix: str = ""
+    ) -> Dealer:
         """Two clients of the rendezvous store (module docstring); ``tidy``: this rank (one
-        of the run's) deletes each round's counters once every rank is past it."""
+        of the run's) deletes each round's counters once every rank is past it; ``prefix``
+        sets apart the keys of one dealer of several in a job (``integrate.sharded``)."""
         host, port = env["MASTER_ADDR"], int(env["MASTER_PORT"])
 
         def client() -> dist.Store:
             base = dist.TCPStore(host, port, is_master=False, timeout=timeout)
-            return dist.PrefixStore(store_prefix(env), base)
+            return dist.PrefixStore(store_prefix(env) + prefix, base)
 
         return cls(client(), client(), tidy, timeout.total_seconds())
 
