@@ -158,7 +158,7 @@ def demand_step(mesh, net, step):
 
 def run_demand(mesh, folder: str, at: int = 2):
     """``DEMAND_STEPS`` calls dealt on demand, a sharded checkpoint after ``at`` of them (the
-    step's state: the stream's place and its carried positions); then a fresh model,
+    step's state: the stream's place); then a fresh model,
     optimizer and step load it and run the rest. Both runs' records and full parameters."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
@@ -497,7 +497,10 @@ def test_a_model_sharded_over_the_whole_mesh_is_refused_in_one_line(results):
     [
         ("rebalance", "give micro_batches=M"),
         ("rebalance:deal=demand", "give micro_batches=M"),
-        ("rebalance:then=dropcompute,defer=true", "needs carry.*`simulate`, `predict` or `train`"),
+        (
+            "rebalance:then=dropcompute,defer=true",
+            "needs carry.*run it with `simulate` or `train` \\(dropcompute",
+        ),
         ("k-sync:k=1", "ShardedStep runs sync, dropcompute, local-sgd, rebalance for now"),
         ("dbw", "ShardedStep runs sync, dropcompute, local-sgd, rebalance for now"),
         ("dropcompute:period=2", "does not take parameter 'period'"),
@@ -554,7 +557,7 @@ def test_dealt_on_demand_the_fast_group_counts_more_and_the_update_is_sgd_on_the
         assert results[rank]["demand"][0][1] == records
         for name, value in theta.items():
             assert torch.equal(results[rank]["demand"][0][0][name], value), name
-    assert saved["stream"] == {"taken": 2 * GROUPS * DEMAND_M, "carried": []}
+    assert saved["stream"] == {"taken": 2 * GROUPS * DEMAND_M}
     counted_by = check_dealt(records)
     assert counted_by[0] > counted_by[1]  # 0.07 s a micro-batch against 0.2 s
     assert all(min(r["completed"]) > 0 and min(r["weights"]) > 0 for r in records)
@@ -571,3 +574,19 @@ def test_dealt_on_demand_a_sharded_checkpoint_resumes_the_stream_where_it_was(re
     assert [r["step"] for r in resumed] == [2, 3]
     check_dealt(resumed, first=saved["stream"]["taken"])
     matches_reference(resumed_theta, records[:2] + resumed)
+
+
+def test_dealt_on_demand_a_stream_that_cannot_be_dealt_is_refused_in_one_line():
+    """Before the round's first ask (so before any wait): every rank checks alike."""
+    from tailtrain.integrate.sharded import check_stream
+
+    check_stream([0] * 6, 6, broken=False)
+    check_stream(Stream(0), 10**6, broken=False)  # no length: read as it is dealt
+    for stream, needs, broken, says in [
+        ([0] * 5, 6, False, "up to position 5 this round; the stream holds 5"),
+        (iter([0] * 6), 6, False, "indexed by position .* got list_iterator"),
+        ([0] * 6, 6, True, "counters are spent: build a new step"),
+    ]:
+        with pytest.raises(UsageError, match=says) as err:
+            check_stream(stream, needs, broken)
+        assert "\n" not in str(err.value)

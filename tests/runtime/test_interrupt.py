@@ -30,6 +30,9 @@ print(interrupt_requested(), flush=True)
 
 def test_a_request_is_a_flag_the_step_boundary_reads(monkeypatch):
     monkeypatch.setattr(signal, "signal", lambda sig, handler: None)  # this process keeps its own
+    # and its module state, which later tests read (stop_on_sigterm: the signals taken)
+    monkeypatch.setattr(interrupt, "_interrupting", interrupt._interrupting)
+    monkeypatch.setattr(interrupt, "_asked", interrupt._asked)
     interrupt.interrupt_on_signals(torchrun=True)
     assert not interrupt.interrupt_requested()
     interrupt.check_interrupt(3)  # nothing asked: nothing raised

@@ -404,7 +404,8 @@ def test_deal_on_demand_is_its_own_spec_and_refuses_what_it_does_not_use():
     with pytest.raises(UsageError, match=r"deal='all' is unknown"):
         parse_strategy("rebalance:deal=all")
     with pytest.raises(
-        UsageError, match=r"needs demand, .*run it with `simulate`, `train` or ShardedStep$"
+        UsageError,
+        match=r"needs demand, .*run it with `simulate`, `predict`, `train` or ShardedStep$",
     ) as refused:
         check_contract(rule, Topology.ALLREDUCE, frozenset({"shares", "carry"}))
     assert "\n" not in str(refused.value)

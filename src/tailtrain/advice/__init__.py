@@ -523,8 +523,8 @@ def _train_only_text(choice: Ranked, demand: Ranked | None, setup: str) -> str:
     return (
         f" {DEMAND_SPEC} is faster (predicted {demand.row.effective_speedup:.2f}x the gradients "
         f"per second of sync{also}), but a {setup} job cannot run it: StragglerStep refuses it, as "
-        "a user's own loop has no store to deal micro-batches from on demand (tailtrain train "
-        "runs it)."
+        "a loader's batches give it no stream to deal micro-batches from on demand (tailtrain "
+        "train and ShardedStep run it)."
     )
 
 

@@ -95,8 +95,8 @@ class StepRecord:
     #: takes what the loop gives); ``completed`` counts those it computed
     shares: list[int] | None = None
     #: dealt on demand (``rebalance:deal=demand``, ``ShardedStep``): the stream positions
-    #: each rank computed, in order; its first ``completed[n]`` counted, one more was cut
-    #: in flight (dealt again first in the next round). None under any other deal
+    #: each rank computed, in order, all counted (``completed[n]`` of them: the step deals
+    #: the pool alone, ``strategies.rebalance.deals``). None under any other deal
     dealt: list[list[int]] | None = None
     #: micro-batches this rank's next call should compute (``rebalance``'s share for it: the
     #: rule moved the shares in this round's ``adapt``); None: as many as the loop gives

@@ -82,10 +82,9 @@ is SGD on the R S M micro-batches of the step.
 of a step go to whichever GROUP asks next, so a fast group computes more of them and no group
 waits for a share it cannot finish. A call then takes this rank's STREAM, indexed by position
 (``stream[i]``: a list, a map-style dataset of micro-batches; every group's rank s must give
-the same i-th micro-batch, as the ranks (n, s) share the pool); the step deals positions
-(``tasks.stream.Positions``, the carried ones first through ``CarryOver`` as ``train``
-deals, though none is ever cut here). The group's first rank (shard 0) deals for it from the
-job's rendezvous store (``runtime.allreduce.demand.Dealer``, env:// as torchrun sets it:
+the same i-th micro-batch, as the ranks (n, s) share the pool); a step deals the next R M
+positions, the k-th ask taking the k-th of them. The group's first rank (shard 0) deals for
+it from the job's rendezvous store (``runtime.allreduce.demand.Dealer``, env:// as torchrun sets it:
 ``MASTER_ADDR``, ``MASTER_PORT``): it asks for a unit (the store's ask counter), and one
 all_reduce(MAX) over the shard group tells its ranks which; after the unit it reports it
 (the completion counter) and asks for the next in the same all_reduce. A unit in flight here
@@ -94,7 +93,11 @@ R M units alone (``strategies.rebalance.deals``: racing one past the pool, as ``
 ``simulate`` do, would end no step sooner) and every one of them counts; the step ends at
 its last unit's completion. The record's ``dealt`` names each group's positions, and
 ``state_dict`` keeps the stream's place. Per unit: one all_reduce of two values in the group
-and two store round trips on its first rank.
+and two store round trips on its first rank, both the group's wait for a probe, as is a
+group's wait for the others' last units. A group that raises in a round (its stream, its
+loss) sets the round's stop, so the other groups stop asking and meet the failure in the
+round's gather, bounded by ``timeout``; the step then refuses further calls (the round's
+counters are spent).
 
 Every other rule is refused in one line for now: ``defer=true`` carries a threshold's cut
 into shares the loop's data does not deal, K-of-N runs on the parameter server. No shrink
@@ -132,7 +135,6 @@ from tailtrain.strategies.base import AllreducePlan, Strategy
 from tailtrain.strategies.entries import SHARDED
 from tailtrain.strategies.rebalance import deals
 from tailtrain.strategies.registry import parse_strategy
-from tailtrain.tasks.stream import CarryOver, Positions
 
 MAX = dist.ReduceOp.MAX
 #: every rank numbers its steps dealt on demand alike (it makes them in the same order):
@@ -224,16 +226,14 @@ class ShardedStep:
         lr = float(optimizer.param_groups[0]["lr"])
         self.rounds = Rounds(rule, comm, lr=lr, micro_batches=micro_batches, does=SHARDED.does)
         self.buckets = buckets([local(p) for p in self.params], bucket_cap_mb)
-        #: dealt on demand: the stream positions, and the cut ones carried (every rank alike)
-        self.carry = CarryOver() if demand else None
-        self.positions = Positions(comm.world_size)
+        #: dealt on demand: the stream positions dealt so far, every rank alike (None: no
+        #: deal on demand); ``broken``: a round failed, its counters spent
+        self.taken: int | None = 0 if demand else None
+        self.broken = False
         #: dealt on demand: the group's first rank's side of the deal (module docstring)
         self.dealer: Dealer | None = None
         if demand:
-            keys = f"/sharded/{next(_DEALERS)}"
-            if self.within.rank == 0:
-                waits = timeout or dist.default_pg_timeout
-                self.dealer = Dealer.open(waits, tidy=comm.rank == 0, prefix=keys)
+            self.dealer = open_dealer(self.within, comm, timeout)
         start_equal(model, self.params, self.within.group, comm.group)
 
     def __call__(
@@ -241,18 +241,30 @@ class ShardedStep:
     ) -> StepRecord:
         """One round over this rank's ``micro_batches`` (dealt on demand: its stream, indexed
         by position); its ``StepRecord`` (per group)."""
-        rounds, dealt = self.rounds, None
-        batches = micro_batches if self.carry is not None else list(micro_batches)
-        plan, m = rounds.plan(0 if self.carry is not None else len(batches))
+        try:
+            return self._round(micro_batches, loss_fn)
+        except UsageError:  # refused before any deal or collective: nothing spent
+            raise
+        except BaseException:
+            # dealt on demand, the round's counters are spent: no call may reuse them
+            self.broken = self.taken is not None
+            raise
+
+    def _round(
+        self, micro_batches: Sequence[Any], loss_fn: Callable[[Any], torch.Tensor]
+    ) -> StepRecord:
+        rounds, dealt, demand = self.rounds, None, self.taken is not None
+        batches = micro_batches if demand else list(micro_batches)
+        plan, m = rounds.plan(0 if demand else len(batches))
         local_steps = plan.local_steps > 1
         # Local-SGD: the round's start, which the model average moves from (this rank's shards)
         start = [local(p).detach().clone() for p in self.params] if local_steps else None
         self.optimizer.zero_grad(set_to_none=True)
         work = RoundProgress(np.empty(0))
-        if self.carry is None:
+        if not demand:
             computed = self._compute(batches, loss_fn, plan, m, work)
         else:
-            computed, dealt = self._on_demand(batches, loss_fn, plan, m, work)
+            computed, dealt = self._on_demand(batches, loss_fn, plan, work)
         with torch.no_grad():
             if start is None:  # G_n: the group's mean gradient over its C_n micro-batches
                 mine = [local_grad(p) for p in self.params]
@@ -289,7 +301,7 @@ class ShardedStep:
                         p.grad = torch.zeros_like(p)
                     local(p.grad).copy_(avg.mul_(plan.lr_scale))
             self.optimizer.step()
-        positions = None if dealt is None else self._carried(agreed, m)
+        positions = None if dealt is None else self._dealt(agreed, int(sum(plan.shares)))
         return rounds.finish(plan, work, agreed, timing, positions)
 
     def _compute(
@@ -342,30 +354,35 @@ class ShardedStep:
         stream: Sequence[Any],
         loss_fn: Callable[[Any], torch.Tensor],
         plan: AllreducePlan,
-        m: int,
         work: RoundProgress,
     ) -> tuple[int | None, list[int]]:
         """The round's units dealt to the GROUP on demand (module docstring), measured into
         ``work``; the samples this rank computed (None: a batch without a size) and the k of
         every unit the group was dealt, in order."""
-        assert self.carry is not None
-        rounds, pool = self.rounds, int(sum(plan.shares))
-        ahead = self.carry.peek(self.positions, self.world_size, m, pool)  # the k-th ask's
+        assert self.taken is not None
+        rounds, pool, first = self.rounds, int(sum(plan.shares)), self.taken
+        check_stream(stream, first + pool, self.broken)  # every rank alike: before any wait
         deal = None if self.dealer is None else self.dealer.round(rounds.step, pool)
 
         def ask() -> float:  # the group's first rank: the next unit, -1 once the pool is dealt
             assert deal is not None
+            if deal.stop.is_set():  # complete, or a group failed in it (``abandon``)
+                return -1.0
             k = deal.ask()
             return float(k) if deals(k, pool, cuts_in_flight=False) else -1.0
+
+        def report() -> list[float]:  # ... and the one it computed
+            assert deal is not None
+            return [float(deal.complete()), ask()]
 
         rounds.open(work, pool)
         dealt: list[int] = []
         computed: int | None = 0
         try:
-            k = int(self._told([ask()] if deal is not None else [-1.0])[0])
+            k = int(self._told(lambda: [ask()], 1)[0])
             while k >= 0:
                 began = rounds.clock()
-                batch = stream[int(ahead[k, 0])]
+                batch = stream[first + k]
                 loss = loss_fn(batch)
                 loss.backward()  # FSDP reduce-scatters within the group and accumulates
                 work.times[len(dealt)] = rounds.clock() - began
@@ -373,43 +390,44 @@ class ShardedStep:
                 work.loss_sum += float(loss.detach())
                 size = batch_samples(batch)
                 computed = None if computed is None or size is None else computed + size
-                told = [-1.0, -1.0]
-                if deal is not None:  # report it, and ask for the next
-                    told = [float(deal.complete()), ask()]
-                counted, k = (int(v) for v in self._told(told))
+                counted, k = (int(v) for v in self._told(report, 2))
                 if not counted:  # only the pool is dealt, so every unit counts
                     raise TailtrainError(
                         f"ShardedStep: the deal's store counted more than the pool of {pool} "
                         f"in round {rounds.step}: are two jobs sharing its keys?"
                     )
         except BaseException:
-            if deal is not None:  # the waiter stops waiting again for a round this rank left
-                deal.ended.set()
+            if deal is not None:  # the others stop asking; the waiter stops waiting
+                deal.abandon()
             raise
-        if deal is not None:
-            deal.leave()
         rounds.seal(work)
+        if deal is not None:  # the other groups' last units: a wait, not compute
+            self._waited(deal.leave)
         return computed, dealt
 
-    def _told(self, values: list[float]) -> np.ndarray:
-        """What the group's first rank says (the others give -1): one all_reduce(MAX) over
-        the group, timed as this rank's wait by a probe watching the step."""
-        probe, asked = watching(self), self.rounds.clock()
-        said = self.within.reduce_row(
-            values if self.dealer is not None else [-1.0] * len(values), MAX
+    def _told(self, lead: Callable[[], list[float]], size: int) -> np.ndarray:
+        """What the group's first rank says (``lead()``: its store calls; the others give
+        -1): one all_reduce(MAX) over the group, the store calls and the collective timed as
+        this rank's wait by a probe watching the step."""
+        values = [-1.0] * size
+        return self._waited(
+            lambda: self.within.reduce_row(lead() if self.dealer is not None else values, MAX)
         )
-        if probe is not None:
-            probe.note_wait(self.rounds.clock() - asked)
-        return said
 
-    def _carried(self, agreed: Any, m: int) -> list[list[int]]:
-        """The positions each group computed this round (``CarryOver.on_demand``, which moves
-        the stream's place, every rank alike, and would carry a cut unit: none is, here)."""
-        assert self.carry is not None and agreed.dealt is not None
-        index, done = agreed.dealt, agreed.rows[:, 0].astype(np.int64)
-        positions = self.carry.on_demand(self.positions, index, done, m)[..., 0]
-        counts = np.count_nonzero(index >= 0, axis=1)
-        return [positions[n, :c].tolist() for n, c in enumerate(counts)]
+    def _waited(self, wait: Callable[[], Any]) -> Any:
+        """``wait()``, its seconds this rank's wait for a probe watching the step."""
+        probe, began = watching(self), self.rounds.clock()
+        out = wait()
+        if probe is not None:
+            probe.note_wait(self.rounds.clock() - began)
+        return out
+
+    def _dealt(self, agreed: Any, pool: int) -> list[list[int]]:
+        """The stream positions each group computed this round (the k-th ask took position
+        ``taken + k``); the stream moves on by the pool, every rank alike."""
+        assert self.taken is not None and agreed.dealt is not None
+        first, self.taken = self.taken, self.taken + pool
+        return [[first + int(k) for k in row if k >= 0] for row in agreed.dealt]
 
     def close(self) -> None:
         """Dealt on demand: after the last call on every rank, the last round's store keys go
@@ -454,19 +472,16 @@ class ShardedStep:
     # ---- checkpoints: the rule's state and the round count, beside the sharded state dicts
     def state_dict(self) -> dict[str, Any]:
         """The rule's state and the round count (the same on every rank), dealt on demand the
-        stream's place and its carried positions; save the model and the optimizer with
-        ``torch.distributed.checkpoint``, beside it."""
+        stream's place; save the model and the optimizer with ``torch.distributed.checkpoint``,
+        beside it."""
         state = self.rounds.state_dict()
-        if self.carry is not None:
-            state["stream"] = {
-                "taken": self.carry.taken,
-                "carried": self.carry.queue.reshape(-1).tolist(),
-            }
+        if self.taken is not None:
+            state["stream"] = {"taken": self.taken}
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         stream = state.get("stream")
-        if (stream is not None) != (self.carry is not None):
+        if (stream is not None) != (self.taken is not None):
             raise UsageError(
                 "ShardedStep.load_state_dict: the state was saved by a step "
                 + ("dealt on demand" if stream is not None else "not dealt on demand")
@@ -474,9 +489,51 @@ class ShardedStep:
             )
         self.rounds.load_state_dict(state)
         if stream is not None:
-            assert self.carry is not None
-            self.carry.taken = int(stream["taken"])
-            self.carry.queue = np.asarray(stream["carried"], dtype=np.int64).reshape(-1, 1)
+            self.taken = int(stream["taken"])
+
+
+def open_dealer(
+    within: Collectives, across: Collectives, timeout: datetime.timedelta | None
+) -> Dealer | None:
+    """The group's first rank's dealer (module docstring), with its own keys in the store;
+    every rank learns whether every dealer opened (one small all_reduce within the group and
+    one across), so that no rank is left waiting for one that failed."""
+    keys = f"/sharded/{next(_DEALERS)}"  # every rank numbers its steps alike
+    dealer, failed = None, ""
+    if within.rank == 0:
+        try:
+            waits = timeout or dist.default_pg_timeout
+            dealer = Dealer.open(waits, tidy=across.rank == 0, prefix=keys)
+        except Exception as exc:  # the store cannot be reached: said on every rank below
+            failed = f"{type(exc).__name__}: {exc}".splitlines()[0]
+    if across.reduce_row(within.reduce_row([bool(failed)], MAX), MAX)[0] > 0:
+        if dealer is not None:
+            dealer.close()
+        why = failed or "another group's first rank could not"
+        raise TailtrainError(f"ShardedStep: the deal on demand could not open its store ({why})")
+    return dealer
+
+
+def check_stream(stream: Any, needs: int, broken: bool) -> None:
+    """One line, before any wait, for a call dealt on demand that cannot go on: a step whose
+    last round failed (its counters are spent), or a stream that is not indexed by position
+    or is shorter than the round may deal (``needs`` positions)."""
+    if broken:
+        raise UsageError(
+            "ShardedStep: a round dealt on demand failed, and its counters are spent: build a "
+            "new step (from a checkpoint) to go on"
+        )
+    if not hasattr(stream, "__getitem__"):
+        raise UsageError(
+            "ShardedStep dealt on demand takes this rank's stream of micro-batches, indexed by "
+            f"position (stream[i]: a list, a map-style dataset), got {type(stream).__name__}"
+        )
+    length = getattr(stream, "__len__", None)
+    if length is not None and length() < needs:
+        raise UsageError(
+            f"ShardedStep dealt on demand may deal up to position {needs - 1} this round; the "
+            f"stream holds {length()} micro-batches"
+        )
 
 
 def check_mesh(mesh: Any, replicate_dim: str) -> str:

@@ -525,13 +525,14 @@ def engine_refusal(strategy: Strategy, does: frozenset[str]) -> str | None:
     missing = sorted(strategy.needs - does)
     if not missing:
         return None
-    # who deals what: StragglerStep shares, ShardedStep shares and stream positions on demand
+    # who deals what: StragglerStep shares, ShardedStep shares and stream positions on
+    # demand; predict forecasts rebalance's shares and deal=demand, not a carried cut
     if "demand" in missing:
-        where = "`simulate`, `train` or ShardedStep"
+        where = "`simulate`, `predict`, `train` or ShardedStep"
     elif "carry" in missing:
-        where = "`simulate`, `predict` or `train`"
+        where = "`simulate` or `train`"
     else:
-        where = "`simulate`, `predict`, `train` or StragglerStep"
+        where = "`simulate`, `predict`, `train`, StragglerStep or ShardedStep"
     return (
         f"strategy {strategy.describe()!r} needs {', '.join(missing)}, which this entry's "
         f"{strategy.topology} topology does not deal; run it with {where}"

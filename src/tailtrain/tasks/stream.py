@@ -65,22 +65,6 @@ class Draws:
         return self.rounds[index - self.first]
 
 
-@dataclass(frozen=True)
-class Positions:
-    """A stream whose micro-batches are their positions 0, 1, 2, ...: rounds of ``n`` ranks'
-    ``units`` each, in :class:`Draws`' shape with B = 1. A loop that keeps its own data deals
-    positions and looks its micro-batches up (``integrate.sharded`` under
-    ``rebalance:deal=demand``); :class:`CarryOver` carries them as it carries draws."""
-
-    n: int
-
-    def round(self, index: int, units: int) -> np.ndarray:
-        """Positions (N, units, 1) of round ``index``."""
-        per_round = self.n * units
-        first = index * per_round
-        return np.arange(first, first + per_round, dtype=np.int64).reshape(self.n, units, 1)
-
-
 class JobDraws:
     """The mini-batches of each worker's next jobs, drawn many jobs at a time per worker.
 
@@ -200,27 +184,6 @@ class CarryOver:
         """Queue ``cut`` (K, B) after what is still queued, for the next step; how many."""
         self.queue = np.concatenate([self.queue, cut]) if len(self.queue) else cut
         return len(cut)
-
-    def on_demand(
-        self, draws: Draws | Positions, index: np.ndarray, done: np.ndarray, m: int
-    ) -> np.ndarray:
-        """A step dealt on demand (``strategies.rebalance.on_demand``): its k-th dealt unit
-        takes the k-th micro-batch of the carried ones then the fresh stream of ``draws``
-        (:meth:`take`), and each rank's dealt units past its ``done`` count are carried to the
-        next step. Out (N, most dealt, B), each rank's in its units' order; rows past a rank's
-        dealt units repeat its last (or the step's first) micro-batch and are never computed.
-        ``index`` (N, width): the k of each rank's dealt units, -1 past them. Both engines and
-        ``integrate.sharded`` (over stream positions, :class:`Positions`) carry here."""
-        dealt = np.count_nonzero(index >= 0, axis=1)
-        rows = self.take(draws, draws.n, m, int(dealt.sum()))
-        width = max(int(dealt.max()), 1)
-        unit = np.minimum(np.arange(width)[None, :], np.maximum(dealt, 1)[:, None] - 1)
-        at = np.take_along_axis(index, unit, axis=1)
-        out = rows[np.maximum(at, 0)]
-        units = np.arange(width)[None, :]
-        # rank-major, each rank's units in order: what rank n left between done and dealt
-        self.keep(out[(units >= done[:, None]) & (units < dealt[:, None])])
-        return out
 
     def cut(self, dealt: np.ndarray, shares: np.ndarray, done: np.ndarray) -> int:
         """Keep every dealt micro-batch (N, max share, B) past its rank's ``done`` count,

@@ -147,11 +147,23 @@ class RoundData:
         return deal(batches if members is None else batches[list(members)], shares)
 
     def on_demand(self, index: np.ndarray, done: np.ndarray, m: int) -> np.ndarray:
-        """A step dealt on demand (``strategies.rebalance.on_demand``) over the job's stream
-        (``CarryOver.on_demand``): out (N, most dealt, B), each rank's micro-batches in its
-        units' order; ``index`` and ``done`` are the ranks' that took part (after a shrink,
-        the live ones); the stream is the job's N ranks' global batches either way."""
-        return self.carry.on_demand(self.drawn, index, done, m)
+        """A step dealt on demand (``strategies.rebalance.on_demand``): its k-th dealt unit
+        takes the k-th micro-batch of the carried ones then the fresh stream
+        (``CarryOver.take``), and each rank's dealt units past its ``done`` count are
+        carried to the next step. Out (N, most dealt, B), each rank's in its units' order;
+        rows past a rank's dealt units repeat its last (or the step's first) micro-batch and
+        are never computed. ``index`` and ``done`` are the ranks' that took part (after a
+        shrink, the live ones); the stream is the job's N ranks' global batches either way."""
+        dealt = np.count_nonzero(index >= 0, axis=1)
+        rows = self.carry.take(self.drawn, self.drawn.n, m, int(dealt.sum()))
+        width = max(int(dealt.max()), 1)
+        unit = np.minimum(np.arange(width)[None, :], np.maximum(dealt, 1)[:, None] - 1)
+        at = np.take_along_axis(index, unit, axis=1)
+        out = rows[np.maximum(at, 0)]
+        units = np.arange(width)[None, :]
+        # rank-major, each rank's units in order: what rank n left between done and dealt
+        self.carry.keep(out[(units >= done[:, None]) & (units < dealt[:, None])])
+        return out
 
     def carry_cut(self, dealt: np.ndarray, shares: np.ndarray, done: np.ndarray) -> int:
         """Keep what each rank of :meth:`dealt`'s round left undone (``done`` of its

@@ -197,6 +197,15 @@ class DealtRound:
             self.stop.set()
         return count <= self.pool
 
+    def abandon(self) -> None:
+        """This rank leaves the round on a failure: its stop is set (bounded: the store is
+        the launcher's), so the other ranks stop asking and leave it, and this rank's waiter
+        stops waiting again for it (:meth:`Dealer.broke`'s part for one round)."""
+        with contextlib.suppress(Exception):
+            self.counters.set(self.key + "stop", "1")
+        self.stop.set()
+        self.ended.set()
+
     def leave(self) -> None:
         """Wait (up to twice --timeout: a wait of the waiter's may have just begun) until
         this rank's waiter saw the round's stop key: rank 0 deletes it when the next round
