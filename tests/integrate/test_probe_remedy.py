@@ -155,7 +155,9 @@ def test_the_fast_ranks_wait_is_the_injected_skew_under_each_remedy(results, rem
     assert abs(gap - skew) <= 0.1 * skew
     # the slow rank's wait is the collective's own time, ~2-10 ms: under CI's other worker's
     # multi-rank jobs it reached 15.2 ms once; a miscounted wait would be the skew, 150 ms
-    assert compute[0] < 0.1 * SKEW and wait[1] < 0.2 * SKEW
+    # rank 0's compute is a few ms; ci19's loaded run read 18.7 ms, and a wait counted as compute
+    # would be the skew, 150 ms
+    assert compute[0] < 0.2 * SKEW and wait[1] < 0.2 * SKEW
     assert compute[1] >= SKEW
     trace = read_trace(folder / remedy / "trace.csv")
     kept = trace.iteration >= WARMUP

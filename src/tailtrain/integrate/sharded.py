@@ -129,7 +129,7 @@ from tailtrain.integrate.rounds import (
     check_micro_batches,
 )
 from tailtrain.integrate.step import BUCKET_CAP_MB, buckets, local_step, weighted_average
-from tailtrain.runtime.allreduce.demand import Dealer
+from tailtrain.runtime.dealer import Dealer
 from tailtrain.runtime.reduce import Collectives, RankRow
 from tailtrain.strategies.base import AllreducePlan, Strategy
 from tailtrain.strategies.entries import SHARDED

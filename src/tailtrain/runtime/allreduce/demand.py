@@ -12,14 +12,8 @@ the round's gathered rows, so every rank carries the same cut micro-batches to t
 round (``RoundData.on_demand``, the simulator's) and the record row says which each rank
 computed.
 
-The store is the rendezvous's TCPStore (``MASTER_ADDR:MASTER_PORT``, env://), under a
-prefix of this run and restart; each rank holds two clients: one for its counters, one for
-the waiter, whose blocking wait would hold a shared socket. A rank leaves a round only once
-its waiter has seen the round's stop (a bounded wait), so when the next round starts
-no waiter can still be waiting on that key: rank 0 then deletes the round's three keys, and
-the store holds one round's keys whatever the run's length (a key a round would grow the
-launcher's store without bound). :meth:`Dealer.close` deletes the last round's and ends the
-waiter.
+The store's side (the counters, the stop key and its waiter, the keys' tidy) is
+``runtime.dealer``'s, which ``ShardedStep`` shares.
 
 Under ``--on-rank-loss shrink`` a round's keys are its generation's and step's
 (``{generation}/{step}/``): the round in flight when a rank was lost is redone by the next
@@ -34,191 +28,17 @@ only work done twice) and deletes its keys with the next round's tidy
 
 from __future__ import annotations
 
-import contextlib
-import datetime
 import math
-import os
-import queue
-import threading
 import time
 from collections.abc import Callable
-from typing import Any
 
 import numpy as np
 import torch
-import torch.distributed as dist
 
+from tailtrain.runtime.dealer import DealtRound
 from tailtrain.runtime.grads import ModuleGrads
 from tailtrain.runtime.units import RankWork
 from tailtrain.topology.allreduce import worker_grad
-
-
-def store_prefix(env: Any = os.environ) -> str:
-    """This run's keys of the deal in the rendezvous store."""
-    run = env.get("TORCHELASTIC_RUN_ID", "local")
-    return f"tailtrain/deal/{run}/{env.get('TORCHELASTIC_RESTART_COUNT', '0')}"
-
-
-class Dealer:
-    """This rank's side of the deal: the round's counters and the waiter for its stop."""
-
-    def __init__(
-        self, counters: dist.Store, waits: dist.Store, tidy: bool = False, timeout: float = 300.0
-    ) -> None:
-        self.counters, self.tidy, self.timeout = counters, tidy, timeout
-        #: rounds every rank is past once the next one starts, whose keys go then (rank 0)
-        self._past: list[str] = []
-        #: after each regroup that broke a round in flight: the micro-batches it had dealt
-        self.redone: list[int] = []
-        self._rounds: queue.SimpleQueue[
-            tuple[str, threading.Event, threading.Event, threading.Event] | None
-        ]
-        self._rounds = queue.SimpleQueue()
-        self.waiter = threading.Thread(target=self._wait, args=(waits,), daemon=True)
-        self.waiter.start()
-
-    @classmethod
-    def open(
-        cls, timeout: datetime.timedelta, tidy: bool, env: Any = os.environ, prefix: str = ""
-    ) -> Dealer:
-        """Two clients of the rendezvous store (module docstring); ``tidy``: this rank (one
-        of the run's) deletes each round's counters once every rank is past it; ``prefix``
-        sets apart the keys of one dealer of several in a job (``integrate.sharded``)."""
-        host, port = env["MASTER_ADDR"], int(env["MASTER_PORT"])
-
-        def client() -> dist.Store:
-            base = dist.TCPStore(host, port, is_master=False, timeout=timeout)
-            return dist.PrefixStore(store_prefix(env) + prefix, base)
-
-        return cls(client(), client(), tidy, timeout.total_seconds())
-
-    def _wait(self, waits: dist.Store) -> None:
-        """Rounds in order: block until a round's stop key is set, then wake its events (the
-        stop, and ``seen``: this thread is done with the key). A rank leaves a round only
-        once its ``seen`` is set, so the next round never waits behind it. --timeout bounds
-        each wait, not the round: a wait that times out while this rank still computes the
-        round waits again (a round may outlast --timeout, as a sync round's compute may;
-        taking the timeout for the stop cut every such round short). Once the rank left the
-        round, or the store failed otherwise (gone), the round is woken: its allreduce then
-        meets the failure, bounded as every collective is. None: the run is over."""
-        while (item := self._rounds.get()) is not None:
-            key, stop, seen, ended = item
-            while True:
-                try:
-                    waits.wait([key])
-                except dist.DistStoreError:  # --timeout passed: again while the round runs
-                    if not ended.is_set():
-                        continue
-                except Exception:  # the store failed (gone): the allreduce will too
-                    pass
-                break
-            stop.set()
-            seen.set()
-
-    def round(self, step: int, pool: int, generation: int = 0) -> DealtRound:
-        """Round ``step``'s counters for ``pool`` (N M) completions in ``generation`` (module
-        docstring), its stop watched from now on."""
-        # every rank passed the last round's allreduce (or the census after it broke)
-        self._forget()
-        stop, seen, ended = threading.Event(), threading.Event(), threading.Event()
-        key = f"{generation}/{step}/"
-        self._rounds.put((key + "stop", stop, seen, ended))
-        self._past.append(key)
-        return DealtRound(self.counters, key, pool, stop, seen, ended, self.timeout)
-
-    def broke(self, generation: int, step: int) -> None:
-        """Round ``step`` of ``generation`` broke (a rank was lost): its stop and the next
-        round's are set, so no waiter waits on them and a member one round ahead stops
-        dealing (module docstring). Before the census: every member has done it before any
-        deletes the keys."""
-        for ahead in (0, 1):
-            with contextlib.suppress(Exception):  # the store is the launcher's: bounded
-                self.counters.set(f"{generation}/{step + ahead}/stop", "1")
-
-    def regrouped(self, generation: int, step: int, in_flight: bool = True) -> int:
-        """After a regroup that left ``generation`` with round ``step`` to run: the
-        micro-batches that round had dealt there (``in_flight``: it broke; a grow is at a step
-        boundary, 0), dealt again now, kept in :attr:`redone`; its keys and its neighbours'
-        go with the next round's tidy (a member one round behind or ahead set their stops,
-        :meth:`broke`)."""
-        prefixes = [f"{generation}/{s}/" for s in (step, step - 1, step + 1) if s >= 0]
-        dealt = int(self.counters.add(prefixes[0] + "asks", 0)) if in_flight else 0
-        self._past += [p for p in prefixes if p not in self._past]
-        self.redone.append(dealt)
-        return dealt
-
-    def _forget(self) -> None:
-        """Rank 0 deletes the keys of the rounds every rank is past: every rank left them, and
-        every waiter saw their stop (:meth:`DealtRound.leave`, :meth:`broke`), so nobody
-        reads them again."""
-        past, self._past = self._past, []
-        if self.tidy:
-            for prefix in past:
-                for key in ("asks", "done", "stop"):
-                    self.counters.delete_key(prefix + key)
-
-    def close(self) -> None:
-        """After the run's last round, every rank past it (the last round's settling
-        all-gather): the last round's keys go (rank 0) and the waiter ends."""
-        self._forget()
-        self._rounds.put(None)
-        self.waiter.join(self.timeout)
-
-
-class DealtRound:
-    """One round's deal as this rank sees it (:class:`Dealer`)."""
-
-    __slots__ = ("counters", "ended", "key", "pool", "seen", "stop", "timeout")
-
-    def __init__(
-        self,
-        counters: dist.Store,
-        key: str,
-        pool: int,
-        stop: threading.Event,
-        seen: threading.Event,
-        ended: threading.Event,
-        timeout: float,
-    ) -> None:
-        self.counters, self.key, self.pool, self.stop = counters, key, pool, stop
-        #: the waiter is done with the round's stop key; this rank computes no more of it
-        self.seen, self.ended, self.timeout = seen, ended, timeout
-
-    def ask(self) -> int:
-        """The index of this rank's next micro-batch in the round's stream."""
-        return int(self.counters.add(self.key + "asks", 1)) - 1
-
-    def complete(self) -> bool:
-        """Report a finished unit: whether it counts (one of the first N M); the N M-th
-        sets the stop."""
-        count = int(self.counters.add(self.key + "done", 1))
-        if count == self.pool:
-            self.counters.set(self.key + "stop", "1")
-            self.stop.set()
-        return count <= self.pool
-
-    def abandon(self) -> None:
-        """This rank leaves the round on a failure: its stop is set (bounded: the store is
-        the launcher's), so the other ranks stop asking and leave it, and this rank's waiter
-        stops waiting again for it (:meth:`Dealer.broke`'s part for one round)."""
-        with contextlib.suppress(Exception):
-            self.counters.set(self.key + "stop", "1")
-        self.stop.set()
-        self.ended.set()
-
-    def leave(self) -> None:
-        """Wait (up to twice --timeout: a wait of the waiter's may have just begun) until
-        this rank's waiter saw the round's stop key: rank 0 deletes it when the next round
-        starts (:meth:`Dealer.round`). The N M-th completion was counted before this rank
-        left, its stop set right after: a round trip or so."""
-        self.ended.set()
-        self.seen.wait(2 * self.timeout)
-
-    def sleep(self, seconds: float) -> bool:
-        """Sleep a unit's injected seconds unless the round stops first: whether it stopped."""
-        if seconds <= 0:
-            return self.stop.is_set()
-        return self.stop.wait(seconds)
 
 
 def compute_on_demand(

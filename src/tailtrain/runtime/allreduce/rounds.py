@@ -101,12 +101,12 @@ from tailtrain.runtime.allreduce.accounts import (
     settle_last,
 )
 from tailtrain.runtime.allreduce.deal import Deal, deal_for
-from tailtrain.runtime.allreduce.demand import Dealer
 from tailtrain.runtime.allreduce.handover import drawn_now, sync_from_lead
 from tailtrain.runtime.allreduce.keep import resume_round, rows_so_far, state_of
 from tailtrain.runtime.allreduce.state import TIMES, AllreduceRank, Exchange, Unsettled
 from tailtrain.runtime.config import RankResult, TrainConfig, build_world
 from tailtrain.runtime.control import RankWeighting, RuleDriver
+from tailtrain.runtime.dealer import Dealer
 from tailtrain.runtime.elastic.group import Broken
 from tailtrain.runtime.elastic.handover import follow_live
 from tailtrain.runtime.elastic.shrink import OnRankLoss, Refused, Shrinker

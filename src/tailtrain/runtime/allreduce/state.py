@@ -19,9 +19,9 @@ from tailtrain.core.evaluation import Evaluator
 from tailtrain.core.records import RunRecord
 from tailtrain.core.scenario import World
 from tailtrain.core.update import WeightedUpdate
-from tailtrain.runtime.allreduce.demand import Dealer
 from tailtrain.runtime.config import TrainConfig
 from tailtrain.runtime.control import RuleDriver
+from tailtrain.runtime.dealer import Dealer
 from tailtrain.runtime.elastic.shrink import Shrinker
 from tailtrain.runtime.grads import ModuleGrads
 from tailtrain.runtime.inject import Injector
