@@ -168,7 +168,11 @@ LAWS = {
 }
 
 
-@settings(max_examples=25, deadline=None)
+# derandomized: the rule's guard against noise is statistical (NOISE_Z + sqrt(2 ln N) standard
+# errors of a median), so a false move is rare, not impossible: 3 of 3000 runs of 100 steps
+# moved once at n = m = 3 under the lognormal law (ci20's random example was one of them);
+# the rate is checked below on fixed seeds
+@settings(max_examples=25, deadline=None, derandomize=True)
 @given(
     st.sampled_from(sorted(LAWS)),
     st.integers(2, 16),
@@ -184,6 +188,20 @@ def test_shares_do_not_move_under_iid_noise(law, n, m, scale, seed):
         state = feed(rule, state, scale * LAWS[law](rng, (n, m)), step)
         assert state.moves == 0 and rule.plan(state).shares == (m,) * n
     check_shares(state)
+
+
+def test_a_false_move_under_iid_noise_is_rare():
+    """The guard's false-move rate, on fixed seeds: at most 1% of 300 runs of 100 steps move
+    at all, at a small world where a median of few steps errs most (measured: 0.1%)."""
+    rule = parse_strategy("rebalance")
+    moved = 0
+    for seed in range(300):
+        state = rule.init(Context(n_workers=3, micro_batches=3))
+        rng = np.random.default_rng(seed)
+        for step in range(100):
+            state = feed(rule, state, LAWS["lognormal"](rng, (3, 3)), step)
+        moved += state.moves > 0
+    assert moved <= 3
 
 
 def test_noisy_persistent_slowdown_still_moves_the_shares():
