@@ -161,6 +161,8 @@ def test_fsdp_s_lines_build_a_sharded_step_of_the_spec():
     assert lines[2] == "# each step (its batch split in M=4 micro-batches):"
     shares = adoption("rebalance", "rebalance", "fsdp").lines()
     assert "mesh=mesh, micro_batches=M)" in shares[1] and "step.wants" in shares[2]
+    local = adoption("local-sgd:period=2", "local-sgd", "fsdp", 8).lines()
+    assert "H=2 local steps of M=8 micro-batches each: give it 2 x 8" in local[2]
     demand = adoption("rebalance:deal=demand", "rebalance", "fsdp").lines()
     assert '"rebalance:deal=demand", mesh=mesh, micro_batches=M)' in demand[1]
     assert "stream by position" in demand[2] and "step.wants" not in demand[2]

@@ -44,6 +44,7 @@ such a script contains) and ``why``.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -272,6 +273,14 @@ def sharded_adoption(spec: str, strategy: str, micro_batches: int | None) -> Ado
         )
     elif strategy == "rebalance":
         each += " (step.wants micro-batches: this rank's group's share)"
+    elif strategy == "local-sgd":  # a call is H local steps: the forecast's unit (Rounds.plan)
+        period = re.search(r"period=(\d+)", spec)
+        h = period.group(1) if period else "H"
+        m, each_m = ("M", "M") if micro_batches is None else (micro_batches, f"M={micro_batches}")
+        each = (
+            f"each call (H={h} local steps of {each_m} micro-batches each: give it {h} x {m} "
+            "micro-batches, then the groups' models are averaged)"
+        )
     elif micro_batches is not None:
         each += f" (its batch split in M={micro_batches} micro-batches)"
     return Adoption(

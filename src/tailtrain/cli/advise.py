@@ -148,7 +148,7 @@ def run(args: argparse.Namespace) -> int:
         json.dump(payload, sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
-        _print(found)
+        _print(found, args.group_size)
     return 0
 
 
@@ -176,7 +176,9 @@ def _diff(found: Advice, script: str, path: Path) -> str:
     return unified_diff(script, apply_edits(script, edits), path.name)
 
 
-def _print(found: Advice) -> None:
+def _print(found: Advice, group_size: int = 1) -> None:
+    """The advice as text; ``group_size`` > 1: the trace's workers are replica groups of that
+    many ranks (``--group-size``), and the job's line says so."""
     from rich.console import Console
     from rich.table import Table
 
@@ -196,14 +198,18 @@ def _print(found: Advice) -> None:
     unit = found.unit
     if found.job is not None:
         job = found.job
+        who = "rank" if group_size == 1 else "replica group"
         batch = (
-            "no samples column: figures per step (a rank's gradient), not per sample"
+            f"no samples column: figures per step (a {who}'s gradient), not per sample"
             if job.samples is None
-            else f"samples per rank per step {job.samples.tolist()}"
+            else f"samples per {who} per step {job.samples.tolist()}"
         )
         rate = "" if found.measured is None else f"; measured {found.measured:.4g} {unit}/s"
+        workers = f"{job.workers} ranks"
+        if group_size > 1:
+            workers = f"{job.workers} replica groups of {group_size} ranks"
         console.print(
-            f"job: {job.workers} ranks, {job.micro_batches} micro-batch(es) per step, {batch}{rate}"
+            f"job: {workers}, {job.micro_batches} micro-batch(es) per step, {batch}{rate}"
         )
     _print_runs(console, found)
     for s in slow or []:

@@ -123,7 +123,7 @@ class Rebalance(Strategy):
         """Engines must deal per-rank shares (``AllreducePlan.shares``) and, when a composed
         threshold's cut is deferred, carry it to the next step (``carry_cut``); under
         ``deal=demand`` deal the pool on demand (``AllreducePlan.on_demand``), which carries
-        its own cut units (``tasks.stream.CarryOver.on_demand``), not a threshold's."""
+        its own cut units (``topology.allreduce.RoundData.on_demand``), not a threshold's."""
         if self.deal == "demand":
             return frozenset({"shares", "demand"})
         return frozenset({"shares", "carry"}) if self.carries else frozenset({"shares"})

@@ -9,7 +9,7 @@ mesh), the all-reduce across the replica groups. ``FsdpWatch`` times those calls
 FSDP2's public extension points on every FSDP module of the model:
 
 * ``set_custom_all_gather`` / ``set_custom_reduce_scatter``: timed collectives that call
-  ``torch.distributed``'s ``all_gather_into_tensor`` / ``reduce_scatter_tensor``, as FSDP's
+  ``torch.distributed``'s ``all_gather_single`` / ``reduce_scatter_single``, as FSDP's
   defaults do, into buffers from ``torch.empty``; on gloo FSDP calls them synchronously, so
   the seconds inside the call are the seconds this rank was blocked (waiting for the group's
   slowest rank, and the transfer itself, as the DDP probe counts the reduction);
@@ -91,7 +91,7 @@ class Timed:
 
 
 class TimedAllGather(Timed, AllGather):
-    """FSDP's all-gather, timed: ``dist.all_gather_into_tensor`` (FSDP's default) into a
+    """FSDP's all-gather, timed: ``dist.all_gather_single`` (FSDP's default) into a
     ``torch.empty`` buffer (the default allocation)."""
 
     def __call__(
@@ -102,15 +102,13 @@ class TimedAllGather(Timed, AllGather):
         async_op: bool = False,
     ) -> Any:
         began = time.perf_counter()
-        work = dist.all_gather_into_tensor(
-            output_tensor, input_tensor, group=group, async_op=async_op
-        )
+        work = dist.all_gather_single(output_tensor, input_tensor, group=group, async_op=async_op)
         self.watch.probe.note_wait(time.perf_counter() - began)
         return work
 
 
 class TimedReduceScatter(Timed, ReduceScatter):
-    """FSDP's reduce-scatter, timed: ``dist.reduce_scatter_tensor`` into a ``torch.empty``
+    """FSDP's reduce-scatter, timed: ``dist.reduce_scatter_single`` into a ``torch.empty``
     buffer; its end starts the all-reduce's span (``FsdpWatch._reduced``)."""
 
     def __call__(
@@ -122,7 +120,7 @@ class TimedReduceScatter(Timed, ReduceScatter):
         async_op: bool = False,
     ) -> Any:
         began = time.perf_counter()
-        work = dist.reduce_scatter_tensor(
+        work = dist.reduce_scatter_single(
             output_tensor, input_tensor, op=op, group=group, async_op=async_op
         )
         self.watch.scattered = time.perf_counter()
