@@ -42,6 +42,7 @@ from torch.distributed.fsdp import FSDPModule
 from torch.distributed.fsdp._fully_shard._fsdp_api import AllGather, ReduceScatter
 
 from tailtrain.errors import UsageError
+from tailtrain.integrate.mesh import replica_groups
 
 if TYPE_CHECKING:
     from tailtrain.integrate.probe import StragglerProbe
@@ -69,8 +70,6 @@ class FsdpWatch:
         self.groups: list[list[int]] | None = None
         mesh = next((p.device_mesh for p in model.parameters() if hasattr(p, "device_mesh")), None)
         if mesh is not None and mesh.ndim == 2:
-            from tailtrain.integrate.sharded import replica_groups
-
             self.groups = replica_groups(mesh, 0)  # FSDP's HSDP replicates along dim 0
 
     def _reduced(self, _output: torch.Tensor) -> None:
