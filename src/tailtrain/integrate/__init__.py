@@ -27,7 +27,8 @@ The first two drive the simulator's own rule objects (``tailtrain.runtime.contro
 a rank the survivors went on without raises ``Refused``. The DDP hook's state shrinks and
 heals under the same launch after ``state.heal(ddp_model, optimizer)`` (``integrate.elastic_ddp``;
 a restarted rank's default group: ``tailtrain.init_process_group``, ``integrate.default_group``);
-both stand on one ``integrate.membership``.
+both stand on one ``integrate.membership``. ``ShardedStep(..., on_rank_loss="shrink")`` goes
+on without a replica group that lost a rank (``integrate.group_membership``).
 """
 
 from tailtrain.integrate.ddp import StragglerHookState, weighted_allreduce_hook

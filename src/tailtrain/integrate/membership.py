@@ -44,6 +44,7 @@ from tailtrain.integrate.rounds import Rounds, StepRecord
 from tailtrain.runtime.elastic.group import GroupCollectives
 from tailtrain.runtime.elastic.handover import elect, follow_live, hand_over
 from tailtrain.runtime.elastic.shrink import Census, Shrinker
+from tailtrain.runtime.reduce import Collectives
 
 log = logging.getLogger(__name__)
 
@@ -112,6 +113,12 @@ class LoopMembership:
             membership.heal(join=True)
         return membership
 
+    @property
+    def generation(self) -> Collectives:
+        """The current generation's collectives over every member, which a regroup leaves
+        (the rounds' own here: every member is a worker)."""
+        return self.rounds.comm
+
     def asks(self) -> bool:
         """Whether a rank asks to join, as the lowest member sees it (at most every
         ``shrink.JOIN_LOOK`` seconds); False on the other members. Said in a round's last
@@ -126,7 +133,7 @@ class LoopMembership:
         shrinker, rounds = self.shrinker, self.rounds
         log.warning("rank %d: step %d broke: %s", shrinker.rank, rounds.step, exc)
         mine = rounds.step
-        comm, found = shrinker.regroup(rounds.comm, mine, 0, self.sync)
+        comm, found = shrinker.regroup(self.generation, mine, 0, self.sync)
         self.follow(comm, found)
         taken = rounds.step > mine  # the lead completed this rank's round
         # the lead's record of it already names the ranks lost before it (this rank's pending
@@ -158,7 +165,7 @@ class LoopMembership:
         the ranks taken in (``rejoined``)."""
         self.grows = False
         comm, found = self.shrinker.regroup(
-            self.rounds.comm, self.rounds.step, 0, self.sync, grow=not join, join=join
+            self.generation, self.rounds.step, 0, self.sync, grow=not join, join=join
         )
         self.follow(comm, found)
         # a heal that lost a member ran a census: at a step boundary nothing is redone

@@ -1,17 +1,22 @@
 """A hybrid-sharded model's 2-D mesh as tailtrain reads it: the replica groups, the check that
-``fully_shard`` put the parameters on the shard dimension alone, each rank's local shards, and
-the equal start of every group (``ShardedStep``; the FSDP2 probe names the groups from here).
+``fully_shard`` put the parameters on the shard dimension alone, each rank's local shards, the
+equal start of every group and the replicate group's collectives with one row per group
+(``ShardedStep``; the FSDP2 probe names the groups from here).
 """
 
 from __future__ import annotations
 
+import datetime
 from typing import Any
 
+import numpy as np
 import torch
 import torch.distributed as dist
 from torch import nn
 
 from tailtrain.errors import UsageError
+from tailtrain.runtime.elastic.group import GroupCollectives
+from tailtrain.runtime.reduce import Collectives, RankRow
 
 
 def check_mesh(mesh: Any, replicate_dim: str) -> str:
@@ -80,3 +85,29 @@ def start_equal(
         for b in model.buffers():
             for group in (shard_group, replicate_group):
                 dist.broadcast(local(b), group=group, group_src=0)
+
+
+class ReplicaCollectives(GroupCollectives):
+    """The replicate group's collectives with one row per replica GROUP: ``gather`` first
+    reduces this rank's row by MAX over its group (``within``, the shard group), so the rows
+    of a group's ranks, and what the rule decides from them, are the same on all of them.
+    ``group`` is the mesh's replicate group, or after a shrink a generation's own
+    ``ProcessGroupGloo`` that torch.distributed does not know (give ``rank`` and ``size``)."""
+
+    def __init__(
+        self,
+        within: Collectives,
+        group: Any,
+        device: torch.device,
+        timeout: datetime.timedelta | None = None,
+        *,
+        rank: int | None = None,
+        size: int | None = None,
+    ) -> None:
+        rank = dist.get_rank(group) if rank is None else rank
+        size = dist.get_world_size(group) if size is None else size
+        super().__init__(rank, size, device, group=group, timeout=timeout)
+        self.within = within
+
+    def gather(self, row: RankRow) -> np.ndarray:
+        return super().gather(self.within.reduce_row(row, dist.ReduceOp.MAX))

@@ -100,12 +100,26 @@ round's gather, bounded by ``timeout``; the step then refuses further calls (the
 counters are spent).
 
 Every other rule is refused in one line for now: ``defer=true`` carries a threshold's cut
-into shares the loop's data does not deal, K-of-N runs on the parameter server. No shrink
-on a lost rank: a dead rank leaves its peers failing in their next collective, as FSDP's do.
+into shares the loop's data does not deal, K-of-N runs on the parameter server.
+
+**Losing a rank** (``on_rank_loss="shrink"``, under ``tailtrain launch --on-rank-loss shrink``;
+the default ``"stop"`` leaves a dead rank's peers failing in their next collective, as FSDP's
+do). The worker is the replica group, and a group that loses a rank leaves whole: its other
+ranks raise ``Refused`` (their launcher logs a leave), and the other groups go on with the
+round in flight computed again among them (``record.redone``, ``record.lost`` the groups
+lost, ``record.live`` the groups that step). The membership is the loop's elastic layer at
+group granularity (``integrate.group_membership``): the census keeps whole groups, and each
+round is applied only once the store decided that every member completed it
+(``runtime.elastic.commit``), since its S replicate all-reduces can break apart. It runs
+``sync``, ``dropcompute`` and ``local-sgd`` (rules of shares and deals are refused, as for
+``StragglerStep``), on gloo and CPU tensors. After a shrink the mesh's replicate groups and
+the default group are broken: leave the loop without collectives over them. A group started
+again is not taken back (``--restart-lost`` is refused in one line).
 """
 
 from __future__ import annotations
 
+import copy
 import datetime
 import itertools
 import math
@@ -120,7 +134,10 @@ import torch.distributed as dist
 from torch import nn
 
 from tailtrain.errors import TailtrainError, UsageError
+from tailtrain.integrate.group_membership import GroupMembership, lost_peer
+from tailtrain.integrate.membership import StepCall
 from tailtrain.integrate.mesh import (
+    ReplicaCollectives,
     check_mesh,
     check_sharded,
     local,
@@ -136,9 +153,18 @@ from tailtrain.integrate.rounds import (
     as_strategy,
     check_micro_batches,
 )
-from tailtrain.integrate.step import BUCKET_CAP_MB, buckets, local_step, weighted_average
+from tailtrain.integrate.step import (
+    BUCKET_CAP_MB,
+    buckets,
+    check_on_rank_loss,
+    local_step,
+    weighted_average,
+)
 from tailtrain.runtime.dealer import Dealer
-from tailtrain.runtime.reduce import Collectives, RankRow
+from tailtrain.runtime.elastic.group import Broken
+from tailtrain.runtime.elastic.shrink import OnRankLoss
+from tailtrain.runtime.elastic.store import REJOIN
+from tailtrain.runtime.reduce import Collectives, PeerFailure
 from tailtrain.strategies.base import AllreducePlan, Strategy
 from tailtrain.strategies.entries import SHARDED
 from tailtrain.strategies.rebalance import deals
@@ -179,33 +205,15 @@ def check_store(rule: Strategy, env: Any = os.environ) -> bool:
     return True
 
 
-class ReplicaCollectives(Collectives):
-    """The replicate group's collectives with one row per replica GROUP: ``gather`` first
-    reduces this rank's row by MAX over its group (``within``, the shard group), so the rows
-    of a group's ranks, and what the rule decides from them, are the same on all of them."""
-
-    def __init__(
-        self,
-        within: Collectives,
-        group: dist.ProcessGroup,
-        device: torch.device,
-        timeout: datetime.timedelta | None = None,
-    ) -> None:
-        rank, size = dist.get_rank(group), dist.get_world_size(group)
-        super().__init__(rank, size, device, group=group, timeout=timeout)
-        self.within = within
-
-    def gather(self, row: RankRow) -> np.ndarray:
-        return super().gather(self.within.reduce_row(row, MAX))
-
-
 class ShardedStep:
     """Runs one round per call across the replica groups of ``mesh`` (module docstring).
 
     ``mesh`` is the 2-D ``DeviceMesh`` (replicate x shard) the model was ``fully_shard``ed
     on, over its shard dimension; ``replicate_dim`` names the other. ``timeout`` bounds each
     of the step's own collectives (None: the groups' own). Every call returns the round's
-    ``StepRecord``, per group, identical on every rank.
+    ``StepRecord``, per group, identical on every rank. ``on_rank_loss="shrink"`` goes on
+    without a replica group that lost a rank (module docstring); ``"stop"``, the default,
+    does not.
     """
 
     def __init__(
@@ -219,10 +227,12 @@ class ShardedStep:
         timeout: datetime.timedelta | None = None,
         bucket_cap_mb: float = BUCKET_CAP_MB,
         micro_batches: int | None = None,
+        on_rank_loss: str = "stop",
     ) -> None:
         rule = sharded_strategy(strategy, micro_batches)  # refused before any collective
         demand = check_store(rule)
         shard_dim = check_mesh(mesh, replicate_dim)
+        check_restart(on_rank_loss)
         self.model, self.optimizer = model, optimizer
         #: the job's ranks of each replica group, in group order (a probe names them)
         self.groups = replica_groups(mesh, replicate_dim)
@@ -232,6 +242,7 @@ class ShardedStep:
         self.within = Collectives.of_group(mesh[shard_dim].get_group(), device, timeout)
         comm = ReplicaCollectives(self.within, mesh[replicate_dim].get_group(), device, timeout)
         lr = float(optimizer.param_groups[0]["lr"])
+        shrinks = check_on_rank_loss(on_rank_loss, rule, None, comm, lr)
         self.rounds = Rounds(rule, comm, lr=lr, micro_batches=micro_batches, does=SHARDED.does)
         self.buckets = buckets([local(p) for p in self.params], bucket_cap_mb)
         #: dealt on demand: the stream positions dealt so far, every rank alike (None: no
@@ -243,12 +254,25 @@ class ShardedStep:
         if demand:
             self.dealer = open_dealer(self.within, comm, timeout)
         start_equal(model, self.params, self.within.group, comm.group)
+        #: the elastic layer at group granularity (None: ``on_rank_loss="stop"``), where the
+        #: call stands in it, and the round in flight's start, which a break puts back: the
+        #: model's buffers and, under local steps, this rank's shards and the optimizer's state
+        self.membership: GroupMembership | None = None
+        self.call = StepCall.COMPLETED
+        self._start: tuple[list[torch.Tensor] | None, Any, list[torch.Tensor]] | None = None
+        if shrinks:
+            self.membership = GroupMembership.start_groups(
+                self.rounds, model, optimizer, timeout, self.groups, self.within
+            )
 
     def __call__(
         self, micro_batches: Sequence[Any], loss_fn: Callable[[Any], torch.Tensor]
     ) -> StepRecord:
         """One round over this rank's ``micro_batches`` (dealt on demand: its stream, indexed
-        by position); its ``StepRecord`` (per group)."""
+        by position); its ``StepRecord`` (per group). Under ``on_rank_loss="shrink"`` a round
+        that a lost group broke is computed again among the groups that go on."""
+        if self.membership is not None:
+            return self._elastic(list(micro_batches), loss_fn)
         try:
             return self._round(micro_batches, loss_fn)
         except UsageError:  # refused before any deal or collective: nothing spent
@@ -257,6 +281,42 @@ class ShardedStep:
             # dealt on demand, the round's counters are spent: no call may reuse them
             self.broken = self.taken is not None
             raise
+
+    def _elastic(self, batches: list[Any], loss_fn: Callable[[Any], torch.Tensor]) -> StepRecord:
+        """``StepCall``'s states for one call (module docstring): a round that breaks (a
+        watched collective, FSDP's failing as a peer died, or the commit) is put back to its
+        start and computed again once the groups that go on regrouped."""
+        membership = self.membership
+        assert membership is not None
+        while True:
+            self.call = StepCall.IN_FLIGHT
+            try:
+                record = self._round(batches, loss_fn)
+            except (Broken, PeerFailure, RuntimeError) as exc:
+                if not isinstance(exc, (Broken, PeerFailure)) and not lost_peer(exc):
+                    raise  # the loop's own error, not a lost peer
+                self.call = StepCall.BROKEN
+                self._put_back()
+                membership.broke(exc)
+                self.call = StepCall.REDONE
+                continue
+            self.call, self._start = StepCall.COMPLETED, None
+            return membership.completed(record)
+
+    def _put_back(self) -> None:
+        """The broken round's start: its buffers, and under local steps this rank's shards
+        and the optimizer's state."""
+        if self._start is None:
+            return
+        params, state, kept = self._start
+        with torch.no_grad():
+            for b, s in zip(self.model.buffers(), kept, strict=True):
+                local(b).copy_(s)
+            for p, s in zip(self.params, params or [], strict=params is not None):
+                local(p).copy_(s)
+        if state is not None:
+            self.optimizer.load_state_dict(state)
+        self._start = None
 
     def _round(
         self, micro_batches: Sequence[Any], loss_fn: Callable[[Any], torch.Tensor]
@@ -267,6 +327,10 @@ class ShardedStep:
         local_steps = plan.local_steps > 1
         # Local-SGD: the round's start, which the model average moves from (this rank's shards)
         start = [local(p).detach().clone() for p in self.params] if local_steps else None
+        if self.membership is not None:  # a redo starts again from here
+            kept = copy.deepcopy(self.optimizer.state_dict()) if local_steps else None
+            buffers = [local(b).detach().clone() for b in self.model.buffers()]
+            self._start = (start, kept, buffers)
         self.optimizer.zero_grad(set_to_none=True)
         work = RoundProgress(np.empty(0))
         if not demand:
@@ -296,6 +360,8 @@ class ShardedStep:
                     rounds.comm, self.buckets, mine, scale, agreed, bad=bool(bads > 0)
                 )
             timing = rounds.timing(rounds.clock() - began, work, screened)
+            if self.membership is not None:  # every member completed it, or none applies it
+                self.membership.commit()
         if probe is not None:
             probe.note_samples(computed)
         if start is not None:  # past the last collective: the model average
@@ -477,6 +543,17 @@ class ShardedStep:
         """The index of the next call's round (``record.step`` of its record)."""
         return self.rounds.step
 
+    @property
+    def live(self) -> tuple[int, ...]:
+        """The replica groups that step now, in order (all of them until a shrink)."""
+        return self.rounds.live
+
+    @property
+    def last(self) -> StepRecord | None:
+        """The latest record under ``on_rank_loss="shrink"`` (None before the first, and
+        under ``"stop"``)."""
+        return None if self.membership is None else self.membership.last
+
     # ---- checkpoints: the rule's state and the round count, beside the sharded state dicts
     def state_dict(self) -> dict[str, Any]:
         """The rule's state and the round count (the same on every rank), dealt on demand the
@@ -520,6 +597,16 @@ def open_dealer(
         why = failed or "another group's first rank could not"
         raise TailtrainError(f"ShardedStep: the deal on demand could not open its store ({why})")
     return dealer
+
+
+def check_restart(on_rank_loss: str, env: Any = os.environ) -> None:
+    """One line for a rank that ``tailtrain launch --restart-lost`` started again: a sharded
+    step does not take a group back yet (``integrate.group_membership``)."""
+    if on_rank_loss == OnRankLoss.SHRINK and env.get(REJOIN) == "1":
+        raise UsageError(
+            'ShardedStep(on_rank_loss="shrink") goes on without a group that lost a rank but '
+            "does not take a group started again back: launch without --restart-lost"
+        )
 
 
 def check_stream(stream: Any, needs: int, broken: bool) -> None:

@@ -1,6 +1,7 @@
 """The shrink conformance table (issue 35): every (host, strategy, backend) cell either shrinks
 or refuses in one line before any rank starts or any round runs. The hosts are ``train`` on
-each runtime topology and a user's own loop (``integrate.StragglerStep``); every one of them
+each runtime topology, a user's own loop (``integrate.StragglerStep``) and a user's sharded
+loop (``integrate.ShardedStep``, whose worker is a replica group); every one of them
 takes its refusals from ``runtime.elastic.refusals``, so nccl and CUDA are refused alike
 everywhere (they were not: ``train --backend nccl --on-rank-loss shrink`` passed validation on
 the allreduce and then formed gloo groups).
@@ -62,6 +63,15 @@ TABLE = [
     ("step", "eager:mode=majority", {}, "a training loop adopts allreduce strategies"),
     ("step", "sync", {"backend": "nccl"}, GLOO),
     ("step", "sync", {"device": "cuda"}, GLOO),
+    ("sharded", "sync", {}, SHRINKS),
+    ("sharded", "dropcompute:threshold=0.3", {}, SHRINKS),
+    ("sharded", "dropcompute:threshold=auto", {}, SHRINKS),
+    ("sharded", "local-sgd:period=2", {}, SHRINKS),
+    ("sharded", "rebalance", {}, "per-rank shares the loader draws"),
+    ("sharded", "rebalance:deal=demand", {}, "per-rank shares the loader draws"),
+    ("sharded", "sync", {"backend": "nccl"}, GLOO),
+    ("sharded", "sync", {"device": "cuda"}, GLOO),
+    ("sharded", "sync", {"restart": "1"}, "does not take a group started again back"),
 ]
 
 
@@ -115,8 +125,43 @@ def step_answer(monkeypatch, strategy: str, where: dict[str, str]) -> str:
     return SHRINKS
 
 
+def sharded_answer(monkeypatch, strategy: str, where: dict[str, str]) -> str:
+    """``ShardedStep(on_rank_loss="shrink")``'s answer before its first round, on a 1 x 1
+    mesh of this process (a model on the meta device stands for one off the CPU)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    from tailtrain.integrate import ShardedStep
+    from tailtrain.runtime.elastic.store import REJOIN
+
+    mesh = init_device_mesh("cpu", (1, 1), mesh_dim_names=("replicate", "shard"))
+    device = "meta" if where.get("device") == "cuda" else "cpu"
+    net = fully_shard(torch.nn.Linear(2, 2, device=device), mesh=mesh["shard"])
+    optimizer = torch.optim.SGD(net.parameters(), lr=0.1)
+    if where.get("backend") == "nccl":
+        monkeypatch.setattr(dist, "get_backend", lambda group=None: "nccl")
+    if where.get("restart"):
+        monkeypatch.setenv(REJOIN, "1")
+    try:
+        step = ShardedStep(
+            net, optimizer, strategy, mesh=mesh, on_rank_loss="shrink", micro_batches=2
+        )
+    except UsageError as exc:
+        return str(exc)
+    assert step.membership is not None  # it shrinks: the group membership started
+    return SHRINKS
+
+
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("cell", [c for c in TABLE if c[0] != "step"], ids=cell_id)
+@pytest.mark.parametrize("cell", [c for c in TABLE if c[0] == "sharded"], ids=cell_id)
+def test_a_sharded_loop_shrinks_or_refuses_in_one_line(launched, cell):
+    _, strategy, where, want = cell
+    got = sharded_answer(launched, strategy, where)
+    assert "\n" not in got and want in got, got
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("cell", [c for c in TABLE if c[0].startswith("train")], ids=cell_id)
 def test_train_shrinks_or_refuses_in_one_line(cell):
     host, strategy, where, want = cell
     got = train_answer(host, strategy, where)
@@ -134,7 +179,7 @@ def test_a_users_loop_shrinks_or_refuses_in_one_line(launched, cell):
 def test_every_host_refuses_nccl_and_cuda_with_the_same_line():
     """One refusal for every host (``runtime.elastic.refusals.check_gloo_cpu``)."""
     hosts = {c[0].split("-")[0] for c in TABLE if c[3] == GLOO}
-    assert hosts == {"train", "step"}
+    assert hosts == {"train", "step", "sharded"}
     wheres = {(c[0], tuple(c[2])) for c in TABLE if c[3] == GLOO}
     assert {w for _, w in wheres} == {("backend",), ("device",)}
 

@@ -144,7 +144,10 @@ from ``StragglerStep.next_step``. A refused rank leaves ``left/{rank}`` in the s
 so a launcher that watches the ranks itself logs it as leaving, not as a death. The loop's
 rounds, their sync and what a broken call returns are ``integrate.step``'s; a
 ``DistributedDataParallel`` job with the comm hook's state runs the same through
-``integrate.elastic_ddp``, both on ``integrate.membership``.
+``integrate.elastic_ddp``, both on ``integrate.membership``. A sharded loop
+(``integrate.ShardedStep``) runs it at group granularity (``integrate.group_membership``):
+its census keeps whole replica groups (``whole``), and the ranks of a group that lost one
+are REFUSED.
 """
 
 from __future__ import annotations
@@ -253,6 +256,10 @@ class Shrinker:
     #: REFUSED at once (``integrate.StragglerStep`` in a rank of the job: its loop cannot
     #: skip ahead; a rank started again asks). Members grow either way (:meth:`grow`)
     heals: bool = True
+    #: the ranks that may go on, of those checked in (None: all of them). A sharded job's
+    #: worker is a replica group, which leaves whole when it lost a rank
+    #: (``integrate.sharded``): its other ranks are REFUSED
+    whole: Callable[[list[int]], list[int]] | None = None
 
     def deadline_summary(self) -> dict[str, Any]:
         """The learned hang deadline for the run's summary: the one in force when the latest
@@ -318,6 +325,10 @@ class Shrinker:
             for m, key, dead in zip(self.members, ins, deads, strict=True)
             if store.check([key]) and not store.check([dead])
         ]
+        gone = []  # checked in, of a group that leaves whole (``whole``)
+        if self.whole is not None:
+            kept = self.whole(here)
+            here, gone = kept, [m for m in here if m not in kept]
         members = json.loads(store.compare_set(f"gen{g}/members", "", json.dumps(here)))
         if self.keeper is not None and self.keeper in self.members and self.keeper not in members:
             raise TailtrainError(
@@ -326,6 +337,11 @@ class Shrinker:
                 "and --out DIR to go on from a checkpoint"
             )
         if self.rank not in members:
+            if self.rank in gone:
+                self.refuse(
+                    f"rank {self.rank} leaves with its replica group at step {step}: a rank of "
+                    "the group was lost, and the group's shards are one model"
+                )
             return self.join(step, rows)
         steps, rows_of = {}, {}
         for m in members:
