@@ -173,14 +173,16 @@ def test_across_nodes_a_group_per_node_leaves_with_its_node_and_the_other_goes_o
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("when", ["before", "after"])
+@pytest.mark.parametrize("when", ["timing", "before", "after"])
 def test_a_death_at_the_commit_leaves_every_survivor_at_the_same_step(tmp_path, when):
-    """Rank 2 dies as it reaches step AT's commit, once every replicate all-reduce of the
-    round completed on every rank. ``before`` its vote: nobody applies step AT, and group 0
+    """Rank 3 dies in step AT (``sharded_drill.py``). ``timing``: inside the round's last
+    gather, after its group's part: shard 0's ranks complete the round, shard 1's do not, and
+    without the commit rank 0 would apply step AT while rank 1 did not. ``before`` its vote,
+    every collective of the round completed everywhere: nobody applies step AT, and group 0
     computes it again alone. ``after``: step AT is applied everywhere with both groups, and
     the group leaves in step AT + 1, which group 0 computes again. Either way the survivors'
     parameters equal the reference from the records: no step half-applied, none twice."""
-    env = dict(os.environ, OMP_NUM_THREADS="1", DRILL_RANK="2", DRILL_STEP=str(AT))
+    env = dict(os.environ, OMP_NUM_THREADS="1", DRILL_RANK="3", DRILL_STEP=str(AT))
     env["DRILL_WHEN"] = when
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(ROOT / "src"), env.get("PYTHONPATH", "")])
     command = [
@@ -189,7 +191,7 @@ def test_a_death_at_the_commit_leaves_every_survivor_at_the_same_step(tmp_path, 
     ]  # fmt: skip
     done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=280)
     assert done.returncode == 0, done.stderr[-3000:]
-    broke = AT if when == "before" else AT + 1
+    broke = AT + 1 if when == "after" else AT
     records, full = survivors_agree(tmp_path, [0, 1])
     assert [(r["step"], r["lost"], r["redone"]) for r in records if r["lost"]] == [
         (broke, [1], True)

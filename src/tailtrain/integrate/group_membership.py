@@ -18,16 +18,27 @@ differences, each for that reason:
 * **The generation's groups**: Shrinker's FORMING builds the flat group of every member (its
   forming checks that every member is there); SYNCING builds this rank's new replicate group,
   its shard index's ranks of the groups that go on (``gen{g}/replicate{s}`` in the store,
-  numbered in group order), and checks that every member stands at the same round. FSDP's
+  numbered in group order), checks that every member stands at the same round, and ends in a
+  decision in the store (``runtime.elastic.commit.decide``) that every member formed its
+  groups, so that no member computes while another's forming failed. FSDP's
   shard groups stay: a group that goes on lost none of its ranks. The rule follows the live
   GROUPS (``handover.follow_live`` with the groups' indices), and the records' ``live`` and
   ``lost`` name groups, as ``completed`` and ``weights`` do.
 
-A rank's own collectives (the step's, within its group and across) are watched with the
-generation's deadline and ``broken`` key (``runtime.elastic.group.Watch``). FSDP's collectives
-inside a micro-batch are not (they are FSDP's): a peer that dies makes them fail at once
-(gloo: the socket closes), which the step reads as a break (:func:`lost_peer`); one that hangs
-holds them up to the shard group's own timeout (``init_process_group(timeout=)``). A group
+**Group mates leave together.** A rank's own collectives (the step's, within its group and
+across) are watched with the generation's deadline and ``broken`` key
+(``runtime.elastic.group.Watch``). FSDP's collectives inside a micro-batch are not (they are
+FSDP's): a peer that dies makes them fail at once (gloo: the socket closes), which the step
+reads as a break (:func:`lost_peer`); one that hangs holds them up to the shard group's own
+timeout (``init_device_mesh`` builds its groups with torch's ``default_pg_timeout``, 30
+minutes on gloo). So no rank may enter FSDP's collectives while a mate has left: a watched
+reduce can complete on one mate after the other gave up on it (its part was already sent).
+Every point before FSDP's collectives is therefore one decision for the group: the previous
+round's commit, the new generation's ``formed`` decision, and, while a finite tau is in
+force, the group's lockstep reduce before each micro-batch, which is not watched and carries
+each rank's ``broken`` look (:meth:`GroupMembership.sees_broken`, one store look per
+micro-batch), so that the group's ranks leave after the same reduce. The step's other
+collectives in the group are followed by watched ones, where a mate left behind leaves too. A group
 started again is not taken back (``--restart-lost`` is refused): its ranks would need the live
 groups' shards, one rank from the rank with the same shard index, at a step boundary.
 """
@@ -45,8 +56,8 @@ from tailtrain.errors import TailtrainError
 from tailtrain.integrate.membership import SHRINK_TIMEOUT, LoopMembership
 from tailtrain.integrate.mesh import ReplicaCollectives
 from tailtrain.integrate.rounds import Rounds, StepRecord
-from tailtrain.runtime.elastic.commit import commit
-from tailtrain.runtime.elastic.group import GroupCollectives, Watch, abort
+from tailtrain.runtime.elastic.commit import Decision, commit, decide
+from tailtrain.runtime.elastic.group import Broken, GroupCollectives, Watch, abort
 from tailtrain.runtime.elastic.handover import follow_live
 from tailtrain.runtime.elastic.shrink import Census, Shrinker
 from tailtrain.runtime.reduce import Collectives
@@ -77,6 +88,14 @@ class GroupMembership(LoopMembership):
     ) -> None:
         super().__init__(rounds, model, optimizer, shrinker)
         self.groups, self.within, self.job = groups, within, job
+        #: the group's lockstep reduce before each micro-batch (under a finite tau), not
+        #: watched: a mate that left it early on the ``broken`` key could leave the other,
+        #: whose reduce completed, inside FSDP's next all-gather (module docstring). Bounded
+        #: by ``within``'s timeout, as FSDP's own collectives are by the group's
+        self.lockstep = Collectives(
+            within.rank, within.world_size, within.device, grace=0.0, group=within.group,
+            timeout=within.timeout,
+        )  # fmt: skip
         me = shrinker.rank
         #: this rank's shard index: its place in its replica group
         self.shard = next(g.index(me) for g in groups if me in g)
@@ -118,12 +137,16 @@ class GroupMembership(LoopMembership):
         returns once every member completed it, raises ``Broken`` otherwise."""
         shrinker = self.shrinker
         commit(
-            shrinker.store,
-            shrinker.generation,
-            len(shrinker.members),
-            self.rounds.step,
+            shrinker.store, shrinker.generation, shrinker.members, self.rounds.step,
             shrinker.deadline,
-        )
+        )  # fmt: skip
+
+    def sees_broken(self) -> bool:
+        """Whether this rank sees the generation broken now (``gen{g}/broken``): said in the
+        group's lockstep reduce, so that its ranks leave after the same one (module
+        docstring)."""
+        shrinker = self.shrinker
+        return shrinker.store.check([f"gen{shrinker.generation}/broken"])
 
     def broke(self, exc: BaseException) -> StepRecord | None:
         """After ``exc`` broke this rank's round: the survivors' census (whole groups),
@@ -146,6 +169,9 @@ class GroupMembership(LoopMembership):
         if steps != {self.rounds.step}:  # the commit keeps them together: a bug otherwise
             raise TailtrainError(f"a sharded step's members stood at rounds {sorted(steps)}")
         shrinker = self.shrinker
+        if self._next is not None:  # an attempt that failed: its group holds nothing
+            abort(self._next[0].group)
+            self._next = None
         live = tuple(n for n, g in enumerate(self.groups) if g[0] in found.members)
         peers = [self.groups[n][self.shard] for n in live]
         store = dist.PrefixStore(f"gen{shrinker.generation}/replicate{self.shard}", shrinker.store)
@@ -155,6 +181,14 @@ class GroupMembership(LoopMembership):
         replicas = ReplicaCollectives(self.within, group, self.within.device, rank=me, size=size)
         replicas.grace = 0.0
         self._next = (replicas, live)
+        # one decision that every member formed its groups: none computes (FSDP's collectives
+        # are not watched) while a group mate went back to the census
+        formed = decide(
+            shrinker.store, f"gen{shrinker.generation}/formed", shrinker.generation,
+            found.members, shrinker.deadline,
+        )  # fmt: skip
+        if formed != Decision.COMMIT:
+            raise Broken(f"generation {shrinker.generation} did not form on every member")
 
     def follow(self, comm: GroupCollectives, found: Census) -> None:
         """The new generation's collectives (the flat group, the replicate group, the watch on

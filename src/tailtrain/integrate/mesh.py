@@ -104,10 +104,15 @@ class ReplicaCollectives(GroupCollectives):
         rank: int | None = None,
         size: int | None = None,
     ) -> None:
+        #: the mesh's group, which torch.distributed knows (on its device: nccl's is a GPU)
+        self.registered = rank is None
         rank = dist.get_rank(group) if rank is None else rank
         size = dist.get_world_size(group) if size is None else size
         super().__init__(rank, size, device, group=group, timeout=timeout)
         self.within = within
 
     def gather(self, row: RankRow) -> np.ndarray:
-        return super().gather(self.within.reduce_row(row, dist.ReduceOp.MAX))
+        row = self.within.reduce_row(row, dist.ReduceOp.MAX)
+        if self.registered:  # Collectives' two hops, on the group's device
+            return Collectives.gather(self, row)
+        return super().gather(row)  # a generation's own gloo group: a block all-reduce

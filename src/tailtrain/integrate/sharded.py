@@ -399,7 +399,7 @@ class ShardedStep:
             admitted = rounds.admit(work, plan)
             if lockstep:
                 asked = rounds.clock()
-                refused = self.within.reduce_row([not admitted], MAX)[0] > 0
+                refused = self._lockstep(admitted)
                 if probe is not None:
                     probe.note_wait(rounds.clock() - asked)
                 if refused and admitted:  # another rank of the group was refused: stop too
@@ -422,6 +422,21 @@ class ShardedStep:
         if local_steps and pending:  # the group's counts agree: so do its local steps
             local_step(self.optimizer, self.params, m)
         return computed
+
+    def _lockstep(self, admitted: bool) -> bool:
+        """Whether any rank of the group was refused the next micro-batch: one all_reduce(MAX)
+        over the group. Shrinking, it carries each rank's look at the generation's ``broken``
+        key too, and the group's ranks leave after the same reduce, none inside FSDP's next
+        collective (``integrate.group_membership``)."""
+        membership = self.membership
+        if membership is None:
+            return self.within.reduce_row([not admitted], MAX)[0] > 0
+        refused, broken = membership.lockstep.reduce_row(
+            [not admitted, membership.sees_broken()], MAX
+        )
+        if broken > 0:
+            raise Broken(f"generation {membership.shrinker.generation} broke (the group saw it)")
+        return refused > 0
 
     def _on_demand(
         self,
@@ -530,12 +545,13 @@ class ShardedStep:
 
     @property
     def rank(self) -> int:
-        """This rank's replica group (the rule's worker): its index on the replicate dim."""
+        """This rank's replica group (the rule's worker): its index among the live groups
+        (on the replicate dim until a shrink)."""
         return self.rounds.comm.rank
 
     @property
     def world_size(self) -> int:
-        """The replica groups R, the rule's N."""
+        """The live replica groups (R until a shrink), the rule's N."""
         return self.rounds.comm.world_size
 
     @property

@@ -13,8 +13,9 @@ launcher's: it outlives any rank) decides once:
    ``gen{g}/commit/{r}/in``.
 2. **Decide.** The member whose add made the count the number of members writes ``COMMIT``
    to ``gen{g}/commit/{r}``; a member that waited past the deadline, or saw the generation's
-   ``broken`` key, writes ``ABORT`` there. Both write with ``compare_set`` on the absent key,
-   so the first word stands and every member reads the same one.
+   ``broken`` key or a member's ``dead/{rank}`` (the launcher's shield writes it the moment
+   a rank's process dies), writes ``ABORT`` there. Both write with ``compare_set`` on the
+   absent key, so the first word stands and every member reads the same one.
 3. **Apply or leave.** On ``COMMIT`` every member applies the round (and the rule adapts);
    on ``ABORT`` none does: the member marks the generation broken and raises ``Broken``, so
    every member meets in the census and the survivors compute the round again.
@@ -26,9 +27,13 @@ in the next round, whose collectives it misses. Every wait is bounded by the lea
 (``runtime.elastic.deadline``). The member that completes round r's count deletes round
 r - 1's keys: every member read that decision before it voted in round r.
 
-Cost per round: one ``add``, polls of one key every ``group.POLL`` seconds while the last
-member arrives (the members left the round's last collective together, up to a few store
-round trips apart), one ``get``: about a millisecond on loopback.
+Cost per round and member: one ``add``, then either the ``compare_set`` that decides or polls
+of the decision's key every ``group.POLL`` seconds (and of the ``broken`` and ``dead/`` keys
+every ``group.CHECK`` seconds) while the last member arrives, and one ``compare_set`` that
+reads it: about a millisecond on loopback, since the members left the round's last
+collective together. The same decision, under its own key, closes the forming of a sharded
+job's new generation (``integrate.group_membership``): every member formed its groups, or
+none goes on.
 """
 
 from __future__ import annotations
@@ -50,35 +55,57 @@ class Decision(StrEnum):
     ABORT = "abort"
 
 
-def commit(store: dist.Store, generation: int, members: int, step: int, deadline: Deadline) -> None:
-    """Vote for round ``step`` of generation ``generation`` (``members`` ranks) and wait for
-    the decision (module docstring); return on ``COMMIT``, raise :class:`Broken` on
+def commit(
+    store: dist.Store, generation: int, members: list[int], step: int, deadline: Deadline
+) -> None:
+    """Vote for round ``step`` of generation ``generation`` (its ``members``, job ranks) and
+    wait for the decision (module docstring); return on ``COMMIT``, raise :class:`Broken` on
     ``ABORT``."""
-    key, broken = f"gen{generation}/commit/{step}", f"gen{generation}/broken"
-    if store.add(f"{key}/in", 1) == members:
+    key = f"gen{generation}/commit/{step}"
+    if decide(store, key, generation, members, deadline) == Decision.COMMIT:
+        return
+    raise Broken(f"generation {generation}: round {step} was not committed on every member")
+
+
+def decide(
+    store: dist.Store, key: str, generation: int, members: list[int], deadline: Deadline
+) -> Decision:
+    """This member's vote on ``key`` and the store's one decision (module docstring). The
+    vote that completes the count offers ``COMMIT``; a member that waited past the deadline,
+    or saw the generation broken or a member dead (``dead/{rank}``, which the launcher's
+    shield sets), offers ``ABORT``; the first word stands. On ``ABORT`` the generation is
+    marked broken, so every member still in a collective leaves it."""
+    broken = f"gen{generation}/broken"
+    gone = [broken, *(f"dead/{m}" for m in members)]
+    if store.add(f"{key}/in", 1) == len(members):
         decided = Decision(store.compare_set(key, "", Decision.COMMIT).decode())
         if decided == Decision.COMMIT:
-            with contextlib.suppress(Exception):  # tidy only: every member read it
-                store.delete_key(f"gen{generation}/commit/{step - 1}")
-                store.delete_key(f"gen{generation}/commit/{step - 1}/in")
+            tidy(store, key)
     else:
-        decided = wait_for(store, key, broken, deadline.bound)
+        start = time.monotonic()
+        look = start + CHECK
+        while not store.check([key]):
+            now = time.monotonic()
+            if now - start > deadline.bound:
+                break
+            if now >= look:
+                if any(store.check([k]) for k in gone):
+                    break
+                look = now + CHECK
+            time.sleep(POLL)
+        decided = Decision(store.compare_set(key, "", Decision.ABORT).decode())
     if decided != Decision.COMMIT:
         with contextlib.suppress(Exception):
-            store.set(broken, f"round {step} aborted")
-        raise Broken(f"generation {generation}: round {step} was not committed on every member")
+            store.set(broken, f"{key} aborted")
+    return decided
 
 
-def wait_for(store: dist.Store, key: str, broken: str, bound: float) -> Decision:
-    """The decision at ``key``; after ``bound`` seconds, or once ``broken`` is set, this member
-    offers ``ABORT`` and the first word stands."""
-    start = time.monotonic()
-    look = start + CHECK
-    while not store.check([key]):
-        now = time.monotonic()
-        if now - start > bound or (now >= look and store.check([broken])):
-            break
-        if now >= look:
-            look = now + CHECK
-        time.sleep(POLL)
-    return Decision(store.compare_set(key, "", Decision.ABORT).decode())
+def tidy(store: dist.Store, key: str) -> None:
+    """A round's count is complete: every member read the previous round's decision before it
+    voted in this one, so those keys go (``.../commit/{r - 1}``)."""
+    head, _, step = key.rpartition("/")
+    if not step.isdigit():
+        return
+    with contextlib.suppress(Exception):  # tidy only
+        store.delete_key(f"{head}/{int(step) - 1}")
+        store.delete_key(f"{head}/{int(step) - 1}/in")

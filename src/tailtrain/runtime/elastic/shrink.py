@@ -325,10 +325,8 @@ class Shrinker:
             for m, key, dead in zip(self.members, ins, deads, strict=True)
             if store.check([key]) and not store.check([dead])
         ]
-        gone = []  # checked in, of a group that leaves whole (``whole``)
         if self.whole is not None:
-            kept = self.whole(here)
-            here, gone = kept, [m for m in here if m not in kept]
+            here = self.whole(here)
         members = json.loads(store.compare_set(f"gen{g}/members", "", json.dumps(here)))
         if self.keeper is not None and self.keeper in self.members and self.keeper not in members:
             raise TailtrainError(
@@ -337,10 +335,11 @@ class Shrinker:
                 "and --out DIR to go on from a checkpoint"
             )
         if self.rank not in members:
-            if self.rank in gone:
+            if self.whole is not None:  # its group, not whole at the census, leaves whole
                 self.refuse(
-                    f"rank {self.rank} leaves with its replica group at step {step}: a rank of "
-                    "the group was lost, and the group's shards are one model"
+                    f"rank {self.rank} leaves with its replica group at step {step}: the "
+                    "survivors went on with the groups whole at the census (a rank of this "
+                    "one was lost, or came late), and a group's shards are one model"
                 )
             return self.join(step, rows)
         steps, rows_of = {}, {}
