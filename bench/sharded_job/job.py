@@ -179,24 +179,44 @@ def run_step(mesh, law: Law, steps: int, where: tuple[int, int], spec: str) -> d
 
 
 def agreement(full: dict[str, torch.Tensor], records: list[dict]) -> tuple[float, bool]:
-    """The largest |difference| between the run's parameters and the reference (SGD on
-    sum_g w_g G_g, G_g the mean gradient over group g's ranks and counted micro-batches), and
-    whether they are equal to the bit."""
+    """The largest |difference| between the run's parameters and the reference, and whether
+    they are equal to the bit. The reference is SGD on sum_g w_g G_g / D in the arithmetic the
+    run does, in float32: per unit u of group g, FSDP's average of its ranks' gradients
+    ((g_0 + g_1) / 2: gloo sums two in either order alike), summed over the counted units in
+    order (FSDP accumulates), times 1 / C_g, times w_g = C_g / M, summed over the groups, over
+    D = R (``rebalance``'s fixed total, N). The parameters' shards and the full tensors step
+    element by element alike."""
+    torch.set_num_threads(1)  # the ranks' own kernels: one thread each
     net = make_model()
     opt = torch.optim.SGD(net.parameters(), lr=LR)
+
+    def grads(x: torch.Tensor, y: torch.Tensor) -> list[torch.Tensor]:
+        net.zero_grad()
+        F.cross_entropy(net(x), y).backward()
+        return [p.grad.detach().clone() for p in net.parameters()]
+
     for record in records:
         if record["empty"]:
             continue
-        total = [torch.zeros_like(p) for p in net.parameters()]
+        divisor = float(len(record["completed"]))
+        summed: list[torch.Tensor] | None = None
         for g in record["ranks"]:
-            units = [xy for s in range(SHARDS) for xy in counted(record, g, s)]
-            net.zero_grad()
-            for x, y in units:
-                F.cross_entropy(net(x), y).backward()
-            for t, p in zip(total, net.parameters(), strict=True):
-                t.add_(p.grad, alpha=record["weights"][g] / len(units))
-        for p, t in zip(net.parameters(), total, strict=True):
-            p.grad = t
+            done = record["completed"][g]
+            weight = done / record["micro_batches"]
+            assert abs(weight / divisor - record["weights"][g]) < 1e-12  # the rule's w_g / D
+            per_shard = [counted(record, g, s) for s in range(SHARDS)]
+            acc: list[torch.Tensor] | None = None
+            for units in zip(*per_shard, strict=True):
+                parts = [grads(*xy) for xy in units]
+                mean = [(a + b) / SHARDS for a, b in zip(*parts, strict=True)]
+                acc = mean if acc is None else [t + m for t, m in zip(acc, mean, strict=True)]
+            assert acc is not None
+            scale = 1.0 / max(done, 1)
+            part = [torch.mul(t if scale == 1.0 else t * scale, weight) for t in acc]
+            summed = part if summed is None else [a + b for a, b in zip(summed, part, strict=True)]
+        assert summed is not None
+        for p, t in zip(net.parameters(), summed, strict=True):
+            p.grad = t / divisor
         opt.step()
     diffs = [(full[n] - p.detach()).abs().max().item() for n, p in net.named_parameters()]
     same = all(torch.equal(full[n], p.detach()) for n, p in net.named_parameters())

@@ -3,9 +3,10 @@ tailtrain's rule across the two groups.
 
 One forked job runs every case in turn and saves, per rank, the full parameters (gathered with
 ``full_tensor()``) and the records; the tests check that every rank holds the same records
-(so every rank of a group ran its group's micro-batch count) and that the parameters equal a
-single-process reference that applies the recorded weights to the recorded micro-batches of
-each group (its ranks' mean gradient over its counted micro-batches), with SGD and momentum.
+(so every rank of a group ran its group's micro-batch count) and that the parameters equal,
+to the bit, a single-process reference that applies the recorded weights to the recorded
+micro-batches of each group (its ranks' mean gradient over its counted micro-batches), with
+SGD and momentum, in the run's own float32 arithmetic (``rebuilt``).
 Cuts are forced by a 1 s sleep on one rank of group 1 against tau = 0.5 s (the other
 micro-batches take milliseconds), so the decisions do not depend on the machine's speed.
 Dealt on demand, who computes which micro-batch does depend on it: those tests check what
@@ -27,6 +28,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from tests.integrate.ranks import join, run_ranks
+from tests.integrate.sharded_reference import grads_of, update
 from torch import nn
 
 from tailtrain.errors import UsageError
@@ -287,29 +289,24 @@ def results(tmp_path_factory):
 
 # ---- the reference: one process, the full model ----------------------------------------------
 def rebuilt(records: list[dict], frozen: bool = False) -> dict[str, torch.Tensor]:
-    """SGD with momentum on sum_g w_g G_g, G_g the mean gradient over group g's ranks and its
-    ``completed[g]`` counted micro-batches, with the weights each record names."""
+    """SGD with momentum on each record's update in the run's own arithmetic
+    (``sharded_reference``): equal to the bit."""
     net = make_model(frozen)
-    opt = optimizer([p for p in net.parameters() if p.requires_grad])
+    params = [p for p in net.parameters() if p.requires_grad]
+    opt = optimizer(params)
     for record in records:
-        if record["empty"]:
+
+        def unit(g: int, s: int, u: int, record=record) -> list[torch.Tensor]:
+            if record["dealt"] is None:
+                x, y = batch(record["step"], g, s, u)
+            else:
+                x, y = Stream(s)[record["dealt"][g][u]]
+            return grads_of(net, lambda: F.cross_entropy(net(x), y))
+
+        step = update(record, unit, SHARDS)
+        if step is None:
             continue
-        params = [p for p in net.parameters() if p.requires_grad]
-        total = [torch.zeros_like(p) for p in params]
-        for g in record["ranks"]:
-            counted = [
-                batch(record["step"], g, s, u)
-                if record["dealt"] is None
-                else Stream(s)[record["dealt"][g][u]]
-                for s in range(SHARDS)
-                for u in range(record["completed"][g])
-            ]
-            net.zero_grad()
-            for x, y in counted:
-                F.cross_entropy(net(x), y).backward()
-            for t, p in zip(total, params, strict=True):
-                t.add_(p.grad, alpha=record["weights"][g] / len(counted))
-        for p, t in zip(params, total, strict=True):
+        for p, t in zip(params, step, strict=True):
             p.grad = t
         opt.step()
     return dict(net.named_parameters())
@@ -348,13 +345,19 @@ def local_sgd(records: list[dict], frozen: bool = False) -> dict[str, torch.Tens
 def matches_reference(
     full: dict[str, torch.Tensor], records: list[dict], frozen: bool = False, reference=None
 ) -> None:
-    """``full`` equals the reference from all the records and not the one from all but the
-    last (gloo sums in its own order: a few ulps apart, while a step missed or taken twice
-    moves the parameters far beyond the tolerance)."""
+    """``full`` equals the reference from all the records: to the bit for ``rebuilt`` (the
+    run's own arithmetic), within a few ulps for ``local_sgd``'s; and not the one from all
+    but the last (a step missed or taken twice moves the parameters far beyond that)."""
     close = {"rtol": 1e-3, "atol": 1e-5}
+    bitwise = reference is None
     reference = reference or rebuilt
     for name, value in reference(records, frozen).items():
-        torch.testing.assert_close(full[name], value.detach(), **close)
+        if bitwise:
+            assert torch.equal(full[name], value.detach()), (
+                name, (full[name] - value.detach()).abs().max().item(),
+            )  # fmt: skip
+        else:
+            torch.testing.assert_close(full[name], value.detach(), **close)
     short = reference(records[:-1], frozen)
     assert any(not torch.allclose(full[n], v.detach(), **close) for n, v in short.items()), (
         "one step less is within the tolerance: the check above could not fail"

@@ -1,8 +1,8 @@
 """``ShardedStep(on_rank_loss="shrink")`` under ``tailtrain launch --on-rank-loss shrink``: a
 rank SIGKILLed inside a step makes its replica group leave whole, and the other group goes on
 with the step computed again; the survivors agree on every record, hold the same full
-parameters, and equal a single-process reference rebuilt from the records (which groups
-contributed to each step, with which weights). The first rank's death, and a whole group's
+parameters, and equal, to the bit, a single-process reference rebuilt from the records (which
+groups contributed to each step, with which weights). The first rank's death, and a whole group's
 two deaths at once, are among the cases."""
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from tests.integrate.ranks import free_port
+from tests.integrate.sharded_reference import grads_of, update
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "sharded_shrink_loop.py"
@@ -45,26 +46,19 @@ def killed(out: Path, victims: list[int], strategy: str = "sync") -> subprocess.
 
 
 def rebuilt(m, records: list[dict]) -> dict[str, torch.Tensor]:
-    """SGD with momentum on sum_g w_g G_g, G_g the mean gradient over group g's ranks and its
-    counted micro-batches, over the groups each record names (``live``, ``ranks``)."""
+    """SGD with momentum on each record's update over the groups it names (``live``,
+    ``ranks``), in the run's own arithmetic (``sharded_reference``)."""
     x, y = m.digits()
     net = m.make_model()
     optimizer = torch.optim.SGD(net.parameters(), lr=m.LR, momentum=m.MOMENTUM)
     for record in records:
-        total = [torch.zeros_like(p) for p in net.parameters()]
-        for n in record["ranks"]:
-            group, weight = record["live"][n], record["weights"][n]
-            counted = [
-                b
-                for s in range(SHARDS)
-                for b in m.micro_batches(x, y, group, s, record["step"])[: record["completed"][n]]
-            ]
-            net.zero_grad()
-            for bx, by in counted:
-                F.cross_entropy(net(bx), by).backward()
-            for t, p in zip(total, net.parameters(), strict=True):
-                t.add_(p.grad, alpha=weight / len(counted))
-        for p, t in zip(net.parameters(), total, strict=True):
+
+        def unit(n: int, s: int, u: int, record=record) -> list[torch.Tensor]:
+            bx, by = m.micro_batches(x, y, record["live"][n], s, record["step"])[u]
+            return grads_of(net, lambda: F.cross_entropy(net(bx), by))
+
+        step = update(record, unit, SHARDS)
+        for p, t in zip(net.parameters(), step, strict=True):
             p.grad = t
         optimizer.step()
     return dict(net.named_parameters())
@@ -83,14 +77,13 @@ def survivors_agree(out: Path, ranks: list[int]) -> tuple[list[dict], dict[str, 
 
 
 def matches_reference(full: dict[str, torch.Tensor], records: list[dict]) -> None:
-    """``full`` equals the reference from all the records, and not the one from all but the
-    last: a step missed or taken twice moves it far beyond the tolerance (gloo's sums are a
-    few ulps apart)."""
+    """``full`` equals, to the bit, the reference from all the records, and not the one from
+    all but the last (a step missed or taken twice moves it far beyond a few ulps)."""
     m = example()
-    close = {"rtol": 1e-3, "atol": 1e-5}
     for name, value in rebuilt(m, records).items():
-        torch.testing.assert_close(full[name], value.detach(), **close)
+        assert torch.equal(full[name], value.detach()), name
     short = rebuilt(m, records[:-1])
+    close = {"rtol": 1e-3, "atol": 1e-5}
     assert any(not torch.allclose(full[n], v.detach(), **close) for n, v in short.items())
 
 

@@ -153,14 +153,6 @@ def sharded_answer(monkeypatch, strategy: str, where: dict[str, str]) -> str:
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("cell", [c for c in TABLE if c[0] == "sharded"], ids=cell_id)
-def test_a_sharded_loop_shrinks_or_refuses_in_one_line(launched, cell):
-    _, strategy, where, want = cell
-    got = sharded_answer(launched, strategy, where)
-    assert "\n" not in got and want in got, got
-
-
-@pytest.mark.timeout(60)
 @pytest.mark.parametrize("cell", [c for c in TABLE if c[0].startswith("train")], ids=cell_id)
 def test_train_shrinks_or_refuses_in_one_line(cell):
     host, strategy, where, want = cell
@@ -169,10 +161,12 @@ def test_train_shrinks_or_refuses_in_one_line(cell):
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("cell", [c for c in TABLE if c[0] == "step"], ids=cell_id)
+@pytest.mark.parametrize("cell", [c for c in TABLE if c[0] in ("step", "sharded")], ids=cell_id)
 def test_a_users_loop_shrinks_or_refuses_in_one_line(launched, cell):
-    _, strategy, where, want = cell
-    got = step_answer(launched, strategy, where)
+    """``StragglerStep`` (``step``) and ``ShardedStep`` (``sharded``) in a user's loop."""
+    host, strategy, where, want = cell
+    answer = step_answer if host == "step" else sharded_answer
+    got = answer(launched, strategy, where)
     assert "\n" not in got and want in got, got
 
 
