@@ -39,8 +39,7 @@ import torch.nn.functional as F
 from sklearn.datasets import load_digits
 from torch import nn
 
-from tailtrain import ShardedStep
-from tailtrain.integrate import Refused
+from tailtrain import Refused, ShardedStep
 
 STEPS, M, BATCH, LR, MOMENTUM = 12, 2, 16, 0.2, 0.5
 GROUPS, SHARDS = 2, 2

@@ -23,7 +23,9 @@ Everything a user needs is one attribute of this package:
   [`weighted_allreduce_hook`][tailtrain.weighted_allreduce_hook] (a
   `DistributedDataParallel` comm hook; under `tailtrain launch --on-rank-loss shrink` it
   shrinks and heals, a restarted rank's default group set up by
-  [`init_process_group`][tailtrain.init_process_group]);
+  [`init_process_group`][tailtrain.init_process_group]); a rank the survivors of a shrink
+  went on without raises [`Refused`][tailtrain.Refused] (under `ShardedStep`, every rank of
+  a replica group that lost one);
 * rebalance a DDP job with a persistent straggler: [`rebalance_loader`][tailtrain.rebalance_loader]
   deals each rank its share of the global batch, and
   [`sample_weighted_hook`][tailtrain.sample_weighted_hook] weighs each rank by its samples;
@@ -62,6 +64,7 @@ _FACE: dict[str, tuple[str, str]] = {
     "advise": ("tailtrain.face", "advise"),
     "StragglerStep": ("tailtrain.integrate.step", "StragglerStep"),
     "ShardedStep": ("tailtrain.integrate.sharded", "ShardedStep"),
+    "Refused": ("tailtrain.runtime.elastic.shrink", "Refused"),
     "ShareSampler": ("tailtrain.integrate.sampler", "ShareSampler"),
     "StragglerHookState": ("tailtrain.integrate.ddp", "StragglerHookState"),
     "init_process_group": ("tailtrain.integrate.default_group", "init_process_group"),
@@ -126,6 +129,7 @@ if TYPE_CHECKING:  # the same paths as _FACE, for type checkers (tests/test_face
     from tailtrain.integrate.share_loader import rebalance_loader, sample_weighted_hook
     from tailtrain.integrate.step import StragglerStep
     from tailtrain.prediction.scenario import Prediction
+    from tailtrain.runtime.elastic.shrink import Refused
     from tailtrain.sim.compare import Comparison
     from tailtrain.strategies.base import Strategy
     from tailtrain.tasks.factory import TaskParts
@@ -136,6 +140,7 @@ __all__ = [
     "Comparison",
     "Prediction",
     "ProbeReport",
+    "Refused",
     "RunControl",
     "RunRecord",
     "Scenario",

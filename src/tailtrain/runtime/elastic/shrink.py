@@ -205,8 +205,9 @@ class ShrinkPhase(StrEnum):
 
 
 class Refused(LeftAlive):
-    """The survivors formed their new group without this rank (it came after the census);
-    it leaves alive, and the shield logs that, not a death (``runtime.expendable``)."""
+    """The survivors formed their new group without this rank (it came after the census,
+    or, under ``ShardedStep``, its replica group lost a rank); it leaves alive, and the
+    shield logs that, not a death (``runtime.expendable``)."""
 
 
 @dataclass
