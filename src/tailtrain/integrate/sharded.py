@@ -84,7 +84,7 @@ waits for a share it cannot finish. A call then takes this rank's STREAM, indexe
 (``stream[i]``: a list, a map-style dataset of micro-batches; every group's rank s must give
 the same i-th micro-batch, as the ranks (n, s) share the pool); a step deals the next R M
 positions, the k-th ask taking the k-th of them. The group's first rank (shard 0) deals for
-it from the job's rendezvous store (``runtime.allreduce.demand.Dealer``, env:// as torchrun sets it:
+it from the job's rendezvous store (``runtime.dealer.Dealer``, env:// as torchrun sets it:
 ``MASTER_ADDR``, ``MASTER_PORT``): it asks for a unit (the store's ask counter), and one
 all_reduce(MAX) over the shard group tells its ranks which; after the unit it reports it
 (the completion counter) and asks for the next in the same all_reduce. A unit in flight here
@@ -121,7 +121,6 @@ from __future__ import annotations
 
 import copy
 import datetime
-import itertools
 import math
 import os
 from collections.abc import Callable, Sequence
@@ -153,6 +152,7 @@ from tailtrain.integrate.rounds import (
     as_strategy,
     check_micro_batches,
 )
+from tailtrain.integrate.sharded_demand import check_store, check_stream, open_dealer
 from tailtrain.integrate.step import (
     BUCKET_CAP_MB,
     buckets,
@@ -171,9 +171,6 @@ from tailtrain.strategies.rebalance import deals
 from tailtrain.strategies.registry import parse_strategy
 
 MAX = dist.ReduceOp.MAX
-#: every rank numbers its steps dealt on demand alike (it makes them in the same order):
-#: each one's store keys apart from the others' in the job
-_DEALERS = itertools.count()
 
 
 def sharded_strategy(strategy: str | Strategy, micro_batches: int | None) -> Strategy:
@@ -189,20 +186,6 @@ def sharded_strategy(strategy: str | Strategy, micro_batches: int | None) -> Str
     # the loop's contract (topology, compensations, what it deals: shares and the pool on
     # demand, not a threshold's cut carried by defer=true), and sync's M for a rule of shares
     return check_micro_batches(as_strategy(rule, SHARDED.does), micro_batches)
-
-
-def check_store(rule: Strategy, env: Any = os.environ) -> bool:
-    """Whether ``rule`` deals on demand, which needs the job's rendezvous store (env://);
-    one line where the environment does not name it, before any collective."""
-    if "demand" not in rule.needs:
-        return False
-    missing = [name for name in ("MASTER_ADDR", "MASTER_PORT") if not env.get(name)]
-    if missing:
-        raise UsageError(
-            f"{rule.describe()!r} deals micro-batches from the job's rendezvous store: "
-            f"set {' and '.join(missing)} (env://, as torchrun does)"
-        )
-    return True
 
 
 class ShardedStep:
@@ -593,28 +576,6 @@ class ShardedStep:
             self.taken = int(stream["taken"])
 
 
-def open_dealer(
-    within: Collectives, across: Collectives, timeout: datetime.timedelta | None
-) -> Dealer | None:
-    """The group's first rank's dealer (module docstring), with its own keys in the store;
-    every rank learns whether every dealer opened (one small all_reduce within the group and
-    one across), so that no rank is left waiting for one that failed."""
-    keys = f"/sharded/{next(_DEALERS)}"  # every rank numbers its steps alike
-    dealer, failed = None, ""
-    if within.rank == 0:
-        try:
-            waits = timeout or dist.default_pg_timeout
-            dealer = Dealer.open(waits, tidy=across.rank == 0, prefix=keys)
-        except Exception as exc:  # the store cannot be reached: said on every rank below
-            failed = f"{type(exc).__name__}: {exc}".splitlines()[0]
-    if across.reduce_row(within.reduce_row([bool(failed)], MAX), MAX)[0] > 0:
-        if dealer is not None:
-            dealer.close()
-        why = failed or "another group's first rank could not"
-        raise TailtrainError(f"ShardedStep: the deal on demand could not open its store ({why})")
-    return dealer
-
-
 def check_restart(on_rank_loss: str, env: Any = os.environ) -> None:
     """One line for a rank that ``tailtrain launch --restart-lost`` started again: a sharded
     step does not take a group back yet (``integrate.group_membership``)."""
@@ -622,28 +583,6 @@ def check_restart(on_rank_loss: str, env: Any = os.environ) -> None:
         raise UsageError(
             'ShardedStep(on_rank_loss="shrink") goes on without a group that lost a rank but '
             "does not take a group started again back: launch without --restart-lost"
-        )
-
-
-def check_stream(stream: Any, needs: int, broken: bool) -> None:
-    """One line, before any wait, for a call dealt on demand that cannot go on: a step whose
-    last round failed (its counters are spent), or a stream that is not indexed by position
-    or is shorter than the round may deal (``needs`` positions)."""
-    if broken:
-        raise UsageError(
-            "ShardedStep: a round dealt on demand failed, and its counters are spent: build a "
-            "new step (from a checkpoint) to go on"
-        )
-    if not hasattr(stream, "__getitem__"):
-        raise UsageError(
-            "ShardedStep dealt on demand takes this rank's stream of micro-batches, indexed by "
-            f"position (stream[i]: a list, a map-style dataset), got {type(stream).__name__}"
-        )
-    length = getattr(stream, "__len__", None)
-    if length is not None and length() < needs:
-        raise UsageError(
-            f"ShardedStep dealt on demand may deal up to position {needs - 1} this round; the "
-            f"stream holds {length()} micro-batches"
         )
 
 

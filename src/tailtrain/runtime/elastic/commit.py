@@ -61,26 +61,34 @@ def commit(
     """Vote for round ``step`` of generation ``generation`` (its ``members``, job ranks) and
     wait for the decision (module docstring); return on ``COMMIT``, raise :class:`Broken` on
     ``ABORT``."""
-    key = f"gen{generation}/commit/{step}"
-    if decide(store, key, generation, members, deadline) == Decision.COMMIT:
+    key, previous = f"gen{generation}/commit/{step}", f"gen{generation}/commit/{step - 1}"
+    if decide(store, key, generation, members, deadline, previous) == Decision.COMMIT:
         return
     raise Broken(f"generation {generation}: round {step} was not committed on every member")
 
 
 def decide(
-    store: dist.Store, key: str, generation: int, members: list[int], deadline: Deadline
+    store: dist.Store,
+    key: str,
+    generation: int,
+    members: list[int],
+    deadline: Deadline,
+    previous: str | None = None,
 ) -> Decision:
     """This member's vote on ``key`` and the store's one decision (module docstring). The
     vote that completes the count offers ``COMMIT``; a member that waited past the deadline,
     or saw the generation broken or a member dead (``dead/{rank}``, which the launcher's
     shield sets), offers ``ABORT``; the first word stands. On ``ABORT`` the generation is
-    marked broken, so every member still in a collective leaves it."""
+    marked broken, so every member still in a collective leaves it. ``previous``: the keys
+    of a decision every member read before it voted here, which a completed count deletes."""
     broken = f"gen{generation}/broken"
     gone = [broken, *(f"dead/{m}" for m in members)]
     if store.add(f"{key}/in", 1) == len(members):
         decided = Decision(store.compare_set(key, "", Decision.COMMIT).decode())
-        if decided == Decision.COMMIT:
-            tidy(store, key)
+        if decided == Decision.COMMIT and previous is not None:
+            with contextlib.suppress(Exception):  # tidy only
+                store.delete_key(previous)
+                store.delete_key(f"{previous}/in")
     else:
         start = time.monotonic()
         look = start + CHECK
@@ -98,14 +106,3 @@ def decide(
         with contextlib.suppress(Exception):
             store.set(broken, f"{key} aborted")
     return decided
-
-
-def tidy(store: dist.Store, key: str) -> None:
-    """A round's count is complete: every member read the previous round's decision before it
-    voted in this one, so those keys go (``.../commit/{r - 1}``)."""
-    head, _, step = key.rpartition("/")
-    if not step.isdigit():
-        return
-    with contextlib.suppress(Exception):  # tidy only
-        store.delete_key(f"{head}/{int(step) - 1}")
-        store.delete_key(f"{head}/{int(step) - 1}/in")
