@@ -11,7 +11,9 @@ append a row to ``machine.jsonl`` beside ``trace.csv``:
 ``tailtrain launch`` set it), and the 1, 5 and 15-minute load averages (``os.getloadavg``).
 Rank 0's host stands for the job's: on several hosts, the others are not seen.
 
-``advise`` models no contention; :func:`contention_note` says so in one line, with by how much
+A trace's censored rows are completed under processor sharing of the row's cores
+(``delays.contention``, through ``trace:`` reading this file). ``advise``'s forecasts of the
+remedies model no contention; :func:`contention_note` says so in one line, with by how much
 the trace's machine was oversubscribed, when its ranks or its load outnumbered its cores.
 """
 

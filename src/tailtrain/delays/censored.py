@@ -15,21 +15,39 @@ survivors as the law biases every figure low: the slow micro-batches are exactly
   A fitted family is not: the log-normal fitted to all the units before read a real
   trace's sync step 8-20% high, because real units are not log-normal.
 * **the tail beyond the largest unit seen** (``edge``), which Kaplan-Meier cannot see: a
-  threshold censors everything past tau. The excess over the upper quarter of the seen
-  units is fitted by censored maximum likelihood in each of :data:`FAMILIES` (the
-  generalized Pareto of extreme-value theory, Pickands-Balkema-de Haan, and three simpler
-  ones), and the family with the least AIC is kept; its survival, scaled to meet
-  Kaplan-Meier's at the edge, is the law beyond it. The choice and its fit (the largest gap
-  between the family's and Kaplan-Meier's conditional survival where both see) are in the
-  note :func:`complete` returns.
+  threshold censors everything past tau. The excess over the top tenth of the seen units
+  is fitted by censored maximum likelihood in each of :data:`FAMILIES` (the generalized
+  Pareto of extreme-value theory, Pickands-Balkema-de Haan, and three simpler ones). The
+  exponential is kept unless another family leads it by :data:`SUPPORT` in AIC, and then
+  the least AIC wins; its survival, scaled to meet Kaplan-Meier's at the edge, is the law
+  beyond it. The choice and its fit (the largest gap between the family's and
+  Kaplan-Meier's conditional survival where both see) are in the note :func:`complete`
+  returns.
 
-:func:`complete` replaces each censored row by a draw of its worker's law conditioned on
-exceeding its bound (inverse survival on U(0, S(bound)), from a fixed seed, so reading a
-trace stays deterministic), and the replay, the sampler and the moments all use the
-completed rows: every reader of a trace (``advise``, ``--delay trace:``, the probe's verdicts
-through ``advise``) meets the same estimate. A worker with fewer than :data:`MIN_OBSERVED`
-units seen borrows the pooled law; where the pooled rows cannot tell the law either,
-:func:`complete` refuses in one line.
+:func:`complete` replaces each censored row by a draw conditioned on exceeding its bound,
+and the replay, the sampler and the moments all use the completed rows: every reader of a
+trace (``advise``, ``--delay trace:``, the probe's verdicts through ``advise``) meets the
+same estimate. A trace recorded on a real machine is not i.i.d. units, and three of its
+structures would bias a plain draw from the pooled law (each was measured on two sync traces
+of ``tailtrain train``, censored offline; docs/loop.md has the figures):
+
+* **the load drifts** (:func:`local_scale`): the units are divided by the Kaplan-Meier median
+  of the steps within :data:`DRIFT_REACH` of theirs, so a cut in a slow stretch is completed as
+  slow (an accelerated-failure-time model whose scale moves with the load);
+* **a worker has its own pace** (:func:`worker_scale`): each worker's median divides its
+  units too, so a persistent straggler's cut units are completed at its pace. The law of the
+  scaled units is pooled: one worker's few hundred units cannot fit a heavy tail's shape
+  (a per-worker generalized Pareto read one digits-cnn worker's mean 40% high);
+* **ranks share cores** (``cores``, ``delays.contention``): when the trace's ranks
+  outnumbered the cores they ran on, a rank that runs on after the others finished has a
+  core to itself, so its late units ran faster than the ones the law was seen on. The units
+  are completed in work (seconds with a core each) and the steps timed again under processor
+  sharing. Completing them as durations read sync's step 6-79% high.
+
+The draws are inverse survival on stratified uniforms (each 1/n of the conditional law used
+once, McKay, Beckman and Conover 1979) from a fixed seed, so reading a trace stays
+deterministic and one trace's completion varies little with the seed. Where the rows cannot
+tell the law, :func:`complete` refuses in one line.
 """
 
 from __future__ import annotations
@@ -41,9 +59,10 @@ from typing import Any
 import numpy as np
 from scipy import stats
 
+from tailtrain.delays.contention import shared_durations, unshared_work
 from tailtrain.errors import UsageError
 
-MIN_OBSERVED = 5  #: uncensored rows a worker needs for its own law
+MIN_OBSERVED = 5  #: uncensored rows a law (or a worker's own pace) needs
 SEED = 0  #: the draws that complete censored rows
 #: the tail's candidate families, for the excess over the threshold (location 0)
 FAMILIES = {
@@ -52,8 +71,12 @@ FAMILIES = {
     "lognorm": stats.lognorm,
     "weibull_min": stats.weibull_min,
 }
-TAIL_SHARE = 0.25  #: the seen units above the tail's threshold: the upper quarter
+TAIL_SHARE = 0.1  #: the seen units above the tail's threshold: the top tenth
 MIN_TAIL = 10  #: seen excesses a two-parameter family needs (fewer: the exponential)
+#: the AIC lead a family needs over the exponential (Burnham and Anderson, *Model Selection
+#: and Multimodel Inference*, 2002, Sec. 2.6: past 10, the other has essentially no support)
+SUPPORT = 10.0
+DRIFT_REACH = 20  #: steps either side of a unit's own that set its local scale
 
 
 @dataclass(frozen=True)
@@ -64,7 +87,8 @@ class Tail:
     law: Any  #: a frozen ``scipy.stats`` law of the excess
     threshold: float
     #: the largest gap between the family's conditional survival and Kaplan-Meier's where
-    #: both see (the fit's quality), and the AIC lead over the runner-up family
+    #: both see (the fit's quality), and the AIC lead over the runner-up family (negative:
+    #: the exponential kept by parsimony against a lead under :data:`SUPPORT`)
     gap: float
     lead: float
 
@@ -167,6 +191,11 @@ def fit_tail(seconds: np.ndarray, censored: np.ndarray, families: tuple[str, ...
     if not fits:
         fits = {"expon": _fit("expon", over, cut)}
     ranked = sorted(fits, key=lambda k: fits[k][1])
+    # parsimony: the exponential stands unless a family beats it by SUPPORT (a heavier tail
+    # fitted on a few dozen excesses reads the mass past the edge far out)
+    if "expon" in fits and fits["expon"][1] - fits[ranked[0]][1] <= SUPPORT:
+        ranked.remove("expon")
+        ranked.insert(0, "expon")
     law = fits[ranked[0]][0]
     lead = fits[ranked[1]][1] - fits[ranked[0]][1] if len(ranked) > 1 else float("inf")
     km = stats.ecdf(stats.CensoredData(uncensored=over, right=cut)).sf
@@ -175,29 +204,48 @@ def fit_tail(seconds: np.ndarray, censored: np.ndarray, families: tuple[str, ...
 
 
 def estimate(
-    seconds: np.ndarray, censored: np.ndarray, families: tuple[str, ...] | None = None
+    seconds: np.ndarray,
+    censored: np.ndarray,
+    families: tuple[str, ...] | None = None,
+    tail: Tail | None = None,
 ) -> UnitLaw | None:
     """The unit law of ``seconds`` (lower bounds where ``censored``; module docstring), or
     None when fewer than :data:`MIN_OBSERVED` rows are seen (censored rows at 0 say
-    nothing). ``families``: the tail's candidates (default all of :data:`FAMILIES`)."""
+    nothing). ``families``: the tail's candidates (default all of :data:`FAMILIES`);
+    ``tail``: a tail fitted elsewhere, kept as it is past these rows' Kaplan-Meier."""
     seconds, censored = np.asarray(seconds, dtype=float), np.asarray(censored, dtype=bool)
     if np.count_nonzero(seconds[~censored] > 0) < MIN_OBSERVED:
         return None
     km = stats.ecdf(_censored_data(seconds, censored)).sf
     times, after = np.asarray(km.quantiles, float), np.asarray(km.probabilities, float)
-    tail = fit_tail(seconds, censored, families or tuple(FAMILIES))
+    if tail is None:
+        tail = fit_tail(seconds, censored, families or tuple(FAMILIES))
     return UnitLaw(times, after, tail)
 
 
 def complete(
-    spec: str, worker: np.ndarray, seconds: np.ndarray, censored: np.ndarray
+    spec: str,
+    worker: np.ndarray,
+    seconds: np.ndarray,
+    censored: np.ndarray,
+    *,
+    iteration: np.ndarray | None = None,
+    micro_batch: np.ndarray | None = None,
+    cores: int | None = None,
 ) -> tuple[np.ndarray, str | None]:
-    """``seconds`` with each censored row replaced by a draw of its worker's law beyond its
-    bound, and a one-line note (None when nothing is censored)."""
+    """``seconds`` with each censored row replaced by a draw beyond its bound (module
+    docstring), and a one-line note (None when nothing is censored). ``iteration`` (and
+    ``micro_batch``, else the rows' order in the file) lay the rows out in steps, which the
+    load's drift and the contention need; ``cores``: the cores the trace's ranks shared,
+    when fewer than its workers."""
     if not censored.any():
         return seconds, None
     digest = hashlib.blake2b(digest_size=16)
-    for part in (spec.encode(), worker, seconds, censored):
+    for part in (spec.encode(), worker, seconds, censored, iteration, micro_batch, cores):
+        if part is None:
+            part = b"-"
+        elif isinstance(part, int):
+            part = str(part).encode()
         digest.update(
             np.ascontiguousarray(part).tobytes() if isinstance(part, np.ndarray) else part
         )
@@ -206,7 +254,8 @@ def complete(
     if key not in _COMPLETED:
         if len(_COMPLETED) >= 8:
             _COMPLETED.pop(next(iter(_COMPLETED)))
-        _COMPLETED[key] = _complete(spec, worker, seconds, censored)
+        steps = None if iteration is None else Steps.of(iteration, worker, micro_batch)
+        _COMPLETED[key] = _complete(spec, worker, seconds, censored, steps, cores)
     out, note = _COMPLETED[key]
     return out.copy(), note
 
@@ -214,35 +263,135 @@ def complete(
 _COMPLETED: dict[str, tuple[np.ndarray, str]] = {}  #: the last few traces completed
 
 
+@dataclass(frozen=True)
+class Steps:
+    """Where each row sits in a dense (steps, workers, units) layout: its step, its worker's
+    column and its unit's place in the worker's order; the unset places are 0 s."""
+
+    step: np.ndarray
+    column: np.ndarray
+    unit: np.ndarray
+    shape: tuple[int, int, int]
+
+    @classmethod
+    def of(cls, iteration: np.ndarray, worker: np.ndarray, micro_batch: np.ndarray | None) -> Steps:
+        step = np.unique(iteration, return_inverse=True)[1]
+        column = np.unique(worker, return_inverse=True)[1]
+        if micro_batch is not None:
+            unit = np.unique(micro_batch, return_inverse=True)[1]
+        else:  # one row per unit in the file's order: count the rows before it in its cell
+            cell = step * (column.max() + 1) + column
+            order = np.argsort(cell, kind="stable")
+            first = np.searchsorted(cell[order], cell[order], side="left")
+            unit = np.empty_like(cell)
+            unit[order] = np.arange(cell.size) - first
+        shape = (int(step.max()) + 1, int(column.max()) + 1, int(unit.max()) + 1)
+        return cls(step, column, unit, shape)
+
+    def dense(self, values: np.ndarray, fill: Any = 0) -> np.ndarray:
+        out = np.full(self.shape, fill, dtype=np.asarray(values).dtype)
+        out[self.step, self.column, self.unit] = values
+        return out
+
+    def rows(self, dense: np.ndarray) -> np.ndarray:
+        return dense[self.step, self.column, self.unit]
+
+
+def local_scale(
+    seconds: np.ndarray, censored: np.ndarray, step: np.ndarray, steps: int
+) -> np.ndarray:
+    """Each row's scale: the Kaplan-Meier median of the units within :data:`DRIFT_REACH` steps of
+    its own, over the whole trace's (1 where the trace is too short to move).
+
+    A job on a shared machine speeds up and slows down with its neighbours' load (seq-lstm's
+    units went from 13 to 30 ms over 120 steps), and a threshold cuts mostly in the slow
+    stretches: read against the law of the whole trace, the units it hid would be completed
+    from the fast stretches too. Units are completed in the scaled time u / s(step), which
+    the load no longer moves (an accelerated-failure-time model with a scale that drifts)."""
+    if steps < 2 * DRIFT_REACH + 1:
+        return np.ones(seconds.size)
+    whole = _km_median(seconds, censored)
+    medians = np.empty(steps)
+    for i in range(steps):  # a few hundred windows; each is one Kaplan-Meier
+        near = np.abs(step - i) <= DRIFT_REACH
+        medians[i] = _km_median(seconds[near], censored[near])
+    return medians[step] / whole
+
+
+def worker_scale(seconds: np.ndarray, censored: np.ndarray, worker: np.ndarray) -> np.ndarray:
+    """Each row's worker's Kaplan-Meier median over all the rows' (1 for a worker with too
+    few rows seen to tell)."""
+    whole = _km_median(seconds, censored)
+    scale = np.ones(seconds.size)
+    for w in np.unique(worker):
+        mine = worker == w
+        if np.count_nonzero(seconds[mine & ~censored] > 0) >= MIN_OBSERVED:
+            scale[mine] = _km_median(seconds[mine], censored[mine]) / whole
+    return scale
+
+
+def _km_median(seconds: np.ndarray, censored: np.ndarray) -> float:
+    """Kaplan-Meier's median of the rows (the largest unit seen where it stays above 1/2)."""
+    km = stats.ecdf(_censored_data(seconds, censored)).sf
+    times, after = np.asarray(km.quantiles, float), np.asarray(km.probabilities, float)
+    return float(times[min(np.searchsorted(-after, -0.5, side="left"), times.size - 1)])
+
+
 def _complete(
-    spec: str, worker: np.ndarray, seconds: np.ndarray, censored: np.ndarray
+    spec: str,
+    worker: np.ndarray,
+    seconds: np.ndarray,
+    censored: np.ndarray,
+    steps: Steps | None,
+    cores: int | None,
 ) -> tuple[np.ndarray, str]:
-    pooled = estimate(seconds, censored)
-    if pooled is None:
+    if estimate(seconds, censored) is None:
         raise UsageError(
             f"trace {spec!r}: {np.count_nonzero(~censored)} uncensored rows cannot tell the law "
             f"of {np.count_nonzero(censored)} censored ones; record with a higher threshold"
         )
+    shared = steps is not None and cores is not None and cores < steps.shape[1]
+    # under shared cores the units are completed in work (a core each), then timed again
+    units = steps.rows(unshared_work(steps.dense(seconds), cores)) if shared else seconds
+    if steps is not None:
+        scale = local_scale(units, censored, steps.step, steps.shape[0])
+    else:
+        scale = np.ones(seconds.size)
+    # a worker's own pace (a persistent straggler's): its units are completed at it
+    scale *= worker_scale(units / scale, censored, worker)
+    scaled = units / scale
+    pooled = estimate(scaled, censored)
+    assert pooled is not None  # a positive scale keeps the rows seen above 0
     rng = np.random.default_rng(SEED)
-    out = seconds.copy()
-    borrowed = []
-    # the pooled rows choose the tail's family; each worker fits that family to its own
-    family = (pooled.tail.family,)
-    for w in np.unique(worker[censored]):
-        mine = worker == w
-        law = estimate(seconds[mine], censored[mine], family)
-        if law is None:
-            law, _ = pooled, borrowed.append(int(w))
-        rows = np.flatnonzero(mine & censored)
-        out[rows] = law.beyond(seconds[rows], rng.random(rows.size))
+    out = units.copy()
+    rows = np.flatnonzero(censored)
+    # stratified uniforms (Latin hypercube, McKay et al. 1979): each 1/n of the law once
+    uniform = (rng.permutation(rows.size) + rng.random(rows.size)) / rows.size
+    out[rows] = scale[rows] * pooled.beyond(scaled[rows], uniform)
+    if shared:
+        timed = steps.rows(shared_durations(steps.dense(out), cores))
+        out = np.where(censored, timed, seconds)
     share = np.count_nonzero(censored) / censored.size
     tail = pooled.tail
     note = (
         f"trace {spec!r}: {share:.0%} of its rows are censored (cut by a threshold); their law "
-        f"is Kaplan-Meier per worker up to the largest unit seen, and past it a {tail.family} "
-        f"tail chosen by censored likelihood (AIC lead {tail.lead:.1f}, largest gap to "
-        f"Kaplan-Meier {tail.gap:.3f}); the survivors alone would read low"
+        f"is Kaplan-Meier up to the largest unit seen, and past it the {tail.family} tail "
+        f"chosen by censored likelihood ({_lead(tail)}, largest gap to Kaplan-Meier "
+        f"{tail.gap:.3f}), each unit scaled by its worker's pace"
     )
-    if borrowed:
-        note += f" (workers {borrowed} too few survivors: the pooled law)"
+    if steps is not None and steps.shape[0] >= 2 * DRIFT_REACH + 1:
+        note += f" and the load's drift over {2 * DRIFT_REACH + 1}-step windows"
+    if shared:
+        note += (
+            f"; its {steps.shape[1]} ranks shared {cores} cores, so the completed steps are "
+            "timed again under processor sharing"
+        )
+    note += "; the survivors alone would read low"
     return out, note
+
+
+def _lead(tail: Tail) -> str:
+    """How the tail's family was chosen, for the note."""
+    if tail.lead >= 0:
+        return f"AIC lead {tail.lead:.1f}"
+    return f"kept: another family led it by {-tail.lead:.1f} AIC, under {SUPPORT:g}"

@@ -58,6 +58,7 @@ from pathlib import Path
 import numpy as np
 from scipy import stats
 
+from tailtrain.core.machine import read_machine
 from tailtrain.delays.atomic import AtomicDelay
 from tailtrain.delays.base import FloatArray, Shape
 from tailtrain.delays.censored import complete
@@ -181,11 +182,16 @@ class TraceDelay(AtomicDelay):
     """A measured trace: replayed per worker by ``draw_block`` (unless ``sampling`` is
     ``pooled``); ``sample`` bootstraps its empirical law (so ``exact`` is False)."""
 
-    def __init__(self, spec: str, trace: Trace, sampling: str = "per-worker") -> None:
+    def __init__(
+        self, spec: str, trace: Trace, sampling: str = "per-worker", cores: int | None = None
+    ) -> None:
         #: a one-line note when rows were censored and completed from a fitted law, or None
         self.censoring: str | None = None
         if trace.censored is not None:
-            seconds, self.censoring = complete(spec, trace.worker, trace.seconds, trace.censored)
+            seconds, self.censoring = complete(
+                spec, trace.worker, trace.seconds, trace.censored,
+                iteration=trace.iteration, micro_batch=trace.micro_batch, cores=cores,
+            )  # fmt: skip
             trace = replace(trace, seconds=seconds, censored=None)
         super().__init__(spec, trace.seconds, 1.0)
         self.trace = trace
@@ -393,10 +399,11 @@ def write_trace_rows(
 
 
 def trace(spec: Spec) -> TraceDelay:
-    """``trace:path=FILE[,sampling=per-worker|pooled][,of=seconds|noncompute][,run=K]``:
-    replay or bootstrap FILE's seconds, or (``of=noncompute``) bootstrap its rounds' recorded
-    T^c, of run K (default: the file's last run)."""
-    spec.require_known(("path", "sampling", "of", "run"))
+    """``trace:path=FILE[,sampling=per-worker|pooled][,of=seconds|noncompute][,run=K]
+    [,cores=C]``: replay or bootstrap FILE's seconds, or (``of=noncompute``) bootstrap its
+    rounds' recorded T^c, of run K (default: the file's last run). ``cores``: the cores its
+    ranks shared (default: ``machine.jsonl`` beside FILE; see :func:`shared_cores`)."""
+    spec.require_known(("path", "sampling", "of", "run", "cores"))
     sampling = spec.get_str("sampling", SAMPLING[0])
     if sampling not in SAMPLING:
         raise UsageError(
@@ -411,7 +418,7 @@ def trace(spec: Spec) -> TraceDelay:
         )
     found = read_run(spec.get_str("path"), _run_of(spec))
     if part == "seconds":
-        return TraceDelay(spec.text, found, sampling)
+        return TraceDelay(spec.text, found, sampling, shared_cores(spec, found))
     comm = found.round_comm()
     if comm.size == 0:
         raise UsageError(
@@ -452,6 +459,21 @@ def comm_note(delay: str, comm_time: str | None) -> str | None:
             "--comm-time overrides it)"
         )
     return f"T^c from --comm-time {comm_time} in place of the trace's recorded noncompute"
+
+
+def shared_cores(spec: Spec, found: Trace) -> int | None:
+    """The cores the trace's ranks shared when fewer than its workers, else None: ``cores=C``,
+    or the trace's run row in ``machine.jsonl`` beside it when that host ran all the trace's
+    workers (``core.machine``; on several hosts the others are not seen)."""
+    workers = np.unique(found.worker).size
+    if spec.has("cores"):
+        cores = spec.get_int("cores", minimum=1)
+    else:
+        row = read_machine(Path(spec.get_str("path")).parent, found.runs[-1])
+        if row is None or int(row.get("local_ranks", 1)) != workers:
+            return None
+        cores = int(row.get("cores", workers))
+    return cores if cores < workers else None
 
 
 def _run_of(spec: Spec) -> int | None:
