@@ -24,6 +24,20 @@ with injected delays (:data:`CASES`). For each:
    ratio above 1 is compute that the recommendation itself slowed (ranks that no longer wait
    share the cores with the others), which the forecast cannot see.
 
+3. **Across strategies** (issue 36): the same pairs also run the best DropCompute row and the
+   best Local-SGD row of the first sync trace's advice, as advise wrote them. For each
+   (``cross``): the forecast mean iteration time over the measured (``time_ratio``, goal
+   within 5% of 1 on a quiet machine) and predicted over realised speed-up (goal within 10%).
+   The other way round, ``advise`` on the DropCompute runs' traces (censored: the threshold
+   cut their slow micro-batches) forecasts sync's mean iteration time, against the measured
+   sync runs' (``sync_from_dropcompute``, goal within 5%).
+4. **The machine** (``load``): the load averages before and after each case, and whether
+   advise printed its one-line contention warning (``contention_warned``): under a load of
+   twice the cores or more, a forecast off by more than 15% needs it.
+
+``--workers 2`` on two cores gives each rank a core (the quiet case); the default, 4, shares
+them two to a core.
+
 Every figure is a ratio of two runs made close together on the same machine; the machine is
 shared and loaded, so single runs move by 10-30%: the pairs and the median are there for that.
 """
@@ -40,7 +54,7 @@ from pathlib import Path
 
 import numpy as np
 
-WORKERS, MICRO_BATCHES, SEED = 4, 4, 0
+MICRO_BATCHES, SEED = 4, 0
 #: name -> the flags of its runs besides the strategy and budget
 CASES = {
     "seq-lstm": ["--task", "seq-lstm"],
@@ -58,9 +72,9 @@ def cli(*args: str) -> str:
     ).stdout
 
 
-def train(case: list[str], strategy: str, budget: float, folder: Path) -> dict:
+def train(case: list[str], strategy: str, budget: float, folder: Path, workers: int) -> dict:
     """A run's summary and its rate of applied worker gradients per wall second."""
-    cli("train", *case, "--strategy", strategy, "--workers", str(WORKERS),
+    cli("train", *case, "--strategy", strategy, "--workers", str(workers),
         "--micro-batches", str(MICRO_BATCHES), "--time-budget", str(budget),
         "--eval-every", "1000000", "--seed", str(SEED), "--out", str(folder),
         "--no-progress", "--overwrite")  # fmt: skip
@@ -77,30 +91,71 @@ def advise(trace: Path) -> dict:
     return json.loads(cli("advise", "--trace", str(trace), "--json"))
 
 
-def one_case(name: str, budget: float, traces: int, pairs: int, say) -> dict:
+def best(advice: dict, family: str) -> dict:
+    """The first row (the best forecast) of ``family`` in ``advice``'s results."""
+    return next(r for r in advice["results"] if r["spec"].split(":")[0] == family)
+
+
+def forecast_speedup(row: dict) -> float:
+    return row.get("simulated_effective_speedup") or row["effective_speedup"]
+
+
+def one_case(name: str, budget: float, traces: int, pairs: int, workers: int, say) -> dict:
     case = CASES[name]
+    load_before = os.getloadavg()
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         advice, measured = [], []
         for i in range(traces):
-            run = train(case, "sync", budget, folder / f"sync{i}")
+            run = train(case, "sync", budget, folder / f"sync{i}", workers)
             measured.append(run["summary"]["mean_iteration_time"])
             advice.append(advise(folder / f"sync{i}" / "trace.csv"))
             say(f"{name}: trace {i}: {advice[-1]['recommendation']}")
         first = advice[0]
         choice = next(r for r in first["results"] if r["spec"] == first["recommendation"])
-        predicted = choice.get("simulated_effective_speedup", choice["effective_speedup"])
-        ratios, inflation = [], []
+        predicted = forecast_speedup(choice)
+        # the sides of each pair: sync, the recommendation, the best DropCompute and
+        # Local-SGD rows (once each where they coincide)
+        rows = {"rec": choice, "dropcompute": best(first, "dropcompute"),
+                "local-sgd": best(first, "local-sgd")}  # fmt: skip
+        specs = dict.fromkeys(["sync", *(r["spec"] for r in rows.values())])
+        runs: dict[str, list[dict]] = {spec: [] for spec in specs}
+        from_dropcompute = []
         for p in range(pairs):
-            order = ("rec", "sync") if p % 2 == 0 else ("sync", "rec")
-            runs = {}
-            for side in order:
-                spec = first["recommendation"] if side == "rec" else "sync"
-                runs[side] = train(case, spec, budget, folder / f"pair{p}{side}")
-            ratios.append(runs["rec"]["rate"] / runs["sync"]["rate"])
-            inflation.append(runs["rec"]["unit"] / runs["sync"]["unit"])
-            say(f"{name}: pair {p}: realised {ratios[-1]:.3f}, units {inflation[-1]:.3f}x")
+            order = list(specs) if p % 2 == 0 else list(reversed(specs))
+            for j, spec in enumerate(order):
+                where = folder / f"pair{p}-{j}"
+                runs[spec].append(train(case, spec, budget, where, workers))
+                if spec == rows["dropcompute"]["spec"]:
+                    from_dropcompute.append(advise(where / "trace.csv")["cost"]["iteration_time"])
+            rec, sync = runs[choice["spec"]][-1], runs["sync"][-1]
+            say(f"{name}: pair {p}: realised {rec['rate'] / sync['rate']:.3f}, units "
+                f"{rec['unit'] / sync['unit']:.3f}x")  # fmt: skip
+    ratios = [
+        r["rate"] / s["rate"] for r, s in zip(runs[choice["spec"]], runs["sync"], strict=True)
+    ]
+    inflation = [
+        r["unit"] / s["unit"] for r, s in zip(runs[choice["spec"]], runs["sync"], strict=True)
+    ]
     realised = float(np.median(ratios)) if ratios else float("nan")  # --pairs 0: stability only
+    sync_time = float(np.median([r["summary"]["mean_iteration_time"] for r in runs["sync"]]))
+    cross = {}
+    for side in ("dropcompute", "local-sgd"):
+        row, mine = rows[side], runs[rows[side]["spec"]]
+        if not mine:
+            continue
+        time = float(np.median([r["summary"]["mean_iteration_time"] for r in mine]))
+        speedups = [m["rate"] / s["rate"] for m, s in zip(mine, runs["sync"], strict=True)]
+        cross[side] = {
+            "spec": row["spec"],
+            "forecast_iteration_time": row["iteration_time"],
+            "measured_iteration_time": time,
+            "time_ratio": row["iteration_time"] / time,
+            "predicted_speedup": forecast_speedup(row),
+            "realised_speedup": float(np.median(speedups)),
+            "predicted_over_realised": forecast_speedup(row) / float(np.median(speedups)),
+        }
+    notes = [note for a in advice for note in a["notes"]]
     return {
         "recommendations": [a["recommendation"] for a in advice],
         "same_recommendation": len({a["recommendation"] for a in advice}) == 1,
@@ -117,6 +172,15 @@ def one_case(name: str, budget: float, traces: int, pairs: int, say) -> dict:
         "predicted_over_realised": predicted / realised,
         "unit_seconds_rec_over_sync": inflation,
         "unit_seconds_ratio": float(np.median(inflation)) if inflation else float("nan"),
+        "cross": cross,
+        "sync_from_dropcompute": {
+            "forecasts": from_dropcompute,
+            "measured_sync_iteration_time": sync_time,
+            "ratio": float(np.median(from_dropcompute)) / sync_time if from_dropcompute
+            else float("nan"),
+        },
+        "load": {"before": list(load_before), "after": list(os.getloadavg())},
+        "contention_warned": any(n.startswith("contention:") for n in notes),
     }  # fmt: skip
 
 
@@ -128,6 +192,7 @@ def main() -> None:
     parser.add_argument("--traces", type=int, default=3, help="identical sync runs advised")
     parser.add_argument("--pairs", type=int, default=4, help="0: the traces' advice only")
     parser.add_argument("--case", choices=sorted(CASES), action="append")
+    parser.add_argument("--workers", type=int, default=4, help="ranks of every run")
     args = parser.parse_args()
     budget, pairs = (6.0, 2) if args.quick else (args.budget, args.pairs)
 
@@ -135,10 +200,10 @@ def main() -> None:
         if not args.json:
             print(text, flush=True)
 
-    out: dict = {"cpus": os.cpu_count(), "workers": WORKERS, "micro_batches": MICRO_BATCHES,
+    out: dict = {"cpus": os.cpu_count(), "workers": args.workers, "micro_batches": MICRO_BATCHES,
                  "budget_s": budget, "pairs": pairs}  # fmt: skip
     for name in args.case or list(CASES):
-        out[name] = one_case(name, budget, args.traces, pairs, say)
+        out[name] = one_case(name, budget, args.traces, pairs, args.workers, say)
         say(f"{name}: {json.dumps(out[name])}")
     if args.json:
         print(json.dumps(out, indent=2))
