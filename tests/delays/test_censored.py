@@ -313,3 +313,17 @@ def test_rows_without_micro_batches_sit_in_file_order():
     assert steps.shape == (2, 2, 3)
     assert steps.unit.tolist() == [0, 0, 1, 0, 2]
     assert steps.rows(steps.dense(np.arange(5.0))).tolist() == [0, 1, 2, 3, 4]
+
+
+def test_a_stretch_with_nothing_seen_keeps_the_trace_s_scale():
+    """A window of steps whose units were all cut (or all 0 s) cannot tell its load: it
+    keeps the whole trace's scale rather than dividing by nothing."""
+    rng = np.random.default_rng(0)
+    steps = np.repeat(np.arange(100), 4)
+    seconds = rng.exponential(0.01, steps.size)
+    censored = (steps >= 40) & (steps < 90)
+    seconds[censored] = 0.0
+    scale = local_scale(seconds, censored, steps, 100)
+    assert np.all(np.isfinite(scale)) and np.all(scale > 0)
+    assert np.all(scale[(steps >= 61) & (steps < 69)] == 1.0)
+    assert np.all(worker_scale(np.zeros(8), np.zeros(8, bool), np.arange(8) % 2) == 1.0)

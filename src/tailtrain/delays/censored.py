@@ -32,8 +32,8 @@ structures would bias a plain draw from the pooled law (each was measured on two
 of ``tailtrain train``, censored offline; docs/loop.md has the figures):
 
 * **the load drifts** (:func:`local_scale`): the units are divided by the Kaplan-Meier median
-  of the steps within :data:`DRIFT_REACH` of theirs, so a cut in a slow stretch is completed as
-  slow (an accelerated-failure-time model whose scale moves with the load);
+  of the steps within :data:`DRIFT_REACH` of theirs, so a cut in a slow stretch is completed
+  as slow (an accelerated-failure-time model whose scale moves with the load);
 * **a worker has its own pace** (:func:`worker_scale`): each worker's median divides its
   units too, so a persistent straggler's cut units are completed at its pace. The law of the
   scaled units is pooled: one worker's few hundred units cannot fit a heavy tail's shape
@@ -204,22 +204,17 @@ def fit_tail(seconds: np.ndarray, censored: np.ndarray, families: tuple[str, ...
 
 
 def estimate(
-    seconds: np.ndarray,
-    censored: np.ndarray,
-    families: tuple[str, ...] | None = None,
-    tail: Tail | None = None,
+    seconds: np.ndarray, censored: np.ndarray, families: tuple[str, ...] | None = None
 ) -> UnitLaw | None:
     """The unit law of ``seconds`` (lower bounds where ``censored``; module docstring), or
     None when fewer than :data:`MIN_OBSERVED` rows are seen (censored rows at 0 say
-    nothing). ``families``: the tail's candidates (default all of :data:`FAMILIES`);
-    ``tail``: a tail fitted elsewhere, kept as it is past these rows' Kaplan-Meier."""
+    nothing). ``families``: the tail's candidates (default all of :data:`FAMILIES`)."""
     seconds, censored = np.asarray(seconds, dtype=float), np.asarray(censored, dtype=bool)
     if np.count_nonzero(seconds[~censored] > 0) < MIN_OBSERVED:
         return None
     km = stats.ecdf(_censored_data(seconds, censored)).sf
     times, after = np.asarray(km.quantiles, float), np.asarray(km.probabilities, float)
-    if tail is None:
-        tail = fit_tail(seconds, censored, families or tuple(FAMILIES))
+    tail = fit_tail(seconds, censored, families or tuple(FAMILIES))
     return UnitLaw(times, after, tail)
 
 
@@ -300,22 +295,23 @@ class Steps:
 def local_scale(
     seconds: np.ndarray, censored: np.ndarray, step: np.ndarray, steps: int
 ) -> np.ndarray:
-    """Each row's scale: the Kaplan-Meier median of the units within :data:`DRIFT_REACH` steps of
-    its own, over the whole trace's (1 where the trace is too short to move).
+    """Each row's scale: the Kaplan-Meier median of the units within :data:`DRIFT_REACH`
+    steps of its own, over the whole trace's (1 where the trace is too short to move).
 
     A job on a shared machine speeds up and slows down with its neighbours' load (seq-lstm's
     units went from 13 to 30 ms over 120 steps), and a threshold cuts mostly in the slow
     stretches: read against the law of the whole trace, the units it hid would be completed
     from the fast stretches too. Units are completed in the scaled time u / s(step), which
     the load no longer moves (an accelerated-failure-time model with a scale that drifts)."""
-    if steps < 2 * DRIFT_REACH + 1:
-        return np.ones(seconds.size)
     whole = _km_median(seconds, censored)
+    if steps < 2 * DRIFT_REACH + 1 or not whole > 0:
+        return np.ones(seconds.size)
     medians = np.empty(steps)
-    for i in range(steps):  # a few hundred windows; each is one Kaplan-Meier
+    for i in range(steps):  # one Kaplan-Meier per step: 2.5 s for 5,000 steps of 32 units
         near = np.abs(step - i) <= DRIFT_REACH
         medians[i] = _km_median(seconds[near], censored[near])
-    return medians[step] / whole
+    # a window with too few units seen (or a median of 0 s) keeps the trace's scale
+    return np.where(medians > 0, medians, whole)[step] / whole
 
 
 def worker_scale(seconds: np.ndarray, censored: np.ndarray, worker: np.ndarray) -> np.ndarray:
@@ -323,15 +319,21 @@ def worker_scale(seconds: np.ndarray, censored: np.ndarray, worker: np.ndarray) 
     few rows seen to tell)."""
     whole = _km_median(seconds, censored)
     scale = np.ones(seconds.size)
+    if not whole > 0:
+        return scale
     for w in np.unique(worker):
         mine = worker == w
-        if np.count_nonzero(seconds[mine & ~censored] > 0) >= MIN_OBSERVED:
-            scale[mine] = _km_median(seconds[mine], censored[mine]) / whole
+        median = _km_median(seconds[mine], censored[mine])
+        if median > 0:
+            scale[mine] = median / whole
     return scale
 
 
 def _km_median(seconds: np.ndarray, censored: np.ndarray) -> float:
-    """Kaplan-Meier's median of the rows (the largest unit seen where it stays above 1/2)."""
+    """Kaplan-Meier's median of the rows (the largest unit seen where it stays above 1/2),
+    or NaN when fewer than :data:`MIN_OBSERVED` of them are seen."""
+    if np.count_nonzero(seconds[~censored] > 0) < MIN_OBSERVED:
+        return float("nan")
     km = stats.ecdf(_censored_data(seconds, censored)).sf
     times, after = np.asarray(km.quantiles, float), np.asarray(km.probabilities, float)
     return float(times[min(np.searchsorted(-after, -0.5, side="left"), times.size - 1)])
@@ -345,7 +347,7 @@ def _complete(
     steps: Steps | None,
     cores: int | None,
 ) -> tuple[np.ndarray, str]:
-    if estimate(seconds, censored) is None:
+    if np.count_nonzero(seconds[~censored] > 0) < MIN_OBSERVED:
         raise UsageError(
             f"trace {spec!r}: {np.count_nonzero(~censored)} uncensored rows cannot tell the law "
             f"of {np.count_nonzero(censored)} censored ones; record with a higher threshold"
