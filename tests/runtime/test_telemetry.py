@@ -39,6 +39,27 @@ def test_a_ranks_trace_is_read_back_with_one_iteration_per_local_step(tmp_path):
     assert trace.censored.tolist() == [False] * 3 + [True, False] + [True] * 3
 
 
+def test_a_cut_unit_that_ran_to_its_end_is_its_time_not_a_bound(tmp_path):
+    """A compute cannot be stopped: a unit with no injected seconds left that ends past tau
+    is not counted, yet its seconds are its whole time. It is written uncensored (completing
+    it as a bound read sync's step 13-21% high from seq-lstm's DropCompute traces, issue 36);
+    the units after it, never started, stay censored, and the charge still counts it out."""
+    rows = TraceRows(rank=0, per_micro_batch=True, charged=True)
+    nan = np.nan
+    rows.add(step=0, micro_batches=4, local_steps=1, times=np.array([0.1, nan, nan, nan]),
+             cut=0.3, cut_whole=True)  # fmt: skip
+    rows.add(step=1, micro_batches=4, local_steps=1, times=np.array([0.1, nan, nan, nan]),
+             cut=0.3)  # fmt: skip
+    rows.charge(0, 1.0)
+    rows.charge(1, 1.0)
+    table = rows.table()
+    write_trace(tmp_path / "t.csv", table, per_micro_batch=True, charged=True)
+    trace = read_trace(tmp_path / "t.csv")
+    assert trace.seconds.tolist() == [0.1, 0.3, 0.0, 0.0] * 2
+    assert trace.censored.tolist() == [False, False, True, True, False, True, True, True]
+    assert table[3, -1] == table[7, -1] == pytest.approx(0.9)  # only the counted 0.1 charged
+
+
 def test_a_trace_without_cut_units_has_no_censored_column(tmp_path):
     rows = TraceRows(rank=0, per_micro_batch=True)
     rows.add(step=0, micro_batches=2, local_steps=1, times=np.array([0.1, 0.2]))

@@ -39,6 +39,9 @@ class RankWork(NamedTuple):  # a tuple, and lists of floats: made right after th
     #: seconds the unit in flight had run when tau preempted it (a lower bound of its time,
     #: recorded as a censored trace row, ``delays.censored``); NaN: none was cut
     cut: float = math.nan
+    #: the cut unit ran to its end all the same (its compute cannot be stopped, and nothing
+    #: of it was left to sleep): ``cut`` is its time, not a bound
+    cut_whole: bool = False
 
 
 def compute(
@@ -62,6 +65,7 @@ def compute(
     # Python floats between the units: numpy scalars there cost ~50 us a round, run cold
     seconds_of, times = injected.tolist(), [math.nan] * len(batches)
     done, loss_sum, slept, start, cut = 0, 0.0, 0.0, time.perf_counter(), math.nan
+    whole = False
     for u, batch in enumerate(batches):
         if not may_start(time.perf_counter() - start, tau, preempt):
             break
@@ -71,6 +75,7 @@ def compute(
         slept += seconds
         if not counts:
             cut = time.perf_counter() - began
+            whole = seconds >= seconds_of[u]  # its injected seconds all slept: none left
             break
         times[u] = time.perf_counter() - began
         done += 1
@@ -83,7 +88,7 @@ def compute(
             step_sum.zero_()
     total = torch.zeros_like(local) if total is None else total
     grad = worker_grad(total, done, plan.local_steps)
-    return RankWork(done, time.perf_counter() - start, slept, times, grad, loss_sum, cut)
+    return RankWork(done, time.perf_counter() - start, slept, times, grad, loss_sum, cut, whole)
 
 
 def sleep_injected(

@@ -55,7 +55,7 @@ def compute_on_demand(
     dealt, in order; the counted ones are the first ``done``."""
     seconds_of = injected.tolist()
     times, dealt = [math.nan] * len(seconds_of), []
-    done, loss_sum, slept, cut = 0, 0.0, 0.0, math.nan
+    done, loss_sum, slept, cut, whole = 0, 0.0, 0.0, math.nan, False
     total: torch.Tensor | None = None
     start = time.perf_counter()
     try:
@@ -71,6 +71,7 @@ def compute_on_demand(
             slept += (time.perf_counter() - asleep) if stopped else seconds
             if stopped or not deal.complete():  # cut in flight, or counted past N M: carried
                 cut = time.perf_counter() - began
+                whole = not stopped  # it ran to its end: its time, not a bound
                 break
             times[u] = time.perf_counter() - began
             done += 1
@@ -81,7 +82,6 @@ def compute_on_demand(
         raise
     deal.leave()
     total = torch.zeros_like(theta) if total is None else total
-    work = RankWork(
-        done, time.perf_counter() - start, slept, times, worker_grad(total, done, 1), loss_sum, cut
-    )
+    grad = worker_grad(total, done, 1)
+    work = RankWork(done, time.perf_counter() - start, slept, times, grad, loss_sum, cut, whole)
     return work, dealt
