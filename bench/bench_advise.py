@@ -99,7 +99,14 @@ def advise(trace: Path) -> dict:
 
 def best(advice: dict, family: str) -> dict:
     """The first row (the best forecast) of ``family`` in ``advice``'s results."""
-    return next(r for r in advice["results"] if r["spec"].split(":")[0] == family)
+    rows = [r for r in advice["results"] if r["spec"].split(":")[0] == family]
+    if not rows:
+        raise SystemExit(f"advise offered no {family} row: {advice['trace']}")
+    return rows[0]
+
+
+def median(values: list[float]) -> float:
+    return float(np.median(values)) if values else float("nan")  # --pairs 0: none
 
 
 def forecast_speedup(row: dict) -> float:
@@ -146,14 +153,14 @@ def one_case(name: str, budget: float, traces: int, pairs: int, workers: int, sa
     inflation = [
         r["unit"] / s["unit"] for r, s in zip(runs[choice["spec"]], runs["sync"], strict=True)
     ]
-    realised = float(np.median(ratios)) if ratios else float("nan")  # --pairs 0: stability only
-    sync_time = float(np.median([r["summary"]["mean_iteration_time"] for r in runs["sync"]]))
+    realised = median(ratios)  # --pairs 0: stability only
+    sync_time = median([r["summary"]["mean_iteration_time"] for r in runs["sync"]])
     cross = {}
     for side in ("dropcompute", "local-sgd"):
         row, mine = rows[side], runs[rows[side]["spec"]]
         if not mine:
             continue
-        time = float(np.median([r["summary"]["mean_iteration_time"] for r in mine]))
+        time = median([r["summary"]["mean_iteration_time"] for r in mine])
         speedups = [m["rate"] / s["rate"] for m, s in zip(mine, runs["sync"], strict=True)]
         cross[side] = {
             "spec": row["spec"],
@@ -161,8 +168,8 @@ def one_case(name: str, budget: float, traces: int, pairs: int, workers: int, sa
             "measured_iteration_time": time,
             "time_ratio": row["iteration_time"] / time,
             "predicted_speedup": forecast_speedup(row),
-            "realised_speedup": float(np.median(speedups)),
-            "predicted_over_realised": forecast_speedup(row) / float(np.median(speedups)),
+            "realised_speedup": median(speedups),
+            "predicted_over_realised": forecast_speedup(row) / median(speedups),
         }
     notes = [note for a in advice for note in a["notes"]]
     return {
@@ -180,15 +187,14 @@ def one_case(name: str, budget: float, traces: int, pairs: int, workers: int, sa
         "realised_speedup": realised,
         "predicted_over_realised": predicted / realised,
         "unit_seconds_rec_over_sync": inflation,
-        "unit_seconds_ratio": float(np.median(inflation)) if inflation else float("nan"),
+        "unit_seconds_ratio": median(inflation),
         "cross": cross,
         "sync_from_dropcompute": {
             "spec": CUTTING,
             "forecasts": from_dropcompute,
             "censored_share": censored,
             "measured_sync_iteration_time": sync_time,
-            "ratio": float(np.median(from_dropcompute)) / sync_time if from_dropcompute
-            else float("nan"),
+            "ratio": median(from_dropcompute) / sync_time,
         },
         "load": {"before": list(load_before), "after": list(os.getloadavg())},
         "contention_warned": any(n.startswith("contention:") for n in notes),

@@ -63,6 +63,8 @@ def shared_durations(work_seconds: FloatArray, cores: int) -> FloatArray:
     :func:`unshared_work`): an event-driven run, one event per unit finished, vectorised over
     the steps."""
     whole = np.asarray(work_seconds, dtype=float)
+    if cores < 1 or not np.isfinite(whole).all() or (whole < 0).any():
+        raise ValueError(f"shared_durations: {cores} cores, or work not finite and >= 0")
     left = whole.copy()
     steps, ranks, units = left.shape
     taken = np.zeros_like(left)
@@ -98,4 +100,5 @@ def shared_durations(work_seconds: FloatArray, cores: int) -> FloatArray:
         left[i[ended], r[ended], u[ended]] = 0.0
         at[i[ended], r[ended]] += 1
         skip_empty()
+    assert (at == units).all()  # every event ends a unit: ranks * units events end them all
     return taken

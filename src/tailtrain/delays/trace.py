@@ -10,8 +10,8 @@ in one file (a probe that finds an earlier run's trace appends with the next num
 iterations counted from 0 again): everything that replays a trace reads one run, the last
 unless ``run=K`` names another (:func:`read_run`), and ``advise`` compares the runs.
 A row with ``censored=1`` was cut by a threshold: its seconds is a lower bound, and
-the row is completed from the worker's law fitted with censoring before anything else reads
-the trace (``delays.censored``).
+the row is completed from the law fitted with censoring before anything else reads the trace
+(``delays.censored``).
 
 ``trace:path=FILE`` (``sampling=per-worker``, the default) replays each worker's own times,
 deterministically: worker w's j-th unit takes trace worker w's j-th recorded unit, in the
@@ -464,7 +464,8 @@ def comm_note(delay: str, comm_time: str | None) -> str | None:
 def shared_cores(spec: Spec, found: Trace) -> int | None:
     """The cores the trace's ranks shared when fewer than its workers, else None: ``cores=C``,
     or the trace's run row in ``machine.jsonl`` beside it when that host ran all the trace's
-    workers (``core.machine``; on several hosts the others are not seen)."""
+    workers (on several hosts the others are not seen) and its units did not sleep (an
+    injected delay holds no core; ``core.machine``)."""
     workers = np.unique(found.worker).size
     if spec.has("cores"):
         cores = spec.get_int("cores", minimum=1)
@@ -472,7 +473,9 @@ def shared_cores(spec: Spec, found: Trace) -> int | None:
         row = read_machine(Path(spec.get_str("path")).parent, found.runs[-1])
         if row is None or int(row.get("local_ranks", 1)) != workers:
             return None
-        cores = int(row.get("cores", workers))
+        if float(row.get("asleep", 0.0)) > 0.0:
+            return None
+        cores = max(int(row.get("cores", workers)), 1)
     return cores if cores < workers else None
 
 

@@ -25,7 +25,8 @@
   measured seconds in the format ``trace:path=`` reads
   (``iteration,worker[,micro_batch][,censored],seconds``; a unit the threshold cut or never
   started is a censored row, a lower bound, so the law is estimated rather than read from the
-  survivors; one iteration per local step; a partial
+  survivors, unless the cut unit ran to its end all the same, when its seconds are its time;
+  one iteration per local step; a partial
   collective's unit is a rank's job, its iteration the job's index), so a real run can drive
   ``predict``, ``simulate`` and ``advise`` (:func:`write_traces`). The allreduce topology adds
   ``noncompute``: on the rows of a rank's last iteration in a round, the round's wall seconds
@@ -366,7 +367,8 @@ class TraceRows:
     rank: int
     per_micro_batch: bool
     charged: bool = False
-    #: (step, M, H, unit seconds, seconds of the unit tau cut, cap) of each round, made into
+    #: (step, M, H, unit seconds, seconds of the unit tau cut, cap, whether that unit ran to
+    #: its end) of each round, made into
     #: rows only when asked (per round that would be a few numpy calls on the critical path)
     rounds: list[tuple[int, int, int, Sequence[float], float, float, bool]] = field(
         default_factory=list
@@ -464,4 +466,15 @@ def write_outputs(out: Path, record: RunRecord | None, trace: np.ndarray | None,
         record.write(folder)
     if trace is not None:
         write_trace(folder / "trace.csv", trace, *kind)
-        append_machine(folder, machine_row())  # what advise needs to see contention
+        row = machine_row() | asleep(record)
+        append_machine(folder, row)  # what advise needs to see contention
+
+
+def asleep(record: RunRecord | None) -> dict[str, float]:
+    """``{"asleep": s}``: the share of the units' seconds that were injected sleeps, which
+    hold no core (``core.machine``); empty when the summary does not say."""
+    summary = record.summary if record is not None else {}
+    compute, injected = summary.get("mean_compute_time"), summary.get("mean_injected_time")
+    if not compute or injected is None:
+        return {}
+    return {"asleep": round(float(injected) / float(compute), 4)}

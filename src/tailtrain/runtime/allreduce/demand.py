@@ -71,7 +71,8 @@ def compute_on_demand(
             slept += (time.perf_counter() - asleep) if stopped else seconds
             if stopped or not deal.complete():  # cut in flight, or counted past N M: carried
                 cut = time.perf_counter() - began
-                whole = not stopped  # it ran to its end: its time, not a bound
+                # it ran to its end (no sleep to stop): its time, not a bound
+                whole = not stopped or seconds <= 0
                 break
             times[u] = time.perf_counter() - began
             done += 1
