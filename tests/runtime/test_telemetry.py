@@ -41,9 +41,9 @@ def test_a_ranks_trace_is_read_back_with_one_iteration_per_local_step(tmp_path):
 
 def test_a_cut_unit_that_ran_to_its_end_is_its_time_not_a_bound(tmp_path):
     """A compute cannot be stopped: a unit with no injected seconds left that ends past tau
-    is not counted, yet its seconds are its whole time. It is written uncensored (completing
-    it as a bound read sync's step 13-21% high from seq-lstm's DropCompute traces, issue 36);
-    the units after it, never started, stay censored, and the charge still counts it out."""
+    is not counted, yet its seconds are its whole time. It is written uncensored (as a bound
+    it would be completed beyond its own time, issue 36); the units after it, never started,
+    stay censored, and the charge still counts it out."""
     rows = TraceRows(rank=0, per_micro_batch=True, charged=True)
     nan = np.nan
     rows.add(step=0, micro_batches=4, local_steps=1, times=np.array([0.1, nan, nan, nan]),

@@ -401,8 +401,9 @@ class TraceRows:
         delay-process iteration = step * H + h. A unit not counted is censored: the one tau
         cut at the seconds it had run, those never started at 0 (``delays.censored``). The
         cut unit is not censored when it ran to its end all the same (a compute that cannot
-        be stopped, with no injected seconds left): its seconds are then its time, and
-        completing it as a bound read sync's step 13-21% high from seq-lstm's traces."""
+        be stopped, with no injected seconds left): its seconds are then its time, which a
+        bound would have had completed beyond (its run-on past tau is still in the round's
+        noncompute, as the simulator charges tau)."""
         width = 4 + self.per_micro_batch + self.charged
         rows = [np.empty((0, width))]
         for step, micro_batches, local_steps, seconds, cut, cap, whole in self.rounds:
