@@ -32,7 +32,7 @@ with injected delays (:data:`CASES`). For each:
    cut a fifth of the micro-batches, so that their traces are censored: the best row's
    threshold cuts next to nothing) forecasts sync's mean iteration time, against the
    measured sync runs' (``sync_from_dropcompute``, goal within 5%; ``censored_share``, the
-   share of the trace's rows it cut).
+   share of the trace's rows it cut; the cutting runs' own mean iteration time beside it).
 4. **The machine** (``load``): the load averages before and after each case, and whether
    advise printed its one-line contention warning (``contention_warned``): under a load of
    twice the cores or more, a forecast off by more than 15% needs it.
@@ -195,6 +195,10 @@ def one_case(name: str, budget: float, traces: int, pairs: int, workers: int, sa
             "censored_share": censored,
             "measured_sync_iteration_time": sync_time,
             "ratio": median(from_dropcompute) / sync_time,
+            # the cutting runs' own: a forecast of sync is not a replay of the run it read
+            "measured_cutting_iteration_time": median(
+                [r["summary"]["mean_iteration_time"] for r in runs[CUTTING]]
+            ),
         },
         "load": {"before": list(load_before), "after": list(os.getloadavg())},
         "contention_warned": any(n.startswith("contention:") for n in notes),

@@ -39,6 +39,9 @@ def test_a_replay_of_a_runs_own_trace_gives_its_mean_iteration_time(
     assert exported and min(exported) >= 0.0  # no exported time is negative
     trace = real / "trace.csv"
     assert "noncompute" in trace.open().readline()
+    # its units are mostly injected sleeps, which a threshold cuts: the replay cuts them too
+    machine = json.loads((real / "machine.jsonl").read_text().splitlines()[-1])
+    assert machine["asleep"] > 0.9
     # the simulation draws its own noise: only the trace's recorded seconds enter it
     replay = [
         a if a != "const:value=0.02+exp:rate=40" else f"trace:path={trace}" for a in flags(strategy)

@@ -24,6 +24,8 @@ from tailtrain.errors import UsageError
 class _Flat:
     """A delay source of ones: only the T^c stream varies."""
 
+    cuttable = True
+
     def next_block(self, iterations: int) -> np.ndarray:
         return np.ones((iterations, 3))
 

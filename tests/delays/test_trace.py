@@ -263,3 +263,31 @@ def test_samples_and_run_must_be_integers(tmp_path: Path) -> None:
     path = write(tmp_path, "iteration,worker,seconds,samples\n0,0,0.1,2.5\n")
     with pytest.raises(UsageError, match=r"samples=2.5 must be an integer >= 0"):
         parse_delay(f"trace:path={path}")
+
+
+def test_a_traces_units_are_a_computations_unless_it_says_they_slept(tmp_path: Path) -> None:
+    """A threshold cannot stop a measured computation (``DelayModel.cuttable``): ``cut=no``
+    says a trace's units were one, and so does ``train``'s machine row beside it when less
+    than half their seconds were injected sleeps; a trace that says nothing keeps the
+    simulator's sleeps. The other laws are sleeps; a sum is cut only if all its terms are."""
+    path = per_iteration_trace(tmp_path, np.full(8, 0.1))
+    assert parse_delay(f"trace:path={path}").cuttable
+    assert not parse_delay(f"trace:path={path},cut=no").cuttable
+    assert not parse_delay(f"trace:path={path},cut=no+const:value=0.1").cuttable
+    assert parse_delay("exp:rate=2+const:value=0.1").cuttable
+    row = '{"run": 0, "host": "h", "cores": 2, "local_ranks": 4, "load": [1.0]%s}\n'
+    for asleep, cuttable in (("", True), (', "asleep": 0.98', True), (', "asleep": 0.5', True),
+                             (', "asleep": 0.2', False), (', "asleep": 0.0', False)):  # fmt: skip
+        (tmp_path / "machine.jsonl").write_text(row % asleep)
+        assert parse_delay(f"trace:path={path}").cuttable is cuttable
+        assert not parse_delay(f"trace:path={path},cut=no").cuttable
+        assert parse_delay(f"trace:path={path},cut=yes").cuttable
+    process = DelayProcess(f"trace:path={path},cut=no", workers=4)
+    assert not process.cuttable
+
+
+def test_a_bad_cut_is_refused_in_one_line(tmp_path: Path) -> None:
+    path = per_iteration_trace(tmp_path, np.full(8, 0.1))
+    with pytest.raises(UsageError, match="cut=yes") as refused:
+        parse_delay(f"trace:path={path},cut=maybe")
+    assert "\n" not in str(refused.value)

@@ -43,7 +43,8 @@ def test_a_cut_unit_that_ran_to_its_end_is_its_time_not_a_bound(tmp_path):
     """A compute cannot be stopped: a unit with no injected seconds left that ends past tau
     is not counted, yet its seconds are its whole time. It is written uncensored (as a bound
     it would be completed beyond its own time, issue 36); the units after it, never started,
-    stay censored, and the charge still counts it out."""
+    stay censored, and its seconds are the rank's compute, not its noncompute: a forecast that
+    completes the unit must not meet its run-on a second time in T^c."""
     rows = TraceRows(rank=0, per_micro_batch=True, charged=True)
     nan = np.nan
     rows.add(step=0, micro_batches=4, local_steps=1, times=np.array([0.1, nan, nan, nan]),
@@ -57,7 +58,7 @@ def test_a_cut_unit_that_ran_to_its_end_is_its_time_not_a_bound(tmp_path):
     trace = read_trace(tmp_path / "t.csv")
     assert trace.seconds.tolist() == [0.1, 0.3, 0.0, 0.0] * 2
     assert trace.censored.tolist() == [False, False, True, True, False, True, True, True]
-    assert table[3, -1] == table[7, -1] == pytest.approx(0.9)  # only the counted 0.1 charged
+    assert table[3, -1] == table[7, -1] == pytest.approx(0.6)  # the counted 0.1 and the cut 0.3
 
 
 def test_a_trace_without_cut_units_has_no_censored_column(tmp_path):
@@ -120,13 +121,18 @@ def test_a_charged_trace_records_each_rounds_noncompute_seconds_on_its_last_iter
     assert trace.censored.tolist() == [False, False, False, True, False, False, False, False]
     np.testing.assert_allclose(trace.noncompute, [nan, nan, 0.4, 0.4, nan, nan, nan, nan])
     assert trace.round_comm().tolist() == pytest.approx([0.4])
-    # a rank that dropped work preempting is charged tau, as the simulator charges it
-    rows = TraceRows(rank=0, per_micro_batch=True, charged=True)
-    rows.add(step=0, micro_batches=2, local_steps=1, times=np.array([0.1, nan]), cap=0.25)
-    rows.add(step=1, micro_batches=2, local_steps=1, times=np.array([0.1, 0.1]), cap=0.25)
-    rows.charge(0, 1.0)
-    rows.charge(1, 1.0)
-    assert rows.table()[:, -1].tolist() == pytest.approx([0.75, 0.75, 0.8, 0.8])
+    # a rank that dropped work is charged every second it computed: the cut unit's run too,
+    # whether tau stopped it (a bound) or its compute ran on past tau (its whole time)
+    for whole in (False, True):
+        rows = TraceRows(rank=0, per_micro_batch=True, charged=True)
+        rows.add(0, 2, 1, times=np.array([0.1, nan]), cut=0.15, cut_whole=whole)
+        rows.add(1, 2, 1, times=np.array([0.1, 0.1]))
+        rows.add(2, 2, 1, times=np.array([0.3, nan]))  # the second unit never started
+        for step in range(3):
+            rows.charge(step, 1.0)
+        table = rows.table()
+        assert table[:, -1].tolist() == pytest.approx([0.75, 0.75, 0.8, 0.8, 0.7, 0.7])
+        assert table[:, 3].tolist() == [False, not whole, False, False, False, True]
 
 
 def test_whole_iteration_traces_have_no_micro_batch_column(tmp_path):

@@ -173,13 +173,17 @@ def test_resample_puts_dropped_micro_batches_first_in_the_next_round():
 
 
 # ---- the stop rule ---------------------------------------------------------------------------
-def reference_stops(times: np.ndarray, tau: float, preempt: bool):
-    """One worker and one micro-batch at a time: Algorithm 1 as a plain loop."""
+def reference_stops(times: np.ndarray, tau: float, preempt: bool, cuttable: bool = True):
+    """One worker and one micro-batch at a time: Algorithm 1 as a plain loop. A unit that
+    cannot be cut, found running at tau, runs to its end and does not count."""
     done, compute = [], []
     for row in times:
         elapsed, count = 0.0, 0
         for t in row:
             if preempt and elapsed + t >= tau:
+                if not cuttable and elapsed < tau:  # it started, so it ends
+                    elapsed += t
+                    break
                 elapsed = tau
                 break
             if not preempt and elapsed > tau:
@@ -187,7 +191,7 @@ def reference_stops(times: np.ndarray, tau: float, preempt: bool):
             elapsed += t
             count += 1
         done.append(count)
-        compute.append(min(elapsed, tau) if preempt else elapsed)
+        compute.append(min(elapsed, tau) if preempt and (cuttable or tau <= 0) else elapsed)
     return np.array(done), np.array(compute)
 
 
@@ -198,12 +202,13 @@ def reference_stops(times: np.ndarray, tau: float, preempt: bool):
     st.floats(0.0, 6.0),
     st.booleans(),
     st.integers(0, 2**31),
+    st.booleans(),
 )
-def test_stop_rule_matches_the_loop(n, m, tau, preempt, seed):
+def test_stop_rule_matches_the_loop(n, m, tau, preempt, seed, cuttable):
     rng = np.random.default_rng(seed)
     times = rng.choice([0.0, 0.5, 1.0, rng.exponential()], size=(n, m))
-    stops = stop_rule(times, tau, preempt)
-    done, compute = reference_stops(times, tau, preempt)
+    stops = stop_rule(times, tau, preempt, cuttable)
+    done, compute = reference_stops(times, tau, preempt, cuttable)
     np.testing.assert_array_equal(stops.done, done)
     np.testing.assert_allclose(stops.compute, compute, rtol=1e-12, atol=1e-12)
 
@@ -251,6 +256,19 @@ def test_effective_speedup_matches_eq11_given_the_empirical_iteration_time():
     per_round = completed / M * (compute.mean() + COMM) / (11.5 + COMM)
     within(per_round, float(predicted))
     assert record.summary["effective_speedup"] == pytest.approx(per_round.mean(), rel=1e-12)
+
+
+def test_a_unit_that_cannot_be_cut_runs_to_its_end_uncounted():
+    """A worker with units 0.4, 0.4, 0.4 and tau = 1: preempting a sleep it leaves at 1.0, a
+    computation's third unit runs on to 1.2; neither counts it, and checking between units
+    counts it at the same 1.2."""
+    times = np.array([[0.4, 0.4, 0.4], [0.3, 0.3, 0.3]])
+    sleeps, computes = stop_rule(times, 1.0, True), stop_rule(times, 1.0, True, cuttable=False)
+    between = stop_rule(times, 1.0, False)
+    assert sleeps.done.tolist() == computes.done.tolist() == [2, 3]
+    assert sleeps.compute.tolist() == pytest.approx([1.0, 0.9])
+    assert computes.compute.tolist() == between.compute.tolist() == pytest.approx([1.2, 0.9])
+    assert between.done.tolist() == [3, 3]
 
 
 def test_checking_between_micro_batches_shifts_eq5_by_one_and_costs_time():

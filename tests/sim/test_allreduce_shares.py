@@ -150,18 +150,24 @@ def test_train_and_a_users_loop_refuse_it_before_anything_runs():
     st.sampled_from([0.5, 1.5, 3.0, float("inf")]),
     st.booleans(),
     st.integers(0, 2**32 - 1),
+    st.booleans(),
 )
-def test_equal_shares_stop_as_syncs_rounds_do(n, m, tau, preempt, seed):
-    """share_rule with every share M is stop_rule, for both stopping conventions; a share
-    counts only its own units."""
+def test_equal_shares_stop_as_syncs_rounds_do(n, m, tau, preempt, seed, cuttable):
+    """share_rule with every share M is stop_rule, for both stopping conventions and units
+    that can or cannot be cut; a share counts only its own units, and one that cannot be cut
+    ends at the end of its unit in flight, within its share."""
     times = np.random.default_rng(seed).exponential(0.5, (n, 3 * m))
-    ours = share_rule(times[:, :m], np.full(n, m), m, tau, preempt)
-    theirs = stop_rule(times[:, :m], tau, preempt)
+    ours = share_rule(times[:, :m], np.full(n, m), m, tau, preempt, cuttable)
+    theirs = stop_rule(times[:, :m], tau, preempt, cuttable)
     for field in ("done", "compute", "full"):
         np.testing.assert_array_equal(getattr(ours, field), getattr(theirs, field))
     shares = np.random.default_rng(seed + 1).integers(1, 3 * m + 1, n)
-    uneven = share_rule(times, shares, m, tau, preempt)
+    uneven = share_rule(times, shares, m, tau, preempt, cuttable)
     assert (uneven.done <= shares).all()
+    if preempt and not cuttable:
+        own = np.where(np.arange(3 * m) < shares[:, None], times, 0.0)
+        ends = np.cumsum(own, axis=1)[np.arange(n), np.minimum(uneven.done, shares - 1)]
+        np.testing.assert_allclose(uneven.compute, ends)
     if tau == float("inf"):
         np.testing.assert_array_equal(uneven.done, shares)
         own = np.where(np.arange(3 * m) < shares[:, None], times, 0.0).sum(axis=1)

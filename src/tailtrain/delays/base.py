@@ -34,6 +34,14 @@ class DelayModel(ABC):
         ``sample``, which stays the i.i.d. law of the moments and cdf."""
         return False
 
+    @property
+    def cuttable(self) -> bool:
+        """Whether a threshold can stop a unit of this law in flight (DropCompute's
+        ``stop=preempt``): a simulated or injected delay is a sleep, which it can; a real
+        computation's measured seconds (``trace:`` of a run that slept none) are not, and
+        its unit in flight at tau runs to its end, uncounted (``sim.allreduce.timing``)."""
+        return True
+
     def draw_block(
         self, rng: np.random.Generator, start: int, shape: tuple[int, int, int]
     ) -> NDArray[np.float64]:

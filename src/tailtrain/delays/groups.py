@@ -80,6 +80,8 @@ class GroupedDelays:
         self.workers = check_grouping(getattr(ranks, "workers", group_size), group_size, cost)
         self.pattern = pattern
         self.notes = dict(getattr(ranks, "notes", {}))
+        #: a group's unit is its ranks' units: cut as they can be (``DelayModel.cuttable``)
+        self.cuttable: bool = ranks.cuttable
 
     def next_block(self, iterations: int) -> NDArray[np.float64]:
         return group_unit_times(self.ranks.next_block(iterations), self.group_size, self.cost)

@@ -115,6 +115,11 @@ class DelayProcess:
                 float(self.model.cdf(0.0)),
             )
 
+    @property
+    def cuttable(self) -> bool:
+        """Whether a threshold can stop a unit in flight (``DelayModel.cuttable``)."""
+        return self.model.cuttable
+
     def next_block(self, iterations: int) -> FloatArray:
         """Durations of the next ``iterations`` iterations: (I, N) or (I, N, M) seconds."""
         if iterations < 0:

@@ -38,6 +38,9 @@ class DelaySource(Protocol):
 
     def time_factor(self, starts: np.ndarray, workers: np.ndarray) -> np.ndarray: ...
 
+    @property
+    def cuttable(self) -> bool: ...
+
 
 BLOCK = 256
 #: rounds a RoundClock samples per block
@@ -188,6 +191,8 @@ class RoundClock:
         self.process = process
         self.comm = CommStream(comm, seed, ROUND_COMM_KEY, buffer=ROUND_BLOCK)
         self._rows: np.ndarray | None = None
+        #: whether a threshold can stop a unit in flight (``DelayModel.cuttable``)
+        self.cuttable: bool = process.cuttable
 
     def _block(self) -> np.ndarray:
         block = self.process.next_block(ROUND_BLOCK)

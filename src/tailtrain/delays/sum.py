@@ -43,6 +43,10 @@ class SumDelay(DelayModel):
     def per_worker(self) -> bool:
         return any(t.per_worker for t in self.terms)
 
+    @property
+    def cuttable(self) -> bool:
+        return all(t.cuttable for t in self.terms)  # a part that cannot be cut holds the unit
+
     def draw_block(
         self, rng: np.random.Generator, start: int, shape: tuple[int, int, int]
     ) -> FloatArray:

@@ -41,6 +41,14 @@ bootstrapped: ``sample`` draws them with replacement); :func:`replayed_comm` mak
 ``--comm-time`` of ``simulate``, ``predict`` and ``advise`` when none is given, and
 :func:`comm_note` says which they used. Traces without the column read as before.
 
+A real computation's measured seconds cannot be stopped: under DropCompute's ``stop=preempt``
+its unit in flight at tau runs to its end, uncounted (``cuttable`` False;
+``sim.allreduce.timing``, and ``train`` sleeps such a unit whole). ``cut=no`` says a trace's
+units were that, ``cut=yes`` that they were sleeps a threshold can cut. Without ``cut=``, the
+trace's run row in ``machine.jsonl`` decides where ``train`` wrote one: its units were a
+computation unless at least half their seconds were injected sleeps (``asleep``); a trace
+with no such row keeps the simulator's sleeps (:func:`cuttable_units`).
+
 Either way, the model's law is the empirical distribution of ``seconds``: ``sample`` draws
 rows with replacement, cdf is the ECDF, mean and var are those of the empirical distribution,
 and ``exact`` is False. Theory that treats draws as i.i.d. uses that law; a per-worker replay
@@ -183,7 +191,12 @@ class TraceDelay(AtomicDelay):
     ``pooled``); ``sample`` bootstraps its empirical law (so ``exact`` is False)."""
 
     def __init__(
-        self, spec: str, trace: Trace, sampling: str = "per-worker", cores: int | None = None
+        self,
+        spec: str,
+        trace: Trace,
+        sampling: str = "per-worker",
+        cores: int | None = None,
+        cuttable: bool = True,
     ) -> None:
         #: a one-line note when rows were censored and completed from a fitted law, or None
         self.censoring: str | None = None
@@ -197,10 +210,15 @@ class TraceDelay(AtomicDelay):
         self.trace = trace
         self.sampling = sampling
         self.per_micro_batch = trace.micro_batch is not None
+        self._cuttable = cuttable
 
     @property
     def exact(self) -> bool:
         return False
+
+    @property
+    def cuttable(self) -> bool:
+        return self._cuttable
 
     @property
     def per_worker(self) -> bool:
@@ -400,10 +418,12 @@ def write_trace_rows(
 
 def trace(spec: Spec) -> TraceDelay:
     """``trace:path=FILE[,sampling=per-worker|pooled][,of=seconds|noncompute][,run=K]
-    [,cores=C]``: replay or bootstrap FILE's seconds, or (``of=noncompute``) bootstrap its
-    rounds' recorded T^c, of run K (default: the file's last run). ``cores``: the cores its
-    ranks shared (default: ``machine.jsonl`` beside FILE; see :func:`shared_cores`)."""
-    spec.require_known(("path", "sampling", "of", "run", "cores"))
+    [,cores=C][,cut=yes|no]``: replay or bootstrap FILE's seconds, or (``of=noncompute``)
+    bootstrap its rounds' recorded T^c, of run K (default: the file's last run). ``cores``:
+    the cores its ranks shared (default: ``machine.jsonl`` beside FILE; see
+    :func:`shared_cores`); ``cut``: whether a threshold can stop a unit in flight
+    (:func:`cuttable_units`)."""
+    spec.require_known(("path", "sampling", "of", "run", "cores", "cut"))
     sampling = spec.get_str("sampling", SAMPLING[0])
     if sampling not in SAMPLING:
         raise UsageError(
@@ -417,8 +437,9 @@ def trace(spec: Spec) -> TraceDelay:
             "default) or of=noncompute (each recorded round's wait, communication and overhead)"
         )
     found = read_run(spec.get_str("path"), _run_of(spec))
+    cuttable = cuttable_units(spec, found)
     if part == "seconds":
-        return TraceDelay(spec.text, found, sampling, shared_cores(spec, found))
+        return TraceDelay(spec.text, found, sampling, shared_cores(spec, found), cuttable)
     comm = found.round_comm()
     if comm.size == 0:
         raise UsageError(
@@ -477,6 +498,25 @@ def shared_cores(spec: Spec, found: Trace) -> int | None:
             return None
         cores = max(int(row.get("cores", workers)), 1)
     return cores if cores < workers else None
+
+
+def cuttable_units(spec: Spec, found: Trace) -> bool:
+    """Whether a threshold can stop the trace's units in flight: ``cut=yes|no``; else, where
+    the trace's run row in ``machine.jsonl`` beside it says how much of its unit seconds were
+    injected sleeps (``asleep``, ``train``), yes iff at least half; else yes, as the
+    simulator's sleeps (module docstring)."""
+    if spec.has("cut"):
+        cut = spec.get_str("cut")
+        if cut not in ("yes", "no"):
+            raise UsageError(
+                f"{spec.text!r}: cut={cut!r}; use cut=yes (the units were sleeps a threshold "
+                "can stop) or cut=no (a computation's, which runs to its end)"
+            )
+        return cut == "yes"
+    row = read_machine(Path(spec.get_str("path")).parent, found.runs[-1])
+    if row is None or "asleep" not in row:
+        return True  # nothing says what the units were (a probe's row does not say yet)
+    return float(row["asleep"]) >= 0.5
 
 
 def _run_of(spec: Spec) -> int | None:

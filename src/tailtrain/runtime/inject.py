@@ -54,6 +54,8 @@ class Injector:
         self.delays = delays
         comm = parse_comm_time(world.scenario.comm_time)
         self.clock = RoundClock(world.process, comm, world.seed)
+        #: whether tau may cut an injected unit in flight (``DelayModel.cuttable``)
+        self.cuttable = self.clock.cuttable
 
     def unit_times(self, local_steps: int, micro_batches: int, start: float) -> np.ndarray:
         """Injected seconds (H*M,) of this rank's units in the round starting at ``start``."""

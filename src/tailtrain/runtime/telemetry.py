@@ -30,9 +30,9 @@
   collective's unit is a rank's job, its iteration the job's index), so a real run can drive
   ``predict``, ``simulate`` and ``advise`` (:func:`write_traces`). The allreduce topology adds
   ``noncompute``: on the rows of a rank's last iteration in a round, the round's wall seconds
-  less that rank's unit seconds (its wait, communication and overhead; tau in place of the
-  unit seconds of a rank that dropped work preempting, as the simulator charges it, so that the
-  compute of its unit in flight at tau is counted once), NaN on the other rows
+  less every second that rank computed (its wait, communication and overhead: the seconds
+  its unit in flight ran before tau cut it are compute, and so is a real compute's run-on past
+  tau, which no clock can stop), NaN on the other rows
   (no collective ends there) and in a round whose time never came; a replay charges it
   (``delays.trace``). The partial-collective topology writes it too, per job (below).
 * **Partial collective** (``runtime.partial.rounds``): its ranks do not end their steps
@@ -367,14 +367,15 @@ class TraceRows:
     rank: int
     per_micro_batch: bool
     charged: bool = False
-    #: (step, M, H, unit seconds, seconds of the unit tau cut, cap, whether that unit ran to
-    #: its end) of each round, made into
+    #: (step, M, H, unit seconds, seconds of the unit tau cut, whether that unit ran to its
+    #: end) of each round, made into
     #: rows only when asked (per round that would be a few numpy calls on the critical path)
-    rounds: list[tuple[int, int, int, Sequence[float], float, float, bool]] = field(
-        default_factory=list
-    )
+    rounds: list[tuple[int, int, int, Sequence[float], float, bool]] = field(default_factory=list)
     #: each settled round's wall seconds, by step (:meth:`charge`)
     walls: dict[int, float] = field(default_factory=dict)
+    #: seconds of injected sleep in the units so far, and the units' seconds (``asleep``)
+    slept: float = 0.0
+    timed: float = 0.0
 
     def add(
         self,
@@ -383,14 +384,15 @@ class TraceRows:
         local_steps: int,
         times: Sequence[float],
         cut: float = float("nan"),
-        cap: float = math.inf,
         cut_whole: bool = False,
+        slept: float = 0.0,
     ) -> None:
         """The counted units' seconds of round ``step`` (NaN: not counted), how long the unit
-        tau preempted had run (NaN: none), ``cap``: the compute the simulator charges a
-        rank that dropped work (tau when preempting, ``sim.allreduce.timing``), and whether
-        the cut unit ran to its end (``cut`` its time, not a lower bound)."""
-        self.rounds.append((step, micro_batches, local_steps, times, cut, cap, cut_whole))
+        tau preempted had run (NaN: none), whether it ran to its end (``cut`` its time, not
+        a lower bound), and the injected seconds the rank slept in them."""
+        self.rounds.append((step, micro_batches, local_steps, times, cut, cut_whole))
+        self.slept += slept
+        self.timed += math.fsum(t for t in (*times, cut) if not math.isnan(t))
 
     def charge(self, step: int, wall: float) -> None:
         """Round ``step`` took ``wall`` seconds (the slowest rank's), once its timings came."""
@@ -402,11 +404,13 @@ class TraceRows:
         cut at the seconds it had run, those never started at 0 (``delays.censored``). The
         cut unit is not censored when it ran to its end all the same (a compute that cannot
         be stopped, with no injected seconds left): its seconds are then its time, which a
-        bound would have had completed beyond (its run-on past tau is still in the round's
-        noncompute, as the simulator charges tau)."""
+        bound would have had completed beyond. ``noncompute`` is the round's wall less the
+        counted and the cut unit's seconds: a run-on past tau charged there as well would be
+        charged twice by a forecast that completes the unit (it read sync's E[T] from a real
+        DropCompute trace 10 points high)."""
         width = 4 + self.per_micro_batch + self.charged
         rows = [np.empty((0, width))]
-        for step, micro_batches, local_steps, seconds, cut, cap, whole in self.rounds:
+        for step, micro_batches, local_steps, seconds, cut, whole in self.rounds:
             times = np.asarray(seconds, dtype=np.float64)
             dropped = np.isnan(times)
             censored = dropped.copy()
@@ -421,13 +425,10 @@ class TraceRows:
             cols = [iteration, np.full(unit.size, self.rank)]
             if self.per_micro_batch:
                 cols.append(unit % micro_batches)
-            counted = times[~dropped].sum()
             rows_of_round = [*cols, censored, times]
             if self.charged:
-                # what a replay charges as compute: a preempted rank's tau, as the simulator
-                # (the real unit in flight at tau runs on, uncounted: it is noncompute here)
-                spent = cap if dropped.any() and cap < math.inf else counted
-                rest = self.walls.get(step, math.nan) - spent
+                # every second the rank computed: the counted units and the cut one's run
+                rest = self.walls.get(step, math.nan) - times.sum()
                 last = iteration == step * local_steps + local_steps - 1  # the round's last
                 rows_of_round.append(np.where(last, rest, np.nan))
             rows.append(np.column_stack(rows_of_round))
@@ -446,9 +447,11 @@ def write_traces(out: Path, rows: TraceRows, comm: Collectives) -> None:
     """Every rank writes its ``trace-rank{r}.csv`` and rank 0 every rank's rows, gathered, to
     ``trace.csv``: the allreduce and partial-collective topologies alike. A collective: every
     rank calls it."""
-    tables = comm.gather_objects(rows.table())
-    trace = np.concatenate(tables) if tables else None
-    write_outputs(out, None, trace, rows)
+    gathered = comm.gather_objects((rows.table(), rows.slept, rows.timed)) or []  # rank 0's
+    trace = np.concatenate([table for table, _, _ in gathered]) if gathered else None
+    timed = sum(t for _, _, t in gathered)
+    asleep = sum(s for _, s, _ in gathered) / timed if timed > 0 else None
+    write_outputs(out, None, trace, rows, asleep)
 
 
 def write_rank_steps(out: Path, steps: list[list[dict[str, Any]]]) -> None:
@@ -458,8 +461,16 @@ def write_rank_steps(out: Path, steps: list[list[dict[str, Any]]]) -> None:
     write_jsonl(prepare_folder(out) / RANK_STEPS, rows)
 
 
-def write_outputs(out: Path, record: RunRecord | None, trace: np.ndarray | None, rows: TraceRows):
-    """Every rank writes its trace; rank 0 (``record`` given) the record and ``trace.csv``."""
+def write_outputs(
+    out: Path,
+    record: RunRecord | None,
+    trace: np.ndarray | None,
+    rows: TraceRows,
+    asleep: float | None = None,
+):
+    """Every rank writes its trace; rank 0 (``record`` given) the record, and with ``trace``
+    ``trace.csv`` and its machine row (``asleep``: the share of the units' seconds that were
+    injected sleeps, which hold no core and which a threshold can cut; ``delays.trace``)."""
     folder = prepare_folder(out)
     kind = (rows.per_micro_batch, rows.charged)
     write_trace(folder / f"trace-rank{rows.rank}.csv", rows.table(), *kind)
@@ -467,15 +478,5 @@ def write_outputs(out: Path, record: RunRecord | None, trace: np.ndarray | None,
         record.write(folder)
     if trace is not None:
         write_trace(folder / "trace.csv", trace, *kind)
-        row = machine_row() | asleep(record)
+        row = machine_row() | ({} if asleep is None else {"asleep": round(asleep, 4)})
         append_machine(folder, row)  # what advise needs to see contention
-
-
-def asleep(record: RunRecord | None) -> dict[str, float]:
-    """``{"asleep": s}``: the share of the units' seconds that were injected sleeps, which
-    hold no core (``core.machine``); empty when the summary does not say."""
-    summary = record.summary if record is not None else {}
-    compute, injected = summary.get("mean_compute_time"), summary.get("mean_injected_time")
-    if not compute or injected is None:
-        return {}
-    return {"asleep": round(float(injected) / float(compute), 4)}

@@ -4,7 +4,9 @@ micro-batch halfway), each unit followed by the seconds the simulator's delay pr
 charges it (``runtime.inject``), and Local-SGD's local steps (App. B.3). The stopping
 convention is the simulator's, written once in ``strategies.dropcompute``: with
 ``stop=between`` unit u starts iff T^(u-1) <= tau (``may_start``); with ``stop=preempt`` it
-counts iff T^(u) < tau (``finishes``), its injected sleep cut at tau.
+counts iff T^(u) < tau (``finishes``), its injected sleep cut at tau, unless the delay's
+units cannot be cut (``DelayModel.cuttable``: a trace of a real computation), when it sleeps
+them whole, uncounted, as the simulator charges it (``sim.allreduce.timing``).
 
 Used by the allreduce topology (``runtime.allreduce``); the integration API's rounds
 (``integrate.rounds``) use the same ``may_start``.
@@ -53,11 +55,12 @@ def compute(
     m: int,
     lr: float,
     out: torch.Tensor | None = None,
+    cuttable: bool = True,
 ) -> RankWork:
     """This rank's units ``batches`` from ``theta`` in order, each then sleeping its
     ``injected`` seconds, the threshold checked between them (module docstring); ``lr`` ends
     a Local-SGD local step every ``m`` units. The first unit's gradient goes into ``out`` when
-    given (the reduce buffer's)."""
+    given (the reduce buffer's); ``cuttable``: whether tau may cut an injected sleep."""
     tau, preempt = plan.threshold, plan.preempt
     local = theta
     total: torch.Tensor | None = None  # the first unit's gradient, then the sum
@@ -71,7 +74,8 @@ def compute(
             break
         began = time.perf_counter()
         loss, grad = grads(local, batch, out if u == 0 else None)
-        counts, seconds = sleep_injected(time.perf_counter() - start, seconds_of[u], tau, preempt)
+        elapsed = time.perf_counter() - start
+        counts, seconds = sleep_injected(elapsed, seconds_of[u], tau, preempt, cuttable)
         slept += seconds
         if not counts:
             cut = time.perf_counter() - began
@@ -92,13 +96,13 @@ def compute(
 
 
 def sleep_injected(
-    elapsed: float, injected: float, tau: float, preempt: bool
+    elapsed: float, injected: float, tau: float, preempt: bool, cuttable: bool = True
 ) -> tuple[bool, float]:
     """Sleep a unit's injected seconds: (whether the unit counts, seconds slept). Preempting,
     a unit that would end at tau or later sleeps only up to tau and does not count
-    (Algorithm 1)."""
+    (Algorithm 1); one that cannot be cut sleeps whole and does not count."""
     if not finishes(elapsed + injected, tau, preempt):
-        seconds = max(0.0, tau - elapsed)
+        seconds = injected if not cuttable else max(0.0, tau - elapsed)
         sleep(seconds)
         return False, seconds
     sleep(injected)

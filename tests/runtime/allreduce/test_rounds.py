@@ -9,8 +9,9 @@ synchronous SGD on the concatenated mini-batches, and Local-SGD's average of loc
 
 from __future__ import annotations
 
+import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import pytest
@@ -18,6 +19,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from tailtrain.cli import main
 from tailtrain.core.scenario import Scenario
 from tailtrain.errors import TailtrainError
 from tailtrain.runtime import config
@@ -335,3 +337,47 @@ def test_a_static_rule_weighing_more_than_the_counts_is_refused_and_rows_stay_si
     with pytest.raises(TailtrainError, match=r"round 1: .*own counts"):
         one_rank_run(one_rank)
     assert [row["step"] for row in records[0].steps] == [0]
+
+
+# ---- a unit that cannot be cut -----------------------------------------------------------------
+@pytest.mark.timeout(120)
+def test_a_trace_of_a_computation_runs_its_unit_in_flight_to_its_end(tmp_path):
+    """A ``trace:`` of a real computation (``cut=no``): the unit tau finds running runs on to
+    its end, uncounted, in ``train`` (which sleeps it whole) as in ``simulate``. The trace
+    holds the partial sums of the ``preempt`` case (the first unit of worker w skewed by
+    SKEWS[(w + i) % 3] in iteration i), so the decisions are that case's, the simulated
+    rounds end at the cut units' ends (0.3 s, not tau), and ``train`` writes each cut unit
+    whole: its seconds are its time, no bound, and it did not count."""
+    rows = [
+        (i, w, u, UNIT + (SKEWS[(w + i) % 3] if u == 0 else 0.0))
+        for i in range(PARITY_ROUNDS) for w in range(N) for u in range(2)
+    ]  # fmt: skip
+    path = tmp_path / "trace.csv"
+    path.write_text(
+        "iteration,worker,micro_batch,seconds\n"
+        + "".join(f"{i},{w},{u},{s}\n" for i, w, u, s in rows)
+    )
+    spec = f"dropcompute:threshold={TAU}"
+    s = scenario(delay=f"trace:path={path},cut=no", micro_batches=2, iterations=PARITY_ROUNDS)
+    simulated = simulate(s, parse_strategy(spec), SEED).steps
+    sleeps = simulate(replace(s, delay=f"trace:path={path},cut=yes"), parse_strategy(spec), SEED)
+    assert decisions(sleeps.steps) == decisions(simulated)
+    assert [r["compute_time"] for r in simulated] == pytest.approx([0.3] * PARITY_ROUNDS)
+    assert [r["compute_time"] for r in sleeps.steps] == pytest.approx([TAU] * PARITY_ROUNDS)
+    out = tmp_path / "run"
+    flags = ["--task", "logreg", "--strategy", spec, "--workers", str(N), "--micro-batches", "2",
+             "--iterations", str(PARITY_ROUNDS), "--seed", str(SEED), "--eval-every", "100",
+             "--delay", s.delay, "--out", str(out), "--no-progress"]  # fmt: skip
+    assert main(["train", *flags]) == 0
+    trained = [json.loads(line) for line in (out / "steps.jsonl").read_text().splitlines()]
+    same = [a == b for a, b in zip(decisions(trained), decisions(simulated), strict=True)]
+    assert np.mean(same) >= 0.95
+    trace = np.genfromtxt(out / "trace.csv", delimiter=",", names=True)
+    names = trace.dtype.names or ()
+    # every cut unit ran whole: recorded at its injected seconds or more, uncensored; only a
+    # unit never started (the second, after a first that ran past tau) is censored
+    cut = trace["seconds"] >= 0.3 - 1e-9
+    assert cut.sum() >= PARITY_ROUNDS
+    if "censored" in names:
+        assert not trace["censored"][cut].any()
+        assert (trace["seconds"][trace["censored"] > 0] == 0).all()

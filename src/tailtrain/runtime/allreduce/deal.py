@@ -96,7 +96,8 @@ class FixedShard(Deal):
         """DropCompute Algorithm 1, Local-SGD App. B.3 over ``mine`` (``runtime.units``)."""
         lr = run.world.lr * self.plan.lr_scale
         plan, theta = self.plan, run.learner.theta
-        return compute(run.grads, theta, plan, self.mine, self.injected, self.m, lr, into)
+        cuttable = run.injector.cuttable
+        return compute(run.grads, theta, plan, self.mine, self.injected, self.m, lr, into, cuttable)
 
 
 @dataclass

@@ -362,9 +362,8 @@ def one_round(run: AllreduceRank, plan: Plan) -> None:
     if run.membership.shrinker is not None:
         done.committed = time.time()
     run.unsettled, run.clock.now = done, done.ex.time
-    cap = plan.threshold if plan.preempt else math.inf  # telemetry.TraceRows.add
     traced = dealt.traced(work.times)
-    run.trace.add(run.step, m, plan.local_steps, traced, work.cut, cap, work.cut_whole)
+    run.trace.add(run.step, m, plan.local_steps, traced, work.cut, work.cut_whole, work.injected)
     run.step += 1
     run.clock.timing = (reducing.seconds, time.perf_counter() - started)
 

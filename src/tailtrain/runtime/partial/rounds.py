@@ -361,7 +361,7 @@ def run_rounds(run: _Run) -> Updates:
             time.sleep(seconds)
             slept = seconds
         unit = coll.now() - start
-        run.trace.add(run.job, 1, 1, (unit,))  # the job's unit, as trace: reads
+        run.trace.add(run.job, 1, 1, (unit,), slept=slept)  # the job's unit, as trace: reads
         comm.drill.poison(rule.base + step, grad)
         grad, loss, screened, gsq = screen_own(
             grad, loss, config.on_nonfinite, rank, rule.base + step

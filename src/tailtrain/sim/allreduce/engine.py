@@ -80,7 +80,7 @@ class AllreduceEngine:
         if plan.shares is not None:
             return self._play_shares(plan, m)
         times = self.clock.take(plan.local_steps, m, self.now)
-        stops = stop_rule(times, plan.threshold, plan.preempt)
+        stops = stop_rule(times, plan.threshold, plan.preempt, self.clock.cuttable)
         arrivals = ArrivalColumns(
             np.arange(self.n),
             np.full(self.n, self.step),  # worker n's r-th round is its r-th job
@@ -104,7 +104,7 @@ class AllreduceEngine:
             stops, index = demand_rule(times, int(shares.sum()), m)
         else:
             times = self.clock.take(-(-int(shares.max()) // m), m, self.now)
-            stops = share_rule(times, shares, m, plan.threshold, plan.preempt)
+            stops = share_rule(times, shares, m, plan.threshold, plan.preempt, self.clock.cuttable)
         arrivals = round_arrivals(self.step, self.now, stops.done, stops.compute, m)
         return Played(arrivals, (times, stops, m, self.clock.next_comm(), (shares, index)))
 

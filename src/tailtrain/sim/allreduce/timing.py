@@ -17,6 +17,11 @@ Two stopping conventions (``Plan.preempt``):
   finishes and counts, and the worker leaves at T~_n = T_n^(C_n) with C_n units done.
   Then E[C_n] = sum_{u=0}^{U-1} P(T^(u) <= tau), Eq. (5) with its index shifted by one.
 
+Preempting needs a unit that can be stopped: an injected sleep can, a real computation's
+measured seconds (a ``trace:`` of one, ``DelayModel.cuttable``) cannot. Then the unit in
+flight at tau still counts iff T_n^(u) < tau, but it runs to its end: the worker leaves at
+T~_n = T_n^(min(C_n + 1, U)), as ``train`` does on such a unit.
+
 Everything is vectorised over workers and units (and over leading axes).
 """
 
@@ -29,18 +34,25 @@ from tailtrain.strategies.rebalance import on_demand
 from tailtrain.topology.allreduce import Stops
 
 
-def stop_rule(times: np.ndarray, tau: float, preempt: bool) -> Stops:
-    """Apply threshold ``tau`` to unit times ``times[..., n, u]`` (DropCompute Alg. 1)."""
+def stop_rule(times: np.ndarray, tau: float, preempt: bool, cuttable: bool = True) -> Stops:
+    """Apply threshold ``tau`` to unit times ``times[..., n, u]`` (DropCompute Alg. 1); a unit
+    in flight that cannot be cut runs to its end (module docstring)."""
     cumulative = np.cumsum(times, axis=-1)
     full = cumulative[..., -1]
     done = counted(cumulative, tau, preempt).sum(axis=-1)
+    if preempt and not cuttable:
+        in_flight = np.minimum(done, times.shape[-1] - 1)  # the unit tau found running
+        ends = np.take_along_axis(cumulative, in_flight[..., None], axis=-1)[..., 0]
+        return Stops(done, ends if tau > 0 else np.zeros_like(ends), full)  # tau <= 0: none ran
     if preempt:
         return Stops(done, np.minimum(full, tau), full)
     last = np.take_along_axis(cumulative, np.maximum(done - 1, 0)[..., None], axis=-1)[..., 0]
     return Stops(done, np.where(done > 0, last, 0.0), full)
 
 
-def share_rule(times: np.ndarray, shares: np.ndarray, m: int, tau: float, preempt: bool) -> Stops:
+def share_rule(
+    times: np.ndarray, shares: np.ndarray, m: int, tau: float, preempt: bool, cuttable: bool = True
+) -> Stops:
     """:func:`stop_rule` for a round of per-rank shares: rank n computes its first
     ``shares[n]`` units of ``times[n]`` (N, U), as the threshold allows. ``full`` is sync's
     T_n^(M) on the same draws (its first M units), so a row's sync_time and s_eff compare
@@ -51,6 +63,9 @@ def share_rule(times: np.ndarray, shares: np.ndarray, m: int, tau: float, preemp
     if preempt:
         ends = np.take_along_axis(cumulative, (shares - 1)[:, None], axis=-1)[:, 0]
         compute = np.minimum(ends, tau)
+        if not cuttable:  # the unit tau found running runs to its end, as in stop_rule
+            in_flight = np.minimum(done, shares - 1)
+            compute = np.take_along_axis(cumulative, in_flight[:, None], axis=-1)[:, 0]
     else:
         last = np.take_along_axis(cumulative, np.maximum(done - 1, 0)[:, None], axis=-1)[:, 0]
         compute = np.where(done > 0, last, 0.0)
