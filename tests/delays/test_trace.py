@@ -282,6 +282,9 @@ def test_a_traces_units_are_a_computations_unless_it_says_they_slept(tmp_path: P
         assert parse_delay(f"trace:path={path}").cuttable is cuttable
         assert not parse_delay(f"trace:path={path},cut=no").cuttable
         assert parse_delay(f"trace:path={path},cut=yes").cuttable
+    # a run whose injected units could not be cut says so
+    (tmp_path / "machine.jsonl").write_text(row % ', "asleep": 0.98, "cut": false')
+    assert not parse_delay(f"trace:path={path}").cuttable
     process = DelayProcess(f"trace:path={path},cut=no", workers=4)
     assert not process.cuttable
 

@@ -81,7 +81,7 @@ class GroupedDelays:
         self.pattern = pattern
         self.notes = dict(getattr(ranks, "notes", {}))
         #: a group's unit is its ranks' units: cut as they can be (``DelayModel.cuttable``)
-        self.cuttable: bool = ranks.cuttable
+        self.cuttable: bool = getattr(ranks, "cuttable", True)
 
     def next_block(self, iterations: int) -> NDArray[np.float64]:
         return group_unit_times(self.ranks.next_block(iterations), self.group_size, self.cost)

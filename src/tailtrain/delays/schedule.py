@@ -192,7 +192,7 @@ class RoundClock:
         self.comm = CommStream(comm, seed, ROUND_COMM_KEY, buffer=ROUND_BLOCK)
         self._rows: np.ndarray | None = None
         #: whether a threshold can stop a unit in flight (``DelayModel.cuttable``)
-        self.cuttable: bool = process.cuttable
+        self.cuttable: bool = getattr(process, "cuttable", True)  # a source that predates it
 
     def _block(self) -> np.ndarray:
         block = self.process.next_block(ROUND_BLOCK)

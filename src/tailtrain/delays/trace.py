@@ -82,6 +82,8 @@ PARTS = ("seconds", "noncompute")
 SAMPLING = ("per-worker", "pooled")
 PERSISTENCE_LEVEL = 1e-3  #: Kruskal–Wallis level for persistent per-worker differences
 PERSISTENCE_EFFECT = 0.25  #: least span of per-worker medians, in pooled IQRs
+#: the least share of a run's unit seconds in injected sleeps that reads its units as sleeps
+MOSTLY_ASLEEP = 0.5
 
 
 @dataclass(frozen=True)
@@ -485,8 +487,8 @@ def comm_note(delay: str, comm_time: str | None) -> str | None:
 def shared_cores(spec: Spec, found: Trace) -> int | None:
     """The cores the trace's ranks shared when fewer than its workers, else None: ``cores=C``,
     or the trace's run row in ``machine.jsonl`` beside it when that host ran all the trace's
-    workers (on several hosts the others are not seen) and its units did not sleep (an
-    injected delay holds no core; ``core.machine``)."""
+    workers (on several hosts the others are not seen) and its units were not mostly
+    injected sleeps (:func:`mostly_asleep`: a sleep holds no core; ``core.machine``)."""
     workers = np.unique(found.worker).size
     if spec.has("cores"):
         cores = spec.get_int("cores", minimum=1)
@@ -494,7 +496,7 @@ def shared_cores(spec: Spec, found: Trace) -> int | None:
         row = read_machine(Path(spec.get_str("path")).parent, found.runs[-1])
         if row is None or int(row.get("local_ranks", 1)) != workers:
             return None
-        if float(row.get("asleep", 0.0)) > 0.0:
+        if mostly_asleep(row):
             return None
         cores = max(int(row.get("cores", workers)), 1)
     return cores if cores < workers else None
@@ -516,7 +518,13 @@ def cuttable_units(spec: Spec, found: Trace) -> bool:
     row = read_machine(Path(spec.get_str("path")).parent, found.runs[-1])
     if row is None or "asleep" not in row:
         return True  # nothing says what the units were (a probe's row does not say yet)
-    return float(row["asleep"]) >= 0.5
+    return row.get("cut", True) is not False and mostly_asleep(row)
+
+
+def mostly_asleep(row: dict) -> bool:
+    """Whether a machine row says at least half its units' seconds were injected sleeps: a
+    sleep holds no core and a threshold can cut it, so the units are read as sleeps."""
+    return float(row.get("asleep", 0.0)) >= MOSTLY_ASLEEP
 
 
 def _run_of(spec: Spec) -> int | None:

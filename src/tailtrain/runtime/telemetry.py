@@ -376,6 +376,8 @@ class TraceRows:
     #: seconds of injected sleep in the units so far, and the units' seconds (``asleep``)
     slept: float = 0.0
     timed: float = 0.0
+    #: whether a threshold could cut the injected sleeps (``DelayModel.cuttable``)
+    cuttable: bool = True
 
     def add(
         self,
@@ -386,13 +388,17 @@ class TraceRows:
         cut: float = float("nan"),
         cut_whole: bool = False,
         slept: float = 0.0,
+        timed: float | None = None,
     ) -> None:
         """The counted units' seconds of round ``step`` (NaN: not counted), how long the unit
         tau preempted had run (NaN: none), whether it ran to its end (``cut`` its time, not
-        a lower bound), and the injected seconds the rank slept in them."""
+        a lower bound), the injected seconds the rank slept in its units and the seconds
+        they took (default: the units' and the cut one's; a round of shares traces only M)."""
         self.rounds.append((step, micro_batches, local_steps, times, cut, cut_whole))
         self.slept += slept
-        self.timed += math.fsum(t for t in (*times, cut) if not math.isnan(t))
+        if timed is None:
+            timed = math.fsum(t for t in (*times, cut) if not math.isnan(t))
+        self.timed += timed
 
     def charge(self, step: int, wall: float) -> None:
         """Round ``step`` took ``wall`` seconds (the slowest rank's), once its timings came."""
@@ -407,7 +413,10 @@ class TraceRows:
         bound would have had completed beyond. ``noncompute`` is the round's wall less the
         counted and the cut unit's seconds: a run-on past tau charged there as well would be
         charged twice by a forecast that completes the unit (it read sync's E[T] from a real
-        DropCompute trace 10 points high)."""
+        DropCompute trace 10 points high). A unit a threshold can cut (an injected sleep)
+        whose compute before the sleep ran past tau is charged that run-on here too, which
+        the simulator's preempt, leaving at tau, does not model: a few ms of a real model's
+        compute against the injected seconds."""
         width = 4 + self.per_micro_batch + self.charged
         rows = [np.empty((0, width))]
         for step, micro_batches, local_steps, seconds, cut, whole in self.rounds:
@@ -451,7 +460,7 @@ def write_traces(out: Path, rows: TraceRows, comm: Collectives) -> None:
     trace = np.concatenate([table for table, _, _ in gathered]) if gathered else None
     timed = sum(t for _, _, t in gathered)
     asleep = sum(s for _, s, _ in gathered) / timed if timed > 0 else None
-    write_outputs(out, None, trace, rows, asleep)
+    write_outputs(out, None, trace, rows, asleep, rows.cuttable)
 
 
 def write_rank_steps(out: Path, steps: list[list[dict[str, Any]]]) -> None:
@@ -467,10 +476,12 @@ def write_outputs(
     trace: np.ndarray | None,
     rows: TraceRows,
     asleep: float | None = None,
+    cuttable: bool = True,
 ):
     """Every rank writes its trace; rank 0 (``record`` given) the record, and with ``trace``
-    ``trace.csv`` and its machine row (``asleep``: the share of the units' seconds that were
-    injected sleeps, which hold no core and which a threshold can cut; ``delays.trace``)."""
+    ``trace.csv`` and its machine row: ``asleep``, the share of the units' seconds that were
+    injected sleeps, which hold no core and which a threshold can cut, unless ``cut`` is
+    false (the delay's units could not be cut; ``delays.trace``)."""
     folder = prepare_folder(out)
     kind = (rows.per_micro_batch, rows.charged)
     write_trace(folder / f"trace-rank{rows.rank}.csv", rows.table(), *kind)
@@ -479,4 +490,5 @@ def write_outputs(
     if trace is not None:
         write_trace(folder / "trace.csv", trace, *kind)
         row = machine_row() | ({} if asleep is None else {"asleep": round(asleep, 4)})
+        row |= {} if cuttable else {"cut": False}
         append_machine(folder, row)  # what advise needs to see contention

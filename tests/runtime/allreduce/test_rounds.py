@@ -21,6 +21,7 @@ import torch.nn.functional as F
 
 from tailtrain.cli import main
 from tailtrain.core.scenario import Scenario
+from tailtrain.delays import parse_delay
 from tailtrain.errors import TailtrainError
 from tailtrain.runtime import config
 from tailtrain.runtime.allreduce import rounds as allreduce
@@ -381,3 +382,7 @@ def test_a_trace_of_a_computation_runs_its_unit_in_flight_to_its_end(tmp_path):
     if "censored" in names:
         assert not trace["censored"][cut].any()
         assert (trace["seconds"][trace["censored"] > 0] == 0).all()
+    # its units slept, yet could not be cut: its own trace reads so, and replays as it ran
+    machine = json.loads((out / "machine.jsonl").read_text().splitlines()[-1])
+    assert machine["asleep"] > 0.9 and machine["cut"] is False
+    assert not parse_delay(f"trace:path={out / 'trace.csv'}").cuttable

@@ -309,7 +309,12 @@ def start(config: TrainConfig, comm: Collectives) -> _Rank:
         injector=Injector(world, comm.rank, config.inject),
         comm=comm,
         log=RankLog(),
-        trace=TraceRows(comm.rank, scenario.micro_batches is not None, charged=True),
+        trace=TraceRows(
+            comm.rank,
+            scenario.micro_batches is not None,
+            charged=True,
+            cuttable=getattr(world.process, "cuttable", True),
+        ),
         record=(record := run_record(config, world, comm.rank == 0)),
         evals=Evaluator(scenario.evaluation, record if comm.rank == 0 else RunRecord(), True),
         update=WeightedUpdate(world.lr, config.on_nonfinite),
@@ -363,7 +368,9 @@ def one_round(run: AllreduceRank, plan: Plan) -> None:
         done.committed = time.time()
     run.unsettled, run.clock.now = done, done.ex.time
     traced = dealt.traced(work.times)
-    run.trace.add(run.step, m, plan.local_steps, traced, work.cut, work.cut_whole, work.injected)
+    run.trace.add(
+        run.step, m, plan.local_steps, traced, work.cut, work.cut_whole, work.injected, work.compute
+    )
     run.step += 1
     run.clock.timing = (reducing.seconds, time.perf_counter() - started)
 

@@ -20,7 +20,8 @@ Two stopping conventions (``Plan.preempt``):
 Preempting needs a unit that can be stopped: an injected sleep can, a real computation's
 measured seconds (a ``trace:`` of one, ``DelayModel.cuttable``) cannot. Then the unit in
 flight at tau still counts iff T_n^(u) < tau, but it runs to its end: the worker leaves at
-T~_n = T_n^(min(C_n + 1, U)), as ``train`` does on such a unit.
+T~_n = T_n^(min(C_n + 1, U)), as ``train`` does on such a unit. (A step dealt on demand still
+cuts its units in flight at the pool's end, :func:`demand_rule`, in both engines.)
 
 Everything is vectorised over workers and units (and over leading axes).
 """
@@ -65,7 +66,8 @@ def share_rule(
         compute = np.minimum(ends, tau)
         if not cuttable:  # the unit tau found running runs to its end, as in stop_rule
             in_flight = np.minimum(done, shares - 1)
-            compute = np.take_along_axis(cumulative, in_flight[:, None], axis=-1)[:, 0]
+            ends = np.take_along_axis(cumulative, in_flight[:, None], axis=-1)[:, 0]
+            compute = ends if tau > 0 else np.zeros_like(ends)
     else:
         last = np.take_along_axis(cumulative, np.maximum(done - 1, 0)[:, None], axis=-1)[:, 0]
         compute = np.where(done > 0, last, 0.0)
