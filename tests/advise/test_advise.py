@@ -206,3 +206,39 @@ def test_identical_runs_get_the_same_advice(tmp_path):
             floor = 0.0 if r.row.strategy == "sync" else MODEL_ERROR * r.effective_speedup
             assert r.uncertainty >= floor - 1e-12
     assert len(set(picks)) == 1, picks
+
+
+def test_a_trace_of_a_computation_is_priced_with_its_unit_in_flight_run_to_its_end(tmp_path):
+    """``train``'s machine row says its units were a computation (``asleep`` 0): advise's
+    DropCompute rows, its blocks and its splits all let the unit in flight at tau run to its
+    end (``cut=no``), which costs time that a sleep cut at tau would not; the same trace with
+    nothing beside it keeps the sleeps' pricing."""
+    from tailtrain.delays.trace import cut_option, read_trace
+
+    rng = np.random.default_rng(0)
+    rows = [
+        f"{i},{w},{m},{0.01 + rng.exponential(0.01) * (5 if rng.random() < 0.1 else 1):.9f}"
+        for i in range(80)
+        for w in range(4)
+        for m in range(4)
+    ]
+    text = "iteration,worker,micro_batch,seconds\n" + "\n".join(rows) + "\n"
+    computed, slept = tmp_path / "computed", tmp_path / "slept"
+    for folder in (computed, slept):
+        folder.mkdir()
+        (folder / "trace.csv").write_text(text)
+    row = '{"run": 0, "host": "h", "cores": 4, "local_ranks": 4, "load": [1.0], "asleep": 0.0}'
+    (computed / "machine.jsonl").write_text(row + "\n")
+    assert cut_option(computed / "trace.csv", read_trace(computed / "trace.csv")) == ",cut=no"
+    assert cut_option(slept / "trace.csv", read_trace(slept / "trace.csv")) == ""
+
+    def dropcompute(folder, **kw):
+        found = advise(folder / "trace.csv", samples=400, **kw)
+        return next(r for r in found.ranked if r.row.strategy == "dropcompute")
+
+    run_on, cut = dropcompute(computed), dropcompute(slept)
+    assert run_on.simulated.iteration_time > cut.simulated.iteration_time
+    assert run_on.effective_speedup < cut.effective_speedup
+    # read as replica groups, the trace is written again elsewhere: it keeps what it was
+    run_on, cut = dropcompute(computed, group_size=2), dropcompute(slept, group_size=2)
+    assert run_on.simulated.iteration_time > cut.simulated.iteration_time

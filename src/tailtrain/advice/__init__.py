@@ -54,7 +54,14 @@ from tailtrain.core.machine import contention_note, read_machine
 from tailtrain.delays.base import DelayModel
 from tailtrain.delays.groups import check_grouping, groups_note, write_group_trace
 from tailtrain.delays.parse import parse_delay
-from tailtrain.delays.trace import Trace, TraceDelay, comm_note, read_trace, replayed_comm
+from tailtrain.delays.trace import (
+    Trace,
+    TraceDelay,
+    comm_note,
+    cut_option,
+    read_trace,
+    replayed_comm,
+)
 from tailtrain.errors import UsageError
 from tailtrain.persistence import Slowness
 from tailtrain.prediction import DelayScenario, Row, predict
@@ -243,6 +250,7 @@ def advise(
             setup,
             comm_time,
             Path(folder),
+            cut_option(path, whole),
         )
     if split is not None:
         found.notes.append(f"--micro-batches {micro_batches} on a per-step trace: {SPLIT_NOTE}")
@@ -275,8 +283,9 @@ def _advise(
     setup: str,
     comm_time: str | None,
     folder: Path,
+    cut: str = "",
 ) -> Advice:
-    delay = f"trace:path={replayed}"
+    delay = f"trace:path={replayed}{cut}"  # ``cut``: the recorded trace's, wherever replayed
     comm_spec = replayed_comm(delay, comm_time)
     comm = priced_comm(comm_spec)
     model = parse_delay(delay)
@@ -301,7 +310,7 @@ def _advise(
     ranked, more = rank(model, times, n, m, seed, samples, comm, spread, recorded.size > 0)
     if n == job.workers:
         ranked, more = _in_job_units(
-            ranked, more, last, job, m, setup, comm, spread, seed, samples, folder
+            ranked, more, last, job, m, setup, comm, spread, seed, samples, folder, cut
         )
     demand = next((r for r in ranked if row_spec(r.row) == DEMAND_SPEC), None)
     ranked, more = _runnable(ranked, setup, more)
@@ -335,6 +344,7 @@ def _in_job_units(
     seed: int,
     samples: int,
     folder: Path,
+    cut: str = "",
 ) -> tuple[list[Ranked], list[str]]:
     """The rows as the job can run them (``advice.units``): DropCompute at the M it needs
     where the job has one batch per step (it cuts only between micro-batches), and for a
@@ -342,7 +352,7 @@ def _in_job_units(
     comm_mean = comm if isinstance(comm, (int, float)) else comm.mean
     if m is None:  # a per-step trace: DropCompute at M = 1 has nothing to cut
         ranked = [r for r in ranked if r.row.strategy != "dropcompute"]
-        found = _dropcompute_at_m(last, job, comm, spread, seed, samples, folder)
+        found = _dropcompute_at_m(last, job, comm, spread, seed, samples, folder, cut)
         if found is not None:
             ranked.append(found)
             notes = [
@@ -422,6 +432,7 @@ def _dropcompute_at_m(
     seed: int,
     samples: int,
     folder: Path,
+    cut: str = "",
 ) -> Ranked | None:
     """DropCompute's best row at each M of :func:`candidate_ms` on the per-step trace split
     in M (``advice.units.split_trace``): predict's tau* and drop rate, simulated; the
@@ -432,7 +443,7 @@ def _dropcompute_at_m(
         path = split_trace(last, m, folder / f"split{m}.csv", seed)
         scenario = DelayScenario(
             job.workers,
-            parse_delay(f"trace:path={path}"),
+            parse_delay(f"trace:path={path}{cut}"),
             micro_batches=m,
             comm=comm,
             samples=samples,

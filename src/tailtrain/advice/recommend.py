@@ -165,7 +165,7 @@ def half_forecasts(
             keep = np.isin(trace.iteration, block)
             path = Path(folder) / f"block{b}.csv"
             _write_block(path, trace, keep)
-            delay = f"trace:path={path}"
+            delay = f"trace:path={path}" + ("" if model.cuttable else ",cut=no")  # as recorded
             own = comm if comm is not None else priced_comm(replayed_comm(delay, None))
             scenario = DelayScenario(
                 workers,

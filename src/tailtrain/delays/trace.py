@@ -521,6 +521,13 @@ def cuttable_units(spec: Spec, found: Trace) -> bool:
     return row.get("cut", True) is not False and mostly_asleep(row)
 
 
+def cut_option(path: str | Path, found: Trace) -> str:
+    """``,cut=no`` when the trace at ``path`` (read as ``found``) is of units a threshold
+    cannot cut, else "": for a trace written again elsewhere (a block, a split, groups), whose
+    new folder has no ``machine.jsonl`` to say so."""
+    return "" if cuttable_units(parse_spec(f"trace:path={path}"), found) else ",cut=no"
+
+
 def mostly_asleep(row: dict) -> bool:
     """Whether a machine row says at least half its units' seconds were injected sleeps: a
     sleep holds no core and a threshold can cut it, so the units are read as sleeps."""
