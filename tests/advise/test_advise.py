@@ -211,8 +211,9 @@ def test_identical_runs_get_the_same_advice(tmp_path):
 def test_a_trace_of_a_computation_is_priced_with_its_unit_in_flight_run_to_its_end(tmp_path):
     """``train``'s machine row says its units were a computation (``asleep`` 0): advise's
     DropCompute rows, its blocks and its splits all let the unit in flight at tau run to its
-    end (``cut=no``), which costs time that a sleep cut at tau would not; the same trace with
-    nothing beside it keeps the sleeps' pricing."""
+    end (``cut=no``), which costs time that a sleep cut at tau would not, and check tau
+    between units (``stop=between``, as the hook does), which counts that unit; the same
+    trace with nothing beside it keeps the sleeps' pricing."""
     from tailtrain.delays.trace import cut_option, read_trace
 
     rng = np.random.default_rng(0)
@@ -239,6 +240,9 @@ def test_a_trace_of_a_computation_is_priced_with_its_unit_in_flight_run_to_its_e
     run_on, cut = dropcompute(computed), dropcompute(slept)
     assert run_on.simulated.iteration_time > cut.simulated.iteration_time
     assert run_on.effective_speedup < cut.effective_speedup
+    # such units are checked between: as late, and the unit in flight counts
+    assert row_spec(run_on.row).endswith(",stop=between")
+    assert "stop=" not in row_spec(cut.row)
     # read as replica groups, the trace is written again elsewhere: it keeps what it was
     run_on, cut = dropcompute(computed, group_size=2), dropcompute(slept, group_size=2)
     assert run_on.simulated.iteration_time > cut.simulated.iteration_time

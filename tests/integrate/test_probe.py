@@ -19,6 +19,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from tailtrain.core.machine import read_machine
+from tailtrain.delays import parse_delay
 from tailtrain.delays.trace import read_trace
 from tailtrain.integrate import StragglerProbe
 from tailtrain.integrate.probe import LIVE_MIN_STEPS, MAX_WINDOW, SAMPLES, window_steps
@@ -279,6 +280,9 @@ def test_a_failing_report_is_raised_at_close_and_changes_nothing_else(tmp_path, 
     assert probe.history.shape[0] == 40 and probe.last.step == 40
     assert read_trace(tmp_path / "trace.csv").iteration.tolist() == list(range(40))
     assert read_machine(tmp_path, 0)["cores"] >= 1  # the cores and load advise warns of
+    # a user's step is a computation, which no threshold cuts once begun
+    assert read_machine(tmp_path, 0)["cut"] is False
+    assert not parse_delay(f"trace:path={tmp_path / 'trace.csv'}").cuttable
     assert board.closed and probe.reporter is None and probe.reports == []
     assert "the report at step 6 failed" in caplog.text
     probe.close()  # raised once: a second close has nothing to raise

@@ -23,6 +23,7 @@ from tailtrain.advice.recommend import (
     DEMAND_SPEC,
     MODEL_ERROR,
     Ranked,
+    checked_between,
     dominate,
     faster,
     priced_comm,
@@ -450,6 +451,7 @@ def _dropcompute_at_m(
             seed=seed,
         )
         row = next(r for r in predict(scenario).rows if r.strategy == "dropcompute")
+        row = checked_between(row) if cut else row
         sim = simulated_row(scenario, row_spec(row), "dropcompute")
         found.append(Ranked(row, sim, uncertainty(row, sim, spread), micro_batches=m))
     if not found:

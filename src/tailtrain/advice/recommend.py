@@ -210,6 +210,8 @@ def rank(
     prediction = with_families(predict(scenario))
     best = [r for r in prediction.rows if r.best or r.strategy in ("sync", "async", "local-sgd")]
     best += _rebalance_rows(prediction.rows, micro_batches)
+    if not model.cuttable:
+        best = [checked_between(r) for r in best]
     simulated = [_simulate(scenario, r) for r in best]
     # run to run: only the fresh rows can be recommended, and sync is 1 on every block
     specs = [
@@ -233,6 +235,17 @@ def rank(
     unranked = {r.strategy for r in prediction.rows} - {r.strategy for r in best}
     notes = [n for n in prediction.notes if n.partition(":")[0] not in unranked]
     return _sorted(ranked), [*notes, note]
+
+
+def checked_between(row: Row) -> Row:
+    """A DropCompute row for units a threshold cannot cut (``DelayModel.cuttable``): tau
+    checked between them (``stop=between``). Its worker leaves as late as preempting such
+    units would (the one in flight runs to its end) and counts that unit too; it is what DDP's
+    hook and StragglerStep do (``integrate.rounds``), and ``train`` runs it. ``predict``'s
+    figures still stop at tau; the simulated ones follow the spec."""
+    if row.strategy != "dropcompute":
+        return row
+    return replace(row, spec=f"{row_spec(row)},stop=between")
 
 
 def _rebalance_rows(rows: list[Row], micro_batches: int | None) -> list[Row]:

@@ -516,9 +516,9 @@ def cuttable_units(spec: Spec, found: Trace) -> bool:
             )
         return cut == "yes"
     row = read_machine(Path(spec.get_str("path")).parent, found.runs[-1])
-    if row is None or "asleep" not in row:
-        return True  # nothing says what the units were (a probe's row does not say yet)
-    return row.get("cut", True) is not False and mostly_asleep(row)
+    if row is None or row.get("cut") is False:
+        return row is None  # nothing says what the units were, or the run said (a probe)
+    return "asleep" not in row or mostly_asleep(row)
 
 
 def cut_option(path: str | Path, found: Trace) -> str:

@@ -173,7 +173,9 @@ class Reporting:
         if self.run is None:
             self.with_samples = not np.isnan(samples).any()
             self.run = prepare_trace(self.out, self.with_samples)
-            append_machine(self.out, machine_row(self.run))  # advise's contention note
+            # advise's contention note; and a user's step is a computation: nothing cuts it
+            # once begun (the hook checks tau between micro-batches, ``delays.trace``)
+            append_machine(self.out, machine_row(self.run) | {"cut": False})
         if self.with_samples and np.isnan(samples).any():
             if not self._unknown_noted:
                 log.warning(
