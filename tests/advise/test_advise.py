@@ -214,16 +214,11 @@ def test_a_trace_of_a_computation_is_priced_with_its_unit_in_flight_run_to_its_e
     end (``cut=no``), which costs time that a sleep cut at tau would not, and check tau
     between units (``stop=between``, as the hook does), which counts that unit; the same
     trace with nothing beside it keeps the sleeps' pricing."""
+    from tests.cli.helpers import spiky_micro_batch_trace
+
     from tailtrain.delays.trace import cut_option, read_trace
 
-    rng = np.random.default_rng(0)
-    rows = [
-        f"{i},{w},{m},{0.01 + rng.exponential(0.01) * (5 if rng.random() < 0.1 else 1):.9f}"
-        for i in range(80)
-        for w in range(4)
-        for m in range(4)
-    ]
-    text = "iteration,worker,micro_batch,seconds\n" + "\n".join(rows) + "\n"
+    text = spiky_micro_batch_trace()
     computed, slept = tmp_path / "computed", tmp_path / "slept"
     for folder in (computed, slept):
         folder.mkdir()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import numpy as np
+
 from tailtrain.cli import main
 
 
@@ -52,3 +54,16 @@ def trained_time_parts(strategy: str, out, capture, ranks: list[int], first_work
     expected = by_job.loc[keys, "step_time"].to_numpy() - trace.seconds
     np.testing.assert_allclose(trace.noncompute, expected)
     return injected, means
+
+
+def spiky_micro_batch_trace(seed: int = 0) -> str:
+    """A trace's text: 80 iterations of 4 workers x 4 micro-batches, each 10 ms plus an
+    exponential 10 ms, five times that in one micro-batch of ten (a tail DropCompute cuts)."""
+    rng = np.random.default_rng(seed)
+    rows = [
+        f"{i},{w},{m},{0.01 + rng.exponential(0.01) * (5 if rng.random() < 0.1 else 1):.9f}"
+        for i in range(80)
+        for w in range(4)
+        for m in range(4)
+    ]
+    return "iteration,worker,micro_batch,seconds\n" + "\n".join(rows) + "\n"

@@ -6,7 +6,7 @@ import json
 
 import numpy as np
 import pytest
-from tests.cli.helpers import run
+from tests.cli.helpers import run, spiky_micro_batch_trace
 
 from tailtrain.strategies.registry import parse_strategy
 
@@ -69,15 +69,8 @@ def test_bad_input_gets_one_line_and_status_2(tmp_path, capsys, content, extra, 
 def test_patch_without_edits_for_the_choice_is_one_line_not_an_empty_diff(tmp_path, capsys):
     # a trace with micro-batches: DropCompute runs the job's own M, whose lines (a step's
     # micro-batches to the hook) have no edits; an empty diff would read "nothing to change"
-    rng = np.random.default_rng(0)
-    rows = [
-        f"{i},{w},{m},{0.01 + rng.exponential(0.01) * (5 if rng.random() < 0.1 else 1):.9f}"
-        for i in range(80)
-        for w in range(4)
-        for m in range(4)
-    ]
     path = tmp_path / "t.csv"
-    path.write_text("iteration,worker,micro_batch,seconds\n" + "\n".join(rows) + "\n")
+    path.write_text(spiky_micro_batch_trace())
     script = tmp_path / "train.py"
     script.write_text("import torch\n")
     code, out, err = run(["advise", str(path), "--for", "ddp", "--json"], capsys)
