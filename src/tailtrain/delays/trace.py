@@ -45,9 +45,10 @@ A real computation's measured seconds cannot be stopped: under DropCompute's ``s
 its unit in flight at tau runs to its end, uncounted (``cuttable`` False;
 ``sim.allreduce.timing``, and ``train`` sleeps such a unit whole). ``cut=no`` says a trace's
 units were that, ``cut=yes`` that they were sleeps a threshold can cut. Without ``cut=``, the
-trace's run row in ``machine.jsonl`` decides where ``train`` wrote one: its units were a
-computation unless at least half their seconds were injected sleeps (``asleep``); a trace
-with no such row keeps the simulator's sleeps (:func:`cuttable_units`).
+trace's run row in ``machine.jsonl`` decides: a probe's says ``cut: false`` (a user's step);
+``train``'s reads as a computation unless at least half its unit seconds were injected
+sleeps (``asleep``) that could be cut; a trace with no row keeps the simulator's sleeps
+(:func:`cuttable_units`).
 
 Either way, the model's law is the empirical distribution of ``seconds``: ``sample`` draws
 rows with replacement, cdf is the ECDF, mean and var are those of the empirical distribution,
@@ -503,9 +504,10 @@ def shared_cores(spec: Spec, found: Trace) -> int | None:
 
 
 def cuttable_units(spec: Spec, found: Trace) -> bool:
-    """Whether a threshold can stop the trace's units in flight: ``cut=yes|no``; else, where
-    the trace's run row in ``machine.jsonl`` beside it says how much of its unit seconds were
-    injected sleeps (``asleep``, ``train``), yes iff at least half; else yes, as the
+    """Whether a threshold can stop the trace's units in flight: ``cut=yes|no``; else the
+    trace's run row in ``machine.jsonl`` beside it: no when it says ``cut: false`` (a probe,
+    or a ``train`` run of units that could not be cut), else yes iff at least half its unit
+    seconds were injected sleeps (``asleep``); yes without a row or an ``asleep``, as the
     simulator's sleeps (module docstring)."""
     if spec.has("cut"):
         cut = spec.get_str("cut")
