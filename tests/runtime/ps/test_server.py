@@ -47,10 +47,10 @@ PARITY = {"delay": "const:value=0.12", "pattern": "linear:step=0.06"}
 #: 3 where simulate chose 2. At 150 + 150 w ms the simulated k's are the same under every
 #: shift of -20..+40 ms of the base and -10..+10 ms of the spacing
 DBW_PARITY = {"delay": "const:value=0.15", "pattern": "linear:step=0.15"}
-#: LGC's blocks, 3 times DELAYED's jobs: worker 1's arrival (210 ms) interrupts worker 2 30 ms
-#: from either end of its 4th block (180-240 ms of its 300); at DELAYED's pace the margin was
-#: 10 ms, which a loaded CI machine crossed
-LGC_WIDE = {"delay": "const:value=0.12", "pattern": "linear:step=0.09"}
+#: LGC's blocks, 6 times DELAYED's jobs: worker 1's arrival (420 ms) interrupts worker 2 60 ms
+#: from either end of its 4th block (360-480 ms of its 600); at DELAYED's pace the margin was
+#: 10 ms, and at half this one 30 ms, which loaded CI machines crossed (ci35 counted 4 blocks)
+LGC_WIDE = {"delay": "const:value=0.24", "pattern": "linear:step=0.18"}
 #: 4 micro-batches of 10 ms; worker w's first one takes 90 w ms more: worker 0 closes a step
 #: at 40 ms, 90 ms before worker 1's job could end (at 30 ms more, ci17 and ci18 saw a worker
 #: finish jobs before the interrupt reached it)
@@ -202,8 +202,8 @@ def test_stale_gradients_carry_their_version(results):
 @pytest.mark.timeout(200)
 def test_lgc_counts_the_stragglers_blocks_and_complete_waits_for_them(results):
     rows = results["lgc:k=2,blocks=5"].record.steps
-    # worker 2 is interrupted 210 ms into its 300 ms job (worker 1's arrival closes the step):
-    # 3 of 5 blocks (60 ms each) are done, as the simulator counts them (30 ms to spare)
+    # worker 2 is interrupted 420 ms into its 600 ms job (worker 1's arrival closes the step):
+    # 3 of 5 blocks (120 ms each) are done, as the simulator counts them (60 ms to spare)
     assert [r["partial_workers"] for r in rows[:-1]] == [[2]] * (len(rows) - 1)
     assert {u for r in rows[:-1] for u in r["partial_units"]} == {0.6}
     complete = results["lgc:k=2,blocks=2,complete=true"].record.steps
