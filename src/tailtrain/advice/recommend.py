@@ -54,7 +54,7 @@ from tailtrain.advice.cost import Cost, _replicas
 from tailtrain.delays.base import DelayModel
 from tailtrain.delays.comm import parse_comm_time
 from tailtrain.delays.parse import parse_delay
-from tailtrain.delays.trace import Trace, TraceDelay, replayed_comm, write_trace_rows
+from tailtrain.delays.trace import Trace, TraceDelay, cut_flag, replayed_comm, write_trace_rows
 from tailtrain.prediction import DelayScenario, Row, best_k, k_grid, predict
 from tailtrain.prediction.families import SIM_MAX_WORKERS, row_spec, simulated_row, with_families
 from tailtrain.prediction.rebalance import DEMAND_SPEC  # dealt on demand: train and simulate only
@@ -165,7 +165,7 @@ def half_forecasts(
             keep = np.isin(trace.iteration, block)
             path = Path(folder) / f"block{b}.csv"
             _write_block(path, trace, keep)
-            delay = f"trace:path={path}" + ("" if model.cuttable else ",cut=no")  # as recorded
+            delay = f"trace:path={path}{cut_flag(model.cuttable)}"  # as recorded
             own = comm if comm is not None else priced_comm(replayed_comm(delay, None))
             scenario = DelayScenario(
                 workers,

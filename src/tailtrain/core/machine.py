@@ -9,12 +9,14 @@ append a row to ``machine.jsonl`` beside ``trace.csv``:
 ``{"run", "host", "cores", "local_ranks", "load"}``: the cores this process may run on
 (``os.sched_getaffinity``), the job's ranks on this host (``LOCAL_WORLD_SIZE``, as torchrun and
 ``tailtrain launch`` set it), and the 1, 5 and 15-minute load averages (``os.getloadavg``);
-``train`` adds ``asleep``, the share of its units' seconds that were injected sleeps.
+``train`` adds ``asleep``, the share of its units' seconds that were injected sleeps, and
+``cut: false`` when a threshold could not cut them; the probe adds ``cut: false`` (a user's
+step is never cut once begun; ``delays.trace.cuttable_units``).
 Rank 0's host stands for the job's: on several hosts, the others are not seen.
 
 A trace's censored rows are completed under processor sharing of the row's cores
 (``delays.contention``, through ``trace:`` reading this file) when the row's host ran all
-the trace's workers and its units did not sleep (a sleeping rank holds no core).
+the trace's workers and its units were not mostly sleeps (a sleeping rank holds no core).
 ``advise``'s forecasts of the remedies model no contention; :func:`contention_note` says so
 in one line, with by how much the trace's machine was oversubscribed, when its ranks or its
 load outnumbered its cores.

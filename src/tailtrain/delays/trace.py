@@ -527,7 +527,13 @@ def cut_option(path: str | Path, found: Trace) -> str:
     """``,cut=no`` when the trace at ``path`` (read as ``found``) is of units a threshold
     cannot cut, else "": for a trace written again elsewhere (a block, a split, groups), whose
     new folder has no ``machine.jsonl`` to say so."""
-    return "" if cuttable_units(parse_spec(f"trace:path={path}"), found) else ",cut=no"
+    return cut_flag(cuttable_units(parse_spec(f"trace:path={path}"), found))
+
+
+def cut_flag(cuttable: bool) -> str:
+    """The ``trace:`` option that says units are ``cuttable``: "" (the default without a
+    machine row) or ``,cut=no``."""
+    return "" if cuttable else ",cut=no"
 
 
 def mostly_asleep(row: dict) -> bool:
