@@ -182,7 +182,7 @@ DATA = Path(__file__).parent / "data"
 
 
 def train_trace(task):
-    """A recorded trace's units (I, 4, 4), the rows' order into them and the rows."""
+    """A recorded trace's units (I, N, 4), the rows' order into them and the rows."""
     whole = read_trace(DATA / f"train_sync_{task}.csv")
     shape = (int(whole.iteration.max()) + 1, int(whole.worker.max()) + 1, -1)
     order = np.lexsort((whole.micro_batch, whole.worker, whole.iteration))
@@ -207,7 +207,7 @@ def cut_train_trace(folder, task, share):
 
 def sync_time(spec):
     replay = parse_delay(spec).replay
-    return sync_cost(iteration_times(replay)[0], replay.ids, N).iteration_time
+    return sync_cost(iteration_times(replay)[0], replay.ids, replay.ids.size).iteration_time
 
 
 #: the two cases that miss, read low: the true work law itself, completed the same way, reads
@@ -220,6 +220,16 @@ FLOOR = pytest.mark.xfail(
 )
 
 
+#: digits-cnn on 2 ranks: 1.4 ms units with 4-6 ms outliers (the top 1%, a preempted core's),
+#: which a threshold censors, and a tail past them that no unit shows; the true law of work
+#: reads +1.5%, +2.2% and +3.8% (test_the_true_law_of_work_misses_the_same_two_cases's draw)
+HICCUPS = pytest.mark.xfail(
+    strict=True,
+    raises=AssertionError,
+    reason="reads +3.2%, +5.8% and +6.3%; the true law of work reads +1.5%, +2.2%, +3.8%",
+)
+
+
 @pytest.mark.parametrize(
     ("task", "share"),
     [
@@ -229,16 +239,48 @@ FLOOR = pytest.mark.xfail(
         ("seq_lstm", 0.1),  # +1.3%
         pytest.param("seq_lstm", 0.3, marks=FLOOR),  # -4.5%
         ("seq_lstm", 0.45),  # -2.9%
+        ("seq_lstm_2ranks", 0.1),  # -0.6%
+        ("seq_lstm_2ranks", 0.3),  # -1.1%
+        ("seq_lstm_2ranks", 0.45),  # +0.2%
+        pytest.param("digits_cnn_2ranks", 0.1, marks=HICCUPS),  # +3.2%
+        pytest.param("digits_cnn_2ranks", 0.3, marks=HICCUPS),  # +5.8%
+        pytest.param("digits_cnn_2ranks", 0.45, marks=HICCUPS),  # +6.3%
     ],
 )
 def test_a_train_trace_censored_offline_keeps_advise_s_sync_time(tmp_path, task, share):
     """The issue's own check on traces ``tailtrain train`` recorded (tests/delays/data): a
     sync trace censored offline at 10, 30 and 45% gives advise's sync E[T] within 3% of the
-    same trace uncensored. Their 4 ranks shared the build machine's 2 cores (the data's
-    README), which ``cores=2`` says as ``machine.jsonl`` would."""
+    same trace uncensored. The first two's 4 ranks shared the build machine's 2 cores (the
+    data's README), which ``cores=2`` says as ``machine.jsonl`` would; the ``2ranks`` ones
+    had a core each, where ``cores=2`` changes nothing."""
     cut = cut_train_trace(tmp_path, task, share)
     full = sync_time(f"trace:path={DATA / f'train_sync_{task}.csv'}")
     assert sync_time(f"trace:path={cut},cores=2") == pytest.approx(full, rel=0.03)
+
+
+def test_bounds_past_every_unit_seen_do_not_shape_the_tail(tmp_path):
+    """A threshold censors exactly the slow units: on the 2-rank digits-cnn trace cut at 30%,
+    the outliers' bounds lie past every unit seen. Fitted as they were, they gave a
+    generalized Pareto of shape 0.77 whose draws reached 98 ms (the trace's largest unit is
+    6 ms) and read sync's E[T] 31% high; they now say only that mass lies past the seen
+    range (the 3% goal is missed here, HICCUPS)."""
+    cut = cut_train_trace(tmp_path, "digits_cnn_2ranks", 0.3)
+    full = sync_time(f"trace:path={DATA / 'train_sync_digits_cnn_2ranks.csv'}")
+    assert sync_time(f"trace:path={cut}") == pytest.approx(full, rel=0.08)
+
+
+def test_a_tail_that_ends_before_the_largest_bound_is_no_candidate():
+    """Units seen up to 1 s and bounds at 1.05 s: a family fitted with its support ending at
+    the units seen (a generalized Pareto of negative shape leads by likelihood) would leave
+    nothing for the mass past the bounds, and its draws and mean would be NaN."""
+    rng = np.random.default_rng(0)
+    seconds = np.concatenate([rng.uniform(0.0, 1.0, 4000), np.full(20, 1.05)])
+    censored = np.arange(seconds.size) >= 4000
+    found = estimate(seconds, censored)
+    assert found.tail.law.sf(1.05 - found.tail.threshold) > 0
+    draws = found.beyond(np.full(3, 1.05), np.array([0.1, 0.5, 0.9]))
+    assert np.all(np.isfinite(draws)) and np.all(draws > 1.05)
+    assert np.isfinite(found.mean())
 
 
 def test_completed_as_durations_the_shared_cores_read_high(tmp_path):
