@@ -15,12 +15,16 @@ survivors as the law biases every figure low: the slow micro-batches are exactly
   A fitted family is not: the log-normal fitted to all the units before read a real
   trace's sync step 8-20% high, because real units are not log-normal.
 * **the tail beyond the largest unit seen** (``edge``), which Kaplan-Meier cannot see: a
-  threshold censors everything past tau. The excess over the top tenth of the seen units
-  is fitted by censored maximum likelihood in each of :data:`FAMILIES` (the generalized
+  threshold censors everything past tau. (scipy's Kaplan-Meier lists the bounds among its
+  times and stays flat from the largest unit to the largest bound; it is cut at the unit, so
+  a row cut in between is drawn from the tail beyond its own bound, not past the largest.)
+  The excess over the top tenth of the seen units is fitted by censored maximum likelihood
+  in each of :data:`FAMILIES` (the generalized
   Pareto of extreme-value theory, Pickands-Balkema-de Haan, and three simpler ones). A
-  bound past every unit seen enters the fit at the largest one: it says that mass lies past
-  the seen range, not how far (a threshold censors exactly the slow units, and such bounds
-  alone once set a heavy shape). A family must leave mass past the largest bound. The
+  bound past every unit seen enters the fit at the largest one (a heuristic: a threshold
+  censors exactly the slow units, and such bounds alone once set a heavy shape where no unit
+  was seen). A family other than the exponential must leave mass past the largest bound;
+  the exponential's draws there are exact in closed form (it is memoryless). The
   exponential is kept unless another family leads it by :data:`SUPPORT` in AIC, and then
   the least AIC wins; its survival, scaled to meet Kaplan-Meier's at the edge, is the law
   beyond it. The choice and its fit (the largest gap between the family's and
@@ -80,6 +84,9 @@ MIN_TAIL = 10  #: seen excesses a two-parameter family needs (fewer: the exponen
 #: and Multimodel Inference*, 2002, Sec. 2.6: past 10, the other has essentially no support)
 SUPPORT = 10.0
 DRIFT_REACH = 20  #: steps either side of a unit's own that set its local scale
+#: the log-survival a family other than the exponential (memoryless, drawn in closed form)
+#: must keep at the largest bound: its draws past that bound stay representable
+LOG_FLOOR = -700.0
 
 
 @dataclass(frozen=True)
@@ -100,13 +107,13 @@ class Tail:
 class UnitLaw:
     """A unit's law from censored rows: Kaplan-Meier up to ``edge``, :class:`Tail` beyond."""
 
-    times: np.ndarray  #: Kaplan-Meier's distinct seen times, ascending
+    times: np.ndarray  #: Kaplan-Meier's distinct times up to the largest unit seen, ascending
     survival_after: np.ndarray  #: its survival just after each of them
     tail: Tail
 
     @property
     def edge(self) -> float:
-        """The largest unit seen: Kaplan-Meier's reach."""
+        """The largest unit seen: Kaplan-Meier's reach (past it only bounds, no unit)."""
         return float(self.times[-1])
 
     @property
@@ -114,14 +121,28 @@ class UnitLaw:
         """The mass Kaplan-Meier leaves past its reach (the censored top)."""
         return float(self.survival_after[-1])
 
+    def _log_tail(self, t: np.ndarray) -> np.ndarray:
+        """log P(unit > t | unit > edge) for t >= edge, from the tail's law: in logs, so a
+        bound far past the edge (a hung unit) neither underflows nor divides by 0."""
+        u = self.tail.threshold
+        with np.errstate(divide="ignore"):
+            return self.tail.law.logsf(t - u) - self.tail.law.logsf(self.edge - u)
+
+    def _tail_at(self, log_q: np.ndarray) -> np.ndarray:
+        """The t >= edge with log P(unit > t | unit > edge) = ``log_q`` (<= 0)."""
+        u, law = self.tail.threshold, self.tail.law
+        target = log_q + law.logsf(self.edge - u)
+        if self.tail.family == "expon":  # memoryless: exact however far out
+            return u - float(law.mean()) * target  # the scale (its location is 0)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return u + law.isf(np.exp(target))
+
     def sf(self, t: np.ndarray | float) -> np.ndarray:
         """S(t) = P(unit > t)."""
         t = np.asarray(t, dtype=float)
         i = np.searchsorted(self.times, t, side="right")
         body = np.where(i > 0, self.survival_after[np.maximum(i - 1, 0)], 1.0)
-        u = self.tail.threshold
-        scale = self.beyond_edge / self.tail.law.sf(self.edge - u)
-        tail = scale * self.tail.law.sf(np.maximum(t, self.edge) - u)
+        tail = self.beyond_edge * np.exp(self._log_tail(np.maximum(t, self.edge)))
         return np.where(t < self.edge, body, tail)
 
     def isf(self, q: np.ndarray) -> np.ndarray:
@@ -130,11 +151,11 @@ class UnitLaw:
         # survival_after falls: the first index where it is <= q
         i = np.searchsorted(-self.survival_after, -q, side="left")
         body = self.times[np.minimum(i, self.times.size - 1)]
-        u = self.tail.threshold
-        inner = q / self.beyond_edge * self.tail.law.sf(self.edge - u) if self.beyond_edge else q
-        with np.errstate(divide="ignore", invalid="ignore"):
-            tail = u + self.tail.law.isf(np.clip(inner, 0.0, 1.0))
-        return np.where(q >= self.beyond_edge, body, tail)
+        if not self.beyond_edge:
+            return body
+        with np.errstate(divide="ignore"):
+            log_q = np.log(np.minimum(q / self.beyond_edge, 1.0))
+        return np.where(q >= self.beyond_edge, body, self._tail_at(log_q))
 
     def quantile(self, p: float) -> float:
         return float(self.isf(np.array(1.0 - p)))
@@ -147,14 +168,23 @@ class UnitLaw:
         if not self.beyond_edge:
             return body
         a = self.edge - self.tail.threshold
-        # E[(X - a)+] of the excess law, over its survival at a: the mean residual life at a
-        excess = self.tail.law.expect(lambda s: s - a, lb=a) / self.tail.law.sf(a)
-        return body + self.beyond_edge * float(excess)
+        law = self.tail.law
+        if self.tail.family == "expon":  # memoryless: its scale at any a
+            excess = float(law.mean())
+        else:  # E[(X - a)+] of the excess law over its survival at a: mean residual life at a
+            excess = float(law.expect(lambda s: s - a, lb=a) / law.sf(a))
+        return body + self.beyond_edge * excess
 
     def beyond(self, bound: np.ndarray, uniform: np.ndarray) -> np.ndarray:
-        """Draws conditioned on exceeding ``bound`` (one per uniform in [0, 1))."""
+        """Draws conditioned on exceeding ``bound`` (one per uniform in [0, 1)): in the body
+        by inverting S, past the edge in the tail's own conditional law (in logs)."""
         bound = np.asarray(bound, dtype=float)
-        return np.maximum(self.isf(self.sf(bound) * (1.0 - uniform)), bound)
+        uniform = np.asarray(uniform, dtype=float)
+        inside = self.isf(self.sf(np.minimum(bound, self.edge)) * (1.0 - uniform))
+        with np.errstate(divide="ignore"):
+            log_q = self._log_tail(np.maximum(bound, self.edge)) + np.log1p(-uniform)
+        past = self._tail_at(log_q)
+        return np.maximum(np.where(bound < self.edge, inside, past), bound)
 
 
 def _censored_data(seconds: np.ndarray, censored: np.ndarray) -> stats.CensoredData:
@@ -183,11 +213,12 @@ def fit_tail(seconds: np.ndarray, censored: np.ndarray, families: tuple[str, ...
     cut = seconds[censored & (seconds > u)] - u
     # the largest bound: the tail must leave mass past it, where Kaplan-Meier leaves some
     reach = float(max(cut.max(initial=0.0), over.max(initial=0.0)))
-    # a bound beyond every seen unit says that mass lies past the seen range, not how far: a
-    # threshold censors exactly the slow units, so bounds out there would fit the decay on
-    # units never seen (a 2-rank digits-cnn trace cut at 30%: four such bounds gave a
-    # generalized Pareto of shape 0.77 and sync's step read 31% high; their units had ended
-    # 1.5-2.5 ms past them)
+    # a heuristic, not the MLE: a bound past every seen unit enters at the largest one, a
+    # true but weaker statement. A threshold censors exactly the slow units, and such bounds
+    # alone then set how the tail decays where no unit was seen (a 2-rank digits-cnn trace
+    # cut at 30%: four of them gave a generalized Pareto of shape 0.77 and sync's step read
+    # 31% high; their units had ended 1.5-2.5 ms past them). The draws are still
+    # conditioned on each row's own bound
     if over.size:
         cut = np.minimum(cut, over.max())
     if over.size < MIN_TAIL:
@@ -203,7 +234,9 @@ def fit_tail(seconds: np.ndarray, censored: np.ndarray, families: tuple[str, ...
     fits = {
         k: v
         for k, v in fits.items()
-        if np.isfinite(v[1]) and np.isfinite(v[0].mean()) and v[0].sf(reach) > 0
+        if np.isfinite(v[1])
+        and np.isfinite(v[0].mean())
+        and (k == "expon" or v[0].logsf(reach) > LOG_FLOOR)
     }
     if not fits:
         fits = {"expon": _fit("expon", over, cut)}
@@ -229,8 +262,11 @@ def estimate(seconds: np.ndarray, censored: np.ndarray) -> UnitLaw | None:
         return None
     km = stats.ecdf(_censored_data(seconds, censored)).sf
     times, after = np.asarray(km.quantiles, float), np.asarray(km.probabilities, float)
+    # scipy lists the bounds among its times: past the largest unit seen it is flat, and the
+    # tail, not a step at the largest bound, carries the mass there
+    keep = times <= seconds[~censored].max()
     tail = fit_tail(seconds, censored, tuple(FAMILIES))
-    return UnitLaw(times, after, tail)
+    return UnitLaw(times[keep], after[keep], tail)
 
 
 def complete(
