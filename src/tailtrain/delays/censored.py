@@ -19,12 +19,12 @@ survivors as the law biases every figure low: the slow micro-batches are exactly
   times and stays flat from the largest unit to the largest bound; it is cut at the unit, so
   a row cut in between is drawn from the tail beyond its own bound, not past the largest.)
   The excess over the top tenth of the seen units is fitted by censored maximum likelihood
-  in each of :data:`FAMILIES` (the generalized
-  Pareto of extreme-value theory, Pickands-Balkema-de Haan, and three simpler ones). A
-  bound past every unit seen enters the fit at the largest one (a heuristic: a threshold
-  censors exactly the slow units, and such bounds alone once set a heavy shape where no unit
-  was seen). A family other than the exponential must leave mass past the largest bound;
-  the exponential's draws there are exact in closed form (it is memoryless). The
+  in each of :data:`FAMILIES` (the generalized Pareto of extreme-value theory,
+  Pickands-Balkema-de Haan, and three simpler ones). A bound past every unit seen enters
+  the fit at the largest one (a heuristic: a threshold censors exactly the slow units, and
+  such bounds alone once set a heavy shape where no unit was seen). A family other than the
+  exponential must leave mass past the largest bound; the exponential's draws there are
+  exact in closed form (it is memoryless). The
   exponential is kept unless another family leads it by :data:`SUPPORT` in AIC, and then
   the least AIC wins; its survival, scaled to meet Kaplan-Meier's at the edge, is the law
   beyond it. The choice and its fit (the largest gap between the family's and
