@@ -518,8 +518,10 @@ def cuttable_units(spec: Spec, found: Trace) -> bool:
             )
         return cut == "yes"
     row = read_machine(Path(spec.get_str("path")).parent, found.runs[-1])
-    if row is None or row.get("cut") is False:
-        return row is None  # nothing says what the units were, or the run said (a probe)
+    if row is None:  # nothing says what the units were
+        return True
+    if row.get("cut") is False:  # the run said so (a probe, or uncuttable injected units)
+        return False
     return "asleep" not in row or mostly_asleep(row)
 
 

@@ -39,16 +39,10 @@ def stop_rule(times: np.ndarray, tau: float, preempt: bool, cuttable: bool = Tru
     """Apply threshold ``tau`` to unit times ``times[..., n, u]`` (DropCompute Alg. 1); a unit
     in flight that cannot be cut runs to its end (module docstring)."""
     cumulative = np.cumsum(times, axis=-1)
-    full = cumulative[..., -1]
     done = counted(cumulative, tau, preempt).sum(axis=-1)
-    if preempt and not cuttable:
-        in_flight = np.minimum(done, times.shape[-1] - 1)  # the unit tau found running
-        ends = np.take_along_axis(cumulative, in_flight[..., None], axis=-1)[..., 0]
-        return Stops(done, ends if tau > 0 else np.zeros_like(ends), full)  # tau <= 0: none ran
-    if preempt:
-        return Stops(done, np.minimum(full, tau), full)
-    last = np.take_along_axis(cumulative, np.maximum(done - 1, 0)[..., None], axis=-1)[..., 0]
-    return Stops(done, np.where(done > 0, last, 0.0), full)
+    last = np.full(done.shape, times.shape[-1] - 1)
+    leaves = _leaves(cumulative, done, last, tau, preempt, cuttable)
+    return Stops(done, leaves, cumulative[..., -1])
 
 
 def share_rule(
@@ -61,17 +55,28 @@ def share_rule(
     cumulative = np.cumsum(times, axis=-1)
     own = np.arange(times.shape[-1]) < shares[:, None]
     done = (counted(cumulative, tau, preempt) & own).sum(axis=-1)
+    leaves = _leaves(cumulative, done, shares - 1, tau, preempt, cuttable)
+    return Stops(done, leaves, cumulative[:, m - 1])
+
+
+def _leaves(
+    cumulative: np.ndarray, done: np.ndarray, last: np.ndarray, tau: float, preempt: bool,
+    cuttable: bool,
+) -> np.ndarray:  # fmt: skip
+    """When each worker leaves, given the ``done`` units it counted of its units up to index
+    ``last`` (module docstring): preempting, at tau (or its last unit's end, if sooner), or at
+    the end of the unit tau found running when that unit cannot be cut; checking between
+    units, at the end of its last counted one."""
+
+    def end_of(unit: np.ndarray) -> np.ndarray:
+        return np.take_along_axis(cumulative, unit[..., None], axis=-1)[..., 0]
+
+    if preempt and not cuttable:
+        ends = end_of(np.minimum(done, last))  # the unit tau found running runs to its end
+        return ends if tau > 0 else np.zeros_like(ends)  # tau <= 0: none ran
     if preempt:
-        ends = np.take_along_axis(cumulative, (shares - 1)[:, None], axis=-1)[:, 0]
-        compute = np.minimum(ends, tau)
-        if not cuttable:  # the unit tau found running runs to its end, as in stop_rule
-            in_flight = np.minimum(done, shares - 1)
-            ends = np.take_along_axis(cumulative, in_flight[:, None], axis=-1)[:, 0]
-            compute = ends if tau > 0 else np.zeros_like(ends)
-    else:
-        last = np.take_along_axis(cumulative, np.maximum(done - 1, 0)[:, None], axis=-1)[:, 0]
-        compute = np.where(done > 0, last, 0.0)
-    return Stops(done, compute, cumulative[:, m - 1])
+        return np.minimum(end_of(last), tau)
+    return np.where(done > 0, end_of(np.maximum(done - 1, 0)), 0.0)
 
 
 def demand_rule(times: np.ndarray, pool: int, m: int) -> tuple[Stops, np.ndarray]:
