@@ -128,9 +128,9 @@ def step_rank(rank: int, world: int, backend: str, port: int, out: str) -> None:
         wall: list[np.ndarray] = []
         agree = step.rounds.agree  # observe the runtime's own per-unit seconds
 
-        def observed(work, agree=agree, wall=wall):
+        def observed(work, *args, agree=agree, wall=wall, **kwargs):
             wall.append(work.times.copy())
-            return agree(work)
+            return agree(work, *args, **kwargs)
 
         step.rounds.agree = observed
         events: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
