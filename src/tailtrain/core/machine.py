@@ -31,6 +31,15 @@ from pathlib import Path
 from typing import Any
 
 MACHINE_FILE = "machine.jsonl"  #: beside ``trace.csv``
+#: local ranks one machine may start: at most this many, and this many per CPU core (each
+#: rank is a whole Python process with its own copy of torch)
+MAX_LOCAL_WORKERS = 64
+WORKERS_PER_CORE = 8
+
+
+def max_local_workers() -> int:
+    """The most ranks ``train`` or ``launch`` starts on this machine."""
+    return min(MAX_LOCAL_WORKERS, (os.cpu_count() or 1) * WORKERS_PER_CORE)
 
 
 def machine_row(run: int = 0, local_ranks: int | None = None) -> dict[str, Any]:

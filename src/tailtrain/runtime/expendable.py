@@ -24,13 +24,16 @@ import pickle
 import signal
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from tailtrain.core.records import RunRecord
 from tailtrain.errors import TailtrainError
-from tailtrain.runtime.config import RankResult
+
+if TYPE_CHECKING:  # at run time imported where a placeholder is made: ``runtime.config``
+    # loads the scenario and its delay laws (scipy), a second of every launcher's start
+    from tailtrain.runtime.config import RankResult
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +62,8 @@ def shielded(
     ``on_death(rank, why)`` tells others at once (the allreduce's shrink census). With
     ``again``, a child that died (killed: it handed back nothing) is replaced by a new child
     running ``again()`` (a rank that rejoins the live ones), up to ``restarts`` times."""
+    from tailtrain.runtime.config import RankResult
+
     attempt = 0
     while True:
         outcome, status = in_child(body if attempt == 0 else again)

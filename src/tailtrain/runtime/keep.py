@@ -45,17 +45,19 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch.distributed as dist
 
 from tailtrain.core import checkpoint
 from tailtrain.core.records import RecordSink, RunRecord, write_json
-from tailtrain.core.scenario import World
 from tailtrain.core.session import RunKeeper, run_identity
 from tailtrain.errors import TailtrainError, UsageError
 from tailtrain.runtime.interrupt import Stopped, hold_sigterm, interrupt_requested
 from tailtrain.strategies.base import Strategy
+
+if TYPE_CHECKING:  # an annotation only: the scenario loads scipy, which a launcher need not
+    from tailtrain.core.scenario import World
 
 log = logging.getLogger(__name__)
 

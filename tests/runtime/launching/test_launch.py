@@ -12,10 +12,11 @@ import pytest
 import torch
 
 from tailtrain.cli.train import workers
+from tailtrain.core.machine import max_local_workers
 from tailtrain.core.scenario import Scenario
 from tailtrain.errors import UsageError
 from tailtrain.runtime.config import TrainConfig
-from tailtrain.runtime.launching.checks import in_torchrun, max_local_workers, validate
+from tailtrain.runtime.launching.checks import in_torchrun, validate
 from tailtrain.runtime.launching.endpoint import Endpoint, check_rendezvous, parse_endpoint, reserve
 from tailtrain.runtime.launching.launch import reaches_fork_server, start_method
 

@@ -30,10 +30,12 @@ from tests.integrate.test_shrink_step import example, matches_reference, rebuilt
 from tailtrain.errors import UsageError
 from tailtrain.runtime.launching.endpoint import Endpoint
 from tailtrain.runtime.launching.nodes import (
+    BEAT,
     GroupBy,
     Nodes,
     StoreAt,
     await_job_end,
+    beats,
     check_nodes,
     host_store,
     meet,
@@ -313,6 +315,24 @@ def test_a_launcher_whose_options_differ_or_whose_node_runs_is_refused_in_one_li
     finally:
         done.set()
     assert host.run_id == running.run_id
+
+
+@pytest.mark.timeout(30)
+def test_a_launcher_that_beats_is_alive_and_one_that_stopped_beating_is_not():
+    store = torch.distributed.HashStore()
+    assert not beats(store, "beat/1")  # never beat: a node whose machine died
+    done = threading.Event()
+
+    def beat() -> None:
+        while not done.is_set():
+            store.add("beat/2", 1)
+            time.sleep(BEAT)
+
+    threading.Thread(target=beat, daemon=True).start()
+    try:
+        assert beats(store, "beat/2")
+    finally:
+        done.set()
 
 
 @pytest.mark.slow  # 3 launchers and 6 ranks

@@ -4,6 +4,7 @@ second): torchrun's stop by default, a death the job survives under shrink."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -357,3 +358,17 @@ def test_the_launcher_says_a_generation_went_on_only_once_it_held():
         "ranks [0, 1, 2, 3] went on from step 9 (generation 3): with ranks [2, 3] taken back"
     ]
     assert said.look() == []
+
+
+def test_the_launcher_loads_no_scenario_and_no_scipy():
+    """A node started again starts its ranks only once its launcher has imported what it runs:
+    the scenario and its delay laws (scipy) are a second of that, and a launcher runs none."""
+    code = (
+        "import sys, json\n"
+        "import tailtrain.cli.launch, tailtrain.runtime.launching.scripts\n"
+        "import tailtrain.runtime.launching.failures, tailtrain.runtime.launching.script_rank\n"
+        "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] == 'scipy'\n"
+        "    or m in ('tailtrain.core.scenario', 'tailtrain.runtime.config'))))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert json.loads(out.stdout) == []

@@ -32,8 +32,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from tailtrain.core.machine import max_local_workers
 from tailtrain.errors import UsageError
-from tailtrain.runtime.launching.checks import max_local_workers
 from tailtrain.runtime.launching.local import join_gloo, run_local
 from tailtrain.runtime.partial.collective import PartialCollective
 from tailtrain.runtime.partial.wire import RoundResult, row

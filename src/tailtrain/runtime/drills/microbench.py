@@ -41,10 +41,10 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from tailtrain.core.machine import max_local_workers
 from tailtrain.delays import DelayProcess
 from tailtrain.errors import UsageError
 from tailtrain.network import NetworkModel
-from tailtrain.runtime.launching.checks import max_local_workers
 from tailtrain.runtime.launching.local import join_gloo, run_local
 from tailtrain.runtime.partial.collective import (
     DIRECT_ACTIVATION,

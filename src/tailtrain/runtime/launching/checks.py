@@ -15,6 +15,7 @@ from collections.abc import Mapping
 
 import torch
 
+from tailtrain.core.machine import MAX_LOCAL_WORKERS, WORKERS_PER_CORE, max_local_workers
 from tailtrain.core.session import check_entry
 from tailtrain.errors import TailtrainError, UsageError
 from tailtrain.runtime.config import TrainConfig, build_world
@@ -23,8 +24,6 @@ from tailtrain.runtime.elastic.refusals import check_shrink
 from tailtrain.runtime.launching.topologies import TopologySpec, spec_of
 from tailtrain.strategies.base import Context, Strategy, Topology
 
-MAX_LOCAL_WORKERS = 64
-WORKERS_PER_CORE = 8
 TORCHRUN_VARIABLES = ("RANK", "WORLD_SIZE", "MASTER_ADDR")
 
 
@@ -35,10 +34,6 @@ def in_torchrun(env: Mapping[str, str] = os.environ) -> bool:
 
 def default_backend() -> str:
     return "nccl" if torch.cuda.is_available() else "gloo"
-
-
-def max_local_workers() -> int:
-    return min(MAX_LOCAL_WORKERS, (os.cpu_count() or 1) * WORKERS_PER_CORE)
 
 
 def validate(config: TrainConfig, *, local: bool) -> None:

@@ -56,7 +56,7 @@ launcher ends with exit 1, ``no rank finished: ranks [...] left the job (...)``.
 store's host sees it: :class:`NodeState`; a rank in the shrink protocol:
 ``runtime.elastic.shrink.ShrinkPhase``. Every wait of the launchers is bounded: reaching the
 store and reading the run id by ``--timeout``; a second start's look at its node's beats by
-2 :data:`BEAT`; the watch's look at the ranks every ``scripts.WATCH_POLL`` seconds, a stop by
+:data:`ALIVE_LOOK`; the watch's look at the ranks every ``scripts.WATCH_POLL`` seconds, a stop by
 ``scripts.STOP_GRACE`` before SIGKILL; the store's host by ``--timeout`` after the last sign of
 life of any node (:func:`await_job_end`).
 """
@@ -85,8 +85,12 @@ log = logging.getLogger(__name__)
 LAUNCH_KEYS = "tailtrain/launch"
 #: seconds between two looks at the store while the host waits for the other nodes' ends
 END_POLL = 0.2
-#: seconds between two beats of a launcher (:meth:`Meeting.beat`)
-BEAT = 1.0
+#: seconds between two beats of a launcher (:meth:`Meeting.beat`; its watch looks every
+#: 0.05 s): short, because a node started again waits :data:`ALIVE_LOOK` before its ranks start
+BEAT = 0.25
+#: how long a second start of a node watches its earlier launcher's beats: a launcher that
+#: beats is seen at once; one that stalled this long (3 beats missed) counts as gone
+ALIVE_LOOK = 4 * BEAT
 
 
 class StoreAt(StrEnum):
@@ -325,16 +329,24 @@ def meet(nodes: Nodes, endpoint: Endpoint, timeout: datetime.timedelta, nproc: i
             f"{nproc} --group-by {nodes.group_by}"
         )
     beat = meeting.key(f"beat/{nodes.node_rank}")
-    if store.add(meeting.key(f"starts/{nodes.node_rank}"), 0):  # started before: alive still?
-        before = store.add(beat, 0)
-        time.sleep(2 * BEAT)
-        if store.add(beat, 0) != before:
-            raise UsageError(
-                f"node {nodes.node_rank} of this job is running (its launcher beats): give "
-                "each launcher its own --node-rank"
-            )
+    if store.add(meeting.key(f"starts/{nodes.node_rank}"), 0) and beats(store, beat):
+        raise UsageError(
+            f"node {nodes.node_rank} of this job is running (its launcher beats): give each "
+            "launcher its own --node-rank"
+        )
     meeting.restarts = store.add(meeting.key(f"starts/{nodes.node_rank}"), 1) - 1
     return meeting
+
+
+def beats(store: dist.Store, key: str) -> bool:
+    """Whether the launcher that beats at ``key`` is alive: its count moves within
+    :data:`ALIVE_LOOK` (looked at every :data:`BEAT` / 5 s, so a live one is seen at once)."""
+    before, end = store.add(key, 0), time.monotonic() + ALIVE_LOOK
+    while time.monotonic() < end:
+        time.sleep(BEAT / 5)
+        if store.add(key, 0) != before:
+            return True
+    return False
 
 
 def node_env(nodes: Nodes, nproc: int, local: int) -> dict[str, str]:

@@ -49,9 +49,10 @@ works unchanged. What differs from torchrun:
   the launcher (``PR_SET_PDEATHSIG``), so a killed launcher leaves no rank behind (what a
   rank started is the rank's to end, as under torchrun).
 
-Every wait is bounded: the watch looks at the ranks every :data:`WATCH_POLL` seconds; a stop
-waits :data:`STOP_GRACE` seconds before SIGKILL. Bad input (the script, the count, the
-option) is one line and exit 2, checked before any process starts (:func:`check_launch`).
+Every wait is bounded: the watch looks at the ranks every :data:`WATCH_POLL` seconds (and at
+the store's notes every :data:`STORE_LOOK`); a stop waits :data:`STOP_GRACE` seconds before
+SIGKILL. Bad input (the script, the count, the option) is one line and exit 2, checked before
+any process starts (:func:`check_launch`).
 
 **Restarts** (``--restart-lost N``, under shrink only): a rank that died is started again, the
 same script with the same ``RANK``, at most N times per rank, each logged in one line; its
@@ -89,12 +90,12 @@ from pathlib import Path
 
 import torch.distributed as dist
 
+from tailtrain.core.machine import max_local_workers
 from tailtrain.errors import UsageError
 from tailtrain.runtime.elastic.shrink import OnRankLoss
 from tailtrain.runtime.elastic.store import LAUNCHED, REJOIN, REJOIN_WITH, RESTART, prefix
 from tailtrain.runtime.expendable import die_with, exit_reason
 from tailtrain.runtime.launching import script_rank
-from tailtrain.runtime.launching.checks import max_local_workers
 from tailtrain.runtime.launching.endpoint import Endpoint, parse_endpoint, reserve
 from tailtrain.runtime.launching.failures import JobFailed
 from tailtrain.runtime.launching.nodes import (
@@ -112,6 +113,10 @@ log = logging.getLogger(__name__)
 
 #: seconds between two looks at the ranks
 WATCH_POLL = 0.05
+#: seconds between two reads of the store for what to say and whom the live ranks took in: a
+#: line or a note 0.25 s late costs nothing, and every launcher of a job reading the store 20
+#: times a second took CPU from the job (and from a node starting again beside it)
+STORE_LOOK = 0.25
 #: seconds a stopped rank has to leave before it is killed
 STOP_GRACE = 10.0
 #: what the launcher forwards to the ranks and then ends on (SIGHUP: its terminal closed,
@@ -316,6 +321,7 @@ def watch(
     first_done: float | None = None
     # what the live ranks did, said once it holds (a generation formed, a restart taken in)
     said_held = Generations(notes) if on_rank_loss is OnRankLoss.SHRINK else None
+    next_look = 0.0
     while any(r.state is RankState.RUNNING for r in ranks):
         if shared is not None:
             shared.beat()
@@ -339,7 +345,8 @@ def watch(
             else:
                 outcome.failure = f"{line}; they were stopped"
             break
-        if said_held is not None:
+        if said_held is not None and (now := time.monotonic()) >= next_look:
+            next_look = now + STORE_LOOK
             for line in said_held.look():
                 log.warning("%s", line)
             for r in ranks:
