@@ -323,16 +323,36 @@ def test_a_launcher_that_beats_is_alive_and_one_that_stopped_beating_is_not():
     assert not beats(store, "beat/1")  # never beat: a node whose machine died
     done = threading.Event()
 
-    def beat() -> None:
-        while not done.is_set():
+    def beat(times: int | None) -> None:
+        while not done.is_set() and (times is None or (times := times - 1) >= 0):
             store.add("beat/2", 1)
             time.sleep(BEAT)
 
-    threading.Thread(target=beat, daemon=True).start()
+    threading.Thread(target=beat, args=(None,), daemon=True).start()
     try:
         assert beats(store, "beat/2")
     finally:
         done.set()
+    time.sleep(2 * BEAT)  # its last beat is behind it
+    assert not beats(store, "beat/2")  # beat, then stopped: a launcher killed
+
+
+@pytest.mark.timeout(60)
+def test_a_launcher_beats_from_its_meeting_until_it_ends():
+    """``keep_beating``'s thread says the launcher is alive while its main thread does other
+    things (here: nothing at all), so a second start of its node is refused; once it ended,
+    a second start goes ahead as a restart."""
+    port = free_port("127.0.0.2")
+    where = Endpoint("127.0.0.2", port)
+    host = meet(Nodes(2, 0, StoreAt.LAUNCHER, GroupBy.NODE), where, SPAN)
+    first = meet(Nodes(2, 1, StoreAt.LAUNCHER, GroupBy.NODE), where, SPAN)
+    first.keep_beating(where)
+    with pytest.raises(UsageError, match="node 1 of this job is running"):
+        meet(Nodes(2, 1, StoreAt.LAUNCHER, GroupBy.NODE), where, SPAN)
+    first.ended(finished=False)
+    time.sleep(2 * BEAT)  # a beat in flight lands
+    again = meet(Nodes(2, 1, StoreAt.LAUNCHER, GroupBy.NODE), where, SPAN)
+    assert again.restarts == 1 and host.run_id == again.run_id
 
 
 @pytest.mark.slow  # 3 launchers and 6 ranks

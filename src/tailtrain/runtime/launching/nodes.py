@@ -30,7 +30,8 @@ to take them in (JOINING) and heal from a live peer (``integrate.step``), not fr
 first launcher's shape (``shape``: ``--nnodes``, ``--nproc-per-node``, ``--group-by``) stands:
 one given another is refused in one line, and so is a ``--node-rank`` whose launcher still beats
 (given twice), both before any rank starts. Each launcher beats (``beat/{I}``, every
-:data:`BEAT` seconds) while it watches its ranks and says when it ends (``ended/{I}``: which
+:data:`BEAT` seconds, from a thread of its own) from its meeting until it ends, and says when it
+ends (``ended/{I}``: which
 start of the node, and whether its ranks finished). The store's host (node 0's launcher, or
 ``tailtrain store``) keeps the store until every node ended or was lost (no beat for
 ``--timeout`` seconds), and at most ``--timeout`` seconds after a node's ranks finished
@@ -68,10 +69,11 @@ import datetime
 import json
 import logging
 import socket
+import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 
 import torch.distributed as dist
@@ -85,8 +87,9 @@ log = logging.getLogger(__name__)
 LAUNCH_KEYS = "tailtrain/launch"
 #: seconds between two looks at the store while the host waits for the other nodes' ends
 END_POLL = 0.2
-#: seconds between two beats of a launcher (:meth:`Meeting.beat`; its watch looks every
-#: 0.05 s): short, because a node started again waits :data:`ALIVE_LOOK` before its ranks start
+#: seconds between two beats of a launcher (:meth:`Meeting.keep_beating`): short, because a
+#: node started again waits :data:`ALIVE_LOOK` for its earlier launcher's beats before its ranks
+#: start
 BEAT = 0.25
 #: how long a second start of a node watches its earlier launcher's beats: a launcher that
 #: beats is seen at once; one that stalled this long (3 beats missed) counts as gone
@@ -219,24 +222,42 @@ class Meeting:
     run_id: str
     restarts: int
     nodes: Nodes
-    #: when this launcher last said it is alive (monotonic seconds)
-    beaten: float = float("-inf")
+    #: set when this launcher ends: its beats stop (:meth:`keep_beating`)
+    quiet: threading.Event = field(default_factory=threading.Event, repr=False)
 
     def key(self, name: str) -> str:
         return f"{LAUNCH_KEYS}/{self.run_id}/{name}"
 
-    def beat(self) -> None:
-        """Say this node's launcher is alive, at most every :data:`BEAT` seconds: the store's
-        host counts a node whose beats stop for --timeout as gone (a machine that died)."""
-        now = time.monotonic()
-        if now >= self.beaten + BEAT:
-            self.beaten = now
-            with contextlib.suppress(Exception):
-                self.store.add(self.key(f"beat/{self.nodes.node_rank}"), 1)
+    def beat(self, store: dist.Store | None = None) -> None:
+        """Say once that this node's launcher is alive: the store's host counts a node whose
+        beats stop for --timeout as gone (a machine that died), and a second start of the node
+        is refused while they go on (:func:`beats`)."""
+        with contextlib.suppress(Exception):
+            (store or self.store).add(self.key(f"beat/{self.nodes.node_rank}"), 1)
+
+    def keep_beating(self, endpoint: Endpoint) -> None:
+        """Beat every :data:`BEAT` seconds until :meth:`ended`, from a thread with its own
+        connection to the store: a launcher busy starting or stopping its ranks (seconds with
+        no look at the store) still says it is alive, and a store that stops answering holds
+        that thread only (each beat waits at most :data:`ALIVE_LOOK`), never the watch."""
+        span = datetime.timedelta(seconds=ALIVE_LOOK)
+
+        def beating() -> None:
+            try:
+                own = dist.TCPStore(endpoint.host, endpoint.port, is_master=False, timeout=span)
+            except (RuntimeError, dist.DistStoreError):  # the store is gone: nothing to say
+                return
+            while not self.quiet.is_set():
+                self.beat(own)
+                self.quiet.wait(BEAT)
+
+        self.beat()  # at once: a second start looking now sees this one alive
+        threading.Thread(target=beating, name="tailtrain-beat", daemon=True).start()
 
     def ended(self, finished: bool) -> None:
         """This launcher ends (its ranks ``finished``, or not): said for this start of the
         node only, so a node started again is not ended by its earlier start's word."""
+        self.quiet.set()
         with contextlib.suppress(Exception):
             word = json.dumps([self.restarts + 1, finished])
             self.store.set(self.key(f"ended/{self.nodes.node_rank}"), word)
@@ -268,21 +289,21 @@ def await_job_end(
     (``asked``). Returns the line that says which. Every path ends within ``timeout`` seconds
     of the last sign of life of any node."""
     key = f"{LAUNCH_KEYS}/{run}"
-    beats: dict[int, tuple[int, float]] = {}
+    seen: dict[int, tuple[int, float]] = {}
     finished_at: float | None = None
     while True:
         now, states = time.monotonic(), {}
         for node in range(nnodes):
             beat = store.add(f"{key}/beat/{node}", 0)
-            if beats.get(node, (None,))[0] != beat:
-                beats[node] = (beat, now)
+            if seen.get(node, (None,))[0] != beat:
+                seen[node] = (beat, now)
             said = store.check([f"{key}/ended/{node}"])
             if said:
                 start, finished = json.loads(store.get(f"{key}/ended/{node}"))
                 said = int(start) == store.add(f"{key}/starts/{node}", 0)
                 if said and finished and finished_at is None:
                     finished_at = now
-            lost = now > beats[node][1] + timeout
+            lost = now > seen[node][1] + timeout
             state = NodeState.ENDED if said else NodeState.LOST if lost else NodeState.RUNNING
             states[node] = state
         over = [node for node, state in states.items() if state is not NodeState.RUNNING]

@@ -113,9 +113,9 @@ log = logging.getLogger(__name__)
 
 #: seconds between two looks at the ranks
 WATCH_POLL = 0.05
-#: seconds between two reads of the store for what to say and whom the live ranks took in: a
-#: line or a note 0.25 s late costs nothing, and every launcher of a job reading the store 20
-#: times a second took CPU from the job (and from a node starting again beside it)
+#: seconds between two reads of the store for what to say and whom the live ranks took in
+#: while every rank runs (a rank's end reads them at once): a line 0.25 s late costs nothing,
+#: and it halves the launchers' and the store's small share of a running job's CPU
 STORE_LOOK = 0.25
 #: seconds a stopped rank has to leave before it is killed
 STOP_GRACE = 10.0
@@ -243,6 +243,7 @@ def launch_script(plan: LaunchPlan) -> LaunchOutcome:
     meeting = meet(plan.nodes, parse_endpoint(plan.endpoint), timeout, plan.nproc)
     store = meeting.store
     where = Endpoint(parse_endpoint(plan.endpoint).host, store.port)
+    meeting.keep_beating(where)  # until meeting.ended(), below
     env = env_of_run(os.environ, meeting, where)
     env[LAUNCHED] = str(plan.on_rank_loss)
     notes = dist.PrefixStore(prefix(env), store)  # the shrink protocol's keys
@@ -323,8 +324,7 @@ def watch(
     said_held = Generations(notes) if on_rank_loss is OnRankLoss.SHRINK else None
     next_look = 0.0
     while any(r.state is RankState.RUNNING for r in ranks):
-        if shared is not None:
-            shared.beat()
+        if shared is not None:  # (it beats from a thread of its own: Meeting.keep_beating)
             other = shared.stop_asked() if on_rank_loss is OnRankLoss.STOP else None
             if other is not None:  # another node failed: this one stops, as torchrun's agents
                 outcome.failure = f"another node failed ({other}); this node's ranks were stopped"
@@ -347,8 +347,7 @@ def watch(
             break
         if said_held is not None and (now := time.monotonic()) >= next_look:
             next_look = now + STORE_LOOK
-            for line in said_held.look():
-                log.warning("%s", line)
+            say_held(said_held)
             for r in ranks:
                 if r.state is RankState.RUNNING:
                     taken_in(r, notes)
@@ -372,6 +371,8 @@ def watch(
                 continue
             # a restart that ends, even with status 0, before the live ranks took it in: the
             # heal failed (a failure unless another restart heals)
+            if said_held is not None:  # what held is said before whom it took in
+                say_held(said_held)
             unhealed = r.heals and not taken_in(r, notes)
             if code == 0 and not unhealed:
                 r.state = RankState.FINISHED
@@ -410,6 +411,8 @@ def watch(
         if outcome.refused is not None or outcome.failure is not None:
             break  # decided: a rank that ended meanwhile is no further death or restart
         time.sleep(WATCH_POLL)
+    if said_held is not None:  # a generation that held in the last look's interval
+        say_held(said_held)
     outcome.states = {r.rank: r.state for r in ranks}
     if outcome.interrupted or outcome.refused is not None:
         return outcome
@@ -420,6 +423,12 @@ def watch(
     if outcome.failure is not None:
         raise JobFailed(outcome.failure)
     return outcome
+
+
+def say_held(generations: Generations) -> None:
+    """Log each generation that held since the last look (:class:`Generations`)."""
+    for line in generations.look():
+        log.warning("%s", line)
 
 
 def taken_in(r: Rank, notes: dist.Store) -> bool:
