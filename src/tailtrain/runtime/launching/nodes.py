@@ -30,13 +30,13 @@ to take them in (JOINING) and heal from a live peer (``integrate.step``), not fr
 first launcher's shape (``shape``: ``--nnodes``, ``--nproc-per-node``, ``--group-by``) stands:
 one given another is refused in one line, and so is a ``--node-rank`` whose launcher still beats
 (given twice), both before any rank starts. Each launcher beats (``beat/{I}``, every
-:data:`BEAT` seconds, from a thread of its own) from its meeting until it ends, and says when it
-ends (``ended/{I}``: which
-start of the node, and whether its ranks finished). The store's host (node 0's launcher, or
-``tailtrain store``) keeps the store until every node ended or was lost (no beat for
-``--timeout`` seconds), and at most ``--timeout`` seconds after a node's ranks finished
-(:func:`await_job_end`), whatever became of its own ranks. Under ``--on-rank-loss stop`` a node
-that fails says so (``stop``) and every other node stops its ranks, as torchrun's agents do.
+:data:`BEAT` seconds, from a thread of its own) from its meeting until it ends, and says when
+it ends (``ended/{I}``: which start of the node, and whether its ranks finished). The store's
+host (node 0's launcher, or ``tailtrain store``) keeps the store until every node ended or was
+lost (no beat for ``--timeout`` seconds), and at most ``--timeout`` seconds after a node's
+ranks finished (:func:`await_job_end`), whatever became of its own ranks. Under
+``--on-rank-loss stop`` a node that fails says so (``stop``) and every other node stops its
+ranks, as torchrun's agents do.
 
 **A node is the unit of membership** (``--group-by node``, the default across nodes; ``rank``
 keeps today's per-rank one): when any rank of a node dies under ``--on-rank-loss shrink``, its
