@@ -54,7 +54,6 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 from numpy.typing import NDArray
-from scipy.special import bdtrc
 
 MIN_EFFECT = 1.08  #: least median ratio to the others for a persistent verdict
 PERSISTENT_WINDOWS = 0.75  #: least share of windows at half that effect or more
@@ -89,6 +88,8 @@ def classify_workers(
 ) -> list[Slowness]:
     """Every worker's slowness and verdict from ``times[i, w]`` (steps x workers, seconds;
     at least 2 of each), worker ids ``ids`` (default 0..W-1)."""
+    from scipy.special import bdtrc  # on the first verdict: a rank that judges none never pays
+
     steps, workers = times.shape
     reference = _others_median(times)
     ratio = times / np.maximum(reference, 1e-300)
@@ -152,6 +153,8 @@ def _stall_p_values(stalled: NDArray[np.bool_], longest: NDArray[np.int64]) -> N
     """Per worker, the smaller p-value of its stalled steps' count (binomial tail) and of its
     longest run of them (union bound over the run's starts), against the others' median
     stall share (at least STALL_FLOOR)."""
+    from scipy.special import bdtrc
+
     steps, workers = stalled.shape
     share = stalled.mean(axis=0)
     rate = np.array(

@@ -65,12 +65,10 @@ from functools import cached_property
 from pathlib import Path
 
 import numpy as np
-from scipy import stats
 
 from tailtrain.core.machine import read_machine
 from tailtrain.delays.atomic import AtomicDelay
 from tailtrain.delays.base import FloatArray, Shape
-from tailtrain.delays.censored import complete
 from tailtrain.errors import UsageError
 from tailtrain.spec import Spec, parse_spec
 
@@ -204,6 +202,10 @@ class TraceDelay(AtomicDelay):
         #: a one-line note when rows were censored and completed from a fitted law, or None
         self.censoring: str | None = None
         if trace.censored is not None:
+            # here, not at the top: the estimator and scipy load only for a censored trace (a
+            # rank writes traces through this module and would pay a second at each start)
+            from tailtrain.delays.censored import complete
+
             seconds, self.censoring = complete(
                 spec, trace.worker, trace.seconds, trace.censored,
                 iteration=trace.iteration, micro_batch=trace.micro_batch, cores=cores,
@@ -265,6 +267,8 @@ class TraceDelay(AtomicDelay):
         slot = np.searchsorted(self.replay.ids, self.trace.worker)
         order = np.argsort(slot, kind="stable")
         groups = np.split(self.trace.seconds[order], np.cumsum(np.bincount(slot))[:-1])
+        from scipy import stats  # here, not at the top: see ``__init__``'s censored branch
+
         p_value = float(stats.kruskal(*groups).pvalue)
         medians = np.array([np.median(g) for g in groups])
         spread = float(np.ptp(medians))

@@ -30,6 +30,10 @@ At scale (n in the thousands) nothing here is O(n^2) per step: samples are poole
 row, the fit is kept on the sampled cells only, DBW reads the fill's diagonal from its closed
 form (:func:`fill_diagonal`), the cover graph is reused until a cell gets its first sample, and
 a step without samples does not re-solve. The full grid is built only when asked for.
+
+scipy is imported by the two functions that solve (:func:`solve_dual`, :func:`polish`): every
+rank imports this module with the strategies' registry, and a rank that never solves (any
+strategy but DBW's) would pay about a second for scipy at each start and heal.
 """
 
 from __future__ import annotations
@@ -38,10 +42,7 @@ from dataclasses import dataclass, field, replace
 from functools import cache
 
 import numpy as np
-import scipy.sparse as sp
 from numpy.typing import ArrayLike
-from scipy.optimize import Bounds, minimize
-from scipy.sparse.csgraph import connected_components
 from threadpoolctl import ThreadpoolController
 
 #: L-BFGS-B stops when the projected dual gradient is below this fraction of its initial size
@@ -222,6 +223,9 @@ def solve_dual(
     Columns are scaled to unit norm (lam = scale * mu), a diagonal preconditioner that keeps
     the iteration count low when sample counts differ by orders of magnitude.
     """
+    import scipy.sparse as sp  # here, not at the top: module docstring
+    from scipy.optimize import Bounds, minimize
+
     m = src.size
     inv = 1.0 / np.sqrt(w)
     scale = 1.0 / np.sqrt(inv[src] ** 2 + inv[dst] ** 2)
@@ -261,6 +265,9 @@ def polish(
     """Exact values from the active set: cells joined by positive multipliers form blocks whose
     value is their weighted mean. Kept when feasible and certified by the duality gap;
     otherwise the primal point of the dual iterate, x = y - W^-1 A^T lam, is returned."""
+    import scipy.sparse as sp
+    from scipy.sparse.csgraph import connected_components
+
     size = y.size
     flow = np.bincount(src, dual, size) - np.bincount(dst, dual, size)
     approx = y - flow / w

@@ -8,8 +8,9 @@ with it), loads no built-in task (gpt, cifar10, mnist, ...) and none of their mo
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from tailtrain.lazy import lazy_names
 
 #: public name -> the module of this package that defines it
 _NAMES: dict[str, str] = {
@@ -35,17 +36,7 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    if name not in _NAMES:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(_NAMES[name]), name)
-    globals()[name] = value  # once loaded, a plain attribute
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *_NAMES})
-
+__getattr__, __dir__ = lazy_names(__name__, _NAMES)
 
 if TYPE_CHECKING:
     from tailtrain.tasks.data import Dataset

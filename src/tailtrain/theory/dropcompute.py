@@ -20,11 +20,13 @@ from dataclasses import dataclass
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
-from scipy import integrate, optimize, special
 
 from tailtrain.delays.base import DelayModel
 from tailtrain.errors import UsageError
-from tailtrain.theory.order_stats import expected_order_stat
+
+# scipy (and ``order_stats``, which needs it) is imported in the functions that use it: a
+# rank imports this module for Algorithm 2 (``strategies.dropcompute``), which needs neither,
+# and a rank started again to heal would pay a second for it
 
 _GRID = 1024  # candidate thresholds per pass of Algorithm 2 (two passes: coarse, then fine)
 #: :func:`carried_threshold` takes the largest tau whose rate is within this of the best
@@ -40,6 +42,8 @@ def bailey_expected_max(mean: float, std: float, n: int) -> float:
     1000 (normal draws; tests/theory/test_dropcompute.py); for skewed or heavy-tailed sums it
     can be far off (DropCompute Fig. 3b), which is why ``tailtrain predict`` does not use it.
     """
+    from scipy import special
+
     if n < 1:
         raise UsageError(f"need n >= 1 workers, got {n}")
     if n == 1:
@@ -57,6 +61,8 @@ def bailey_iteration_time(mu: float, sigma: float, n: int, m: int, comm: float =
 def expected_completed(tau: ArrayLike, mu: float, sigma: float, m: int) -> NDArray[np.float64]:
     """E[M~](tau) ~ sum_{j=1}^{M} Phi((tau - j mu) / sqrt(j sigma^2)) (DropCompute Eqs. 5, 10);
     exact when micro-batch times are normal. Vectorised over ``tau``."""
+    from scipy import special
+
     tau = np.asarray(tau, dtype=float)
     j = np.arange(1, m + 1)
     if sigma == 0:  # constant micro-batches: micro-batch j completes before tau iff j mu < tau
@@ -95,6 +101,8 @@ def analytic_threshold(
 
     Returns ``(tau*, E[S_eff](tau*))`` by Eq. (11).
     """
+    from scipy import optimize
+
     upper = bailey_iteration_time(mu, sigma, n, m)
     lower = min(m * mu / 2, upper)
     grid = np.linspace(lower, upper, 2048)
@@ -316,6 +324,8 @@ def exact_speedup(
     with F the cdf of T_n^(M). ``comm`` is E[T^c]; ``expected_max`` is E[T] if known.
     """
     full, m = partial_sums[-1], len(partial_sums)
+    from tailtrain.theory.order_stats import expected_order_stat
+
     mean_max = expected_order_stat(full, n, n).value if expected_max is None else expected_max
     completed = sum(float(law.cdf(tau)) for law in partial_sums)
     upper = float(full.support[1])
@@ -335,6 +345,8 @@ def exact_threshold(partial_sums: Sequence[DelayModel], n: int, comm: float = 0.
     thresholds drop an unacceptable share) up to the top of T: 512 grid points, then 512
     around the best, then the exact value at the best point."""
     full = partial_sums[-1]
+    from tailtrain.theory.order_stats import expected_order_stat
+
     mean_max = expected_order_stat(full, n, n).value
     lowest = max(float(full.quantile(1e-3)), full.mean / 2)
     top = float(full.quantile((1 - 1e-9) ** (1 / n)))
@@ -393,6 +405,8 @@ def _speedup_curve(
 
 def _integral_of_max_sf(law: DelayModel, n: int, lo: float, hi: float) -> float:
     """int_lo^hi (1 - F^n) dx; the atoms of a lattice law are breakpoints for the quadrature."""
+    from scipy import integrate
+
     if not hi > lo:
         return 0.0
     if np.isfinite(hi) and hi - lo <= 4 * np.spacing(hi):
