@@ -243,7 +243,6 @@ def launch_script(plan: LaunchPlan) -> LaunchOutcome:
     meeting = meet(plan.nodes, parse_endpoint(plan.endpoint), timeout, plan.nproc)
     store = meeting.store
     where = Endpoint(parse_endpoint(plan.endpoint).host, store.port)
-    meeting.keep_beating(where)  # until meeting.ended(), below
     env = env_of_run(os.environ, meeting, where)
     env[LAUNCHED] = str(plan.on_rank_loss)
     notes = dist.PrefixStore(prefix(env), store)  # the shrink protocol's keys
@@ -277,6 +276,7 @@ def launch_script(plan: LaunchPlan) -> LaunchOutcome:
             preexec_fn=lambda: die_with(parent),
         )
 
+    meeting.keep_beating(where)  # its thread ends with meeting.ended(), in the finally below
     try:
         for local in range(plan.nproc):  # a node started again: each of its ranks rejoins
             rank = nodes.rank_of(local, plan.nproc)
