@@ -20,6 +20,7 @@ from tailtrain.errors import UsageError
 LOOPS = Path(__file__).parent / "loops"
 SHAPES = ("one_batch", "trainer", "accumulate")
 N = 2
+EXIT_ABORT = "terminate called without an active exception"  #: see ``train``
 SHARES = (24, 8)  # the per-rank batch of 16 on 2 ranks, dealt 3:1
 BATCH = {"accumulate": 8}  # the per-rank loader batch (16 elsewhere)
 
@@ -69,7 +70,13 @@ def train(script: Path, out: Path) -> list[dict]:
     finally:
         for p in ranks:
             p.kill()
-    assert all(p.returncode == 0 for p in ranks), logs
+    # torch's abort at exit, as bench/bench_loop.py's EXIT_ABORT says why: 2 and 4 of 64 runs
+    # of these cases on two trees (3c8b642, 00e043e). A rank that saved its model had finished.
+    finished = [
+        p.returncode == 0 or (log.strip() == EXIT_ABORT and (out / f"rank{r}.pt").exists())
+        for r, (p, log) in enumerate(zip(ranks, logs, strict=True))
+    ]
+    assert all(finished), logs
     return [torch.load(out / f"rank{r}.pt") for r in range(N)]
 
 
