@@ -26,12 +26,13 @@ the node's whole process tree:
 * ``slow``: no fault; node W's two ranks sleep ``--slow-factor`` (1.5) times their draws
   throughout.
 
-**Rows**: ``tailtrain-sync`` / ``tailtrain-rebalance``: ``bench/faults_nodes_rank.py`` under
+**Rows**: ``tailtrain-sync`` / ``tailtrain-deal-demand`` (``rebalance:deal=demand``: each
+step's 48 micro-batches of the job's stream dealt to whichever rank asks next, the survivors
+computing a lost node's part) / ``tailtrain-rebalance``: ``bench/faults_nodes_rank.py`` under
 ``tailtrain launch --nnodes 3 --node-rank I --nproc-per-node 2 --rdzv-endpoint 127.0.0.1:P
 --store apart --on-rank-loss shrink --restart-lost 1`` (the store in ``tailtrain store``);
-``tailtrain-deal-demand`` (``rebalance:deal=demand``) is listed as not available (not in
-``StragglerStep`` under shrink on this tree), and ``StragglerStep`` refuses ``rebalance`` under
-shrink at start (the row then says its one line); ``torchft-default`` / ``torchft-tuned``:
+``StragglerStep`` refuses ``rebalance`` by shares under shrink at start (a redone round would
+need another draw; the row then says its one line); ``torchft-default`` / ``torchft-tuned``:
 ``faults_peer.py --group-size 2``, one ``torchrun --nproc-per-node 2`` per node as one replica
 group (torchft 0.2.0's ``Manager`` on its ``ProcessGroupGloo``, its lighthouse), default
 timeouts or ``--tuned`` s; ``torchrun``: ``faults_peer.py --mode ddp`` under ``torchrun
@@ -104,13 +105,13 @@ ROWS = (
     "torchft-tuned",
     "torchrun",
 )
-STRATEGY = {"tailtrain-sync": "sync", "tailtrain-rebalance": "rebalance"}
+STRATEGY = {
+    "tailtrain-sync": "sync",
+    "tailtrain-rebalance": "rebalance",
+    "tailtrain-deal-demand": "rebalance:deal=demand",
+}
 TAILTRAIN = ("tailtrain-sync", "tailtrain-rebalance", "tailtrain-deal-demand")
 TORCHFT = bf.TORCHFT
-DEAL_DEMAND = (
-    "not available: rebalance:deal=demand under shrink is being built in `train` (not in "
-    "StragglerStep) on another branch; not run here"
-)
 DRILLS = ("kill", "stop", "slow", "heal")
 
 
@@ -370,6 +371,7 @@ def start_torchrun(row: str, drill: str, group: bf.Group, cfg: argparse.Namespac
 STARTERS = {
     "tailtrain-sync": start_tailtrain,
     "tailtrain-rebalance": start_tailtrain,
+    "tailtrain-deal-demand": start_tailtrain,
     "torchft-default": start_torchft,
     "torchft-tuned": start_torchft,
     "torchrun": start_torchrun,
@@ -479,7 +481,9 @@ def commits_and_history(
         record = next((r for r in got if r.get("live") is not None), None)
         if record is not None:  # tailtrain: the record says who entered, with what
             live, completed = record["live"], record.get("completed") or []
-            absent = WORKERS - len(live)
+            # dealt on demand the live ranks compute the absent node's share: none is absent
+            kept = sum(completed) >= WORKERS * cfg.micro_batches
+            absent = 0 if kept else WORKERS - len(live)
             history[step] = {
                 "loss": record["loss"],
                 "contributors": len(live),
@@ -719,9 +723,7 @@ def run_all(
     results: Rows = {}
     for row in rows:
         results[row] = {}
-        if row == "tailtrain-deal-demand":
-            results[row] = {"unavailable": DEAL_DEMAND}
-        elif row in TORCHFT and cfg.torchft_error:
+        if row in TORCHFT and cfg.torchft_error:
             results[row] = {"unavailable": cfg.torchft_error}
     for drill in drills:
         for row in rows:

@@ -13,6 +13,12 @@ computes ``step_fn.wants`` micro-batches under ``rebalance`` (its share), else M
 micro-batch's loss function sleeps that micro-batch's draw before its forward (a peer sleeps
 draw u after micro-batch u and the last before the last: the same seconds a step).
 
+Under ``rebalance:deal=demand`` each call gets the job's stream (:class:`Stream`: position p is
+micro-batch u of worker w's draw for step s, p = s N M + w M + u, the same on every rank, so a
+step applies sync's global batch whoever computes it), and the step deals each rank the
+positions it asks for; each one sleeps this rank's next draw (:class:`Draws`: its M draws a
+step, in order, however many it computes).
+
 Each process appends one JSON line per committed step to ``OUT/log-w{rank}-{pid}.jsonl``, as
 the peers do (``t0``/``t`` its own ``time.time()`` at the call's start and return, the
 record's loss, ``live``, ``completed``, ``lost``, ``rejoined``, ``redone``), and a ``start``
@@ -35,6 +41,33 @@ from tailtrain import StragglerStep
 
 #: set by ``tailtrain launch`` in a rank it started as a restart (its node came back)
 RESTART = "TAILTRAIN_RESTART"
+
+
+class Stream:
+    """The job's micro-batches by position (module docstring); a unit's seconds are drawn by
+    the rank that computes it (None here)."""
+
+    def __init__(self, world, workers: int, m: int, seed: int) -> None:
+        self.world, self.workers, self.m, self.seed = world, workers, m, seed
+
+    def __getitem__(self, position: int) -> tuple[torch.Tensor, torch.Tensor, None]:
+        step, k = divmod(position, self.workers * self.m)
+        worker, u = divmod(k, self.m)
+        return (*batch(self.world, worker, step, self.seed, u), None)
+
+
+class Draws:
+    """This rank's injected seconds, one per micro-batch it computes, in the order of its
+    steps' draws (``Noise.seconds``)."""
+
+    def __init__(self, noise: Noise) -> None:
+        self.noise, self.left, self.step = noise, [], 0
+
+    def next(self) -> float:
+        if not self.left:
+            self.left = self.noise.seconds(self.step)
+            self.step += 1
+        return self.left.pop(0)
 
 
 def main() -> None:
@@ -66,22 +99,27 @@ def main() -> None:
     step_fn = StragglerStep(model, optimizer, args.strategy, on_rank_loss="shrink", **shares)
     noise = Noise(world, rank)
     noise.factor = args.slow_factor if rank in args.slow_workers else 1.0
+    demand = "deal=demand" in args.strategy
+    stream, draws = Stream(world, args.workers, m, args.seed), Draws(noise)
     log = Log(args.out, rank)
     step = step_fn.next_step
     log.write(event="start", step=step, restart=int(restarted), t=time.time())
 
-    def loss_fn(item: tuple[torch.Tensor, torch.Tensor, float]) -> torch.Tensor:
+    def loss_fn(item: tuple[torch.Tensor, torch.Tensor, float | None]) -> torch.Tensor:
         x, y, seconds = item
-        time.sleep(seconds)
+        time.sleep(draws.next() if seconds is None else seconds)
         return F.cross_entropy(model(x), y)
 
     while step < args.steps:
         t0 = time.time()
-        n = step_fn.wants or m  # rebalance: this rank's share; else M
-        noise.m = n
-        seconds = noise.seconds(step)
-        items = [(*batch(world, rank, step, args.seed, u), seconds[u]) for u in range(n)]
-        record = step_fn(items, loss_fn)
+        if demand:  # the step deals the stream's positions this rank asks for
+            record = step_fn(stream, loss_fn)
+        else:
+            n = step_fn.wants or m  # rebalance: this rank's share; else M
+            noise.m = n
+            seconds = noise.seconds(step)
+            items = [(*batch(world, rank, step, args.seed, u), seconds[u]) for u in range(n)]
+            record = step_fn(items, loss_fn)
         log.write(
             step=record.step,
             t0=t0,

@@ -37,8 +37,19 @@ takes seconds (torch's import), so ``--rejoin-steps K`` runs until K steps after
 (at least ``--steps``; without a rejoin, at most 100 times ``--steps``): every rank decides
 that from the same records.
 
-``--strategy`` takes any allreduce rule but rebalance (``"dropcompute:threshold=auto"``,
+``--strategy`` takes any allreduce rule but rebalance by shares (``"dropcompute:threshold=auto"``,
 ``"local-sgd:period=2"``, ...): the rule follows the live world, as ``tailtrain train``'s does.
+
+**Keeping the global batch** (``--strategy rebalance:deal=demand``): each step's N M
+micro-batches go to whichever rank asks next, from the job's stream by position (``Stream``:
+the same on every rank), so a slow rank computes fewer of them, and when a rank dies the
+survivors compute its part too: every update still applies N M micro-batches, and
+``record.dealt`` names the positions each rank computed::
+
+    step_fn = StragglerStep(model, optimizer, "rebalance:deal=demand", micro_batches=M,
+                            on_rank_loss="shrink")
+    for step in range(step_fn.next_step, STEPS):
+        record = step_fn(stream, loss_fn)             # the step deals the stream's positions
 With ``--out DIR`` every surviving rank writes ``DIR/rank{r}.pt``: its records and final
 parameters (tests/integrate/test_shrink_step.py rebuilds the run from them).
 """
@@ -85,6 +96,20 @@ def micro_batches(x, y, rank: int, world: int, step: int) -> list[tuple[torch.Te
     return [(x[i], y[i]) for i in idx]
 
 
+class Stream:
+    """The job's micro-batches by position, the same on every rank: position p is micro-batch
+    u of rank w's draw for step s (p = s N M + w M + u), so a step dealt on demand applies
+    sync's global batch, whoever computes it."""
+
+    def __init__(self, x: torch.Tensor, y: torch.Tensor, world: int) -> None:
+        self.x, self.y, self.world = x, y, world
+
+    def __getitem__(self, position: int) -> tuple[torch.Tensor, torch.Tensor]:
+        step, k = divmod(position, self.world * M)
+        rank, u = divmod(k, M)
+        return micro_batches(self.x, self.y, rank, self.world, step)[u]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--kill-rank", type=int, nargs="*", default=[])  # one or more
@@ -92,7 +117,8 @@ def main() -> None:
     # rank: the rank dies; node: its machine does (its launcher goes, and its ranks with it)
     parser.add_argument("--kill-what", choices=("rank", "node"), default="rank")
     parser.add_argument("--out", type=Path, default=None)
-    parser.add_argument("--strategy", default="sync")  # any but rebalance: "dropcompute", ...
+    # any but rebalance by shares: "dropcompute", "rebalance:deal=demand", ...
+    parser.add_argument("--strategy", default="sync")
     parser.add_argument("--steps", type=int, default=STEPS)
     parser.add_argument("--rejoin-steps", type=int, default=0)
     args = parser.parse_args()
@@ -104,7 +130,10 @@ def main() -> None:
     x, y, x_test, y_test = digits()
     model = make_model()
     optimizer = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
-    step_fn = StragglerStep(model, optimizer, args.strategy, on_rank_loss="shrink")
+    demand = "deal=demand" in args.strategy  # the step deals the stream's positions
+    dealt = {"micro_batches": M} if demand else {}
+    step_fn = StragglerStep(model, optimizer, args.strategy, on_rank_loss="shrink", **dealt)
+    stream = Stream(x, y, world)
     step = step_fn.next_step  # 0, or the live ranks' next step in a rank started again
 
     def loss_fn(batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
@@ -119,12 +148,13 @@ def main() -> None:
     # same records); at most 100 times --steps while none did
     end, rejoined = args.steps, not args.rejoin_steps
     while step < end or (not rejoined and step < 100 * args.steps):
-        record = step_fn(micro_batches(x, y, rank, world, step), loss_fn)
+        record = step_fn(stream if demand else micro_batches(x, y, rank, world, step), loss_fn)
         records.append(record)
         if record.rejoined:  # each rejoin (a node's ranks may come back one by one)
             rejoined, end = True, max(end, record.step + args.rejoin_steps)
         step = step_fn.next_step
 
+    step_fn.close()  # dealt on demand: the last rounds' store keys go
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
         state = {"records": [r.as_dict() for r in records], "model": model.state_dict()}

@@ -27,7 +27,7 @@ EXPECTED = {
     "local-sgd:period=1": (False, True),  # models averaged after each step: still no hook
     "rebalance": (True, True),  # a DDP job: rebalance_loader's fixed shares
     "rebalance:then=dropcompute": (False, True),  # no threshold on the DDP job's shares
-    "rebalance:deal=demand": (False, False),  # only the run's own store deals on demand
+    "rebalance:deal=demand": (False, True),  # StragglerStep deals a stream's positions
     "k-sync:k=2": (False, False),
     "k-batch-sync:k=2": (False, False),
     "async": (False, False),

@@ -159,6 +159,7 @@ def cell(**figures):
 
 
 def rows_of(tt_kill=1.0, ft_kill=(3.0, 2.0), tt_heal=10.0, slow=(8.0, 7.5)):
+    kept = {"before": 96, "after": 96, "after_min": 96}
     return {
         "tailtrain-sync": {
             "kill": cell(fault_to_next_step=tt_kill),
@@ -166,7 +167,11 @@ def rows_of(tt_kill=1.0, ft_kill=(3.0, 2.0), tt_heal=10.0, slow=(8.0, 7.5)):
             "heal": cell(heal_seconds=tt_heal, heal_from="peer"),
             "slow": cell(time_to_target=slow[0], bound_time_to_target=slow[1]),
         },
-        "tailtrain-deal-demand": {"unavailable": bn.DEAL_DEMAND},
+        "tailtrain-deal-demand": {
+            "kill": cell(fault_to_next_step=1.0) | {"global_batch": kept},
+            "stop": cell(fault_to_next_step=1.0) | {"global_batch": kept},
+            "heal": cell(heal_seconds=tt_heal, heal_from="peer") | {"global_batch": dict(kept)},
+        },
         "torchft-default": {
             "kill": cell(fault_to_next_step=ft_kill[0]),
             "stop": cell(fault_to_next_step=4.0),
@@ -206,10 +211,16 @@ def test_a_goal_fails_on_a_slower_figure_or_a_heal_from_a_checkpoint():
     assert bn.goals(rows)["heal_no_slower_than_torchft"]["holds"] is False
 
 
-def test_the_global_batch_goal_says_deal_demand_is_not_available_and_shows_every_row():
-    goal = bn.goals(rows_of())["global_batch_kept_after_fault_deal_demand"]
-    assert goal["holds"] is None and "not available" in goal["why"]
+def test_the_global_batch_goal_reads_deal_demand_s_drills_and_shows_every_row():
+    rows = rows_of()
+    goal = bn.goals(rows)["global_batch_kept_after_fault_deal_demand"]
+    assert goal["holds"] is True and goal["by_drill"] == {"kill": True, "stop": True, "heal": True}
     assert goal["by_row"]["torchft-default"]["kill"] == {"before": 96, "after": 64, "after_min": 64}
+    rows["tailtrain-deal-demand"]["heal"]["global_batch"]["after_min"] = 64  # one step shrank
+    assert bn.goals(rows)["global_batch_kept_after_fault_deal_demand"]["holds"] is False
+    rows["tailtrain-deal-demand"] = {"refused": "error: no"}
+    goal = bn.goals(rows)["global_batch_kept_after_fault_deal_demand"]
+    assert goal["holds"] is None and "tailtrain-deal-demand" in goal["why"]
 
 
 def test_goals_are_null_with_why_without_torchft_or_without_a_tailtrain_row():

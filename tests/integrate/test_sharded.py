@@ -581,7 +581,7 @@ def test_dealt_on_demand_a_sharded_checkpoint_resumes_the_stream_where_it_was(re
 
 def test_dealt_on_demand_a_stream_that_cannot_be_dealt_is_refused_in_one_line():
     """Before the round's first ask (so before any wait): every rank checks alike."""
-    from tailtrain.integrate.sharded_demand import check_stream
+    from tailtrain.integrate.demand import check_stream
 
     check_stream([0] * 6, 6, broken=False)
     check_stream(Stream(0), 10**6, broken=False)  # no length: read as it is dealt

@@ -200,6 +200,7 @@ def test_shrink_is_refused_in_one_line_where_it_cannot_work(alone, monkeypatch):
         monkeypatch, None, on_rank_loss="grow"
     )
     assert "per-rank shares" in refusal(monkeypatch, "shrink", strategy="rebalance")
+    assert "rebalance:deal=demand" in refusal(monkeypatch, "shrink", strategy="rebalance")
 
 
 @pytest.mark.timeout(30)
@@ -312,3 +313,67 @@ def test_a_frozen_rank_is_left_behind_and_told_to_leave_when_it_wakes(tmp_path):
     assert [(r["step"], r["lost"], r["redone"]) for r in records if r["lost"]] == [(5, [2], True)]
     for name, value in kept[0]["model"].items():
         assert torch.equal(value, kept[1]["model"][name]), name
+
+
+def rebuilt_dealt(m, records: list[dict], world: int = N) -> dict[str, torch.Tensor]:
+    """A reference for a run dealt on demand: SGD with momentum on sum_n w_n G_n, G_n the mean
+    gradient over the stream positions rank n computed (``record.dealt``)."""
+    x, y, _, _ = m.digits()
+    stream = m.Stream(x, y, world)
+    net = m.make_model()
+    optimizer = torch.optim.SGD(net.parameters(), lr=m.LR, momentum=m.MOMENTUM)
+    for record in records:
+        total = [torch.zeros_like(p) for p in net.parameters()]
+        for n in record["ranks"]:
+            positions, weight = record["dealt"][n], record["weights"][n]
+            net.zero_grad()
+            for p in positions:
+                bx, by = stream[p]
+                F.cross_entropy(net(bx), by).backward()
+            for t, p in zip(total, net.parameters(), strict=True):
+                t.add_(p.grad, alpha=weight / len(positions))
+        for p, t in zip(net.parameters(), total, strict=True):
+            p.grad = t
+        optimizer.step()
+    return net.state_dict()
+
+
+@pytest.mark.slow  # three ranks importing torch and sklearn, and one of them a fourth time
+@pytest.mark.timeout(300)
+def test_dealt_on_demand_the_survivors_keep_the_global_batch_and_the_rank_heals(tmp_path):
+    """``rebalance:deal=demand``: rank 1 is SIGKILLed inside step 6 and started again. The
+    two survivors compute the whole pool of N M stream positions of every step, the broken
+    one included (the global batch kept: every position of each step once, none twice), the
+    killed rank rejoins at a step boundary with the lead's place in the stream, and every rank
+    ends with parameters equal to the reference rebuilt from the positions each computed."""
+    command = [
+        sys.executable, "-m", "tailtrain", "launch", "--nproc-per-node", str(N),
+        "--on-rank-loss", "shrink", "--restart-lost", "1", str(EXAMPLE),
+        "--strategy", "rebalance:deal=demand", "--kill-rank", str(VICTIM),
+        "--kill-step", str(AT), "--rejoin-steps", "4", "--out", str(tmp_path),
+    ]  # fmt: skip
+    done = subprocess.run(
+        command, cwd=ROOT, env=environment(), capture_output=True, text=True, timeout=280
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert f"rank {VICTIM} rejoined the live ranks at step " in done.stderr
+    kept = {r: torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(N)}
+    records = kept[0]["records"]
+    assert all(kept[r]["records"] == records for r in range(N) if r != VICTIM)
+    back = kept[VICTIM]["records"]
+    at = back[0]["step"]
+    assert back == records[at:] and len(back) >= 4
+    assert [(r["step"], r["lost"], r["redone"]) for r in records if r["lost"]] == [
+        (AT, [VICTIM], True)
+    ]
+    pool = N * example().M
+    for r in records:  # the global batch kept: each step's N M positions, once each
+        dealt = sorted(p for positions in r["dealt"] for p in positions)
+        assert dealt == list(range(r["step"] * pool, (r["step"] + 1) * pool)), r["step"]
+        assert sum(r["completed"]) == pool and r["drop_rate"] == 0.0
+    shrunk = [r for r in records if len(r["live"]) == N - 1]
+    assert shrunk and shrunk[0]["step"] == AT and all(r["step"] < at for r in shrunk)
+    models = [kept[r]["model"] for r in range(N)]
+    for name, value in models[0].items():
+        assert all(torch.equal(value, other[name]) for other in models[1:]), name
+    matches_reference(models[0], lambda rows: rebuilt_dealt(example(), rows), records)

@@ -7,8 +7,8 @@ r"""What a job can run, and the lines that adopt a recommendation (``advise --fo
   cannot;
 * ``loop``: an own loop with :class:`tailtrain.StragglerStep` runs sync, DropCompute,
   Local-SGD (DropCompute App. B.3) and rebalance (its shares dealt by
-  :class:`tailtrain.ShareSampler`: each epoch's global batches from the dataset), but not
-  ``rebalance:deal=demand``, which needs the run's own store;
+  :class:`tailtrain.ShareSampler`: each epoch's global batches from the dataset;
+  ``rebalance:deal=demand``: positions of the job's stream, dealt from its rendezvous store);
 * ``lightning``: a Lightning ``Trainer`` runs what ``tailtrain.lightning.StragglerStrategy``
   runs: the DDP comm hook's rules over ``accumulate_grad_batches`` (DropCompute at the M
   advise names) and rebalance by fixed per-rank shares, one ``strategy=`` argument;
@@ -362,6 +362,18 @@ def adoption(
                 "if not state.last.empty:  # no rank's gradient entered: no update",
                 "    optimizer.step()",
                 "optimizer.zero_grad()",
+            ),
+        )
+    if "deal=demand" in spec:  # the step deals positions of the job's stream: integrate.demand
+        return Adoption(
+            setup,
+            spec,
+            ("from tailtrain import StragglerStep",),
+            (f'step = StragglerStep(model, optimizer, "{spec}", micro_batches=M)',),
+            ("step(stream, lambda batch: loss_fn(model, batch))",),
+            each=(
+                "each step (stream: the job's micro-batches by position, stream[i] the same "
+                "on every rank; the step takes what this rank asks for)"
             ),
         )
     if strategy == "rebalance":  # the sampler deals each step's global batch by the shares

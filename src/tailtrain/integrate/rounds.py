@@ -203,6 +203,9 @@ class Rounds:
         self.rule = RuleDriver(rule, ctx)
         self.step = 0
         self.now = 0.0
+        #: dealt on demand: the stream positions the completed rounds dealt (the next round's
+        #: first is this one: ``integrate.demand``); None under any other deal
+        self.stream: int | None = 0 if "demand" in rule.needs else None
         self.sync = torch.cuda.synchronize if comm.device.type == "cuda" else None
         #: the job's ranks of ``comm``'s group, in order (a shrink's live ranks)
         self.live = tuple(range(comm.world_size))
@@ -383,6 +386,7 @@ class Rounds:
         applied = without(agreed.selection.now, screened_keys(arrivals, flags))
         coefficients = applied.over(arrivals.keys)
         units = len(work.times)
+        planned = sum(plan.shares) if plan.shares is not None else 0
         if plan.shares is not None:  # the global batch is N M, however it was dealt
             units = self.micro_batches or units
         record = StepRecord(
@@ -394,7 +398,8 @@ class Rounds:
             weights=coefficients.tolist(),
             ranks=np.flatnonzero(coefficients != 0).tolist(),
             loss=loss,
-            drop_rate=1.0 - float(done.sum()) / (len(done) * units),
+            # dealt on demand the pool is N M whoever is live (a shrink keeps it)
+            drop_rate=1.0 - float(done.sum()) / (planned if plan.on_demand else len(done) * units),
             compute_time=float(rows[:, 1].max()),
             comm_time=comm,
             time=elapsed,
@@ -412,9 +417,12 @@ class Rounds:
     # ---- checkpoints: the rule's state and the round count; never the process group --------
     def sealed(self, deadline: list[float] | None = None, **parts: Any) -> dict[str, Any]:
         """The envelope after the last round (``core.envelope``): the rule's state, the round
-        count and clock; the record is the user's, and so is torch's generator. A regroup's
-        hand-over adds the learned ``deadline`` and ``parts`` (the model, the optimizer)."""
+        count and clock, and dealt on demand the stream's place; the record is the user's, and
+        so is torch's generator. A regroup's hand-over adds the learned ``deadline`` and
+        ``parts`` (the model, the optimizer)."""
         rule, now = self.rule.state_dict(), self.now
+        if self.stream is not None:
+            parts["stream"] = {"taken": self.stream}
         return envelope.seal(
             step=self.step, now=now, rule=rule, rows=None, deadline=deadline, rng=False, **parts
         )
@@ -426,5 +434,14 @@ class Rounds:
         # a StragglerStep checkpoint saved before the envelope named the rule "strategy"
         if "rule" not in state:
             state = {**state, "rule": state["strategy"], "now": state["time"], "torch_rng": None}
+        stream = state.get("stream")
+        if (stream is not None) != (self.stream is not None):
+            raise UsageError(
+                "load_state_dict: the state was saved by a step "
+                + ("dealt on demand" if stream is not None else "not dealt on demand")
+                + f", this one runs {self.strategy.describe()!r}"
+            )
         envelope.unseal(state, rule=self.rule)
         self.step, self.now = int(state["step"]), float(state["now"])
+        if stream is not None:
+            self.stream = int(stream["taken"])

@@ -78,26 +78,26 @@ GROUPS by their measured speed (a group's unit time is its slowest rank's), and 
 of group n computes its group's share m_n of its own micro-batches (``wants``), so the update
 is SGD on the R S M micro-batches of the step.
 
-**Dealt on demand** (``rebalance:deal=demand``, ``micro_batches=M``): the R M micro-batches
-of a step go to whichever GROUP asks next, so a fast group computes more of them and no group
-waits for a share it cannot finish. A call then takes this rank's STREAM, indexed by position
-(``stream[i]``: a list, a map-style dataset of micro-batches; every group's rank s must give
-the same i-th micro-batch, as the ranks (n, s) share the pool); a step deals the next R M
-positions, the k-th ask taking the k-th of them. The group's first rank (shard 0) deals for
-it from the job's rendezvous store (``runtime.dealer.Dealer``, env:// as torchrun sets it:
-``MASTER_ADDR``, ``MASTER_PORT``): it asks for a unit (the store's ask counter), and one
-all_reduce(MAX) over the shard group tells its ranks which; after the unit it reports it
-(the completion counter) and asks for the next in the same all_reduce. A unit in flight here
-is the model's own forward and backward, which cannot be cut, so the step deals the pool's
-R M units alone (``strategies.rebalance.deals``: racing one past the pool, as ``train`` and
-``simulate`` do, would end no step sooner) and every one of them counts; the step ends at
-its last unit's completion. The record's ``dealt`` names each group's positions, and
-``state_dict`` keeps the stream's place. Per unit: one all_reduce of two values in the group
-and two store round trips on its first rank, both the group's wait for a probe, as is a
-group's wait for the others' last units. A group that raises in a round (its stream, its
-loss) sets the round's stop, so the other groups stop asking and meet the failure in the
-round's gather, bounded by ``timeout``; the step then refuses further calls (the round's
-counters are spent).
+**Dealt on demand** (``rebalance:deal=demand``, ``micro_batches=M``): the R M micro-batches of a
+step go to whichever GROUP asks next, so a fast group computes more of them and no group waits
+for a share it cannot finish. A call then takes this rank's STREAM, indexed by position
+(``stream[i]``: a list, a map-style dataset of micro-batches; every group's rank s must give the
+same i-th micro-batch, as the ranks (n, s) share the pool); a step deals the next R M positions,
+the k-th ask taking the k-th of them. The group's first rank (shard 0) deals for it from the
+job's rendezvous store (``integrate.demand``, which ``StragglerStep`` shares;
+``runtime.dealer.Dealer``, env:// as torchrun sets it: ``MASTER_ADDR``, ``MASTER_PORT``): it
+asks for a unit (the store's ask counter), and one all_reduce(MAX) over the shard group tells
+its ranks which; after the unit it reports it (the completion counter) and asks for the next in
+the same all_reduce. A unit in flight here is the model's own forward and backward, which cannot
+be cut, so the step deals the pool's R M units alone (``strategies.rebalance.deals``: racing one
+past the pool, as ``train`` and ``simulate`` do, would end no step sooner) and every one of them
+counts; the step ends at its last unit's completion. The record's ``dealt`` names each group's
+positions, and ``state_dict`` keeps the stream's place. Per unit: one all_reduce of two values
+in the group and two store round trips on its first rank, both the group's wait for a probe, as
+is a group's wait for the others' last units (in the round's gather). A group that raises in a
+round (its stream, its loss) sets the round's stop, so the other groups stop asking and meet the
+failure in the round's gather, bounded by ``timeout``; the step then refuses further calls (the
+round's counters are spent).
 
 Every other rule is refused in one line for now: ``defer=true`` carries a threshold's cut
 into shares the loop's data does not deal, K-of-N runs on the parameter server.
@@ -132,7 +132,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from tailtrain.errors import TailtrainError, UsageError
+from tailtrain.errors import UsageError
+from tailtrain.integrate.demand import StreamDeal, check_store, open_dealer
 from tailtrain.integrate.group_membership import GroupMembership, lost_peer
 from tailtrain.integrate.membership import StepCall
 from tailtrain.integrate.mesh import (
@@ -152,7 +153,6 @@ from tailtrain.integrate.rounds import (
     as_strategy,
     check_micro_batches,
 )
-from tailtrain.integrate.sharded_demand import check_store, check_stream, open_dealer
 from tailtrain.integrate.step import (
     BUCKET_CAP_MB,
     buckets,
@@ -160,14 +160,12 @@ from tailtrain.integrate.step import (
     local_step,
     weighted_average,
 )
-from tailtrain.runtime.dealer import Dealer
 from tailtrain.runtime.elastic.group import Broken
 from tailtrain.runtime.elastic.shrink import OnRankLoss
 from tailtrain.runtime.elastic.store import REJOIN
 from tailtrain.runtime.reduce import Collectives, PeerFailure
 from tailtrain.strategies.base import AllreducePlan, Strategy
 from tailtrain.strategies.entries import SHARDED
-from tailtrain.strategies.rebalance import deals
 from tailtrain.strategies.registry import parse_strategy
 
 MAX = dist.ReduceOp.MAX
@@ -225,17 +223,15 @@ class ShardedStep:
         self.within = Collectives.of_group(mesh[shard_dim].get_group(), device, timeout)
         comm = ReplicaCollectives(self.within, mesh[replicate_dim].get_group(), device, timeout)
         lr = float(optimizer.param_groups[0]["lr"])
-        shrinks = check_on_rank_loss(on_rank_loss, rule, None, comm, lr)
+        shrinks = check_on_rank_loss(on_rank_loss, rule, None, comm, lr, deals_again=False)
         self.rounds = Rounds(rule, comm, lr=lr, micro_batches=micro_batches, does=SHARDED.does)
         self.buckets = buckets([local(p) for p in self.params], bucket_cap_mb)
-        #: dealt on demand: the stream positions dealt so far, every rank alike (None: no
-        #: deal on demand); ``broken``: a round failed, its counters spent
-        self.taken: int | None = 0 if demand else None
-        self.broken = False
-        #: dealt on demand: the group's first rank's side of the deal (module docstring)
-        self.dealer: Dealer | None = None
+        #: dealt on demand: the group's side of the deal (``integrate.demand``; the group's
+        #: first rank deals), the stream's place in ``rounds.stream``; None under other rules
+        self.deal: StreamDeal | None = None
         if demand:
-            self.dealer = open_dealer(self.within, comm, timeout)
+            dealer = open_dealer(self.within, comm, timeout)
+            self.deal = StreamDeal(self.rounds, dealer, self.within, self, "ShardedStep")
         start_equal(model, self.params, self.within.group, comm.group)
         #: the elastic layer at group granularity (None: ``on_rank_loss="stop"``), where the
         #: call stands in it, and the round in flight's start, which a break puts back: the
@@ -261,8 +257,9 @@ class ShardedStep:
         except UsageError:  # refused before any deal or collective: nothing spent
             raise
         except BaseException:
-            # dealt on demand, the round's counters are spent: no call may reuse them
-            self.broken = self.taken is not None
+            if self.deal is not None:  # the round's counters are spent: no call may reuse them
+                self.deal.broken = True
+                self.deal.fail()
             raise
 
     def _elastic(self, batches: list[Any], loss_fn: Callable[[Any], torch.Tensor]) -> StepRecord:
@@ -304,7 +301,7 @@ class ShardedStep:
     def _round(
         self, micro_batches: Sequence[Any], loss_fn: Callable[[Any], torch.Tensor]
     ) -> StepRecord:
-        rounds, dealt, demand = self.rounds, None, self.taken is not None
+        rounds, dealt, demand = self.rounds, None, self.deal is not None
         batches = micro_batches if demand else list(micro_batches)
         plan, m = rounds.plan(0 if demand else len(batches))
         local_steps = plan.local_steps > 1
@@ -319,7 +316,8 @@ class ShardedStep:
         if not demand:
             computed = self._compute(batches, loss_fn, plan, m, work)
         else:
-            computed, dealt = self._on_demand(batches, loss_fn, plan, work)
+            assert self.deal is not None
+            computed, dealt = self.deal.compute(batches, loss_fn, plan, work)
         with torch.no_grad():
             if start is None:  # G_n: the group's mean gradient over its C_n micro-batches
                 mine = [local_grad(p) for p in self.params]
@@ -358,7 +356,10 @@ class ShardedStep:
                         p.grad = torch.zeros_like(p)
                     local(p.grad).copy_(avg.mul_(plan.lr_scale))
             self.optimizer.step()
-        positions = None if dealt is None else self._dealt(agreed, int(sum(plan.shares)))
+        positions = None
+        if self.deal is not None:  # past the round's collectives: its keys may go
+            self.deal.leave()
+            positions = self.deal.positions(agreed, int(sum(plan.shares)))
         return rounds.finish(plan, work, agreed, timing, positions)
 
     def _compute(
@@ -421,92 +422,11 @@ class ShardedStep:
             raise Broken(f"generation {membership.shrinker.generation} broke (the group saw it)")
         return refused > 0
 
-    def _on_demand(
-        self,
-        stream: Sequence[Any],
-        loss_fn: Callable[[Any], torch.Tensor],
-        plan: AllreducePlan,
-        work: RoundProgress,
-    ) -> tuple[int | None, list[int]]:
-        """The round's units dealt to the GROUP on demand (module docstring), measured into
-        ``work``; the samples this rank computed (None: a batch without a size) and the k of
-        every unit the group was dealt, in order."""
-        assert self.taken is not None
-        rounds, pool, first = self.rounds, int(sum(plan.shares)), self.taken
-        check_stream(stream, first + pool, self.broken)  # every rank alike: before any wait
-        deal = None if self.dealer is None else self.dealer.round(rounds.step, pool)
-
-        def ask() -> float:  # the group's first rank: the next unit, -1 once the pool is dealt
-            assert deal is not None
-            if deal.stop.is_set():  # complete, or a group failed in it (``abandon``)
-                return -1.0
-            k = deal.ask()
-            return float(k) if deals(k, pool, cuts_in_flight=False) else -1.0
-
-        def report() -> list[float]:  # ... and the one it computed
-            assert deal is not None
-            return [float(deal.complete()), ask()]
-
-        rounds.open(work, pool)
-        dealt: list[int] = []
-        computed: int | None = 0
-        try:
-            k = int(self._told(lambda: [ask()], 1)[0])
-            while k >= 0:
-                began = rounds.clock()
-                batch = stream[first + k]
-                loss = loss_fn(batch)
-                loss.backward()  # FSDP reduce-scatters within the group and accumulates
-                work.times[len(dealt)] = rounds.clock() - began
-                dealt.append(k)
-                work.loss_sum += float(loss.detach())
-                size = batch_samples(batch)
-                computed = None if computed is None or size is None else computed + size
-                counted, k = (int(v) for v in self._told(report, 2))
-                if not counted:  # only the pool is dealt, so every unit counts
-                    raise TailtrainError(
-                        f"ShardedStep: the deal's store counted more than the pool of {pool} "
-                        f"in round {rounds.step}: are two jobs sharing its keys?"
-                    )
-        except BaseException:
-            if deal is not None:  # the others stop asking; the waiter stops waiting
-                deal.abandon()
-            raise
-        rounds.seal(work)
-        if deal is not None:  # the other groups' last units: a wait, not compute
-            self._waited(deal.leave)
-        return computed, dealt
-
-    def _told(self, lead: Callable[[], list[float]], size: int) -> np.ndarray:
-        """What the group's first rank says (``lead()``: its store calls; the others give
-        -1): one all_reduce(MAX) over the group, the store calls and the collective timed as
-        this rank's wait by a probe watching the step."""
-        values = [-1.0] * size
-        return self._waited(
-            lambda: self.within.reduce_row(lead() if self.dealer is not None else values, MAX)
-        )
-
-    def _waited(self, wait: Callable[[], Any]) -> Any:
-        """``wait()``, its seconds this rank's wait for a probe watching the step."""
-        probe, began = watching(self), self.rounds.clock()
-        out = wait()
-        if probe is not None:
-            probe.note_wait(self.rounds.clock() - began)
-        return out
-
-    def _dealt(self, agreed: Any, pool: int) -> list[list[int]]:
-        """The stream positions each group computed this round (the k-th ask took position
-        ``taken + k``); the stream moves on by the pool, every rank alike."""
-        assert self.taken is not None and agreed.dealt is not None
-        first, self.taken = self.taken, self.taken + pool
-        return [[first + int(k) for k in row if k >= 0] for row in agreed.dealt]
-
     def close(self) -> None:
-        """Dealt on demand: after the last call on every rank, the last round's store keys go
-        and the dealer's waiter ends. Nothing to do under any other rule."""
-        if self.dealer is not None:
-            self.dealer.close()
-            self.dealer = None
+        """Dealt on demand: after the last call, on every rank (a barrier), the last rounds'
+        store keys go and the dealer's waiter ends. Nothing to do under any other rule."""
+        if self.deal is not None:
+            self.deal.close()
 
     @property
     def wants(self) -> int | None:
@@ -558,22 +478,10 @@ class ShardedStep:
         """The rule's state and the round count (the same on every rank), dealt on demand the
         stream's place; save the model and the optimizer with ``torch.distributed.checkpoint``,
         beside it."""
-        state = self.rounds.state_dict()
-        if self.taken is not None:
-            state["stream"] = {"taken": self.taken}
-        return state
+        return self.rounds.state_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        stream = state.get("stream")
-        if (stream is not None) != (self.taken is not None):
-            raise UsageError(
-                "ShardedStep.load_state_dict: the state was saved by a step "
-                + ("dealt on demand" if stream is not None else "not dealt on demand")
-                + f", this one runs {self.rounds.strategy.describe()!r}"
-            )
         self.rounds.load_state_dict(state)
-        if stream is not None:
-            self.taken = int(stream["taken"])
 
 
 def check_restart(on_rank_loss: str, env: Any = os.environ) -> None:

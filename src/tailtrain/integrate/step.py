@@ -120,6 +120,7 @@ import torch.distributed as dist
 from torch import nn
 
 from tailtrain.errors import UsageError
+from tailtrain.integrate.demand import StreamDeal, check_store, open_dealer
 from tailtrain.integrate.membership import LoopMembership, StepCall
 from tailtrain.integrate.probe import batch_samples, watching
 from tailtrain.integrate.rounds import (
@@ -143,8 +144,8 @@ log = logging.getLogger(__name__)
 
 #: DDP's default bucket size
 BUCKET_CAP_MB = 25.0
-#: what a call deals beyond the allreduce protocol (``Strategy.needs``): per-rank shares, as
-#: ``strategies.entries.LOOP`` declares it for ``advise --for loop``
+#: what a call deals beyond the allreduce protocol (``Strategy.needs``): per-rank shares and
+#: the pool on demand, as ``strategies.entries.LOOP`` declares it for ``advise --for loop``
 DEALS = LOOP.does
 
 
@@ -172,6 +173,7 @@ class StragglerStep:
     ) -> None:
         # a wrong strategy is refused before any collective
         strategy = check_micro_batches(as_strategy(strategy, DEALS), micro_batches)
+        demand = check_store(strategy)
         self.model = model
         self.optimizer = optimizer
         self.params = [p for p in model.parameters() if p.requires_grad]
@@ -190,6 +192,12 @@ class StragglerStep:
         )
         self.rounds = Rounds(strategy, comm, lr=lr, micro_batches=micro_batches, does=DEALS)
         self.buckets = buckets(self.params, bucket_cap_mb)
+        #: dealt on demand: this rank's side of the deal (``integrate.demand``), the stream's
+        #: place in ``rounds.stream``; None under any other rule
+        self.deal: StreamDeal | None = None
+        if demand:  # a rank started again is in no group: it opens its dealer alone
+            dealer = open_dealer(None, comm, timeout, "StragglerStep", alone=rejoining)
+            self.deal = StreamDeal(self.rounds, dealer, None, self, "StragglerStep")
         if not rejoining:  # a rank started again takes the lead's state as it joins
             broadcast_from_first(model, process_group)
         #: this rank's part in the elastic layer (None: ``on_rank_loss="stop"``):
@@ -207,6 +215,7 @@ class StragglerStep:
             self.membership = LoopMembership.start(
                 self.rounds, model, optimizer, timeout, rejoining=rejoining
             )
+            self._regrouped()
 
     @property
     def shrinker(self) -> Shrinker | None:
@@ -223,17 +232,22 @@ class StragglerStep:
         """One round over ``micro_batches``; returns its ``StepRecord``. Under
         ``on_rank_loss="shrink"`` a round a lost rank broke is the lead's or redone (module
         docstring)."""
-        batches = list(micro_batches)
+        # dealt on demand: the stream, indexed by position (``integrate.demand``), not listed
+        batches = micro_batches if self.deal is not None else list(micro_batches)
         membership = self.membership
         if membership is None:
-            return self._round(batches, loss_fn)
+            return self._dealt_round(batches, loss_fn)
         while True:
             self.call = StepCall.IN_FLIGHT
             try:
-                record = self._round(batches, loss_fn)
+                record = self._dealt_round(batches, loss_fn, shrinks=True)
             except (Broken, PeerFailure) as exc:
                 self.call = StepCall.BROKEN
+                broken = membership.shrinker.generation
+                if self.deal is not None:  # before the census: no waiter on a stale round
+                    self.deal.broke(broken)
                 taken = self._shrink(exc)
+                self._regrouped(broken, in_flight=taken is None)
                 if taken is None:  # nobody completed it: compute it again among the survivors
                     self.call = StepCall.REDONE
                     continue
@@ -242,39 +256,78 @@ class StragglerStep:
             self.call, self._start = StepCall.COMPLETED, None
             record = membership.completed(record)
             if membership.grows:  # a rank asked to join: every member takes it in here
+                broken = membership.shrinker.generation
                 membership.heal()
+                self._regrouped(broken, in_flight=False)
             return record
 
-    def _round(self, batches: list[Any], loss_fn: Callable[[Any], torch.Tensor]) -> StepRecord:
+    def _dealt_round(
+        self, batches: Any, loss_fn: Callable[[Any], torch.Tensor], shrinks: bool = False
+    ) -> StepRecord:
+        """``_round``; dealt on demand, a round that fails outside the elastic layer (the
+        loop's own error, or any error without ``shrinks``) spends its store counters, and
+        the step refuses further calls (``integrate.demand``)."""
+        try:
+            return self._round(batches, loss_fn)
+        except (Broken, PeerFailure):
+            if self.deal is not None and not shrinks:
+                self.deal.broken = True
+                self.deal.fail()
+            raise
+        except BaseException:
+            if self.deal is not None:
+                self.deal.broken = True
+                self.deal.fail()
+            raise
+
+    def _regrouped(self, broken: int | None = None, in_flight: bool = False) -> None:
+        """Dealt on demand, after a regroup (or a rank's join) out of generation ``broken``:
+        the dealer's keys of the broken round go with its next tidy, and the lowest live
+        rank tidies (``integrate.demand``)."""
+        if self.deal is not None:
+            lowest = self.rounds.comm.rank == 0
+            if broken is None:  # this rank joined: no round of its own was in flight
+                assert self.deal.dealer is not None
+                self.deal.dealer.tidy = lowest
+            else:
+                self.deal.regrouped(broken, in_flight, lowest)
+
+    def _round(self, batches: Any, loss_fn: Callable[[Any], torch.Tensor]) -> StepRecord:
         """One round; its update is applied only after its last collective (module
         docstring), so a round that breaks has changed nothing but what ``_start`` keeps (its
-        buffers, local steps' state), which a break puts back."""
-        plan, m = self.rounds.plan(len(batches))
+        buffers, local steps' state), which a break puts back. Dealt on demand ``batches`` is
+        the stream (``integrate.demand``)."""
+        deal = self.deal
+        plan, m = self.rounds.plan(0 if deal is not None else len(batches))
         local = plan.local_steps > 1
         start = [p.detach().clone() for p in self.params] if local else None
         if self.membership is not None:  # a redo starts again from here
             kept = copy.deepcopy(self.optimizer.state_dict()) if local else None
             self._start = (start, kept, [b.detach().clone() for b in self.model.buffers()])
         self.optimizer.zero_grad(set_to_none=True)
-        work, pending = RoundProgress(np.empty(0)), 0
+        work, pending, dealt = RoundProgress(np.empty(0)), 0, None
         computed: int | None = 0  # samples of the micro-batches computed (None: not known)
-        for u, batch in enumerate(self.rounds.units(batches, plan, work)):
-            loss = loss_fn(batch)
-            loss.backward()
-            work.loss_sum += float(loss.detach())
-            pending += 1
-            size = batch_samples(batch)
-            computed = None if computed is None or size is None else computed + size
-            if local and (u + 1) % m == 0 and u + 1 < len(batches):  # a local step ends
-                self._local_step(m)
-                pending = 0
+        if deal is not None:  # one local step: the plan of a pool dealt on demand has one
+            generation = 0 if self.membership is None else self.membership.shrinker.generation
+            computed, dealt = deal.compute(batches, loss_fn, plan, work, generation)
+        else:
+            for u, batch in enumerate(self.rounds.units(batches, plan, work)):
+                loss = loss_fn(batch)
+                loss.backward()
+                work.loss_sum += float(loss.detach())
+                pending += 1
+                size = batch_samples(batch)
+                computed = None if computed is None or size is None else computed + size
+                if local and (u + 1) % m == 0 and u + 1 < len(batches):  # a local step ends
+                    self._local_step(m)
+                    pending = 0
         if local and pending:
             self._local_step(m)
         # a probe watching this step (``StragglerProbe.watch(step)``) times the round's
         # collectives as this rank's wait, the rest of the call as its compute
         probe = watching(self)
         with probe.sync() if probe is not None else nullcontext():
-            agreed = self.rounds.agree(work, plan)
+            agreed = self.rounds.agree(work, plan, dealt)
             began = self.rounds.clock()
             with torch.no_grad():
                 averaged, screened, total = self._reduce(agreed, work, start)
@@ -290,7 +343,11 @@ class StragglerStep:
             self.membership.grows = bool(timing[:, 3].any())
         with torch.no_grad():  # past the last collective: the round completes here
             self._apply(averaged, start, plan.lr_scale, total)
-        return self.rounds.finish(plan, work, agreed, timing)
+        positions = None
+        if deal is not None:  # past the round's collectives: its keys may go
+            deal.leave()
+            positions = deal.positions(agreed, int(sum(plan.shares)))
+        return self.rounds.finish(plan, work, agreed, timing, positions)
 
     def _shrink(self, exc: BaseException) -> StepRecord | None:
         """The broken round's start put back (its buffers, local steps' state), then the
@@ -319,8 +376,16 @@ class StragglerStep:
     @property
     def shares(self) -> tuple[int, ...] | None:
         """Every rank's micro-batches in the next call (``rebalance``), summing to N M; None
-        under any other rule. Every rank holds the same (the rule's state is agreed)."""
-        return self.rounds.rule.plan().shares
+        under any other rule, and dealt on demand (a rank takes what it asks for). Every rank
+        holds the same (the rule's state is agreed)."""
+        plan = self.rounds.rule.plan()
+        return None if plan.on_demand else plan.shares
+
+    def close(self) -> None:
+        """Dealt on demand: after the last call, on every rank (a barrier), the last rounds'
+        store keys go and the dealer's waiter ends. Nothing to do under any other rule."""
+        if self.deal is not None:
+            self.deal.close()
 
     @property
     def micro_batches(self) -> int | None:
@@ -387,8 +452,8 @@ class StragglerStep:
 
     # ---- checkpoints (PyTorch's convention; the process group is left out) -----------------
     def state_dict(self) -> dict[str, Any]:
-        """The rule's state (``strategy.state_dict``) and the round count; save the model and
-        the optimizer as usual, beside it."""
+        """The rule's state (``strategy.state_dict``) and the round count, dealt on demand the
+        stream's place; save the model and the optimizer as usual, beside it."""
         return self.rounds.state_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -404,9 +469,12 @@ def check_on_rank_loss(
     env: Any = os.environ,
     *,
     rejoining: bool = False,
+    deals_again: bool = True,
 ) -> bool:
     """Whether the step shrinks; one-line refusals before any round (module docstring).
-    ``rejoining``: a rank started again, in no process group (its backend is gloo's)."""
+    ``rejoining``: a rank started again, in no process group (its backend is gloo's);
+    ``deals_again``: a round redone deals the same stream positions on demand again
+    (``integrate.demand``; ``ShardedStep``'s groups do not yet)."""
     if on_rank_loss not in tuple(OnRankLoss):
         raise UsageError(
             f"on_rank_loss must be one of {', '.join(OnRankLoss)}, got {on_rank_loss!r}"
@@ -428,10 +496,11 @@ def check_on_rank_loss(
         on_cuda=comm.device.type != "cpu",
         fix='dist.init_process_group("gloo") and a model on the CPU, or on_rank_loss="stop"',
     )
-    if strategy.needs:
+    if strategy.needs and not (deals_again and "demand" in strategy.needs):
         raise UsageError(
             f"{option}: {strategy.describe()!r} deals per-rank shares the loader draws, and a "
-            "round redone after a shrink would need another draw; use sync or dropcompute"
+            "round redone after a shrink would need another draw; use sync, dropcompute or "
+            "rebalance:deal=demand (its rounds deal positions of a stream)"
         )
     ctx = Context(n_workers=comm.world_size, lr=lr)
     check_follows(strategy, ctx, option, 'use on_rank_loss="stop" for this one')

@@ -14,9 +14,11 @@ The store is the rendezvous's TCPStore (``MASTER_ADDR:MASTER_PORT``, env://), un
 of this run and restart (and of the caller: ``Dealer.open``'s ``prefix``); each rank holds
 two clients: one for its counters, one for the waiter, whose blocking wait would hold a
 shared socket. A rank leaves a round only once its waiter has seen the round's stop (a
-bounded wait), so when the next round starts no waiter can still be waiting on that key: the
-tidy rank then deletes the round's three keys, and the store holds one round's keys whatever
-the run's length. :meth:`Dealer.close` deletes the last round's and ends the waiter. A rank
+bounded wait). A caller may leave a round only after its closing collective (``integrate.demand``:
+a loop's step), so one rank may start round s + 1 while another's waiter is still to read
+round s's stop key: the tidy rank deletes a round's three keys two rounds later, once every
+rank has started the round after it, and the store holds two rounds' keys whatever the run's
+length. :meth:`Dealer.close` deletes the last round's and ends the waiter. A rank
 that fails in a round sets its stop (:meth:`DealtRound.abandon`), so the others stop asking.
 
 Under ``--on-rank-loss shrink`` a round's keys are its generation's and step's
@@ -49,8 +51,10 @@ class Dealer:
         self, counters: dist.Store, waits: dist.Store, tidy: bool = False, timeout: float = 300.0
     ) -> None:
         self.counters, self.tidy, self.timeout = counters, tidy, timeout
-        #: rounds every rank is past once the next one starts, whose keys go then (rank 0)
+        #: rounds dealt since the last one started, and those before them, whose keys go when
+        #: the next round starts (the tidy rank): every rank is past them then
         self._past: list[str] = []
+        self._older: list[str] = []
         #: after each regroup that broke a round in flight: the micro-batches it had dealt
         self.redone: list[int] = []
         self._rounds: queue.SimpleQueue[
@@ -130,20 +134,23 @@ class Dealer:
         self.redone.append(dealt)
         return dealt
 
-    def _forget(self) -> None:
-        """Rank 0 deletes the keys of the rounds every rank is past: every rank left them, and
-        every waiter saw their stop (:meth:`DealtRound.leave`, :meth:`broke`), so nobody
-        reads them again."""
-        past, self._past = self._past, []
+    def _forget(self, every: bool = False) -> None:
+        """The tidy rank deletes the keys of the rounds every rank is past: every rank left
+        them, and every waiter saw their stop (:meth:`DealtRound.leave`, :meth:`broke`), so
+        nobody reads them again. A round's keys go when the round two after it starts (module
+        docstring); ``every``: the run is over, every round's go."""
+        gone, self._older, self._past = self._older, self._past, []
+        if every:
+            gone, self._older = gone + self._older, []
         if self.tidy:
-            for prefix in past:
+            for prefix in gone:
                 for key in ("asks", "done", "stop"):
                     self.counters.delete_key(prefix + key)
 
     def close(self) -> None:
         """After the run's last round, every rank past it (the last round's settling
-        all-gather): the last round's keys go (rank 0) and the waiter ends."""
-        self._forget()
+        all-gather): the last rounds' keys go (the tidy rank) and the waiter ends."""
+        self._forget(every=True)
         self._rounds.put(None)
         self.waiter.join(self.timeout)
 

@@ -5,8 +5,9 @@ Four entries run a rule inside a job the user keeps, all on the allreduce topolo
 fed by the user's data loader:
 
 * :data:`LOOP`: :class:`tailtrain.StragglerStep` in an own loop; it deals per-rank shares
-  (``Strategy.needs``: ``shares``, its ``ShareSampler``), but not a threshold's cut carried
-  to the next step nor micro-batches on demand, which need the run's own store;
+  (``Strategy.needs``: ``shares``, its ``ShareSampler``) and the pool on demand (``demand``:
+  positions of the loop's stream, from the job's rendezvous store, ``integrate.demand``), but
+  not a threshold's cut carried to the next step, which needs the run's own data;
 * :data:`HOOK`: ``StragglerHookState`` with ``weighted_allreduce_hook``, a DDP comm hook: it
   reduces gradients once per step, so it deals nothing beyond the protocol and cannot run a
   rule that averages models after local steps (``Strategy.averages_models``);
@@ -96,8 +97,9 @@ def hook_refusal(rule: Strategy, local_steps: int | None = None) -> str:
     )
 
 
-#: ``StragglerStep``: an own loop; its ``ShareSampler`` deals per-rank shares
-LOOP = Entry("StragglerStep", does=frozenset({"shares"}))
+#: ``StragglerStep``: an own loop; its ``ShareSampler`` deals per-rank shares, and the step deals
+#: positions of the loop's stream on demand
+LOOP = Entry("StragglerStep", does=frozenset({"shares", "demand"}))
 #: ``StragglerHookState`` + ``weighted_allreduce_hook``: DDP's comm hook
 HOOK = Entry("the DDP comm hook", hook=True)
 #: ``rebalance_loader`` + ``sample_weighted_hook``: a DDP job's fixed per-rank batch shares

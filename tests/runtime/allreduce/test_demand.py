@@ -118,7 +118,8 @@ def test_a_round_redone_by_a_new_generation_deals_from_fresh_counters_and_no_wai
     the next round's (a member one round ahead stops too), so its waiter is done with it; the
     regroup counts the three units as dealt again, and generation 1 redoes round 5 under keys
     of its own: the first ask takes the first micro-batch, and rank 0 deletes every key of
-    generation 0's rounds 4 to 6 when the redone round starts."""
+    generation 0's rounds 4 to 6 when the round after the redone one starts (two rounds on:
+    a loop's step leaves a round after its gather, ``runtime.dealer``)."""
     master = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=TIMEOUT)
 
     def client() -> dist.Store:
@@ -137,12 +138,17 @@ def test_a_round_redone_by_a_new_generation_deals_from_fresh_counters_and_no_wai
     assert dealer.regrouped(0, 5) == 3 and dealer.redone == [3]
     redone = dealer.round(5, POOL, generation=1)
     assert redone.ask() == 0 and not redone.stop.is_set()
-    # generation 0's keys are gone (round 6's stop set ahead of it too): the redone round's
-    assert master.num_keys() == 1
+    # generation 0's round 5 (asks, done, stop), its round 6's stop set ahead, the redo's ask
+    assert master.num_keys() == 5
     for _ in range(POOL - 1):
         redone.ask()
     assert all(redone.complete() for _ in range(POOL)) and redone.stop.is_set()
     redone.leave()
+    after = dealer.round(6, POOL, generation=1)
+    # generation 0's keys are gone: the redone round's three and the next one's
+    assert after.ask() == 0 and master.num_keys() == 4
+    assert all(after.complete() for _ in range(POOL))
+    after.leave()
     for each in (ahead, dealer):
         each.close()
     assert master.num_keys() == 0
