@@ -168,3 +168,16 @@ def test_fsdp_s_lines_build_a_sharded_step_of_the_spec():
     assert "stream by position" in demand[2] and "step.wants" not in demand[2]
     with pytest.raises(UsageError, match="cannot run"):
         adoption("k-sync:k=2", "k-sync", "fsdp")
+
+
+def test_an_own_loop_deals_on_demand_from_its_stream():
+    """``--for loop`` with ``rebalance:deal=demand``: StragglerStep at sync's M, each call
+    given the job's stream by position (no ShareSampler: the step deals what ranks ask for)."""
+    lines = adoption("rebalance:deal=demand", "rebalance", "loop").lines()
+    assert lines[0] == "from tailtrain import StragglerStep"
+    assert lines[1] == (
+        'step = StragglerStep(model, optimizer, "rebalance:deal=demand", micro_batches=M)'
+    )
+    assert "stream[i] the same on every rank" in lines[2]
+    assert lines[3] == "step(stream, lambda batch: loss_fn(model, batch))"
+    assert not any("ShareSampler" in line for line in lines)

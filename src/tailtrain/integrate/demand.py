@@ -8,15 +8,16 @@ store, the stream), the opening of the dealers, and one round's deal (:class:`St
 
 **One round.** The worker's dealing rank asks for a unit (the store's ask counter), and every
 rank of the worker learns which from one all_reduce(MAX) over the worker's group (none for a
-worker of one rank); after the unit it reports it (the completion counter) and asks for the
-next in the same all_reduce. A unit in flight is the model's own forward and backward, which
-cannot be cut, so the round deals the pool's N M units alone (``strategies.rebalance.deals``)
-and every one counts. A worker whose asks ran out goes to the round's gather, where it waits
-for the others' last units (its wait, for a probe). Only past the round's collectives does it
-``leave`` the round (its waiter saw the stop key, set by the pool's last completion before
-that rank reached the gather), so a worker never waits on the store for a peer that died: it
-meets the death in a watched collective. The store's keys of a round go two rounds later
-(``Dealer``'s tidy): every rank left it by then.
+worker of one rank); after the unit it asks for the next the same way: one store round trip
+a unit. A unit in flight is the model's own forward and backward, which cannot be cut, so the
+round deals the pool's N M units alone (``strategies.rebalance.deals``) and every one counts:
+no completion is reported, and the first ask past the pool sets the round's stop
+(``DealtRound.ask_within``). A worker whose asks ran out goes to the round's gather, where it
+waits for the others' last units (its wait, for a probe). Only past the round's collectives
+does it ``leave`` the round (its waiter saw the stop key, set before any rank could reach the
+gather's end), so a worker never waits on the store for a peer that died: it meets the death
+in a watched collective. The store's keys of a round go two rounds later (``Dealer``'s tidy):
+every rank left it by then.
 
 **Losing a rank** (``StragglerStep(on_rank_loss="shrink")``). A round's keys are its
 generation's and step's. A rank whose round broke sets the stop of that round and of the next
@@ -169,23 +170,24 @@ class StreamDeal:
         deal = None if self.dealer is None else self.dealer.round(rounds.step, pool, generation)
         self.current = deal
 
-        def ask() -> float:  # the dealing rank: the next unit, -1 once the pool is dealt
+        def ask() -> list[float]:  # the dealing rank: the next unit, -1 once the pool is dealt
             assert deal is not None
-            if deal.stop.is_set():  # complete, or a worker failed in it (``abandon``, ``broke``)
-                return -1.0
-            k = deal.ask()
-            return float(k) if deals(k, pool, cuts_in_flight=False) else -1.0
-
-        def report() -> list[float]:  # ... and the one it computed
-            assert deal is not None
-            return [float(deal.complete()), ask()]
+            if deal.stop.is_set():  # dealt out, or a worker failed in it (``abandon``, ``broke``)
+                return [-1.0]
+            k = deal.ask_within()
+            return [float(k) if deals(k, pool, cuts_in_flight=False) else -1.0]
 
         rounds.open(work, pool)
         dealt: list[int] = []
         computed: int | None = 0
         try:
-            k = int(self._told(lambda: [ask()], 1)[0])
+            k = int(self._told(ask, 1)[0])
             while k >= 0:
+                if len(dealt) == pool:  # only the pool is dealt: no worker computes more
+                    raise TailtrainError(
+                        f"{self.name}: the deal's store dealt this worker more than the pool "
+                        f"of {pool} in round {rounds.step}: are two jobs sharing its keys?"
+                    )
                 began = rounds.clock()
                 batch = stream[first + k]
                 loss = loss_fn(batch)
@@ -195,12 +197,7 @@ class StreamDeal:
                 work.loss_sum += float(loss.detach())
                 size = batch_samples(batch)
                 computed = None if computed is None or size is None else computed + size
-                counted, k = (int(v) for v in self._told(report, 2))
-                if not counted:  # only the pool is dealt, so every unit counts
-                    raise TailtrainError(
-                        f"{self.name}: the deal's store counted more than the pool of {pool} "
-                        f"in round {rounds.step}: are two jobs sharing its keys?"
-                    )
+                k = int(self._told(ask, 1)[0])  # the next unit: one store round trip
         except BaseException:
             self.fail()
             raise

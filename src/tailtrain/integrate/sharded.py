@@ -87,15 +87,15 @@ the k-th ask taking the k-th of them. The group's first rank (shard 0) deals for
 job's rendezvous store (``integrate.demand``, which ``StragglerStep`` shares;
 ``runtime.dealer.Dealer``, env:// as torchrun sets it: ``MASTER_ADDR``, ``MASTER_PORT``): it
 asks for a unit (the store's ask counter), and one all_reduce(MAX) over the shard group tells
-its ranks which; after the unit it reports it (the completion counter) and asks for the next in
-the same all_reduce. A unit in flight here is the model's own forward and backward, which cannot
+its ranks which; after the unit it asks for the next the same way (every unit dealt counts, so
+none is reported). A unit in flight here is the model's own forward and backward, which cannot
 be cut, so the step deals the pool's R M units alone (``strategies.rebalance.deals``: racing one
 past the pool, as ``train`` and ``simulate`` do, would end no step sooner) and every one of them
 counts; the step ends at its last unit's completion. The record's ``dealt`` names each group's
-positions, and ``state_dict`` keeps the stream's place. Per unit: one all_reduce of two values
-in the group and two store round trips on its first rank, both the group's wait for a probe, as
-is a group's wait for the others' last units (in the round's gather). A group that raises in a
-round (its stream, its loss) sets the round's stop, so the other groups stop asking and meet the
+positions, and ``state_dict`` keeps the stream's place. Per unit: one all_reduce of one value in
+the group and one store round trip on its first rank, both the group's wait for a probe, as is a
+group's wait for the others' last units (in the round's gather). A group that raises in a round
+(its stream, its loss) sets the round's stop, so the other groups stop asking and meet the
 failure in the round's gather, bounded by ``timeout``; the step then refuses further calls (the
 round's counters are spent).
 

@@ -178,6 +178,17 @@ class DealtRound:
         """The index of this rank's next micro-batch in the round's stream."""
         return int(self.counters.add(self.key + "asks", 1)) - 1
 
+    def ask_within(self) -> int:
+        """:meth:`ask` where the pool is dealt alone and a unit cannot be cut (a loop's step:
+        ``integrate.demand``): the first ask past the pool sets the round's stop, since every
+        unit dealt will be computed and counts; no completion is reported (one round trip a
+        unit)."""
+        k = self.ask()
+        if k == self.pool:
+            self.counters.set(self.key + "stop", "1")
+            self.stop.set()
+        return k
+
     def complete(self) -> bool:
         """Report a finished unit: whether it counts (one of the first N M); the N M-th
         sets the stop."""
