@@ -126,6 +126,33 @@ def test_the_bound_spreads_each_update_over_its_live_ranks_at_their_law_s_pace()
     }
 
 
+def test_each_rule_s_own_law_lies_between_the_bound_and_sync_s():
+    """Under a constant law (no draw to average), sync waits for the slow node's M units,
+    deal=demand's greedy pool ends at its last unit: with M = 4, the pool of 24 units takes
+    0.04 s each on four ranks and 0.06 s on two; asks in time order reach the 24th at 0.16 s
+    (6 at 0, 4 at 0.04, 2 at 0.06, 4 at 0.08, 6 at 0.12, 2 of 4 at 0.16), so the step ends
+    at 0.20 s, against sync's 4 x 0.06 = 0.24 s and the bound's 24 / (4 / 0.04 + 2 / 0.06)
+    = 0.18 s."""
+    const = SimpleNamespace(**{**vars(CFG), "delay": "shifted-exp:shift=0.04,scale=0",
+                               "micro_batches": 4})  # fmt: skip
+    history = {s: {"micro_batches": 24, "live": list(range(6))} for s in range(4)}
+    cell = {"target_step": 3, "time_to_target": 0.9}
+    slow = {"workers": [4, 5]}
+    sync = bn.law_time("tailtrain-sync", history, cell, const, slow, draws=4)
+    assert sync["law_time_to_target"] == pytest.approx(3 * 4 * 0.06)
+    assert bn.law_time("torchft-tuned", history, cell, const, slow, draws=4) == sync
+    demand = bn.law_time("tailtrain-deal-demand", history, cell, const, slow, draws=4)
+    assert demand["law_time_to_target"] == pytest.approx(3 * 0.20)
+    assert demand["time_to_target_over_law"] == 1.5
+    bound = bn.bound_time(history, cell, const, slow)["bound_time_to_target"]
+    assert bound < demand["law_time_to_target"] < sync["law_time_to_target"]
+    # a step whose live ranks computed less (sync after a shrink) is priced at its share
+    history[3] = {"micro_batches": 16, "live": [0, 1, 2, 3]}
+    shrunk = bn.law_time("tailtrain-sync", history, cell, const, slow, draws=4)
+    assert shrunk["law_time_to_target"] == pytest.approx(2 * 4 * 0.06 + 4 * 0.04)
+    assert bn.law_time("tailtrain-sync", history, {}, const, slow) == {"law_time_to_target": None}
+
+
 def commit(worker, pid, step, t):
     return {"worker": worker, "pid": pid, "step": step, "t": t}
 

@@ -535,9 +535,9 @@ def _train_only_text(choice: Ranked, demand: Ranked | None, setup: str) -> str:
     also = "" if simulated is None else f", simulated {simulated.effective_speedup:.2f}x"
     return (
         f" {DEMAND_SPEC} is faster (predicted {demand.row.effective_speedup:.2f}x the gradients "
-        f"per second of sync{also}), but a {setup} job cannot run it: StragglerStep refuses it, as "
-        "a loader's batches give it no stream to deal micro-batches from on demand (tailtrain "
-        "train and ShardedStep run it)."
+        f"per second of sync{also}), but a {setup} job cannot run it: a loader's batches give "
+        "it no stream to deal micro-batches from on demand (an own loop's StragglerStep, "
+        "ShardedStep and tailtrain train run it)."
     )
 
 

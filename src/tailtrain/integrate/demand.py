@@ -54,7 +54,6 @@ if TYPE_CHECKING:
 
     from tailtrain.integrate.rounds import Agreement, RoundProgress, Rounds
 
-MAX = dist.ReduceOp.MAX
 
 #: every rank numbers its steps dealt on demand alike (it makes them in the same order):
 #: each one's store keys apart from the others' in the job
@@ -99,8 +98,8 @@ def open_dealer(
             failed = f"{type(exc).__name__}: {exc}".splitlines()[0]
     group_failed = [bool(failed)]
     if within is not None:
-        group_failed = within.reduce_row(group_failed, MAX)
-    if across.reduce_row(group_failed, MAX)[0] > 0:
+        group_failed = within.reduce_row(group_failed, dist.ReduceOp.MAX)
+    if across.reduce_row(group_failed, dist.ReduceOp.MAX)[0] > 0:
         if dealer is not None:
             dealer.close()
         why = failed or "another worker's dealing rank could not"
@@ -251,7 +250,9 @@ class StreamDeal:
             return self._waited(lambda: np.asarray(lead(), dtype=np.float64))
         within, values = self.within, [-1.0] * size
         return self._waited(
-            lambda: within.reduce_row(lead() if self.dealer is not None else values, MAX)
+            lambda: within.reduce_row(
+                lead() if self.dealer is not None else values, dist.ReduceOp.MAX
+            )
         )
 
     def _waited(self, wait: Callable[[], Any]) -> Any:

@@ -17,11 +17,11 @@ module holds what follows a round, the same for both:
   (``redone``) and the ranks taken in just before it (``rejoined``); its seconds, from the
   previous call's end, teach the learned deadline (``runtime.elastic.deadline``);
 * **a heal** (:meth:`LoopMembership.heal`): the lowest member sees a rank ask to join
-  (:meth:`LoopMembership.asks`, said in the round's last gather, so every member learns it
-  in the same round) and every member GROWS at the next step boundary; a rank started again
+  (:meth:`LoopMembership.asks`, said in the round's last gather, so every member learns it in
+  the same round) and every member GROWS at the next step boundary; a rank started again
   JOINS. The sync hands over the model's ``state_dict``, the optimizer's, the rule's state and
-  round count (``Rounds.sealed``), the learned deadline's rounds seen and the latest record:
-  from a live peer, never from disk.
+  round count (``Rounds.sealed``; dealt on demand, the stream's place too), the learned
+  deadline's rounds seen and the latest record: from a live peer, never from disk.
 
 What a regroup hands over is the same state a checkpoint holds (``core.envelope``), so every
 wait is the elastic layer's: bounded by the learned deadline, the census window or

@@ -36,6 +36,19 @@ exactly that many from your dataset, every sample once an epoch::
 G_n is then the mean over the rank's m_n micro-batches and its weight m_n / M over N, so the
 update is SGD on the whole global batch (``strategies.rebalance``).
 
+``rebalance:deal=demand`` (``micro_batches=M``) deals no shares: each call takes the job's
+STREAM of micro-batches indexed by position (``stream[i]``: a list, a map-style dataset; the
+same i-th micro-batch on every rank), and the step's N M positions go to whichever rank asks
+next, from the job's rendezvous store (``integrate.demand``, which ``ShardedStep`` shares), so
+a slow rank computes fewer and none waits for a share it cannot finish. The record's ``dealt``
+names each rank's positions, ``state_dict`` keeps the stream's place, and ``close()``, on
+every rank after the last call, lets the store's keys go::
+
+    step = StragglerStep(model, optimizer, "rebalance:deal=demand", micro_batches=M)
+    for _ in range(steps):
+        step(stream, loss_fn)                          # the positions this rank asks for
+    step.close()
+
 A rank whose gradient holds a NaN or an infinity joins with weight 0, as ``train`` does.
 A round in which no rank's gradient entered (every rank stopped before its first micro-batch,
 or every one was screened out: the record's ``empty``) makes no update: the optimizer does not
@@ -62,7 +75,8 @@ the one that completed the most rounds (the lowest rank among equals): the model
 ``state_dict``, the optimizer's, the rule's (``state_dict``) and the deadline's rounds seen.
 The rule follows the live world (``RuleDriver.followed``: ``Strategy.follow_world`` with the L
 live ranks; a rule that cannot, ``Strategy.follow_refusal``, or one of per-rank shares, whose
-redone round would need another draw from the loader, is refused in one line at construction).
+redone round would need another draw from the loader, is refused in one line at construction;
+``deal=demand`` is not: a redone round deals the same stream positions again).
 No rank is special: the store lives in the launcher, so rank 0 may die too.
 
 A call's round (``StepCall``, the states of a call) applies its update only after its
@@ -80,7 +94,9 @@ record says ``redone=True`` and names the ranks ``lost``, on every survivor alik
 
 So the loop does not change: one call, one record, ``record.step`` the call's index; the
 dead rank's shard is skipped (the same per-rank batch: the global batch is the L live ranks'
-batches), and ``record.live`` says whose ``completed`` and ``weights`` these are. A rank that
+batches), except dealt on demand, where the survivors deal the whole pool of N M positions
+among themselves (the global batch kept; ``integrate.demand``), and ``record.live`` says whose
+``completed`` and ``weights`` these are. A rank that
 hung past the deadline and woke is not taken back: its call raises
 ``Refused`` (the survivors went on without it), and
 the launcher logs that it left. After a shrink the default process group is broken: leave
@@ -90,18 +106,16 @@ the loop without collectives of your own (``dist.destroy_process_group()`` is fi
 ``TAILTRAIN_RESTART`` in its environment; its script skips ``dist.init_process_group`` (the
 job's group is broken), or calls ``tailtrain.init_process_group`` in its place (a stand-in
 default group of its job rank, ``integrate.default_group``, for a ``DistributedSampler``), and
-its ``StragglerStep`` skips rank 0's broadcast: it asks to join
-(JOINING, ``join``) in the constructor. The lowest member looks for requests
-(``joins_waiting``) before a call's last gather (``Rounds.timing``'s ``asks``
-column), so every member learns it in the same call and, after that call's round completed
-(a step boundary), GROWS (``grow``): generation g + 1 of the members and the
-joiner, synced from the lead as after a shrink (``LoopMembership.sync``: model,
-optimizer, rule state, deadline, latest record). The joiner's constructor returns then, and
-its loop goes on from ``next_step``; every rank's next record names it
-(``record.rejoined``). A rank that asks after the first rank finished is refused (the
-launcher sets ``finished``) and leaves. A pause
-of one rank between two calls longer than the learned deadline (at least 1 s) reads as a
-hang: evaluate on every rank, or not between calls.
+its ``StragglerStep`` skips rank 0's broadcast: it asks to join (JOINING, ``join``) in the
+constructor. The lowest member looks for requests (``joins_waiting``) before a call's last
+gather (``Rounds.timing``'s ``asks`` column), so every member learns it in the same call and,
+after that call's round completed (a step boundary), GROWS (``grow``): generation g + 1 of the
+members and the joiner, synced from the lead as after a shrink (``LoopMembership.sync``: model,
+optimizer, rule state and the stream's place, deadline, latest record). The joiner's constructor
+returns then, and its loop goes on from ``next_step``; every rank's next record names it
+(``record.rejoined``). A rank that asks after the first rank finished is refused (the launcher
+sets ``finished``) and leaves. A pause of one rank between two calls longer than the learned
+deadline (at least 1 s) reads as a hang: evaluate on every rank, or not between calls.
 """
 
 from __future__ import annotations
