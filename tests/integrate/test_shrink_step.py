@@ -110,13 +110,18 @@ def rebuilt(m, records: list[dict], world: int = N) -> dict[str, torch.Tensor]:
     """A reference: SGD with momentum on sum_n w_n G_n over the ranks each record names, of a
     job of ``world`` ranks (each its own shard)."""
     x, y, _, _ = m.digits()
+    return replayed(m, records, lambda r, n: m.micro_batches(x, y, r["live"][n], world, r["step"]))
+
+
+def replayed(m, records: list[dict], batches_of: Callable) -> dict[str, torch.Tensor]:
+    """SGD with momentum on sum_n w_n G_n, G_n the mean gradient over ``batches_of(record,
+    n)``, rank n's micro-batches of that record's step."""
     net = m.make_model()
     optimizer = torch.optim.SGD(net.parameters(), lr=m.LR, momentum=m.MOMENTUM)
     for record in records:
         total = [torch.zeros_like(p) for p in net.parameters()]
         for n in record["ranks"]:
-            rank, weight = record["live"][n], record["weights"][n]
-            batches = m.micro_batches(x, y, rank, world, record["step"])
+            batches, weight = batches_of(record, n), record["weights"][n]
             net.zero_grad()
             for bx, by in batches:
                 F.cross_entropy(net(bx), by).backward()
@@ -316,26 +321,11 @@ def test_a_frozen_rank_is_left_behind_and_told_to_leave_when_it_wakes(tmp_path):
 
 
 def rebuilt_dealt(m, records: list[dict], world: int = N) -> dict[str, torch.Tensor]:
-    """A reference for a run dealt on demand: SGD with momentum on sum_n w_n G_n, G_n the mean
-    gradient over the stream positions rank n computed (``record.dealt``)."""
+    """A reference for a run dealt on demand: G_n the mean gradient over the stream positions
+    rank n computed (``record.dealt``)."""
     x, y, _, _ = m.digits()
     stream = m.Stream(x, y, world)
-    net = m.make_model()
-    optimizer = torch.optim.SGD(net.parameters(), lr=m.LR, momentum=m.MOMENTUM)
-    for record in records:
-        total = [torch.zeros_like(p) for p in net.parameters()]
-        for n in record["ranks"]:
-            positions, weight = record["dealt"][n], record["weights"][n]
-            net.zero_grad()
-            for p in positions:
-                bx, by = stream[p]
-                F.cross_entropy(net(bx), by).backward()
-            for t, p in zip(total, net.parameters(), strict=True):
-                t.add_(p.grad, alpha=weight / len(positions))
-        for p, t in zip(net.parameters(), total, strict=True):
-            p.grad = t
-        optimizer.step()
-    return net.state_dict()
+    return replayed(m, records, lambda r, n: [stream[p] for p in r["dealt"][n]])
 
 
 @pytest.mark.slow  # three ranks importing torch and sklearn, and one of them a fourth time
