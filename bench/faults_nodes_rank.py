@@ -134,6 +134,7 @@ def main() -> None:
             redone=bool(record.redone),
         )
         step = step_fn.next_step
+    step_fn.close()  # dealt on demand: the last rounds' store keys go (a barrier)
     if dist.is_initialized():  # a rank started again never joined the job's group
         dist.destroy_process_group()
 

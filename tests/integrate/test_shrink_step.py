@@ -367,3 +367,21 @@ def test_dealt_on_demand_the_survivors_keep_the_global_batch_and_the_rank_heals(
     for name, value in models[0].items():
         assert all(torch.equal(value, other[name]) for other in models[1:]), name
     matches_reference(models[0], lambda rows: rebuilt_dealt(example(), rows), records)
+
+
+@pytest.mark.timeout(30)
+def test_a_step_that_cannot_deal_again_refuses_deal_demand_under_shrink(alone, monkeypatch):
+    """The refusal names what the step can do: ``ShardedStep`` (``deals_again`` False) does
+    not deal a redone round again yet, and a rule of shares is refused by every step."""
+    from tailtrain.integrate.step import check_on_rank_loss
+    from tailtrain.runtime.reduce import Collectives
+    from tailtrain.strategies.registry import parse_strategy
+
+    monkeypatch.setenv("TAILTRAIN_ON_RANK_LOSS", "shrink")
+    comm = Collectives.of_group(None, torch.device("cpu"), None)
+    demand = parse_strategy("rebalance:deal=demand")
+    with pytest.raises(UsageError, match="does not deal 'rebalance:deal=demand' again"):
+        check_on_rank_loss("shrink", demand, None, comm, 0.1)
+    assert check_on_rank_loss("shrink", demand, None, comm, 0.1, deals_again=True)
+    with pytest.raises(UsageError, match="per-rank shares"):
+        check_on_rank_loss("shrink", parse_strategy("rebalance"), None, comm, 0.1, deals_again=True)

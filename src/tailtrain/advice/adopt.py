@@ -373,7 +373,8 @@ def adoption(
             ("step(stream, lambda batch: loss_fn(model, batch))",),
             each=(
                 "each step (stream: the job's micro-batches by position, stream[i] the same "
-                "on every rank; the step takes what this rank asks for)"
+                "on every rank, e.g. a map-style dataset of micro-batches; the step takes what "
+                "this rank asks for; step.close() on every rank after the last step)"
             ),
         )
     if strategy == "rebalance":  # the sampler deals each step's global batch by the shares

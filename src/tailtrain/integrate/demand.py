@@ -150,6 +150,8 @@ class StreamDeal:
         self.broken = False
         #: the round being dealt, until its ``leave`` (or ``fail``)
         self.current: DealtRound | None = None
+        #: ``close`` ran: no round may be dealt
+        self.closed = False
 
     def compute(
         self,
@@ -165,6 +167,8 @@ class StreamDeal:
         rounds, pool = self.rounds, int(sum(plan.shares))
         first = rounds.stream
         assert first is not None
+        if self.closed:
+            raise UsageError(f"{self.name} was closed: its deal's store keys are gone")
         check_stream(stream, first + pool, self.broken, self.name)  # every rank: before a wait
         deal = None if self.dealer is None else self.dealer.round(rounds.step, pool, generation)
         self.current = deal
@@ -205,8 +209,8 @@ class StreamDeal:
 
     def leave(self) -> None:
         """Past the round's collectives: this rank's waiter saw the round's stop (set by the
-        pool's last completion before its rank reached the gather), so the round's keys may
-        go (module docstring)."""
+        first ask past the pool, before the round's gather could end), so the round's keys
+        may go (module docstring)."""
         if self.current is not None:
             self.current.leave()
             self.current = None
@@ -266,8 +270,13 @@ class StreamDeal:
     def close(self) -> None:
         """After the last call, on every rank (a barrier over the workers: every rank left
         its last round, its waiter done with the keys): the last rounds' store keys go and
-        the dealer's waiter ends."""
-        self.rounds.comm.barrier()
+        the dealer's waiter ends. After a failed round there is no barrier (the others may
+        be gone). Calls after it are refused."""
+        if self.closed:
+            return
+        self.closed = True
+        if not self.broken:
+            self.rounds.comm.barrier()
         if self.dealer is not None:
             self.dealer.close()
             self.dealer = None

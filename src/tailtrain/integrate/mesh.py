@@ -116,3 +116,9 @@ class ReplicaCollectives(GroupCollectives):
         if self.registered:  # Collectives' two hops, on the group's device
             return Collectives.gather(self, row)
         return super().gather(row)  # a generation's own gloo group: a block all-reduce
+
+    def barrier(self) -> None:
+        if self.registered:  # on the group's device (nccl's is a GPU), as ``gather``
+            Collectives.barrier(self)
+        else:
+            super().barrier()

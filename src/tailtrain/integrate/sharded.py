@@ -223,7 +223,7 @@ class ShardedStep:
         self.within = Collectives.of_group(mesh[shard_dim].get_group(), device, timeout)
         comm = ReplicaCollectives(self.within, mesh[replicate_dim].get_group(), device, timeout)
         lr = float(optimizer.param_groups[0]["lr"])
-        shrinks = check_on_rank_loss(on_rank_loss, rule, None, comm, lr, deals_again=False)
+        shrinks = check_on_rank_loss(on_rank_loss, rule, None, comm, lr)
         self.rounds = Rounds(rule, comm, lr=lr, micro_batches=micro_batches, does=SHARDED.does)
         self.buckets = buckets([local(p) for p in self.params], bucket_cap_mb)
         #: dealt on demand: the group's side of the deal (``integrate.demand``; the group's

@@ -202,7 +202,7 @@ class StragglerStep:
             comm = Collectives.of_group(process_group, device, timeout)
         lr = float(optimizer.param_groups[0]["lr"])
         shrinks = check_on_rank_loss(
-            on_rank_loss, strategy, process_group, comm, lr, rejoining=rejoining
+            on_rank_loss, strategy, process_group, comm, lr, rejoining=rejoining, deals_again=True
         )
         self.rounds = Rounds(strategy, comm, lr=lr, micro_batches=micro_batches, does=DEALS)
         self.buckets = buckets(self.params, bucket_cap_mb)
@@ -283,6 +283,8 @@ class StragglerStep:
         the step refuses further calls (``integrate.demand``)."""
         try:
             return self._round(batches, loss_fn)
+        except UsageError:  # refused before any deal or collective: nothing spent
+            raise
         except (Broken, PeerFailure):
             if self.deal is not None and not shrinks:
                 self.deal.broken = True
@@ -295,16 +297,21 @@ class StragglerStep:
             raise
 
     def _regrouped(self, broken: int | None = None, in_flight: bool = False) -> None:
-        """Dealt on demand, after a regroup (or a rank's join) out of generation ``broken``:
-        the dealer's keys of the broken round go with its next tidy, and the lowest live
-        rank tidies (``integrate.demand``)."""
-        if self.deal is not None:
-            lowest = self.rounds.comm.rank == 0
-            if broken is None:  # this rank joined: no round of its own was in flight
-                assert self.deal.dealer is not None
-                self.deal.dealer.tidy = lowest
-            else:
-                self.deal.regrouped(broken, in_flight, lowest)
+        """Dealt on demand, after a regroup (or this rank's join: ``broken`` None) out of
+        generation ``broken``: the dealer's keys of the broken round go with a later tidy, and
+        the lowest live rank that was a member before tidies (rank 0 may be gone; a rank
+        taken in knows none of the rounds before it: ``integrate.demand``)."""
+        if self.deal is None:
+            return
+        assert self.membership is not None
+        live, joined = self.rounds.live, set(self.membership.joined)
+        keepers = [r for r in live if r not in joined] or list(live)
+        lowest = live[self.rounds.comm.rank] == keepers[0]
+        if broken is None:  # this rank joined: no round of its own was in flight
+            assert self.deal.dealer is not None
+            self.deal.dealer.tidy = lowest
+        else:
+            self.deal.regrouped(broken, in_flight, lowest)
 
     def _round(self, batches: Any, loss_fn: Callable[[Any], torch.Tensor]) -> StepRecord:
         """One round; its update is applied only after its last collective (module
@@ -483,7 +490,7 @@ def check_on_rank_loss(
     env: Any = os.environ,
     *,
     rejoining: bool = False,
-    deals_again: bool = True,
+    deals_again: bool = False,
 ) -> bool:
     """Whether the step shrinks; one-line refusals before any round (module docstring).
     ``rejoining``: a rank started again, in no process group (its backend is gloo's);
@@ -510,7 +517,12 @@ def check_on_rank_loss(
         on_cuda=comm.device.type != "cpu",
         fix='dist.init_process_group("gloo") and a model on the CPU, or on_rank_loss="stop"',
     )
-    if strategy.needs and not (deals_again and "demand" in strategy.needs):
+    if "demand" in strategy.needs and not deals_again:
+        raise UsageError(
+            f"{option}: this step does not deal {strategy.describe()!r} again after a shrink "
+            "yet; use sync, dropcompute or local-sgd, or StragglerStep for deal=demand"
+        )
+    if strategy.needs and "demand" not in strategy.needs:
         raise UsageError(
             f"{option}: {strategy.describe()!r} deals per-rank shares the loader draws, and a "
             "round redone after a shrink would need another draw; use sync, dropcompute or "

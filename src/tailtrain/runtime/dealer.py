@@ -1,14 +1,17 @@
 """The store's side of a step dealt on demand (``rebalance:deal=demand``, issue 25): who asks
 for which micro-batch, when the step's pool is complete, and the keys that hold it.
 
-Two callers deal with it: the allreduce wing's rounds (``runtime.allreduce.demand``, each rank
-for itself, its units' injected sleeps cut when the pool completes) and ``ShardedStep``
-(``integrate.sharded``: each replica group's first rank for its group, the pool alone).
+Three callers deal with it: the allreduce wing's rounds (``runtime.allreduce.demand``, each
+rank for itself, its units' injected sleeps cut when the pool completes), and a loop's
+``StragglerStep`` and ``ShardedStep`` (``integrate.demand``: each rank, or each replica group's
+first rank for its group, the pool alone).
 
 A rank asks for its next micro-batch with ``add`` on the round's ask counter (the k-th ask
-takes the round's k-th micro-batch) and reports each finished one with ``add`` on the round's
-completion counter. The completion that makes the count the pool sets the round's stop key,
-and each rank's waiter thread, blocked on that key, wakes its round's stop event.
+takes the round's k-th micro-batch). In the allreduce wing it reports each finished one with
+``add`` on the round's completion counter, and the completion that makes the count the pool
+sets the round's stop key; a loop's step, whose every dealt unit counts, reports none, and
+its first ask past the pool sets the stop (:meth:`DealtRound.ask_within`). Each rank's waiter
+thread, blocked on that key, wakes its round's stop event.
 
 The store is the rendezvous's TCPStore (``MASTER_ADDR:MASTER_PORT``, env://), under a prefix
 of this run and restart (and of the caller: ``Dealer.open``'s ``prefix``); each rank holds
@@ -209,9 +212,10 @@ class DealtRound:
 
     def leave(self) -> None:
         """Wait (up to twice --timeout: a wait of the waiter's may have just begun) until
-        this rank's waiter saw the round's stop key: rank 0 deletes it when the next round
-        starts (:meth:`Dealer.round`). The N M-th completion was counted before this rank
-        left, its stop set right after: a round trip or so."""
+        this rank's waiter saw the round's stop key: the tidy rank deletes it when the round
+        two after this one starts (:meth:`Dealer.round`). The stop was set before this rank
+        left (the N M-th completion, or a loop's first ask past the pool, came before the
+        round's collective ended): a round trip or so."""
         self.ended.set()
         self.seen.wait(2 * self.timeout)
 

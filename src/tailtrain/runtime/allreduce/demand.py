@@ -22,7 +22,7 @@ that meets the break sets the stop of its round and of the next one in its gener
 (:meth:`Dealer.broke`): a waiter on either wakes, and a member already past the broken
 allreduce (it is one round ahead) stops dealing itself the pool alone. After the regroup
 rank 0 reads how many micro-batches the broken round had dealt (computed again now: the
-only work done twice) and deletes its keys with the next round's tidy
+only work done twice) and deletes its keys with a later round's tidy
 (:meth:`Dealer.regrouped`).
 """
 
