@@ -59,6 +59,7 @@ TABLE = [
     ("step", "dropcompute:threshold=0.3", {}, SHRINKS),
     ("step", "local-sgd:period=2", {}, SHRINKS),
     ("step", "rebalance", {}, "per-rank shares the loader draws"),
+    ("step", "rebalance:deal=demand", {}, SHRINKS),  # a redone round deals its positions again
     ("step", LARGER, {}, "compensate=larger-batch changes which micro-batches"),
     ("step", "eager:mode=majority", {}, "a training loop adopts allreduce strategies"),
     ("step", "sync", {"backend": "nccl"}, GLOO),
@@ -68,7 +69,7 @@ TABLE = [
     ("sharded", "dropcompute:threshold=auto", {}, SHRINKS),
     ("sharded", "local-sgd:period=2", {}, SHRINKS),
     ("sharded", "rebalance", {}, "per-rank shares the loader draws"),
-    ("sharded", "rebalance:deal=demand", {}, "per-rank shares the loader draws"),
+    ("sharded", "rebalance:deal=demand", {}, "does not deal 'rebalance:deal=demand' again"),
     ("sharded", "sync", {"backend": "nccl"}, GLOO),
     ("sharded", "sync", {"device": "cuda"}, GLOO),
     ("sharded", "sync", {"restart": "1"}, "does not take a group started again back"),
