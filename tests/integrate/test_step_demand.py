@@ -106,49 +106,47 @@ def test_the_state_keeps_the_stream_s_place_and_no_shares_are_named(results):
     assert results[0]["shares"] is None  # dealt on demand a rank takes what it asks for
 
 
+@pytest.fixture
+def alone(monkeypatch):
+    """This process as a one-rank job with its rendezvous store (env://), where a step dealt
+    on demand opens its dealer."""
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    store = dist.TCPStore("127.0.0.1", 0, 1, is_master=True, wait_for_workers=False)
+    monkeypatch.setenv("MASTER_PORT", str(store.port))
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
 @pytest.mark.timeout(30)
-def test_a_state_of_another_deal_is_refused_in_one_line(monkeypatch):
+def test_a_state_of_another_deal_is_refused_in_one_line(alone):
     """A checkpoint of a step dealt on demand does not load into one that is not (the
     stream's place would be lost), nor the other way round."""
-    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
-    store = dist.TCPStore("127.0.0.1", 0, 1, is_master=True, wait_for_workers=False)
-    monkeypatch.setenv("MASTER_PORT", str(store.port))
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    try:
-        net = make_model()
-        optimizer = torch.optim.SGD(net.parameters(), lr=LR)
-        demand = StragglerStep(net, optimizer, "rebalance:deal=demand", micro_batches=M)
-        plain = StragglerStep(net, optimizer, "sync")
-        with pytest.raises(UsageError, match="saved by a step dealt on demand"):
-            plain.load_state_dict(demand.state_dict())
-        with pytest.raises(UsageError, match="not dealt on demand"):
-            demand.load_state_dict(plain.state_dict())
-        demand.close()
-    finally:
-        dist.destroy_process_group()
+    net = make_model()
+    optimizer = torch.optim.SGD(net.parameters(), lr=LR)
+    demand = StragglerStep(net, optimizer, "rebalance:deal=demand", micro_batches=M)
+    plain = StragglerStep(net, optimizer, "sync")
+    with pytest.raises(UsageError, match="saved by a step dealt on demand"):
+        plain.load_state_dict(demand.state_dict())
+    with pytest.raises(UsageError, match="not dealt on demand"):
+        demand.load_state_dict(plain.state_dict())
+    demand.close()
 
 
 @pytest.mark.timeout(30)
-def test_a_refused_stream_spends_nothing_and_a_closed_step_refuses_in_one_line(monkeypatch):
+def test_a_refused_stream_spends_nothing_and_a_closed_step_refuses_in_one_line(alone):
     """A stream that is not indexed by position is refused before any deal, and the step
     goes on with the next call's stream; once closed, a call is refused in one line."""
-    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
-    store = dist.TCPStore("127.0.0.1", 0, 1, is_master=True, wait_for_workers=False)
-    monkeypatch.setenv("MASTER_PORT", str(store.port))
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    try:
-        net = make_model()
-        step = StragglerStep(
-            net, torch.optim.SGD(net.parameters(), lr=LR), "rebalance:deal=demand",
-            micro_batches=M,
-        )  # fmt: skip
-        loss = lambda b: F.cross_entropy(net(b[0]), b[1])  # noqa: E731
-        with pytest.raises(UsageError, match="indexed by position"):
-            step(iter([stream_item(0)]), loss)
-        record = step(Stream(), loss)
-        assert record.dealt == [list(range(M))] and step.next_step == 1
-        step.close()
-        with pytest.raises(UsageError, match="was closed"):
-            step(Stream(), loss)
-    finally:
-        dist.destroy_process_group()
+    net = make_model()
+    step = StragglerStep(
+        net, torch.optim.SGD(net.parameters(), lr=LR), "rebalance:deal=demand",
+        micro_batches=M,
+    )  # fmt: skip
+    loss = lambda b: F.cross_entropy(net(b[0]), b[1])  # noqa: E731
+    with pytest.raises(UsageError, match="indexed by position"):
+        step(iter([stream_item(0)]), loss)
+    record = step(Stream(), loss)
+    assert record.dealt == [list(range(M))] and step.next_step == 1
+    step.close()
+    with pytest.raises(UsageError, match="was closed"):
+        step(Stream(), loss)
