@@ -373,7 +373,7 @@ def test_dealt_on_demand_the_survivors_keep_the_global_batch_and_the_rank_heals(
 def test_a_step_that_cannot_deal_again_refuses_deal_demand_under_shrink(alone, monkeypatch):
     """The refusal names what the step can do: ``ShardedStep`` (``deals_again`` False) does
     not deal a redone round again yet, and a rule of shares is refused by every step."""
-    from tailtrain.integrate.step import check_on_rank_loss
+    from tailtrain.runtime.elastic.refusals import check_on_rank_loss
     from tailtrain.runtime.reduce import Collectives
     from tailtrain.strategies.registry import parse_strategy
 

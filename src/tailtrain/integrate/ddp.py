@@ -60,8 +60,8 @@ from tailtrain.errors import UsageError
 from tailtrain.integrate.elastic_ddp import ElasticRounds
 from tailtrain.integrate.probe import batch_samples, watching
 from tailtrain.integrate.rounds import RoundProgress, Rounds, StepRecord
-from tailtrain.integrate.step import check_on_rank_loss
 from tailtrain.runtime.control import RankWeighting, check_agreement
+from tailtrain.runtime.elastic.refusals import check_on_rank_loss
 from tailtrain.runtime.elastic.shrink import OnRankLoss
 from tailtrain.runtime.elastic.store import LAUNCHED, REJOIN
 from tailtrain.runtime.reduce import Collectives, contribute

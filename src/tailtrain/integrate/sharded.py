@@ -156,11 +156,11 @@ from tailtrain.integrate.rounds import (
 from tailtrain.integrate.step import (
     BUCKET_CAP_MB,
     buckets,
-    check_on_rank_loss,
     local_step,
     weighted_average,
 )
 from tailtrain.runtime.elastic.group import Broken
+from tailtrain.runtime.elastic.refusals import check_on_rank_loss
 from tailtrain.runtime.elastic.shrink import OnRankLoss
 from tailtrain.runtime.elastic.store import REJOIN
 from tailtrain.runtime.reduce import Collectives, PeerFailure

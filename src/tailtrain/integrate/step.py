@@ -147,11 +147,11 @@ from tailtrain.integrate.rounds import (
 )
 from tailtrain.runtime.control import check_agreement
 from tailtrain.runtime.elastic.group import Broken
-from tailtrain.runtime.elastic.refusals import check_follows, check_gloo_cpu
+from tailtrain.runtime.elastic.refusals import check_on_rank_loss
 from tailtrain.runtime.elastic.shrink import OnRankLoss, Shrinker
-from tailtrain.runtime.elastic.store import LAUNCHED, REJOIN
+from tailtrain.runtime.elastic.store import REJOIN
 from tailtrain.runtime.reduce import Collectives, PeerFailure, contribute
-from tailtrain.strategies.base import Context, Strategy
+from tailtrain.strategies.base import Strategy
 from tailtrain.strategies.entries import LOOP
 
 log = logging.getLogger(__name__)
@@ -479,58 +479,6 @@ class StragglerStep:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.rounds.load_state_dict(state)
-
-
-def check_on_rank_loss(
-    on_rank_loss: str,
-    strategy: Strategy,
-    group: dist.ProcessGroup | None,
-    comm: Collectives,
-    lr: float,
-    env: Any = os.environ,
-    *,
-    rejoining: bool = False,
-    deals_again: bool = False,
-) -> bool:
-    """Whether the step shrinks; one-line refusals before any round (module docstring).
-    ``rejoining``: a rank started again, in no process group (its backend is gloo's);
-    ``deals_again``: a round redone deals the same stream positions on demand again
-    (``integrate.demand``; ``ShardedStep``'s groups do not yet)."""
-    if on_rank_loss not in tuple(OnRankLoss):
-        raise UsageError(
-            f"on_rank_loss must be one of {', '.join(OnRankLoss)}, got {on_rank_loss!r}"
-        )
-    if on_rank_loss == OnRankLoss.STOP:
-        return False
-    option = 'on_rank_loss="shrink"'
-    if env.get(LAUNCHED) != OnRankLoss.SHRINK:
-        raise UsageError(
-            f"{option} needs ranks whose death the job survives: start the script with "
-            "`tailtrain launch --nproc-per-node N --on-rank-loss shrink script.py` (torchrun "
-            "stops every rank when one exits)"
-        )
-    if group is not None:
-        raise UsageError(f"{option} shrinks the job's default group: leave process_group unset")
-    check_gloo_cpu(
-        option,
-        backend="gloo" if rejoining else dist.get_backend(),
-        on_cuda=comm.device.type != "cpu",
-        fix='dist.init_process_group("gloo") and a model on the CPU, or on_rank_loss="stop"',
-    )
-    if "demand" in strategy.needs and not deals_again:
-        raise UsageError(
-            f"{option}: this step does not deal {strategy.describe()!r} again after a shrink "
-            "yet; use sync, dropcompute or local-sgd, or StragglerStep for deal=demand"
-        )
-    if strategy.needs and "demand" not in strategy.needs:
-        raise UsageError(
-            f"{option}: {strategy.describe()!r} deals per-rank shares the loader draws, and a "
-            "round redone after a shrink would need another draw; use sync, dropcompute or "
-            "rebalance:deal=demand (its rounds deal positions of a stream)"
-        )
-    ctx = Context(n_workers=comm.world_size, lr=lr)
-    check_follows(strategy, ctx, option, 'use on_rank_loss="stop" for this one')
-    return True
 
 
 def local_step(optimizer: torch.optim.Optimizer, params: Sequence[torch.Tensor], m: int) -> None:

@@ -14,19 +14,24 @@ cannot work:
   ``compensate=larger-batch``, rebalance's ``defer=true``, ``dbw-quorum``'s estimates).
 
 ``train`` asks :func:`check_shrink` (``runtime.launching.checks.validate``), whichever topology it
-runs; ``integrate.StragglerStep`` asks :func:`check_gloo_cpu` and :func:`check_follows` with its own
-option's name (``integrate.step.check_on_rank_loss`` adds what only a user's loop can get
-wrong: the launcher, the process group, per-rank shares).
+runs; a user's loop (``integrate``: ``StragglerStep``, ``ShardedStep``, the DDP hook's state)
+asks :func:`check_on_rank_loss`, which adds to :func:`check_gloo_cpu` and :func:`check_follows`
+what only a loop can get wrong: the launcher, the process group, per-rank shares, a deal on
+demand that its step cannot deal again.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+import os
+from typing import TYPE_CHECKING, Any
 
 from tailtrain.errors import UsageError
 from tailtrain.runtime.control import RuleDriver
-from tailtrain.strategies.base import Context, Topology
+from tailtrain.strategies.base import Context, Strategy, Topology
+
+if TYPE_CHECKING:
+    from tailtrain.runtime.reduce import Collectives
 
 #: the topologies that shrink, and what a refused rule's line adds for each
 SHRINKS = {
@@ -92,3 +97,62 @@ def check_follows(strategy: Any, ctx: Context | None, option: str, fix: str) -> 
             f"{option}: {strategy.describe()!r} cannot follow a smaller world: "
             f"{strategy.follow_refusal()}; {fix}"
         )
+
+
+def check_on_rank_loss(
+    on_rank_loss: str,
+    strategy: Strategy,
+    group: Any,
+    comm: Collectives,
+    lr: float,
+    env: Any = os.environ,
+    *,
+    rejoining: bool = False,
+    deals_again: bool = False,
+) -> bool:
+    """Whether a user's loop shrinks (``StragglerStep``, ``ShardedStep``, the DDP hook's
+    state: ``on_rank_loss``); one-line refusals before any round, on the job's default
+    ``group`` only (None). ``rejoining``: a rank started again, in no process group (its
+    backend is gloo's); ``deals_again``: a round redone deals the same stream positions on
+    demand again (``integrate.demand``; ``ShardedStep``'s groups do not yet)."""
+    # torch's modules only here: ``train``'s checks import this module before any rank starts
+    import torch.distributed as dist
+
+    from tailtrain.runtime.elastic.shrink import OnRankLoss
+    from tailtrain.runtime.elastic.store import LAUNCHED
+
+    if on_rank_loss not in tuple(OnRankLoss):
+        raise UsageError(
+            f"on_rank_loss must be one of {', '.join(OnRankLoss)}, got {on_rank_loss!r}"
+        )
+    if on_rank_loss == OnRankLoss.STOP:
+        return False
+    option = 'on_rank_loss="shrink"'
+    if env.get(LAUNCHED) != OnRankLoss.SHRINK:
+        raise UsageError(
+            f"{option} needs ranks whose death the job survives: start the script with "
+            "`tailtrain launch --nproc-per-node N --on-rank-loss shrink script.py` (torchrun "
+            "stops every rank when one exits)"
+        )
+    if group is not None:
+        raise UsageError(f"{option} shrinks the job's default group: leave process_group unset")
+    check_gloo_cpu(
+        option,
+        backend="gloo" if rejoining else dist.get_backend(),
+        on_cuda=comm.device.type != "cpu",
+        fix='dist.init_process_group("gloo") and a model on the CPU, or on_rank_loss="stop"',
+    )
+    if "demand" in strategy.needs and not deals_again:
+        raise UsageError(
+            f"{option}: this step does not deal {strategy.describe()!r} again after a shrink "
+            "yet; use sync, dropcompute or local-sgd, or StragglerStep for deal=demand"
+        )
+    if strategy.needs and "demand" not in strategy.needs:
+        raise UsageError(
+            f"{option}: {strategy.describe()!r} deals per-rank shares the loader draws, and a "
+            "round redone after a shrink would need another draw; use sync, dropcompute or "
+            "rebalance:deal=demand (its rounds deal positions of a stream)"
+        )
+    ctx = Context(n_workers=comm.world_size, lr=lr)
+    check_follows(strategy, ctx, option, 'use on_rank_loss="stop" for this one')
+    return True
