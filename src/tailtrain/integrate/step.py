@@ -285,13 +285,9 @@ class StragglerStep:
             return self._round(batches, loss_fn)
         except UsageError:  # refused before any deal or collective: nothing spent
             raise
-        except (Broken, PeerFailure):
-            if self.deal is not None and not shrinks:
-                self.deal.broken = True
-                self.deal.fail()
-            raise
-        except BaseException:
-            if self.deal is not None:
+        except BaseException as exc:
+            lost = shrinks and isinstance(exc, (Broken, PeerFailure))  # the shrink deals again
+            if self.deal is not None and not lost:
                 self.deal.broken = True
                 self.deal.fail()
             raise
