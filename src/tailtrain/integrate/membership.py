@@ -108,6 +108,8 @@ class LoopMembership:
         live ranks took it in, with their state."""
         bound = SHRINK_TIMEOUT if timeout is None else timeout.total_seconds()
         shrinker = Shrinker.start(rounds.comm, bound, keeper=None, heals=rejoining)
+        if not rejoining:  # generation 0 on a group a regroup can let go, not the script's
+            rounds.comm = shrinker.own_first(rounds.comm, bound)
         membership = cls(rounds, model, optimizer, shrinker)
         if rejoining:
             membership.heal(join=True)

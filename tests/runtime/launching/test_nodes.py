@@ -8,14 +8,17 @@ SIGKILL cannot stage), in three jobs of 3 nodes x 2 ranks, several drills each s
 pays few process start-ups: a node SIGSTOPped past the learned deadline and continued
 (refused) with a death inside that census taking its node out whole; the first node's death
 and another's in the same step with the store apart; a node started again that heals from a
-live peer while a rank of another node dies inside the heal. After each, the survivors'
-parameters equal a reference rebuilt from their records (which ranks entered each step)."""
+live peer while a rank of another node dies inside the heal; and in a job of 2 nodes, a node
+whose launcher the user starts again by hand after its machine died (it heals) and then once
+more (a --node-rank given twice: refused). After each, the survivors' parameters equal a
+reference rebuilt from their records (which ranks entered each step)."""
 
 from __future__ import annotations
 
 import concurrent.futures
 import datetime
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -254,6 +257,72 @@ def test_the_first_node_and_another_lost_in_one_step_leave_the_job_going_with_th
     assert "a c10d store is unauthenticated" in store.stderr
 
 
+@pytest.mark.slow  # 2 launchers and 4 ranks; node 1's launcher started twice more by hand
+@pytest.mark.timeout(300)
+def test_a_node_started_again_by_hand_heals_and_its_node_rank_given_twice_is_refused(tmp_path):
+    """Node 1's machine dies in step AT (its launcher SIGKILLed, its ranks with it), and the
+    user starts its launcher again: its ranks import while it looks at the node's earlier
+    beats, ask to join once it cleared them, and heal from a live peer. Once they are back,
+    the user gives --node-rank 1 a third time: that launcher is refused in one line, exit 2,
+    and its ranks, started while it looked, never touch the job (the records name no third
+    join, and every rank's parameters equal the reference rebuilt from them)."""
+    port, env = free_port("127.0.0.2"), environment()
+    args = ["--kill-rank", "2", "--kill-step", str(AT), "--kill-what", "node"]
+    args += ["--rejoin-steps", "200"]  # the survivors go on long enough for the third start
+
+    started: list[subprocess.Popen] = []
+
+    def start(node: int) -> subprocess.Popen:
+        command = launcher(node, 2, port, tmp_path, []) + args
+        pipes = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, "text": True}
+        process = subprocess.Popen(command, cwd=ROOT, env=env, start_new_session=True, **pipes)
+        started.append(process)
+        return process
+
+    first, killed = start(0), start(1)
+    try:
+        assert killed.wait(timeout=120) == -9  # node 1's machine died
+        again = start(1)
+        said: list[str] = []
+        back = threading.Event()
+
+        def read() -> None:
+            for line in again.stderr:
+                said.append(line)
+                if "rejoined the live ranks" in line:
+                    back.set()
+
+        reader = threading.Thread(target=read, daemon=True)
+        reader.start()
+        assert back.wait(timeout=120), "".join(said)[-3000:]
+        twice = start(1)
+        _, refused = twice.communicate(timeout=120)
+        assert twice.returncode == 2, refused[-3000:]
+        assert refused == (
+            "tailtrain launch: error: node 1 of this job is running (its launcher beats): give "
+            "each launcher its own --node-rank\n"
+        )
+        assert again.wait(timeout=120) == 0, "".join(said)[-3000:]
+        reader.join(timeout=10)
+        _, stderr = first.communicate(timeout=120)
+        assert first.returncode == 0, stderr[-3000:]
+    finally:  # a failed assertion leaves no node behind
+        for p in started:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+    kept = kept_ranks(tmp_path, range(4))
+    assert sorted(kept) == [0, 1, 2, 3]
+    records = kept[0]["records"]
+    rejoins = [(row["step"], row["rejoined"]) for row in records if row["rejoined"]]
+    assert len(rejoins) == 1 and rejoins[0][1] == [2, 3]  # node 1 whole, once
+    assert kept[1]["records"] == records
+    assert all(kept[r]["records"] == records[rejoins[0][0] :] for r in (2, 3))
+    models = [kept[r]["model"] for r in range(4)]
+    for name, value in models[0].items():
+        assert all(torch.equal(value, other[name]) for other in models[1:]), name
+    matches_reference(models[0], lambda rows: rebuilt(example(), rows, 4), records)
+
+
 @pytest.mark.parametrize(
     ("argv", "says"),
     [
@@ -310,11 +379,16 @@ def test_a_launcher_whose_options_differ_or_whose_node_runs_is_refused_in_one_li
 
     threading.Thread(target=beat, daemon=True).start()
     try:
-        with pytest.raises(UsageError, match="node 1 of this job is running"):
-            meet(Nodes(2, 1, StoreAt.LAUNCHER, GroupBy.NODE), where, SPAN, nproc=2)
+        twice = meet(Nodes(2, 1, StoreAt.LAUNCHER, GroupBy.NODE), where, SPAN, nproc=2)
+        assert twice.clearance() == "cleared/1/1"  # its ranks would wait for it
+        with pytest.raises(UsageError, match="node 1 of this job is running") as caught:
+            twice.confirm()
+        assert "\n" not in str(caught.value)
     finally:
         done.set()
     assert host.run_id == running.run_id
+    assert host.store.add(running.key("starts/1"), 0) == 1  # the refused start taken back
+    assert running.clearance() is None  # a first start has no look to wait for
 
 
 @pytest.mark.timeout(30)
@@ -348,10 +422,11 @@ def test_a_launcher_beats_from_its_meeting_until_it_ends():
     first = meet(Nodes(2, 1, StoreAt.LAUNCHER, GroupBy.NODE), where, SPAN)
     first.keep_beating(where)
     with pytest.raises(UsageError, match="node 1 of this job is running"):
-        meet(Nodes(2, 1, StoreAt.LAUNCHER, GroupBy.NODE), where, SPAN)
+        meet(Nodes(2, 1, StoreAt.LAUNCHER, GroupBy.NODE), where, SPAN).confirm()
     first.ended(finished=False)
     time.sleep(2 * BEAT)  # a beat in flight lands
     again = meet(Nodes(2, 1, StoreAt.LAUNCHER, GroupBy.NODE), where, SPAN)
+    again.confirm()  # looked ALIVE_LOOK s and saw no beat
     assert again.restarts == 1 and host.run_id == again.run_id
 
 

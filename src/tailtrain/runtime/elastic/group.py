@@ -4,14 +4,17 @@ Every collective of a shrinking rank is waited for by polling (:class:`Watch`), 
 has two bounds: the learned deadline (``runtime.elastic.deadline``) and the generation's
 ``broken`` key, which any member sets when its collective fails or outlives the deadline.
 A generation g > 0 runs on its own ``ProcessGroupGloo``, which torch.distributed does not
-know: :class:`GroupCollectives` speaks ``Collectives`` over it. A generation left is aborted
-(:func:`abort`), so its stuck collective never holds the process at exit.
+know: :class:`GroupCollectives` speaks ``Collectives`` over it (and so does a user's loop's
+generation 0, ``integrate.membership``). A generation left is aborted (:func:`abort`); one on
+its own group is let go (:func:`release`), which closes its sockets; the job's default group
+stays, as the script that made it may still ask it its rank.
 """
 
 from __future__ import annotations
 
 import logging
 import pickle
+import threading
 import time
 from typing import Any
 
@@ -27,6 +30,8 @@ log = logging.getLogger(__name__)
 
 #: seconds between two looks at the generation's ``broken`` key while a collective runs
 CHECK = 0.02
+#: seconds between two looks at a left group's last collective before it is let go
+RELEASE_POLL = 0.01
 #: seconds a waiting rank sleeps between two looks at its collective. A poll, not
 #: ``Work.wait(timeout)`` slices: those measured ~2 ms a round slower (the collective's own
 #: time, bench_faults calm, 4 gloo ranks on 2 cores) for no CPU saved; and a slice under
@@ -47,10 +52,12 @@ class Watch:
     def __init__(self, store: dist.Store, generation: int, deadline: Deadline) -> None:
         self.store, self.generation, self.deadline = store, generation, deadline
         self.key = f"gen{generation}/broken"
+        self.last: dist.Work | None = None
         #: a barrier around rank 0's evaluation waits up to --timeout, not the deadline
         self.patient = False
 
     def __call__(self, work: dist.Work) -> None:
+        self.last = work  # a left group is let go once it ended (``release``)
         start = time.monotonic()
         bound = self.deadline.timeout if self.patient else self.deadline.bound
         look = start + CHECK
@@ -135,3 +142,26 @@ def abort(group: Any) -> None:
         group.abort()
     except Exception as exc:
         log.info("could not abort a left group: %s", exc)
+
+
+def release(group: dist.ProcessGroup, work: dist.Work | None, bound: float) -> threading.Thread:
+    """Let a left generation's own group go: only its destructor closes its sockets (gloo's
+    ``abort`` and ``shutdown`` leave them open, and a live peer's bytes for a collective this
+    rank left make gloo's event loop spin on them, a core's worth, for as long as the group
+    lives). The destructor waits for the group's collectives and holds the GIL meanwhile, so a
+    thread of its own holds the last reference until the collective this rank waited for last
+    (``work``: the one that broke) ended, at most ``bound`` seconds (the group's timeout,
+    within which gloo ends any collective): once a rank let go, its peers' collectives with it
+    fail, and they let go in turn."""
+    held = [group]
+    del group
+
+    def let_go() -> None:
+        end = time.monotonic() + bound
+        while work is not None and not work.is_completed() and time.monotonic() < end:
+            time.sleep(RELEASE_POLL)
+        held.clear()
+
+    thread = threading.Thread(target=let_go, name="tailtrain-release", daemon=True)
+    thread.start()
+    return thread

@@ -15,12 +15,15 @@ census, exit and ``--max-restarts`` restart of ``runtime.keep``), the ranks of a
 go on without a rank that died or stayed silent, with no restart and no checkpoint read.
 
 **Generations.** The ranks step in a *generation* g: its members (original ranks, sorted)
-and a process group among them. Generation 0 is the job's default group. Generation g > 0 is a
+and a process group among them. Generation 0 is the job's default group (in a user's loop, a
+group of its own among the same ranks, :meth:`Shrinker.own_first`). Generation g > 0 is a
 fresh ``ProcessGroupGloo`` over ``PrefixStore(f"gen{g}", store)`` with the members renumbered
 0..L-1 in order, as torchft's ``ProcessGroupGloo.configure`` builds each quorum's group:
 ``torch.distributed.new_group`` needs every member of the broken group, and ``shrink_group``'s
 abort path still hangs survivors. The group a generation leaves is aborted
-(``ProcessGroupGloo.abort``), so its stuck collective never holds the process at exit.
+(``ProcessGroupGloo.abort``, which in torch 2.13 closes no socket), and one of its own is let
+go (``group.release``): its destructor closes its sockets once its stuck collective timed out,
+so no live peer's bytes for a collective this rank left keep gloo's event loop spinning.
 ``store`` is the elastic agent's (``MASTER_ADDR:MASTER_PORT`` with
 ``TORCHELASTIC_USE_AGENT_STORE``): it lives in the launcher, not in a rank, so it outlives any
 rank, and its keys sit under ``tailtrain/shrink/{run id}/{restart}``.
@@ -73,11 +76,12 @@ rank, and its keys sit under ``tailtrain/shrink/{run id}/{restart}``.
   into it), so the group goes on from the last round any survivor completed, and the round in
   flight is computed again by the live ranks.
 * ``JOINING``: a rank that came after a census (it woke from a hang) does not leave: it asks to
-  join (``join/{rank}`` = its step and rows) and waits, up to ``--timeout``, for
-  ``joined/{rank}``; if the run ends first (``finished``) it is ``REFUSED`` (:class:`Refused`),
-  withdraws its ``join/{rank}`` (writes it ``null``: only the lowest member deletes join keys)
-  and leaves. Its round in flight counts nowhere, so nothing
-  is counted twice. A rank started again (``rejoining``) that no grow took in within
+  join (``join/{rank}`` = its step and rows; a rank of a node's second start first waits, up
+  to ``--timeout``, for its launcher's clearance, ``store.CLEARED``) and waits, up to
+  ``--timeout``, for ``joined/{rank}``; if the run ends first (``finished``) it is ``REFUSED``
+  (:class:`Refused`), withdraws its ``join/{rank}`` (writes it ``null``: only the lowest member
+  deletes join keys) and leaves. Its round in flight counts nowhere, so nothing is counted
+  twice. A rank started again (``rejoining``) that no grow took in within
   ``--timeout`` while the run goes on withdraws too, and fails (``TailtrainError``: a heal
   that failed is a failure, which its launcher reports, not a leave). Taken in, it adopts the
   lowest member's rounds seen (``recent`` in the grow's word), so its forming and sync wait
@@ -168,8 +172,8 @@ import torch.distributed as dist
 
 from tailtrain.errors import TailtrainError
 from tailtrain.runtime.elastic.deadline import Deadline
-from tailtrain.runtime.elastic.group import Broken, GroupCollectives, Watch, abort
-from tailtrain.runtime.elastic.store import REJOIN, REJOIN_WITH, open_store
+from tailtrain.runtime.elastic.group import Broken, GroupCollectives, Watch, abort, release
+from tailtrain.runtime.elastic.store import CLEARED, REJOIN, REJOIN_WITH, open_store
 from tailtrain.runtime.expendable import LeftAlive
 from tailtrain.runtime.reduce import Collectives
 
@@ -241,7 +245,8 @@ class Shrinker:
     #: a rank started again after it died: it joins the live ranks before its first round
     rejoining: bool = False
     phase: ShrinkPhase = ShrinkPhase.STEPPING
-    #: groups of the generations left, aborted (module docstring)
+    #: the generations left: the job's default group, aborted and kept, or the thread that
+    #: lets an own group go (module docstring)
     left: list[Any] = field(default_factory=list)
     #: every new generation: (generation, the round in flight, the ranks lost, the ranks
     #: taken in, seconds)
@@ -290,6 +295,21 @@ class Shrinker:
         comm.watch = Watch(store, 0, deadline)
         comm.grace = 0.0  # the launcher names nobody here: the census does
         return shrinker
+
+    def own_first(self, comm: Collectives, timeout: float) -> GroupCollectives:
+        """Generation 0 on a group of its own among every rank of the job (``comm``'s, the
+        default group): a regroup then lets it go, sockets and all (``group.release``),
+        where the default group must stay the script's."""
+        store = dist.PrefixStore("gen0", self.store)
+        span = datetime.timedelta(seconds=timeout)
+        group = dist.ProcessGroupGloo(store, comm.rank, comm.world_size, span)
+        own = GroupCollectives(
+            comm.rank, comm.world_size, self.device, grace=0.0, group=group, timeout=span
+        )
+        if comm._drill is not None:  # armed by a drill: the new group carries it
+            own.arm(comm._drill)
+        own.watch = comm.watch
+        return own
 
     def census(self, step: int, rows: int) -> Census:
         """Check in with ``step`` completed rounds and ``rows`` record rows; the next
@@ -350,6 +370,21 @@ class Shrinker:
         dead = [m for m in self.members if m not in members]
         return Census(members, steps, rows_of, dead)
 
+    def cleared(self) -> None:
+        """A rank of a node's second start waits, up to --timeout, for its launcher's word that
+        no earlier launcher of the node beats (``store.CLEARED``) before it touches the job's
+        keys; any other rank asks at once."""
+        key = os.environ.get(CLEARED)
+        if not key:
+            return
+        try:
+            self.store.wait([key], datetime.timedelta(seconds=self.deadline.timeout))
+        except (RuntimeError, dist.DistStoreError):  # the launcher refused it, or is gone
+            raise TailtrainError(
+                f"rank {self.rank} was started again and its launcher did not clear it to join "
+                f"within --timeout {self.deadline.timeout:g}s: the heal failed"
+            ) from None
+
     def join(self, step: int, rows: int) -> Census:
         """JOINING (module docstring): this rank came after a census; it asks to be taken in
         at a step boundary and waits, up to --timeout, for the generation that takes it (or
@@ -360,6 +395,7 @@ class Shrinker:
                 f"rank {me} came after the census at step {step}: the survivors went on "
                 "without it and this run takes no rank back; its round in flight counts nowhere"
             )
+        self.cleared()
         self.phase = ShrinkPhase.JOINING
         log.warning("rank %d asks to join the live ranks", me)
         with contextlib.suppress(Exception):  # a rank the shield noted dead is back
@@ -485,13 +521,21 @@ class Shrinker:
         generation's group is aborted first, so its stuck collective holds nothing."""
         self.phase = ShrinkPhase.FORMING
         abort(old.group if old.group is not None else dist.group.WORLD)
-        self.left.append(old.group)
+        if isinstance(old, GroupCollectives) and old.group is not None:  # its own: let go
+            group, old.group = old.group, None
+            bound = old.timeout.total_seconds() if old.timeout else self.deadline.timeout
+            self.left.append(release(group, getattr(old.watch, "last", None), bound))
+            del group
+        else:  # the job's default group stays the script's (it may still ask its rank)
+            self.left.append(old.group)
         self.generation, self.members = self.generation + 1, members
         g, me = self.generation, members.index(self.rank)
         timeout = datetime.timedelta(seconds=self.deadline.bound)
         store = dist.PrefixStore(f"gen{g}", self.store)
         group = dist.ProcessGroupGloo(store, me, len(members), timeout)
-        comm = GroupCollectives(me, len(members), self.device, grace=0.0, group=group)
+        comm = GroupCollectives(
+            me, len(members), self.device, grace=0.0, group=group, timeout=timeout
+        )
         comm.arm(old.drill)
         comm.watch = Watch(self.store, g, self.deadline)
         return comm

@@ -27,6 +27,12 @@ RESTART = "TAILTRAIN_RESTART"
 #: across nodes): the job ranks, comma-separated, that come back as one node, so the live
 #: ranks take them in at one step boundary (``shrink.Shrinker.asking``)
 REJOIN_WITH = "TAILTRAIN_REJOIN_WITH"
+#: set with ``REJOIN`` in the ranks of a node's second start (``tailtrain launch`` across
+#: nodes): the key, in this run's keys, that its launcher sets once its look at the node's
+#: earlier launcher found none beating (``launching.nodes.Meeting.confirm``). The ranks import
+#: meanwhile and ask to join only once it is there (``shrink.Shrinker.join``): the look costs
+#: a heal nothing, and the ranks of a --node-rank given twice never touch the job
+CLEARED = "TAILTRAIN_REJOIN_CLEARED"
 #: set by ``tailtrain launch`` (``runtime.launching.scripts``) in every rank: its
 #: ``--on-rank-loss``, which ``integrate.StragglerStep(on_rank_loss="shrink")`` needs to be
 #: ``shrink``

@@ -28,8 +28,13 @@ keys); every launcher reads it, bounded by ``--timeout``, and counts its node's 
 started it again after the machine died) starts its ranks as restarts, which ask the live ranks
 to take them in (JOINING) and heal from a live peer (``integrate.step``), not from disk. The
 first launcher's shape (``shape``: ``--nnodes``, ``--nproc-per-node``, ``--group-by``) stands:
-one given another is refused in one line, and so is a ``--node-rank`` whose launcher still beats
-(given twice), both before any rank starts. Each launcher beats (``beat/{I}``, every
+one given another is refused in one line before any rank starts. A second start of a node is
+refused in one line, its start taken back, while the node's earlier launcher still beats (a
+``--node-rank`` given twice, :meth:`Meeting.confirm`): it looks at those beats for up to
+:data:`ALIVE_LOOK` while its ranks import, so a heal does not wait for the look, and its ranks
+ask to join only once the look found none (``cleared/{I}/{start}`` in the shrink protocol's
+keys, :meth:`Meeting.clearance`); refused, it kills them before they touched the job, and says
+nothing for the node in the store. Each launcher beats (``beat/{I}``, every
 :data:`BEAT` seconds, from a thread of its own) from its meeting until it ends, and says when
 it ends (``ended/{I}``: which start of the node, and whether its ranks finished). The store's
 host (node 0's launcher, or ``tailtrain store``) keeps the store until every node ended or was
@@ -254,6 +259,26 @@ class Meeting:
         self.beat()  # at once: a second start looking now sees this one alive
         threading.Thread(target=beating, name="tailtrain-beat", daemon=True).start()
 
+    def confirm(self) -> None:
+        """A second start of the node (``restarts`` > 0) is refused in one line, and its start
+        taken back, while the node's earlier launcher still beats (a --node-rank given twice):
+        looked at for up to :data:`ALIVE_LOOK` while this start's ranks import (they ask to
+        join only once their launcher set its :meth:`clearance`). A first start has nothing to
+        look at."""
+        node = self.nodes.node_rank
+        if self.restarts and beats(self.store, self.key(f"beat/{node}")):
+            with contextlib.suppress(Exception):
+                self.store.add(self.key(f"starts/{node}"), -1)
+            raise UsageError(
+                f"node {node} of this job is running (its launcher beats): give each launcher "
+                "its own --node-rank"
+            )
+
+    def clearance(self) -> str | None:
+        """The key, in the shrink protocol's store, that a second start's ranks wait for
+        before they ask to join (``runtime.elastic.store.CLEARED``); None for a first start."""
+        return f"cleared/{self.nodes.node_rank}/{self.restarts}" if self.restarts else None
+
     def ended(self, finished: bool) -> None:
         """This launcher ends (its ranks ``finished``, or not): said for this start of the
         node only, so a node started again is not ended by its earlier start's word."""
@@ -348,12 +373,6 @@ def meet(nodes: Nodes, endpoint: Endpoint, timeout: datetime.timedelta, nproc: i
             f"this job runs --nnodes {n} --nproc-per-node {p} --group-by {by} (its first "
             f"launcher's); this launcher was given --nnodes {nodes.nnodes} --nproc-per-node "
             f"{nproc} --group-by {nodes.group_by}"
-        )
-    beat = meeting.key(f"beat/{nodes.node_rank}")
-    if store.add(meeting.key(f"starts/{nodes.node_rank}"), 0) and beats(store, beat):
-        raise UsageError(
-            f"node {nodes.node_rank} of this job is running (its launcher beats): give each "
-            "launcher its own --node-rank"
         )
     meeting.restarts = store.add(meeting.key(f"starts/{nodes.node_rank}"), 1) - 1
     return meeting

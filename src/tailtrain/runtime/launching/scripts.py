@@ -93,7 +93,14 @@ import torch.distributed as dist
 from tailtrain.core.machine import max_local_workers
 from tailtrain.errors import UsageError
 from tailtrain.runtime.elastic.shrink import OnRankLoss
-from tailtrain.runtime.elastic.store import LAUNCHED, REJOIN, REJOIN_WITH, RESTART, prefix
+from tailtrain.runtime.elastic.store import (
+    CLEARED,
+    LAUNCHED,
+    REJOIN,
+    REJOIN_WITH,
+    RESTART,
+    prefix,
+)
 from tailtrain.runtime.expendable import die_with, exit_reason
 from tailtrain.runtime.launching import script_rank
 from tailtrain.runtime.launching.endpoint import Endpoint, parse_endpoint, reserve
@@ -257,16 +264,21 @@ def launch_script(plan: LaunchPlan) -> LaunchOutcome:
     by_node, loss = nodes.group_by is GroupBy.NODE, plan.on_rank_loss
     node_ranks = ",".join(str(nodes.rank_of(i, plan.nproc)) for i in range(plan.nproc))
 
-    def start(local: int, restarts: int = 0) -> subprocess.Popen:
-        rank = nodes.rank_of(local, plan.nproc)
+    def forget(rank: int) -> None:
         for word in ("left", "healed", "joined"):  # an earlier start's words are not its own
             with contextlib.suppress(Exception):
                 notes.delete_key(f"{word}/{rank}")
+
+    def start(local: int, restarts: int = 0, cleared: str | None = None) -> subprocess.Popen:
+        if cleared is None:  # else once the node's start is confirmed, before the clearance
+            forget(nodes.rank_of(local, plan.nproc))
         mine = dict(env, **node_env(nodes, plan.nproc, local))
         if restarts:  # it joins the live ranks instead of the job's (broken) group
             mine.update({RESTART: str(restarts), REJOIN: "1"})
         if restarts and by_node:  # the node's ranks are taken in together
             mine[REJOIN_WITH] = node_ranks
+        if cleared is not None:  # it asks to join once this launcher's look found no other
+            mine[CLEARED] = cleared
         # by hand, not torch's elastic agent: the stock agent restarts every worker of the job
         # on a membership change, where shrink keeps the survivors running
         return subprocess.Popen(  # the script as `python script.py` runs it (script_rank)
@@ -276,12 +288,19 @@ def launch_script(plan: LaunchPlan) -> LaunchOutcome:
             preexec_fn=lambda: die_with(parent),
         )
 
-    meeting.keep_beating(where)  # its thread ends with meeting.ended(), in the finally below
+    cleared, confirmed = meeting.clearance(), False
     try:
         for local in range(plan.nproc):  # a node started again: each of its ranks rejoins
             rank = nodes.rank_of(local, plan.nproc)
-            process = start(local, meeting.restarts)
+            process = start(local, meeting.restarts, cleared)
             ranks.append(Rank(rank, process, local=local, rejoins=meeting.restarts > 0))
+        meeting.confirm()  # a second start: its look at the node's earlier launcher, meanwhile
+        confirmed = True
+        if cleared is not None:
+            for r in ranks:
+                forget(r.rank)
+            notes.set(cleared, "1")
+        meeting.keep_beating(where)  # its thread ends with meeting.ended(), in the finally
         again = Restarts(plan.restart_lost, start) if plan.restart_lost else None
         try:
             return watch(ranks, loss, notes, asked, plan.timeout, again, said, by_node, meeting)
@@ -292,9 +311,12 @@ def launch_script(plan: LaunchPlan) -> LaunchOutcome:
                 "`tailtrain store`) was lost; the ranks of this node were stopped"
             ) from None
     finally:
-        stop(ranks, signal.SIGTERM)
-        meeting.ended(finished=any(r.state is RankState.FINISHED for r in ranks))
-        if not asked:  # node 0's store serves the nodes still going, whatever its ranks did
+        # a start refused (or interrupted) before its confirmation: its ranks never asked to
+        # join, and this node's word in the store is its earlier launcher's to say
+        stop(ranks, signal.SIGTERM if confirmed else signal.SIGKILL)
+        if confirmed:
+            meeting.ended(finished=any(r.state is RankState.FINISHED for r in ranks))
+        if confirmed and not asked:  # node 0's store serves the nodes still going
             meeting.wait_for_others(plan.timeout, lambda: bool(asked))
         for sig, handler in previous.items():
             signal.signal(sig, handler)
