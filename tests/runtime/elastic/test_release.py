@@ -30,13 +30,17 @@ def loops() -> int:
     return count
 
 
-def pair() -> list[dist.ProcessGroup]:
+def pair(works: list[dist.Work] | None = None) -> list[dist.ProcessGroup]:
+    """Two ranks' groups, one allreduce done on them (its Works kept in ``works``)."""
     store, groups = dist.HashStore(), [None, None]
 
     def make(rank: int) -> None:
         group = dist.ProcessGroupGloo(dist.PrefixStore("gen1", store), rank, 2, SPAN)
-        group.allreduce([torch.ones(3)]).wait()
+        work = group.allreduce([torch.ones(3)])
+        work.wait()
         groups[rank] = group
+        if works is not None:
+            works.append(work)
 
     threads = [threading.Thread(target=make, args=(r,)) for r in (0, 1)]
     for t in threads:
@@ -88,6 +92,18 @@ def test_a_collective_that_never_ends_holds_the_group_no_longer_than_the_bound()
     before = loops()
     groups = pair()
     threads = [release(groups.pop(), Pending(), bound=0.5) for _ in range(2)]  # type: ignore[arg-type]
+    for t in threads:
+        t.join(10)
+    assert loops() == before
+
+
+@pytest.mark.timeout(60)
+def test_the_work_a_release_waited_for_keeps_nothing_open_once_it_let_go():
+    """A gloo Work holds its group's connections: the one passed to ``release`` is the thread's
+    only, and goes with it."""
+    before, works = loops(), []
+    groups = pair(works)
+    threads = [release(groups.pop(), works.pop(), bound=5.0) for _ in range(2)]
     for t in threads:
         t.join(10)
     assert loops() == before

@@ -107,6 +107,9 @@ def test_launchers_meet_on_one_run_id_and_count_a_node_started_again():
     again = meet(other, Endpoint("127.0.0.2", port), SPAN)  # node 1's machine came back
     assert host.run_id == first.run_id == again.run_id
     assert (host.restarts, first.restarts, again.restarts) == (0, 0, 1)
+    assert host.store.add(first.key("starts/1"), 0) == 1  # a second start counts once confirmed
+    again.confirm()  # node 1's first launcher never beat: gone
+    assert host.store.add(first.key("starts/1"), 0) == 2
     host.ended(finished=False)  # node 0's ranks died: its store still serves node 1
     first.ended(finished=False)  # node 1's first start: not the node's end, it started again
     ends = lambda: await_job_end(host.store, host.run_id, 2, timeout=30, asked=lambda: False)  # noqa: E731
@@ -389,6 +392,20 @@ def test_a_launcher_whose_options_differ_or_whose_node_runs_is_refused_in_one_li
     assert host.run_id == running.run_id
     assert host.store.add(running.key("starts/1"), 0) == 1  # the refused start taken back
     assert running.clearance() is None  # a first start has no look to wait for
+
+
+@pytest.mark.timeout(60)
+def test_of_two_second_starts_of_a_node_at_once_one_is_refused_and_counts_nothing():
+    port = free_port("127.0.0.2")
+    where = Endpoint("127.0.0.2", port)
+    host = meet(Nodes(2, 0, StoreAt.LAUNCHER, GroupBy.NODE), where, SPAN)
+    meet(Nodes(2, 1, StoreAt.LAUNCHER, GroupBy.NODE), where, SPAN)  # its machine died since
+    a, b = (meet(Nodes(2, 1, StoreAt.LAUNCHER, GroupBy.NODE), where, SPAN) for _ in range(2))
+    assert a.restarts == b.restarts == 1 and a.clearance() == b.clearance()
+    a.confirm()
+    with pytest.raises(UsageError, match="node 1 of this job was started again by another"):
+        b.confirm()
+    assert host.store.add(a.key("starts/1"), 0) == 2  # a's start only
 
 
 @pytest.mark.timeout(30)

@@ -308,7 +308,9 @@ class Shrinker:
         )
         if comm._drill is not None:  # armed by a drill: the new group carries it
             own.arm(comm._drill)
-        own.watch = comm.watch
+        # a watch of its own: the one it shares nothing with keeps no Work of this group (a
+        # Work holds the group's connections) once the group is let go
+        own.watch = Watch(self.store, 0, self.deadline)
         return own
 
     def census(self, step: int, rows: int) -> Census:
@@ -395,6 +397,7 @@ class Shrinker:
                 f"rank {me} came after the census at step {step}: the survivors went on "
                 "without it and this run takes no rank back; its round in flight counts nowhere"
             )
+        began = time.monotonic()  # one --timeout for the clearance and the join together
         self.cleared()
         self.phase = ShrinkPhase.JOINING
         log.warning("rank %d asks to join the live ranks", me)
@@ -403,7 +406,7 @@ class Shrinker:
         # the ranks of its node started again with it: taken in together (``asking``)
         together = [int(r) for r in os.environ.get(REJOIN_WITH, "").split(",") if r]
         store.set(f"join/{me}", json.dumps([step, rows, together]))
-        end = time.monotonic() + self.deadline.timeout
+        end = began + self.deadline.timeout
         while not store.check([f"joined/{me}"]):
             ended = store.check(["finished"])
             if ended or time.monotonic() > end:
@@ -523,9 +526,13 @@ class Shrinker:
         abort(old.group if old.group is not None else dist.group.WORLD)
         if isinstance(old, GroupCollectives) and old.group is not None:  # its own: let go
             group, old.group = old.group, None
+            watch = old.watch if isinstance(old.watch, Watch) else None
+            last = watch.last if watch is not None else None
+            if watch is not None:  # a Work holds the group's sockets: the thread's alone
+                watch.last = None
             bound = old.timeout.total_seconds() if old.timeout else self.deadline.timeout
-            self.left.append(release(group, getattr(old.watch, "last", None), bound))
-            del group
+            self.left.append(release(group, last, bound))
+            del group, last, watch
         else:  # the job's default group stays the script's (it may still ask its rank)
             self.left.append(old.group)
         self.generation, self.members = self.generation + 1, members

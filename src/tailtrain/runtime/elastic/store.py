@@ -31,7 +31,7 @@ REJOIN_WITH = "TAILTRAIN_REJOIN_WITH"
 #: nodes): the key, in this run's keys, that its launcher sets once its look at the node's
 #: earlier launcher found none beating (``launching.nodes.Meeting.confirm``). The ranks import
 #: meanwhile and ask to join only once it is there (``shrink.Shrinker.join``): the look costs
-#: a heal nothing, and the ranks of a --node-rank given twice never touch the job
+#: a heal nothing, and the ranks of a --node-rank given twice never ask to join
 CLEARED = "TAILTRAIN_REJOIN_CLEARED"
 #: set by ``tailtrain launch`` (``runtime.launching.scripts``) in every rank: its
 #: ``--on-rank-loss``, which ``integrate.StragglerStep(on_rank_loss="shrink")`` needs to be

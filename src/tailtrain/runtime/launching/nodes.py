@@ -21,27 +21,28 @@ handed to the ``TCPStore``, which on its own would listen on every interface), l
 default. A c10d store is unauthenticated, as torchrun's is: a job across machines belongs on
 a private network.
 
-**Meeting** (:func:`meet`, the :class:`Meeting` it returns). The store's host writes a fresh run
-id (``tailtrain/launch/run``: the prefix of every key of the job, so a job never reads another's
-keys); every launcher reads it, bounded by ``--timeout``, and counts its node's starts
+**Meeting** (:func:`meet`, the :class:`Meeting` it returns). The store's host writes a fresh run id
+(``tailtrain/launch/run``: the prefix of every key of the job, so a job never reads another's keys);
+every launcher reads it, bounded by ``--timeout``, and counts its node's starts
 (``tailtrain/launch/{run}/starts/{I}``): a node whose launcher starts a second time (the user
-started it again after the machine died) starts its ranks as restarts, which ask the live ranks
-to take them in (JOINING) and heal from a live peer (``integrate.step``), not from disk. The
-first launcher's shape (``shape``: ``--nnodes``, ``--nproc-per-node``, ``--group-by``) stands:
-one given another is refused in one line before any rank starts. A second start of a node is
-refused in one line, its start taken back, while the node's earlier launcher still beats (a
-``--node-rank`` given twice, :meth:`Meeting.confirm`): it looks at those beats for up to
-:data:`ALIVE_LOOK` while its ranks import, so a heal does not wait for the look, and its ranks
-ask to join only once the look found none (``cleared/{I}/{start}`` in the shrink protocol's
-keys, :meth:`Meeting.clearance`); refused, it kills them before they touched the job, and says
-nothing for the node in the store. Each launcher beats (``beat/{I}``, every
-:data:`BEAT` seconds, from a thread of its own) from its meeting until it ends, and says when
-it ends (``ended/{I}``: which start of the node, and whether its ranks finished). The store's
-host (node 0's launcher, or ``tailtrain store``) keeps the store until every node ended or was
-lost (no beat for ``--timeout`` seconds), and at most ``--timeout`` seconds after a node's
-ranks finished (:func:`await_job_end`), whatever became of its own ranks. Under
-``--on-rank-loss stop`` a node that fails says so (``stop``) and every other node stops its
-ranks, as torchrun's agents do.
+started it again after the machine died) starts its ranks as restarts, which ask the live ranks to
+take them in (JOINING) and heal from a live peer (``integrate.step``), not from disk. The first
+launcher's shape (``shape``: ``--nnodes``, ``--nproc-per-node``, ``--group-by``) stands: one given
+another is refused in one line before any rank starts. A second start of a node looks at the node's
+beats for up to :data:`ALIVE_LOOK` while its ranks import, so a heal does not wait for the look, and
+counts itself only then (:meth:`Meeting.confirm`); its ranks ask to join only once the look found
+none (``cleared/{I}/{start}`` in the shrink protocol's keys, :meth:`Meeting.clearance`). It is
+refused in one line, exit 2, counting nothing, while the node's earlier launcher still beats (a
+``--node-rank`` given twice) or when another start of the node took its number meanwhile (two at
+once): it kills its ranks before they asked to join (their script ran until then) and says nothing
+for the node in the store; after a Ctrl-C during the look its ranks never ask either. Each launcher
+beats (``beat/{I}``, every :data:`BEAT` seconds, from a thread of its own) from its meeting (a
+second start: its confirmation) until it ends, and says when it ends (``ended/{I}``: which start of
+the node, and whether its ranks finished). The store's host (node 0's launcher, or ``tailtrain
+store``) keeps the store until every node ended or was lost (no beat for ``--timeout`` seconds), and
+at most ``--timeout`` seconds after a node's ranks finished (:func:`await_job_end`), whatever became
+of its own ranks. Under ``--on-rank-loss stop`` a node that fails says so (``stop``) and every other
+node stops its ranks, as torchrun's agents do.
 
 **A node is the unit of membership** (``--group-by node``, the default across nodes; ``rank``
 keeps today's per-rank one): when any rank of a node dies under ``--on-rank-loss shrink``, its
@@ -93,8 +94,8 @@ LAUNCH_KEYS = "tailtrain/launch"
 #: seconds between two looks at the store while the host waits for the other nodes' ends
 END_POLL = 0.2
 #: seconds between two beats of a launcher (:meth:`Meeting.keep_beating`): short, because a
-#: node started again waits :data:`ALIVE_LOOK` for its earlier launcher's beats before its ranks
-#: start
+#: node started again looks :data:`ALIVE_LOOK` for its earlier launcher's beats before its ranks
+#: ask to join
 BEAT = 0.25
 #: how long a second start of a node watches its earlier launcher's beats: a launcher that
 #: beats is seen at once; one that stalled this long (3 beats missed) counts as gone
@@ -227,6 +228,8 @@ class Meeting:
     run_id: str
     restarts: int
     nodes: Nodes
+    #: whether this start is counted in ``starts/{I}`` (a second start: once confirmed)
+    counted: bool = False
     #: set when this launcher ends: its beats stop (:meth:`keep_beating`)
     quiet: threading.Event = field(default_factory=threading.Event, repr=False)
 
@@ -260,18 +263,28 @@ class Meeting:
         threading.Thread(target=beating, name="tailtrain-beat", daemon=True).start()
 
     def confirm(self) -> None:
-        """A second start of the node (``restarts`` > 0) is refused in one line, and its start
-        taken back, while the node's earlier launcher still beats (a --node-rank given twice):
-        looked at for up to :data:`ALIVE_LOOK` while this start's ranks import (they ask to
-        join only once their launcher set its :meth:`clearance`). A first start has nothing to
-        look at."""
+        """A second start of the node (``restarts`` > 0) looks at the node's beats for up to
+        :data:`ALIVE_LOOK` while its ranks import (they ask to join only once their launcher
+        set its :meth:`clearance`), and counts itself only then: it is refused in one line,
+        counting nothing, while the node's earlier launcher still beats (a --node-rank given
+        twice), or when another start of the node took its number meanwhile (two started at
+        once). A first start counted itself as it met, with nothing to look at."""
+        if not self.restarts:
+            return
         node = self.nodes.node_rank
-        if self.restarts and beats(self.store, self.key(f"beat/{node}")):
-            with contextlib.suppress(Exception):
-                self.store.add(self.key(f"starts/{node}"), -1)
+        starts, why = self.key(f"starts/{node}"), None
+        if beats(self.store, self.key(f"beat/{node}")):
+            why = "is running (its launcher beats)"
+        elif not self.counted:
+            self.counted = True
+            if self.store.add(starts, 1) - 1 != self.restarts:
+                why = "was started again by another launcher at the same time"
+        if why is not None:
+            if self.counted:  # its number goes back to the start that keeps it
+                with contextlib.suppress(Exception):
+                    self.store.add(starts, -1)
             raise UsageError(
-                f"node {node} of this job is running (its launcher beats): give each launcher "
-                "its own --node-rank"
+                f"node {node} of this job {why}: give each launcher its own --node-rank"
             )
 
     def clearance(self) -> str | None:
@@ -344,8 +357,9 @@ def await_job_end(
 
 def meet(nodes: Nodes, endpoint: Endpoint, timeout: datetime.timedelta, nproc: int = 1) -> Meeting:
     """Host the store or join it, agree on the run id and the job's shape (the first
-    launcher's stands: one line for a launcher whose options differ), and count this node's
-    starts; a node whose earlier launcher still beats is refused (a --node-rank given twice)."""
+    launcher's stands: one line for a launcher whose options differ), and learn this node's
+    earlier starts (a first start counts itself here, a second one in
+    :meth:`Meeting.confirm`)."""
     if nodes.hosts_store:
         store = host_store(endpoint, timeout)
         run = open_run(store)
@@ -374,7 +388,10 @@ def meet(nodes: Nodes, endpoint: Endpoint, timeout: datetime.timedelta, nproc: i
             f"launcher's); this launcher was given --nnodes {nodes.nnodes} --nproc-per-node "
             f"{nproc} --group-by {nodes.group_by}"
         )
-    meeting.restarts = store.add(meeting.key(f"starts/{nodes.node_rank}"), 1) - 1
+    starts = meeting.key(f"starts/{nodes.node_rank}")
+    meeting.restarts = store.add(starts, 0)  # a second start counts itself once confirmed
+    if not meeting.restarts:
+        meeting.restarts, meeting.counted = store.add(starts, 1) - 1, True
     return meeting
 
 

@@ -288,15 +288,14 @@ def launch_script(plan: LaunchPlan) -> LaunchOutcome:
             preexec_fn=lambda: die_with(parent),
         )
 
-    cleared, confirmed = meeting.clearance(), False
+    cleared = meeting.clearance()
     try:
         for local in range(plan.nproc):  # a node started again: each of its ranks rejoins
             rank = nodes.rank_of(local, plan.nproc)
             process = start(local, meeting.restarts, cleared)
             ranks.append(Rank(rank, process, local=local, rejoins=meeting.restarts > 0))
         meeting.confirm()  # a second start: its look at the node's earlier launcher, meanwhile
-        confirmed = True
-        if cleared is not None:
+        if cleared is not None and not asked:  # after a Ctrl-C in the look they never ask
             for r in ranks:
                 forget(r.rank)
             notes.set(cleared, "1")
@@ -311,12 +310,12 @@ def launch_script(plan: LaunchPlan) -> LaunchOutcome:
                 "`tailtrain store`) was lost; the ranks of this node were stopped"
             ) from None
     finally:
-        # a start refused (or interrupted) before its confirmation: its ranks never asked to
-        # join, and this node's word in the store is its earlier launcher's to say
-        stop(ranks, signal.SIGTERM if confirmed else signal.SIGKILL)
-        if confirmed:
+        # a second start refused in its look counted nothing: its ranks never asked to join,
+        # and this node's word in the store is its earlier launcher's to say
+        stop(ranks, signal.SIGTERM if meeting.counted else signal.SIGKILL)
+        if meeting.counted:
             meeting.ended(finished=any(r.state is RankState.FINISHED for r in ranks))
-        if confirmed and not asked:  # node 0's store serves the nodes still going
+        if meeting.counted and not asked:  # node 0's store serves the nodes still going
             meeting.wait_for_others(plan.timeout, lambda: bool(asked))
         for sig, handler in previous.items():
             signal.signal(sig, handler)
