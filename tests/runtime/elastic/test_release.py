@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import gc
 import threading
 import time
 from pathlib import Path
@@ -22,7 +23,9 @@ SPAN = datetime.timedelta(seconds=20)
 
 
 def loops() -> int:
-    """gloo's event-loop threads in this process (one per group's device)."""
+    """gloo's event-loop threads in this process (one per group's device), once the groups
+    an earlier test of this process left behind are collected."""
+    gc.collect()
     count = 0
     for task in Path("/proc/self/task").iterdir():
         with contextlib.suppress(OSError):  # a thread that ended meanwhile

@@ -3,15 +3,16 @@
 Every collective of a shrinking rank is waited for by polling (:class:`Watch`), so each wait
 has two bounds: the learned deadline (``runtime.elastic.deadline``) and the generation's
 ``broken`` key, which any member sets when its collective fails or outlives the deadline.
-A generation g > 0 runs on its own ``ProcessGroupGloo``, which torch.distributed does not
-know: :class:`GroupCollectives` speaks ``Collectives`` over it (and so does a user's loop's
-generation 0, ``integrate.membership``). A generation left is aborted (:func:`abort`); one on
-its own group is let go (:func:`release`), which closes its sockets; the job's default group
-stays, as the script that made it may still ask it its rank.
+A generation g > 0 runs on its own ``ProcessGroupGloo``, which torch.distributed does not know:
+:class:`GroupCollectives` speaks ``Collectives`` over it (and so does a user's loop's generation
+0, ``integrate.membership``), each built by :func:`generation_group`. A generation left is
+aborted (:func:`abort`); one on its own group is let go (:func:`let_go`), which closes its
+sockets; the job's default group stays, as the script that made it may still ask it its rank.
 """
 
 from __future__ import annotations
 
+import datetime
 import logging
 import pickle
 import threading
@@ -142,6 +143,40 @@ def abort(group: Any) -> None:
         group.abort()
     except Exception as exc:
         log.info("could not abort a left group: %s", exc)
+
+
+def generation_group(
+    store: dist.Store,
+    generation: int,
+    rank: int,
+    size: int,
+    device: torch.device,
+    timeout: datetime.timedelta,
+    deadline: Deadline,
+    drill: Any = None,
+) -> GroupCollectives:
+    """Generation ``generation``'s own ``ProcessGroupGloo`` among ``size`` ranks over
+    ``PrefixStore(f"gen{g}", store)``, its collectives watched by a :class:`Watch` of its own;
+    ``drill``: the fault drills it carries (``runtime.inject``), if armed."""
+    group = dist.ProcessGroupGloo(dist.PrefixStore(f"gen{generation}", store), rank, size, timeout)
+    comm = GroupCollectives(rank, size, device, grace=0.0, group=group, timeout=timeout)
+    if drill is not None:
+        comm.arm(drill)
+    comm.watch = Watch(store, generation, deadline)
+    return comm
+
+
+def let_go(comm: GroupCollectives, bound: float) -> threading.Thread:
+    """Let a left generation's own group go (:func:`release`) with the collective its watch
+    waited for last; ``comm`` keeps neither (a Work holds the group's connections). ``bound``:
+    seconds, where ``comm`` has no timeout of its own."""
+    group, comm.group = comm.group, None
+    watch = comm.watch if isinstance(comm.watch, Watch) else None
+    work = watch.last if watch is not None else None
+    if watch is not None:
+        watch.last = None
+    seconds = comm.timeout.total_seconds() if comm.timeout else bound
+    return release(group, work, seconds)
 
 
 def release(group: dist.ProcessGroup, work: dist.Work | None, bound: float) -> threading.Thread:

@@ -22,7 +22,7 @@ fresh ``ProcessGroupGloo`` over ``PrefixStore(f"gen{g}", store)`` with the membe
 ``torch.distributed.new_group`` needs every member of the broken group, and ``shrink_group``'s
 abort path still hangs survivors. The group a generation leaves is aborted
 (``ProcessGroupGloo.abort``, which in torch 2.13 closes no socket), and one of its own is let
-go (``group.release``): its destructor closes its sockets once its stuck collective timed out,
+go (``group.let_go``): its destructor closes its sockets once its stuck collective timed out,
 so no live peer's bytes for a collective this rank left keep gloo's event loop spinning.
 ``store`` is the elastic agent's (``MASTER_ADDR:MASTER_PORT`` with
 ``TORCHELASTIC_USE_AGENT_STORE``): it lives in the launcher, not in a rank, so it outlives any
@@ -77,7 +77,7 @@ rank, and its keys sit under ``tailtrain/shrink/{run id}/{restart}``.
   flight is computed again by the live ranks.
 * ``JOINING``: a rank that came after a census (it woke from a hang) does not leave: it asks to
   join (``join/{rank}`` = its step and rows; a rank of a node's second start first waits, up
-  to ``--timeout``, for its launcher's clearance, ``store.CLEARED``) and waits, up to
+  to ``--timeout``, for its launcher's clearance, ``store.await_clearance``) and waits, up to
   ``--timeout``, for ``joined/{rank}``; if the run ends first (``finished``) it is ``REFUSED``
   (:class:`Refused`), withdraws its ``join/{rank}`` (writes it ``null``: only the lowest member
   deletes join keys) and leaves. Its round in flight counts nowhere, so nothing is counted
@@ -172,8 +172,15 @@ import torch.distributed as dist
 
 from tailtrain.errors import TailtrainError
 from tailtrain.runtime.elastic.deadline import Deadline
-from tailtrain.runtime.elastic.group import Broken, GroupCollectives, Watch, abort, release
-from tailtrain.runtime.elastic.store import CLEARED, REJOIN, REJOIN_WITH, open_store
+from tailtrain.runtime.elastic.group import (
+    Broken,
+    GroupCollectives,
+    Watch,
+    abort,
+    generation_group,
+    let_go,
+)
+from tailtrain.runtime.elastic.store import REJOIN, REJOIN_WITH, await_clearance, open_store
 from tailtrain.runtime.expendable import LeftAlive
 from tailtrain.runtime.reduce import Collectives
 
@@ -298,20 +305,14 @@ class Shrinker:
 
     def own_first(self, comm: Collectives, timeout: float) -> GroupCollectives:
         """Generation 0 on a group of its own among every rank of the job (``comm``'s, the
-        default group): a regroup then lets it go, sockets and all (``group.release``),
-        where the default group must stay the script's."""
-        store = dist.PrefixStore("gen0", self.store)
+        default group): a regroup then lets it go, sockets and all (``group.let_go``), where
+        the default group must stay the script's. Its watch is its own: a Work it keeps holds
+        the group's connections."""
         span = datetime.timedelta(seconds=timeout)
-        group = dist.ProcessGroupGloo(store, comm.rank, comm.world_size, span)
-        own = GroupCollectives(
-            comm.rank, comm.world_size, self.device, grace=0.0, group=group, timeout=span
-        )
-        if comm._drill is not None:  # armed by a drill: the new group carries it
-            own.arm(comm._drill)
-        # a watch of its own: the one it shares nothing with keeps no Work of this group (a
-        # Work holds the group's connections) once the group is let go
-        own.watch = Watch(self.store, 0, self.deadline)
-        return own
+        return generation_group(
+            self.store, 0, comm.rank, comm.world_size, self.device, span, self.deadline,
+            comm._drill,  # armed by a drill (else None): the new group carries it
+        )  # fmt: skip
 
     def census(self, step: int, rows: int) -> Census:
         """Check in with ``step`` completed rounds and ``rows`` record rows; the next
@@ -372,21 +373,6 @@ class Shrinker:
         dead = [m for m in self.members if m not in members]
         return Census(members, steps, rows_of, dead)
 
-    def cleared(self) -> None:
-        """A rank of a node's second start waits, up to --timeout, for its launcher's word that
-        no earlier launcher of the node beats (``store.CLEARED``) before it touches the job's
-        keys; any other rank asks at once."""
-        key = os.environ.get(CLEARED)
-        if not key:
-            return
-        try:
-            self.store.wait([key], datetime.timedelta(seconds=self.deadline.timeout))
-        except (RuntimeError, dist.DistStoreError):  # the launcher refused it, or is gone
-            raise TailtrainError(
-                f"rank {self.rank} was started again and its launcher did not clear it to join "
-                f"within --timeout {self.deadline.timeout:g}s: the heal failed"
-            ) from None
-
     def join(self, step: int, rows: int) -> Census:
         """JOINING (module docstring): this rank came after a census; it asks to be taken in
         at a step boundary and waits, up to --timeout, for the generation that takes it (or
@@ -398,7 +384,7 @@ class Shrinker:
                 "without it and this run takes no rank back; its round in flight counts nowhere"
             )
         began = time.monotonic()  # one --timeout for the clearance and the join together
-        self.cleared()
+        await_clearance(store, me, self.deadline.timeout)
         self.phase = ShrinkPhase.JOINING
         log.warning("rank %d asks to join the live ranks", me)
         with contextlib.suppress(Exception):  # a rank the shield noted dead is back
@@ -525,27 +511,15 @@ class Shrinker:
         self.phase = ShrinkPhase.FORMING
         abort(old.group if old.group is not None else dist.group.WORLD)
         if isinstance(old, GroupCollectives) and old.group is not None:  # its own: let go
-            group, old.group = old.group, None
-            watch = old.watch if isinstance(old.watch, Watch) else None
-            last = watch.last if watch is not None else None
-            if watch is not None:  # a Work holds the group's sockets: the thread's alone
-                watch.last = None
-            bound = old.timeout.total_seconds() if old.timeout else self.deadline.timeout
-            self.left.append(release(group, last, bound))
-            del group, last, watch
+            self.left.append(let_go(old, self.deadline.timeout))
         else:  # the job's default group stays the script's (it may still ask its rank)
             self.left.append(old.group)
         self.generation, self.members = self.generation + 1, members
         g, me = self.generation, members.index(self.rank)
         timeout = datetime.timedelta(seconds=self.deadline.bound)
-        store = dist.PrefixStore(f"gen{g}", self.store)
-        group = dist.ProcessGroupGloo(store, me, len(members), timeout)
-        comm = GroupCollectives(
-            me, len(members), self.device, grace=0.0, group=group, timeout=timeout
+        return generation_group(
+            self.store, g, me, len(members), self.device, timeout, self.deadline, old.drill
         )
-        comm.arm(old.drill)
-        comm.watch = Watch(self.store, g, self.deadline)
-        return comm
 
     def regroup(
         self,

@@ -16,6 +16,8 @@ from typing import Any
 
 import torch.distributed as dist
 
+from tailtrain.errors import TailtrainError
+
 log = logging.getLogger(__name__)
 
 #: set (to "1") in a rank started again after it died (``--restart-lost``): it joins
@@ -59,3 +61,19 @@ def note_dead(rank: int, why: str) -> None:
         open_store(datetime.timedelta(seconds=5)).set(f"dead/{rank}", why)
     except Exception as exc:  # the census's window still closes without it
         log.warning("could not note rank %d dead: %s", rank, exc)
+
+
+def await_clearance(store: dist.Store, rank: int, timeout: float, env: Any = os.environ) -> None:
+    """A rank of a node's second start (``CLEARED`` set) waits, up to ``timeout`` (--timeout),
+    for its launcher's word that no earlier launcher of the node beats, before it touches the
+    job's keys (``shrink.Shrinker.join``); any other rank goes on at once."""
+    key = env.get(CLEARED)
+    if not key:
+        return
+    try:
+        store.wait([key], datetime.timedelta(seconds=timeout))
+    except (RuntimeError, dist.DistStoreError):  # the launcher refused it, or is gone
+        raise TailtrainError(
+            f"rank {rank} was started again and its launcher did not clear it to join "
+            f"within --timeout {timeout:g}s: the heal failed"
+        ) from None
