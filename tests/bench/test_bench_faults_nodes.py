@@ -33,6 +33,9 @@ CFG = SimpleNamespace(
         (["--steps", "10"], "--steps 10: use 20 or more"),
         (["--slow-factor", "0.5"], "a slow node is 1 or more times slower"),
         (["--rows", ""], "need one name at least"),
+        (["--repeats", "thaw=3"], "--repeats thaw=3: drills are kill, stop, slow, heal"),
+        (["--repeats", "heal=0"], "each run once or more"),
+        (["--repeats", "three"], "give N or drill=N"),
     ],
 )
 def test_a_bad_selection_is_refused_in_one_line_before_any_process(argv, says, capsys):
@@ -279,3 +282,55 @@ def test_a_refused_row_says_its_one_line():
     assert bn.refused(cell_) == "tailtrain: error: rebalance cannot shrink"
     assert bn.refused({"status": [0, 0, 1], "error": "no step committed"}) is None
     assert bn.refused({"status": "stalled"}) is None
+
+
+# ---- repeats -----------------------------------------------------------------------------------
+def test_repeats_name_every_drill_or_some():
+    assert bn.parse_repeats("2") == dict.fromkeys(bn.DRILLS, 2)
+    assert bn.parse_repeats("heal=3,slow=3") == {"heal": 3, "slow": 3}
+    cfg, _, _ = bn.parse(["--repeats", "heal=3"])
+    assert cfg.repeats == {"heal": 3}
+
+
+def test_a_drill_run_several_times_keeps_its_median_run_and_every_figure():
+    runs = [
+        cell(heal_seconds=12.0, heal_from="peer", status=[0, 0, 0]),
+        cell(heal_seconds=10.0, heal_from="peer", status=[0, 0, 0]),
+        cell(heal_seconds=11.0, heal_from="peer", status=[0, 0, 0]),
+    ]
+    got = bn.median_run(runs, "heal_seconds")
+    assert got["heal_seconds"] == 11.0 and got["repeats_failed"] == 0
+    assert [r["heal_seconds"] for r in got["repeats"]] == [12.0, 10.0, 11.0]
+    assert bn.median_run(runs[:1], "heal_seconds") is runs[0]  # one run: as it is
+    runs[1]["heal_seconds"] = None  # a run that did not heal counts as the slowest
+    got = bn.median_run(runs, "heal_seconds")
+    assert got["heal_seconds"] == 12.0 and got["repeats_failed"] == 1
+
+
+def test_a_run_of_several_that_failed_fails_its_goal_even_with_a_good_median():
+    rows = rows_of()
+    healed = rows["tailtrain-sync"]["heal"]
+    rows["tailtrain-sync"]["heal"] = bn.median_run(
+        [dict(healed), dict(healed), dict(healed, heal_seconds=None)], "heal_seconds"
+    )
+    heal = bn.goals(rows)["heal_no_slower_than_torchft"]
+    assert heal["holds"] is False
+    assert heal["by_row"]["tailtrain-sync"]["runs"] == [10.0, 10.0, None]
+    rows = rows_of()
+    slow = rows["tailtrain-sync"]["slow"]
+    rows["tailtrain-sync"]["slow"] = bn.median_run(
+        [dict(slow), dict(slow, time_to_target=None), dict(slow)], "time_to_target"
+    )
+    assert bn.goals(rows)["slow_time_to_target_at_most_0.85x_torchft"]["holds"] is False
+
+
+def test_the_books_read_every_run_of_a_drill_run_several_times():
+    rows = rows_of()
+    kill = rows["tailtrain-sync"]["kill"]
+    rows["tailtrain-sync"]["kill"] = bn.median_run(
+        [dict(kill), dict(kill, samples_lost=32, fault_to_next_step=5.0), dict(kill)],
+        "fault_to_next_step",
+    )
+    books = bn.goals(rows)["no_sample_lost_or_done_twice"]
+    assert books["holds"] is False
+    assert books["by_row"]["tailtrain-sync"]["bad"] == ["kill (run 2)"]
