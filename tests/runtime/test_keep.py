@@ -16,7 +16,7 @@ import torch.distributed as dist
 from tailtrain.core import checkpoint
 from tailtrain.core.session import RunKeeper
 from tailtrain.errors import UsageError
-from tailtrain.runtime import keep
+from tailtrain.runtime import interrupt, keep
 from tailtrain.runtime.interrupt import stop_on_sigterm
 from tailtrain.runtime.keep import (
     Keeper,
@@ -120,6 +120,30 @@ def test_two_ranks_that_each_think_they_write_leave_one_failure_row(tmp_path, mo
         keeper(tmp_path, rank).failed(3, PeerFailure("gone"), 5.0)
     rows = [json.loads(r) for r in (tmp_path / keep.FAILURES).read_text().splitlines()]
     assert [(r["step"], r["missing"]) for r in rows] == [(3, [0, 2])]  # rank 1's, claimed first
+
+
+@pytest.mark.parametrize(
+    ("torchrun", "written"),
+    [(False, False), (True, True)],
+    ids=["sigint-alone", "torchrun-sigterm-asks-too"],
+)
+def test_a_ctrl_c_whose_census_missed_a_rank_is_no_failure_unless_sigterm_asks_too(
+    tmp_path, monkeypatch, torchrun, written
+):
+    """Under load a rank that left on the Ctrl-C first can miss the census (CI saw it once):
+    under SIGINT alone the stop is surely the user's, and failures.jsonl stays unwritten;
+    under torchrun a SIGTERM also stops the survivors of a real failure, so a missing rank
+    keeps its row."""
+    monkeypatch.setattr(interrupt.signal, "signal", lambda sig, handler: None)
+    monkeypatch.setattr(interrupt, "_interrupting", interrupt._interrupting)
+    monkeypatch.setattr(interrupt, "_asked", interrupt._asked)
+    interrupt.interrupt_on_signals(torchrun=torchrun)
+    interrupt._ask(signal.SIGINT, None)
+    monkeypatch.setattr(keep, "census", lambda store, step, rank, world, wait: {0: 3, 2: 3})
+    monkeypatch.setattr(keep, "_store", dist.HashStore)
+    keeper(tmp_path, 0, tmp_path / "note.json").failed(3, PeerFailure("gone"), 5.0)
+    assert (tmp_path / keep.FAILURES).exists() is written
+    assert read_note(tmp_path / "note.json")["missing"] == [1]  # the launcher's note, always
 
 
 def test_a_note_left_by_an_earlier_incarnation_is_not_the_last_ones(tmp_path, monkeypatch):

@@ -76,6 +76,12 @@ def interrupt_requested() -> bool:
     return _asked
 
 
+def interrupted_by_user() -> bool:
+    """Whether a stop was asked for by SIGINT alone, so surely the user's Ctrl-C; under
+    torchrun SIGTERM asks too, and is also how torchrun stops the survivors of a failure."""
+    return _asked and signal.SIGTERM not in _interrupting
+
+
 def check_interrupt(step: int) -> None:
     """Raise :class:`Interrupt` at the boundary of ``step`` when a stop was asked for."""
     if _asked:

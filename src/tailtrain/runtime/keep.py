@@ -53,7 +53,12 @@ from tailtrain.core import checkpoint
 from tailtrain.core.records import RecordSink, RunRecord, write_json
 from tailtrain.core.session import RunKeeper, run_identity
 from tailtrain.errors import TailtrainError, UsageError
-from tailtrain.runtime.interrupt import Stopped, hold_sigterm, interrupt_requested
+from tailtrain.runtime.interrupt import (
+    Stopped,
+    hold_sigterm,
+    interrupt_requested,
+    interrupted_by_user,
+)
 from tailtrain.strategies.base import Strategy
 
 if TYPE_CHECKING:  # an annotation only: the scenario loads scipy, which a launcher need not
@@ -262,7 +267,10 @@ class Keeper:
         note |= {"timeout": timeout, "restart": restarts()}
         if self.report is not None:
             write_json(self.report, note)
-        ctrl_c = interrupt_requested() and not missing  # every rank left on a Ctrl-C
+        # a Ctrl-C is no failure: sure under SIGINT alone, whoever the census missed (a rank
+        # that left on it first can miss it under load); under torchrun (SIGTERM asks too)
+        # only when every rank checked in, since SIGTERM also stops a failure's survivors
+        ctrl_c = interrupted_by_user() or (interrupt_requested() and not missing)
         if self.folder is not None and not ctrl_c:  # the run's own account of its failures
             with open(Path(self.folder) / FAILURES, "a") as file:
                 file.write(json.dumps(note) + "\n")
