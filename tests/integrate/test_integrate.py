@@ -105,6 +105,37 @@ def refused(strategy) -> str:
     return ""
 
 
+def count_collectives(rank, dtype, rounds=2, units=2):
+    """The gathers and weighted allreduces of ``rounds`` sync calls on a ``dtype`` model,
+    counted on this rank, and its parameters after them."""
+    from tailtrain.runtime.reduce import Collectives
+
+    counts = {"gather": 0, "weighted_sum": 0}
+    kept = {name: getattr(Collectives, name) for name in counts}
+
+    def counting(name):
+        def call(self, *args, **kwargs):
+            counts[name] += 1
+            return kept[name](self, *args, **kwargs)
+
+        return call
+
+    net = model().to(dtype)
+    step = StragglerStep(net, optimizer(net.parameters(), False), "sync")
+    try:
+        for name in counts:
+            setattr(Collectives, name, counting(name))
+        for r in range(rounds):
+            batches = [
+                (x.to(dtype), y) for x, y in (batch(rank, r, u, units) for u in range(units))
+            ]
+            step(batches, lambda xy: F.cross_entropy(net(xy[0]), xy[1]))
+    finally:
+        for name, method in kept.items():
+            setattr(Collectives, name, method)
+    return counts, flat(net).float()
+
+
 def rank_main(rank: int, port: int, folder: str) -> None:
     join(rank, port, N)
     out = {
@@ -117,6 +148,7 @@ def rank_main(rank: int, port: int, folder: str) -> None:
         "empty": run_step(rank, NOTHING, 2, 2, decay=True),
         "ddp-empty": run_ddp(rank, NOTHING, 2, 2, decay=True),
         "refused": refused("local-sgd:period=2"),
+        "collectives": {str(t): count_collectives(rank, t) for t in (torch.float32, torch.float16)},
     }
     torch.save(out, f"{folder}/rank{rank}.pt")
     dist.destroy_process_group()
@@ -255,3 +287,19 @@ def test_a_round_that_ran_nothing_leaves_the_parameters(results, case):
             assert math.isnan(record["loss"])
     # a round that ran something is not empty
     assert not any(r["empty"] for out in results for r in out["drop"][1])
+
+
+def test_a_call_carries_its_agreement_in_the_allreduce_and_gathers_only_its_timing(results):
+    """One collective fewer a step than a gather first (``integrate.step.agreed_average``),
+    as ``train``'s round: a float32 model's call runs its weighted allreduce (the agreement's
+    rows riding in it) and the closing gather; a float16 model's gradients cannot carry the
+    rows exactly, so its agreement is gathered apart, and both give one model on every rank."""
+    for rank in range(N):
+        counts, _ = results[rank]["collectives"]["torch.float32"]
+        assert counts == {"gather": 2, "weighted_sum": 2}  # 2 calls: 1 + 1 each
+        counts, _ = results[rank]["collectives"]["torch.float16"]
+        assert counts == {"gather": 4, "weighted_sum": 2}
+    for dtype in ("torch.float32", "torch.float16"):
+        assert torch.equal(results[0]["collectives"][dtype][1], results[1]["collectives"][dtype][1])
+    sync, _, _ = results[0]["sync"]  # the merged call is the sync case's own protocol
+    assert sync.dtype == torch.float32

@@ -12,6 +12,9 @@ the user's model doing the compute and the wall clock deciding:
 3. ``agree`` all-gathers ``[C_n, T~_n, loss sum, t_n^(1..U)]`` so that every rank
    builds the same arrivals (``topology.allreduce.round_arrivals``), the rule's ``select`` gives
    every rank the same weights, and Algorithm 2's measured times are the same everywhere.
+   ``StragglerStep`` gathers nothing here: this rank's weight from its own counts (``own``)
+   goes into 4., whose allreduce carries the rows (``own_rows``), and ``agreement`` makes the
+   selection over them after it (``integrate.step.agreed_average``), as ``train`` does.
 4. The caller reduces ``[sum_n w_n G_n, sum_n w_n]`` (``runtime.reduce.Collectives`` or a DDP
    comm hook) and applies it.
 5. ``close`` all-gathers ``[reduce seconds, round seconds]`` (T^c is the
@@ -35,6 +38,7 @@ from tailtrain.core import envelope
 from tailtrain.core.update import GradientStats, closed_step_stats, without
 from tailtrain.errors import UsageError
 from tailtrain.runtime.control import (
+    OwnWeight,
     RankWeighting,
     RuleDriver,
     round_times,
@@ -53,7 +57,7 @@ from tailtrain.strategies.base import (
 from tailtrain.strategies.dropcompute import may_start
 from tailtrain.strategies.entries import loop_refusal
 from tailtrain.strategies.registry import parse_strategy
-from tailtrain.topology.allreduce import round_arrivals
+from tailtrain.topology.allreduce import own_arrival, round_arrivals
 
 #: column of the first unit time in a gathered row [C_n, T~_n, loss sum, t_n^(1..U)]
 FIRST_UNIT_TIME = 3
@@ -312,26 +316,68 @@ class Rounds:
         counts its micro-batches against M (its weight C_n / M over N, as in ``train``);
         dealt on demand, as wide as the pool N M, and ``dealt`` (the k of each unit this rank
         was dealt, its counted ones first) joins the row as the runtime's does
-        (``Agreement.dealt``)."""
-        times, units = work.times, len(work.times)
+        (``Agreement.dealt``). A step whose gradients can carry the rows gathers none: they
+        ride in its weighted allreduce (``integrate.step.agreed_average``)."""
+        rows = self.own_rows(work, plan, dealt)
+        gathered = self.comm.gather(np.concatenate(rows))
+        if dealt is None:
+            return self.agreement(work, plan, gathered)
+        main, index = np.split(gathered, [len(rows[0])], axis=1)
+        return self.agreement(work, plan, main, index)
+
+    def own_rows(
+        self,
+        work: RoundProgress,
+        plan: AllreducePlan | None = None,
+        dealt: Sequence[int] | None = None,
+    ) -> list[np.ndarray]:
+        """This rank's rows of the agreement (:meth:`agree`): [C_n, T~_n, loss sum,
+        t_n^(1..U)] and, dealt on demand, the k of each unit it was dealt (-1 past them)."""
+        times = work.times
         if plan is not None and plan.shares is not None:
             width = sum(plan.shares) if plan.on_demand else max(plan.shares)
             times = np.full(width, np.nan)
             times[: len(work.times)] = work.times
-            units = self.micro_batches or units
-        row = [[work.done, work.compute, work.loss_sum], times]
+        rows = [np.concatenate([[work.done, work.compute, work.loss_sum], times])]
         if dealt is not None:
-            row.append(np.full(len(times), -1.0))
-            row[-1][: len(dealt)] = dealt
-        rows = self.comm.gather(np.concatenate(row))
-        index = None
-        if dealt is not None:
-            rows, index = np.split(rows, [FIRST_UNIT_TIME + len(times)], axis=1)
-            index = index.astype(np.int64)
+            rows.append(np.full(len(times), -1.0))
+            rows[-1][: len(dealt)] = dealt
+        return rows
+
+    def own(self, work: RoundProgress, plan: AllreducePlan | None = None) -> OwnWeight:
+        """This rank's weight w_n and the divisor from its own arrival alone
+        (``RuleDriver.own_weight``), known before anything is exchanged, as ``train``'s round
+        knows it (``runtime.allreduce``, 3.); the selection over every rank's rows
+        (:meth:`agreement`) must then give the same."""
+        units, step, now, rank = self._units(work, plan), self.step, self.now, self.comm.rank
+        done, compute = work.done, work.compute
+        return self.rule.own_weight(
+            done, lambda: own_arrival(step, now, rank, done, compute, units)
+        )
+
+    def agreement(
+        self,
+        work: RoundProgress,
+        plan: AllreducePlan | None,
+        rows: np.ndarray,
+        index: np.ndarray | None = None,
+    ) -> Agreement:
+        """The rule's selection over every rank's rows (:meth:`own_rows`, gathered):
+        identical arrivals on every rank, this rank's weight and divisor; ``index``: dealt on
+        demand, every rank's units' k."""
+        rows = np.asarray(rows, dtype=np.float64)
+        units = self._units(work, plan)
         arrivals = round_arrivals(self.step, self.now, rows[:, 0], rows[:, 1], units)
         selection = self.rule.select(arrivals)
         mine = weighting(selection, self.comm.rank)
-        return Agreement(rows, arrivals, selection, mine, index)
+        dealt = None if index is None else np.asarray(index).astype(np.int64)
+        return Agreement(rows, arrivals, selection, mine, dealt)
+
+    def _units(self, work: RoundProgress, plan: AllreducePlan | None) -> int:
+        """The units an arrival counts against: the round's, or M under a plan of shares."""
+        if plan is not None and plan.shares is not None:
+            return self.micro_batches or len(work.times)
+        return len(work.times)
 
     def close(
         self,

@@ -7,8 +7,10 @@
 One call is one round of ``tailtrain.integrate.rounds``: the micro-batches are computed one at
 a time while the threshold allows (``loss_fn(batch).backward()``, the plain loss, not divided
 by M), then one weighted allreduce of ``[sum_n w_n G_n, sum_n w_n]`` over the model's
-gradients, flattened into buckets of ``bucket_cap_mb`` (``runtime.reduce.Collectives``), and
-the optimizer steps on the result:
+gradients, flattened into buckets of ``bucket_cap_mb`` (``runtime.reduce.Collectives``), whose
+first bucket carries every rank's agreement row as ``train``'s round does (w_n from this rank's
+own counts, checked against the rule's selection over all rows after it: ``agreed_average``),
+then the closing gather of the round's timings, and the optimizer steps on the result:
 
 * H = 1 (``sync``, ``dropcompute``): G_n is rank n's mean gradient over its C_n counted
   micro-batches; the optimizer's gradient is ``lr_scale * sum_n w_n G_n / divisor``, which is
@@ -58,7 +60,7 @@ Ranks start from rank 0's parameters and buffers (broadcast once, as DDP does).
 
 Under a [`StragglerProbe`][tailtrain.StragglerProbe] that watches the step
 (``probe.watch(step)``, then ``for micro_batches in probe.batches(loader): step(...)``), a
-call runs its round's collectives (the agreement's gather, the weighted allreduce, the
+call runs its round's collectives (the weighted allreduce with the agreement in it, the
 closing gather) inside ``probe.sync()``: the probe counts them as this rank's wait and the
 micro-batches and the optimizer's step as its compute, and takes the samples of the
 micro-batches computed as the step's ``samples``.
@@ -145,13 +147,13 @@ from tailtrain.integrate.rounds import (
     as_strategy,
     check_micro_batches,
 )
-from tailtrain.runtime.control import check_agreement
+from tailtrain.runtime.control import check_agreement, check_own_weight
 from tailtrain.runtime.elastic.group import Broken
 from tailtrain.runtime.elastic.refusals import check_on_rank_loss
 from tailtrain.runtime.elastic.shrink import OnRankLoss, Shrinker
 from tailtrain.runtime.elastic.store import REJOIN
 from tailtrain.runtime.reduce import Collectives, PeerFailure, contribute
-from tailtrain.strategies.base import Strategy
+from tailtrain.strategies.base import AllreducePlan, Strategy
 from tailtrain.strategies.entries import LOOP
 
 log = logging.getLogger(__name__)
@@ -344,10 +346,9 @@ class StragglerStep:
         # collectives as this rank's wait, the rest of the call as its compute
         probe = watching(self)
         with probe.sync() if probe is not None else nullcontext():
-            agreed = self.rounds.agree(work, plan, dealt)
             began = self.rounds.clock()
-            with torch.no_grad():
-                averaged, screened, total = self._reduce(agreed, work, start)
+            with torch.no_grad():  # the agreement rides in the allreduce (agreed_average)
+                averaged, screened, total, agreed = self._reduce(work, plan, start, dealt)
             reduce = self.rounds.clock() - began
             # the lowest member looks for ranks asking to join (at most every JOIN_LOOK
             # seconds) and says so in the round's last gather, so every member grows after
@@ -435,10 +436,14 @@ class StragglerStep:
         local_step(self.optimizer, self.params, m)
 
     def _reduce(
-        self, agreed: Agreement, work: RoundProgress, start: list[torch.Tensor] | None
-    ) -> tuple[list[torch.Tensor], bool, float]:
-        """The weighted average over the ranks, whether this rank was screened out, and the
-        sum of the weights that entered (``weighted_average``)."""
+        self,
+        work: RoundProgress,
+        plan: AllreducePlan,
+        start: list[torch.Tensor] | None,
+        dealt: list[int] | None,
+    ) -> tuple[list[torch.Tensor], bool, float, Agreement]:
+        """The weighted average over the ranks, whether this rank was screened out, the sum
+        of the weights that entered, and the round's agreement (``agreed_average``)."""
         done, units = work.done, len(work.times)
         if start is None:  # G_n: the mean gradient of the counted micro-batches
             mine = [grad_of(p) for p in self.params]
@@ -446,7 +451,7 @@ class StragglerStep:
         else:  # P_n: the local displacement per counted unit, times U
             mine = [p.detach() - s for p, s in zip(self.params, start, strict=True)]
             scale = units / max(done, 1)
-        return weighted_average(self.rounds.comm, self.buckets, mine, scale, agreed)
+        return agreed_average(self.rounds, self.buckets, mine, scale, work, plan, dealt)
 
     def _apply(
         self,
@@ -505,6 +510,75 @@ def buckets(params: Sequence[torch.Tensor], cap_mb: float) -> list[list[int]]:
     return out
 
 
+#: gradient dtypes whose allreduce carries the agreement's rows (float32: times to about
+#: 1e-7 relative, counts exact); a half-precision model's rows are gathered apart
+ROW_DTYPES = (torch.float32, torch.float64)
+
+
+def agreed_average(
+    rounds: Rounds,
+    groups: list[list[int]],
+    tensors: list[torch.Tensor],
+    scale: float,
+    work: RoundProgress,
+    plan: AllreducePlan,
+    dealt: list[int] | None = None,
+) -> tuple[list[torch.Tensor], bool, float, Agreement]:
+    """The round's agreement and its weighted average in one collective, as ``train``'s round
+    makes them (``runtime.allreduce``, 3.): this rank reduces with its weight from its own
+    arrival alone (``Rounds.own``), its agreement rows ride in the first bucket's allreduce
+    (``Collectives.weighted_sum``'s ``rows``: an all-gather without a collective of its own),
+    and after it every rank makes the rule's selection over all the rows, which must give
+    this rank the weight it reduced with (``check_own_weight``) and the total reduced
+    (``check_agreement``); the sums are divided by the selection's divisor. One collective
+    fewer a step than a gather first: on 6 gloo ranks of 2 shared cores each costs 8-9 ms
+    (docs/faults.md). Where the gradients cannot carry the rows exactly (half precision), or
+    there is nothing to reduce, the agreement's gather goes first (:func:`weighted_average`).
+    Returns the averages, whether this rank was screened out, sum_n w_n of the ranks not
+    screened out, and the agreement."""
+    comm = rounds.comm
+    if not groups or any(t.dtype not in ROW_DTYPES for t in tensors):
+        agreed = rounds.agree(work, plan, dealt)
+        return (*weighted_average(comm, groups, tensors, scale, agreed), agreed)
+    own = rounds.own(work, plan)
+    rows = rounds.own_rows(work, plan, dealt)
+    bad = not all(bool(torch.isfinite(t).all()) for t in tensors)
+    sums, total, withheld, gathered = [], 0.0, 0.0, ()
+    for b, index in enumerate(groups):
+        parts = [tensors[i] for i in index]
+        flat = torch.cat([t.reshape(-1) for t in parts])
+        part = contribute(flat, own.weight, bad=bad, scale=scale)
+        first = b == 0
+        reduced = comm.weighted_sum(
+            part.values, part.weight, (part.withheld,) if first else (), rows if first else ()
+        )
+        if first:
+            total, withheld, gathered = reduced.total, float(reduced.extras[0]), reduced.rows
+        sums.append(reduced.numerator)
+    agreed = rounds.agreement(work, plan, *gathered)
+    check_own_weight(own.weight, agreed.mine.weight)
+    check_agreement(agreed.mine.total, total + withheld)
+    divisor = agreed.mine.divisor if agreed.mine.divisor is not None else total
+    return divided(groups, tensors, sums, divisor), bad, total, agreed
+
+
+def divided(
+    groups: list[list[int]],
+    tensors: list[torch.Tensor],
+    sums: list[torch.Tensor],
+    divisor: float,
+) -> list[torch.Tensor]:
+    """Each bucket's reduced sum over ``divisor`` (0: nothing entered, the sums are 0), cut
+    back into ``tensors``' shapes."""
+    out: list[torch.Tensor] = [torch.empty(0)] * len(tensors)
+    for index, numerator in zip(groups, sums, strict=True):
+        parts = [tensors[i] for i in index]
+        pieces = (numerator / (divisor if divisor else 1.0)).split([t.numel() for t in parts])
+        for i, piece in zip(index, pieces, strict=True):
+            out[i] = piece.view_as(tensors[i]).clone()
+    return out
+
+
 def weighted_average(
     comm: Collectives,
     groups: list[list[int]],
@@ -524,8 +598,7 @@ def weighted_average(
     mine = agreed.mine
     if bad is None:
         bad = not all(bool(torch.isfinite(t).all()) for t in tensors)
-    out: list[torch.Tensor] = [torch.empty(0)] * len(tensors)
-    total = 0.0
+    sums, total = [], 0.0
     for b, index in enumerate(groups):
         parts = [tensors[i] for i in index]
         flat = torch.cat([t.reshape(-1) for t in parts])
@@ -535,11 +608,9 @@ def weighted_average(
         if b == 0:
             check_agreement(mine.total, reduced.total + reduced.extras[0])
             total = reduced.total
-        divisor = mine.divisor if mine.divisor is not None else total
-        divided = reduced.numerator / (divisor if divisor else 1.0)
-        for i, piece in zip(index, divided.split([t.numel() for t in parts]), strict=True):
-            out[i] = piece.view_as(tensors[i]).clone()
-    return out, bad, total
+        sums.append(reduced.numerator)
+    divisor = mine.divisor if mine.divisor is not None else total
+    return divided(groups, tensors, sums, divisor), bad, total
 
 
 def broadcast_from_first(module: nn.Module, group: dist.ProcessGroup | None) -> None:
