@@ -126,13 +126,13 @@ def step_rank(rank: int, world: int, backend: str, port: int, out: str) -> None:
         optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
         step = StragglerStep(model, optimizer, text)
         wall: list[np.ndarray] = []
-        agree = step.rounds.agree  # observe the runtime's own per-unit seconds
+        own_rows = step.rounds.own_rows  # observe the runtime's own per-unit seconds
 
-        def observed(work, *args, agree=agree, wall=wall, **kwargs):
+        def observed(work, *args, own_rows=own_rows, wall=wall, **kwargs):
             wall.append(work.times.copy())
-            return agree(work, *args, **kwargs)
+            return own_rows(work, *args, **kwargs)
 
-        step.rounds.agree = observed
+        step.rounds.own_rows = observed
         events: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
         pending: list[torch.cuda.Event] = []
 

@@ -136,6 +136,24 @@ def count_collectives(rank, dtype, rounds=2, units=2):
     return counts, flat(net).float()
 
 
+def gathered_first(rank):
+    """The merged cases again with the agreement gathered before the allreduce (the
+    half-precision path, forced on float32): the two protocols' results, to compare."""
+    from tailtrain.integrate import step as step_module
+
+    kept = step_module.ROW_DTYPES
+    step_module.ROW_DTYPES = ()
+    try:
+        return {
+            "sync": run_step(rank, "sync", 3, 2),
+            "local-sgd": run_step(rank, "local-sgd:period=2", 2, 2),
+            "nan": run_step(rank, "sync", 1, 2, nan_at=(1, 0)),
+            "empty": run_step(rank, NOTHING, 2, 2, decay=True),
+        }
+    finally:
+        step_module.ROW_DTYPES = kept
+
+
 def rank_main(rank: int, port: int, folder: str) -> None:
     join(rank, port, N)
     out = {
@@ -148,6 +166,7 @@ def rank_main(rank: int, port: int, folder: str) -> None:
         "empty": run_step(rank, NOTHING, 2, 2, decay=True),
         "ddp-empty": run_ddp(rank, NOTHING, 2, 2, decay=True),
         "refused": refused("local-sgd:period=2"),
+        "gathered-first": gathered_first(rank),
         "collectives": {str(t): count_collectives(rank, t) for t in (torch.float32, torch.float16)},
     }
     torch.save(out, f"{folder}/rank{rank}.pt")
@@ -301,5 +320,18 @@ def test_a_call_carries_its_agreement_in_the_allreduce_and_gathers_only_its_timi
         assert counts == {"gather": 4, "weighted_sum": 2}
     for dtype in ("torch.float32", "torch.float16"):
         assert torch.equal(results[0]["collectives"][dtype][1], results[1]["collectives"][dtype][1])
-    sync, _, _ = results[0]["sync"]  # the merged call is the sync case's own protocol
-    assert sync.dtype == torch.float32
+
+
+@pytest.mark.parametrize("case", ["sync", "local-sgd", "nan", "empty"])
+def test_the_agreement_in_the_allreduce_decides_as_the_gather_before_it(results, case):
+    """The merged protocol against the agreement gathered first, on the same calls: the same
+    parameters, counts and weights (the rows ride in float32 there, so the loss to 1e-6)."""
+    for rank in range(N):
+        merged, records, _ = results[rank][case]
+        first, before, _ = results[rank]["gathered-first"][case]
+        torch.testing.assert_close(merged, first, rtol=1e-6, atol=1e-7)
+        for got, want in zip(records, before, strict=True):
+            assert (got["completed"], got["weights"], got["ranks"], got["empty"]) == (
+                want["completed"], want["weights"], want["ranks"], want["empty"],
+            )  # fmt: skip
+            assert got["loss"] == pytest.approx(want["loss"], rel=1e-6, nan_ok=True)

@@ -79,7 +79,8 @@ def test_a_ranks_own_arrival_gives_its_weight_before_anything_is_exchanged(
     everyone = round_arrivals(7, 1.0, np.array(done), compute, units)
     for rank, weight in enumerate(expected):
         mine = own_arrival(7, 1.0, rank, done[rank], compute[rank], units)
-        assert driver.own_weight(done[rank], lambda m=mine: m).weight == pytest.approx(weight)
+        own = driver.own_weight(done[rank], units, lambda m=mine: m)
+        assert own.weight == pytest.approx(weight)
         check_own_weight(weight, driver.weights(everyone, rank).weight)
 
 
@@ -136,16 +137,19 @@ class Counting:
         return self.rule.select(state, arrivals)
 
 
-def test_the_own_weight_is_asked_once_per_state_and_count():
+def test_the_own_weight_is_asked_once_per_state_count_and_units():
     rule = Counting("dropcompute:threshold=1")
     driver = RuleDriver(rule, Context(n_workers=2))
     arrival = {d: own_arrival(0, 0.0, 1, d, 0.1, 4) for d in range(5)}
-    first = driver.own_weight(4, lambda: arrival[4])
+    first = driver.own_weight(4, 4, lambda: arrival[4])
     assert first == (1.0, 2) and rule.selections == 1  # DropCompute Eq. (1): C/M, over N
-    assert driver.own_weight(4, lambda: pytest.fail("asked again")) is first
-    assert driver.own_weight(2, lambda: arrival[2]).weight == 0.5 and rule.selections == 2
+    assert driver.own_weight(4, 4, lambda: pytest.fail("asked again")) is first
+    assert driver.own_weight(2, 4, lambda: arrival[2]).weight == 0.5 and rule.selections == 2
+    # a loop may give a call more units than the last: 4 of 8 is another weight
+    wider = own_arrival(0, 0.0, 1, 4, 0.1, 8)
+    assert driver.own_weight(4, 8, lambda: wider).weight == 0.5 and rule.selections == 3
     driver.state = rule.rule.adapt(driver.state, StepStats(step=0, version=1, time=0.1, k=2))
-    assert driver.own_weight(4, lambda: arrival[4]) == first and rule.selections == 3
+    assert driver.own_weight(4, 4, lambda: arrival[4]) == first and rule.selections == 4
 
 
 def test_static_rules_keep_their_state_and_adapting_ones_do_not():

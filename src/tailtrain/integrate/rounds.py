@@ -12,9 +12,10 @@ the user's model doing the compute and the wall clock deciding:
 3. ``agree`` all-gathers ``[C_n, T~_n, loss sum, t_n^(1..U)]`` so that every rank
    builds the same arrivals (``topology.allreduce.round_arrivals``), the rule's ``select`` gives
    every rank the same weights, and Algorithm 2's measured times are the same everywhere.
-   ``StragglerStep`` gathers nothing here: this rank's weight from its own counts (``own``)
-   goes into 4., whose allreduce carries the rows (``own_rows``), and ``agreement`` makes the
-   selection over them after it (``integrate.step.agreed_average``), as ``train`` does.
+   ``StragglerStep`` gathers nothing here (but for a half-precision model): this rank's
+   weight from its own counts (``own``) goes into 4., whose allreduce carries the rows
+   (``own_rows``), and ``agreement`` makes the selection over them after it
+   (``integrate.step.agreed_average``), as ``train`` does.
 4. The caller reduces ``[sum_n w_n G_n, sum_n w_n]`` (``runtime.reduce.Collectives`` or a DDP
    comm hook) and applies it.
 5. ``close`` all-gathers ``[reduce seconds, round seconds]`` (T^c is the
@@ -146,8 +147,9 @@ class RoundProgress:
 
 
 class Agreement(NamedTuple):
-    """What every rank knows after the gather: rows, arrivals, the rule's selection, and this
-    rank's weight and divisor."""
+    """What every rank knows once every rank's rows came (their gather, or the weighted
+    allreduce that carried them): rows, arrivals, the rule's selection, and this rank's
+    weight and divisor."""
 
     rows: np.ndarray
     arrivals: ArrivalColumns
@@ -352,7 +354,7 @@ class Rounds:
         units, step, now, rank = self._units(work, plan), self.step, self.now, self.comm.rank
         done, compute = work.done, work.compute
         return self.rule.own_weight(
-            done, lambda: own_arrival(step, now, rank, done, compute, units)
+            done, units, lambda: own_arrival(step, now, rank, done, compute, units)
         )
 
     def agreement(

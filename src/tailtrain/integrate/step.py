@@ -9,8 +9,9 @@ a time while the threshold allows (``loss_fn(batch).backward()``, the plain loss
 by M), then one weighted allreduce of ``[sum_n w_n G_n, sum_n w_n]`` over the model's
 gradients, flattened into buckets of ``bucket_cap_mb`` (``runtime.reduce.Collectives``), whose
 first bucket carries every rank's agreement row as ``train``'s round does (w_n from this rank's
-own counts, checked against the rule's selection over all rows after it: ``agreed_average``),
-then the closing gather of the round's timings, and the optimizer steps on the result:
+own counts, checked against the rule's selection over all rows after it: ``agreed_average``;
+a half-precision model's rows are gathered before it), then the closing gather of the round's
+timings, and the optimizer steps on the result:
 
 * H = 1 (``sync``, ``dropcompute``): G_n is rank n's mean gradient over its C_n counted
   micro-batches; the optimizer's gradient is ``lr_scale * sum_n w_n G_n / divisor``, which is
@@ -346,9 +347,21 @@ class StragglerStep:
         # collectives as this rank's wait, the rest of the call as its compute
         probe = watching(self)
         with probe.sync() if probe is not None else nullcontext():
+            mine, scale = self._contribution(work, start)
+            # the agreement rides in the allreduce (agreed_average); a half-precision
+            # model's is gathered first, outside the reduce's seconds (T^c)
+            agreed = None if carries_rows(mine) else self.rounds.agree(work, plan, dealt)
             began = self.rounds.clock()
-            with torch.no_grad():  # the agreement rides in the allreduce (agreed_average)
-                averaged, screened, total, agreed = self._reduce(work, plan, start, dealt)
+            with torch.no_grad():
+                if agreed is None:
+                    averaged, screened, total, agreed = agreed_average(
+                        self.rounds, self.buckets, mine, scale, work, plan, dealt
+                    )
+                else:
+                    comm = self.rounds.comm
+                    averaged, screened, total = weighted_average(
+                        comm, self.buckets, mine, scale, agreed
+                    )
             reduce = self.rounds.clock() - began
             # the lowest member looks for ranks asking to join (at most every JOIN_LOOK
             # seconds) and says so in the round's last gather, so every member grows after
@@ -435,23 +448,16 @@ class StragglerStep:
     def _local_step(self, m: int) -> None:
         local_step(self.optimizer, self.params, m)
 
-    def _reduce(
-        self,
-        work: RoundProgress,
-        plan: AllreducePlan,
-        start: list[torch.Tensor] | None,
-        dealt: list[int] | None,
-    ) -> tuple[list[torch.Tensor], bool, float, Agreement]:
-        """The weighted average over the ranks, whether this rank was screened out, the sum
-        of the weights that entered, and the round's agreement (``agreed_average``)."""
+    def _contribution(
+        self, work: RoundProgress, start: list[torch.Tensor] | None
+    ) -> tuple[list[torch.Tensor], float]:
+        """What this rank reduces and its scale: G_n's sum and 1 / C_n (H = 1), or P_n's
+        displacement and U / C_n (H > 1; module docstring)."""
         done, units = work.done, len(work.times)
         if start is None:  # G_n: the mean gradient of the counted micro-batches
-            mine = [grad_of(p) for p in self.params]
-            scale = 1.0 / max(done, 1)
-        else:  # P_n: the local displacement per counted unit, times U
-            mine = [p.detach() - s for p, s in zip(self.params, start, strict=True)]
-            scale = units / max(done, 1)
-        return agreed_average(self.rounds, self.buckets, mine, scale, work, plan, dealt)
+            return [grad_of(p) for p in self.params], 1.0 / max(done, 1)
+        moved = [p.detach() - s for p, s in zip(self.params, start, strict=True)]
+        return moved, units / max(done, 1)  # P_n: the displacement per counted unit, times U
 
     def _apply(
         self,
@@ -511,8 +517,13 @@ def buckets(params: Sequence[torch.Tensor], cap_mb: float) -> list[list[int]]:
 
 
 #: gradient dtypes whose allreduce carries the agreement's rows (float32: times to about
-#: 1e-7 relative, counts exact); a half-precision model's rows are gathered apart
+#: 1e-7 relative, counts exact); half precision would round the times and losses too far
 ROW_DTYPES = (torch.float32, torch.float64)
+
+
+def carries_rows(tensors: list[torch.Tensor]) -> bool:
+    """Whether a weighted allreduce of ``tensors`` carries the agreement (``ROW_DTYPES``)."""
+    return all(t.dtype in ROW_DTYPES for t in tensors)
 
 
 def agreed_average(
@@ -529,54 +540,50 @@ def agreed_average(
     arrival alone (``Rounds.own``), its agreement rows ride in the first bucket's allreduce
     (``Collectives.weighted_sum``'s ``rows``: an all-gather without a collective of its own),
     and after it every rank makes the rule's selection over all the rows, which must give
-    this rank the weight it reduced with (``check_own_weight``) and the total reduced
-    (``check_agreement``); the sums are divided by the selection's divisor. One collective
+    this rank the weight it reduced with (``check_own_weight``: every rule a loop admits
+    weighs a rank by its own counts, ``strategies.entries``) and the total reduced
+    (``check_agreement``); each bucket is divided by the selection's divisor. One collective
     fewer a step than a gather first: on 6 gloo ranks of 2 shared cores each costs 8-9 ms
-    (docs/faults.md). Where the gradients cannot carry the rows exactly (half precision), or
-    there is nothing to reduce, the agreement's gather goes first (:func:`weighted_average`).
-    Returns the averages, whether this rank was screened out, sum_n w_n of the ranks not
-    screened out, and the agreement."""
+    (docs/faults.md). ``tensors`` must carry the rows (:func:`carries_rows`). Returns the
+    averages, whether this rank was screened out, sum_n w_n of the ranks not screened out,
+    and the agreement."""
     comm = rounds.comm
-    if not groups or any(t.dtype not in ROW_DTYPES for t in tensors):
-        agreed = rounds.agree(work, plan, dealt)
-        return (*weighted_average(comm, groups, tensors, scale, agreed), agreed)
     own = rounds.own(work, plan)
     rows = rounds.own_rows(work, plan, dealt)
     bad = not all(bool(torch.isfinite(t).all()) for t in tensors)
-    sums, total, withheld, gathered = [], 0.0, 0.0, ()
+    out: list[torch.Tensor] = [torch.empty(0)] * len(tensors)
+    total, divisor, agreed = 0.0, 1.0, None
     for b, index in enumerate(groups):
         parts = [tensors[i] for i in index]
         flat = torch.cat([t.reshape(-1) for t in parts])
         part = contribute(flat, own.weight, bad=bad, scale=scale)
-        first = b == 0
-        reduced = comm.weighted_sum(
-            part.values, part.weight, (part.withheld,) if first else (), rows if first else ()
-        )
-        if first:
-            total, withheld, gathered = reduced.total, float(reduced.extras[0]), reduced.rows
-        sums.append(reduced.numerator)
-    agreed = rounds.agreement(work, plan, *gathered)
-    check_own_weight(own.weight, agreed.mine.weight)
-    check_agreement(agreed.mine.total, total + withheld)
-    divisor = agreed.mine.divisor if agreed.mine.divisor is not None else total
-    return divided(groups, tensors, sums, divisor), bad, total, agreed
+        if b == 0:  # the rows ride here: the selection, its checks and the divisor after it
+            reduced = comm.weighted_sum(part.values, part.weight, (part.withheld,), rows)
+            agreed = rounds.agreement(work, plan, *reduced.rows)
+            check_own_weight(own.weight, agreed.mine.weight)
+            check_agreement(agreed.mine.total, reduced.total + reduced.extras[0])
+            total = reduced.total
+            divisor = agreed.mine.divisor if agreed.mine.divisor is not None else total
+        else:
+            reduced = comm.weighted_sum(part.values, part.weight)
+        scatter(out, index, parts, reduced.numerator, divisor)
+    assert agreed is not None  # a step has a parameter, so a bucket
+    return out, bad, total, agreed
 
 
-def divided(
-    groups: list[list[int]],
-    tensors: list[torch.Tensor],
-    sums: list[torch.Tensor],
+def scatter(
+    out: list[torch.Tensor],
+    index: list[int],
+    parts: list[torch.Tensor],
+    numerator: torch.Tensor,
     divisor: float,
-) -> list[torch.Tensor]:
-    """Each bucket's reduced sum over ``divisor`` (0: nothing entered, the sums are 0), cut
-    back into ``tensors``' shapes."""
-    out: list[torch.Tensor] = [torch.empty(0)] * len(tensors)
-    for index, numerator in zip(groups, sums, strict=True):
-        parts = [tensors[i] for i in index]
-        pieces = (numerator / (divisor if divisor else 1.0)).split([t.numel() for t in parts])
-        for i, piece in zip(index, pieces, strict=True):
-            out[i] = piece.view_as(tensors[i]).clone()
-    return out
+) -> None:
+    """One bucket's reduced sum over ``divisor`` (0: nothing entered, the sum is 0), cut back
+    into ``parts``' shapes at ``out[index]``; each bucket as it comes, so only one bucket's
+    buffer is alive at a time."""
+    pieces = (numerator / (divisor if divisor else 1.0)).split([t.numel() for t in parts])
+    for i, piece, part in zip(index, pieces, parts, strict=True):
+        out[i] = piece.view_as(part).clone()
 
 
 def weighted_average(
@@ -598,7 +605,8 @@ def weighted_average(
     mine = agreed.mine
     if bad is None:
         bad = not all(bool(torch.isfinite(t).all()) for t in tensors)
-    sums, total = [], 0.0
+    out: list[torch.Tensor] = [torch.empty(0)] * len(tensors)
+    total = 0.0
     for b, index in enumerate(groups):
         parts = [tensors[i] for i in index]
         flat = torch.cat([t.reshape(-1) for t in parts])
@@ -608,9 +616,9 @@ def weighted_average(
         if b == 0:
             check_agreement(mine.total, reduced.total + reduced.extras[0])
             total = reduced.total
-        sums.append(reduced.numerator)
-    divisor = mine.divisor if mine.divisor is not None else total
-    return divided(groups, tensors, sums, divisor), bad, total
+        divisor = mine.divisor if mine.divisor is not None else total
+        scatter(out, index, parts, reduced.numerator, divisor)
+    return out, bad, total
 
 
 def broadcast_from_first(module: nn.Module, group: dist.ProcessGroup | None) -> None:

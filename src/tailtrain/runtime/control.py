@@ -147,7 +147,7 @@ class RuleDriver:
         self.shape, self.remember = shape, remember
         self._planned: tuple[Any, Plan] | None = None
         #: own weights asked of the current state, by counted units (:meth:`own_weight`)
-        self._own: tuple[Any, dict[int, OwnWeight]] | None = None
+        self._own: tuple[Any, dict[tuple[int, int], OwnWeight]] | None = None
 
     def plan(self) -> Plan:
         """The rule's plan for its state (class docstring)."""
@@ -173,19 +173,20 @@ class RuleDriver:
         """Whether the rule never adapts (``Strategy.keeps_state``)."""
         return self.strategy.keeps_state
 
-    def own_weight(self, done: int, arrival: Callable[[], ArrivalColumns]) -> OwnWeight:
-        """w_n and the divisor from this rank's arrival alone, which counted ``done`` units
-        (``arrival()`` builds it: :func:`own_arrival`). All that the selection weighs is this
-        rank's, as a selection weighs only what it was offered. Asked once per state and
-        count (module docstring); the checks after the allreduce hold the rule to that."""
+    def own_weight(self, done: int, units: int, arrival: Callable[[], ArrivalColumns]) -> OwnWeight:
+        """w_n and the divisor from this rank's arrival alone, which counted ``done`` of its
+        ``units`` (``arrival()`` builds it: :func:`own_arrival`). All that the selection weighs
+        is this rank's, as a selection weighs only what it was offered. Asked once per state,
+        count and units (module docstring: a loop may give a call more units than the last);
+        the checks after the allreduce hold the rule to that."""
         if self._own is None or self._own[0] is not self.state:
             self._own = (self.state, {})
-        known = self._own[1]
-        if done not in known:
+        known, key = self._own[1], (done, units)
+        if key not in known:
             now = applied_now(self.select(arrival()))
             divisor = None if now.total is None else float(now.total)
-            known[done] = OwnWeight(float(now.weight.sum()), divisor)
-        return known[done]
+            known[key] = OwnWeight(float(now.weight.sum()), divisor)
+        return known[key]
 
     def adapt(self, stats: StepStats) -> None:
         self.state = self.strategy.adapt(self.state, stats)

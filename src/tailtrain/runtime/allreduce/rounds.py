@@ -351,7 +351,7 @@ def one_round(run: AllreduceRank, plan: Plan) -> None:
         run.comm.drill.poison(run.step, work.grad)
     rank, step, now, units = run.comm.rank, run.step, run.clock.now, plan.local_steps * m
     own = run.rule.own_weight(
-        work.done, lambda: own_arrival(step, now, rank, work.done, work.compute, units)
+        work.done, units, lambda: own_arrival(step, now, rank, work.done, work.compute, units)
     )
     with phase("reduce") as reducing:
         reduced, excluded = reduce(run, work, own.weight, sums, dealt.indices())
