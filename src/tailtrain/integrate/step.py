@@ -153,7 +153,7 @@ from tailtrain.runtime.elastic.group import Broken
 from tailtrain.runtime.elastic.refusals import check_on_rank_loss
 from tailtrain.runtime.elastic.shrink import OnRankLoss, Shrinker
 from tailtrain.runtime.elastic.store import REJOIN
-from tailtrain.runtime.reduce import Collectives, PeerFailure, contribute
+from tailtrain.runtime.reduce import Collectives, PeerFailure, WeightedSum, contribute
 from tailtrain.strategies.base import AllreducePlan, Strategy
 from tailtrain.strategies.entries import LOOP
 
@@ -547,28 +547,49 @@ def agreed_average(
     (docs/faults.md). ``tensors`` must carry the rows (:func:`carries_rows`). Returns the
     averages, whether this rank was screened out, sum_n w_n of the ranks not screened out,
     and the agreement."""
-    comm = rounds.comm
     own = rounds.own(work, plan)
-    rows = rounds.own_rows(work, plan, dealt)
     bad = not all(bool(torch.isfinite(t).all()) for t in tensors)
+    agreed: list[Agreement] = []
+
+    def settle(reduced: WeightedSum) -> float:  # the rows came: the selection and its checks
+        agreed.append(rounds.agreement(work, plan, *reduced.rows))
+        mine = agreed[0].mine
+        check_own_weight(own.weight, mine.weight)
+        check_agreement(mine.total, reduced.total + reduced.extras[0])
+        return mine.divisor if mine.divisor is not None else reduced.total
+
+    rows = rounds.own_rows(work, plan, dealt)
+    out, first = reduce_buckets(rounds.comm, groups, tensors, scale, own.weight, bad, settle, rows)
+    return out, bad, first.total, agreed[0]
+
+
+def reduce_buckets(
+    comm: Collectives,
+    groups: list[list[int]],
+    tensors: list[torch.Tensor],
+    scale: float,
+    weight: float,
+    bad: bool,
+    settle: Callable[[WeightedSum], float],
+    rows: Sequence[Any] = (),
+) -> tuple[list[torch.Tensor], WeightedSum]:
+    """One weighted allreduce per bucket of ``tensors`` (``contribute``: weight 0 where
+    ``bad``), the first carrying the weight withheld and ``rows``; ``settle`` reads the first
+    and gives the divisor every bucket is divided by as it comes (:func:`scatter`). The
+    averages and the first bucket's sum."""
     out: list[torch.Tensor] = [torch.empty(0)] * len(tensors)
-    total, divisor, agreed = 0.0, 1.0, None
+    first, divisor = None, 1.0
     for b, index in enumerate(groups):
         parts = [tensors[i] for i in index]
-        flat = torch.cat([t.reshape(-1) for t in parts])
-        part = contribute(flat, own.weight, bad=bad, scale=scale)
-        if b == 0:  # the rows ride here: the selection, its checks and the divisor after it
-            reduced = comm.weighted_sum(part.values, part.weight, (part.withheld,), rows)
-            agreed = rounds.agreement(work, plan, *reduced.rows)
-            check_own_weight(own.weight, agreed.mine.weight)
-            check_agreement(agreed.mine.total, reduced.total + reduced.extras[0])
-            total = reduced.total
-            divisor = agreed.mine.divisor if agreed.mine.divisor is not None else total
+        part = contribute(torch.cat([t.reshape(-1) for t in parts]), weight, bad=bad, scale=scale)
+        if b == 0:
+            first = comm.weighted_sum(part.values, part.weight, (part.withheld,), rows)
+            divisor, reduced = settle(first), first
         else:
             reduced = comm.weighted_sum(part.values, part.weight)
         scatter(out, index, parts, reduced.numerator, divisor)
-    assert agreed is not None  # a step has a parameter, so a bucket
-    return out, bad, total, agreed
+    assert first is not None  # a step has a parameter, so a bucket
+    return out, first
 
 
 def scatter(
@@ -605,20 +626,13 @@ def weighted_average(
     mine = agreed.mine
     if bad is None:
         bad = not all(bool(torch.isfinite(t).all()) for t in tensors)
-    out: list[torch.Tensor] = [torch.empty(0)] * len(tensors)
-    total = 0.0
-    for b, index in enumerate(groups):
-        parts = [tensors[i] for i in index]
-        flat = torch.cat([t.reshape(-1) for t in parts])
-        part = contribute(flat, mine.weight, bad=bad, scale=scale)
-        extras = (part.withheld,) if b == 0 else ()
-        reduced = comm.weighted_sum(part.values, part.weight, extras)
-        if b == 0:
-            check_agreement(mine.total, reduced.total + reduced.extras[0])
-            total = reduced.total
-        divisor = mine.divisor if mine.divisor is not None else total
-        scatter(out, index, parts, reduced.numerator, divisor)
-    return out, bad, total
+
+    def settle(reduced: WeightedSum) -> float:
+        check_agreement(mine.total, reduced.total + reduced.extras[0])
+        return mine.divisor if mine.divisor is not None else reduced.total
+
+    out, first = reduce_buckets(comm, groups, tensors, scale, mine.weight, bad, settle)
+    return out, bad, first.total
 
 
 def broadcast_from_first(module: nn.Module, group: dist.ProcessGroup | None) -> None:
