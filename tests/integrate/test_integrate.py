@@ -139,7 +139,7 @@ def count_collectives(rank, dtype, rounds=2, units=2):
 def gathered_first(rank):
     """The merged cases again with the agreement gathered before the allreduce (the
     half-precision path, forced on float32): the two protocols' results, to compare."""
-    from tailtrain.integrate import step as step_module
+    from tailtrain.integrate import average as step_module
 
     kept = step_module.ROW_DTYPES
     step_module.ROW_DTYPES = ()
@@ -309,7 +309,7 @@ def test_a_round_that_ran_nothing_leaves_the_parameters(results, case):
 
 
 def test_a_call_carries_its_agreement_in_the_allreduce_and_gathers_only_its_timing(results):
-    """One collective fewer a step than a gather first (``integrate.step.agreed_average``),
+    """One collective fewer a step than a gather first (``integrate.average.agreed_average``),
     as ``train``'s round: a float32 model's call runs its weighted allreduce (the agreement's
     rows riding in it) and the closing gather; a float16 model's gradients cannot carry the
     rows exactly, so its agreement is gathered apart, and both give one model on every rank."""

@@ -8,7 +8,7 @@ survivor. So under shrink DDP's reducer stays idle: every forward of a round run
 and the state reduces the accumulated gradients itself over the elastic layer's live
 generation (``runtime.elastic``: gen 0 is the job's default group, each later one a fresh gloo
 group of the live ranks), with the weighted average ``StragglerStep`` runs
-(``integrate.step.weighted_average``: sum_n w_n G_n / divisor, DropCompute Eq. (1)), every
+(``integrate.average.weighted_average``: sum_n w_n G_n / divisor, DropCompute Eq. (1)), every
 collective watched by the learned deadline. DDP touches its group only as it is built (its
 shape check and its broadcast of rank 0's state) and in its first forward when it would
 broadcast buffers, which is refused (``DDP(model, forward_sync_buffers=False)``: a broadcast
@@ -59,10 +59,11 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 
 from tailtrain.errors import UsageError
+from tailtrain.integrate.average import buckets, grad_of, weighted_average
 from tailtrain.integrate.membership import LoopMembership, StepCall
 from tailtrain.integrate.probe import batch_samples, watching
 from tailtrain.integrate.rounds import RoundProgress, Rounds, StepRecord
-from tailtrain.integrate.step import BUCKET_CAP_MB, buckets, grad_of, weighted_average
+from tailtrain.integrate.step import BUCKET_CAP_MB
 from tailtrain.runtime.elastic.group import Broken
 from tailtrain.runtime.reduce import PeerFailure
 from tailtrain.strategies.entries import hook_refusal

@@ -15,7 +15,7 @@ the user's model doing the compute and the wall clock deciding:
    ``StragglerStep`` gathers nothing here (but for a half-precision model): this rank's
    weight from its own counts (``own``) goes into 4., whose allreduce carries the rows
    (``own_rows``), and ``agreement`` makes the selection over them after it
-   (``integrate.step.agreed_average``), as ``train`` does.
+   (``integrate.average.agreed_average``), as ``train`` does.
 4. The caller reduces ``[sum_n w_n G_n, sum_n w_n]`` (``runtime.reduce.Collectives`` or a DDP
    comm hook) and applies it.
 5. ``close`` all-gathers ``[reduce seconds, round seconds]`` (T^c is the
@@ -319,7 +319,7 @@ class Rounds:
         dealt on demand, as wide as the pool N M, and ``dealt`` (the k of each unit this rank
         was dealt, its counted ones first) joins the row as the runtime's does
         (``Agreement.dealt``). A step whose gradients can carry the rows gathers none: they
-        ride in its weighted allreduce (``integrate.step.agreed_average``)."""
+        ride in its weighted allreduce (``integrate.average.agreed_average``)."""
         rows = self.own_rows(work, plan, dealt)
         gathered = self.comm.gather(np.concatenate(rows))
         if dealt is None:

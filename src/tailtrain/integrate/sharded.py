@@ -15,7 +15,7 @@ and backward passes (FSDP all-gathers the parameters layer by layer, and reduce-
 gradients), so the unit that computes C_n micro-batches, is cut at tau, gets a weight or is
 screened out is the **group**: the rule's N is R, and ``StepRecord.completed`` and ``weights``
 are per group (``live``: the groups 0..R-1). Across groups the update is the weighted reduction
-``[sum_n w_n G_n, sum_n w_n]`` that ``integrate.step`` makes (``weighted_average``), applied to
+``[sum_n w_n G_n, sum_n w_n]`` that ``integrate.average`` makes (``weighted_average``), applied to
 each rank's LOCAL gradient shard over the replicate dimension's process group: rank (n, s)
 meets the ranks (n', s) of the other groups, 1/S of the model's bytes.
 
@@ -133,6 +133,7 @@ import torch.distributed as dist
 from torch import nn
 
 from tailtrain.errors import UsageError
+from tailtrain.integrate.average import buckets, weighted_average
 from tailtrain.integrate.demand import StreamDeal, check_store, open_dealer
 from tailtrain.integrate.group_membership import GroupMembership, lost_peer
 from tailtrain.integrate.membership import StepCall
@@ -153,12 +154,7 @@ from tailtrain.integrate.rounds import (
     as_strategy,
     check_micro_batches,
 )
-from tailtrain.integrate.step import (
-    BUCKET_CAP_MB,
-    buckets,
-    local_step,
-    weighted_average,
-)
+from tailtrain.integrate.step import BUCKET_CAP_MB, local_step
 from tailtrain.runtime.elastic.group import Broken
 from tailtrain.runtime.elastic.refusals import check_on_rank_loss
 from tailtrain.runtime.elastic.shrink import OnRankLoss
