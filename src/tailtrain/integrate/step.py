@@ -363,9 +363,8 @@ class StragglerStep:
                         self.rounds, self.buckets, mine, scale, work, plan, dealt
                     )
                 else:
-                    comm = self.rounds.comm
                     averaged, screened, total = weighted_average(
-                        comm, self.buckets, mine, scale, agreed
+                        self.rounds.comm, self.buckets, mine, scale, agreed
                     )
             reduce = self.rounds.clock() - began
             # the lowest member looks for ranks asking to join (at most every JOIN_LOOK
