@@ -26,6 +26,7 @@ from tailtrain.runtime.partial.collective import (
     DIRECT_ACTIVATION,
     CallKind,
     CollectiveFailed,
+    CollectiveTimeout,
     PartialCollective,
     RoundState,
     _Shared,
@@ -48,8 +49,11 @@ def grad_of(rank: int, r: int) -> torch.Tensor:
     return torch.tensor([100.0 * rank + r + 1, 1.0], dtype=torch.float64)
 
 
-def run_plans(plans, sleeps, hop_delay=0.0):
+def run_plans(plans, sleeps, hop_delay=0.0, fences=()):
     """Every rank calls rounds 0..R-1 with ``plans``; rank p sleeps ``sleeps[r][p]`` first.
+    After its call of a round in ``fences`` every main thread meets the others on the default
+    group (outside the collective's groups), so no rank's next round can run before every
+    rank has its result (on 2 loaded cores a woken thread may otherwise find a later round).
     Returns per rank: outcomes (kind, called, adopted round), every round's result, a plain
     allreduce of round 0's gradients."""
     rank, procs = join_gloo(TIMEOUT)
@@ -71,14 +75,16 @@ def run_plans(plans, sleeps, hop_delay=0.0):
         time.sleep(sleeps[step][rank] if step < len(sleeps) else 0.0)
         out = coll.call(step, grad_of(rank, step), row(step, step, 0.0, 0.0, 0.0, 0.0))
         outcomes.append((out.kind, out.called, out.result.index))
+        if out.called in fences:
+            dist.barrier()
         step = out.result.index + 1
     coll.close()
     dist.destroy_process_group()
     return outcomes, results, plain.tolist()
 
 
-def launch_plans(procs, plans, sleeps, hop_delay=0.0):
-    return run_local(_entry, (plans, sleeps, hop_delay), procs, TIMEOUT)
+def launch_plans(procs, plans, sleeps, hop_delay=0.0, fences=()):
+    return run_local(_entry, (plans, sleeps, hop_delay, fences), procs, TIMEOUT)
 
 
 def _entry(arg):
@@ -114,9 +120,10 @@ def test_all_active_equals_allreduce_and_a_solo_round_leaves_sleepers_behind():
     sync = RoundPlan(k=p)
     plans = [everyone, solo, sync]
     sleeps = [[0.0] * p, [0.0] + [SLEEP] * (p - 1), [0.0] * p]
-    by_rank = launch_plans(p, plans, sleeps)
+    by_rank = launch_plans(p, plans, sleeps, fences=(0,))
     _, results, plain = by_rank[0]
     # round 0: everybody active, the sum of all gradients: a plain allreduce
+    assert all(by_rank[rank][0][0] == ("active", 0, 0) for rank in range(p))
     total, rows, _ = results[0]
     assert total == pytest.approx(plain)
     assert sorted(int(r[0]) for r in rows) == list(range(p))
@@ -296,6 +303,26 @@ def test_a_peer_lost_while_closing_fails_as_the_collective_and_the_joins_take_th
     with pytest.raises(CollectiveFailed, match="closing failed"):
         coll.close()
     assert reducer.waited == [300.0]
+
+
+def test_gloos_own_timeout_in_a_data_phase_reads_as_the_waits_timeout_and_other_errors_do_not():
+    """The groups' timeout and the condition waits' deadline are one ``timeout``; on a loaded
+    machine either fires first, so a gloo timeout must read as the same CollectiveTimeout
+    (the hang drill's one line), while a closed connection stays a CollectiveFailed."""
+    coll = object.__new__(PartialCollective)
+    coll.rank, coll.timeout, coll.state = 2, 1.0, _Shared()
+    coll.state.error = RuntimeError(
+        "[/x/gloo/transport/tcp/unbound_buffer.cc:129] Timed out waiting 1000ms for send"
+        " operation to complete"
+    )
+    error = coll._failed()
+    assert isinstance(error, CollectiveTimeout) and error.__cause__ is coll.state.error
+    assert str(error).startswith("rank 2: waited 1s in a round's data phase")
+    assert "(gloo: Timed out waiting 1000ms for send operation to complete)" in str(error)
+    coll.state.error = RuntimeError("[gloo/transport/tcp/pair.cc:598] Connection closed by peer")
+    assert isinstance(coll._failed(), CollectiveFailed)
+    coll.state.error = ValueError("Timed out, said a user's hook")  # not gloo's RuntimeError
+    assert isinstance(coll._failed(), CollectiveFailed)
 
 
 # ---- states as types (issue 22) ---------------------------------------------------------------

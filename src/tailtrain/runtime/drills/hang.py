@@ -16,8 +16,8 @@ P local processes (gloo) call one collective round after round, as the eager top
 With ``whole`` the whole process stops (SIGSTOP, its progress threads too; a child sends
 SIGCONT ``seconds`` later): every round's data phase needs its reducer, so every collective
 waits for it. Every wait is bounded by ``timeout``: past it the collective raises
-``CollectiveTimeout`` (a wait for a round or a plan) or the failed progress thread's error (the
-group's timeout in the data phase), naming the rank.
+``CollectiveTimeout`` naming the rank, whether a wait for a round or a plan ran out or the
+group's own timeout fired in a round's data phase (whichever came first).
 """
 
 from __future__ import annotations

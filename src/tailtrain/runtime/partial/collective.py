@@ -526,13 +526,22 @@ class PartialCollective:
                 )
             self.cond.wait(min(left, 1.0 if watch is None else WATCH_SLICE))
 
-    def _failed(self) -> CollectiveFailed:
-        """The error of a failed progress thread, in one line that names its cause."""
+    def _failed(self) -> CollectiveFailed | CollectiveTimeout:
+        """The error of a failed progress thread, in one line that names its cause. gloo's
+        own timeout on the groups is the same ``timeout`` as the condition waits', so it reads
+        as theirs does: whichever of the two fires first, the user sees one kind of wait."""
         cause = self.state.error
         first = str(cause).strip().splitlines()[0] if str(cause).strip() else ""
-        error = CollectiveFailed(
-            f"rank {self.rank}: the collective failed: {type(cause).__name__}: {first[:200]}"
-        )
+        error: CollectiveFailed | CollectiveTimeout
+        if isinstance(cause, RuntimeError) and "Timed out" in first:  # gloo's wording
+            error = CollectiveTimeout(
+                f"rank {self.rank}: waited {self.timeout:.3g}s in a round's data phase; a peer"
+                f" may be gone (gloo: {first.rsplit('] ', 1)[-1][:160]})"
+            )
+        else:
+            error = CollectiveFailed(
+                f"rank {self.rank}: the collective failed: {type(cause).__name__}: {first[:200]}"
+            )
         error.__cause__ = cause
         return error
 
