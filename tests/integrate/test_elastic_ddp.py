@@ -146,14 +146,14 @@ def test_a_round_the_lead_completed_is_its_record_and_leaves_nothing_to_step(lau
     lead = dataclasses.replace(state.last, step=1, lost=[1], redone=True)
     membership = state.elastic.membership
 
-    def agree(work):
-        raise PeerFailure("all_gather failed, a peer may have died: drill")
+    def weighted_sum(*args):  # the round's first collective: its rows ride in it
+        raise PeerFailure("all_reduce failed, a peer may have died: drill")
 
     def regroup(old, mine, rows, sync):  # the lead's sync: one round ahead
         state.rounds.step, membership.last = mine + 1, lead
         return old, Census([0], {0: mine + 1}, {0: 0}, [1])
 
-    monkeypatch.setattr(state.rounds, "agree", agree)
+    monkeypatch.setattr(state.rounds.comm, "weighted_sum", weighted_sum)
     monkeypatch.setattr(membership.shrinker, "regroup", regroup)
     before = copy.deepcopy(ddp.module.state_dict())
     call(ddp, optimizer, state, 1)

@@ -77,8 +77,9 @@ def run_step(rank, strategy, rounds, units, slow=False, nan_at=None, decay=False
     return flat(net), records, step.state_dict()
 
 
-def run_ddp(rank, strategy, rounds, units, decay=False):
-    ddp = DistributedDataParallel(model())
+def run_ddp(rank, strategy, rounds, units, decay=False, slow=True, nan_at=None, dtype=None):
+    net = model() if dtype is None else model().to(dtype)
+    ddp = DistributedDataParallel(net)
     state = StragglerHookState(strategy)
     ddp.register_comm_hook(state, weighted_allreduce_hook)
     opt = optimizer(ddp.parameters(), decay)
@@ -87,9 +88,10 @@ def run_ddp(rank, strategy, rounds, units, decay=False):
         for u, (x, y) in enumerate(
             state.micro_batches(ddp, [batch(rank, r, u, units) for u in range(units)])
         ):
-            if rank == 1 and u == 0:
+            if slow and rank == 1 and u == 0:
                 time.sleep(SLOW)
-            F.cross_entropy(ddp(x), y).backward()
+            loss = F.cross_entropy(ddp(x if dtype is None else x.to(dtype)), y)
+            (loss * math.nan if nan_at == (rank, r) else loss).backward()
         if not state.last.empty:  # as ``StragglerStep`` does for itself
             opt.step()
         opt.zero_grad()
@@ -105,9 +107,10 @@ def refused(strategy) -> str:
     return ""
 
 
-def count_collectives(rank, dtype, rounds=2, units=2):
+def count_collectives(rank, dtype, rounds=2, units=2, hook=False):
     """The gathers and weighted allreduces of ``rounds`` sync calls on a ``dtype`` model,
-    counted on this rank, and its parameters after them."""
+    counted on this rank, and its parameters after them; ``hook``: the DDP comm hook's calls
+    (its buckets' allreduces are DDP's, so only the gathers are counted)."""
     from tailtrain.runtime.reduce import Collectives
 
     counts = {"gather": 0, "weighted_sum": 0}
@@ -120,11 +123,14 @@ def count_collectives(rank, dtype, rounds=2, units=2):
 
         return call
 
-    net = model().to(dtype)
-    step = StragglerStep(net, optimizer(net.parameters(), False), "sync")
     try:
         for name in counts:
             setattr(Collectives, name, counting(name))
+        if hook:
+            theta, _, _ = run_ddp(rank, "sync", rounds, units, slow=False, dtype=dtype)
+            return counts, theta.float()
+        net = model().to(dtype)
+        step = StragglerStep(net, optimizer(net.parameters(), False), "sync")
         for r in range(rounds):
             batches = [
                 (x.to(dtype), y) for x, y in (batch(rank, r, u, units) for u in range(units))
@@ -149,6 +155,10 @@ def gathered_first(rank):
             "local-sgd": run_step(rank, "local-sgd:period=2", 2, 2),
             "nan": run_step(rank, "sync", 1, 2, nan_at=(1, 0)),
             "empty": run_step(rank, NOTHING, 2, 2, decay=True),
+            "ddp-sync": run_ddp(rank, "sync", 3, 2, slow=False),
+            "ddp-drop": run_ddp(rank, DROP, 2, 3),
+            "ddp-nan": run_ddp(rank, "sync", 1, 2, slow=False, nan_at=(1, 0)),
+            "ddp-empty": run_ddp(rank, NOTHING, 2, 2, decay=True),
         }
     finally:
         step_module.ROW_DTYPES = kept
@@ -165,9 +175,14 @@ def rank_main(rank: int, port: int, folder: str) -> None:
         "nan": run_step(rank, "sync", 1, 2, nan_at=(1, 0)),
         "empty": run_step(rank, NOTHING, 2, 2, decay=True),
         "ddp-empty": run_ddp(rank, NOTHING, 2, 2, decay=True),
+        "ddp-sync": run_ddp(rank, "sync", 3, 2, slow=False),
+        "ddp-nan": run_ddp(rank, "sync", 1, 2, slow=False, nan_at=(1, 0)),
         "refused": refused("local-sgd:period=2"),
         "gathered-first": gathered_first(rank),
         "collectives": {str(t): count_collectives(rank, t) for t in (torch.float32, torch.float16)},
+        "hook-collectives": {
+            str(t): count_collectives(rank, t, hook=True) for t in (torch.float32, torch.float16)
+        },
     }
     torch.save(out, f"{folder}/rank{rank}.pt")
     dist.destroy_process_group()
@@ -219,9 +234,10 @@ def local_sgd(rounds: int, period: int) -> torch.Tensor:
 
 # ---- tests ----------------------------------------------------------------------------------
 @pytest.mark.timeout(300)
-def test_sync_is_sgd_on_the_concatenated_batches(results):
+@pytest.mark.parametrize("case", ["sync", "ddp-sync"])
+def test_sync_is_sgd_on_the_concatenated_batches(results, case):
     expected = weighted_sgd(3, 2, [2, 2])
-    for theta, records, _ in (r["sync"] for r in results):
+    for theta, records, _ in (r[case] for r in results):
         torch.testing.assert_close(theta, expected)
         assert [rec["completed"] for rec in records] == [[2, 2]] * 3
 
@@ -266,9 +282,10 @@ def test_states_reload_without_pickle_and_without_the_process_group(results, tmp
 
 
 @pytest.mark.timeout(300)
-def test_a_non_finite_gradient_joins_with_weight_zero(results):
+@pytest.mark.parametrize("case", ["nan", "ddp-nan"])
+def test_a_non_finite_gradient_joins_with_weight_zero(results, case):
     expected = weighted_sgd(1, 2, [2, 0], ranks=[0])
-    for theta, records, _ in (r["nan"] for r in results):
+    for theta, records, _ in (r[case] for r in results):
         torch.testing.assert_close(theta, expected)
         assert records[0]["nonfinite"] == 1
         assert records[0]["ranks"] == [0] and records[0]["weights"] == [1.0, 0.0]
@@ -322,7 +339,26 @@ def test_a_call_carries_its_agreement_in_the_allreduce_and_gathers_only_its_timi
         assert torch.equal(results[0]["collectives"][dtype][1], results[1]["collectives"][dtype][1])
 
 
-@pytest.mark.parametrize("case", ["sync", "local-sgd", "nan", "empty"])
+def test_the_ddp_hooks_first_bucket_carries_the_agreement_and_only_the_timing_is_gathered(
+    results,
+):
+    """The DDP comm hook's round as StragglerStep's: a float32 model's agreement rides in its
+    first bucket's allreduce, so a call gathers only its timing; a float16 model's buckets
+    cannot carry the rows exactly, so its agreement is gathered first; one model on every
+    rank either way."""
+    for rank in range(N):
+        counts, _ = results[rank]["hook-collectives"]["torch.float32"]
+        assert counts == {"gather": 2, "weighted_sum": 0}  # 2 calls: the closing gather each
+        counts, _ = results[rank]["hook-collectives"]["torch.float16"]
+        assert counts == {"gather": 4, "weighted_sum": 0}
+    for dtype in ("torch.float32", "torch.float16"):
+        first, second = (results[r]["hook-collectives"][dtype][1] for r in range(N))
+        assert torch.equal(first, second)
+
+
+@pytest.mark.parametrize(
+    "case", ["sync", "local-sgd", "nan", "empty", "ddp-sync", "ddp-drop", "ddp-nan", "ddp-empty"]
+)
 def test_the_agreement_in_the_allreduce_decides_as_the_gather_before_it(results, case):
     """The merged protocol against the agreement gathered first, on the same calls: the same
     parameters, counts and weights (the rows ride in float32 there, so the loss to 1e-6)."""

@@ -9,27 +9,30 @@
             optimizer.step()
         optimizer.zero_grad()
 
-``micro_batches`` runs a round of ``tailtrain.integrate.rounds``: it
-yields micro-batches inside ``ddp_model.no_sync()`` (gradients accumulate locally) while the
-threshold allows, all-gathers the counts and times and takes the rule's weights, and then lets
-DDP reduce. DDP reduces only in a backward that its forward armed, and which micro-batch is a
-rank's last is known only after it ran; so the round ends with DDP's own pre- and post-forward
-(the calls ``DistributedDataParallel.forward`` makes around the module) around a zero loss
-that touches every parameter, and its backward fires the hook on every bucket with the
-accumulated gradients. That backward computes nothing but zeros.
+``micro_batches`` runs a round of ``tailtrain.integrate.rounds``: it yields micro-batches
+inside ``ddp_model.no_sync()`` (gradients accumulate locally) while the threshold allows,
+takes this rank's weight from its own counts and times, and then lets DDP reduce; the
+agreement (every rank's counts and times, the rule's selection over them) rides in the first
+bucket's allreduce, as ``train``'s round carries it, and is checked once the buckets came
+(:meth:`StragglerHookState.reduce`). DDP reduces only in a backward that its forward armed,
+and which micro-batch is a rank's last is known only after it ran; so the round ends with
+DDP's own pre- and post-forward (the calls ``DistributedDataParallel.forward`` makes around
+the module) around a zero loss that touches every parameter, and its backward fires the hook
+on every bucket with the accumulated gradients. That backward computes nothing but zeros.
 
-[`weighted_allreduce_hook`][tailtrain.weighted_allreduce_hook] reduces ``[w_n G_n, w_n, withheld,
-non-finite]`` per bucket, G_n = (bucket) / C_n the mean over the rank's counted micro-batches, and
-returns ``lr_scale * sum_n w_n G_n / divisor`` (DropCompute Eq. (1) under its weights). It is
-asynchronous (``torch.futures``), hence its own small allreduce rather than
-``runtime.reduce.Collectives.weighted_sum``. Local-SGD averages models, not gradients, so it has no
-hook: use [`StragglerStep`][tailtrain.StragglerStep].
+[`weighted_allreduce_hook`][tailtrain.weighted_allreduce_hook] reduces ``[w_n G_n, w_n,
+withheld]`` per bucket (the first also every rank's agreement rows), G_n = (bucket) / C_n the
+mean over the rank's counted micro-batches, and returns ``lr_scale * sum_n w_n G_n /
+divisor`` (DropCompute Eq. (1) under its weights). It is asynchronous (``torch.futures``),
+hence its own small allreduce rather than ``runtime.reduce.Collectives.weighted_sum``.
+Local-SGD averages models, not gradients, so it has no hook: use
+[`StragglerStep`][tailtrain.StragglerStep].
 
 Under a [`StragglerProbe`][tailtrain.StragglerProbe] that watches the DDP model
 (``probe.watch(ddp_model)``, which registers the model in ``integrate.probe``'s weak table:
 ``watching``), ``micro_batches`` runs
-the round's collectives (the agreement's gather, where a fast rank waits for the slow one, the
-zero backward that fires the hook, and the closing gather) inside ``probe.sync()``: the probe
+the round's collectives (the zero backward that fires the hook, whose first bucket is where a
+fast rank waits for the slow one, and the closing gather) inside ``probe.sync()``: the probe
 counts them as this rank's wait and not its compute, ignores the zero backward's gradient
 hooks (they are no step's gradients being ready), and takes the samples of the micro-batches
 computed (cut ones never are) as the step's ``samples``.
@@ -46,9 +49,9 @@ ranks took before it.
 # no ``from __future__ import annotations``: DDP checks the hook's annotations as objects
 import datetime
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -56,11 +59,16 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from tailtrain.errors import UsageError
+from tailtrain.errors import TailtrainError, UsageError
+from tailtrain.integrate.average import carries_rows
 from tailtrain.integrate.elastic_ddp import ElasticRounds
 from tailtrain.integrate.probe import batch_samples, watching
-from tailtrain.integrate.rounds import RoundProgress, Rounds, StepRecord
-from tailtrain.runtime.control import RankWeighting, check_agreement
+from tailtrain.integrate.rounds import Agreement, RoundProgress, Rounds, StepRecord
+from tailtrain.runtime.control import (
+    check_agreement,
+    check_divisor,
+    check_own_weight,
+)
 from tailtrain.runtime.elastic.refusals import check_on_rank_loss
 from tailtrain.runtime.elastic.shrink import OnRankLoss
 from tailtrain.runtime.elastic.store import LAUNCHED, REJOIN
@@ -74,13 +82,27 @@ BUCKET_TAIL = 2
 
 @dataclass
 class _Pending:
-    """What the hook needs in the round's final backward: this rank's weight, 1/C_n, lr_scale;
-    whether a bucket of this rank's was screened out (NaN or inf) is its answer."""
+    """What the hook needs in the round's final backward: this rank's weight w_n, the rule's
+    total (None: not known before the agreement rides in the first bucket), the divisor,
+    1/C_n, lr_scale and this rank's agreement block (``rows``: (N, W), its own line filled);
+    its answers: whether a bucket of this rank's was screened out (NaN or inf), every
+    bucket's reduced weights plus those withheld, and every rank's rows."""
 
-    mine: RankWeighting
+    weight: float
+    total: float | None
+    divisor: float | None
     scale: float
     lr_scale: float
+    rows: torch.Tensor | None = None
     screened: bool = False
+    totals: list[float] = field(default_factory=list)
+    reduced_rows: np.ndarray | None = None
+
+    def settled(self, total: float, rows: torch.Tensor) -> None:
+        """A bucket came: its reduced weights plus those withheld, and (the first) the rows."""
+        self.totals.append(total)
+        if rows.numel():  # a copy: the rows share the reduced buffer DDP takes the bucket from
+            self.reduced_rows = rows.double().cpu().numpy().reshape(self.rows.shape).copy()
 
 
 class StragglerHookState:
@@ -88,9 +110,10 @@ class StragglerHookState:
     state, the last round.
 
     ``process_group`` should be the DDP model's (None: the default group); ``timeout`` bounds
-    the small gathers around the hook. Pickling and ``state_dict`` leave the process group
-    out (as ``torch.distributed.algorithms``' hook states do); an unpickled state uses the
-    default group.
+    the small gathers around the hook (the buckets' allreduces, where a fast rank waits for
+    the slow one, are bounded by the group's own timeout, as DDP's are). Pickling and
+    ``state_dict`` leave the process group out (as ``torch.distributed.algorithms``' hook
+    states do); an unpickled state uses the default group.
 
     ``on_rank_loss``: ``"shrink"`` goes on without a rank or a node that dies or hangs and
     takes a restarted one back (``integrate.elastic_ddp``; under ``tailtrain launch
@@ -206,17 +229,44 @@ class StragglerHookState:
         # as this rank's wait, and skips the zero backward's gradient hooks (module docstring)
         probe = watching(ddp_model)
         with probe.sync() if probe is not None else nullcontext():
-            agreed = self.rounds.agree(work)
             scale = 1.0 / (unit_scale * max(work.done, 1))
-            self._pending = _Pending(agreed.mine, scale, plan.lr_scale)
+            agreed: Agreement | None = None
+            if carries_agreement(ddp_model):  # the rows ride in the first bucket
+                own = self.rounds.own(work)
+                rows = np.concatenate(self.rounds.own_rows(work))
+                block = torch.zeros(self.rounds.comm.world_size, len(rows), dtype=torch.float64)
+                block[self.rounds.comm.rank] = torch.from_numpy(rows)
+                pending = _Pending(own.weight, None, own.divisor, scale, plan.lr_scale, block)
+            else:  # half precision: gathered first, outside the reduce's seconds (T^c)
+                agreed = self.rounds.agree(work)
+                mine = agreed.mine
+                pending = _Pending(mine.weight, mine.total, mine.divisor, scale, plan.lr_scale)
+            self._pending = pending
             began = self.rounds.clock()
             try:
                 flush_buckets(ddp_model)
             finally:
-                pending, self._pending = self._pending, None
+                self._pending = None
             reduce = self.rounds.clock() - began
+            if agreed is None:
+                agreed = self._agreement(work, pending)
             self._last = self.rounds.close(plan, work, agreed, reduce, pending.screened)
         return self._last
+
+    def _agreement(self, work: RoundProgress, pending: _Pending) -> Agreement:
+        """The rule's selection over the rows the first bucket carried; it must give this
+        rank the weight and divisor its buckets were reduced and divided with, and every
+        bucket's total (``runtime.control``'s checks, as ``train``'s round makes them). A
+        check that fails raises before the loop's ``optimizer.step()``."""
+        if pending.reduced_rows is None:
+            raise TailtrainError("the DDP hook reduced no first bucket: no agreement came")
+        agreed = self.rounds.agreement(work, None, pending.reduced_rows)
+        mine = agreed.mine
+        check_own_weight(pending.weight, mine.weight)
+        check_divisor(pending.divisor, mine.divisor)
+        for total in pending.totals:
+            check_agreement(mine.total, total)
+        return agreed
 
     # ---- checkpoints ----------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -252,13 +302,21 @@ def weighted_allreduce_hook(
             "weighted_allreduce_hook reduces at the end of a round: iterate "
             "state.micro_batches(ddp_model, micro_batches) and backward inside that loop"
         )
-    mine = pending.mine
+    rows = pending.rows if bucket.index() == 0 else None  # every rank fires bucket 0 first
     future, screened = weighted_bucket_allreduce(
-        bucket.buffer(), mine.weight, mine.total, mine.divisor, state.process_group,
-        scale=pending.scale, lr_scale=pending.lr_scale,
+        bucket.buffer(), pending.weight, pending.total, pending.divisor, state.process_group,
+        scale=pending.scale, lr_scale=pending.lr_scale, rows=rows, settled=pending.settled,
     )  # fmt: skip
     pending.screened = pending.screened or screened
     return future
+
+
+def carries_agreement(ddp_model: DistributedDataParallel) -> bool:
+    """Whether the model's buckets carry the agreement's rows: float32 or float64 gradients
+    (``integrate.average.ROW_DTYPES``) and no DDP mixed precision (its buckets would be
+    reduced in the lower dtype)."""
+    params = [p for p in ddp_model.module.parameters() if p.requires_grad]
+    return getattr(ddp_model, "mixed_precision", None) is None and carries_rows(params)
 
 
 def weighted_bucket_allreduce(
@@ -270,26 +328,40 @@ def weighted_bucket_allreduce(
     *,
     scale: float = 1.0,
     lr_scale: float = 1.0,
+    rows: torch.Tensor | None = None,
+    settled: Callable[[float, torch.Tensor], None] | None = None,
 ) -> tuple[torch.futures.Future[torch.Tensor], bool]:
     """Start ``lr_scale * sum_n w_n (scale_n x_n) / divisor`` of a bucket ``x_n``: one
-    asynchronous allreduce of ``[w_n scale_n x_n, w_n, withheld]``. Returns its future and
-    whether this rank's bucket was screened out.
+    asynchronous allreduce of ``[w_n scale_n x_n, w_n, withheld, rows]``. Returns its future
+    and whether this rank's bucket was screened out.
 
-    ``weight`` is this rank's w_n, ``total`` the sum over every rank that the rule expects,
-    ``divisor`` the one it fixed (None: the reduced sum of the weights). A bucket holding a NaN
-    or an infinity joins with weight 0 and zeros (0 * NaN is NaN) and reports the weight it
-    withheld, so every rank's agreement check (reduced + withheld = expected) holds and the
-    others' mean is divided by their own weights (``runtime.reduce.contribute``)."""
+    ``weight`` is this rank's w_n, ``total`` the sum over every rank that the rule expects
+    (None: not known yet; the caller checks it with what ``settled`` is handed), ``divisor``
+    the one it fixed (None: the reduced sum of the weights). ``rows``: this rank's (N, W)
+    block of the agreement, its own line filled and zeros elsewhere, so the sum is every
+    rank's rows (an all-gather riding in the allreduce, as ``Collectives.weighted_sum``'s).
+    ``settled(reduced weights + withheld, reduced rows)`` is called as the bucket comes. A
+    bucket holding a NaN or an infinity joins with weight 0 and zeros (0 * NaN is NaN) and
+    reports the weight it withheld, so every rank's agreement check (reduced + withheld =
+    expected) holds and the others' mean is divided by their own weights
+    (``runtime.reduce.contribute``)."""
     mine = contribute(buffer, weight, scale=weight * scale)
+    size = buffer.numel()
     tail = torch.tensor([mine.weight, mine.withheld], dtype=buffer.dtype, device=buffer.device)
-    work = dist.all_reduce(torch.cat([mine.values, tail]), group=process_group, async_op=True)
+    parts = [mine.values, tail]
+    if rows is not None:
+        parts.append(rows.reshape(-1).to(buffer.dtype).to(buffer.device))
+    work = dist.all_reduce(torch.cat(parts), group=process_group, async_op=True)
 
     def divide(future: torch.futures.Future[list[torch.Tensor]]) -> torch.Tensor:
         reduced = future.value()[0]
-        summed, withheld_sum = reduced[-BUCKET_TAIL:].double().cpu().tolist()
-        check_agreement(total, summed + withheld_sum)
+        summed, withheld_sum = reduced[size : size + BUCKET_TAIL].double().cpu().tolist()
+        if total is not None:
+            check_agreement(total, summed + withheld_sum)
+        if settled is not None:
+            settled(summed + withheld_sum, reduced[size + BUCKET_TAIL :])
         by = divisor if divisor is not None else summed
-        return reduced[:-BUCKET_TAIL].mul_(lr_scale / (by if by else 1.0))
+        return reduced[:size].mul_(lr_scale / (by if by else 1.0))
 
     return work.get_future().then(divide), mine.screened
 

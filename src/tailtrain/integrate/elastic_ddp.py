@@ -8,7 +8,8 @@ survivor. So under shrink DDP's reducer stays idle: every forward of a round run
 and the state reduces the accumulated gradients itself over the elastic layer's live
 generation (``runtime.elastic``: gen 0 is the job's default group, each later one a fresh gloo
 group of the live ranks), with the weighted average ``StragglerStep`` runs
-(``integrate.average.weighted_average``: sum_n w_n G_n / divisor, DropCompute Eq. (1)), every
+(``integrate.average.agreed_average``: sum_n w_n G_n / divisor, DropCompute Eq. (1), the
+agreement riding in its first bucket; a half-precision model's gathered first), every
 collective watched by the learned deadline. DDP touches its group only as it is built (its
 shape check and its broadcast of rank 0's state) and in its first forward when it would
 broadcast buffers, which is refused (``DDP(model, forward_sync_buffers=False)``: a broadcast
@@ -25,7 +26,7 @@ on each step would run over the broken group). The comm hook registered on the m
   ``optimizer.step()`` moves nothing: the update of those steps is in the state it took;
   ``state.last.skipped`` and ``empty`` say so;
 * ``IN_FLIGHT``: the micro-batches are yielded under ``no_sync`` while the threshold allows,
-  then the round's collectives run: the agreement's gather, the weighted average, and the
+  then the round's collectives run: the weighted average carrying the agreement, and the
   closing gather (``Rounds.timing``), in which the lowest member says whether a rank asks to
   join. Past the closing gather the round is complete on this rank (``COMPLETED``): the
   averaged gradient, times ``lr_scale``, is written into the parameters' ``.grad`` for the
@@ -59,7 +60,13 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 
 from tailtrain.errors import UsageError
-from tailtrain.integrate.average import buckets, grad_of, weighted_average
+from tailtrain.integrate.average import (
+    agreed_average,
+    buckets,
+    carries_rows,
+    grad_of,
+    weighted_average,
+)
 from tailtrain.integrate.membership import LoopMembership, StepCall
 from tailtrain.integrate.probe import batch_samples, watching
 from tailtrain.integrate.rounds import RoundProgress, Rounds, StepRecord
@@ -152,14 +159,22 @@ class ElasticRounds:
         while True:
             plan, _ = rounds.plan(units)  # after a regroup: the rule of the live world
             try:
-                agreed = rounds.agree(work)
-                began = rounds.clock()
                 with torch.no_grad():
                     mine = [grad_of(p) for p in self.params]
-                    scale = 1.0 / max(work.done, 1)
-                    averaged, screened, _ = weighted_average(
-                        rounds.comm, self.groups, mine, scale, agreed
-                    )
+                scale = 1.0 / max(work.done, 1)
+                # the agreement rides in the allreduce; a half-precision model's is gathered
+                # first, outside the reduce's seconds (T^c), as StragglerStep's
+                agreed = None if carries_rows(mine) else rounds.agree(work)
+                began = rounds.clock()
+                with torch.no_grad():
+                    if agreed is None:
+                        averaged, screened, _, agreed = agreed_average(
+                            rounds, self.groups, mine, scale, work, plan
+                        )
+                    else:
+                        averaged, screened, _ = weighted_average(
+                            rounds.comm, self.groups, mine, scale, agreed
+                        )
                 reduce = rounds.clock() - began
                 timing = rounds.timing(reduce, work, screened, membership.asks())
             except (Broken, PeerFailure) as exc:
