@@ -33,6 +33,8 @@ TAU, SLOW = 0.5, 1.0
 DROP = f"dropcompute:threshold={TAU},stop=between"
 #: a threshold every rank passes before its first micro-batch can start
 NOTHING = "dropcompute:threshold=1e-9"
+#: the model dtypes the collective counts run: rows ride in float32; half precisions gather
+DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
 def optimizer(params, decay: bool) -> torch.optim.Optimizer:
@@ -179,10 +181,8 @@ def rank_main(rank: int, port: int, folder: str) -> None:
         "ddp-nan": run_ddp(rank, "sync", 1, 2, slow=False, nan_at=(1, 0)),
         "refused": refused("local-sgd:period=2"),
         "gathered-first": gathered_first(rank),
-        "collectives": {str(t): count_collectives(rank, t) for t in (torch.float32, torch.float16)},
-        "hook-collectives": {
-            str(t): count_collectives(rank, t, hook=True) for t in (torch.float32, torch.float16)
-        },
+        "collectives": {str(t): count_collectives(rank, t) for t in DTYPES},
+        "hook-collectives": {str(t): count_collectives(rank, t, hook=True) for t in DTYPES},
     }
     torch.save(out, f"{folder}/rank{rank}.pt")
     dist.destroy_process_group()
@@ -328,14 +328,16 @@ def test_a_round_that_ran_nothing_leaves_the_parameters(results, case):
 def test_a_call_carries_its_agreement_in_the_allreduce_and_gathers_only_its_timing(results):
     """One collective fewer a step than a gather first (``integrate.average.agreed_average``),
     as ``train``'s round: a float32 model's call runs its weighted allreduce (the agreement's
-    rows riding in it) and the closing gather; a float16 model's gradients cannot carry the
-    rows exactly, so its agreement is gathered apart, and both give one model on every rank."""
+    rows riding in it) and the closing gather; a float16 or bfloat16 model's gradients cannot
+    carry the rows exactly, so its agreement is gathered apart (a bfloat16 buffer staged past
+    numpy, which has no such dtype), and each gives one model on every rank."""
     for rank in range(N):
         counts, _ = results[rank]["collectives"]["torch.float32"]
         assert counts == {"gather": 2, "weighted_sum": 2}  # 2 calls: 1 + 1 each
-        counts, _ = results[rank]["collectives"]["torch.float16"]
-        assert counts == {"gather": 4, "weighted_sum": 2}
-    for dtype in ("torch.float32", "torch.float16"):
+        for half in ("torch.float16", "torch.bfloat16"):
+            counts, _ = results[rank]["collectives"][half]
+            assert counts == {"gather": 4, "weighted_sum": 2}
+    for dtype in map(str, DTYPES):
         assert torch.equal(results[0]["collectives"][dtype][1], results[1]["collectives"][dtype][1])
 
 
@@ -343,15 +345,16 @@ def test_the_ddp_hooks_first_bucket_carries_the_agreement_and_only_the_timing_is
     results,
 ):
     """The DDP comm hook's round as StragglerStep's: a float32 model's agreement rides in its
-    first bucket's allreduce, so a call gathers only its timing; a float16 model's buckets
-    cannot carry the rows exactly, so its agreement is gathered first; one model on every
+    first bucket's allreduce, so a call gathers only its timing; a float16 or bfloat16 model's
+    buckets cannot carry the rows exactly, so its agreement is gathered first; one model on every
     rank either way."""
     for rank in range(N):
         counts, _ = results[rank]["hook-collectives"]["torch.float32"]
         assert counts == {"gather": 2, "weighted_sum": 0}  # 2 calls: the closing gather each
-        counts, _ = results[rank]["hook-collectives"]["torch.float16"]
-        assert counts == {"gather": 4, "weighted_sum": 0}
-    for dtype in ("torch.float32", "torch.float16"):
+        for half in ("torch.float16", "torch.bfloat16"):
+            counts, _ = results[rank]["hook-collectives"][half]
+            assert counts == {"gather": 4, "weighted_sum": 0}
+    for dtype in map(str, DTYPES):
         first, second = (results[r]["hook-collectives"][dtype][1] for r in range(N))
         assert torch.equal(first, second)
 

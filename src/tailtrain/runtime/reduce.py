@@ -268,7 +268,9 @@ class SumBuffer:
         self.grad = self.tensor[:dim]
         self.tail = self.tensor[dim:]
         # on the CPU the tail is written and read through a numpy view, without a staging copy
-        self.host = self.tail.numpy() if comm.device.type == "cpu" else None
+        # (numpy has no bfloat16: such a tail is staged as a GPU's is)
+        viewable = comm.device.type == "cpu" and dtype is not torch.bfloat16
+        self.host = self.tail.numpy() if viewable else None
         # where this rank's values go in the tail: w_n, the extras, its line of each block
         mine, start = [np.arange(1 + extras)], 1 + extras
         for width in self.widths:
@@ -302,7 +304,7 @@ class SumBuffer:
 
     def read(self) -> WeightedSum:
         """The reduced sums, the extras and every rank's rows (float64 copies)."""
-        host = self.tail.cpu().numpy() if self.host is None else self.host
+        host = self.tail.double().cpu().numpy() if self.host is None else self.host
         summed = host.astype(np.float64)
         start, gathered = 1 + self.extras, []
         for width in self.widths:
