@@ -14,7 +14,7 @@ inside ``ddp_model.no_sync()`` (gradients accumulate locally) while the threshol
 takes this rank's weight from its own counts and times, and then lets DDP reduce; the
 agreement (every rank's counts and times, the rule's selection over them) rides in the first
 bucket's allreduce, as ``train``'s round carries it, and is checked once the buckets came
-(:meth:`StragglerHookState.reduce`). DDP reduces only in a backward that its forward armed,
+(``StragglerHookState.reduce``). DDP reduces only in a backward that its forward armed,
 and which micro-batch is a rank's last is known only after it ran; so the round ends with
 DDP's own pre- and post-forward (the calls ``DistributedDataParallel.forward`` makes around
 the module) around a zero loss that touches every parameter, and its backward fires the hook
