@@ -26,7 +26,8 @@ number (DropCompute Eq. (1))::
     for step in range(STEPS):
         for x, y in state.micro_batches(ddp, micro_batches(step)):               # <-
             F.cross_entropy(ddp(x), y).backward()                                 # <-
-        optimizer.step()
+        if not state.last.empty:                                                  # <-
+            optimizer.step()
         optimizer.zero_grad()
 
 ``state.last`` is the round's record (ranks' weights, completed micro-batches, tau), and

@@ -22,7 +22,7 @@ from tests.integrate.ranks import join, run_ranks
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from tailtrain.errors import UsageError
+from tailtrain.errors import TailtrainError, UsageError
 from tailtrain.integrate import StragglerHookState, StragglerStep, weighted_allreduce_hook
 from tailtrain.strategies.registry import parse_strategy
 
@@ -33,6 +33,10 @@ TAU, SLOW = 0.5, 1.0
 DROP = f"dropcompute:threshold={TAU},stop=between"
 #: a threshold every rank passes before its first micro-batch can start
 NOTHING = "dropcompute:threshold=1e-9"
+#: weights C_n / sum_k C_k: a rank that computed nothing divides by 1 alone, by the sum among all
+COMPUTED = "dropcompute:threshold=inf,divide-by=computed"
+#: rank 0 computes 1 of its 3 micro-batches, rank 1 none
+IDLE = {0: 1, 1: 0}
 #: the model dtypes the collective counts run: rows ride in float32; half precisions gather
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -61,12 +65,12 @@ def flat(m: nn.Module) -> torch.Tensor:
 
 
 # ---- what each rank runs ------------------------------------------------------------------------
-def run_step(rank, strategy, rounds, units, slow=False, nan_at=None, decay=False):
-    net = model()
+def run_step(rank, strategy, rounds, units, slow=False, nan_at=None, decay=False, dtype=None):
+    net = model() if dtype is None else model().to(dtype)
     step = StragglerStep(net, optimizer(net.parameters(), decay), strategy)
 
     def loss_fn(xy):
-        loss = F.cross_entropy(net(xy[0]), xy[1])
+        loss = F.cross_entropy(net(xy[0] if dtype is None else xy[0].to(dtype)), xy[1])
         if slow and rank == 1 and xy[0] is first[0]:
             time.sleep(SLOW)
         return loss * math.nan if nan_at == (rank, len(records)) else loss
@@ -79,11 +83,25 @@ def run_step(rank, strategy, rounds, units, slow=False, nan_at=None, decay=False
     return flat(net), records, step.state_dict()
 
 
-def run_ddp(rank, strategy, rounds, units, decay=False, slow=True, nan_at=None, dtype=None):
+def run_ddp(
+    rank, strategy, rounds, units, decay=False, slow=True, nan_at=None, dtype=None, cut=None
+):
+    """The DDP hook's loop; ``cut``: rank -> the micro-batches its threshold admits a round
+    (the rest are refused, whatever the clock says)."""
     net = model() if dtype is None else model().to(dtype)
     ddp = DistributedDataParallel(net)
     state = StragglerHookState(strategy)
     ddp.register_comm_hook(state, weighted_allreduce_hook)
+    if cut is not None and rank in cut:
+        admit = state.rounds.admit
+
+        def admit_at_most(work, plan):
+            if int((~np.isnan(work.times)).sum()) < cut[rank]:
+                return admit(work, plan)
+            state.rounds.stop(work)
+            return False
+
+        state.rounds.admit = admit_at_most
     opt = optimizer(ddp.parameters(), decay)
     records = []
     for r in range(rounds):
@@ -109,10 +127,28 @@ def refused(strategy) -> str:
     return ""
 
 
+def own_weight_refused(rank) -> str:
+    """A rule whose weight among all ranks is not the one a rank reduced with alone: the
+    hook's check after the buckets (both ranks raise there, before any optimizer step)."""
+    from tailtrain.runtime.control import OwnWeight
+
+    ddp = DistributedDataParallel(model())
+    state = StragglerHookState("sync")
+    ddp.register_comm_hook(state, weighted_allreduce_hook)
+    own = state.rounds.own
+    state.rounds.own = lambda work, plan=None: OwnWeight(2 * own(work, plan).weight, None)
+    try:
+        for x, y in state.micro_batches(ddp, [batch(rank, 0, u, 2) for u in range(2)]):
+            F.cross_entropy(ddp(x), y).backward()
+    except TailtrainError as exc:
+        return str(exc)
+    return ""
+
+
 def count_collectives(rank, dtype, rounds=2, units=2, hook=False):
     """The gathers and weighted allreduces of ``rounds`` sync calls on a ``dtype`` model,
-    counted on this rank, and its parameters after them; ``hook``: the DDP comm hook's calls
-    (its buckets' allreduces are DDP's, so only the gathers are counted)."""
+    counted on this rank, and its parameters after them; ``hook``: the DDP comm hook's calls,
+    whose buckets' allreduces are its own (``dist.all_reduce``): their sizes instead."""
     from tailtrain.runtime.reduce import Collectives
 
     counts = {"gather": 0, "weighted_sum": 0}
@@ -125,12 +161,19 @@ def count_collectives(rank, dtype, rounds=2, units=2, hook=False):
 
         return call
 
+    all_reduce, sizes = dist.all_reduce, []
+
+    def sized(tensor, *args, **kwargs):
+        sizes.append(tensor.numel())
+        return all_reduce(tensor, *args, **kwargs)
+
     try:
         for name in counts:
             setattr(Collectives, name, counting(name))
         if hook:
+            dist.all_reduce = sized
             theta, _, _ = run_ddp(rank, "sync", rounds, units, slow=False, dtype=dtype)
-            return counts, theta.float()
+            return {**counts, "all_reduce_sizes": sizes}, theta.float()
         net = model().to(dtype)
         step = StragglerStep(net, optimizer(net.parameters(), False), "sync")
         for r in range(rounds):
@@ -139,6 +182,7 @@ def count_collectives(rank, dtype, rounds=2, units=2, hook=False):
             ]
             step(batches, lambda xy: F.cross_entropy(net(xy[0]), xy[1]))
     finally:
+        dist.all_reduce = all_reduce
         for name, method in kept.items():
             setattr(Collectives, name, method)
     return counts, flat(net).float()
@@ -161,6 +205,7 @@ def gathered_first(rank):
             "ddp-drop": run_ddp(rank, DROP, 2, 3),
             "ddp-nan": run_ddp(rank, "sync", 1, 2, slow=False, nan_at=(1, 0)),
             "ddp-empty": run_ddp(rank, NOTHING, 2, 2, decay=True),
+            "ddp-idle": run_ddp(rank, COMPUTED, 2, 3, slow=False, cut=IDLE),
         }
     finally:
         step_module.ROW_DTYPES = kept
@@ -179,6 +224,12 @@ def rank_main(rank: int, port: int, folder: str) -> None:
         "ddp-empty": run_ddp(rank, NOTHING, 2, 2, decay=True),
         "ddp-sync": run_ddp(rank, "sync", 3, 2, slow=False),
         "ddp-nan": run_ddp(rank, "sync", 1, 2, slow=False, nan_at=(1, 0)),
+        "ddp-idle": run_ddp(rank, COMPUTED, 2, 3, slow=False, cut=IDLE),
+        "ddp-own-weight": own_weight_refused(rank),
+        "half-drop": {
+            "step": run_step(rank, DROP, 1, 3, slow=True, dtype=torch.bfloat16),
+            "ddp": run_ddp(rank, DROP, 1, 3, dtype=torch.bfloat16),
+        },
         "refused": refused("local-sgd:period=2"),
         "gathered-first": gathered_first(rank),
         "collectives": {str(t): count_collectives(rank, t) for t in DTYPES},
@@ -348,19 +399,63 @@ def test_the_ddp_hooks_first_bucket_carries_the_agreement_and_only_the_timing_is
     first bucket's allreduce, so a call gathers only its timing; a float16 or bfloat16 model's
     buckets cannot carry the rows exactly, so its agreement is gathered first; one model on every
     rank either way."""
+    params = sum(p.numel() for p in model().parameters())  # one bucket
+    tail, row = 2, 3 + 2  # [w_n, withheld]; [C_n, T~_n, loss sum, t^(1..U)], U = 2
     for rank in range(N):
         counts, _ = results[rank]["hook-collectives"]["torch.float32"]
-        assert counts == {"gather": 2, "weighted_sum": 0}  # 2 calls: the closing gather each
+        assert counts == {  # 2 calls: the closing gather each, the rows in the bucket
+            "gather": 2, "weighted_sum": 0, "all_reduce_sizes": [params + tail + N * row] * 2,
+        }  # fmt: skip
         for half in ("torch.float16", "torch.bfloat16"):
             counts, _ = results[rank]["hook-collectives"][half]
-            assert counts == {"gather": 4, "weighted_sum": 0}
+            assert counts == {
+                "gather": 4, "weighted_sum": 0, "all_reduce_sizes": [params + tail] * 2,
+            }  # fmt: skip
     for dtype in map(str, DTYPES):
         first, second = (results[r]["hook-collectives"][dtype][1] for r in range(N))
         assert torch.equal(first, second)
 
 
+def test_a_hook_rank_that_computed_nothing_divides_as_the_selection_over_every_rank(results):
+    """DropCompute divide-by=computed: rank 1 computed nothing, so its own arrival alone fixes
+    a divisor of 1, while the selection over both ranks divides by the weights' sum (1/3:
+    rank 0 computed 1 of 3). Its buckets, divided before the selection was known, are
+    rescaled: both ranks step by rank 0's one gradient, the same model."""
+    net = model()
+    for r in range(2):  # SGD on rank 0's first micro-batch of each round
+        grads = grad(net, batch(0, r, 0, 3))
+        with torch.no_grad():
+            for p, g in zip(net.parameters(), grads, strict=True):
+                p -= LR * g
+    for theta, records, _ in (r["ddp-idle"] for r in results):
+        torch.testing.assert_close(theta, flat(net))
+        for record in records:
+            assert record["completed"] == [1, 0] and record["weights"] == [1.0, 0.0]
+
+
+@pytest.mark.parametrize("entry", ["step", "ddp"])
+def test_a_bfloat16_model_cut_to_non_dyadic_weights_still_agrees(results, entry):
+    """Weights 1/2 and 1/6 summed in bfloat16 are off their total by more than float32's
+    tolerance; the check allows the dtype's rounding, and both ranks hold one model."""
+    thetas = [out["half-drop"][entry][0] for out in results]
+    assert torch.equal(thetas[0], thetas[1])
+    for out in results:
+        (record,) = out["half-drop"][entry][1]
+        assert record["completed"] == [3, 1]
+        np.testing.assert_allclose(record["weights"], [1 / 2, 1 / 6])
+
+
+def test_a_hook_rank_weighed_otherwise_than_alone_is_refused_before_its_step(results):
+    for out in results:
+        assert "the one-allreduce protocol needs weights" in out["ddp-own-weight"]
+
+
 @pytest.mark.parametrize(
-    "case", ["sync", "local-sgd", "nan", "empty", "ddp-sync", "ddp-drop", "ddp-nan", "ddp-empty"]
+    "case",
+    [
+        *("sync", "local-sgd", "nan", "empty"),
+        *("ddp-sync", "ddp-drop", "ddp-nan", "ddp-empty", "ddp-idle"),
+    ],
 )
 def test_the_agreement_in_the_allreduce_decides_as_the_gather_before_it(results, case):
     """The merged protocol against the agreement gathered first, on the same calls: the same

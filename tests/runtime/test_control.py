@@ -12,6 +12,7 @@ import tailtrain.runtime
 from tailtrain.errors import TailtrainError, UsageError
 from tailtrain.runtime.control import (
     RuleDriver,
+    carried_rtol,
     check_agreement,
     check_divisor,
     check_own_weight,
@@ -182,6 +183,22 @@ def test_disagreeing_ranks_are_caught_by_the_reduced_weight_sum():
     check_agreement(0.5, 0.5 + 1e-7)
     with pytest.raises(TailtrainError, match="disagree"):
         check_agreement(0.5, 2 / 3)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_weights_summed_in_half_precision_agree_to_its_rounding_and_no_further(dtype):
+    """DropCompute at M = 3, one rank cut after 1: weights 1 and 1/3, summed in the gradient
+    buffer's half dtype, are off the total by more than WEIGHT_RTOL but within the dtype's
+    rounding; a rank that selected other weights is still caught."""
+    import torch
+
+    summed = float(torch.tensor([1.0, 1 / 3], dtype=getattr(torch, dtype)).sum())
+    rtol = carried_rtol(torch.finfo(getattr(torch, dtype)).eps, 2)
+    with pytest.raises(TailtrainError, match="disagree"):
+        check_agreement(4 / 3, summed)  # float32's tolerance
+    check_agreement(4 / 3, summed, rtol)
+    with pytest.raises(TailtrainError, match="disagree"):
+        check_agreement(4 / 3, 1 + 2 / 3, rtol)  # the other rank weighed 2/3
 
 
 @pytest.mark.parametrize("text", ["sync", "dropcompute", "local-sgd:period=2"])

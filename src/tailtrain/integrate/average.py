@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from tailtrain.integrate.rounds import Agreement, RoundProgress, Rounds
-from tailtrain.runtime.control import check_agreement, check_own_weight
+from tailtrain.runtime.control import carried_rtol, check_agreement, check_own_weight
 from tailtrain.runtime.reduce import Collectives, WeightedSum, contribute
 from tailtrain.strategies.base import AllreducePlan
 
@@ -77,12 +77,17 @@ def agreed_average(
         agreed.append(rounds.agreement(work, plan, *reduced.rows))
         mine = agreed[0].mine
         check_own_weight(own.weight, mine.weight)
-        check_agreement(mine.total, reduced.total + reduced.extras[0])
+        check_agreement(mine.total, reduced.total + reduced.extras[0], rtol(reduced, rounds.comm))
         return mine.divisor if mine.divisor is not None else reduced.total
 
     rows = rounds.own_rows(work, plan, dealt)
     out, first = reduce_buckets(rounds.comm, groups, tensors, scale, own.weight, bad, settle, rows)
     return out, bad, first.total, agreed[0]
+
+
+def rtol(reduced: WeightedSum, comm: Collectives) -> float:
+    """The agreement check's tolerance for weights summed in the reduced buffer's dtype."""
+    return carried_rtol(torch.finfo(reduced.numerator.dtype).eps, comm.world_size)
 
 
 def reduce_buckets(
@@ -150,7 +155,7 @@ def weighted_average(
         bad = not all(bool(torch.isfinite(t).all()) for t in tensors)
 
     def settle(reduced: WeightedSum) -> float:
-        check_agreement(mine.total, reduced.total + reduced.extras[0])
+        check_agreement(mine.total, reduced.total + reduced.extras[0], rtol(reduced, comm))
         return mine.divisor if mine.divisor is not None else reduced.total
 
     out, first = reduce_buckets(comm, groups, tensors, scale, mine.weight, bad, settle)

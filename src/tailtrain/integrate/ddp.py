@@ -32,7 +32,8 @@ Under a [`StragglerProbe`][tailtrain.StragglerProbe] that watches the DDP model
 (``probe.watch(ddp_model)``, which registers the model in ``integrate.probe``'s weak table:
 ``watching``), ``micro_batches`` runs
 the round's collectives (the zero backward that fires the hook, whose first bucket is where a
-fast rank waits for the slow one, and the closing gather) inside ``probe.sync()``: the probe
+fast rank waits for the slow one, and the closing gather; a half-precision model's agreement
+is a gather of its own before them) inside ``probe.sync()``: the probe
 counts them as this rank's wait and not its compute, ignores the zero backward's gradient
 hooks (they are no step's gradients being ready), and takes the samples of the micro-batches
 computed (cut ones never are) as the step's ``samples``.
@@ -52,7 +53,8 @@ import os
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass, field
-from typing import Any
+from functools import partial
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -65,8 +67,9 @@ from tailtrain.integrate.elastic_ddp import ElasticRounds
 from tailtrain.integrate.probe import batch_samples, watching
 from tailtrain.integrate.rounds import Agreement, RoundProgress, Rounds, StepRecord
 from tailtrain.runtime.control import (
+    RankWeighting,
+    carried_rtol,
     check_agreement,
-    check_divisor,
     check_own_weight,
 )
 from tailtrain.runtime.elastic.refusals import check_on_rank_loss
@@ -80,28 +83,46 @@ from tailtrain.strategies.entries import HOOK, hook_refusal
 BUCKET_TAIL = 2
 
 
+class _Bucket(NamedTuple):
+    """One bucket as it came: its parameters, its reduced weights and those withheld, and
+    what it was divided by."""
+
+    params: list[torch.Tensor]
+    summed: float
+    withheld: float
+    divided_by: float
+
+
 @dataclass
 class _Pending:
-    """What the hook needs in the round's final backward: this rank's weight w_n, the rule's
-    total (None: not known before the agreement rides in the first bucket), the divisor,
-    1/C_n, lr_scale and this rank's agreement block (``rows``: (N, W), its own line filled);
-    its answers: whether a bucket of this rank's was screened out (NaN or inf), every
-    bucket's reduced weights plus those withheld, and every rank's rows."""
+    """What the hook needs in the round's final backward: this rank's weight w_n, the divisor
+    (None: the reduced sum of the weights), 1/C_n, lr_scale and this rank's agreement block
+    (``rows``: (N, W), its own line filled); its answers: whether a bucket of this rank's was
+    screened out (NaN or inf), every bucket as it came, and every rank's rows."""
 
     weight: float
-    total: float | None
     divisor: float | None
     scale: float
     lr_scale: float
     rows: torch.Tensor | None = None
     screened: bool = False
-    totals: list[float] = field(default_factory=list)
+    buckets: list[_Bucket] = field(default_factory=list)
     reduced_rows: np.ndarray | None = None
 
-    def settled(self, total: float, rows: torch.Tensor) -> None:
-        """A bucket came: its reduced weights plus those withheld, and (the first) the rows."""
-        self.totals.append(total)
-        if rows.numel():  # a copy: the rows share the reduced buffer DDP takes the bucket from
+    def settled(
+        self,
+        params: list[torch.Tensor],
+        summed: float,
+        withheld: float,
+        divided_by: float,
+        rows: torch.Tensor,
+    ) -> None:
+        """A bucket came (``weighted_bucket_allreduce``'s ``settled``); the first one holds
+        every rank's rows."""
+        self.buckets.append(_Bucket(params, summed, withheld, divided_by))
+        if rows.numel():
+            assert self.rows is not None  # only a block sent comes back
+            # a copy: the rows share the reduced buffer DDP takes the bucket from
             self.reduced_rows = rows.double().cpu().numpy().reshape(self.rows.shape).copy()
 
 
@@ -221,10 +242,12 @@ class StragglerHookState:
         unit_scale: float = 1.0,
     ) -> StepRecord:
         """The round's end, once its counted micro-batches' backward ran under ``no_sync``:
-        agree on the weights, fire the hook on every bucket (``flush_buckets``) and close the
-        round; its record (also ``last``). ``unit_scale``: each micro-batch's gradient entered
-        the accumulated one multiplied by it (Lightning divides each loss by
-        ``accumulate_grad_batches``), so G_n divides it out again."""
+        fire the hook on every bucket (``flush_buckets``), the first carrying the agreement's
+        rows (a half-precision model's gathered before), check the selection over them against
+        what the buckets were reduced with, and close the round; its record (also
+        ``last``). ``unit_scale``: each micro-batch's gradient entered the accumulated one
+        multiplied by it (Lightning divides each loss by ``accumulate_grad_batches``), so G_n
+        divides it out again."""
         # a probe watching the model (``StragglerProbe.watch``) times the round's collectives
         # as this rank's wait, and skips the zero backward's gradient hooks (module docstring)
         probe = watching(ddp_model)
@@ -236,36 +259,35 @@ class StragglerHookState:
                 rows = np.concatenate(self.rounds.own_rows(work))
                 block = torch.zeros(self.rounds.comm.world_size, len(rows), dtype=torch.float64)
                 block[self.rounds.comm.rank] = torch.from_numpy(rows)
-                pending = _Pending(own.weight, None, own.divisor, scale, plan.lr_scale, block)
+                pending = _Pending(own.weight, own.divisor, scale, plan.lr_scale, block)
             else:  # half precision: gathered first, outside the reduce's seconds (T^c)
                 agreed = self.rounds.agree(work)
-                mine = agreed.mine
-                pending = _Pending(mine.weight, mine.total, mine.divisor, scale, plan.lr_scale)
+                pending = _Pending(agreed.mine.weight, agreed.mine.divisor, scale, plan.lr_scale)
             self._pending = pending
             began = self.rounds.clock()
-            try:
-                flush_buckets(ddp_model)
+            try:  # a peer lost in DDP's buckets fails as in the rounds' own collectives
+                with self.rounds.comm.guarded("the DDP buckets' all_reduce"):
+                    flush_buckets(ddp_model)
             finally:
                 self._pending = None
             reduce = self.rounds.clock() - began
             if agreed is None:
                 agreed = self._agreement(work, pending)
+            settle_buckets(agreed.mine, pending.buckets, self.rounds.comm.world_size)
             self._last = self.rounds.close(plan, work, agreed, reduce, pending.screened)
         return self._last
 
     def _agreement(self, work: RoundProgress, pending: _Pending) -> Agreement:
         """The rule's selection over the rows the first bucket carried; it must give this
-        rank the weight and divisor its buckets were reduced and divided with, and every
-        bucket's total (``runtime.control``'s checks, as ``train``'s round makes them). A
-        check that fails raises before the loop's ``optimizer.step()``."""
+        rank the weight its buckets were reduced with (``check_own_weight``, as ``train``'s
+        round checks it). A check that fails raises before the loop's ``optimizer.step()``."""
         if pending.reduced_rows is None:
-            raise TailtrainError("the DDP hook reduced no first bucket: no agreement came")
+            raise TailtrainError(
+                "no DDP bucket carried the round's agreement: register the hook with "
+                "ddp_model.register_comm_hook(state, weighted_allreduce_hook)"
+            )
         agreed = self.rounds.agreement(work, None, pending.reduced_rows)
-        mine = agreed.mine
-        check_own_weight(pending.weight, mine.weight)
-        check_divisor(pending.divisor, mine.divisor)
-        for total in pending.totals:
-            check_agreement(mine.total, total)
+        check_own_weight(pending.weight, agreed.mine.weight)
         return agreed
 
     # ---- checkpoints ----------------------------------------------------------------------
@@ -304,8 +326,9 @@ def weighted_allreduce_hook(
         )
     rows = pending.rows if bucket.index() == 0 else None  # every rank fires bucket 0 first
     future, screened = weighted_bucket_allreduce(
-        bucket.buffer(), pending.weight, pending.total, pending.divisor, state.process_group,
-        scale=pending.scale, lr_scale=pending.lr_scale, rows=rows, settled=pending.settled,
+        bucket.buffer(), pending.weight, None, pending.divisor, state.process_group,
+        scale=pending.scale, lr_scale=pending.lr_scale, rows=rows,
+        settled=partial(pending.settled, bucket.parameters()),
     )  # fmt: skip
     pending.screened = pending.screened or screened
     return future
@@ -313,23 +336,41 @@ def weighted_allreduce_hook(
 
 def carries_agreement(ddp_model: DistributedDataParallel) -> bool:
     """Whether the model's buckets carry the agreement's rows: float32 or float64 gradients
-    (``integrate.average.ROW_DTYPES``) and no DDP mixed precision (its buckets would be
-    reduced in the lower dtype)."""
-    params = [p for p in ddp_model.module.parameters() if p.requires_grad]
-    return getattr(ddp_model, "mixed_precision", None) is None and carries_rows(params)
+    (``integrate.average.ROW_DTYPES``). DDP's own mixed precision registers a comm hook of its
+    own, so it never meets this one."""
+    return carries_rows([p for p in ddp_model.module.parameters() if p.requires_grad])
+
+
+def settle_buckets(mine: RankWeighting, buckets: list[_Bucket], world_size: int) -> None:
+    """Once the selection is known: every bucket's reduced weights plus those withheld must be
+    its total (``check_agreement``), and each bucket divided by its divisor. A bucket divided
+    by this rank's own divisor where the selection over every rank fixes another is rescaled
+    (DropCompute ``divide-by=computed`` on a rank that counted nothing: 1 alone, the sum of
+    the weights among all), so every rank's gradient is the same."""
+    for bucket in buckets:
+        eps = torch.finfo(bucket.params[0].dtype).eps  # the weights were summed in it
+        rtol = carried_rtol(eps, world_size)
+        check_agreement(mine.total, bucket.summed + bucket.withheld, rtol)
+        by = mine.divisor if mine.divisor is not None else bucket.summed
+        by = by if by else 1.0  # nothing entered: the sum is 0 whatever divides it
+        if by != bucket.divided_by:
+            with torch.no_grad():
+                for p in bucket.params:
+                    if p.grad is not None:
+                        p.grad.mul_(bucket.divided_by / by)
 
 
 def weighted_bucket_allreduce(
     buffer: torch.Tensor,
     weight: float,
-    total: float,
+    total: float | None,
     divisor: float | None,
     process_group: dist.ProcessGroup | None,
     *,
     scale: float = 1.0,
     lr_scale: float = 1.0,
     rows: torch.Tensor | None = None,
-    settled: Callable[[float, torch.Tensor], None] | None = None,
+    settled: Callable[[float, float, float, torch.Tensor], None] | None = None,
 ) -> tuple[torch.futures.Future[torch.Tensor], bool]:
     """Start ``lr_scale * sum_n w_n (scale_n x_n) / divisor`` of a bucket ``x_n``: one
     asynchronous allreduce of ``[w_n scale_n x_n, w_n, withheld, rows]``. Returns its future
@@ -340,13 +381,14 @@ def weighted_bucket_allreduce(
     the one it fixed (None: the reduced sum of the weights). ``rows``: this rank's (N, W)
     block of the agreement, its own line filled and zeros elsewhere, so the sum is every
     rank's rows (an all-gather riding in the allreduce, as ``Collectives.weighted_sum``'s).
-    ``settled(reduced weights + withheld, reduced rows)`` is called as the bucket comes. A
+    ``settled(reduced weights, withheld, divided by, reduced rows)`` is called as the bucket
+    comes. A
     bucket holding a NaN or an infinity joins with weight 0 and zeros (0 * NaN is NaN) and
     reports the weight it withheld, so every rank's agreement check (reduced + withheld =
     expected) holds and the others' mean is divided by their own weights
     (``runtime.reduce.contribute``)."""
     mine = contribute(buffer, weight, scale=weight * scale)
-    size = buffer.numel()
+    size, eps = buffer.numel(), torch.finfo(buffer.dtype).eps
     tail = torch.tensor([mine.weight, mine.withheld], dtype=buffer.dtype, device=buffer.device)
     parts = [mine.values, tail]
     if rows is not None:
@@ -356,12 +398,14 @@ def weighted_bucket_allreduce(
     def divide(future: torch.futures.Future[list[torch.Tensor]]) -> torch.Tensor:
         reduced = future.value()[0]
         summed, withheld_sum = reduced[size : size + BUCKET_TAIL].double().cpu().tolist()
-        if total is not None:
-            check_agreement(total, summed + withheld_sum)
-        if settled is not None:
-            settled(summed + withheld_sum, reduced[size + BUCKET_TAIL :])
+        if total is not None:  # summed in the bucket's dtype, by every rank of the group
+            terms = dist.get_world_size(process_group)
+            check_agreement(total, summed + withheld_sum, carried_rtol(eps, terms))
         by = divisor if divisor is not None else summed
-        return reduced[:size].mul_(lr_scale / (by if by else 1.0))
+        by = by if by else 1.0  # nothing entered: the sum is 0 whatever divides it
+        if settled is not None:
+            settled(summed, withheld_sum, by, reduced[size + BUCKET_TAIL :])
+        return reduced[:size].mul_(lr_scale / by)
 
     return work.get_future().then(divide), mine.screened
 

@@ -164,7 +164,7 @@ class ElasticRounds:
                 scale = 1.0 / max(work.done, 1)
                 # the agreement rides in the allreduce; a half-precision model's is gathered
                 # first, outside the reduce's seconds (T^c), as StragglerStep's
-                agreed = None if carries_rows(mine) else rounds.agree(work)
+                agreed = None if carries_rows(mine) else rounds.agree(work, plan)
                 began = rounds.clock()
                 with torch.no_grad():
                     if agreed is None:

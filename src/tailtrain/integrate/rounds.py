@@ -12,10 +12,11 @@ the user's model doing the compute and the wall clock deciding:
 3. ``agree`` all-gathers ``[C_n, T~_n, loss sum, t_n^(1..U)]`` so that every rank
    builds the same arrivals (``topology.allreduce.round_arrivals``), the rule's ``select`` gives
    every rank the same weights, and Algorithm 2's measured times are the same everywhere.
-   ``StragglerStep`` gathers nothing here (but for a half-precision model): this rank's
-   weight from its own counts (``own``) goes into 4., whose allreduce carries the rows
-   (``own_rows``), and ``agreement`` makes the selection over them after it
-   (``integrate.average.agreed_average``), as ``train`` does.
+   ``StragglerStep``, the DDP comm hook and their elastic rounds gather nothing here (but for
+   a half-precision model): this rank's weight from its own counts (``own``) goes into 4.,
+   whose allreduce (the first DDP bucket's) carries the rows (``own_rows``), and
+   ``agreement`` makes the selection over them after it (``integrate.average.agreed_average``,
+   ``integrate.ddp``), as ``train`` does.
 4. The caller reduces ``[sum_n w_n G_n, sum_n w_n]`` (``runtime.reduce.Collectives`` or a DDP
    comm hook) and applies it.
 5. ``close`` all-gathers ``[reduce seconds, round seconds]`` (T^c is the

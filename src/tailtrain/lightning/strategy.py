@@ -17,14 +17,15 @@ Lightning owns the iteration over a step's micro-batches, so the round of
   ``training_step`` and ``backward`` passes it by (Lightning refuses a ``None`` loss under
   DDP). One it allows runs its forward under ``no_sync``, so its backward only accumulates.
 * ``optimizer_step``: Lightning calls the step's last micro-batch inside the optimizer
-  closure; the strategy runs that closure first, then the round's end: every rank's counts
-  and times are gathered, the rule's weights agreed, and a zero backward fires
+  closure; the strategy runs that closure first, then the round's end: a zero backward fires
   ``weighted_allreduce_hook`` on every bucket, which reduces ``lr_scale * sum_n w_n G_n``
-  (DropCompute Eq. (1)); then Lightning's own step (gradient clipping, the optimizer), or none
-  when no rank's gradient entered (``StepRecord.empty``). Lightning divides each loss by
-  ``accumulate_grad_batches``; the reduction divides it out again, so the update is the mean
-  over the counted micro-batches exactly as ``StragglerStep``'s (also in a shorter last
-  window of an epoch, where plain DDP would scale the update by its fraction of a window).
+  (DropCompute Eq. (1)), the first bucket carrying every rank's counts and times, on which
+  the rule's weights are then checked; then Lightning's own step (gradient clipping, the
+  optimizer), or none when no rank's gradient entered (``StepRecord.empty``). Lightning
+  divides each loss by ``accumulate_grad_batches``; the reduction divides it out again, so
+  the update is the mean over the counted micro-batches exactly as ``StragglerStep``'s (also
+  in a shorter last window of an epoch, where plain DDP would scale the update by its
+  fraction of a window).
 
 ``DDPStrategy._register_ddp_hooks`` registers a comm hook only on CUDA (a torch 1.8
 limitation); this strategy registers tailtrain's hook on every device, gloo included.

@@ -87,13 +87,21 @@ def applied_now(selection: Selection) -> Weighting:
     return selection.now
 
 
-def check_agreement(expected_total: float, reduced_total: float) -> None:
-    """The allreduced sum of weights equals what this rank's selection says it should."""
-    if not math.isclose(expected_total, reduced_total, rel_tol=WEIGHT_RTOL, abs_tol=1e-6):
+def check_agreement(expected_total: float, reduced_total: float, rtol: float = WEIGHT_RTOL) -> None:
+    """The allreduced sum of weights equals what this rank's selection says it should, to
+    ``rtol`` (a sum carried in half precision: ``carried_rtol``)."""
+    if not math.isclose(expected_total, reduced_total, rel_tol=rtol, abs_tol=1e-6):
         raise TailtrainError(
             f"ranks disagree on the weights: sum {reduced_total:.6g} reduced, "
             f"{expected_total:.6g} selected here"
         )
+
+
+def carried_rtol(eps: float, terms: int) -> float:
+    """How far a sum of ``terms`` weights may be from the rule's total when a buffer of
+    machine epsilon ``eps`` carries it (a half-precision gradient's: each weight and partial
+    sum rounded, half an ulp each): :data:`WEIGHT_RTOL`, or that rounding where coarser."""
+    return max(WEIGHT_RTOL, terms * eps)
 
 
 def check_own_weight(used: float, selected: float) -> None:

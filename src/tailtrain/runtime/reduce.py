@@ -247,6 +247,12 @@ class Collectives:
             dist.broadcast_object_list(box, group=self.group, group_src=0)
         return box[0]
 
+    def guarded(self, name: str) -> _Guard:
+        """A context in which a failed collective this class did not start (DDP's bucket
+        allreduces under a comm hook) raises :class:`PeerFailure` after ``grace`` seconds, as
+        its own collectives' failures do (module docstring)."""
+        return self._guard(name)
+
     def _guard(self, name: str) -> _Guard:
         return _Guard(name, self.rank, self.grace)
 

@@ -317,7 +317,7 @@ def test_gloos_own_timeout_in_a_data_phase_reads_as_the_waits_timeout_and_other_
     )
     error = coll._failed()
     assert isinstance(error, CollectiveTimeout) and error.__cause__ is coll.state.error
-    assert str(error).startswith("rank 2: waited 1s in a round's data phase")
+    assert str(error).startswith("rank 2: waited 1s on a peer in a send, receive or reduction")
     assert "(gloo: Timed out waiting 1000ms for send operation to complete)" in str(error)
     coll.state.error = RuntimeError("[gloo/transport/tcp/pair.cc:598] Connection closed by peer")
     assert isinstance(coll._failed(), CollectiveFailed)

@@ -17,7 +17,7 @@ With ``whole`` the whole process stops (SIGSTOP, its progress threads too; a chi
 SIGCONT ``seconds`` later): every round's data phase needs its reducer, so every collective
 waits for it. Every wait is bounded by ``timeout``: past it the collective raises
 ``CollectiveTimeout`` naming the rank, whether a wait for a round or a plan ran out or the
-group's own timeout fired in a round's data phase (whichever came first).
+group's own timeout fired in a send, receive or reduction (whichever came first).
 """
 
 from __future__ import annotations

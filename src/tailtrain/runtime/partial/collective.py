@@ -535,8 +535,8 @@ class PartialCollective:
         error: CollectiveFailed | CollectiveTimeout
         if isinstance(cause, RuntimeError) and "Timed out" in first:  # gloo's wording
             error = CollectiveTimeout(
-                f"rank {self.rank}: waited {self.timeout:.3g}s in a round's data phase; a peer"
-                f" may be gone (gloo: {first.rsplit('] ', 1)[-1][:160]})"
+                f"rank {self.rank}: waited {self.timeout:.3g}s on a peer in a send, receive or"
+                f" reduction; a peer may be gone (gloo: {first.rsplit('] ', 1)[-1][:160]})"
             )
         else:
             error = CollectiveFailed(
