@@ -12,6 +12,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 import torch.nn.functional as F
+from tests.integrate.ranks import no_garbage_inherited
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
@@ -103,9 +104,10 @@ def free_port() -> int:
 def test_the_printed_lines_run_in_the_job_they_are_for(advised, tmp_path):
     lines = {setup: found.adopt.lines() for setup, found in advised.items()}
     assert lines["ddp"][0] == "from tailtrain import StragglerHookState, weighted_allreduce_hook"
-    mp.start_processes(
-        run_lines, (free_port(), lines, str(tmp_path)), nprocs=N, start_method="fork"
-    )
+    with no_garbage_inherited():
+        mp.start_processes(
+            run_lines, (free_port(), lines, str(tmp_path)), nprocs=N, start_method="fork"
+        )
     ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(N)]
     for setup in lines:
         assert torch.isfinite(ranks[0][setup]).all()

@@ -4,9 +4,11 @@ found to ``rank{r}.pt`` in a folder the test then reads."""
 
 from __future__ import annotations
 
+import contextlib
 import datetime
+import gc
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +33,22 @@ def join(rank: int, port: int, world: int) -> None:
     )  # fmt: skip
 
 
+@contextlib.contextmanager
+def no_garbage_inherited() -> Iterator[None]:
+    """Fork inside this: the test worker's garbage is freed first, where its threads live, and
+    what is left is frozen, so no child's collector frees its copy of an earlier test's DDP
+    reducer or process group, whose destructor joins threads a fork did not copy (a child
+    hung there, in CI, for good)."""
+    gc.collect()
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
+
+
 def run_ranks(rank_main: Callable[[int, int, str], None], folder: Path, world: int) -> list[Any]:
     """Fork ``world`` ranks of ``rank_main(rank, port, folder)`` and load what each saved."""
-    mp.start_processes(rank_main, (free_port(), str(folder)), nprocs=world, start_method="fork")
+    with no_garbage_inherited():
+        mp.start_processes(rank_main, (free_port(), str(folder)), nprocs=world, start_method="fork")
     return [torch.load(folder / f"rank{r}.pt", weights_only=False) for r in range(world)]

@@ -13,6 +13,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from tests.cli.helpers import run
+from tests.integrate.ranks import no_garbage_inherited
 
 from tailtrain.tasks import parse_task
 from tailtrain.tasks.corpus import IGNORE, PAD, decode_chars, encode_chars, stdlib_corpus
@@ -124,7 +125,8 @@ def test_tiny_gpt_trains_through_straggler_step(tmp_path):
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    mp.start_processes(straggler_rank, (port, str(tmp_path)), nprocs=2, start_method="fork")
+    with no_garbage_inherited():
+        mp.start_processes(straggler_rank, (port, str(tmp_path)), nprocs=2, start_method="fork")
     ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)]
     assert torch.equal(ranks[0]["theta"], ranks[1]["theta"])  # one model after allreduce
     assert all(np.isfinite(ranks[0]["losses"]))
