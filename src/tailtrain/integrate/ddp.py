@@ -382,10 +382,9 @@ def weighted_bucket_allreduce(
     block of the agreement, its own line filled and zeros elsewhere, so the sum is every
     rank's rows (an all-gather riding in the allreduce, as ``Collectives.weighted_sum``'s).
     ``settled(reduced weights, withheld, divided by, reduced rows)`` is called as the bucket
-    comes. A
-    bucket holding a NaN or an infinity joins with weight 0 and zeros (0 * NaN is NaN) and
-    reports the weight it withheld, so every rank's agreement check (reduced + withheld =
-    expected) holds and the others' mean is divided by their own weights
+    comes. A bucket holding a NaN or an infinity joins with weight 0 and zeros (0 * NaN is
+    NaN) and reports the weight it withheld, so every rank's agreement check (reduced +
+    withheld = expected) holds and the others' mean is divided by their own weights
     (``runtime.reduce.contribute``)."""
     mine = contribute(buffer, weight, scale=weight * scale)
     size, eps = buffer.numel(), torch.finfo(buffer.dtype).eps
