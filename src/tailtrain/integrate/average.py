@@ -43,6 +43,14 @@ def buckets(params: Sequence[torch.Tensor], cap_mb: float) -> list[list[int]]:
 ROW_DTYPES = (torch.float32, torch.float64)
 
 
+def divisor_of(divisor: float | None, summed: float) -> float:
+    """What a bucket's reduced sum is divided by: the rule's divisor, or (None) the reduced
+    sum of the weights; 1 where that is 0, since nothing entered and the sum is 0 whatever
+    divides it."""
+    by = summed if divisor is None else divisor
+    return by if by else 1.0
+
+
 def carries_rows(tensors: list[torch.Tensor]) -> bool:
     """Whether a weighted allreduce of ``tensors`` carries the agreement (``ROW_DTYPES``)."""
     return all(t.dtype in ROW_DTYPES for t in tensors)
@@ -78,7 +86,7 @@ def agreed_average(
         mine = agreed[0].mine
         check_own_weight(own.weight, mine.weight)
         check_agreement(mine.total, reduced.total + reduced.extras[0], rtol(reduced, rounds.comm))
-        return mine.divisor if mine.divisor is not None else reduced.total
+        return divisor_of(mine.divisor, reduced.total)
 
     rows = rounds.own_rows(work, plan, dealt)
     out, first = reduce_buckets(rounds.comm, groups, tensors, scale, own.weight, bad, settle, rows)
@@ -126,10 +134,10 @@ def scatter(
     numerator: torch.Tensor,
     divisor: float,
 ) -> None:
-    """One bucket's reduced sum over ``divisor`` (0: nothing entered, the sum is 0), cut back
-    into ``parts``' shapes at ``out[index]``; each bucket as it comes, so only one bucket's
-    buffer is alive at a time."""
-    pieces = (numerator / (divisor if divisor else 1.0)).split([t.numel() for t in parts])
+    """One bucket's reduced sum over ``divisor`` (:func:`divisor_of`), cut back into
+    ``parts``' shapes at ``out[index]``; each bucket as it comes, so only one bucket's buffer
+    is alive at a time."""
+    pieces = (numerator / divisor).split([t.numel() for t in parts])
     for i, piece, part in zip(index, pieces, parts, strict=True):
         out[i] = piece.view_as(part).clone()
 
@@ -156,7 +164,7 @@ def weighted_average(
 
     def settle(reduced: WeightedSum) -> float:
         check_agreement(mine.total, reduced.total + reduced.extras[0], rtol(reduced, comm))
-        return mine.divisor if mine.divisor is not None else reduced.total
+        return divisor_of(mine.divisor, reduced.total)
 
     out, first = reduce_buckets(comm, groups, tensors, scale, mine.weight, bad, settle)
     return out, bad, first.total

@@ -62,7 +62,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from tailtrain.errors import TailtrainError, UsageError
-from tailtrain.integrate.average import carries_rows
+from tailtrain.integrate.average import carries_rows, divisor_of
 from tailtrain.integrate.elastic_ddp import ElasticRounds
 from tailtrain.integrate.probe import batch_samples, watching
 from tailtrain.integrate.rounds import Agreement, RoundProgress, Rounds, StepRecord
@@ -351,8 +351,7 @@ def settle_buckets(mine: RankWeighting, buckets: list[_Bucket], world_size: int)
         eps = torch.finfo(bucket.params[0].dtype).eps  # the weights were summed in it
         rtol = carried_rtol(eps, world_size)
         check_agreement(mine.total, bucket.summed + bucket.withheld, rtol)
-        by = mine.divisor if mine.divisor is not None else bucket.summed
-        by = by if by else 1.0  # nothing entered: the sum is 0 whatever divides it
+        by = divisor_of(mine.divisor, bucket.summed)
         if by != bucket.divided_by:
             with torch.no_grad():
                 for p in bucket.params:
@@ -400,8 +399,7 @@ def weighted_bucket_allreduce(
         if total is not None:  # summed in the bucket's dtype, by every rank of the group
             terms = dist.get_world_size(process_group)
             check_agreement(total, summed + withheld_sum, carried_rtol(eps, terms))
-        by = divisor if divisor is not None else summed
-        by = by if by else 1.0  # nothing entered: the sum is 0 whatever divides it
+        by = divisor_of(divisor, summed)
         if settled is not None:
             settled(summed, withheld_sum, by, reduced[size + BUCKET_TAIL :])
         return reduced[:size].mul_(lr_scale / by)
