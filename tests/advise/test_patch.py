@@ -149,6 +149,22 @@ def test_dropcompute_refuses_a_loop_that_accumulates_under_no_sync():
         apply_edits(source, edits("dropcompute"))
 
 
+@pytest.mark.parametrize("strategy", ["dropcompute", "rebalance"])
+def test_a_loop_with_a_grad_scaler_is_told_to_propagate_overflows(strategy):
+    """The printed lines screen a non-finite gradient out, which a GradScaler must see: the
+    edits refuse such a loop in one line that says what to add."""
+    source = (LOOPS / "one_batch.py").read_text()
+    scaled = source.replace(
+        "            loss.backward()\n            optimizer.step()\n",
+        "            scaler.scale(loss).backward()\n            scaler.step(optimizer)\n"
+        "            scaler.update()\n",
+    ).replace("    steps = 0\n", "    steps = 0\n    scaler = torch.amp.GradScaler()\n")
+    assert scaled.count("scaler") == 4
+    with pytest.raises(UsageError, match='on_nonfinite="propagate"') as refused:
+        apply_edits(scaled, edits(strategy))
+    assert "\n" not in str(refused.value)
+
+
 def test_an_unsupported_script_gets_one_line():
     with pytest.raises(UsageError, match="not a loop shape"):
         apply_edits("import torch\nprint(1)\n", edits("rebalance"))

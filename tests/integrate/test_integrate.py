@@ -9,6 +9,7 @@ and Local-SGD's average of local models. Drops are forced by a 1 s sleep against
 
 from __future__ import annotations
 
+import contextlib
 import math
 import pickle
 import time
@@ -117,6 +118,41 @@ def run_ddp(
         opt.zero_grad()
         records.append(state.last.as_dict())
     return flat(ddp.module), records, pickle.loads(pickle.dumps(state)).state_dict()
+
+
+def run_scaled(rank, on_nonfinite, overflow, rounds=3, units=2):
+    """A ``torch.amp.GradScaler`` loop (its CPU scaler) over DDP: under the hook (``sync``)
+    with ``on_nonfinite``, or, None, DDP's own allreduce. Round 0 overflows on the ranks in
+    ``overflow`` (an infinite loss, as a scale too high for float16 gives). Per round: the
+    scale after ``update`` and the parameters."""
+    ddp = DistributedDataParallel(model())
+    state = None
+    if on_nonfinite is not None:
+        state = StragglerHookState("sync", on_nonfinite=on_nonfinite)
+        ddp.register_comm_hook(state, weighted_allreduce_hook)
+    opt = optimizer(ddp.parameters(), False)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10)
+    scales, thetas = [], []
+    for r in range(rounds):
+        batches = [batch(rank, r, u, units) for u in range(units)]
+        if state is None:  # DDP's accumulation: the last micro-batch's backward reduces
+            for u, (x, y) in enumerate(batches):
+                with ddp.no_sync() if u < units - 1 else contextlib.nullcontext():
+                    loss = F.cross_entropy(ddp(x), y) / units
+                    loss = loss * math.inf if r == 0 and rank in overflow else loss
+                    scaler.scale(loss).backward()
+        else:
+            for x, y in state.micro_batches(ddp, batches):
+                loss = F.cross_entropy(ddp(x), y)
+                loss = loss * math.inf if r == 0 and rank in overflow else loss
+                scaler.scale(loss).backward()
+        if state is None or not state.last.empty:
+            scaler.step(opt)
+            scaler.update()
+        opt.zero_grad()
+        scales.append(scaler.get_scale())
+        thetas.append(flat(ddp.module))
+    return scales, thetas
 
 
 def refused(strategy) -> str:
@@ -230,6 +266,11 @@ def rank_main(rank: int, port: int, folder: str) -> None:
             "step": run_step(rank, DROP, 1, 3, slow=True, dtype=torch.bfloat16),
             "ddp": run_ddp(rank, DROP, 1, 3, dtype=torch.bfloat16),
         },
+        "scaled": {
+            f"{mode}-{'-'.join(map(str, over))}": run_scaled(rank, on_nonfinite, over)
+            for mode, on_nonfinite in (("ddp", None), ("propagate", "propagate"), ("skip", "skip"))
+            for over in ((1,), (0, 1))
+        },
         "refused": refused("local-sgd:period=2"),
         "gathered-first": gathered_first(rank),
         "collectives": {str(t): count_collectives(rank, t) for t in DTYPES},
@@ -340,6 +381,30 @@ def test_a_non_finite_gradient_joins_with_weight_zero(results, case):
         torch.testing.assert_close(theta, expected)
         assert records[0]["nonfinite"] == 1
         assert records[0]["ranks"] == [0] and records[0]["weights"] == [1.0, 0.0]
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("over", ["1", "0-1"])
+def test_an_overflow_propagated_reaches_the_grad_scaler_as_under_ddp(results, over):
+    """``on_nonfinite="propagate"``: one rank's overflow or every rank's, the scaler skips the
+    step on every rank and halves its scale, then steps as DDP's does. Screened out (the
+    default), the scale never comes down and the overflowing ranks leave the update."""
+    for rank in results:
+        ddp_scales, ddp_thetas = rank["scaled"][f"ddp-{over}"]
+        scales, thetas = rank["scaled"][f"propagate-{over}"]
+        assert scales == ddp_scales == [2.0**9, 2.0**9, 2.0**9]
+        torch.testing.assert_close(thetas[0], flat(model()))  # round 0 skipped
+        for mine, theirs in zip(thetas, ddp_thetas, strict=True):
+            torch.testing.assert_close(mine, theirs)
+        skip_scales, skip_thetas = rank["scaled"][f"skip-{over}"]
+        assert skip_scales[0] == 2.0**10  # the scaler saw no overflow
+        if over == "1":  # rank 0's gradient alone entered round 0
+            assert not torch.equal(skip_thetas[0], flat(model()))
+
+
+def test_a_hook_state_refuses_an_unknown_on_nonfinite_in_one_line():
+    with pytest.raises(UsageError, match="on_nonfinite must be one of skip, propagate"):
+        StragglerHookState("sync", on_nonfinite="raise")
 
 
 def test_local_sgd_has_no_comm_hook(results):

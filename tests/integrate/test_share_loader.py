@@ -260,6 +260,8 @@ def rank_main(rank: int, port: int, folder: str) -> None:
     sampler = DistributedSampler(data, seed=SEED)
     loader = rebalance_loader(DataLoader(data, batch_size=B, sampler=sampler), SHARES)
     unpickled = pickle.loads(pickle.dumps(loader.batch_sampler))  # reduces on the default group
+    plain = DataLoader(data, batch_size=B, sampler=sampler)
+    propagating = rebalance_loader(plain, SHARES, on_nonfinite="propagate")
     try:
         wrong = DistributedSampler(data, num_replicas=2, rank=rank % 2)
         rebalance_loader(DataLoader(data, batch_size=B, sampler=wrong), [4, 4])
@@ -269,6 +271,7 @@ def rank_main(rank: int, port: int, folder: str) -> None:
     out = {
         "hook": train_ranks(rank, loader, loader.batch_sampler),
         "nan": train_ranks(rank, loader, unpickled, nan_rank=2),
+        "propagated": train_ranks(rank, propagating, propagating.batch_sampler, nan_rank=2),
         "refused": refused,
     }
     torch.save(out, f"{folder}/rank{rank}.pt")
@@ -336,6 +339,15 @@ def test_a_non_finite_bucket_joins_with_weight_zero(results):
             torch.testing.assert_close(theta, want)
     assert [r["nan"]["screened"] for r in results][:2] == [0, 0]
     assert results[2]["nan"]["screened"] >= STEPS  # at least one bucket a step
+
+
+@pytest.mark.timeout(120)
+def test_a_non_finite_bucket_propagated_reaches_every_rank_as_under_ddp(results):
+    """``on_nonfinite="propagate"`` (with a GradScaler, which would skip the step): rank 2's
+    NaN enters the sum, so every rank's update holds it, and nothing is counted screened."""
+    for result in results:
+        assert result["propagated"]["screened"] == 0
+        assert not torch.isfinite(result["propagated"]["thetas"][0]).any()
 
 
 @pytest.mark.timeout(120)

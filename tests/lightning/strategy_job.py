@@ -10,7 +10,10 @@ indices of the step's micro-batches on this rank and the strategy's ``StepRecord
 * ``resume``: the same spec resumed from that checkpoint for ``RESUMED`` more steps;
 * ``ddp``: Lightning's own ``DDPStrategy``, no delay;
 * ``inf``: ``StragglerStrategy("dropcompute:threshold=inf")``, no delay;
-* ``shares``: ``StragglerStrategy("rebalance", shares=SHARES)``, no delay.
+* ``shares``: ``StragglerStrategy("rebalance", shares=SHARES)``, no delay;
+* ``scaled-ddp`` / ``scaled``: ``DDPStrategy`` / ``StragglerStrategy("dropcompute:threshold=inf")``
+  under ``16-mixed`` with a ``GradScaler`` (on the CPU: ``MixedPrecision``'s plugin given),
+  rank ``SLOW_RANK``'s loss infinite in the first optimizer step (an overflow).
 
 Rank r saves ``rank{r}.pt`` in the folder given as the first argument.
 """
@@ -27,6 +30,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from lightning.pytorch.loggers import Logger
+from lightning.pytorch.plugins import MixedPrecision
 from lightning.pytorch.strategies import DDPStrategy
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
@@ -39,6 +43,8 @@ AUTO = "dropcompute:threshold=auto,calibrate=3"
 SLOW_RANK, DELAY = 1, 0.04
 #: ``rebalance``'s samples per step for each rank (sum N B)
 SHARES = [12, 4]
+#: the GradScaler's initial scale in the ``scaled`` runs (halved by the first step's overflow)
+SCALE = 2.0**10
 SAMPLES = N * ACCUMULATE * B * STEPS  # one epoch is STEPS optimizer steps
 X = torch.randn(SAMPLES, D, generator=torch.Generator().manual_seed(0))
 Y = torch.randint(0, C, (SAMPLES,), generator=torch.Generator().manual_seed(1))
@@ -54,16 +60,20 @@ def flat(net: nn.Module) -> torch.Tensor:
 
 
 class Tiny(pl.LightningModule):
-    def __init__(self, delay: float = 0.0) -> None:
+    def __init__(self, delay: float = 0.0, overflow: bool = False) -> None:
         super().__init__()
         self.net = make_net()
         self.delay = delay
+        self.overflow = overflow
 
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
         x, y, _ = batch
         if self.delay and self.global_rank == SLOW_RANK:
             time.sleep(self.delay)
-        return F.cross_entropy(self.net(x), y)
+        loss = F.cross_entropy(self.net(x), y)
+        if self.overflow and self.global_rank == SLOW_RANK and self.global_step == 0:
+            return loss * torch.inf
+        return loss
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return torch.optim.SGD(self.parameters(), lr=LR, momentum=MOMENTUM)
@@ -126,15 +136,20 @@ class Kept(Logger):
         self.metrics.append((step, dict(metrics)))
 
 
-def fit(strategy: Any, delay: float, steps: int, ckpt: Path | None = None) -> dict[str, Any]:
+def fit(
+    strategy: Any, delay: float, steps: int, ckpt: Path | None = None, scaled: bool = False
+) -> dict[str, Any]:
     steps_cb, kept = Steps(), Kept()
+    plugins = []
+    if scaled:  # Lightning's 16-mixed with a GradScaler, given as a plugin on the CPU
+        plugins.append(MixedPrecision("16-mixed", "cpu", torch.amp.GradScaler("cpu", SCALE)))
     trainer = pl.Trainer(
         accelerator="cpu", devices=N, strategy=strategy, max_steps=steps,
         accumulate_grad_batches=ACCUMULATE, callbacks=[steps_cb], logger=kept,
         log_every_n_steps=1, enable_checkpointing=False, enable_progress_bar=False,
-        enable_model_summary=False,
+        enable_model_summary=False, plugins=plugins,
     )  # fmt: skip
-    module = Tiny(delay)
+    module = Tiny(delay, overflow=scaled)
     began = time.perf_counter()
     trainer.fit(module, ckpt_path=None if ckpt is None else str(ckpt))
     seconds = time.perf_counter() - began
@@ -144,6 +159,11 @@ def fit(strategy: Any, delay: float, steps: int, ckpt: Path | None = None) -> di
         out["buckets_reduced"] = strategy.state.buckets_reduced
         out["state"] = strategy.state.state_dict()
         out["metrics"] = [(step, m) for step, m in kept.metrics if "tailtrain/drop_rate" in m]
+    if scaled:
+        out["scale"] = trainer.precision_plugin.scaler.get_scale()
+        out["initial"] = flat(make_net())
+    if isinstance(strategy, StragglerStrategy):
+        out["on_nonfinite"] = strategy.on_nonfinite
     out["trainer"] = trainer
     return out
 
@@ -165,6 +185,11 @@ def main(folder: Path) -> None:
     dealt = StragglerStrategy("rebalance", shares=SHARES, process_group_backend="gloo")
     runs["shares"] = fit(dealt, 0.0, STEPS)
     runs["shares"].pop("trainer")
+    runs["scaled-ddp"] = fit(DDPStrategy(process_group_backend="gloo"), 0.0, STEPS, scaled=True)
+    runs["scaled-ddp"].pop("trainer")
+    inf = StragglerStrategy("dropcompute:threshold=inf", process_group_backend="gloo")
+    runs["scaled"] = fit(inf, 0.0, STEPS, scaled=True)
+    runs["scaled"].pop("trainer")
     torch.save(runs, folder / f"rank{dist.get_rank()}.pt")
     dist.barrier()
 

@@ -132,6 +132,22 @@ def test_threshold_inf_without_a_straggler_is_plain_lightning_ddp(runs):
 
 
 @pytest.mark.timeout(300)
+def test_under_16_mixed_an_overflow_reaches_the_grad_scaler_as_under_lightnings_ddp(runs):
+    """The hook propagates a non-finite bucket where the precision scales the loss: rank 1's
+    overflow in the first step makes both ranks' scalers skip it and halve their scale, and
+    every later step is Lightning's DDP's (screened out, the scale would stay)."""
+    ranks, _ = runs
+    for rank in ranks:
+        ours, plain = rank["scaled"], rank["scaled-ddp"]
+        assert ours["on_nonfinite"] == "propagate" and rank["inf"]["on_nonfinite"] == "skip"
+        assert ours["scale"] == plain["scale"] == job.SCALE / 2
+        torch.testing.assert_close(ours["steps"][0]["params"], ours["initial"])
+        assert len(ours["steps"]) == len(plain["steps"]) == job.STEPS
+        for mine, theirs in zip(ours["steps"], plain["steps"], strict=True):
+            torch.testing.assert_close(mine["params"], theirs["params"], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.timeout(300)
 def test_a_checkpoint_carries_the_rule_state_and_resuming_continues_its_rounds(runs):
     ranks, folder = runs
     saved = torch.load(folder / "auto.ckpt", weights_only=False)

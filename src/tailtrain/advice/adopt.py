@@ -100,6 +100,17 @@ ACCUMULATION = (
     "loader batch split in M as the printed lines do, or adopt rebalance"
 )
 
+#: a loop that scales its loss (``torch.amp.GradScaler``): the printed lines screen an
+#: overflow out, which the scaler must see (``StragglerHookState``'s ``on_nonfinite``)
+SCALED = r"\bGradScaler\("
+#: why the DDP edits refuse such a loop, and what to write by hand
+SCALED_WHY = (
+    'this loop scales its loss with a GradScaler: add on_nonfinite="propagate" to the '
+    "printed StragglerHookState(...) or rebalance_loader(...) line, so that an overflow "
+    "reaches the scaler, and guard scaler.step(optimizer) and scaler.update() as the printed "
+    "lines guard optimizer.step() (docs/loop.md); adopt the lines by hand"
+)
+
 
 @dataclass(frozen=True)
 class Adoption:
@@ -155,7 +166,7 @@ def ddp_rebalance(spec: str, shares: tuple[int, ...]) -> Adoption:
         edit_list=(
             _import(names),
             _edit(BATCH_ANCHOR, [], "loader"),  # binds only: the loader the batches come from
-            _edit(LOADER_ANCHOR, [deal], "loader"),
+            _edit(LOADER_ANCHOR, [deal], "loader", unless=SCALED, why=SCALED_WHY),
             _edit(DDP_ANCHOR, [hook], "ddp"),
         ),
     )
@@ -190,7 +201,7 @@ def ddp_dropcompute(spec: str, m: int) -> Adoption:
         each=f"each step (its batch x, y split in M={m} micro-batches)",
         edit_list=(
             _import(names),
-            _edit(DDP_ANCHOR, state, "ddp"),
+            _edit(DDP_ANCHOR, state, "ddp", unless=SCALED, why=SCALED_WHY),
             _edit(BATCH_ANCHOR, [], "x"),  # binds x, y and the loader: the batch split below
             _edit(
                 STEP_ANCHOR,

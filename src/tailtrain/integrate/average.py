@@ -64,6 +64,7 @@ def agreed_average(
     work: RoundProgress,
     plan: AllreducePlan,
     dealt: list[int] | None = None,
+    bad: bool | None = None,
 ) -> tuple[list[torch.Tensor], bool, float, Agreement]:
     """The round's agreement and its weighted average in one collective, as ``train``'s round
     makes them (``runtime.allreduce``, 3.): this rank reduces with its weight from its own
@@ -76,9 +77,11 @@ def agreed_average(
     fewer a step than a gather first: on 6 gloo ranks of 2 shared cores each costs 8-9 ms
     (docs/faults.md). ``tensors`` must carry the rows (:func:`carries_rows`). Returns the
     averages, whether this rank was screened out, sum_n w_n of the ranks not screened out,
-    and the agreement."""
+    and the agreement. ``bad`` given: the caller screened already (False: nothing is screened
+    out, the DDP hook's ``on_nonfinite="propagate"``)."""
     own = rounds.own(work, plan)
-    bad = not all(bool(torch.isfinite(t).all()) for t in tensors)
+    if bad is None:
+        bad = not all(bool(torch.isfinite(t).all()) for t in tensors)
     agreed: list[Agreement] = []
 
     def settle(reduced: WeightedSum) -> float:  # the rows came: the selection and its checks

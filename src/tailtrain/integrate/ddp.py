@@ -75,7 +75,7 @@ from tailtrain.runtime.control import (
 from tailtrain.runtime.elastic.refusals import check_on_rank_loss
 from tailtrain.runtime.elastic.shrink import OnRankLoss
 from tailtrain.runtime.elastic.store import LAUNCHED, REJOIN
-from tailtrain.runtime.reduce import Collectives, contribute
+from tailtrain.runtime.reduce import Collectives, contribute, screens
 from tailtrain.strategies.base import AllreducePlan, Strategy
 from tailtrain.strategies.entries import HOOK, hook_refusal
 
@@ -141,6 +141,14 @@ class StragglerHookState:
     --on-rank-loss shrink``, and after ``heal``); ``"stop"`` does not (a death ends the
     job, as DDP's does); None, the default, follows the launch: ``"shrink"`` under
     ``tailtrain launch --on-rank-loss shrink``, else ``"stop"``.
+
+    ``on_nonfinite``: ``"skip"`` (the default) screens out a rank's bucket that holds a NaN or
+    an infinity (it joins with weight 0, the others' mean is the update, the record counts it
+    in ``nonfinite``); ``"propagate"`` lets it into the sum as DDP's own allreduce does, so
+    every rank's gradient holds it. Give ``"propagate"`` with a ``torch.amp.GradScaler``: an
+    overflow must reach the scaler, which then skips ``scaler.step(optimizer)`` on every rank
+    and lowers its scale; screened out, the scaler never sees one, so its scale never comes
+    down and every overflowing rank stays out of the update.
     """
 
     def __init__(
@@ -150,6 +158,7 @@ class StragglerHookState:
         timeout: datetime.timedelta | None = None,
         device: torch.device | None = None,
         on_rank_loss: str | None = None,
+        on_nonfinite: str = "skip",
     ) -> None:
         if on_rank_loss is None:  # as the launch says
             launched = os.environ.get(LAUNCHED) == OnRankLoss.SHRINK
@@ -159,6 +168,9 @@ class StragglerHookState:
                 f"on_rank_loss must be one of {', '.join(OnRankLoss)}, got {on_rank_loss!r}"
             )
         self.on_rank_loss = OnRankLoss(on_rank_loss)
+        #: False under ``on_nonfinite="propagate"``: a non-finite bucket enters the sum as is
+        self.screens = screens(on_nonfinite)
+        self.on_nonfinite = on_nonfinite
         self.process_group = process_group
         self.timeout = timeout
         device = device or torch.device("cpu")
@@ -196,8 +208,9 @@ class StragglerHookState:
             rejoining=rejoining,
         )  # fmt: skip
         self.elastic = ElasticRounds(
-            self.rounds, ddp_model, optimizer, self.timeout, rejoining=rejoining
-        )
+            self.rounds, ddp_model, optimizer, self.timeout, rejoining=rejoining,
+            screens=self.screens,
+        )  # fmt: skip
 
     def micro_batches(
         self, ddp_model: DistributedDataParallel, micro_batches: Sequence[Any]
@@ -305,11 +318,15 @@ class StragglerHookState:
             "device": self.rounds.comm.device,
             "rounds": self.rounds.state_dict(),
             "on_rank_loss": str(self.on_rank_loss),
+            "on_nonfinite": self.on_nonfinite,
         }
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         on_rank_loss = state.get("on_rank_loss", OnRankLoss.STOP)
-        self.__init__(state["strategy"], None, state["timeout"], state["device"], on_rank_loss)
+        self.__init__(
+            state["strategy"], None, state["timeout"], state["device"], on_rank_loss,
+            state.get("on_nonfinite", "skip"),
+        )  # fmt: skip
         self.rounds.load_state_dict(state["rounds"])
 
 
@@ -328,7 +345,7 @@ def weighted_allreduce_hook(
     future, screened = weighted_bucket_allreduce(
         bucket.buffer(), pending.weight, None, pending.divisor, state.process_group,
         scale=pending.scale, lr_scale=pending.lr_scale, rows=rows,
-        settled=partial(pending.settled, bucket.parameters()),
+        settled=partial(pending.settled, bucket.parameters()), screen=state.screens,
     )  # fmt: skip
     pending.screened = pending.screened or screened
     return future
@@ -370,6 +387,7 @@ def weighted_bucket_allreduce(
     lr_scale: float = 1.0,
     rows: torch.Tensor | None = None,
     settled: Callable[[float, float, float, torch.Tensor], None] | None = None,
+    screen: bool = True,
 ) -> tuple[torch.futures.Future[torch.Tensor], bool]:
     """Start ``lr_scale * sum_n w_n (scale_n x_n) / divisor`` of a bucket ``x_n``: one
     asynchronous allreduce of ``[w_n scale_n x_n, w_n, withheld, rows]``. Returns its future
@@ -384,8 +402,9 @@ def weighted_bucket_allreduce(
     comes. A bucket holding a NaN or an infinity joins with weight 0 and zeros (0 * NaN is
     NaN) and reports the weight it withheld, so every rank's agreement check (reduced +
     withheld = expected) holds and the others' mean is divided by their own weights
-    (``runtime.reduce.contribute``)."""
-    mine = contribute(buffer, weight, scale=weight * scale)
+    (``runtime.reduce.contribute``); with ``screen`` False it joins as it is, as in DDP's own
+    allreduce (``on_nonfinite="propagate"``: a ``GradScaler`` then skips the step)."""
+    mine = contribute(buffer, weight, bad=None if screen else False, scale=weight * scale)
     size, eps = buffer.numel(), torch.finfo(buffer.dtype).eps
     tail = torch.tensor([mine.weight, mine.withheld], dtype=buffer.dtype, device=buffer.device)
     parts = [mine.values, tail]

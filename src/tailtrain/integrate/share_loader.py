@@ -46,6 +46,7 @@ from torch.utils.data import BatchSampler, DataLoader, DistributedSampler, Itera
 
 from tailtrain.errors import UsageError
 from tailtrain.integrate.ddp import weighted_bucket_allreduce
+from tailtrain.runtime.reduce import screens
 from tailtrain.tasks.stream import deal
 
 #: the ``DataLoader`` options ``rebalance_loader`` carries to the new loader as they were
@@ -92,7 +93,8 @@ class ShareBatchSampler(Sampler[list[int]]):
     each >= 1, summing to N x ``batch_size``; ``process_group``: the DDP model's, which the hook
     reduces on (None: the default group). ``state_dict`` and pickling leave the process
     group out, as ``torch.distributed.algorithms``' hook states do (an unpickled state reduces
-    on the default group).
+    on the default group). ``on_nonfinite``: as ``StragglerHookState``'s (``"propagate"`` with
+    a ``torch.amp.GradScaler``, so that an overflow reaches it).
     """
 
     def __init__(
@@ -102,8 +104,11 @@ class ShareBatchSampler(Sampler[list[int]]):
         batch_size: int,
         *,
         process_group: dist.ProcessGroup | None = None,
+        on_nonfinite: str = "skip",
     ) -> None:
         self.shares = checked_shares(shares, sampler.num_replicas, batch_size)
+        #: False under ``on_nonfinite="propagate"``: a non-finite bucket enters the sum as is
+        self.screens = screens(on_nonfinite)
         if len(sampler.dataset) < sampler.num_replicas * batch_size:  # type: ignore[arg-type]
             raise UsageError(
                 f"a dataset of {len(sampler.dataset)} samples holds no global batch of "  # type: ignore[arg-type]
@@ -175,17 +180,23 @@ def sample_weighted_hook(
     With each rank's loss the mean over its own batch, that is the global batch's mean
     gradient (module docstring); a loss summed over the batch would be weighted twice. One
     asynchronous allreduce of the scaled ``bucket.buffer()`` on ``state.process_group``; a
-    non-finite bucket joins with weight 0 (counted in ``state.screened``)."""
+    non-finite bucket joins with weight 0 (counted in ``state.screened``), or as it is where
+    the state propagates (``on_nonfinite``)."""
     weight = float(state.shares[state.rank])
     future, screened = weighted_bucket_allreduce(
-        bucket.buffer(), weight, float(sum(state.shares)), None, state.process_group
-    )
+        bucket.buffer(), weight, float(sum(state.shares)), None, state.process_group,
+        screen=state.screens,
+    )  # fmt: skip
     state.screened += int(screened)
     return future
 
 
 def rebalance_loader(
-    loader: DataLoader, shares: Sequence[int], *, process_group: dist.ProcessGroup | None = None
+    loader: DataLoader,
+    shares: Sequence[int],
+    *,
+    process_group: dist.ProcessGroup | None = None,
+    on_nonfinite: str = "skip",
 ) -> DataLoader:
     """A ``DataLoader`` over ``loader``'s dataset whose batch sampler deals this rank its
     ``shares[rank]`` samples of each global batch of N B (``ShareBatchSampler``).
@@ -196,7 +207,8 @@ def rebalance_loader(
     over; its ``drop_last`` does not matter, the epoch's remainder is always left out.
     ``shares``: one int >= 1 per rank, summing to N B (``optimal_shares``). ``process_group``:
     the DDP model's (None: the default group); where ``torch.distributed`` is initialised its
-    size and this rank must be the sampler's. Register the hook with
+    size and this rank must be the sampler's. ``on_nonfinite``: the hook's
+    (``ShareBatchSampler``). Register the hook with
     ``ddp.register_comm_hook(loader.batch_sampler, sample_weighted_hook)``.
 
     Refused in one line: an ``IterableDataset`` (no index to deal) and a loader without a
@@ -224,7 +236,9 @@ def rebalance_loader(
                 f"the DistributedSampler is rank {sampler.rank} of {sampler.num_replicas}, but "
                 f"rank {group[1]} of {group[0]} in the process group: give the DDP model's group"
             )
-    dealt = ShareBatchSampler(sampler, shares, batch_size, process_group=process_group)
+    dealt = ShareBatchSampler(
+        sampler, shares, batch_size, process_group=process_group, on_nonfinite=on_nonfinite
+    )
     carried = {name: getattr(loader, name) for name in CARRIED if hasattr(loader, name)}
     return SharedLoader(loader.dataset, batch_sampler=dealt, **carried)
 

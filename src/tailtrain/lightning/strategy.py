@@ -172,6 +172,14 @@ class StragglerStrategy(DDPStrategy):
         self._unit: tuple[int, float] | None = None
 
     @property
+    def on_nonfinite(self) -> str:
+        """What the hook does with a non-finite bucket: ``"propagate"`` under a precision
+        that scales the loss (``16-mixed``'s ``GradScaler``), so that an overflow reaches the
+        scaler, which skips the step on every rank and lowers its scale; else ``"skip"``."""
+        scaler = getattr(self.precision_plugin, "scaler", None)
+        return "skip" if scaler is None else "propagate"
+
+    @property
     def last(self) -> StepRecord | None:
         """The latest optimizer step's record (None before the first)."""
         return self.records[-1] if self.records else None
@@ -182,8 +190,9 @@ class StragglerStrategy(DDPStrategy):
         if self.shares is None and self.state is None:
             timeout = self._timeout if isinstance(self._timeout, timedelta) else None
             self.state = StragglerHookState(
-                self.rule, None, timeout, self.root_device, on_rank_loss=OnRankLoss.STOP
-            )
+                self.rule, None, timeout, self.root_device, on_rank_loss=OnRankLoss.STOP,
+                on_nonfinite=self.on_nonfinite,
+            )  # fmt: skip
         if self._restored is not None and self.state is not None:
             self.state.load_state_dict(self._restored)
             self._restored = None
@@ -214,7 +223,7 @@ class StragglerStrategy(DDPStrategy):
         dataloader = super().process_dataloader(dataloader)
         if self.shares is None or not self.lightning_module.trainer.training:
             return dataloader
-        dealt_loader = rebalance_loader(dataloader, self.shares)
+        dealt_loader = rebalance_loader(dataloader, self.shares, on_nonfinite=self.on_nonfinite)
         if self.dealt is None:  # DDP takes one comm hook; a reloaded loader deals the same
             assert isinstance(self.model, DistributedDataParallel)
             assert isinstance(dealt_loader.batch_sampler, ShareBatchSampler)

@@ -36,6 +36,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from tailtrain.errors import UsageError
+
 if TYPE_CHECKING:
     from tailtrain.runtime.inject import FaultDrill
 
@@ -81,6 +83,24 @@ class Contribution(NamedTuple):
     #: the weight screened out (w_n, else 0): every rank checks reduced + withheld = expected
     withheld: float
     screened: bool
+
+
+#: what a DDP comm hook's state does with a bucket holding a NaN or an infinity
+#: (``on_nonfinite``): ``skip`` screens it out (:func:`contribute`); ``propagate`` lets it into
+#: the sum as DDP's own allreduce does, so every rank's reduced gradient holds it and a
+#: ``torch.amp.GradScaler`` skips the step on every rank and lowers its scale
+HOOK_ON_NONFINITE = ("skip", "propagate")
+
+
+def screens(on_nonfinite: str) -> bool:
+    """Whether a hook given ``on_nonfinite`` (:data:`HOOK_ON_NONFINITE`) screens a non-finite
+    bucket out; anything else is refused in one line."""
+    if on_nonfinite not in HOOK_ON_NONFINITE:
+        raise UsageError(
+            f"on_nonfinite must be one of {', '.join(HOOK_ON_NONFINITE)}, got {on_nonfinite!r}"
+            " (propagate: with a torch.amp.GradScaler)"
+        )
+    return on_nonfinite == "skip"
 
 
 def contribute(
