@@ -10,6 +10,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from tailtrain.errors import UsageError
 from tailtrain.runtime.reduce import Collectives, PeerFailure, SumBuffer, contribute
 
 
@@ -90,6 +91,15 @@ def test_gather_returns_one_row_per_rank(one_rank):
 def test_a_failed_collective_is_a_peer_failure(one_rank):
     with pytest.raises(PeerFailure, match="all_gather"), one_rank._guard("all_gather"):
         raise RuntimeError("Connection closed by peer")
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("error", [ValueError("a hook's own"), UsageError("give x")])
+def test_an_error_of_the_callers_own_passes_the_guard_as_it_is(one_rank, error):
+    """A user's gradient hook raising in the DDP hook's zero backward is not a dead peer."""
+    one_rank.grace = 30.0  # a guard that waited would outlast the test's timeout
+    with pytest.raises(type(error), match=str(error)), one_rank.guarded("the DDP buckets"):
+        raise error
 
 
 @pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])

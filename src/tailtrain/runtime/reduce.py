@@ -36,7 +36,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from tailtrain.errors import UsageError
+from tailtrain.errors import TailtrainError, UsageError
 
 if TYPE_CHECKING:
     from tailtrain.runtime.inject import FaultDrill
@@ -358,7 +358,12 @@ class PendingSum:
 class _Guard:
     """Turns a collective's failure into :class:`PeerFailure` after ``grace`` seconds (module
     docstring). A class, not a ``@contextmanager``: its generator costs ~10 us a call, on
-    every round's allreduce."""
+    every round's allreduce.
+
+    A failure is what a collective raises: a ``RuntimeError`` (gloo, nccl and torch's
+    ``DistError`` are ones) or tailtrain's own (a watch's ``Broken``). Anything else, e.g. a
+    ``ValueError`` of the user's gradient hook in the DDP hook's zero backward
+    (:meth:`Collectives.guarded`), and a ``UsageError``, is the caller's and passes as it is."""
 
     __slots__ = ("grace", "name", "rank")
 
@@ -369,7 +374,7 @@ class _Guard:
         return None
 
     def __exit__(self, kind: type | None, exc: BaseException | None, tb: object) -> None:
-        if exc is None or not isinstance(exc, Exception):  # gloo and nccl raise RuntimeErrors
+        if not isinstance(exc, RuntimeError | TailtrainError) or isinstance(exc, UsageError):
             return
         text = str(exc).strip()
         first = text.splitlines()[0] if text else type(exc).__name__
