@@ -50,13 +50,20 @@ survivors compute its part too: every update still applies N M micro-batches, an
                             on_rank_loss="shrink")
     for step in range(step_fn.next_step, STEPS):
         record = step_fn(stream, loss_fn)             # the step deals the stream's positions
-With ``--out DIR`` every surviving rank writes ``DIR/rank{r}.pt``: its records and final
-parameters (tests/integrate/test_shrink_step.py rebuilds the run from them).
+**Float16 with a loss scaler** (``--overflow-step S``): the step scales each micro-batch's
+loss by a ``torch.amp.GradScaler`` (``StragglerStep(..., scaler=scaler)``), and rank 0's loss
+overflows in step S, as float16's does when the scale is too high: every rank's scaler skips
+that update and halves its scale. A rank taken back gets the live ranks' scale with the
+model, since every rank scales its gradients by it before they are summed.
+
+With ``--out DIR`` every surviving rank writes ``DIR/rank{r}.pt``: its records, final
+parameters and scale (tests/integrate/test_shrink_step.py rebuilds the run from them).
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import signal
 import time
@@ -121,6 +128,7 @@ def main() -> None:
     parser.add_argument("--strategy", default="sync")
     parser.add_argument("--steps", type=int, default=STEPS)
     parser.add_argument("--rejoin-steps", type=int, default=0)
+    parser.add_argument("--overflow-step", type=int, default=None)  # with a GradScaler
     args = parser.parse_args()
     torch.set_num_threads(1)
     restarted = RESTART in os.environ
@@ -132,7 +140,10 @@ def main() -> None:
     optimizer = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
     demand = "deal=demand" in args.strategy  # the step deals the stream's positions
     dealt = {"micro_batches": M} if demand else {}
-    step_fn = StragglerStep(model, optimizer, args.strategy, on_rank_loss="shrink", **dealt)
+    scaler = None if args.overflow_step is None else torch.amp.GradScaler("cpu")
+    step_fn = StragglerStep(
+        model, optimizer, args.strategy, on_rank_loss="shrink", scaler=scaler, **dealt
+    )
     stream = Stream(x, y, world)
     step = step_fn.next_step  # 0, or the live ranks' next step in a rank started again
 
@@ -141,7 +152,8 @@ def main() -> None:
         if rank in args.kill_rank and step == args.kill_step and not restarted:  # dies here
             os.kill(os.getppid() if args.kill_what == "node" else os.getpid(), signal.SIGKILL)
             time.sleep(60)  # a node's rank dies with its launcher (the launch's death signal)
-        return F.cross_entropy(model(batch[0]), batch[1])
+        loss = F.cross_entropy(model(batch[0]), batch[1])
+        return loss * math.inf if rank == 0 and step == args.overflow_step else loss
 
     records = []
     # --rejoin-steps: until K steps after the last rank rejoined (every rank reads it from the
@@ -158,6 +170,7 @@ def main() -> None:
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
         state = {"records": [r.as_dict() for r in records], "model": model.state_dict()}
+        state["scale"] = None if scaler is None else scaler.get_scale()
         torch.save(state, args.out / f"rank{rank}.pt")
     with torch.no_grad():
         accuracy = (model(x_test).argmax(1) == y_test).float().mean().item()

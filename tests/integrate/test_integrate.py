@@ -155,6 +155,32 @@ def run_scaled(rank, on_nonfinite, overflow, rounds=3, units=2):
     return scales, thetas
 
 
+def run_scaled_step(rank, overflow, rounds=3, units=2):
+    """``run_scaled``'s loop on ``StragglerStep(..., scaler=)`` (sync)."""
+    net, scaler = model(), torch.amp.GradScaler("cpu", init_scale=2.0**10)
+    step = StragglerStep(net, optimizer(net.parameters(), False), "sync", scaler=scaler)
+    scales, thetas = [], []
+    for r in range(rounds):
+
+        def loss_fn(xy, r=r):
+            loss = F.cross_entropy(net(xy[0]), xy[1])
+            return loss * math.inf if r == 0 and rank in overflow else loss
+
+        step([batch(rank, r, u, units) for u in range(units)], loss_fn)
+        scales.append(scaler.get_scale())
+        thetas.append(flat(net))
+    return scales, thetas
+
+
+def scaler_refused() -> str:
+    try:
+        StragglerStep(model(), optimizer(model().parameters(), False), "local-sgd:period=2",
+                      scaler=torch.amp.GradScaler("cpu"))  # fmt: skip
+    except UsageError as exc:
+        return str(exc)
+    return ""
+
+
 def refused(strategy) -> str:
     try:
         StragglerHookState(strategy).micro_batches(None, [1, 2]).__next__()
@@ -270,7 +296,9 @@ def rank_main(rank: int, port: int, folder: str) -> None:
             f"{mode}-{'-'.join(map(str, over))}": run_scaled(rank, on_nonfinite, over)
             for mode, on_nonfinite in (("ddp", None), ("propagate", "propagate"), ("skip", "skip"))
             for over in ((1,), (0, 1))
-        },
+        }
+        | {f"step-{'-'.join(map(str, o))}": run_scaled_step(rank, o) for o in ((1,), (0, 1))},
+        "scaler-refused": scaler_refused(),
         "refused": refused("local-sgd:period=2"),
         "gathered-first": gathered_first(rank),
         "collectives": {str(t): count_collectives(rank, t) for t in DTYPES},
@@ -386,8 +414,9 @@ def test_a_non_finite_gradient_joins_with_weight_zero(results, case):
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("over", ["1", "0-1"])
 def test_an_overflow_propagated_reaches_the_grad_scaler_as_under_ddp(results, over):
-    """``on_nonfinite="propagate"``: one rank's overflow or every rank's, the scaler skips the
-    step on every rank and halves its scale, then steps as DDP's does. Screened out (the
+    """``on_nonfinite="propagate"`` and ``StragglerStep(..., scaler=)``: one rank's overflow or
+    every rank's, the scaler skips the step on every rank and halves its scale, then steps as
+    DDP's does. Screened out (the
     default), the scale never comes down and the overflowing ranks leave the update."""
     for rank in results:
         ddp_scales, ddp_thetas = rank["scaled"][f"ddp-{over}"]
@@ -396,10 +425,19 @@ def test_an_overflow_propagated_reaches_the_grad_scaler_as_under_ddp(results, ov
         torch.testing.assert_close(thetas[0], flat(model()))  # round 0 skipped
         for mine, theirs in zip(thetas, ddp_thetas, strict=True):
             torch.testing.assert_close(mine, theirs)
+        step_scales, step_thetas = rank["scaled"][f"step-{over}"]  # StragglerStep's scaler
+        assert step_scales == ddp_scales
+        for mine, theirs in zip(step_thetas, ddp_thetas, strict=True):
+            torch.testing.assert_close(mine, theirs)
         skip_scales, skip_thetas = rank["scaled"][f"skip-{over}"]
         assert skip_scales[0] == 2.0**10  # the scaler saw no overflow
         if over == "1":  # rank 0's gradient alone entered round 0
             assert not torch.equal(skip_thetas[0], flat(model()))
+
+
+def test_a_scaler_with_local_steps_is_refused_in_one_line(results):
+    assert "GradScaler" in results[0]["scaler-refused"]
+    assert "\n" not in results[0]["scaler-refused"]
 
 
 def test_a_hook_state_refuses_an_unknown_on_nonfinite_in_one_line():

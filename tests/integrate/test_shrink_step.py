@@ -172,6 +172,32 @@ def test_a_killed_rank_started_again_heals_from_a_live_peer_and_the_group_grows_
     matches_reference(models[0], lambda rows: rebuilt(example(), rows), records)
 
 
+@pytest.mark.slow  # three ranks importing torch and sklearn, and one of them a fourth time
+@pytest.mark.timeout(300)
+def test_a_rank_healed_from_a_live_peer_takes_its_grad_scalers_scale(tmp_path):
+    """Under a GradScaler rank 0's loss overflows in step 2: every rank's scaler skips that
+    update and halves its scale. Rank 1, killed in step 6 and started again, must take that
+    scale with the model (each rank scales its gradients by its own scale before the sum):
+    after the heal every rank holds the same scale and the same parameters."""
+    command = [
+        sys.executable, "-m", "tailtrain", "launch", "--nproc-per-node", str(N),
+        "--on-rank-loss", "shrink", "--restart-lost", "1", str(EXAMPLE),
+        "--kill-rank", str(VICTIM), "--kill-step", str(AT), "--rejoin-steps", "3",
+        "--overflow-step", "2", "--out", str(tmp_path),
+    ]  # fmt: skip
+    done = subprocess.run(
+        command, cwd=ROOT, env=environment(), capture_output=True, text=True, timeout=280
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert f"rank {VICTIM} rejoined the live ranks at step " in done.stderr
+    kept = {r: torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(N)}
+    initial = torch.amp.GradScaler("cpu").get_scale()
+    assert [kept[r]["scale"] for r in range(N)] == [initial / 2] * N
+    models = [kept[r]["model"] for r in range(N)]
+    for name, value in models[0].items():
+        assert all(torch.equal(value, other[name]) for other in models[1:]), name
+
+
 # ---- one-line refusals ----------------------------------------------------------------------
 @pytest.fixture
 def alone():

@@ -200,6 +200,13 @@ class StragglerHookState:
         same script runs under torchrun. One-line refusals where shrinking cannot work."""
         if self.on_rank_loss is OnRankLoss.STOP or self.elastic is not None:
             return
+        if not self.screens:
+            raise UsageError(
+                'on_nonfinite="propagate" (a GradScaler) does not shrink under the DDP hook: a '
+                "round the lead completed for this rank leaves it no gradient for scaler.step, "
+                "and a rank taken back needs the live ranks' scale; use "
+                'StragglerStep(..., scaler=scaler, on_rank_loss="shrink"), which hands it over'
+            )
         rejoining = os.environ.get(REJOIN) == "1"
         lr = float(optimizer.param_groups[0]["lr"])
         comm = self.rounds.comm
@@ -208,9 +215,8 @@ class StragglerHookState:
             rejoining=rejoining,
         )  # fmt: skip
         self.elastic = ElasticRounds(
-            self.rounds, ddp_model, optimizer, self.timeout, rejoining=rejoining,
-            screens=self.screens,
-        )  # fmt: skip
+            self.rounds, ddp_model, optimizer, self.timeout, rejoining=rejoining
+        )
 
     def micro_batches(
         self, ddp_model: DistributedDataParallel, micro_batches: Sequence[Any]

@@ -40,6 +40,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import torch
 import torch.distributed as dist
 
 from tailtrain.errors import TailtrainError, UsageError
@@ -160,10 +161,12 @@ class StreamDeal:
         plan: AllreducePlan,
         work: RoundProgress,
         generation: int = 0,
+        backward: Callable[[torch.Tensor], None] = torch.Tensor.backward,
     ) -> tuple[int | None, list[int]]:
         """The round's units dealt to this worker (module docstring), measured into ``work``;
         the samples this rank computed (None: a batch without a size) and the k of every unit
-        the worker was dealt, in order. The caller ``leave``s after the round's collectives."""
+        the worker was dealt, in order. The caller ``leave``s after the round's collectives.
+        ``backward(loss)`` runs each unit's backward (``StragglerStep``'s scaler scales it)."""
         rounds, pool = self.rounds, int(sum(plan.shares))
         first = rounds.stream
         assert first is not None
@@ -194,7 +197,7 @@ class StreamDeal:
                 began = rounds.clock()
                 batch = stream[first + k]
                 loss = loss_fn(batch)
-                loss.backward()  # (FSDP reduce-scatters within the group and accumulates)
+                backward(loss)  # (FSDP reduce-scatters within the group and accumulates)
                 work.times[len(dealt)] = rounds.clock() - began
                 dealt.append(k)
                 work.loss_sum += float(loss.detach())

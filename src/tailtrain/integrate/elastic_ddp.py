@@ -102,12 +102,9 @@ class ElasticRounds:
         timeout: datetime.timedelta | None,
         *,
         rejoining: bool,
-        screens: bool = True,
     ) -> None:
         check_buffers(ddp_model)
         self.rounds = rounds
-        #: False: a non-finite gradient enters the sum as is (the hook's ``on_nonfinite``)
-        self.screens = screens
         self.params = [p for p in ddp_model.module.parameters() if p.requires_grad]
         #: the reduce's buckets: the model's own order, the same on every rank whatever
         #: DDP's buckets are (a restarted rank's DDP never rebuilt them)
@@ -165,7 +162,6 @@ class ElasticRounds:
                 with torch.no_grad():
                     mine = [grad_of(p) for p in self.params]
                 scale = 1.0 / max(work.done, 1)
-                bad = None if self.screens else False  # None: the average screens
                 # the agreement rides in the allreduce; a half-precision model's is gathered
                 # first, outside the reduce's seconds (T^c), as StragglerStep's
                 agreed = None if carries_rows(mine) else rounds.agree(work, plan)
@@ -173,11 +169,11 @@ class ElasticRounds:
                 with torch.no_grad():
                     if agreed is None:
                         averaged, screened, _, agreed = agreed_average(
-                            rounds, self.groups, mine, scale, work, plan, bad=bad
+                            rounds, self.groups, mine, scale, work, plan
                         )
                     else:
                         averaged, screened, _ = weighted_average(
-                            rounds.comm, self.groups, mine, scale, agreed, bad
+                            rounds.comm, self.groups, mine, scale, agreed
                         )
                 reduce = rounds.clock() - began
                 timing = rounds.timing(reduce, work, screened, membership.asks())

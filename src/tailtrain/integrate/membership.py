@@ -21,7 +21,8 @@ module holds what follows a round, the same for both:
   the same round) and every member GROWS at the next step boundary; a rank started again
   JOINS. The sync hands over the model's ``state_dict``, the optimizer's, the rule's state and
   round count (``Rounds.sealed``; dealt on demand, the stream's place too), the learned
-  deadline's rounds seen and the latest record: from a live peer, never from disk.
+  deadline's rounds seen, the latest record and the loop's ``GradScaler`` state, if it has
+  one: from a live peer, never from disk.
 
 What a regroup hands over is the same state a checkpoint holds (``core.envelope``), so every
 wait is the elastic layer's: bounded by the learned deadline, the census window or
@@ -76,9 +77,17 @@ class LoopMembership:
     state a sync hands over, and what the next record says."""
 
     def __init__(
-        self, rounds: Rounds, model: nn.Module, optimizer: torch.optim.Optimizer, shrinker: Shrinker
+        self,
+        rounds: Rounds,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        shrinker: Shrinker,
+        scaler: torch.amp.GradScaler | None = None,
     ) -> None:
         self.rounds, self.model, self.optimizer, self.shrinker = rounds, model, optimizer, shrinker
+        #: the loop's GradScaler, whose scale every member must share: each scales its own
+        #: gradients by it before they are summed (None: no scaler)
+        self.scaler = scaler
         #: the latest record (a lead hands it to the ranks its shrink finds behind)
         self.last: StepRecord | None = None
         #: ranks lost since the previous record, and whether the next record is the round a
@@ -101,6 +110,7 @@ class LoopMembership:
         timeout: datetime.timedelta | None,
         *,
         rejoining: bool,
+        scaler: torch.amp.GradScaler | None = None,
     ) -> LoopMembership:
         """The protocol's part of this rank, over ``rounds``' group. A rank of the job that
         hung and woke is mid-call in a loop that cannot skip ahead: it is refused (``heals``
@@ -110,7 +120,7 @@ class LoopMembership:
         shrinker = Shrinker.start(rounds.comm, bound, keeper=None, heals=rejoining)
         if not rejoining:  # generation 0 on a group a regroup can let go, not the script's
             rounds.comm = shrinker.own_first(rounds.comm, bound)
-        membership = cls(rounds, model, optimizer, shrinker)
+        membership = cls(rounds, model, optimizer, shrinker, scaler)
         if rejoining:
             membership.heal(join=True)
         return membership
@@ -182,8 +192,9 @@ class LoopMembership:
         rounds.rule, rounds.ctx = follow_live(rounds.rule, rounds.ctx, found.members)
 
     def sync(self, comm: GroupCollectives, found: Census) -> None:
-        """SYNCING: the lead member's model, optimizer, rule state, deadline and latest
-        record on every member of the new generation."""
+        """SYNCING: the lead member's model, optimizer, rule state, deadline, latest record
+        and GradScaler state (its scale and growth count) on every member of the new
+        generation."""
         shrinker = self.shrinker
         lead = elect(comm, self.rounds.step)  # the lead: runtime.elastic.handover
         state: dict[str, Any] = hand_over(
@@ -194,12 +205,15 @@ class LoopMembership:
                 model=self.model.state_dict(),
                 optimizer=self.optimizer.state_dict(),
                 last=self.last,
+                scaler=None if self.scaler is None else self.scaler.state_dict(),
             ),
         )
         if lead.leads:
             return
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
+        if self.scaler is not None and state["scaler"] is not None:
+            self.scaler.load_state_dict(state["scaler"])
         self.rounds.load_state_dict(state)
         shrinker.deadline.adopt(state["deadline"])
         self.last = state["last"]

@@ -52,7 +52,11 @@ every rank after the last call, lets the store's keys go::
         step(stream, loss_fn)                          # the positions this rank asks for
     step.close()
 
-A rank whose gradient holds a NaN or an infinity joins with weight 0, as ``train`` does.
+A rank whose gradient holds a NaN or an infinity joins with weight 0, as ``train`` does;
+under a ``scaler`` (``torch.amp.GradScaler``, for float16 autocast) it joins as it is, as in
+DDP's allreduce: each micro-batch's loss is scaled before its backward, and the optimizer
+steps through ``scaler.step`` and ``scaler.update``, so an overflow on any rank skips the
+update on every rank and halves every rank's scale (refused with Local-SGD's local steps).
 A round in which no rank's gradient entered (every rank stopped before its first micro-batch,
 or every one was screened out: the record's ``empty``) makes no update: the optimizer does not
 step, so momentum or weight decay move nothing (under H > 1 the parameters return to the
@@ -179,6 +183,7 @@ class StragglerStep:
     ``micro_batches`` is sync's M, which ``rebalance`` needs (module docstring).
     ``on_rank_loss="shrink"`` goes on without a rank that dies or hangs (module docstring;
     under ``tailtrain launch --on-rank-loss shrink``); ``"stop"``, the default, does not.
+    ``scaler``: a ``torch.amp.GradScaler`` for float16 autocast (module docstring).
     """
 
     def __init__(
@@ -192,9 +197,18 @@ class StragglerStep:
         bucket_cap_mb: float = BUCKET_CAP_MB,
         micro_batches: int | None = None,
         on_rank_loss: str = "stop",
+        scaler: torch.amp.GradScaler | None = None,
     ) -> None:
         # a wrong strategy is refused before any collective
         strategy = check_micro_batches(as_strategy(strategy, DEALS), micro_batches)
+        if scaler is not None and strategy.averages_models:
+            raise UsageError(
+                f"{strategy.name} takes local optimizer steps and averages the models: a "
+                "GradScaler's per-rank skips would leave the local models apart; give no scaler "
+                "(bfloat16 autocast needs none) or an allreduce rule"
+            )
+        #: scales each micro-batch's loss, and steps the optimizer (``scaler.step``)
+        self.scaler = scaler
         demand = check_store(strategy)
         self.model = model
         self.optimizer = optimizer
@@ -235,7 +249,7 @@ class StragglerStep:
         ) = None
         if shrinks:  # a rank started again asks to join here, before its first call
             self.membership = LoopMembership.start(
-                self.rounds, model, optimizer, timeout, rejoining=rejoining
+                self.rounds, model, optimizer, timeout, rejoining=rejoining, scaler=scaler
             )
             self._regrouped()
 
@@ -334,11 +348,11 @@ class StragglerStep:
         computed: int | None = 0  # samples of the micro-batches computed (None: not known)
         if deal is not None:  # one local step: the plan of a pool dealt on demand has one
             generation = 0 if self.membership is None else self.membership.shrinker.generation
-            computed, dealt = deal.compute(batches, loss_fn, plan, work, generation)
+            computed, dealt = deal.compute(batches, loss_fn, plan, work, generation, self._backward)
         else:
             for u, batch in enumerate(self.rounds.units(batches, plan, work)):
                 loss = loss_fn(batch)
-                loss.backward()
+                self._backward(loss)
                 work.loss_sum += float(loss.detach())
                 pending += 1
                 size = batch_samples(batch)
@@ -357,14 +371,15 @@ class StragglerStep:
             # model's is gathered first, outside the reduce's seconds (T^c)
             agreed = None if carries_rows(mine) else self.rounds.agree(work, plan, dealt)
             began = self.rounds.clock()
+            bad = None if self.scaler is None else False  # an overflow must reach the scaler
             with torch.no_grad():
                 if agreed is None:
                     averaged, screened, total, agreed = agreed_average(
-                        self.rounds, self.buckets, mine, scale, work, plan, dealt
+                        self.rounds, self.buckets, mine, scale, work, plan, dealt, bad
                     )
                 else:
                     averaged, screened, total = weighted_average(
-                        self.rounds.comm, self.buckets, mine, scale, agreed
+                        self.rounds.comm, self.buckets, mine, scale, agreed, bad
                     )
             reduce = self.rounds.clock() - began
             # the lowest member looks for ranks asking to join (at most every JOIN_LOOK
@@ -449,6 +464,10 @@ class StragglerStep:
         """The job's ranks that step now, in order."""
         return self.rounds.live
 
+    def _backward(self, loss: torch.Tensor) -> None:
+        """A micro-batch's backward: of the loss the scaler scaled, if there is one."""
+        (loss if self.scaler is None else self.scaler.scale(loss)).backward()
+
     def _local_step(self, m: int) -> None:
         local_step(self.optimizer, self.params, m)
 
@@ -477,7 +496,11 @@ class StragglerStep:
                 return
             for p, avg in zip(self.params, averaged, strict=True):
                 p.grad = avg.mul_(lr_scale)
-            self.optimizer.step()
+            if self.scaler is None:
+                self.optimizer.step()
+            else:  # skipped on every rank where the sum holds an overflow; the scale halves
+                self.scaler.step(self.optimizer)
+                self.scaler.update()
         else:
             for p, s, avg in zip(self.params, start, averaged, strict=True):
                 p.copy_(s + lr_scale * avg)
