@@ -143,6 +143,19 @@ def test_the_hook_goes_after_the_rebalanced_loader_when_ddp_comes_first():
     )
 
 
+@pytest.mark.parametrize("shape", ["one_batch", "trainer"])
+def test_dropcompute_names_the_micro_batches_apart_from_the_batch(shape):
+    """The step's forward runs on names of its own, so the loop's batch names still hold the
+    whole batch after the micro-batch loop (a ``len(x)`` there counted one micro-batch)."""
+    patched = apply_edits((LOOPS / f"{shape}.py").read_text(), edits("dropcompute", shape))
+    x, y = ("x", "y") if shape == "one_batch" else ("source", "targets")
+    loop = f"for x_micro, y_micro in {'self.' if shape == 'trainer' else ''}state.micro_batches("
+    assert loop in patched and f"zip({x}.chunk(4), {y}.chunk(4))" in patched
+    body = patched[patched.index(loop) :].split("\n")[1:3]
+    assert "x_micro" in body[0] + body[1] and f"({x})" not in "".join(body)
+    compile(patched, shape, "exec")
+
+
 def test_dropcompute_refuses_a_loop_that_accumulates_under_no_sync():
     source = (LOOPS / "accumulate.py").read_text()
     with pytest.raises(UsageError, match="accumulates gradients under no_sync"):

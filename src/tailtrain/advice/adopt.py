@@ -38,8 +38,9 @@ attributes, gradient accumulation under ``no_sync``), printed with canonical nam
 loop shape contains; a named group binds the canonical name it is named after to the
 script's own, e.g. ``self.train_data`` for ``loader``), an ``action`` (``insert_after`` the
 anchored statement, or ``replace`` the anchored lines, where ``\g<name>`` inserts a group's
-text), ``lines`` and ``binds``; and, where a shape cannot take the change, ``unless`` (a regex
-such a script contains) and ``why``.
+text), ``lines`` and ``binds``; ``renames`` (canonical name -> a new name: in the groups'
+text the script's own name for it becomes the new one); and, where a shape cannot take the
+change, ``unless`` (a regex such a script contains) and ``why``.
 """
 
 from __future__ import annotations
@@ -93,6 +94,9 @@ STEP_ANCHOR = (
 )
 #: the optimizer's step, guarded under DropCompute
 OPTIMIZER_ANCHOR = r"^[ \t]*(?P<optimizer>[\w.]*opt\w*)\.step\(\)[ \t]*$"
+#: the micro-batch's names in the step's forward and backward (``renames``: the batch's own
+#: names there become these, so the loop's x and y still hold the whole batch after it)
+MICRO = {"x": "x_micro", "y": "y_micro"}
 #: why DropCompute's edits refuse a loop that accumulates gradients under ``no_sync``
 ACCUMULATION = (
     "this loop accumulates gradients under no_sync: DropCompute's hook takes a step's "
@@ -181,7 +185,10 @@ def ddp_dropcompute(spec: str, m: int) -> Adoption:
         f'state = StragglerHookState("{spec}")',
         "ddp.register_comm_hook(state, weighted_allreduce_hook)",
     ]
-    split = f"for x, y in state.micro_batches(ddp, list(zip(x.chunk({m}), y.chunk({m})))):"
+    # names of their own: the loop's x and y stay the step's whole batch after it
+    split = (
+        f"for x_micro, y_micro in state.micro_batches(ddp, list(zip(x.chunk({m}), y.chunk({m})))):"
+    )
     guard = [
         "if not state.last.empty:  # no rank's gradient entered: no update",
         "    optimizer.step()",
@@ -194,7 +201,7 @@ def ddp_dropcompute(spec: str, m: int) -> Adoption:
         (
             "optimizer.zero_grad()",
             split,
-            "    loss = loss_fn(ddp(x), y)  # your forward and loss, now per micro-batch",
+            "    loss = loss_fn(ddp(x_micro), y_micro)  # your forward and loss, per micro-batch",
             "    loss.backward()",
             *guard,
         ),
@@ -210,6 +217,7 @@ def ddp_dropcompute(spec: str, m: int) -> Adoption:
                 "replace",
                 unless=r"\.no_sync\(",
                 why=ACCUMULATION,
+                renames=MICRO,
             ),
             _edit(OPTIMIZER_ANCHOR, guard, "optimizer", "replace"),
         ),

@@ -13,6 +13,8 @@ in order, and ``advise --patch SCRIPT`` prints the unified diff. Each edit:
   same block (the hook after the rebalanced loader); ``replace`` puts ``lines`` in place of
   the lines the match spans, ``\g<name>`` standing for a group's text (its further lines
   keep their indentation relative to its first).
+* ``renames``: canonical name -> new name; in a group's text the script's own name for it
+  becomes the new one (a step's forward on the micro-batch, not on the batch it came from).
 * ``lines`` use canonical names, renamed to the script's; a name the edits introduce
   (``state``, ``probe``) lives where the DDP model does (``self.state`` beside ``self.model``).
 * ``unless`` / ``why``: a regex a shape the edit cannot change contains, and why (one line).
@@ -82,13 +84,16 @@ def _indent(line: str) -> str:
     return line[: len(line) - len(line.lstrip(" \t"))]
 
 
-def _expand(template: str, match: re.Match[str], base: str) -> list[str]:
-    """``template`` with each ``\\g<name>`` replaced by the group's text: its first line in
-    place, its further lines re-indented from ``base`` to the template line's indentation."""
+def _expand(
+    template: str, match: re.Match[str], base: str, renames: dict[str, str] | None = None
+) -> list[str]:
+    """``template`` with each ``\\g<name>`` replaced by the group's text (its names
+    ``renames``d): its first line in place, its further lines re-indented from ``base`` to the
+    template line's indentation."""
     found = _GROUP.search(template)
     if found is None:
         return [template]
-    text = match.group(found.group(1)) or ""
+    text = _renamed(match.group(found.group(1)) or "", renames or {})
     head, *rest = text.split("\n")
     prefix = _indent(template)
     out = [template[: found.start()] + head + template[found.end() :]]
@@ -124,9 +129,11 @@ def apply_edits(source: str, edits: Sequence[dict[str, Any]]) -> str:
         first = source.count("\n", 0, match.start())
         last = source.count("\n", 0, match.end())
         base = _indent(lines[first])
+        renames = {names[c]: new for c, new in edit.get("renames", {}).items() if c in names}
         rendered: list[str] = []
         for template in edit["lines"]:
-            rendered += [base + part for part in _expand(_renamed(template, names), match, base)]
+            expanded = _expand(_renamed(template, names), match, base, renames)
+            rendered += [base + part for part in expanded]
         if edit["action"] == "replace":
             lines[first : last + 1] = rendered
         elif edit["action"] == "insert_after":
