@@ -7,6 +7,7 @@ import pytest
 
 from tailtrain.advice import advise
 from tailtrain.advice.units import measured_rate
+from tailtrain.core.machine import append_machine, machine_row
 from tailtrain.delays.trace import read_trace, write_trace_rows
 from tailtrain.errors import UsageError
 from tailtrain.strategies.rebalance import optimal_shares
@@ -221,3 +222,44 @@ def test_short_steps_that_ran_no_faster_keep_the_proportional_rule():
     np.testing.assert_allclose(costs.per_sample, [1 / 32, 2 / 32])
     shares = optimal_shares(costs.per_sample, 64, 1, fixed=costs.fixed)
     assert shares.sum() == 64 and (shares >= 1).all()
+
+
+def lump_trace(path, lump=0.030, per_sample=0.00003, epochs=4, seed=0):
+    """2 ranks, the same seconds per sample, rank 1 ``lump`` s more once a step (a sleep
+    before its forward, as a newcomer's trial slowed it), epochs of 28 batches of 32 samples
+    and a short last one of 5, so the fixed part can be fitted."""
+    rng = np.random.default_rng(seed)
+    rows, i = [], 0
+    for _ in range(epochs):
+        for b in [32] * 28 + [5]:
+            seconds = (np.array([0.001, 0.001 + lump]) + per_sample * b) * rng.lognormal(0, 0.05, 2)
+            wall = seconds.max() + 0.002
+            rows += [[i, w, seconds[w], wall - seconds[w], b, 0] for w in range(2)]
+            i += 1
+    write_trace_rows(path, np.array(rows), False, noncompute=True, samples=True, run=True)
+    append_machine(path.parent, machine_row(0, 2) | {"cut": False})  # as the probe says
+    return path
+
+
+def test_a_per_step_lump_stays_whole_in_the_split_and_dropcompute_is_not_priced_cutting_it(
+    tmp_path,
+):
+    """Rank 1's 30 ms a step does not scale with its samples (fitted on the epochs' short
+    batches): splitting the batch in M micro-batches leaves it whole, so the split keeps it in
+    the first micro-batch, which always runs, and DropCompute is priced as cutting only the
+    rest. Split M ways with the rest, it was priced at 1.68x where the job ran 0.80x."""
+    from tailtrain.advice.units import fixed_seconds, split_trace
+
+    path = lump_trace(tmp_path / "trace.csv")
+    trace = read_trace(path)
+    assert fixed_seconds(trace)[1] == pytest.approx(0.031, rel=0.1)
+    split = read_trace(split_trace(trace, 8, tmp_path / "split.csv"))
+    first = split.micro_batch == 0
+    slow = split.worker == 1
+    assert split.seconds[first & slow].min() > 0.028  # the lump, whole, in every step's first
+    rest = np.bincount(split.iteration[~first & slow], split.seconds[~first & slow])
+    assert rest.max() < 0.015  # the other 7 share what is left of each step: ~2-4 ms
+    found = advise(path, setup="ddp", samples=400)
+    dropcompute = [r for r in found.ranked if r.row.strategy == "dropcompute"]
+    assert all(r.effective_speedup < 1.1 for r in dropcompute)
+    assert found.recommendation != "dropcompute"

@@ -267,8 +267,9 @@ def advise(
 #: how a per-step trace is split into micro-batches (``advice.units``), said where it is
 SPLIT_NOTE = (
     "each recorded step split into M parts as i.i.d. Gamma parts given their sum, fitted "
-    "per rank to its step law's mean and variance (each step's total as recorded); no "
-    "per-micro-batch overhead is assumed"
+    "per rank to its step law's mean and variance (each step's total as recorded), a rank's "
+    "fitted seconds per step that no sample count changes kept whole in the first part, "
+    "never cut; no per-micro-batch overhead is assumed"
 )
 
 

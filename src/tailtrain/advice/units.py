@@ -40,8 +40,12 @@ Two rows are priced here from the per-step trace, with the project's rules:
   their sum (a symmetric Dirichlet split of the recorded seconds), the Gamma fitted to the
   rank's step law (mean mu_n, variance s_n^2: shape mu_n^2 / (M s_n^2)); so every step's
   total, sync's replay and the persistent differences stay as recorded, and only how a step
-  divides is assumed. No per-micro-batch overhead is assumed (smaller micro-batches can run
-  slower per sample on an accelerator: measure at the M chosen).
+  divides is assumed. A rank's seconds per step that no sample count changes (a_n, fitted
+  as rebalance's, where the trace allows) are not split: they stay whole in the step's first
+  micro-batch, which always runs, so DropCompute is never priced as cutting a per-step lump
+  (a sleep or a fetch once a step) that splitting the batch leaves whole. No per-micro-batch
+  overhead is assumed (smaller micro-batches can run slower per sample on an accelerator:
+  measure at the M chosen).
 """
 
 from __future__ import annotations
@@ -247,21 +251,41 @@ def candidate_ms(job: JobShape) -> list[int]:
     return [m for m in CANDIDATE_M if all(b % m == 0 and b >= m for b in job.samples)]
 
 
+def fixed_seconds(trace: Trace) -> dict[int, float]:
+    """Each rank's fitted seconds per step that no sample count changes (:func:`step_costs`'s
+    a_n, where the trace allows the fit), by worker id; empty without ``samples``."""
+    seconds, _, ranks, samples = step_table(trace)
+    if samples is None:
+        return {}
+    kept = (samples > 0).all(axis=1)
+    if kept.sum() < 2:
+        return {}
+    costs = step_costs(seconds[kept], samples[kept])
+    return {int(w): float(a) for w, a, fit in zip(ranks, costs.fixed, costs.fitted, strict=True)
+            if fit}  # fmt: skip
+
+
 def split_trace(trace: Trace, m: int, path: Path, seed: int = 0) -> Path:
     """Write ``trace`` (per step) split into ``m`` micro-batches per step at ``path``: a
-    symmetric Dirichlet split of each step's seconds, its shape from the rank's step law
-    (module docstring); ``samples`` divided evenly, noncompute on the step's last part."""
+    symmetric Dirichlet split of each step's seconds past the rank's fixed part, its shape
+    from that remainder's law, the fixed part whole in the first micro-batch (module
+    docstring); ``samples`` divided evenly, noncompute on the step's last part."""
     if trace.micro_batch is not None:
         raise UsageError("the trace already has a micro_batch column: advise at its own M")
     rng = np.random.default_rng(seed)
+    fixed = fixed_seconds(trace)
     parts = np.empty((trace.seconds.size, m))
     for worker in np.unique(trace.worker):
         rows = trace.worker == worker
-        x = trace.seconds[rows]
+        # a part no sample count changes runs once a step, uncut: the first micro-batch
+        # always starts, so DropCompute cannot cut it (a lump split M ways could be)
+        lump = np.minimum(trace.seconds[rows], fixed.get(int(worker), 0.0))
+        x = trace.seconds[rows] - lump
         var = float(x.var())
         shape = _MAX_SHAPE if var <= 0 else min(_MAX_SHAPE, float(x.mean()) ** 2 / (m * var))
         g = rng.gamma(shape, 1.0, (x.size, m))
         parts[rows] = x[:, None] * g / g.sum(axis=1, keepdims=True)
+        parts[rows, 0] += lump
     n = trace.seconds.size
     columns = [
         np.repeat(trace.iteration, m),
