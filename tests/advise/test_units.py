@@ -263,3 +263,26 @@ def test_a_per_step_lump_stays_whole_in_the_split_and_dropcompute_is_not_priced_
     dropcompute = [r for r in found.ranked if r.row.strategy == "dropcompute"]
     assert all(r.effective_speedup < 1.1 for r in dropcompute)
     assert found.recommendation != "dropcompute"
+
+
+def test_a_run_the_probe_saw_under_dropcompute_is_read_as_that_job(tmp_path):
+    """The probe's row says the run ran under DropCompute at M=2 (``remedy``): advise reads
+    the job at that M and says so first; rank 1's computed samples, 16 of 32, are the cut,
+    not shares, so no rebalance row deals them as a global batch (a newcomer's trial got
+    shares [39, 1] of the 40 samples computed, where the job deals 64)."""
+    probe_trace(tmp_path / "trace.csv", runs=((32, 16),), slow=1.0)
+    spec = "dropcompute:threshold=0.05,stop=between"
+    append_machine(tmp_path, machine_row(0, 2) | {"cut": False, "remedy": {
+        "spec": spec, "micro_batches": 2}})  # fmt: skip
+    found = advise(tmp_path, setup="ddp", samples=400)
+    assert (found.job.micro_batches, found.job.remedy) == (2, spec)
+    assert found.notes[0].startswith(f"run 0 ran under {spec} at M=2")
+    assert not any(r.row.strategy == "rebalance" for r in found.ranked)
+    assert any("its cut, not shares" in n for n in found.notes)
+    assert not any("already deals shares" in n for n in found.notes)
+    if found.choice.row.strategy == "dropcompute":
+        assert "dropcompute is in force in run 0, at M=2" in found.reason
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    found = advise(probe_trace(plain / "trace.csv", runs=((32, 16),), slow=1.0), setup="ddp")
+    assert found.job.remedy is None and any("already deals shares" in n for n in found.notes)

@@ -265,3 +265,18 @@ def test_per_sample_times_only_when_the_samples_differ():
     normalised, per_sample = per_sample_times(times, shares)
     assert per_sample  # the step where rank 1 computed nothing has no per-sample time
     np.testing.assert_array_equal(normalised, [[0.25, 0.5], [0.75, 3.0]])
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("remedy", REMEDIES)
+def test_the_runs_machine_row_names_the_rule_the_probe_saw(results, remedy):
+    """``advise`` reads a run under the hook or a step as that job (``JobShape.remedy``): the
+    probe's row says which rule ran, at which M; a model DDP reduces alone says none."""
+    folder, _ = results
+    lines = (folder / remedy / "machine.jsonl").read_text().splitlines()
+    rows = [json.loads(line) for line in lines]
+    expected = {
+        "dropcompute": {"spec": f"dropcompute:threshold={SKEW / 2}", "micro_batches": 2},
+        "step": {"spec": "sync", "micro_batches": 1},
+    }.get(remedy)
+    assert rows[-1].get("remedy") == expected

@@ -236,6 +236,9 @@ def advise(
             whole = write_group_trace(replayed, whole, group_size, group_cost)
         last = whole.of_run(whole.runs[-1])
         job = job_of(last)
+        ran = (read_machine(path.parent, int(whole.runs[-1])) or {}).get("remedy")
+        if ran is not None and last.micro_batch is None:  # a probe's run under a hook or step
+            job = replace(job, micro_batches=int(ran["micro_batches"]), remedy=str(ran["spec"]))
         if micro_batches is not None and last.micro_batch is None and micro_batches > 1:
             split = split_trace(last, micro_batches, Path(folder) / "split.csv", seed)
             replayed = split
@@ -255,6 +258,8 @@ def advise(
         )
     if split is not None:
         found.notes.append(f"--micro-batches {micro_batches} on a per-step trace: {SPLIT_NOTE}")
+    if job.remedy is not None and job.remedy != "sync":
+        found = _under_remedy(found, job, int(whole.runs[-1]))
     if group_size != 1 or group_cost != 0:
         ranks = group_size * int(found.times.shape[1])
         found.notes.append(
@@ -334,6 +339,27 @@ def _advise(
     return replace(advice, job=job, measured=measured, runs=runs)
 
 
+def _under_remedy(found: Advice, job: JobShape, run: int) -> Advice:
+    """Advice on a run the probe saw under a remedy (``JobShape.remedy``): it says so first,
+    and a recommendation of the rule in force says that it is (issue 34: the loop's second
+    pass reads the adopted job, not one batch a step)."""
+    assert job.remedy is not None
+    note = (
+        f"run {run} ran under {job.remedy} at M={job.micro_batches} (the probe watched its hook "
+        "or step): the job as measured, sync's row, is that job as it ran, its samples those "
+        "the ranks computed; each row prices its rule over it, and the runs above say what the "
+        "remedy changed"
+    )
+    reason = found.reason
+    if found.choice.row.strategy == job.remedy.split(":")[0]:
+        reason += (
+            f" ({found.choice.row.strategy} is in force in run {run}, at M={job.micro_batches}: "
+            "this row prices it again over the run it already shaped, so trust the runs' "
+            "measured ratio above over it)"
+        )
+    return replace(found, notes=[note, *found.notes], reason=reason)
+
+
 def _in_job_units(
     ranked: list[Ranked],
     notes: list[str],
@@ -366,7 +392,8 @@ def _in_job_units(
         ranked = [
             replace(r, micro_batches=m) if r.row.strategy == "dropcompute" else r for r in ranked
         ]
-    shares = rebalance_shares(last, comm_mean) if setup in SHARES else None
+    # under DropCompute the samples are those computed, not the batch: no global batch to deal
+    shares = rebalance_shares(last, comm_mean) if setup in SHARES and not job.cut else None
     if shares is not None and np.array_equal(shares.shares, job.samples):
         shares = None  # the shares the job already deals: that row is the job as measured
     if shares is not None:
@@ -391,7 +418,14 @@ def _in_job_units(
         )
         ranked = [r for r in ranked if r.row.strategy != "rebalance"] + [per_sample]
         notes = [*notes, _costs_note(shares.costs)]
-    if not job.equal:
+    if job.cut:
+        notes = [
+            *notes,
+            f"the ranks computed {job.samples.tolist()} samples per step under {job.remedy}: "
+            "its cut, not shares; rebalance is priced on a run without a cut (its dealt "
+            "batches), so it has no row here",
+        ]
+    elif not job.equal:
         notes = [
             *notes,
             f"the ranks compute unequal batches {job.samples.tolist()} (the job already deals "

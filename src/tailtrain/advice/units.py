@@ -79,6 +79,15 @@ class JobShape:
     workers: int
     micro_batches: int  #: M per step (1: the trace has no micro_batch column)
     samples: NDArray[np.int64] | None  #: B_n per rank per step; None: no samples column
+    #: the rule the run ran under, as the probe saw its hook or step (``machine.jsonl``'s
+    #: ``remedy``; None: none seen): its samples are those the ranks computed
+    remedy: str | None = None
+
+    @property
+    def cut(self) -> bool:
+        """Whether the run ran under a rule that cuts micro-batches (DropCompute): its
+        computed samples are then less than the batches dealt, and unequal by the cut."""
+        return self.remedy is not None and self.remedy.split(":")[0] == "dropcompute"
 
     @property
     def unit(self) -> str:
@@ -100,6 +109,7 @@ class JobShape:
             "samples_per_rank": None if self.samples is None else self.samples.tolist(),
             "samples_per_step": self.per_step,
             "unit": self.unit,
+            "remedy": self.remedy,
         }
 
 

@@ -208,8 +208,9 @@ def _print(found: Advice, group_size: int = 1) -> None:
         workers = f"{job.workers} ranks"
         if group_size > 1:
             workers = f"{job.workers} replica groups of {group_size} ranks"
+        under = "" if job.remedy is None else f" under {job.remedy}"
         console.print(
-            f"job: {workers}, {job.micro_batches} micro-batch(es) per step, {batch}{rate}"
+            f"job: {workers}, {job.micro_batches} micro-batch(es) per step{under}, {batch}{rate}"
         )
     _print_runs(console, found)
     for s in slow or []:

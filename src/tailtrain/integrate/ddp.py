@@ -244,6 +244,7 @@ class StragglerHookState:
         probe = watching(ddp_model)
         if probe is not None:
             probe.note_samples(computed)
+            probe.note_remedy(self.rounds.strategy.describe(), len(batches))
 
     def plan(self, units: int) -> AllreducePlan:
         """The round's plan for ``units`` micro-batches; a rule that averages models after

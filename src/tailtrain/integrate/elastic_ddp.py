@@ -150,6 +150,7 @@ class ElasticRounds:
             self.reduce(len(batches), work)
         if probe is not None:
             probe.note_samples(computed)
+            probe.note_remedy(rounds.strategy.describe(), len(batches))
         self.calls = rounds.step
 
     def reduce(self, units: int, work: RoundProgress) -> None:

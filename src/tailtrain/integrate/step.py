@@ -389,6 +389,9 @@ class StragglerStep:
             timing = self.rounds.timing(reduce, work, screened, asks)
         if probe is not None:
             probe.note_samples(computed)
+            m = self.rounds.micro_batches or (len(batches) if deal is None else None)
+            if m is not None:
+                probe.note_remedy(self.rounds.strategy.describe(), m)
         if self.membership is not None:
             self.membership.grows = bool(timing[:, 3].any())
         with torch.no_grad():  # past the last collective: the round completes here

@@ -149,6 +149,8 @@ class StragglerProbe(Gathering, Reporting):
         #: a sharded job's replica groups (the ranks of each), learnt by ``watch`` from an
         #: HSDP model's mesh or a ``ShardedStep``'s: the reports name a slow rank's group
         self.groups: list[list[int]] | None = None
+        #: the remedy the watched hook or step runs (``note_remedy``); None: none seen
+        self.remedy: dict[str, Any] | None = None
         self._init_gathering(every, warmup)
         self._init_reporting(self.world, tensorboard)
 
@@ -254,6 +256,14 @@ class StragglerProbe(Gathering, Reporting):
         many of its micro-batches it computed; None: leave the count as it is)."""
         if self.current is not None and samples is not None:
             self.current.samples = float(samples)
+
+    def note_remedy(self, spec: str, micro_batches: int) -> None:
+        """The rule the watched ``StragglerHookState`` or ``StragglerStep`` runs and its
+        micro-batches per step: the run's row in ``machine.jsonl`` says so (``remedy``), and
+        ``advise`` reads the run as that job, not as one batch a step. The first call of a
+        run stands."""
+        if self.remedy is None:
+            self.remedy = {"spec": spec, "micro_batches": int(micro_batches)}
 
     def note_wait(self, seconds: float) -> None:
         """Add ``seconds`` this rank spent blocked in a collective to the current step's wait,

@@ -107,6 +107,7 @@ class Reporting:
     started: float
     on_report: Callable[[ProbeReport], None] | None
     groups: list[list[int]] | None
+    remedy: dict[str, Any] | None
 
     def _init_reporting(self, world: int, tensorboard: str | Path | None) -> None:
         self.error: BaseException | None = None  # rank 0: the first report that failed
@@ -175,7 +176,10 @@ class Reporting:
             self.run = prepare_trace(self.out, self.with_samples)
             # advise's contention note; and a user's step is a computation: nothing cuts it
             # once begun (the hook checks tau between micro-batches, ``delays.trace``)
-            append_machine(self.out, machine_row(self.run) | {"cut": False})
+            row = machine_row(self.run) | {"cut": False}
+            if self.remedy is not None:  # the watched hook's or step's rule: advise reads it
+                row["remedy"] = self.remedy
+            append_machine(self.out, row)
         if self.with_samples and np.isnan(samples).any():
             if not self._unknown_noted:
                 log.warning(
