@@ -156,6 +156,17 @@ def test_dropcompute_names_the_micro_batches_apart_from_the_batch(shape):
     compile(patched, shape, "exec")
 
 
+def test_the_micro_batch_names_reach_keyword_arguments_and_leave_keywords_alone():
+    """``ddp(input=x)``: the forward must see the micro-batch (the whole batch M times over
+    would be M times the compute and another gradient), and ``input`` stays a keyword."""
+    source = (LOOPS / "one_batch.py").read_text()
+    keyword = source.replace("F.mse_loss(ddp(x), y)", "F.mse_loss(ddp(input=x), target=y)")
+    assert keyword != source
+    patched = apply_edits(keyword, edits("dropcompute"))
+    assert "loss = F.mse_loss(ddp(input=x_micro), target=y_micro)" in patched
+    compile(patched, "one_batch", "exec")
+
+
 def test_dropcompute_refuses_a_loop_that_accumulates_under_no_sync():
     source = (LOOPS / "accumulate.py").read_text()
     with pytest.raises(UsageError, match="accumulates gradients under no_sync"):

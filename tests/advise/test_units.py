@@ -261,7 +261,7 @@ def test_a_per_step_lump_stays_whole_in_the_split_and_dropcompute_is_not_priced_
     assert rest.max() < 0.015  # the other 7 share what is left of each step: ~2-4 ms
     found = advise(path, setup="ddp", samples=400)
     dropcompute = [r for r in found.ranked if r.row.strategy == "dropcompute"]
-    assert all(r.effective_speedup < 1.1 for r in dropcompute)
+    assert len(dropcompute) == 1 and dropcompute[0].effective_speedup < 1.1
     assert found.recommendation != "dropcompute"
 
 
@@ -280,8 +280,8 @@ def test_a_run_the_probe_saw_under_dropcompute_is_read_as_that_job(tmp_path):
     assert not any(r.row.strategy == "rebalance" for r in found.ranked)
     assert any("its cut, not shares" in n for n in found.notes)
     assert not any("already deals shares" in n for n in found.notes)
-    if found.choice.row.strategy == "dropcompute":
-        assert "dropcompute is in force in run 0, at M=2" in found.reason
+    assert found.choice.row.strategy == "dropcompute"  # priced again over the cut run
+    assert "dropcompute is in force in run 0, at M=2" in found.reason
     plain = tmp_path / "plain"
     plain.mkdir()
     found = advise(probe_trace(plain / "trace.csv", runs=((32, 16),), slow=1.0), setup="ddp")

@@ -172,6 +172,21 @@ def run_scaled_step(rank, overflow, rounds=3, units=2):
     return scales, thetas
 
 
+def run_disabled_scaler(rank):
+    """``GradScaler(enabled=False)`` (``enabled=use_amp``): it scales nothing, so the screen
+    stays; rank 1's NaN in round 0 is screened out as without a scaler."""
+    net = model()
+    scaler = torch.amp.GradScaler("cpu", enabled=False)
+    step = StragglerStep(net, optimizer(net.parameters(), False), "sync", scaler=scaler)
+
+    def loss_fn(xy):
+        loss = F.cross_entropy(net(xy[0]), xy[1])
+        return loss * math.nan if rank == 1 else loss
+
+    record = step([batch(rank, 0, u, 2) for u in range(2)], loss_fn)
+    return flat(net), [record.as_dict()], None
+
+
 def scaler_refused() -> str:
     try:
         StragglerStep(model(), optimizer(model().parameters(), False), "local-sgd:period=2",
@@ -299,6 +314,7 @@ def rank_main(rank: int, port: int, folder: str) -> None:
         }
         | {f"step-{'-'.join(map(str, o))}": run_scaled_step(rank, o) for o in ((1,), (0, 1))},
         "scaler-refused": scaler_refused(),
+        "scaler-disabled": run_disabled_scaler(rank),
         "refused": refused("local-sgd:period=2"),
         "gathered-first": gathered_first(rank),
         "collectives": {str(t): count_collectives(rank, t) for t in DTYPES},
@@ -402,7 +418,7 @@ def test_states_reload_without_pickle_and_without_the_process_group(results, tmp
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("case", ["nan", "ddp-nan"])
+@pytest.mark.parametrize("case", ["nan", "ddp-nan", "scaler-disabled"])
 def test_a_non_finite_gradient_joins_with_weight_zero(results, case):
     expected = weighted_sgd(1, 2, [2, 0], ranks=[0])
     for theta, records, _ in (r[case] for r in results):

@@ -94,7 +94,10 @@ def test_a_failed_collective_is_a_peer_failure(one_rank):
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("error", [ValueError("a hook's own"), UsageError("give x")])
+@pytest.mark.parametrize(
+    "error",
+    [ValueError("a hook's own"), UsageError("give x"), torch.OutOfMemoryError("out of memory")],
+)
 def test_an_error_of_the_callers_own_passes_the_guard_as_it_is(one_rank, error):
     """A user's gradient hook raising in the DDP hook's zero backward is not a dead peer."""
     one_rank.grace = 30.0  # a guard that waited would outlast the test's timeout

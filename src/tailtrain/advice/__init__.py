@@ -258,7 +258,7 @@ def advise(
         )
     if split is not None:
         found.notes.append(f"--micro-batches {micro_batches} on a per-step trace: {SPLIT_NOTE}")
-    if job.remedy is not None and job.remedy != "sync":
+    if job.remedy_name not in (None, "sync"):
         found = _under_remedy(found, job, int(whole.runs[-1]))
     if group_size != 1 or group_cost != 0:
         ranks = group_size * int(found.times.shape[1])
@@ -351,7 +351,7 @@ def _under_remedy(found: Advice, job: JobShape, run: int) -> Advice:
         "remedy changed"
     )
     reason = found.reason
-    if found.choice.row.strategy == job.remedy.split(":")[0]:
+    if found.choice.row.strategy == job.remedy_name:
         reason += (
             f" ({found.choice.row.strategy} is in force in run {run}, at M={job.micro_batches}: "
             "this row prices it again over the run it already shaped, so trust the runs' "

@@ -84,16 +84,33 @@ def _indent(line: str) -> str:
     return line[: len(line) - len(line.lstrip(" \t"))]
 
 
+def _rebound(text: str, renames: dict[str, str]) -> str:
+    """``text`` (code) with each name of ``renames`` read or bound under its new name, but not
+    where it names a keyword argument (``ddp(input=x)``: ``input`` stays, ``x`` is renamed)
+    or an attribute; string literals keep their text."""
+
+    def rename(part: str) -> str:
+        for old, new in renames.items():
+            name = re.escape(old)
+            # a keyword's name follows "(" or "," and precedes "=" (not "=="): kept as it is
+            found = re.compile(rf"(?P<keyword>[(,]\s*){name}(?=\s*=(?!=))|(?<![\w.]){name}(?!\w)")
+            part = found.sub(lambda m, new=new: m.group(0) if m.group("keyword") else new, part)
+        return part
+
+    parts = _STRING.split(text)  # odd parts are the literals
+    return "".join(p if i % 2 else rename(p) for i, p in enumerate(parts))
+
+
 def _expand(
     template: str, match: re.Match[str], base: str, renames: dict[str, str] | None = None
 ) -> list[str]:
     """``template`` with each ``\\g<name>`` replaced by the group's text (its names
-    ``renames``d): its first line in place, its further lines re-indented from ``base`` to the
-    template line's indentation."""
+    ``renames``d, :func:`_rebound`): its first line in place, its further lines re-indented
+    from ``base`` to the template line's indentation."""
     found = _GROUP.search(template)
     if found is None:
         return [template]
-    text = _renamed(match.group(found.group(1)) or "", renames or {})
+    text = _rebound(match.group(found.group(1)) or "", renames or {})
     head, *rest = text.split("\n")
     prefix = _indent(template)
     out = [template[: found.start()] + head + template[found.end() :]]

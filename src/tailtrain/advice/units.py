@@ -84,10 +84,16 @@ class JobShape:
     remedy: str | None = None
 
     @property
+    def remedy_name(self) -> str | None:
+        """The rule in force's name (``dropcompute`` of ``dropcompute:threshold=...``)."""
+        return None if self.remedy is None else self.remedy.split(":")[0]
+
+    @property
     def cut(self) -> bool:
-        """Whether the run ran under a rule that cuts micro-batches (DropCompute): its
-        computed samples are then less than the batches dealt, and unequal by the cut."""
-        return self.remedy is not None and self.remedy.split(":")[0] == "dropcompute"
+        """Whether a rule that cuts micro-batches (DropCompute) left the ranks' computed
+        samples unequal: they are then its cut, not the batches dealt (a threshold that cut
+        nothing leaves them as dealt)."""
+        return self.remedy_name == "dropcompute" and not self.equal
 
     @property
     def unit(self) -> str:
@@ -236,13 +242,10 @@ def rebalance_shares(trace: Trace, comm: float) -> Rebalanced | None:
     two such steps."""
     from tailtrain.strategies.rebalance import optimal_shares
 
-    seconds, _, _, samples = step_table(trace)
-    if samples is None:
+    counted = counted_steps(trace)
+    if counted is None:
         return None
-    kept = (samples > 0).all(axis=1)
-    seconds, samples = seconds[kept], samples[kept]
-    if seconds.shape[0] < 2:
-        return None
+    seconds, samples, _ = counted
     costs = step_costs(seconds, samples)
     total = int(np.median(samples.sum(axis=1)))
     shares = optimal_shares(costs.per_sample, total, 1, fixed=costs.fixed)
@@ -261,16 +264,27 @@ def candidate_ms(job: JobShape) -> list[int]:
     return [m for m in CANDIDATE_M if all(b % m == 0 and b >= m for b in job.samples)]
 
 
+def counted_steps(trace: Trace) -> tuple[NDArray, NDArray, NDArray] | None:
+    """(seconds, samples, ranks) of the steps where every rank's count is known (> 0, as
+    ``persistence.per_sample_times`` keeps them); None without ``samples`` or two such
+    steps."""
+    seconds, _, ranks, samples = step_table(trace)
+    if samples is None:
+        return None
+    kept = (samples > 0).all(axis=1)
+    if kept.sum() < 2:
+        return None
+    return seconds[kept], samples[kept], ranks
+
+
 def fixed_seconds(trace: Trace) -> dict[int, float]:
     """Each rank's fitted seconds per step that no sample count changes (:func:`step_costs`'s
     a_n, where the trace allows the fit), by worker id; empty without ``samples``."""
-    seconds, _, ranks, samples = step_table(trace)
-    if samples is None:
+    counted = counted_steps(trace)
+    if counted is None:
         return {}
-    kept = (samples > 0).all(axis=1)
-    if kept.sum() < 2:
-        return {}
-    costs = step_costs(seconds[kept], samples[kept])
+    seconds, samples, ranks = counted
+    costs = step_costs(seconds, samples)
     return {int(w): float(a) for w, a, fit in zip(ranks, costs.fixed, costs.fitted, strict=True)
             if fit}  # fmt: skip
 

@@ -64,7 +64,7 @@ def agreed_average(
     work: RoundProgress,
     plan: AllreducePlan,
     dealt: list[int] | None = None,
-    bad: bool | None = None,
+    screen: bool = True,
 ) -> tuple[list[torch.Tensor], bool, float, Agreement]:
     """The round's agreement and its weighted average in one collective, as ``train``'s round
     makes them (``runtime.allreduce``, 3.): this rank reduces with its weight from its own
@@ -77,11 +77,10 @@ def agreed_average(
     fewer a step than a gather first: on 6 gloo ranks of 2 shared cores each costs 8-9 ms
     (docs/faults.md). ``tensors`` must carry the rows (:func:`carries_rows`). Returns the
     averages, whether this rank was screened out, sum_n w_n of the ranks not screened out,
-    and the agreement. ``bad`` given: the caller screened already (False: nothing is screened
-    out, the DDP hook's ``on_nonfinite="propagate"``)."""
+    and the agreement. ``screen`` False: a non-finite value enters the sum as it is (under
+    ``StragglerStep``'s ``GradScaler``, which must see it)."""
     own = rounds.own(work, plan)
-    if bad is None:
-        bad = not all(bool(torch.isfinite(t).all()) for t in tensors)
+    bad = screen and not all(bool(torch.isfinite(t).all()) for t in tensors)
     agreed: list[Agreement] = []
 
     def settle(reduced: WeightedSum) -> float:  # the rows came: the selection and its checks
@@ -152,6 +151,7 @@ def weighted_average(
     scale: float,
     agreed: Agreement,
     bad: bool | None = None,
+    screen: bool = True,
 ) -> tuple[list[torch.Tensor], bool, float]:
     """sum_n w_n (scale_n x_n) / divisor for each tensor, one weighted allreduce per bucket,
     whether this rank was screened out, and sum_n w_n over the ranks not screened out (0: no
@@ -160,10 +160,11 @@ def weighted_average(
     Screened as every weighted allreduce is (``runtime.reduce.contribute``): a rank holding a
     non-finite value in any tensor joins every bucket with weight 0, and reports the weight it
     withheld so the agreement check holds. ``bad`` given: the caller screened already (a
-    sharded model's group screens as one: ``integrate.sharded``)."""
+    sharded model's group screens as one: ``integrate.sharded``); ``screen`` False: nothing
+    is screened out (``StragglerStep``'s ``GradScaler`` must see an overflow)."""
     mine = agreed.mine
     if bad is None:
-        bad = not all(bool(torch.isfinite(t).all()) for t in tensors)
+        bad = screen and not all(bool(torch.isfinite(t).all()) for t in tensors)
 
     def settle(reduced: WeightedSum) -> float:
         check_agreement(mine.total, reduced.total + reduced.extras[0], rtol(reduced, comm))

@@ -148,7 +148,10 @@ class StragglerHookState:
     every rank's gradient holds it. Give ``"propagate"`` with a ``torch.amp.GradScaler``: an
     overflow must reach the scaler, which then skips ``scaler.step(optimizer)`` on every rank
     and lowers its scale; screened out, the scaler never sees one, so its scale never comes
-    down and every overflowing rank stays out of the update.
+    down and every overflowing rank stays out of the update. ``"propagate"`` is refused with
+    ``on_rank_loss="shrink"`` (use ``StragglerStep(..., scaler=)``, whose heal hands the
+    scale over), and only fits an enabled scaler: ``GradScaler(enabled=False)`` lets a NaN
+    into every rank's parameters, so give ``"skip"`` then.
     """
 
     def __init__(
@@ -171,6 +174,13 @@ class StragglerHookState:
         #: False under ``on_nonfinite="propagate"``: a non-finite bucket enters the sum as is
         self.screens = screens(on_nonfinite)
         self.on_nonfinite = on_nonfinite
+        if not self.screens and self.on_rank_loss is OnRankLoss.SHRINK:
+            raise UsageError(
+                'on_nonfinite="propagate" (a GradScaler) does not shrink under the DDP hook: a '
+                "round the lead completed for this rank leaves it no gradient for scaler.step, "
+                "and a rank taken back needs the live ranks' scale; use "
+                'StragglerStep(..., scaler=scaler, on_rank_loss="shrink"), which hands it over'
+            )
         self.process_group = process_group
         self.timeout = timeout
         device = device or torch.device("cpu")
@@ -200,13 +210,6 @@ class StragglerHookState:
         same script runs under torchrun. One-line refusals where shrinking cannot work."""
         if self.on_rank_loss is OnRankLoss.STOP or self.elastic is not None:
             return
-        if not self.screens:
-            raise UsageError(
-                'on_nonfinite="propagate" (a GradScaler) does not shrink under the DDP hook: a '
-                "round the lead completed for this rank leaves it no gradient for scaler.step, "
-                "and a rank taken back needs the live ranks' scale; use "
-                'StragglerStep(..., scaler=scaler, on_rank_loss="shrink"), which hands it over'
-            )
         rejoining = os.environ.get(REJOIN) == "1"
         lr = float(optimizer.param_groups[0]["lr"])
         comm = self.rounds.comm
@@ -244,7 +247,6 @@ class StragglerHookState:
         probe = watching(ddp_model)
         if probe is not None:
             probe.note_samples(computed)
-            probe.note_remedy(self.rounds.strategy.describe(), len(batches))
 
     def plan(self, units: int) -> AllreducePlan:
         """The round's plan for ``units`` micro-batches; a rule that averages models after
@@ -295,6 +297,8 @@ class StragglerHookState:
                 agreed = self._agreement(work, pending)
             settle_buckets(agreed.mine, pending.buckets, self.rounds.comm.world_size)
             self._last = self.rounds.close(plan, work, agreed, reduce, pending.screened)
+        if probe is not None:  # the loop's own or Lightning's: the run's row names the rule
+            probe.note_remedy(self.rounds.strategy.describe(), len(work.times))
         return self._last
 
     def _agreement(self, work: RoundProgress, pending: _Pending) -> Agreement:

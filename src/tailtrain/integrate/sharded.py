@@ -341,6 +341,7 @@ class ShardedStep:
                 self.membership.commit()
         if probe is not None:
             probe.note_samples(computed)
+            probe.note_remedy(rounds.strategy.describe(), rounds.micro_batches or len(work.times))
         if start is not None:  # past the last collective: the model average
             with torch.no_grad():
                 for p, s, avg in zip(self.params, start, averaged, strict=True):

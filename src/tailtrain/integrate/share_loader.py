@@ -28,7 +28,9 @@ default hook would average the g_n with weights 1/N and over-weigh the slow rank
 A bucket holding a NaN or an infinity joins with weight 0, screened as
 ``tailtrain.integrate.weighted_allreduce_hook`` screens it (one shared path,
 ``integrate.ddp.weighted_bucket_allreduce``): the update is then the others' sample-weighted
-mean, and ``ShareBatchSampler.screened`` counts this rank's buckets left out.
+mean, and ``ShareBatchSampler.screened`` counts this rank's buckets left out; under
+``on_nonfinite="propagate"`` (a ``torch.amp.GradScaler``) it enters the sum as it is, as in
+DDP's own allreduce, so every rank's scaler skips the step.
 
 The shares come from ``tailtrain.strategies.rebalance.optimal_shares`` (per-sample times, total
 N B, floor 1), which ``tailtrain advise --for ddp`` calls and prints.
@@ -109,6 +111,7 @@ class ShareBatchSampler(Sampler[list[int]]):
         self.shares = checked_shares(shares, sampler.num_replicas, batch_size)
         #: False under ``on_nonfinite="propagate"``: a non-finite bucket enters the sum as is
         self.screens = screens(on_nonfinite)
+        self.on_nonfinite = on_nonfinite
         if len(sampler.dataset) < sampler.num_replicas * batch_size:  # type: ignore[arg-type]
             raise UsageError(
                 f"a dataset of {len(sampler.dataset)} samples holds no global batch of "  # type: ignore[arg-type]

@@ -201,9 +201,11 @@ class StragglerStep:
     ) -> None:
         # a wrong strategy is refused before any collective
         strategy = check_micro_batches(as_strategy(strategy, DEALS), micro_batches)
+        if scaler is not None and not scaler.is_enabled():  # GradScaler(enabled=False)
+            scaler = None  # it scales nothing and steps as the optimizer: the screen stays
         if scaler is not None and strategy.averages_models:
             raise UsageError(
-                f"{strategy.name} takes local optimizer steps and averages the models: a "
+                f"{strategy.describe()} takes local optimizer steps and averages the models: a "
                 "GradScaler's per-rank skips would leave the local models apart; give no scaler "
                 "(bfloat16 autocast needs none) or an allreduce rule"
             )
@@ -371,15 +373,15 @@ class StragglerStep:
             # model's is gathered first, outside the reduce's seconds (T^c)
             agreed = None if carries_rows(mine) else self.rounds.agree(work, plan, dealt)
             began = self.rounds.clock()
-            bad = None if self.scaler is None else False  # an overflow must reach the scaler
+            screen = self.scaler is None  # an overflow must reach the scaler
             with torch.no_grad():
                 if agreed is None:
                     averaged, screened, total, agreed = agreed_average(
-                        self.rounds, self.buckets, mine, scale, work, plan, dealt, bad
+                        self.rounds, self.buckets, mine, scale, work, plan, dealt, screen
                     )
                 else:
                     averaged, screened, total = weighted_average(
-                        self.rounds.comm, self.buckets, mine, scale, agreed, bad
+                        self.rounds.comm, self.buckets, mine, scale, agreed, screen=screen
                     )
             reduce = self.rounds.clock() - began
             # the lowest member looks for ranks asking to join (at most every JOIN_LOOK
@@ -389,9 +391,8 @@ class StragglerStep:
             timing = self.rounds.timing(reduce, work, screened, asks)
         if probe is not None:
             probe.note_samples(computed)
-            m = self.rounds.micro_batches or (len(batches) if deal is None else None)
-            if m is not None:
-                probe.note_remedy(self.rounds.strategy.describe(), m)
+            m = self.rounds.micro_batches or len(work.times)  # dealt on demand: M is given
+            probe.note_remedy(self.rounds.strategy.describe(), m)
         if self.membership is not None:
             self.membership.grows = bool(timing[:, 3].any())
         with torch.no_grad():  # past the last collective: the round completes here
@@ -511,7 +512,7 @@ class StragglerStep:
     # ---- checkpoints (PyTorch's convention; the process group is left out) -----------------
     def state_dict(self) -> dict[str, Any]:
         """The rule's state (``strategy.state_dict``) and the round count, dealt on demand the
-        stream's place; save the model and the optimizer as usual, beside it."""
+        stream's place; save the model, the optimizer and the scaler as usual, beside it."""
         return self.rounds.state_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:

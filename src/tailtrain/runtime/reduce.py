@@ -355,6 +355,10 @@ class PendingSum:
         return self.buffer.read()
 
 
+#: errors a guarded section may raise that no peer causes: passed as they are (``_Guard``)
+OWN_ERRORS = (UsageError, torch.OutOfMemoryError, NotImplementedError)
+
+
 class _Guard:
     """Turns a collective's failure into :class:`PeerFailure` after ``grace`` seconds (module
     docstring). A class, not a ``@contextmanager``: its generator costs ~10 us a call, on
@@ -363,7 +367,9 @@ class _Guard:
     A failure is what a collective raises: a ``RuntimeError`` (gloo, nccl and torch's
     ``DistError`` are ones) or tailtrain's own (a watch's ``Broken``). Anything else, e.g. a
     ``ValueError`` of the user's gradient hook in the DDP hook's zero backward
-    (:meth:`Collectives.guarded`), and a ``UsageError``, is the caller's and passes as it is."""
+    (:meth:`Collectives.guarded`), a ``UsageError``, and the ``RuntimeError`` s no peer
+    causes (out of memory, not implemented), is the caller's and passes as it is. A user's
+    own plain ``RuntimeError`` there still reads as a peer's failure, its text kept."""
 
     __slots__ = ("grace", "name", "rank")
 
@@ -374,7 +380,7 @@ class _Guard:
         return None
 
     def __exit__(self, kind: type | None, exc: BaseException | None, tb: object) -> None:
-        if not isinstance(exc, RuntimeError | TailtrainError) or isinstance(exc, UsageError):
+        if not isinstance(exc, RuntimeError | TailtrainError) or isinstance(exc, OWN_ERRORS):
             return
         text = str(exc).strip()
         first = text.splitlines()[0] if text else type(exc).__name__
