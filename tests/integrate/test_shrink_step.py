@@ -46,6 +46,23 @@ def environment() -> dict[str, str]:
     return env
 
 
+def healed(out: Path, *options: str) -> tuple[subprocess.CompletedProcess, dict[int, dict]]:
+    """The example under ``tailtrain launch --restart-lost 1``, rank VICTIM killed inside step
+    AT and started again: the launch (which must succeed, the rank rejoining) and every
+    rank's saved state."""
+    command = [
+        sys.executable, "-m", "tailtrain", "launch", "--nproc-per-node", str(N),
+        "--on-rank-loss", "shrink", "--restart-lost", "1", str(EXAMPLE),
+        "--kill-rank", str(VICTIM), "--kill-step", str(AT), *options, "--out", str(out),
+    ]  # fmt: skip
+    done = subprocess.run(
+        command, cwd=ROOT, env=environment(), capture_output=True, text=True, timeout=280
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert f"rank {VICTIM} rejoined the live ranks at step " in done.stderr
+    return done, {r: torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(N)}
+
+
 @pytest.fixture(scope="module")
 def killed(tmp_path_factory):
     out = tmp_path_factory.mktemp("shrink")
@@ -140,19 +157,8 @@ def test_a_killed_rank_started_again_heals_from_a_live_peer_and_the_group_grows_
     the two survivors at a step boundary, takes the lead's model, optimizer and rule state (not
     from disk), and the three finish with equal parameters and the same records from its join
     on, each equal to the reference rebuilt from the records."""
-    command = [
-        sys.executable, "-m", "tailtrain", "launch", "--nproc-per-node", str(N),
-        "--on-rank-loss", "shrink", "--restart-lost", "1", str(EXAMPLE),
-        "--kill-rank", str(VICTIM), "--kill-step", str(AT), "--rejoin-steps", "5",
-        "--out", str(tmp_path),
-    ]  # fmt: skip
-    done = subprocess.run(
-        command, cwd=ROOT, env=environment(), capture_output=True, text=True, timeout=280
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
+    done, kept = healed(tmp_path, "--rejoin-steps", "5")
     assert f"rank {VICTIM} died (killed by SIGKILL); started again (1 of 1)" in done.stderr
-    assert f"rank {VICTIM} rejoined the live ranks at step " in done.stderr
-    kept = {r: torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(N)}
     records = kept[0]["records"]
     assert all(kept[r]["records"] == records for r in range(N) if r != VICTIM)
     back = kept[VICTIM]["records"]
@@ -179,18 +185,7 @@ def test_a_rank_healed_from_a_live_peer_takes_its_grad_scalers_scale(tmp_path):
     update and halves its scale. Rank 1, killed in step 6 and started again, must take that
     scale with the model (each rank scales its gradients by its own scale before the sum):
     after the heal every rank holds the same scale and the same parameters."""
-    command = [
-        sys.executable, "-m", "tailtrain", "launch", "--nproc-per-node", str(N),
-        "--on-rank-loss", "shrink", "--restart-lost", "1", str(EXAMPLE),
-        "--kill-rank", str(VICTIM), "--kill-step", str(AT), "--rejoin-steps", "3",
-        "--overflow-step", "2", "--out", str(tmp_path),
-    ]  # fmt: skip
-    done = subprocess.run(
-        command, cwd=ROOT, env=environment(), capture_output=True, text=True, timeout=280
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert f"rank {VICTIM} rejoined the live ranks at step " in done.stderr
-    kept = {r: torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(N)}
+    _, kept = healed(tmp_path, "--rejoin-steps", "3", "--overflow-step", "2")
     initial = torch.amp.GradScaler("cpu").get_scale()
     assert [kept[r]["scale"] for r in range(N)] == [initial / 2] * N
     models = [kept[r]["model"] for r in range(N)]
@@ -362,18 +357,7 @@ def test_dealt_on_demand_the_survivors_keep_the_global_batch_and_the_rank_heals(
     one included (the global batch kept: every position of each step once, none twice), the
     killed rank rejoins at a step boundary with the lead's place in the stream, and every rank
     ends with parameters equal to the reference rebuilt from the positions each computed."""
-    command = [
-        sys.executable, "-m", "tailtrain", "launch", "--nproc-per-node", str(N),
-        "--on-rank-loss", "shrink", "--restart-lost", "1", str(EXAMPLE),
-        "--strategy", "rebalance:deal=demand", "--kill-rank", str(VICTIM),
-        "--kill-step", str(AT), "--rejoin-steps", "4", "--out", str(tmp_path),
-    ]  # fmt: skip
-    done = subprocess.run(
-        command, cwd=ROOT, env=environment(), capture_output=True, text=True, timeout=280
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert f"rank {VICTIM} rejoined the live ranks at step " in done.stderr
-    kept = {r: torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(N)}
+    _, kept = healed(tmp_path, "--strategy", "rebalance:deal=demand", "--rejoin-steps", "4")
     records = kept[0]["records"]
     assert all(kept[r]["records"] == records for r in range(N) if r != VICTIM)
     back = kept[VICTIM]["records"]
