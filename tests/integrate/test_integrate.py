@@ -187,6 +187,26 @@ def run_disabled_scaler(rank):
     return flat(net), [record.as_dict()], None
 
 
+#: a total norm the digits-free toy's mean gradients exceed, so the clip acts every round
+CLIP = 0.05
+
+
+def run_clipped(rank, scaled: bool, rounds=3, units=2):
+    """``StragglerStep(..., max_grad_norm=CLIP)`` (sync), with or without a GradScaler."""
+    net = model()
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10) if scaled else None
+    step = StragglerStep(
+        net, optimizer(net.parameters(), False), "sync", scaler=scaler, max_grad_norm=CLIP
+    )
+    for r in range(rounds):
+        step([batch(rank, r, u, units) for u in range(units)], lambda xy: grad_loss(net, xy))
+    return flat(net)
+
+
+def grad_loss(net, xy):
+    return F.cross_entropy(net(xy[0]), xy[1])
+
+
 def scaler_refused() -> str:
     try:
         StragglerStep(model(), optimizer(model().parameters(), False), "local-sgd:period=2",
@@ -315,6 +335,7 @@ def rank_main(rank: int, port: int, folder: str) -> None:
         | {f"step-{'-'.join(map(str, o))}": run_scaled_step(rank, o) for o in ((1,), (0, 1))},
         "scaler-refused": scaler_refused(),
         "scaler-disabled": run_disabled_scaler(rank),
+        "clipped": {"plain": run_clipped(rank, False), "scaled": run_clipped(rank, True)},
         "refused": refused("local-sgd:period=2"),
         "gathered-first": gathered_first(rank),
         "collectives": {str(t): count_collectives(rank, t) for t in DTYPES},
@@ -449,6 +470,37 @@ def test_an_overflow_propagated_reaches_the_grad_scaler_as_under_ddp(results, ov
         assert skip_scales[0] == 2.0**10  # the scaler saw no overflow
         if over == "1":  # rank 0's gradient alone entered round 0
             assert not torch.equal(skip_thetas[0], flat(model()))
+
+
+def clipped_sgd(rounds: int, units: int) -> torch.Tensor:
+    """SGD on the mean gradient of every rank's micro-batches, clipped to total norm CLIP."""
+    net = model()
+    for r in range(rounds):
+        step = [torch.zeros_like(p) for p in net.parameters()]
+        for n in range(N):
+            for u in range(units):
+                for s, g in zip(step, grad(net, batch(n, r, u, units)), strict=True):
+                    s += g / (units * N)
+        norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(s) for s in step]))
+        assert norm > CLIP  # the clip acts
+        with torch.no_grad():
+            for p, s in zip(net.parameters(), step, strict=True):
+                p -= LR * s * (CLIP / norm)
+    return flat(net)
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("case", ["plain", "scaled"])
+def test_max_grad_norm_clips_the_mean_gradient_unscaled(results, case):
+    expected = clipped_sgd(3, 2)
+    for rank in results:
+        torch.testing.assert_close(rank["clipped"][case], expected)
+
+
+def test_a_bad_max_grad_norm_is_refused_in_one_line():
+    net = model()
+    with pytest.raises(UsageError, match="max_grad_norm must be a finite norm > 0, got 0"):
+        StragglerStep(net, optimizer(net.parameters(), False), "sync", max_grad_norm=0)
 
 
 def test_a_scaler_with_local_steps_is_refused_in_one_line(results):

@@ -130,6 +130,7 @@ from __future__ import annotations
 import copy
 import datetime
 import logging
+import math
 import os
 from collections.abc import Callable, Sequence
 from contextlib import nullcontext
@@ -184,6 +185,9 @@ class StragglerStep:
     ``on_rank_loss="shrink"`` goes on without a rank that dies or hangs (module docstring;
     under ``tailtrain launch --on-rank-loss shrink``); ``"stop"``, the default, does not.
     ``scaler``: a ``torch.amp.GradScaler`` for float16 autocast (module docstring).
+    ``max_grad_norm``: clip the gradient of every optimizer step to this total norm
+    (``torch.nn.utils.clip_grad_norm_``, after the scaler unscaled it; a local step's too),
+    as a loop clips between its backward and its step.
     """
 
     def __init__(
@@ -198,9 +202,13 @@ class StragglerStep:
         micro_batches: int | None = None,
         on_rank_loss: str = "stop",
         scaler: torch.amp.GradScaler | None = None,
+        max_grad_norm: float | None = None,
     ) -> None:
         # a wrong strategy is refused before any collective
         strategy = check_micro_batches(as_strategy(strategy, DEALS), micro_batches)
+        if max_grad_norm is not None and not 0 < max_grad_norm < math.inf:
+            raise UsageError(f"max_grad_norm must be a finite norm > 0, got {max_grad_norm}")
+        self.max_grad_norm = max_grad_norm
         if scaler is not None and not scaler.is_enabled():  # GradScaler(enabled=False)
             scaler = None  # it scales nothing and steps as the optimizer: the screen stays
         if scaler is not None and strategy.averages_models:
@@ -473,7 +481,7 @@ class StragglerStep:
         (loss if self.scaler is None else self.scaler.scale(loss)).backward()
 
     def _local_step(self, m: int) -> None:
-        local_step(self.optimizer, self.params, m)
+        local_step(self.optimizer, self.params, m, self.max_grad_norm)
 
     def _contribution(
         self, work: RoundProgress, start: list[torch.Tensor] | None
@@ -499,7 +507,13 @@ class StragglerStep:
             if total == 0:  # no gradient entered: no update (module docstring)
                 return
             for p, avg in zip(self.params, averaged, strict=True):
-                p.grad = avg.mul_(lr_scale)
+                p.grad = avg
+            if self.max_grad_norm is not None:  # the mean gradient's norm, unscaled
+                if self.scaler is not None:
+                    self.scaler.unscale_(self.optimizer)  # its step then does not again
+                torch.nn.utils.clip_grad_norm_(self.params, self.max_grad_norm)
+            for p in self.params:
+                p.grad.mul_(lr_scale)
             if self.scaler is None:
                 self.optimizer.step()
             else:  # skipped on every rank where the sum holds an overflow; the scale halves
@@ -519,11 +533,19 @@ class StragglerStep:
         self.rounds.load_state_dict(state)
 
 
-def local_step(optimizer: torch.optim.Optimizer, params: Sequence[torch.Tensor], m: int) -> None:
-    """Local-SGD: theta_n <- optimizer step on (1/M) sum of the step's gradients."""
+def local_step(
+    optimizer: torch.optim.Optimizer,
+    params: Sequence[torch.Tensor],
+    m: int,
+    max_grad_norm: float | None = None,
+) -> None:
+    """Local-SGD: theta_n <- optimizer step on (1/M) sum of the step's gradients, clipped to
+    ``max_grad_norm`` if given."""
     for p in params:
         if p.grad is not None:
             p.grad.div_(m)
+    if max_grad_norm is not None:
+        torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
 
