@@ -180,12 +180,17 @@ def test_a_killed_rank_started_again_heals_from_a_live_peer_and_the_group_grows_
 
 @pytest.mark.slow  # three ranks importing torch and sklearn, and one of them a fourth time
 @pytest.mark.timeout(300)
-def test_a_rank_healed_from_a_live_peer_takes_its_grad_scalers_scale(tmp_path):
-    """Under a GradScaler rank 0's loss overflows in step 2: every rank's scaler skips that
-    update and halves its scale. Rank 1, killed in step 6 and started again, must take that
-    scale with the model (each rank scales its gradients by its own scale before the sum):
-    after the heal every rank holds the same scale and the same parameters."""
-    _, kept = healed(tmp_path, "--rejoin-steps", "3", "--overflow-step", "2")
+@pytest.mark.parametrize("overflow", [2, AT], ids=["before-the-death", "in-the-redone-round"])
+def test_a_rank_healed_from_a_live_peer_takes_its_grad_scalers_scale(tmp_path, overflow):
+    """Under a GradScaler rank 0's loss overflows in step ``overflow``: every rank's scaler
+    skips that update and halves its scale (at AT, the step rank 1 dies in, the survivors'
+    redone round does). Rank 1, started again, must take that scale with the model (each rank
+    scales its gradients by its own scale before the sum): after the heal every rank holds
+    the same scale and the same parameters."""
+    _, kept = healed(tmp_path, "--rejoin-steps", "3", "--overflow-step", str(overflow))
+    if overflow == AT:
+        redone = [r for r in kept[0]["records"] if r["redone"]]
+        assert [r["step"] for r in redone] == [AT]
     initial = torch.amp.GradScaler("cpu").get_scale()
     assert [kept[r]["scale"] for r in range(N)] == [initial / 2] * N
     models = [kept[r]["model"] for r in range(N)]
