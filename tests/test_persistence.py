@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from tailtrain.advice.stragglers import iteration_times, score_workers
 from tailtrain.delays.parse import parse_delay
 from tailtrain.integrate.probe import LIVE_MIN_STEPS, StragglerProbe
-from tailtrain.persistence import MIN_EFFECT, classify_workers
+from tailtrain.persistence import MIN_EFFECT, classify_workers, too_few_steps
 
 
 def own(steps=40, ranks=6, seed=0, sigma=0.02):
@@ -119,3 +119,17 @@ def test_a_rank_at_1_15x_gets_one_verdict_from_both_paths(tmp_path):
     window = np.stack([0.1 * own, 0.9 * own, np.zeros_like(own)], axis=2)
     found = probe_verdicts(tmp_path, window)
     assert found == advise_verdicts(tmp_path) == ["healthy"] * 2 + ["persistent"] + ["healthy"] * 3
+
+
+def test_a_rank_slower_in_every_one_of_too_few_steps_is_said_to_be_too_few():
+    """10 steps of rank 1 26x slower: the binomial test cannot reach its level (2^-10 against
+    1e-3 / 2), so the verdict is not persistent, and ``too_few_steps`` says why (the probe's
+    first report read "intermittent ... slower in 100% of steps"); at 40 steps it is
+    persistent, and a healthy rank is never too few."""
+    rng = np.random.default_rng(0)
+    times = np.array([0.001, 0.026]) * rng.lognormal(0, 0.05, (40, 2))
+    early = classify_workers(times[:10])
+    assert early[1].verdict != "persistent" and too_few_steps(early[1], 2)
+    assert not too_few_steps(early[0], 2)
+    late = classify_workers(times)
+    assert late[1].verdict == "persistent" and not too_few_steps(late[1], 2)

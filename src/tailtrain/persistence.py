@@ -83,6 +83,19 @@ class Slowness:
         return asdict(self)
 
 
+def too_few_steps(s: Slowness, workers: int) -> bool:
+    """Whether ``s`` reads as a persistent straggler its steps are too few to call one: slower
+    by the persistent effect in (nearly) every step, yet the binomial test cannot reach its
+    level over so few (a worker slower in all of T steps has p = 2^-T, the level is
+    LEVEL / workers: T of about 10 + log2(workers) at least)."""
+    return (
+        s.verdict != "persistent"
+        and s.slowdown >= MIN_EFFECT
+        and s.slower_share >= 0.9
+        and s.p_value >= LEVEL / workers
+    )
+
+
 def classify_workers(
     times: NDArray[np.float64], ids: NDArray[np.int64] | None = None
 ) -> list[Slowness]:

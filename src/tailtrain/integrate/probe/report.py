@@ -27,7 +27,7 @@ from tailtrain.core.machine import append_machine, machine_row
 from tailtrain.delays.trace import read_trace, write_trace_rows
 from tailtrain.errors import UsageError
 from tailtrain.integrate.probe.window import LIVE_MIN_STEPS, SAMPLES, SECTIONS
-from tailtrain.persistence import Slowness, classify_workers, per_sample_times
+from tailtrain.persistence import Slowness, classify_workers, per_sample_times, too_few_steps
 
 log = logging.getLogger("tailtrain.probe")
 
@@ -211,13 +211,15 @@ class Reporting:
                     f" in replica group {group} (ranks "
                     f"{', '.join(map(str, (report.groups or [])[group]))}: the group waits for it)"
                 )  # fmt: skip
+                few = too_few_steps(v, len(report.verdicts))  # "intermittent", slower in all
                 log.warning(
                     "probe step %d: rank %d %s%s, score %.2f (%.2fx the others' median own "
                     "time, slower in %.0f%% of steps; own %.3g ms per %s, wait %.1f ms per "
-                    "step; stalled %d steps in a row)",
+                    "step; stalled %d steps in a row)%s",
                     report.step, v.worker, v.verdict, where, v.score, v.slowdown,
                     100 * v.slower_share, 1e3 * v.median_seconds, unit, 1e3 * wait[v.worker],
                     v.longest_stall,
+                    "; too few steps yet to call it persistent" if few else "",
                 )  # fmt: skip
         healthy = [v for v in report.verdicts if v.verdict == "healthy"]
         if healthy:
