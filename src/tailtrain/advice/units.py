@@ -59,6 +59,7 @@ from numpy.typing import NDArray
 from tailtrain.delays.trace import Trace, write_trace_rows
 from tailtrain.errors import UsageError
 from tailtrain.persistence import Slowness, per_sample_times
+from tailtrain.spec import parse_spec
 
 #: micro-batch counts DropCompute is priced at on a per-step trace (those dividing B)
 CANDIDATE_M = (2, 4, 8)
@@ -86,7 +87,7 @@ class JobShape:
     @property
     def remedy_name(self) -> str | None:
         """The rule in force's name (``dropcompute`` of ``dropcompute:threshold=...``)."""
-        return None if self.remedy is None else self.remedy.split(":")[0]
+        return None if self.remedy is None else parse_spec(self.remedy, what="remedy").name
 
     @property
     def cut(self) -> bool:
