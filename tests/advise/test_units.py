@@ -262,7 +262,10 @@ def test_a_per_step_lump_stays_whole_in_the_split_and_dropcompute_is_not_priced_
     found = advise(path, setup="ddp", samples=400)
     dropcompute = [r for r in found.ranked if r.row.strategy == "dropcompute"]
     assert len(dropcompute) == 1 and dropcompute[0].effective_speedup < 1.1
-    assert found.recommendation != "dropcompute"
+    # rebalance's 1.07x ties with sync within its uncertainty: no remedy, the job as it runs
+    rebalance = next(r for r in found.ranked if r.row.strategy == "rebalance")
+    assert rebalance.effective_speedup - rebalance.uncertainty < 1.0
+    assert found.recommendation == "sync"
 
 
 def test_a_run_the_probe_saw_under_dropcompute_is_read_as_that_job(tmp_path):

@@ -304,8 +304,11 @@ def rebalanced(tied: list[Ranked], persistent_dominate: bool) -> list[Ranked]:
     same ranks' work every step, so their data is under-represented in every update). Of
     its rows the simplest comes first, unless ``DEMAND_SPEC`` is faster than it
     (:func:`faster`): dealing on demand needs no shares and no threshold, only ``train``'s
-    store."""
-    if not persistent_dominate:
+    store. Where sync itself ties (the simplest, first), no remedy is faster than the job as it
+    runs beyond the forecasts' uncertainty, and sync stays first: a newcomer's job whose slow
+    rank lost 31 ms a step that no share moves was advised rebalance at 1.056x (+-0.106)
+    over a tying sync, and ran 0.977x."""
+    if not persistent_dominate or tied[0].row.strategy == "sync":
         return tied
     tied = sorted(tied, key=lambda r: r.row.strategy != "rebalance")  # stable: simplest first
     demand = next((r for r in tied if row_spec(r.row) == DEMAND_SPEC), None)
