@@ -18,6 +18,7 @@ micro-batches sleep 0.2 s counted fewer than the one whose sleep 0.07 s.
 from __future__ import annotations
 
 import datetime
+import functools
 import math
 import os
 import time
@@ -46,6 +47,8 @@ AUTO = "dropcompute:threshold=auto,calibrate=2"
 NOTHING = "dropcompute:threshold=1e-9"
 #: the rank that sleeps: group 1, shard 0 (its group partner waits for it inside FSDP)
 SLEEPER = (1, 0)
+#: ``max_grad_norm``: far below a micro-batch's gradient norm here (0.7 to 1.3), so every step clips
+CLIP = 0.1
 
 
 def make_model(frozen: bool = False) -> nn.Module:
@@ -100,14 +103,18 @@ def sharded_model(mesh, frozen: bool = False) -> nn.Module:
 
 
 def build(
-    mesh, strategy: str, micro_batches: int | None = None, frozen: bool = False
+    mesh,
+    strategy: str,
+    micro_batches: int | None = None,
+    frozen: bool = False,
+    clip: float | None = None,
 ) -> tuple[nn.Module, torch.optim.Optimizer, ShardedStep]:
     net = sharded_model(mesh, frozen)
     # Local-SGD's groups keep their own momentum: its reference is plain SGD
     opt = optimizer(net.parameters(), 0.0 if strategy.startswith("local-sgd") else MOMENTUM)
     step = ShardedStep(
         net, opt, strategy, mesh=mesh, timeout=datetime.timedelta(seconds=60),
-        micro_batches=micro_batches,
+        micro_batches=micro_batches, max_grad_norm=clip,
     )  # fmt: skip
     return net, opt, step
 
@@ -139,8 +146,17 @@ def full(net: nn.Module) -> dict[str, torch.Tensor]:
     return {name: p.full_tensor().detach().clone() for name, p in net.named_parameters()}
 
 
-def run(mesh, strategy: str, steps: int, units: int, sleep: float = 0.0, every: bool = False):
-    net, _, step = build(mesh, strategy, units if strategy.startswith("rebalance") else None)
+def run(
+    mesh,
+    strategy: str,
+    steps: int,
+    units: int,
+    sleep: float = 0.0,
+    every: bool = False,
+    clip: float | None = None,
+):
+    micro_batches = units if strategy.startswith("rebalance") else None
+    net, _, step = build(mesh, strategy, micro_batches, clip=clip)
     records = [one_step(mesh, net, step, r, units, sleep, every) for r in range(steps)]
     return full(net), records, step.state_dict()
 
@@ -268,6 +284,8 @@ def rank_main(rank: int, port: int, folder: str) -> None:
         "empty": run(mesh, NOTHING, 1, 2),
         "local-sgd": run(mesh, "local-sgd:period=2", 2, 4),
         "local-drop": run(mesh, f"local-sgd:period=2,threshold={TAU}", 1, 4, sleep=SLOW),
+        "clip": run(mesh, DROP, 2, 3, sleep=SLOW, clip=CLIP),
+        "local-clip": run(mesh, "local-sgd:period=2", 1, 4, clip=CLIP),
         "nan": run_poisoned(mesh),
         "one-refused": run_one_refused(mesh),
         # 8 steps: ci17's loaded run had not moved the shares after 5 (3 steps past the
@@ -288,9 +306,13 @@ def results(tmp_path_factory):
 
 
 # ---- the reference: one process, the full model ----------------------------------------------
-def rebuilt(records: list[dict], frozen: bool = False) -> dict[str, torch.Tensor]:
+def rebuilt(
+    records: list[dict], frozen: bool = False, clip: float | None = None
+) -> dict[str, torch.Tensor]:
     """SGD with momentum on each record's update in the run's own arithmetic
-    (``sharded_reference``): equal to the bit."""
+    (``sharded_reference``): equal to the bit; ``clip``: the update clipped to that norm
+    first (``clip_grad_norm_`` on the full gradient, a norm summed in another order than the
+    shards' all-reduce: equal within rounding)."""
     net = make_model(frozen)
     params = [p for p in net.parameters() if p.requires_grad]
     opt = optimizer(params)
@@ -308,14 +330,19 @@ def rebuilt(records: list[dict], frozen: bool = False) -> dict[str, torch.Tensor
             continue
         for p, t in zip(params, step, strict=True):
             p.grad = t
+        if clip is not None:
+            torch.nn.utils.clip_grad_norm_(params, clip)
         opt.step()
     return dict(net.named_parameters())
 
 
-def local_sgd(records: list[dict], frozen: bool = False) -> dict[str, torch.Tensor]:
+def local_sgd(
+    records: list[dict], frozen: bool = False, clip: float | None = None
+) -> dict[str, torch.Tensor]:
     """Each group's model takes a plain SGD step every M micro-batches on its ranks' gradient
-    sum over its counted ones / M; then theta <- theta_0 + sum_g w_g P_g with
-    P_g = (theta_g - theta_0) U / C_g (DropCompute App. B.3)."""
+    sum over its counted ones / M (clipped to ``clip`` if given); then
+    theta <- theta_0 + sum_g w_g P_g with P_g = (theta_g - theta_0) U / C_g (DropCompute
+    App. B.3)."""
     theta = make_model(frozen)
     for record in records:
         m = record["micro_batches"]
@@ -333,6 +360,8 @@ def local_sgd(records: list[dict], frozen: bool = False) -> dict[str, torch.Tens
                     for s in range(SHARDS):
                         x, y = batch(record["step"], g, s, u)
                         (F.cross_entropy(net(x), y) / (SHARDS * m)).backward()
+                if clip is not None:
+                    torch.nn.utils.clip_grad_norm_(net.parameters(), clip)
                 opt.step()
             for a, p, s in zip(average, net.parameters(), start, strict=True):
                 a.add_((p.detach() - s) * units / counted, alpha=record["weights"][g])
@@ -464,6 +493,24 @@ def test_local_sgd_averages_the_groups_sharded_models(results, case):
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.parametrize(
+    ("case", "reference"), [("clip", rebuilt), ("local-clip", local_sgd)], ids=["drop", "local"]
+)
+def test_max_grad_norm_clips_each_optimizer_step_as_a_loop_clips_the_full_model(
+    results, case, reference
+):
+    """``max_grad_norm``: every optimizer step's gradient (the weighted average under a cut,
+    each local step's under Local-SGD) is clipped by the full model's norm, as a
+    single-process loop's ``clip_grad_norm_`` clips it, although each rank holds a shard;
+    the same records without the clip land elsewhere."""
+    records = agreed(results, case)
+    got = results[0][case][0]
+    matches_reference(got, records, reference=functools.partial(reference, clip=CLIP))
+    unclipped = reference(records)
+    assert any(not torch.allclose(got[n], v.detach(), atol=1e-4) for n, v in unclipped.items())
+
+
+@pytest.mark.timeout(300)
 def test_a_round_that_ran_nothing_leaves_the_parameters(results):
     """Every group stops before its first micro-batch: no optimizer step, although momentum
     would move nothing here, the record says so and the parameters are the initial ones."""
@@ -522,6 +569,15 @@ def test_a_missing_mesh_is_refused_in_one_line():
     net = make_model()
     with pytest.raises(UsageError, match="2-D DeviceMesh") as err:
         ShardedStep(net, optimizer(net.parameters()), "sync", mesh=None)
+    assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("norm", [0.0, -1.0, math.inf, math.nan])
+def test_a_max_grad_norm_that_is_no_norm_is_refused_in_one_line(norm):
+    """Before the mesh is looked at, so before any collective."""
+    net = make_model()
+    with pytest.raises(UsageError, match="max_grad_norm must be a finite norm > 0") as err:
+        ShardedStep(net, optimizer(net.parameters()), "sync", mesh=None, max_grad_norm=norm)
     assert "\n" not in str(err.value)
 
 

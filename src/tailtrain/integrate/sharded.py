@@ -154,7 +154,7 @@ from tailtrain.integrate.rounds import (
     as_strategy,
     check_micro_batches,
 )
-from tailtrain.integrate.step import BUCKET_CAP_MB, local_step
+from tailtrain.integrate.step import BUCKET_CAP_MB, checked_max_grad_norm, local_step
 from tailtrain.runtime.elastic.group import Broken
 from tailtrain.runtime.elastic.refusals import check_on_rank_loss
 from tailtrain.runtime.elastic.shrink import OnRankLoss
@@ -190,7 +190,11 @@ class ShardedStep:
     of the step's own collectives (None: the groups' own). Every call returns the round's
     ``StepRecord``, per group, identical on every rank. ``on_rank_loss="shrink"`` goes on
     without a replica group that lost a rank (module docstring); ``"stop"``, the default,
-    does not.
+    does not. ``max_grad_norm``: clip the gradient of every optimizer step (a local step's
+    too) to this total norm, as an FSDP loop clips between its backward and its step
+    (``torch.nn.utils.clip_grad_norm_`` on the sharded gradients: the norm is the full
+    model's, one all-reduce within the group; every group holds the same average, so the
+    same norm).
     """
 
     def __init__(
@@ -205,8 +209,10 @@ class ShardedStep:
         bucket_cap_mb: float = BUCKET_CAP_MB,
         micro_batches: int | None = None,
         on_rank_loss: str = "stop",
+        max_grad_norm: float | None = None,
     ) -> None:
         rule = sharded_strategy(strategy, micro_batches)  # refused before any collective
+        self.max_grad_norm = checked_max_grad_norm(max_grad_norm)
         demand = check_store(rule)
         shard_dim = check_mesh(mesh, replicate_dim)
         check_restart(on_rank_loss)
@@ -351,7 +357,12 @@ class ShardedStep:
                 for p, avg in zip(self.params, averaged, strict=True):
                     if p.grad is None:
                         p.grad = torch.zeros_like(p)
-                    local(p.grad).copy_(avg.mul_(plan.lr_scale))
+                    local(p.grad).copy_(avg)
+            if self.max_grad_norm is not None:  # the mean gradient's norm, before lr_scale
+                torch.nn.utils.clip_grad_norm_(self.params, self.max_grad_norm)
+            with torch.no_grad():
+                for p in self.params:
+                    local(p.grad).mul_(plan.lr_scale)
             self.optimizer.step()
         positions = None
         if self.deal is not None:  # past the round's collectives: its keys may go
@@ -397,11 +408,11 @@ class ShardedStep:
             rounds.unit_done(work, u, began)
             pending += 1
             if local_steps and (u + 1) % m == 0 and u + 1 < len(batches):  # a local step ends
-                local_step(self.optimizer, self.params, m)
+                local_step(self.optimizer, self.params, m, self.max_grad_norm)
                 pending = 0
         rounds.seal(work)
         if local_steps and pending:  # the group's counts agree: so do its local steps
-            local_step(self.optimizer, self.params, m)
+            local_step(self.optimizer, self.params, m, self.max_grad_norm)
         return computed
 
     def _lockstep(self, admitted: bool) -> bool:

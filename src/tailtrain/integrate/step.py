@@ -206,9 +206,7 @@ class StragglerStep:
     ) -> None:
         # a wrong strategy is refused before any collective
         strategy = check_micro_batches(as_strategy(strategy, DEALS), micro_batches)
-        if max_grad_norm is not None and not 0 < max_grad_norm < math.inf:
-            raise UsageError(f"max_grad_norm must be a finite norm > 0, got {max_grad_norm}")
-        self.max_grad_norm = max_grad_norm
+        self.max_grad_norm = checked_max_grad_norm(max_grad_norm)
         if scaler is not None and not scaler.is_enabled():  # GradScaler(enabled=False)
             scaler = None  # it scales nothing and steps as the optimizer: the screen stays
         if scaler is not None and strategy.averages_models:
@@ -531,6 +529,14 @@ class StragglerStep:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.rounds.load_state_dict(state)
+
+
+def checked_max_grad_norm(max_grad_norm: float | None) -> float | None:
+    """``max_grad_norm`` as given, or a one-line ``UsageError``: a finite norm > 0 (None: no
+    clipping)."""
+    if max_grad_norm is not None and not 0 < max_grad_norm < math.inf:
+        raise UsageError(f"max_grad_norm must be a finite norm > 0, got {max_grad_norm}")
+    return max_grad_norm
 
 
 def local_step(
