@@ -70,20 +70,22 @@ def run_scaled(rank, on_nonfinite, overflow, rounds=3, units=2):
 
 
 def run_scaled_step(rank, overflow, rounds=3, units=2):
-    """``run_scaled``'s loop on ``StragglerStep(..., scaler=)`` (sync)."""
+    """``run_scaled``'s loop on ``StragglerStep(..., scaler=)`` (sync), and each record's
+    ``overflowed``."""
     net, scaler = model(), torch.amp.GradScaler("cpu", init_scale=2.0**10)
     step = StragglerStep(net, optimizer(net.parameters(), False), "sync", scaler=scaler)
-    scales, thetas = [], []
+    scales, thetas, overflowed = [], [], []
     for r in range(rounds):
 
         def loss_fn(xy, r=r):
             loss = F.cross_entropy(net(xy[0]), xy[1])
             return loss * math.inf if r == 0 and rank in overflow else loss
 
-        step([batch(rank, r, u, units) for u in range(units)], loss_fn)
+        record = step([batch(rank, r, u, units) for u in range(units)], loss_fn)
         scales.append(scaler.get_scale())
         thetas.append(flat(net))
-    return scales, thetas
+        overflowed.append(record.overflowed)
+    return scales, thetas, overflowed
 
 
 def run_disabled_scaler(rank):
@@ -168,8 +170,9 @@ def test_an_overflow_propagated_reaches_the_grad_scaler_as_under_ddp(results, ov
         torch.testing.assert_close(thetas[0], flat(model()))  # round 0 skipped
         for mine, theirs in zip(thetas, ddp_thetas, strict=True):
             torch.testing.assert_close(mine, theirs)
-        step_scales, step_thetas = rank["scaled"][f"step-{over}"]  # StragglerStep's scaler
+        step_scales, step_thetas, overflowed = rank["scaled"][f"step-{over}"]  # its scaler
         assert step_scales == ddp_scales
+        assert overflowed == [True, False, False]  # the record says which step it skipped
         for mine, theirs in zip(step_thetas, ddp_thetas, strict=True):
             torch.testing.assert_close(mine, theirs)
         skip_scales, skip_thetas = rank["scaled"][f"skip-{over}"]

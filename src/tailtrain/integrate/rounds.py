@@ -126,6 +126,10 @@ class StepRecord:
     #: ranks took the step before it joined (``integrate.elastic_ddp``); ``empty`` too, as its
     #: update is in the state it took from them
     skipped: bool = False
+    #: the ``StragglerStep``'s ``torch.amp.GradScaler`` found the averaged gradient not
+    #: finite and skipped the optimizer step (its scale backed off), on every rank alike: the
+    #: ranks took part as recorded, but the update was not applied
+    overflowed: bool = False
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)

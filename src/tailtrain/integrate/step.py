@@ -134,6 +134,7 @@ import math
 import os
 from collections.abc import Callable, Sequence
 from contextlib import nullcontext
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -402,12 +403,13 @@ class StragglerStep:
         if self.membership is not None:
             self.membership.grows = bool(timing[:, 3].any())
         with torch.no_grad():  # past the last collective: the round completes here
-            self._apply(averaged, start, plan.lr_scale, total)
+            overflowed = self._apply(averaged, start, plan.lr_scale, total)
         positions = None
         if deal is not None:  # past the round's collectives: its keys may go
             deal.leave()
             positions = deal.positions(agreed, int(sum(plan.shares)))
-        return self.rounds.finish(plan, work, agreed, timing, positions)
+        record = self.rounds.finish(plan, work, agreed, timing, positions)
+        return replace(record, overflowed=True) if overflowed else record
 
     def _shrink(self, exc: BaseException) -> StepRecord | None:
         """The broken round's start put back (its buffers, local steps' state), then the
@@ -498,12 +500,13 @@ class StragglerStep:
         start: list[torch.Tensor] | None,
         lr_scale: float,
         total: float,
-    ) -> None:
+    ) -> bool:
         """The optimizer's step on the average (H = 1), or the model average (H > 1); none
-        where no rank's gradient entered (``total`` = sum_n w_n = 0: module docstring)."""
+        where no rank's gradient entered (``total`` = sum_n w_n = 0: module docstring).
+        Whether the scaler skipped the step (the average held an overflow)."""
         if start is None:
             if total == 0:  # no gradient entered: no update (module docstring)
-                return
+                return False
             for p, avg in zip(self.params, averaged, strict=True):
                 p.grad = avg
             if self.max_grad_norm is not None:  # the mean gradient's norm, unscaled
@@ -514,12 +517,16 @@ class StragglerStep:
                 p.grad.mul_(lr_scale)
             if self.scaler is None:
                 self.optimizer.step()
-            else:  # skipped on every rank where the sum holds an overflow; the scale halves
-                self.scaler.step(self.optimizer)
-                self.scaler.update()
-        else:
-            for p, s, avg in zip(self.params, start, averaged, strict=True):
-                p.copy_(s + lr_scale * avg)
+                return False
+            # skipped on every rank where the sum holds an overflow, and then the scale backs
+            # off: the public sign of a skip (as accelerate's ``optimizer_step_was_skipped``)
+            before = self.scaler.get_scale()
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+            return self.scaler.get_scale() < before
+        for p, s, avg in zip(self.params, start, averaged, strict=True):
+            p.copy_(s + lr_scale * avg)
+        return False
 
     # ---- checkpoints (PyTorch's convention; the process group is left out) -----------------
     def state_dict(self) -> dict[str, Any]:
