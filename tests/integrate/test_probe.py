@@ -22,7 +22,13 @@ from tailtrain.core.machine import read_machine
 from tailtrain.delays import parse_delay
 from tailtrain.delays.trace import read_trace
 from tailtrain.integrate import StragglerProbe
-from tailtrain.integrate.probe import LIVE_MIN_STEPS, MAX_WINDOW, SAMPLES, window_steps
+from tailtrain.integrate.probe import (
+    LIVE_MIN_STEPS,
+    MAX_WINDOW,
+    SAMPLES,
+    ProbeReport,
+    window_steps,
+)
 from tailtrain.persistence import classify_workers
 
 N, STEPS, SLOW, LR = 2, 24, 0.04, 0.1
@@ -365,3 +371,17 @@ def test_begin_step_and_end_step_are_a_step_in_two_calls(tmp_path):
     trace = read_trace(tmp_path / "trace.csv")
     assert trace.iteration.tolist() == list(range(5))
     assert (trace.seconds >= 0.25 * np.arange(5)).all()  # seconds = data + compute
+
+
+def test_a_rank_judged_per_sample_is_also_said_per_step(caplog):
+    """A rebalanced job's ranks compute different samples a step, so the verdict's own time
+    is per sample; the line gives the step's own time beside it, the figure a run before the
+    shares said, so the two runs' lines compare."""
+    rng = np.random.default_rng(0)
+    times = 0.0005 * (1 + 0.05 * rng.random((20, 2)))
+    times[:, 1] *= 3
+    sections = {"data": [0.001, 0.002], "compute": [0.024, 0.022], "wait": [0.0, 0.002]}
+    report = ProbeReport(20, 1.0, classify_workers(times), sections, per_sample=True)
+    with caplog.at_level("WARNING", logger="tailtrain.probe"):
+        StragglerProbe(None)._log(report)
+    assert "ms per sample (24 ms per step), wait 2.0 ms per step" in caplog.text

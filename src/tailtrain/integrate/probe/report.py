@@ -203,9 +203,15 @@ class Reporting:
         if not report.verdicts:
             return
         wait = report.sections["wait"]
-        unit = "sample" if report.per_sample else "step"
+        own = np.add(report.sections["data"], report.sections["compute"])  # medians, per step
         for v in report.verdicts:
             if v.verdict != "healthy":
+                # judged per sample (a rebalanced job), the step's own time too: a run before
+                # the shares were dealt said it per step
+                unit = (
+                    f"sample ({1e3 * own[v.worker]:.3g} ms per step)" if report.per_sample
+                    else "step"
+                )  # fmt: skip
                 group = report.group_of(v.worker)
                 where = "" if group is None else (
                     f" in replica group {group} (ranks "
