@@ -118,7 +118,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import itertools
 import json
 import os
 import re
@@ -135,6 +134,10 @@ from typing import Any
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from bench import faults_goals as fg  # noqa: E402
+from bench import faults_measure as fm  # noqa: E402
+
 PEER = ROOT / "bench" / "faults_peer.py"
 STAMP = ROOT / "bench" / "faults_stamp"
 BIN = Path(sys.executable).parent
@@ -149,19 +152,11 @@ ROWS = (
     "tailtrain-shrink-rebalance",
     "tailtrain-shrink-rebalance-dropcompute",
 )
-SHRINK = {
-    "tailtrain-shrink-sync": "sync",
-    "tailtrain-shrink-dropcompute": "dropcompute:threshold=auto",
-    "tailtrain-shrink-eager": "eager:mode=majority",
-    "tailtrain-shrink-rebalance": "rebalance",
-    "tailtrain-shrink-rebalance-dropcompute": "rebalance:then=dropcompute",
-}
 #: rows whose rule deals micro-batch shares: with one micro-batch a rank they cannot move
 SHARES_ROWS = ("tailtrain-shrink-rebalance", "tailtrain-shrink-rebalance-dropcompute")
 DRILLS = ("none", "kill", "stop", "freeze", "heal")
 #: rows whose kill already brings the rank back (a restart of the group): heal = kill
 RESTART_ROWS = ("tailtrain-before", "ddp")
-SMOOTH = 10  # steps in the loss's moving mean
 #: micro-batches a rank computes per step, every row alike (``--micro-batches``)
 MICRO_BATCHES = 8
 #: a step's injected seconds: the shift, and the mean of its exponential noise (default law)
@@ -287,7 +282,7 @@ def has_flag(flag: str, scratch: Path) -> bool:
 def run_tailtrain(
     row: str, drill: str, folder: Path, cfg: argparse.Namespace, fault: dict[str, Any]
 ) -> dict[str, Any]:
-    strategy = SHRINK.get(row, "sync")
+    strategy = fg.SHRINK.get(row, "sync")
     out = folder / "run"
     argv = [sys.executable, "-m", "tailtrain", "train", "--workers", str(cfg.workers)]
     steps = str(run_steps(cfg, drill))
@@ -296,7 +291,7 @@ def run_tailtrain(
     argv += ["--eval-every", steps, "--out", str(out), "--json", "--no-progress"]
     if cfg.micro_batches > 1:  # --delay is then per micro-batch, as in the peers
         argv += ["--micro-batches", str(cfg.micro_batches)]
-    if row in SHRINK:
+    if row in fg.SHRINK:
         argv += ["--on-rank-loss", "shrink"]
     w, s = fault["worker"], fault["step"]
     if drill in ("kill", "heal"):
@@ -323,7 +318,7 @@ def run_tailtrain(
     for path in sorted(folder.glob("stamps-w*-*.jsonl")):
         pid = int(path.stem.split("-")[-1])
         stamps += [{**r, "pid": pid} for r in read_jsonl([path])]
-    commits = commits_from_starts(stamps)
+    commits = fm.commits_from_starts(stamps)
     steps = read_jsonl([out / "steps.jsonl"]) if (out / "steps.jsonl").exists() else []
     summary = {}
     if (out / "summary.json").exists():
@@ -354,7 +349,7 @@ def run_tailtrain(
         else [],
         "stamps": len(stamps),
     }
-    return measure(commits, history, fired, began, status, cfg, folder, "train.out", extra=extra)
+    return fm.measure(commits, history, fired, began, status, cfg, folder, "train.out", extra=extra)
 
 
 def logged_deadlines(log: Path) -> list[float] | None:
@@ -452,7 +447,7 @@ def run_peer(
     for (_, step), r in last.items():
         by_step[step].append(r["loss"])
     history = {
-        step: {"loss": float(np.mean(v)), "contributors": len(v), "per_rank": unit_samples(cfg)}
+        step: {"loss": float(np.mean(v)), "contributors": len(v), "per_rank": fm.unit_samples(cfg)}
         for step, v in by_step.items()
     }
     if drill in ("kill", "heal", "freeze"):
@@ -462,133 +457,9 @@ def run_peer(
         fired = stop
     name = "torchrun.out" if mode == "ddp" else f"replica{w}.out"
     starts = [r for r in rows if r.get("event") == "start"]
-    return measure(
+    return fm.measure(
         commits, history, fired, began, status, cfg, folder, name, extra={"starts": starts}
     )
-
-
-def commits_from_starts(stamps: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """A tailtrain rank starting update s commits its previous one (same process)."""
-    commits = []
-    per_pid: dict[int, list[dict[str, Any]]] = defaultdict(list)
-    for r in stamps:
-        per_pid[r["pid"]].append(r)
-    for rows in per_pid.values():
-        rows.sort(key=lambda r: r["t"])
-        for prev, nxt in itertools.pairwise(rows):
-            if nxt["step"] > prev["step"]:
-                commits.append({**prev, "t": nxt["t"]})
-    return commits
-
-
-# ---- measures ----------------------------------------------------------------------------------
-def measure(
-    commits: list[dict[str, Any]],
-    history: dict[int, dict[str, Any]],
-    fault: dict[str, Any] | None,
-    began: float,
-    status: Any,
-    cfg: argparse.Namespace,
-    folder: Path,
-    log_name: str,
-    extra: dict[str, Any],
-) -> dict[str, Any]:
-    """The metrics of the module docstring from one run's commits and loss history."""
-    result: dict[str, Any] = {"status": status, "wall": round(time.time() - began, 2)}
-    if not commits:
-        log = folder / log_name
-        tail = log.read_text().strip().splitlines()[-3:] if log.exists() else []
-        return {**result, "error": "no step committed", "log_tail": tail, **extra}
-    initial: dict[int, int] = {}  # each worker's first process
-    for c in sorted(commits, key=lambda c: c["t"]):
-        initial.setdefault(c["worker"], c["pid"])
-    t_first = min(c["t"] for c in commits)
-    result["steps"] = len(history)
-    result["last_step"] = max(history) if history else None
-    result |= accounting(commits, history, cfg)
-    # loss: moving mean over the final history; each step's time: its latest commit
-    latest: dict[int, float] = {}
-    for c in commits:
-        latest[c["step"]] = max(latest.get(c["step"], 0.0), c["t"])
-    series = sorted((s, h["loss"]) for s, h in history.items() if h["loss"] is not None)
-    losses = np.array([v for _, v in series], dtype=float)
-    if len(losses) >= SMOOTH:
-        mean = np.convolve(losses, np.ones(SMOOTH) / SMOOTH, mode="valid")
-        result["final_loss"] = round(float(mean[-1]), 4)
-        hit = np.flatnonzero(mean <= cfg.target_loss)
-        result["time_to_target"] = None
-        for i in hit:
-            step = series[i + SMOOTH - 1][0]
-            if step in latest:
-                result["time_to_target"] = round(latest[step] - t_first, 3)
-                result["target_step"] = step
-                # the fault's absent ranks up to the target, in steps of the whole world:
-                # the allowance "what the dead rank's absence costs" of the goals
-                gone = sum(absent_ranks(h, cfg) for s, h in history.items() if s <= step)
-                result["absence_steps_to_target"] = round(gone / cfg.workers, 3)
-                break
-    if fault is None or fault.get("t") is None:
-        result["fault"] = None if fault is None else fault
-        return {**result, **extra}
-    tf, w = float(fault["t"]), int(fault["worker"])
-    result["fault"] = {k: fault[k] for k in ("kind", "worker", "step") if k in fault}
-    before = [c["step"] for c in commits if c["worker"] == w and c["t"] <= tf]
-    last_w = max(before) if before else -1
-    nxt = [c["t"] for c in commits if c["t"] > tf and c["step"] > last_w]
-    result["fault_to_next_step"] = round(min(nxt) - tf, 3) if nxt else None
-    restarted = [c for c in commits if c["t"] > tf and c["pid"] != initial.get(c["worker"])]
-    if restarted:
-        result["restart_seconds"] = round(min(c["t"] for c in restarted) - tf, 3)
-    back = [c for c in restarted if c["worker"] == w]
-    if fault.get("kind") in ("kill", "heal") and back:
-        first = min(back, key=lambda c: c["t"])
-        others = [c["step"] for c in commits if c["worker"] != w and c["t"] <= first["t"]]
-        result["heal_seconds"] = round(first["t"] - tf, 3)
-        result["healed_at_step"] = first["step"]
-        result["healed_behind"] = max(0, (max(others) if others else 0) - first["step"])
-        moved = {c["worker"] for c in restarted if c["worker"] != w}
-        result["heal_from"] = "checkpoint" if moved else "peer"
-    return {**result, **extra}
-
-
-def unit_samples(cfg: argparse.Namespace) -> int:
-    """Samples one rank computes in a step of every row: M micro-batches of the batch."""
-    return int(getattr(cfg, "micro_batches", 1)) * cfg.batch
-
-
-def absent_ranks(step: dict[str, Any], cfg: argparse.Namespace) -> int:
-    """Ranks of the N missing from one step of the final history because of the fault."""
-    return max(0, int(step.get("absent", cfg.workers - step["contributors"])))
-
-
-def accounting(
-    commits: list[dict[str, Any]], history: dict[int, dict[str, Any]], cfg: argparse.Namespace
-) -> dict[str, Any]:
-    """Steps and samples done twice or lost. Done twice: a (worker, step) committed by two
-    processes (a restart replaying from its checkpoint; a rank's step in flight when the fault
-    came is computed again, never committed twice, so it is not counted). Lost: samples of the
-    N ranks' shards that the final history neither used nor counted as skipped (the record's
-    ``skipped``; a peer counts none), plus whole steps missing from it. Dropped by the rule:
-    the micro-batches a threshold cut (DropCompute's Eq. 1 weighs a rank by what it
-    completed), counted apart and not lost."""
-    unit = unit_samples(cfg)
-    per_rank = {s: int(h.get("per_rank", unit)) for s, h in history.items()}
-    seen: dict[tuple[int, int], int] = defaultdict(int)
-    for c in commits:
-        seen[(c["worker"], c["step"])] += 1
-    twice = {k: n - 1 for k, n in seen.items() if n > 1}
-    absent = sum(absent_ranks(h, cfg) * per_rank[s] for s, h in history.items())
-    counted = sum(int(h.get("counted", 0)) for h in history.values())
-    missing = [s for s in range(max(history) + 1) if s not in history] if history else []
-    return {
-        "steps_replayed": len({step for _, step in twice}),
-        "samples_replayed": sum(n * per_rank.get(s, unit) for (_, s), n in twice.items()),
-        "samples_absent": absent,
-        "samples_counted_skipped": counted,
-        "samples_dropped_by_rule": sum(int(h.get("dropped", 0)) for h in history.values()),
-        "steps_lost": len(missing),
-        "samples_lost": max(0, absent - counted) + len(missing) * cfg.workers * unit,
-    }
 
 
 # ---- the benchmark -----------------------------------------------------------------------------
@@ -599,250 +470,6 @@ def plan(cfg: argparse.Namespace) -> dict[str, Any]:
     worker = int(rng.integers(1, cfg.workers))
     step = int(rng.integers(int(0.3 * cfg.steps), int(0.5 * cfg.steps) + 1))
     return {"worker": worker, "step": step}
-
-
-TORCHFT = ("torchft-default", "torchft-tuned")
-GOAL_DRILLS = ("none", "kill", "stop", "freeze", "heal")
-
-
-def blocked(row: dict[str, Any] | None) -> str | None:
-    """Why a row has no runs (not selected, not available, refused at start), or None."""
-    if row is None:
-        return "not selected (--rows)"
-    return row.get("unavailable") or row.get("refused")
-
-
-def figure(rows: dict[str, dict[str, Any]], row: str, drill: str, key: str) -> float | None:
-    value = rows.get(row, {}).get(drill, {}).get(key)
-    return None if value is None else float(value)
-
-
-def best(rows: dict[str, dict[str, Any]], names: tuple[str, ...], drill: str, key: str) -> Any:
-    """The smallest of ``key`` over rows ``names`` at ``drill``, or None if none has it."""
-    values = [v for v in (figure(rows, r, drill, key) for r in names) if v is not None]
-    return min(values) if values else None
-
-
-def compared(
-    has: bool, mine: float | None, other: float | None, whose: str, ok: Any
-) -> dict[str, Any]:
-    """One row's verdict against a peer's figure: None (with why) when the drill did not run
-    or the peer has no figure; False when the row has none (the fault had no next step)."""
-    if not has:
-        return {"holds": None, "why": "this drill did not run"}
-    if other is None:
-        return {"holds": None, "why": f"no figure of {whose}"}
-    return {"holds": mine is not None and bool(ok(mine, other))}
-
-
-def verdict(per_row: dict[str, dict[str, Any]], rule: str, every: bool = True) -> Any:
-    """A goal over the shrink rows: each row's ``holds`` (None: a figure it needs is missing);
-    the goal holds when every row that has a verdict holds (``every``) or when one row does."""
-    known = {r: v["holds"] for r, v in per_row.items() if v["holds"] is not None}
-    if not known:
-        whys = sorted({v.get("why", "") for v in per_row.values()} - {""})
-        return {
-            "holds": None,
-            "rule": rule,
-            "why": "; ".join(whys) or "no figures",
-            "by_row": per_row,
-        }
-    holds = all(known.values()) if every else any(known.values())
-    return {"holds": holds, "rule": rule, "by_row": per_row}
-
-
-Rows = dict[str, dict[str, Any]]
-
-
-def goals(rows: Rows, cfg: argparse.Namespace) -> dict[str, Any]:
-    """Issue 26's Done-when goals, each a boolean computed from this run's rows with its
-    figures, or null with why (a row not selected, refused at start, or a figure missing).
-    "tailtrain" is every shrink row that ran (sync, DropCompute, eager): a latency or
-    accounting goal holds when it holds for each of them; a time-to-target goal when it holds
-    for one of them on every drill (the straggler-tolerant rule is the one meant)."""
-    ran = [r for r in SHRINK if blocked(rows.get(r)) is None]
-    if not ran:
-        why = "no shrink row ran: " + "; ".join(f"{r}: {blocked(rows.get(r))}" for r in SHRINK)
-        return {name: {"holds": None, "why": why} for name in GOAL_NAMES}
-    out: dict[str, Any] = {}
-    for drill in ("kill", "stop"):
-        out |= next_step_goals(rows, ran, drill)
-    return (
-        out
-        | freeze_goals(rows, ran)
-        | heal_goal(rows, ran)
-        | books_goal(rows, ran)
-        | (target_goals(rows, ran))
-    )
-
-
-def next_step_goals(rows: Rows, ran: list[str], drill: str) -> dict[str, Any]:
-    """After a SIGKILL or a SIGSTOP: no later than torchft's best, 5x sooner than the restart."""
-    theirs = best(rows, TORCHFT, drill, "fault_to_next_step")
-    before = figure(rows, "tailtrain-before", drill, "fault_to_next_step")
-    near, fast = {}, {}
-    for r in ran:
-        mine = figure(rows, r, drill, "fault_to_next_step")
-        has = drill in rows[r]
-        near[r] = compared(has, mine, theirs, "torchft", lambda m, o: m <= o)
-        near[r] |= {"tailtrain": mine, "torchft_best": theirs}
-        fast[r] = compared(has, mine, before, "tailtrain-before", lambda m, o: 5 * m <= o)
-        ratio = None if not mine or before is None else round(before / mine, 2)
-        fast[r] |= {"tailtrain": mine, "before": before, "before_over_tailtrain": ratio}
-    return {
-        f"{drill}_next_step_no_later_than_torchft": verdict(
-            near, "fault_to_next_step <= the smaller of torchft default's and tuned's"
-        ),
-        f"{drill}_next_step_5x_sooner_than_restart": verdict(
-            fast, "5 * fault_to_next_step <= tailtrain-before's"
-        ),
-    }
-
-
-def freeze_goals(rows: Rows, ran: list[str]) -> dict[str, Any]:
-    """After a frozen thread: within the learned deadline + 1 s, sooner than both torchfts."""
-    theirs = {r: figure(rows, r, "freeze", "fault_to_next_step") for r in TORCHFT}
-    missing = [t for t, v in theirs.items() if v is None]
-    within, sooner = {}, {}
-    for r in ran:
-        mine = figure(rows, r, "freeze", "fault_to_next_step")
-        has = "freeze" in rows[r]
-        deadline = rows[r].get("freeze", {}).get("hang_deadline_s")
-        within[r] = compared(
-            has,
-            mine,
-            deadline,
-            "summary.json's hang_deadline (the learned deadline; this run does not record it)",
-            lambda m, o: m <= float(o) + 1.0,
-        )
-        within[r] |= {"tailtrain": mine, "hang_deadline_s": deadline}
-        within[r]["deadlines_logged_s"] = rows[r].get("freeze", {}).get("deadlines_logged_s")
-        worst = None if missing else min(v for v in theirs.values() if v is not None)
-        sooner[r] = compared(has, mine, worst, " and ".join(missing), lambda m, o: m < o)
-        sooner[r] |= {"tailtrain": mine, "torchft": theirs}
-    return {
-        "freeze_within_deadline_plus_1s": verdict(
-            within, "fault_to_next_step <= summary.json's hang_deadline + 1"
-        ),
-        "freeze_sooner_than_torchft_default_and_tuned": verdict(
-            sooner, "fault_to_next_step < torchft default's and < tuned's"
-        ),
-    }
-
-
-def heal_goal(rows: Rows, ran: list[str]) -> dict[str, Any]:
-    """A returning rank heals from a live peer, no slower than torchft's best heal."""
-    theirs = best(rows, TORCHFT, "heal", "heal_seconds")
-    heal = {}
-    for r in ran:
-        source = rows[r].get("heal", {}).get("heal_from")
-        mine = figure(rows, r, "heal", "heal_seconds")
-        heal[r] = compared(
-            "heal" in rows[r],
-            mine,
-            theirs,
-            "torchft",
-            lambda m, o, peer=source == "peer": m <= o and peer,
-        )
-        heal[r] |= {"tailtrain": mine, "torchft_best": theirs, "heal_from": source}
-    return {
-        "heal_no_slower_than_torchft": verdict(
-            heal, "heal_seconds <= the smaller of torchft's, healed from a peer"
-        )
-    }
-
-
-def books_goal(rows: Rows, ran: list[str]) -> dict[str, Any]:
-    """No sample lost (absent and uncounted) or done twice, beyond the step in flight. The
-    samples a rule's threshold dropped are shown beside, not scored: the record counts them
-    (``completed``), and dropping them is the rule (DropCompute), not a fault's loss."""
-    books = {}
-    keys = ("samples_replayed", "samples_lost", "steps_lost")
-    for r in ran:
-        figures = {d: {k: rows[r][d].get(k) for k in keys} for d in GOAL_DRILLS if d in rows[r]}
-        bad = [d for d, f in figures.items() if any(v != 0 for v in f.values())]
-        for d, f in figures.items():
-            f["samples_dropped_by_rule"] = rows[r][d].get("samples_dropped_by_rule")
-        books[r] = {"holds": not bad, "by_drill": figures} if figures else {"holds": None}
-        books[r] |= {} if figures else {"why": "no run"}
-    return {
-        "no_sample_lost_or_done_twice": verdict(
-            books, "samples_replayed == samples_lost == steps_lost == 0 on every drill"
-        )
-    }
-
-
-def target_goals(rows: Rows, ran: list[str]) -> dict[str, Any]:
-    """Time to the target loss with the straggler and the drills: at most 0.67x torchft's
-    best, and within 10% of the row's own calm run plus what the absent ranks cost."""
-    ratio = {r: target_vs_torchft(rows, r) for r in ran}
-    calm = {r: target_vs_calm(rows, r) for r in ran}
-    both = [r for r in ran if ratio[r]["holds"] and calm[r]["holds"]]
-    return {
-        "time_to_target_at_most_0.67x_torchft": verdict(
-            ratio,
-            "time_to_target / the smaller of torchft's <= 0.67 on every drill "
-            "(none included: the straggler alone), for at least one shrink row",
-            every=False,
-        ),
-        "time_to_target_within_10pct_of_calm_plus_absence": verdict(
-            calm,
-            "time_to_target <= 1.10 * the same row's none-drill time_to_target + "
-            "absence_steps_to_target * that run's seconds per step to target (the absent "
-            "ranks' work in whole-world steps), on every drill, for at least one shrink row",
-            every=False,
-        ),
-        "time_to_target_goals_same_row": {"holds": bool(both), "rows": both},
-    }
-
-
-def target_vs_torchft(rows: Rows, r: str) -> dict[str, Any]:
-    mine = {d: figure(rows, r, d, "time_to_target") for d in GOAL_DRILLS if d in rows[r]}
-    theirs = {d: best(rows, TORCHFT, d, "time_to_target") for d in mine}
-    ratios = {d: None if mine[d] is None or not theirs[d] else mine[d] / theirs[d] for d in mine}
-    known = [v for d, v in ratios.items() if theirs[d] is not None]
-    cell = {"ratios": {d: v if v is None else round(v, 3) for d, v in ratios.items()}}
-    cell |= {"tailtrain": mine, "torchft_best": theirs}
-    if not known:
-        return {"holds": None, "why": "no torchft time to target", **cell}
-    return {"holds": all(v is not None and v <= 0.67 for v in known), **cell}
-
-
-def target_vs_calm(rows: Rows, r: str) -> dict[str, Any]:
-    mine = {d: figure(rows, r, d, "time_to_target") for d in GOAL_DRILLS if d in rows[r]}
-    base, step = mine.get("none"), figure(rows, r, "none", "target_step")
-    if not base or not step or len(mine) < 2:
-        return {
-            "holds": None,
-            "why": "no none-drill time to target, or no drill",
-            "tailtrain": mine,
-        }
-    per_step = base / step
-    gone = {d: figure(rows, r, d, "absence_steps_to_target") or 0.0 for d in mine if d != "none"}
-    # a drill whose run never reached the target has no absence figure (0): it fails anyway
-    limits = {d: round(1.10 * base + g * per_step, 3) for d, g in gone.items()}
-    holds = all(mine[d] is not None and mine[d] <= lim for d, lim in limits.items())
-    return {
-        "holds": holds,
-        "tailtrain": mine,
-        "limit": limits,
-        "calm_seconds_per_step": round(per_step, 4),
-        "absence_steps_to_target": gone,
-    }
-
-
-GOAL_NAMES = (
-    "kill_next_step_no_later_than_torchft",
-    "kill_next_step_5x_sooner_than_restart",
-    "stop_next_step_no_later_than_torchft",
-    "stop_next_step_5x_sooner_than_restart",
-    "freeze_within_deadline_plus_1s",
-    "freeze_sooner_than_torchft_default_and_tuned",
-    "heal_no_slower_than_torchft",
-    "no_sample_lost_or_done_twice",
-    "time_to_target_at_most_0.67x_torchft",
-    "time_to_target_within_10pct_of_calm_plus_absence",
-)
 
 
 def run_all(
@@ -857,10 +484,10 @@ def run_all(
     interleaved (load that drifts during the run then weighs on every row alike). A row that
     cannot run says why once: not available here, or refused at start (its one line)."""
     results: dict[str, dict[str, Any]] = {}
-    shrink_ok = any(r in SHRINK for r in rows) and has_flag("--on-rank-loss", top)
+    shrink_ok = any(r in fg.SHRINK for r in rows) and has_flag("--on-rank-loss", top)
     for row in rows:
         results[row] = {}
-        if row in SHRINK and not shrink_ok:
+        if row in fg.SHRINK and not shrink_ok:
             results[row] = {
                 "unavailable": "not available in this tree: `tailtrain train --help` "
                 "has no --on-rank-loss"
@@ -869,13 +496,13 @@ def run_all(
             results[row] = {"unavailable": torchft_error}
     for drill in drills:
         for row in rows:
-            if blocked(results[row]) is not None:
+            if fg.blocked(results[row]) is not None:
                 continue
             if drill == "heal" and row in RESTART_ROWS and "kill" in drills:
                 continue  # its kill's restart is its heal: copied below
             folder = top / row / drill
             folder.mkdir(parents=True, exist_ok=True)
-            runner = run_peer if row in ("ddp", *TORCHFT) else run_tailtrain
+            runner = run_peer if row in ("ddp", *fg.TORCHFT) else run_tailtrain
             load = round(os.getloadavg()[0], 2)
             cell = {**runner(row, drill, folder, cfg, fault), "load_1min_at_start": load}
             tail = cell.get("log_tail") or [""]
@@ -963,7 +590,7 @@ def main() -> None:
     cfg = parser.parse_args()
     if cfg.goals_from is not None:
         report = json.loads(cfg.goals_from.read_text())
-        report["goals"] = goals(report["rows"], cfg)
+        report["goals"] = fg.goals(report["rows"], cfg)
         print(json.dumps(report, indent=2, default=str))
         return
     if cfg.tailtrain_src is not None:
@@ -1003,8 +630,8 @@ def main() -> None:
         results = run_all(rows, drills, cfg, fault, cfg.out or Path(scratch), torchft_error)
     report["wall_s"] = round(time.monotonic() - began, 1)
     report["rows"] = results
-    report["shrink_rows"] = {r: blocked(results.get(r)) or "ran" for r in SHRINK}
-    report["goals"] = goals(results, cfg)
+    report["shrink_rows"] = {r: fg.blocked(results.get(r)) or "ran" for r in fg.SHRINK}
+    report["goals"] = fg.goals(results, cfg)
     report["load_average_after"] = [round(x, 2) for x in os.getloadavg()]
     if cfg.json:
         print(json.dumps(report, indent=2, default=str))

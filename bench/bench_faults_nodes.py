@@ -1,6 +1,9 @@
 """Fault benchmark across nodes, side by side: tailtrain, torchft and torchrun losing a node
-(issue 37, item 7). A sibling of ``bench_faults.py``: its processes, logs, measures and
-accounting (``measure``, ``accounting``) and its goal helpers are imported, not copied.
+(issue 37, item 7). A sibling of ``bench_faults.py``: its processes and logs, its measures and
+accounting (``faults_measure.py``: ``measure``, ``accounting``) and its goal helpers
+(``faults_goals.py``) are imported, not copied. This bench's own accounting and goals are
+``faults_nodes_accounting.py`` and ``faults_nodes_goals.py``; its nodes, rows and drills, which
+they share, ``faults_nodes_setting.py``.
 
 **Setting.** 3 nodes x 2 ranks on this machine, each node one launcher in a session of its own
 (a node is its launcher's whole process tree: torchrun starts its workers in sessions of their
@@ -49,23 +52,24 @@ the rows interleaved, and keeps each row's median run with every run's figure be
 (``repeats``): on 2 cores one run of a heal moves by 1-2 s with the load, as much as the
 rows differ, so a goal read off one run of each row is a coin flip between equals.
 
-**Measured** (``bench_faults.measure`` on every rank's own log): ``fault_to_next_step``,
+**Measured** (``faults_measure.measure`` on every rank's own log): ``fault_to_next_step``,
 ``heal_seconds`` / ``heal_from``, ``samples_replayed`` / ``samples_lost`` /
 ``samples_absent``, ``time_to_target`` (the 10-step mean loss first at ``--target-loss``),
 ``final_loss``; and here: ``global_batch`` (micro-batches per update before the fault and
 after it: the median and the smallest after), ``bound_time_to_target``: the best time to
 the row's own target step under the bench's law, every live rank always busy
-(:func:`bound_time`), and ``law_time_to_target``: the row's own rule under that law with no
-communication (:func:`law_time`; sync waits for its slowest rank, ``deal=demand`` ends at the
-pool's last unit), so a row's time over its law is what its communication and the machine
-cost. A tailtrain record names the ranks that entered each step and their
-micro-batches, so the absent node's samples are counted (``samples_counted_skipped``), as
-``bench_faults`` counts ``train``'s ``skipped``; the peers' logs count none.
+(:func:`faults_nodes_accounting.bound_time`), and ``law_time_to_target``: the row's own rule
+under that law with no communication (:func:`faults_nodes_accounting.law_time`; sync waits
+for its slowest rank, ``deal=demand`` ends at the pool's last unit), so a row's time over its
+law is what its communication and the machine cost. A tailtrain record names the ranks that
+entered each step and their micro-batches, so the absent node's samples are counted
+(``samples_counted_skipped``), as ``bench_faults`` counts ``train``'s ``skipped``; the peers'
+logs count none.
 
 **Goals** (issue 37's first Done-when item), each from this run's rows with its bound, null
-with why when a row or figure is missing: see :data:`GOAL_NAMES`. A drill run several times
-is read at its median run, on both sides; a run of it that failed (no heal, no target) fails
-the row's goal, and the books are read on every run.
+with why when a row or figure is missing: see :data:`faults_nodes_goals.GOAL_NAMES`. A drill
+run several times is read at its median run, on both sides; a run of it that failed (no heal,
+no target) fails the row's goal, and the books are read on every run.
 
     python bench/bench_faults_nodes.py --quick [--rows ...] [--drills ...] [--repeats ...] [--json]
     python bench/bench_faults_nodes.py --goals-from REPORT.json
@@ -77,7 +81,6 @@ import argparse
 import contextlib
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -93,10 +96,13 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from bench import bench_faults as bf  # noqa: E402
+from bench import faults_goals as fg  # noqa: E402
+from bench import faults_measure as fm  # noqa: E402
+from bench import faults_nodes_accounting as na  # noqa: E402
+from bench import faults_nodes_goals as ng  # noqa: E402
+from bench import faults_nodes_setting as ns  # noqa: E402
 
 RANK_SCRIPT = ROOT / "bench" / "faults_nodes_rank.py"
-NODES, NPROC = 3, 2
-WORKERS = NODES * NPROC
 ADDRESS = "127.0.0.1"  # the store, the lighthouse and torchrun's rendezvous
 
 
@@ -105,30 +111,15 @@ def node_address(node: int) -> str:
     return f"127.0.0.{2 + node}"
 
 
-ROWS = (
-    "tailtrain-sync",
-    "tailtrain-rebalance",
-    "tailtrain-deal-demand",
-    "torchft-default",
-    "torchft-tuned",
-    "torchrun",
-)
-STRATEGY = {
-    "tailtrain-sync": "sync",
-    "tailtrain-rebalance": "rebalance",
-    "tailtrain-deal-demand": "rebalance:deal=demand",
-}
-TAILTRAIN = ("tailtrain-sync", "tailtrain-rebalance", "tailtrain-deal-demand")
-TORCHFT = bf.TORCHFT
-DRILLS = ("kill", "stop", "slow", "heal")
-
-
 # ---- arguments ---------------------------------------------------------------------------------
 def bad_arguments(rows: list[str], drills: list[str], cfg: argparse.Namespace) -> str | None:
     """One line saying what is wrong with the selection, or None."""
-    bad = [r for r in rows if r not in ROWS] + [d for d in drills if d not in DRILLS]
+    bad = [r for r in rows if r not in ns.ROWS] + [d for d in drills if d not in ns.DRILLS]
     if bad:
-        return f"unknown rows/drills {bad} (rows: {', '.join(ROWS)}; drills: {', '.join(DRILLS)})"
+        return (
+            f"unknown rows/drills {bad} (rows: {', '.join(ns.ROWS)}; "
+            f"drills: {', '.join(ns.DRILLS)})"
+        )
     if not rows or not drills:
         return "--rows and --drills need one name at least"
     if cfg.micro_batches < 1:
@@ -146,34 +137,29 @@ def parse_repeats(spec: str) -> dict[str, int]:
     """``--repeats``: ``N`` (every drill) or ``drill=N,...`` (the others once)."""
     try:
         if "=" not in spec:
-            counts = dict.fromkeys(DRILLS, int(spec))
+            counts = dict.fromkeys(ns.DRILLS, int(spec))
         else:
             pairs = (part.split("=", 1) for part in spec.split(",") if part)
             counts = {drill.strip(): int(n) for drill, n in pairs}
     except ValueError:
         raise ValueError(f"--repeats {spec}: give N or drill=N,... (e.g. heal=3,slow=3)") from None
-    unknown = sorted(set(counts) - set(DRILLS))
+    unknown = sorted(set(counts) - set(ns.DRILLS))
     if unknown or any(n < 1 for n in counts.values()):
-        raise ValueError(f"--repeats {spec}: drills are {', '.join(DRILLS)}, each run once or more")
+        raise ValueError(
+            f"--repeats {spec}: drills are {', '.join(ns.DRILLS)}, each run once or more"
+        )
     return counts
 
 
 def plan(cfg: argparse.Namespace) -> dict[str, Any]:
     """The seeded fault: node W in 1..NODES-1 and step S in [30%, 50%] of the run."""
     rng = np.random.default_rng(cfg.seed)
-    node = int(rng.integers(1, NODES))
+    node = int(rng.integers(1, ns.NODES))
     step = int(rng.integers(int(0.3 * cfg.steps), int(0.5 * cfg.steps) + 1))
-    return {"node": node, "step": step, "workers": [node * NPROC + i for i in range(NPROC)]}
+    return {"node": node, "step": step, "workers": [node * ns.NPROC + i for i in range(ns.NPROC)]}
 
 
 # ---- processes ---------------------------------------------------------------------------------
-def child_env() -> dict[str, str]:
-    """``bench_faults.env`` plus the bench folder (the scripts import ``faults_peer``)."""
-    out = bf.env()
-    out["PYTHONPATH"] = os.pathsep.join([out["PYTHONPATH"], str(ROOT / "bench")])
-    return out
-
-
 def parents() -> dict[int, int]:
     """Every process's parent (``/proc``), now."""
     out = {}
@@ -316,7 +302,7 @@ def wait_run(
 # ---- rows --------------------------------------------------------------------------------------
 def script_args(cfg: argparse.Namespace, drill: str, fault: dict[str, Any]) -> list[str]:
     steps = bf.run_steps(cfg, drill)
-    args = ["--steps", str(steps), "--workers", str(WORKERS), "--delay", cfg.delay]
+    args = ["--steps", str(steps), "--workers", str(ns.WORKERS), "--delay", cfg.delay]
     args += ["--pattern", "iid", "--seed", str(cfg.seed)]
     args += ["--micro-batches", str(cfg.micro_batches)]
     if drill == "slow":
@@ -327,18 +313,18 @@ def script_args(cfg: argparse.Namespace, drill: str, fault: dict[str, Any]) -> l
 
 def start_tailtrain(row: str, drill: str, group: bf.Group, cfg: argparse.Namespace, fault: dict):
     port = bf.free_port()
-    environ = child_env()
+    environ = ns.child_env()
     tt = [sys.executable, "-m", "tailtrain"]
-    store = [*tt, "store", "--rdzv-endpoint", f"{ADDRESS}:{port}", "--nnodes", str(NODES)]
+    store = [*tt, "store", "--rdzv-endpoint", f"{ADDRESS}:{port}", "--nnodes", str(ns.NODES)]
     group.start([*store, "--timeout", f"{cfg.launch_timeout:g}"], "store", environ)
     time.sleep(0.5)
-    script = [str(RANK_SCRIPT), "--out", str(group.folder), "--strategy", STRATEGY[row]]
+    script = [str(RANK_SCRIPT), "--out", str(group.folder), "--strategy", ns.STRATEGY[row]]
     script += script_args(cfg, drill, fault)
-    starts = {n: 0 for n in range(NODES)}
+    starts = {n: 0 for n in range(ns.NODES)}
 
     def launch(node: int) -> subprocess.Popen:
-        argv = [*tt, "launch", "--nnodes", str(NODES), "--node-rank", str(node)]
-        argv += ["--nproc-per-node", str(NPROC), "--rdzv-endpoint", f"{ADDRESS}:{port}"]
+        argv = [*tt, "launch", "--nnodes", str(ns.NODES), "--node-rank", str(node)]
+        argv += ["--nproc-per-node", str(ns.NPROC), "--rdzv-endpoint", f"{ADDRESS}:{port}"]
         argv += ["--store", "apart", "--on-rank-loss", "shrink", "--restart-lost", "1"]
         argv += ["--timeout", f"{cfg.launch_timeout:g}", *script]
         starts[node] += 1
@@ -355,17 +341,17 @@ def start_torchft(row: str, drill: str, group: bf.Group, cfg: argparse.Namespace
     if tuned:
         ms = str(int(cfg.tuned * 1000))
         house += ["--join_timeout_ms", ms, "--heartbeat_timeout_ms", ms]
-    environ = {**child_env(), "TORCHFT_LIGHTHOUSE": f"http://{ADDRESS}:{port}"}
+    environ = {**ns.child_env(), "TORCHFT_LIGHTHOUSE": f"http://{ADDRESS}:{port}"}
     group.start(house, "lighthouse", environ)
     base = [str(bf.PEER), "--mode", "torchft", "--out", str(group.folder), "--group-size"]
-    base += [str(NPROC), *script_args(cfg, drill, fault)]
+    base += [str(ns.NPROC), *script_args(cfg, drill, fault)]
     if tuned:
         base += ["--timeout", f"{cfg.tuned:g}"]
-    starts = {n: 0 for n in range(NODES)}
+    starts = {n: 0 for n in range(ns.NODES)}
 
     def launch(node: int) -> subprocess.Popen:
         argv = [str(bf.BIN / "torchrun"), "--nnodes", "1", "--monitor-interval", "0.1"]
-        argv += ["--nproc-per-node", str(NPROC), "--max-restarts", "0"]
+        argv += ["--nproc-per-node", str(ns.NPROC), "--max-restarts", "0"]
         argv += ["--master-addr", node_address(node), "--master-port", str(bf.free_port())]
         argv += [*base, "--replica", str(node)]
         starts[node] += 1
@@ -378,16 +364,16 @@ def start_torchrun(row: str, drill: str, group: bf.Group, cfg: argparse.Namespac
     port = bf.free_port()
     base = [str(bf.PEER), "--mode", "ddp", "--out", str(group.folder), "--attempts", "joins"]
     base += ["--checkpoint-every", "20", *script_args(cfg, drill, fault)]
-    starts = {n: 0 for n in range(NODES)}
+    starts = {n: 0 for n in range(ns.NODES)}
 
     def launch(node: int) -> subprocess.Popen:
-        argv = [str(bf.BIN / "torchrun"), "--nnodes", str(NODES), "--monitor-interval", "0.1"]
-        argv += ["--nproc-per-node", str(NPROC), "--max-restarts", "1"]
+        argv = [str(bf.BIN / "torchrun"), "--nnodes", str(ns.NODES), "--monitor-interval", "0.1"]
+        argv += ["--nproc-per-node", str(ns.NPROC), "--max-restarts", "1"]
         argv += ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"{ADDRESS}:{port}"]
         argv += ["--rdzv-id", "bench", "--rdzv-conf", f"is_host={int(node == 0)}"]
         argv += ["--local-addr", node_address(node), *base]
         starts[node] += 1
-        return group.start(argv, f"node{node}-{starts[node]}", child_env())
+        return group.start(argv, f"node{node}-{starts[node]}", ns.child_env())
 
     return launch
 
@@ -406,13 +392,13 @@ def run_row(
     row: str, drill: str, folder: Path, cfg: argparse.Namespace, fault: dict[str, Any]
 ) -> dict[str, Any]:
     """One row through one drill: its nodes started, the drill fired on node W, the run's
-    logs measured by ``bench_faults.measure`` plus this bench's global batch and bound."""
+    logs measured by ``faults_measure.measure`` plus this bench's global batch and bound."""
     group = NodeGroup(folder)
     began = time.time()
     nodes: dict[int, subprocess.Popen] = {}
     try:
         launch = STARTERS[row](row, drill, group, cfg, fault)
-        for node in range(NODES):
+        for node in range(ns.NODES):
             nodes[node] = launch(node)
         w = fault["node"]
 
@@ -427,10 +413,10 @@ def run_row(
     finally:
         group.close()
     rows = bf.read_jsonl(sorted(folder.glob("log-w*-*.jsonl")))
-    commits, history = commits_and_history(rows, cfg)
+    commits, history = na.commits_and_history(rows, cfg)
     fired = drill_.fired if drill != "slow" else None
     extra = {"starts": [r for r in rows if r.get("event") == "start"]}
-    cell = bf.measure(commits, history, fired, began, status, cfg, folder, "node0-1.out", extra)
+    cell = fm.measure(commits, history, fired, began, status, cfg, folder, "node0-1.out", extra)
     cell["starts"] = len(cell["starts"])
     if fired is not None:
         cell["fault"] = {**cell.get("fault", {}), "node": w}
@@ -444,9 +430,9 @@ def run_row(
         cell["why_no_fault"] = "node W never reached the drill's step"
     if "heal_seconds" in cell and fired is not None:
         cell |= heal_check(commits, fired, fault["workers"])
-    cell["global_batch"] = global_batch(history, fired)
-    cell |= bound_time(history, cell, cfg, fault if drill == "slow" else None)
-    cell |= law_time(row, history, cell, cfg, fault if drill == "slow" else None)
+    cell["global_batch"] = na.global_batch(history, fired)
+    cell |= na.bound_time(history, cell, cfg, fault if drill == "slow" else None)
+    cell |= na.law_time(row, history, cell, cfg, fault if drill == "slow" else None)
     if not isinstance(status, list) or any(status):
         cell["log_tail"] = log_tails(folder)
     return cell
@@ -464,7 +450,7 @@ def log_tails(folder: Path) -> dict[str, list[str]]:
 def heal_check(
     commits: list[dict[str, Any]], fired: dict[str, Any], node_workers: list[int]
 ) -> dict[str, Any]:
-    """A node's heal as ``bench_faults.measure`` cannot tell it: ``heal_from`` ``peer`` when
+    """A node's heal as ``faults_measure.measure`` cannot tell it: ``heal_from`` ``peer`` when
     no worker outside the node restarted (``measure`` counts the node's second rank as
     another restart), and the heal void (``heal_seconds`` None, ``heal_void`` why) when no
     survivor committed a step after the node's first one: the survivors had ended, and the
@@ -483,354 +469,25 @@ def heal_check(
     return out
 
 
-# ---- accounting --------------------------------------------------------------------------------
-def commits_and_history(
-    rows: list[dict[str, Any]], cfg: argparse.Namespace
-) -> tuple[list[dict[str, Any]], dict[int, dict[str, Any]]]:
-    """Commits (one per process and step it committed, its own clock) and the final history:
-    per step, the last commit of each worker. A tailtrain row's record names the ranks that
-    entered (``live``) and each one's micro-batches (``completed``): the history takes them
-    from it (the absent node's samples counted: the record says they did not enter); a peer's
-    contributors are the workers that committed the step, their micro-batches M each."""
-    done = [r for r in rows if r.get("committed") and "t0" in r and r.get("part", True)]
-    commits = [{k: r[k] for k in ("worker", "pid", "step", "t")} for r in done]
-    last: dict[tuple[int, int], dict[str, Any]] = {}
-    for r in sorted(done, key=lambda r: r["t"]):
-        last[(r["worker"], r["step"])] = r
-    by_step: dict[int, list[dict[str, Any]]] = {}
-    for (_, step), r in last.items():
-        by_step.setdefault(step, []).append(r)
-    unit = bf.unit_samples(cfg)
-    history: dict[int, dict[str, Any]] = {}
-    for step, got in by_step.items():
-        record = next((r for r in got if r.get("live") is not None), None)
-        if record is not None:  # tailtrain: the record says who entered, with what
-            live, completed = record["live"], record.get("completed") or []
-            # dealt on demand the live ranks compute the absent node's share: none is absent
-            kept = sum(completed) >= WORKERS * cfg.micro_batches
-            absent = 0 if kept else WORKERS - len(live)
-            history[step] = {
-                "loss": record["loss"],
-                "contributors": len(live),
-                "absent": absent,
-                "per_rank": unit,
-                "counted": absent * unit,
-                "micro_batches": int(sum(completed)) or len(live) * cfg.micro_batches,
-                "live": live,
-            }
-        else:
-            history[step] = {
-                "loss": float(np.mean([r["loss"] for r in got])),
-                "contributors": len(got),
-                "per_rank": unit,
-                "micro_batches": len(got) * cfg.micro_batches,
-                "live": sorted(r["worker"] for r in got),
-            }
-    return commits, history
-
-
-def global_batch(history: dict[int, dict[str, Any]], fault: dict[str, Any] | None) -> Any:
-    """Micro-batches per update: the median before the fault's step, and the median and the
-    smallest from it on (``None`` where a side has no step)."""
-    if not history:
-        return None
-    at = int(fault["step"]) if fault else max(history) + 1
-    before = [h["micro_batches"] for s, h in history.items() if s < at]
-    after = [h["micro_batches"] for s, h in history.items() if s >= at]
-    return {
-        "before": int(np.median(before)) if before else None,
-        "after": int(np.median(after)) if after else None,
-        "after_min": min(after) if after else None,
-    }
-
-
-def bound_time(
-    history: dict[int, dict[str, Any]],
-    cell: dict[str, Any],
-    cfg: argparse.Namespace,
-    slow: dict[str, Any] | None,
-) -> dict[str, Any]:
-    """The best time to the row's own target step under the bench's law: each update's
-    micro-batches spread over the ranks live in it so that every one is always busy, a rank's
-    micro-batch taking its mean injected seconds (``--slow-factor`` times them on the slow
-    node) plus ``compute_s`` (one micro-batch's forward and backward, measured alone at the
-    start): sum over steps 1..target of G_k / sum over live ranks of 1 / t_r."""
-    step = cell.get("target_step")
-    if step is None:
-        return {"bound_time_to_target": None}
-    mean_draw = mean_delay(cfg.delay)
-    slow_workers = set(slow["workers"]) if slow else set()
-    total = 0.0
-    for s in range(1, int(step) + 1):
-        h = history.get(s)
-        if h is None:
-            continue
-        rates = [
-            1.0 / ((cfg.slow_factor if r in slow_workers else 1.0) * mean_draw + cfg.compute_s)
-            for r in h["live"]
-        ]
-        total += h["micro_batches"] / sum(rates)
-    ttt = cell.get("time_to_target")
-    ratio = None if not ttt or not total else round(ttt / total, 3)
-    return {"bound_time_to_target": round(total, 3), "time_to_target_over_bound": ratio}
-
-
-def law_time(
-    row: str,
-    history: dict[int, dict[str, Any]],
-    cell: dict[str, Any],
-    cfg: argparse.Namespace,
-    slow: dict[str, Any] | None,
-    draws: int = 4000,
-) -> dict[str, Any]:
-    """The row's own rule under the bench's law with no overhead, to its target step: each
-    step's expected time over ``draws`` seeded draws of its live ranks' micro-batches (the
-    injected seconds, ``--slow-factor`` on the slow node, plus ``compute_s``). Sync (and the
-    peers, which run sync) waits for its slowest rank's M; ``deal=demand`` deals the pool of
-    N M in ask order, the step ending at its last unit (``strategies.rebalance.pool_end``,
-    the rule ``StragglerStep`` runs). Between ``bound_time_to_target`` (every rank always
-    busy) and the measured time: what the rule reaches before any communication."""
-    step = cell.get("target_step")
-    if step is None:
-        return {"law_time_to_target": None}
-    from tailtrain.strategies.rebalance import pool_end  # the parent loads no torch
-
-    demand = "deal=demand" in STRATEGY.get(row, "sync")
-    fields = dict(re.findall(r"(\w+)=([0-9.eE+-]+)", cfg.delay))
-    shift, scale = float(fields.get("shift", 0.0)), float(fields.get("scale", 0.0))
-    slow_workers = set(slow["workers"]) if slow else set()
-    m, pool = cfg.micro_batches, WORKERS * cfg.micro_batches
-    means: dict[tuple[int, ...], float] = {}
-    total = 0.0
-    for s in range(1, int(step) + 1):
-        h = history.get(s)
-        if h is None:
-            continue
-        live = tuple(h["live"])
-        if live not in means:
-            rng = np.random.default_rng([cfg.seed, len(live)])
-            factor = np.array([cfg.slow_factor if r in slow_workers else 1.0 for r in live])
-            units = pool if demand else m
-            t = shift + rng.exponential(scale, (draws, len(live), units)) if scale else None
-            t = np.full((draws, len(live), units), shift) if t is None else t
-            t = t * factor[None, :, None] + cfg.compute_s
-            if demand:
-                means[live] = float(pool_end(np.cumsum(t, axis=-1), pool).mean())
-            else:
-                means[live] = float(t.sum(axis=-1).max(axis=-1).mean())
-        total += means[live] * (h["micro_batches"] / (pool if demand else len(live) * m))
-    ttt = cell.get("time_to_target")
-    ratio = None if not ttt or not total else round(ttt / total, 3)
-    return {"law_time_to_target": round(total, 3), "time_to_target_over_law": ratio}
-
-
-def mean_delay(spec: str) -> float:
-    """The mean of a ``shifted-exp:shift=A,scale=B`` micro-batch's seconds (A + B)."""
-    fields = dict(re.findall(r"(\w+)=([0-9.eE+-]+)", spec))
-    return float(fields.get("shift", 0.0)) + float(fields.get("scale", 0.0))
-
-
-def calibrate_compute(cfg: argparse.Namespace, reps: int = 30) -> float:
-    """One micro-batch's forward and backward of the task, one thread, the median of
-    ``reps`` (in a child process: this one keeps torch unloaded)."""
-    code = (
-        "import sys, time, statistics, torch, torch.nn.functional as F\n"
-        "sys.path.insert(0, sys.argv[1])\n"
-        "from faults_peer import batch\n"
-        "from tailtrain.core.scenario import Scenario, World\n"
-        "torch.set_num_threads(1)\n"
-        "w = World.build(Scenario(task='digits-cnn', workers=6, iterations=10, "
-        "delay='shifted-exp:shift=0.01,scale=0.0025'), 0)\n"
-        "m = w.task.module_at(w.task.init_params(0)); ts = []\n"
-        f"for i in range({reps}):\n"
-        "    x, y = batch(w, 0, i, 0)\n"
-        "    t = time.perf_counter(); F.cross_entropy(m(x), y).backward()\n"
-        "    ts.append(time.perf_counter() - t)\n"
-        "print(statistics.median(ts))\n"
-    )
-    done = subprocess.run(
-        [sys.executable, "-c", code, str(ROOT / "bench")],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=child_env(),
-    )
-    if done.returncode != 0:
-        raise RuntimeError(f"the compute calibration failed: {done.stderr.strip()[-300:]}")
-    return float(done.stdout.strip().splitlines()[-1])
-
-
-# ---- goals -------------------------------------------------------------------------------------
-Rows = dict[str, dict[str, Any]]
-GOAL_NAMES = (
-    "kill_next_step_no_later_than_torchft",
-    "stop_next_step_no_later_than_torchft",
-    "global_batch_kept_after_fault_deal_demand",
-    "no_sample_lost_or_done_twice",
-    "slow_time_to_target_at_most_0.85x_torchft",
-    "slow_time_to_target_within_10pct_of_bound",
-    "heal_no_slower_than_torchft",
-)
-
-
-def goals(rows: Rows) -> dict[str, Any]:
-    """Issue 37's first Done-when goals from this run's rows, each with its rule and figures,
-    null with why when a row or figure is missing. Over the tailtrain rows that ran: the
-    latency, accounting and heal goals must hold for each; the slow node's time-to-target
-    goals for one of them (the straggler-tolerant rule is the one meant)."""
-    ran = [r for r in TAILTRAIN if bf.blocked(rows.get(r)) is None]
-    out: dict[str, Any] = {}
-    if not ran:
-        why = "no tailtrain row ran: " + "; ".join(
-            f"{r}: {bf.blocked(rows.get(r))}" for r in TAILTRAIN
-        )
-        return {name: {"holds": None, "why": why} for name in GOAL_NAMES}
-    for drill in ("kill", "stop"):
-        theirs = bf.best(rows, TORCHFT, drill, "fault_to_next_step")
-        per = {}
-        for r in ran:
-            mine = bf.figure(rows, r, drill, "fault_to_next_step")
-            per[r] = bf.compared(drill in rows[r], mine, theirs, "torchft", lambda m, o: m <= o)
-            per[r] |= {"tailtrain": mine, "torchft_best": theirs}
-        out[f"{drill}_next_step_no_later_than_torchft"] = bf.verdict(
-            per, "fault_to_next_step <= the smaller of torchft default's and tuned's"
-        )
-    out["global_batch_kept_after_fault_deal_demand"] = batch_goal(rows)
-    out["no_sample_lost_or_done_twice"] = books_goal(rows, ran)
-    out |= slow_goals(rows, ran)
-    theirs = bf.best(rows, TORCHFT, "heal", "heal_seconds")
-    heal = {}
-    for r in ran:
-        cell = rows[r].get("heal", {})
-        mine, source = cell.get("heal_seconds"), cell.get("heal_from")
-        failed = cell.get("repeats_failed", 0)  # a run of several that did not heal fails it
-        heal[r] = bf.compared(
-            "heal" in rows[r],
-            mine,
-            theirs,
-            "torchft",
-            lambda m, o, p=(source == "peer" and not failed): m <= o and p,
-        )
-        heal[r] |= {"tailtrain": mine, "torchft_best": theirs, "heal_from": source}
-        heal[r] |= runs_of(cell, "heal_seconds")
-    out["heal_no_slower_than_torchft"] = bf.verdict(
-        heal,
-        "heal_seconds <= the smaller of torchft's, healed from a live peer (of a drill run "
-        "several times: the medians, and every run healed)",
-    )
-    return out
-
-
-def runs_of(cell: dict[str, Any], key: str) -> dict[str, Any]:
-    """A drill run several times: every run's ``key``, for the goal's record (else nothing)."""
-    if "repeats" not in cell:
-        return {}
-    return {"runs": [run.get(key) for run in cell["repeats"]], "failed": cell["repeats_failed"]}
-
-
-def batch_goal(rows: Rows) -> dict[str, Any]:
-    """deal=demand's global batch after a fault equal to before it; every row's shown."""
-    shown = {
-        r: {d: cell.get("global_batch") for d, cell in rows[r].items() if isinstance(cell, dict)}
-        for r in ROWS
-        if r in rows and bf.blocked(rows[r]) is None
-    }
-    row = rows.get("tailtrain-deal-demand")
-    if bf.blocked(row) is not None:
-        return {
-            "holds": None,
-            "why": f"tailtrain-deal-demand: {bf.blocked(row)}",
-            "rule": "global_batch.after_min == global_batch.before on kill, stop and heal",
-            "by_row": shown,
-        }
-    per = {
-        d: (row[d]["global_batch"] or {}).get("after_min")
-        == (row[d]["global_batch"] or {}).get("before")
-        for d in ("kill", "stop", "heal")
-        if d in row
-    }
-    return {
-        "holds": bool(per) and all(per.values()),
-        "rule": "global_batch.after_min == global_batch.before on kill, stop and heal",
-        "by_drill": per,
-        "by_row": shown,
-    }
-
-
-def books_goal(rows: Rows, ran: list[str]) -> dict[str, Any]:
-    """No sample lost (absent and not counted by the record) or done twice, on every drill;
-    ``samples_absent`` (the node's samples no rank computed) shown beside."""
-    keys = ("samples_replayed", "samples_lost", "steps_lost")
-    per = {}
-    for r in ran:
-        figures = {
-            d: {k: rows[r][d].get(k) for k in (*keys, "samples_absent")}
-            for d in DRILLS
-            if d in rows[r]
-        }
-        bad = [d for d, f in figures.items() if any(f[k] != 0 for k in keys)]
-        bad += [  # a drill run several times: every run's books, not only the median's
-            f"{d} (run {i + 1})"
-            for d in DRILLS
-            for i, run in enumerate(rows[r].get(d, {}).get("repeats", []))
-            if any(run.get(k) != 0 for k in keys)
-        ]
-        per[r] = {"holds": not bad, "by_drill": figures} if figures else {"holds": None}
-        per[r] |= {"bad": bad} if bad else {}
-        per[r] |= {} if figures else {"why": "no run"}
-    return bf.verdict(per, "samples_replayed == samples_lost == steps_lost == 0 on every drill")
-
-
-def slow_goals(rows: Rows, ran: list[str]) -> dict[str, Any]:
-    """With node W 1.5x slower: time to target at most 0.85x torchft's best, and within 10%
-    of the bench's bound (the row's own ``bound_time_to_target``)."""
-    theirs = bf.best(rows, TORCHFT, "slow", "time_to_target")
-    ratio, bound = {}, {}
-    for r in ran:
-        has = "slow" in rows[r]
-        mine = bf.figure(rows, r, "slow", "time_to_target")
-        failed = rows[r].get("slow", {}).get("repeats_failed", 0)
-        ratio[r] = bf.compared(
-            has, mine, theirs, "torchft", lambda m, o, f=failed: m <= 0.85 * o and not f
-        )
-        ratio[r] |= {"tailtrain": mine, "torchft_best": theirs}
-        ratio[r] |= runs_of(rows[r].get("slow", {}), "time_to_target")
-        ratio[r]["ratio"] = None if not mine or not theirs else round(mine / theirs, 3)
-        limit = bf.figure(rows, r, "slow", "bound_time_to_target")
-        bound[r] = bf.compared(has, mine, limit, "the bound", lambda m, o: m <= 1.10 * o)
-        # the rule's own law, no communication: how much of the gap the rule leaves
-        law = bf.figure(rows, r, "slow", "law_time_to_target")
-        bound[r] |= {"tailtrain": mine, "bound": limit, "rule_law": law}
-        bound[r]["ratio"] = None if not mine or not limit else round(mine / limit, 3)
-    return {
-        "slow_time_to_target_at_most_0.85x_torchft": bf.verdict(
-            ratio, "slow time_to_target <= 0.85 * the smaller of torchft's", every=False
-        ),
-        "slow_time_to_target_within_10pct_of_bound": bf.verdict(
-            bound, "slow time_to_target <= 1.10 * bound_time_to_target", every=False
-        ),
-    }
-
-
 # ---- the benchmark -----------------------------------------------------------------------------
 def run_all(
     rows: list[str], drills: list[str], cfg: argparse.Namespace, fault: dict, top: Path
-) -> Rows:
+) -> ng.Rows:
     """Every selected row through every selected drill, drill by drill with the rows
     interleaved (and, where ``--repeats`` asks for several runs of a drill, repeat by repeat
     with the rows interleaved, so a load that drifts weighs on each alike); a row that cannot
     run says why once (not available, or refused at start). A drill run several times keeps
     its median run (:func:`median_run`)."""
-    results: Rows = {}
+    results: ng.Rows = {}
     for row in rows:
         results[row] = {}
-        if row in TORCHFT and cfg.torchft_error:
+        if row in ns.TORCHFT and cfg.torchft_error:
             results[row] = {"unavailable": cfg.torchft_error}
     for drill in drills:
         runs: dict[str, list[dict[str, Any]]] = {row: [] for row in rows}
         for repeat in range(cfg.repeats.get(drill, 1)):
             for row in rows:
-                if bf.blocked(results[row]) is not None:
+                if fg.blocked(results[row]) is not None:
                     continue
                 folder = top / row / (drill if repeat == 0 else f"{drill}-{repeat + 1}")
                 folder.mkdir(parents=True, exist_ok=True)
@@ -844,7 +501,7 @@ def run_all(
                 short = {k: cell.get(k) for k in ("status", "wall", KEY_FIGURE[drill])}
                 print(row, drill, repeat + 1, json.dumps(short, default=str), file=sys.stderr)
         for row, cells in runs.items():
-            if cells and bf.blocked(results[row]) is None:
+            if cells and fg.blocked(results[row]) is None:
                 results[row][drill] = median_run(cells, KEY_FIGURE[drill])
     return results
 
@@ -912,8 +569,8 @@ def parse(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[str],
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer steps, shorter holds")
     parser.add_argument("--json", action="store_true", help="print the whole report")
-    parser.add_argument("--rows", default=",".join(ROWS))
-    parser.add_argument("--drills", default=",".join(DRILLS))
+    parser.add_argument("--rows", default=",".join(ns.ROWS))
+    parser.add_argument("--drills", default=",".join(ns.DRILLS))
     parser.add_argument("--steps", type=int, default=None, help="default 150 (quick: 60)")
     parser.add_argument("--hold", type=float, default=None, help="stop s (10; quick 4)")
     parser.add_argument("--heal-extra", type=int, default=None, help="heal: steps more")
@@ -954,7 +611,7 @@ def parse(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[str],
     cfg.stall = cfg.stall or (45.0 if cfg.quick else 60.0)
     cfg.target_loss = cfg.target_loss or (2.2 if cfg.quick else 0.8)
     cfg.launch_timeout = 60.0
-    cfg.workers, cfg.batch = WORKERS, 32
+    cfg.workers, cfg.batch = ns.WORKERS, 32
     return cfg, rows, drills
 
 
@@ -962,25 +619,25 @@ def main(argv: list[str] | None = None) -> None:
     cfg, rows, drills = parse(argv)
     if cfg.goals_from is not None:
         report = json.loads(cfg.goals_from.read_text())
-        report["goals"] = goals(report["rows"])
+        report["goals"] = ng.goals(report["rows"])
         print(json.dumps(report, indent=2, default=str))
         return
     fault = plan(cfg)
     cfg.torchft_error = torchft_probe()
     report: dict[str, Any] = {"load_average_before": [round(x, 2) for x in os.getloadavg()]}
-    cfg.compute_s = calibrate_compute(cfg)
+    cfg.compute_s = na.calibrate_compute(cfg)
     keys = ("steps", "heal_extra", "heal_delay", "hold", "tuned", "delay", "seed", "micro_batches")
     keys += ("repeats",)
     report["config"] = {k: getattr(cfg, k) for k in keys} | {
-        "nodes": NODES,
-        "nproc_per_node": NPROC,
+        "nodes": ns.NODES,
+        "nproc_per_node": ns.NPROC,
         "slow_factor": cfg.slow_factor,
         "target_loss": cfg.target_loss,
         "fault": fault,
         "quick": cfg.quick,
         "stall_s": cfg.stall,
         "compute_s_per_micro_batch": round(cfg.compute_s, 5),
-        "mean_draw_s_per_micro_batch": mean_delay(cfg.delay),
+        "mean_draw_s_per_micro_batch": na.mean_delay(cfg.delay),
     }
     report["bind_note"] = (
         "store, lighthouse, rendezvous on 127.0.0.1; torchrun --local-addr and torchft's "
@@ -993,7 +650,7 @@ def main(argv: list[str] | None = None) -> None:
         results = run_all(rows, drills, cfg, fault, cfg.out or Path(scratch))
     report["wall_s"] = round(time.monotonic() - began, 1)
     report["rows"] = results
-    report["goals"] = goals(results)
+    report["goals"] = ng.goals(results)
     report["load_average_after"] = [round(x, 2) for x in os.getloadavg()]
     text = json.dumps(report, indent=2, default=str)
     if cfg.save is not None:

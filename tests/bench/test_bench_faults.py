@@ -1,5 +1,6 @@
-"""bench/bench_faults.py: its measures on made-up commits (fast), and one quick real run
-(slow: real processes, about a minute on a loaded 2-core machine)."""
+"""bench/bench_faults.py with its measures (bench/faults_measure.py) and goals
+(bench/faults_goals.py): the measures and goals on made-up commits and rows (fast), and one
+quick real run (slow: real processes, about a minute on a loaded 2-core machine)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ from types import SimpleNamespace
 import pytest
 
 from bench import bench_faults as bf
+from bench import faults_goals as fg
+from bench import faults_measure as fm
 
 ROOT = Path(__file__).resolve().parents[2]
 CFG = SimpleNamespace(workers=2, batch=32, target_loss=1.0, micro_batches=1)
@@ -31,7 +34,7 @@ def test_a_restart_from_a_checkpoint_counts_its_replayed_steps(tmp_path):
     before = [commit(w, 10 + w, s, 1.0 + s) for w in (0, 1) for s in range(5)]
     after = [commit(w, 20 + w, s, 6.0 + s) for w in (0, 1) for s in range(3, 8)]
     fault = {"kind": "kill", "worker": 1, "step": 5, "t": 5.5}
-    got = bf.measure(before + after, history(range(8)), fault, 0.0, 0, CFG, tmp_path, "x", {})
+    got = fm.measure(before + after, history(range(8)), fault, 0.0, 0, CFG, tmp_path, "x", {})
     assert got["fault_to_next_step"] == pytest.approx(11.0 - 5.5)  # step 5, not the replays
     assert got["restart_seconds"] == pytest.approx(9.0 - 5.5)
     assert got["steps_replayed"] == 2
@@ -48,7 +51,7 @@ def test_a_replica_that_heals_from_a_peer_joins_at_the_head(tmp_path):
     hist = {**history(range(5)), **history(range(5, 12), contributors=1)}
     hist[9] = {"loss": 2.0, "contributors": 2}
     fault = {"kind": "heal", "worker": 1, "step": 5, "t": 5.5}
-    got = bf.measure(w0 + w1, hist, fault, 0.0, 0, CFG, tmp_path, "x", {})
+    got = fm.measure(w0 + w1, hist, fault, 0.0, 0, CFG, tmp_path, "x", {})
     assert got["fault_to_next_step"] == pytest.approx(6.0 - 5.5)
     assert got["heal_seconds"] == pytest.approx(10.5 - 5.5)
     assert got["heal_from"] == "peer"
@@ -60,7 +63,7 @@ def test_a_replica_that_heals_from_a_peer_joins_at_the_head(tmp_path):
 def test_time_to_target_reads_the_moving_mean_of_the_final_history(tmp_path):
     commits = [commit(0, 10, s, 1.0 + s) for s in range(30)]
     hist = {s: {"loss": 2.0 if s < 15 else 0.5, "contributors": 2} for s in range(30)}
-    got = bf.measure(commits, hist, None, 0.0, 0, CFG, tmp_path, "x", {})
+    got = fm.measure(commits, hist, None, 0.0, 0, CFG, tmp_path, "x", {})
     # the mean of 10 steps reaches 1.0 once 7 of them are at 0.5: step 21, committed 21 s
     # after step 0's commit
     assert got["time_to_target"] == pytest.approx(21.0)
@@ -75,7 +78,7 @@ def test_tailtrain_stamps_become_commits_per_process():
         {"worker": 0, "pid": 2, "step": 1, "t": 9.0},  # restarted from the checkpoint of 1
         {"worker": 0, "pid": 2, "step": 2, "t": 10.0},
     ]
-    got = sorted((c["pid"], c["step"], c["t"]) for c in bf.commits_from_starts(stamps))
+    got = sorted((c["pid"], c["step"], c["t"]) for c in fm.commits_from_starts(stamps))
     assert got == [(1, 0, 1.0), (1, 1, 2.0), (2, 1, 10.0)]
 
 
@@ -84,8 +87,8 @@ def test_goals_are_null_with_a_reason_without_the_shrink_rows():
         "tailtrain-shrink-sync": {"unavailable": "not available in this tree"},
         "tailtrain-shrink-eager": {"refused": "tailtrain train: error: shrink is for allreduce"},
     }
-    goals = bf.goals(rows, CFG)
-    assert set(goals) == set(bf.GOAL_NAMES)
+    goals = fg.goals(rows, CFG)
+    assert set(goals) == set(fg.GOAL_NAMES)
     assert all(g["holds"] is None for g in goals.values())
     assert all("not available in this tree" in g["why"] for g in goals.values())
     assert all("shrink is for allreduce" in g["why"] for g in goals.values())
@@ -101,7 +104,7 @@ def test_a_shrunk_step_counts_its_dead_shard_and_a_gap_is_lost(tmp_path):
     hist[2] = {"loss": 2.0, "contributors": 1, "absent": 1, "per_rank": 32, "counted": 32}
     hist[3] = {"loss": 2.0, "contributors": 1, "absent": 1, "per_rank": 32, "counted": 0}
     hist[5] = {"loss": 2.0, "contributors": 1, "absent": 1, "per_rank": 32, "counted": 32}
-    got = bf.accounting(commits, hist, CFG)
+    got = fm.accounting(commits, hist, CFG)
     assert got["samples_absent"] == 3 * 32 and got["samples_counted_skipped"] == 2 * 32
     assert got["steps_lost"] == 1
     assert got["samples_lost"] == 32 + 2 * 32  # step 3's uncounted shard + step 4's two
@@ -134,7 +137,7 @@ def test_a_quick_run_measures_a_stopped_rank_in_both_tailtrain_paths():
     assert shrink["fault"]["kind"] == "stop" and shrink["fault_to_next_step"] > 0
     assert shrink["samples_lost"] == 0 and shrink["samples_replayed"] == 0
     assert report["shrink_rows"]["tailtrain-shrink-eager"] == "not selected (--rows)"
-    assert set(bf.GOAL_NAMES) <= set(report["goals"])
+    assert set(fg.GOAL_NAMES) <= set(report["goals"])
     assert len(report["load_average_before"]) == 3 and report["wall_s"] > 0
 
 
@@ -161,7 +164,7 @@ def made_up_rows() -> dict:
 
 def test_goals_compare_the_shrink_rows_with_torchft_and_the_restart_path():
     rows = made_up_rows()
-    goals = bf.goals(rows, CFG)
+    goals = fg.goals(rows, CFG)
     assert goals["kill_next_step_no_later_than_torchft"]["holds"] is True
     assert goals["stop_next_step_5x_sooner_than_restart"]["holds"] is True  # 0.5 * 5 <= 16
     assert goals["freeze_sooner_than_torchft_default_and_tuned"]["holds"] is True
@@ -186,18 +189,18 @@ def test_goals_compare_the_shrink_rows_with_torchft_and_the_restart_path():
 def test_a_goal_fails_on_one_row_or_a_missing_figure():
     rows = made_up_rows()
     rows["tailtrain-shrink-dropcompute"]["kill"]["fault_to_next_step"] = 2.5
-    assert bf.goals(rows, CFG)["kill_next_step_no_later_than_torchft"]["holds"] is False
+    assert fg.goals(rows, CFG)["kill_next_step_no_later_than_torchft"]["holds"] is False
     rows["tailtrain-shrink-sync"]["stop"]["fault_to_next_step"] = None  # no next step came
-    assert bf.goals(rows, CFG)["stop_next_step_no_later_than_torchft"]["holds"] is False
+    assert fg.goals(rows, CFG)["stop_next_step_no_later_than_torchft"]["holds"] is False
     rows["tailtrain-shrink-sync"]["heal"]["heal_from"] = "checkpoint"
-    assert bf.goals(rows, CFG)["heal_no_slower_than_torchft"]["holds"] is False
+    assert fg.goals(rows, CFG)["heal_no_slower_than_torchft"]["holds"] is False
     rows["tailtrain-shrink-dropcompute"]["freeze"]["samples_lost"] = 32
-    assert bf.goals(rows, CFG)["no_sample_lost_or_done_twice"]["holds"] is False
+    assert fg.goals(rows, CFG)["no_sample_lost_or_done_twice"]["holds"] is False
     rows["tailtrain-shrink-dropcompute"]["stop"]["time_to_target"] = 11.6  # over 11.5
-    calm = bf.goals(rows, CFG)["time_to_target_within_10pct_of_calm_plus_absence"]
+    calm = fg.goals(rows, CFG)["time_to_target_within_10pct_of_calm_plus_absence"]
     assert calm["by_row"]["tailtrain-shrink-dropcompute"]["holds"] is False
     del rows["torchft-default"]
-    freeze = bf.goals(rows, CFG)["freeze_sooner_than_torchft_default_and_tuned"]
+    freeze = fg.goals(rows, CFG)["freeze_sooner_than_torchft_default_and_tuned"]
     assert freeze["holds"] is None and "torchft-default" in freeze["why"]
 
 
@@ -212,14 +215,14 @@ def test_the_logged_deadline_is_read_beside_the_goal_not_scored(tmp_path):
     rows = made_up_rows()
     del rows["tailtrain-shrink-sync"]["freeze"]["hang_deadline_s"]
     rows["tailtrain-shrink-sync"]["freeze"]["deadlines_logged_s"] = [2.68]
-    cell = bf.goals(rows, CFG)["freeze_within_deadline_plus_1s"]["by_row"]["tailtrain-shrink-sync"]
+    cell = fg.goals(rows, CFG)["freeze_within_deadline_plus_1s"]["by_row"]["tailtrain-shrink-sync"]
     assert cell["holds"] is None and cell["deadlines_logged_s"] == [2.68]
 
 
 def test_the_rebalance_rows_are_shrink_rows_that_need_micro_batches():
-    assert set(bf.SHARES_ROWS) <= set(bf.SHRINK) <= set(bf.ROWS)
-    assert bf.SHRINK["tailtrain-shrink-rebalance"] == "rebalance"
-    assert bf.SHRINK["tailtrain-shrink-rebalance-dropcompute"] == "rebalance:then=dropcompute"
+    assert set(bf.SHARES_ROWS) <= set(fg.SHRINK) <= set(bf.ROWS)
+    assert fg.SHRINK["tailtrain-shrink-rebalance"] == "rebalance"
+    assert fg.SHRINK["tailtrain-shrink-rebalance-dropcompute"] == "rebalance:then=dropcompute"
     cfg = SimpleNamespace(workers=4, micro_batches=1)
     wrong = bf.bad_arguments(["tailtrain-shrink-rebalance", "torchft-tuned"], ["none"], cfg)
     assert "tailtrain-shrink-rebalance" in wrong and "--micro-batches 2" in wrong
@@ -256,7 +259,7 @@ def test_a_threshold_cut_is_dropped_by_the_rule_not_lost():
     assert hist[3]["dropped"] == 6 * 32 and hist[4]["dropped"] == 3 * 32
     assert bf.tailtrain_step({"step": 0, "loss": 1.0, "workers": [0]}, cfg)["dropped"] == 0
     commits = [commit(w, 10 + w, s, 1.0 + s) for w in range(3) for s in (3, 4)]
-    got = bf.accounting(commits, hist | {s: dict(hist[3]) for s in range(3)}, cfg)
+    got = fm.accounting(commits, hist | {s: dict(hist[3]) for s in range(3)}, cfg)
     assert got["samples_dropped_by_rule"] == 4 * 6 * 32 + 3 * 32
     assert got["samples_absent"] == 8 * 32 == got["samples_counted_skipped"]
     assert got["samples_lost"] == 0
@@ -266,7 +269,7 @@ def test_a_rebalance_row_alone_can_meet_the_time_to_target_goals():
     rows = made_up_rows()
     rows["tailtrain-shrink-dropcompute"] = {"refused": "not selected"}
     rows["tailtrain-shrink-rebalance-dropcompute"] = made_up_rows()["tailtrain-shrink-dropcompute"]
-    goals = bf.goals(rows, CFG)
+    goals = fg.goals(rows, CFG)
     target = goals["time_to_target_at_most_0.67x_torchft"]
     assert target["holds"] is True
     assert target["by_row"]["tailtrain-shrink-rebalance-dropcompute"]["ratios"][
@@ -277,7 +280,7 @@ def test_a_rebalance_row_alone_can_meet_the_time_to_target_goals():
     ]
     # the better torchft row on each drill: tuned's 18 s, unless default's is smaller there
     rows["torchft-default"]["kill"]["time_to_target"] = 14.0
-    cell = bf.goals(rows, CFG)["time_to_target_at_most_0.67x_torchft"]
+    cell = fg.goals(rows, CFG)["time_to_target_at_most_0.67x_torchft"]
     assert cell["by_row"]["tailtrain-shrink-rebalance-dropcompute"]["torchft_best"]["kill"] == 14.0
     assert cell["holds"] is False  # 10 / 14 > 0.67
 
@@ -376,6 +379,6 @@ def test_a_peer_step_counts_its_m_micro_batches(tmp_path):
     cfg = SimpleNamespace(workers=2, batch=32, target_loss=1.0, micro_batches=8)
     before = [commit(w, 10 + w, s, 1.0 + s) for w in (0, 1) for s in range(4)]
     again = [commit(w, 20 + w, s, 6.0 + s) for w in (0, 1) for s in (3, 5)]
-    got = bf.accounting(before + again, history(range(4)) | history(range(5, 6)), cfg)
+    got = fm.accounting(before + again, history(range(4)) | history(range(5, 6)), cfg)
     assert got["samples_replayed"] == 2 * 8 * 32  # step 3 again on both ranks
     assert got["steps_lost"] == 1 and got["samples_lost"] == 2 * 8 * 32  # step 4

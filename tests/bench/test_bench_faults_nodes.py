@@ -1,6 +1,7 @@
-"""bench/bench_faults_nodes.py's pure parts on made-up logs and rows (fast; no process, no
-timing): its refusals, the accounting of a node's absence, the global batch, the bound, a
-node's heal, and the goals scored from rows."""
+"""bench/bench_faults_nodes.py's pure parts, with its accounting
+(bench/faults_nodes_accounting.py) and goals (bench/faults_nodes_goals.py), on made-up logs and
+rows (fast; no process, no timing): its refusals, the accounting of a node's absence, the
+global batch, the bound, a node's heal, and the goals scored from rows."""
 
 from __future__ import annotations
 
@@ -9,6 +10,10 @@ from types import SimpleNamespace
 import pytest
 
 from bench import bench_faults_nodes as bn
+from bench import faults_measure as fm
+from bench import faults_nodes_accounting as na
+from bench import faults_nodes_goals as ng
+from bench import faults_nodes_setting as ns
 
 CFG = SimpleNamespace(
     workers=6,
@@ -62,7 +67,7 @@ def test_a_node_is_its_launcher_s_whole_tree():
 
 
 def test_the_law_s_mean_is_the_shift_plus_the_scale():
-    assert bn.mean_delay("shifted-exp:shift=0.01,scale=0.0025") == pytest.approx(0.0125)
+    assert na.mean_delay("shifted-exp:shift=0.01,scale=0.0025") == pytest.approx(0.0125)
 
 
 # ---- accounting --------------------------------------------------------------------------------
@@ -85,14 +90,14 @@ def test_a_tailtrain_record_counts_the_absent_node_and_its_smaller_global_batch(
     full, shrunk = list(range(6)), [0, 1, 2, 3]
     rows = [tailtrain_row(w, 100 + w, s, 1.0 + s, full) for w in range(6) for s in range(3)]
     rows += [tailtrain_row(w, 100 + w, s, 1.0 + s, shrunk) for w in range(4) for s in (3, 4)]
-    commits, history = bn.commits_and_history(rows, CFG)
+    commits, history = na.commits_and_history(rows, CFG)
     assert len(commits) == 18 + 8
     assert history[4]["absent"] == 2 and history[4]["contributors"] == 4
     assert history[4]["counted"] == 2 * CFG.micro_batches * CFG.batch  # the record says so
     assert history[0]["micro_batches"] == 12 and history[4]["micro_batches"] == 8
-    batch = bn.global_batch(history, {"step": 3})
+    batch = na.global_batch(history, {"step": 3})
     assert batch == {"before": 12, "after": 8, "after_min": 8}
-    books = bn.bf.accounting(commits, history, CFG)
+    books = fm.accounting(commits, history, CFG)
     assert books["samples_absent"] == 2 * 2 * 2 * 32 and books["samples_lost"] == 0
 
 
@@ -109,7 +114,7 @@ def test_a_peer_s_contributors_are_the_workers_that_committed_and_count_nothing(
     ]  # fmt: skip
     rows.append({"worker": 5, "pid": 5, "step": 2, "t0": 2, "t": 2.5, "committed": True,
                  "part": False, "loss": 9.0})  # fmt: skip
-    _, history = bn.commits_and_history(rows, CFG)
+    _, history = na.commits_and_history(rows, CFG)
     assert history[0]["loss"] == pytest.approx(3.5)
     assert history[2]["contributors"] == 4 and history[2]["micro_batches"] == 8
     assert "counted" not in history[2]
@@ -119,12 +124,12 @@ def test_the_bound_spreads_each_update_over_its_live_ranks_at_their_law_s_pace()
     history = {s: {"micro_batches": 12, "live": list(range(6))} for s in range(4)}
     cell = {"target_step": 3, "time_to_target": 1.0}
     mean = 0.05  # shift 0.04 + scale 0.01: 6 ranks at 20 micro-batches/s each
-    got = bn.bound_time(history, cell, CFG, None)
+    got = na.bound_time(history, cell, CFG, None)
     assert got["bound_time_to_target"] == pytest.approx(3 * 12 * mean / 6, abs=1e-3)
-    slow = bn.bound_time(history, cell, CFG, {"workers": [4, 5]})
+    slow = na.bound_time(history, cell, CFG, {"workers": [4, 5]})
     rate = 4 / mean + 2 / (1.5 * mean)
     assert slow["bound_time_to_target"] == pytest.approx(3 * 12 / rate, abs=1e-3)
-    assert bn.bound_time(history, {"time_to_target": None}, CFG, None) == {
+    assert na.bound_time(history, {"time_to_target": None}, CFG, None) == {
         "bound_time_to_target": None
     }
 
@@ -141,19 +146,19 @@ def test_each_rule_s_own_law_lies_between_the_bound_and_sync_s():
     history = {s: {"micro_batches": 24, "live": list(range(6))} for s in range(4)}
     cell = {"target_step": 3, "time_to_target": 0.9}
     slow = {"workers": [4, 5]}
-    sync = bn.law_time("tailtrain-sync", history, cell, const, slow, draws=4)
+    sync = na.law_time("tailtrain-sync", history, cell, const, slow, draws=4)
     assert sync["law_time_to_target"] == pytest.approx(3 * 4 * 0.06)
-    assert bn.law_time("torchft-tuned", history, cell, const, slow, draws=4) == sync
-    demand = bn.law_time("tailtrain-deal-demand", history, cell, const, slow, draws=4)
+    assert na.law_time("torchft-tuned", history, cell, const, slow, draws=4) == sync
+    demand = na.law_time("tailtrain-deal-demand", history, cell, const, slow, draws=4)
     assert demand["law_time_to_target"] == pytest.approx(3 * 0.20)
     assert demand["time_to_target_over_law"] == 1.5
-    bound = bn.bound_time(history, cell, const, slow)["bound_time_to_target"]
+    bound = na.bound_time(history, cell, const, slow)["bound_time_to_target"]
     assert bound < demand["law_time_to_target"] < sync["law_time_to_target"]
     # a step whose live ranks computed less (sync after a shrink) is priced at its share
     history[3] = {"micro_batches": 16, "live": [0, 1, 2, 3]}
-    shrunk = bn.law_time("tailtrain-sync", history, cell, const, slow, draws=4)
+    shrunk = na.law_time("tailtrain-sync", history, cell, const, slow, draws=4)
     assert shrunk["law_time_to_target"] == pytest.approx(2 * 4 * 0.06 + 4 * 0.04)
-    assert bn.law_time("tailtrain-sync", history, {}, const, slow) == {"law_time_to_target": None}
+    assert na.law_time("tailtrain-sync", history, {}, const, slow) == {"law_time_to_target": None}
 
 
 def commit(worker, pid, step, t):
@@ -218,8 +223,8 @@ def rows_of(tt_kill=1.0, ft_kill=(3.0, 2.0), tt_heal=10.0, slow=(8.0, 7.5)):
 
 
 def test_goals_compare_tailtrain_with_torchft_s_best_and_the_bound():
-    got = bn.goals(rows_of())
-    assert set(got) == set(bn.GOAL_NAMES)
+    got = ng.goals(rows_of())
+    assert set(got) == set(ng.GOAL_NAMES)
     kill = got["kill_next_step_no_later_than_torchft"]
     assert kill["holds"] is True and kill["by_row"]["tailtrain-sync"]["torchft_best"] == 2.0
     assert got["stop_next_step_no_later_than_torchft"]["holds"] is False  # 5.0 > 4.0
@@ -231,44 +236,44 @@ def test_goals_compare_tailtrain_with_torchft_s_best_and_the_bound():
 
 
 def test_a_goal_fails_on_a_slower_figure_or_a_heal_from_a_checkpoint():
-    got = bn.goals(rows_of(tt_kill=2.5, tt_heal=40.0, slow=(9.0, 7.0)))
+    got = ng.goals(rows_of(tt_kill=2.5, tt_heal=40.0, slow=(9.0, 7.0)))
     assert got["kill_next_step_no_later_than_torchft"]["holds"] is False
     assert got["heal_no_slower_than_torchft"]["holds"] is False
     assert got["slow_time_to_target_at_most_0.85x_torchft"]["holds"] is False  # 9 > 8.5
     assert got["slow_time_to_target_within_10pct_of_bound"]["holds"] is False  # 9 > 7.7
     rows = rows_of()
     rows["tailtrain-sync"]["heal"]["heal_from"] = "checkpoint"
-    assert bn.goals(rows)["heal_no_slower_than_torchft"]["holds"] is False
+    assert ng.goals(rows)["heal_no_slower_than_torchft"]["holds"] is False
 
 
 def test_the_global_batch_goal_reads_deal_demand_s_drills_and_shows_every_row():
     rows = rows_of()
-    goal = bn.goals(rows)["global_batch_kept_after_fault_deal_demand"]
+    goal = ng.goals(rows)["global_batch_kept_after_fault_deal_demand"]
     assert goal["holds"] is True and goal["by_drill"] == {"kill": True, "stop": True, "heal": True}
     assert goal["by_row"]["torchft-default"]["kill"] == {"before": 96, "after": 64, "after_min": 64}
     rows["tailtrain-deal-demand"]["heal"]["global_batch"]["after_min"] = 64  # one step shrank
-    assert bn.goals(rows)["global_batch_kept_after_fault_deal_demand"]["holds"] is False
+    assert ng.goals(rows)["global_batch_kept_after_fault_deal_demand"]["holds"] is False
     rows["tailtrain-deal-demand"] = {"refused": "error: no"}
-    goal = bn.goals(rows)["global_batch_kept_after_fault_deal_demand"]
+    goal = ng.goals(rows)["global_batch_kept_after_fault_deal_demand"]
     assert goal["holds"] is None and "tailtrain-deal-demand" in goal["why"]
 
 
 def test_goals_are_null_with_why_without_torchft_or_without_a_tailtrain_row():
     rows = rows_of()
-    for name in bn.TORCHFT:
+    for name in ns.TORCHFT:
         rows[name] = {"unavailable": "ModuleNotFoundError: No module named 'torchft'"}
-    got = bn.goals(rows)
+    got = ng.goals(rows)
     assert got["kill_next_step_no_later_than_torchft"]["holds"] is None
     assert "no figure of torchft" in got["kill_next_step_no_later_than_torchft"]["why"]
     assert got["slow_time_to_target_within_10pct_of_bound"]["holds"] is True
-    none = bn.goals({"tailtrain-sync": {"refused": "error: no"}})
+    none = ng.goals({"tailtrain-sync": {"refused": "error: no"}})
     assert all(g["holds"] is None and "no tailtrain row ran" in g["why"] for g in none.values())
 
 
 def test_a_sample_done_twice_or_lost_fails_the_books():
     rows = rows_of()
     rows["tailtrain-sync"]["heal"]["samples_replayed"] = 64
-    books = bn.goals(rows)["no_sample_lost_or_done_twice"]
+    books = ng.goals(rows)["no_sample_lost_or_done_twice"]
     assert books["holds"] is False
     assert books["by_row"]["tailtrain-sync"]["by_drill"]["heal"]["samples_replayed"] == 64
 
@@ -286,7 +291,7 @@ def test_a_refused_row_says_its_one_line():
 
 # ---- repeats -----------------------------------------------------------------------------------
 def test_repeats_name_every_drill_or_some():
-    assert bn.parse_repeats("2") == dict.fromkeys(bn.DRILLS, 2)
+    assert bn.parse_repeats("2") == dict.fromkeys(ns.DRILLS, 2)
     assert bn.parse_repeats("heal=3,slow=3") == {"heal": 3, "slow": 3}
     cfg, _, _ = bn.parse(["--repeats", "heal=3"])
     assert cfg.repeats == {"heal": 3}
@@ -313,7 +318,7 @@ def test_a_run_of_several_that_failed_fails_its_goal_even_with_a_good_median():
     rows["tailtrain-sync"]["heal"] = bn.median_run(
         [dict(healed), dict(healed), dict(healed, heal_seconds=None)], "heal_seconds"
     )
-    heal = bn.goals(rows)["heal_no_slower_than_torchft"]
+    heal = ng.goals(rows)["heal_no_slower_than_torchft"]
     assert heal["holds"] is False
     assert heal["by_row"]["tailtrain-sync"]["runs"] == [10.0, 10.0, None]
     rows = rows_of()
@@ -321,7 +326,7 @@ def test_a_run_of_several_that_failed_fails_its_goal_even_with_a_good_median():
     rows["tailtrain-sync"]["slow"] = bn.median_run(
         [dict(slow), dict(slow, time_to_target=None), dict(slow)], "time_to_target"
     )
-    assert bn.goals(rows)["slow_time_to_target_at_most_0.85x_torchft"]["holds"] is False
+    assert ng.goals(rows)["slow_time_to_target_at_most_0.85x_torchft"]["holds"] is False
 
 
 def test_the_books_read_every_run_of_a_drill_run_several_times():
@@ -331,6 +336,6 @@ def test_the_books_read_every_run_of_a_drill_run_several_times():
         [dict(kill), dict(kill, samples_lost=32, fault_to_next_step=5.0), dict(kill)],
         "fault_to_next_step",
     )
-    books = bn.goals(rows)["no_sample_lost_or_done_twice"]
+    books = ng.goals(rows)["no_sample_lost_or_done_twice"]
     assert books["holds"] is False
     assert books["by_row"]["tailtrain-sync"]["bad"] == ["kill (run 2)"]
