@@ -165,16 +165,24 @@ def test_the_trace_and_the_verdicts_agree_with_the_injected_delay(results, case)
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("variant", list(VARIANTS))
 def test_the_probe_times_ddp_options_alike(results, variant):
-    """Each DDP option: no parameter changed, and rank 0 waits for the slow rank 1 in the
-    steps that reduce (under ``no_sync()`` nobody waits)."""
-    _, ranks = results
+    """Each DDP option: no parameter changed, and rank 0 waits for the slow rank 1 in every
+    step. Under ``no_sync()`` a step is an optimizer step: the loader batch accumulated
+    without a reduction and the one that reduces, their samples summed (the loop's
+    ``probe.batches`` wraps each batch), rank 0 waiting for both of rank 1's slow forwards,
+    rank 1's compute holding both, and the run's machine row says 2 batches a step."""
+    folder, ranks = results
     for out in ranks:
         assert torch.equal(out[variant]["theta"], out[f"{variant}-plain"]["theta"])
-    wait = ranks[0][variant]["history"][:, :, 2]  # (steps, ranks)
-    reducing = np.arange(STEPS) % 2 == 1 if variant == "no_sync" else np.ones(STEPS, bool)
-    assert (wait[~reducing] == 0).all()
-    assert np.median(wait[reducing, 0]) >= SLOW / 2
-    assert np.median(wait[reducing, 1]) < SLOW / 2
+    history = ranks[0][variant]["history"]
+    wait = history[:, :, 2]  # (steps, ranks)
+    batches = 2 if variant == "no_sync" else 1
+    assert wait.shape[0] == STEPS // batches
+    assert (history[:, :, SAMPLES] == 8 * batches).all()
+    assert np.median(wait[:, 0]) >= batches * SLOW / 2
+    assert np.median(wait[:, 1]) < SLOW / 2
+    assert np.median(history[:, 1, 1]) >= batches * SLOW  # rank 1's compute: its sleeps
+    row = read_machine(folder / variant, 0)
+    assert row.get("accumulates", 1) == batches
 
 
 @pytest.mark.timeout(120)

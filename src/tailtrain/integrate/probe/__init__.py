@@ -151,6 +151,8 @@ class StragglerProbe(Gathering, Reporting):
         self.groups: list[list[int]] | None = None
         #: the remedy the watched hook or step runs (``note_remedy``); None: none seen
         self.remedy: dict[str, Any] | None = None
+        #: the most loader batches a step accumulated under DDP's ``no_sync`` (1: none)
+        self.accumulates = 1
         self._init_gathering(every, warmup)
         self._init_reporting(self.world, tensorboard)
 
@@ -226,12 +228,24 @@ class StragglerProbe(Gathering, Reporting):
         this rank spent getting the step's data just before this call, timed by the caller
         (the step's own marks start here, so they are not its compute; 0: not seen).
         ``batches`` and ``step()`` open their steps with it."""
-        self._close_step()
+        current = self.current
+        if current is not None and current.accumulating and current.synced is None:
+            # a DDP loop accumulating under ``no_sync``: this batch is the step's next
+            # micro-batch, its loading data inside the step's span
+            current.micro_batches += 1
+            current.samples += _or_nan(samples)
+            current.data += float(data)
+            current.inner += float(data)
+            return
+        self._close_step(force=True)
         self.current = StepMarks(float(data), self.clock.mark(), _or_nan(samples))
 
     def end_step(self) -> None:
         """Close the step ``begin_step`` opened (nothing when none is open); every rank
-        closes the same number of steps, as the gathers count them."""
+        closes the same number of steps, as the gathers count them. A step whose DDP
+        forwards ran under ``no_sync`` and that has not reduced yet stays open: the next
+        ``begin_step`` adds its batch to it, so a step is one optimizer step of a loop that
+        accumulates (``flush`` closes it whatever it holds)."""
         self._close_step()
 
     @contextmanager
@@ -303,7 +317,7 @@ class StragglerProbe(Gathering, Reporting):
             self._close_board()
 
     def _flush(self) -> None:
-        self._close_step()
+        self._close_step(force=True)
         if self.flight is not None:
             self._take()
         if self.pending:
@@ -325,9 +339,16 @@ class StragglerProbe(Gathering, Reporting):
         if self.current is not None:
             self.current.synced = self.clock.mark()
 
-    def _close_step(self) -> None:
-        if self.current is None:
-            return
+    def _mark_accumulating(self) -> None:
+        if self.current is not None and not self._syncing:
+            self.current.accumulating = True
+
+    def _close_step(self, force: bool = False) -> None:
+        current = self.current
+        if current is None or (not force and current.accumulating and current.synced is None):
+            return  # none open, or a step accumulating under ``no_sync`` (``end_step``)
+        if current.micro_batches > self.accumulates:  # the job's M, for its machine row
+            self.accumulates = current.micro_batches
         self.current.end = self.clock.mark()
         self.pending.append(self.current)
         self.current = None

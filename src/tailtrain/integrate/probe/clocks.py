@@ -68,11 +68,20 @@ class StepMarks:
     #: host seconds blocked in a sharded model's own collectives (``fsdp.FsdpWatch``), wait
     #: beside the span from ready to synced
     waited: float = 0.0
+    #: DDP forwards under ``no_sync`` (grad enabled) ran in it: its backward only
+    #: accumulates, so the step goes on over the next loader batches to the one that reduces
+    accumulating: bool = False
+    #: the loader batches it spans (1 but for a step accumulated under ``no_sync``)
+    micro_batches: int = 1
+    #: host seconds of data loading inside its span (the later batches of an accumulated
+    #: step): data, not compute
+    inner: float = 0.0
 
 
 class DdpWatch:
     """The probe's hooks on a DDP model. A forward pre-hook notes whether this backward will
-    reduce (DDP's own test: grad enabled and not in ``no_sync``). The first backward hooks
+    reduce (DDP's own test: grad enabled and not in ``no_sync``; one under ``no_sync`` marks
+    the step accumulating, so the loader's next batch goes on in it). The first backward hooks
     every parameter to learn which gradient is accumulated first and which last, then keeps
     only those two hooks: the last marks "ready"; whichever of them fires first queues a final
     callback that queues another, which marks "synced" once DDP's finalise (queued when its
@@ -100,6 +109,8 @@ class DdpWatch:
 
     def _forward(self, ddp: Any, _inputs: Any) -> None:
         self.reduces = torch.is_grad_enabled() and ddp.require_backward_grad_sync
+        if torch.is_grad_enabled() and not ddp.require_backward_grad_sync:
+            self.probe._mark_accumulating()  # under ``no_sync``: the step is not over
 
     def _grad(self, index: int) -> None:
         if self.probe._syncing:  # a hook state's zero backward (``flush_buckets``): no step's

@@ -108,6 +108,7 @@ class Reporting:
     on_report: Callable[[ProbeReport], None] | None
     groups: list[list[int]] | None
     remedy: dict[str, Any] | None
+    accumulates: int
 
     def _init_reporting(self, world: int, tensorboard: str | Path | None) -> None:
         self.error: BaseException | None = None  # rank 0: the first report that failed
@@ -179,6 +180,8 @@ class Reporting:
             row = machine_row(self.run) | {"cut": False}
             if self.remedy is not None:  # the watched hook's or step's rule: advise reads it
                 row["remedy"] = self.remedy
+            if self.accumulates > 1:  # loader batches per step: advise deals shares of one
+                row["accumulates"] = self.accumulates
             append_machine(self.out, row)
         if self.with_samples and np.isnan(samples).any():
             if not self._unknown_noted:

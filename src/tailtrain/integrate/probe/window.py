@@ -98,7 +98,7 @@ class Gathering:
             wait = s.waited
             if s.ready is not None and s.synced is not None:
                 wait += max(self.clock.span(s.ready, s.synced), 0.0)
-            rows.append((s.data, max(total - wait, 0.0), wait, s.samples))
+            rows.append((s.data, max(total - wait - s.inner, 0.0), wait, s.samples))
         self.pending = []
         return torch.tensor(rows, dtype=torch.float64)
 
