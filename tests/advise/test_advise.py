@@ -106,7 +106,7 @@ def charged(path, times, comm):
     return path
 
 
-def test_advise_prices_the_recorded_communication_unless_told_otherwise(tmp_path, helpers):
+def test_advise_prices_the_recorded_communication_unless_told_otherwise(tmp_path, helpers, capsys):
     _, noisy = helpers
     times = noisy("lognormal", (60, 4), seed=7)
     comm = np.random.default_rng(8).uniform(0.2, 0.4, 60)
@@ -122,6 +122,12 @@ def test_advise_prices_the_recorded_communication_unless_told_otherwise(tmp_path
         found.cost.iteration_time - comm.mean() - times.mean()
     )
     assert any(note.startswith("T^c replayed from the trace") for note in found.notes)
+    from tailtrain.cli.advise import _print
+
+    _print(found)  # the text names the figure the table shows where sync's row is simulated
+    assert sync.simulated is not None
+    said = f"(the trace replayed; simulated, the table's sync row reads {sync.iteration_time:.4g}"
+    assert said in capsys.readouterr().out
     delay = f"trace:path={path}"
     assert replayed_comm(delay, "0.1") == "0.1"  # what advise(comm_time="0.1") prices
     assert "from --comm-time 0.1" in comm_note(delay, "0.1")
@@ -241,3 +247,13 @@ def test_a_trace_of_a_computation_is_priced_with_its_unit_in_flight_run_to_its_e
     # read as replica groups, the trace is written again elsewhere: it keeps what it was
     run_on, cut = dropcompute(computed, group_size=2), dropcompute(slept, group_size=2)
     assert run_on.simulated.iteration_time > cut.simulated.iteration_time
+
+
+def test_a_replayed_e_t_below_the_direct_mean_is_no_negative_wait():
+    """The table's replayed E[T] can fall a little below the direct mean worker time plus
+    T^c (a rebalanced run, every rank nearly as long): no worker waits there, 0, not -2%."""
+    from tailtrain.advice.cost import Cost
+
+    cost = Cost(workers=2, iteration_time=0.0016, mean_worker_time=0.0011, comm_time=0.0006)
+    assert cost.overhead == 0.0 and cost.overhead_share == 0.0
+    assert Cost(2, 0.002, 0.0011, comm_time=0.0006).overhead == pytest.approx(0.0003)

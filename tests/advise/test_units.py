@@ -289,3 +289,46 @@ def test_a_run_the_probe_saw_under_dropcompute_is_read_as_that_job(tmp_path):
     plain.mkdir()
     found = advise(probe_trace(plain / "trace.csv", runs=((32, 16),), slow=1.0), setup="ddp")
     assert found.job.remedy is None and any("already deals shares" in n for n in found.notes)
+
+
+def accumulation_trace(path, steps=400):
+    """A DDP loop accumulating 4 micro-batches under ``no_sync``, each timed as a step (the
+    probe's loader wrapping before it knew ``no_sync``): rank 0 computes 1 ms a micro-batch,
+    rank 1 10 ms; they meet only at each 4th, where rank 0 waits 36.5 ms and rank 1 0.5 ms.
+    Every 4 steps take 40.5 ms on both ranks, for 4 x 64 samples."""
+    rows = []
+    for i in range(steps):
+        meets = i % 4 == 3
+        rows += [[i, 0, 0.001, 0.0365 if meets else 0.0, 32, 0]]
+        rows += [[i, 1, 0.010, 0.0005 if meets else 0.0, 32, 0]]
+    write_trace_rows(path, np.array(rows), False, noncompute=True, samples=True, run=True)
+    return path
+
+
+def test_the_measured_rate_counts_a_wait_once_where_ranks_meet_every_few_steps(tmp_path):
+    """Each rank's steps tile its time, so the run's wall is a rank's sum: 4 x 64 samples in
+    40.5 ms. The sum of each step's slowest rank (10, 10, 10, 37.5 ms) would read 3793
+    samples/s for the job's 6321, and sync's replayed row (10.1 ms a step) would disagree."""
+    trace = read_trace(accumulation_trace(tmp_path / "trace.csv"))
+    rate, step, steps = measured_rate(trace)
+    assert rate == pytest.approx(4 * 64 / 0.0405)
+    assert step == pytest.approx(0.0405 / 4) and steps == 400
+
+
+def test_an_accumulating_job_is_dealt_shares_of_one_loader_batch(tmp_path):
+    """The probe's steps of a loop that accumulates 4 loader batches of 32 under ``no_sync``
+    hold 128 samples a rank, and its machine row says ``accumulates: 4``: rebalance deals
+    one loader batch (48 + 16 = 2 x 32), the line names that batch size, and the forecast
+    counts 4 of them a step. Without the row the same trace reads as one batch of 128."""
+    path = probe_trace(tmp_path / "trace.csv", runs=((128, 128),))
+    plain = advise(path, setup="ddp", samples=400)
+    assert sum(plain.choice.shares) == 256  # one batch of 128 a rank: 3 to 1, about
+    append_machine(tmp_path, machine_row(0) | {"accumulates": 4})
+    found = advise(path, setup="ddp", samples=400)
+    assert found.job.accumulation == 4 and found.choice.shares == (48, 16)
+    assert "shares=[48, 16])  # after loader = DataLoader(..., batch_size=32)" in (
+        found.adopt.lines()[1]
+    )
+    assert found.choice.effective_speedup == pytest.approx(
+        plain.choice.effective_speedup, rel=0.05
+    )

@@ -236,9 +236,12 @@ def advise(
             whole = write_group_trace(replayed, whole, group_size, group_cost)
         last = whole.of_run(whole.runs[-1])
         job = job_of(last)
-        ran = (read_machine(path.parent, int(whole.runs[-1])) or {}).get("remedy")
+        machine = read_machine(path.parent, int(whole.runs[-1])) or {}
+        ran = machine.get("remedy")
         if ran is not None and last.micro_batch is None:  # a probe's run under a hook or step
             job = replace(job, micro_batches=int(ran["micro_batches"]), remedy=str(ran["spec"]))
+        if last.micro_batch is None:  # a step of several loader batches: shares deal one
+            job = replace(job, accumulation=int(machine.get("accumulates", 1) or 1))
         if micro_batches is not None and last.micro_batch is None and micro_batches > 1:
             split = split_trace(last, micro_batches, Path(folder) / "split.csv", seed)
             replayed = split
@@ -393,8 +396,10 @@ def _in_job_units(
             replace(r, micro_batches=m) if r.row.strategy == "dropcompute" else r for r in ranked
         ]
     # under DropCompute the samples are those computed, not the batch: no global batch to deal
-    shares = rebalance_shares(last, comm_mean) if setup in SHARES and not job.cut else None
-    if shares is not None and np.array_equal(shares.shares, job.samples):
+    shares = None
+    if setup in SHARES and not job.cut:
+        shares = rebalance_shares(last, comm_mean, job.accumulation)
+    if shares is not None and np.array_equal(shares.per_step, job.samples):
         shares = None  # the shares the job already deals: that row is the job as measured
     if shares is not None:
         sync = next(r for r in ranked if r.row.strategy == "sync").iteration_time

@@ -165,7 +165,7 @@ def ddp_rebalance(spec: str, shares: tuple[int, ...]) -> Adoption:
         "ddp",
         spec,
         (f"from tailtrain import {names}",),
-        (f"{deal}  # after loader = DataLoader(...)", f"{hook}  # after ddp = DDP(model)"),
+        (f"{deal}  # after {_loader_of(shares)}", f"{hook}  # after ddp = DDP(model)"),
         (),
         edit_list=(
             _import(names),
@@ -173,6 +173,15 @@ def ddp_rebalance(spec: str, shares: tuple[int, ...]) -> Adoption:
             _edit(LOADER_ANCHOR, [deal], "loader", unless=SCALED, why=SCALED_WHY),
             _edit(DDP_ANCHOR, [hook], "ddp"),
         ),
+    )
+
+
+def _loader_of(shares: tuple[int, ...]) -> str:
+    """The loader the shares deal, its batch size named: the shares sum to N times it, so a
+    loop whose loader's batch differs sees that the line is not for it."""
+    batch, rest = divmod(sum(shares), len(shares))
+    return (
+        f"loader = DataLoader(..., batch_size={batch})" if rest == 0 else "loader = DataLoader(...)"
     )
 
 

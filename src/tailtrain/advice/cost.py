@@ -33,8 +33,9 @@ class Cost:
 
     @property
     def overhead(self) -> float:
-        """Seconds per step spent waiting for the slowest worker."""
-        return self.iteration_time - self.comm_time - self.mean_worker_time
+        """Seconds per step spent waiting for the slowest worker; 0 where the replayed E[T]
+        falls below the direct mean by the replay's own noise (no worker waits there)."""
+        return max(self.iteration_time - self.comm_time - self.mean_worker_time, 0.0)
 
     @property
     def overhead_share(self) -> float:

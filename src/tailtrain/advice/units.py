@@ -9,8 +9,8 @@ without ``samples`` is priced per step (a rank's gradient), as before the column
   a row of ``predict``'s table its effective speedup (simulated where simulated), which
   counts the share of each rank's batch that enters an update (DropCompute Eq. 6: C_n / M;
   K-sync: K of N batches), so with equal B_n it is the ratio of samples applied per
-  second; absolute, that ratio times the run's measured sum of samples / sum of step wall
-  seconds (:func:`measured_rate`; a step's wall = max over ranks of seconds + noncompute).
+  second; absolute, that ratio times the run's measured sum of samples / its wall seconds
+  (:func:`measured_rate`: the longest rank's sum of seconds + noncompute over its steps).
 * **Drop rate**: the share of the step's samples that never enter an update: DropCompute's
   cut, 1 - K/N for the K-sync family, 0 where every sample enters (stale ones too).
 * **Time to a target loss**, as a ratio to the job as measured, only for rules that apply
@@ -83,6 +83,10 @@ class JobShape:
     #: the rule the run ran under, as the probe saw its hook or step (``machine.jsonl``'s
     #: ``remedy``; None: none seen): its samples are those the ranks computed
     remedy: str | None = None
+    #: loader batches a step accumulates under DDP's ``no_sync`` (the probe's
+    #: ``accumulates`` in ``machine.jsonl``): a rank's batch per step is this many of the
+    #: loader's, and rebalance's shares deal one loader batch
+    accumulation: int = 1
 
     @property
     def remedy_name(self) -> str | None:
@@ -117,6 +121,7 @@ class JobShape:
             "samples_per_step": self.per_step,
             "unit": self.unit,
             "remedy": self.remedy,
+            "accumulation": self.accumulation,
         }
 
 
@@ -159,13 +164,18 @@ def job_of(trace: Trace) -> JobShape:
 
 def measured_rate(trace: Trace) -> tuple[float, float, int]:
     """The run as measured: (units per second, step wall seconds mean, steps): units are
-    samples (sum of samples / sum of step walls) or, without ``samples``, steps; a step's
-    wall = max over ranks of seconds + noncompute (the contract of ``delays.trace``)."""
+    samples (sum of samples / the run's wall seconds) or, without ``samples``, steps. A
+    rank's steps (seconds + noncompute, its step less its compute) tile its time, so the
+    run's wall is a rank's sum of them, the longest; a sum of each step's longest rank would
+    count a wait twice where the ranks meet only every few steps (a DDP loop that accumulates
+    under ``no_sync`` and times each micro-batch as a step: the fast rank's wait at the
+    reduction covers the slow rank's earlier micro-batches, already counted)."""
     seconds, noncompute, _, samples = step_table(trace)
-    wall = (seconds + noncompute).max(axis=1)
-    total = float(wall.sum())
-    done = float(samples.sum()) if samples is not None else float(wall.size)
-    return (done / total if total > 0 else float("inf")), float(wall.mean()), int(wall.size)
+    total = float((seconds + noncompute).sum(axis=0).max()) if seconds.size else 0.0
+    steps = int(seconds.shape[0])
+    done = float(samples.sum()) if samples is not None else float(steps)
+    rate = done / total if total > 0 else float("inf")
+    return rate, (total / steps if steps else 0.0), steps
 
 
 def verdict_times(trace: Trace) -> NDArray[np.float64]:
@@ -223,24 +233,33 @@ def step_costs(seconds: NDArray, samples: NDArray) -> StepCosts:
 class Rebalanced:
     """Per-sample shares for a DDP job and their replayed step (module docstring)."""
 
-    shares: NDArray[np.int64]
+    shares: NDArray[np.int64]  #: samples of each loader batch (``rebalance_loader``'s)
     iteration_time: float  #: E[max_n T_{i,n} scaled to b_n] + E[T^c], replayed
     stderr: float
     costs: StepCosts
+    #: loader batches a step accumulates: rank n computes ``batches`` x ``shares[n]`` a step
+    batches: int = 1
+
+    @property
+    def per_step(self) -> NDArray[np.int64]:
+        """Each rank's samples per step under the shares."""
+        return self.shares * self.batches
 
     @property
     def rate(self) -> float:
         """Samples per second: every replayed step deals the whole global batch (an epoch's
         short step too, scaled up), so the ratio to the job as measured, which counts the
         short steps' fewer samples, is taken in samples, not steps."""
-        return float(self.shares.sum()) / self.iteration_time
+        return float(self.per_step.sum()) / self.iteration_time
 
 
-def rebalance_shares(trace: Trace, comm: float) -> Rebalanced | None:
+def rebalance_shares(trace: Trace, comm: float, batches: int = 1) -> Rebalanced | None:
     """Shares by ``optimal_shares`` on the ranks' step costs and their replayed step time
     with ``comm`` seconds of T^c per step, over the steps where every rank's count is known
     (> 0, as ``persistence.per_sample_times`` keeps them); None without ``samples`` or
-    two such steps."""
+    two such steps. ``batches``: loader batches a step accumulates, so the shares deal one
+    loader batch (the global one over ``batches``) and rank n computes ``batches`` of its
+    share a step, at ``batches`` times the seconds per sample of one."""
     from tailtrain.strategies.rebalance import optimal_shares
 
     counted = counted_steps(trace)
@@ -249,12 +268,13 @@ def rebalance_shares(trace: Trace, comm: float) -> Rebalanced | None:
     seconds, samples, _ = counted
     costs = step_costs(seconds, samples)
     total = int(np.median(samples.sum(axis=1)))
-    shares = optimal_shares(costs.per_sample, total, 1, fixed=costs.fixed)
+    dealt = max(round(total / batches), samples.shape[1])
+    shares = optimal_shares(costs.per_sample * batches, dealt, 1, fixed=costs.fixed)
     # each recorded step, its ranks' times scaled from their counts to the shares
-    steps = (seconds * costs.at(shares) / costs.at(samples)).max(axis=1)
-    batches = [b.mean() for b in np.array_split(steps, min(_BATCHES, steps.size))]
-    stderr = float(np.std(batches, ddof=1) / np.sqrt(len(batches))) if len(batches) > 1 else 0.0
-    return Rebalanced(shares, float(steps.mean()) + comm, stderr, costs)
+    steps = (seconds * costs.at(shares * batches) / costs.at(samples)).max(axis=1)
+    blocks = [b.mean() for b in np.array_split(steps, min(_BATCHES, steps.size))]
+    stderr = float(np.std(blocks, ddof=1) / np.sqrt(len(blocks))) if len(blocks) > 1 else 0.0
+    return Rebalanced(shares, float(steps.mean()) + comm, stderr, costs, batches)
 
 
 def candidate_ms(job: JobShape) -> list[int]:

@@ -209,9 +209,10 @@ def _print(found: Advice, group_size: int = 1) -> None:
         if group_size > 1:
             workers = f"{job.workers} replica groups of {group_size} ranks"
         under = "" if job.remedy is None else f" under {job.remedy}"
-        console.print(
-            f"job: {workers}, {job.micro_batches} micro-batch(es) per step{under}, {batch}{rate}"
-        )
+        per_step = f"{job.micro_batches} micro-batch(es) per step"
+        if job.accumulation > 1:
+            per_step = f"{job.accumulation} loader batches accumulated per step (no_sync)"
+        console.print(f"job: {workers}, {per_step}{under}, {batch}{rate}")
     _print_runs(console, found)
     for s in slow or []:
         console.print(
@@ -224,8 +225,14 @@ def _print(found: Advice, group_size: int = 1) -> None:
     c = found.cost
     # with T^c the three figures add up only if it is named: E[T] = mean + wait + T^c
     comm = f", T^c {c.comm_time:.4g} s of it" if c.comm_time > 0 else ""
+    sync = next((r for r in found.ranked if r.row.strategy == "sync"), None)
+    source = "the table's sync row"
+    if sync is not None and sync.simulated is not None:  # the table shows the simulated E[T]
+        source = (
+            f"the trace replayed; simulated, the table's sync row reads {sync.iteration_time:.4g}"
+        )
     console.print(
-        f"sync E[T] {c.iteration_time:.4g} s per step (the table's sync row{comm}) vs mean "
+        f"sync E[T] {c.iteration_time:.4g} s per step ({source}{comm}) vs mean "
         f"worker time {c.mean_worker_time:.4g} s: {c.overhead:.4g} s per step "
         f"({c.overhead_share:.0%} of sync's time) waiting for the slowest"
     )
