@@ -332,3 +332,5 @@ def test_an_accumulating_job_is_dealt_shares_of_one_loader_batch(tmp_path):
     assert found.choice.effective_speedup == pytest.approx(
         plain.choice.effective_speedup, rel=0.05
     )
+    drop = next(n for n in found.notes if n.startswith("dropcompute:"))
+    assert "accumulates loader batches under no_sync" in drop and "nothing to cut" not in drop

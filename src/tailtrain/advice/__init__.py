@@ -388,7 +388,8 @@ def _in_job_units(
             ranked.append(found)
             notes = [
                 *notes,
-                f"dropcompute: {MICRO_NOTE}; at M={found.micro_batches} "
+                f"dropcompute: {MICRO_NOTE if job.accumulation == 1 else ACCUMULATED_NOTE}; "
+                f"at M={found.micro_batches} "
                 f"(priced at M in {candidate_ms(job)}; {SPLIT_NOTE})",
             ]
     elif m > job.micro_batches:
@@ -457,6 +458,13 @@ def _costs_note(costs: StepCosts) -> str:
 
 
 #: why DropCompute is priced at M micro-batches on a per-step trace
+#: why DropCompute is priced at M micro-batches on the steps of a loop that accumulates
+ACCUMULATED_NOTE = (
+    "its threshold is checked between micro-batches that the DDP hook takes as one step's "
+    "list (state.micro_batches), where this job accumulates loader batches under no_sync, "
+    "which the hook cannot cut: the loop would be rewritten for it; priced with each step's "
+    "batches split in M"
+)
 MICRO_NOTE = (
     "its threshold is checked between micro-batches (the DDP hook, StragglerStep), so a step "
     "of one batch has nothing to cut; priced with each step's batch split in M"
