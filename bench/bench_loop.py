@@ -40,6 +40,7 @@ only on an error.
     python bench/bench_loop.py --json                  # 4 scenarios x (2, 4) ranks, 2 pairs
     python bench/bench_loop.py --quick --json          # smoke test: (a), 2 ranks, 1 pair
     python bench/bench_loop.py --scenarios a b --ranks 2 --pairs 3 --json
+    python bench/bench_loop.py --scenarios a b d --accumulate 4 --json   # the accumulating loop
 """
 
 from __future__ import annotations
@@ -113,7 +114,14 @@ def env(extra: dict[str, str] | None = None) -> dict[str, str]:
 
 
 def run_job(
-    source: str, folder: Path, name: str, ranks: int, epochs: int, job_law: dict, seed: int
+    source: str,
+    folder: Path,
+    name: str,
+    ranks: int,
+    epochs: int,
+    job_law: dict,
+    seed: int,
+    accumulate: int = 1,
 ) -> dict[str, Any]:
     """One torchrun of ``source`` (its probe writes to ``folder/probe``) under the wrapper:
     the per-rank step logs, the measured figures and the tail of its output. A run that dies
@@ -128,6 +136,7 @@ def run_job(
         sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(ranks),
         "--master-addr", "127.0.0.1", "--master-port", "0",
         str(INJECT), str(script), str(epochs), "--batch_size", str(BATCH), "--seed", str(seed),
+        "--accumulate", str(accumulate),
     ]  # fmt: skip
     extra = {"BENCH_LOOP_LAW": json.dumps(job_law), "BENCH_LOOP_LOG": str(log)}
     kept = folder / "probe.kept"
@@ -263,7 +272,9 @@ def one_case(scenario: str, ranks: int, args: argparse.Namespace, out: Path) -> 
     for pair in range(args.pairs):
         folder = out / f"{scenario}-{ranks}" / f"pair{pair}"
         row: dict[str, Any] = {}
-        row["before"] = run_job(before_src, folder, "before", ranks, epochs, job_law, args.seed)
+        row["before"] = run_job(
+            before_src, folder, "before", ranks, epochs, job_law, args.seed, args.accumulate
+        )
         probe = folder / "probe"
         row["before"]["verdicts"] = verdicts(probe, 0)
         if pair == 0:
@@ -293,7 +304,9 @@ def one_case(scenario: str, ranks: int, args: argparse.Namespace, out: Path) -> 
                     (out / f"{scenario}-{ranks}" / "after.py").write_text(after_src)
         if after_src is not None:
             seen = lines_in(probe / "verdicts.jsonl")
-            row["after"] = run_job(after_src, folder, "after", ranks, epochs, job_law, args.seed)
+            row["after"] = run_job(
+                after_src, folder, "after", ranks, epochs, job_law, args.seed, args.accumulate
+            )
             row["after"]["verdicts"] = verdicts(probe, seen)
             row["advise_on_both"] = achieved(advise(probe))
         case["pairs"].append(row)
@@ -480,6 +493,10 @@ def main() -> None:
     parser.add_argument("--pairs", type=int, default=2, help="before/after pairs per case")
     parser.add_argument("--epochs", type=int, default=None, help="epochs per run (by ranks)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--accumulate", type=int, default=1,
+        help="the job's loop shape: an optimizer step every M batches, M - 1 under no_sync",
+    )  # fmt: skip
     parser.add_argument("--out", type=Path, default=None, help="keep the runs' folders here")
     args = parser.parse_args()
     if args.quick:
@@ -487,8 +504,8 @@ def main() -> None:
         args.pairs, args.epochs = 1, args.epochs or 4
     args.scenarios = args.scenarios or ["a", "b", "c", "d"]
     args.ranks = args.ranks or [2, 4]
-    if args.pairs < 1:
-        parser.error("--pairs must be >= 1")
+    if args.pairs < 1 or args.accumulate < 1:
+        parser.error("--pairs and --accumulate must be >= 1")
     load_start = os.getloadavg()
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="bench_loop_") as tmp:
@@ -511,6 +528,7 @@ def main() -> None:
             "pairs": args.pairs,
             "seed": args.seed,
             "batch": BATCH,
+            "accumulate": args.accumulate,
             "chunk": CHUNK,
             "warmup_steps": WARMUP,
             "loss_window": WINDOW,
