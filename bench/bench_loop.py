@@ -2,8 +2,9 @@
 
 The job is ``bench/loop_job/multigpu_torchrun.py``, shaped on PyTorch's DDP tutorial (a
 ``Trainer`` with ``_run_batch``, ``DistributedSampler``, one batch per step, gloo on CPU): an MLP
-on scikit-learn's digits. For each scenario and for 2 and 4 ranks the bench, with no human in
-the loop:
+on scikit-learn's digits; with ``--accumulate M``, ``bench/loop_job/accumulate_torchrun.py``,
+the other shape advise names (a step every M batches, the first M - 1 under ``no_sync``). For
+each scenario and for 2 and 4 ranks the bench, with no human in the loop:
 
 1. pastes the README's two probe lines into the script (``StragglerProbe(DIR).watch(ddp)``
    after the DDP line, ``probe.batches(loader)`` in the loop) with the package's one applier,
@@ -65,6 +66,8 @@ from tailtrain.advice.patch import apply_edits
 
 ROOT = Path(__file__).resolve().parents[1]
 JOB = ROOT / "bench" / "loop_job" / "multigpu_torchrun.py"
+#: the job of ``--accumulate M`` > 1: a step every M batches, M - 1 under no_sync
+ACCUMULATE_JOB = ROOT / "bench" / "loop_job" / "accumulate_torchrun.py"
 INJECT = ROOT / "bench" / "loop_job" / "inject.py"
 CHUNK = 8  #: samples per noise draw (and per micro-batch of the bound's M)
 BATCH = 32  #: the job's per-rank batch (its ``--batch_size``)
@@ -80,7 +83,9 @@ TIMEOUT = 300.0  #: seconds per torchrun
 #: torch's abort at exit, which the unmodified job meets too under the wrapper (1 of 4 runs in
 #: one sitting): its optimizer, built after ``init_process_group``, imports torch._dynamo, which
 #: keeps the group alive past ``destroy_process_group``, and gloo's threads run into the exit
-#: (``examples/ddp_loop.py``); the job has finished and its log is written by then
+#: (``examples/ddp_loop.py``); a DDP model holding a comm hook at exit meets it more often. A
+#: run whose every rank wrote its log (at its exit, after the loop) counts as it is
+#: (``aborted_at_exit``); one where a rank did not is run again
 EXIT_ABORT = "terminate called without an active exception"
 ATTEMPTS = 3  #: runs of one job before an exit abort counts as a failure
 PLACEHOLDER = "@PROBE_DIR@"  #: the probe's folder in the pasted line, filled per run
@@ -136,12 +141,17 @@ def run_job(
         sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(ranks),
         "--master-addr", "127.0.0.1", "--master-port", "0",
         str(INJECT), str(script), str(epochs), "--batch_size", str(BATCH), "--seed", str(seed),
-        "--accumulate", str(accumulate),
     ]  # fmt: skip
+    if accumulate > 1:
+        command += ["--accumulate", str(accumulate)]
     extra = {"BENCH_LOOP_LAW": json.dumps(job_law), "BENCH_LOOP_LOG": str(log)}
     kept = folder / "probe.kept"
+    logs = [Path(f"{log}.{r}.jsonl") for r in range(ranks)]
+    aborted = False
     for attempt in range(ATTEMPTS):
         snapshot(folder / "probe", kept)
+        for path in logs:  # an earlier attempt's: this one writes its own at its exit
+            path.unlink(missing_ok=True)
         command[command.index("--master-port") + 1] = str(free_port())
         started = time.perf_counter()
         try:
@@ -154,13 +164,17 @@ def run_job(
         if done.returncode == 0:
             break
         tail = (done.stdout + done.stderr)[-3000:]
+        if EXIT_ABORT in done.stderr and all(path.exists() for path in logs):
+            aborted = True  # every rank finished and wrote its log before torch's abort
+            break
         if EXIT_ABORT not in done.stderr or attempt + 1 == ATTEMPTS:
             raise RuntimeError(f"{script} failed (exit {done.returncode}):\n{tail}")
         snapshot(kept, folder / "probe")  # the aborted run's rows leave the pair's folder
-    rows = [read_log(Path(f"{log}.{r}.jsonl")) for r in range(ranks)]
+    rows = [read_log(path) for path in logs]
     out = measure(rows, TARGET[ranks])
     out["seconds_with_start_up"] = time.perf_counter() - started
     out["retried"] = attempt
+    out["aborted_at_exit"] = aborted
     return out
 
 
@@ -265,7 +279,7 @@ def one_case(scenario: str, ranks: int, args: argparse.Namespace, out: Path) -> 
     """Before, advise, after, in ``args.pairs`` interleaved pairs, for one scenario."""
     job_law = law(scenario, ranks, args.seed)
     epochs = args.epochs or EPOCHS[ranks]
-    source = JOB.read_text()
+    source = (JOB if args.accumulate == 1 else ACCUMULATE_JOB).read_text()
     before_src = apply_edits(source, PROBE_EDITS)
     case: dict[str, Any] = {"law": job_law, "epochs": epochs, "pairs": []}
     after_src: str | None = None

@@ -6,15 +6,12 @@ distributed/ddp-tutorial-series): a ``Trainer`` with ``_run_batch`` / ``_run_epo
 torchrun; here gloo on CPU, no snapshots, and a seed so that two runs draw the same model and
 the same batches. ``bench/bench_loop.py`` runs it unmodified, then with the probe's two lines
 and the lines ``tailtrain advise`` prints, pasted by a program: it knows nothing of tailtrain.
-``--accumulate M`` makes it the other common shape: gradient accumulation, an optimizer step
-every M batches, the first M - 1 backwards under DDP's ``no_sync`` (1: the tutorial's loop).
 
     torchrun --nproc-per-node 2 bench/loop_job/multigpu_torchrun.py 10 --batch_size 32
 """
 
 import argparse
 import os
-from contextlib import nullcontext
 
 import torch
 import torch.nn.functional as F
@@ -31,31 +28,26 @@ def ddp_setup():
 
 
 class Trainer:
-    def __init__(self, model, train_data, optimizer, accumulate=1):
+    def __init__(self, model, train_data, optimizer):
         self.rank = int(os.environ["RANK"])
         self.model = model
         self.train_data = train_data
         self.optimizer = optimizer
-        self.accumulate = accumulate
         self.model = DDP(self.model)
 
-    def _run_batch(self, source, targets, step):
-        with nullcontext() if step else self.model.no_sync():
-            output = self.model(source)
-            loss = F.cross_entropy(output, targets) / self.accumulate
-            loss.backward()
-        if step:
-            self.optimizer.step()
-            self.optimizer.zero_grad()
-        return loss.item() * self.accumulate
+    def _run_batch(self, source, targets):
+        self.optimizer.zero_grad()
+        output = self.model(source)
+        loss = F.cross_entropy(output, targets)
+        loss.backward()
+        self.optimizer.step()
+        return loss.item()
 
     def _run_epoch(self, epoch):
         self.train_data.sampler.set_epoch(epoch)
         losses = []
         for source, targets in self.train_data:
-            done = len(losses) + 1  # batches of the epoch with this one
-            step = done % self.accumulate == 0 or done == len(self.train_data)
-            losses.append(self._run_batch(source, targets, step))
+            losses.append(self._run_batch(source, targets))
         if self.rank == 0:
             print(f"Epoch {epoch} | Steps: {len(losses)} | Loss: {sum(losses) / len(losses):.4f}")
 
@@ -82,11 +74,11 @@ def prepare_dataloader(dataset: Dataset, batch_size: int, seed: int):
     )
 
 
-def main(total_epochs, batch_size, seed, accumulate):
+def main(total_epochs, batch_size, seed):
     ddp_setup()
     dataset, model, optimizer = load_train_objs(seed)
     train_data = prepare_dataloader(dataset, batch_size, seed)
-    trainer = Trainer(model, train_data, optimizer, accumulate)
+    trainer = Trainer(model, train_data, optimizer)
     trainer.train(total_epochs)
     destroy_process_group()
 
@@ -96,6 +88,5 @@ if __name__ == "__main__":
     parser.add_argument("total_epochs", type=int, help="Total epochs to train the model")
     parser.add_argument("--batch_size", default=32, type=int, help="Input batch size per rank")
     parser.add_argument("--seed", default=0, type=int, help="Seed of the model and the batches")
-    parser.add_argument("--accumulate", default=1, type=int, help="Batches per optimizer step")
     args = parser.parse_args()
-    main(args.total_epochs, args.batch_size, args.seed, args.accumulate)
+    main(args.total_epochs, args.batch_size, args.seed)

@@ -156,6 +156,20 @@ def test_rebalance_edits_apply_to_the_tutorial_job():
     assert "self.model.register_comm_hook(self.train_data.batch_sampler" in job
 
 
+def test_the_probe_and_rebalance_edits_apply_to_the_accumulating_job():
+    """``--accumulate``'s job: the probe wraps its loader, the shares deal it, and its no_sync
+    accumulation stays as it is (the probe times a step per reduction)."""
+    from tailtrain.advice.adopt import ddp_rebalance
+    from tailtrain.advice.patch import apply_edits
+
+    probed = apply_edits(bl.ACCUMULATE_JOB.read_text(), bl.PROBE_EDITS)
+    job = apply_edits(probed, ddp_rebalance("rebalance", (48, 16)).edits())
+    assert "for x, y in probe.batches(loader):" in job
+    assert "loader = rebalance_loader(loader, shares=[48, 16])" in job
+    assert "ddp.register_comm_hook(loader.batch_sampler, sample_weighted_hook)" in job
+    assert "with nullcontext() if last else ddp.no_sync():" in job
+
+
 def test_dropcompute_edits_apply_to_the_probed_tutorial_job():
     from tailtrain.advice.adopt import ddp_dropcompute
     from tailtrain.advice.patch import apply_edits
