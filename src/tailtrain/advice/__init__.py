@@ -457,7 +457,6 @@ def _costs_note(costs: StepCosts) -> str:
     )
 
 
-#: why DropCompute is priced at M micro-batches on a per-step trace
 #: why DropCompute is priced at M micro-batches on the steps of a loop that accumulates
 ACCUMULATED_NOTE = (
     "its threshold is checked between micro-batches that the DDP hook takes as one step's "
@@ -465,6 +464,7 @@ ACCUMULATED_NOTE = (
     "which the hook cannot cut: the loop would be rewritten for it; priced with each step's "
     "batches split in M"
 )
+#: why DropCompute is priced at M micro-batches on a per-step trace
 MICRO_NOTE = (
     "its threshold is checked between micro-batches (the DDP hook, StragglerStep), so a step "
     "of one batch has nothing to cut; priced with each step's batch split in M"

@@ -349,8 +349,8 @@ class StragglerProbe(Gathering, Reporting):
             return  # none open, or a step accumulating under ``no_sync`` (``end_step``)
         if current.micro_batches > self.accumulates:  # the job's M, for its machine row
             self.accumulates = current.micro_batches
-        self.current.end = self.clock.mark()
-        self.pending.append(self.current)
+        current.end = self.clock.mark()
+        self.pending.append(current)
         self.current = None
         self.steps += 1
         if self.flight is not None:  # issued at an earlier step's close: done by now
