@@ -326,11 +326,10 @@ def test_an_accumulating_job_is_dealt_shares_of_one_loader_batch(tmp_path):
     append_machine(tmp_path, machine_row(0) | {"accumulates": 4})
     found = advise(path, setup="ddp", samples=400)
     assert found.job.accumulation == 4 and found.choice.shares == (48, 16)
-    assert "shares=[48, 16])  # after loader = DataLoader(..., batch_size=32)" in (
-        found.adopt.lines()[1]
+    assert (
+        "shares=[48, 16])  # after loader = DataLoader(..., batch_size=32)"
+        in (found.adopt.lines()[1])
     )
-    assert found.choice.effective_speedup == pytest.approx(
-        plain.choice.effective_speedup, rel=0.05
-    )
+    assert found.choice.effective_speedup == pytest.approx(plain.choice.effective_speedup, rel=0.05)
     drop = next(n for n in found.notes if n.startswith("dropcompute:"))
     assert "accumulates loader batches under no_sync" in drop and "nothing to cut" not in drop
