@@ -100,12 +100,23 @@ def test_rebalance_inserts_the_two_lines_after_the_loader_and_the_ddp_model(shap
     ]
     owner = "self." if shape == "trainer" else ""
     loader, ddp = (f"{owner}train_data", f"{owner}model") if owner else ("loader", "ddp")
+    # a plain ``ddp`` goes before the group is destroyed (a DDP model with a comm hook that
+    # outlives its group can hang the exit); a Trainer's ``self.model`` is out of reach there
+    teardown = (
+        []
+        if owner
+        else ["del ddp  # a DDP model with a comm hook must go before its process group"]
+    )
     assert added == [
         "from tailtrain import rebalance_loader, sample_weighted_hook",
         f"{loader} = rebalance_loader({loader}, shares={list(edits_shares(shape))})",
         f"{ddp}.register_comm_hook({loader}.batch_sampler, sample_weighted_hook)",
+        *teardown,
     ]
     lines = patched.splitlines()
+    if teardown:
+        at_end = lines.index(next(line for line in lines if line.strip() == teardown[0]))
+        assert "destroy_process_group()" in lines[at_end + 1]
     at = {text: next(i for i, line in enumerate(lines) if line.strip() == text) for text in added}
     assert at[added[1]] < at[added[2]]  # the hook holds the rebalanced loader's sampler
     assigned = "train_data" if shape == "trainer" else "DataLoader("  # the tutorial's helper
@@ -217,3 +228,11 @@ def test_the_patched_script_trains_on_two_ranks(shape, strategy, tmp_path):
     torch.manual_seed(0)
     start = torch.nn.Linear(4, 2).state_dict()
     assert not torch.equal(start["weight"], ranks[0]["model"]["weight"])  # it trained
+
+
+def test_a_script_without_a_teardown_takes_the_remedy_without_the_del():
+    """``del ddp`` goes before ``destroy_process_group()`` only where there is one: a script
+    that never destroys its group still takes the two lines, not a one-line refusal."""
+    source = (LOOPS / "one_batch.py").read_text().replace("    dist.destroy_process_group()\n", "")
+    patched = apply_edits(source, edits("rebalance", "one_batch"))
+    assert "rebalance_loader(" in patched and "del ddp" not in patched

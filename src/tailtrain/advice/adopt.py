@@ -130,13 +130,16 @@ class Adoption:
     each: str = "each step"
     #: the same change as edits (module docstring); () where none is needed or known
     edit_list: tuple[dict[str, Any], ...] = ()
+    #: the script's last lines, before ``destroy_process_group()`` (a comm hook's teardown)
+    end: tuple[str, ...] = ()
 
     def lines(self) -> list[str]:
         if self.command is not None:
             return [self.command]
+        ending = [f"# {ENDING}:", *self.end] if self.end else []
         if not self.step:
-            return [*self.imports, *self.once]
-        return [*self.imports, *self.once, f"# {self.each}:", *self.step]
+            return [*self.imports, *self.once, *ending]
+        return [*self.imports, *self.once, f"# {self.each}:", *self.step, *ending]
 
     def edits(self) -> list[dict[str, Any]]:
         return [dict(e) for e in self.edit_list]
@@ -149,6 +152,26 @@ def _edit(
     anchor: str, lines: list[str], binds: str | None, action: str = "insert_after", **more: str
 ) -> dict[str, Any]:
     return {"anchor": anchor, "action": action, "lines": lines, "binds": binds, **more}
+
+
+#: where a comm hook's lines end the script (``Adoption.end``)
+ENDING = "at the end, before dist.destroy_process_group()"
+#: the ending of a job whose DDP model holds a comm hook: a DDP model that still holds a
+#: Python comm hook once its group is destroyed can hang or abort the exit (torch's own
+#: ``allreduce_hook`` too); dropped first, its reducer goes while the group lives
+HOOK_END = ("del ddp  # a DDP model with a comm hook must go before its process group",)
+#: ``dist.destroy_process_group()`` (or torch.distributed's, or imported bare): ``del ddp``
+#: goes before it, where the DDP model is a name of that scope (``plain``)
+TEARDOWN_ANCHOR = (
+    r"^[ \t]*(?P<teardown>(?:(?:torch\.)?(?:distributed|dist)\.)?destroy_process_group\(\))"
+)
+
+
+def _teardown() -> dict[str, Any]:
+    """``del ddp`` before the script's ``destroy_process_group()``; skipped where the script
+    has none or keeps its DDP model as an attribute (``self.model``: the teardown is
+    elsewhere, where that name does not reach)."""
+    return _edit(TEARDOWN_ANCHOR, [HOOK_END[0], "\\g<teardown>"], None, "replace", plain="ddp")
 
 
 def _import(names: str) -> dict[str, Any]:
@@ -165,14 +188,19 @@ def ddp_rebalance(spec: str, shares: tuple[int, ...]) -> Adoption:
         "ddp",
         spec,
         (f"from tailtrain import {names}",),
-        (f"{deal}  # after {_loader_of(shares)}", f"{hook}  # after ddp = DDP(model)"),
+        (
+            f"{deal}  # after {_loader_of(shares)}",
+            f"{hook}  # after ddp = DDP(model) and the line above",
+        ),
         (),
         edit_list=(
             _import(names),
             _edit(BATCH_ANCHOR, [], "loader"),  # binds only: the loader the batches come from
             _edit(LOADER_ANCHOR, [deal], "loader", unless=SCALED, why=SCALED_WHY),
             _edit(DDP_ANCHOR, [hook], "ddp"),
+            _teardown(),
         ),
+        end=HOOK_END,
     )
 
 
@@ -229,7 +257,9 @@ def ddp_dropcompute(spec: str, m: int) -> Adoption:
                 renames=MICRO,
             ),
             _edit(OPTIMIZER_ANCHOR, guard, "optimizer", "replace"),
+            _teardown(),
         ),
+        end=HOOK_END,
     )
 
 

@@ -18,6 +18,10 @@ in order, and ``advise --patch SCRIPT`` prints the unified diff. Each edit:
 * ``lines`` use canonical names, renamed to the script's; a name the edits introduce
   (``state``, ``probe``) lives where the DDP model does (``self.state`` beside ``self.model``).
 * ``unless`` / ``why``: a regex a shape the edit cannot change contains, and why (one line).
+* ``plain``: a canonical name the edit needs as a name of the anchor's scope: the edit is
+  skipped where the anchor is absent or the script binds that name to an attribute
+  (``del ddp`` before ``destroy_process_group()``, which a ``Trainer`` keeping
+  ``self.model`` calls where ``self`` is not).
 
 Everything that does not fit is a one-line :class:`~tailtrain.errors.UsageError`.
 """
@@ -130,6 +134,9 @@ def apply_edits(source: str, edits: Sequence[dict[str, Any]]) -> str:
             raise UsageError(str(edit.get("why") or f"the script matches {unless!r}"))
         anchor = _renamed(edit["anchor"], names, regex=True)
         match = re.search(anchor, source, re.M)
+        plain = edit.get("plain")
+        if plain and (match is None or "." in names.get(plain, plain)):
+            continue  # an optional edit that this script's shape does not take (docstring)
         if match is None:
             raise UsageError(
                 f"no line of the script matches {edit['anchor']!r} (binds "
