@@ -236,3 +236,41 @@ def test_a_script_without_a_teardown_takes_the_remedy_without_the_del():
     source = (LOOPS / "one_batch.py").read_text().replace("    dist.destroy_process_group()\n", "")
     patched = apply_edits(source, edits("rebalance", "one_batch"))
     assert "rebalance_loader(" in patched and "del ddp" not in patched
+
+
+TEARDOWN = "    dist.destroy_process_group()\n"
+
+
+@pytest.mark.parametrize(
+    "where",
+    [
+        # PyTorch's DDP tutorial's helper: ``ddp`` is not a name there
+        ("def cleanup():\n    dist.destroy_process_group()\n\n\n", "    cleanup()\n"),
+        # after main(), at module level, where ``ddp`` is not assigned
+        ("", ""),
+    ],
+    ids=["helper", "main-block"],
+)
+def test_del_ddp_goes_only_where_ddp_is_assigned_before_the_teardown(where):
+    """A teardown where the DDP model's name does not reach gets no ``del ddp`` (it would
+    raise there): the remedy's lines still apply, and the patched script compiles."""
+    helper, call = where
+    source = (LOOPS / "one_batch.py").read_text().replace(TEARDOWN, call)
+    source = source.replace("\ndef main()", f"\n{helper}def main()")
+    if not helper:
+        source = source.replace("    main()\n", "    main()\n    dist.destroy_process_group()\n")
+    patched = apply_edits(source, edits("rebalance", "one_batch"))
+    compile(patched, "one_batch", "exec")
+    assert "rebalance_loader(" in patched and "del ddp" not in patched
+
+
+def test_del_ddp_keeps_the_rest_of_the_teardown_line():
+    source = (
+        (LOOPS / "one_batch.py")
+        .read_text()
+        .replace(TEARDOWN, '    dist.destroy_process_group(); print("done")  # bye\n')
+    )
+    patched = apply_edits(source, edits("rebalance", "one_batch"))
+    lines = patched.splitlines()
+    at = lines.index('    dist.destroy_process_group(); print("done")  # bye')
+    assert lines[at - 1].startswith("    del ddp  # ")

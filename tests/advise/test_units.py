@@ -333,3 +333,16 @@ def test_an_accumulating_job_is_dealt_shares_of_one_loader_batch(tmp_path):
     assert found.choice.effective_speedup == pytest.approx(plain.choice.effective_speedup, rel=0.05)
     drop = next(n for n in found.notes if n.startswith("dropcompute:"))
     assert "accumulates loader batches under no_sync" in drop and "nothing to cut" not in drop
+
+
+def test_a_trace_without_noncompute_is_measured_by_each_step_s_slowest_rank(tmp_path):
+    """Without the wait recorded a rank's rows do not tile its time: 2 ranks, the slow one
+    alternating (0.1 s and 0.01 s), run at 1 / 0.1 steps a second synchronously."""
+    rows = []
+    for i in range(20):
+        slow = 0.1 if i % 2 == 0 else 0.01
+        rows += [[i, 0, slow], [i, 1, 0.11 - slow]]
+    path = tmp_path / "trace.csv"
+    write_trace_rows(path, np.array(rows), False)
+    rate, step, steps = measured_rate(read_trace(path))
+    assert rate == pytest.approx(10.0) and step == pytest.approx(0.1) and steps == 20

@@ -117,9 +117,28 @@ def run_loop(rank: int, folder: str) -> dict:
     return {"theta": flat(net), "reports": [r.as_dict() for r in reports]}
 
 
+def run_no_sync_always(rank: int, folder: str) -> dict:
+    """A DDP model whose every backward runs under ``no_sync``, the gradients averaged by a
+    hand-written all_reduce the probe is not told of, the optimizer stepping each batch: no
+    reduction ends a step, the optimizer's step does."""
+    ddp = DistributedDataParallel(Slow(SLOW if rank == 1 else 0.0))
+    optimizer = torch.optim.SGD(ddp.parameters(), lr=LR)
+    probe = StragglerProbe(folder, every=8).watch(ddp)
+    for x, y in probe.batches(loader(rank)):
+        with ddp.no_sync():
+            F.mse_loss(ddp(x), y).backward()
+        for p in ddp.parameters():
+            dist.all_reduce(p.grad)
+            p.grad /= N
+        optimizer.step()
+        optimizer.zero_grad()
+    return {"history": probe.history if rank == 0 else None}
+
+
 def rank_main(rank: int, port: int, folder: str) -> None:
     join(rank, port, N)
     out = {
+        "no-sync-always": run_no_sync_always(rank, f"{folder}/no-sync-always"),
         "plain": run_ddp(rank, None),
         "probe": run_ddp(rank, f"{folder}/ddp"),
         "loop": run_loop(rank, f"{folder}/loop"),
@@ -393,3 +412,12 @@ def test_a_rank_judged_per_sample_is_also_said_per_step(caplog):
     with caplog.at_level("WARNING", logger="tailtrain.probe"):
         StragglerProbe(None)._log(report)
     assert "ms per sample (24 ms per step), wait 2.0 ms per step" in caplog.text
+
+
+@pytest.mark.timeout(120)
+def test_an_optimizer_step_ends_a_step_that_no_reduction_ends(results):
+    """Every forward under ``no_sync`` and a reduction of the loop's own: each batch is still
+    a step (the optimizer stepped), not one step per epoch, and no accumulation is said."""
+    folder, ranks = results
+    assert ranks[0]["no-sync-always"]["history"].shape[0] == STEPS
+    assert "accumulates" not in read_machine(folder / "no-sync-always", 0)

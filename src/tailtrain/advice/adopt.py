@@ -160,17 +160,19 @@ ENDING = "at the end, before dist.destroy_process_group()"
 #: Python comm hook once its group is destroyed can hang or abort the exit (torch's own
 #: ``allreduce_hook`` too); dropped first, its reducer goes while the group lives
 HOOK_END = ("del ddp  # a DDP model with a comm hook must go before its process group",)
-#: ``dist.destroy_process_group()`` (or torch.distributed's, or imported bare): ``del ddp``
-#: goes before it, where the DDP model is a name of that scope (``plain``)
+#: a statement that starts with ``dist.destroy_process_group()`` (or torch.distributed's, or
+#: imported bare), the rest of its line kept: ``del ddp`` goes before it, where the DDP model
+#: is a name assigned before it in the same function (``plain``)
 TEARDOWN_ANCHOR = (
-    r"^[ \t]*(?P<teardown>(?:(?:torch\.)?(?:distributed|dist)\.)?destroy_process_group\(\))"
+    r"^[ \t]*(?P<teardown>(?:(?:torch\.)?(?:distributed|dist)\.)?destroy_process_group\(\).*)$"
 )
 
 
 def _teardown() -> dict[str, Any]:
     """``del ddp`` before the script's ``destroy_process_group()``; skipped where the script
-    has none or keeps its DDP model as an attribute (``self.model``: the teardown is
-    elsewhere, where that name does not reach)."""
+    has none there, or where the DDP model is not a name assigned before it in the same
+    function (``self.model``; a ``cleanup()`` helper, or ``__main__`` after ``main()``:
+    where that name does not reach)."""
     return _edit(TEARDOWN_ANCHOR, [HOOK_END[0], "\\g<teardown>"], None, "replace", plain="ddp")
 
 

@@ -18,10 +18,11 @@ in order, and ``advise --patch SCRIPT`` prints the unified diff. Each edit:
 * ``lines`` use canonical names, renamed to the script's; a name the edits introduce
   (``state``, ``probe``) lives where the DDP model does (``self.state`` beside ``self.model``).
 * ``unless`` / ``why``: a regex a shape the edit cannot change contains, and why (one line).
-* ``plain``: a canonical name the edit needs as a name of the anchor's scope: the edit is
-  skipped where the anchor is absent or the script binds that name to an attribute
-  (``del ddp`` before ``destroy_process_group()``, which a ``Trainer`` keeping
-  ``self.model`` calls where ``self`` is not).
+* ``plain``: a canonical name the edit needs in the anchor's scope: the edit is skipped
+  where the anchor is absent, or the anchored statement's function (or module) does not
+  assign that name, as a plain name, before it (``del ddp`` before
+  ``destroy_process_group()``: a ``Trainer`` keeping ``self.model``, a ``cleanup()`` helper
+  or a ``__main__`` block calling it where ``ddp`` is not).
 
 Everything that does not fit is a one-line :class:`~tailtrain.errors.UsageError`.
 """
@@ -135,7 +136,12 @@ def apply_edits(source: str, edits: Sequence[dict[str, Any]]) -> str:
         anchor = _renamed(edit["anchor"], names, regex=True)
         match = re.search(anchor, source, re.M)
         plain = edit.get("plain")
-        if plain and (match is None or "." in names.get(plain, plain)):
+        if plain and (
+            match is None
+            or not _assigned_before(
+                source, source.count("\n", 0, match.start()), names.get(plain, plain)
+            )
+        ):
             continue  # an optional edit that this script's shape does not take (docstring)
         if match is None:
             raise UsageError(
@@ -172,6 +178,43 @@ def apply_edits(source: str, edits: Sequence[dict[str, Any]]) -> str:
                 assigned[target.group(1)] = line
         source = "\n".join(lines)
     return source
+
+
+def _scoped(node: ast.AST, scope: ast.AST) -> Any:
+    """(node, the innermost function, class or module holding it) for every node below."""
+    for child in ast.iter_child_nodes(node):
+        yield child, scope
+        owner = (
+            child
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda))
+            else scope
+        )
+        yield from _scoped(child, owner)
+
+
+def _assigned_before(source: str, line: int, name: str) -> bool:
+    """Whether a statement starts on ``line`` (0-based) and its function (or the module)
+    assigns the plain name ``name`` on an earlier line (``plain`` edits)."""
+    if not name.isidentifier():
+        return False
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return False
+    found = [(n, s) for n, s in _scoped(tree, tree)]
+    owner = next((s for n, s in found if isinstance(n, ast.stmt) and n.lineno - 1 == line), None)
+    if owner is None:
+        return False
+    for node, scope in found:
+        if (
+            scope is owner
+            and isinstance(node, (ast.Assign, ast.AnnAssign))
+            and node.lineno - 1 < line
+        ):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            if any(isinstance(t, ast.Name) and t.id == name for t in targets):
+                return True
+    return False
 
 
 def _after_assignments(

@@ -166,12 +166,18 @@ def measured_rate(trace: Trace) -> tuple[float, float, int]:
     """The run as measured: (units per second, step wall seconds mean, steps): units are
     samples (sum of samples / the run's wall seconds) or, without ``samples``, steps. A
     rank's steps (seconds + noncompute, its step less its compute) tile its time, so the
-    run's wall is a rank's sum of them, the longest; a sum of each step's longest rank would
+    run's wall is a rank's sum of them, the longest (a trace without ``noncompute``: the sum
+    of each step's slowest rank, as a synchronous step waits for it); a sum of each step's
+    longest rank would
     count a wait twice where the ranks meet only every few steps (a DDP loop that accumulates
     under ``no_sync`` and times each micro-batch as a step: the fast rank's wait at the
     reduction covers the slow rank's earlier micro-batches, already counted)."""
     seconds, noncompute, _, samples = step_table(trace)
-    total = float((seconds + noncompute).sum(axis=0).max()) if seconds.size else 0.0
+    recorded = trace.noncompute is not None and not np.isnan(trace.noncompute).all()
+    if recorded:
+        total = float((seconds + noncompute).sum(axis=0).max()) if seconds.size else 0.0
+    else:  # no wait recorded: a rank's rows do not tile its time; each step waits its slowest
+        total = float(seconds.max(axis=1).sum()) if seconds.size else 0.0
     steps = int(seconds.shape[0])
     done = float(samples.sum()) if samples is not None else float(steps)
     rate = done / total if total > 0 else float("inf")

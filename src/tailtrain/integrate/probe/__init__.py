@@ -16,7 +16,9 @@ data=...)`` and ``end_step()``, timing the data itself (``tailtrain.lightning``,
 step it measures data (the loader's ``next``), wait (gradients ready to reduction done: a
 fast rank waits there for the slow one), compute (the rest) and the samples computed; rank 0
 names the slow ranks (persistent / intermittent / healthy) and writes ``trace.csv``, the
-trace ``tailtrain advise`` reads.
+trace ``tailtrain advise`` reads. Under DDP a step is one reduction: a loader batch whose
+forward ran under ``no_sync`` leaves its step open for the next one, until a backward
+reduces or an optimizer steps (a loop that accumulates M batches: one step of M).
 
 Protocol (the ranks; autograd's thread, where the hooks run; rank 0's reporting thread):
 
@@ -198,8 +200,9 @@ class StragglerProbe(Gathering, Reporting):
         return self
 
     def batches(self, iterable: Iterable[Any]) -> Iterator[Any]:
-        """Yield ``iterable``'s items, one step each, timing the loader's ``next``; at its end
-        the last window is gathered (every rank's loader must end at the same step)."""
+        """Yield ``iterable``'s items, one step each (a loop that accumulates under DDP's
+        ``no_sync``: one step per reduction, ``end_step``), timing the loader's ``next``; at
+        its end the last window is gathered (every rank's loader must end at the same step)."""
         iterator = iter(iterable)
         while True:
             self.end_step()
@@ -221,15 +224,16 @@ class StragglerProbe(Gathering, Reporting):
         self.end_step()
 
     def begin_step(self, samples: int | None = None, *, data: float = 0.0) -> None:
-        """Open a step now (closing one still open): ``step()`` in two calls, for a loop
-        whose steps begin and end in different places, as a trainer's callbacks see them
+        """Open a step now (closing one still open, or, where that one is accumulating under
+        DDP's ``no_sync``, adding this batch to it: ``end_step``): ``step()`` in two calls, for
+        a loop whose steps begin and end in different places, as a trainer's callbacks see them
         (``tailtrain.lightning``, ``tailtrain.hf``). ``samples``: how many this rank computes
         in it (None: not known, or told later by ``note_samples``); ``data``: the seconds
         this rank spent getting the step's data just before this call, timed by the caller
         (the step's own marks start here, so they are not its compute; 0: not seen).
         ``batches`` and ``step()`` open their steps with it."""
         current = self.current
-        if current is not None and current.accumulating and current.synced is None:
+        if current is not None and _accumulating(current):
             # a DDP loop accumulating under ``no_sync``: this batch is the step's next
             # micro-batch, its loading data inside the step's span
             current.micro_batches += 1
@@ -345,7 +349,7 @@ class StragglerProbe(Gathering, Reporting):
 
     def _close_step(self, force: bool = False) -> None:
         current = self.current
-        if current is None or (not force and current.accumulating and current.synced is None):
+        if current is None or (not force and _accumulating(current)):
             return  # none open, or a step accumulating under ``no_sync`` (``end_step``)
         if current.micro_batches > self.accumulates:  # the job's M, for its machine row
             self.accumulates = current.micro_batches
@@ -382,6 +386,12 @@ def batch_samples(batch: Any) -> int | None:
     if isinstance(batch, torch.Tensor) and batch.dim() > 0:
         return int(batch.shape[0])
     return None
+
+
+def _accumulating(step: StepMarks) -> bool:
+    """Whether ``step`` goes on over the next loader batch: a DDP forward ran in it under
+    ``no_sync``, and neither a reduction nor an optimizer step has ended it yet."""
+    return step.accumulating and step.synced is None and not step.stepped
 
 
 def _or_nan(samples: int | None) -> float:

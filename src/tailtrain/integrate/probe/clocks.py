@@ -14,11 +14,13 @@ from __future__ import annotations
 
 import math
 import time
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
+from torch.optim.optimizer import register_optimizer_step_post_hook
 
 if TYPE_CHECKING:
     from tailtrain.integrate.probe import StragglerProbe
@@ -71,6 +73,9 @@ class StepMarks:
     #: DDP forwards under ``no_sync`` (grad enabled) ran in it: its backward only
     #: accumulates, so the step goes on over the next loader batches to the one that reduces
     accumulating: bool = False
+    #: an optimizer stepped in it: a loop that runs every forward under ``no_sync`` and
+    #: reduces by hand (or not at all: local SGD) ends its step there, reduced or not
+    stepped: bool = False
     #: the loader batches it spans (1 but for a step accumulated under ``no_sync``)
     micro_batches: int = 1
     #: host seconds of data loading inside its span (the later batches of an accumulated
@@ -101,6 +106,9 @@ class DdpWatch:
         self.first = self.last = -1
         self.handles = [self._hook(i) for i in range(len(self.params))]
         ddp.register_forward_pre_hook(self._forward)
+        # any optimizer's step ends an accumulating step (``StepMarks.stepped``); the hook
+        # is global and holds the probe weakly, so a probe dropped unhooked costs a lookup
+        self.stepped = register_optimizer_step_post_hook(_stepped(weakref.ref(probe)))
 
     def _hook(self, index: int) -> Any:
         return self.params[index].register_post_accumulate_grad_hook(
@@ -136,6 +144,17 @@ class DdpWatch:
             for handle in self.handles:
                 handle.remove()
             self.handles = [self._hook(i) for i in {self.first, self.last}]
+
+
+def _stepped(probe: weakref.ref[StragglerProbe]) -> Callable[..., None]:
+    """The optimizer step post-hook of ``DdpWatch``: the probe's open step has stepped."""
+
+    def hook(_optimizer: Any, _args: Any, _kwargs: Any) -> None:
+        found = probe()
+        if found is not None and found.current is not None:
+            found.current.stepped = True
+
+    return hook
 
 
 def queue_callback(callback: Callable[[], None]) -> None:

@@ -206,7 +206,8 @@ class Reporting:
         if not report.verdicts:
             return
         wait = report.sections["wait"]
-        own = np.add(report.sections["data"], report.sections["compute"])  # medians, per step
+        # the two sections' medians summed: a step's own time, near its median
+        own = np.add(report.sections["data"], report.sections["compute"])
         for v in report.verdicts:
             if v.verdict != "healthy":
                 # judged per sample (a rebalanced job), the step's own time too: a run before

@@ -98,7 +98,10 @@ class Gathering:
             wait = s.waited
             if s.ready is not None and s.synced is not None:
                 wait += max(self.clock.span(s.ready, s.synced), 0.0)
-            rows.append((s.data, max(total - wait - s.inner, 0.0), wait, s.samples))
+            # loading inside the span is host seconds: on CUDA events it overlaps queued GPU
+            # work, so only the host clock takes it out of compute
+            inner = s.inner if isinstance(self.clock, HostClock) else 0.0
+            rows.append((s.data, max(total - wait - inner, 0.0), wait, s.samples))
         self.pending = []
         return torch.tensor(rows, dtype=torch.float64)
 
