@@ -34,6 +34,7 @@ pytest.importorskip("accelerate")
 from tests.cli.helpers import run
 from transformers import TrainerControl, TrainerState
 
+from tailtrain.core.machine import read_machine
 from tailtrain.delays.trace import read_trace
 from tailtrain.hf import StragglerProbeCallback
 from tailtrain.integrate.probe import SAMPLES, VERDICT_LEVELS, ProbeReport, watching
@@ -114,6 +115,8 @@ def test_the_trace_has_a_row_per_rank_per_optimizer_step(job):
     micro = micro_batches_per_step()
     assert trace.samples.tolist() == [BATCH * m for m in micro for _ in (0, 1)]
     assert min(micro) < ACCUMULATE  # the run holds such a step
+    # the run's row tells advise that a step is ACCUMULATE loader batches (shares deal one)
+    assert read_machine(out, 0)["accumulates"] == ACCUMULATE
     own = {w: trace.seconds[trace.worker == w] for w in (0, 1)}
     assert (own[1] >= SLOW * np.array(micro)).all()  # each step of rank 1 holds its sleeps
     # the verdicts the trace gives, after the probe's warm-up, are the callback's
@@ -215,7 +218,9 @@ def test_the_callback_watches_the_ddp_module_that_holds_the_trainers_model(caplo
     another model, watches the one around the Trainer's and removes itself; a training
     forward's batch is the step's samples; and a first step that met no DDP module removes
     the hook with a warning."""
-    args = SimpleNamespace(per_device_train_batch_size=3, device=torch.device("cpu"))
+    args = SimpleNamespace(
+        per_device_train_batch_size=3, gradient_accumulation_steps=1, device=torch.device("cpu")
+    )
     state, control = TrainerState(), TrainerControl()
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:

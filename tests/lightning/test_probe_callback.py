@@ -28,6 +28,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 from tailtrain.advice import advise
+from tailtrain.core.machine import read_machine
 from tailtrain.delays.trace import read_trace
 from tailtrain.lightning import StragglerProbeCallback
 
@@ -142,6 +143,9 @@ def test_an_accumulated_step_is_one_row_per_rank(drill):
     assert (trace.samples == 2 * BATCH).all()
     assert np.median(trace.noncompute[trace.worker == 0]) >= SLOW / 2
     assert ranks[0]["accumulate"]["global_step"] == ACCUMULATED
+    # the run's row tells advise that a step is 2 loader batches (shares deal one)
+    assert read_machine(folder / "accumulate", 0)["accumulates"] == 2
+    assert "accumulates" not in read_machine(folder / "ddp", 0)
 
 
 class Regression(LightningModule):

@@ -101,6 +101,7 @@ class StragglerProbeCallback(TrainerCallback):
         if args.device.type == "cuda":  # CUDA events from the first step's start on
             options.setdefault("device", args.device)
         self.probe = StragglerProbe(self.out_dir, **options)
+        self.probe.note_accumulation(args.gradient_accumulation_steps)  # a step is M batches
         self._reports.clear()
         self._batch = args.per_device_train_batch_size
         self._counter = model.register_forward_pre_hook(self._count, with_kwargs=True)

@@ -120,6 +120,7 @@ class StragglerProbeCallback(Callback):
                 "so the probe times each rank's steps but not its wait in the reduction",
                 type(trainer.strategy).__name__,
             )
+        probe.note_accumulation(trainer.accumulate_grad_batches)  # a step is M batches
         self.probe = probe
         self._open_at = None
 

@@ -283,6 +283,15 @@ class StragglerProbe(Gathering, Reporting):
         if self.remedy is None:
             self.remedy = {"spec": spec, "micro_batches": int(micro_batches)}
 
+    def note_accumulation(self, batches: int) -> None:
+        """Each step of this run accumulates ``batches`` loader batches: what a trainer's
+        callback, which opens one step per optimizer step itself, knows of its loop
+        (``accumulate_grad_batches``, ``gradient_accumulation_steps``). The run's row in
+        ``machine.jsonl`` says so (``accumulates``), and ``advise`` deals shares of one
+        loader batch. A DDP loop wrapped by ``batches`` needs no call: the probe counts its
+        ``no_sync`` batches itself."""
+        self.accumulates = max(self.accumulates, int(batches))
+
     def note_wait(self, seconds: float) -> None:
         """Add ``seconds`` this rank spent blocked in a collective to the current step's wait,
         beside its ``sync()`` section: the collectives a sharded model makes inside its
