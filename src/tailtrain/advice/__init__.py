@@ -19,11 +19,10 @@ import numpy as np
 
 from tailtrain.advice.adopt import SHARES, Adoption, adoption, check_setup, runnable
 from tailtrain.advice.cost import Cost, sync_cost
+from tailtrain.advice.job_rows import SPLIT_NOTE, in_job_units
 from tailtrain.advice.recommend import (
     DEMAND_SPEC,
-    MODEL_ERROR,
     Ranked,
-    checked_between,
     dominate,
     faster,
     priced_comm,
@@ -32,7 +31,6 @@ from tailtrain.advice.recommend import (
     recommend,
     simplicity,
     trace_spread,
-    uncertainty,
 )
 from tailtrain.advice.source import trace_file
 from tailtrain.advice.stragglers import MIN_ITERATIONS, iteration_times, score_workers
@@ -41,18 +39,14 @@ from tailtrain.advice.units import (
     InUnits,
     JobShape,
     RunReport,
-    StepCosts,
-    candidate_ms,
     in_units,
     job_of,
     measured_rate,
-    rebalance_shares,
     run_reports,
     split_trace,
     verdict_times,
 )
 from tailtrain.core.machine import contention_note, read_machine
-from tailtrain.delays.base import DelayModel
 from tailtrain.delays.groups import check_grouping, groups_note, write_group_trace
 from tailtrain.delays.parse import parse_delay
 from tailtrain.delays.trace import (
@@ -65,8 +59,8 @@ from tailtrain.delays.trace import (
 )
 from tailtrain.errors import UsageError
 from tailtrain.persistence import Slowness
-from tailtrain.prediction import DelayScenario, Row, predict
-from tailtrain.prediction.families import row_spec, simulated_row
+from tailtrain.prediction import Row
+from tailtrain.prediction.families import row_spec
 
 
 @dataclass(frozen=True)
@@ -272,15 +266,6 @@ def advise(
     return found
 
 
-#: how a per-step trace is split into micro-batches (``advice.units``), said where it is
-SPLIT_NOTE = (
-    "each recorded step split into M parts as i.i.d. Gamma parts given their sum, fitted "
-    "per rank to its step law's mean and variance (each step's total as recorded), a rank's "
-    "fitted seconds per step that no sample count changes kept whole in the first part, "
-    "never cut; no per-micro-batch overhead is assumed"
-)
-
-
 def _advise(
     path: Path,
     replayed: Path,
@@ -319,7 +304,7 @@ def _advise(
     spread = trace_spread(times, recorded)
     ranked, more = rank(model, times, n, m, seed, samples, comm, spread, recorded.size > 0)
     if n == job.workers:
-        ranked, more = _in_job_units(
+        ranked, more = in_job_units(
             ranked, more, last, job, m, setup, comm, spread, seed, samples, folder, cut
         )
     demand = next((r for r in ranked if row_spec(r.row) == DEMAND_SPEC), None)
@@ -361,159 +346,6 @@ def _under_remedy(found: Advice, job: JobShape, run: int) -> Advice:
             "measured ratio above over it)"
         )
     return replace(found, notes=[note, *found.notes], reason=reason)
-
-
-def _in_job_units(
-    ranked: list[Ranked],
-    notes: list[str],
-    last: Trace,
-    job: JobShape,
-    m: int | None,
-    setup: str,
-    comm: float | DelayModel,
-    spread: float,
-    seed: int,
-    samples: int,
-    folder: Path,
-    cut: str = "",
-) -> tuple[list[Ranked], list[str]]:
-    """The rows as the job can run them (``advice.units``): DropCompute at the M it needs
-    where the job has one batch per step (it cuts only between micro-batches), and for a
-    DDP job rebalance by per-sample shares where the trace counts samples."""
-    comm_mean = comm if isinstance(comm, (int, float)) else comm.mean
-    if m is None:  # a per-step trace: DropCompute at M = 1 has nothing to cut
-        ranked = [r for r in ranked if r.row.strategy != "dropcompute"]
-        found = _dropcompute_at_m(last, job, comm, spread, seed, samples, folder, cut)
-        if found is not None:
-            ranked.append(found)
-            notes = [
-                *notes,
-                f"dropcompute: {MICRO_NOTE if job.accumulation == 1 else ACCUMULATED_NOTE}; "
-                f"at M={found.micro_batches} "
-                f"(priced at M in {candidate_ms(job)}; {SPLIT_NOTE})",
-            ]
-    elif m > job.micro_batches:
-        ranked = [
-            replace(r, micro_batches=m) if r.row.strategy == "dropcompute" else r for r in ranked
-        ]
-    # under DropCompute the samples are those computed, not the batch: no global batch to deal
-    shares = None
-    if setup in SHARES and not job.cut:
-        shares = rebalance_shares(last, comm_mean, job.accumulation)
-    if shares is not None and np.array_equal(shares.per_step, job.samples):
-        shares = None  # the shares the job already deals: that row is the job as measured
-    if shares is not None:
-        sync = next(r for r in ranked if r.row.strategy == "sync").iteration_time
-        # in samples per second over the job as measured (sync's row, 1.0): the replay deals
-        # the whole global batch every step, where the measured job's short steps deal fewer
-        ratio = shares.rate / measured_rate(last)[0]
-        row = Row(
-            "rebalance",
-            job.workers,
-            shares.iteration_time,
-            shares.stderr,
-            sync / shares.iteration_time,
-            ratio,
-            ratio * shares.stderr / shares.iteration_time,
-            PER_SAMPLE,
-            best=True,
-            spec="rebalance",
-        )
-        per_sample = Ranked(
-            row, None, uncertainty(row, None, spread), shares=tuple(int(b) for b in shares.shares)
-        )
-        ranked = [r for r in ranked if r.row.strategy != "rebalance"] + [per_sample]
-        notes = [*notes, _costs_note(shares.costs)]
-    if job.cut:
-        notes = [
-            *notes,
-            f"the ranks computed {job.samples.tolist()} samples per step under {job.remedy}: "
-            "its cut, not shares; rebalance is priced on a run without a cut (its dealt "
-            "batches), so it has no row here",
-        ]
-    elif not job.equal:
-        notes = [
-            *notes,
-            f"the ranks compute unequal batches {job.samples.tolist()} (the job already deals "
-            "shares): sync is the job as measured, its shares kept; the K-family rows count "
-            "gradients, not samples",
-        ]
-    return sorted(ranked, key=lambda r: -r.effective_speedup), notes
-
-
-def _costs_note(costs: StepCosts) -> str:
-    """How the rebalance row priced each rank's step (``advice.units.step_costs``)."""
-    if costs.fitted.any():
-        fixed = ", ".join(f"{1e3 * a:.3g}" for a in costs.fixed)
-        return (
-            "rebalance: each rank's step fitted as a + c x samples on the trace's steps of "
-            f"other counts (such as an epoch's short last batch): a = [{fixed}] ms per step "
-            "that no share changes"
-        )
-    return (
-        "rebalance: every step of a rank has one count, so each step is taken as "
-        "proportional to its samples; a part fixed per step (a sleep, a per-step overhead), "
-        "which no share changes, would make this forecast high"
-    )
-
-
-#: why DropCompute is priced at M micro-batches on the steps of a loop that accumulates
-ACCUMULATED_NOTE = (
-    "its threshold is checked between micro-batches that the DDP hook takes as one step's "
-    "list (state.micro_batches), where this job accumulates loader batches under no_sync, "
-    "which the hook cannot cut: the loop would be rewritten for it; priced with each step's "
-    "batches split in M"
-)
-#: why DropCompute is priced at M micro-batches on a per-step trace
-MICRO_NOTE = (
-    "its threshold is checked between micro-batches (the DDP hook, StragglerStep), so a step "
-    "of one batch has nothing to cut; priced with each step's batch split in M"
-)
-#: the method of the per-sample rebalance row (``advice.units.rebalance_shares``)
-PER_SAMPLE = "replay per sample"
-
-
-def _dropcompute_at_m(
-    last: Trace,
-    job: JobShape,
-    comm: float | DelayModel,
-    spread: float,
-    seed: int,
-    samples: int,
-    folder: Path,
-    cut: str = "",
-) -> Ranked | None:
-    """DropCompute's best row at each M of :func:`candidate_ms` on the per-step trace split
-    in M (``advice.units.split_trace``): predict's tau* and drop rate, simulated; the
-    smallest M within the statistical uncertainty of the best (a micro-batch costs overhead
-    the forecast does not price)."""
-    found = []
-    for m in candidate_ms(job):
-        path = split_trace(last, m, folder / f"split{m}.csv", seed)
-        scenario = DelayScenario(
-            job.workers,
-            parse_delay(f"trace:path={path}{cut}"),
-            micro_batches=m,
-            comm=comm,
-            samples=samples,
-            seed=seed,
-        )
-        row = next(r for r in predict(scenario).rows if r.strategy == "dropcompute")
-        row = checked_between(row) if cut else row
-        sim = simulated_row(scenario, row_spec(row), "dropcompute")
-        found.append(Ranked(row, sim, uncertainty(row, sim, spread), micro_batches=m))
-    if not found:
-        return None
-    top = max(found, key=lambda r: r.effective_speedup)
-
-    def stat(r: Ranked) -> float:  # the model's own error is common to every M
-        return math.sqrt(max(r.uncertainty**2 - (MODEL_ERROR * r.effective_speedup) ** 2, 0.0))
-
-    return next(
-        r
-        for r in found
-        if r.effective_speedup >= top.effective_speedup - math.hypot(stat(r), stat(top))
-    )
 
 
 def _runnable(ranked: list[Ranked], setup: str, notes: list[str]) -> tuple[list[Ranked], list[str]]:
