@@ -421,3 +421,22 @@ def test_an_optimizer_step_ends_a_step_that_no_reduction_ends(results):
     folder, ranks = results
     assert ranks[0]["no-sync-always"]["history"].shape[0] == STEPS
     assert "accumulates" not in read_machine(folder / "no-sync-always", 0)
+
+
+def test_closing_the_probe_removes_its_optimizer_hook():
+    """The watch's optimizer step post-hook is global; a closed probe takes it away."""
+    from torch.optim.optimizer import _global_optimizer_post_hooks
+
+    class Stub(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.module = nn.Linear(2, 2)
+
+    from tailtrain.integrate.probe.clocks import DdpWatch
+
+    probe = StragglerProbe(None)
+    before = len(_global_optimizer_post_hooks)
+    probe._ddp_watch = DdpWatch(probe, Stub())
+    assert len(_global_optimizer_post_hooks) == before + 1
+    probe.close()
+    assert len(_global_optimizer_post_hooks) == before

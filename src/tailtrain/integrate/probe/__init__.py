@@ -313,6 +313,7 @@ class StragglerProbe(Gathering, Reporting):
             self._flush()
         finally:
             self._close_board()
+            self._unhook()
         self._raise()
 
     def __enter__(self) -> StragglerProbe:
@@ -328,6 +329,14 @@ class StragglerProbe(Gathering, Reporting):
             self._drain()
         finally:
             self._close_board()
+            self._unhook()
+
+    def _unhook(self) -> None:
+        """Remove the watch's global optimizer hook (``DdpWatch.stepped``): a closed probe
+        opens no step for it to end."""
+        watch = getattr(self, "_ddp_watch", None)
+        if watch is not None:
+            watch.stepped.remove()
 
     def _flush(self) -> None:
         self._close_step(force=True)
