@@ -24,16 +24,18 @@ without ``samples`` is priced per step (a rank's gradient), as before the column
 
 Two rows are priced here from the per-step trace, with the project's rules:
 
-* **rebalance for a DDP job** (:func:`rebalance_shares`): rank n's step as
-  a_n + c_n b seconds for b samples (:func:`step_costs`: a_n, the seconds no share changes,
-  fitted where the trace holds steps of another count, such as each epoch's short last
-  batch; 0 otherwise, the step then proportional to its samples), shares
-  b_n = ``strategies.rebalance.optimal_shares(c, N B, 1, fixed=a)``, the one rule; each
-  recorded step i replayed with the shares, max_n T_{i,n} (a_n + c_n b_n) / (a_n + c_n
-  B_{i,n}) (the step's recorded time scaled to the new count: the ranks' common slow steps
-  kept together), plus T^c, the mean of the steps' recorded T^c. Scaling a rank's whole step
-  by its samples overstated a fast rank that is dealt more: on the bench's tutorial job
-  (``bench/bench_loop.py``, scenario b) the forecast was 0.80x the realised.
+* **rebalance for a DDP job** (:func:`rebalance_shares`): rank n's step as a_n + c_n b
+  seconds for b samples (:func:`step_costs`: a_n, the seconds no share changes, fitted where
+  the trace holds steps of another count, such as each epoch's short last batch; 0
+  otherwise, the step then proportional to its samples), shares b_n =
+  ``strategies.rebalance.optimal_shares(c, N B, 1, fixed=a)``, the one rule; each recorded
+  step i after the run's first :data:`WARMUP_STEPS` replayed with the shares, max_n T_{i,n}
+  (a_n + c_n b_n) / (a_n + c_n B_{i,n}) (the step's recorded time scaled to the new count:
+  the ranks' common slow steps kept together), plus T^c, the mean of the steps' recorded
+  T^c. Scaling a rank's whole step by its samples overstated a fast rank that is dealt more:
+  on the bench's tutorial job (``bench/bench_loop.py``, scenario b) the forecast was 0.80x
+  the realised; keeping the warm-up, whose second step times rank 0's wait for the slow rank
+  as compute, 0.87-0.92x.
 * **DropCompute at M micro-batches from a per-step trace** (:func:`split_trace`): the hook
   checks its threshold between micro-batches, so a step of one batch has nothing to cut.
   Each recorded step of rank n is split into M parts as M i.i.d. Gamma parts conditioned on
@@ -71,6 +73,10 @@ _MAX_SHAPE = 1e6
 _BATCHES = 10
 #: steps a rank needs at a second count before its fixed seconds per step are fitted
 MIN_FIT_STEPS = 3
+#: a run's first steps left out of the per-sample fit and replay, as the probe leaves them out
+#: of its verdicts: DDP's first forward and its bucket rebuild in the second, where rank 0
+#: waits for its peers inside what the probe times as compute (a wait the shares would scale)
+WARMUP_STEPS = 2
 
 
 @dataclass(frozen=True)
@@ -293,12 +299,13 @@ def candidate_ms(job: JobShape) -> list[int]:
 
 def counted_steps(trace: Trace) -> tuple[NDArray, NDArray, NDArray] | None:
     """(seconds, samples, ranks) of the steps where every rank's count is known (> 0, as
-    ``persistence.per_sample_times`` keeps them); None without ``samples`` or two such
-    steps."""
+    ``persistence.per_sample_times`` keeps them), less the first :data:`WARMUP_STEPS` where
+    two steps remain without them; None without ``samples`` or two such steps."""
     seconds, _, ranks, samples = step_table(trace)
     if samples is None:
         return None
     kept = (samples > 0).all(axis=1)
+    kept[: WARMUP_STEPS if kept[WARMUP_STEPS:].sum() >= 2 else 0] = False
     if kept.sum() < 2:
         return None
     return seconds[kept], samples[kept], ranks
