@@ -46,7 +46,9 @@ def first(rows: list[dict], column: str, worker: int) -> int:
 @pytest.mark.parametrize("strategy", ["k-async:k=2", "k-sync:k=4"])
 def test_a_killed_worker_is_found_dead_and_the_run_finishes_without_it(tmp_path, strategy):
     """k-async: 2 of the 3 left; k-sync with k = n: k is capped at the 3 live workers, so
-    the steps close again once the dead worker is found (without the cap, never)."""
+    the steps close again once the dead worker is found (without the cap, never). Its closed
+    connection fails its receiving thread's receive, so it is found dead in the step it died
+    in, not a bound later (a frozen worker's stays open: the next test)."""
     summary, rows, _ = train(
         tmp_path,
         strategy,
@@ -62,7 +64,7 @@ def test_a_killed_worker_is_found_dead_and_the_run_finishes_without_it(tmp_path,
     assert all(1 not in r["workers"] for r in rows[died + 1 :])
     assert all(r["live"] == N - 1 for r in rows[died:])
     if strategy == "k-sync:k=4":  # the rule's k stays 4; the steps close on the 3 live ones
-        assert first(rows, "suspect", 1) <= died
+        assert died == 4
         assert all(r["k"] == 4 and sorted(r["workers"]) == [0, 2, 3] for r in rows[died + 1 :])
         assert all(sorted(r["workers"]) == [0, 1, 2, 3] for r in rows[:4])
 

@@ -9,12 +9,16 @@ one state per worker:
   thread drops it). No PING leaves while an earlier send to that worker is still queued or
   on the wire: a frozen (SIGSTOP) worker reads nothing, and pings piling into its socket
   would at last block the server's one sending thread, and with it every healthy worker.
-* DEAD: a send to the worker failed (a JOB, a PING, STOP), so its connection is closed and its
-  process is gone (column ``dead``). gloo (tcp transport, torch 2.x) was checked for this: an
-  any-source receive goes on hearing the other peers when one dies, while a send to or a
-  receive from the dead peer fails at once. So the server keeps its one receiving thread and
-  learns of a death from its sends, the PING making one when nothing else would: a killed
-  worker is found dead about one bound after it last started a job.
+* DEAD: a send to the worker or a receive from it failed (a JOB, a PING, STOP; its gradient),
+  so its connection is closed and its process is gone (column ``dead``). gloo (tcp transport,
+  torch 2.x) was checked for this: a send to or a receive from the dead peer fails at once,
+  while the others' go on. An any-source receive goes on hearing the others when a peer
+  closes its connection, but not when the connection is reset mid-message (a worker dying
+  with its gradient on the wire): then it fails, posted again or not. So the server receives
+  from each worker on a thread of its own (``runtime.ps.wire``), and learns of a death from
+  that thread or its sends, the PING making one when nothing else would: a killed worker,
+  whose connection closes, is found dead at once; one whose connection stays open (a frozen
+  or unreachable host) is SUSPECT one bound after it last started a job.
 * Any message from a SUSPECT worker makes it ALIVE again (column ``rejoined``): its gradient
   is an arrival like any other, used if the version rules allow (K-async takes it, stale;
   K-sync drops it), and its next job follows as usual.
@@ -99,13 +103,15 @@ class Liveness:
         self.outbox, self.mailbox = outbox, mailbox
 
     def last(self, message: Message) -> bool:
-        """The receiving thread's test: the BYE of the last worker not dead ends it."""
+        """A worker's receiving thread's test: its BYE ends it."""
         if message.kind is Kind.BYE:
             self.said_bye[message.worker] = True
-        return bool((self.said_bye | self.dead).all())
+            return True
+        return False
 
     def failed(self, dst: int, exc: BaseException) -> None:
-        """A send to rank ``dst`` failed (the sending thread): worker dst - 1 is LOST."""
+        """A send to rank ``dst`` or a receive from it failed (the sending thread, or that
+        worker's receiving thread): worker dst - 1 is LOST."""
         assert self.mailbox is not None
         self.reasons.setdefault(dst - 1, failure_reason(exc))
         self.mailbox.put(Message(Kind.LOST, dst - 1))
@@ -236,7 +242,7 @@ class Liveness:
             elif clock() - sent > self.bound:
                 for w in np.flatnonzero(missing).tolist():
                     self.lost(w, "no BYE within the bound after STOP")
-        if self.said_bye.all():  # else the receiving thread may stay posted: it is a daemon
+        if self.said_bye.all():  # else a worker's receiving thread may stay posted: a daemon
             self.mailbox.join(self.timeout)
 
     def reports(self) -> list[Any]:

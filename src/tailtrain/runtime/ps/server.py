@@ -209,8 +209,11 @@ class Server:
         starts (``runtime.rank``: the drills of rank 0)."""
         # also opens every worker's connection before t = 0; a resumed run's clock goes on
         self.t0 = clock_server(self.n, self.now)
-        self.mailbox = Mailbox(None, UP, HEADER + self.dim, self.dtype, self.liveness.last)
+        workers = tuple(range(1, self.n + 1))  # a thread per worker (``runtime.ps.wire``)
+        self.mailbox = Mailbox(workers, UP, HEADER + self.dim, self.dtype, self.liveness.last,
+                               owed=False, on_error=self.liveness.failed, start=False)  # fmt: skip
         self.liveness.connect(self.outbox, self.mailbox)
+        self.mailbox.start()
         keeper = self.keeper.run
         keeper.begin(self.evals, self.scorer(), resumed=self.keeper.saved is not None)
         while not self.world.finished(self.step, self.now) and not interrupt_requested():

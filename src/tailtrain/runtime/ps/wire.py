@@ -2,8 +2,10 @@
 
 Every message is one flat tensor in the model's dtype, ``[header (HEADER values), payload (D
 values)]``, sent with ``torch.distributed.send`` on one tag per direction (``UP``: worker to
-server, ``DOWN``: server to workers). A fixed size lets the server post one any-source
-receive at a time, so it hears every worker through one thread. Integers (jobs, versions)
+server, ``DOWN``: server to workers). The server receives from each worker on a thread of
+its own: an any-source receive fails, and goes on failing when posted again, once one peer's
+connection is reset mid-message (a worker that dies while its gradient is on the wire; checked
+on gloo, torch 2.13), which would silence every healthy worker with it. Integers (jobs, versions)
 travel exactly below 2^24 in float32 (``MAX_INDEX``). Liveness probes (PING, and the STOP
 that ends a worker's probe thread) are header only, on their own tag ``PROBE``: a probe to a
 frozen worker costs its socket a header, not a model (``runtime.ps.liveness``).
@@ -14,9 +16,11 @@ thread; the main thread reads them in order with bounded waits. gloo's ``irecv``
 ``is_completed()`` before ``wait()`` (torch 2.x), so a receiving thread, rather than polling,
 is what makes an arrival visible at once. A blocking receive is bounded by the process
 group's timeout (``--timeout``), except where no message is owed (``owed=False``: the probe
-mailbox, which may hear nothing for a whole healthy run, waits as long as it takes); a failure
-(most likely a peer that died) is handed to the main thread after ``runtime.reduce.GRACE``
-seconds, so that the launcher names the rank that failed first.
+mailbox, which may hear nothing for a whole healthy run, and the server's, whose waits the
+liveness rules bound, wait as long as it takes); a failure (most likely a peer that died) is
+handed to ``on_error(src, exc)`` where one is given, and that source's thread ends while the
+others go on (the server: ``Liveness.failed``, as for a failed send), else to the main thread
+after ``runtime.reduce.GRACE`` seconds, so that the launcher names the rank that failed first.
 """
 
 from __future__ import annotations
@@ -176,28 +180,42 @@ def receive_report(rank: int) -> Any:
 
 
 class Mailbox:
-    """Messages from ``src`` (None: any rank) on ``tag``, received by a thread until
-    ``last(message)`` says that one was the last."""
+    """Messages from ``src`` on ``tag``: one rank, None (any rank) or a tuple of ranks (a
+    thread each), in one queue; a source's thread receives until ``last(message)`` says that
+    one was its last. ``on_error(src, exc)``: where a source's receive failed (module
+    docstring); ``start=False``: the threads start at :meth:`start` (once ``on_error`` can
+    take a failure)."""
 
     def __init__(
         self,
-        src: int | None,
+        src: int | tuple[int, ...] | None,
         tag: int,
         size: int,
         dtype: torch.dtype,
         last: Callable[[Message], bool],
         owed: bool = True,
+        on_error: Callable[[int, BaseException], None] | None = None,
+        start: bool = True,
     ) -> None:
         self._items: collections.deque[Message] = collections.deque()
         self._owed = owed
+        self._on_error = on_error
         self._ready = threading.Condition()
         self._error: BaseException | None = None
-        self._args = (src, tag, size, dtype, last)
-        self._thread = threading.Thread(target=self._run, name="tailtrain-mailbox", daemon=True)
-        self._thread.start()
+        self._args = (tag, size, dtype, last)
+        self._threads = [
+            threading.Thread(target=self._run, args=(one,), name="tailtrain-mailbox", daemon=True)
+            for one in (src if isinstance(src, tuple) else (src,))
+        ]
+        if start:
+            self.start()
 
-    def _run(self) -> None:
-        src, tag, size, dtype, last = self._args
+    def start(self) -> None:
+        for thread in self._threads:
+            thread.start()
+
+    def _run(self, src: int | None) -> None:
+        tag, size, dtype, last = self._args
         try:
             while True:
                 buffer = torch.empty(size, dtype=dtype)
@@ -213,8 +231,12 @@ class Mailbox:
                     self._ready.notify_all()
                 if last(message):
                     return
-        except BaseException as exc:  # handed to the main thread, which raises it
-            # most likely a peer died: let the launcher name it first (``runtime.reduce``)
+        except BaseException as exc:
+            if self._on_error is not None and src is not None:
+                self._on_error(src, exc)  # that source is gone; the other threads go on
+                return
+            # handed to the main thread, which raises it; most likely a peer died: let the
+            # launcher name it first (``runtime.reduce``)
             time.sleep(GRACE)
             with self._ready:
                 self._error = exc
@@ -251,7 +273,10 @@ class Mailbox:
             raise TailtrainError(f"receiving failed: {self._error}") from self._error
 
     def join(self, timeout: float) -> None:
-        self._thread.join(timeout)
+        """Wait for every source's thread, ``timeout`` seconds in all."""
+        deadline = time.monotonic() + timeout
+        for thread in self._threads:
+            thread.join(max(deadline - time.monotonic(), 0.0))
 
 
 class Outbox:
