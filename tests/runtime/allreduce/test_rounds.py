@@ -40,14 +40,15 @@ from tailtrain.tasks.stream import job_batches
 
 N = 3
 SEED = 5
-#: injected unit seconds: 0.1 each, plus 0, 0.1 or 0.2 on an iteration's first unit, rotating
-#: over the ranks: delays 100 ms apart, and with tau = 0.25 every partial sum lies MARGIN from
-#: tau, so a process stalled for less than 50 ms on a loaded machine decides as simulated
-UNIT, SKEWS = 0.1, (0.0, 0.1, 0.2)
+#: injected unit seconds: 0.15 each, plus 0, 0.15 or 0.3 on an iteration's first unit,
+#: rotating over the ranks: delays 150 ms apart, and with tau = 0.375 every partial sum lies
+#: MARGIN from tau, so a process stalled for less than 75 ms on a loaded machine decides as
+#: simulated (at 50 ms, CI's two test workers stalled two rounds of 20 now and then)
+UNIT, SKEWS = 0.15, (0.0, 0.15, 0.3)
 DELAY = f"const:value={UNIT}"
 PATTERN = f"rotating:low={SKEWS[0]},high={SKEWS[-1]}"
-TAU = 0.25
-MARGIN = 0.05
+TAU = 0.375
+MARGIN = 0.075
 PARITY_ROUNDS = 20
 #: a threshold no injected unit (UNIT seconds at least) ends before
 EMPTY_TAU = 0.01
@@ -88,7 +89,7 @@ CASES = {
         "dropcompute:calibrate=3",
         True,
     ),
-    # tau far below every unit's injected 0.1 s: no rank counts a micro-batch in any round
+    # tau far below every unit's injected UNIT s: no rank counts a micro-batch in any round
     "empty": (scenario(delay=DELAY, micro_batches=2), f"dropcompute:threshold={EMPTY_TAU}", True),
 }
 NAMES = list(CASES)
@@ -347,7 +348,7 @@ def test_a_trace_of_a_computation_runs_its_unit_in_flight_to_its_end(tmp_path):
     its end, uncounted, in ``train`` (which sleeps it whole) as in ``simulate``. The trace
     holds the partial sums of the ``preempt`` case (the first unit of worker w skewed by
     SKEWS[(w + i) % 3] in iteration i), so the decisions are that case's, the simulated
-    rounds end at the cut units' ends (0.3 s, not tau), and ``train`` writes each cut unit
+    rounds end at the cut units' ends (3 UNIT, not tau), and ``train`` writes each cut unit
     whole: its seconds are its time, no bound, and it did not count."""
     rows = [
         (i, w, u, UNIT + (SKEWS[(w + i) % 3] if u == 0 else 0.0))
@@ -363,7 +364,7 @@ def test_a_trace_of_a_computation_runs_its_unit_in_flight_to_its_end(tmp_path):
     simulated = simulate(s, parse_strategy(spec), SEED).steps
     sleeps = simulate(replace(s, delay=f"trace:path={path},cut=yes"), parse_strategy(spec), SEED)
     assert decisions(sleeps.steps) == decisions(simulated)
-    assert [r["compute_time"] for r in simulated] == pytest.approx([0.3] * PARITY_ROUNDS)
+    assert [r["compute_time"] for r in simulated] == pytest.approx([3 * UNIT] * PARITY_ROUNDS)
     assert [r["compute_time"] for r in sleeps.steps] == pytest.approx([TAU] * PARITY_ROUNDS)
     out = tmp_path / "run"
     flags = ["--task", "logreg", "--strategy", spec, "--workers", str(N), "--micro-batches", "2",
