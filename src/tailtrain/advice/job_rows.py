@@ -80,10 +80,11 @@ def in_job_units(
     if shares is not None and np.array_equal(shares.per_step, job.samples):
         shares = None  # the shares the job already deals: that row is the job as measured
     if shares is not None:
-        sync = next(r for r in ranked if r.row.strategy == "sync").iteration_time
-        # in samples per second over the job as measured (sync's row, 1.0): the replay deals
-        # the whole global batch every step, where the measured job's short steps deal fewer
-        ratio = shares.rate / measured_rate(last)[0]
+        # over the job as measured (sync's row, 1.0) on the same steady steps, in samples per
+        # second: the replay deals the whole global batch every step, where the measured
+        # job's short steps deal fewer
+        rate, sync, _ = measured_rate(last)
+        ratio = shares.rate / rate
         row = Row(
             "rebalance",
             job.workers,

@@ -52,7 +52,7 @@ Two rows are priced here from the per-step trace, with the project's rules:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 import numpy as np
@@ -169,16 +169,17 @@ def job_of(trace: Trace) -> JobShape:
 
 
 def measured_rate(trace: Trace) -> tuple[float, float, int]:
-    """The run as measured: (units per second, step wall seconds mean, steps): units are
-    samples (sum of samples / the run's wall seconds) or, without ``samples``, steps. A
-    rank's steps (seconds + noncompute, its step less its compute) tile its time, so the
-    run's wall is a rank's sum of them, the longest (a trace without ``noncompute``: the sum
-    of each step's slowest rank, as a synchronous step waits for it); a sum of each step's
-    longest rank would
-    count a wait twice where the ranks meet only every few steps (a DDP loop that accumulates
-    under ``no_sync`` and times each micro-batch as a step: the fast rank's wait at the
-    reduction covers the slow rank's earlier micro-batches, already counted)."""
-    seconds, noncompute, _, samples = step_table(trace)
+    """The run (one) as measured over its :func:`steady` steps (the rebalance replay's, and
+    what ``bench/bench_loop.py`` measures: the warm-up left out): (units per second, step
+    wall seconds mean, steps); units are samples (sum of samples / the run's wall seconds)
+    or, without ``samples``, steps. A rank's steps (seconds + noncompute, its step less its
+    compute) tile its time, so the run's wall is a rank's sum of them, the longest (a trace
+    without ``noncompute``: the sum of each step's slowest rank, as a synchronous step waits
+    for it); a sum of each step's longest rank would count a wait twice where the ranks meet
+    only every few steps (a DDP loop that accumulates under ``no_sync`` and times each
+    micro-batch as a step: the fast rank's wait at the reduction covers the slow rank's
+    earlier micro-batches, already counted)."""
+    seconds, noncompute, _, samples = step_table(steady(trace))
     recorded = trace.noncompute is not None and not np.isnan(trace.noncompute).all()
     if recorded:
         total = float((seconds + noncompute).sum(axis=0).max()) if seconds.size else 0.0
@@ -266,12 +267,12 @@ class Rebalanced:
 
 
 def rebalance_shares(trace: Trace, comm: float, batches: int = 1) -> Rebalanced | None:
-    """Shares by ``optimal_shares`` on the ranks' step costs and their replayed step time
-    with ``comm`` seconds of T^c per step, over the steps where every rank's count is known
-    (> 0, as ``persistence.per_sample_times`` keeps them); None without ``samples`` or
-    two such steps. ``batches``: loader batches a step accumulates, so the shares deal one
-    loader batch (the global one over ``batches``) and rank n computes ``batches`` of its
-    share a step, at ``batches`` times the seconds per sample of one."""
+    """Shares by ``optimal_shares`` on the ranks' step costs and their replayed step time with
+    ``comm`` seconds of T^c per step, over the :func:`counted_steps` (after the warm-up,
+    every rank's count known); None without ``samples`` or two such steps. ``batches``:
+    loader batches a step accumulates, so the shares deal one loader batch (the global one
+    over ``batches``) and rank n computes ``batches`` of its share a step, at ``batches``
+    times the seconds per sample of one."""
     from tailtrain.strategies.rebalance import optimal_shares
 
     counted = counted_steps(trace)
@@ -297,15 +298,25 @@ def candidate_ms(job: JobShape) -> list[int]:
     return [m for m in CANDIDATE_M if all(b % m == 0 and b >= m for b in job.samples)]
 
 
+def steady(trace: Trace) -> Trace:
+    """``trace`` (one run) without its first :data:`WARMUP_STEPS` iterations, where two
+    remain: the run as the steps after its warm-up price it."""
+    steps = np.unique(trace.iteration)
+    if steps.size < WARMUP_STEPS + 2:
+        return trace
+    keep = trace.iteration >= steps[WARMUP_STEPS]
+    columns = {f.name: getattr(trace, f.name) for f in fields(trace)}
+    return Trace(**{k: None if v is None else v[keep] for k, v in columns.items()})
+
+
 def counted_steps(trace: Trace) -> tuple[NDArray, NDArray, NDArray] | None:
-    """(seconds, samples, ranks) of the steps where every rank's count is known (> 0, as
-    ``persistence.per_sample_times`` keeps them), less the first :data:`WARMUP_STEPS` where
-    two steps remain without them; None without ``samples`` or two such steps."""
-    seconds, _, ranks, samples = step_table(trace)
+    """(seconds, samples, ranks) of the :func:`steady` steps where every rank's count is
+    known (> 0, as ``persistence.per_sample_times`` keeps them); None without ``samples`` or
+    two such steps."""
+    seconds, _, ranks, samples = step_table(steady(trace))
     if samples is None:
         return None
     kept = (samples > 0).all(axis=1)
-    kept[: WARMUP_STEPS if kept[WARMUP_STEPS:].sum() >= 2 else 0] = False
     if kept.sum() < 2:
         return None
     return seconds[kept], samples[kept], ranks
