@@ -79,9 +79,10 @@ class Liveness:
     """The server's view of which of ``workers`` workers can still deliver, and the end of
     the run that waits only for those (STOP, BYE, each worker's report).
 
-    :meth:`failed` is the server's ``Outbox`` error handler (the sending thread) and
-    :meth:`last` its ``Mailbox``'s last-message test (the receiving thread); every other
-    method runs on the server's main thread, after :meth:`connect`."""
+    :meth:`failed` is the server's ``Outbox`` and ``Mailbox`` error handler (the sending
+    thread, a worker's receiving thread) and :meth:`last` its ``Mailbox``'s last-message test
+    (a worker's receiving thread, before the message is queued); every other method runs on
+    the server's main thread, after :meth:`connect`."""
 
     def __init__(self, workers: int, timeout: float, worker_timeout: float | None) -> None:
         self.state = np.full(workers, WorkerState.ALIVE, dtype=STATE_DTYPE)

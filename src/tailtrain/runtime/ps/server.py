@@ -16,8 +16,8 @@ PROBE, server to a worker's probe thread (liveness, below).
 Server states per worker: IDLE, or BUSY(version, job, start). The server alone starts jobs:
 job numbers count each worker's starts, so worker w's j-th job has the simulator's data
 (``job_batches``) and delay draw. Every time is the server's ``perf_counter`` since the run
-started: a job's start is when its JOB left, an arrival's finish when its message came (the
-receiving thread stamps it), so DBW's round trips never mix two hosts' clocks.
+started: a job's start is when its JOB left, an arrival's finish when its message came (its
+worker's receiving thread stamps it), so DBW's round trips never mix two hosts' clocks.
 
 A step (``SyncMode``; the rules of who starts which job, and the token queue, are
 ``topology.ps.transition``, which ``sim.ps.timeline`` drives in virtual time too):

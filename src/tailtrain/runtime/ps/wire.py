@@ -10,9 +10,12 @@ travel exactly below 2^24 in float32 (``MAX_INDEX``). Liveness probes (PING, and
 that ends a worker's probe thread) are header only, on their own tag ``PROBE``: a probe to a
 frozen worker costs its socket a header, not a model (``runtime.ps.liveness``).
 
-A :class:`Mailbox` is a thread that receives messages one after the other and stamps each on
-arrival with this process's ``time.perf_counter()``, so stamps do not wait for the main
-thread; the main thread reads them in order with bounded waits. gloo's ``irecv`` never reports
+A :class:`Mailbox` is a thread per source that receives messages one after the other and
+stamps each on arrival with this process's ``time.perf_counter()``, as it queues it (so the
+queue is in stamp order across sources, and a source's last message is counted before the
+main thread can take it), so stamps do not wait for the main thread; the main thread reads
+them in order with bounded waits. Each thread keeps a receive posted: the server holds one
+message's buffer (a model's size) per worker. gloo's ``irecv`` never reports
 ``is_completed()`` before ``wait()`` (torch 2.x), so a receiving thread, rather than polling,
 is what makes an arrival visible at once. A blocking receive is bounded by the process
 group's timeout (``--timeout``), except where no message is owed (``owed=False``: the probe
@@ -183,8 +186,9 @@ class Mailbox:
     """Messages from ``src`` on ``tag``: one rank, None (any rank) or a tuple of ranks (a
     thread each), in one queue; a source's thread receives until ``last(message)`` says that
     one was its last. ``on_error(src, exc)``: where a source's receive failed (module
-    docstring); ``start=False``: the threads start at :meth:`start` (once ``on_error`` can
-    take a failure)."""
+    docstring; not for ``src=None``, whose failure the main thread raises, nor is its wait
+    ever unbounded); ``start=False``: the threads start at :meth:`start` (once ``on_error``
+    can take a failure)."""
 
     def __init__(
         self,
@@ -223,13 +227,14 @@ class Mailbox:
                     dist.recv(buffer, src=src, tag=tag)
                 else:  # nothing is owed: wait however long, not --timeout
                     dist.group.WORLD.recv([buffer], src, tag).wait(UNBOUNDED_WAIT)
-                message = decode(buffer, time.perf_counter())
-                if message.kind is Kind.PING:
-                    continue  # a liveness probe: that it arrived is all it says
-                with self._ready:
+                with self._ready:  # stamped as queued: the queue stays in stamp order
+                    message = decode(buffer, time.perf_counter())
+                    if message.kind is Kind.PING:
+                        continue  # a liveness probe: that it arrived is all it says
+                    done = last(message)  # before the main thread can take it
                     self._items.append(message)
                     self._ready.notify_all()
-                if last(message):
+                if done:
                     return
         except BaseException as exc:
             if self._on_error is not None and src is not None:
