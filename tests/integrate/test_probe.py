@@ -379,6 +379,26 @@ def test_rank_zero_keeps_only_the_steps_a_verdict_reads():
     assert short.last.verdicts == classify_workers(full[60:100, :, 0] + full[60:100, :, 1])
 
 
+def test_a_ranks_rows_tile_its_time_between_epochs_too(tmp_path):
+    """The time between two epochs (here a 0.2 s sleep: an evaluation, ``set_epoch``, the
+    probe's flush) is the wait of the next epoch's first step, not its compute: the rows'
+    seconds + noncompute add up to the loop's wall, as advise's samples per second reads
+    them (a first trial's job read 3-4% fast without it)."""
+    probe = StragglerProbe(tmp_path, every=100, warmup=0)
+    began = time.perf_counter()
+    for epoch in range(2):
+        if epoch:
+            time.sleep(0.2)
+        for _ in probe.batches([torch.zeros(4, 1)] * 3):
+            time.sleep(0.02)
+    wall = time.perf_counter() - began
+    probe.close()
+    trace = read_trace(tmp_path / "trace.csv")
+    assert trace.noncompute[3] >= 0.2 and (trace.noncompute[[0, 1, 2, 4, 5]] < 0.1).all()
+    assert (trace.seconds < 0.1).all()
+    assert (trace.seconds + trace.noncompute).sum() == pytest.approx(wall, abs=0.02)
+
+
 def test_begin_step_and_end_step_are_a_step_in_two_calls(tmp_path):
     """A step opened by ``begin_step`` (the data seconds its caller timed, its samples) and
     closed by ``end_step``, as a trainer's callbacks do: the data and samples given are the

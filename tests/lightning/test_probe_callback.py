@@ -202,7 +202,8 @@ def test_one_process_times_its_steps_and_its_loaders_time_is_the_data(tmp_path):
     trainer(tmp_path, callback, max_steps=steps).fit(Regression(), loader)
     trace = read_trace(tmp_path / "probe" / "trace.csv")
     assert trace.iteration.tolist() == list(range(steps)) and set(trace.worker) == {0}
-    assert (trace.noncompute == 0).all() and (trace.samples == BATCH).all()
+    # no wait: the noncompute is Lightning's own time between steps, outside the loader's
+    assert (trace.noncompute < 0.01).all() and (trace.samples == BATCH).all()
     report = callback.report
     assert report is not None and report.step == steps and report.verdicts == []
     data, compute = report.sections["data"][0], report.sections["compute"][0]

@@ -147,6 +147,9 @@ class StragglerProbe(Gathering, Reporting):
         self.started = time.perf_counter()
         self.steps = 0  # steps closed so far
         self.current: StepMarks | None = None  # the step open, marked so far
+        #: when the last step closed (host seconds; None: none yet, or a CUDA clock, whose
+        #: marks the host runs ahead of): the next step's ``before``
+        self._closed_at: float | None = None
         self._syncing = 0  # depth of ``sync()`` sections: the outermost marks
         #: a sharded job's replica groups (the ranks of each), learnt by ``watch`` from an
         #: HSDP model's mesh or a ``ShardedStep``'s: the reports name a slow rank's group
@@ -195,6 +198,7 @@ class StragglerProbe(Gathering, Reporting):
         if model.device_type == "cuda" and self.device.type != "cuda":
             self.device = torch.device("cuda", torch.cuda.current_device())
             self.clock = CudaClock()
+            self._closed_at = None  # host marks: no step's ``before`` on CUDA events
         self._ddp_watch = DdpWatch(self, model)
         _WATCHED[model] = self
         return self
@@ -217,8 +221,9 @@ class StragglerProbe(Gathering, Reporting):
 
     @contextmanager
     def step(self, samples: int | None = None) -> Iterator[None]:
-        """One step, for a loop without a loader to wrap (data loading is not seen);
-        ``samples``: how many this rank computes in it (None: not known)."""
+        """One step, for a loop without a loader to wrap (data loading, between steps, is
+        counted as this rank's wait: ``StepMarks.before``); ``samples``: how many this rank
+        computes in it (None: not known)."""
         self.begin_step(samples)
         yield
         self.end_step()
@@ -242,7 +247,10 @@ class StragglerProbe(Gathering, Reporting):
             current.inner += float(data)
             return
         self._close_step(force=True)
+        now = time.perf_counter()
+        before = 0.0 if self._closed_at is None else max(now - data - self._closed_at, 0.0)
         self.current = StepMarks(float(data), self.clock.mark(), _or_nan(samples))
+        self.current.before = before
 
     def end_step(self) -> None:
         """Close the step ``begin_step`` opened (nothing when none is open); every rank
@@ -372,6 +380,8 @@ class StragglerProbe(Gathering, Reporting):
         if current.micro_batches > self.accumulates:  # the job's M, for its machine row
             self.accumulates = current.micro_batches
         current.end = self.clock.mark()
+        if isinstance(self.clock, HostClock):
+            self._closed_at = current.end
         self.pending.append(current)
         self.current = None
         self.steps += 1

@@ -81,6 +81,10 @@ class StepMarks:
     #: host seconds of data loading inside its span (the later batches of an accumulated
     #: step): data, not compute
     inner: float = 0.0
+    #: host seconds from the previous step's end to this one's data loading: the loop's
+    #: time outside every step (between epochs: ``set_epoch``, an evaluation, the probe's
+    #: flush), this rank's wait, never its compute, so that a rank's rows tile its time
+    before: float = 0.0
 
 
 class DdpWatch:

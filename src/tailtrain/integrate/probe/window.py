@@ -101,7 +101,7 @@ class Gathering:
             # loading inside the span is host seconds: on CUDA events it overlaps queued GPU
             # work, so only the host clock takes it out of compute
             inner = s.inner if isinstance(self.clock, HostClock) else 0.0
-            rows.append((s.data, max(total - wait - inner, 0.0), wait, s.samples))
+            rows.append((s.data, max(total - wait - inner, 0.0), wait + s.before, s.samples))
         self.pending = []
         return torch.tensor(rows, dtype=torch.float64)
 
