@@ -134,14 +134,19 @@ def test_the_scores_reach_the_trainers_logger_and_callback_metrics(drill):
 @pytest.mark.timeout(180)
 def test_an_accumulated_step_is_one_row_per_rank(drill):
     """``accumulate_grad_batches=2``: one trace row per optimizer step and rank, its samples
-    both batches', and rank 0 still waits in the step's one reduction."""
+    both batches', and rank 0 waits twice a step: at Lightning's SIGTERM broadcast before the
+    second batch, and in the step's one reduction. Both are its wait, not its compute (the
+    broadcast's counted as compute: 46 ms of rank 0's compute was 40 ms of wait, and a
+    newcomer's job with k = 4 read its 15x slower rank as 1.29x)."""
     folder, ranks = drill
     trace = read_trace(folder / "accumulate" / "trace.csv")
     assert sorted(zip(trace.iteration.tolist(), trace.worker.tolist(), strict=True)) == [
         (i, w) for i in range(ACCUMULATED) for w in (0, 1)
     ]
     assert (trace.samples == 2 * BATCH).all()
-    assert np.median(trace.noncompute[trace.worker == 0]) >= SLOW / 2
+    assert np.median(trace.noncompute[trace.worker == 0]) >= 1.5 * SLOW
+    assert np.median(trace.seconds[trace.worker == 0]) < SLOW / 2
+    assert np.median(trace.seconds[trace.worker == 1]) >= 2 * SLOW
     assert ranks[0]["accumulate"]["global_step"] == ACCUMULATED
     # the run's row tells advise that a step is 2 loader batches (shares deal one)
     assert read_machine(folder / "accumulate", 0)["accumulates"] == 2

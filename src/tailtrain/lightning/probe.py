@@ -23,12 +23,14 @@ report (rank 0).
   loader's ``next``, ``transfer_batch_to_device``), plus its per-batch bookkeeping (logging,
   the other callbacks' batch-end hooks that run after this one, such as a checkpoint saved
   there, and, on several processes, a one-element broadcast of its SIGTERM flag). The time
-  between the batches inside an accumulated step is part of the step's compute.
+  between the batches inside an accumulated step is part of the step's compute, but for
+  that broadcast.
 * Its wait is the probe's: the last gradient ready to DDP's reduction done, the batches under
-  Lightning's ``no_sync`` reducing nothing. Lightning synchronises the ranks at every batch
-  (that broadcast), so under ``accumulate_grad_batches=k`` a fast rank also waits for a slow
-  one there, at the k - 1 batches that reduce nothing: that wait falls in its compute, so the
-  verdict holds but the slowdown it reports shrinks as k grows (docs/lightning.md).
+  Lightning's ``no_sync`` reducing nothing; and the broadcasts inside the step. Lightning
+  synchronises the ranks at every batch (that broadcast), so under
+  ``accumulate_grad_batches=k`` a fast rank also waits for a slow one there, at the k - 1
+  batches that reduce nothing: the callback times it (the loop's method wrapped for the
+  fit), so that wait is its wait too, not its compute (docs/lightning.md).
 * Rank 0 reports on the probe's own thread; the callback hands each report to the loggers on
   the training thread, at the next batch end or at the end of training, since a logger need
   not be thread safe.
@@ -102,6 +104,8 @@ class StragglerProbeCallback(Callback):
         self._open_at: int | None = None  # global_step when the open step began; None: none
         self._samples: int | None = None  # the open step's samples so far (None: not known)
         self._since = 0.0  # host seconds when the time before the next step began
+        #: the loop whose SIGTERM broadcast is timed, the wrapper, and what it replaced
+        self._unwrap: tuple[Any, Any, Any] | None = None
 
     # ---- the probe's life: fit start to train end ----------------------------------------
     def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
@@ -128,7 +132,46 @@ class StragglerProbeCallback(Callback):
         """Training begins: a resumed run's ``global_step`` is restored by now (after
         ``on_fit_start``), and the sanity check's validation is over."""
         self._first_step = trainer.global_step
+        self._time_the_sigterm_broadcast(trainer)
         self._since = time.perf_counter()
+
+    def _time_the_sigterm_broadcast(self, trainer: Trainer) -> None:
+        """Lightning (2.6) broadcasts rank 0's SIGTERM flag before every batch: under
+        ``accumulate_grad_batches=k`` a fast rank waits there for a slow one at the k - 1
+        batches that reduce nothing, inside the step. Timed, that wait is the step's wait, not
+        its compute (``StragglerProbe.note_wait``). No callback hook surrounds it, so the
+        loop's method is wrapped (as ``StragglerStrategy`` wraps it) until the fit ends; the
+        broadcast before a step's first batch is no step's, and stays in its data time."""
+        loop = trainer.fit_loop.epoch_loop
+        broadcast = getattr(loop, "_broadcast_sigterm_tensor", None)
+        if broadcast is None or trainer.world_size < 2:
+            return
+
+        def timed() -> None:
+            began = time.perf_counter()
+            try:
+                broadcast()
+            finally:
+                probe = self.probe
+                if probe is not None and probe.current is not None:
+                    probe.note_wait(time.perf_counter() - began)
+
+        owned = "_broadcast_sigterm_tensor" in vars(loop)
+        loop._broadcast_sigterm_tensor = timed
+        self._unwrap = (loop, timed, broadcast if owned else None)
+
+    def _restore_the_sigterm_broadcast(self) -> None:
+        """Put back what :meth:`_time_the_sigterm_broadcast` wrapped, unless something else
+        has wrapped it since (a strategy's own, which then keeps calling ours: harmless)."""
+        if self._unwrap is None:
+            return
+        (loop, timed, before), self._unwrap = self._unwrap, None
+        if vars(loop).get("_broadcast_sigterm_tensor") is not timed:
+            return
+        if before is None:
+            del loop._broadcast_sigterm_tensor  # the class's method again
+        else:
+            loop._broadcast_sigterm_tensor = before
 
     def on_train_batch_start(
         self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int
@@ -164,6 +207,7 @@ class StragglerProbeCallback(Callback):
 
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         """Close the probe on every rank: the last window is gathered and reported."""
+        self._restore_the_sigterm_broadcast()
         probe, self.probe = self.probe, None
         if probe is None:
             return
@@ -185,6 +229,7 @@ class StragglerProbeCallback(Callback):
         self._leave(None)
 
     def _leave(self, exception: BaseException | None) -> None:
+        self._restore_the_sigterm_broadcast()
         probe, self.probe = self.probe, None
         if probe is None:
             return
@@ -211,7 +256,7 @@ class StragglerProbeCallback(Callback):
         """The settings and the last report; a probe is never pickled (``ddp_spawn`` pickles
         the callback before the fit, with none)."""
         state = dict(self.__dict__)
-        state["probe"], state["_reports"] = None, deque()
+        state["probe"], state["_reports"], state["_unwrap"] = None, deque(), None
         return state
 
 
