@@ -143,6 +143,35 @@ def test_lightning_s_lines_build_the_strategy_they_name(spec, family, m, shares)
     assert strategy.shares == (None if shares is None else list(shares))
 
 
+@pytest.mark.parametrize(
+    ("accumulation", "m", "resize"),
+    [(1, 4, "divided by 4"), (4, 8, "divided by 2"), (4, 2, "times 2"), (4, 4, None)],
+)
+def test_lightning_s_batch_size_keeps_the_samples_of_a_step(accumulation, m, resize):
+    """A Lightning job that accumulates k loader batches a step, priced at M micro-batches:
+    the loader's batch is resized by k / M, so a step keeps its samples (a newcomer's job with
+    k = 4 was told to divide its batch by M, a step then M / k times too small)."""
+    lines = adoption("dropcompute:threshold=0.05", "dropcompute", "lightning", m, None,
+                     accumulation).lines()  # fmt: skip
+    assert f"accumulate_grad_batches={m}," in lines[1]
+    resizing = [line for line in lines if "batch_size" in line]
+    if resize is None:
+        assert resizing == []
+    else:
+        assert len(resizing) == 1 and f"batch_size {resize}:" in resizing[0]
+
+
+def test_dropcompute_s_note_under_lightning_says_where_it_cuts():
+    """``--for lightning`` on an accumulating job: StragglerStrategy cuts between its
+    accumulated batches, which the DDP hook's note said it could not."""
+    from tailtrain.advice.job_rows import ACCUMULATED_NOTE, LIGHTNING_NOTE, dropcompute_note
+    from tailtrain.advice.units import JobShape
+
+    job = JobShape(2, 1, np.array([128, 128]), accumulation=4)
+    assert dropcompute_note(job, "lightning") == LIGHTNING_NOTE
+    assert dropcompute_note(job, "ddp") == ACCUMULATED_NOTE
+
+
 def test_hf_s_lines_are_the_ddp_job_s_under_a_line_that_says_where_they_go():
     ddp = adoption("dropcompute:threshold=0.05", "dropcompute", "ddp", 4).lines()
     hf = adoption("dropcompute:threshold=0.05", "dropcompute", "hf", 4)

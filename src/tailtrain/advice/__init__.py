@@ -318,7 +318,12 @@ def _advise(
     if (note := comm_note(delay, comm_spec)) is not None:
         more.append(note.replace(str(replayed), str(path)))
     adopt = adoption(
-        row_spec(choice.row), choice.row.strategy, setup, choice.micro_batches, choice.shares
+        row_spec(choice.row),
+        choice.row.strategy,
+        setup,
+        choice.micro_batches,
+        choice.shares,
+        job.accumulation,
     )
     found = (str(path), n, times, scores, cost, without, ranked, choice, text, notes + more)
     advice = Advice(*found, setup=setup, adopt=adopt, equivalent=tied)

@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, replace
+from fractions import Fraction
 from typing import Any
 
 from tailtrain.errors import UsageError
@@ -296,11 +297,17 @@ HF_MOVE = (
 
 
 def lightning_adoption(
-    spec: str, strategy: str, micro_batches: int | None, shares: tuple[int, ...] | None
+    spec: str,
+    strategy: str,
+    micro_batches: int | None,
+    shares: tuple[int, ...] | None,
+    accumulation: int = 1,
 ) -> Adoption:
     """The ``Trainer(...)`` argument that runs ``spec`` in a Lightning job
     (``tailtrain.lightning.StragglerStrategy``): rebalance by ``shares``, or the hook's rule
-    over ``accumulate_grad_batches``, set to the ``micro_batches`` advise priced it at."""
+    over ``accumulate_grad_batches``, set to the ``micro_batches`` advise priced it at, the
+    loader's batch resized so that a step keeps its samples (``accumulation``: the loader
+    batches a step accumulates now)."""
     imports = ("from tailtrain.lightning import StragglerStrategy",)
     if strategy == "rebalance":
         line = f'strategy=StragglerStrategy("rebalance", shares={list(shares or ())}),'
@@ -309,10 +316,13 @@ def lightning_adoption(
     if micro_batches is not None:
         arguments.insert(0, f"accumulate_grad_batches={micro_batches}")
     once = [f'trainer = Trainer(..., {", ".join(arguments)})  # was strategy="ddp"']
-    if micro_batches is not None:
+    if micro_batches is not None and micro_batches != accumulation:
+        factor = Fraction(accumulation, micro_batches)  # the loader's batch, new over now
+        resize = (f"divided by {1 / factor}" if factor.numerator == 1
+                  else f"times {factor}")  # fmt: skip
         once.append(
-            f"# and your DataLoader's batch_size divided by {micro_batches}: the same samples "
-            "per optimizer step, in micro-batches the threshold can cut between"
+            f"# and your DataLoader's batch_size {resize}: the same samples per optimizer "
+            "step, in micro-batches the threshold can cut between"
         )
     return Adoption("lightning", spec, imports, tuple(once), ())
 
@@ -380,10 +390,12 @@ def adoption(
     setup: str,
     micro_batches: int | None = None,
     shares: tuple[int, ...] | None = None,
+    accumulation: int = 1,
 ) -> Adoption:
     """The lines that make a ``setup`` job run ``spec`` (of family ``strategy``), at
     ``micro_batches`` per step where it needs more than the job has, with ``shares`` where
-    rebalance deals per-rank batches (a DDP job's; ``advice.units``)."""
+    rebalance deals per-rank batches (a DDP job's; ``advice.units``); ``accumulation``: the
+    loader batches a step of the job accumulates now."""
     if not runnable(strategy, setup, spec):
         raise UsageError(f"a {setup} job cannot run {spec!r}; advise --for {setup} never picks it")
     if setup == "hf":  # the DDP job's lines, for the loop the remedy moves to
@@ -395,7 +407,7 @@ def adoption(
     if setup == "fsdp" and strategy != "sync":
         return sharded_adoption(spec, strategy, micro_batches)
     if setup == "lightning" and strategy != "sync":
-        return lightning_adoption(spec, strategy, micro_batches, shares)
+        return lightning_adoption(spec, strategy, micro_batches, shares, accumulation)
     if strategy == "rebalance" and shares is not None and setup in ("ddp", "any"):
         return replace(ddp_rebalance(spec, shares), setup=setup)
     if setup in ("tailtrain-train", "any"):

@@ -65,7 +65,7 @@ def in_job_units(
             ranked.append(found)
             notes = [
                 *notes,
-                f"dropcompute: {MICRO_NOTE if job.accumulation == 1 else ACCUMULATED_NOTE}; "
+                f"dropcompute: {dropcompute_note(job, setup)}; "
                 f"at M={found.micro_batches} "
                 f"(priced at M in {candidate_ms(job)}; {SPLIT_NOTE})",
             ]
@@ -147,6 +147,21 @@ MICRO_NOTE = (
     "its threshold is checked between micro-batches (the DDP hook, StragglerStep), so a step "
     "of one batch has nothing to cut; priced with each step's batch split in M"
 )
+#: the same under Lightning, whose ``StragglerStrategy`` cuts between accumulated batches
+LIGHTNING_NOTE = (
+    "its threshold is checked between the accumulate_grad_batches micro-batches of a step "
+    "(tailtrain.lightning.StragglerStrategy): at M, accumulate_grad_batches=M and each "
+    "batch the step's samples / M; priced with each step's batches split in M"
+)
+
+
+def dropcompute_note(job: JobShape, setup: str) -> str:
+    """Why and how DropCompute is priced at M on a per-step trace, for ``setup``'s job."""
+    if setup == "lightning":
+        return LIGHTNING_NOTE
+    return MICRO_NOTE if job.accumulation == 1 else ACCUMULATED_NOTE
+
+
 #: the method of the per-sample rebalance row (``advice.units.rebalance_shares``)
 PER_SAMPLE = "replay per sample"
 
