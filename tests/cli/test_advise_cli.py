@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import json
+import shutil
+import subprocess
+from pathlib import Path
 
 import numpy as np
 import pytest
 from tests.cli.helpers import run, spiky_micro_batch_trace
 
 from tailtrain.strategies.registry import parse_strategy
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def write_trace(path, times):
@@ -78,3 +83,27 @@ def test_patch_without_edits_for_the_choice_is_one_line_not_an_empty_diff(tmp_pa
     code, out, err = run(["advise", str(path), "--for", "ddp", "--patch", str(script)], capsys)
     assert code == 2 and out == ""
     assert "adopt the printed lines by hand" in err and err.count("\n") == 1
+
+
+def test_patch_names_the_script_as_patch_p1_finds_it_from_here(tmp_path, capsys, monkeypatch):
+    """The README runs ``advise ... --patch examples/probe_ddp.py > adopt.diff`` and then
+    ``patch -p1 < adopt.diff`` from the repository's root: the diff must name
+    ``examples/probe_ddp.py`` (it named ``probe_ddp.py``, which ``patch`` did not find)."""
+    rng = np.random.default_rng(0)
+    rows = ["iteration,worker,seconds,noncompute,samples,run"]
+    for i in range(60):
+        times = np.array([0.01, 0.05]) * rng.lognormal(0, 0.05, 2)
+        rows += [f"{i},{w},{times[w]},{times.max() - times[w] + 0.002},32,0" for w in (0, 1)]
+    (tmp_path / "trace.csv").write_text("\n".join(rows) + "\n")
+    (tmp_path / "examples").mkdir()
+    script = tmp_path / "examples" / "probe_ddp.py"
+    script.write_text((ROOT / "examples" / "probe_ddp.py").read_text())
+    monkeypatch.chdir(tmp_path)
+    patch = ["--patch", "examples/probe_ddp.py"]
+    code, out, err = run(["advise", "trace.csv", "--for", "ddp", *patch], capsys)
+    assert code == 0, err
+    assert out.splitlines()[:2] == ["--- a/examples/probe_ddp.py", "+++ b/examples/probe_ddp.py"]
+    if shutil.which("patch") is not None:
+        done = subprocess.run(["patch", "-p1"], input=out, text=True, capture_output=True)
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert "rebalance_loader(" in script.read_text()

@@ -173,7 +173,17 @@ def _diff(found: Advice, script: str, path: Path) -> str:
             f"--patch has no edits for {found.recommendation} at the trace's micro-batches "
             "(its edits are for a loop of one batch per step): adopt the printed lines by hand"
         )
-    return unified_diff(script, apply_edits(script, edits), path.name)
+    return unified_diff(script, apply_edits(script, edits), _diff_name(path))
+
+
+def _diff_name(path: Path) -> str:
+    """The script's path as ``patch -p1`` run here finds it: relative to the working
+    directory where it lies under it (``examples/probe_ddp.py``, not ``probe_ddp.py``), else
+    its name."""
+    try:
+        return path.resolve().relative_to(Path.cwd().resolve()).as_posix()
+    except ValueError:
+        return path.name
 
 
 def _print(found: Advice, group_size: int = 1) -> None:
