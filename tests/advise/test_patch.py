@@ -18,6 +18,7 @@ from tailtrain.advice.patch import apply_edits, unified_diff
 from tailtrain.errors import UsageError
 
 LOOPS = Path(__file__).parent / "loops"
+ROOT = Path(__file__).resolve().parents[2]
 SHAPES = ("one_batch", "trainer", "accumulate")
 N = 2
 EXIT_ABORT = "terminate called without an active exception"  #: see ``train``
@@ -274,3 +275,14 @@ def test_del_ddp_keeps_the_rest_of_the_teardown_line():
     lines = patched.splitlines()
     at = lines.index('    dist.destroy_process_group(); print("done")  # bye')
     assert lines[at - 1].startswith("    del ddp  # ")
+
+
+def test_a_script_that_already_deletes_its_ddp_model_gets_no_second_del():
+    """``examples/probe_ddp.py`` has ``del ddp`` before its teardown: a second one raised
+    ``UnboundLocalError`` at the end of the README's adopted run."""
+    source = (LOOPS / "one_batch.py").read_text().replace(TEARDOWN, "    del ddp\n" + TEARDOWN)
+    patched = apply_edits(source, edits("rebalance", "one_batch"))
+    assert "rebalance_loader(" in patched and patched.count("del ddp") == 1
+    example = (ROOT / "examples" / "probe_ddp.py").read_text()
+    patched = apply_edits(example, edits("rebalance", "one_batch"))
+    assert "rebalance_loader(" in patched and patched.count("del ddp") == 1

@@ -194,7 +194,9 @@ def _scoped(node: ast.AST, scope: ast.AST) -> Any:
 
 def _assigned_before(source: str, line: int, name: str) -> bool:
     """Whether a statement starts on ``line`` (0-based) and its function (or the module)
-    assigns the plain name ``name`` on an earlier line (``plain`` edits)."""
+    assigns the plain name ``name`` on an earlier line, with no ``del`` of it after that
+    assignment (``plain`` edits: a script that already deletes its DDP model there needs no
+    second ``del``, which would raise)."""
     if not name.isidentifier():
         return False
     try:
@@ -205,16 +207,20 @@ def _assigned_before(source: str, line: int, name: str) -> bool:
     owner = next((s for n, s in found if isinstance(n, ast.stmt) and n.lineno - 1 == line), None)
     if owner is None:
         return False
+    last: tuple[int, bool] | None = None  # the latest (line, assigns) before ``line``
     for node, scope in found:
-        if (
-            scope is owner
-            and isinstance(node, (ast.Assign, ast.AnnAssign))
-            and node.lineno - 1 < line
-        ):
-            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-            if any(isinstance(t, ast.Name) and t.id == name for t in targets):
-                return True
-    return False
+        if scope is not owner or not isinstance(node, ast.stmt) or node.lineno - 1 >= line:
+            continue
+        if isinstance(node, ast.Assign):
+            targets = node.targets
+        elif isinstance(node, (ast.AnnAssign, ast.Delete)):
+            targets = node.targets if isinstance(node, ast.Delete) else [node.target]
+        else:
+            continue
+        named = any(isinstance(t, ast.Name) and t.id == name for t in targets)
+        if named and (last is None or node.lineno >= last[0]):
+            last = (node.lineno, not isinstance(node, ast.Delete))
+    return last is not None and last[1]
 
 
 def _after_assignments(
