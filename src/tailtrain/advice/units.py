@@ -52,7 +52,7 @@ Two rows are priced here from the per-step trace, with the project's rules:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -304,9 +304,7 @@ def steady(trace: Trace) -> Trace:
     steps = np.unique(trace.iteration)
     if steps.size < WARMUP_STEPS + 2:
         return trace
-    keep = trace.iteration >= steps[WARMUP_STEPS]
-    columns = {f.name: getattr(trace, f.name) for f in fields(trace)}
-    return Trace(**{k: None if v is None else v[keep] for k, v in columns.items()})
+    return trace.where(trace.iteration >= steps[WARMUP_STEPS])
 
 
 def counted_steps(trace: Trace) -> tuple[NDArray, NDArray, NDArray] | None:

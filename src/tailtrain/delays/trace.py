@@ -60,7 +60,7 @@ from __future__ import annotations
 
 import csv
 import warnings
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from functools import cached_property
 from pathlib import Path
 
@@ -114,20 +114,12 @@ class Trace:
         keep = self.run == run
         if not keep.any():
             raise UsageError(f"the trace holds runs {self.runs}, not run {run}")
+        return self.where(keep)
 
-        def part(column: np.ndarray | None) -> np.ndarray | None:
-            return None if column is None else column[keep]
-
-        return Trace(
-            self.iteration[keep],
-            self.worker[keep],
-            part(self.micro_batch),
-            self.seconds[keep],
-            part(self.censored),
-            part(self.noncompute),
-            part(self.samples),
-            self.run[keep],
-        )
+    def where(self, keep: np.ndarray) -> Trace:
+        """The rows where ``keep`` (a boolean mask over the rows) is true, every column kept."""
+        columns = {f.name: getattr(self, f.name) for f in fields(self)}
+        return Trace(**{k: None if v is None else v[keep] for k, v in columns.items()})
 
     def round_comm(self) -> FloatArray:
         """Each recorded round's T^c, in iteration order: the smallest ``noncompute`` over

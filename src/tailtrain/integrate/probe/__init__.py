@@ -249,8 +249,7 @@ class StragglerProbe(Gathering, Reporting):
         self._close_step(force=True)
         now = time.perf_counter()
         before = 0.0 if self._closed_at is None else max(now - data - self._closed_at, 0.0)
-        self.current = StepMarks(float(data), self.clock.mark(), _or_nan(samples))
-        self.current.before = before
+        self.current = StepMarks(float(data), self.clock.mark(), _or_nan(samples), before=before)
 
     def end_step(self) -> None:
         """Close the step ``begin_step`` opened (nothing when none is open); every rank
