@@ -211,10 +211,10 @@ def _assigned_before(source: str, line: int, name: str) -> bool:
     for node, scope in found:
         if scope is not owner or not isinstance(node, ast.stmt) or node.lineno - 1 >= line:
             continue
-        if isinstance(node, ast.Assign):
+        if isinstance(node, (ast.Assign, ast.Delete)):
             targets = node.targets
-        elif isinstance(node, (ast.AnnAssign, ast.Delete)):
-            targets = node.targets if isinstance(node, ast.Delete) else [node.target]
+        elif isinstance(node, ast.AnnAssign):
+            targets = [node.target]
         else:
             continue
         named = any(isinstance(t, ast.Name) and t.id == name for t in targets)
