@@ -27,8 +27,9 @@ def test_the_always_slow_worker_is_the_only_persistent_one(slow_trace):
     saving = times.max(axis=1).mean() - np.delete(times, 3, axis=1).max(axis=1).mean()
     assert found.cost.iteration_time == pytest.approx(times.max(axis=1).mean())
     assert found.cost.mean_worker_time == pytest.approx(times.mean())
-    assert "excluding worker(s) 3 saves" in found.reason
-    assert f"{saving:.4g} s per step" in found.reason
+    assert "sync's step without worker(s) 3 is" in found.reason
+    assert f"{saving:.4g} s shorter" in found.reason
+    assert "their samples gone with them" in found.reason
     parse_strategy(found.recommendation)
     # predict's note on its rebalance row (this trace is not i.i.d.) has no row here to explain
     shown = {r.row.strategy for r in found.ranked}

@@ -61,7 +61,9 @@ def test_a_dominating_persistent_straggler_gets_rebalance_with_its_speedups(advi
     choice = advised.choice
     assert choice.simulated is not None and choice.row.effective_speedup > 1.2
     assert choice.simulated.effective_speedup > 1.2
-    assert advised.reason.startswith("Persistent stragglers dominate: excluding worker(s) 2")
+    assert advised.reason.startswith(
+        "Persistent stragglers dominate: sync's step without worker(s) 2 is"
+    )
     assert "rather than fix or replace them" in advised.reason
     assert f"predicted {choice.row.effective_speedup:.2f}x" in advised.reason
     assert f"simulated {choice.simulated.effective_speedup:.2f}x" in advised.reason

@@ -60,7 +60,12 @@ def test_a_persistent_straggler_in_a_ddp_job_gets_shares_from_the_one_rule(strag
     assert row["samples_applied_per_second"] == pytest.approx(
         row["samples_applied_ratio"] * measured_rate(trace)[0]
     )
-    assert payload["exclusion"]["excluded"] == [1]
+    exclusion = payload["exclusion"]
+    assert exclusion["excluded"] == [1]
+    # rank 0 alone applies its 32 of the 64 samples at its own pace; a replacement at that
+    # pace keeps all 64: twice the rate, sync's 0.154 s step over rank 0's 0.054 s
+    assert exclusion["replaced_ratio"] == pytest.approx(2 * exclusion["samples_applied_ratio"])
+    assert exclusion["replaced_ratio"] == pytest.approx(0.154 / 0.054, rel=0.15)
 
 
 def test_dropcompute_on_a_one_batch_step_states_the_m_it_needs(straggler):

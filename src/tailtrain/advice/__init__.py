@@ -107,8 +107,10 @@ class Advice:
 
     @property
     def exclusion(self) -> dict[str, Any] | None:
-        """The job without its persistent stragglers ("fix or replace them"), N - P ranks at
-        their pace, per-rank batches unchanged, in the same units as the rows."""
+        """The job without its persistent stragglers, N - P ranks at their pace, per-rank
+        batches unchanged, in the same units as the rows; ``replaced_ratio``: the job with each
+        replaced by a rank at the others' pace (every sample kept, sync's step without them:
+        optimistic by the max over P more healthy ranks)."""
         if self.without_persistent is None:
             return None
         kept = self.without_persistent
@@ -139,6 +141,7 @@ class Advice:
         return {
             "excluded": self.persistent,
             "iteration_time": kept.iteration_time,
+            "replaced_ratio": self.cost.iteration_time / kept.iteration_time,
             **found.as_dict(self.unit),
         }
 

@@ -381,10 +381,12 @@ def reason(
     saving = cost.iteration_time - excluded.iteration_time
     who = ", ".join(str(w) for w in persistent)
     lead = "Persistent stragglers dominate: " if dominate(cost, excluded) else ""
+    # the step is shorter without them, but their samples go with them: say both, or the
+    # saving reads as a gain beside a job without them that applies fewer samples
     found = (
-        f"{lead or 'Persistent stragglers: '}excluding worker(s) {who} saves {saving:.4g} s per "
-        f"step ({cost.iteration_time:.4g} -> {excluded.iteration_time:.4g} s, "
-        f"{saving / cost.iteration_time:.0%} of sync's time per step); "
+        f"{lead or 'Persistent stragglers: '}sync's step without worker(s) {who} is "
+        f"{saving:.4g} s shorter ({cost.iteration_time:.4g} -> {excluded.iteration_time:.4g} s, "
+        f"{saving / cost.iteration_time:.0%} of its time), their samples gone with them; "
     )
     if choice.row.strategy == "rebalance":
         simulated = (

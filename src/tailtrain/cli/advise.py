@@ -284,9 +284,10 @@ def _print(found: Advice, group_size: int = 1) -> None:
         absolute = excluded[f"{unit}_applied_per_second"]
         also = "" if absolute is None else f", {absolute:.4g} {unit}/s"
         console.print(
-            f"fix or replace worker(s) {excluded['excluded']}: the job without them, at their "
-            f"pace, applies {excluded[f'{unit}_applied_ratio']:.3f}x the {applied} per second "
-            f"of the job as measured{also} ({excluded['iteration_time']:.4g} s per step)",
+            f"without worker(s) {excluded['excluded']}: the other ranks alone apply "
+            f"{excluded[f'{unit}_applied_ratio']:.3f}x the {applied} per second of the job as "
+            f"measured{also} ({excluded['iteration_time']:.4g} s per step); replaced by ranks at "
+            f"the others' pace, about {excluded['replaced_ratio']:.3f}x",
             soft_wrap=True,
         )
     console.print(f"recommendation: {found.recommendation}", soft_wrap=True)
