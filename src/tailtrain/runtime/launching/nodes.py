@@ -59,12 +59,12 @@ learned deadline is left out by their census; continued, its ranks find their ge
 gone and are refused (``left/{rank}``): their stale step enters no update, and their
 launcher ends with exit 1, ``no rank finished: ranks [...] left the job (...)``.
 
-**States and bounds.** A rank, as its launcher sees it: ``scripts.RankState``; a node, as the
+**States and bounds.** A rank, as its launcher sees it: ``ranks.RankState``; a node, as the
 store's host sees it: :class:`NodeState`; a rank in the shrink protocol:
 ``runtime.elastic.shrink.ShrinkPhase``. Every wait of the launchers is bounded: reaching the
 store and reading the run id by ``--timeout``; a second start's look at its node's beats by
 :data:`ALIVE_LOOK`; the watch's look at the ranks every ``scripts.WATCH_POLL`` seconds, a stop by
-``scripts.STOP_GRACE`` before SIGKILL; the store's host by ``--timeout`` after the last sign of
+``ranks.STOP_GRACE`` before SIGKILL; the store's host by ``--timeout`` after the last sign of
 life of any node (:func:`await_job_end`).
 """
 
