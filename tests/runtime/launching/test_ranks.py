@@ -12,15 +12,7 @@ import pytest
 import torch.distributed as dist
 
 from tailtrain.runtime.launching import ranks
-from tailtrain.runtime.launching.ranks import (
-    Rank,
-    RankState,
-    Restarts,
-    judged,
-    node_leaves,
-    stop,
-    taken_in,
-)
+from tailtrain.runtime.launching.ranks import Rank, RankState, Restarts
 
 
 def sleeper(seconds: float) -> subprocess.Popen:
@@ -36,11 +28,14 @@ def ended(rank: int, state: RankState, died: float = float("inf"), why: str = ""
 
 
 def test_a_job_with_a_finished_rank_is_judged_fine_whatever_the_others_did():
-    assert judged([ended(0, RankState.DIED, 1.0, "SIGKILL"), ended(1, RankState.FINISHED)]) is None
+    assert (
+        ranks.judged([ended(0, RankState.DIED, 1.0, "SIGKILL"), ended(1, RankState.FINISHED)])
+        is None
+    )
 
 
 def test_with_none_finished_the_line_names_the_first_to_die_not_the_lowest():
-    found = judged(
+    found = ranks.judged(
         [ended(0, RankState.DIED, 2.0, "exit status 1"), ended(3, RankState.DIED, 1.0, "SIGKILL")]
     )
     assert found == "no rank finished: rank 3 failed first (SIGKILL)"
@@ -48,9 +43,9 @@ def test_with_none_finished_the_line_names_the_first_to_die_not_the_lowest():
 
 def test_with_none_finished_ranks_that_left_or_were_stopped_are_named_as_such():
     left = ended(1, RankState.LEFT, why="the run had ended")
-    assert judged([left]) == "no rank finished: ranks [1] left the job (the run had ended)"
+    assert ranks.judged([left]) == "no rank finished: ranks [1] left the job (the run had ended)"
     stopped = [ended(0, RankState.STOPPED), ended(1, RankState.STOPPED)]
-    assert judged(stopped) == "no rank finished: rank 0 stopped, rank 1 stopped"
+    assert ranks.judged(stopped) == "no rank finished: rank 0 stopped, rank 1 stopped"
 
 
 def test_a_rank_is_started_again_at_most_limit_times():
@@ -87,7 +82,7 @@ def test_a_node_leaves_whole_its_running_mates_killed_and_every_one_noted_dead()
     notes = dist.HashStore()
     first = ended(4, RankState.DIED, 1.0, "SIGKILL")
     mate = Rank(5, sleeper(30), local=1)
-    said = node_leaves([first, mate], first, notes)
+    said = ranks.node_leaves([first, mate], first, notes)
     assert said == "; ranks [5] of its node were stopped"
     assert mate.process.poll() is not None and mate.state is RankState.DIED
     assert mate.why == "its node left with rank 4"
@@ -97,11 +92,11 @@ def test_a_node_leaves_whole_its_running_mates_killed_and_every_one_noted_dead()
 def test_a_restart_is_taken_in_only_once_the_live_ranks_wrote_it():
     notes = dist.HashStore()
     back = Rank(1, sleeper(0), restarts=1)
-    assert not taken_in(back, notes)
+    assert not ranks.taken_in(back, notes)
     notes.set("healed/1", "[2, 12]")
-    assert taken_in(back, notes) and back.healed
+    assert ranks.taken_in(back, notes) and back.healed
     first_start = Rank(0, sleeper(0))  # nothing to heal: never taken in, never said
-    assert not taken_in(first_start, notes)
+    assert not ranks.taken_in(first_start, notes)
 
 
 @pytest.mark.timeout(60)
@@ -115,6 +110,6 @@ def test_a_stop_kills_what_ignores_its_signal_after_the_grace(monkeypatch):
     )  # fmt: skip
     assert deaf.stdout.readline() == b"ready\n"
     r = Rank(0, deaf)
-    stop([r], signal.SIGTERM)
+    ranks.stop([r], signal.SIGTERM)
     # it ignores SIGTERM: only the kill after the grace ends it
     assert deaf.returncode == -signal.SIGKILL and r.state is RankState.STOPPED
