@@ -38,22 +38,27 @@ Y = torch.randn(STEPS * N * 8, 2, generator=torch.Generator().manual_seed(1))
 
 
 #: DDP's options the probe must time alike (``accumulate``: every other micro-batch in
-#: ``no_sync()``; ``spare``: a parameter forward never uses)
+#: ``no_sync()``; ``spare``: a parameter forward never uses; ``buffers``: a model with a
+#: buffer, which DDP broadcasts from rank 0 at each forward, rank 1 slow before its forward
+#: instead of in it, so rank 0 waits in that broadcast, not in the reduction)
 VARIANTS = {
     "find_unused": {"find_unused_parameters": True, "spare": True},
     "static_graph": {"static_graph": True},
     "bucket_view": {"gradient_as_bucket_view": True},
     "no_sync": {"accumulate": True},
+    "buffers": {"buffers": True},
 }
 
 
 class Slow(nn.Module):
-    def __init__(self, delay: float, spare: bool = False) -> None:
+    def __init__(self, delay: float, spare: bool = False, buffers: bool = False) -> None:
         super().__init__()
         torch.manual_seed(3)
         self.net = nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 2))
         self.spare = nn.Linear(2, 2) if spare else None
         self.delay = delay
+        if buffers:
+            self.register_buffer("scale", torch.ones(1))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         time.sleep(self.delay)
@@ -75,7 +80,10 @@ def run_ddp(
     setting, default every 8 steps)."""
     options = dict(VARIANTS[variant]) if variant else {}
     spare, accumulate = options.pop("spare", False), options.pop("accumulate", False)
-    ddp = DistributedDataParallel(Slow(SLOW if rank == 1 else 0.0, spare), **options)
+    buffers = options.pop("buffers", False)
+    delay = SLOW if rank == 1 else 0.0
+    model = Slow(0.0 if buffers else delay, spare, buffers)
+    ddp = DistributedDataParallel(model, **options)
     optimizer = torch.optim.SGD(ddp.parameters(), lr=LR)
     batches = loader(rank)
     reports = []
@@ -85,6 +93,8 @@ def run_ddp(
         probe = StragglerProbe(folder, **cadence, on_report=reports.append).watch(ddp)
         batches = probe.batches(batches)
     for i, (x, y) in enumerate(batches):
+        if buffers:
+            time.sleep(delay)  # in the step, before DDP's forward and its buffer broadcast
         if accumulate and i % 2 == 0:
             with ddp.no_sync():
                 F.mse_loss(ddp(x), y).backward()

@@ -1,7 +1,7 @@
 """A straggler probe for an unmodified PyTorch loop: who is slow, measured on every rank.
 
 Two lines in a DDP job (DDP keeps its own allreduce, its overlap and any comm hook; the probe
-adds two gradient hooks and a forward pre-hook)::
+adds two gradient hooks and two forward pre-hooks)::
 
     probe = StragglerProbe("runs/probe").watch(ddp)            # after DDP(...)
     for x, y in probe.batches(loader):                         # was: for x, y in loader:

@@ -90,7 +90,12 @@ class StepMarks:
 class DdpWatch:
     """The probe's hooks on a DDP model. A forward pre-hook notes whether this backward will
     reduce (DDP's own test: grad enabled and not in ``no_sync``; one under ``no_sync`` marks
-    the step accumulating, so the loader's next batch goes on in it). The first backward hooks
+    the step accumulating, so the loader's next batch goes on in it). A second forward
+    pre-hook, on the wrapped module, ends DDP's own part of the forward: its buffer broadcast
+    from rank 0 (``broadcast_buffers``, the default, for any model with buffers) and its
+    bucket rebuild are collectives where a rank waits for one that came late (slow outside
+    its forward: its data, its optimizer, a sleep), so on host seconds that span is this
+    rank's wait (``note_wait``), not its compute. The first backward hooks
     every parameter to learn which gradient is accumulated first and which last, then keeps
     only those two hooks: the last marks "ready"; whichever of them fires first queues a final
     callback that queues another, which marks "synced" once DDP's finalise (queued when its
@@ -109,7 +114,11 @@ class DdpWatch:
         self.order: list[int] | None = []  # first backward: the parameters in grad order
         self.first = self.last = -1
         self.handles = [self._hook(i) for i in range(len(self.params))]
+        #: when DDP's forward began (host seconds), until its wrapped module's began
+        self.entered: float | None = None
         ddp.register_forward_pre_hook(self._forward)
+        # first among the module's pre-hooks: those are the model's forward, not DDP's
+        ddp.module.register_forward_pre_hook(self._module_forward, prepend=True)
         # any optimizer's step ends an accumulating step (``StepMarks.stepped``); the hook
         # is global and holds the probe weakly, so a probe dropped unhooked costs a lookup
         self.stepped = register_optimizer_step_post_hook(_stepped(weakref.ref(probe)))
@@ -123,6 +132,14 @@ class DdpWatch:
         self.reduces = torch.is_grad_enabled() and ddp.require_backward_grad_sync
         if torch.is_grad_enabled() and not ddp.require_backward_grad_sync:
             self.probe._mark_accumulating()  # under ``no_sync``: the step is not over
+        self.entered = time.perf_counter()
+
+    def _module_forward(self, _module: Any, _inputs: Any) -> None:
+        entered, self.entered = self.entered, None
+        # the module called by itself (an evaluation of ``ddp.module``) is no DDP forward;
+        # on CUDA events the host runs ahead of the broadcast, which the events time
+        if entered is not None and isinstance(self.probe.clock, HostClock):
+            self.probe.note_wait(time.perf_counter() - entered)
 
     def _grad(self, index: int) -> None:
         if self.probe._syncing:  # a hook state's zero backward (``flush_buckets``): no step's
