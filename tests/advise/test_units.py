@@ -83,9 +83,17 @@ def test_before_and_after_in_the_same_units(tmp_path):
     before, after = (measured_rate(trace.of_run(r))[0] for r in (0, 1))
     assert report["last_over"]["0"] == pytest.approx(after / before)
     assert after / before == pytest.approx(2.0, rel=0.15)
+    # each run says the batches it dealt, so a list of runs tells which ran the shares
+    assert [r.samples for r in found.runs] == [(32, 32), (48, 16)]
+    assert report["runs"][1]["samples_per_rank"] == [48, 16]
     # judged per sample: the rebalanced rank 1 is still the slow one
     assert [s.verdict for s in found.runs[1].verdicts] == ["healthy", "persistent"]
     assert found.recommendation == "sync"  # the last run already deals the shares
+    # which sync's row keeps: the lines say so, not that the loop runs plain sync
+    assert found.job.dealt == (48, 16) and found.to_json()["job"]["dealt"] == [48, 16]
+    assert found.adopt.lines() == [
+        "# keep your job as it is: it deals its shares [48, 16], which no row beats"
+    ]
 
 
 def test_micro_batches_on_a_per_step_trace_is_no_longer_refused(straggler):

@@ -327,6 +327,7 @@ def _advise(
         choice.micro_batches,
         choice.shares,
         job.accumulation,
+        dealt=job.dealt,
     )
     found = (str(path), n, times, scores, cost, without, ranked, choice, text, notes + more)
     advice = Advice(*found, setup=setup, adopt=adopt, equivalent=tied)

@@ -391,13 +391,19 @@ def adoption(
     micro_batches: int | None = None,
     shares: tuple[int, ...] | None = None,
     accumulation: int = 1,
+    dealt: tuple[int, ...] | None = None,
 ) -> Adoption:
     """The lines that make a ``setup`` job run ``spec`` (of family ``strategy``), at
     ``micro_batches`` per step where it needs more than the job has, with ``shares`` where
     rebalance deals per-rank batches (a DDP job's; ``advice.units``); ``accumulation``: the
-    loader batches a step of the job accumulates now."""
+    loader batches a step of the job accumulates now; ``dealt``: the unequal per-rank batches
+    the job already deals (a remedy adopted before), which sync, the job as measured, keeps."""
     if not runnable(strategy, setup, spec):
         raise UsageError(f"a {setup} job cannot run {spec!r}; advise --for {setup} never picks it")
+    if strategy == "sync" and dealt is not None and setup != "tailtrain-train":
+        # sync's row is the job as it runs: its shares, not a Trainer's or a loop's plain sync
+        keep = f"# keep your job as it is: it deals its shares {list(dealt)}, which no row beats"
+        return Adoption(setup, spec, (), (keep,), ())
     if setup == "hf":  # the DDP job's lines, for the loop the remedy moves to
         if strategy == "sync":
             keep = "# keep your Trainer as it is: sync is what it runs"

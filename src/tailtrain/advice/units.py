@@ -119,6 +119,14 @@ class JobShape:
     def equal(self) -> bool:
         return self.samples is None or bool(np.all(self.samples == self.samples[0]))
 
+    @property
+    def dealt(self) -> tuple[int, ...] | None:
+        """The unequal batches the ranks are dealt (shares adopted before; not a cut), which
+        sync's row, the job as measured, keeps; None: equal, cut or unknown."""
+        if self.samples is None or self.equal or self.cut:
+            return None
+        return tuple(int(b) for b in self.samples)
+
     def as_dict(self) -> dict[str, object]:
         return {
             "workers": self.workers,
@@ -128,6 +136,7 @@ class JobShape:
             "unit": self.unit,
             "remedy": self.remedy,
             "accumulation": self.accumulation,
+            "dealt": None if self.dealt is None else list(self.dealt),
         }
 
 
@@ -387,6 +396,9 @@ class RunReport:
     step_time: float
     steps: int
     verdicts: list[Slowness]
+    #: each rank's samples per step (median), which tells a run with shares from one
+    #: without; None: the trace has no samples column
+    samples: tuple[int, ...] | None = None
 
     def as_dict(self, unit: str) -> dict[str, object]:
         return {
@@ -394,6 +406,7 @@ class RunReport:
             f"{unit}_per_second": self.rate,
             "step_time": self.step_time,
             "steps": self.steps,
+            "samples_per_rank": None if self.samples is None else list(self.samples),
             "verdicts": [
                 {"worker": s.worker, "verdict": s.verdict, "score": s.score} for s in self.verdicts
             ],
@@ -412,7 +425,9 @@ def run_reports(whole: Trace) -> list[RunReport]:
         times = verdict_times(trace)
         ranks = np.unique(trace.worker)
         verdicts = classify_workers(times, ranks) if min(times.shape) >= 2 else []
-        found.append(RunReport(run, rate, step, steps, verdicts))
+        per_rank = job_of(trace).samples
+        samples = None if per_rank is None else tuple(int(b) for b in per_rank)
+        found.append(RunReport(run, rate, step, steps, verdicts, samples))
     return found
 
 

@@ -290,7 +290,13 @@ def _print(found: Advice, group_size: int = 1) -> None:
             f"the others' pace, about {excluded['replaced_ratio']:.3f}x",
             soft_wrap=True,
         )
-    console.print(f"recommendation: {found.recommendation}", soft_wrap=True)
+    kept = found.job.dealt if found.job is not None else None
+    as_it_runs = (
+        ""
+        if kept is None or found.recommendation != "sync"
+        else (f" (the job as it runs: its shares {list(kept)} kept)")
+    )
+    console.print(f"recommendation: {found.recommendation}{as_it_runs}", soft_wrap=True)
     console.print(found.reason, soft_wrap=True)
     if found.adopt is not None:
         console.print(f"to adopt it (--for {found.setup}):", soft_wrap=True)
@@ -312,9 +318,10 @@ def _print_runs(console, found: Advice) -> None:
         slow = ", ".join(f"{s.worker} {s.verdict}" for s in r.verdicts if s.verdict != "healthy")
         over = report["last_over"].get(str(r.run))
         gain = "" if over is None else f"; the last run applies {over:.3f}x this"
+        dealt = "" if r.samples is None else f", samples per rank per step {list(r.samples)}"
         console.print(
             f"run {r.run}: {r.rate:.4g} {unit}/s measured over {r.steps} steps "
-            f"({r.step_time:.4g} s per step); not healthy: {slow or 'none'}{gain}",
+            f"({r.step_time:.4g} s per step{dealt}); not healthy: {slow or 'none'}{gain}",
             soft_wrap=True,
         )
     console.print(f"advising on the last run ({last.run})")
