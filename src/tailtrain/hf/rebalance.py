@@ -27,7 +27,9 @@ keeps its loop; the subclass changes three of its documented extension points:
 * ``compute_loss``: the hook's weights give the global batch's mean gradient where g_n is the
   mean over rank n's own batch. That is the Trainer's loss when it normalises per rank: a
   model's mean loss divided by the micro-batches of the step, or a loss over
-  ``num_items_in_batch`` counted on this rank (``average_tokens_across_devices=False``).
+  ``num_items_in_batch`` counted on this rank (``average_tokens_across_devices=False``; the
+  ranks' item means are then weighed by samples, the global item mean only where every
+  sample has as many items).
   With ``average_tokens_across_devices=True`` (the default, for a model that takes
   ``num_items_in_batch`` or a ``compute_loss_func``) the Trainer instead divides by the items
   counted over every rank and multiplies by N, DDP's mean then giving the global item mean;
