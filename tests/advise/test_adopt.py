@@ -172,13 +172,32 @@ def test_dropcompute_s_note_under_lightning_says_where_it_cuts():
     assert dropcompute_note(job, "ddp") == ACCUMULATED_NOTE
 
 
-def test_hf_s_lines_are_the_ddp_job_s_under_a_line_that_says_where_they_go():
+def test_hf_s_dropcompute_lines_are_the_ddp_job_s_under_a_line_that_says_where_they_go():
     ddp = adoption("dropcompute:threshold=0.05", "dropcompute", "ddp", 4).lines()
     hf = adoption("dropcompute:threshold=0.05", "dropcompute", "hf", 4)
     assert hf.lines()[0].startswith("# transformers' Trainer cannot run this in its loop")
     assert hf.lines()[1:] == ddp and hf.edits() == []
     keep = adoption("sync", "sync", "hf").lines()
     assert keep == ["# keep your Trainer as it is: sync is what it runs"]
+
+
+def test_hf_s_rebalance_line_is_the_trainer_subclass_with_the_shares(monkeypatch):
+    """``--for hf`` rebalances inside the Trainer: the lines, run as printed with a stand-in
+    for ``RebalancedTrainer`` that records its arguments, pass the shares as a keyword in
+    place of ``Trainer(...)``, and name the per-device batch they sum to N times."""
+    lines = adoption("rebalance", "rebalance", "hf", None, (14, 2)).lines()
+    assert lines == [
+        "from tailtrain.hf import RebalancedTrainer",
+        "trainer = RebalancedTrainer(..., shares=[14, 2])  "
+        "# was: Trainer(...), per_device_train_batch_size=8",
+    ]
+    uneven = adoption("rebalance", "rebalance", "hf", None, (5, 2)).lines()
+    assert uneven[1].endswith("# was: Trainer(...)")
+    hf = pytest.importorskip("tailtrain.hf")  # the hf extra
+    built = {}
+    monkeypatch.setattr(hf, "RebalancedTrainer", lambda *a, **kw: built.update(kw))
+    exec("\n".join(lines), {})
+    assert built == {"shares": [14, 2]}
 
 
 def test_fsdp_s_lines_build_a_sharded_step_of_the_spec():

@@ -105,8 +105,8 @@ def test_an_unknown_job_is_refused_in_one_line():
 @pytest.mark.parametrize("spec", EXPECTED)
 def test_the_lightning_answer_is_what_stragglerstrategy_accepts(spec):
     """``--for lightning`` offers what ``StragglerStrategy`` builds (the hook's rule, or
-    rebalance by fixed shares); ``--for hf`` ranks as a DDP job (its lines move the remedy
-    to a loop the user owns)."""
+    rebalance by fixed shares); ``--for hf`` ranks as a DDP job (rebalance in
+    ``RebalancedTrainer``, DropCompute's lines moved to a loop the user owns)."""
     from tailtrain.lightning.strategy import checked_rule
 
     accepted = False

@@ -68,6 +68,19 @@ def test_a_persistent_straggler_in_a_ddp_job_gets_shares_from_the_one_rule(strag
     assert exclusion["replaced_ratio"] == pytest.approx(0.154 / 0.054, rel=0.15)
 
 
+def test_a_persistent_straggler_in_a_trainer_job_gets_the_trainer_subclass(straggler):
+    """``--for hf`` ranks as a DDP job, and its rebalance is one line inside the Trainer
+    (``RebalancedTrainer``, the same shares), not a DDP loop's lines to move to."""
+    path, ddp = straggler
+    found = advise(path, setup="hf", samples=400)
+    assert found.recommendation == "rebalance" and found.choice.shares == ddp.choice.shares
+    assert found.adopt.lines() == [
+        "from tailtrain.hf import RebalancedTrainer",
+        "trainer = RebalancedTrainer(..., shares=[48, 16])  "
+        "# was: Trainer(...), per_device_train_batch_size=32",
+    ]
+
+
 def test_dropcompute_on_a_one_batch_step_states_the_m_it_needs(straggler):
     _, found = straggler
     rows = [r for r in found.ranked if r.row.strategy == "dropcompute"]

@@ -12,9 +12,12 @@ r"""What a job can run, and the lines that adopt a recommendation (``advise --fo
 * ``lightning``: a Lightning ``Trainer`` runs what ``tailtrain.lightning.StragglerStrategy``
   runs: the DDP comm hook's rules over ``accumulate_grad_batches`` (DropCompute at the M
   advise names) and rebalance by fixed per-rank shares, one ``strategy=`` argument;
-* ``hf``: transformers' ``Trainer`` runs no remedy inside its loop (a callback cannot cut a
-  micro-batch nor reduce: docs/hf.md), so it is ranked as a DDP job, and the lines are the
-  DDP job's, for the loop the user moves the remedy to, under a line that says so;
+* ``hf``: transformers' ``Trainer`` is ranked as a DDP job. Rebalance by shares runs inside
+  it (``tailtrain.hf.RebalancedTrainer``: its loader, its DDP model's comm hook and its loss
+  are reached by documented overrides), and the line is that subclass in place of
+  ``Trainer``; DropCompute does not (a callback cannot cut a micro-batch nor reduce:
+  docs/hf.md), so its lines are the DDP job's, for the loop the user moves the remedy to,
+  under a line that says so;
 * ``fsdp``: an own loop over an FSDP2 model (``fully_shard`` over a 2-D mesh's shard
   dimension) runs what :class:`tailtrain.ShardedStep` runs, the replica group as the worker,
   ``rebalance:deal=demand`` included (it deals positions of the job's stream);
@@ -289,11 +292,22 @@ def probe_adoption(out_dir: str = "runs/probe") -> Adoption:
 
 #: setups whose jobs deal per-rank batch shares by ``advise``'s per-sample forecast
 SHARES = ("ddp", "lightning", "hf", "any")
-#: where transformers' Trainer's user adopts a remedy (docs/hf.md)
+#: where transformers' Trainer's user adopts a remedy the Trainer cannot run (docs/hf.md)
 HF_MOVE = (
-    "# transformers' Trainer cannot run this in its loop (docs/hf.md, \"Remedies: not inside "
-    "the Trainer\"): in a loop you own over DDP (Accelerate's or your own), these lines"
+    "# transformers' Trainer cannot run this in its loop (docs/hf.md, \"DropCompute: not "
+    "inside the Trainer\"): in a loop you own over DDP (Accelerate's or your own), these lines"
 )
+
+
+def hf_rebalance(spec: str, shares: tuple[int, ...]) -> Adoption:
+    """Rebalance in a transformers ``Trainer`` job: its subclass that deals the training
+    loader by ``shares`` and weighs DDP's reduction by them (``tailtrain.hf``'s
+    ``RebalancedTrainer``), the per-device batch the shares sum to N times named, so that a
+    job with another batch sees the line is not for it (as ``_loader_of``)."""
+    batch, rest = divmod(sum(shares), len(shares))
+    was = "# was: Trainer(...)" + (f", per_device_train_batch_size={batch}" if rest == 0 else "")
+    line = f"trainer = RebalancedTrainer(..., shares={list(shares)})  {was}"
+    return Adoption("hf", spec, ("from tailtrain.hf import RebalancedTrainer",), (line,), ())
 
 
 def lightning_adoption(
@@ -404,10 +418,12 @@ def adoption(
         # sync's row is the job as it runs: its shares, not a Trainer's or a loop's plain sync
         keep = f"# keep your job as it is: it deals its shares {list(dealt)}, which no row beats"
         return Adoption(setup, spec, (), (keep,), ())
-    if setup == "hf":  # the DDP job's lines, for the loop the remedy moves to
+    if setup == "hf":  # the Trainer subclass, or the DDP job's lines for a loop of one's own
         if strategy == "sync":
             keep = "# keep your Trainer as it is: sync is what it runs"
             return Adoption(setup, spec, (), (keep,), ())
+        if strategy == "rebalance" and shares is not None:
+            return hf_rebalance(spec, shares)
         moved = adoption(spec, strategy, "ddp", micro_batches, shares)
         return replace(moved, setup=setup, imports=(HF_MOVE, *moved.imports), edit_list=())
     if setup == "fsdp" and strategy != "sync":

@@ -63,8 +63,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         default="any",
         help="the job to advise: a DDP job (the comm hook), an own loop (StragglerStep), a "
         "Lightning Trainer (StragglerStrategy), a transformers Trainer (ranked as a DDP job; "
-        "its lines for a loop you own), an FSDP2 job across replica groups (ShardedStep), "
-        "tailtrain train (every strategy) or any (default: %(default)s)",
+        "rebalance as RebalancedTrainer, other remedies' lines for a loop you own), an FSDP2 "
+        "job across replica groups (ShardedStep), tailtrain train (every strategy) or any "
+        "(default: %(default)s)",
     )
     p.add_argument(
         "--comm-time",
