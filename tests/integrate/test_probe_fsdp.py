@@ -128,10 +128,13 @@ def test_the_sleeper_s_partner_and_the_other_group_wait_the_skew(results, loop):
 def test_the_verdicts_name_the_sleeper_alone_and_its_group(results, loop):
     """Rank 2 alone is persistent; the report knows the replica groups (from the HSDP
     model's mesh, or the ``ShardedStep``'s), so it names rank 2's group, and its line in
-    ``verdicts.jsonl`` carries them."""
+    ``verdicts.jsonl`` carries them. The others are not persistent: one may be called
+    intermittent where CI's load stalled it in a step or two of the 16 (CI84 saw rank 3 so),
+    which is the probe seeing a real stall, not a sleep."""
     folder, rank0 = results
     last = rank0[loop]["reports"][-1]
-    assert [r["verdict"] for r in last["ranks"]] == ["healthy", "healthy", "persistent", "healthy"]
+    verdicts = [r["verdict"] for r in last["ranks"]]
+    assert [v == "persistent" for v in verdicts] == [r == SLEEPER for r in range(WORLD)]
     assert last["groups"] == [[0, 1], [2, 3]]
     lines = (folder / loop / "verdicts.jsonl").read_text().splitlines()
     assert json.loads(lines[-1])["groups"] == [[0, 1], [2, 3]]
