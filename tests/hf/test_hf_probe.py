@@ -11,10 +11,6 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import json
-import os
-import shutil
-import socket
-import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -32,6 +28,7 @@ pytest.importorskip("transformers")
 pytest.importorskip("accelerate")
 
 from tests.cli.helpers import run
+from tests.integrate.ranks import torchrun
 from transformers import TrainerControl, TrainerState
 
 from tailtrain.core.machine import read_machine
@@ -42,36 +39,15 @@ from tailtrain.persistence import classify_workers
 
 ROOT = Path(__file__).resolve().parents[2]
 STEPS, SLOW, ACCUMULATE, BATCH, LOG_EVERY = 40, 0.04, 2, 4, 10
-EXIT_ABORT = "terminate called without an active exception"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
 def job(tmp_path_factory) -> tuple[Path, str]:
     """The example's folder and its stdout, after one 2-process run."""
     out = tmp_path_factory.mktemp("hf") / "probe"
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), env.get("PYTHONPATH", "")])
-    command = [
-        sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-        "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
-        str(ROOT / "examples" / "hf_probe.py"), "--slow-rank", "1", "--slow-ms", str(1e3 * SLOW),
-        "--steps", str(STEPS), "--accumulate", str(ACCUMULATE), "--out", str(out),
-    ]  # fmt: skip
-    for attempt in range(2):
-        done = subprocess.run(
-            command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=240
-        )
-        # torch's abort at exit, once the job finished (bench/bench_loop.py's EXIT_ABORT says
-        # why): run it once more from an empty folder; any other failure fails at once
-        if done.returncode == 0 or EXIT_ABORT not in done.stderr or attempt:
-            break
-        shutil.rmtree(out, ignore_errors=True)
+    args = ["--slow-rank", "1", "--slow-ms", str(1e3 * SLOW), "--steps", str(STEPS),
+            "--accumulate", str(ACCUMULATE), "--out", str(out)]  # fmt: skip
+    done = torchrun(ROOT / "examples" / "hf_probe.py", args, 2, fresh=out)
     assert done.returncode == 0, done.stderr[-4000:]
     return out, done.stdout
 

@@ -11,8 +11,6 @@ takes it). The refusals and Accelerate's passthrough are checked in this process
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -26,7 +24,7 @@ pytest.importorskip("accelerate")
 from accelerate.data_loader import BatchSamplerShard, DataLoaderShard, skip_first_batches
 from accelerate.utils import DistributedType
 from tests.hf import rebalance_job as job
-from tests.integrate.ranks import free_port
+from tests.integrate.ranks import torchrun
 from torch.utils.data import DataLoader, DistributedSampler, IterableDataset
 from transformers import TrainingArguments
 
@@ -36,7 +34,6 @@ from tailtrain.hf.rebalance import passthrough, setup_refusal
 from tailtrain.integrate.share_loader import ShareBatchSampler
 
 ROOT = Path(__file__).resolve().parents[2]
-EXIT_ABORT = "terminate called without an active exception"
 #: float32 on the ranks against float64 here; a step with the ranks weighed 1/N is far outside
 CLOSE = {"rtol": 1e-5, "atol": 1e-6}
 STEPS_PER_EPOCH = 4  # 7 micro-batches in steps of 2, 2, 2, 1
@@ -45,23 +42,8 @@ STEPS_PER_EPOCH = 4  # 7 micro-batches in steps of 2, 2, 2, 1
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory) -> list[dict]:
     folder = tmp_path_factory.mktemp("hf_rebalance")
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), str(ROOT), env.get("PYTHONPATH", "")])
-    command = [
-        sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(job.N),
-        "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
-        str(ROOT / "tests" / "hf" / "rebalance_job.py"), str(folder),
-    ]  # fmt: skip
-    for attempt in range(2):
-        done = subprocess.run(
-            command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=240
-        )
-        # torch's abort at exit, once the job finished (tests/hf/test_hf_probe.py): once more
-        if done.returncode == 0 or EXIT_ABORT not in done.stderr or attempt:
-            break
-        shutil.rmtree(folder, ignore_errors=True)
-        folder.mkdir()
-        command[-1] = str(folder)
+    script = ROOT / "tests" / "hf" / "rebalance_job.py"
+    done = torchrun(script, [str(folder)], job.N, fresh=folder)
     assert done.returncode == 0, done.stderr[-4000:]
     return [json.loads((folder / f"rank{r}.json").read_text()) for r in range(job.N)]
 

@@ -7,7 +7,11 @@ from __future__ import annotations
 import contextlib
 import datetime
 import gc
+import os
+import shutil
 import socket
+import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -52,3 +56,33 @@ def run_ranks(rank_main: Callable[[int, int, str], None], folder: Path, world: i
     with no_garbage_inherited():
         mp.start_processes(rank_main, (free_port(), str(folder)), nprocs=world, start_method="fork")
     return [torch.load(folder / f"rank{r}.pt", weights_only=False) for r in range(world)]
+
+
+#: torch's abort at a process's exit once its job finished (bench/bench_loop.py's EXIT_ABORT
+#: says why): a run that ends on it is run once more
+EXIT_ABORT = "terminate called without an active exception"
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def torchrun(
+    script: Path, args: list[str], nproc: int, fresh: Path, timeout: float = 240
+) -> subprocess.CompletedProcess:
+    """``script`` with ``args`` on ``nproc`` local gloo ranks under torchrun (the repo's
+    source and tests importable, one torch thread each): run once more, ``fresh`` emptied,
+    where only torch's abort at exit failed it; the run's output (returncode checked by the
+    caller)."""
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), str(ROOT), env.get("PYTHONPATH", "")])
+    command = [
+        sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
+        "--master-addr", "127.0.0.1", "--master-port", str(free_port()), str(script), *args,
+    ]  # fmt: skip
+    for attempt in range(2):
+        done = subprocess.run(
+            command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout
+        )
+        if done.returncode == 0 or EXIT_ABORT not in done.stderr or attempt:
+            return done
+        shutil.rmtree(fresh, ignore_errors=True)
+        fresh.mkdir(parents=True)
+    return done
