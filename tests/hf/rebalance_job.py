@@ -9,7 +9,9 @@ positions' labels ``-100`` (so an item mean and a sample mean differ):
   divides it by the step's micro-batches);
 * ``item``: ``PerItem``, which takes ``num_items_in_batch`` (``accepts_loss_kwargs``), the
   Trainer counting the labelled positions over every rank (``average_tokens_across_devices``,
-  its default) and multiplying the loss by N.
+  its default) and multiplying the loss by N;
+* ``kwargs``: ``KwargsMean``, ``PerSample``'s loss behind a ``**kwargs`` forward, from which
+  the Trainer guesses a loss over the count that it is not.
 
 Rank r writes ``rank{r}.json`` in the folder given as the first argument: per run the
 parameters before and after, the dataset indices of each micro-batch grouped by optimizer
@@ -84,7 +86,16 @@ class PerItem(PerSample):
         return {"loss": self.errors(x, labels, idx).sum() / items}
 
 
-MODELS = {"sample": PerSample, "item": PerItem}
+class KwargsMean(PerSample):
+    """``PerSample``'s mean loss behind a forward that takes ``**kwargs``, as every
+    transformers model's does, so that the Trainer guesses it takes ``num_items_in_batch``; it
+    ignores the count, as a BERT classifier's loss does."""
+
+    def forward(self, x: torch.Tensor, labels: torch.Tensor, idx: torch.Tensor, **_: Any) -> dict:
+        return super().forward(x, labels, idx)
+
+
+MODELS = {"sample": PerSample, "item": PerItem, "kwargs": KwargsMean}
 
 
 class Steps(TrainerCallback):

@@ -68,7 +68,7 @@ def loss_of(w: torch.Tensor, idx: list[int], run: str) -> torch.Tensor:
     x, labelled = job.X[idx].double(), job.LABELLED[idx]
     target = job.Y[idx].double().where(labelled, 0.0)
     errors = ((x @ w[: job.D] + w[job.D] - target) ** 2 * labelled).sum()
-    return errors / (len(idx) * job.L if run == "sample" else labelled.sum())
+    return errors / (labelled.sum() if run == "item" else len(idx) * job.L)
 
 
 def sgd(run: dict, name: str, weights: list[float] | None = None) -> tuple[torch.Tensor, list]:

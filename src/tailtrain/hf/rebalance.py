@@ -35,6 +35,13 @@ keeps its loop; the subclass changes three of its documented extension points:
   counted over every rank and multiplies by N, DDP's mean then giving the global item mean;
   there the training loss is multiplied by B / b_n, which turns the hook's b_n / N B back into
   DDP's 1 / N: the update is the plain Trainer's global item mean, exactly.
+  That path is taken only where the model says its loss takes ``num_items_in_batch``
+  (``accepts_loss_kwargs = True``) or a ``compute_loss_func`` is given: the Trainer also
+  guesses it from any ``**kwargs`` in the forward, which every transformers model has, though
+  a sequence classifier's loss is a plain mean that ignores the count (the Trainer then
+  scales that mean by N M); on such a guess the subclass passes no count, so each rank's loss
+  is its own mean (a causal LM's: its micro-batch's token mean) and the update the samples'
+  weighted mean. Declare ``model.accepts_loss_kwargs = True`` for the exact item mean.
 
 Refused in one line when the Trainer is built (``setup_refusal``): shares of the wrong length
 or sum (``checked_shares``), a run that is not plain DDP or one process (DeepSpeed, FSDP,
@@ -55,6 +62,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, DistributedSampler, IterableDataset
 from transformers import Trainer
+from transformers.trainer_utils import unwrap_peft_model
 
 from tailtrain.errors import UsageError
 from tailtrain.integrate.share_loader import (
@@ -120,6 +128,13 @@ def passthrough(loader: DataLoader, dealt: ShareBatchSampler) -> None:
     shard.sampler = dealt.sampler
 
 
+def declares_loss_kwargs(model: nn.Module) -> bool:
+    """Whether ``model`` (or the model a PEFT wrapper holds) says itself whether its loss takes
+    ``num_items_in_batch`` (``accepts_loss_kwargs``, which the Trainer reads, as here, before it
+    guesses from the forward's signature)."""
+    return hasattr(unwrap_peft_model(model), "accepts_loss_kwargs")
+
+
 class RebalancedTrainer(Trainer):
     """``transformers.Trainer`` whose every rank computes its share of each global batch, the
     update staying the global batch's mean gradient (module docstring).
@@ -138,6 +153,11 @@ class RebalancedTrainer(Trainer):
             raise UsageError(refusal)
         #: this rank's share over an even one, b_n / B
         self.weight = self.shares[self.args.process_index] / batch
+        if self.model_accepts_loss_kwargs and not declares_loss_kwargs(self.model):
+            # the Trainer guessed from a ``**kwargs`` forward that the loss divides by
+            # num_items_in_batch; a BERT classifier's mean loss does not, and the B / b_n below
+            # would then weigh every rank alike: its own mean loss is what the hook weighs right
+            self.model_accepts_loss_kwargs = False
         self.dealt: ShareBatchSampler | None = None
         self._hooked: DistributedDataParallel | None = None  # the DDP model holding the hook
         self._stepped: nn.Module | None = None  # the model the last training_step was given
