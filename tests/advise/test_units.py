@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from tailtrain.advice import advise
-from tailtrain.advice.units import WARMUP_STEPS, measured_rate
+from tailtrain.advice.units import WARMUP_STEPS, JobShape, measured_rate
 from tailtrain.core.machine import append_machine, machine_row
 from tailtrain.delays.trace import read_trace, write_trace_rows
 from tailtrain.errors import UsageError
@@ -419,3 +419,15 @@ def test_a_trace_without_noncompute_is_measured_by_each_step_s_slowest_rank(tmp_
     rate, step, steps = measured_rate(read_trace(path))
     assert rate == pytest.approx(10.0) and step == pytest.approx(0.1)
     assert steps == 20 - WARMUP_STEPS
+
+
+def test_the_shares_a_job_deals_are_per_loader_batch_as_rebalance_prints_them():
+    """A step of an accumulating job sums its batches' samples: a job dealing shares [13, 3]
+    over 4 batches a step records [52, 12], and what advise says it keeps is [13, 3], the
+    argument the user gave; equal batches or a DropCompute cut deal no shares."""
+    shaped = JobShape(2, 1, np.array([52, 12]), accumulation=4)
+    assert shaped.dealt == (13, 3)
+    assert JobShape(2, 1, np.array([53, 11]), accumulation=4).dealt == (53, 11)  # per step
+    assert JobShape(2, 1, np.array([32, 32]), accumulation=4).dealt is None
+    cut = JobShape(2, 4, np.array([32, 20]), remedy="dropcompute:threshold=0.1")
+    assert cut.cut and cut.dealt is None

@@ -121,11 +121,14 @@ class JobShape:
 
     @property
     def dealt(self) -> tuple[int, ...] | None:
-        """The unequal batches the ranks are dealt (shares adopted before; not a cut), which
-        sync's row, the job as measured, keeps; None: equal, cut or unknown."""
+        """The unequal shares the ranks are dealt (adopted before; not a cut), per loader
+        batch as rebalance's shares are (a step's samples over the batches it accumulates;
+        per step where they do not divide), which sync's row, the job as measured, keeps;
+        None: equal, cut or unknown."""
         if self.samples is None or self.equal or self.cut:
             return None
-        return tuple(int(b) for b in self.samples)
+        k = self.accumulation if np.all(self.samples % self.accumulation == 0) else 1
+        return tuple(int(b) // k for b in self.samples)
 
     def as_dict(self) -> dict[str, object]:
         return {

@@ -292,6 +292,7 @@ def _print(found: Advice, group_size: int = 1) -> None:
             soft_wrap=True,
         )
     kept = found.job.dealt if found.job is not None else None
+    kept = None if found.setup == "tailtrain-train" else kept  # its sync is train's, not the job
     as_it_runs = (
         ""
         if kept is None or found.recommendation != "sync"
