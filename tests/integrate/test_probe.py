@@ -467,7 +467,39 @@ def test_closing_the_probe_removes_its_optimizer_hook():
 
     probe = StragglerProbe(None)
     before = len(_global_optimizer_post_hooks)
-    probe._ddp_watch = DdpWatch(probe, Stub())
+    stub = Stub()
+    probe._ddp_watch = DdpWatch(probe, stub)
     assert len(_global_optimizer_post_hooks) == before + 1
+    hooked = [stub._forward_pre_hooks, stub.module._forward_pre_hooks, stub._forward_hooks]
+    assert [len(h) for h in hooked] == [1, 1, 1]
     probe.close()
     assert len(_global_optimizer_post_hooks) == before
+    # the model's forward hooks go too: the user's model keeps no closed probe alive
+    assert [len(h) for h in hooked] == [0, 0, 0]
+
+
+def test_a_ddp_forward_that_skips_the_module_s_hooks_leaves_no_mark_behind():
+    """DDP may call its module's ``forward`` past the module's hooks; its own forward hook
+    then clears the mark, so a later direct call of the module (an evaluation inside a step)
+    is charged nothing."""
+    from tailtrain.integrate.probe.clocks import DdpWatch, StepMarks
+
+    class Skipping(torch.nn.Module):  # DDP's forward as under _delay_all_reduce_all_params
+        def __init__(self) -> None:
+            super().__init__()
+            self.module = nn.Linear(2, 2)
+            self.require_backward_grad_sync = True
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.module.forward(x)
+
+    probe = StragglerProbe(None)
+    skipping = Skipping()
+    probe._ddp_watch = DdpWatch(probe, skipping)
+    probe.current = StepMarks(0.0, probe.clock.mark())
+    skipping(torch.zeros(1, 2))
+    time.sleep(0.05)
+    skipping.module(torch.zeros(1, 2))
+    assert probe.current.waited == 0.0
+    probe.current = None
+    probe.close()

@@ -339,11 +339,14 @@ class StragglerProbe(Gathering, Reporting):
             self._unhook()
 
     def _unhook(self) -> None:
-        """Remove the watch's global optimizer hook (``DdpWatch.stepped``): a closed probe
-        opens no step for it to end."""
+        """Remove the watch's global optimizer hook (``DdpWatch.stepped``) and its forward
+        hooks: a closed probe opens no step for them to mark, and the user's model, which
+        holds them, need not keep the probe alive."""
         watch = getattr(self, "_ddp_watch", None)
         if watch is not None:
             watch.stepped.remove()
+            for handle in watch.forward_hooks:
+                handle.remove()
 
     def _flush(self) -> None:
         self._close_step(force=True)

@@ -116,9 +116,14 @@ class DdpWatch:
         self.handles = [self._hook(i) for i in range(len(self.params))]
         #: when DDP's forward began (host seconds), until its wrapped module's began
         self.entered: float | None = None
-        ddp.register_forward_pre_hook(self._forward)
-        # first among the module's pre-hooks: those are the model's forward, not DDP's
-        ddp.module.register_forward_pre_hook(self._module_forward, prepend=True)
+        self.forward_hooks = [
+            ddp.register_forward_pre_hook(self._forward),
+            # first among the module's pre-hooks: those are the model's forward, not DDP's
+            ddp.module.register_forward_pre_hook(self._module_forward, prepend=True),
+            # DDP may call the module's forward past its hooks (``_delay_all_reduce_all_params``):
+            # a mark left set would charge the time to a later direct call of the module
+            ddp.register_forward_hook(self._forward_done),
+        ]
         # any optimizer's step ends an accumulating step (``StepMarks.stepped``); the hook
         # is global and holds the probe weakly, so a probe dropped unhooked costs a lookup
         self.stepped = register_optimizer_step_post_hook(_stepped(weakref.ref(probe)))
@@ -133,6 +138,9 @@ class DdpWatch:
         if torch.is_grad_enabled() and not ddp.require_backward_grad_sync:
             self.probe._mark_accumulating()  # under ``no_sync``: the step is not over
         self.entered = time.perf_counter()
+
+    def _forward_done(self, _ddp: Any, _inputs: Any, _output: Any) -> None:
+        self.entered = None
 
     def _module_forward(self, _module: Any, _inputs: Any) -> None:
         entered, self.entered = self.entered, None
