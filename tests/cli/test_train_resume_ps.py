@@ -1,10 +1,11 @@
 """The parameter server keeps its runs as the other topologies do: checkpoints, --resume, restarts.
 
 Every run here is ``k-sync:k=2`` on 3 workers (4 processes) with constant injected delays that
-grow with the worker (``const:value=0.05`` and ``linear:step=0.05``: worker w's job lasts
-0.05 (w + 1) s), so arrivals are at least 50 ms apart, workers 0 and 1 close every step, and
+grow with the worker (``const:value=0.05`` and ``linear:step=0.15``: worker w's job lasts
+0.05 + 0.15 w s), so arrivals are at least 150 ms apart, workers 0 and 1 close every step, and
 the run's decisions do not depend on the machine's speed: a resumed run must end with the
-uninterrupted run's loss. Nothing here times anything; every wait is bounded.
+uninterrupted run's loss. Nothing here times anything; every wait is bounded. (At 50 ms apart,
+CI85's load once let worker 2 close step 25 before worker 1.)
 
 "In flight" (what a stop may cost) is the step the server is collecting arrivals for when the
 stop comes. Ctrl-C closes it and records it before the server stops, and the checkpoint then
@@ -32,7 +33,7 @@ from tailtrain.runtime.ps.server import SERVER_PID
 ITERATIONS = 30
 FLAGS = [
     "--task", "logreg", "--workers", "3", "--strategy", "k-sync:k=2", "--seed", "3",
-    "--delay", "const:value=0.05", "--pattern", "linear:step=0.05", "--eval-every", "10",
+    "--delay", "const:value=0.05", "--pattern", "linear:step=0.15", "--eval-every", "10",
     "--timeout", "60", "--no-progress",
 ]  # fmt: skip
 #: rows in steps.jsonl before the stop
