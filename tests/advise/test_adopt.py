@@ -190,6 +190,7 @@ def test_hf_s_rebalance_line_is_the_trainer_subclass_with_the_shares(monkeypatch
         "from tailtrain.hf import RebalancedTrainer",
         "trainer = RebalancedTrainer(..., shares=[14, 2])  "
         "# was: Trainer(...), per_device_train_batch_size=8",
+        "# a Trainer subclass of your own: derive it from RebalancedTrainer, the same shares=",
     ]
     uneven = adoption("rebalance", "rebalance", "hf", None, (5, 2)).lines()
     assert uneven[1].endswith("# was: Trainer(...)")

@@ -78,6 +78,7 @@ def test_a_persistent_straggler_in_a_trainer_job_gets_the_trainer_subclass(strag
         "from tailtrain.hf import RebalancedTrainer",
         "trainer = RebalancedTrainer(..., shares=[48, 16])  "
         "# was: Trainer(...), per_device_train_batch_size=32",
+        "# a Trainer subclass of your own: derive it from RebalancedTrainer, the same shares=",
     ]
 
 

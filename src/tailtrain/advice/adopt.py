@@ -307,7 +307,9 @@ def hf_rebalance(spec: str, shares: tuple[int, ...]) -> Adoption:
     batch, rest = divmod(sum(shares), len(shares))
     was = "# was: Trainer(...)" + (f", per_device_train_batch_size={batch}" if rest == 0 else "")
     line = f"trainer = RebalancedTrainer(..., shares={list(shares)})  {was}"
-    return Adoption("hf", spec, ("from tailtrain.hf import RebalancedTrainer",), (line,), ())
+    # a newcomer's job built its own Trainer subclass: that class is where the line goes
+    own = "# a Trainer subclass of your own: derive it from RebalancedTrainer, the same shares="
+    return Adoption("hf", spec, ("from tailtrain.hf import RebalancedTrainer",), (line, own), ())
 
 
 def lightning_adoption(
