@@ -197,8 +197,8 @@ class TimedProbe(StragglerProbe):
     def _mark_synced(self) -> None:
         self._timed(StragglerProbe._mark_synced)
 
-    def _close_step(self) -> None:
-        self._timed(StragglerProbe._close_step)
+    def _close_step(self, force: bool = False) -> None:
+        self._timed(StragglerProbe._close_step, force)
 
     def _report(self, window) -> None:
         self._timed(StragglerProbe._report, window)
